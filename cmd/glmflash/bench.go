@@ -1,0 +1,198 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/exec"
+	"github.com/spf13/cobra"
+)
+
+// benchResult is one measurement series.
+type benchResult struct {
+	Name         string    `json:"name"`
+	TokensPerSec float64   `json:"tokens_per_s"`
+	Runs         []float64 `json:"runs_tokens_per_s"`
+}
+
+func newBenchCmd() *cobra.Command {
+	var mf modelFlags
+	var prompt, decodeSteps, reps, warmup int
+	var batches []int
+	var jsonOut, dump, cpuProfile string
+	cmd := &cobra.Command{
+		Use:   "bench (--model DIR | --preset NAME)",
+		Short: "Measure prefill and decode throughput and peak memory",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if prompt < 1 || decodeSteps < 1 || reps < 1 || warmup < 0 {
+				return fmt.Errorf("--prompt, --decode-steps and --reps must be ≥ 1, --warmup ≥ 0")
+			}
+			ck, err := mf.open()
+			if err != nil {
+				return err
+			}
+			defer ck.Close()
+			cfg := ck.Config()
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
+			if err := dumpGraph(dump, cfg, build.Prefill, build.LastLogits); err != nil {
+				return err
+			}
+			maxB := 1
+			for _, b := range batches {
+				if b < 1 {
+					return fmt.Errorf("--batch values must be ≥ 1")
+				}
+				maxB = max(maxB, b)
+			}
+			e, err := engine.New(cfg, ck, engine.Options{Slots: maxB + 1})
+			if err != nil {
+				return err
+			}
+			toks := func(n, seed int) []int32 {
+				t := make([]int32, n)
+				for i := range t {
+					t[i] = int32((seed*7919 + i*104729) % cfg.VocabSize)
+				}
+				return t
+			}
+			var results []benchResult
+			store := e.Store()
+			// series runs warm-up + measured repetitions of one workload; run
+			// returns the tokens processed and the seconds its timed part took.
+			series := func(name string, run func() (int, float64, error)) error {
+				var tps []float64
+				for r := 0; r < warmup+reps; r++ {
+					n, secs, err := run()
+					if err != nil {
+						return err
+					}
+					log.Info().Str("bench", name).Int("run", r+1).Int("of", warmup+reps).Bool("warmup", r < warmup).
+						Float64("tokens_per_s", float64(n)/secs).Msg("measured")
+					if r >= warmup {
+						tps = append(tps, float64(n)/secs)
+					}
+				}
+				sorted := append([]float64(nil), tps...)
+				sort.Float64s(sorted)
+				results = append(results, benchResult{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps})
+				return nil
+			}
+			alloc := func(n int) ([]int, error) {
+				var slots []int
+				for i := 0; i < n; i++ {
+					s, err := store.Alloc()
+					if err != nil {
+						return nil, err
+					}
+					slots = append(slots, s)
+				}
+				return slots, nil
+			}
+			free := func(slots []int) {
+				for _, s := range slots {
+					store.Free(s)
+				}
+			}
+			err = series(fmt.Sprintf("prefill %d tokens", prompt), func() (int, float64, error) {
+				slots, err := alloc(1)
+				if err != nil {
+					return 0, 0, err
+				}
+				defer free(slots)
+				t0 := time.Now()
+				_, err = e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &exec.Batch{Seqs: []exec.Seq{{Slot: slots[0], Tokens: toks(prompt, 1)}}})
+				return prompt, time.Since(t0).Seconds(), err
+			})
+			if err != nil {
+				return err
+			}
+			// decode at each batch size, after a 32-token prefill per sequence (not timed)
+			for _, B := range batches {
+				err = series(fmt.Sprintf("decode batch %d", B), func() (int, float64, error) {
+					slots, err := alloc(B)
+					if err != nil {
+						return 0, 0, err
+					}
+					defer free(slots)
+					pb := &exec.Batch{}
+					for i, s := range slots {
+						pb.Seqs = append(pb.Seqs, exec.Seq{Slot: s, Tokens: toks(32, i+2)})
+					}
+					if _, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, pb); err != nil {
+						return 0, 0, err
+					}
+					t0 := time.Now()
+					for st := 0; st < decodeSteps; st++ {
+						db := &exec.Batch{}
+						for i, s := range slots {
+							db.Seqs = append(db.Seqs, exec.Seq{Slot: s, Tokens: []int32{int32((st*31 + i) % cfg.VocabSize)}})
+						}
+						if _, err := e.Run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, db); err != nil {
+							return 0, 0, err
+						}
+					}
+					return B * decodeSteps, time.Since(t0).Seconds(), nil
+				})
+				if err != nil {
+					return err
+				}
+			}
+			var ru syscall.Rusage
+			syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+			peak := float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
+			fmt.Printf("model    %s (hidden %d, %d layers, vocab %d)\n", ck.Dir(), cfg.HiddenSize, cfg.NumHiddenLayers, cfg.VocabSize)
+			fmt.Printf("machine  %d CPUs (GOMAXPROCS %d), %s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
+			fmt.Printf("weights  %.1f MiB as fp32\n", float64(e.WeightBytes())/(1<<20))
+			for _, r := range results {
+				fmt.Printf("%-22s %10.1f tokens/s  (median of %d; runs %s)\n", r.Name, r.TokensPerSec, len(r.Runs), fmtRuns(r.Runs))
+			}
+			fmt.Printf("peak RSS %.1f MiB\n", peak)
+			if jsonOut != "" {
+				b, _ := json.MarshalIndent(map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU()}, "", "  ")
+				if err := os.WriteFile(jsonOut, b, 0o644); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	mf.add(cmd, true)
+	cmd.Flags().IntVar(&prompt, "prompt", 512, "prefill prompt length")
+	cmd.Flags().IntVar(&decodeSteps, "decode-steps", 16, "decode steps per measured run")
+	cmd.Flags().IntSliceVar(&batches, "batch", []int{1, 8}, "decode batch sizes")
+	cmd.Flags().IntVar(&reps, "reps", 3, "measured repetitions")
+	cmd.Flags().IntVar(&warmup, "warmup", 1, "warm-up repetitions (not counted)")
+	cmd.Flags().StringVar(&jsonOut, "json", "", "also write the results as JSON to this file")
+	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) to this file")
+	cmd.Flags().StringVar(&dump, "dump-graph", "", "print the prefill graph first: summary or text")
+	return cmd
+}
+
+func fmtRuns(r []float64) string {
+	s := "["
+	for i, v := range r {
+		if i > 0 {
+			s += " "
+		}
+		s += fmt.Sprintf("%.1f", v)
+	}
+	return s + "]"
+}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/eval"
+	"github.com/spf13/cobra"
+)
+
+func newEvalCmd() *cobra.Command {
+	var mf modelFlags
+	var refPath, dump string
+	var tol float64
+	cmd := &cobra.Command{
+		Use:   "eval --model DIR --reference FILE",
+		Short: "Run every case of a transformers reference file and compare logits and greedy tokens",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if refPath == "" {
+				return fmt.Errorf("--reference is required")
+			}
+			if tol <= 0 {
+				return fmt.Errorf("--tol must be > 0")
+			}
+			ck, err := mf.open()
+			if err != nil {
+				return err
+			}
+			defer ck.Close()
+			if err := dumpGraph(dump, ck.Config(), build.Prefill, build.AllLogits); err != nil {
+				return err
+			}
+			ref, err := eval.Load(refPath)
+			if err != nil {
+				return err
+			}
+			e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2})
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "case\tkind\trows\tmax|Δlogit|\tgreedy\tresult")
+			failed := 0
+			for i := range ref.Cases {
+				r, err := eval.RunCase(e, &ref.Cases[i], ref.Vocab)
+				if err != nil {
+					return fmt.Errorf("case %s: %w", ref.Cases[i].Name, err)
+				}
+				verdict := "ok"
+				if !r.Pass(tol) {
+					verdict = "FAIL"
+					failed++
+				}
+				greedy := "match"
+				if !r.GreedyMatch {
+					greedy = fmt.Sprintf("%d differ", r.Mismatches)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%.2e\t%s\t%s\n", r.Name, r.Kind, r.Rows, r.MaxAbsDiff, greedy, verdict)
+			}
+			tw.Flush()
+			if failed > 0 {
+				return fmt.Errorf("%d of %d cases exceed --tol %g or change a greedy token", failed, len(ref.Cases), tol)
+			}
+			fmt.Printf("all %d cases within %g, greedy tokens identical\n", len(ref.Cases), tol)
+			return nil
+		},
+	}
+	mf.add(cmd, false)
+	cmd.Flags().StringVar(&refPath, "reference", "", "reference.safetensors (with reference.json beside it)")
+	cmd.Flags().Float64Var(&tol, "tol", 1e-3, "largest allowed max |Δlogit| per case")
+	cmd.Flags().StringVar(&dump, "dump-graph", "", "print the prefill graph first: summary or text")
+	return cmd
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/exec"
+	"github.com/glmflash/glmflash/core/sample"
+	"github.com/spf13/cobra"
+)
+
+func parseIDs(flag, s string) ([]int32, error) {
+	var out []int32
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		v, err := strconv.ParseInt(f, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q is not a token id", flag, f)
+		}
+		out = append(out, int32(v))
+	}
+	return out, nil
+}
+
+func newGenerateCmd() *cobra.Command {
+	var mf modelFlags
+	var prompt, stops, dump string
+	var maxTokens int
+	var sp sample.Params
+	cmd := &cobra.Command{
+		Use:   "generate (--model DIR | --preset NAME) --prompt-ids 1,2,3 --max-tokens N",
+		Short: "Generate tokens from a prompt of token ids (greedy, or seeded sampling)",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ids, err := parseIDs("--prompt-ids", prompt)
+			if err != nil {
+				return err
+			}
+			if len(ids) == 0 {
+				return fmt.Errorf("--prompt-ids: the prompt is empty")
+			}
+			stopIDs, err := parseIDs("--stop-ids", stops)
+			if err != nil {
+				return err
+			}
+			if maxTokens < 1 {
+				return fmt.Errorf("--max-tokens must be ≥ 1, got %d", maxTokens)
+			}
+			if err := sp.Validate(); err != nil {
+				return err
+			}
+			ck, err := mf.open()
+			if err != nil {
+				return err
+			}
+			defer ck.Close()
+			cfg := ck.Config()
+			for i, id := range ids {
+				if id < 0 || int(id) >= cfg.VocabSize {
+					return fmt.Errorf("--prompt-ids: token %d (%d) is outside the vocabulary [0, %d)", i, id, cfg.VocabSize)
+				}
+			}
+			if err := dumpGraph(dump, cfg, build.Decode, build.LastLogits); err != nil {
+				return err
+			}
+			e, err := engine.New(cfg, ck, engine.Options{Slots: 1})
+			if err != nil {
+				return err
+			}
+			slot, _ := e.Store().Alloc()
+			smp := sample.New(sp)
+			t0 := time.Now()
+			res, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: ids}}})
+			if err != nil {
+				return err
+			}
+			prefill := time.Since(t0)
+			var out []int32
+			t1 := time.Now()
+			finish := "length"
+			for len(out) < maxTokens {
+				tok := int32(smp.Next(res.Row(0)))
+				out = append(out, tok)
+				if contains(stopIDs, tok) {
+					finish = "stop"
+					break
+				}
+				if len(out) == maxTokens {
+					break
+				}
+				res, err = e.Run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: []int32{tok}}}})
+				if err != nil {
+					return err
+				}
+			}
+			decode := time.Since(t1)
+			strs := make([]string, len(out))
+			for i, t := range out {
+				strs[i] = strconv.Itoa(int(t))
+			}
+			fmt.Printf("prompt   %d tokens\n", len(ids))
+			fmt.Printf("output   %s\n", strings.Join(strs, ","))
+			fmt.Printf("finish   %s\n", finish)
+			fmt.Printf("prefill  %.1f tokens/s (%d tokens in %s)\n", float64(len(ids))/prefill.Seconds(), len(ids), prefill.Round(time.Microsecond))
+			if n := len(out) - 1; n > 0 {
+				fmt.Printf("decode   %.1f tokens/s (%d steps in %s)\n", float64(n)/decode.Seconds(), n, decode.Round(time.Microsecond))
+			}
+			return nil
+		},
+	}
+	mf.add(cmd, true)
+	cmd.Flags().StringVar(&prompt, "prompt-ids", "", "comma-separated prompt token ids")
+	cmd.Flags().StringVar(&stops, "stop-ids", "", "comma-separated token ids that end generation")
+	cmd.Flags().IntVar(&maxTokens, "max-tokens", 16, "tokens to generate")
+	cmd.Flags().Float64Var(&sp.Temperature, "temperature", 0, "sampling temperature (0 = greedy)")
+	cmd.Flags().IntVar(&sp.TopK, "top-k", 0, "keep the k most likely tokens (0 = off)")
+	cmd.Flags().Float64Var(&sp.TopP, "top-p", 1, "nucleus sampling mass (1 = off)")
+	cmd.Flags().Float64Var(&sp.MinP, "min-p", 0, "drop tokens below min-p × the top probability (0 = off)")
+	cmd.Flags().Uint64Var(&sp.Seed, "sample-seed", 0, "sampling seed (same seed ⇒ same tokens)")
+	cmd.Flags().StringVar(&dump, "dump-graph", "", "print the decode graph first: summary or text")
+	return cmd
+}
+
+func contains(s []int32, v int32) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/spf13/cobra"
+)
+
+func newGraphCmd() *cobra.Command {
+	var mf modelFlags
+	var mode, logits, format string
+	var hidden bool
+	cmd := &cobra.Command{
+		Use:   "graph (--model DIR | --preset NAME)",
+		Short: "Print the forward graph (IR) for a batch mode",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := build.ParseMode(mode)
+			if err != nil {
+				return err
+			}
+			ck, err := mf.open()
+			if err != nil {
+				return err
+			}
+			defer ck.Close()
+			g, err := build.Build(ck.Config(), build.Options{Mode: m, Logits: build.Logits(logits), CaptureHidden: hidden})
+			if err != nil {
+				return err
+			}
+			return printGraph(format, g)
+		},
+	}
+	mf.add(cmd, true)
+	cmd.Flags().StringVar(&mode, "mode", "prefill", "prefill, decode, extend or mixed")
+	cmd.Flags().StringVar(&logits, "logits", "last", "all or last")
+	cmd.Flags().StringVar(&format, "format", "text", "text or summary")
+	cmd.Flags().BoolVar(&hidden, "capture-hidden", false, "add per-layer hidden-state outputs")
+	return cmd
+}

@@ -1,0 +1,53 @@
+// Command glmflash is the engine's one binary: evaluate against reference
+// fixtures, generate, benchmark, write random real-format checkpoints.
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+)
+
+var (
+	logLevel  string
+	logFormat string
+	log       zerolog.Logger
+)
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "glmflash",
+		Short:         "An inference engine for GLM-5.3-Flash (glm5_next) models whose optimizations are graph passes",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			lvl, err := zerolog.ParseLevel(logLevel)
+			if err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			switch logFormat {
+			case "console":
+				log = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.TimeOnly}).With().Timestamp().Logger().Level(lvl)
+			case "json":
+				log = zerolog.New(os.Stderr).With().Timestamp().Logger().Level(lvl)
+			default:
+				return fmt.Errorf("--log-format must be console or json, got %q", logFormat)
+			}
+			return nil
+		},
+	}
+	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level (debug, info, warn, error)")
+	root.PersistentFlags().StringVar(&logFormat, "log-format", "console", "log format (console or json)")
+	root.AddCommand(newEvalCmd(), newGenerateCmd(), newBenchCmd(), newInitRandomCmd(), newGraphCmd())
+	return root
+}
+
+func main() {
+	if err := newRoot().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "glmflash:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/randckpt"
+	"github.com/spf13/cobra"
+)
+
+// modelFlags select a checkpoint: a directory, or a preset generated (once)
+// into a cache directory.
+type modelFlags struct {
+	dir      string
+	preset   string
+	seed     int64
+	cacheDir string
+	fp8      bool
+}
+
+func (m *modelFlags) add(cmd *cobra.Command, allowPreset bool) {
+	cmd.Flags().StringVar(&m.dir, "model", "", "checkpoint directory (config.json + safetensors)")
+	if allowPreset {
+		cmd.Flags().StringVar(&m.preset, "preset", "", "use a random checkpoint of this preset ("+strings.Join(randckpt.PresetNames(), ", ")+") instead of --model")
+		cmd.Flags().Int64Var(&m.seed, "seed", 1, "seed of the preset's random weights")
+		cmd.Flags().StringVar(&m.cacheDir, "cache-dir", defaultCacheDir(), "where preset checkpoints are written")
+		cmd.Flags().BoolVar(&m.fp8, "fp8", false, "write the preset in the native FP8 layout")
+	}
+}
+
+func defaultCacheDir() string {
+	if d := os.Getenv("GLMFLASH_CACHE"); d != "" {
+		return d
+	}
+	return filepath.Join(".cache", "glmflash")
+}
+
+// open returns the checkpoint the flags name.
+func (m *modelFlags) open() (*model.Checkpoint, error) {
+	switch {
+	case m.dir != "" && m.preset != "":
+		return nil, fmt.Errorf("--model and --preset are mutually exclusive")
+	case m.dir != "":
+		ck, err := model.Open(m.dir)
+		if err != nil {
+			return nil, err
+		}
+		if err := ck.Validate(); err != nil {
+			ck.Close()
+			return nil, err
+		}
+		return ck, nil
+	case m.preset != "":
+		cfg, err := randckpt.Preset(m.preset)
+		if err != nil {
+			return nil, err
+		}
+		suffix := ""
+		if m.fp8 {
+			suffix = "-fp8"
+		}
+		dir := filepath.Join(m.cacheDir, fmt.Sprintf("%s-seed%d%s", m.preset, m.seed, suffix))
+		if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+			log.Info().Str("preset", m.preset).Str("dir", dir).Msg("writing random checkpoint")
+			tmp := dir + ".tmp"
+			os.RemoveAll(tmp)
+			if err := randckpt.Write(tmp, cfg, randckpt.Options{Seed: m.seed, FP8: m.fp8}); err != nil {
+				return nil, err
+			}
+			if err := os.Rename(tmp, dir); err != nil {
+				return nil, err
+			}
+		}
+		return model.Open(dir)
+	}
+	return nil, fmt.Errorf("name a model with --model DIR or --preset NAME")
+}
+
+// dumpGraph prints a graph as the --dump-graph flag asks: "summary" or "text".
+func dumpGraph(what string, cfg *model.Config, mode build.Mode, logits build.Logits) error {
+	if what == "" {
+		return nil
+	}
+	g, err := build.Build(cfg, build.Options{Mode: mode, Logits: logits})
+	if err != nil {
+		return err
+	}
+	return printGraph(what, g)
+}
+
+func printGraph(what string, g *ir.Graph) error {
+	switch what {
+	case "summary":
+		fmt.Print(g.Summary())
+	case "text":
+		fmt.Print(g.Text())
+	default:
+		return fmt.Errorf("--dump-graph must be summary or text, got %q", what)
+	}
+	return nil
+}

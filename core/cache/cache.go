@@ -1,0 +1,137 @@
+// Package cache holds per-sequence model state between forward passes: for
+// each KDA layer the raw conv window and the fp32 recurrent state, for each
+// DSA layer the post-norm c_kv latents (not expanded K/V) and the indexer's
+// pooled keys plus the pending rows of the incomplete pool. Sequences live
+// in numbered slots of a Store.
+package cache
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/glmflash/glmflash/kernels/indexer"
+	"github.com/glmflash/glmflash/model"
+)
+
+// Seq is one sequence's state.
+type Seq struct {
+	// Len is the number of tokens already processed (the next position).
+	Len int
+	// Per layer (nil where the layer kind does not use it):
+	Conv  [][]float32      // KDA: [3P][K−1] raw pre-conv inputs, oldest first
+	State [][]float32      // KDA: [heads][Dk][Dv] recurrent state
+	CKV   [][]float32      // DSA: [Len][kv_lora_rank] latents
+	Index []*indexer.State // DSA layers with their own indexer
+}
+
+// Store is a fixed number of sequence slots. It is safe for concurrent use;
+// a slot's contents belong to whoever allocated it.
+type Store struct {
+	cfg   *model.Config
+	mu    sync.Mutex
+	slots []*Seq
+	used  []bool
+}
+
+// NewStore makes a store with max slots for cfg.
+func NewStore(cfg *model.Config, max int) (*Store, error) {
+	if max < 1 {
+		return nil, fmt.Errorf("cache: need at least one slot, got %d", max)
+	}
+	return &Store{cfg: cfg, slots: make([]*Seq, max), used: make([]bool, max)}, nil
+}
+
+// Capacity is the number of slots.
+func (s *Store) Capacity() int { return len(s.slots) }
+
+// InUse counts allocated slots.
+func (s *Store) InUse() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, u := range s.used {
+		if u {
+			n++
+		}
+	}
+	return n
+}
+
+// Alloc reserves a free slot with an empty sequence.
+func (s *Store) Alloc() (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, u := range s.used {
+		if !u {
+			s.used[i] = true
+			if s.slots[i] == nil {
+				s.slots[i] = s.newSeq()
+			} else {
+				s.slots[i].reset()
+			}
+			return i, nil
+		}
+	}
+	return -1, fmt.Errorf("cache: all %d slots are in use", len(s.slots))
+}
+
+// Free releases a slot.
+func (s *Store) Free(slot int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
+		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	s.used[slot] = false
+	return nil
+}
+
+// Seq returns an allocated slot's sequence.
+func (s *Store) Seq(slot int) (*Seq, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
+		return nil, fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	return s.slots[slot], nil
+}
+
+func (s *Store) newSeq() *Seq {
+	c := s.cfg
+	L := c.NumHiddenLayers
+	q := &Seq{Conv: make([][]float32, L), State: make([][]float32, L), CKV: make([][]float32, L), Index: make([]*indexer.State, L)}
+	for l := 0; l < L; l++ {
+		if c.IsKDA(l) {
+			P := c.KDAProjDim()
+			q.Conv[l] = make([]float32, 3*P*(c.LinearConvKernelDim-1))
+			q.State[l] = make([]float32, c.LinearNumHeads*c.LinearHeadDim*c.LinearHeadDim)
+		} else if c.IndexerTypes[l] != model.IndexerShared {
+			q.Index[l] = &indexer.State{}
+		}
+	}
+	return q
+}
+
+func (q *Seq) reset() {
+	q.Len = 0
+	for l := range q.Conv {
+		clear(q.Conv[l])
+		clear(q.State[l])
+		q.CKV[l] = q.CKV[l][:0]
+		if q.Index[l] != nil {
+			q.Index[l].Reset()
+		}
+	}
+}
+
+// Bytes estimates the state's memory footprint.
+func (q *Seq) Bytes() int {
+	n := 0
+	for l := range q.Conv {
+		n += 4 * (len(q.Conv[l]) + len(q.State[l]) + cap(q.CKV[l]))
+		if ix := q.Index[l]; ix != nil {
+			n += 4 * (cap(ix.Pools) + cap(ix.PendK) + cap(ix.PendG))
+		}
+	}
+	return n
+}

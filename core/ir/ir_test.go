@@ -1,0 +1,80 @@
+package ir
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func tinyGraph() *Graph {
+	g := New("t")
+	x := g.AddInput("tokens", I32, DimT)
+	w := g.AddWeight("emb", 10, 4)
+	s := g.Op1("embed", -1, Attrs{"streams": 2}, x, w).Named("streams")
+	m := g.Op1("stream_mean", -1, nil, s).Named("mean")
+	y := g.Op1("linear", 0, nil, m, g.AddWeight("head", 10, 4)).Named("logits")
+	g.Outputs["logits"] = y
+	return g
+}
+
+func TestTextIsStableAndReadable(t *testing.T) {
+	g := tinyGraph()
+	require.NoError(t, g.Verify())
+	want := `graph t
+  input %0 tokens : i32[T]
+  weight %1 = "emb" : f32[10,4]
+  weight %2 = "head" : f32[10,4]
+  %3 streams : f32[T,2,4] = embed(%0, %1) {streams=2}
+  %4 mean : f32[T,4] = stream_mean(%3)
+  %5 logits : f32[T,10] = linear @L0(%4, %2)
+  output logits = %5
+`
+	require.Equal(t, want, g.Text())
+	require.Equal(t, g.Text(), tinyGraph().Text())
+	require.Contains(t, g.Summary(), "linear")
+}
+
+func TestVerifierFindsProblems(t *testing.T) {
+	g := tinyGraph()
+	g.Nodes[1].Inputs[0] = g.Nodes[2].Outputs[0] // use before definition
+	require.ErrorContains(t, g.Verify(), "used before definition")
+
+	g = tinyGraph()
+	g.Nodes[0].Op = "no_such_op"
+	require.ErrorContains(t, g.Verify(), "unknown op")
+
+	g = tinyGraph()
+	g.Nodes[2].Outputs[0].Shape = []int{DimT, 11}
+	require.ErrorContains(t, g.Verify(), "shape inference says")
+
+	g = tinyGraph()
+	g.Nodes[0].Attrs["bad"] = struct{}{}
+	require.ErrorContains(t, g.Verify(), "unsupported type")
+
+	g = tinyGraph()
+	g.Outputs["dangling"] = &Value{ID: 99}
+	require.ErrorContains(t, g.Verify(), "dangling")
+
+	g = tinyGraph()
+	g.Nodes[2].Inputs = g.Nodes[2].Inputs[:1]
+	require.True(t, strings.Contains(g.Verify().Error(), "inputs, want"))
+}
+
+func TestRewriteHelpers(t *testing.T) {
+	g := tinyGraph()
+	mean := g.Nodes[1].Outputs[0]
+	require.Len(t, g.Users(mean), 1)
+	n, err := g.NewNode("stream_mean", -1, nil, g.Nodes[0].Outputs[0])
+	require.NoError(t, err)
+	g.Nodes = append(g.Nodes[:2], append([]*Node{n}, g.Nodes[2:]...)...)
+	g.ReplaceUses(mean, n.Outputs[0])
+	require.Equal(t, 1, g.RemoveDead())
+	require.NoError(t, g.Verify())
+	require.Len(t, g.Nodes, 3)
+}
+
+func TestAttrsFormatSorted(t *testing.T) {
+	a := Attrs{"z": 1, "a": "x", "m": []int{1, 2}, "f": 0.5, "b": true}
+	require.Equal(t, `{a="x", b=true, f=0.5, m=[1,2], z=1}`, a.Format())
+}

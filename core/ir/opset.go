@@ -1,0 +1,435 @@
+package ir
+
+import "fmt"
+
+// The op set of the GLM-5.3-Flash forward pass. Shape inference lives here
+// so that the IR can be verified without an executor; core/exec binds each
+// op to a kernel. Attribute names are part of the IR's text format.
+
+func init() {
+	for _, d := range []OpDef{
+		{Name: "embed", Doc: "token ids → H identical residual streams", MinInputs: 2, MaxInputs: 2, Infer: inferEmbed},
+		{Name: "mhc_pre", Doc: "mHC mapping + Sinkhorn + stream collapse", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPre},
+		{Name: "mhc_post", Doc: "mHC expand: post·o + combᵀ·R", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPost},
+		{Name: "rmsnorm", Doc: "weighted RMSNorm over the last dim", MinInputs: 2, MaxInputs: 2, Infer: inferNorm},
+		{Name: "layernorm", Doc: "LayerNorm with bias over the last dim", MinInputs: 3, MaxInputs: 3, Infer: inferNorm},
+		{Name: "linear", Doc: "y = x·Wᵀ", MinInputs: 2, MaxInputs: 2, Infer: inferLinear},
+		{Name: "linear_split", Doc: "one GEMM against a row-concatenated weight, outputs split by attr splits", MinInputs: 2, MaxInputs: 2, Infer: inferLinearSplit},
+		{Name: "sigmoid", Doc: "elementwise sigmoid", MinInputs: 1, MaxInputs: 1, Infer: inferSame},
+		{Name: "add", Doc: "elementwise sum", MinInputs: 2, MaxInputs: 2, Infer: inferAdd},
+		{Name: "swiglu", Doc: "silu(min(g,limit))·clamp(u,±limit)", MinInputs: 2, MaxInputs: 2, Infer: inferAdd},
+		{Name: "kda_conv", Doc: "causal depthwise conv + SiLU over q,k,v with the per-sequence conv state", MinInputs: 5, MaxInputs: 5, Infer: inferKDAConv, SideEffects: true},
+		{Name: "kda_gate", Doc: "KDA forget gate (log-decay)", MinInputs: 3, MaxInputs: 3, Infer: inferKDAGate},
+		{Name: "kda_attn", Doc: "KDA delta rule (chunked or recurrent) with the per-sequence recurrent state", MinInputs: 6, MaxInputs: 6, Infer: inferKDAAttn, SideEffects: true},
+		{Name: "gated_rmsnorm", Doc: "per-head RMSNorm gated by sigmoid(gate)", MinInputs: 3, MaxInputs: 3, Infer: inferGatedNorm},
+		{Name: "dsa_meta", Doc: "per-batch DSA metadata: key lengths, visible pools, tails", MinInputs: 1, MaxInputs: 1, Infer: inferHostMeta},
+		{Name: "dsa_topk", Doc: "k-pool lightning indexer: append pooled keys, select positions", MinInputs: 6, MaxInputs: 6, Infer: inferDSATopK, SideEffects: true},
+		{Name: "mla_attn", Doc: "append c_kv to the latent cache, sparse NoPE MLA over the selected positions", MinInputs: 5, MaxInputs: 5, Infer: inferMLAAttn, SideEffects: true},
+		{Name: "moe_route", Doc: "sigmoid + bias top-k routing (group-limited)", MinInputs: 2, MaxInputs: 2, Infer: inferMoERoute},
+		{Name: "moe_experts", Doc: "routed experts: clamped SwiGLU per selected expert, weighted sum", MinInputs: 6, MaxInputs: 6, Infer: inferMoEExperts},
+		{Name: "stream_mean", Doc: "unweighted mean of the H residual streams", MinInputs: 1, MaxInputs: 1, Infer: inferStreamMean},
+		{Name: "last_rows", Doc: "the last token row of every sequence", MinInputs: 2, MaxInputs: 2, Infer: inferLastRows},
+		{Name: "concat_rows", Doc: "derived weight: concatenation along dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferConcatRows, Const: true},
+	} {
+		MustRegister(d)
+	}
+}
+
+func need(n *Node, i int, dt DType, rank int) (*Value, error) {
+	v := n.Inputs[i]
+	if v == nil {
+		return nil, fmt.Errorf("input %d is missing", i)
+	}
+	if v.DType != dt {
+		return nil, fmt.Errorf("input %d (%s) is %s, want %s", i, v.Name, v.DType, dt)
+	}
+	if rank >= 0 && len(v.Shape) != rank {
+		return nil, fmt.Errorf("input %d (%s) has rank %d, want %d", i, v.Name, len(v.Shape), rank)
+	}
+	return v, nil
+}
+
+func out(name string, dt DType, shape ...int) OutType {
+	return OutType{Name: name, DType: dt, Shape: shape}
+}
+
+func numel(shape []int) int {
+	p := 1
+	for _, d := range shape[1:] {
+		p *= d
+	}
+	return p
+}
+
+func inferEmbed(n *Node) ([]OutType, error) {
+	if _, err := need(n, 0, I32, 1); err != nil {
+		return nil, err
+	}
+	w, err := need(n, 1, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	H := n.Attrs.Int("streams", 0)
+	if H < 1 {
+		return nil, fmt.Errorf("attribute streams must be ≥ 1")
+	}
+	return []OutType{out("streams", F32, DimT, H, w.Shape[1])}, nil
+}
+
+func inferMHCPre(n *Node) ([]OutType, error) {
+	x, err := need(n, 0, F32, 3)
+	if err != nil {
+		return nil, err
+	}
+	H, D := x.Shape[1], x.Shape[2]
+	mix := (2 + H) * H
+	fn, err := need(n, 1, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	if fn.Shape[0] != mix || fn.Shape[1] != H*D {
+		return nil, fmt.Errorf("fn is %v, want [%d %d]", fn.Shape, mix, H*D)
+	}
+	if b, err := need(n, 2, F32, 1); err != nil || b.Shape[0] != mix {
+		return nil, fmt.Errorf("base must be f32[%d]: %v", mix, err)
+	}
+	if s, err := need(n, 3, F32, 1); err != nil || s.Shape[0] != 3 {
+		return nil, fmt.Errorf("scale must be f32[3]: %v", err)
+	}
+	return []OutType{out("h", F32, x.Shape[0], D), out("post", F32, x.Shape[0], H), out("comb", F32, x.Shape[0], H*H)}, nil
+}
+
+func inferMHCPost(n *Node) ([]OutType, error) {
+	o, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	r, err := need(n, 1, F32, 3)
+	if err != nil {
+		return nil, err
+	}
+	H := r.Shape[1]
+	if o.Shape[1] != r.Shape[2] {
+		return nil, fmt.Errorf("sub-layer output width %d != stream width %d", o.Shape[1], r.Shape[2])
+	}
+	if p, err := need(n, 2, F32, 2); err != nil || p.Shape[1] != H {
+		return nil, fmt.Errorf("post must be f32[T,%d]: %v", H, err)
+	}
+	if c, err := need(n, 3, F32, 2); err != nil || c.Shape[1] != H*H {
+		return nil, fmt.Errorf("comb must be f32[T,%d]: %v", H*H, err)
+	}
+	return []OutType{out("streams", F32, r.Shape...)}, nil
+}
+
+func inferNorm(n *Node) ([]OutType, error) {
+	x, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	for i := 1; i < len(n.Inputs); i++ {
+		w, err := need(n, i, F32, 1)
+		if err != nil {
+			return nil, err
+		}
+		if w.Shape[0] != x.Shape[1] {
+			return nil, fmt.Errorf("weight %d has %d elements, input width is %d", i, w.Shape[0], x.Shape[1])
+		}
+	}
+	if n.Attrs.Float("eps", 0) <= 0 {
+		return nil, fmt.Errorf("attribute eps must be > 0")
+	}
+	return []OutType{out("y", F32, x.Shape...)}, nil
+}
+
+func inferLinear(n *Node) ([]OutType, error) {
+	x, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	w, err := need(n, 1, F32, -1)
+	if err != nil {
+		return nil, err
+	}
+	if len(w.Shape) < 2 || numel(w.Shape) != x.Shape[1] {
+		return nil, fmt.Errorf("weight %s is %v, input width is %d", w.Name, w.Shape, x.Shape[1])
+	}
+	return []OutType{out("y", F32, x.Shape[0], w.Shape[0])}, nil
+}
+
+func inferLinearSplit(n *Node) ([]OutType, error) {
+	x, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	w, err := need(n, 1, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	if w.Shape[1] != x.Shape[1] {
+		return nil, fmt.Errorf("weight %s is %v, input width is %d", w.Name, w.Shape, x.Shape[1])
+	}
+	splits := n.Attrs.Ints("splits")
+	sum := 0
+	var outs []OutType
+	for i, s := range splits {
+		if s <= 0 {
+			return nil, fmt.Errorf("split %d is %d", i, s)
+		}
+		sum += s
+		outs = append(outs, out(fmt.Sprintf("y%d", i), F32, x.Shape[0], s))
+	}
+	if sum != w.Shape[0] {
+		return nil, fmt.Errorf("splits sum to %d, weight has %d rows", sum, w.Shape[0])
+	}
+	return outs, nil
+}
+
+func inferSame(n *Node) ([]OutType, error) {
+	x, err := need(n, 0, F32, -1)
+	if err != nil {
+		return nil, err
+	}
+	return []OutType{out("y", F32, x.Shape...)}, nil
+}
+
+func inferAdd(n *Node) ([]OutType, error) {
+	a, err := need(n, 0, F32, -1)
+	if err != nil {
+		return nil, err
+	}
+	b, err := need(n, 1, F32, -1)
+	if err != nil {
+		return nil, err
+	}
+	if !sameShape(a.Shape, b.Shape) {
+		return nil, fmt.Errorf("shapes %v and %v differ", a.Shape, b.Shape)
+	}
+	return []OutType{out("y", F32, a.Shape...)}, nil
+}
+
+func inferKDAConv(n *Node) ([]OutType, error) {
+	if _, err := need(n, 0, Host, -1); err != nil {
+		return nil, err
+	}
+	var P int
+	for i := 1; i <= 3; i++ {
+		x, err := need(n, i, F32, 2)
+		if err != nil {
+			return nil, err
+		}
+		if i == 1 {
+			P = x.Shape[1]
+		} else if x.Shape[1] != P {
+			return nil, fmt.Errorf("q/k/v widths differ: %d vs %d", x.Shape[1], P)
+		}
+	}
+	w, err := need(n, 4, F32, 3)
+	if err != nil {
+		return nil, err
+	}
+	if w.Shape[0] != 3*P || w.Shape[1] != 1 {
+		return nil, fmt.Errorf("conv weight is %v, want [%d 1 K]", w.Shape, 3*P)
+	}
+	return []OutType{out("q", F32, DimT, P), out("k", F32, DimT, P), out("v", F32, DimT, P)}, nil
+}
+
+func inferKDAGate(n *Node) ([]OutType, error) {
+	z, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	H := n.Attrs.Int("heads", 0)
+	if H < 1 || z.Shape[1]%H != 0 {
+		return nil, fmt.Errorf("attribute heads (%d) must divide width %d", H, z.Shape[1])
+	}
+	if a, err := need(n, 1, F32, 1); err != nil || a.Shape[0] != H {
+		return nil, fmt.Errorf("A_log must be f32[%d]: %v", H, err)
+	}
+	if b, err := need(n, 2, F32, 1); err != nil || b.Shape[0] != z.Shape[1] {
+		return nil, fmt.Errorf("dt_bias must be f32[%d]: %v", z.Shape[1], err)
+	}
+	return []OutType{out("g", F32, z.Shape...)}, nil
+}
+
+func inferKDAAttn(n *Node) ([]OutType, error) {
+	if _, err := need(n, 0, Host, -1); err != nil {
+		return nil, err
+	}
+	H, Dh := n.Attrs.Int("heads", 0), n.Attrs.Int("head_dim", 0)
+	if H < 1 || Dh < 1 {
+		return nil, fmt.Errorf("attributes heads and head_dim must be ≥ 1")
+	}
+	for i := 1; i <= 4; i++ {
+		x, err := need(n, i, F32, 2)
+		if err != nil {
+			return nil, err
+		}
+		if x.Shape[1] != H*Dh {
+			return nil, fmt.Errorf("input %d width %d != heads·head_dim %d", i, x.Shape[1], H*Dh)
+		}
+	}
+	if b, err := need(n, 5, F32, 2); err != nil || b.Shape[1] != H {
+		return nil, fmt.Errorf("beta must be f32[T,%d]: %v", H, err)
+	}
+	switch n.Attrs.String("algo", "") {
+	case "auto", "chunked", "recurrent":
+	default:
+		return nil, fmt.Errorf("attribute algo must be auto, chunked or recurrent")
+	}
+	return []OutType{out("o", F32, DimT, H*Dh)}, nil
+}
+
+func inferGatedNorm(n *Node) ([]OutType, error) {
+	o, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	if g, err := need(n, 1, F32, 2); err != nil || !sameShape(g.Shape, o.Shape) {
+		return nil, fmt.Errorf("gate must match %v: %v", o.Shape, err)
+	}
+	H := n.Attrs.Int("heads", 0)
+	if H < 1 || o.Shape[1]%H != 0 {
+		return nil, fmt.Errorf("attribute heads must divide width %d", o.Shape[1])
+	}
+	if w, err := need(n, 2, F32, 1); err != nil || w.Shape[0] != o.Shape[1]/H {
+		return nil, fmt.Errorf("weight must be f32[%d]: %v", o.Shape[1]/H, err)
+	}
+	return []OutType{out("y", F32, o.Shape...)}, nil
+}
+
+func inferHostMeta(n *Node) ([]OutType, error) {
+	if _, err := need(n, 0, Host, -1); err != nil {
+		return nil, err
+	}
+	if n.Attrs.Int("kpool", 0) < 1 {
+		return nil, fmt.Errorf("attribute kpool must be ≥ 1")
+	}
+	return []OutType{out("meta", Host)}, nil
+}
+
+func inferDSATopK(n *Node) ([]OutType, error) {
+	if _, err := need(n, 0, Host, -1); err != nil {
+		return nil, err
+	}
+	H, D := n.Attrs.Int("heads", 0), n.Attrs.Int("dim", 0)
+	kp, topk := n.Attrs.Int("kpool", 0), n.Attrs.Int("topk", 0)
+	if H < 1 || D < 1 || kp < 1 || topk < kp || topk%kp != 0 {
+		return nil, fmt.Errorf("attributes heads, dim, kpool, topk invalid (topk must be a positive multiple of kpool)")
+	}
+	shapes := [][]int{{DimT, H * D}, {DimT, D}, {DimT, D}, {DimT, H}, {kp, D}}
+	for i, s := range shapes {
+		x, err := need(n, i+1, F32, 2)
+		if err != nil {
+			return nil, err
+		}
+		if x.Shape[1] != s[1] || (s[0] > 0 && x.Shape[0] != s[0]) {
+			return nil, fmt.Errorf("input %d (%s) is %v, want %v", i+1, x.Name, x.Shape, s)
+		}
+	}
+	return []OutType{out("sel", I32, DimT, topk+kp-1)}, nil
+}
+
+func inferMLAAttn(n *Node) ([]OutType, error) {
+	if _, err := need(n, 0, Host, -1); err != nil {
+		return nil, err
+	}
+	H, dq, dv, R := n.Attrs.Int("heads", 0), n.Attrs.Int("qk_dim", 0), n.Attrs.Int("v_dim", 0), n.Attrs.Int("rank", 0)
+	if H < 1 || dq < 1 || dv < 1 || R < 1 {
+		return nil, fmt.Errorf("attributes heads, qk_dim, v_dim, rank must be ≥ 1")
+	}
+	if q, err := need(n, 1, F32, 2); err != nil || q.Shape[1] != H*dq {
+		return nil, fmt.Errorf("q must be f32[T,%d]: %v", H*dq, err)
+	}
+	if c, err := need(n, 2, F32, 2); err != nil || c.Shape[1] != R {
+		return nil, fmt.Errorf("c_kv must be f32[T,%d]: %v", R, err)
+	}
+	if w, err := need(n, 3, F32, 2); err != nil || w.Shape[0] != H*(dq+dv) || w.Shape[1] != R {
+		return nil, fmt.Errorf("kv_b weight must be f32[%d,%d]: %v", H*(dq+dv), R, err)
+	}
+	if _, err := need(n, 4, I32, 2); err != nil {
+		return nil, err
+	}
+	return []OutType{out("o", F32, DimT, H*dv)}, nil
+}
+
+func inferMoERoute(n *Node) ([]OutType, error) {
+	l, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	E := l.Shape[1]
+	if b, err := need(n, 1, F32, 1); err != nil || b.Shape[0] != E {
+		return nil, fmt.Errorf("bias must be f32[%d]: %v", E, err)
+	}
+	K, G, TG := n.Attrs.Int("topk", 0), n.Attrs.Int("groups", 1), n.Attrs.Int("topk_group", 1)
+	if K < 1 || G < 1 || E%G != 0 || TG < 1 || TG > G || K > TG*(E/G) {
+		return nil, fmt.Errorf("routing attributes topk=%d groups=%d topk_group=%d invalid for %d experts", K, G, TG, E)
+	}
+	return []OutType{out("idx", I32, l.Shape[0], K), out("w", F32, l.Shape[0], K)}, nil
+}
+
+func inferMoEExperts(n *Node) ([]OutType, error) {
+	x, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	idx, err := need(n, 1, I32, 2)
+	if err != nil {
+		return nil, err
+	}
+	if w, err := need(n, 2, F32, 2); err != nil || w.Shape[1] != idx.Shape[1] {
+		return nil, fmt.Errorf("weights must match idx: %v", err)
+	}
+	g, err := need(n, 3, F32, 3)
+	if err != nil {
+		return nil, err
+	}
+	E, I, D := g.Shape[0], g.Shape[1], x.Shape[1]
+	if g.Shape[2] != D {
+		return nil, fmt.Errorf("gate experts are %v, input width %d", g.Shape, D)
+	}
+	if u, err := need(n, 4, F32, 3); err != nil || !sameShape(u.Shape, g.Shape) {
+		return nil, fmt.Errorf("up experts must be [%d %d %d]: %v", E, I, D, err)
+	}
+	if d, err := need(n, 5, F32, 3); err != nil || !sameShape(d.Shape, []int{E, D, I}) {
+		return nil, fmt.Errorf("down experts must be [%d %d %d]: %v", E, D, I, err)
+	}
+	return []OutType{out("y", F32, x.Shape...)}, nil
+}
+
+func inferStreamMean(n *Node) ([]OutType, error) {
+	x, err := need(n, 0, F32, 3)
+	if err != nil {
+		return nil, err
+	}
+	return []OutType{out("y", F32, x.Shape[0], x.Shape[2])}, nil
+}
+
+func inferLastRows(n *Node) ([]OutType, error) {
+	if _, err := need(n, 0, Host, -1); err != nil {
+		return nil, err
+	}
+	x, err := need(n, 1, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	return []OutType{out("y", F32, DimS, x.Shape[1])}, nil
+}
+
+func inferConcatRows(n *Node) ([]OutType, error) {
+	first, err := need(n, 0, F32, -1)
+	if err != nil {
+		return nil, err
+	}
+	rows := 0
+	for i, in := range n.Inputs {
+		if in.DType != F32 || len(in.Shape) != len(first.Shape) || in.Kind != Weight {
+			return nil, fmt.Errorf("input %d (%s) must be an f32 weight of rank %d", i, in.Name, len(first.Shape))
+		}
+		if !sameShape(in.Shape[1:], first.Shape[1:]) {
+			return nil, fmt.Errorf("input %d (%s) is %v, trailing dims must match %v", i, in.Name, in.Shape, first.Shape)
+		}
+		rows += in.Shape[0]
+	}
+	return []OutType{out("w", F32, append([]int{rows}, first.Shape[1:]...)...)}, nil
+}

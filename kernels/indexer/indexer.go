@@ -1,0 +1,146 @@
+// Package indexer implements the DSA lightning indexer with k-pool
+// compression: keys of kpool consecutive positions are pooled with a learned
+// per-channel softmax, each query scores the complete pools it can see, keeps
+// the best ones, and always attends the incomplete tail pool.
+package indexer
+
+import (
+	"math"
+	"sort"
+
+	"github.com/glmflash/glmflash/kernels/parallel"
+)
+
+// Config holds one indexer's geometry.
+type Config struct {
+	Heads      int       // index_n_heads
+	Dim        int       // index_head_dim
+	KPool      int       // index_kpool
+	TopK       int       // index_topk (tokens; TopK/KPool pools are kept)
+	SelectTail bool      // index_kpool_always_select_tail
+	APE        []float32 // index_kpool_compress_ape [KPool][Dim]
+}
+
+// Width is the number of positions a selection row holds: TopK plus the
+// largest possible tail (KPool−1). Unused entries are −1.
+func (c *Config) Width() int { return c.TopK/c.KPool*c.KPool + c.KPool - 1 }
+
+// State is one sequence's indexer cache for one layer: pooled keys of the
+// complete pools and the raw key/gate rows of the pending incomplete pool.
+type State struct {
+	Pools []float32 // [nPools][Dim]
+	PendK []float32 // [nPend][Dim]
+	PendG []float32 // [nPend][Dim]
+}
+
+// NumPools is the number of complete pools cached.
+func (s *State) NumPools(dim int) int { return len(s.Pools) / dim }
+
+// Reset empties the state.
+func (s *State) Reset() { s.Pools, s.PendK, s.PendG = s.Pools[:0], s.PendK[:0], s.PendG[:0] }
+
+// PoolKey writes key[c] = Σ_j softmax_j(gate[j][c]+ape[j][c])·k[j][c].
+func (c *Config) PoolKey(key, k, gate []float32) {
+	D, P := c.Dim, c.KPool
+	l := make([]float64, P)
+	for ch := 0; ch < D; ch++ {
+		mx := math.Inf(-1)
+		for j := 0; j < P; j++ {
+			l[j] = float64(gate[j*D+ch] + c.APE[j*D+ch])
+			mx = math.Max(mx, l[j])
+		}
+		var s, acc float64
+		for j := 0; j < P; j++ {
+			e := math.Exp(l[j] - mx)
+			s += e
+			acc += e * float64(k[j*D+ch])
+		}
+		key[ch] = float32(acc / s)
+	}
+}
+
+// Append adds T new tokens' keys and gates ([T][Dim]) for a sequence whose
+// first new token is at absolute position pos0, pooling every pool they
+// complete. visible[j] receives the number of complete pools that token j
+// can see (pools ending at or before it).
+func (c *Config) Append(st *State, pos0 int, k, gate []float32, T int, visible []int) {
+	D := c.Dim
+	for j := 0; j < T; j++ {
+		st.PendK = append(st.PendK, k[j*D:(j+1)*D]...)
+		st.PendG = append(st.PendG, gate[j*D:(j+1)*D]...)
+		if len(st.PendK) == c.KPool*D {
+			key := make([]float32, D)
+			c.PoolKey(key, st.PendK, st.PendG)
+			st.Pools = append(st.Pools, key...)
+			st.PendK, st.PendG = st.PendK[:0], st.PendG[:0]
+		}
+		visible[j] = (pos0 + j + 1) / c.KPool
+	}
+}
+
+// Select fills sel ([T][Width]) for T queries of one sequence: q is
+// [T][Heads·Dim], w ([T][Heads]) the per-head weights already multiplied by
+// Heads^−½, visible from Append, pos0 the first query's position. Each row
+// lists the positions of the best min(TopK/KPool, visible) pools by
+// Σ_h w[h]·ReLU(q_h·key·Dim^−½) (ties: lower pool first), then the tail
+// positions [KPool·visible, pos].
+func (c *Config) Select(sel []int32, st *State, pos0 int, q, w []float32, T int, visible []int) {
+	H, D, W := c.Heads, c.Dim, c.Width()
+	scale := float32(1 / math.Sqrt(float64(D)))
+	keep := c.TopK / c.KPool
+	parallel.For(T, 4, func(lo, hi int) {
+		var scores []float32
+		var order []int
+		for j := lo; j < hi; j++ {
+			row := sel[j*W : (j+1)*W]
+			for i := range row {
+				row[i] = -1
+			}
+			n := visible[j]
+			scores = scores[:0]
+			qj, wj := q[j*H*D:(j+1)*H*D], w[j*H:(j+1)*H]
+			for p := 0; p < n; p++ {
+				key := st.Pools[p*D : (p+1)*D]
+				var s float32
+				for h := 0; h < H; h++ {
+					qh := qj[h*D : (h+1)*D]
+					var dot float32
+					for x, v := range qh {
+						dot += v * key[x]
+					}
+					dot *= scale
+					if dot > 0 {
+						s += wj[h] * dot
+					}
+				}
+				scores = append(scores, s)
+			}
+			k := keep
+			if k > n {
+				k = n
+			}
+			order = order[:0]
+			for p := 0; p < n; p++ {
+				order = append(order, p)
+			}
+			if k < n {
+				sort.SliceStable(order, func(a, b int) bool { return scores[order[a]] > scores[order[b]] })
+			}
+			chosen := order[:k]
+			sort.Ints(chosen)
+			o := 0
+			for _, p := range chosen {
+				for x := 0; x < c.KPool; x++ {
+					row[o] = int32(p*c.KPool + x)
+					o++
+				}
+			}
+			if c.SelectTail {
+				for pos := n * c.KPool; pos <= pos0+j; pos++ {
+					row[o] = int32(pos)
+					o++
+				}
+			}
+		}
+	})
+}

@@ -1,0 +1,183 @@
+// Package kda implements the Kimi Delta Attention core of GLM-5.3-Flash's
+// linear-attention layers for one (sequence, head): the recurrent form used
+// for single-token decode and the chunked form used for prefill and
+// multi-token continuation. Both read q, k, v, g ([T][D], row-major) and β
+// ([T]) and update the fp32 state S ([Dk][Dv], decay on the key rows).
+package kda
+
+import (
+	"math"
+
+	"github.com/glmflash/glmflash/kernels/gemm"
+)
+
+// ChunkSize is the chunk length of the chunked algorithm (as in FLA and
+// transformers). Chunk boundaries do not change results.
+const ChunkSize = 64
+
+// L2Normalize scales each of the T rows of x ([T][D]) to x/sqrt(Σx²+eps) and
+// then multiplies by scale (KDA uses eps 1e-6; q also gets scale D^−½).
+func L2Normalize(x []float32, T, D int, eps, scale float32) {
+	for t := 0; t < T; t++ {
+		r := x[t*D : t*D+D]
+		var s float32
+		for _, v := range r {
+			s += v * v
+		}
+		f := scale / float32(math.Sqrt(float64(s+eps)))
+		for i := range r {
+			r[i] *= f
+		}
+	}
+}
+
+// Recurrent runs the delta rule token by token (the definition of KDA):
+//
+//	S = diag(exp(g_t))·S;  δ = β_t·(v_t − Sᵀk_t);  S += k_t⊗δ;  o_t = Sᵀq_t
+//
+// q and k must already be L2-normalized (q also scaled). o is [T][Dv].
+func Recurrent(o, q, k, v, g, beta []float32, T, Dk, Dv int, S []float32) {
+	pred := make([]float32, Dv)
+	for t := 0; t < T; t++ {
+		qt, kt := q[t*Dk:t*Dk+Dk], k[t*Dk:t*Dk+Dk]
+		vt, gt := v[t*Dv:t*Dv+Dv], g[t*Dk:t*Dk+Dk]
+		for i := range pred {
+			pred[i] = 0
+		}
+		for c := 0; c < Dk; c++ {
+			row := S[c*Dv : c*Dv+Dv]
+			e := float32(math.Exp(float64(gt[c])))
+			for i := range row {
+				row[i] *= e
+			}
+			gemm.Axpy(pred, kt[c], row)
+		}
+		b := beta[t]
+		for i := range pred {
+			pred[i] = b * (vt[i] - pred[i])
+		}
+		ot := o[t*Dv : t*Dv+Dv]
+		for i := range ot {
+			ot[i] = 0
+		}
+		for c := 0; c < Dk; c++ {
+			row := S[c*Dv : c*Dv+Dv]
+			gemm.Axpy(row, kt[c], pred)
+			gemm.Axpy(ot, qt[c], row)
+		}
+	}
+}
+
+// Chunked computes the same outputs and final state as Recurrent with the
+// chunked (WY / UT-transform) algorithm: within a chunk of n ≤ ChunkSize
+// tokens, with G the inclusive prefix sum of g,
+//
+//	M_ij = β_i Σ_c k_i[c]k_j[c]e^{G_i[c]−G_j[c]} (j<i),  W = (I+M)⁻¹
+//	U = W(β⊙V),  Kc = W(β⊙K⊙e^G),  Vn = U − Kc·S
+//	O_i = (q_i⊙e^{G_i})·S + Σ_{j≤i} (Σ_c q_i[c]k_j[c]e^{G_i[c]−G_j[c]}) Vn_j
+//	S ← diag(e^{G_n}) S + Σ_j (k_j⊙e^{G_n−G_j}) ⊗ Vn_j
+//
+// Only j ≤ i terms are ever formed, so no exponential overflows.
+func Chunked(o, q, k, v, g, beta []float32, T, Dk, Dv int, S []float32) {
+	C := ChunkSize
+	if T < C {
+		C = T
+	}
+	G := make([]float32, C*Dk)
+	eG := make([]float32, C*Dk)
+	M := make([]float32, C*C)
+	P := make([]float32, C*C)
+	U := make([]float32, C*Dv)
+	Kc := make([]float32, C*Dk)
+	tmp := make([]float32, C*Dv)
+	qe := make([]float32, C*Dk)
+	e := make([]float32, Dk)
+	for t0 := 0; t0 < T; t0 += ChunkSize {
+		n := T - t0
+		if n > ChunkSize {
+			n = ChunkSize
+		}
+		qc, kc := q[t0*Dk:(t0+n)*Dk], k[t0*Dk:(t0+n)*Dk]
+		vc, gc := v[t0*Dv:(t0+n)*Dv], g[t0*Dk:(t0+n)*Dk]
+		bc := beta[t0 : t0+n]
+		// prefix sums of the log-decay
+		copy(G[:Dk], gc[:Dk])
+		for i := 1; i < n; i++ {
+			gi, prev, cur := gc[i*Dk:i*Dk+Dk], G[(i-1)*Dk:i*Dk], G[i*Dk:i*Dk+Dk]
+			for c := range cur {
+				cur[c] = prev[c] + gi[c]
+			}
+		}
+		for i := 0; i < n*Dk; i++ {
+			eG[i] = float32(math.Exp(float64(G[i])))
+		}
+		// pairwise decayed inner products (lower triangle only)
+		for i := 0; i < n; i++ {
+			Gi := G[i*Dk : i*Dk+Dk]
+			ki, qi := kc[i*Dk:i*Dk+Dk], qc[i*Dk:i*Dk+Dk]
+			for j := 0; j < i; j++ {
+				Gj, kj := G[j*Dk:j*Dk+Dk], kc[j*Dk:j*Dk+Dk]
+				var sm, sp float32
+				for c := range e {
+					d := float32(math.Exp(float64(Gi[c] - Gj[c])))
+					kd := kj[c] * d
+					sm += ki[c] * kd
+					sp += qi[c] * kd
+				}
+				M[i*C+j] = bc[i] * sm
+				P[i*C+j] = sp
+			}
+			P[i*C+i] = gemm.Dot(qi, ki)
+		}
+		// forward substitution: (I+M)·U = β⊙V and (I+M)·Kc = β⊙K⊙e^G
+		for i := 0; i < n; i++ {
+			ui, kci := U[i*Dv:i*Dv+Dv], Kc[i*Dk:i*Dk+Dk]
+			vi, ki, eGi := vc[i*Dv:i*Dv+Dv], kc[i*Dk:i*Dk+Dk], eG[i*Dk:i*Dk+Dk]
+			b := bc[i]
+			for x := range ui {
+				ui[x] = b * vi[x]
+			}
+			for c := range kci {
+				kci[c] = b * ki[c] * eGi[c]
+			}
+			for j := 0; j < i; j++ {
+				m := M[i*C+j]
+				if m == 0 {
+					continue
+				}
+				gemm.Axpy(ui, -m, U[j*Dv:j*Dv+Dv])
+				gemm.Axpy(kci, -m, Kc[j*Dk:j*Dk+Dk])
+			}
+		}
+		// Vn = U − Kc·S  (stored in U)
+		gemm.MatMul(tmp[:n*Dv], Kc[:n*Dk], n, Dk, S, Dv)
+		for x := 0; x < n*Dv; x++ {
+			U[x] -= tmp[x]
+		}
+		// O = (Q⊙e^G)·S + P·Vn
+		for x := 0; x < n*Dk; x++ {
+			qe[x] = qc[x] * eG[x]
+		}
+		oc := o[t0*Dv : (t0+n)*Dv]
+		gemm.MatMul(oc, qe[:n*Dk], n, Dk, S, Dv)
+		for i := 0; i < n; i++ {
+			oi := oc[i*Dv : i*Dv+Dv]
+			for j := 0; j <= i; j++ {
+				gemm.Axpy(oi, P[i*C+j], U[j*Dv:j*Dv+Dv])
+			}
+		}
+		// state update
+		Gn := G[(n-1)*Dk : n*Dk]
+		for c := 0; c < Dk; c++ {
+			row := S[c*Dv : c*Dv+Dv]
+			dn := float32(math.Exp(float64(Gn[c])))
+			for x := range row {
+				row[x] *= dn
+			}
+			for j := 0; j < n; j++ {
+				w := kc[j*Dk+c] * float32(math.Exp(float64(Gn[c]-G[j*Dk+c])))
+				gemm.Axpy(row, w, U[j*Dv:j*Dv+Dv])
+			}
+		}
+	}
+}

@@ -1,0 +1,127 @@
+// Package mhc implements Manifold-Constrained Hyper-Connections: the "pre"
+// step (mixing logits, Sinkhorn-projected stream combiner, stream collapse)
+// and the "post" step (expand a sub-layer output back into H streams).
+package mhc
+
+import (
+	"math"
+
+	"github.com/glmflash/glmflash/kernels/gemm"
+)
+
+// Params are one mHC site's learned tensors and constants.
+type Params struct {
+	H          int       // residual streams (hc_mult)
+	D          int       // hidden size
+	Fn         []float32 // [(2+H)·H][H·D]
+	Base       []float32 // [(2+H)·H]
+	Scale      []float32 // [3]
+	NormEps    float32   // unweighted RMSNorm eps (rms_norm_eps)
+	HCEps      float32   // hc_eps
+	Iterations int       // hc_sinkhorn_iters
+}
+
+// Pre computes, for each of T tokens with streams X ([T][H][D]):
+// h ([T][D]) = Σ_i pre[i]·X[i], post ([T][H]) and comb ([T][H][H], row i =
+// source stream, column j = destination stream, Sinkhorn-normalized).
+func Pre(p *Params, h, post, comb, X []float32, T int) {
+	H, D := p.H, p.D
+	mix := (2 + H) * H
+	m := make([]float32, mix)
+	pre := make([]float32, H)
+	for t := 0; t < T; t++ {
+		x := X[t*H*D : (t+1)*H*D]
+		var ss float32
+		for _, v := range x {
+			ss += v * v
+		}
+		r := float32(1 / math.Sqrt(float64(ss/float32(H*D)+p.NormEps)))
+		for i := 0; i < mix; i++ {
+			m[i] = gemm.Dot(x, p.Fn[i*H*D:(i+1)*H*D]) * r
+		}
+		Mapping(p, m, pre, post[t*H:(t+1)*H], comb[t*H*H:(t+1)*H*H])
+		ht := h[t*D : t*D+D]
+		for d := range ht {
+			ht[d] = 0
+		}
+		for i := 0; i < H; i++ {
+			gemm.Axpy(ht, pre[i], x[i*D:i*D+D])
+		}
+	}
+}
+
+// Mapping turns the mixing logits m ([(2+H)·H], already RMS-scaled) into
+// pre, post and the Sinkhorn-projected comb.
+func Mapping(p *Params, m, pre, post, comb []float32) {
+	H := p.H
+	eps := p.HCEps
+	for i := 0; i < H; i++ {
+		pre[i] = sigmoid(p.Scale[0]*m[i]+p.Base[i]) + eps
+		post[i] = 2 * sigmoid(p.Scale[1]*m[H+i]+p.Base[H+i])
+	}
+	for i := 0; i < H; i++ {
+		row := comb[i*H : i*H+H]
+		mx := float32(math.Inf(-1))
+		for j := range row {
+			row[j] = p.Scale[2]*m[2*H+i*H+j] + p.Base[2*H+i*H+j]
+			if row[j] > mx {
+				mx = row[j]
+			}
+		}
+		var s float32
+		for j := range row {
+			row[j] = float32(math.Exp(float64(row[j] - mx)))
+			s += row[j]
+		}
+		for j := range row {
+			row[j] = row[j]/s + eps
+		}
+	}
+	colNorm(comb, H, eps)
+	for it := 1; it < p.Iterations; it++ {
+		for i := 0; i < H; i++ {
+			row := comb[i*H : i*H+H]
+			var s float32
+			for _, v := range row {
+				s += v
+			}
+			for j := range row {
+				row[j] /= s + eps
+			}
+		}
+		colNorm(comb, H, eps)
+	}
+}
+
+func colNorm(c []float32, H int, eps float32) {
+	for j := 0; j < H; j++ {
+		var s float32
+		for i := 0; i < H; i++ {
+			s += c[i*H+j]
+		}
+		for i := 0; i < H; i++ {
+			c[i*H+j] /= s + eps
+		}
+	}
+}
+
+func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(float64(-x)))) }
+
+// Post expands a sub-layer output o ([T][D]) into new streams:
+// out[j] = post[j]·o + Σ_i comb[i][j]·R[i], with R the streams the matching
+// Pre read. out ([T][H][D]) must not alias R.
+func Post(out, o, R, post, comb []float32, T, H, D int) {
+	for t := 0; t < T; t++ {
+		ot := o[t*D : t*D+D]
+		for j := 0; j < H; j++ {
+			dst := out[(t*H+j)*D : (t*H+j+1)*D]
+			pj := post[t*H+j]
+			for d, v := range ot {
+				dst[d] = pj * v
+			}
+			for i := 0; i < H; i++ {
+				gemm.Axpy(dst, comb[t*H*H+i*H+j], R[(t*H+i)*D:(t*H+i+1)*D])
+			}
+		}
+	}
+}

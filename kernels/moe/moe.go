@@ -1,0 +1,161 @@
+// Package moe implements GLM's sigmoid-scored, bias-corrected, optionally
+// group-limited expert routing and the routed-expert computation.
+package moe
+
+import (
+	"math"
+	"sort"
+
+	"github.com/glmflash/glmflash/kernels/act"
+	"github.com/glmflash/glmflash/kernels/gemm"
+	"github.com/glmflash/glmflash/kernels/parallel"
+)
+
+// Router holds the routing hyper-parameters.
+type Router struct {
+	Experts   int       // n_routed_experts
+	TopK      int       // num_experts_per_tok
+	Groups    int       // n_group (1 = no group stage)
+	TopKGroup int       // topk_group
+	Normalize bool      // norm_topk_prob
+	Scaling   float32   // routed_scaling_factor
+	Bias      []float32 // e_score_correction_bias [Experts]
+}
+
+// Route selects, for each of T tokens with router logits ([T][Experts]),
+// TopK experts by sigmoid(logit)+bias (restricted to the TopKGroup best
+// groups, a group scored by the sum of its two best biased scores), and
+// weights them by the unbiased sigmoid scores, renormalized (+1e−20) and
+// scaled. Ties go to the lower index. idx and w are [T][TopK]; idx is sorted
+// ascending within a token.
+func (r *Router) Route(idx []int32, w []float32, logits []float32, T int) {
+	E, K := r.Experts, r.TopK
+	s := make([]float32, E)
+	choice := make([]float32, E)
+	per := E / r.Groups
+	gs := make([]float32, r.Groups)
+	for t := 0; t < T; t++ {
+		lt := logits[t*E : (t+1)*E]
+		for e, v := range lt {
+			s[e] = act.Sigmoid(v)
+			choice[e] = s[e] + r.Bias[e]
+		}
+		if r.Groups > 1 {
+			for g := 0; g < r.Groups; g++ {
+				a, b := float32(math.Inf(-1)), float32(math.Inf(-1))
+				for _, v := range choice[g*per : (g+1)*per] {
+					if v > a {
+						a, b = v, a
+					} else if v > b {
+						b = v
+					}
+				}
+				gs[g] = a + b
+			}
+			keep := topK(gs, r.TopKGroup)
+			allowed := make([]bool, r.Groups)
+			for _, g := range keep {
+				allowed[g] = true
+			}
+			for e := range choice {
+				if !allowed[e/per] {
+					choice[e] = float32(math.Inf(-1))
+				}
+			}
+		}
+		sel := topK(choice, K)
+		sort.Ints(sel)
+		var sum float32
+		for k, e := range sel {
+			idx[t*K+k] = int32(e)
+			w[t*K+k] = s[e]
+			sum += s[e]
+		}
+		for k := 0; k < K; k++ {
+			if r.Normalize {
+				w[t*K+k] /= sum + 1e-20
+			}
+			w[t*K+k] *= r.Scaling
+		}
+	}
+}
+
+// topK returns the indices of the k largest values (ties: lower index first).
+func topK(v []float32, k int) []int {
+	idx := make([]int, len(v))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return v[idx[a]] > v[idx[b]] })
+	return idx[:k]
+}
+
+// Experts are the routed experts' weights: per expert gate and up
+// [I][D] and down [D][I], clamped-SwiGLU activation.
+type Experts struct {
+	N, D, I int
+	Gate    [][]float32
+	Up      [][]float32
+	Down    [][]float32
+	Limit   float32
+	GEMM    gemm.Params
+}
+
+// Forward computes dst[t] = Σ_k w[t][k]·Expert_{idx[t][k]}(x[t]) for T tokens
+// (overwriting dst). Tokens are grouped per expert so that each expert runs
+// one GEMM over its tokens; contributions are summed per token in ascending
+// expert order, so results do not depend on scheduling.
+func (ex *Experts) Forward(dst, x []float32, idx []int32, w []float32, T, K int) {
+	D, I := ex.D, ex.I
+	tokens := make([][]int, ex.N) // per expert: flat (t*K+k) slots
+	for s := 0; s < T*K; s++ {
+		e := idx[s]
+		tokens[e] = append(tokens[e], s)
+	}
+	contrib := make([]float32, T*K*D)
+	active := make([]int, 0, ex.N)
+	for e := range tokens {
+		if len(tokens[e]) > 0 {
+			active = append(active, e)
+		}
+	}
+	parallel.Each(len(active), func(ai int) {
+		e := active[ai]
+		slots := tokens[e]
+		n := len(slots)
+		xs := make([]float32, n*D)
+		for i, s := range slots {
+			copy(xs[i*D:(i+1)*D], x[(s/K)*D:(s/K+1)*D])
+		}
+		g := make([]float32, n*I)
+		u := make([]float32, n*I)
+		serialMatMulT(g, xs, n, D, ex.Gate[e], I)
+		serialMatMulT(u, xs, n, D, ex.Up[e], I)
+		act.SwiGLU(g, g, u, ex.Limit)
+		y := make([]float32, n*D)
+		serialMatMulT(y, g, n, I, ex.Down[e], D)
+		for i, s := range slots {
+			c := contrib[s*D : (s+1)*D]
+			ws := w[s]
+			for d, v := range y[i*D : (i+1)*D] {
+				c[d] = ws * v
+			}
+		}
+	})
+	for t := 0; t < T; t++ {
+		dt := dst[t*D : (t+1)*D]
+		for d := range dt {
+			dt[d] = 0
+		}
+		for k := 0; k < K; k++ { // idx is ascending within a token
+			s := t*K + k
+			gemm.Axpy(dt, 1, contrib[s*D:(s+1)*D])
+		}
+	}
+}
+
+// serialMatMulT runs a GEMM on the calling goroutine (experts are already
+// spread across workers).
+func serialMatMulT(dst, x []float32, T, K int, w []float32, N int) {
+	gemm.MatMulTSerial(dst, x, T, K, w, N)
+}

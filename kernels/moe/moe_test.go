@@ -1,0 +1,91 @@
+package moe
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/glmflash/glmflash/kernels/act"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRouteUngrouped(t *testing.T) {
+	r := &Router{Experts: 4, TopK: 2, Groups: 1, TopKGroup: 1, Normalize: true, Scaling: 2.5, Bias: []float32{0, 0, 1, 0}}
+	logits := []float32{3, 2, -1, 0}
+	idx := make([]int32, 2)
+	w := make([]float32, 2)
+	r.Route(idx, w, logits, 1)
+	// biased choice: 0.95, 0.88, 1.27, 0.5 → experts 0 and 2, weights from unbiased sigmoid
+	require.Equal(t, []int32{0, 2}, idx)
+	s0, s2 := act.Sigmoid(3), act.Sigmoid(-1)
+	require.InDelta(t, 2.5*s0/(s0+s2), w[0], 1e-6)
+	require.InDelta(t, 2.5*s2/(s0+s2), w[1], 1e-6)
+}
+
+func TestRouteGroupLimited(t *testing.T) {
+	// 6 experts in 3 groups of 2; the best single expert (5) sits in a group
+	// whose pair-sum is lowest, so with topk_group=2 it must not be chosen.
+	r := &Router{Experts: 6, TopK: 2, Groups: 3, TopKGroup: 2, Normalize: false, Scaling: 1, Bias: make([]float32, 6)}
+	logits := []float32{1, 1, 0.5, 0.6, -5, 4}
+	idx := make([]int32, 2)
+	w := make([]float32, 2)
+	r.Route(idx, w, logits, 1)
+	require.Equal(t, []int32{0, 1}, idx)
+	require.InDelta(t, act.Sigmoid(1), w[0], 1e-6)
+}
+
+func TestExpertsMatchPerTokenReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	N, D, I, T, K := 5, 7, 6, 9, 2
+	f := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		return x
+	}
+	ex := &Experts{N: N, D: D, I: I, Limit: 10}
+	for e := 0; e < N; e++ {
+		ex.Gate = append(ex.Gate, f(I*D))
+		ex.Up = append(ex.Up, f(I*D))
+		ex.Down = append(ex.Down, f(D*I))
+	}
+	x := f(T * D)
+	idx := make([]int32, T*K)
+	w := f(T * K)
+	for t0 := 0; t0 < T; t0++ {
+		a := rng.IntN(N)
+		b := (a + 1 + rng.IntN(N-1)) % N
+		if a > b {
+			a, b = b, a
+		}
+		idx[t0*K], idx[t0*K+1] = int32(a), int32(b)
+	}
+	got := make([]float32, T*D)
+	ex.Forward(got, x, idx, w, T, K)
+	for t0 := 0; t0 < T; t0++ {
+		for d := 0; d < D; d++ {
+			var want float64
+			for k := 0; k < K; k++ {
+				e := idx[t0*K+k]
+				h := make([]float64, I)
+				for i := 0; i < I; i++ {
+					var g, u float64
+					for c := 0; c < D; c++ {
+						g += float64(ex.Gate[e][i*D+c]) * float64(x[t0*D+c])
+						u += float64(ex.Up[e][i*D+c]) * float64(x[t0*D+c])
+					}
+					g = math.Min(g, 10)
+					u = math.Max(-10, math.Min(u, 10))
+					h[i] = g / (1 + math.Exp(-g)) * u
+				}
+				var y float64
+				for i := 0; i < I; i++ {
+					y += float64(ex.Down[e][d*I+i]) * h[i]
+				}
+				want += float64(w[t0*K+k]) * y
+			}
+			require.InDelta(t, want, got[t0*D+d], 1e-4*(1+math.Abs(want)))
+		}
+	}
+}

@@ -1,0 +1,69 @@
+// Package norm holds the normalizations of the model: weighted and
+// unweighted RMSNorm, LayerNorm with bias, and KDA's gated per-head RMSNorm.
+// All compute in float32 over rows of length D.
+package norm
+
+import "math"
+
+// RMSNorm writes dst[t] = w ⊙ x[t] / sqrt(mean(x[t]²) + eps) for T rows of
+// width D. dst may alias x.
+func RMSNorm(dst, x []float32, T, D int, w []float32, eps float32) {
+	for t := 0; t < T; t++ {
+		xr := x[t*D : t*D+D]
+		dr := dst[t*D : t*D+D]
+		r := invRMS(xr, eps)
+		for i, v := range xr {
+			dr[i] = w[i] * (v * r)
+		}
+	}
+}
+
+func invRMS(x []float32, eps float32) float32 {
+	var s float32
+	for _, v := range x {
+		s += v * v
+	}
+	return float32(1 / math.Sqrt(float64(s/float32(len(x))+eps)))
+}
+
+// InvRMS returns 1/sqrt(mean(x²)+eps).
+func InvRMS(x []float32, eps float32) float32 { return invRMS(x, eps) }
+
+// LayerNorm writes dst[t] = (x[t]−mean)/sqrt(var+eps) ⊙ w + b (biased
+// variance, like torch.nn.LayerNorm). dst may alias x.
+func LayerNorm(dst, x []float32, T, D int, w, b []float32, eps float32) {
+	for t := 0; t < T; t++ {
+		xr := x[t*D : t*D+D]
+		dr := dst[t*D : t*D+D]
+		var mean float32
+		for _, v := range xr {
+			mean += v
+		}
+		mean /= float32(D)
+		var vs float32
+		for _, v := range xr {
+			d := v - mean
+			vs += d * d
+		}
+		r := float32(1 / math.Sqrt(float64(vs/float32(D)+eps)))
+		for i, v := range xr {
+			dr[i] = (v-mean)*r*w[i] + b[i]
+		}
+	}
+}
+
+// GatedRMSNorm is KDA's output norm: for every token and each of H heads of
+// width Dh, y = o/sqrt(mean(o²)+eps) ⊙ w ⊙ sigmoid(gate), with one weight
+// vector w [Dh] shared by all heads. dst may alias o.
+func GatedRMSNorm(dst, o, gate []float32, T, H, Dh int, w []float32, eps float32) {
+	for r := 0; r < T*H; r++ {
+		or := o[r*Dh : r*Dh+Dh]
+		gr := gate[r*Dh : r*Dh+Dh]
+		dr := dst[r*Dh : r*Dh+Dh]
+		inv := invRMS(or, eps)
+		for i, v := range or {
+			g := gr[i]
+			dr[i] = w[i] * (v * inv) * float32(1/(1+math.Exp(float64(-g))))
+		}
+	}
+}

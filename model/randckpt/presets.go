@@ -1,0 +1,91 @@
+// Package randckpt writes random GLM-5.3-Flash checkpoints in the real
+// Hugging Face format: a nested config.json and safetensors files with the
+// released tensor names, shapes and dtypes, optionally FP8 block-quantized.
+// Weights follow the O(1)-activation initialisation of the transformers
+// fixture generator (shared/tools/hf_fixture.py randomize()), so that a
+// forward pass over them produces meaningful activations.
+package randckpt
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+
+	"github.com/glmflash/glmflash/model"
+)
+
+// presets maps a preset name to its text_config fields; everything not listed
+// takes transformers' defaults and derivations (model.ParseConfig).
+var presets = map[string]map[string]any{
+	// tiny: exactly the sizes of testdata/glm5next-tiny-a (the HF fixture).
+	"tiny": {
+		"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 8, "intermediate_size": 160,
+		"moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+		"n_group": 1, "topk_group": 1, "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+		"num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32,
+		"qk_nope_head_dim": 16, "qk_rope_head_dim": 0, "v_head_dim": 16,
+		"index_n_heads": 16, "index_head_dim": 16, "index_topk": 16, "index_kpool": 4,
+		"index_kpool_always_select_tail": true,
+		"linear_num_heads":               4, "linear_head_dim": 16, "linear_conv_kernel_dim": 4, "linear_lower_bound": -5.0,
+		"hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-5, "swiglu_limit": 10.0,
+		"max_position_embeddings": 4096, "tie_word_embeddings": false, "pad_token_id": 0,
+	},
+	// small: a few-million-parameter model for fast end-to-end tests.
+	"small": {
+		"vocab_size": 4096, "hidden_size": 256, "num_hidden_layers": 8, "intermediate_size": 512,
+		"moe_intermediate_size": 128, "n_routed_experts": 16, "num_experts_per_tok": 2, "n_shared_experts": 1,
+		"num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 128, "kv_lora_rank": 64,
+		"qk_nope_head_dim": 64, "qk_rope_head_dim": 0, "v_head_dim": 64,
+		"index_n_heads": 8, "index_head_dim": 32, "index_topk": 64, "index_kpool": 4,
+		"linear_num_heads": 4, "linear_head_dim": 64, "hc_mult": 4,
+		"max_position_embeddings": 16384, "pad_token_id": 0,
+	},
+	// bench: ~0.4 B parameters with the released model's proportions, for
+	// throughput measurements.
+	"bench": {
+		"vocab_size": 32000, "hidden_size": 1024, "num_hidden_layers": 8, "intermediate_size": 2816,
+		"moe_intermediate_size": 512, "n_routed_experts": 32, "num_experts_per_tok": 4, "n_shared_experts": 1,
+		"num_attention_heads": 8, "num_key_value_heads": 8, "q_lora_rank": 512, "kv_lora_rank": 256,
+		"qk_nope_head_dim": 128, "qk_rope_head_dim": 0, "v_head_dim": 128,
+		"index_n_heads": 8, "index_head_dim": 64, "index_topk": 256, "index_kpool": 4,
+		"linear_num_heads": 8, "linear_head_dim": 128, "hc_mult": 4,
+		"max_position_embeddings": 65536, "pad_token_id": 0,
+	},
+}
+
+// PresetNames returns the preset names, sorted.
+func PresetNames() []string {
+	names := make([]string, 0, len(presets))
+	for n := range presets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Preset returns a validated configuration by name: "tiny" (the sizes of
+// the HF fixture testdata/glm5next-tiny-a), "small" or "bench". All presets
+// use the released layer schedule: DSA at layers i%4==3, KDA elsewhere, a
+// dense MLP on layers 0–2 and MoE after.
+func Preset(name string) (*model.Config, error) {
+	fields, ok := presets[name]
+	if !ok {
+		return nil, fmt.Errorf("randckpt: unknown preset %q (have %v)", name, PresetNames())
+	}
+	m := map[string]any{"model_type": "glm5_next_text"}
+	for k, v := range fields {
+		m[k] = v
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("randckpt: preset %s: %w", name, err)
+	}
+	cfg, err := model.ParseConfig(b, "preset "+name)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
