@@ -48,3 +48,62 @@ eval: build
 
 clean:
 	rm -rf bin .cache
+
+# ---- serving: gRPC API, server, tools, load test ----------------------------
+# Tool versions are pinned; `go install` puts them in ./bin (outside go.mod).
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+GRPCURL_VERSION            := v1.9.4
+GHZ_VERSION                := v0.120.0
+# Debian 12's protoc; the generated files record it in their header.
+PROTOC_VERSION             := 3.21.12
+GOBIN_DIR                  := $(CURDIR)/bin
+PROTO_FILES                := proto/glmflash/v1/glmflash.proto
+
+.PHONY: proto proto-check protoc loadtest
+
+bin/protoc-gen-go:
+	GOBIN=$(GOBIN_DIR) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+
+bin/protoc-gen-go-grpc:
+	GOBIN=$(GOBIN_DIR) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+bin/grpcurl:
+	GOBIN=$(GOBIN_DIR) $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
+
+bin/ghz:
+	GOBIN=$(GOBIN_DIR) $(GO) install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
+
+tools: bin/protoc-gen-go bin/protoc-gen-go-grpc bin/grpcurl bin/ghz
+
+# protoc from Debian (protobuf-compiler; libprotobuf-dev has the well-known
+# types such as google/protobuf/duration.proto). Installed when missing.
+protoc:
+	@if ! command -v protoc >/dev/null || [ ! -f /usr/include/google/protobuf/duration.proto ]; then \
+		apt-get update -qq && apt-get install -y -qq protobuf-compiler libprotobuf-dev; fi
+	@v=$$(protoc --version | awk '{print $$2}'); if [ "$$v" != "$(PROTOC_VERSION)" ]; then \
+		echo "protoc $$v found, $(PROTOC_VERSION) wanted (the generated headers record it)"; exit 1; fi
+
+# Regenerate the committed gRPC code (PROTO_OUT lets proto-check write elsewhere).
+PROTO_OUT ?= proto
+proto: protoc bin/protoc-gen-go bin/protoc-gen-go-grpc
+	protoc -I proto -I /usr/include \
+		--plugin=protoc-gen-go=bin/protoc-gen-go --plugin=protoc-gen-go-grpc=bin/protoc-gen-go-grpc \
+		--go_out=$(PROTO_OUT) --go_opt=paths=source_relative \
+		--go-grpc_out=$(PROTO_OUT) --go-grpc_opt=paths=source_relative \
+		$(PROTO_FILES)
+
+# Regeneration is reproducible: generate into a temporary folder and compare.
+proto-check:
+	@tmp=$$(mktemp -d); $(MAKE) --no-print-directory proto PROTO_OUT=$$tmp >/dev/null && \
+	for f in $$(cd $$tmp && find . -name '*.go'); do \
+		cmp -s $$tmp/$$f proto/$$f || { echo "proto/$$f differs from a fresh generation (run make proto)"; rm -rf $$tmp; exit 1; }; \
+	done; rm -rf $$tmp; echo "generated code is up to date"
+
+# Load test: glmflash serve on the bench preset, ghz at concurrency 1, 8, 32.
+loadtest: build bin/ghz
+	scripts/loadtest.sh
+
+# Per-pass on/off benchmarks on the `bench` preset (prefill 512 and a decode step).
+bench-passes:
+	$(GO) test ./tests -run '^$$' -bench BenchmarkPasses -benchtime 3x -timeout 90m

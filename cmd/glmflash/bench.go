@@ -25,6 +25,7 @@ type benchResult struct {
 
 func newBenchCmd() *cobra.Command {
 	var mf modelFlags
+	var cfgPath string
 	var prompt, decodeSteps, reps, warmup int
 	var batches []int
 	var jsonOut, dump, cpuProfile string
@@ -174,6 +175,7 @@ func newBenchCmd() *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	mf.add(cmd, true)
 	cmd.Flags().IntVar(&prompt, "prompt", 512, "prefill prompt length")
 	cmd.Flags().IntVar(&decodeSteps, "decode-steps", 16, "decode steps per measured run")

@@ -6,13 +6,13 @@ import (
 	"text/tabwriter"
 
 	"github.com/glmflash/glmflash/core/build"
-	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
 	"github.com/spf13/cobra"
 )
 
 func newEvalCmd() *cobra.Command {
 	var mf modelFlags
+	var cfgPath string
 	var refPath, dump string
 	var tol float64
 	cmd := &cobra.Command{
@@ -37,7 +37,7 @@ func newEvalCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2})
+			e, err := newEngine(ck, cfgPath, 2)
 			if err != nil {
 				return err
 			}
@@ -68,6 +68,7 @@ func newEvalCmd() *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	mf.add(cmd, false)
 	cmd.Flags().StringVar(&refPath, "reference", "", "reference.safetensors (with reference.json beside it)")
 	cmd.Flags().Float64Var(&tol, "tol", 1e-3, "largest allowed max |Δlogit| per case")

@@ -31,6 +31,7 @@ func parseIDs(flag, s string) ([]int32, error) {
 
 func newGenerateCmd() *cobra.Command {
 	var mf modelFlags
+	var cfgPath string
 	var prompt, stops, dump string
 	var maxTokens int
 	var sp sample.Params
@@ -114,6 +115,7 @@ func newGenerateCmd() *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	mf.add(cmd, true)
 	cmd.Flags().StringVar(&prompt, "prompt-ids", "", "comma-separated prompt token ids")
 	cmd.Flags().StringVar(&stops, "stop-ids", "", "comma-separated token ids that end generation")

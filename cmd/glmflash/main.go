@@ -41,7 +41,7 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level (debug, info, warn, error)")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "console", "log format (console or json)")
-	root.AddCommand(newEvalCmd(), newGenerateCmd(), newBenchCmd(), newInitRandomCmd(), newGraphCmd())
+	root.AddCommand(newEvalCmd(), newGenerateCmd(), newBenchCmd(), newInitRandomCmd(), newGraphCmd(), newPassesCmd())
 	return root
 }
 

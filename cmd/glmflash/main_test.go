@@ -157,3 +157,43 @@ func TestMissingTensorIsNamed(t *testing.T) {
 	_, err = runCLI(t, "generate", "--model", d, "--prompt-ids", "1,2")
 	require.ErrorContains(t, err, "layers.3.self_attn.kv_b_proj.weight")
 }
+
+func TestPassesListAndExplain(t *testing.T) {
+	out, err := runCLI(t, "passes", "list")
+	require.NoError(t, err)
+	for _, p := range []string{"kda-projection-fusion", "mhc-post-pre-fusion", "dsa-pooled-metadata", "host-length-reuse", "prefill-autotune", "max_tokens: int = 0"} {
+		require.Contains(t, out, p)
+	}
+	out, err = runCLI(t, "passes", "explain", "--model", fixture+"/checkpoint", "--config", "../../configs/engine.yaml", "--mode", "decode")
+	require.NoError(t, err)
+	require.Contains(t, out, "kda-projection-fusion  yes        6")
+	require.Contains(t, out, "terminal layer")
+	out, err = runCLI(t, "passes", "explain", "--model", fixture+"/checkpoint", "--config", "../../configs/presets/baseline.yaml", "--dump", "after", "--format", "json")
+	require.NoError(t, err)
+	require.Contains(t, out, `"requested": false`)
+	d := t.TempDir()
+	bad := filepath.Join(d, "bad.yaml")
+	require.NoError(t, os.WriteFile(bad, []byte("passes:\n  - name: kda-projection-fusion\n    options: {frm: full}\n"), 0o644))
+	_, err = runCLI(t, "passes", "explain", "--model", fixture+"/checkpoint", "--config", bad)
+	require.ErrorContains(t, err, `unknown option "frm"`)
+	require.NoError(t, os.WriteFile(bad, []byte("passes:\n  - name: kda-projection-fusoin\n"), 0o644))
+	_, err = runCLI(t, "eval", "--model", fixture+"/checkpoint", "--reference", fixture+"/reference.safetensors", "--config", bad)
+	require.ErrorContains(t, err, `unknown pass "kda-projection-fusoin"`)
+	out, err = runCLI(t, "passes", "explain", "--model", fixture+"/checkpoint", "--dump", "before")
+	require.NoError(t, err)
+	require.Contains(t, out, "=== kda-projection-fusion: graph before")
+}
+
+func TestEvalPassesWithEveryPreset(t *testing.T) {
+	for _, c := range []string{"../../configs/presets/baseline.yaml", "../../configs/presets/all.yaml", "../../configs/engine.yaml"} {
+		// keep tuning tables out of the source tree
+		b, err := os.ReadFile(c)
+		require.NoError(t, err)
+		tdir := t.TempDir()
+		c = filepath.Join(tdir, filepath.Base(c))
+		require.NoError(t, os.WriteFile(c, []byte(strings.ReplaceAll(string(b), "table_dir: configs/tuning", "table_dir: "+tdir)), 0o644))
+		out, err := runCLI(t, "eval", "--config", c, "--model", fixture+"/checkpoint", "--reference", fixture+"/reference.safetensors", "--tol", "1e-4")
+		require.NoError(t, err, c)
+		require.Contains(t, out, "all 7 cases within")
+	}
+}

@@ -67,6 +67,9 @@ type builder struct {
 	cfg   *model.Config
 	g     *ir.Graph
 	batch *ir.Value
+	// lens is the executor-produced per-sequence lengths that KDA and DSA
+	// nodes read (the host-length-reuse pass rewires them to batch).
+	lens *ir.Value
 	opts  Options
 	// pending holds the post and comb values of the last mhc_pre, consumed
 	// by the matching mhc_post.
@@ -98,6 +101,7 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	b := &builder{cfg: cfg, g: g, opts: opts}
 	tokens := g.AddInput(InputTokens, ir.I32, ir.DimT)
 	b.batch = g.AddInput(InputBatch, ir.Host)
+	b.lens = g.Op1("seq_lengths", -1, nil, b.batch).Named("seq_lengths")
 	D, H := cfg.HiddenSize, cfg.HCMult
 	X := g.Op1("embed", -1, ir.Attrs{"streams": H}, tokens, b.w("embed_tokens.weight", cfg.VocabSize, D)).Named("streams.embed")
 	var lastSel *ir.Value
@@ -181,7 +185,10 @@ func (b *builder) kda(l int, h *ir.Value) *ir.Value {
 		b.w(layerName(l, "self_attn.q_conv1d.weight"), P, 1, K),
 		b.w(layerName(l, "self_attn.k_conv1d.weight"), P, 1, K),
 		b.w(layerName(l, "self_attn.v_conv1d.weight"), P, 1, K)).Named(fmt.Sprintf("l%d.self_attn.qkv_conv1d", l))
-	qkv := g.Op("kda_conv", l, ir.Attrs{"kernel": K}, b.batch, uq, uk, uv, convW)
+	qkv := g.Op("kda_conv", l, ir.Attrs{"kernel": K}, b.lens, uq, uk, uv, convW)
+	for i, n := range []string{"q", "k", "v"} {
+		qkv[i].Named(fmt.Sprintf("l%d.kda.%s", l, n))
+	}
 	fa := b.linear(l, h, "self_attn.f_a_proj.weight", Dh, D)
 	z := b.linear(l, fa, "self_attn.f_b_proj.weight", P, Dh)
 	gateAttrs := ir.Attrs{"heads": Hk}
@@ -198,7 +205,7 @@ func (b *builder) kda(l int, h *ir.Value) *ir.Value {
 	case Decode:
 		algo = "recurrent"
 	}
-	o := g.Op1("kda_attn", l, ir.Attrs{"heads": Hk, "head_dim": Dh, "algo": algo}, b.batch, qkv[0], qkv[1], qkv[2], gl, beta).Named(fmt.Sprintf("l%d.kda.o", l))
+	o := g.Op1("kda_attn", l, ir.Attrs{"heads": Hk, "head_dim": Dh, "algo": algo}, b.lens, qkv[0], qkv[1], qkv[2], gl, beta).Named(fmt.Sprintf("l%d.kda.o", l))
 	ga := b.linear(l, h, "self_attn.g_a_proj.weight", Dh, D)
 	gate := b.linear(l, ga, "self_attn.g_b_proj.weight", P, Dh)
 	y := g.Op1("gated_rmsnorm", l, ir.Attrs{"heads": Hk, "eps": cfg.RMSNormEps}, o, gate, b.w(layerName(l, "self_attn.o_norm.weight"), Dh)).Named(fmt.Sprintf("l%d.kda.normed", l))
@@ -214,7 +221,7 @@ func (b *builder) dsa(l int, h, prevSel *ir.Value) (*ir.Value, *ir.Value) {
 	q := b.linear(l, qres, "self_attn.q_b_proj.weight", nh*dq, QR)
 	kva := b.linear(l, h, "self_attn.kv_a_proj_with_mqa.weight", R, D)
 	ckv := g.Op1("rmsnorm", l, ir.Attrs{"eps": cfg.RMSNormEps}, kva, b.w(layerName(l, "self_attn.kv_a_layernorm.weight"), R)).Named(fmt.Sprintf("l%d.c_kv", l))
-	meta := g.Op1("dsa_meta", l, ir.Attrs{"kpool": cfg.IndexKPool}, b.batch).Named(fmt.Sprintf("l%d.dsa_meta", l))
+	meta := g.Op1("dsa_meta", l, ir.Attrs{"kpool": cfg.IndexKPool, "topk": cfg.IndexTopK}, b.lens).Named(fmt.Sprintf("l%d.dsa_meta", l))
 	sel := prevSel
 	if cfg.IndexerTypes[l] != model.IndexerShared {
 		Hi, Di := cfg.IndexNHeads, cfg.IndexHeadDim

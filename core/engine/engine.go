@@ -11,6 +11,7 @@ import (
 	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
 )
 
@@ -21,8 +22,14 @@ type GraphHook func(g *ir.Graph, key Key) error
 // Options configure an engine.
 type Options struct {
 	Slots int // sequence slots in the cache store (default 8)
-	Hook  GraphHook
-	Exec  exec.Options
+	// Passes, when set, rewrites every program's graph before compilation;
+	// PassEnv is the eligibility environment (its Program field is set per
+	// program).
+	Passes  *pass.Pipeline
+	PassEnv *pass.Env
+	// Hook runs after the passes (tests and tools use it).
+	Hook GraphHook
+	Exec exec.Options
 }
 
 // Key identifies one program.
@@ -40,6 +47,16 @@ type Engine struct {
 	opts    Options
 	mu      sync.Mutex
 	progs   map[Key]*exec.Program
+	reports map[Key]*pass.Report
+}
+
+// String names a program ("prefill/all").
+func (k Key) String() string {
+	s := string(k.Mode) + "/" + string(k.Logits)
+	if k.CaptureHidden {
+		s += "+hidden"
+	}
+	return s
 }
 
 // New creates an engine over cfg and a weight source.
@@ -54,7 +71,7 @@ func New(cfg *model.Config, w exec.Weights, opts Options) (*Engine, error) {
 	if opts.Exec.MaxPositions == 0 {
 		opts.Exec.MaxPositions = cfg.MaxPositionEmbeddings
 	}
-	return &Engine{cfg: cfg, weights: exec.NewWeightCache(w), store: st, opts: opts, progs: map[Key]*exec.Program{}}, nil
+	return &Engine{cfg: cfg, weights: exec.NewWeightCache(w), store: st, opts: opts, progs: map[Key]*exec.Program{}, reports: map[Key]*pass.Report{}}, nil
 }
 
 // Config returns the model configuration.
@@ -77,6 +94,22 @@ func (e *Engine) Program(key Key) (*exec.Program, error) {
 	if err != nil {
 		return nil, err
 	}
+	if e.opts.Passes != nil {
+		env := &pass.Env{HostLengths: true, TP: pass.Topology{Size: 1, Known: true}}
+		if e.opts.PassEnv != nil {
+			cp := *e.opts.PassEnv
+			env = &cp
+		}
+		if env.Model == nil {
+			env.Model = e.cfg
+		}
+		env.Program = key.String()
+		rep, err := e.opts.Passes.Run(g, env)
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		e.reports[key] = rep
+	}
 	if e.opts.Hook != nil {
 		if err := e.opts.Hook(g, key); err != nil {
 			return nil, fmt.Errorf("engine: graph hook: %w", err)
@@ -88,6 +121,25 @@ func (e *Engine) Program(key Key) (*exec.Program, error) {
 	}
 	e.progs[key] = p
 	return p, nil
+}
+
+// Report returns the pass report of the program for key (nil when no
+// passes are configured or the program was not built yet).
+func (e *Engine) Report(key Key) *pass.Report {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.reports[key]
+}
+
+// Reports returns every built program's pass report.
+func (e *Engine) Reports() map[Key]*pass.Report {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[Key]*pass.Report{}
+	for k, v := range e.reports {
+		out[k] = v
+	}
+	return out
 }
 
 // Run executes one batch with the program for key.

@@ -95,7 +95,8 @@ func (p *Program) bind(n *ir.Node) (func(rc *runCtx) error, error) {
 		prm := p.gemmParams(n)
 		return func(rc *runCtx) error {
 			y := rc.out(outs[0])
-			gemm.MatMulTWith(prm, y, rc.in(in[0]), rc.rows(in[0]), K, W, N)
+			R := rc.rows(in[0])
+			gemm.MatMulTWith(prm(R), y, rc.in(in[0]), R, K, W, N)
 			return nil
 		}, nil
 
@@ -107,7 +108,7 @@ func (p *Program) bind(n *ir.Node) (func(rc *runCtx) error, error) {
 		return func(rc *runCtx) error {
 			R := rc.rows(in[0])
 			tmp := rc.p.alloc(R * N)
-			gemm.MatMulTWith(prm, tmp, rc.in(in[0]), R, K, W, N)
+			gemm.MatMulTWith(prm(R), tmp, rc.in(in[0]), R, K, W, N)
 			off := 0
 			for i, s := range splits {
 				y := rc.out(outs[i])
@@ -170,19 +171,56 @@ func (p *Program) bind(n *ir.Node) (func(rc *runCtx) error, error) {
 			return nil
 		}, nil
 
-	case "dsa_meta":
-		kp := a.Int("kpool", 0)
+	case "seq_lengths":
 		return func(rc *runCtx) error {
-			bi := rc.host[in[0]].(*batchInfo)
-			m := &dsaMeta{batch: bi, kpool: kp, visible: make([]int, bi.T)}
-			for _, s := range bi.seqs {
+			l := rc.outI(outs[0])
+			for i, s := range rc.batch.seqs {
+				l[i] = int32(s.n)
+				if rc.p.opts.PoisonDeviceLengths {
+					l[i] = int32(s.n + 1 + i)
+				}
+			}
+			return nil
+		}, nil
+
+	case "dsa_meta":
+		kp, topk := a.Int("kpool", 0), a.Int("topk", 0)
+		return func(rc *runCtx) error {
+			seqs, err := rc.spans(in[0])
+			if err != nil {
+				return err
+			}
+			m := &dsaMeta{seqs: seqs, kpool: kp, topk: topk, visible: make([]int, rc.batch.T)}
+			for _, s := range seqs {
 				for j := 0; j < s.n; j++ {
 					m.visible[s.row0+j] = (s.pos0 + j + 1) / kp
 				}
+				m.keyLen = append(m.keyLen, s.pos0+s.n)
+				m.closed = append(m.closed, (s.pos0+s.n)/kp-s.pos0/kp)
 			}
 			rc.host[outs[0]] = m
 			return nil
 		}, nil
+
+	case "linear_batched":
+		W := p.consts[in[1]]
+		if W == nil {
+			return nil, fmt.Errorf("linear_batched weight %s is not a constant", in[1].Name)
+		}
+		G, N, K := in[1].Shape[0], in[1].Shape[1], in[1].Shape[2]
+		return func(rc *runCtx) error {
+			R := rc.rows(in[0])
+			x := rc.in(in[0])
+			ys := make([][]float32, G)
+			for g := range ys {
+				ys[g] = rc.out(outs[g])
+			}
+			gemm.BatchedMatMulT(ys, x, R, K, W, N)
+			return nil
+		}, nil
+
+	case "mhc_post_pre":
+		return p.bindMHCPostPre(n)
 
 	case "dsa_topk":
 		return p.bindDSATopK(n)
@@ -249,11 +287,27 @@ func (p *Program) bind(n *ir.Node) (func(rc *runCtx) error, error) {
 	return nil, fmt.Errorf("no kernel bound to op %q", n.Op)
 }
 
-func (p *Program) gemmParams(n *ir.Node) gemm.Params {
+// gemmParams returns how to pick a GEMM node's kernel parameters for a
+// batch of R rows: an explicit override, tuned per-bucket attributes (the
+// smallest bucket ≥ R, else the largest), or the defaults.
+func (p *Program) gemmParams(n *ir.Node) func(R int) gemm.Params {
 	if prm, ok := p.opts.GEMM[n.Outputs[0].Name]; ok {
-		return prm
+		return func(int) gemm.Params { return prm }
 	}
-	return gemm.Params{ColGrain: n.Attrs.Int("col_grain", 0), RowBlock: n.Attrs.Int("row_block", 0)}
+	bs, cg, rb := n.Attrs.Ints("tune_buckets"), n.Attrs.Ints("tune_col_grain"), n.Attrs.Ints("tune_row_block")
+	if len(bs) == 0 || len(cg) != len(bs) || len(rb) != len(bs) {
+		return func(int) gemm.Params { return gemm.Default() }
+	}
+	return func(R int) gemm.Params {
+		i := len(bs) - 1
+		for j, b := range bs {
+			if R <= b {
+				i = j
+				break
+			}
+		}
+		return gemm.Params{ColGrain: cg[i], RowBlock: rb[i]}
+	}
 }
 
 func (p *Program) bindKDAConv(n *ir.Node) (func(rc *runCtx) error, error) {
@@ -264,9 +318,13 @@ func (p *Program) bindKDAConv(n *ir.Node) (func(rc *runCtx) error, error) {
 	layer := n.Layer
 	return func(rc *runCtx) error {
 		q, k, v := rc.in(in[1]), rc.in(in[2]), rc.in(in[3])
+		seqs, err := rc.spans(in[0])
+		if err != nil {
+			return err
+		}
 		oq, ok, ov := rc.out(outs[0]), rc.out(outs[1]), rc.out(outs[2])
-		parallel.Each(len(rc.batch.seqs), func(si int) {
-			s := rc.batch.seqs[si]
+		parallel.Each(len(seqs), func(si int) {
+			s := seqs[si]
 			C := 3 * P
 			u := make([]float32, s.n*C)
 			for j := 0; j < s.n; j++ {
@@ -297,8 +355,11 @@ func (p *Program) bindKDAAttn(n *ir.Node) (func(rc *runCtx) error, error) {
 	qscale := float32(1 / math.Sqrt(float64(Dh)))
 	return func(rc *runCtx) error {
 		q, k, v, g, beta := rc.in(in[1]), rc.in(in[2]), rc.in(in[3]), rc.in(in[4]), rc.in(in[5])
+		seqs, err := rc.spans(in[0])
+		if err != nil {
+			return err
+		}
 		o := rc.out(outs[0])
-		seqs := rc.batch.seqs
 		parallel.Each(len(seqs)*H, func(task int) {
 			s, h := seqs[task/H], task%H
 			T := s.n
@@ -350,7 +411,7 @@ func (p *Program) bindDSATopK(n *ir.Node) (func(rc *runCtx) error, error) {
 		}
 		q, k, g, w := rc.in(in[1]), rc.in(in[2]), rc.in(in[3]), rc.in(in[4])
 		sel := rc.outI(outs[0])
-		for _, s := range rc.batch.seqs {
+		for _, s := range meta.seqs {
 			st := s.seq.Index[layer]
 			if st == nil {
 				return fmt.Errorf("slot %d has no indexer state for layer %d", s.slot, layer)
@@ -372,7 +433,7 @@ func (p *Program) bindDSATopK(n *ir.Node) (func(rc *runCtx) error, error) {
 func (p *Program) bindMLA(n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs, a := n.Inputs, n.Outputs, n.Attrs
 	c := &mla.Config{Heads: a.Int("heads", 0), QKDim: a.Int("qk_dim", 0), VDim: a.Int("v_dim", 0), Rank: a.Int("rank", 0),
-		Scale: float32(a.Float("scale", 0)), KVBW: p.consts[in[3]], Params: p.gemmParams(n)}
+		Scale: float32(a.Float("scale", 0)), KVBW: p.consts[in[3]], Params: gemm.Default()}
 	if c.KVBW == nil {
 		return nil, fmt.Errorf("kv_b weight must be a weight")
 	}
@@ -380,15 +441,54 @@ func (p *Program) bindMLA(n *ir.Node) (func(rc *runCtx) error, error) {
 	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
 	width := in[4].Shape[1]
 	return func(rc *runCtx) error {
+		meta, ok := rc.host[in[0]].(*dsaMeta)
+		if !ok {
+			return fmt.Errorf("metadata input is not DSA metadata")
+		}
 		q, ckv := rc.in(in[1]), rc.in(in[2])
 		sel := rc.i[in[4]]
 		o := rc.out(outs[0])
-		for _, s := range rc.batch.seqs {
+		for _, s := range meta.seqs {
 			r0, r1 := s.row0, s.row0+s.n
 			cache := append(s.seq.CKV[layer], ckv[r0*R:r1*R]...)
 			s.seq.CKV[layer] = cache
 			c.Attend(o[r0*H*dv:r1*H*dv], q[r0*H*dq:r1*H*dq], cache, sel[r0*width:r1*width], s.n, width)
 		}
+		return nil
+	}, nil
+}
+
+func (p *Program) bindMHCPostPre(n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	H, D := in[1].Shape[1], in[1].Shape[2]
+	prm := &mhc.Params{H: H, D: D, Fn: p.consts[in[4]], Base: p.consts[in[5]], Scale: p.consts[in[6]],
+		NormEps: float32(a.Float("eps", 1e-5)), HCEps: float32(a.Float("hc_eps", 1e-6)), Iterations: a.Int("iters", 20)}
+	if prm.Fn == nil || prm.Base == nil || prm.Scale == nil {
+		return nil, fmt.Errorf("mHC parameters must be weights")
+	}
+	var normW []float32
+	if len(in) == 8 {
+		normW = p.consts[in[7]]
+	}
+	normEps := float32(a.Float("norm_eps", 1e-5))
+	maxTokens := a.Int("max_tokens", 0)
+	return func(rc *runCtx) error {
+		o, R, post, comb := rc.in(in[0]), rc.in(in[1]), rc.in(in[2]), rc.in(in[3])
+		T := rc.batch.T
+		X, h, post2, comb2 := rc.out(outs[0]), rc.out(outs[1]), rc.out(outs[2]), rc.out(outs[3])
+		fused := maxTokens == 0 || T <= maxTokens
+		if fused {
+			rc.p.fusedMHC.Add(1)
+		}
+		parallel.For(T, 8, func(lo, hi int) {
+			args := mhc.PostPreArgs{Out: X[lo*H*D : hi*H*D], H2: h[lo*D : hi*D], Post2: post2[lo*H : hi*H], Comb2: comb2[lo*H*H : hi*H*H],
+				O: o[lo*D : hi*D], R: R[lo*H*D : hi*H*D], Post: post[lo*H : hi*H], Comb: comb[lo*H*H : hi*H*H], NormW: normW, NormEps: normEps}
+			if fused {
+				mhc.PostPre(prm, &args, hi-lo)
+			} else {
+				mhc.PostPreUnfused(prm, &args, hi-lo)
+			}
+		})
 		return nil
 	}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/ir"
@@ -54,6 +55,9 @@ type Options struct {
 	MaxPositions int
 	// Vocab bounds token ids; taken from the embedding weight when 0.
 	Vocab int
+	// PoisonDeviceLengths makes seq_lengths nodes produce wrong values, so a
+	// test can prove that a graph never reads the executor's copy.
+	PoisonDeviceLengths bool
 }
 
 // Program is a compiled graph. Run calls are serialized.
@@ -68,7 +72,19 @@ type Program struct {
 	vocab    int
 	maxPos   int
 	hiddenOf map[*ir.Value]string
+	// deviceReads counts reads of executor-produced lengths (seq_lengths).
+	deviceReads atomic.Int64
+	// fusedMHC counts mhc_post_pre executions that took the fused path.
+	fusedMHC atomic.Int64
 }
+
+// FusedMHCRuns is how many mhc_post_pre executions ran fused (not declined
+// by their token cap).
+func (p *Program) FusedMHCRuns() int64 { return p.fusedMHC.Load() }
+
+// DeviceLengthReads is how many times a node read the executor-produced
+// sequence lengths instead of the host metadata.
+func (p *Program) DeviceLengthReads() int64 { return p.deviceReads.Load() }
 
 type step struct {
 	node *ir.Node
@@ -165,6 +181,17 @@ func (p *Program) fold(n *ir.Node) error {
 			d, ok := p.consts[in]
 			if !ok {
 				return fmt.Errorf("exec: concat_rows input %s is not constant", in.Name)
+			}
+			out = append(out, d...)
+		}
+		p.consts[n.Outputs[0]] = out
+		return nil
+	case "stack":
+		var out []float32
+		for _, in := range n.Inputs {
+			d, ok := p.consts[in]
+			if !ok {
+				return fmt.Errorf("exec: stack input %s is not constant", in.Name)
 			}
 			out = append(out, d...)
 		}

@@ -23,12 +23,58 @@ type batchInfo struct {
 	T    int
 }
 
-// dsaMeta is what a dsa_meta node computes for one kpool geometry.
+// dsaMeta is what a dsa_meta node computes for one DSA geometry: the
+// sequences' spans and, per token, the pools it can see.
 type dsaMeta struct {
-	batch *batchInfo
+	seqs  []seqRun
 	kpool int
+	topk  int
 	// visible[row] = complete pools visible to that token.
 	visible []int
+	// keyLen[i] = keys of sequence i after this batch; closed[i] = pools
+	// this batch completes for sequence i (the write plan).
+	keyLen, closed []int
+}
+
+// spans returns the batch's sequence spans from a lengths source: the host
+// metadata directly, or the executor's lengths tensor (a "device read").
+// Either way the lengths are checked against the token count, so a wrong
+// hint fails loudly instead of corrupting state.
+func (rc *runCtx) spans(v *ir.Value) ([]seqRun, error) {
+	if v.DType == ir.Host {
+		bi, ok := rc.host[v].(*batchInfo)
+		if !ok {
+			return nil, fmt.Errorf("lengths source %s is not batch metadata", v.Name)
+		}
+		total := 0
+		for _, s := range bi.seqs {
+			total += s.n
+		}
+		if total != rc.batch.T {
+			return nil, fmt.Errorf("host lengths sum to %d but the batch has %d tokens", total, rc.batch.T)
+		}
+		return bi.seqs, nil
+	}
+	lens, ok := rc.i[v]
+	if !ok {
+		return nil, fmt.Errorf("lengths tensor %s was not computed", v.Name)
+	}
+	rc.p.deviceReads.Add(1)
+	if len(lens) != len(rc.batch.seqs) {
+		return nil, fmt.Errorf("device lengths have %d entries for %d sequences", len(lens), len(rc.batch.seqs))
+	}
+	out := make([]seqRun, len(lens))
+	row := 0
+	for i, n := range lens {
+		s := rc.batch.seqs[i]
+		if int(n) != s.n {
+			return nil, fmt.Errorf("device length of sequence %d is %d, host says %d", i, n, s.n)
+		}
+		s.row0 = row
+		out[i] = s
+		row += int(n)
+	}
+	return out, nil
 }
 
 type runCtx struct {

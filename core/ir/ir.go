@@ -285,3 +285,72 @@ func (g *Graph) RemoveDead() int {
 	g.Weights = ws
 	return removed
 }
+
+// Snapshot is a restorable copy of a graph's structure (node list, weights,
+// outputs and node inputs/attributes). Values are shared.
+type Snapshot struct {
+	nodes   []*Node
+	inputs  map[*Node][]*Value
+	attrs   map[*Node]Attrs
+	weights []*Value
+	outputs map[string]*Value
+	nextID  int
+}
+
+// Snapshot records the graph's current structure.
+func (g *Graph) Snapshot() *Snapshot {
+	s := &Snapshot{nodes: append([]*Node(nil), g.Nodes...), inputs: map[*Node][]*Value{}, attrs: map[*Node]Attrs{},
+		weights: append([]*Value(nil), g.Weights...), outputs: map[string]*Value{}, nextID: g.nextID}
+	for _, n := range g.Nodes {
+		s.inputs[n] = append([]*Value(nil), n.Inputs...)
+		s.attrs[n] = n.Attrs.Clone()
+	}
+	for k, v := range g.Outputs {
+		s.outputs[k] = v
+	}
+	return s
+}
+
+// Restore puts the graph back as it was when s was taken.
+func (g *Graph) Restore(s *Snapshot) {
+	g.Nodes = append([]*Node(nil), s.nodes...)
+	for n, in := range s.inputs {
+		n.Inputs = append([]*Value(nil), in...)
+		n.Attrs = s.attrs[n].Clone()
+	}
+	g.Weights = append([]*Value(nil), s.weights...)
+	g.Outputs = map[string]*Value{}
+	for k, v := range s.outputs {
+		g.Outputs[k] = v
+	}
+}
+
+// InsertAt inserts nodes before position i of g.Nodes.
+func (g *Graph) InsertAt(i int, nodes ...*Node) {
+	g.Nodes = append(g.Nodes[:i], append(nodes, g.Nodes[i:]...)...)
+}
+
+// Remove deletes the given nodes from g.Nodes (their outputs must be unused).
+func (g *Graph) Remove(nodes ...*Node) {
+	drop := map[*Node]bool{}
+	for _, n := range nodes {
+		drop[n] = true
+	}
+	kept := g.Nodes[:0]
+	for _, n := range g.Nodes {
+		if !drop[n] {
+			kept = append(kept, n)
+		}
+	}
+	g.Nodes = kept
+}
+
+// Input returns the graph input with the given name, or nil.
+func (g *Graph) Input(name string) *Value {
+	for _, v := range g.Inputs {
+		if v.Name == name {
+			return v
+		}
+	}
+	return nil
+}

@@ -30,6 +30,10 @@ func init() {
 		{Name: "stream_mean", Doc: "unweighted mean of the H residual streams", MinInputs: 1, MaxInputs: 1, Infer: inferStreamMean},
 		{Name: "last_rows", Doc: "the last token row of every sequence", MinInputs: 2, MaxInputs: 2, Infer: inferLastRows},
 		{Name: "concat_rows", Doc: "derived weight: concatenation along dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferConcatRows, Const: true},
+		{Name: "stack", Doc: "derived weight: equal-shaped weights stacked along a new dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferStack, Const: true},
+		{Name: "seq_lengths", Doc: "per-sequence token counts materialized by the executor (the device copy)", MinInputs: 1, MaxInputs: 1, Infer: inferSeqLengths},
+		{Name: "linear_batched", Doc: "G GEMMs in one kernel: x [T,G·K] split in G blocks, each times its own [N,K] slice of a stacked weight", MinInputs: 2, MaxInputs: 2, Infer: inferLinearBatched},
+		{Name: "mhc_post_pre", Doc: "fused mHC post (expand) + the next mHC pre (+ optional RMSNorm) in one sweep", MinInputs: 7, MaxInputs: 8, Infer: inferMHCPostPre},
 	} {
 		MustRegister(d)
 	}
@@ -47,6 +51,22 @@ func need(n *Node, i int, dt DType, rank int) (*Value, error) {
 		return nil, fmt.Errorf("input %d (%s) has rank %d, want %d", i, v.Name, len(v.Shape), rank)
 	}
 	return v, nil
+}
+
+// needLengths checks a lengths source: the host batch metadata, or the
+// executor-produced per-sequence lengths (i32[S]).
+func needLengths(n *Node, i int) error {
+	v := n.Inputs[i]
+	if v == nil {
+		return fmt.Errorf("input %d (lengths source) is missing", i)
+	}
+	if v.DType == Host {
+		return nil
+	}
+	if v.DType == I32 && len(v.Shape) == 1 && v.Shape[0] == DimS {
+		return nil
+	}
+	return fmt.Errorf("input %d (%s) must be host batch metadata or i32[S] lengths, got %s", i, v.Name, FormatShape(v.DType, v.Shape))
 }
 
 func out(name string, dt DType, shape ...int) OutType {
@@ -208,7 +228,7 @@ func inferAdd(n *Node) ([]OutType, error) {
 }
 
 func inferKDAConv(n *Node) ([]OutType, error) {
-	if _, err := need(n, 0, Host, -1); err != nil {
+	if err := needLengths(n, 0); err != nil {
 		return nil, err
 	}
 	var P int
@@ -252,7 +272,7 @@ func inferKDAGate(n *Node) ([]OutType, error) {
 }
 
 func inferKDAAttn(n *Node) ([]OutType, error) {
-	if _, err := need(n, 0, Host, -1); err != nil {
+	if err := needLengths(n, 0); err != nil {
 		return nil, err
 	}
 	H, Dh := n.Attrs.Int("heads", 0), n.Attrs.Int("head_dim", 0)
@@ -298,7 +318,7 @@ func inferGatedNorm(n *Node) ([]OutType, error) {
 }
 
 func inferHostMeta(n *Node) ([]OutType, error) {
-	if _, err := need(n, 0, Host, -1); err != nil {
+	if err := needLengths(n, 0); err != nil {
 		return nil, err
 	}
 	if n.Attrs.Int("kpool", 0) < 1 {
@@ -432,4 +452,69 @@ func inferConcatRows(n *Node) ([]OutType, error) {
 		rows += in.Shape[0]
 	}
 	return []OutType{out("w", F32, append([]int{rows}, first.Shape[1:]...)...)}, nil
+}
+
+func inferStack(n *Node) ([]OutType, error) {
+	first, err := need(n, 0, F32, -1)
+	if err != nil {
+		return nil, err
+	}
+	for i, in := range n.Inputs {
+		if in.DType != F32 || in.Kind != Weight || !sameShape(in.Shape, first.Shape) {
+			return nil, fmt.Errorf("input %d (%s) must be an f32 weight shaped %v", i, in.Name, first.Shape)
+		}
+	}
+	return []OutType{out("w", F32, append([]int{len(n.Inputs)}, first.Shape...)...)}, nil
+}
+
+func inferSeqLengths(n *Node) ([]OutType, error) {
+	if _, err := need(n, 0, Host, -1); err != nil {
+		return nil, err
+	}
+	return []OutType{out("lengths", I32, DimS)}, nil
+}
+
+func inferLinearBatched(n *Node) ([]OutType, error) {
+	x, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	w, err := need(n, 1, F32, 3)
+	if err != nil {
+		return nil, err
+	}
+	G, N, K := w.Shape[0], w.Shape[1], w.Shape[2]
+	if x.Shape[1] != G*K {
+		return nil, fmt.Errorf("input width %d != groups·K = %d·%d", x.Shape[1], G, K)
+	}
+	outs := make([]OutType, G)
+	for g := range outs {
+		outs[g] = out(fmt.Sprintf("y%d", g), F32, x.Shape[0], N)
+	}
+	return outs, nil
+}
+
+// mhc_post_pre(o, R, post, comb, fn, base, scale[, norm_w]) → streams, h, post', comb'
+func inferMHCPostPre(n *Node) ([]OutType, error) {
+	if _, err := inferMHCPost(&Node{Inputs: n.Inputs[:4], Attrs: n.Attrs}); err != nil {
+		return nil, err
+	}
+	R := n.Inputs[1]
+	pre, err := inferMHCPre(&Node{Inputs: []*Value{R, n.Inputs[4], n.Inputs[5], n.Inputs[6]}, Attrs: n.Attrs})
+	if err != nil {
+		return nil, err
+	}
+	if len(n.Inputs) == 8 {
+		w, err := need(n, 7, F32, 1)
+		if err != nil {
+			return nil, err
+		}
+		if w.Shape[0] != R.Shape[2] {
+			return nil, fmt.Errorf("norm weight has %d elements, hidden is %d", w.Shape[0], R.Shape[2])
+		}
+		if n.Attrs.Float("norm_eps", 0) <= 0 {
+			return nil, fmt.Errorf("attribute norm_eps must be > 0 when a norm weight is given")
+		}
+	}
+	return append([]OutType{out("streams", F32, R.Shape...)}, pre...), nil
 }

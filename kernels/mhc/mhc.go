@@ -125,3 +125,53 @@ func Post(out, o, R, post, comb []float32, T, H, D int) {
 		}
 	}
 }
+
+// PostPreArgs are the buffers of a fused post+pre step over T tokens.
+type PostPreArgs struct {
+	Out, H2, Post2, Comb2 []float32 // outputs: new streams, next sub-layer input, next post, next comb
+	O, R, Post, Comb      []float32 // inputs: sub-layer output, old streams, this site's post/comb
+	NormW                 []float32 // optional RMSNorm weight applied to H2 (nil: none)
+	NormEps               float32
+}
+
+// PostPre expands a sub-layer output into new streams and, in the same
+// sweep over each token, runs the next site's pre (mixing, Sinkhorn,
+// collapse) and the optional RMSNorm on the streams it just wrote. Every
+// value is computed with the same operations in the same order as
+// Post followed by Pre (and norm), so results are bit-identical.
+func PostPre(p *Params, a *PostPreArgs, T int) {
+	H, D := p.H, p.D
+	for t := 0; t < T; t++ {
+		Post(a.Out[t*H*D:(t+1)*H*D], a.O[t*D:(t+1)*D], a.R[t*H*D:(t+1)*H*D], a.Post[t*H:(t+1)*H], a.Comb[t*H*H:(t+1)*H*H], 1, H, D)
+		Pre(p, a.H2[t*D:(t+1)*D], a.Post2[t*H:(t+1)*H], a.Comb2[t*H*H:(t+1)*H*H], a.Out[t*H*D:(t+1)*H*D], 1)
+		if a.NormW != nil {
+			normRow(a.H2[t*D:(t+1)*D], a.NormW, a.NormEps)
+		}
+	}
+}
+
+// PostPreUnfused is the declined path: the whole post over all T tokens,
+// then the whole pre, then the norm (what the unfused graph does).
+func PostPreUnfused(p *Params, a *PostPreArgs, T int) {
+	H, D := p.H, p.D
+	Post(a.Out, a.O, a.R, a.Post, a.Comb, T, H, D)
+	Pre(p, a.H2, a.Post2, a.Comb2, a.Out, T)
+	if a.NormW != nil {
+		for t := 0; t < T; t++ {
+			normRow(a.H2[t*D:(t+1)*D], a.NormW, a.NormEps)
+		}
+	}
+}
+
+// normRow is the weighted RMSNorm of kernels/norm for one row (same order
+// of operations).
+func normRow(x, w []float32, eps float32) {
+	var s float32
+	for _, v := range x {
+		s += v * v
+	}
+	r := float32(1 / math.Sqrt(float64(s/float32(len(x))+eps)))
+	for i, v := range x {
+		x[i] = w[i] * (v * r)
+	}
+}

@@ -127,3 +127,30 @@ func TestPreMatchesFloat64(t *testing.T) {
 		}
 	}
 }
+
+func TestPostPreFusedEqualsUnfusedBitForBit(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	H, D, T := 4, 12, 5
+	mix := (2 + H) * H
+	f := func(n int, s float64) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(r.NormFloat64() * s)
+		}
+		return x
+	}
+	p := &Params{H: H, D: D, Fn: f(mix*H*D, 0.2), Base: f(mix, 0.5), Scale: []float32{1, 0.8, 1.1}, NormEps: 1e-5, HCEps: 1e-6, Iterations: 20}
+	o, R, post, comb := f(T*D, 1), f(T*H*D, 1), f(T*H, 1), f(T*H*H, 0.3)
+	normW := f(D, 1)
+	mk := func() *PostPreArgs {
+		return &PostPreArgs{Out: make([]float32, T*H*D), H2: make([]float32, T*D), Post2: make([]float32, T*H), Comb2: make([]float32, T*H*H),
+			O: o, R: R, Post: post, Comb: comb, NormW: normW, NormEps: 1e-5}
+	}
+	a, b := mk(), mk()
+	PostPre(p, a, T)
+	PostPreUnfused(p, b, T)
+	require.Equal(t, b.Out, a.Out)
+	require.Equal(t, b.H2, a.H2)
+	require.Equal(t, b.Post2, a.Post2)
+	require.Equal(t, b.Comb2, a.Comb2)
+}

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/model"
+	_ "github.com/glmflash/glmflash/passes/all" // register built-in passes
+	"github.com/spf13/cobra"
+)
+
+// engineConfig loads --config (or the default configuration).
+func engineConfig(path string) (*config.Engine, error) {
+	if path == "" {
+		return config.Default(), nil
+	}
+	return config.Load(path)
+}
+
+// pipelineFor builds the pass pipeline and eligibility environment for a
+// checkpoint and configuration.
+func pipelineFor(ec *config.Engine, ck *model.Checkpoint) (*pass.Pipeline, *pass.Env, error) {
+	pl, err := pass.FromConfig(ec)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", ec.Source, err)
+	}
+	if err := attachPlugins(pl, ec); err != nil {
+		return nil, nil, err
+	}
+	return pl, pass.EnvFromConfig(ec, ck.Config(), ck), nil
+}
+
+func newPassesCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "passes", Short: "List passes and explain what they do to a model"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List the built-in passes with their options and defaults",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			for _, name := range pass.Names() {
+				f, _ := pass.Lookup(name)
+				d := f().Describe()
+				fmt.Fprintf(tw, "%s\tv%s\t%s\n", d.Name, d.Version, d.Summary)
+				if len(d.Requires) > 0 {
+					fmt.Fprintf(tw, "\trequires\t%s\n", strings.Join(d.Requires, ", "))
+				}
+				for _, o := range d.Options {
+					enum := ""
+					if len(o.Enum) > 0 {
+						enum = " (" + strings.Join(o.Enum, "|") + ")"
+					}
+					fmt.Fprintf(tw, "\t  %s: %s = %v%s\t%s\n", o.Name, o.Type, o.Default, enum, o.Doc)
+				}
+			}
+			return tw.Flush()
+		},
+	})
+	var mf modelFlags
+	var cfgPath, mode, logits, dump, format string
+	explain := &cobra.Command{
+		Use:   "explain (--model DIR | --preset NAME) [--config FILE]",
+		Short: "Run the configured passes on a model's graph and print the report (fired sites, skipped sites with reasons)",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := build.ParseMode(mode)
+			if err != nil {
+				return err
+			}
+			if dump != "" && dump != "before" && dump != "after" && dump != "both" {
+				return fmt.Errorf("--dump must be before, after or both, got %q", dump)
+			}
+			ec, err := engineConfig(cfgPath)
+			if err != nil {
+				return err
+			}
+			ck, err := mf.open()
+			if err != nil {
+				return err
+			}
+			defer ck.Close()
+			pl, env, err := pipelineFor(ec, ck)
+			if err != nil {
+				return err
+			}
+			if dump != "" {
+				pl.Dump = func(p, when, text string) {
+					if dump == "both" || dump == when {
+						fmt.Printf("=== %s: graph %s\n%s", p, when, text)
+					}
+				}
+			}
+			g, err := build.Build(ck.Config(), build.Options{Mode: m, Logits: build.Logits(logits)})
+			if err != nil {
+				return err
+			}
+			env.Program = fmt.Sprintf("%s/%s (config %s)", m, logits, ec.Source)
+			rep, err := pl.Run(g, env)
+			if err != nil {
+				return err
+			}
+			if format == "json" {
+				fmt.Println(rep.JSON())
+			} else {
+				fmt.Print(rep.String())
+			}
+			return nil
+		},
+	}
+	mf.add(explain, true)
+	explain.Flags().StringVar(&cfgPath, "config", "", "engine YAML (default: the built-in default, configs/engine.yaml)")
+	explain.Flags().StringVar(&mode, "mode", "decode", "graph to explain: prefill, decode, extend or mixed")
+	explain.Flags().StringVar(&logits, "logits", "last", "all or last")
+	explain.Flags().StringVar(&dump, "dump", "", "print the IR around each pass: before, after or both")
+	explain.Flags().StringVar(&format, "format", "text", "text or json")
+	cmd.AddCommand(explain)
+	return cmd
+}
+
+// newEngine makes an engine over ck with the passes of the engine config at
+// cfgPath (the default configuration when empty).
+func newEngine(ck *model.Checkpoint, cfgPath string, slots int) (*engine.Engine, error) {
+	ec, err := engineConfig(cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	pl, env, err := pipelineFor(ec, ck)
+	if err != nil {
+		return nil, err
+	}
+	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Passes: pl, PassEnv: env})
+}

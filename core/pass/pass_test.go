@@ -1,0 +1,110 @@
+package pass
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/stretchr/testify/require"
+)
+
+// fake is a configurable test pass.
+type fake struct {
+	name     string
+	requires []string
+	apply    func(g *ir.Graph) error
+	sites    []Site
+	opts     map[string]any
+}
+
+func (f *fake) Name() string { return f.name }
+func (f *fake) Describe() Description {
+	return Description{Name: f.name, Version: "0", Requires: f.requires, Options: []Option{
+		{Name: "n", Type: Int, Default: 1}, {Name: "mode", Type: String, Default: "a", Enum: []string{"a", "b"}}, {Name: "xs", Type: Ints, Default: []int{}}}}
+}
+func (f *fake) Configure(o map[string]any) error { f.opts = o; return nil }
+func (f *fake) Eligible(g *ir.Graph, a *Analyses, env *Env) []Site {
+	return f.sites
+}
+func (f *fake) Apply(g *ir.Graph, sites []Site) (Result, error) {
+	if f.apply != nil {
+		return Result{Fired: len(sites)}, f.apply(g)
+	}
+	return Result{Fired: len(sites)}, nil
+}
+
+var fakes = map[string]*fake{}
+
+func reg(f *fake) {
+	fakes[f.name] = f
+	if _, ok := Lookup(f.name); !ok {
+		Register(f.name, func() Pass { return fakes[f.name] })
+	}
+}
+
+func tiny() *ir.Graph {
+	g := ir.New("t")
+	x := g.AddInput("tokens", ir.I32, ir.DimT)
+	s := g.Op1("embed", -1, ir.Attrs{"streams": 1}, x, g.AddWeight("emb", 8, 4))
+	m := g.Op1("stream_mean", -1, nil, s)
+	g.Outputs["logits"] = g.Op1("linear", -1, nil, m, g.AddWeight("head", 8, 4))
+	return g
+}
+
+func TestPipelineValidatesRequests(t *testing.T) {
+	reg(&fake{name: "t-a"})
+	reg(&fake{name: "t-b", requires: []string{"t-a"}})
+	_, err := NewPipeline([]Request{{Name: "t-nope"}}, true)
+	require.ErrorContains(t, err, `unknown pass "t-nope"`)
+	_, err = NewPipeline([]Request{{Name: "t-b"}, {Name: "t-a"}}, true)
+	require.ErrorContains(t, err, "t-b requires t-a to run before it")
+	_, err = NewPipeline([]Request{{Name: "t-a", Options: map[string]any{"m": 1}}}, true)
+	require.ErrorContains(t, err, `pass t-a: unknown option "m"`)
+	_, err = NewPipeline([]Request{{Name: "t-a", Options: map[string]any{"n": "x"}}}, true)
+	require.ErrorContains(t, err, "option n: want int")
+	_, err = NewPipeline([]Request{{Name: "t-a", Options: map[string]any{"mode": "c"}}}, true)
+	require.ErrorContains(t, err, `"c" is not one of a, b`)
+	p, err := NewPipeline([]Request{{Name: "t-a", Options: map[string]any{"n": 3.0, "xs": []any{1, 2}}}, {Name: "t-b"}}, true)
+	require.NoError(t, err)
+	require.Len(t, p.Passes(), 2)
+	require.Equal(t, 3, fakes["t-a"].opts["n"])
+	require.Equal(t, []int{1, 2}, fakes["t-a"].opts["xs"])
+	require.Equal(t, "a", fakes["t-a"].opts["mode"])
+}
+
+func TestFailingPassIsRolledBackAndReported(t *testing.T) {
+	g := tiny()
+	before := g.Text()
+	reg(&fake{name: "t-break", sites: []Site{{Where: "x", OK: true}}, apply: func(g *ir.Graph) error {
+		g.Nodes[1].Inputs[0] = g.Nodes[2].Outputs[0] // not verifiable
+		return nil
+	}})
+	reg(&fake{name: "t-err", sites: []Site{{Where: "x", OK: true}}, apply: func(g *ir.Graph) error {
+		g.Nodes = g.Nodes[:1]
+		return errors.New("boom")
+	}})
+	reg(&fake{name: "t-panic", sites: []Site{{Where: "x", OK: true}}, apply: func(g *ir.Graph) error { panic("oops") }})
+	reg(&fake{name: "t-ok", sites: []Site{{Where: "here", OK: true}, Skip("there", 2, "because %d", 7)}})
+	p, err := NewPipeline([]Request{{Name: "t-break"}, {Name: "t-err"}, {Name: "t-panic"}, {Name: "t-ok"}}, true)
+	require.NoError(t, err)
+	rep, err := p.Run(g, &Env{Program: "test"})
+	require.NoError(t, err)
+	require.Equal(t, before, g.Text())
+	require.Contains(t, rep.Find("t-break").Error, "does not verify")
+	require.Equal(t, "boom", rep.Find("t-err").Error)
+	require.Contains(t, rep.Find("t-panic").Error, "panic: oops")
+	ok := rep.Find("t-ok")
+	require.Len(t, ok.Fired, 1)
+	require.Equal(t, "because 7", ok.Skipped[0].Reason)
+	require.Equal(t, []string{"t-ok"}, rep.FiredPasses())
+	s := rep.String()
+	require.True(t, strings.Contains(s, "t-break failed") && strings.Contains(s, "t-ok skipped there: because 7"), s)
+	require.Contains(t, rep.JSON(), `"requested": true`)
+	// passes registered but not requested are listed as such
+	for _, pr := range rep.Passes {
+		if pr.Name == "t-a" {
+			require.False(t, pr.Requested)
+		}
+	}
+}

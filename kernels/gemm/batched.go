@@ -1,0 +1,45 @@
+package gemm
+
+import "github.com/glmflash/glmflash/kernels/parallel"
+
+// BatchedMatMulT runs G independent GEMMs in one parallel region: x is
+// [T][G·K] (group g reads columns [g·K, (g+1)·K)), w is [G][N][K], and
+// ys[g] ([T][N]) = x_g · w_gᵀ. This is the batched low-rank GEMM of KDA's
+// forget/output gates (f_b and g_b stacked).
+func BatchedMatMulT(ys [][]float32, x []float32, T, K int, w []float32, N int) {
+	G := len(ys)
+	if T == 0 || N == 0 || G == 0 {
+		return
+	}
+	// gather each group's input block contiguously once
+	xg := make([][]float32, G)
+	for g := range xg {
+		b := make([]float32, T*K)
+		for t := 0; t < T; t++ {
+			copy(b[t*K:(t+1)*K], x[t*G*K+g*K:t*G*K+(g+1)*K])
+		}
+		xg[g] = b
+	}
+	const grain = 32
+	per := (N + grain - 1) / grain
+	parallel.For(G*per, 1, func(lo, hi int) {
+		var tmp []float32
+		for task := lo; task < hi; task++ {
+			g, c := task/per, task%per
+			n0, n1 := c*grain, (c+1)*grain
+			if n1 > N {
+				n1 = N
+			}
+			cols := n1 - n0
+			if cap(tmp) < T*cols {
+				tmp = make([]float32, T*cols)
+			}
+			tmp = tmp[:T*cols]
+			MatMulTSerial(tmp, xg[g], T, K, w[(g*N+n0)*K:(g*N+n1)*K], cols)
+			y := ys[g]
+			for t := 0; t < T; t++ {
+				copy(y[t*N+n0:t*N+n1], tmp[t*cols:(t+1)*cols])
+			}
+		}
+	})
+}

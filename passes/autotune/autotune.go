@@ -1,0 +1,245 @@
+// Package autotune is the prefill-autotune pass: it chooses GEMM kernel
+// parameters (column grain, row blocking) per weight shape and token-count
+// bucket by measuring candidates, persists the winners in a tuning table
+// under configs/tuning/ keyed by CPU model, op, dtype, shape and bucket, and
+// loads that table on later starts. A bucket with no entry keeps the default
+// parameters and is reported as skipped.
+package autotune
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/kernels/gemm"
+)
+
+// Name is the pass's YAML name.
+const Name = "prefill-autotune"
+
+func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
+
+// Pass implements pass.Pass.
+type Pass struct {
+	tuneAtStart bool
+	buckets     []int
+	dir         string
+	reps        int
+	tol         float64
+	cpu         string
+	// Tuned counts entries measured by this instance (for tests).
+	Tuned int
+}
+
+// Name implements pass.Pass.
+func (*Pass) Name() string { return Name }
+
+// Describe implements pass.Pass.
+func (*Pass) Describe() pass.Description {
+	return pass.Description{Name: Name, Version: "1.0.0",
+		Summary: "measure GEMM kernel parameters per shape and token bucket; persist and reuse a tuning table",
+		Options: []pass.Option{
+			{Name: "tune_at_start", Type: pass.Bool, Default: false, Doc: "measure buckets that have no table entry (else they keep defaults)"},
+			{Name: "buckets", Type: pass.Ints, Default: []int{1, 8, 64, 512}, Doc: "token-count buckets (a batch of T tokens uses the smallest bucket ≥ T)"},
+			{Name: "table_dir", Type: pass.String, Default: "configs/tuning", Doc: "directory of tuning tables"},
+			{Name: "reps", Type: pass.Int, Default: 3, Doc: "timed repetitions per candidate (median)"},
+			{Name: "tolerance", Type: pass.Float, Default: 1e-4, Doc: "reject candidates whose outputs differ from the default by more (relative)"},
+			{Name: "cpu", Type: pass.String, Default: "", Doc: "override the CPU model key (tests)"},
+		}}
+}
+
+// Configure implements pass.Pass.
+func (p *Pass) Configure(o map[string]any) error {
+	p.tuneAtStart = o["tune_at_start"].(bool)
+	p.buckets = append([]int(nil), o["buckets"].([]int)...)
+	sort.Ints(p.buckets)
+	p.dir = o["table_dir"].(string)
+	p.reps = o["reps"].(int)
+	p.tol = o["tolerance"].(float64)
+	p.cpu = o["cpu"].(string)
+	if p.cpu == "" {
+		p.cpu = CPUModel()
+	}
+	if len(p.buckets) == 0 {
+		return fmt.Errorf("option buckets must not be empty")
+	}
+	for _, b := range p.buckets {
+		if b < 1 {
+			return fmt.Errorf("option buckets: %d is not a positive token count", b)
+		}
+	}
+	if p.reps < 1 {
+		return fmt.Errorf("option reps must be ≥ 1")
+	}
+	return nil
+}
+
+// tunable ops and how to read their GEMM shape.
+func gemmShape(n *ir.Node) (N, K int, ok bool) {
+	switch n.Op {
+	case "linear", "linear_split":
+		w := n.Inputs[1]
+		K = n.Inputs[0].Shape[1]
+		return w.Shape[0], K, true
+	}
+	return 0, 0, false
+}
+
+// ops that run kernels but expose no tuning knobs.
+var untunable = map[string]bool{"moe_experts": true, "mla_attn": true, "kda_attn": true, "linear_batched": true, "mhc_pre": true, "mhc_post": true, "mhc_post_pre": true, "dsa_topk": true}
+
+type shapeSite struct {
+	N, K, bucket int
+	entry        Entry
+	nodes        []*ir.Node
+}
+
+// Eligible implements pass.Pass: one site per (GEMM shape, bucket), plus one
+// skipped site per kernel op without knobs. With tune_at_start, missing
+// entries are measured here (and persisted in Apply).
+func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
+	table, err := LoadTable(p.dir, p.cpu)
+	if err != nil {
+		return []pass.Site{pass.Skip("tuning table", -1, "%v", err)}
+	}
+	type shape struct{ N, K int }
+	nodes := map[shape][]*ir.Node{}
+	var order []shape
+	seenOp := map[string]bool{}
+	var sites []pass.Site
+	for _, n := range g.Nodes {
+		if N, K, ok := gemmShape(n); ok {
+			s := shape{N, K}
+			if _, seen := nodes[s]; !seen {
+				order = append(order, s)
+			}
+			nodes[s] = append(nodes[s], n)
+		} else if untunable[n.Op] && !seenOp[n.Op] {
+			seenOp[n.Op] = true
+			sites = append(sites, pass.Skip(n.Op, -1, "op %s has no tunable kernel", n.Op))
+		}
+	}
+	for _, s := range order {
+		for _, b := range p.buckets {
+			where := fmt.Sprintf("gemm %dx%d @ %d tokens", s.N, s.K, b)
+			e, ok := table.Get("gemm", "f32", s.N, s.K, b)
+			if !ok && p.tuneAtStart {
+				e, err = p.tune(s.N, s.K, b)
+				if err != nil {
+					sites = append(sites, pass.Skip(where, -1, "tuning failed: %v", err))
+					continue
+				}
+				table.Put(e)
+				p.Tuned++
+				ok = true
+			}
+			if !ok {
+				sites = append(sites, pass.Skip(where, -1, "no tuning entry for this bucket and tune_at_start is off: default kernel parameters"))
+				continue
+			}
+			sites = append(sites, pass.Site{Where: where, Layer: -1, OK: true, Data: &shapeSite{N: s.N, K: s.K, bucket: b, entry: e, nodes: nodes[s]},
+				Note: fmt.Sprintf("col_grain %d, row_block %d", e.ColGrain, e.RowBlock)})
+		}
+	}
+	if p.Tuned > 0 {
+		if err := table.Save(p.dir); err != nil {
+			sites = append(sites, pass.Skip("tuning table", -1, "could not persist: %v", err))
+		}
+	}
+	return sites
+}
+
+// Apply implements pass.Pass: every GEMM node of a tuned shape gets its
+// per-bucket parameters as attributes (the executor picks by batch size).
+func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
+	per := map[*ir.Node][]*shapeSite{}
+	var order []*ir.Node
+	for _, s := range sites {
+		ss := s.Data.(*shapeSite)
+		for _, n := range ss.nodes {
+			if _, ok := per[n]; !ok {
+				order = append(order, n)
+			}
+			per[n] = append(per[n], ss)
+		}
+	}
+	for _, n := range order {
+		list := per[n]
+		sort.Slice(list, func(i, j int) bool { return list[i].bucket < list[j].bucket })
+		var bs, cg, rb []int
+		for _, ss := range list {
+			bs = append(bs, ss.bucket)
+			cg = append(cg, ss.entry.ColGrain)
+			rb = append(rb, ss.entry.RowBlock)
+		}
+		n.Attrs["tune_buckets"], n.Attrs["tune_col_grain"], n.Attrs["tune_row_block"] = bs, cg, rb
+	}
+	res := pass.Result{Fired: len(sites)}
+	if p.Tuned > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("measured %d new entries, saved to %s", p.Tuned, TablePath(p.dir, p.cpu)))
+	}
+	return res, nil
+}
+
+// Candidates are the parameter sets measured for each entry.
+func Candidates() []gemm.Params {
+	var out []gemm.Params
+	for _, cg := range []int{4, 16, 64} {
+		for _, rb := range []int{16, 64, 256} {
+			out = append(out, gemm.Params{ColGrain: cg, RowBlock: rb})
+		}
+	}
+	return out
+}
+
+// tune measures every candidate on random data of the entry's shape and
+// keeps the fastest one whose output agrees with the default parameters.
+func (p *Pass) tune(N, K, T int) (Entry, error) {
+	r := rand.New(rand.NewPCG(uint64(N*131+K), uint64(T)))
+	x := make([]float32, T*K)
+	w := make([]float32, N*K)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	for i := range w {
+		w[i] = float32(r.NormFloat64())
+	}
+	ref := make([]float32, T*N)
+	out := make([]float32, T*N)
+	def := gemm.Default()
+	gemm.MatMulTWith(def, ref, x, T, K, w, N)
+	measure := func(prm gemm.Params) int64 {
+		var ts []int64
+		for i := 0; i < p.reps; i++ {
+			t0 := time.Now()
+			gemm.MatMulTWith(prm, out, x, T, K, w, N)
+			ts = append(ts, time.Since(t0).Nanoseconds())
+		}
+		sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
+		return ts[len(ts)/2]
+	}
+	defNS := measure(def)
+	best, bestNS := def, defNS
+	for _, c := range Candidates() {
+		ns := measure(c)
+		if maxRel(out, ref) > p.tol {
+			continue // rejected: differs from the default beyond tolerance
+		}
+		if ns < bestNS {
+			best, bestNS = c, ns
+		}
+	}
+	return Entry{Op: "gemm", DType: "f32", N: N, K: K, Bucket: T, ColGrain: best.ColGrain, RowBlock: best.RowBlock, DefaultNS: defNS, TunedNS: bestNS}, nil
+}
+
+func maxRel(a, b []float32) float64 {
+	m := 0.0
+	for i := range a {
+		m = math.Max(m, math.Abs(float64(a[i]-b[i]))/(1+math.Abs(float64(b[i]))))
+	}
+	return m
+}

@@ -1,0 +1,150 @@
+package autotune
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+)
+
+// Entry is one tuned kernel choice.
+type Entry struct {
+	Op       string `json:"op"`
+	DType    string `json:"dtype"`
+	N        int    `json:"n"`
+	K        int    `json:"k"`
+	Bucket   int    `json:"bucket"`
+	ColGrain int    `json:"col_grain"`
+	RowBlock int    `json:"row_block"`
+	// measured medians, for the record
+	DefaultNS int64 `json:"default_ns"`
+	TunedNS   int64 `json:"tuned_ns"`
+}
+
+// Key identifies an entry within one CPU's table.
+func (e Entry) Key() string { return key(e.Op, e.DType, e.N, e.K, e.Bucket) }
+
+func key(op, dt string, n, k, bucket int) string {
+	return fmt.Sprintf("%s|%s|%dx%d|%d", op, dt, n, k, bucket)
+}
+
+// Table is the persisted tuning table of one CPU model.
+type Table struct {
+	CPU     string  `json:"cpu"`
+	GOARCH  string  `json:"goarch"`
+	Entries []Entry `json:"entries"`
+	index   map[string]Entry
+}
+
+func (t *Table) reindex() {
+	t.index = map[string]Entry{}
+	for _, e := range t.Entries {
+		t.index[e.Key()] = e
+	}
+}
+
+// Get finds an entry.
+func (t *Table) Get(op, dt string, n, k, bucket int) (Entry, bool) {
+	e, ok := t.index[key(op, dt, n, k, bucket)]
+	return e, ok
+}
+
+// Put adds or replaces an entry.
+func (t *Table) Put(e Entry) {
+	if t.index == nil {
+		t.reindex()
+	}
+	if _, ok := t.index[e.Key()]; ok {
+		for i := range t.Entries {
+			if t.Entries[i].Key() == e.Key() {
+				t.Entries[i] = e
+			}
+		}
+	} else {
+		t.Entries = append(t.Entries, e)
+	}
+	t.index[e.Key()] = e
+}
+
+// CPUModel names this machine's processor (from /proc/cpuinfo on Linux).
+func CPUModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err == nil {
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "model name") {
+				if i := strings.Index(line, ":"); i >= 0 {
+					return strings.TrimSpace(line[i+1:])
+				}
+			}
+		}
+	}
+	return runtime.GOARCH
+}
+
+// slug makes a file-name-safe version of a CPU name.
+func slug(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			if b.Len() > 0 && !strings.HasSuffix(b.String(), "-") {
+				b.WriteByte('-')
+			}
+		}
+	}
+	return strings.Trim(b.String(), "-")
+}
+
+// TablePath is where the table of cpu lives under dir.
+func TablePath(dir, cpu string) string {
+	return filepath.Join(dir, slug(cpu)+"-"+runtime.GOARCH+".json")
+}
+
+// LoadTable reads the table for cpu from dir; a missing file is an empty
+// table, a malformed one an error naming the file.
+func LoadTable(dir, cpu string) (*Table, error) {
+	p := TablePath(dir, cpu)
+	t := &Table{CPU: cpu, GOARCH: runtime.GOARCH}
+	b, err := os.ReadFile(p)
+	if os.IsNotExist(err) {
+		t.reindex()
+		return t, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(b, t); err != nil {
+		return nil, fmt.Errorf("tuning table %s: %w", p, err)
+	}
+	for i, e := range t.Entries {
+		if e.ColGrain < 1 || e.RowBlock < 1 || e.Bucket < 1 || e.N < 1 || e.K < 1 {
+			return nil, fmt.Errorf("tuning table %s: entry %d (%s) has non-positive fields", p, i, e.Key())
+		}
+	}
+	t.reindex()
+	return t, nil
+}
+
+// Save writes the table (sorted, atomically).
+func (t *Table) Save(dir string) error {
+	sort.Slice(t.Entries, func(i, j int) bool { return t.Entries[i].Key() < t.Entries[j].Key() })
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(t, "", "  ")
+	p := TablePath(dir, t.CPU)
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
+}

@@ -1,0 +1,71 @@
+// Package hostlen is the host-length-reuse pass: KDA and DSA nodes read the
+// scheduler's host-side batch lengths instead of the per-sequence lengths
+// the executor materializes (seq_lengths), so the host side of a batch
+// (validation, metadata) no longer depends on executor output and can be
+// prepared while the previous batch computes. The executor validates the
+// host lengths against the token count on every use and fails loudly if
+// they disagree.
+package hostlen
+
+import (
+	"fmt"
+
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/pass"
+)
+
+// Name is the pass's YAML name.
+const Name = "host-length-reuse"
+
+func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
+
+// Pass implements pass.Pass.
+type Pass struct{}
+
+// Name implements pass.Pass.
+func (*Pass) Name() string { return Name }
+
+// Describe implements pass.Pass.
+func (*Pass) Describe() pass.Description {
+	return pass.Description{Name: Name, Version: "1.0.0",
+		Summary: "KDA/DSA nodes read host-side batch lengths instead of executor-produced ones"}
+}
+
+// Configure implements pass.Pass.
+func (*Pass) Configure(map[string]any) error { return nil }
+
+// Eligible implements pass.Pass: one site per node reading seq_lengths.
+func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
+	var sites []pass.Site
+	batch := g.Input(build.InputBatch)
+	for _, n := range g.Nodes {
+		if len(n.Inputs) == 0 || n.Inputs[0].Producer == nil || n.Inputs[0].Producer.Op != "seq_lengths" {
+			continue
+		}
+		where := fmt.Sprintf("layer %d %s", n.Layer, n.Op)
+		if n.Layer < 0 {
+			where = n.Op
+		}
+		switch {
+		case batch == nil || !env.HostLengths:
+			sites = append(sites, pass.Skip(where, n.Layer, "host batch metadata is absent"))
+		case g.Attrs.String("mode", "") == "verify" || n.Attrs.String("lengths_from", "batch") == "accept":
+			sites = append(sites, pass.Skip(where, n.Layer, "lengths are produced by the computation (speculative accept lengths)"))
+		default:
+			sites = append(sites, pass.Site{Where: where, Layer: n.Layer, OK: true, Nodes: []*ir.Node{n}, Data: batch})
+		}
+	}
+	return sites
+}
+
+// Apply implements pass.Pass.
+func (*Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
+	for _, s := range sites {
+		n := s.Nodes[0]
+		n.Inputs[0] = s.Data.(*ir.Value)
+		n.Attrs["lengths"] = "host"
+	}
+	g.RemoveDead()
+	return pass.Result{Fired: len(sites)}, nil
+}

@@ -1,0 +1,160 @@
+// Package mhcfusion is the mhc-post-pre-fusion pass: at a boundary between
+// two sub-layers, the mHC post of the first (expand into the residual
+// streams) and the mHC pre of the next (mixing, Sinkhorn, collapse, and
+// optionally the following RMSNorm) become one fused step that computes
+// the next pre's statistics in the same sweep that writes the streams.
+// Intra-layer boundaries (attention → FFN) and cross-layer boundaries
+// (layer i's FFN → layer i+1's attention) are options.
+package mhcfusion
+
+import (
+	"fmt"
+
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/pass"
+)
+
+// Name is the pass's YAML name.
+const Name = "mhc-post-pre-fusion"
+
+func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
+
+// Pass implements pass.Pass.
+type Pass struct {
+	intra, cross, norm bool
+	maxTokens          int
+}
+
+// Name implements pass.Pass.
+func (*Pass) Name() string { return Name }
+
+// Describe implements pass.Pass.
+func (*Pass) Describe() pass.Description {
+	return pass.Description{Name: Name, Version: "1.0.0",
+		Summary: "fuse each mHC post with the next mHC pre (and its RMSNorm) at sub-layer boundaries",
+		Options: []pass.Option{
+			{Name: "intra_layer", Type: pass.Bool, Default: true, Doc: "fuse attention → FFN boundaries inside a layer"},
+			{Name: "cross_layer", Type: pass.Bool, Default: true, Doc: "fuse layer i FFN → layer i+1 attention boundaries"},
+			{Name: "fuse_norm", Type: pass.Bool, Default: true, Doc: "also apply the next sub-layer's RMSNorm in the fused step"},
+			{Name: "max_tokens", Type: pass.Int, Default: 0, Doc: "decline (run unfused) for batches above this many tokens; 0 = no cap"},
+		}}
+}
+
+// Configure implements pass.Pass.
+func (p *Pass) Configure(opts map[string]any) error {
+	p.intra, p.cross, p.norm = opts["intra_layer"].(bool), opts["cross_layer"].(bool), opts["fuse_norm"].(bool)
+	p.maxTokens = opts["max_tokens"].(int)
+	if p.maxTokens < 0 {
+		return fmt.Errorf("option max_tokens must be ≥ 0, got %d", p.maxTokens)
+	}
+	return nil
+}
+
+type boundary struct {
+	post, pre, norm *ir.Node
+}
+
+// Eligible implements pass.Pass: one site per mHC post.
+func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
+	var sites []pass.Site
+	for _, n := range g.Nodes {
+		if n.Op != "mhc_post" {
+			continue
+		}
+		l := n.Layer
+		site := n.Attrs.String("site", "")
+		X := n.Outputs[0]
+		var pre *ir.Node
+		for _, u := range a.Users(X) {
+			if u.Op == "mhc_pre" && u.Inputs[0] == X {
+				pre = u
+			}
+		}
+		cross := site == "ffn"
+		where := fmt.Sprintf("layer %d attn → ffn", l)
+		if cross {
+			where = fmt.Sprintf("layer %d ffn → layer %d attn", l, l+1)
+		}
+		switch {
+		case pre == nil && cross:
+			sites = append(sites, pass.Skip(fmt.Sprintf("layer %d ffn → final", l), l, "terminal layer: its post is applied and the streams are averaged"))
+			continue
+		case pre == nil:
+			sites = append(sites, pass.Skip(where, l, "no mHC pre reads this post's streams"))
+			continue
+		case cross && !p.cross:
+			sites = append(sites, pass.Skip(where, l, "cross-layer fusion disabled (option cross_layer=false)"))
+			continue
+		case !cross && !p.intra:
+			sites = append(sites, pass.Skip(where, l, "intra-layer fusion disabled (option intra_layer=false)"))
+			continue
+		case cross && env.CaptureHidden[l]:
+			sites = append(sites, pass.Skip(where, l, "hidden-state capture requested after layer %d: the residual must be materialized", l))
+			continue
+		case a.IsOutput(X) && cross:
+			sites = append(sites, pass.Skip(where, l, "the residual after layer %d is a graph output (observed)", l))
+			continue
+		case n.Inputs[1].Shape[1] != pre.Inputs[0].Shape[1]:
+			sites = append(sites, pass.Skip(where, l, "hc_mult mismatch"))
+			continue
+		}
+		b := &boundary{post: n, pre: pre}
+		if p.norm {
+			h := pre.Outputs[0]
+			us := a.Users(h)
+			if len(us) == 1 && us[0].Op == "rmsnorm" && us[0].Inputs[0] == h {
+				b.norm = us[0]
+			}
+		}
+		note := ""
+		if p.maxTokens > 0 {
+			note = fmt.Sprintf("declines above %d tokens", p.maxTokens)
+		}
+		sites = append(sites, pass.Site{Where: where, Layer: l, OK: true, Note: note, Data: b})
+	}
+	return sites
+}
+
+// Apply implements pass.Pass.
+func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
+	for _, s := range sites {
+		b := s.Data.(*boundary)
+		post, pre := b.post, b.pre
+		attrs := pre.Attrs.Clone()
+		attrs["post_site"] = post.Attrs.String("site", "")
+		if p.maxTokens > 0 {
+			attrs["max_tokens"] = p.maxTokens
+		}
+		ins := append([]*ir.Value{}, post.Inputs...)
+		ins = append(ins, pre.Inputs[1:]...)
+		if b.norm != nil {
+			ins = append(ins, b.norm.Inputs[1])
+			attrs["norm_eps"] = b.norm.Attrs.Float("eps", 1e-5)
+		}
+		fused, err := g.NewNode("mhc_post_pre", pre.Layer, attrs, ins...)
+		if err != nil {
+			return pass.Result{}, err
+		}
+		fused.Outputs[0].Named(post.Outputs[0].Name)
+		g.ReplaceUses(post.Outputs[0], fused.Outputs[0])
+		h := pre.Outputs[0]
+		if b.norm != nil {
+			fused.Outputs[1].Named(b.norm.Outputs[0].Name)
+			g.ReplaceUses(b.norm.Outputs[0], fused.Outputs[1])
+		} else {
+			fused.Outputs[1].Named(h.Name)
+			g.ReplaceUses(h, fused.Outputs[1])
+		}
+		fused.Outputs[2].Named(pre.Outputs[1].Name)
+		fused.Outputs[3].Named(pre.Outputs[2].Name)
+		g.ReplaceUses(pre.Outputs[1], fused.Outputs[2])
+		g.ReplaceUses(pre.Outputs[2], fused.Outputs[3])
+		g.InsertAt(g.Index(post), fused)
+		rm := []*ir.Node{post, pre}
+		if b.norm != nil {
+			rm = append(rm, b.norm)
+		}
+		g.Remove(rm...)
+	}
+	return pass.Result{Fired: len(sites)}, nil
+}
