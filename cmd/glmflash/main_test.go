@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -195,5 +196,51 @@ func TestEvalPassesWithEveryPreset(t *testing.T) {
 		out, err := runCLI(t, "eval", "--config", c, "--model", fixture+"/checkpoint", "--reference", fixture+"/reference.safetensors", "--tol", "1e-4")
 		require.NoError(t, err, c)
 		require.Contains(t, out, "all 7 cases within")
+	}
+}
+
+// A serving-level study starts one real `glmflash serve` per arm and drives
+// it over gRPC; parity and fired passes come back through the API.
+func TestServingLevelStudy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and starts servers")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "glmflash")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, string(out))
+	study := filepath.Join(dir, "s.yaml")
+	require.NoError(t, os.WriteFile(study, []byte(`name: serving-smoke
+model: {dir: `+fixture+`/checkpoint}
+level: serving
+serving: {binary: `+bin+`}
+arms: {baseline: true, all: true}
+workloads:
+  - {name: chat, input_len: 10, output_len: 5, requests: 4, concurrency: [1, 2], seed: 3}
+repetitions: 1
+warmup: 0
+`), 0o644))
+	res, err := runCLI(t, "attribute", "--study", study, "--out", filepath.Join(dir, "out"), "--quiet")
+	require.NoError(t, err)
+	require.Contains(t, res, "0 mismatches")
+	require.Contains(t, res, "kda-projection-fusion")
+	b, err := os.ReadFile(filepath.Join(dir, "out", "results.jsonl"))
+	require.NoError(t, err)
+	require.Equal(t, 4, strings.Count(string(b), "\n")) // 2 arms × 2 cells × 1 round
+	require.Contains(t, string(b), `"level":"serving"`)
+}
+
+func TestStudyErrorsBeforeRunning(t *testing.T) {
+	d := t.TempDir()
+	p := filepath.Join(d, "bad.yaml")
+	for src, want := range map[string]string{
+		"name: x\nmodel: {preset: tiny}\narms: {baseline: true}\nworkloads: [{name: w, input_len: 2, output_len: 2, requests: 1, concurrency: [1], sed: 1}]\n":                 "sed",
+		"name: x\nmodel: {preset: tiny}\narms: {}\nworkloads: [{name: w, input_len: 2, output_len: 2, requests: 1, concurrency: [1]}]\n":                                       "arms: the arm list is empty",
+		"name: x\nmodel: {preset: tiny}\npasses: [{name: nope}]\narms: {baseline: true}\nworkloads: [{name: w, input_len: 2, output_len: 2, requests: 1, concurrency: [1]}]\n": `passes[0].name: unknown pass "nope"`,
+	} {
+		require.NoError(t, os.WriteFile(p, []byte(src), 0o644))
+		_, err := runCLI(t, "attribute", "--study", p)
+		require.ErrorContains(t, err, want)
+		require.ErrorContains(t, err, "bad.yaml")
 	}
 }

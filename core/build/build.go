@@ -70,7 +70,7 @@ type builder struct {
 	// lens is the executor-produced per-sequence lengths that KDA and DSA
 	// nodes read (the host-length-reuse pass rewires them to batch).
 	lens *ir.Value
-	opts  Options
+	opts Options
 	// pending holds the post and comb values of the last mhc_pre, consumed
 	// by the matching mhc_post.
 	pending []*ir.Value

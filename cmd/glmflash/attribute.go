@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/glmflash/glmflash/core/attrib"
+	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/passes/autotune"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+)
+
+// gitCommit returns the checkout's short commit, or "unknown".
+func gitCommit() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	c := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+		c += "-dirty"
+	}
+	return c
+}
+
+func newAttributeCmd() *cobra.Command {
+	var studyPath, outDir string
+	var quiet bool
+	cmd := &cobra.Command{
+		Use:   "attribute --study FILE.yaml",
+		Short: "Run an attribution study: which pass buys how much, on which workload, with parity on every arm",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if studyPath == "" {
+				return fmt.Errorf("--study is required")
+			}
+			st, err := loadStudy(studyPath)
+			if err != nil {
+				return err
+			}
+			mf := modelFlags{dir: st.Model.Dir, preset: st.Model.Preset, seed: st.Model.Seed, cacheDir: defaultCacheDir()}
+			if mf.seed == 0 {
+				mf.seed = 1
+			}
+			ck, err := mf.open()
+			if err != nil {
+				return err
+			}
+			defer ck.Close()
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			var runner attrib.Runner
+			pf := func(ec *config.Engine) (*pass.Pipeline, error) {
+				pl, err := pass.FromConfig(ec)
+				if err != nil {
+					return nil, err
+				}
+				return pl, attachPlugins(pl, ec)
+			}
+			switch st.Level {
+			case attrib.LevelEngine:
+				runner = attrib.NewEngineRunner(st, ck.Config(), ck, ck, pf)
+			case attrib.LevelServing:
+				sr, err := newServingRunner(st, ck.Dir())
+				if err != nil {
+					return err
+				}
+				runner = sr
+			}
+			defer runner.Close()
+			prov := attrib.Provenance{Commit: gitCommit(), CPU: autotune.CPUModel(), CPUs: runtime.NumCPU(), Date: time.Now().UTC().Format(time.RFC3339),
+				GoVersion: runtime.Version(), Model: ck.Dir()}
+			arms, _ := st.Expand()
+			log.Info().Str("study", st.Name).Str("level", st.Level).Int("arms", len(arms)).Int("cells", len(st.Cells())).
+				Int("rounds", st.Repetitions).Int("warmup", st.Warmup).Msg("starting study")
+			var bar *progressbar.ProgressBar
+			progress := func(done, total int, label string) {
+				if quiet {
+					return
+				}
+				if term.IsTerminal(int(os.Stderr.Fd())) {
+					if bar == nil {
+						bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(os.Stderr), progressbar.OptionShowCount(),
+							progressbar.OptionSetElapsedTime(true), progressbar.OptionSetPredictTime(true), progressbar.OptionSetWidth(30))
+					}
+					bar.Describe(label)
+					bar.Set(done)
+					return
+				}
+				log.Info().Int("done", done).Int("of", total).Str("at", label).Msg("progress")
+			}
+			t0 := time.Now()
+			res, err := attrib.Run(ctx, st, attrib.Options{Runner: runner, Vocab: ck.Config().VocabSize, Provenance: prov, Progress: progress})
+			if bar != nil {
+				bar.Finish()
+				fmt.Fprintln(os.Stderr)
+			}
+			if err != nil {
+				return err
+			}
+			if outDir == "" {
+				outDir = st.OutputDir
+			}
+			if outDir == "" {
+				outDir = filepath.Join("out", "studies", st.Name+"-"+time.Now().Format("20060102-150405"))
+			}
+			files, sum, err := res.WriteAll(outDir)
+			if err != nil {
+				return err
+			}
+			res.Console(os.Stdout, sum)
+			fmt.Printf("\nwall time %s; wrote %s\n", time.Since(t0).Round(time.Second), strings.Join(files, ", "))
+			if sum.ParityTotal > 0 {
+				return fmt.Errorf("parity failure: %d requests differ from baseline", sum.ParityTotal)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&studyPath, "study", "", "study YAML (see configs/studies/)")
+	cmd.Flags().StringVar(&outDir, "out", "", "output directory (default: the study's output_dir, else out/studies/NAME-TIME)")
+	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress output")
+	return cmd
+}
+
+// loadStudy parses a study, knowing built-in and plugin pass names.
+func loadStudy(path string) (*attrib.Study, error) {
+	known := func(name string) bool {
+		_, ok := pass.Lookup(name)
+		return ok
+	}
+	return attrib.Load(path, known)
+}

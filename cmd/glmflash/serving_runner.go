@@ -1,0 +1,306 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/glmflash/glmflash/core/attrib"
+	v1 "github.com/glmflash/glmflash/proto/glmflash/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// servingRunner measures arms against real `glmflash serve` processes: one
+// per arm, each with the arm's engine configuration, on a loopback port,
+// driven over gRPC with concurrent streams.
+type servingRunner struct {
+	st       *attrib.Study
+	modelDir string
+	binary   string
+	tmp      string
+	mu       sync.Mutex
+	arms     map[string]*armServer
+}
+
+type armServer struct {
+	cmd   *exec.Cmd
+	conn  *grpc.ClientConn
+	cli   v1.GLMFlashClient
+	info  attrib.ArmInfo
+	done  chan struct{}
+	stder *strings.Builder
+}
+
+func newServingRunner(st *attrib.Study, modelDir string) (attrib.Runner, error) {
+	bin := st.Serving.Binary
+	if bin == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		bin = self
+	}
+	tmp, err := os.MkdirTemp("", "glmflash-study-")
+	if err != nil {
+		return nil, err
+	}
+	return &servingRunner{st: st, modelDir: modelDir, binary: bin, tmp: tmp, arms: map[string]*armServer{}}, nil
+}
+
+var addrRE = regexp.MustCompile(`serving glmflash\.v1\.GLMFlash on (\S+) `)
+
+// Prepare starts the arm's server and waits until it serves.
+func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
+	conc, reqs := 1, 1
+	for _, w := range r.st.Workloads {
+		reqs = max(reqs, w.Requests)
+		for _, c := range w.Concurrency {
+			conc = max(conc, c)
+		}
+	}
+	safe := strings.NewReplacer("+", "plus-", "-", "minus-", "/", "_").Replace(a.Name)
+	ec := map[string]any{"passes": a.Passes, "parallel": map[string]any{"attention_tp_size": 1}}
+	if r.st.Plugins.Dir != "" {
+		ec["plugins"] = r.st.Plugins
+	}
+	engPath := filepath.Join(r.tmp, safe+".engine.yaml")
+	if err := writeJSON(engPath, passConfigsAsYAML(ec)); err != nil {
+		return err
+	}
+	rt := map[string]any{"slots": conc, "max_running": conc, "max_queue": reqs}
+	if r.st.Runtime.MaxBatchTokens > 0 {
+		rt["max_batch_tokens"] = r.st.Runtime.MaxBatchTokens
+	}
+	if r.st.Runtime.PrefillChunk > 0 {
+		rt["prefill_chunk"] = r.st.Runtime.PrefillChunk
+	}
+	srvPath := filepath.Join(r.tmp, safe+".serve.yaml")
+	if err := writeJSON(srvPath, map[string]any{
+		"model":   map[string]any{"dir": r.modelDir},
+		"server":  map[string]any{"grpc_addr": "127.0.0.1:0", "metrics_addr": ""},
+		"runtime": rt,
+	}); err != nil {
+		return err
+	}
+	cmd := exec.Command(r.binary, "serve", "--config", srvPath, "--engine-config", engPath, "--log-level", "warn")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &lockedWriter{w: &stderr}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("arm %s: starting %s serve: %w", a.Name, r.binary, err)
+	}
+	as := &armServer{cmd: cmd, done: make(chan struct{}), stder: &stderr}
+	r.mu.Lock()
+	r.arms[a.Name] = as
+	r.mu.Unlock()
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
+				addrc <- m[1]
+			}
+		}
+		io.Copy(io.Discard, stdout)
+	}()
+	go func() { cmd.Wait(); close(as.done) }()
+	timeout := time.Duration(r.st.Serving.StartTimeoutS) * time.Second
+	if timeout == 0 {
+		timeout = 5 * time.Minute
+	}
+	var addr string
+	select {
+	case addr = <-addrc:
+	case <-as.done:
+		return fmt.Errorf("arm %s: server exited before serving: %s", a.Name, stderr.String())
+	case <-time.After(timeout):
+		return fmt.Errorf("arm %s: server did not start within %s", a.Name, timeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	as.conn, as.cli = conn, v1.NewGLMFlashClient(conn)
+	// warm the programs up, then read which passes fired
+	if err := r.generate(ctx, as, []int32{1, 2, 3}, 2, func([]int32) {}); err != nil {
+		return fmt.Errorf("arm %s: warm-up request: %w", a.Name, err)
+	}
+	as.info = attrib.ArmInfo{ConfigHash: attrib.ConfigHash(r.st.Model, a.Passes)}
+	mi, err := as.cli.GetModelInfo(ctx, &v1.GetModelInfoRequest{})
+	if err == nil && mi.PassReportJson != "" {
+		as.info.Fired = firedFromReport(mi.PassReportJson)
+	}
+	return nil
+}
+
+// passConfigsAsYAML turns config structs into plain maps with YAML keys.
+func passConfigsAsYAML(ec map[string]any) map[string]any {
+	b, _ := json.Marshal(ec)
+	var m map[string]any
+	json.Unmarshal(b, &m)
+	if ps, ok := m["passes"].([]any); ok {
+		for _, p := range ps {
+			pm := p.(map[string]any)
+			for k, v := range pm {
+				delete(pm, k)
+				pm[strings.ToLower(k)] = v
+			}
+			if pm["enabled"] == nil {
+				delete(pm, "enabled")
+			}
+			if pm["options"] == nil {
+				delete(pm, "options")
+			}
+		}
+	}
+	if pl, ok := m["plugins"].(map[string]any); ok {
+		out := map[string]any{}
+		keys := map[string]string{"Dir": "dir", "Checksums": "checksums", "SumsFile": "sums_file", "TimeoutMS": "timeout_ms", "AllowUnverified": "allow_unverified"}
+		for k, v := range pl {
+			if nk, ok := keys[k]; ok && v != nil && v != "" {
+				out[nk] = v
+			}
+		}
+		m["plugins"] = out
+	}
+	return m
+}
+
+// firedFromReport extracts fired pass names from GetModelInfo's report.
+func firedFromReport(js string) []string {
+	var rep struct {
+		Programs map[string]struct {
+			Passes []struct {
+				Name  string `json:"name"`
+				Fired []any  `json:"fired"`
+			} `json:"passes"`
+		} `json:"programs"`
+	}
+	if json.Unmarshal([]byte(js), &rep) != nil {
+		return nil
+	}
+	set := map[string]bool{}
+	for _, p := range rep.Programs {
+		for _, ps := range p.Passes {
+			if len(ps.Fired) > 0 {
+				set[ps.Name] = true
+			}
+		}
+	}
+	var out []string
+	for k := range set {
+		out = append(out, k)
+	}
+	sortStrings(out)
+	return out
+}
+
+func (r *servingRunner) generate(ctx context.Context, as *armServer, prompt []int32, maxTokens int, on func([]int32)) error {
+	mt := uint32(maxTokens)
+	temp := 0.0
+	stream, err := as.cli.Generate(ctx, &v1.GenerateRequest{PromptIds: prompt, MaxTokens: &mt, Sampling: &v1.SamplingParams{Temperature: &temp}})
+	if err != nil {
+		return err
+	}
+	for {
+		msg, err := stream.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if t := msg.GetToken(); t != nil {
+			on([]int32{t.Id})
+		}
+		if f := msg.GetFinish(); f != nil {
+			if r := f.GetReason().String(); !strings.Contains(r, "LENGTH") && !strings.Contains(r, "STOP") {
+				return fmt.Errorf("request finished with %s: %s", r, f.GetMessage())
+			}
+		}
+	}
+}
+
+// RunCell implements attrib.Runner.
+func (r *servingRunner) RunCell(ctx context.Context, a attrib.Arm, c attrib.Cell, prompts [][]int32) (*attrib.CellResult, error) {
+	r.mu.Lock()
+	as := r.arms[a.Name]
+	r.mu.Unlock()
+	gen := func(ctx context.Context, p []int32, n int, on func([]int32)) error {
+		return r.generate(ctx, as, p, n, on)
+	}
+	return attrib.Drive(ctx, gen, prompts, c.Workload.OutputLen, c.Concurrency), nil
+}
+
+// Info implements attrib.Runner.
+func (r *servingRunner) Info(a attrib.Arm) attrib.ArmInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if as := r.arms[a.Name]; as != nil {
+		return as.info
+	}
+	return attrib.ArmInfo{}
+}
+
+// Close stops every server (SIGTERM, then kill after 10 s).
+func (r *servingRunner) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, as := range r.arms {
+		if as.conn != nil {
+			as.conn.Close()
+		}
+		if as.cmd.Process != nil {
+			as.cmd.Process.Signal(os.Interrupt)
+			select {
+			case <-as.done:
+			case <-time.After(10 * time.Second):
+				as.cmd.Process.Kill()
+				<-as.done
+			}
+		}
+	}
+	return os.RemoveAll(r.tmp)
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func sortStrings(s []string) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}

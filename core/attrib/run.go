@@ -1,0 +1,246 @@
+package attrib
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/exec"
+	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/model"
+)
+
+// RequestResult is one request's outcome in a cell.
+type RequestResult struct {
+	Tokens []int32
+	TTFT   time.Duration
+	E2E    time.Duration
+	ITL    []time.Duration
+	Err    string
+}
+
+// CellResult is one (arm, cell, round) measurement's raw data.
+type CellResult struct {
+	Requests []RequestResult
+	Wall     time.Duration
+}
+
+// ArmInfo describes a prepared arm.
+type ArmInfo struct {
+	ConfigHash string
+	// Fired lists the passes that fired in any program the arm built.
+	Fired []string
+}
+
+// Runner executes cells for arms at one level.
+type Runner interface {
+	// Prepare readies an arm (called once per arm before any cell).
+	Prepare(ctx context.Context, a Arm) error
+	// RunCell runs the requests at the given concurrency.
+	RunCell(ctx context.Context, a Arm, c Cell, prompts [][]int32) (*CellResult, error)
+	// Info reports the arm's configuration hash and fired passes.
+	Info(a Arm) ArmInfo
+	Close() error
+}
+
+// Prompts makes a workload's fixed random-token request set.
+func Prompts(w Workload, vocab int) [][]int32 {
+	r := rand.New(rand.NewPCG(w.Seed, uint64(w.InputLen)*1_000_003+uint64(w.Requests)))
+	out := make([][]int32, w.Requests)
+	for i := range out {
+		p := make([]int32, w.InputLen)
+		for j := range p {
+			p[j] = int32(1 + r.IntN(vocab-1))
+		}
+		out[i] = p
+	}
+	return out
+}
+
+// Generate streams one greedy request; onTokens is called whenever tokens
+// arrive (with how many arrived).
+type Generate func(ctx context.Context, prompt []int32, maxTokens int, onTokens func(toks []int32)) error
+
+// Drive runs prompts at a concurrency through gen, timing every request.
+func Drive(ctx context.Context, gen Generate, prompts [][]int32, maxTokens, conc int) *CellResult {
+	res := &CellResult{Requests: make([]RequestResult, len(prompts))}
+	var next int
+	var mu sync.Mutex
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < conc; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= len(prompts) {
+					return
+				}
+				rr := &res.Requests[i]
+				t0 := time.Now()
+				last := t0
+				err := gen(ctx, prompts[i], maxTokens, func(toks []int32) {
+					now := time.Now()
+					if len(rr.Tokens) == 0 {
+						rr.TTFT = now.Sub(t0)
+					} else {
+						rr.ITL = append(rr.ITL, now.Sub(last))
+					}
+					for range toks[1:] {
+						rr.ITL = append(rr.ITL, 0)
+					}
+					last = now
+					rr.Tokens = append(rr.Tokens, toks...)
+				})
+				rr.E2E = time.Since(t0)
+				if err != nil {
+					rr.Err = err.Error()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	res.Wall = time.Since(start)
+	return res
+}
+
+// ConfigHash is a short stable hash of an arm's engine configuration.
+func ConfigHash(m ModelRef, ps []config.PassConfig) string {
+	b, _ := json.Marshal(struct {
+		M ModelRef
+		P []config.PassConfig
+	}{m, ps})
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:6])
+}
+
+// PipelineFunc builds an arm's pass pipeline (the CLI adds plugin passes).
+type PipelineFunc func(e *config.Engine) (*pass.Pipeline, error)
+
+// EngineRunner runs arms in process: one engine (sharing the weights) and
+// one continuous-batching runtime per arm.
+type EngineRunner struct {
+	Model    *model.Config
+	Weights  exec.Weights
+	Info_    pass.WeightInfo
+	Study    *Study
+	Pipeline PipelineFunc
+	arms     map[string]*engineArm
+}
+
+type engineArm struct {
+	eng *engine.Engine
+	rt  *runtime.Runtime
+}
+
+// NewEngineRunner prepares an in-process runner; weights are loaded once
+// and shared by every arm.
+func NewEngineRunner(s *Study, cfg *model.Config, w exec.Weights, wi pass.WeightInfo, pf PipelineFunc) *EngineRunner {
+	if pf == nil {
+		pf = pass.FromConfig
+	}
+	return &EngineRunner{Model: cfg, Weights: exec.NewWeightCache(w), Info_: wi, Study: s, Pipeline: pf, arms: map[string]*engineArm{}}
+}
+
+func maxConcurrency(s *Study) (conc, reqs int) {
+	for _, w := range s.Workloads {
+		for _, c := range w.Concurrency {
+			conc = max(conc, c)
+		}
+		reqs = max(reqs, w.Requests)
+	}
+	return
+}
+
+// Prepare implements Runner.
+func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
+	ec := r.Study.EngineConfig(a)
+	pl, err := r.Pipeline(ec)
+	if err != nil {
+		return fmt.Errorf("arm %s: %w", a.Name, err)
+	}
+	conc, reqs := maxConcurrency(r.Study)
+	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: pass.EnvFromConfig(ec, r.Model, r.Info_)})
+	if err != nil {
+		return err
+	}
+	rt, err := runtime.New(eng, runtime.Config{MaxRunning: conc, MaxQueue: reqs, MaxBatchTokens: r.Study.Runtime.MaxBatchTokens, PrefillChunk: r.Study.Runtime.PrefillChunk}, runtime.Options{})
+	if err != nil {
+		return err
+	}
+	r.arms[a.Name] = &engineArm{eng: eng, rt: rt}
+	return nil
+}
+
+// RunCell implements Runner.
+func (r *EngineRunner) RunCell(ctx context.Context, a Arm, c Cell, prompts [][]int32) (*CellResult, error) {
+	ea := r.arms[a.Name]
+	gen := func(ctx context.Context, prompt []int32, maxTokens int, on func([]int32)) error {
+		h, err := ea.rt.Submit(ctx, runtime.Request{Prompt: prompt, MaxTokens: maxTokens, Sampling: sample.Greedy()})
+		if err != nil {
+			return err
+		}
+		for {
+			toks, fin, err := h.Recv(ctx)
+			if err != nil {
+				return err
+			}
+			if len(toks) > 0 {
+				ids := make([]int32, len(toks))
+				for i, t := range toks {
+					ids[i] = t.ID
+				}
+				on(ids)
+			}
+			if fin != nil {
+				if fin.Reason != runtime.FinishLength && fin.Reason != runtime.FinishStop {
+					return fmt.Errorf("request ended with %s: %s", fin.Reason, fin.Message)
+				}
+				return nil
+			}
+		}
+	}
+	return Drive(ctx, gen, prompts, c.Workload.OutputLen, c.Concurrency), nil
+}
+
+// Info implements Runner.
+func (r *EngineRunner) Info(a Arm) ArmInfo {
+	info := ArmInfo{ConfigHash: ConfigHash(r.Study.Model, a.Passes)}
+	ea := r.arms[a.Name]
+	if ea == nil {
+		return info
+	}
+	set := map[string]bool{}
+	for _, rep := range ea.eng.Reports() {
+		for _, p := range rep.FiredPasses() {
+			set[p] = true
+		}
+	}
+	for p := range set {
+		info.Fired = append(info.Fired, p)
+	}
+	sort.Strings(info.Fired)
+	return info
+}
+
+// Close implements Runner.
+func (r *EngineRunner) Close() error {
+	for _, a := range r.arms {
+		a.rt.Close()
+	}
+	return nil
+}

@@ -1,0 +1,308 @@
+// Package attrib runs attribution studies: which pass buys how much, on
+// which workload. A study names a model, workloads (fixed random-token
+// request sets), arms (baseline, all on, leave-one-out, add-one-in, explicit
+// pass lists), repetitions and a level (in-process engine or gRPC serving).
+// Arms run in paired, interleaved rounds so that machine drift hits all of
+// them; every arm's greedy tokens are compared with the baseline's.
+package attrib
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/pass"
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/rawbytes"
+	"github.com/knadh/koanf/v2"
+)
+
+// ModelRef names the checkpoint: a directory or a random preset.
+type ModelRef struct {
+	Dir    string `koanf:"dir"`
+	Preset string `koanf:"preset"`
+	Seed   int64  `koanf:"seed"`
+}
+
+// Workload is a fixed set of random-token requests.
+type Workload struct {
+	Name        string `koanf:"name"`
+	InputLen    int    `koanf:"input_len"`
+	OutputLen   int    `koanf:"output_len"`
+	Requests    int    `koanf:"requests"`
+	Concurrency []int  `koanf:"concurrency"`
+	Seed        uint64 `koanf:"seed"`
+}
+
+// ArmSpec is an explicitly listed arm.
+type ArmSpec struct {
+	Name   string              `koanf:"name"`
+	Passes []config.PassConfig `koanf:"passes"`
+}
+
+// Arms chooses which arms a study runs.
+type Arms struct {
+	Baseline    bool      `koanf:"baseline"`
+	All         bool      `koanf:"all"`
+	LeaveOneOut bool      `koanf:"leave_one_out"`
+	AddOneIn    bool      `koanf:"add_one_in"`
+	Explicit    []ArmSpec `koanf:"explicit"`
+}
+
+// RuntimeLimits are passed to the scheduler (zero: its defaults).
+type RuntimeLimits struct {
+	MaxBatchTokens int `koanf:"max_batch_tokens"`
+	PrefillChunk   int `koanf:"prefill_chunk"`
+}
+
+// Serving configures the serving level.
+type Serving struct {
+	// Binary is the glmflash executable started once per arm
+	// (default: this process's own executable).
+	Binary string `koanf:"binary"`
+	// StartTimeoutS bounds a server's start (default 300).
+	StartTimeoutS int `koanf:"start_timeout_s"`
+}
+
+// Study is a parsed study file.
+type Study struct {
+	Name        string              `koanf:"name"`
+	Description string              `koanf:"description"`
+	Model       ModelRef            `koanf:"model"`
+	Level       string              `koanf:"level"`
+	Passes      []config.PassConfig `koanf:"passes"`
+	Plugins     config.Plugins      `koanf:"plugins"`
+	Arms        Arms                `koanf:"arms"`
+	Workloads   []Workload          `koanf:"workloads"`
+	Repetitions int                 `koanf:"repetitions"`
+	Warmup      int                 `koanf:"warmup"`
+	Runtime     RuntimeLimits       `koanf:"runtime"`
+	Serving     Serving             `koanf:"serving"`
+	OutputDir   string              `koanf:"output_dir"`
+
+	Source string `koanf:"-"`
+}
+
+// Levels.
+const (
+	LevelEngine  = "engine"
+	LevelServing = "serving"
+)
+
+// Load reads and validates a study file. Every error names the file and
+// the field.
+func Load(path string, known func(name string) bool) (*Study, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("study: %w", err)
+	}
+	return Parse(b, path, known)
+}
+
+// Parse decodes a study; known reports whether a pass name exists (built-in
+// or plugin); nil means the built-in registry.
+func Parse(b []byte, source string, known func(string) bool) (*Study, error) {
+	k := koanf.New(".")
+	if err := k.Load(rawbytes.Provider(b), yaml.Parser()); err != nil {
+		return nil, fmt.Errorf("%s: invalid YAML: %w", source, err)
+	}
+	var s Study
+	err := k.UnmarshalWithConf("", &s, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: &mapstructure.DecoderConfig{
+		ErrorUnused: true, WeaklyTypedInput: true, Result: &s, TagName: "koanf"}})
+	if err != nil {
+		msg := strings.ReplaceAll(err.Error(), "has invalid keys:", "has unknown field(s):")
+		return nil, fmt.Errorf("%s: %s", source, msg)
+	}
+	s.Source = source
+	if known == nil {
+		known = func(n string) bool { _, ok := pass.Lookup(n); return ok }
+	}
+	if err := s.validate(known); err != nil {
+		return nil, fmt.Errorf("%s: %w", source, err)
+	}
+	return &s, nil
+}
+
+func (s *Study) validate(known func(string) bool) error {
+	if s.Name == "" {
+		return fmt.Errorf("name: required")
+	}
+	if (s.Model.Dir == "") == (s.Model.Preset == "") {
+		return fmt.Errorf("model: give exactly one of dir or preset")
+	}
+	if s.Level == "" {
+		s.Level = LevelEngine
+	}
+	if s.Level != LevelEngine && s.Level != LevelServing {
+		return fmt.Errorf("level: must be engine or serving, got %q", s.Level)
+	}
+	if len(s.Passes) == 0 {
+		for _, p := range config.Default().Passes {
+			s.Passes = append(s.Passes, p)
+		}
+	}
+	seen := map[string]bool{}
+	for i, p := range s.Passes {
+		switch {
+		case p.Name == "":
+			return fmt.Errorf("passes[%d].name: required", i)
+		case !known(p.Name):
+			return fmt.Errorf("passes[%d].name: unknown pass %q", i, p.Name)
+		case seen[p.Name]:
+			return fmt.Errorf("passes[%d].name: %q listed twice", i, p.Name)
+		}
+		seen[p.Name] = true
+		if _, err := s.requests([]config.PassConfig{p}); err != nil {
+			return fmt.Errorf("passes[%d]: %w", i, err)
+		}
+	}
+	for i, a := range s.Arms.Explicit {
+		if a.Name == "" {
+			return fmt.Errorf("arms.explicit[%d].name: required", i)
+		}
+		for j, p := range a.Passes {
+			if !known(p.Name) {
+				return fmt.Errorf("arms.explicit[%d].passes[%d].name: unknown pass %q", i, j, p.Name)
+			}
+		}
+	}
+	if len(s.Workloads) == 0 {
+		return fmt.Errorf("workloads: at least one workload is required")
+	}
+	names := map[string]bool{}
+	for i, w := range s.Workloads {
+		f := fmt.Sprintf("workloads[%d]", i)
+		switch {
+		case w.Name == "":
+			return fmt.Errorf("%s.name: required", f)
+		case names[w.Name]:
+			return fmt.Errorf("%s.name: %q used twice", f, w.Name)
+		case w.InputLen < 1:
+			return fmt.Errorf("%s.input_len: must be ≥ 1", f)
+		case w.OutputLen < 1:
+			return fmt.Errorf("%s.output_len: must be ≥ 1", f)
+		case w.Requests < 1:
+			return fmt.Errorf("%s.requests: must be ≥ 1", f)
+		case len(w.Concurrency) == 0:
+			return fmt.Errorf("%s.concurrency: at least one level is required", f)
+		}
+		for j, c := range w.Concurrency {
+			if c < 1 {
+				return fmt.Errorf("%s.concurrency[%d]: must be ≥ 1, got %d", f, j, c)
+			}
+		}
+		names[w.Name] = true
+	}
+	if s.Repetitions == 0 {
+		s.Repetitions = 3
+	}
+	if s.Repetitions < 1 || s.Warmup < 0 {
+		return fmt.Errorf("repetitions must be ≥ 1 and warmup ≥ 0")
+	}
+	arms, err := s.Expand()
+	if err != nil {
+		return err
+	}
+	if len(arms) == 0 {
+		return fmt.Errorf("arms: the arm list is empty (enable baseline, all, leave_one_out, add_one_in or list explicit arms)")
+	}
+	if !s.Arms.Baseline {
+		return fmt.Errorf("arms.baseline: must be true (gaps and parity are measured against it)")
+	}
+	return nil
+}
+
+// requests checks pass options by building the pipeline the arm would use.
+func (s *Study) requests(ps []config.PassConfig) ([]pass.Request, error) {
+	var reqs []pass.Request
+	for _, p := range ps {
+		reqs = append(reqs, pass.Request{Name: p.Name, Options: p.Options})
+	}
+	for _, r := range reqs {
+		if f, ok := pass.Lookup(r.Name); ok {
+			if _, err := pass.NormalizeOptions(f().Describe(), r.Options); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return reqs, nil
+}
+
+// Arm is one configuration measured by a study.
+type Arm struct {
+	Name    string              // "baseline", "all", "-mhc-post-pre-fusion", "+dsa-pooled-metadata", explicit names
+	Kind    string              // baseline, all, leave-one-out, add-one-in, explicit
+	Subject string              // the pass left out or added in
+	Passes  []config.PassConfig // in order
+}
+
+// Expand lists the study's arms in a stable order.
+func (s *Study) Expand() ([]Arm, error) {
+	var arms []Arm
+	if s.Arms.Baseline {
+		arms = append(arms, Arm{Name: "baseline", Kind: "baseline"})
+	}
+	if s.Arms.All {
+		arms = append(arms, Arm{Name: "all", Kind: "all", Passes: s.Passes})
+	}
+	if s.Arms.LeaveOneOut {
+		for _, p := range s.Passes {
+			var ps []config.PassConfig
+			for _, q := range s.Passes {
+				if q.Name != p.Name {
+					ps = append(ps, q)
+				}
+			}
+			arms = append(arms, Arm{Name: "-" + p.Name, Kind: "leave-one-out", Subject: p.Name, Passes: ps})
+		}
+	}
+	if s.Arms.AddOneIn {
+		for _, p := range s.Passes {
+			arms = append(arms, Arm{Name: "+" + p.Name, Kind: "add-one-in", Subject: p.Name, Passes: []config.PassConfig{p}})
+		}
+	}
+	names := map[string]bool{}
+	for _, a := range arms {
+		names[a.Name] = true
+	}
+	for i, e := range s.Arms.Explicit {
+		if names[e.Name] {
+			return nil, fmt.Errorf("arms.explicit[%d].name: %q collides with a generated arm", i, e.Name)
+		}
+		names[e.Name] = true
+		arms = append(arms, Arm{Name: e.Name, Kind: "explicit", Passes: e.Passes})
+	}
+	return arms, nil
+}
+
+// Cell is one (workload, concurrency) combination.
+type Cell struct {
+	Workload    Workload
+	Concurrency int
+}
+
+// Name is "chat C16".
+func (c Cell) Name() string { return fmt.Sprintf("%s C%d", c.Workload.Name, c.Concurrency) }
+
+// Cells lists the study's cells in order.
+func (s *Study) Cells() []Cell {
+	var out []Cell
+	for _, w := range s.Workloads {
+		cs := append([]int(nil), w.Concurrency...)
+		sort.Ints(cs)
+		for _, c := range cs {
+			out = append(out, Cell{Workload: w, Concurrency: c})
+		}
+	}
+	return out
+}
+
+// EngineConfig is the engine configuration of an arm.
+func (s *Study) EngineConfig(a Arm) *config.Engine {
+	e := &config.Engine{Passes: append([]config.PassConfig(nil), a.Passes...), Plugins: s.Plugins, Source: s.Source + "#" + a.Name}
+	e.Parallel.AttentionTPSize = 1
+	return e
+}

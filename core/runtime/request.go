@@ -1,0 +1,224 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/glmflash/glmflash/core/sample"
+)
+
+// MaxTopLogprobs bounds Request.TopLogprobs.
+const MaxTopLogprobs = 20
+
+// Errors Submit and Abort return. Servers map them to status codes:
+// ErrQueueFull → RESOURCE_EXHAUSTED, ErrDraining and ErrClosed →
+// UNAVAILABLE, ErrNotFound → NOT_FOUND, ErrDuplicateID → ALREADY_EXISTS,
+// *InvalidError → INVALID_ARGUMENT.
+var (
+	ErrQueueFull   = errors.New("runtime: the wait queue is full")
+	ErrDraining    = errors.New("runtime: draining, not accepting requests")
+	ErrClosed      = errors.New("runtime: closed")
+	ErrNotFound    = errors.New("runtime: no such request in flight")
+	ErrDuplicateID = errors.New("runtime: a request with this id is in flight")
+)
+
+// InvalidError is a request the runtime refuses; Field names the bad field
+// (in the API's spelling, e.g. "max_tokens" or "sampling.top_p").
+type InvalidError struct {
+	Field string
+	Msg   string
+}
+
+func (e *InvalidError) Error() string { return e.Field + ": " + e.Msg }
+
+func invalid(field, format string, args ...any) error {
+	return &InvalidError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Request is one generation (or scoring) job.
+type Request struct {
+	// ID identifies the request for Abort and in logs; it must be unique
+	// among requests in flight. The runtime makes one when empty.
+	ID string
+	// Prompt token ids (not empty, each in the vocabulary).
+	Prompt []int32
+	// Sampling chooses tokens; Temperature 0 is greedy. Seed makes sampled
+	// tokens reproducible regardless of batching.
+	Sampling sample.Params
+	// StopIDs end generation after one of them is produced.
+	StopIDs []int32
+	// MaxTokens to generate (≥ 1; len(Prompt)+MaxTokens ≤ the context limit).
+	MaxTokens int
+	// TopLogprobs alternatives to report with each token (0..MaxTopLogprobs).
+	TopLogprobs int
+
+	// Score runs the prompt only and returns logits in Final.Logits
+	// instead of generating; AllPositions selects every row, else the last.
+	Score        bool
+	AllPositions bool
+}
+
+// Token is one generated token.
+type Token struct {
+	ID      int32
+	Logprob float32 // log-softmax of the raw logits
+	Top     []TokenLogprob
+	Index   int // position among generated tokens
+}
+
+// TokenLogprob is one alternative of a token.
+type TokenLogprob struct {
+	ID      int32
+	Logprob float32
+}
+
+// FinishReason says why a request ended.
+type FinishReason int
+
+// Finish reasons.
+const (
+	FinishStop      FinishReason = iota + 1 // a stop id was produced
+	FinishLength                            // max tokens (or the context limit)
+	FinishAbort                             // Abort, drain or close
+	FinishCancelled                         // the submitter's context ended (cancel or deadline)
+	FinishError                             // the engine failed
+	FinishScored                            // a Score request completed
+)
+
+func (f FinishReason) String() string {
+	switch f {
+	case FinishStop:
+		return "stop"
+	case FinishLength:
+		return "length"
+	case FinishAbort:
+		return "abort"
+	case FinishCancelled:
+		return "cancelled"
+	case FinishError:
+		return "error"
+	case FinishScored:
+		return "scored"
+	}
+	return "unknown"
+}
+
+// Final is the outcome of a request.
+type Final struct {
+	ID               string
+	Reason           FinishReason
+	Message          string // detail for Abort, Cancelled, Error
+	PromptTokens     int
+	CompletionTokens int
+	Queue            time.Duration // arrival → admission (zero if never admitted)
+	TTFT             time.Duration // arrival → first token (zero if none)
+	Total            time.Duration // arrival → end
+	Seed             uint64
+	// Score requests: Rows×Vocab logits.
+	Logits      []float32
+	Rows, Vocab int
+}
+
+// request is a Request in flight.
+type request struct {
+	Request
+	sampler *sample.Sampler
+
+	// Scheduler state (guarded by Runtime.mu).
+	slot      int // -1 until admitted
+	fed       int // prompt tokens already run
+	next      int32
+	generated int
+	killed    bool // finalized from outside; the scheduler frees the slot
+	arrived   time.Time
+	admitted  time.Time
+	firstTok  time.Time
+	lastTok   time.Time
+	stopWatch func() bool
+	logits    []float32 // score rows collected so far
+	rows      int
+
+	// Outbox (guarded by mu): tokens not yet received and the final.
+	mu      sync.Mutex
+	pending []Token
+	final   *Final
+	notify  chan struct{} // capacity 1: something new in the outbox
+}
+
+func (r *request) prefilling() bool { return r.fed < len(r.Prompt) }
+
+func (r *request) emit(t Token) {
+	r.mu.Lock()
+	r.pending = append(r.pending, t)
+	r.mu.Unlock()
+	signal(r.notify)
+}
+
+// setFinal stores the final once; it reports whether this call did.
+func (r *request) setFinal(f *Final) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.final != nil {
+		return false
+	}
+	r.final = f
+	signal(r.notify)
+	return true
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// Handle is the submitter's view of a request.
+type Handle struct{ r *request }
+
+// ID is the request's id (the submitted one or the one the runtime made).
+func (h *Handle) ID() string { return h.r.ID }
+
+// Recv waits for output: the tokens produced since the last call (at least
+// one), or, once every token was received, the final outcome. It returns
+// ctx's error if ctx ends first. After the final, Recv keeps returning it.
+func (h *Handle) Recv(ctx context.Context) ([]Token, *Final, error) {
+	r := h.r
+	for {
+		r.mu.Lock()
+		if len(r.pending) > 0 {
+			toks := r.pending
+			r.pending = nil
+			r.mu.Unlock()
+			return toks, nil, nil
+		}
+		if f := r.final; f != nil {
+			r.mu.Unlock()
+			return nil, f, nil
+		}
+		r.mu.Unlock()
+		select {
+		case <-r.notify:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+	}
+}
+
+// Wait receives until the final, returning every token and the final.
+func (h *Handle) Wait(ctx context.Context) ([]Token, *Final, error) {
+	var all []Token
+	for {
+		toks, f, err := h.Recv(ctx)
+		if err != nil {
+			return all, nil, err
+		}
+		all = append(all, toks...)
+		if f != nil {
+			return all, f, nil
+		}
+	}
+}

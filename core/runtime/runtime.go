@@ -1,0 +1,645 @@
+// Package runtime serves many requests on one engine with continuous
+// batching: a scheduler goroutine runs one forward pass per step in which
+// the decode tokens of running requests and prefill chunks of new ones share
+// a ragged Mixed batch. New requests join at every step boundary; a request
+// that ends (stop id, max tokens, abort, cancelled context, deadline) frees
+// its cache slot at the next boundary at the latest, and nothing one request
+// does can disturb another.
+//
+// Admission is bounded twice: requests run only while a cache slot is free
+// (and fewer than MaxRunning run), and at most MaxQueue wait beyond that;
+// past it Submit fails with ErrQueueFull.
+package runtime
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/exec"
+	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/model"
+	"github.com/rs/zerolog"
+)
+
+// Model is what the runtime drives; *engine.Engine implements it.
+type Model interface {
+	Config() *model.Config
+	Store() *cache.Store
+	Run(key engine.Key, b *exec.Batch) (*exec.Result, error)
+}
+
+// Config bounds the scheduler. Zero fields take the defaults noted.
+type Config struct {
+	// MaxRunning requests hold cache slots and run at once (default and
+	// upper bound: the store's capacity).
+	MaxRunning int
+	// MaxQueue requests may wait for a slot beyond those that can be
+	// admitted now (default 64; negative: none may wait).
+	MaxQueue int
+	// MaxBatchTokens bounds the tokens of one forward pass (default 256;
+	// at least MaxRunning, so that every running request advances).
+	MaxBatchTokens int
+	// PrefillChunk bounds the prompt tokens one request runs per step
+	// (default 64), so long prompts do not stall other requests' decoding.
+	PrefillChunk int
+	// ContextLimit bounds prompt + generated tokens (default and upper
+	// bound: the model's max_position_embeddings).
+	ContextLimit int
+}
+
+// WithDefaults fills zero fields for a model and checks the result; it is
+// idempotent.
+func (c Config) WithDefaults(cfg *model.Config, slots int) (Config, error) {
+	if c.MaxRunning == 0 {
+		c.MaxRunning = slots
+	}
+	if c.MaxQueue == 0 {
+		c.MaxQueue = 64
+	}
+	if c.MaxBatchTokens == 0 {
+		c.MaxBatchTokens = max(256, c.MaxRunning)
+	}
+	if c.PrefillChunk == 0 {
+		c.PrefillChunk = 64
+	}
+	if c.ContextLimit == 0 {
+		c.ContextLimit = cfg.MaxPositionEmbeddings
+	}
+	switch {
+	case c.MaxRunning < 1 || c.MaxRunning > slots:
+		return c, fmt.Errorf("runtime: max_running must be in [1, %d] (the cache slots), got %d", slots, c.MaxRunning)
+	case c.MaxBatchTokens < c.MaxRunning:
+		return c, fmt.Errorf("runtime: max_batch_tokens (%d) must be ≥ max_running (%d) so that every running request advances each step", c.MaxBatchTokens, c.MaxRunning)
+	case c.PrefillChunk < 1:
+		return c, fmt.Errorf("runtime: prefill_chunk must be ≥ 1, got %d", c.PrefillChunk)
+	case c.ContextLimit < 2 || (cfg.MaxPositionEmbeddings > 0 && c.ContextLimit > cfg.MaxPositionEmbeddings):
+		return c, fmt.Errorf("runtime: context_limit must be in [2, %d] (max_position_embeddings), got %d", cfg.MaxPositionEmbeddings, c.ContextLimit)
+	}
+	return c, nil
+}
+
+// Metrics receives the scheduler's measurements; every method must be
+// cheap and safe for concurrent use. NopMetrics ignores them.
+type Metrics interface {
+	// Step: one forward pass over seqs sequences and tokens tokens.
+	Step(seqs, tokens int, d time.Duration)
+	// FirstToken: arrival → first generated token of a request.
+	FirstToken(d time.Duration)
+	// InterToken: gap between two consecutive tokens of a request.
+	InterToken(d time.Duration)
+	// Tokens: prompt tokens run and completion tokens produced.
+	Tokens(prompt, completion int)
+	// Finished: a request ended (once per request).
+	Finished(f *Final)
+	// Depth: requests waiting for a slot, and running.
+	Depth(queued, running int)
+}
+
+// NopMetrics discards measurements.
+type NopMetrics struct{}
+
+func (NopMetrics) Step(int, int, time.Duration) {}
+func (NopMetrics) FirstToken(time.Duration)     {}
+func (NopMetrics) InterToken(time.Duration)     {}
+func (NopMetrics) Tokens(int, int)              {}
+func (NopMetrics) Finished(*Final)              {}
+func (NopMetrics) Depth(int, int)               {}
+
+// Options are a runtime's collaborators.
+type Options struct {
+	Metrics Metrics
+	Log     zerolog.Logger // one line per finished request; the zero Logger is silent
+}
+
+// Runtime schedules requests on a model.
+type Runtime struct {
+	m     Model
+	cfg   Config
+	met   Metrics
+	log   zerolog.Logger
+	vocab int
+
+	mu       sync.Mutex
+	waiting  []*request // FIFO, not yet admitted
+	running  []*request // hold a slot, in admission order
+	byID     map[string]*request
+	draining bool
+	closing  bool
+	idle     chan struct{} // closed when draining and nothing is in flight
+	rr       int           // round-robin start for decode tokens
+
+	wake   chan struct{}
+	exited chan struct{}
+}
+
+// New starts a runtime's scheduler goroutine; Close stops it.
+func New(m Model, cfg Config, opts Options) (*Runtime, error) {
+	c, err := cfg.WithDefaults(m.Config(), m.Store().Capacity())
+	if err != nil {
+		return nil, err
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = NopMetrics{}
+	}
+	rt := &Runtime{
+		m: m, cfg: c, met: opts.Metrics, log: opts.Log, vocab: m.Config().VocabSize,
+		byID: map[string]*request{}, wake: make(chan struct{}, 1), exited: make(chan struct{}),
+	}
+	go rt.loop()
+	return rt, nil
+}
+
+// Config is the effective configuration (defaults applied).
+func (rt *Runtime) Config() Config { return rt.cfg }
+
+// Validate checks a request against the model and the limits without
+// submitting it; the error is an *InvalidError naming the field.
+func (rt *Runtime) Validate(req *Request) error {
+	if len(req.Prompt) == 0 {
+		return invalid("prompt_ids", "the prompt is empty")
+	}
+	for i, t := range req.Prompt {
+		if t < 0 || int(t) >= rt.vocab {
+			return invalid(fmt.Sprintf("prompt_ids[%d]", i), "token id %d is outside the vocabulary [0, %d)", t, rt.vocab)
+		}
+	}
+	lim := rt.cfg.ContextLimit
+	if len(req.Prompt) > lim {
+		return invalid("prompt_ids", "the prompt has %d tokens, more than the context limit %d", len(req.Prompt), lim)
+	}
+	if req.Score {
+		return nil
+	}
+	if req.MaxTokens < 1 {
+		return invalid("max_tokens", "must be ≥ 1, got %d", req.MaxTokens)
+	}
+	if len(req.Prompt)+req.MaxTokens > lim {
+		return invalid("max_tokens", "prompt (%d tokens) + max_tokens (%d) exceed the context limit %d", len(req.Prompt), req.MaxTokens, lim)
+	}
+	if err := req.Sampling.Validate(); err != nil {
+		return &InvalidError{Field: "sampling", Msg: err.Error()}
+	}
+	for i, t := range req.StopIDs {
+		if t < 0 || int(t) >= rt.vocab {
+			return invalid(fmt.Sprintf("stop_ids[%d]", i), "token id %d is outside the vocabulary [0, %d)", t, rt.vocab)
+		}
+	}
+	if req.TopLogprobs < 0 || req.TopLogprobs > MaxTopLogprobs {
+		return invalid("top_logprobs", "must be in [0, %d], got %d", MaxTopLogprobs, req.TopLogprobs)
+	}
+	return nil
+}
+
+// NewID returns a fresh random request id.
+func NewID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Submit queues a request. The request is cancelled when ctx ends (its
+// slot is freed at the next step boundary). Errors: *InvalidError,
+// ErrQueueFull, ErrDraining, ErrClosed, ErrDuplicateID.
+func (rt *Runtime) Submit(ctx context.Context, req Request) (*Handle, error) {
+	if err := rt.Validate(&req); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if req.ID == "" {
+		req.ID = NewID()
+	}
+	req.Prompt = slices.Clone(req.Prompt)
+	req.StopIDs = slices.Clone(req.StopIDs)
+	r := &request{Request: req, slot: -1, arrived: time.Now(), notify: make(chan struct{}, 1)}
+	if !req.Score {
+		r.sampler = sample.New(req.Sampling)
+	}
+	rt.mu.Lock()
+	switch {
+	case rt.closing:
+		rt.mu.Unlock()
+		return nil, ErrClosed
+	case rt.draining:
+		rt.mu.Unlock()
+		return nil, ErrDraining
+	case rt.byID[req.ID] != nil:
+		rt.mu.Unlock()
+		return nil, ErrDuplicateID
+	}
+	// Requests that can be admitted at the next step do not count as queued.
+	free := min(rt.cfg.MaxRunning, rt.m.Store().Capacity()) - len(rt.running)
+	if len(rt.waiting)-free >= max(0, rt.cfg.MaxQueue) {
+		rt.mu.Unlock()
+		return nil, ErrQueueFull
+	}
+	rt.waiting = append(rt.waiting, r)
+	rt.byID[req.ID] = r
+	// Registered under mu: the callback runs in its own goroutine and takes mu.
+	r.stopWatch = context.AfterFunc(ctx, func() {
+		msg := "the caller cancelled"
+		if ctx.Err() == context.DeadlineExceeded {
+			msg = "deadline exceeded"
+		}
+		rt.kill(r, FinishCancelled, msg)
+	})
+	rt.depthLocked()
+	rt.mu.Unlock()
+	signal(rt.wake)
+	return &Handle{r: r}, nil
+}
+
+// Abort ends an in-flight request with FinishAbort.
+func (rt *Runtime) Abort(id string) error {
+	rt.mu.Lock()
+	r := rt.byID[id]
+	rt.mu.Unlock()
+	if r == nil {
+		return ErrNotFound
+	}
+	if !rt.kill(r, FinishAbort, "aborted by request") {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// InFlight counts requests not yet finished (waiting and running).
+func (rt *Runtime) InFlight() (waiting, running int) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return len(rt.waiting), len(rt.running)
+}
+
+// kill finalizes r from outside the scheduler: at once for its submitter;
+// a running request's slot is freed at the next step boundary.
+func (rt *Runtime) kill(r *request, reason FinishReason, msg string) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if r.killed || rt.byID[r.ID] != r {
+		return false
+	}
+	r.killed = true
+	if i := slices.Index(rt.waiting, r); i >= 0 {
+		rt.waiting = slices.Delete(rt.waiting, i, i+1)
+	}
+	rt.finishLocked(r, reason, msg)
+	signal(rt.wake)
+	return true
+}
+
+// finishLocked delivers r's final and forgets it (the slot, if any, is the
+// scheduler's to free).
+func (rt *Runtime) finishLocked(r *request, reason FinishReason, msg string) {
+	now := time.Now()
+	f := &Final{
+		ID: r.ID, Reason: reason, Message: msg, PromptTokens: len(r.Prompt), CompletionTokens: r.generated,
+		Total: now.Sub(r.arrived), Seed: r.Sampling.Seed,
+	}
+	if !r.admitted.IsZero() {
+		f.Queue = r.admitted.Sub(r.arrived)
+	}
+	if !r.firstTok.IsZero() {
+		f.TTFT = r.firstTok.Sub(r.arrived)
+	}
+	if reason == FinishScored {
+		f.Logits, f.Rows, f.Vocab = r.logits, r.rows, rt.vocab
+		r.logits = nil
+	}
+	if r.stopWatch != nil {
+		r.stopWatch()
+	}
+	delete(rt.byID, r.ID)
+	if !r.setFinal(f) {
+		return
+	}
+	rt.met.Finished(f)
+	ev := rt.log.Info()
+	if reason == FinishError {
+		ev = rt.log.Warn()
+	}
+	ev.Str("request_id", r.ID).Str("reason", reason.String()).Str("message", msg).
+		Int("prompt_tokens", f.PromptTokens).Int("completion_tokens", f.CompletionTokens).
+		Float64("queue_ms", ms(f.Queue)).Float64("ttft_ms", ms(f.TTFT)).Float64("total_ms", ms(f.Total)).
+		Msg("request finished")
+	rt.depthLocked()
+	if rt.draining && len(rt.byID) == 0 && rt.idle != nil {
+		close(rt.idle)
+		rt.idle = nil
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func (rt *Runtime) depthLocked() {
+	free := min(rt.cfg.MaxRunning, rt.m.Store().Capacity()) - len(rt.running)
+	rt.met.Depth(max(0, len(rt.waiting)-max(0, free)), len(rt.running))
+}
+
+// Drain stops admitting new requests and waits for those in flight to
+// finish; when ctx ends first it aborts the rest. It returns how many it
+// aborted. Drain leaves the scheduler running; Close stops it.
+func (rt *Runtime) Drain(ctx context.Context) int {
+	rt.mu.Lock()
+	rt.draining = true
+	if len(rt.byID) == 0 {
+		rt.mu.Unlock()
+		return 0
+	}
+	if rt.idle == nil {
+		rt.idle = make(chan struct{})
+	}
+	idle := rt.idle
+	rt.mu.Unlock()
+	select {
+	case <-idle:
+		return 0
+	case <-ctx.Done():
+	}
+	return rt.abortAll("the server is draining and its deadline passed")
+}
+
+func (rt *Runtime) abortAll(msg string) int {
+	rt.mu.Lock()
+	var all []*request
+	for _, r := range rt.byID {
+		all = append(all, r)
+	}
+	rt.mu.Unlock()
+	n := 0
+	for _, r := range all {
+		if rt.kill(r, FinishAbort, msg) {
+			n++
+		}
+	}
+	return n
+}
+
+// Close aborts whatever is in flight, waits for the current step to end,
+// frees every slot and stops the scheduler. It is safe to call twice.
+func (rt *Runtime) Close() {
+	rt.mu.Lock()
+	rt.draining = true
+	rt.closing = true
+	rt.mu.Unlock()
+	rt.abortAll("the runtime is closing")
+	signal(rt.wake)
+	<-rt.exited
+}
+
+// item is one sequence of a step's batch.
+type item struct {
+	r      *request
+	tokens []int32
+	row0   int // first logits row (AllLogits) or the row (LastLogits)
+}
+
+func (rt *Runtime) loop() {
+	defer close(rt.exited)
+	var batch []item
+	for {
+		rt.mu.Lock()
+		rt.reapLocked()
+		if rt.closing && len(rt.running) == 0 && len(rt.waiting) == 0 {
+			rt.mu.Unlock()
+			return
+		}
+		rt.admitLocked()
+		if len(rt.running) == 0 {
+			blocked := len(rt.waiting) > 0 // every slot is held outside the runtime
+			rt.mu.Unlock()
+			if blocked {
+				select {
+				case <-rt.wake:
+				case <-time.After(5 * time.Millisecond):
+				}
+			} else {
+				<-rt.wake
+			}
+			continue
+		}
+		batch = rt.planLocked(batch[:0])
+		rt.mu.Unlock()
+
+		// Generation needs only each sequence's last row; a step that holds
+		// a Score request computes every row (AllLogits) and picks the last
+		// rows of the others, which gives them the same logits.
+		key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
+		b := &exec.Batch{Seqs: make([]exec.Seq, len(batch))}
+		ntok, rows := 0, 0
+		for i, it := range batch {
+			b.Seqs[i] = exec.Seq{Slot: it.r.slot, Tokens: it.tokens}
+			ntok += len(it.tokens)
+			if it.r.Score {
+				key.Logits = build.AllLogits
+			}
+		}
+		for i := range batch {
+			if key.Logits == build.AllLogits {
+				batch[i].row0 = rows
+				rows += len(batch[i].tokens)
+			} else {
+				batch[i].row0 = i
+			}
+		}
+		t0 := time.Now()
+		res, err := rt.run(key, b)
+		rt.met.Step(len(batch), ntok, time.Since(t0))
+
+		rt.mu.Lock()
+		rt.collectLocked(batch, res, err, key.Logits == build.AllLogits)
+		rt.mu.Unlock()
+		clear(batch)
+	}
+}
+
+// run executes one forward pass; a panic in the engine becomes an error
+// that fails this step's requests instead of the process.
+func (rt *Runtime) run(key engine.Key, b *exec.Batch) (res *exec.Result, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("engine panic: %v", p)
+		}
+	}()
+	return rt.m.Run(key, b)
+}
+
+// reapLocked frees the slots of requests finalized from outside.
+func (rt *Runtime) reapLocked() {
+	kept := rt.running[:0]
+	for _, r := range rt.running {
+		if r.killed {
+			rt.freeLocked(r)
+			continue
+		}
+		kept = append(kept, r)
+	}
+	clear(rt.running[len(kept):])
+	rt.running = kept
+	rt.depthLocked()
+}
+
+func (rt *Runtime) freeLocked(r *request) {
+	if r.slot >= 0 {
+		if err := rt.m.Store().Free(r.slot); err != nil {
+			rt.log.Error().Err(err).Str("request_id", r.ID).Msg("freeing a cache slot")
+		}
+		r.slot = -1
+	}
+}
+
+// admitLocked moves waiting requests to running while slots allow.
+func (rt *Runtime) admitLocked() {
+	for len(rt.waiting) > 0 && len(rt.running) < rt.cfg.MaxRunning {
+		slot, err := rt.m.Store().Alloc()
+		if err != nil {
+			break // every slot is taken (perhaps by another user of the store)
+		}
+		r := rt.waiting[0]
+		rt.waiting = slices.Delete(rt.waiting, 0, 1)
+		r.slot = slot
+		r.admitted = time.Now()
+		rt.running = append(rt.running, r)
+	}
+	rt.depthLocked()
+}
+
+// planLocked chooses this step's tokens: first one decode token for each
+// generating request (round-robin when the budget is short), then prompt
+// chunks in admission order.
+func (rt *Runtime) planLocked(batch []item) []item {
+	budget := rt.cfg.MaxBatchTokens
+	n := len(rt.running)
+	start := rt.rr % n
+	rt.rr++
+	for k := 0; k < n && budget > 0; k++ {
+		r := rt.running[(start+k)%n]
+		if !r.prefilling() {
+			batch = append(batch, item{r: r, tokens: []int32{r.next}})
+			budget--
+		}
+	}
+	for _, r := range rt.running {
+		if budget == 0 {
+			break
+		}
+		if r.prefilling() {
+			c := min(rt.cfg.PrefillChunk, len(r.Prompt)-r.fed, budget)
+			batch = append(batch, item{r: r, tokens: r.Prompt[r.fed : r.fed+c]})
+			budget -= c
+		}
+	}
+	return batch
+}
+
+// collectLocked turns a step's logits into tokens, finals and freed slots.
+func (rt *Runtime) collectLocked(batch []item, res *exec.Result, err error, all bool) {
+	now := time.Now()
+	var promptToks, genToks int
+	for _, it := range batch {
+		r := it.r
+		if r.killed {
+			continue // finalized meanwhile; reaped below
+		}
+		if err != nil {
+			rt.finishLocked(r, FinishError, err.Error())
+			r.killed = true
+			continue
+		}
+		last := it.row0
+		if all {
+			last = it.row0 + len(it.tokens) - 1
+		}
+		if r.prefilling() {
+			r.fed += len(it.tokens)
+			promptToks += len(it.tokens)
+			if r.Score {
+				if r.AllPositions {
+					r.logits = append(r.logits, res.Logits[it.row0*res.Vocab:(last+1)*res.Vocab]...)
+					r.rows += len(it.tokens)
+				}
+				if !r.prefilling() {
+					if !r.AllPositions {
+						r.logits = append(r.logits, res.Row(last)...)
+						r.rows = 1
+					}
+					rt.finishLocked(r, FinishScored, "")
+					r.killed = true
+				}
+				continue
+			}
+			if r.prefilling() {
+				continue // more prompt to run
+			}
+		}
+		row := res.Row(last)
+		tok := int32(r.sampler.Next(row))
+		t := Token{ID: tok, Index: r.generated}
+		t.Logprob, t.Top = logprobs(row, tok, r.TopLogprobs)
+		r.generated++
+		genToks++
+		if r.firstTok.IsZero() {
+			r.firstTok = now
+			rt.met.FirstToken(now.Sub(r.arrived))
+		} else {
+			rt.met.InterToken(now.Sub(r.lastTok))
+		}
+		r.lastTok = now
+		r.next = tok
+		r.emit(t)
+		switch {
+		case slices.Contains(r.StopIDs, tok):
+			rt.finishLocked(r, FinishStop, "")
+			r.killed = true
+		case r.generated >= r.MaxTokens || len(r.Prompt)+r.generated >= rt.cfg.ContextLimit:
+			rt.finishLocked(r, FinishLength, "")
+			r.killed = true
+		}
+	}
+	rt.met.Tokens(promptToks, genToks)
+	rt.reapLocked()
+}
+
+// logprobs returns the log-softmax of tok and the n most likely tokens.
+func logprobs(row []float32, tok int32, n int) (float32, []TokenLogprob) {
+	mx := float32(math.Inf(-1))
+	for _, v := range row {
+		mx = max(mx, v)
+	}
+	var sum float64
+	for _, v := range row {
+		sum += math.Exp(float64(v - mx))
+	}
+	lse := float64(mx) + math.Log(sum)
+	lp := float32(float64(row[tok]) - lse)
+	if n <= 0 {
+		return lp, nil
+	}
+	top := make([]TokenLogprob, 0, n+1)
+	for i, v := range row {
+		if len(top) == n && v <= top[n-1].Logprob {
+			continue
+		}
+		j := len(top)
+		for j > 0 && top[j-1].Logprob < v {
+			j--
+		}
+		top = slices.Insert(top, j, TokenLogprob{ID: int32(i), Logprob: v})
+		if len(top) > n {
+			top = top[:n]
+		}
+	}
+	for i := range top {
+		top[i].Logprob = float32(float64(top[i].Logprob) - lse)
+	}
+	return lp, top
+}

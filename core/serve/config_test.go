@@ -1,0 +1,79 @@
+package serve
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func writeYAML(t *testing.T, s string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "serve.yaml")
+	require.NoError(t, os.WriteFile(p, []byte(s), 0o644))
+	return p
+}
+
+func TestShippedConfigLoads(t *testing.T) {
+	c, err := LoadConfig("../../configs/serve.yaml", []string{})
+	require.NoError(t, err)
+	require.Equal(t, "small", c.Model.Preset)
+	require.Equal(t, "127.0.0.1:50051", c.Server.GRPCAddr)
+	require.Equal(t, "127.0.0.1:9090", c.Server.MetricsAddr)
+	require.Equal(t, 30*time.Second, c.Server.DrainTimeout)
+	require.Equal(t, 8, c.Runtime.Slots)
+}
+
+func TestConfigFileAndEnvironment(t *testing.T) {
+	p := writeYAML(t, `
+model: {dir: /models/x}
+server: {grpc_addr: "127.0.0.1:7000", drain_timeout: 2s}
+runtime: {max_running: 4, prefill_chunk: 32}
+`)
+	env := []string{
+		"GLMFLASH_RUNTIME__MAX_RUNNING=6", // overrides the file
+		"GLMFLASH_SERVER__METRICS_ADDR=",  // disables metrics
+		"GLMFLASH_CACHE=/tmp/elsewhere",   // not configuration (no "__")
+		"HOME=/root",
+	}
+	c, err := LoadConfig(p, env)
+	require.NoError(t, err)
+	require.Equal(t, "/models/x", c.Model.Dir)
+	require.Equal(t, int64(1), c.Model.Seed, "default kept")
+	require.Equal(t, "127.0.0.1:7000", c.Server.GRPCAddr)
+	require.Equal(t, "", c.Server.MetricsAddr)
+	require.Equal(t, 2*time.Second, c.Server.DrainTimeout)
+	require.Equal(t, 6, c.Runtime.MaxRunning)
+	require.Equal(t, 32, c.Runtime.PrefillChunk)
+	require.Equal(t, 8, c.Runtime.Slots)
+}
+
+func TestConfigIsStrict(t *testing.T) {
+	cases := map[string]struct{ yaml, env, want string }{
+		"unknown key":       {yaml: "model: {preset: small}\nruntime: {max_runing: 3}\n", want: `unknown key "runtime.max_runing"`},
+		"unknown section":   {yaml: "model: {preset: small}\nlogging: {level: debug}\n", want: `unknown key "logging.level"`},
+		"section as scalar": {yaml: "model: small\n", want: `"model" must be a section`},
+		"unknown env key":   {yaml: "model: {preset: small}\n", env: "GLMFLASH_SERVER__GRPC_ADR=x", want: `unknown key "server.grpc_adr" in environment variable GLMFLASH_SERVER__GRPC_ADR`},
+		"wrong type":        {yaml: "model: {preset: small}\nruntime: {slots: many}\n", want: "slots"},
+		"bad duration":      {yaml: "model: {preset: small}\nserver: {drain_timeout: soon}\n", want: "drain_timeout"},
+		"no model":          {yaml: "server: {grpc_addr: x}\n", want: "model.dir or model.preset"},
+		"two models":        {yaml: "model: {preset: small, dir: /x}\n", want: "mutually exclusive"},
+		"bad slots":         {yaml: "model: {preset: small}\nruntime: {slots: 0}\n", want: "runtime.slots"},
+		"negative drain":    {yaml: "model: {preset: small}\nserver: {drain_timeout: -1s}\n", want: "server.drain_timeout"},
+		"not yaml":          {yaml: "model: [\n", want: "config"},
+	}
+	for name, c := range cases {
+		var env []string
+		if c.env != "" {
+			env = []string{c.env}
+		} else {
+			env = []string{}
+		}
+		_, err := LoadConfig(writeYAML(t, c.yaml), env)
+		require.ErrorContains(t, err, c.want, name)
+	}
+	_, err := LoadConfig(filepath.Join(t.TempDir(), "missing.yaml"), []string{})
+	require.Error(t, err)
+}

@@ -1,0 +1,68 @@
+package serve
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// Whatever bytes arrive as a GenerateRequest, checking them never panics,
+// and whatever passes fits the model and the limits.
+func FuzzGenerateRequest(f *testing.F) {
+	seed := func(r *pb.GenerateRequest) {
+		b, err := proto.Marshal(r)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	seed(&pb.GenerateRequest{PromptIds: []int32{1, 2, 3}, MaxTokens: ptr(uint32(4))})
+	seed(&pb.GenerateRequest{PromptIds: []int32{-1}, Sampling: &pb.SamplingParams{Temperature: ptr(-1.0), TopP: ptr(2.0), TopK: -3, MinP: 1}})
+	seed(&pb.GenerateRequest{RequestId: "x y", PromptIds: []int32{9}, StopIds: []int32{300}, TopLogprobs: 99})
+	lim := limits{vocab: 256, context: 64, defaultMaxTokens: 16}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var req pb.GenerateRequest
+		if proto.Unmarshal(b, &req) != nil {
+			return
+		}
+		r, err := generateRequest(&req, lim)
+		if err != nil {
+			return
+		}
+		if len(r.Prompt) == 0 || r.MaxTokens < 1 || len(r.Prompt)+r.MaxTokens > lim.context {
+			t.Fatalf("accepted a request outside the limits: %d prompt, %d max", len(r.Prompt), r.MaxTokens)
+		}
+		for _, id := range append(append([]int32{}, r.Prompt...), r.StopIDs...) {
+			if id < 0 || int(id) >= lim.vocab {
+				t.Fatalf("accepted token id %d", id)
+			}
+		}
+		if err := r.Sampling.Validate(); err != nil {
+			t.Fatalf("accepted bad sampling: %v", err)
+		}
+	})
+}
+
+// No YAML makes the config loader panic.
+func FuzzLoadConfig(f *testing.F) {
+	for _, s := range []string{
+		"model: {preset: small}\n",
+		"model: {dir: /x}\nserver: {drain_timeout: 3s}\nruntime: {slots: 4}\n",
+		"model: small\n",
+		"runtime: {slots: [1, 2]}\n",
+		"a: {b: {c: {d: 1}}}\n",
+	} {
+		f.Add(s)
+	}
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, s string) {
+		p := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		LoadConfig(p, []string{})
+	})
+}

@@ -1,0 +1,132 @@
+package serve
+
+import (
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are the server's Prometheus metrics, on a registry of its own (so
+// that several servers can live in one process, as in tests). It implements
+// runtime.Metrics.
+type Metrics struct {
+	reg        *prometheus.Registry
+	requests   *prometheus.CounterVec
+	ttft       prometheus.Histogram
+	itl        prometheus.Histogram
+	duration   prometheus.Histogram
+	queueTime  prometheus.Histogram
+	batchSeqs  prometheus.Histogram
+	batchToks  prometheus.Histogram
+	stepTime   prometheus.Histogram
+	generated  prometheus.Counter
+	prompt     prometheus.Counter
+	queueDepth prometheus.Gauge
+	running    prometheus.Gauge
+	store      atomic.Pointer[cache.Store]
+}
+
+// latency buckets: 1 ms to ~2 min.
+var latencyBuckets = prometheus.ExponentialBucketsRange(0.001, 120, 28)
+
+// NewMetrics registers every metric (and the Go and process collectors).
+func NewMetrics() *Metrics {
+	reg := prometheus.NewRegistry()
+	m := &Metrics{reg: reg}
+	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "glmflash_requests_total",
+		Help: "Requests by final status: stop, length, abort, cancelled, error, scored (finished) or invalid_argument, resource_exhausted, unavailable, already_exists (refused).",
+	}, []string{"status"})
+	f(m.requests)
+	m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "glmflash_time_to_first_token_seconds", Help: "Arrival to first generated token.", Buckets: latencyBuckets})
+	f(m.ttft)
+	m.itl = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "glmflash_inter_token_latency_seconds", Help: "Gap between consecutive tokens of a request.", Buckets: latencyBuckets})
+	f(m.itl)
+	m.duration = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "glmflash_request_duration_seconds", Help: "Arrival to end of a request.", Buckets: latencyBuckets})
+	f(m.duration)
+	m.queueTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "glmflash_queue_time_seconds", Help: "Arrival to admission (a cache slot given).", Buckets: latencyBuckets})
+	f(m.queueTime)
+	m.batchSeqs = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "glmflash_batch_size", Help: "Sequences per forward pass.", Buckets: prometheus.ExponentialBuckets(1, 2, 9)})
+	f(m.batchSeqs)
+	m.batchToks = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "glmflash_batch_tokens", Help: "Tokens per forward pass.", Buckets: prometheus.ExponentialBuckets(1, 2, 13)})
+	f(m.batchToks)
+	m.stepTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "glmflash_step_duration_seconds", Help: "Duration of one forward pass.", Buckets: latencyBuckets})
+	f(m.stepTime)
+	m.generated = prometheus.NewCounter(prometheus.CounterOpts{Name: "glmflash_generated_tokens_total", Help: "Completion tokens produced (rate() gives tokens/s)."})
+	f(m.generated)
+	m.prompt = prometheus.NewCounter(prometheus.CounterOpts{Name: "glmflash_prompt_tokens_total", Help: "Prompt tokens run (prefill)."})
+	f(m.prompt)
+	m.queueDepth = prometheus.NewGauge(prometheus.GaugeOpts{Name: "glmflash_queue_depth", Help: "Requests waiting for a cache slot."})
+	f(m.queueDepth)
+	m.running = prometheus.NewGauge(prometheus.GaugeOpts{Name: "glmflash_running_requests", Help: "Requests holding a cache slot."})
+	f(m.running)
+	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "glmflash_cache_slots_in_use", Help: "Allocated cache slots."}, func() float64 {
+		if s := m.store.Load(); s != nil {
+			return float64(s.InUse())
+		}
+		return 0
+	}))
+	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "glmflash_cache_slots", Help: "Cache slots in all."}, func() float64 {
+		if s := m.store.Load(); s != nil {
+			return float64(s.Capacity())
+		}
+		return 0
+	}))
+	f(collectors.NewGoCollector())
+	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Registry is the registry the metrics live in.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+func (m *Metrics) setStore(s *cache.Store) { m.store.Store(s) }
+
+// Refused counts a request refused before it reached the runtime.
+func (m *Metrics) Refused(status string) { m.requests.WithLabelValues(status).Inc() }
+
+// Step implements runtime.Metrics.
+func (m *Metrics) Step(seqs, tokens int, d time.Duration) {
+	m.batchSeqs.Observe(float64(seqs))
+	m.batchToks.Observe(float64(tokens))
+	m.stepTime.Observe(d.Seconds())
+}
+
+// FirstToken implements runtime.Metrics.
+func (m *Metrics) FirstToken(d time.Duration) { m.ttft.Observe(d.Seconds()) }
+
+// InterToken implements runtime.Metrics.
+func (m *Metrics) InterToken(d time.Duration) { m.itl.Observe(d.Seconds()) }
+
+// Tokens implements runtime.Metrics.
+func (m *Metrics) Tokens(prompt, completion int) {
+	m.prompt.Add(float64(prompt))
+	m.generated.Add(float64(completion))
+}
+
+// Finished implements runtime.Metrics.
+func (m *Metrics) Finished(f *runtime.Final) {
+	m.requests.WithLabelValues(f.Reason.String()).Inc()
+	m.duration.Observe(f.Total.Seconds())
+	if f.Queue > 0 {
+		m.queueTime.Observe(f.Queue.Seconds())
+	}
+}
+
+// Depth implements runtime.Metrics.
+func (m *Metrics) Depth(queued, running int) {
+	m.queueDepth.Set(float64(queued))
+	m.running.Set(float64(running))
+}

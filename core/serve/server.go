@@ -1,0 +1,557 @@
+// Package serve is the gRPC server of glmflash (API glmflash.v1): streaming
+// Generate, Abort, GetModelInfo and Score over a continuous-batching
+// runtime, with the standard health service (NOT_SERVING while the model
+// loads and while draining), server reflection (grpcurl needs no proto
+// files), Prometheus metrics on an HTTP port and zerolog logs that carry
+// request ids.
+//
+// Every input a client sends is checked before it reaches the runtime and a
+// bad one gets a precise status (INVALID_ARGUMENT naming the field); no
+// request can disturb another.
+package serve
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/exec"
+	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/model"
+	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// ServiceName is the gRPC service, as health checks name it.
+const ServiceName = "glmflash.v1.GLMFlash"
+
+// RequestIDHeader is the response header that carries a Generate's id.
+const RequestIDHeader = "x-request-id"
+
+// LoadedModel is a model ready to serve.
+type LoadedModel struct {
+	Config  *model.Config
+	Weights exec.Weights
+	Source  string       // shown in GetModelInfo: a directory or a preset
+	Close   func() error // releases the weights (may be nil)
+}
+
+// Options are a server's collaborators.
+type Options struct {
+	Log zerolog.Logger
+	// Load opens the model. Serve calls it after the listeners are up,
+	// while health reports NOT_SERVING.
+	Load func(ctx context.Context) (*LoadedModel, error)
+	// Engine adjusts the engine's options before it is made (the pass
+	// pipeline plugs in here); Slots and Exec.MaxPositions come from the
+	// config. nil: the graphs as built.
+	Engine func(*engine.Options)
+	// PassReport returns the pass pipeline's report (anything that
+	// marshals to JSON) for GetModelInfo; nil (or a nil result) until
+	// passes exist.
+	PassReport func(*engine.Engine) any
+}
+
+// Server is one glmflash gRPC server.
+type Server struct {
+	cfg     Config
+	opts    Options
+	log     zerolog.Logger
+	metrics *Metrics
+	grpc    *grpc.Server
+	health  *health.Server
+	http    *http.Server
+	lis     net.Listener
+	mlis    net.Listener
+	live    atomic.Pointer[live]
+	ready   chan struct{}
+	served  sync.Once
+}
+
+// live is the loaded state.
+type live struct {
+	rt      *runtime.Runtime
+	eng     *engine.Engine
+	lim     limits
+	model   *pb.ModelInfo
+	engine  *pb.EngineInfo
+	cfgJSON []byte
+	closeFn func() error
+}
+
+// New makes a server; Listen binds its ports and Serve runs it.
+func New(cfg Config, opts Options) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Load == nil {
+		return nil, errors.New("serve: Options.Load is nil")
+	}
+	s := &Server{cfg: cfg, opts: opts, log: opts.Log, metrics: NewMetrics(), health: health.NewServer(), ready: make(chan struct{})}
+	lopts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall),
+		logging.WithLevels(func(c codes.Code) logging.Level {
+			if c == codes.OK {
+				return logging.LevelDebug
+			}
+			return logging.DefaultServerCodeToLevel(c)
+		}),
+	}
+	rec := recovery.WithRecoveryHandler(func(p any) error {
+		s.log.Error().Interface("panic", p).Msg("a handler panicked")
+		return status.Error(codes.Internal, "internal error")
+	})
+	s.grpc = grpc.NewServer(
+		grpc.ChainUnaryInterceptor(logging.UnaryServerInterceptor(zerologAdapter(s.log), lopts...), recovery.UnaryServerInterceptor(rec)),
+		grpc.ChainStreamInterceptor(logging.StreamServerInterceptor(zerologAdapter(s.log), lopts...), recovery.StreamServerInterceptor(rec)),
+	)
+	pb.RegisterGLMFlashServer(s.grpc, &service{s: s})
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	return s, nil
+}
+
+func zerologAdapter(l zerolog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(_ context.Context, lvl logging.Level, msg string, fields ...any) {
+		var ev *zerolog.Event
+		switch lvl {
+		case logging.LevelDebug:
+			ev = l.Debug()
+		case logging.LevelInfo:
+			ev = l.Info()
+		case logging.LevelWarn:
+			ev = l.Warn()
+		default:
+			ev = l.Error()
+		}
+		ev.Fields(fields).Msg(msg)
+	})
+}
+
+func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(ServiceName, st)
+}
+
+// Metrics returns the server's metrics.
+func (s *Server) Metrics() *Metrics { return s.metrics }
+
+// Listen binds the gRPC and metrics addresses (port 0 picks a free port).
+func (s *Server) Listen() error {
+	lis, err := net.Listen("tcp", s.cfg.Server.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("serve: server.grpc_addr: %w", err)
+	}
+	s.lis = lis
+	if s.cfg.Server.MetricsAddr != "" {
+		mlis, err := net.Listen("tcp", s.cfg.Server.MetricsAddr)
+		if err != nil {
+			lis.Close()
+			return fmt.Errorf("serve: server.metrics_addr: %w", err)
+		}
+		s.mlis = mlis
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", s.metrics.Handler())
+		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	}
+	return nil
+}
+
+// Addr is the bound gRPC address (after Listen).
+func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// MetricsAddr is the bound metrics address, "" when disabled.
+func (s *Server) MetricsAddr() string {
+	if s.mlis == nil {
+		return ""
+	}
+	return s.mlis.Addr().String()
+}
+
+// Ready is closed once the model is loaded and the server is SERVING.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// Runtime returns the runtime (nil before the model is loaded).
+func (s *Server) Runtime() *runtime.Runtime {
+	if lv := s.live.Load(); lv != nil {
+		return lv.rt
+	}
+	return nil
+}
+
+// Engine returns the engine (nil before the model is loaded).
+func (s *Server) Engine() *engine.Engine {
+	if lv := s.live.Load(); lv != nil {
+		return lv.eng
+	}
+	return nil
+}
+
+// Serve serves until ctx ends, then shuts down gracefully: health turns
+// NOT_SERVING, new requests are refused (UNAVAILABLE), requests in flight
+// finish or are aborted when server.drain_timeout passes, and everything is
+// closed. It calls Listen if that was not done. It returns the error that
+// stopped it (nil after a shutdown asked through ctx).
+func (s *Server) Serve(ctx context.Context) error {
+	first := false
+	s.served.Do(func() { first = true })
+	if !first {
+		return errors.New("serve: Serve called twice")
+	}
+	if s.lis == nil {
+		if err := s.Listen(); err != nil {
+			return err
+		}
+	}
+	errc := make(chan error, 2)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := s.grpc.Serve(s.lis); err != nil {
+			errc <- fmt.Errorf("serve: grpc: %w", err)
+		}
+	}()
+	if s.http != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.http.Serve(s.mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("serve: metrics: %w", err)
+			}
+		}()
+	}
+	s.log.Info().Str("grpc", s.Addr()).Str("metrics", s.MetricsAddr()).Msg("listening; loading the model (health: NOT_SERVING)")
+
+	var runErr error
+	if err := s.load(ctx); err != nil {
+		if ctx.Err() == nil { // not a shutdown asked for while loading
+			runErr = err
+		}
+	} else {
+		s.setHealth(healthpb.HealthCheckResponse_SERVING)
+		close(s.ready)
+		lv := s.live.Load()
+		s.log.Info().Str("model", lv.model.Source).Int("slots", int(lv.engine.Slots)).Int("context_limit", lv.lim.context).Msg("serving (health: SERVING)")
+		select {
+		case <-ctx.Done():
+			s.log.Info().Msg("shutting down: draining")
+		case runErr = <-errc:
+		}
+	}
+	s.shutdown()
+	wg.Wait()
+	return runErr
+}
+
+func (s *Server) load(ctx context.Context) error {
+	t0 := time.Now()
+	lm, err := s.opts.Load(ctx)
+	if err != nil {
+		return fmt.Errorf("serve: loading the model: %w", err)
+	}
+	closeFn := lm.Close
+	if closeFn == nil {
+		closeFn = func() error { return nil }
+	}
+	fail := func(err error) error {
+		closeFn()
+		return err
+	}
+	cfg := lm.Config
+	rc := s.cfg.Runtime
+	rcfg := runtime.Config{MaxRunning: rc.MaxRunning, MaxQueue: rc.MaxQueue, MaxBatchTokens: rc.MaxBatchTokens, PrefillChunk: rc.PrefillChunk, ContextLimit: rc.ContextLimit}
+	eff, err := rcfg.WithDefaults(cfg, rc.Slots)
+	if err != nil {
+		return fail(fmt.Errorf("serve: %w", err))
+	}
+	eo := engine.Options{Slots: rc.Slots, Exec: exec.Options{MaxPositions: eff.ContextLimit}}
+	if s.opts.Engine != nil {
+		s.opts.Engine(&eo)
+	}
+	eng, err := engine.New(cfg, lm.Weights, eo)
+	if err != nil {
+		return fail(err)
+	}
+	// Compile the generation program now, not on the first request.
+	if _, err := eng.Program(engine.Key{Mode: build.Mixed, Logits: build.LastLogits}); err != nil {
+		return fail(fmt.Errorf("serve: compiling: %w", err))
+	}
+	if err := ctx.Err(); err != nil {
+		return fail(err)
+	}
+	rt, err := runtime.New(eng, eff, runtime.Options{Metrics: s.metrics, Log: s.log})
+	if err != nil {
+		return fail(err)
+	}
+	s.metrics.setStore(eng.Store())
+	hf, err := cfg.MarshalHF()
+	if err != nil {
+		rt.Close()
+		return fail(err)
+	}
+	lv := &live{rt: rt, eng: eng, closeFn: closeFn, cfgJSON: hf,
+		lim:    limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens},
+		model:  modelInfo(cfg, lm.Source, eng.WeightBytes(), hf),
+		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens)},
+	}
+	s.live.Store(lv)
+	s.log.Info().Str("took", time.Since(t0).Round(time.Millisecond).String()).Str("source", lm.Source).Msg("model loaded")
+	return nil
+}
+
+func u32(v int) uint32 { return uint32(max(0, v)) }
+
+func modelInfo(cfg *model.Config, source string, weightBytes int64, hf []byte) *pb.ModelInfo {
+	mi := &pb.ModelInfo{
+		ModelType: "glm5_next", Source: source, VocabSize: u32(cfg.VocabSize), HiddenSize: u32(cfg.HiddenSize),
+		NumLayers: u32(cfg.NumHiddenLayers), RoutedExperts: u32(cfg.NRoutedExperts), ExpertsPerToken: u32(cfg.NumExpertsPerTok),
+		MaxPositionEmbeddings: u32(cfg.MaxPositionEmbeddings), WeightBytes: uint64(max(0, weightBytes)), ConfigJson: string(hf),
+	}
+	for l := 0; l < cfg.NumHiddenLayers; l++ {
+		if cfg.IsKDA(l) {
+			mi.KdaLayers++
+		} else {
+			mi.DsaLayers++
+		}
+		if cfg.IsMoE(l) {
+			mi.MoeLayers++
+		}
+	}
+	for _, id := range cfg.EOSTokenIDs {
+		mi.EosTokenIds = append(mi.EosTokenIds, int32(id))
+	}
+	if cfg.Quant != nil {
+		mi.Quantization = cfg.Quant.Method
+	}
+	return mi
+}
+
+// shutdown: NOT_SERVING, drain within the deadline, stop gRPC, close.
+func (s *Server) shutdown() {
+	s.health.Shutdown() // every service NOT_SERVING, and it stays so
+	lv := s.live.Load()
+	if lv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Server.DrainTimeout)
+		if n := lv.rt.Drain(ctx); n > 0 {
+			s.log.Warn().Int("aborted", n).Dur("drain_timeout", s.cfg.Server.DrainTimeout).Msg("drain deadline passed: aborted requests in flight")
+		}
+		cancel()
+	}
+	// Handlers end once their requests are final; a client that stopped
+	// reading could still hold one, so GracefulStop gets a bounded wait.
+	stopped := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		s.log.Warn().Msg("graceful stop timed out; closing connections")
+		s.grpc.Stop()
+		<-stopped
+	}
+	if s.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s.http.Shutdown(ctx)
+		cancel()
+	}
+	if lv != nil {
+		lv.rt.Close()
+		if err := lv.closeFn(); err != nil {
+			s.log.Warn().Err(err).Msg("closing the model")
+		}
+	}
+	s.log.Info().Msg("stopped")
+}
+
+// configHash is the hex SHA-256 of the model's HF JSON, the engine settings
+// and the pass report.
+func configHash(lv *live, report string) string {
+	b, _ := json.Marshal(struct {
+		Model  json.RawMessage `json:"model"`
+		Engine *pb.EngineInfo  `json:"engine"`
+		Passes string          `json:"passes"`
+	}{lv.cfgJSON, lv.engine, report})
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+// service implements pb.GLMFlashServer.
+type service struct {
+	pb.UnimplementedGLMFlashServer
+	s *Server
+}
+
+func (sv *service) live() (*live, error) {
+	lv := sv.s.live.Load()
+	if lv == nil {
+		sv.s.metrics.Refused("unavailable")
+		return nil, status.Error(codes.Unavailable, "the model is loading")
+	}
+	return lv, nil
+}
+
+func (sv *service) invalid(err error) error {
+	sv.s.metrics.Refused("invalid_argument")
+	return err
+}
+
+func (sv *service) refused(err error) error {
+	st, label := runtimeStatus(err)
+	sv.s.metrics.Refused(label)
+	return st
+}
+
+func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreamingServer[pb.GenerateResponse]) error {
+	lv, err := sv.live()
+	if err != nil {
+		return err
+	}
+	ctx := stream.Context()
+	r, err := generateRequest(req, lv.lim)
+	if err != nil {
+		return sv.invalid(err)
+	}
+	if r.ID == "" {
+		r.ID = runtime.NewID()
+	}
+	logging.AddFields(ctx, logging.Fields{"request_id", r.ID})
+	h, err := lv.rt.Submit(ctx, r)
+	if err != nil {
+		return sv.refused(err)
+	}
+	if err := stream.SendHeader(metadata.Pairs(RequestIDHeader, h.ID())); err != nil {
+		return err
+	}
+	for {
+		toks, f, err := h.Recv(ctx)
+		if err != nil {
+			return status.FromContextError(err).Err()
+		}
+		for _, t := range toks {
+			msg := &pb.Token{Id: t.ID, Logprob: t.Logprob, Index: uint32(t.Index)}
+			for _, a := range t.Top {
+				msg.TopLogprobs = append(msg.TopLogprobs, &pb.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
+			}
+			if err := stream.Send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Token{Token: msg}}); err != nil {
+				return err
+			}
+		}
+		if f == nil {
+			continue
+		}
+		var reason pb.FinishReason
+		switch f.Reason {
+		case runtime.FinishStop:
+			reason = pb.FinishReason_FINISH_REASON_STOP
+		case runtime.FinishLength:
+			reason = pb.FinishReason_FINISH_REASON_LENGTH
+		case runtime.FinishAbort:
+			reason = pb.FinishReason_FINISH_REASON_ABORT
+		case runtime.FinishCancelled:
+			if err := ctx.Err(); err != nil {
+				return status.FromContextError(err).Err()
+			}
+			reason = pb.FinishReason_FINISH_REASON_ABORT
+		default:
+			reason = pb.FinishReason_FINISH_REASON_ERROR
+		}
+		return stream.Send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Finish{Finish: &pb.Finish{
+			RequestId: f.ID, Reason: reason, Message: f.Message, Seed: f.Seed,
+			Usage: &pb.Usage{PromptTokens: u32(f.PromptTokens), CompletionTokens: u32(f.CompletionTokens)},
+			Timings: &pb.Timings{
+				Queue: durationpb.New(f.Queue), TimeToFirstToken: durationpb.New(f.TTFT), Total: durationpb.New(f.Total),
+			},
+		}}})
+	}
+}
+
+func (sv *service) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResponse, error) {
+	lv, err := sv.live()
+	if err != nil {
+		return nil, err
+	}
+	if req.GetRequestId() == "" {
+		return nil, sv.invalid(badField("request_id", "empty"))
+	}
+	if err := lv.rt.Abort(req.GetRequestId()); err != nil {
+		st, _ := runtimeStatus(err)
+		return nil, st
+	}
+	sv.s.log.Info().Str("request_id", req.GetRequestId()).Msg("abort requested")
+	return &pb.AbortResponse{}, nil
+}
+
+func (sv *service) GetModelInfo(ctx context.Context, _ *pb.GetModelInfoRequest) (*pb.GetModelInfoResponse, error) {
+	lv, err := sv.live()
+	if err != nil {
+		return nil, err
+	}
+	report := ""
+	if sv.s.opts.PassReport != nil {
+		if r := sv.s.opts.PassReport(lv.eng); r != nil {
+			b, err := json.Marshal(r)
+			if err != nil {
+				return nil, status.Errorf(codes.Internal, "pass report: %v", err)
+			}
+			if string(b) != "null" {
+				report = string(b)
+			}
+		}
+	}
+	return &pb.GetModelInfoResponse{Model: lv.model, Engine: lv.engine, PassReportJson: report, ConfigHash: configHash(lv, report)}, nil
+}
+
+func (sv *service) Score(ctx context.Context, req *pb.ScoreRequest) (*pb.ScoreResponse, error) {
+	lv, err := sv.live()
+	if err != nil {
+		return nil, err
+	}
+	r, err := scoreRequest(req, lv.lim)
+	if err != nil {
+		return nil, sv.invalid(err)
+	}
+	h, err := lv.rt.Submit(ctx, r)
+	if err != nil {
+		return nil, sv.refused(err)
+	}
+	_, f, err := h.Wait(ctx)
+	if err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	switch f.Reason {
+	case runtime.FinishScored:
+		return &pb.ScoreResponse{Rows: u32(f.Rows), VocabSize: u32(f.Vocab), Logits: f.Logits}, nil
+	case runtime.FinishAbort:
+		return nil, status.Error(codes.Unavailable, f.Message)
+	case runtime.FinishCancelled:
+		if err := ctx.Err(); err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
+		return nil, status.Error(codes.Canceled, f.Message)
+	}
+	return nil, status.Error(codes.Internal, f.Message)
+}

@@ -1,0 +1,175 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/core/sample"
+	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// maxRequestID bounds a client-chosen request id.
+const maxRequestID = 128
+
+func badField(field, format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, "%s: %s", field, fmt.Sprintf(format, args...))
+}
+
+// limits are what a request is checked against.
+type limits struct {
+	vocab            int
+	context          int
+	defaultMaxTokens int
+}
+
+func checkIDs(field string, ids []int32, vocab int) error {
+	for i, t := range ids {
+		if t < 0 || int(t) >= vocab {
+			return badField(fmt.Sprintf("%s[%d]", field, i), "token id %d is outside the vocabulary [0, %d)", t, vocab)
+		}
+	}
+	return nil
+}
+
+func checkRequestID(id string) error {
+	if len(id) > maxRequestID {
+		return badField("request_id", "longer than %d characters", maxRequestID)
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] <= ' ' || id[i] > '~' {
+			return badField("request_id", "character %d is not printable ASCII (spaces are not allowed either)", i)
+		}
+	}
+	return nil
+}
+
+// generateRequest checks a Generate request completely and converts it; the
+// error is an INVALID_ARGUMENT status naming the field. Nothing reaches the
+// runtime before this passes.
+func generateRequest(req *pb.GenerateRequest, lim limits) (runtime.Request, error) {
+	var r runtime.Request
+	if err := checkRequestID(req.GetRequestId()); err != nil {
+		return r, err
+	}
+	p := req.GetPromptIds()
+	if len(p) == 0 {
+		return r, badField("prompt_ids", "the prompt is empty")
+	}
+	if err := checkIDs("prompt_ids", p, lim.vocab); err != nil {
+		return r, err
+	}
+	if len(p) > lim.context {
+		return r, badField("prompt_ids", "the prompt has %d tokens, more than the context limit %d", len(p), lim.context)
+	}
+	maxTok := 0
+	if req.MaxTokens != nil {
+		mt := req.GetMaxTokens()
+		if mt == 0 {
+			return r, badField("max_tokens", "must be ≥ 1, got 0")
+		}
+		if uint64(len(p))+uint64(mt) > uint64(lim.context) {
+			return r, badField("max_tokens", "prompt (%d tokens) + max_tokens (%d) exceed the context limit %d", len(p), mt, lim.context)
+		}
+		maxTok = int(mt)
+	} else {
+		maxTok = min(lim.defaultMaxTokens, lim.context-len(p))
+		if maxTok < 1 {
+			return r, badField("prompt_ids", "the prompt (%d tokens) fills the context limit %d: no room to generate", len(p), lim.context)
+		}
+	}
+	sp, err := samplingParams(req.GetSampling())
+	if err != nil {
+		return r, err
+	}
+	if err := checkIDs("stop_ids", req.GetStopIds(), lim.vocab); err != nil {
+		return r, err
+	}
+	if n := req.GetTopLogprobs(); n > runtime.MaxTopLogprobs {
+		return r, badField("top_logprobs", "must be at most %d, got %d", runtime.MaxTopLogprobs, n)
+	}
+	return runtime.Request{
+		ID: req.GetRequestId(), Prompt: p, Sampling: sp, StopIDs: req.GetStopIds(),
+		MaxTokens: maxTok, TopLogprobs: int(req.GetTopLogprobs()),
+	}, nil
+}
+
+// Defaults of the optional sampling fields.
+const (
+	DefaultTemperature = 1.0
+	DefaultTopP        = 1.0
+)
+
+func samplingParams(s *pb.SamplingParams) (sample.Params, error) {
+	sp := sample.Params{Temperature: DefaultTemperature, TopP: DefaultTopP}
+	if s == nil {
+		sp.Seed = rand.Uint64()
+		return sp, nil
+	}
+	if s.Temperature != nil {
+		sp.Temperature = s.GetTemperature()
+		if !(sp.Temperature >= 0) || math.IsInf(sp.Temperature, 0) {
+			return sp, badField("sampling.temperature", "must be a finite value ≥ 0 (0 is greedy), got %v", sp.Temperature)
+		}
+	}
+	if s.TopP != nil {
+		sp.TopP = s.GetTopP()
+		if !(sp.TopP > 0 && sp.TopP <= 1) {
+			return sp, badField("sampling.top_p", "must be in (0, 1], got %v", sp.TopP)
+		}
+	}
+	sp.TopK = int(s.GetTopK())
+	if sp.TopK < 0 {
+		return sp, badField("sampling.top_k", "must be ≥ 0 (0 is off), got %d", sp.TopK)
+	}
+	sp.MinP = s.GetMinP()
+	if !(sp.MinP >= 0 && sp.MinP < 1) {
+		return sp, badField("sampling.min_p", "must be in [0, 1), got %v", sp.MinP)
+	}
+	if s.Seed != nil {
+		sp.Seed = s.GetSeed()
+	} else {
+		sp.Seed = rand.Uint64()
+	}
+	return sp, sp.Validate() // already checked; kept as a guard
+}
+
+func scoreRequest(req *pb.ScoreRequest, lim limits) (runtime.Request, error) {
+	ids := req.GetTokenIds()
+	if len(ids) == 0 {
+		return runtime.Request{}, badField("token_ids", "empty")
+	}
+	if err := checkIDs("token_ids", ids, lim.vocab); err != nil {
+		return runtime.Request{}, err
+	}
+	if len(ids) > lim.context {
+		return runtime.Request{}, badField("token_ids", "%d tokens, more than the context limit %d", len(ids), lim.context)
+	}
+	return runtime.Request{ID: "score-" + runtime.NewID(), Prompt: ids, Score: true, AllPositions: req.GetAllPositions()}, nil
+}
+
+// runtimeStatus maps a runtime error to a status and the metrics label of a
+// refused request.
+func runtimeStatus(err error) (error, string) {
+	var ie *runtime.InvalidError
+	switch {
+	case errors.As(err, &ie):
+		return status.Error(codes.InvalidArgument, ie.Error()), "invalid_argument"
+	case errors.Is(err, runtime.ErrQueueFull):
+		return status.Error(codes.ResourceExhausted, "the request queue is full; retry later"), "resource_exhausted"
+	case errors.Is(err, runtime.ErrDraining), errors.Is(err, runtime.ErrClosed):
+		return status.Error(codes.Unavailable, "the server is shutting down"), "unavailable"
+	case errors.Is(err, runtime.ErrDuplicateID):
+		return status.Error(codes.AlreadyExists, "request_id: a request with this id is in flight"), "already_exists"
+	case errors.Is(err, runtime.ErrNotFound):
+		return status.Error(codes.NotFound, "no request with this id is in flight"), "not_found"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err(), "cancelled"
+	}
+	return status.Error(codes.Internal, err.Error()), "internal"
+}
