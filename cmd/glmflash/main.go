@@ -46,9 +46,7 @@ func newRoot() *cobra.Command {
 }
 
 func main() {
-	err := newRoot().Execute()
-	closePlugins() // pass plugins end with the command
-	if err != nil {
+	if err := newRoot().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "glmflash:", err)
 		os.Exit(1)
 	}
