@@ -91,7 +91,8 @@ func Chunked(o, q, k, v, g, beta []float32, T, Dk, Dv int, S []float32) {
 	Kc := make([]float32, C*Dk)
 	tmp := make([]float32, C*Dv)
 	qe := make([]float32, C*Dk)
-	e := make([]float32, Dk)
+	d := make([]float32, Dk)
+	eg := make([]float32, C*Dk)
 	for t0 := 0; t0 < T; t0 += ChunkSize {
 		n := T - t0
 		if n > ChunkSize {
@@ -111,16 +112,30 @@ func Chunked(o, q, k, v, g, beta []float32, T, Dk, Dv int, S []float32) {
 		for i := 0; i < n*Dk; i++ {
 			eG[i] = float32(math.Exp(float64(G[i])))
 		}
-		// pairwise decayed inner products (lower triangle only)
+		// pairwise decayed inner products (lower triangle only). The decay
+		// e^{G_i−G_j} = Π_{m=j+1..i} e^{g_m} is built as a running product
+		// while j walks down from i, so each pair costs multiplies, not
+		// exponentials; values below 1e-30 are flushed to zero (they cannot
+		// matter next to the j = i term, and denormals are slow).
+		for x := 0; x < n*Dk; x++ {
+			eg[x] = float32(math.Exp(float64(gc[x])))
+		}
 		for i := 0; i < n; i++ {
-			Gi := G[i*Dk : i*Dk+Dk]
 			ki, qi := kc[i*Dk:i*Dk+Dk], qc[i*Dk:i*Dk+Dk]
-			for j := 0; j < i; j++ {
-				Gj, kj := G[j*Dk:j*Dk+Dk], kc[j*Dk:j*Dk+Dk]
+			for c := range d {
+				d[c] = 1
+			}
+			for j := i - 1; j >= 0; j-- {
+				egj := eg[(j+1)*Dk : (j+2)*Dk]
+				kj := kc[j*Dk : j*Dk+Dk]
 				var sm, sp float32
-				for c := range e {
-					d := float32(math.Exp(float64(Gi[c] - Gj[c])))
-					kd := kj[c] * d
+				for c := range d {
+					dc := d[c] * egj[c]
+					if dc < 1e-30 {
+						dc = 0
+					}
+					d[c] = dc
+					kd := kj[c] * dc
 					sm += ki[c] * kd
 					sp += qi[c] * kd
 				}
