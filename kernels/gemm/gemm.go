@@ -1,8 +1,30 @@
 // Package gemm multiplies activations by weight matrices stored PyTorch-style
-// ([out_features, in_features], row-major): y[t][n] = Σ_k x[t][k]·w[n][k].
+// ([out_features, in_features], row-major): y[t][n] = Σ_k x[t][k]·w[n][k],
+// with fp32 weights (MatMulT) or bfloat16 weights widened exactly to fp32
+// (MatMulTBF16), accumulating in fp32.
+//
+// Implementations: pure Go ("go"), and register-blocked SIMD microkernels in
+// Go assembly ("avx2": AVX2+FMA, "avx512": AVX-512 F/BW/DQ/VL) chosen at
+// start-up from the CPU features; SetImpl or the GLMFLASH_GEMM environment
+// variable forces one, and the purego build tag leaves only pure Go. The
+// microkernels work in dot-product form (weights stay [N][K]; no weight
+// packing, so decode streams them straight from memory): an R×C tile of
+// outputs keeps one vector accumulator per output, runs over k a vector at
+// a time (masked tail), then reduces each accumulator with a fixed tree.
+//
+// Within one implementation, every output is computed the same way whatever
+// T, N, Params or the tile it lands in: results are deterministic and
+// batch-invariant (a row of a batched product equals the product of that row
+// alone, bit for bit, and MatMulTBF16 equals MatMulT on the widened
+// weights). Implementations differ from each other and from the naive
+// left-to-right sum only by summation order (and FMA rounding).
 package gemm
 
-import "github.com/glmflash/glmflash/kernels/parallel"
+import (
+	"unsafe"
+
+	"github.com/glmflash/glmflash/kernels/parallel"
+)
 
 // Params are the tunable knobs of MatMulT. The zero value picks defaults.
 type Params struct {
@@ -10,7 +32,8 @@ type Params struct {
 	// covers; larger values mean fewer, bigger tasks.
 	ColGrain int
 	// RowBlock is the number of activation rows processed against one block
-	// of weight rows before moving on (cache blocking over T).
+	// of weight rows before moving on (cache blocking over T; the SIMD
+	// kernels use fewer rows when K is large).
 	RowBlock int
 }
 
@@ -34,30 +57,112 @@ func MatMulT(dst, x []float32, T, K int, w []float32, N int) {
 }
 
 // MatMulTWith is MatMulT with explicit tuning parameters. Results do not
-// depend on the parameters: every output is one left-to-right sum over k.
+// depend on the parameters (nor on T or on which other rows and columns are
+// computed alongside): every output is one fixed-order sum over k.
 func MatMulTWith(p Params, dst, x []float32, T, K int, w []float32, N int) {
-	if T == 0 || N == 0 {
+	matMulTF32(p.norm(), false, dst, x, T, K, w, N)
+}
+
+// MatMulTSerial is MatMulT on the calling goroutine only (for callers that
+// already parallelize at a coarser level, such as one expert per worker).
+func MatMulTSerial(dst, x []float32, T, K int, w []float32, N int) {
+	matMulTF32(Default(), true, dst, x, T, K, w, N)
+}
+
+func matMulTF32(p Params, serial bool, dst, x []float32, T, K int, w []float32, N int) {
+	if !checkShapes(dst, x, T, K, N, len(w)) {
 		return
 	}
-	p = p.norm()
+	im := cur.Load()
+	var goBlock func(t0, t1, n0, n1 int)
+	if im.simd == nil {
+		goBlock = func(t0, t1, n0, n1 int) { block(dst, x, w, K, N, t0, t1, n0, n1) }
+	}
+	product(im, p, serial, dst, x, T, K, N, unsafe.Pointer(&w[0]), 4, false, goBlock)
+}
+
+// checkShapes validates operand lengths (panicking like an index out of
+// range) and reports whether there is anything to compute; with K = 0 the
+// product is zero.
+func checkShapes(dst, x []float32, T, K, N, nw int) bool {
+	if T == 0 || N == 0 {
+		return false
+	}
 	_ = dst[T*N-1]
+	if K == 0 {
+		clear(dst[:T*N])
+		return false
+	}
 	_ = x[T*K-1]
-	_ = w[N*K-1]
+	if nw < N*K {
+		panic("gemm: weights shorter than N×K")
+	}
+	return true
+}
+
+// product runs one product with implementation im: serially or spread over
+// the workers, with the SIMD microkernels (bf16 picks the bfloat16 set) or
+// with goBlock, the pure-Go block. w points at the weights, wsz bytes each.
+func product(im *impl, p Params, serial bool, dst, x []float32, T, K, N int, w unsafe.Pointer, wsz int, bf16 bool, goBlock func(t0, t1, n0, n1 int)) {
+	body := func(t0, t1, n0, n1 int) {
+		if s := im.simd; s != nil {
+			ks := s.f32
+			if bf16 {
+				ks = s.bf16
+			}
+			s.run(ks, p, unsafe.Pointer(&dst[0]), unsafe.Pointer(&x[0]), w, uintptr(wsz), K, N, t0, t1, n0, n1)
+			return
+		}
+		walk(p, t0, t1, n0, n1, wsz*K, goBlock)
+	}
+	if serial {
+		body(0, T, 0, N)
+		return
+	}
+	forTiles(p, T, N, body)
+}
+
+// forTiles splits rows [0,T) × columns [0,N) into work items of ColGrain
+// columns and spreads them over the workers with parallel.For; each worker
+// gets one call for its contiguous range of columns and all rows (so a
+// GEMV splits over N). When there are fewer column items than workers
+// (narrow outputs), items are RowBlock rows × ColGrain columns instead.
+func forTiles(p Params, T, N int, fn func(t0, t1, n0, n1 int)) {
 	grain := p.ColGrain
 	nTasks := (N + grain - 1) / grain
-	parallel.For(nTasks, 1, func(lo, hi int) {
-		n0, n1 := lo*grain, hi*grain
-		if n1 > N {
-			n1 = N
-		}
-		for t0 := 0; t0 < T; t0 += p.RowBlock {
-			t1 := t0 + p.RowBlock
-			if t1 > T {
-				t1 = T
-			}
-			block(dst, x, w, K, N, t0, t1, n0, n1)
+	rowTasks := 1
+	if nTasks < parallel.Workers {
+		rowTasks = (T + p.RowBlock - 1) / p.RowBlock
+	}
+	if rowTasks == 1 {
+		parallel.For(nTasks, 1, func(lo, hi int) {
+			fn(0, T, lo*grain, min(hi*grain, N))
+		})
+		return
+	}
+	parallel.For(nTasks*rowTasks, 1, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			t0, n0 := (i/nTasks)*p.RowBlock, (i%nTasks)*grain
+			fn(t0, min(t0+p.RowBlock, T), n0, min(n0+grain, N))
 		}
 	})
+}
+
+// walk calls fn over rows [t0,t1) × columns [n0,n1) for the pure-Go
+// blocks: RowBlock rows at a time and, when there are several row blocks,
+// panels of about panelBytes of weights (wrow bytes per weight row), so
+// the weights are streamed from memory once.
+func walk(p Params, t0, t1, n0, n1, wrow int, fn func(t0, t1, n0, n1 int)) {
+	nc := n1 - n0
+	if t1-t0 > p.RowBlock {
+		nc = max(1, panelBytes/(wrow*24)) * 24
+	}
+	for np := n0; np < n1; np += nc {
+		ne := min(np+nc, n1)
+		for tb := t0; tb < t1; tb += p.RowBlock {
+			fn(tb, min(tb+p.RowBlock, t1), np, ne)
+		}
+	}
 }
 
 // block computes rows [t0,t1) × columns [n0,n1) with 4×4 register tiles.
@@ -124,29 +229,25 @@ func block(dst, x, w []float32, K, N, t0, t1, n0, n1 int) {
 	for ; n < n1; n++ {
 		wr := w[n*K : n*K+K]
 		for t := t0; t < t1; t++ {
-			dst[t*N+n] = Dot(x[t*K:t*K+K], wr)
+			dst[t*N+n] = dotGo(x[t*K:t*K+K], wr)
 		}
 	}
 }
 
-// MatMulTSerial is MatMulT on the calling goroutine only (for callers that
-// already parallelize at a coarser level, such as one expert per worker).
-func MatMulTSerial(dst, x []float32, T, K int, w []float32, N int) {
-	if T == 0 || N == 0 {
-		return
-	}
-	rb := Default().RowBlock
-	for t0 := 0; t0 < T; t0 += rb {
-		t1 := t0 + rb
-		if t1 > T {
-			t1 = T
-		}
-		block(dst, x, w, K, N, t0, t1, 0, N)
-	}
-}
-
-// Dot returns Σ a[i]·b[i] (len(b) ≥ len(a)), summed left to right.
+// Dot returns Σ a[i]·b[i] (len(b) ≥ len(a)); the summation order is that of
+// MatMulT with the implementation in use.
 func Dot(a, b []float32) float32 {
+	b = b[:len(a)]
+	if s := cur.Load().simd; s != nil && len(a) > 0 {
+		var r float32
+		s.f32[1][1](unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), unsafe.Pointer(&r), 0, 0, uintptr(len(a)/s.vw), s.tail(len(a)), 0)
+		return r
+	}
+	return dotGo(a, b)
+}
+
+// dotGo is Dot summed left to right.
+func dotGo(a, b []float32) float32 {
 	b = b[:len(a)]
 	var s float32
 	for i, v := range a {
@@ -186,9 +287,14 @@ func MatMul(dst, a []float32, M, K int, b []float32, N int) {
 	}
 }
 
-// Axpy computes y += a·x.
+// Axpy computes y += a·x (len(x) ≥ len(y); fused multiply-adds in the
+// SIMD implementations).
 func Axpy(y []float32, a float32, x []float32) {
 	x = x[:len(y)]
+	if s := cur.Load().simd; s != nil && len(y) > 0 {
+		s.axpy(unsafe.Pointer(&y[0]), unsafe.Pointer(&x[0]), uintptr(len(y)), a)
+		return
+	}
 	for i := range y {
 		y[i] += a * x[i]
 	}

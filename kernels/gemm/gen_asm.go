@@ -1,0 +1,572 @@
+//go:build ignore
+
+// gen_asm writes kernels_amd64.s and kernels_amd64.go: the register-blocked
+// SIMD microkernels of package gemm. Run it with `go generate` (or
+// `go run gen_asm.go`) inside kernels/gemm.
+//
+// Every microkernel computes an R×C tile of dot products
+//
+//	dst[i*ldd + j] = Σ_k x_i[k] · w[j*ldw + k]   (i < R, j < C)
+//
+// in dot-product form: one vector accumulator per output, vectorized over k
+// (weights are [N][K] row-major and are read in place), a masked tail for
+// K mod VW, then a horizontal reduction. Each accumulator sees the k-chunks
+// in the same order and is reduced with the same tree whatever R and C are,
+// so an output does not depend on the tile it falls in (nor on T, N or
+// Params). bf16 weights are widened exactly in registers (zero-extend to 32
+// bits, shift left 16).
+//
+// The R activation rows are packed vector by vector (x_i[v*VW+l] at
+// x[(v*R+i)*VW+l]; for R = 1 that is the plain row), so they are one
+// sequential stream whatever K is (rows K·4 bytes apart alias in L1 when K
+// is a multiple of 1024).
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strings"
+)
+
+type isa struct {
+	name string // avx512 | avx2
+	vw   int    // fp32 lanes per vector
+	nreg int    // vector registers
+	vr   string // vector register prefix for full width
+}
+
+var (
+	avx512 = isa{name: "avx512", vw: 16, nreg: 32, vr: "Z"}
+	avx2   = isa{name: "avx2", vw: 8, nreg: 16, vr: "Y"}
+)
+
+// shapes lists, per ISA, the row-tile heights R with the widest C generated
+// for each; every C from 1 to that maximum is generated so that column edges
+// need no special casing.
+var shapes = map[string][][2]int{
+	"avx512": {{1, 8}, {2, 8}, {4, 6}},
+	"avx2":   {{1, 8}, {2, 6}, {4, 2}},
+}
+
+// Weight row addressing: rows 0-3 are (B0), (B0)(L*1), (B0)(L*2),
+// (B0)(L3*1); rows 4-7 the same from B4 = B0+4·L. The bases advance by one
+// vector per iteration. Registers: SI walks the packed activations; w uses
+// R8, R9, R10, R11; DI walks the prefetched tile; CX counts iterations; AX
+// and R12 are scratch; R13 holds the AVX2 mask table.
+type rows struct{ b0, b4, l, l3 string }
+
+var wrows = rows{"R8", "R9", "R10", "R11"}
+
+func (r rows) addr(i, disp int) string {
+	b := r.b0
+	if i >= 4 {
+		b, i = r.b4, i-4
+	}
+	d := ""
+	if disp != 0 {
+		d = fmt.Sprint(disp)
+	}
+	switch i {
+	case 0:
+		return fmt.Sprintf("%s(%s)", d, b)
+	case 1:
+		return fmt.Sprintf("%s(%s)(%s*1)", d, b, r.l)
+	case 2:
+		return fmt.Sprintf("%s(%s)(%s*2)", d, b, r.l)
+	default:
+		return fmt.Sprintf("%s(%s)(%s*1)", d, b, r.l3)
+	}
+}
+
+// setup loads base pointer and stride of n rows.
+func (g *gen) setup(r rows, n int, base, ld string) {
+	g.i("MOVQ %s, %s", base, r.b0)
+	if n > 1 {
+		g.i("MOVQ %s, %s", ld, r.l)
+	}
+	if n > 3 {
+		g.i("LEAQ (%s)(%s*2), %s", r.l, r.l, r.l3)
+	}
+	if n > 4 {
+		g.i("LEAQ (%s)(%s*4), %s", r.b0, r.l, r.b4)
+	}
+}
+
+type gen struct {
+	b bytes.Buffer
+}
+
+func (g *gen) p(format string, args ...any) {
+	fmt.Fprintf(&g.b, format, args...)
+	g.b.WriteByte('\n')
+}
+
+func (g *gen) i(format string, args ...any) {
+	g.b.WriteByte('\t')
+	g.p(format, args...)
+}
+
+func kname(is isa, dt string, r, c int) string {
+	return fmt.Sprintf("%s_%s_r%dc%d", dt, is.name, r, c)
+}
+
+const sig = "(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)"
+
+// kernel emits one R×C microkernel. dt is "f32" or "bf16" (weights only;
+// x is always fp32).
+func (g *gen) kernel(is isa, dt string, R, C int) {
+	name := kname(is, dt, R, C)
+	V := is.vr
+	wsz := 4
+	if dt == "bf16" {
+		wsz = 2
+	}
+	vb := is.vw * 4 // bytes of one fp32 vector
+	wstep := is.vw * wsz
+	xres := R <= C // x rows resident in registers, w streamed
+	acc := func(i, j int) string { return fmt.Sprintf("%s%d", V, i*C+j) }
+	nacc := R * C
+	var xr, wr []string
+	next := nacc
+	if xres {
+		for i := 0; i < R; i++ {
+			xr = append(xr, fmt.Sprintf("%s%d", V, next))
+			next++
+		}
+	} else {
+		for j := 0; j < C; j++ {
+			wr = append(wr, fmt.Sprintf("%s%d", V, next))
+			next++
+		}
+	}
+	tmp := fmt.Sprintf("%s%d", V, next)
+	next++
+	mask := fmt.Sprintf("%s%d", V, next) // AVX2 tail mask
+	if is.name == "avx2" {
+		next++
+	}
+	if next > is.nreg {
+		panic(fmt.Sprintf("%s: needs %d vector registers", name, next))
+	}
+	xm := func(i int) string { return fmt.Sprintf("%d(SI)", i*vb) }
+	wm := func(j int) string { return wrows.addr(j, 0) }
+
+	g.p("")
+	g.p("// func %s%s", name, sig)
+	g.p("TEXT ·%s(SB), NOSPLIT, $0-64", name)
+	g.i("MOVQ x+0(FP), SI")
+	g.setup(wrows, C, "w+8(FP)", "ldw+24(FP)")
+	for k := 0; k < nacc; k++ {
+		r := fmt.Sprintf("%s%d", V, k)
+		if is.name == "avx512" {
+			g.i("VPXORD %s, %s, %s", r, r, r)
+		} else {
+			g.i("VXORPS %s, %s, %s", r, r, r)
+		}
+	}
+	g.i("MOVQ nvec+40(FP), CX")
+	g.i("TESTQ CX, CX")
+	g.i("JZ tail")
+	g.i("MOVQ flags+56(FP), AX")
+	g.i("TESTQ $1, AX")
+	g.i("JNZ pstart")
+	g.p("loop:")
+
+	// loadW converts/loads weight row j (at memory operand m) into register r.
+	loadW := func(j int, r string, masked bool) {
+		m := wm(j)
+		switch {
+		case dt == "f32" && masked && is.name == "avx512":
+			g.i("VMOVUPS.Z %s, K1, %s", m, r)
+		case dt == "f32" && masked:
+			g.i("VMASKMOVPS %s, %s, %s", m, mask, r)
+		case dt == "f32":
+			g.i("VMOVUPS %s, %s", m, r)
+		case masked && is.name == "avx512":
+			g.i("VPMOVZXWD.Z %s, K1, %s", m, r)
+			g.i("VPSLLD $16, %s, %s", r, r)
+		case masked: // AVX2 bf16 tail: insert the remaining words one by one
+			x := "X" + strings.TrimPrefix(r, "Y")
+			g.i("VPXOR %s, %s, %s", x, x, x)
+			lbl := fmt.Sprintf("ins%d", j)
+			for e := 0; e < is.vw-1; e++ {
+				g.i("CMPQ AX, $%d", e+1)
+				g.i("JLT %s", lbl)
+				g.i("VPINSRW $%d, %s, %s, %s", e, wrows.addr(j, 2*e), x, x)
+			}
+			g.p("%s:", lbl)
+			g.i("VPMOVZXWD %s, %s", x, r)
+			g.i("VPSLLD $16, %s, %s", r, r)
+		default:
+			g.i("VPMOVZXWD %s, %s", m, r)
+			g.i("VPSLLD $16, %s, %s", r, r)
+		}
+	}
+	loadX := func(i int, r string, masked bool) {
+		m := xm(i)
+		switch {
+		case masked && is.name == "avx512":
+			g.i("VMOVUPS.Z %s, K1, %s", m, r)
+		case masked:
+			g.i("VMASKMOVPS %s, %s, %s", m, mask, r)
+		default:
+			g.i("VMOVUPS %s, %s", m, r)
+		}
+	}
+	body := func(masked bool) {
+		if xres {
+			for i := 0; i < R; i++ {
+				loadX(i, xr[i], masked)
+			}
+			for j := 0; j < C; j++ {
+				if R == 1 && dt == "f32" && !masked {
+					g.i("VFMADD231PS %s, %s, %s", wm(j), xr[0], acc(0, j))
+					continue
+				}
+				loadW(j, tmp, masked)
+				for i := 0; i < R; i++ {
+					g.i("VFMADD231PS %s, %s, %s", tmp, xr[i], acc(i, j))
+				}
+			}
+		} else {
+			for j := 0; j < C; j++ {
+				loadW(j, wr[j], masked)
+			}
+			for i := 0; i < R; i++ {
+				if C == 1 && !masked {
+					g.i("VFMADD231PS %s, %s, %s", xm(i), wr[0], acc(i, 0))
+					continue
+				}
+				loadX(i, tmp, masked)
+				for j := 0; j < C; j++ {
+					g.i("VFMADD231PS %s, %s, %s", tmp, wr[j], acc(i, j))
+				}
+			}
+		}
+	}
+	bump := func() {
+		g.i("ADDQ $%d, SI", R*vb)
+		g.i("ADDQ $%d, %s", wstep, wrows.b0)
+		if C > 4 {
+			g.i("ADDQ $%d, %s", wstep, wrows.b4)
+		}
+	}
+	body(false)
+	bump()
+	g.i("DECQ CX")
+	g.i("JNZ loop")
+	g.i("JMP tail")
+	// With flags&1 (prefetch), the same loop also prefetches the next tile
+	// (the next C weight rows, C·ldw contiguous bytes) into L2, sweeping it
+	// linearly at the pace the current tile is consumed. (Every strip of a
+	// tile prefetches: measured better than only the first.)
+	g.p("pstart:")
+	g.i("MOVQ ldw+24(FP), DI")
+	g.i("IMULQ $%d, DI", C)
+	g.i("ADDQ %s, DI", wrows.b0)
+	g.p("ploop:")
+	body(false)
+	for m := 0; m < (C*wstep+63)/64; m++ {
+		g.i("PREFETCHT1 %d(DI)", 64*m)
+	}
+	bump()
+	g.i("ADDQ $%d, DI", C*wstep)
+	g.i("DECQ CX")
+	g.i("JNZ ploop")
+	g.p("tail:")
+	g.i("MOVQ tail+48(FP), AX")
+	g.i("TESTQ AX, AX")
+	g.i("JZ done")
+	if is.name == "avx512" {
+		g.i("KMOVW AX, K1")
+	} else {
+		// mask = first AX lanes set: 8 dwords at maskTab+32-4·AX.
+		g.i("LEAQ maskTab<>+32(SB), R13")
+		g.i("NEGQ AX")
+		g.i("VMOVDQU (R13)(AX*4), %s", mask)
+		g.i("NEGQ AX")
+	}
+	body(true)
+	g.p("done:")
+	g.i("MOVQ dst+16(FP), AX")
+	g.i("MOVQ ldd+32(FP), R12")
+	g.reduce(is, R, C, acc, nacc)
+	g.i("VZEROUPPER")
+	g.i("RET")
+}
+
+// reduce sums each accumulator horizontally and stores row i's C results at
+// AX + i*R12. Free vector registers start at index free.
+func (g *gen) reduce(is isa, R, C int, acc func(i, j int) string, free int) {
+	V := is.vr
+	t1 := fmt.Sprintf("%s%d", V, free)
+	t2 := fmt.Sprintf("%s%d", V, free+1)
+	idx := fmt.Sprintf("%s%d", V, free+2)
+	if is.name == "avx512" {
+		if free+3 > is.nreg {
+			panic("reduce: out of registers")
+		}
+		g.i("VPMOVZXBD permIdx<>(SB), %s", idx)
+	} else if free+2 > is.nreg {
+		panic("reduce: out of registers")
+	}
+	x := func(r string) string { return "X" + r[1:] }
+	y := func(r string) string { return "Y" + r[1:] }
+	for i := 0; i < R; i++ {
+		for g0 := 0; g0 < C; g0 += 4 {
+			n := min(4, C-g0)
+			a := acc(i, g0)
+			var b, c, d string
+			if n > 1 {
+				b = acc(i, g0+1)
+			}
+			if n > 2 {
+				c = acc(i, g0+2)
+			}
+			if n > 3 {
+				d = acc(i, g0+3)
+			}
+			var res string
+			if is.name == "avx512" {
+				// pairs (a,b) and (c,d): 512→256 folds side by side.
+				pair := func(p, q string) {
+					g.i("VSHUFF64X2 $0x44, %s, %s, %s", q, p, t1)
+					g.i("VSHUFF64X2 $0xEE, %s, %s, %s", q, p, t2)
+					g.i("VADDPS %s, %s, %s", t2, t1, p)
+				}
+				if b == "" {
+					b = a
+				}
+				pair(a, b)
+				cd := a
+				if c != "" {
+					if d == "" {
+						d = c
+					}
+					pair(c, d)
+					cd = c
+				}
+				// [a8.lo b8.lo c8.lo d8.lo] + [a8.hi b8.hi c8.hi d8.hi]
+				g.i("VSHUFF32X4 $0x88, %s, %s, %s", cd, a, t1)
+				g.i("VSHUFF32X4 $0xDD, %s, %s, %s", cd, a, t2)
+				g.i("VADDPS %s, %s, %s", t2, t1, a)
+				// within each 128-bit lane: (e0+e1)+(e2+e3)
+				g.i("VSHUFPS $0xB1, %s, %s, %s", a, a, t1)
+				g.i("VADDPS %s, %s, %s", t1, a, a)
+				g.i("VSHUFPS $0x4E, %s, %s, %s", a, a, t1)
+				g.i("VADDPS %s, %s, %s", t1, a, a)
+				g.i("VPERMPS %s, %s, %s", a, idx, t1)
+				res = x(t1)
+			} else {
+				// pairs (a,c) and (b,d): 256→128 folds side by side.
+				pair := func(p, q string) {
+					g.i("VPERM2F128 $0x20, %s, %s, %s", q, p, t1)
+					g.i("VPERM2F128 $0x31, %s, %s, %s", q, p, t2)
+					g.i("VADDPS %s, %s, %s", t2, t1, p)
+				}
+				if c == "" {
+					c = a
+				}
+				pair(a, c)
+				bd := a
+				if b != "" {
+					if d == "" {
+						d = b
+					}
+					pair(b, d)
+					bd = b
+				}
+				g.i("VHADDPS %s, %s, %s", y(bd), y(a), y(a))
+				g.i("VEXTRACTF128 $1, %s, %s", y(a), x(t1))
+				g.i("VHADDPS %s, %s, %s", x(t1), x(a), x(a))
+				res = x(a)
+			}
+			off := 4 * g0
+			switch n {
+			case 4:
+				g.i("VMOVUPS %s, %d(AX)", res, off)
+			case 3:
+				g.i("VMOVSD %s, %d(AX)", res, off)
+				g.i("VEXTRACTPS $2, %s, %d(AX)", res, off+8)
+			case 2:
+				g.i("VMOVSD %s, %d(AX)", res, off)
+			case 1:
+				g.i("VMOVSS %s, %d(AX)", res, off)
+			}
+		}
+		if i < R-1 {
+			g.i("ADDQ R12, AX")
+		}
+	}
+}
+
+// axpy emits y += a·x over n elements (len(x) ≥ n).
+func (g *gen) axpy(is isa) {
+	V := is.vr
+	name := "axpy_" + is.name
+	vb := is.vw * 4
+	g.p("")
+	g.p("// func %s(y, x unsafe.Pointer, n uintptr, a float32)", name)
+	g.p("TEXT ·%s(SB), NOSPLIT, $0-28", name)
+	g.i("MOVQ y+0(FP), DI")
+	g.i("MOVQ x+8(FP), SI")
+	g.i("MOVQ n+16(FP), CX")
+	g.i("VBROADCASTSS a+24(FP), %s0", V)
+	g.i("XORQ AX, AX")
+	g.i("MOVQ CX, DX")
+	g.i("ANDQ $-%d, DX", 4*is.vw)
+	g.i("SHLQ $2, DX")
+	g.i("JZ one")
+	g.p("four:")
+	for u := 0; u < 4; u++ {
+		g.i("VMOVUPS %d(DI)(AX*1), %s%d", u*vb, V, u+1)
+	}
+	for u := 0; u < 4; u++ {
+		g.i("VFMADD231PS %d(SI)(AX*1), %s0, %s%d", u*vb, V, V, u+1)
+	}
+	for u := 0; u < 4; u++ {
+		g.i("VMOVUPS %s%d, %d(DI)(AX*1)", V, u+1, u*vb)
+	}
+	g.i("ADDQ $%d, AX", 4*vb)
+	g.i("CMPQ AX, DX")
+	g.i("JNE four")
+	g.p("one:")
+	g.i("MOVQ CX, DX")
+	g.i("ANDQ $-%d, DX", is.vw)
+	g.i("SHLQ $2, DX")
+	g.i("CMPQ AX, DX")
+	g.i("JEQ tail")
+	g.p("oneloop:")
+	g.i("VMOVUPS (DI)(AX*1), %s1", V)
+	g.i("VFMADD231PS (SI)(AX*1), %s0, %s1", V, V)
+	g.i("VMOVUPS %s1, (DI)(AX*1)", V)
+	g.i("ADDQ $%d, AX", vb)
+	g.i("CMPQ AX, DX")
+	g.i("JNE oneloop")
+	g.p("tail:")
+	g.i("ANDQ $%d, CX", is.vw-1)
+	g.i("JZ done")
+	if is.name == "avx512" {
+		g.i("MOVL $1, DX")
+		g.i("SHLL CX, DX")
+		g.i("DECL DX")
+		g.i("KMOVW DX, K1")
+		g.i("VMOVUPS.Z (DI)(AX*1), K1, Z1")
+		g.i("VMOVUPS.Z (SI)(AX*1), K1, Z2")
+		g.i("VFMADD231PS Z2, Z0, Z1")
+		g.i("VMOVUPS Z1, K1, (DI)(AX*1)")
+	} else {
+		g.i("LEAQ maskTab<>+32(SB), DX")
+		g.i("NEGQ CX")
+		g.i("VMOVDQU (DX)(CX*4), Y3")
+		g.i("VMASKMOVPS (DI)(AX*1), Y3, Y1")
+		g.i("VMASKMOVPS (SI)(AX*1), Y3, Y2")
+		g.i("VFMADD231PS Y2, Y0, Y1")
+		g.i("VMASKMOVPS Y1, Y3, (DI)(AX*1)")
+	}
+	g.p("done:")
+	g.i("VZEROUPPER")
+	g.i("RET")
+}
+
+// pack emits the activation packer: for v < nv, i < r: copy vector v of
+// row i (x + i·ldx + v·VW) to dst, consecutively.
+func (g *gen) pack(is isa) {
+	V := is.vr
+	vb := is.vw * 4
+	g.p("")
+	g.p("// func pack_%s(dst, x unsafe.Pointer, ldx, nv, r uintptr)", is.name)
+	g.p("TEXT ·pack_%s(SB), NOSPLIT, $0-40", is.name)
+	g.i("MOVQ dst+0(FP), DI")
+	g.i("MOVQ x+8(FP), SI")
+	g.i("MOVQ ldx+16(FP), DX")
+	g.i("MOVQ nv+24(FP), CX")
+	g.i("MOVQ r+32(FP), BX")
+	g.i("TESTQ CX, CX")
+	g.i("JZ done")
+	g.p("vloop:")
+	g.i("MOVQ SI, AX")
+	g.i("MOVQ BX, R8")
+	g.p("rloop:")
+	g.i("VMOVUPS (AX), %s0", V)
+	g.i("VMOVUPS %s0, (DI)", V)
+	g.i("ADDQ $%d, DI", vb)
+	g.i("ADDQ DX, AX")
+	g.i("DECQ R8")
+	g.i("JNZ rloop")
+	g.i("ADDQ $%d, SI", vb)
+	g.i("DECQ CX")
+	g.i("JNZ vloop")
+	g.p("done:")
+	g.i("VZEROUPPER")
+	g.i("RET")
+}
+
+func main() {
+	var s, d gen
+	s.p("// Code generated by gen_asm.go; DO NOT EDIT.")
+	s.p("")
+	s.p("//go:build amd64 && !purego")
+	s.p("")
+	s.p("#include \"textflag.h\"")
+	s.p("")
+	s.p("// permIdx picks lane 0 of each 128-bit lane (VPMOVZXBD-expanded).")
+	s.p("DATA permIdx<>+0(SB)/8, $0x0c080400")
+	s.p("DATA permIdx<>+8(SB)/8, $0")
+	s.p("GLOBL permIdx<>(SB), RODATA|NOPTR, $16")
+	s.p("")
+	s.p("// maskTab: 8 all-ones dwords then 8 zero dwords (AVX2 tail masks).")
+	for k := 0; k < 4; k++ {
+		s.p("DATA maskTab<>+%d(SB)/8, $-1", 8*k)
+	}
+	for k := 4; k < 8; k++ {
+		s.p("DATA maskTab<>+%d(SB)/8, $0", 8*k)
+	}
+	s.p("GLOBL maskTab<>(SB), RODATA|NOPTR, $64")
+
+	d.p("// Code generated by gen_asm.go; DO NOT EDIT.")
+	d.p("")
+	d.p("//go:build amd64 && !purego")
+	d.p("")
+	d.p("package gemm")
+	d.p("")
+	d.p("import \"unsafe\"")
+	for _, is := range []isa{avx2, avx512} {
+		for _, dt := range []string{"f32", "bf16"} {
+			d.p("")
+			d.p("var %s_%s = kernelSet{", dt, is.name)
+			for _, rc := range shapes[is.name] {
+				r := rc[0]
+				d.p("\t%d: {", r)
+				for c := 1; c <= rc[1]; c++ {
+					d.p("\t\t%d: %s,", c, kname(is, dt, r, c))
+				}
+				d.p("\t},")
+			}
+			d.p("}")
+			for _, rc := range shapes[is.name] {
+				for c := 1; c <= rc[1]; c++ {
+					s.kernel(is, dt, rc[0], c)
+					d.p("")
+					d.p("//go:noescape")
+					d.p("func %s%s", kname(is, dt, rc[0], c), sig)
+				}
+			}
+		}
+		s.axpy(is)
+		s.pack(is)
+		d.p("")
+		d.p("//go:noescape")
+		d.p("func pack_%s(dst, x unsafe.Pointer, ldx, nv, r uintptr)", is.name)
+		d.p("")
+		d.p("//go:noescape")
+		d.p("func axpy_%s(y, x unsafe.Pointer, n uintptr, a float32)", is.name)
+	}
+	if err := os.WriteFile("kernels_amd64.s", s.b.Bytes(), 0o644); err != nil {
+		panic(err)
+	}
+	if err := os.WriteFile("kernels_amd64.go", d.b.Bytes(), 0o644); err != nil {
+		panic(err)
+	}
+}

@@ -1,0 +1,251 @@
+package gemm
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// An implementation of the kernels: pure Go, or SIMD microkernels chosen by
+// CPU features. Within one implementation every output of MatMulT (and of
+// MatMulTBF16) is computed the same way whatever T, N, Params or the tile it
+// falls in, so results are batch-invariant; implementations differ from each
+// other (and from MatMulTNaive) only by the order of the fp32 summation.
+type impl struct {
+	name string
+	simd *simdImpl // nil for pure Go
+}
+
+// ImplEnv names the environment variable read at start-up to force an
+// implementation (same values as SetImpl).
+const ImplEnv = "GLMFLASH_GEMM"
+
+var (
+	goImpl = &impl{name: "go"}
+	// registered holds the implementations usable on this machine, the
+	// preferred one last.
+	registered = append([]*impl{goImpl}, simdImpls()...)
+	cur        atomic.Pointer[impl]
+)
+
+func init() {
+	cur.Store(registered[len(registered)-1])
+	if v := os.Getenv(ImplEnv); v != "" {
+		if err := SetImpl(v); err != nil {
+			fmt.Fprintf(os.Stderr, "gemm: %v; using %s\n", err, Impl())
+		}
+	}
+}
+
+// Impls lists the implementations available on this machine: "go" first,
+// the one chosen by default last (e.g. [go avx2 avx512]).
+func Impls() []string {
+	s := make([]string, len(registered))
+	for i, im := range registered {
+		s[i] = im.name
+	}
+	return s
+}
+
+// Impl returns the name of the implementation in use.
+func Impl() string { return cur.Load().name }
+
+// SetImpl selects the implementation by name ("go", "avx2", "avx512"; "" or
+// "auto" picks the best available). It returns an error, changing nothing,
+// when the name is unknown or the CPU lacks the features. Meant for tests,
+// benchmarks and start-up: it is safe to call concurrently with kernels, but
+// a call in flight may finish with the previous implementation.
+func SetImpl(name string) error {
+	if name == "" || name == "auto" {
+		cur.Store(registered[len(registered)-1])
+		return nil
+	}
+	for _, im := range registered {
+		if im.name == name {
+			cur.Store(im)
+			return nil
+		}
+	}
+	return fmt.Errorf("gemm implementation %q not available (have %v)", name, Impls())
+}
+
+// ukernel computes an R×C tile dst[i*ldd+j] = Σ_k x_i[k]·w[j*ldw+k] for
+// k < nvec·VW plus a masked tail (tail: lane mask on AVX-512, lane count on
+// AVX2), strides in bytes. The R activation rows are packed vector by
+// vector (see packStrip). flags&kPrefetch also prefetches the next C weight
+// rows into L2.
+type ukernel func(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+const kPrefetch = 1
+
+// kernelSet[r][c] is the r×c microkernel (nil where absent).
+type kernelSet [5][9]ukernel
+
+// simdImpl describes one set of SIMD microkernels.
+type simdImpl struct {
+	vw       int  // fp32 lanes per vector
+	maskTail bool // tail argument is a lane mask (else a count)
+	f32      *kernelSet
+	bf16     *kernelSet
+	// rows are the row-tile heights, descending, ending with 1; cTile[r] is
+	// the main tile width (weight rows) for row-tile height r.
+	rows  []int
+	cTile [5]int
+	axpy  func(y, x unsafe.Pointer, n uintptr, a float32)
+	pack  func(dst, x unsafe.Pointer, ldx, nv, r uintptr)
+}
+
+func (s *simdImpl) tail(K int) uintptr {
+	rem := K % s.vw
+	if s.maskTail {
+		return uintptr(1)<<rem - 1
+	}
+	return uintptr(rem)
+}
+
+// Cache blocking (bytes): a row block of packed activations and a panel of
+// weights are kept in L2 together while the row blocks sweep the panel.
+var (
+	blockBytes = 256 << 10
+	panelBytes = 256 << 10
+)
+
+// prefetchRows is the strip height from which kernels prefetch the next
+// tile of weights into L2 (this keeps memory busy while a tile computes;
+// it pays for every height once weights come from DRAM).
+var prefetchRows = 1
+
+// bufPool holds activation packing buffers.
+var bufPool = sync.Pool{New: func() any { return new([]float32) }}
+
+func getBuf(n int) *[]float32 {
+	b := bufPool.Get().(*[]float32)
+	if cap(*b) < n {
+		*b = make([]float32, n)
+	}
+	*b = (*b)[:n]
+	return b
+}
+
+// strip is r consecutive activation rows from t, packed at x.
+type strip struct {
+	t, r int
+	x    unsafe.Pointer
+}
+
+// run computes rows [t0,t1) × columns [n0,n1) of dst on the calling
+// goroutine with microkernels from ks; wsz is the byte size of a weight
+// element. Rows are taken RowBlock at a time, each block cut into strips of
+// the tallest row tile that fits (then shorter ones); when there are several
+// blocks, columns go in panels of about panelBytes of weights so the weights
+// are streamed from memory once.
+func (s *simdImpl) run(ks *kernelSet, p Params, dst, x, w unsafe.Pointer, wsz uintptr, K, N, t0, t1, n0, n1 int) {
+	// Cut rows into strips and pack the activations once for all panels.
+	var sb [32]strip
+	var bb [8]int
+	strips := sb[:0]
+	blocks := bb[:0] // strips[blocks[b]:blocks[b+1]] is row block b
+	var packed int
+	nv := (K + s.vw - 1) / s.vw
+	// Keep a row block of packed activations within about blockBytes.
+	rb := min(p.RowBlock, max(8, blockBytes/(K*4)/8*8))
+	for tb := t0; tb < t1; tb += rb {
+		blocks = append(blocks, len(strips))
+		te := min(tb+rb, t1)
+		for t := tb; t < te; {
+			r := 1
+			for _, h := range s.rows {
+				if h <= te-t {
+					r = h
+					break
+				}
+			}
+			strips = append(strips, strip{t: t, r: r})
+			if r > 1 {
+				packed += nv * r * s.vw
+			}
+			t += r
+		}
+	}
+	blocks = append(blocks, len(strips))
+	var pb *[]float32
+	if packed > 0 {
+		pb = getBuf(packed)
+		defer bufPool.Put(pb)
+	}
+	off := 0
+	for i := range strips {
+		st := &strips[i]
+		xr := unsafe.Add(x, uintptr(st.t*K)*4)
+		if st.r == 1 {
+			st.x = xr
+			continue
+		}
+		buf := (*pb)[off : off+nv*st.r*s.vw]
+		off += len(buf)
+		s.packStrip(buf, xr, K, st.r)
+		st.x = unsafe.Pointer(&buf[0])
+	}
+
+	nc := n1 - n0
+	if len(blocks) > 2 {
+		nc = max(1, panelBytes/(K*int(wsz)*24)) * 24
+	}
+	ldw, ldd := uintptr(K)*wsz, uintptr(N)*4
+	for np := n0; np < n1; np += nc {
+		ne := min(np+nc, n1)
+		for b := 0; b+1 < len(blocks); b++ {
+			blk := strips[blocks[b]:blocks[b+1]]
+			// Consecutive strips of equal height share the column tiling.
+			for len(blk) > 0 {
+				r := blk[0].r
+				g := 1
+				for g < len(blk) && blk[g].r == r {
+					g++
+				}
+				s.group(ks, blk[:g], dst, w, wsz, ldw, ldd, K, N, np, ne)
+				blk = blk[g:]
+			}
+		}
+	}
+}
+
+// group computes strips of equal height r against columns [n0,n1): for each
+// tile of weight rows, every strip (the tile stays in L1 meanwhile).
+func (s *simdImpl) group(ks *kernelSet, strips []strip, dst, w unsafe.Pointer, wsz, ldw, ldd uintptr, K, N, n0, n1 int) {
+	r := strips[0].r
+	cMain := s.cTile[r]
+	nvec, tail := uintptr(K/s.vw), s.tail(K)
+	var flags uintptr
+	if r >= prefetchRows {
+		flags = kPrefetch
+	}
+	for n := n0; n < n1; {
+		c := min(cMain, n1-n)
+		k := ks[r][c]
+		wp := unsafe.Add(w, uintptr(n)*ldw)
+		for _, st := range strips {
+			k(st.x, wp, unsafe.Add(dst, uintptr(st.t*N+n)*4), ldw, ldd, nvec, tail, flags)
+		}
+		n += c
+	}
+}
+
+// packStrip stores r activation rows of length K (row i at x + i·K·4) into
+// buf vector by vector: buf[(v*r+i)*vw+l] = x_i[v*vw+l], zero past K.
+func (s *simdImpl) packStrip(buf []float32, x unsafe.Pointer, K, r int) {
+	full := K / s.vw
+	if full > 0 {
+		s.pack(unsafe.Pointer(&buf[0]), x, uintptr(K)*4, uintptr(full), uintptr(r))
+	}
+	if rem := K - full*s.vw; rem > 0 {
+		xs := unsafe.Slice((*float32)(x), (r-1)*K+K)
+		for i := 0; i < r; i++ {
+			o := (full*r + i) * s.vw
+			n := copy(buf[o:o+s.vw], xs[i*K+full*s.vw:i*K+K])
+			clear(buf[o+n : o+s.vw])
+		}
+	}
+}

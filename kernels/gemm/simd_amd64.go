@@ -1,0 +1,44 @@
+//go:build amd64 && !purego
+
+package gemm
+
+import "golang.org/x/sys/cpu"
+
+//go:generate go run gen_asm.go
+
+// simdImpls returns the SIMD implementations this CPU supports, best last.
+//
+// Tile shapes (rows of activations × rows of weights per microkernel call):
+// 4×6 for row blocks of 4+ (24 zmm accumulators: 10 loads per 24 FMAs), 2×8
+// for 2-3 rows, 1×8 for a GEMV (8 weight streams in flight). AVX2 has half
+// the registers: 4×2, 2×6, 1×8. Measured on Zen 4 (where a zmm FMA issues
+// as two ymm halves) both reach ~108 GFLOP/s per core from cache; taller
+// tiles (8×3) and K blocking did not pay.
+func simdImpls() []*impl {
+	var ims []*impl
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		ims = append(ims, &impl{name: "avx2", simd: &simdImpl{
+			vw:    8,
+			f32:   &f32_avx2,
+			bf16:  &bf16_avx2,
+			rows:  []int{4, 2, 1},
+			cTile: [5]int{1: 8, 2: 6, 4: 2},
+			axpy:  axpy_avx2,
+			pack:  pack_avx2,
+		}})
+	}
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL &&
+		cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ {
+		ims = append(ims, &impl{name: "avx512", simd: &simdImpl{
+			vw:       16,
+			maskTail: true,
+			f32:      &f32_avx512,
+			bf16:     &bf16_avx512,
+			rows:     []int{4, 2, 1},
+			cTile:    [5]int{1: 8, 2: 8, 4: 6},
+			axpy:     axpy_avx512,
+			pack:     pack_avx512,
+		}})
+	}
+	return ims
+}
