@@ -16,6 +16,7 @@ import (
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/passes/autotune"
+	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -60,13 +61,7 @@ func newAttributeCmd() *cobra.Command {
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			var runner attrib.Runner
-			pf := func(ec *config.Engine) (*pass.Pipeline, error) {
-				pl, err := pass.FromConfig(ec)
-				if err != nil {
-					return nil, err
-				}
-				return pl, attachPlugins(pl, ec)
-			}
+			pf := func(ec *config.Engine) (*pass.Pipeline, error) { return pipelineWithPlugins(ec) }
 			switch st.Level {
 			case attrib.LevelEngine:
 				runner = attrib.NewEngineRunner(st, ck.Config(), ck, ck, pf)
@@ -132,11 +127,27 @@ func newAttributeCmd() *cobra.Command {
 	return cmd
 }
 
-// loadStudy parses a study, knowing built-in and plugin pass names.
+// loadStudy parses a study, knowing built-in pass names and the names of
+// the plugin passes found in the study's plugins.dir (discovered, verified
+// and described before anything runs).
 func loadStudy(path string) (*attrib.Study, error) {
-	known := func(name string) bool {
-		_, ok := pass.Lookup(name)
-		return ok
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("study: %w", err)
 	}
-	return attrib.Load(path, known)
+	plugins := map[string]bool{}
+	if pre, err := attrib.Parse(b, path, func(string) bool { return true }); err == nil && pre.Plugins.Dir != "" {
+		h, err := host.Open(host.OptionsFromConfig(&config.Engine{Plugins: pre.Plugins}, log))
+		if err != nil {
+			return nil, fmt.Errorf("%s: plugins: %w", path, err)
+		}
+		for _, n := range h.Names() {
+			plugins[n] = true
+		}
+		h.Close()
+	}
+	return attrib.Parse(b, path, func(name string) bool {
+		_, ok := pass.Lookup(name)
+		return ok || plugins[name]
+	})
 }

@@ -161,7 +161,7 @@ func newBenchCmd() *cobra.Command {
 			peak := float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
 			fmt.Printf("model    %s (hidden %d, %d layers, vocab %d)\n", ck.Dir(), cfg.HiddenSize, cfg.NumHiddenLayers, cfg.VocabSize)
 			fmt.Printf("machine  %d CPUs (GOMAXPROCS %d), %s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
-			fmt.Printf("weights  %.1f MiB as fp32\n", float64(e.WeightBytes())/(1<<20))
+			fmt.Printf("weights  %.1f MiB in memory (fp32, plus bf16 copies of bf16-exact GEMM weights)\n", float64(e.WeightBytes())/(1<<20))
 			for _, r := range results {
 				fmt.Printf("%-22s %10.1f tokens/s  (median of %d; runs %s)\n", r.Name, r.TokensPerSec, len(r.Runs), fmtRuns(r.Runs))
 			}

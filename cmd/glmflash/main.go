@@ -41,12 +41,14 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level (debug, info, warn, error)")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "console", "log format (console or json)")
-	root.AddCommand(newEvalCmd(), newGenerateCmd(), newBenchCmd(), newInitRandomCmd(), newGraphCmd(), newPassesCmd(), newServeCmd(), newAttributeCmd())
+	root.AddCommand(newEvalCmd(), newGenerateCmd(), newBenchCmd(), newInitRandomCmd(), newGraphCmd(), newPassesCmd(), newServeCmd(), newAttributeCmd(), newPluginCmd())
 	return root
 }
 
 func main() {
-	if err := newRoot().Execute(); err != nil {
+	err := newRoot().Execute()
+	closePlugins() // pass plugins end with the command
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "glmflash:", err)
 		os.Exit(1)
 	}

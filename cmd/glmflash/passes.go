@@ -26,12 +26,9 @@ func engineConfig(path string) (*config.Engine, error) {
 // pipelineFor builds the pass pipeline and eligibility environment for a
 // checkpoint and configuration.
 func pipelineFor(ec *config.Engine, ck *model.Checkpoint) (*pass.Pipeline, *pass.Env, error) {
-	pl, err := pass.FromConfig(ec)
+	pl, err := pipelineWithPlugins(ec) // built-in and plugin passes (plugins_hook.go)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", ec.Source, err)
-	}
-	if err := attachPlugins(pl, ec); err != nil {
-		return nil, nil, err
 	}
 	return pl, pass.EnvFromConfig(ec, ck.Config(), ck), nil
 }

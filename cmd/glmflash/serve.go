@@ -39,6 +39,7 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 			if mf.preset != "" {
 				source = fmt.Sprintf("preset %s (seed %d)", mf.preset, mf.seed)
 			}
+			exitOnSignal = false // drain first; main stops plugin processes at exit
 			ec, err := engineConfig(engineCfg)
 			if err != nil {
 				return err

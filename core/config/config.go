@@ -63,12 +63,17 @@ type Debug struct {
 	CaptureHidden []int `koanf:"capture_hidden"`
 }
 
-// Plugins configures external pass plugins.
+// Plugins configures external pass plugins (executables named
+// glmflash-pass-* in Dir). A plugin runs only if its SHA-256 is listed in
+// Checksums or SumsFile, unless AllowUnverified is set.
 type Plugins struct {
 	Dir       string            `koanf:"dir"`
 	Checksums map[string]string `koanf:"checksums"` // plugin file name → hex SHA-256
 	SumsFile  string            `koanf:"sums_file"` // sidecar "sha256  name" lines
 	TimeoutMS int               `koanf:"timeout_ms"`
+	// AllowUnverified runs plugins that have no expected checksum (a
+	// plugin whose checksum is listed and differs never runs).
+	AllowUnverified bool `koanf:"allow_unverified"`
 }
 
 // Engine is the whole engine configuration.
@@ -214,7 +219,37 @@ func (e *Engine) Validate() error {
 	if e.Plugins.TimeoutMS < 0 {
 		return fmt.Errorf("plugins.timeout_ms must be ≥ 0")
 	}
+	for _, name := range SortedOptionKeys(anyMap(e.Plugins.Checksums)) {
+		sum := e.Plugins.Checksums[name]
+		if name == "" || strings.ContainsAny(name, `/\`) {
+			return fmt.Errorf("plugins.checksums: key %q must be a plugin file name (no directory)", name)
+		}
+		if !isHexSHA256(sum) {
+			return fmt.Errorf("plugins.checksums.%s: %q is not a hex SHA-256 (64 hex digits)", name, sum)
+		}
+	}
 	return nil
+}
+
+func anyMap(m map[string]string) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// isHexSHA256 reports whether s is 64 hex digits.
+func isHexSHA256(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
 }
 
 // SortedOptionKeys returns a pass's option names, sorted (for messages).

@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -54,4 +55,17 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = Parse(b, "fuzz")
 	})
+}
+
+func TestPluginSettings(t *testing.T) {
+	sum := strings.Repeat("ab", 32)
+	e, err := Parse([]byte("plugins:\n  dir: /opt/p\n  allow_unverified: true\n  timeout_ms: 500\n  checksums:\n    glmflash-pass-x: "+sum+"\n"), "f.yaml")
+	require.NoError(t, err)
+	require.True(t, e.Plugins.AllowUnverified)
+	require.Equal(t, sum, e.Plugins.Checksums["glmflash-pass-x"])
+	require.False(t, Default().Plugins.AllowUnverified)
+	_, err = Parse([]byte("plugins:\n  checksums:\n    glmflash-pass-x: abc\n"), "f.yaml")
+	require.ErrorContains(t, err, "plugins.checksums.glmflash-pass-x")
+	_, err = Parse([]byte("plugins:\n  allow_unverifed: true\n"), "f.yaml")
+	require.ErrorContains(t, err, "allow_unverifed")
 }

@@ -93,6 +93,14 @@ func (p *Program) bind(n *ir.Node) (func(rc *runCtx) error, error) {
 		}
 		K, N := in[0].Shape[1], outs[0].Shape[1]
 		prm := p.gemmParams(n)
+		if Wb := p.bf16(in[1]); Wb != nil {
+			return func(rc *runCtx) error {
+				y := rc.out(outs[0])
+				R := rc.rows(in[0])
+				gemm.MatMulTBF16With(prm(R), y, rc.in(in[0]), R, K, Wb, N)
+				return nil
+			}, nil
+		}
 		return func(rc *runCtx) error {
 			y := rc.out(outs[0])
 			R := rc.rows(in[0])
@@ -241,7 +249,14 @@ func (p *Program) bind(n *ir.Node) (func(rc *runCtx) error, error) {
 		g, u, d := p.consts[in[3]], p.consts[in[4]], p.consts[in[5]]
 		E, I, D := in[3].Shape[0], in[3].Shape[1], in[3].Shape[2]
 		ex := &moe.Experts{N: E, D: D, I: I, Limit: float32(a.Float("limit", 0))}
+		gb, ub, db := p.bf16(in[3]), p.bf16(in[4]), p.bf16(in[5])
 		for e := 0; e < E; e++ {
+			if gb != nil && ub != nil && db != nil {
+				ex.GateB = append(ex.GateB, gb[e*I*D:(e+1)*I*D])
+				ex.UpB = append(ex.UpB, ub[e*I*D:(e+1)*I*D])
+				ex.DownB = append(ex.DownB, db[e*D*I:(e+1)*D*I])
+				continue
+			}
 			ex.Gate = append(ex.Gate, g[e*I*D:(e+1)*I*D])
 			ex.Up = append(ex.Up, u[e*I*D:(e+1)*I*D])
 			ex.Down = append(ex.Down, d[e*D*I:(e+1)*D*I])
@@ -252,6 +267,9 @@ func (p *Program) bind(n *ir.Node) (func(rc *runCtx) error, error) {
 			ex.Forward(rc.out(outs[0]), rc.in(in[0]), rc.i[in[1]], rc.in(in[2]), T, K)
 			return nil
 		}, nil
+
+	case "moe_append_expert":
+		return p.bindMoEAppendExpert(n)
 
 	case "stream_mean":
 		H, D := in[0].Shape[1], in[0].Shape[2]
@@ -491,4 +509,42 @@ func (p *Program) bindMHCPostPre(n *ir.Node) (func(rc *runCtx) error, error) {
 		})
 		return nil
 	}, nil
+}
+
+// bf16 returns a bfloat16 copy of a constant weight when every value is
+// exactly representable in bfloat16 (true of BF16 checkpoints and of FP8
+// weights with power-of-two block scales): GEMMs then read half the bytes
+// and compute the same products. It returns nil otherwise, or when the
+// executor option FP32Weights is set. Copies are shared by programs of one
+// WeightCache.
+func (p *Program) bf16(v *ir.Value) []uint16 {
+	if p.opts.FP32Weights {
+		return nil
+	}
+	if b, ok := p.bf16s[v]; ok {
+		return b
+	}
+	w := p.consts[v]
+	var b []uint16
+	if v.Producer == nil && p.cache != nil && v.Ref != "" {
+		b = p.cache.bf16(v.Ref, v.Stack, w)
+	} else {
+		b = toBF16Exact(w)
+	}
+	p.bf16s[v] = b
+	return b
+}
+
+// toBF16Exact converts w if every value is bf16-representable, else nil.
+func toBF16Exact(w []float32) []uint16 {
+	for _, x := range w {
+		if math.Float32bits(x)&0xFFFF != 0 {
+			return nil
+		}
+	}
+	b := make([]uint16, len(w))
+	for i, x := range w {
+		b[i] = uint16(math.Float32bits(x) >> 16)
+	}
+	return b
 }

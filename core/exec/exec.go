@@ -55,6 +55,10 @@ type Options struct {
 	MaxPositions int
 	// Vocab bounds token ids; taken from the embedding weight when 0.
 	Vocab int
+	// FP32Weights keeps every GEMM weight in float32 even when it is exactly
+	// representable in bfloat16 (by default such weights are stored as
+	// bf16, halving the bytes decode reads, with identical results).
+	FP32Weights bool
 	// PoisonDeviceLengths makes seq_lengths nodes produce wrong values, so a
 	// test can prove that a graph never reads the executor's copy.
 	PoisonDeviceLengths bool
@@ -74,6 +78,8 @@ type Program struct {
 	hiddenOf map[*ir.Value]string
 	// deviceReads counts reads of executor-produced lengths (seq_lengths).
 	deviceReads atomic.Int64
+	bf16s       map[*ir.Value][]uint16
+	cache       *WeightCache
 	// fusedMHC counts mhc_post_pre executions that took the fused path.
 	fusedMHC atomic.Int64
 }
@@ -100,7 +106,8 @@ func Compile(g *ir.Graph, w Weights, opts Options) (*Program, error) {
 	if err := g.Verify(); err != nil {
 		return nil, fmt.Errorf("exec: graph does not verify: %w", err)
 	}
-	p := &Program{g: g, opts: opts, consts: map[*ir.Value][]float32{}, lastUse: map[*ir.Value]int{}, pool: map[int][][]float32{}, hiddenOf: map[*ir.Value]string{}}
+	p := &Program{g: g, opts: opts, consts: map[*ir.Value][]float32{}, lastUse: map[*ir.Value]int{}, pool: map[int][][]float32{}, hiddenOf: map[*ir.Value]string{}, bf16s: map[*ir.Value][]uint16{}}
+	p.cache, _ = w.(*WeightCache)
 	for _, wv := range g.Weights {
 		data, err := loadWeight(w, wv)
 		if err != nil {
@@ -232,11 +239,26 @@ type WeightCache struct {
 	src Weights
 	mu  sync.Mutex
 	m   map[string][]float32
+	b   map[string][]uint16
 }
 
 // NewWeightCache wraps src.
 func NewWeightCache(src Weights) *WeightCache {
-	return &WeightCache{src: src, m: map[string][]float32{}}
+	return &WeightCache{src: src, m: map[string][]float32{}, b: map[string][]uint16{}}
+}
+
+// bf16 returns the shared bfloat16 copy of a leaf weight (nil when it is
+// not exactly representable).
+func (c *WeightCache) bf16(ref string, stack int, w []float32) []uint16 {
+	key := fmt.Sprintf("%s#%d", ref, stack)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if b, ok := c.b[key]; ok {
+		return b
+	}
+	b := toBF16Exact(w)
+	c.b[key] = b
+	return b
 }
 
 // Float32 returns the cached tensor, loading it on first use. The shape is
@@ -269,6 +291,9 @@ func (c *WeightCache) Bytes() int64 {
 	var n int64
 	for _, t := range c.m {
 		n += int64(4 * len(t))
+	}
+	for _, t := range c.b {
+		n += int64(2 * len(t))
 	}
 	return n
 }

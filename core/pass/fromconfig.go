@@ -30,3 +30,14 @@ func EnvFromConfig(e *config.Engine, m *model.Config, w WeightInfo) *Env {
 	}
 	return env
 }
+
+// FromConfigWith is FromConfig with pass names also resolved by extra (the
+// plugin host's passes), so plugin passes take their place in the same
+// `passes:` list as built-in ones.
+func FromConfigWith(e *config.Engine, extra Resolver) (*Pipeline, error) {
+	var reqs []Request
+	for _, p := range e.Enabled() {
+		reqs = append(reqs, Request{Name: p.Name, Options: p.Options})
+	}
+	return NewPipelineWith(reqs, e.VerifyEachPass(), extra)
+}

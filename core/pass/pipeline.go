@@ -21,6 +21,8 @@ type Request struct {
 type Pipeline struct {
 	passes []Pass
 	verify bool
+	// extra resolves passes beyond the built-in registry (plugins).
+	extra Resolver
 	// Dump, when set, receives the graph text before and after each pass.
 	Dump func(pass, when, text string)
 }
@@ -29,12 +31,18 @@ type Pipeline struct {
 // Unknown passes, bad options and unmet requirements (a required pass not
 // listed earlier) are errors; nothing is silently reordered.
 func NewPipeline(reqs []Request, verify bool) (*Pipeline, error) {
-	p := &Pipeline{verify: verify}
+	return NewPipelineWith(reqs, verify, nil)
+}
+
+// NewPipelineWith is NewPipeline with names also resolved by extra (plugin
+// passes); built-in passes take precedence. extra may be nil.
+func NewPipelineWith(reqs []Request, verify bool, extra Resolver) (*Pipeline, error) {
+	p := &Pipeline{verify: verify, extra: extra}
 	seen := map[string]bool{}
 	for i, r := range reqs {
-		f, ok := Lookup(r.Name)
+		f, ok := p.lookup(r.Name)
 		if !ok {
-			return nil, fmt.Errorf("passes[%d]: unknown pass %q (known: %s)", i, r.Name, strings.Join(Names(), ", "))
+			return nil, fmt.Errorf("passes[%d]: unknown pass %q (known: %s)", i, r.Name, strings.Join(p.names(), ", "))
 		}
 		ps := f()
 		d := ps.Describe()
@@ -163,7 +171,7 @@ func (p *Pipeline) Run(g *ir.Graph, env *Env) (*Report, error) {
 		requested[ps.Name()] = true
 		rep.Passes = append(rep.Passes, p.runOne(g, env, ps))
 	}
-	for _, name := range Names() {
+	for _, name := range p.names() {
 		if !requested[name] {
 			rep.Passes = append(rep.Passes, PassReport{Name: name, Requested: false})
 		}
@@ -193,7 +201,15 @@ func (p *Pipeline) runOne(g *ir.Graph, env *Env, ps Pass) (pr PassReport) {
 	if p.Dump != nil {
 		p.Dump(ps.Name(), "before", g.Text())
 	}
-	sites := ps.Eligible(g, NewAnalyses(g), env)
+	var sites []Site
+	if fe, ok := ps.(FallibleEligibility); ok {
+		var err error
+		if sites, err = fe.EligibleE(g, NewAnalyses(g), env); err != nil {
+			return fail(err)
+		}
+	} else {
+		sites = ps.Eligible(g, NewAnalyses(g), env)
+	}
 	var ok []Site
 	for _, s := range sites {
 		if s.OK {

@@ -97,8 +97,11 @@ type Experts struct {
 	Gate    [][]float32
 	Up      [][]float32
 	Down    [][]float32
-	Limit   float32
-	GEMM    gemm.Params
+	// GateB/UpB/DownB, when set, hold the same weights as bfloat16 bits
+	// (used instead of Gate/Up/Down).
+	GateB, UpB, DownB [][]uint16
+	Limit             float32
+	GEMM              gemm.Params
 }
 
 // Forward computes dst[t] = Σ_k w[t][k]·Expert_{idx[t][k]}(x[t]) for T tokens
@@ -129,11 +132,18 @@ func (ex *Experts) Forward(dst, x []float32, idx []int32, w []float32, T, K int)
 		}
 		g := make([]float32, n*I)
 		u := make([]float32, n*I)
-		serialMatMulT(g, xs, n, D, ex.Gate[e], I)
-		serialMatMulT(u, xs, n, D, ex.Up[e], I)
-		act.SwiGLU(g, g, u, ex.Limit)
 		y := make([]float32, n*D)
-		serialMatMulT(y, g, n, I, ex.Down[e], D)
+		if ex.GateB != nil {
+			gemm.MatMulTBF16Serial(g, xs, n, D, ex.GateB[e], I)
+			gemm.MatMulTBF16Serial(u, xs, n, D, ex.UpB[e], I)
+			act.SwiGLU(g, g, u, ex.Limit)
+			gemm.MatMulTBF16Serial(y, g, n, I, ex.DownB[e], D)
+		} else {
+			serialMatMulT(g, xs, n, D, ex.Gate[e], I)
+			serialMatMulT(u, xs, n, D, ex.Up[e], I)
+			act.SwiGLU(g, g, u, ex.Limit)
+			serialMatMulT(y, g, n, I, ex.Down[e], D)
+		}
 		for i, s := range slots {
 			c := contrib[s*D : (s+1)*D]
 			ws := w[s]

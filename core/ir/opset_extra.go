@@ -1,0 +1,29 @@
+package ir
+
+import "fmt"
+
+// Ops added for pass plugins (the shared-expert fusion example).
+
+func init() {
+	MustRegister(OpDef{Name: "moe_append_expert", Doc: "routing + one always-selected expert: idx [T,K] → [T,K+1] with attr expert appended, w [T,K] → [T,K+1] with weight 1.0 appended",
+		MinInputs: 2, MaxInputs: 2, Infer: inferMoEAppendExpert})
+}
+
+func inferMoEAppendExpert(n *Node) ([]OutType, error) {
+	idx, err := need(n, 0, I32, 2)
+	if err != nil {
+		return nil, err
+	}
+	w, err := need(n, 1, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	if !sameShape(idx.Shape, w.Shape) {
+		return nil, fmt.Errorf("idx %v and weights %v differ", idx.Shape, w.Shape)
+	}
+	if n.Attrs.Int("expert", -1) < 0 {
+		return nil, fmt.Errorf("attribute expert must be ≥ 0")
+	}
+	K := idx.Shape[1]
+	return []OutType{out("idx", I32, idx.Shape[0], K+1), out("w", F32, w.Shape[0], K+1)}, nil
+}

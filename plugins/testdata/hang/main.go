@@ -1,0 +1,23 @@
+// Command hang is a pass plugin that never answers Eligible.
+package main
+
+import (
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/plugins/sdk"
+)
+
+type hang struct{}
+
+func (hang) Name() string { return "hang-test" }
+func (hang) Describe() pass.Description {
+	return pass.Description{Name: "hang-test", Version: "0.0.1", Summary: "hangs in Eligible"}
+}
+func (hang) Configure(map[string]any) error { return nil }
+func (hang) Eligible(*ir.Graph, *pass.Analyses, *pass.Env) []pass.Site {
+	sdk.Log().Warn("hang-test: hanging in Eligible")
+	select {}
+}
+func (hang) Apply(*ir.Graph, []pass.Site) (pass.Result, error) { return pass.Result{}, nil }
+
+func main() { sdk.Serve(hang{}) }

@@ -1,0 +1,164 @@
+package tests
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/plugins/host"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+)
+
+// Plugin sources the tests build (file name in plugins.dir → package).
+const (
+	examplePlugin = "glmflash-pass-shared-expert-fusion"
+	examplePkg    = "./plugins/examples/sharedexpert"
+)
+
+// buildPlugins builds the given packages (file name → package path
+// relative to the repository root) into a fresh directory, in one go build.
+func buildPlugins(t *testing.T, pkgs map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	tmp := t.TempDir()
+	args := []string{"build", "-o", tmp + string(os.PathSeparator)}
+	for _, p := range pkgs {
+		args = append(args, p)
+	}
+	cmd := exec.Command("go", args...)
+	cmd.Dir = ".."
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	for file, p := range pkgs {
+		require.NoError(t, os.Rename(filepath.Join(tmp, filepath.Base(p)), filepath.Join(dir, file)))
+	}
+	return dir
+}
+
+func sha256File(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// checksums maps every plugin file of dir to its SHA-256.
+func checksums(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	m := map[string]string{}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "glmflash-pass-") {
+			m[e.Name()] = sha256File(t, filepath.Join(dir, e.Name()))
+		}
+	}
+	return m
+}
+
+// logBuffer is a goroutine-safe zerolog sink.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// pluginSetup is an engine configuration with plugins, opened.
+type pluginSetup struct {
+	ec   *config.Engine
+	host *host.Host
+	log  *logBuffer
+	pl   *pass.Pipeline
+}
+
+// openPlugins parses yaml, opens its plugin host (closed at cleanup) and
+// builds the pipeline.
+func openPlugins(t *testing.T, yaml string) *pluginSetup {
+	t.Helper()
+	ec, err := config.Parse([]byte(yaml), "test.yaml")
+	require.NoError(t, err)
+	lb := &logBuffer{}
+	h, err := host.Open(host.OptionsFromConfig(ec, zerolog.New(lb)))
+	require.NoError(t, err)
+	t.Cleanup(func() { h.Close() })
+	pl, err := pass.FromConfigWith(ec, h)
+	require.NoError(t, err)
+	var keep []string
+	for _, p := range ec.Enabled() {
+		keep = append(keep, p.Name)
+	}
+	h.StopUnused(keep) // as the command does
+	return &pluginSetup{ec: ec, host: h, log: lb, pl: pl}
+}
+
+func (s *pluginSetup) engine(t *testing.T, ck *model.Checkpoint) *engine.Engine {
+	t.Helper()
+	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Passes: s.pl, PassEnv: pass.EnvFromConfig(s.ec, ck.Config(), ck)})
+	require.NoError(t, err)
+	return e
+}
+
+// requireProcessesGone waits until none of pids runs and no process runs an
+// executable from dir.
+func requireProcessesGone(t *testing.T, pids []int, dir string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		alive := alivePlugins(pids, dir)
+		if len(alive) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("plugin processes still running: %v", alive)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func alivePlugins(pids []int, dir string) []string {
+	var alive []string
+	for _, pid := range pids {
+		if st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat")); err == nil {
+			// a zombie has exited; it is only waiting to be reaped
+			if f := strings.Fields(string(st)); len(f) > 2 && f[2] != "Z" {
+				alive = append(alive, "pid "+strconv.Itoa(pid))
+			}
+		}
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
+		if err == nil && strings.HasPrefix(exe, dir+string(os.PathSeparator)) {
+			alive = append(alive, e.Name()+" "+exe)
+		}
+	}
+	return alive
+}
