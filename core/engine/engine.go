@@ -59,7 +59,8 @@ func (k Key) String() string {
 	return s
 }
 
-// New creates an engine over cfg and a weight source.
+// New creates an engine over cfg and a weight source. Engines given the
+// same *exec.WeightCache share every loaded tensor (and its bf16 copy).
 func New(cfg *model.Config, w exec.Weights, opts Options) (*Engine, error) {
 	if opts.Slots == 0 {
 		opts.Slots = 8
@@ -71,7 +72,11 @@ func New(cfg *model.Config, w exec.Weights, opts Options) (*Engine, error) {
 	if opts.Exec.MaxPositions == 0 {
 		opts.Exec.MaxPositions = cfg.MaxPositionEmbeddings
 	}
-	return &Engine{cfg: cfg, weights: exec.NewWeightCache(w), store: st, opts: opts, progs: map[Key]*exec.Program{}, reports: map[Key]*pass.Report{}}, nil
+	wc, ok := w.(*exec.WeightCache)
+	if !ok {
+		wc = exec.NewWeightCache(w)
+	}
+	return &Engine{cfg: cfg, weights: wc, store: st, opts: opts, progs: map[Key]*exec.Program{}, reports: map[Key]*pass.Report{}}, nil
 }
 
 // Config returns the model configuration.

@@ -154,6 +154,14 @@ func loadWeight(w Weights, v *ir.Value) ([]float32, error) {
 	if v.Stack == 0 {
 		return w.Float32(v.Ref, v.Shape...)
 	}
+	if c, ok := w.(*WeightCache); ok {
+		return c.stacked(v)
+	}
+	return stackWeights(w, v)
+}
+
+// stackWeights loads the Stack tensors of a stacked weight into one slice.
+func stackWeights(w Weights, v *ir.Value) ([]float32, error) {
 	per := 1
 	for _, d := range v.Shape[1:] {
 		per *= d
@@ -245,6 +253,30 @@ type WeightCache struct {
 // NewWeightCache wraps src.
 func NewWeightCache(src Weights) *WeightCache {
 	return &WeightCache{src: src, m: map[string][]float32{}, b: map[string][]uint16{}}
+}
+
+// stacked returns the shared stacked copy of a stacked weight (one per
+// reference, whichever program asks). The per-expert tensors it was built
+// from are not kept.
+func (c *WeightCache) stacked(v *ir.Value) ([]float32, error) {
+	key := fmt.Sprintf("%s#%d", v.Ref, v.Stack)
+	c.mu.Lock()
+	if t, ok := c.m[key]; ok {
+		c.mu.Unlock()
+		return t, nil
+	}
+	c.mu.Unlock()
+	t, err := stackWeights(c.src, v)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if prev, ok := c.m[key]; ok {
+		return prev, nil
+	}
+	c.m[key] = t
+	return t, nil
 }
 
 // bf16 returns the shared bfloat16 copy of a leaf weight (nil when it is
