@@ -197,7 +197,7 @@ func fixedTable(t *testing.T, cfg *model.Config) string {
 	for _, n := range g.Nodes {
 		if n.Op == "linear" {
 			for i, b := range []int{1, 8, 64, 512} {
-				tb.Put(autotune.Entry{Op: "gemm", DType: "f32", N: n.Inputs[1].Shape[0], K: n.Inputs[0].Shape[1], Bucket: b, ColGrain: 4 << i, RowBlock: 16 << i})
+				tb.Put(autotune.Entry{Op: "gemm", DType: "bf16", N: n.Inputs[1].Shape[0], K: n.Inputs[0].Shape[1], Bucket: b, ColGrain: 4 << i, RowBlock: 16 << i})
 			}
 		}
 	}

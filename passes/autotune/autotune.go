@@ -16,6 +16,7 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/kernels/gemm"
+	"github.com/glmflash/glmflash/model/safetensors"
 )
 
 // Name is the pass's YAML name.
@@ -106,14 +107,17 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 	if err != nil {
 		return []pass.Site{pass.Skip("tuning table", -1, "%v", err)}
 	}
-	type shape struct{ N, K int }
+	type shape struct {
+		N, K int
+		dt   string
+	}
 	nodes := map[shape][]*ir.Node{}
 	var order []shape
 	seenOp := map[string]bool{}
 	var sites []pass.Site
 	for _, n := range g.Nodes {
 		if N, K, ok := gemmShape(n); ok {
-			s := shape{N, K}
+			s := shape{N, K, weightDType(n.Inputs[1], env)}
 			if _, seen := nodes[s]; !seen {
 				order = append(order, s)
 			}
@@ -125,10 +129,10 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 	}
 	for _, s := range order {
 		for _, b := range p.buckets {
-			where := fmt.Sprintf("gemm %dx%d @ %d tokens", s.N, s.K, b)
-			e, ok := table.Get("gemm", "f32", s.N, s.K, b)
+			where := fmt.Sprintf("gemm %dx%d %s @ %d tokens", s.N, s.K, s.dt, b)
+			e, ok := table.Get("gemm", s.dt, s.N, s.K, b)
 			if !ok && p.tuneAtStart {
-				e, err = p.tune(s.N, s.K, b)
+				e, err = p.tune(s.N, s.K, b, s.dt)
 				if err != nil {
 					sites = append(sites, pass.Skip(where, -1, "tuning failed: %v", err))
 					continue
@@ -198,7 +202,7 @@ func Candidates() []gemm.Params {
 
 // tune measures every candidate on random data of the entry's shape and
 // keeps the fastest one whose output agrees with the default parameters.
-func (p *Pass) tune(N, K, T int) (Entry, error) {
+func (p *Pass) tune(N, K, T int, dt string) (Entry, error) {
 	r := rand.New(rand.NewPCG(uint64(N*131+K), uint64(T)))
 	x := make([]float32, T*K)
 	w := make([]float32, N*K)
@@ -211,12 +215,21 @@ func (p *Pass) tune(N, K, T int) (Entry, error) {
 	ref := make([]float32, T*N)
 	out := make([]float32, T*N)
 	def := gemm.Default()
-	gemm.MatMulTWith(def, ref, x, T, K, w, N)
+	wb := make([]uint16, len(w))
+	gemm.Float32sToBF16(wb, w)
+	run := func(prm gemm.Params, dst []float32) {
+		if dt == "bf16" {
+			gemm.MatMulTBF16With(prm, dst, x, T, K, wb, N)
+		} else {
+			gemm.MatMulTWith(prm, dst, x, T, K, w, N)
+		}
+	}
+	run(def, ref)
 	measure := func(prm gemm.Params) int64 {
 		var ts []int64
 		for i := 0; i < p.reps; i++ {
 			t0 := time.Now()
-			gemm.MatMulTWith(prm, out, x, T, K, w, N)
+			run(prm, out)
 			ts = append(ts, time.Since(t0).Nanoseconds())
 		}
 		sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
@@ -233,7 +246,7 @@ func (p *Pass) tune(N, K, T int) (Entry, error) {
 			best, bestNS = c, ns
 		}
 	}
-	return Entry{Op: "gemm", DType: "f32", N: N, K: K, Bucket: T, ColGrain: best.ColGrain, RowBlock: best.RowBlock, DefaultNS: defNS, TunedNS: bestNS}, nil
+	return Entry{Op: "gemm", DType: dt, N: N, K: K, Bucket: T, ColGrain: best.ColGrain, RowBlock: best.RowBlock, DefaultNS: defNS, TunedNS: bestNS}, nil
 }
 
 func maxRel(a, b []float32) float64 {
@@ -242,4 +255,22 @@ func maxRel(a, b []float32) float64 {
 		m = math.Max(m, math.Abs(float64(a[i]-b[i]))/(1+math.Abs(float64(b[i]))))
 	}
 	return m
+}
+
+// weightDType is the GEMM flavour the executor will use for a weight:
+// "bf16" when it comes from BF16 checkpoint tensors (stored as bf16 and
+// multiplied by the BF16 kernel), else "f32".
+func weightDType(w *ir.Value, env *pass.Env) string {
+	if w.Producer != nil {
+		for _, in := range w.Producer.Inputs {
+			if weightDType(in, env) != "bf16" {
+				return "f32"
+			}
+		}
+		return "bf16"
+	}
+	if w.Ref != "" && env.WeightDType(w.Ref) == safetensors.BF16 {
+		return "bf16"
+	}
+	return "f32"
 }
