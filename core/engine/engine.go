@@ -155,3 +155,30 @@ func (e *Engine) Run(key Key, b *exec.Batch) (*exec.Result, error) {
 	}
 	return p.Run(b, e.store)
 }
+
+// Prepare does the host-side work of a batch for the program of key with
+// the scheduler's positions (see exec.Program.Prepare); it may run while
+// another batch executes.
+func (e *Engine) Prepare(key Key, b *exec.Batch, pos []int) (*exec.Prepared, error) {
+	p, err := e.Program(key)
+	if err != nil {
+		return nil, err
+	}
+	return p.Prepare(b, e.store, pos)
+}
+
+// Execute runs a prepared batch.
+func (e *Engine) Execute(key Key, pr *exec.Prepared) (*exec.Result, error) {
+	p, err := e.Program(key)
+	if err != nil {
+		return nil, err
+	}
+	return p.Execute(pr)
+}
+
+// HostLengths reports whether the program of key can prepare batches ahead
+// (the host-length-reuse pass removed every executor length read).
+func (e *Engine) HostLengths(key Key) bool {
+	p, err := e.Program(key)
+	return err == nil && p.HostLengths()
+}

@@ -131,10 +131,89 @@ func (rc *runCtx) outI(v *ir.Value) []int32 {
 func (p *Program) Run(b *Batch, store *cache.Store) (*Result, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	bi, tokens, err := p.prepare(b, store)
+	bi, tokens, err := p.prepare(b, store, nil)
 	if err != nil {
 		return nil, err
 	}
+	return p.execute(bi, tokens)
+}
+
+// Prepared is a batch whose host-side work (validation, batch metadata) is
+// done, ready for Execute. Its positions come from the scheduler, so it can
+// be prepared while another batch of the same sequences is executing.
+type Prepared struct {
+	p      *Program
+	bi     *batchInfo
+	tokens []int32
+}
+
+// HostLengths reports whether the program reads only host-side lengths
+// (no seq_lengths node: the host-length-reuse pass fired everywhere), the
+// condition for preparing a batch ahead of execution.
+func (p *Program) HostLengths() bool {
+	for _, n := range p.g.Nodes {
+		if n.Op == "seq_lengths" {
+			return false
+		}
+	}
+	return true
+}
+
+// Prepare does the host-side work of a batch with the scheduler's positions
+// (pos[i] = tokens already cached for sequence i), without reading the
+// cache's lengths: it may run while another batch executes. It is refused
+// for programs that read executor-produced lengths. Execute checks the
+// positions against the cache and fails loudly if they disagree.
+func (p *Program) Prepare(b *Batch, store *cache.Store, pos []int) (*Prepared, error) {
+	if !p.HostLengths() {
+		return nil, fmt.Errorf("exec: Prepare needs host lengths (enable host-length-reuse); this program reads executor lengths")
+	}
+	if b == nil || len(pos) != len(b.Seqs) {
+		return nil, fmt.Errorf("exec: Prepare needs one position per sequence")
+	}
+	bi, tokens, err := p.prepare(b, store, pos)
+	if err != nil {
+		return nil, err
+	}
+	return &Prepared{p: p, bi: bi, tokens: tokens}, nil
+}
+
+// SetTokens replaces sequence i's tokens (same count): decode tokens are
+// known only after the previous step, after the batch was prepared.
+func (pr *Prepared) SetTokens(i int, toks []int32) error {
+	if i < 0 || i >= len(pr.bi.seqs) {
+		return fmt.Errorf("exec: no sequence %d in the prepared batch", i)
+	}
+	s := pr.bi.seqs[i]
+	if len(toks) != s.n {
+		return fmt.Errorf("exec: sequence %d was prepared with %d tokens, got %d", i, s.n, len(toks))
+	}
+	for j, t := range toks {
+		if t < 0 || int(t) >= pr.p.vocab {
+			return fmt.Errorf("exec: sequence %d token %d: id %d out of range [0, %d)", i, j, t, pr.p.vocab)
+		}
+	}
+	copy(pr.tokens[s.row0:s.row0+s.n], toks)
+	return nil
+}
+
+// Execute runs a prepared batch after checking that every sequence's cache
+// length equals the position it was prepared with.
+func (p *Program) Execute(pr *Prepared) (*Result, error) {
+	if pr == nil || pr.p != p {
+		return nil, fmt.Errorf("exec: batch was prepared for another program")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, s := range pr.bi.seqs {
+		if s.seq.Len != s.pos0 {
+			return nil, fmt.Errorf("exec: host length hint for batch sequence %d (slot %d) is %d, the cache holds %d tokens", i, s.slot, s.pos0, s.seq.Len)
+		}
+	}
+	return p.execute(pr.bi, pr.tokens)
+}
+
+func (p *Program) execute(bi *batchInfo, tokens []int32) (*Result, error) {
 	rc := &runCtx{p: p, batch: bi, f: map[*ir.Value][]float32{}, i: map[*ir.Value][]int32{}, host: map[*ir.Value]any{}}
 	for _, in := range p.g.Inputs {
 		switch in.Name {
@@ -185,7 +264,9 @@ func (p *Program) Run(b *Batch, store *cache.Store) (*Result, error) {
 	return res, nil
 }
 
-func (p *Program) prepare(b *Batch, store *cache.Store) (*batchInfo, []int32, error) {
+// prepare validates a batch and builds its metadata; pos, when given, are
+// the sequences' cached lengths (else read from the cache).
+func (p *Program) prepare(b *Batch, store *cache.Store, pos []int) (*batchInfo, []int32, error) {
 	if b == nil || len(b.Seqs) == 0 {
 		return nil, nil, fmt.Errorf("exec: empty batch")
 	}
@@ -212,10 +293,16 @@ func (p *Program) prepare(b *Batch, store *cache.Store) (*batchInfo, []int32, er
 				return nil, nil, fmt.Errorf("exec: batch sequence %d token %d: id %d out of range [0, %d)", i, j, t, p.vocab)
 			}
 		}
-		if p.maxPos > 0 && seq.Len+len(s.Tokens) > p.maxPos {
-			return nil, nil, fmt.Errorf("exec: batch sequence %d: %d cached + %d new tokens exceed the context limit %d", i, seq.Len, len(s.Tokens), p.maxPos)
+		cached := 0
+		if pos != nil {
+			cached = pos[i]
+		} else {
+			cached = seq.Len
 		}
-		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, seq: seq, pos0: seq.Len, n: len(s.Tokens), row0: len(tokens)})
+		if p.maxPos > 0 && cached+len(s.Tokens) > p.maxPos {
+			return nil, nil, fmt.Errorf("exec: batch sequence %d: %d cached + %d new tokens exceed the context limit %d", i, cached, len(s.Tokens), p.maxPos)
+		}
+		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, seq: seq, pos0: cached, n: len(s.Tokens), row0: len(tokens)})
 		tokens = append(tokens, s.Tokens...)
 	}
 	bi.T = len(tokens)

@@ -130,6 +130,7 @@ type request struct {
 	// Scheduler state (guarded by Runtime.mu).
 	slot      int // -1 until admitted
 	fed       int // prompt tokens already run
+	cached    int // tokens the slot's cache holds (the host-side length)
 	next      int32
 	generated int
 	killed    bool // finalized from outside; the scheduler frees the slot

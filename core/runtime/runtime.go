@@ -19,6 +19,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/glmflash/glmflash/core/build"
@@ -139,7 +140,25 @@ type Runtime struct {
 
 	wake   chan struct{}
 	exited chan struct{}
+
+	// ahead counts steps whose host-side work was prepared while the
+	// previous step executed.
+	ahead atomic.Int64
 }
+
+// Preparer is implemented by models that can do a batch's host-side work
+// (validation, batch metadata) ahead of execution; *engine.Engine does,
+// for programs where the host-length-reuse pass removed every read of
+// executor-produced lengths.
+type Preparer interface {
+	HostLengths(key engine.Key) bool
+	Prepare(key engine.Key, b *exec.Batch, pos []int) (*exec.Prepared, error)
+	Execute(key engine.Key, pr *exec.Prepared) (*exec.Result, error)
+}
+
+// PreparedAhead is how many steps were prepared on the host while the
+// previous step was executing.
+func (rt *Runtime) PreparedAhead() int64 { return rt.ahead.Load() }
 
 // New starts a runtime's scheduler goroutine; Close stops it.
 func New(m Model, cfg Config, opts Options) (*Runtime, error) {
@@ -406,6 +425,7 @@ type item struct {
 func (rt *Runtime) loop() {
 	defer close(rt.exited)
 	var batch []item
+	var spec *speculation
 	for {
 		rt.mu.Lock()
 		rt.reapLocked()
@@ -427,7 +447,24 @@ func (rt *Runtime) loop() {
 			}
 			continue
 		}
-		batch = rt.planLocked(batch[:0])
+		var prep *exec.Prepared
+		if spec != nil && rt.specValidLocked(spec) {
+			batch = spec.batch
+			prep = spec.prep
+			for i, it := range batch {
+				if !spec.prefill[i] {
+					batch[i].tokens = []int32{it.r.next}
+					if err := prep.SetTokens(i, batch[i].tokens); err != nil {
+						prep = nil // fall back to a fresh preparation
+					}
+				}
+			}
+			rt.rr++
+			rt.ahead.Add(1)
+		} else {
+			batch = rt.planLocked(batch[:0])
+		}
+		spec = nil
 		rt.mu.Unlock()
 
 		// Generation needs only each sequence's last row; a step that holds
@@ -452,7 +489,34 @@ func (rt *Runtime) loop() {
 			}
 		}
 		t0 := time.Now()
-		res, err := rt.run(key, b)
+		var res *exec.Result
+		var err error
+		if pp, ok := rt.m.(Preparer); ok && key.Logits == build.LastLogits && pp.HostLengths(key) {
+			// Host-side lengths: execute this step in the background and
+			// prepare the next one (assuming every request continues)
+			// meanwhile; it is used only if that assumption held.
+			if prep == nil {
+				prep, err = pp.Prepare(key, b, positions(batch))
+			}
+			if err == nil {
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					res, err = rt.execute(pp, key, prep)
+				}()
+				rt.mu.Lock()
+				spec = rt.speculateLocked(batch)
+				rt.mu.Unlock()
+				if spec != nil {
+					if spec.prep, spec.err = pp.Prepare(key, spec.b, spec.pos); spec.err != nil {
+						spec = nil
+					}
+				}
+				<-done
+			}
+		} else {
+			res, err = rt.run(key, b)
+		}
 		rt.met.Step(len(batch), ntok, time.Since(t0))
 
 		rt.mu.Lock()
@@ -471,6 +535,118 @@ func (rt *Runtime) run(key engine.Key, b *exec.Batch) (res *exec.Result, err err
 		}
 	}()
 	return rt.m.Run(key, b)
+}
+
+// execute runs a prepared step, turning an engine panic into an error.
+func (rt *Runtime) execute(pp Preparer, key engine.Key, pr *exec.Prepared) (res *exec.Result, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("engine panic: %v", p)
+		}
+	}()
+	return pp.Execute(key, pr)
+}
+
+// positions are the batch's sequences' cached lengths as the scheduler
+// counts them (the host-side lengths).
+func positions(batch []item) []int {
+	pos := make([]int, len(batch))
+	for i, it := range batch {
+		pos[i] = it.r.cached
+	}
+	return pos
+}
+
+// speculation is the next step, planned and prepared while the current
+// one executes, under the assumption that every running request continues
+// and nothing else changes.
+type speculation struct {
+	running []*request // the running set it was planned for
+	rr      int
+	batch   []item
+	prefill []bool // item i is a prompt chunk (else a decode token to fill in)
+	b       *exec.Batch
+	pos     []int
+	prep    *exec.Prepared
+	err     error
+	fed     []int // projected r.fed per item
+}
+
+// speculateLocked plans the step after batch as planLocked will, on the
+// state that batch leaves if no request finishes. It returns nil when a
+// Score request or a pending admission makes the prediction pointless.
+func (rt *Runtime) speculateLocked(batch []item) *speculation {
+	if len(rt.waiting) > 0 || rt.closing || rt.draining {
+		return nil
+	}
+	inBatch := map[*request]int{}
+	for _, it := range batch {
+		inBatch[it.r] = len(it.tokens)
+	}
+	fed := map[*request]int{}
+	cached := map[*request]int{}
+	for _, r := range rt.running {
+		if r.Score || r.killed {
+			return nil
+		}
+		f, c := r.fed, r.cached
+		if n, ok := inBatch[r]; ok {
+			if r.prefilling() {
+				f += n
+			}
+			c += n
+		}
+		fed[r], cached[r] = f, c
+	}
+	sp := &speculation{running: append([]*request(nil), rt.running...), rr: rt.rr, b: &exec.Batch{}}
+	budget := rt.cfg.MaxBatchTokens
+	n := len(rt.running)
+	start := rt.rr % n
+	for k := 0; k < n && budget > 0; k++ {
+		r := rt.running[(start+k)%n]
+		if fed[r] >= len(r.Prompt) {
+			sp.add(r, []int32{0}, false, fed[r], cached[r])
+			budget--
+		}
+	}
+	for _, r := range rt.running {
+		if budget == 0 {
+			break
+		}
+		if f := fed[r]; f < len(r.Prompt) {
+			c := min(rt.cfg.PrefillChunk, len(r.Prompt)-f, budget)
+			sp.add(r, r.Prompt[f:f+c], true, f, cached[r])
+			budget -= c
+		}
+	}
+	return sp
+}
+
+func (sp *speculation) add(r *request, toks []int32, prefill bool, fed, cached int) {
+	sp.batch = append(sp.batch, item{r: r, tokens: toks, row0: len(sp.batch)})
+	sp.prefill = append(sp.prefill, prefill)
+	sp.fed = append(sp.fed, fed)
+	sp.pos = append(sp.pos, cached)
+	sp.b.Seqs = append(sp.b.Seqs, exec.Seq{Slot: r.slot, Tokens: toks})
+}
+
+// specValidLocked reports whether the speculation's assumptions held: the
+// same running requests, none finished, the planned state reached.
+func (rt *Runtime) specValidLocked(sp *speculation) bool {
+	if sp.prep == nil || sp.rr != rt.rr || len(sp.running) != len(rt.running) {
+		return false
+	}
+	for i, r := range rt.running {
+		if sp.running[i] != r || r.killed || r.Score {
+			return false
+		}
+	}
+	for i, it := range sp.batch {
+		if it.r.fed != sp.fed[i] || it.r.cached != sp.pos[i] || it.r.prefilling() != sp.prefill[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // reapLocked frees the slots of requests finalized from outside.
@@ -555,6 +731,7 @@ func (rt *Runtime) collectLocked(batch []item, res *exec.Result, err error, all 
 			r.killed = true
 			continue
 		}
+		r.cached += len(it.tokens)
 		last := it.row0
 		if all {
 			last = it.row0 + len(it.tokens) - 1
