@@ -20,6 +20,7 @@ import (
 	"github.com/glmflash/glmflash/passes/hostlen"
 	"github.com/glmflash/glmflash/passes/kdafusion"
 	"github.com/glmflash/glmflash/passes/mhcfusion"
+	"github.com/glmflash/glmflash/plugins/conformance"
 	"github.com/stretchr/testify/require"
 )
 
@@ -52,34 +53,12 @@ func request(name, tdir string) pass.Request {
 	return r
 }
 
-// runCases collects every logits row a fixture's cases produce (prefill
-// rows, decode steps fed with the reference tokens, extend rows).
-func runCases(t *testing.T, e *engine.Engine, ref *eval.Reference) [][]float32 {
+// runCases collects every logits row a fixture's cases produce (the
+// conformance suite's runner: prefill rows, decode steps fed with the
+// reference tokens, extend rows).
+func runCases(t *testing.T, ck *model.Checkpoint, e *engine.Engine, ref *eval.Reference) [][]float32 {
 	t.Helper()
-	var out [][]float32
-	for _, c := range ref.Cases {
-		slot, err := e.Store().Alloc()
-		require.NoError(t, err)
-		run := func(key engine.Key, toks []int32) {
-			r, err := e.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: toks}}})
-			require.NoError(t, err)
-			out = append(out, r.Logits)
-		}
-		switch c.Kind {
-		case "prefill":
-			run(engine.Key{Mode: build.Prefill, Logits: build.AllLogits}, c.Tokens)
-		case "decode":
-			run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, c.Tokens)
-			for _, tok := range c.Greedy {
-				run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, []int32{tok})
-			}
-		case "extend":
-			run(engine.Key{Mode: build.Prefill, Logits: build.AllLogits}, c.Tokens[:c.Split])
-			run(engine.Key{Mode: build.Extend, Logits: build.AllLogits}, c.Tokens[c.Split:])
-		}
-		require.NoError(t, e.Store().Free(slot))
-	}
-	return out
+	return conformance.RunCases(t, &conformance.Fixture{Checkpoint: ck, Reference: ref}, e)
 }
 
 func engineWith(t *testing.T, ck *model.Checkpoint, reqs []pass.Request, env *pass.Env) *engine.Engine {
@@ -110,10 +89,10 @@ func TestPassParityOnFixtures(t *testing.T) {
 	arms["all"] = all
 	for _, name := range fixtures {
 		ck, ref := openFixture(t, name)
-		base := runCases(t, engineWith(t, ck, nil, nil), ref)
+		base := runCases(t, ck, engineWith(t, ck, nil, nil), ref)
 		for arm, reqs := range arms {
 			e := engineWith(t, ck, reqs, nil)
-			got := runCases(t, e, ref)
+			got := runCases(t, ck, e, ref)
 			require.Len(t, got, len(base))
 			worst := 0.0
 			for i := range base {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"time"
 )
@@ -162,7 +163,7 @@ func makeRow(s *Study, a Arm, c Cell, round int, cr, base *CellResult, info ArmI
 		ttft = append(ttft, rr.TTFT)
 		e2e = append(e2e, rr.E2E)
 		itl = append(itl, rr.ITL...)
-		if base != nil && !equalTokens(rr.Tokens, base.Requests[i].Tokens) {
+		if base != nil && !slices.Equal(rr.Tokens, base.Requests[i].Tokens) {
 			r.ParityMismatches++
 		}
 	}
@@ -171,16 +172,4 @@ func makeRow(s *Study, a Arm, c Cell, round int, cr, base *CellResult, info ArmI
 	r.ITLP50Ms, r.ITLP90Ms = percentile(itl, 0.5), percentile(itl, 0.9)
 	r.E2EP50Ms, r.E2EP90Ms = percentile(e2e, 0.5), percentile(e2e, 0.9)
 	return r
-}
-
-func equalTokens(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -436,8 +436,7 @@ func (p *Program) bindDSATopK(n *ir.Node) (func(rc *runCtx) error, error) {
 			}
 			r0, r1 := s.row0, s.row0+s.n
 			vis := meta.visible[r0:r1]
-			scratch := make([]int, s.n)
-			cfg.Append(st, s.pos0, k[r0*Di:r1*Di], g[r0*Di:r1*Di], s.n, scratch)
+			cfg.Append(st, s.pos0, k[r0*Di:r1*Di], g[r0*Di:r1*Di], s.n, nil) // visibility comes from the metadata
 			ws := make([]float32, s.n*Hi)
 			for i := range ws {
 				ws[i] = w[r0*Hi+i] * wscale

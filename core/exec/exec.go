@@ -80,6 +80,8 @@ type Program struct {
 	deviceReads atomic.Int64
 	bf16s       map[*ir.Value][]uint16
 	cache       *WeightCache
+	// hostLengths: no node reads executor-produced lengths (seq_lengths).
+	hostLengths bool
 	// fusedMHC counts mhc_post_pre executions that took the fused path.
 	fusedMHC atomic.Int64
 }
@@ -136,6 +138,12 @@ func Compile(g *ir.Graph, w Weights, opts Options) (*Program, error) {
 		p.lastUse[v] = math.MaxInt
 		if name != build.OutputLogit {
 			p.hiddenOf[v] = name
+		}
+	}
+	p.hostLengths = true
+	for _, n := range g.Nodes {
+		if n.Op == "seq_lengths" {
+			p.hostLengths = false
 		}
 	}
 	logits, ok := g.Outputs[build.OutputLogit]

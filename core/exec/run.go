@@ -150,14 +150,7 @@ type Prepared struct {
 // HostLengths reports whether the program reads only host-side lengths
 // (no seq_lengths node: the host-length-reuse pass fired everywhere), the
 // condition for preparing a batch ahead of execution.
-func (p *Program) HostLengths() bool {
-	for _, n := range p.g.Nodes {
-		if n.Op == "seq_lengths" {
-			return false
-		}
-	}
-	return true
-}
+func (p *Program) HostLengths() bool { return p.hostLengths }
 
 // Prepare does the host-side work of a batch with the scheduler's positions
 // (pos[i] = tokens already cached for sequence i), without reading the

@@ -1,6 +1,9 @@
 package ir
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // The op set of the GLM-5.3-Flash forward pass. Shape inference lives here
 // so that the IR can be verified without an executor; core/exec binds each
@@ -221,7 +224,7 @@ func inferAdd(n *Node) ([]OutType, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !sameShape(a.Shape, b.Shape) {
+	if !slices.Equal(a.Shape, b.Shape) {
 		return nil, fmt.Errorf("shapes %v and %v differ", a.Shape, b.Shape)
 	}
 	return []OutType{out("y", F32, a.Shape...)}, nil
@@ -304,7 +307,7 @@ func inferGatedNorm(n *Node) ([]OutType, error) {
 	if err != nil {
 		return nil, err
 	}
-	if g, err := need(n, 1, F32, 2); err != nil || !sameShape(g.Shape, o.Shape) {
+	if g, err := need(n, 1, F32, 2); err != nil || !slices.Equal(g.Shape, o.Shape) {
 		return nil, fmt.Errorf("gate must match %v: %v", o.Shape, err)
 	}
 	H := n.Attrs.Int("heads", 0)
@@ -408,10 +411,10 @@ func inferMoEExperts(n *Node) ([]OutType, error) {
 	if g.Shape[2] != D {
 		return nil, fmt.Errorf("gate experts are %v, input width %d", g.Shape, D)
 	}
-	if u, err := need(n, 4, F32, 3); err != nil || !sameShape(u.Shape, g.Shape) {
+	if u, err := need(n, 4, F32, 3); err != nil || !slices.Equal(u.Shape, g.Shape) {
 		return nil, fmt.Errorf("up experts must be [%d %d %d]: %v", E, I, D, err)
 	}
-	if d, err := need(n, 5, F32, 3); err != nil || !sameShape(d.Shape, []int{E, D, I}) {
+	if d, err := need(n, 5, F32, 3); err != nil || !slices.Equal(d.Shape, []int{E, D, I}) {
 		return nil, fmt.Errorf("down experts must be [%d %d %d]: %v", E, D, I, err)
 	}
 	return []OutType{out("y", F32, x.Shape...)}, nil
@@ -446,7 +449,7 @@ func inferConcatRows(n *Node) ([]OutType, error) {
 		if in.DType != F32 || len(in.Shape) != len(first.Shape) || in.Kind != Weight {
 			return nil, fmt.Errorf("input %d (%s) must be an f32 weight of rank %d", i, in.Name, len(first.Shape))
 		}
-		if !sameShape(in.Shape[1:], first.Shape[1:]) {
+		if !slices.Equal(in.Shape[1:], first.Shape[1:]) {
 			return nil, fmt.Errorf("input %d (%s) is %v, trailing dims must match %v", i, in.Name, in.Shape, first.Shape)
 		}
 		rows += in.Shape[0]
@@ -460,7 +463,7 @@ func inferStack(n *Node) ([]OutType, error) {
 		return nil, err
 	}
 	for i, in := range n.Inputs {
-		if in.DType != F32 || in.Kind != Weight || !sameShape(in.Shape, first.Shape) {
+		if in.DType != F32 || in.Kind != Weight || !slices.Equal(in.Shape, first.Shape) {
 			return nil, fmt.Errorf("input %d (%s) must be an f32 weight shaped %v", i, in.Name, first.Shape)
 		}
 	}

@@ -1,6 +1,9 @@
 package ir
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // Ops added for pass plugins (the shared-expert fusion example).
 
@@ -18,7 +21,7 @@ func inferMoEAppendExpert(n *Node) ([]OutType, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !sameShape(idx.Shape, w.Shape) {
+	if !slices.Equal(idx.Shape, w.Shape) {
 		return nil, fmt.Errorf("idx %v and weights %v differ", idx.Shape, w.Shape)
 	}
 	if n.Attrs.Int("expert", -1) < 0 {

@@ -3,6 +3,7 @@ package ir
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Verify checks the graph's structural invariants: known ops with valid
@@ -74,7 +75,7 @@ func (g *Graph) Verify() error {
 			continue
 		}
 		for j, o := range n.Outputs {
-			if o.DType != outs[j].DType || !sameShape(o.Shape, outs[j].Shape) {
+			if o.DType != outs[j].DType || !slices.Equal(o.Shape, outs[j].Shape) {
 				errs = append(errs, fmt.Errorf("%s: output %d is %s%v, shape inference says %s%v", where, j, o.DType, o.Shape, outs[j].DType, outs[j].Shape))
 			}
 			if o.Producer != n {
@@ -89,16 +90,4 @@ func (g *Graph) Verify() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func sameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

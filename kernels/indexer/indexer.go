@@ -62,7 +62,8 @@ func (c *Config) PoolKey(key, k, gate []float32) {
 // Append adds T new tokens' keys and gates ([T][Dim]) for a sequence whose
 // first new token is at absolute position pos0, pooling every pool they
 // complete. visible[j] receives the number of complete pools that token j
-// can see (pools ending at or before it).
+// can see (pools ending at or before it); nil skips that (the batch
+// metadata already holds it).
 func (c *Config) Append(st *State, pos0 int, k, gate []float32, T int, visible []int) {
 	D := c.Dim
 	for j := 0; j < T; j++ {
@@ -74,7 +75,9 @@ func (c *Config) Append(st *State, pos0 int, k, gate []float32, T int, visible [
 			st.Pools = append(st.Pools, key...)
 			st.PendK, st.PendG = st.PendK[:0], st.PendG[:0]
 		}
-		visible[j] = (pos0 + j + 1) / c.KPool
+		if visible != nil {
+			visible[j] = (pos0 + j + 1) / c.KPool
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package host
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -260,7 +261,7 @@ type engineBinder struct {
 
 func (b *engineBinder) Input(i int, name string, dt ir.DType, shape []int) (*ir.Value, error) {
 	v := b.g.Inputs[i]
-	if v.Name != name || v.DType != dt || !sameShape(v.Shape, shape) {
+	if v.Name != name || v.DType != dt || !slices.Equal(v.Shape, shape) {
 		return nil, fmt.Errorf("graph input %d is %s %s, the plugin returned %s %s (plugins cannot change graph inputs)",
 			i, v.Name, ir.FormatShape(v.DType, v.Shape), name, ir.FormatShape(dt, shape))
 	}
@@ -269,7 +270,7 @@ func (b *engineBinder) Input(i int, name string, dt ir.DType, shape []int) (*ir.
 
 func (b *engineBinder) Weight(name, ref string, stack int, shape []int) (*ir.Value, error) {
 	for _, w := range b.old {
-		if w.Ref == ref && w.Stack == stack && sameShape(w.Shape, shape) {
+		if w.Ref == ref && w.Stack == stack && slices.Equal(w.Shape, shape) {
 			return w, nil
 		}
 	}
@@ -290,7 +291,7 @@ func (b *engineBinder) Weight(name, ref string, stack int, shape []int) (*ir.Val
 			return nil, fmt.Errorf("weight leaf refers to %q, which is not a tensor of the model's checkpoint", n)
 		}
 		if ti != nil {
-			if info, ok := ti.Info(n); ok && !sameShape(info.Shape, per) {
+			if info, ok := ti.Info(n); ok && !slices.Equal(info.Shape, per) {
 				return nil, fmt.Errorf("weight leaf %q is %v in the checkpoint, the plugin says %v", n, info.Shape, per)
 			}
 		}
@@ -300,21 +301,9 @@ func (b *engineBinder) Weight(name, ref string, stack int, shape []int) (*ir.Val
 		v = b.g.AddStackedWeight(ref, stack, per...)
 	} else {
 		v = b.g.AddWeight(ref, shape...)
-		if !sameShape(v.Shape, shape) {
+		if !slices.Equal(v.Shape, shape) {
 			return nil, fmt.Errorf("weight %q is %v in the graph, the plugin says %v", ref, v.Shape, shape)
 		}
 	}
 	return v.Named(name), nil
-}
-
-func sameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

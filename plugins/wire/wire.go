@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -178,18 +179,6 @@ func decodeShape(s []int64) ([]int, error) {
 		out[i] = v
 	}
 	return out, nil
-}
-
-func sameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // ---- graphs -----------------------------------------------------------------
@@ -414,7 +403,7 @@ func Decode(g *ir.Graph, m *pb.Graph, b Binder) (*Contents, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: output %d: %w", where, j, err)
 			}
-			if dt != o.DType || !sameShape(shape, o.Shape) {
+			if dt != o.DType || !slices.Equal(shape, o.Shape) {
 				return nil, fmt.Errorf("%s: output %d is %s on the wire, shape inference says %s", where, j, ir.FormatShape(dt, shape), ir.FormatShape(o.DType, o.Shape))
 			}
 			if om.GetKind() != wantKind || om.GetRef() != "" || om.GetStack() != 0 {
