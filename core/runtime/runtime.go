@@ -144,6 +144,11 @@ type Runtime struct {
 	// ahead counts steps whose host-side work was prepared while the
 	// previous step executed.
 	ahead atomic.Int64
+
+	// afterFinal, when set (by tests), runs right after a final is
+	// delivered, with mu held: it stands in for a scheduler that is
+	// descheduled at that point on a loaded machine.
+	afterFinal func()
 }
 
 // Preparer is implemented by models that can do a batch's host-side work
@@ -340,6 +345,9 @@ func (rt *Runtime) finishLocked(r *request, reason FinishReason, msg string) {
 	delete(rt.byID, r.ID)
 	if !r.setFinal(f) {
 		return
+	}
+	if rt.afterFinal != nil {
+		rt.afterFinal()
 	}
 	rt.met.Finished(f)
 	ev := rt.log.Info()
@@ -727,8 +735,7 @@ func (rt *Runtime) collectLocked(batch []item, res *exec.Result, err error, all 
 			continue // finalized meanwhile; reaped below
 		}
 		if err != nil {
-			rt.finishLocked(r, FinishError, err.Error())
-			r.killed = true
+			rt.completeLocked(r, FinishError, err.Error())
 			continue
 		}
 		r.cached += len(it.tokens)
@@ -749,8 +756,7 @@ func (rt *Runtime) collectLocked(batch []item, res *exec.Result, err error, all 
 						r.logits = append(r.logits, res.Row(last)...)
 						r.rows = 1
 					}
-					rt.finishLocked(r, FinishScored, "")
-					r.killed = true
+					rt.completeLocked(r, FinishScored, "")
 				}
 				continue
 			}
@@ -775,15 +781,22 @@ func (rt *Runtime) collectLocked(batch []item, res *exec.Result, err error, all 
 		r.emit(t)
 		switch {
 		case slices.Contains(r.StopIDs, tok):
-			rt.finishLocked(r, FinishStop, "")
-			r.killed = true
+			rt.completeLocked(r, FinishStop, "")
 		case r.generated >= r.MaxTokens || len(r.Prompt)+r.generated >= rt.cfg.ContextLimit:
-			rt.finishLocked(r, FinishLength, "")
-			r.killed = true
+			rt.completeLocked(r, FinishLength, "")
 		}
 	}
 	rt.met.Tokens(promptToks, genToks)
 	rt.reapLocked()
+}
+
+// completeLocked finishes a request from the scheduler, after its last
+// step: the slot is freed before the final is delivered, so a client that
+// sees the final also sees the slot back in the store.
+func (rt *Runtime) completeLocked(r *request, reason FinishReason, msg string) {
+	r.killed = true
+	rt.freeLocked(r)
+	rt.finishLocked(r, reason, msg)
 }
 
 // logprobs returns the log-softmax of tok and the n most likely tokens.

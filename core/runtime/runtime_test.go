@@ -481,3 +481,31 @@ func TestAdmissionWaitsForStoreSlots(t *testing.T) {
 	require.Eventually(t, func() bool { return e.Store().InUse() == 1 }, 5*time.Second, time.Millisecond)
 	require.NoError(t, e.Store().Free(b))
 }
+
+// A request finished by the scheduler (length, stop or score) has its slot
+// back in the store by the time its final is delivered: a client that sees
+// the final and immediately counts free slots must not see a stale one.
+// (CI once caught Score returning before its slot was freed.)
+func TestSlotIsFreeWhenFinalArrives(t *testing.T) {
+	e := openEngine(t, 1)
+	rt := newRuntime(t, e, Config{PrefillChunk: 4})
+	rt.afterFinal = func() { time.Sleep(3 * time.Millisecond) }
+	for i := 0; i < 12; i++ {
+		var req Request
+		switch i % 3 {
+		case 0:
+			req = Request{Prompt: prompt(5, i, 256), MaxTokens: 3, Sampling: sample.Greedy()}
+		case 1:
+			req = Request{Prompt: prompt(9, i, 256), Score: true, AllPositions: i%2 == 0}
+		case 2:
+			first := alone(t, e, Request{Prompt: prompt(5, i, 256), MaxTokens: 1, Sampling: sample.Greedy()})
+			req = Request{Prompt: prompt(5, i, 256), MaxTokens: 50, StopIDs: first, Sampling: sample.Greedy()}
+		}
+		h, err := rt.Submit(context.Background(), req)
+		require.NoError(t, err)
+		_, f, err := h.Wait(context.Background())
+		require.NoError(t, err)
+		require.Contains(t, []FinishReason{FinishLength, FinishScored, FinishStop}, f.Reason)
+		require.Equal(t, 0, e.Store().InUse(), "request %d (%s)", i, f.Reason)
+	}
+}
