@@ -57,6 +57,13 @@ plugins:
 	require.Contains(t, out, "shared-expert-fusion skipped layer 3: shared expert width 64 (n_shared_experts 2 × moe_intermediate_size 32) differs from a routed expert's 32")
 	requireProcessesGone(t, nil, dir)
 
+	// passes list --config: the plugin pass beside the built-ins, with its source
+	out, err = glmflash(t, bin, "passes", "list", "--config", cfg)
+	require.NoError(t, err, out)
+	require.Regexp(t, `^shared-expert-fusion\s+v1\.0\.0\s+plugin glmflash-pass-shared-expert-fusion\s+\S`, row(out, fusion.Name))
+	require.Regexp(t, `^kda-projection-fusion\s+v1\.0\.0\s+built-in\s`, row(out, "kda-projection-fusion"))
+	requireProcessesGone(t, nil, dir)
+
 	out, err = glmflash(t, bin, "passes", "explain", "--model", "testdata/glm5next-tiny-a/checkpoint", "--config", cfg, "--format", "json")
 	require.NoError(t, err, out)
 	require.Contains(t, out, `"name": "shared-expert-fusion",
@@ -81,6 +88,9 @@ plugins:
 	require.Contains(t, out, "shared-expert-fusion failed: plugin glmflash-pass-shared-expert-fusion is not usable: checksum verification failed")
 	require.Regexp(t, `^kda-projection-fusion\s+yes\s+6\s`, row(out, "kda-projection-fusion"))
 	require.Contains(t, out, `"plugin":"glmflash-pass-shared-expert-fusion"`, "the failure is logged with the plugin's name")
+	out, err = glmflash(t, bin, "passes", "list", "--config", cfg)
+	require.NoError(t, err, out)
+	require.Regexp(t, `^shared-expert-fusion\s+plugin glmflash-pass-shared-expert-fusion\s+NOT LOADED: .*checksum verification failed`, row(out, fusion.Name))
 	write(sum)
 
 	// scaffold → build → checksum → passes explain

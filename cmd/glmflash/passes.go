@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -12,6 +13,7 @@ import (
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
 	_ "github.com/glmflash/glmflash/passes/all" // register built-in passes
+	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/spf13/cobra"
 )
 
@@ -35,29 +37,41 @@ func pipelineFor(ec *config.Engine, ck *model.Checkpoint) (*pass.Pipeline, *pass
 
 func newPassesCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "passes", Short: "List passes and explain what they do to a model"}
-	cmd.AddCommand(&cobra.Command{
-		Use:   "list",
-		Short: "List the built-in passes with their options and defaults",
+	var listCfg string
+	list := &cobra.Command{
+		Use:   "list [--config FILE]",
+		Short: "List the passes (built-in, and with --config the plugins of its plugins.dir) with their options and defaults",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 			for _, name := range pass.Names() {
 				f, _ := pass.Lookup(name)
-				d := f().Describe()
-				fmt.Fprintf(tw, "%s\tv%s\t%s\n", d.Name, d.Version, d.Summary)
-				if len(d.Requires) > 0 {
-					fmt.Fprintf(tw, "\trequires\t%s\n", strings.Join(d.Requires, ", "))
+				describePass(tw, f().Describe(), "built-in")
+			}
+			if listCfg != "" {
+				ec, err := config.Load(listCfg)
+				if err != nil {
+					return err
 				}
-				for _, o := range d.Options {
-					enum := ""
-					if len(o.Enum) > 0 {
-						enum = " (" + strings.Join(o.Enum, "|") + ")"
+				if ec.Plugins.Dir != "" {
+					h, err := host.Open(host.OptionsFromConfig(ec, log))
+					if err != nil {
+						return fmt.Errorf("%s: %w", ec.Source, err)
 					}
-					fmt.Fprintf(tw, "\t  %s: %s = %v%s\t%s\n", o.Name, o.Type, o.Default, enum, o.Doc)
+					defer h.Close()
+					for _, p := range h.Plugins() {
+						if err := p.Err(); err != nil {
+							fmt.Fprintf(tw, "%s	plugin %s	NOT LOADED: %v\n", p.Name, p.File, err)
+							continue
+						}
+						describePass(tw, p.Desc, "plugin "+p.File)
+					}
 				}
 			}
 			return tw.Flush()
 		},
-	})
+	}
+	list.Flags().StringVar(&listCfg, "config", "", "engine YAML whose plugins.dir is listed too")
+	cmd.AddCommand(list)
 	var mf modelFlags
 	var cfgPath, mode, logits, dump, format string
 	explain := &cobra.Command{
@@ -116,6 +130,21 @@ func newPassesCmd() *cobra.Command {
 	explain.Flags().StringVar(&format, "format", "text", "text or json")
 	cmd.AddCommand(explain)
 	return cmd
+}
+
+// describePass writes one pass's line, its requirements and its options.
+func describePass(w io.Writer, d pass.Description, source string) {
+	fmt.Fprintf(w, "%s\tv%s\t%s\t%s\n", d.Name, d.Version, source, d.Summary)
+	if len(d.Requires) > 0 {
+		fmt.Fprintf(w, "\t\t\t  requires %s\n", strings.Join(d.Requires, ", "))
+	}
+	for _, o := range d.Options {
+		enum := ""
+		if len(o.Enum) > 0 {
+			enum = " (" + strings.Join(o.Enum, "|") + ")"
+		}
+		fmt.Fprintf(w, "\t\t\t  %s: %s = %v%s: %s\n", o.Name, o.Type, o.Default, enum, o.Doc)
+	}
 }
 
 // newEngine makes an engine over ck with the passes of the engine config at
