@@ -32,10 +32,17 @@ test: fmt-check vet build
 	$(GO) test -count=1 $(PKGS)
 	$(MAKE) race
 
-# Longer fuzzing of the outside-input parsers (the seed corpora run in `make test`).
+# Longer fuzzing of every outside-input parser (their seed corpora run in
+# `make test`): checkpoint headers and configs, engine YAML, serve YAML and
+# requests, study files, and the graphs plugins return. FUZZTIME per target.
+FUZZTIME ?= 30s
+FUZZ_TARGETS := ./model/safetensors:FuzzParseHeader ./model:FuzzParseConfig ./core/config:FuzzParse \
+	./core/serve:FuzzGenerateRequest ./core/serve:FuzzLoadConfig ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers
 fuzz:
-	$(GO) test ./model/safetensors -run '^$$' -fuzz FuzzParseHeader -fuzztime 30s
-	$(GO) test ./model -run '^$$' -fuzz FuzzParseConfig -fuzztime 30s
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$pkg $$fn"; \
+		$(GO) test $$pkg -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s || exit 1; \
+	done
 
 # Baseline throughput on the `bench` preset (several minutes on 2 cores).
 bench: build

@@ -190,3 +190,73 @@ func TestPluginInstallValidation(t *testing.T) {
 	require.NoError(t, host.Install(g, m, ck))
 	require.Equal(t, fresh().Text(), g.Text())
 }
+
+// A plugin's returned graph is untrusted bytes: whatever they are, Install
+// never panics, and either installs a graph that verifies or leaves the
+// engine's graph exactly as it was.
+func FuzzInstall(f *testing.F) {
+	ck, _ := openFixture(f, fixtures[0])
+	cfg := ck.Config()
+	fresh := func(t testing.TB) *ir.Graph {
+		g, err := build.Build(cfg, build.Options{Mode: build.Decode, Logits: build.LastLogits})
+		require.NoError(t, err)
+		return g
+	}
+	e, err := wire.EncodeGraph(fresh(f))
+	require.NoError(f, err)
+	seed, err := proto.Marshal(e.Graph)
+	require.NoError(f, err)
+	f.Add(seed)
+	e.Graph.Nodes[3].Outputs[0].Shape[1]++
+	b, err := proto.Marshal(e.Graph)
+	require.NoError(f, err)
+	f.Add(b)
+	f.Add(seed[:len(seed)/2])
+	before := fresh(f).Text()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var m pb.Graph
+		if proto.Unmarshal(b, &m) != nil {
+			return
+		}
+		g := fresh(t)
+		if err := host.Install(g, &m, ck); err != nil {
+			require.Equal(t, before, g.Text(), "a refused graph must leave the engine's unchanged")
+			return
+		}
+		require.NoError(t, g.Verify())
+	})
+}
+
+// A plugin's Describe and Eligible answers are untrusted bytes too: decoding
+// them never panics, and sites that decode refer to nodes of the graph.
+func FuzzPluginAnswers(f *testing.F) {
+	ck, _ := openFixture(f, fixtures[0])
+	g, err := build.Build(ck.Config(), build.Options{Mode: build.Decode, Logits: build.LastLogits})
+	require.NoError(f, err)
+	d, err := wire.EncodeDescription((&fusion.Pass{}).Describe())
+	require.NoError(f, err)
+	b, err := proto.Marshal(d)
+	require.NoError(f, err)
+	f.Add(b, []byte{})
+	sites, err := wire.EncodeSites(g, []pass.Site{{Where: "layer 1", Layer: 1, Nodes: g.Nodes[2:4], OK: true}, {Where: "layer 2", Layer: 2, Reason: "no"}})
+	require.NoError(f, err)
+	b, err = proto.Marshal(&pb.EligibleResponse{Sites: sites})
+	require.NoError(f, err)
+	f.Add([]byte{}, b)
+	f.Fuzz(func(t *testing.T, describe, eligible []byte) {
+		var dm pb.DescribeResponse
+		if proto.Unmarshal(describe, &dm) == nil {
+			_, _ = wire.DecodeDescription(&dm)
+		}
+		var em pb.EligibleResponse
+		if proto.Unmarshal(eligible, &em) == nil {
+			if ss, err := wire.DecodeSites(g, em.GetSites()); err == nil {
+				for _, s := range ss {
+					for _, n := range s.Nodes {
+						require.Contains(t, g.Nodes, n)
+					}
+				}
+			}
+		}
+	})
+}

@@ -3,6 +3,7 @@ package attrib
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -144,4 +145,26 @@ func TestRunPairsRoundsAndSummarizes(t *testing.T) {
 	files, _, err := res.WriteAll(t.TempDir())
 	require.NoError(t, err)
 	require.Len(t, files, 5)
+}
+
+// Study files come from users: parsing (and expanding what parses) never
+// panics, whatever the bytes.
+func FuzzParseStudy(f *testing.F) {
+	f.Add([]byte(good))
+	f.Add([]byte(strings.Replace(good, "arms: {baseline: true, all: true, leave_one_out: true, add_one_in: true}", "arms: {}", 1)))
+	for _, p := range []string{"../../configs/studies/quick.yaml", "../../configs/studies/campaign.yaml"} {
+		b, err := os.ReadFile(p)
+		require.NoError(f, err)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := Parse(b, "fuzz.yaml", known)
+		if err != nil {
+			require.Contains(t, err.Error(), "fuzz.yaml")
+			return
+		}
+		if _, err := s.Expand(); err == nil {
+			_ = s.Cells()
+		}
+	})
 }
