@@ -113,10 +113,15 @@ func (p *Program) bind(n *ir.Node) (func(rc *runCtx) error, error) {
 		K, N := in[0].Shape[1], in[1].Shape[0]
 		prm := p.gemmParams(n)
 		splits := a.Ints("splits")
+		Wb := p.bf16(in[1]) // the fused weight of bf16-exact parts is bf16-exact
 		return func(rc *runCtx) error {
 			R := rc.rows(in[0])
 			tmp := rc.p.alloc(R * N)
-			gemm.MatMulTWith(prm(R), tmp, rc.in(in[0]), R, K, W, N)
+			if Wb != nil {
+				gemm.MatMulTBF16With(prm(R), tmp, rc.in(in[0]), R, K, Wb, N)
+			} else {
+				gemm.MatMulTWith(prm(R), tmp, rc.in(in[0]), R, K, W, N)
+			}
 			off := 0
 			for i, s := range splits {
 				y := rc.out(outs[i])
@@ -216,6 +221,7 @@ func (p *Program) bind(n *ir.Node) (func(rc *runCtx) error, error) {
 			return nil, fmt.Errorf("linear_batched weight %s is not a constant", in[1].Name)
 		}
 		G, N, K := in[1].Shape[0], in[1].Shape[1], in[1].Shape[2]
+		Wb := p.bf16(in[1])
 		return func(rc *runCtx) error {
 			R := rc.rows(in[0])
 			x := rc.in(in[0])
@@ -223,7 +229,11 @@ func (p *Program) bind(n *ir.Node) (func(rc *runCtx) error, error) {
 			for g := range ys {
 				ys[g] = rc.out(outs[g])
 			}
-			gemm.BatchedMatMulT(ys, x, R, K, W, N)
+			if Wb != nil {
+				gemm.BatchedMatMulTBF16(ys, x, R, K, Wb, N)
+			} else {
+				gemm.BatchedMatMulT(ys, x, R, K, W, N)
+			}
 			return nil
 		}, nil
 

@@ -7,6 +7,22 @@ import "github.com/glmflash/glmflash/kernels/parallel"
 // ys[g] ([T][N]) = x_g · w_gᵀ. This is the batched low-rank GEMM of KDA's
 // forget/output gates (f_b and g_b stacked).
 func BatchedMatMulT(ys [][]float32, x []float32, T, K int, w []float32, N int) {
+	batched(ys, x, T, K, N, func(dst, xg []float32, g, n0, n1 int) {
+		MatMulTSerial(dst, xg, T, K, w[(g*N+n0)*K:(g*N+n1)*K], n1-n0)
+	})
+}
+
+// BatchedMatMulTBF16 is BatchedMatMulT for bfloat16 weights (w is
+// [G][N][K] bf16); the products are those of the widened weights.
+func BatchedMatMulTBF16(ys [][]float32, x []float32, T, K int, w []uint16, N int) {
+	batched(ys, x, T, K, N, func(dst, xg []float32, g, n0, n1 int) {
+		MatMulTBF16Serial(dst, xg, T, K, w[(g*N+n0)*K:(g*N+n1)*K], n1-n0)
+	})
+}
+
+// batched runs the G groups' column chunks in one parallel region; mm
+// computes group g's columns [n0, n1) into dst ([T][n1-n0]).
+func batched(ys [][]float32, x []float32, T, K, N int, mm func(dst, xg []float32, g, n0, n1 int)) {
 	G := len(ys)
 	if T == 0 || N == 0 || G == 0 {
 		return
@@ -35,7 +51,7 @@ func BatchedMatMulT(ys [][]float32, x []float32, T, K int, w []float32, N int) {
 				tmp = make([]float32, T*cols)
 			}
 			tmp = tmp[:T*cols]
-			MatMulTSerial(tmp, xg[g], T, K, w[(g*N+n0)*K:(g*N+n1)*K], cols)
+			mm(tmp, xg[g], g, n0, n1)
 			y := ys[g]
 			for t := 0; t < T; t++ {
 				copy(y[t*N+n0:t*N+n1], tmp[t*cols:(t+1)*cols])

@@ -307,7 +307,16 @@ func TestBatchedMatMulTMatchesSeparateGEMMs(t *testing.T) {
 		for g := range ys {
 			ys[g] = make([]float32, T*N)
 		}
+		// bf16 weights: w rounded to bf16, so both paths see the same values
+		wb := make([]uint16, len(w))
+		Float32sToBF16(wb, w)
+		BF16ToFloat32s(w, wb)
+		ysb := make([][]float32, G)
+		for g := range ysb {
+			ysb[g] = make([]float32, T*N)
+		}
 		BatchedMatMulT(ys, x, T, K, w, N)
+		BatchedMatMulTBF16(ysb, x, T, K, wb, N)
 		for g := 0; g < G; g++ {
 			xg := make([]float32, T*K)
 			for ti := 0; ti < T; ti++ {
@@ -316,6 +325,7 @@ func TestBatchedMatMulTMatchesSeparateGEMMs(t *testing.T) {
 			want := make([]float32, T*N)
 			MatMulTNaive(want, xg, T, K, w[g*N*K:(g+1)*N*K], N)
 			require.Less(t, maxRelDiff(ys[g], want), 1e-5, "shape %v group %d", s, g)
+			require.Less(t, maxRelDiff(ysb[g], want), 1e-5, "bf16: shape %v group %d", s, g)
 		}
 	}
 }
