@@ -76,7 +76,7 @@ func newAttributeCmd() *cobra.Command {
 			prov := attrib.Provenance{Commit: gitCommit(), CPU: autotune.CPUModel(), CPUs: runtime.NumCPU(), Date: time.Now().UTC().Format(time.RFC3339),
 				GoVersion: runtime.Version(), Model: ck.Dir()}
 			arms, _ := st.Expand()
-			log.Info().Str("study", st.Name).Str("level", st.Level).Int("arms", len(arms)).Int("cells", len(st.Cells())).
+			log.Info().Str("study", st.Name).Str("study_level", st.Level).Int("arms", len(arms)).Int("cells", len(st.Cells())).
 				Int("rounds", st.Repetitions).Int("warmup", st.Warmup).Msg("starting study")
 			var bar *progressbar.ProgressBar
 			progress := func(done, total int, label string) {

@@ -354,7 +354,10 @@ func (rt *Runtime) finishLocked(r *request, reason FinishReason, msg string) {
 	if reason == FinishError {
 		ev = rt.log.Warn()
 	}
-	ev.Str("request_id", r.ID).Str("reason", reason.String()).Str("message", msg).
+	if msg != "" {
+		ev = ev.Str("detail", msg) // not "message": zerolog's own key for the line's text
+	}
+	ev.Str("request_id", r.ID).Str("reason", reason.String()).
 		Int("prompt_tokens", f.PromptTokens).Int("completion_tokens", f.CompletionTokens).
 		Float64("queue_ms", ms(f.Queue)).Float64("ttft_ms", ms(f.TTFT)).Float64("total_ms", ms(f.Total)).
 		Msg("request finished")

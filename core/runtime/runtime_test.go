@@ -1,10 +1,13 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/model"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -508,4 +512,60 @@ func TestSlotIsFreeWhenFinalArrives(t *testing.T) {
 		require.Contains(t, []FinishReason{FinishLength, FinishScored, FinishStop}, f.Reason)
 		require.Equal(t, 0, e.Store().InUse(), "request %d (%s)", i, f.Reason)
 	}
+}
+
+// The per-request log line is valid structured JSON: no key twice (a
+// duplicate "message" once shadowed zerolog's own), and the fields a log
+// pipeline reads are there.
+func TestRequestLogLineHasUniqueKeys(t *testing.T) {
+	e := openEngine(t, 1)
+	var buf syncBuffer
+	rt, err := New(e, Config{}, Options{Log: zerolog.New(&buf)})
+	require.NoError(t, err)
+	h, err := rt.Submit(context.Background(), Request{ID: "r-1", Prompt: prompt(4, 1, 256), MaxTokens: 2, Sampling: sample.Greedy()})
+	require.NoError(t, err)
+	_, _, err = h.Wait(context.Background())
+	require.NoError(t, err)
+	rt.Close()
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.NotEmpty(t, lines)
+	for _, line := range lines {
+		dec := json.NewDecoder(strings.NewReader(line))
+		tok, err := dec.Token()
+		require.NoError(t, err)
+		require.Equal(t, json.Delim('{'), tok)
+		seen := map[string]bool{}
+		for dec.More() {
+			k, err := dec.Token()
+			require.NoError(t, err)
+			require.False(t, seen[k.(string)], "key %q twice in %s", k, line)
+			seen[k.(string)] = true
+			var v json.RawMessage
+			require.NoError(t, dec.Decode(&v))
+		}
+		if strings.Contains(line, "request finished") {
+			for _, k := range []string{"request_id", "reason", "prompt_tokens", "completion_tokens", "ttft_ms", "total_ms", "message"} {
+				require.True(t, seen[k], "field %s missing in %s", k, line)
+			}
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the scheduler goroutine to write
+// while a test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

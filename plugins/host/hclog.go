@@ -55,8 +55,11 @@ func (l *zlog) Log(level hclog.Level, msg string, args ...any) {
 	all := append(append([]any(nil), l.args...), args...)
 	for i := 0; i < len(all); i += 2 {
 		key := fmt.Sprint(all[i])
-		if key == "plugin" {
+		switch key {
+		case "plugin":
 			key = "plugin_path" // go-plugin's own field; "plugin" is the plugin's name here
+		case zerolog.LevelFieldName, zerolog.MessageFieldName, zerolog.TimestampFieldName, zerolog.ErrorFieldName, "logger":
+			key = "plugin_" + key // a plugin cannot shadow the line's own keys
 		}
 		if i+1 >= len(all) {
 			ev = ev.Interface("EXTRA_VALUE_AT_END", all[i])
