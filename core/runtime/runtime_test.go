@@ -16,6 +16,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/kernels/parallel"
 	"github.com/glmflash/glmflash/model"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -23,7 +24,9 @@ import (
 )
 
 // goleak: every test must leave no scheduler, AfterFunc or other goroutine.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction(parallel.HelperFunc)) // the kernel pool lives for the process
+}
 
 const fixture = "../../testdata/glm5next-tiny-a/checkpoint"
 

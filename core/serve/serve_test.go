@@ -17,6 +17,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/kernels/parallel"
 	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/stretchr/testify/require"
@@ -31,7 +32,9 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction(parallel.HelperFunc)) // the kernel pool lives for the process
+}
 
 const fixture = "../../testdata/glm5next-tiny-a/checkpoint"
 
@@ -649,7 +652,7 @@ func TestShutdownWithOpenStreamsLeaksNothing(t *testing.T) {
 		require.Contains(t, fin.Message, "draining")
 	}
 	require.Equal(t, 0, eng.Store().InUse())
-	goleak.VerifyNone(t)
+	goleak.VerifyNone(t, goleak.IgnoreAnyFunction(parallel.HelperFunc))
 }
 
 func TestScoreMatchesEngine(t *testing.T) {
