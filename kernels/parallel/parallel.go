@@ -109,13 +109,20 @@ func run(j *job) {
 	defer p.mu.Unlock()
 	p.cur.Store(j)
 	p.gen.Add(1)
+	// wake no more parked helpers than there are chunks for (on a many-core
+	// machine a small region must not pay for waking every core)
+	need := int(j.chunks) - 1
 	for _, h := range p.helpers {
+		if need == 0 {
+			break
+		}
 		if h.parked.Load() {
 			select {
 			case h.wake <- struct{}{}:
 			default: // a wake-up is already pending
 			}
 		}
+		need--
 	}
 	j.work()
 	for j.done.Load() < j.chunks {
