@@ -11,6 +11,7 @@
 package parallel
 
 import (
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -168,11 +169,17 @@ var (
 	global   *pool
 )
 
-// thePool starts the helpers on first use (nil on a single-core machine).
+// PoolEnv is the environment variable that, set to "off", turns the helper
+// pool off: every region then starts its own goroutines (to measure what
+// the pool buys).
+const PoolEnv = "GLMFLASH_PARALLEL_POOL"
+
+// thePool starts the helpers on first use (nil on a single-core machine, or
+// when PoolEnv is "off").
 func thePool() *pool {
 	poolOnce.Do(func() {
 		n := runtime.GOMAXPROCS(0) - 1
-		if n < 1 {
+		if n < 1 || os.Getenv(PoolEnv) == "off" {
 			return
 		}
 		global = &pool{}

@@ -2,6 +2,8 @@ package parallel
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -94,5 +96,35 @@ func BenchmarkRegion(b *testing.B) {
 				})
 			}
 		})
+	}
+}
+
+// GLMFLASH_PARALLEL_POOL=off: no helpers are started, and regions still
+// cover their range (run in a child process: the pool starts once).
+func TestPoolOff(t *testing.T) {
+	if os.Getenv("PARALLEL_POOL_CHILD") == "1" {
+		hits := make([]int32, 100)
+		For(100, 1, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				atomic.AddInt32(&hits[i], 1)
+			}
+		})
+		for _, h := range hits {
+			if h != 1 {
+				t.Fatal("range not covered once")
+			}
+		}
+		if thePool() != nil {
+			t.Fatal("the pool started although " + PoolEnv + "=off")
+		}
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPoolOff$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "PARALLEL_POOL_CHILD=1", PoolEnv+"=off")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "PASS")
+	if Workers > 1 {
+		require.NotNil(t, thePool(), "the pool is on by default")
 	}
 }
