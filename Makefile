@@ -68,7 +68,7 @@ PROTOC_VERSION             := 3.21.12
 GOBIN_DIR                  := $(CURDIR)/bin
 PROTO_FILES                := proto/glmflash/v1/glmflash.proto
 
-.PHONY: proto proto-check protoc loadtest fuzz-serve
+.PHONY: proto proto-check protoc loadtest
 
 bin/protoc-gen-go:
 	GOBIN=$(GOBIN_DIR) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
@@ -107,11 +107,6 @@ proto-check:
 	for f in $$(cd $$tmp && find . -name '*.go'); do \
 		cmp -s $$tmp/$$f proto/$$f || { echo "proto/$$f differs from a fresh generation (run make proto)"; rm -rf $$tmp; exit 1; }; \
 	done; rm -rf $$tmp; echo "generated code is up to date"
-
-# Longer fuzzing of what a client sends to the server (seed corpora run in `make test`).
-fuzz-serve:
-	$(GO) test ./core/serve -run '^$$' -fuzz FuzzGenerateRequest -fuzztime 30s
-	$(GO) test ./core/serve -run '^$$' -fuzz FuzzLoadConfig -fuzztime 30s
 
 # Load test: glmflash serve on the bench preset, ghz at concurrency 1, 8, 32.
 loadtest: build bin/ghz
