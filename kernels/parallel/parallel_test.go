@@ -128,3 +128,21 @@ func TestPoolOff(t *testing.T) {
 		require.NotNil(t, thePool(), "the pool is on by default")
 	}
 }
+
+// A many-core machine (GOMAXPROCS=8: 8 workers, 7 helpers, up to 8 chunks a
+// region), simulated in a child process: the concurrent, nested and parked
+// cases above must hold there too.
+func TestManyHelpers(t *testing.T) {
+	if os.Getenv("PARALLEL_MANY_CHILD") == "1" {
+		if Workers != 8 || len(thePool().helpers) != 7 {
+			t.Fatalf("want 8 workers and 7 helpers, got %d and %d", Workers, len(thePool().helpers))
+		}
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^(TestManyHelpers|TestConcurrentNestedAndParkedRegions|TestForCoversRangeOnce|TestEachCoversRangeOnce)$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "PARALLEL_MANY_CHILD=1", "GOMAXPROCS=8")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "--- PASS: TestManyHelpers")
+	require.Contains(t, string(out), "--- PASS: TestConcurrentNestedAndParkedRegions")
+}
