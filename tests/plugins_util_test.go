@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"os"
@@ -9,13 +8,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/internal/syncbuf"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/rs/zerolog"
@@ -70,29 +69,11 @@ func checksums(t *testing.T, dir string) map[string]string {
 	return m
 }
 
-// logBuffer is a goroutine-safe zerolog sink.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // pluginSetup is an engine configuration with plugins, opened.
 type pluginSetup struct {
 	ec   *config.Engine
 	host *host.Host
-	log  *logBuffer
+	log  *syncbuf.Buffer
 	pl   *pass.Pipeline
 }
 
@@ -102,7 +83,7 @@ func openPlugins(t *testing.T, yaml string) *pluginSetup {
 	t.Helper()
 	ec, err := config.Parse([]byte(yaml), "test.yaml")
 	require.NoError(t, err)
-	lb := &logBuffer{}
+	lb := &syncbuf.Buffer{}
 	h, err := host.Open(host.OptionsFromConfig(ec, zerolog.New(lb)))
 	require.NoError(t, err)
 	t.Cleanup(func() { h.Close() })

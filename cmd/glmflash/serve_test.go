@@ -1,39 +1,21 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"os"
 	"path/filepath"
 	"regexp"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/glmflash/glmflash/internal/syncbuf"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestServeRejectsBadConfig(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "serve.yaml")
@@ -51,7 +33,7 @@ func TestServeCommandAndSIGTERM(t *testing.T) {
 	cfg := "model: {dir: " + abs + "}\nserver: {grpc_addr: \"127.0.0.1:0\", metrics_addr: \"\", drain_timeout: 300ms}\nruntime: {slots: 2}\n"
 	require.NoError(t, os.WriteFile(p, []byte(cfg), 0o644))
 	root := newRoot()
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	root.SetOut(out)
 	root.SetArgs([]string{"--log-level", "warn", "serve", "--config", p})
 	done := make(chan error, 1)

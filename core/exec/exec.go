@@ -175,8 +175,7 @@ func stackWeights(w Weights, v *ir.Value) ([]float32, error) {
 		per *= d
 	}
 	out := make([]float32, 0, per*v.Stack)
-	for e := 0; e < v.Stack; e++ {
-		name := expand(v.Ref, e)
+	for _, name := range v.LeafNames() {
 		t, err := w.Float32(name, v.Shape[1:]...)
 		if err != nil {
 			return nil, err
@@ -184,16 +183,6 @@ func stackWeights(w Weights, v *ir.Value) ([]float32, error) {
 		out = append(out, t...)
 	}
 	return out, nil
-}
-
-func expand(ref string, e int) string {
-	const ph = "{e}"
-	for i := 0; i+len(ph) <= len(ref); i++ {
-		if ref[i:i+len(ph)] == ph {
-			return ref[:i] + fmt.Sprint(e) + ref[i+len(ph):]
-		}
-	}
-	return ref
 }
 
 func (p *Program) fold(n *ir.Node) error {

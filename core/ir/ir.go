@@ -9,6 +9,8 @@ package ir
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 )
 
 // Symbolic dimensions. A shape entry ≥ 0 is static.
@@ -115,6 +117,22 @@ func (g *Graph) AddWeight(ref string, shape ...int) *Value {
 	v.Ref = ref
 	g.Weights = append(g.Weights, v)
 	return v
+}
+
+// ExpertPlaceholder stands for the expert index in a stacked weight's Ref.
+const ExpertPlaceholder = "{e}"
+
+// LeafNames lists the checkpoint tensors a weight leaf stands for: its Ref,
+// or, for a stacked leaf, Ref with ExpertPlaceholder replaced by 0..Stack−1.
+func (v *Value) LeafNames() []string {
+	if v.Stack == 0 {
+		return []string{v.Ref}
+	}
+	out := make([]string, v.Stack)
+	for e := range out {
+		out[e] = strings.Replace(v.Ref, ExpertPlaceholder, strconv.Itoa(e), 1)
+	}
+	return out
 }
 
 // AddStackedWeight declares n checkpoint tensors named by replacing "{e}" in

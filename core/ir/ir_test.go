@@ -78,3 +78,11 @@ func TestAttrsFormatSorted(t *testing.T) {
 	a := Attrs{"z": 1, "a": "x", "m": []int{1, 2}, "f": 0.5, "b": true}
 	require.Equal(t, `{a="x", b=true, f=0.5, m=[1,2], z=1}`, a.Format())
 }
+
+func TestLeafNames(t *testing.T) {
+	g := New("t")
+	w := g.AddWeight("model.norm.weight", 4)
+	require.Equal(t, []string{"model.norm.weight"}, w.LeafNames())
+	s := g.AddStackedWeight("layers.1.mlp.experts.{e}.up_proj.weight", 3, 2, 4)
+	require.Equal(t, []string{"layers.1.mlp.experts.0.up_proj.weight", "layers.1.mlp.experts.1.up_proj.weight", "layers.1.mlp.experts.2.up_proj.weight"}, s.LeafNames())
+}

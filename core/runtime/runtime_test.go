@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +15,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/internal/syncbuf"
 	"github.com/glmflash/glmflash/kernels/parallel"
 	"github.com/glmflash/glmflash/model"
 	"github.com/rs/zerolog"
@@ -522,7 +522,7 @@ func TestSlotIsFreeWhenFinalArrives(t *testing.T) {
 // pipeline reads are there.
 func TestRequestLogLineHasUniqueKeys(t *testing.T) {
 	e := openEngine(t, 1)
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	rt, err := New(e, Config{}, Options{Log: zerolog.New(&buf)})
 	require.NoError(t, err)
 	h, err := rt.Submit(context.Background(), Request{ID: "r-1", Prompt: prompt(4, 1, 256), MaxTokens: 2, Sampling: sample.Greedy()})
@@ -552,23 +552,4 @@ func TestRequestLogLineHasUniqueKeys(t *testing.T) {
 			}
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the scheduler goroutine to write
-// while a test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -286,7 +286,7 @@ func (b *engineBinder) Weight(name, ref string, stack int, shape []int) (*ir.Val
 		per = shape[1:]
 	}
 	ti, _ := b.weights.(TensorInfo)
-	for _, n := range wire.LeafNames(&ir.Value{Ref: ref, Stack: stack}) {
+	for _, n := range (&ir.Value{Ref: ref, Stack: stack}).LeafNames() {
 		if _, ok := b.weights.DType(n); !ok {
 			return nil, fmt.Errorf("weight leaf refers to %q, which is not a tensor of the model's checkpoint", n)
 		}

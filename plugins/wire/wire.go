@@ -343,7 +343,7 @@ func Decode(g *ir.Graph, m *pb.Graph, b Binder) (*Contents, error) {
 		if w.GetDtype() != pb.DType_DTYPE_F32 {
 			return nil, fmt.Errorf("%s: weights are f32, got %v", where, w.GetDtype())
 		}
-		if w.GetStack() < 0 || (w.GetStack() > 0) != strings.Contains(w.GetRef(), "{e}") {
+		if w.GetStack() < 0 || (w.GetStack() > 0) != strings.Contains(w.GetRef(), ir.ExpertPlaceholder) {
 			return nil, fmt.Errorf("%s: a stacked weight (stack %d) must use {e} in its reference, and only a stacked one", where, w.GetStack())
 		}
 		shape, err := decodeShape(w.GetShape())
@@ -445,7 +445,7 @@ func EncodeEnv(env *pass.Env, g *ir.Graph) (*pb.Env, error) {
 	}
 	if env.Weights != nil {
 		for _, w := range g.Weights {
-			for _, name := range LeafNames(w) {
+			for _, name := range w.LeafNames() {
 				if dt, ok := env.Weights.DType(name); ok {
 					m.WeightDtypes[name] = dt.String()
 				}
@@ -470,19 +470,6 @@ func EncodeEnv(env *pass.Env, g *ir.Graph) (*pb.Env, error) {
 		m.CaptureHidden = append(m.CaptureHidden, int32(l))
 	}
 	return m, nil
-}
-
-// LeafNames lists the checkpoint tensors a weight leaf stands for: its Ref,
-// or Ref with "{e}" replaced by 0..Stack−1.
-func LeafNames(w *ir.Value) []string {
-	if w.Stack == 0 {
-		return []string{w.Ref}
-	}
-	out := make([]string, w.Stack)
-	for e := range out {
-		out[e] = strings.Replace(w.Ref, "{e}", fmt.Sprint(e), 1)
-	}
-	return out
 }
 
 // DTypes is a WeightInfo from a name → dtype map.

@@ -116,18 +116,6 @@ func quantClass(dt safetensors.DType) string {
 	return dt.String()
 }
 
-// expertNames lists the checkpoint tensors of a stacked expert weight leaf.
-func expertNames(w *ir.Value) []string {
-	if w.Stack == 0 {
-		return []string{w.Ref}
-	}
-	out := make([]string, w.Stack)
-	for e := range out {
-		out[e] = strings.Replace(w.Ref, "{e}", fmt.Sprint(e), 1)
-	}
-	return out
-}
-
 // loraHit reports a LoRA target on one of the shared expert's modules:
 // "shared_experts" / "mlp.shared_experts" (every projection), a qualified
 // "shared_experts.gate_proj", or a bare "gate_proj" (PEFT applies bare
@@ -206,7 +194,7 @@ func quantMismatch(env *pass.Env, ex *ir.Node, s *site) string {
 	routed := ""
 	routedName := ""
 	for i := 3; i <= 5; i++ {
-		for _, name := range expertNames(ex.Inputs[i]) {
+		for _, name := range ex.Inputs[i].LeafNames() {
 			c := quantClass(env.WeightDType(name))
 			if routed == "" {
 				routed, routedName = c, name

@@ -1,0 +1,28 @@
+// Package syncbuf is a bytes.Buffer that goroutines may write while another
+// reads it: the log sink of tests that watch a server, scheduler or plugin.
+package syncbuf
+
+import (
+	"bytes"
+	"sync"
+)
+
+// Buffer is safe for concurrent Write and String.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns everything written so far.
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
