@@ -4,9 +4,9 @@ import (
 	"math"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/exec"
 	"github.com/stretchr/testify/require"
 )
 
@@ -38,17 +38,17 @@ func TestBatchingDoesNotChangeResults(t *testing.T) {
 			conts := [][]int32{seqTokens(1, 4, V), seqTokens(9, 5, V), seqTokens(1, 6, V)}
 			key := engine.Key{Mode: build.Mixed, Logits: build.AllLogits}
 
-			alone := make([][2]*exec.Result, len(prompts))
+			alone := make([][2]*backend.Result, len(prompts))
 			for i := range prompts {
 				e, err := engine.New(cfg, ck, engine.Options{Slots: 1})
 				require.NoError(t, err)
 				slot, err := e.Store().Alloc()
 				require.NoError(t, err)
-				r1, err := e.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: prompts[i]}}})
+				r1, err := e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: prompts[i]}}})
 				require.NoError(t, err)
-				r2, err := e.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: conts[i]}}})
+				r2, err := e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: conts[i]}}})
 				require.NoError(t, err)
-				alone[i] = [2]*exec.Result{r1, r2}
+				alone[i] = [2]*backend.Result{r1, r2}
 			}
 
 			e, err := engine.New(cfg, ck, engine.Options{Slots: 3})
@@ -60,9 +60,9 @@ func TestBatchingDoesNotChangeResults(t *testing.T) {
 				slots = append(slots, s)
 			}
 			for phase, toks := range [][][]int32{prompts, conts} {
-				b := &exec.Batch{}
+				b := &backend.Batch{}
 				for i := range toks {
-					b.Seqs = append(b.Seqs, exec.Seq{Slot: slots[i], Tokens: toks[i]})
+					b.Seqs = append(b.Seqs, backend.Seq{Slot: slots[i], Tokens: toks[i]})
 				}
 				res, err := e.Run(key, b)
 				require.NoError(t, err)
@@ -90,12 +90,12 @@ func TestDecodeMatchesPrefill(t *testing.T) {
 			e, err := engine.New(cfg, ck, engine.Options{Slots: 2})
 			require.NoError(t, err)
 			a, _ := e.Store().Alloc()
-			whole, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &exec.Batch{Seqs: []exec.Seq{{Slot: a, Tokens: toks}}})
+			whole, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: a, Tokens: toks}}})
 			require.NoError(t, err)
 			b, _ := e.Store().Alloc()
-			var last *exec.Result
+			var last *backend.Result
 			for i := range toks {
-				last, err = e.Run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, &exec.Batch{Seqs: []exec.Seq{{Slot: b, Tokens: toks[i : i+1]}}})
+				last, err = e.Run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: b, Tokens: toks[i : i+1]}}})
 				require.NoError(t, err)
 			}
 			require.Less(t, maxDiff(last.Logits, whole.Logits), 1e-4)
@@ -105,24 +105,24 @@ func TestDecodeMatchesPrefill(t *testing.T) {
 
 func TestRunRejectsBadBatches(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
-	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Exec: exec.Options{MaxPositions: 50}})
+	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, MaxPositions: 50})
 	require.NoError(t, err)
 	key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
 	s, _ := e.Store().Alloc()
-	cases := map[string]*exec.Batch{
+	cases := map[string]*backend.Batch{
 		"empty batch":      {},
-		"no tokens":        {Seqs: []exec.Seq{{Slot: s}}},
-		"token too large":  {Seqs: []exec.Seq{{Slot: s, Tokens: []int32{1, 256}}}},
-		"negative token":   {Seqs: []exec.Seq{{Slot: s, Tokens: []int32{-1}}}},
-		"unallocated slot": {Seqs: []exec.Seq{{Slot: 1, Tokens: []int32{1}}}},
-		"duplicate slot":   {Seqs: []exec.Seq{{Slot: s, Tokens: []int32{1}}, {Slot: s, Tokens: []int32{2}}}},
-		"too long":         {Seqs: []exec.Seq{{Slot: s, Tokens: seqTokens(51, 1, 256)}}},
+		"no tokens":        {Seqs: []backend.Seq{{Slot: s}}},
+		"token too large":  {Seqs: []backend.Seq{{Slot: s, Tokens: []int32{1, 256}}}},
+		"negative token":   {Seqs: []backend.Seq{{Slot: s, Tokens: []int32{-1}}}},
+		"unallocated slot": {Seqs: []backend.Seq{{Slot: 1, Tokens: []int32{1}}}},
+		"duplicate slot":   {Seqs: []backend.Seq{{Slot: s, Tokens: []int32{1}}, {Slot: s, Tokens: []int32{2}}}},
+		"too long":         {Seqs: []backend.Seq{{Slot: s, Tokens: seqTokens(51, 1, 256)}}},
 	}
 	for name, b := range cases {
 		_, err := e.Run(key, b)
 		require.Error(t, err, name)
 	}
-	sq, err := e.Store().Seq(s)
+	n, err := e.Store().Len(s)
 	require.NoError(t, err)
-	require.Equal(t, 0, sq.Len, "rejected batches must not advance the cache")
+	require.Equal(t, 0, n, "rejected batches must not advance the cache")
 }

@@ -5,9 +5,9 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
@@ -87,7 +87,7 @@ func BenchmarkPasses(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				s, _ := e.Store().Alloc()
-				if _, err := e.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: s, Tokens: prompt}}}); err != nil {
+				if _, err := e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: prompt}}}); err != nil {
 					b.Fatal(err)
 				}
 				e.Store().Free(s)
@@ -97,7 +97,7 @@ func BenchmarkPasses(b *testing.B) {
 		b.Run(arm.name+"/decode", func(b *testing.B) {
 			s, _ := e.Store().Alloc()
 			defer e.Store().Free(s)
-			if _, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &exec.Batch{Seqs: []exec.Seq{{Slot: s, Tokens: prompt[:64]}}}); err != nil {
+			if _, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: prompt[:64]}}}); err != nil {
 				b.Fatal(err)
 			}
 			key := engine.Key{Mode: build.Decode, Logits: build.LastLogits}
@@ -106,7 +106,7 @@ func BenchmarkPasses(b *testing.B) {
 			}
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				if _, err := e.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: s, Tokens: []int32{int32(i % cfg.VocabSize)}}}}); err != nil {
+				if _, err := e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: []int32{int32(i % cfg.VocabSize)}}}}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -4,9 +4,9 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
 	"github.com/glmflash/glmflash/model/safetensors"
@@ -34,11 +34,11 @@ func TestFP8CheckpointMatchesDequantizedBF16(t *testing.T) {
 				require.Equal(t, wantFP8, dt == safetensors.F8E4M3)
 				e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2})
 				require.NoError(t, err)
-				b := &exec.Batch{}
+				b := &backend.Batch{}
 				for i, n := range []int{23, 7} {
 					s, err := e.Store().Alloc()
 					require.NoError(t, err)
-					b.Seqs = append(b.Seqs, exec.Seq{Slot: s, Tokens: seqTokens(n, i+1, cfg.VocabSize)})
+					b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: seqTokens(n, i+1, cfg.VocabSize)})
 				}
 				res, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.AllLogits}, b)
 				require.NoError(t, err)

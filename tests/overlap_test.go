@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
@@ -68,7 +68,7 @@ func TestPrepareValidatesHostPositions(t *testing.T) {
 	plain, err := engine.New(cfg, ck, engine.Options{Slots: 1})
 	require.NoError(t, err)
 	s, _ := plain.Store().Alloc()
-	_, err = plain.Prepare(key, &exec.Batch{Seqs: []exec.Seq{{Slot: s, Tokens: []int32{1}}}}, []int{0})
+	_, err = plain.Prepare(key, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: []int32{1}}}}, []int{0})
 	require.ErrorContains(t, err, "host-length-reuse")
 
 	pl, err := pass.NewPipeline([]pass.Request{{Name: hostlen.Name}}, true)
@@ -76,17 +76,17 @@ func TestPrepareValidatesHostPositions(t *testing.T) {
 	e, err := engine.New(cfg, ck, engine.Options{Slots: 1, Passes: pl})
 	require.NoError(t, err)
 	s, _ = e.Store().Alloc()
-	pr, err := e.Prepare(key, &exec.Batch{Seqs: []exec.Seq{{Slot: s, Tokens: []int32{1, 2}}}}, []int{3})
+	pr, err := e.Prepare(key, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: []int32{1, 2}}}}, []int{3})
 	require.NoError(t, err)
 	_, err = e.Execute(key, pr)
 	require.ErrorContains(t, err, "host length hint")
-	pr, err = e.Prepare(key, &exec.Batch{Seqs: []exec.Seq{{Slot: s, Tokens: []int32{1, 2}}}}, []int{0})
+	pr, err = e.Prepare(key, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: []int32{1, 2}}}}, []int{0})
 	require.NoError(t, err)
 	require.Error(t, pr.SetTokens(0, []int32{1}))
 	require.Error(t, pr.SetTokens(0, []int32{1, 9999}))
 	require.NoError(t, pr.SetTokens(0, []int32{4, 5}))
 	_, err = e.Execute(key, pr)
 	require.NoError(t, err)
-	sq, _ := e.Store().Seq(s)
-	require.Equal(t, 2, sq.Len)
+	n, _ := e.Store().Len(s)
+	require.Equal(t, 2, n)
 }

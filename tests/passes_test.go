@@ -6,11 +6,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
-	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
@@ -300,27 +300,27 @@ func TestHostLengthReuseNeverReadsExecutorLengths(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	cfg := ck.Config()
 	toks := seqTokens(30, 3, cfg.VocabSize)
-	run := func(reqs []pass.Request) (*exec.Result, *exec.Program, error) {
+	run := func(reqs []pass.Request) (*backend.Result, backend.Program, error) {
 		pl, err := pass.NewPipeline(reqs, true)
 		require.NoError(t, err)
-		e, err := engine.New(cfg, ck, engine.Options{Slots: 1, Passes: pl, Exec: exec.Options{PoisonDeviceLengths: true}})
+		e, err := engine.New(cfg, ck, engine.Options{Slots: 1, Passes: pl, Backend: backend.Options{PoisonDeviceLengths: true}})
 		require.NoError(t, err)
 		s, _ := e.Store().Alloc()
 		key := engine.Key{Mode: build.Prefill, Logits: build.LastLogits}
 		p, err := e.Program(key)
 		require.NoError(t, err)
-		r, err := e.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: s, Tokens: toks}}})
+		r, err := e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: toks}}})
 		return r, p, err
 	}
 	res, prog, err := run([]pass.Request{{Name: hostlen.Name}})
 	require.NoError(t, err)
-	require.Zero(t, prog.DeviceLengthReads())
-	for _, n := range prog.Graph().Nodes {
+	require.Zero(t, prog.Stats().DeviceLengthReads)
+	for _, n := range prog.Plan().Graph.Nodes {
 		require.NotEqual(t, "seq_lengths", n.Op)
 	}
 	clean := engineWith(t, ck, nil, nil)
 	s, _ := clean.Store().Alloc()
-	want, err := clean.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &exec.Batch{Seqs: []exec.Seq{{Slot: s, Tokens: toks}}})
+	want, err := clean.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: toks}}})
 	require.NoError(t, err)
 	require.Equal(t, want.Logits, res.Logits)
 
@@ -339,10 +339,10 @@ func TestMHCFusionTokenCap(t *testing.T) {
 		toks := seqTokens(n, 1, ck.Config().VocabSize)
 		key := engine.Key{Mode: build.Prefill, Logits: build.AllLogits}
 		a, _ := e.Store().Alloc()
-		ra, err := e.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: a, Tokens: toks}}})
+		ra, err := e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: a, Tokens: toks}}})
 		require.NoError(t, err)
 		b, _ := base.Store().Alloc()
-		rb, err := base.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: b, Tokens: toks}}})
+		rb, err := base.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: b, Tokens: toks}}})
 		require.NoError(t, err)
 		require.Equal(t, rb.Logits, ra.Logits, "n=%d", n)
 		e.Store().Free(a)
@@ -350,7 +350,7 @@ func TestMHCFusionTokenCap(t *testing.T) {
 	}
 	p, err := e.Program(engine.Key{Mode: build.Prefill, Logits: build.AllLogits})
 	require.NoError(t, err)
-	require.EqualValues(t, 15, p.FusedMHCRuns()) // the 5-token batch fused all 15 boundaries; the 40-token one declined
+	require.EqualValues(t, 15, p.Stats().FusedMHCRuns) // the 5-token batch fused all 15 boundaries; the 40-token one declined
 }
 
 // A tuning table persisted by one start is loaded by the next, and gives the

@@ -78,7 +78,7 @@ func TestPluginExampleSubprocess(t *testing.T) {
 					p, err := e.Program(engine.Key{Mode: build.Decode, Logits: build.LastLogits})
 					require.NoError(t, err)
 					ops := map[string]int{}
-					for _, n := range p.Graph().Nodes {
+					for _, n := range p.Plan().Graph.Nodes {
 						ops[n.Op]++
 					}
 					require.Equal(t, moe, ops["moe_append_expert"], name)

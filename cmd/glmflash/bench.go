@@ -10,9 +10,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/exec"
 	"github.com/spf13/cobra"
 )
 
@@ -119,7 +119,7 @@ func newBenchCmd() *cobra.Command {
 				}
 				defer free(slots)
 				t0 := time.Now()
-				_, err = e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &exec.Batch{Seqs: []exec.Seq{{Slot: slots[0], Tokens: toks(prompt, 1)}}})
+				_, err = e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slots[0], Tokens: toks(prompt, 1)}}})
 				return prompt, time.Since(t0).Seconds(), err
 			})
 			if err != nil {
@@ -133,18 +133,18 @@ func newBenchCmd() *cobra.Command {
 						return 0, 0, err
 					}
 					defer free(slots)
-					pb := &exec.Batch{}
+					pb := &backend.Batch{}
 					for i, s := range slots {
-						pb.Seqs = append(pb.Seqs, exec.Seq{Slot: s, Tokens: toks(32, i+2)})
+						pb.Seqs = append(pb.Seqs, backend.Seq{Slot: s, Tokens: toks(32, i+2)})
 					}
 					if _, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, pb); err != nil {
 						return 0, 0, err
 					}
 					t0 := time.Now()
 					for st := 0; st < decodeSteps; st++ {
-						db := &exec.Batch{}
+						db := &backend.Batch{}
 						for i, s := range slots {
-							db.Seqs = append(db.Seqs, exec.Seq{Slot: s, Tokens: []int32{int32((st*31 + i) % cfg.VocabSize)}})
+							db.Seqs = append(db.Seqs, backend.Seq{Slot: s, Tokens: []int32{int32((st*31 + i) % cfg.VocabSize)}})
 						}
 						if _, err := e.Run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, db); err != nil {
 							return 0, 0, err

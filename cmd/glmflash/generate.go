@@ -6,9 +6,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/spf13/cobra"
 )
@@ -77,7 +77,7 @@ func newGenerateCmd() *cobra.Command {
 			slot, _ := e.Store().Alloc()
 			smp := sample.New(sp)
 			t0 := time.Now()
-			res, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: ids}}})
+			res, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: ids}}})
 			if err != nil {
 				return err
 			}
@@ -95,7 +95,7 @@ func newGenerateCmd() *cobra.Command {
 				if len(out) == maxTokens {
 					break
 				}
-				res, err = e.Run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: []int32{tok}}}})
+				res, err = e.Run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: []int32{tok}}}})
 				if err != nil {
 					return err
 				}

@@ -13,8 +13,8 @@ import (
 
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/model"
@@ -135,7 +135,7 @@ type PipelineFunc func(e *config.Engine) (*pass.Pipeline, error)
 // one continuous-batching runtime per arm.
 type EngineRunner struct {
 	Model    *model.Config
-	Weights  exec.Weights
+	Weights  plan.Weights
 	Info_    pass.WeightInfo
 	Study    *Study
 	Pipeline PipelineFunc
@@ -149,11 +149,11 @@ type engineArm struct {
 
 // NewEngineRunner prepares an in-process runner; weights are loaded once
 // and shared by every arm.
-func NewEngineRunner(s *Study, cfg *model.Config, w exec.Weights, wi pass.WeightInfo, pf PipelineFunc) *EngineRunner {
+func NewEngineRunner(s *Study, cfg *model.Config, w plan.Weights, wi pass.WeightInfo, pf PipelineFunc) *EngineRunner {
 	if pf == nil {
 		pf = pass.FromConfig
 	}
-	return &EngineRunner{Model: cfg, Weights: exec.NewWeightCache(w), Info_: wi, Study: s, Pipeline: pf, arms: map[string]*engineArm{}}
+	return &EngineRunner{Model: cfg, Weights: plan.NewWeightCache(w), Info_: wi, Study: s, Pipeline: pf, arms: map[string]*engineArm{}}
 }
 
 func maxConcurrency(s *Study) (conc, reqs int) {

@@ -86,6 +86,15 @@ func (s *Store) Free(slot int) error {
 	return nil
 }
 
+// Len is the number of tokens an allocated slot has processed.
+func (s *Store) Len(slot int) (int, error) {
+	q, err := s.Seq(slot)
+	if err != nil {
+		return 0, err
+	}
+	return q.Len, nil
+}
+
 // Seq returns an allocated slot's sequence.
 func (s *Store) Seq(slot int) (*Seq, error) {
 	s.mu.Lock()

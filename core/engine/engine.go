@@ -1,18 +1,21 @@
-// Package engine ties a checkpoint to compiled programs and a cache store:
-// it builds (and memoizes) one program per batch mode and logits selection,
-// all sharing one copy of the weights.
+// Package engine ties a checkpoint to compiled programs and a cache store
+// on one backend: it builds (and memoizes) one program per batch mode and
+// logits selection, all sharing one copy of the weights.
 package engine
 
 import (
 	"fmt"
 	"sync"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
-	"github.com/glmflash/glmflash/core/cache"
-	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/model"
+
+	// The backends register themselves.
+	_ "github.com/glmflash/glmflash/core/backend/cpu"
 )
 
 // GraphHook may rewrite a freshly built graph before it is compiled (the
@@ -22,6 +25,12 @@ type GraphHook func(g *ir.Graph, key Key) error
 // Options configure an engine.
 type Options struct {
 	Slots int // sequence slots in the cache store (default 8)
+	// Device names the backend ("cpu", the default, or "cuda"); Backend
+	// configures it. An already open backend can be given instead
+	// (BackendInstance), which the engine then does not close.
+	Device          string
+	Backend         backend.Options
+	BackendInstance backend.Backend
 	// Passes, when set, rewrites every program's graph before compilation;
 	// PassEnv is the eligibility environment (its Program field is set per
 	// program).
@@ -29,7 +38,9 @@ type Options struct {
 	PassEnv *pass.Env
 	// Hook runs after the passes (tests and tools use it).
 	Hook GraphHook
-	Exec exec.Options
+	// MaxPositions bounds sequence length (default: the model's
+	// max_position_embeddings); device stores size their caches by it.
+	MaxPositions int
 }
 
 // Key identifies one program.
@@ -41,13 +52,16 @@ type Key struct {
 
 // Engine runs a model.
 type Engine struct {
-	cfg     *model.Config
-	weights *exec.WeightCache
-	store   *cache.Store
-	opts    Options
-	mu      sync.Mutex
-	progs   map[Key]*exec.Program
-	reports map[Key]*pass.Report
+	cfg      *model.Config
+	weights  *plan.WeightCache
+	be       backend.Backend
+	ownsBE   bool
+	store    backend.Store
+	opts     Options
+	mu       sync.Mutex
+	progs    map[Key]backend.Program
+	reports  map[Key]*pass.Report
+	closeErr error
 }
 
 // String names a program ("prefill/all").
@@ -59,41 +73,73 @@ func (k Key) String() string {
 	return s
 }
 
-// New creates an engine over cfg and a weight source. Engines given the
-// same *exec.WeightCache share every loaded tensor (and its bf16 copy).
-func New(cfg *model.Config, w exec.Weights, opts Options) (*Engine, error) {
+// New creates an engine over cfg and a weight source on the backend
+// opts.Device. Engines given the same *plan.WeightCache share every loaded
+// host tensor.
+func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
 	if opts.Slots == 0 {
 		opts.Slots = 8
 	}
-	st, err := cache.NewStore(cfg, opts.Slots)
+	if opts.MaxPositions == 0 {
+		opts.MaxPositions = cfg.MaxPositionEmbeddings
+	}
+	be, owns := opts.BackendInstance, false
+	if be == nil {
+		var err error
+		if be, err = backend.Open(opts.Device, opts.Backend); err != nil {
+			return nil, fmt.Errorf("engine: device %s: %w", deviceName(opts.Device), err)
+		}
+		owns = true
+	}
+	st, err := be.NewStore(cfg, opts.Slots, opts.MaxPositions)
 	if err != nil {
+		if owns {
+			be.Close()
+		}
 		return nil, err
 	}
-	if opts.Exec.MaxPositions == 0 {
-		opts.Exec.MaxPositions = cfg.MaxPositionEmbeddings
+	return &Engine{cfg: cfg, weights: plan.NewWeightCache(w), be: be, ownsBE: owns, store: st, opts: opts, progs: map[Key]backend.Program{}, reports: map[Key]*pass.Report{}}, nil
+}
+
+func deviceName(d string) string {
+	if d == "" {
+		return "cpu"
 	}
-	wc, ok := w.(*exec.WeightCache)
-	if !ok {
-		wc = exec.NewWeightCache(w)
+	return d
+}
+
+// Close releases the backend when the engine opened it.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ownsBE && e.be != nil {
+		e.closeErr = e.be.Close()
+		e.be = nil
 	}
-	return &Engine{cfg: cfg, weights: wc, store: st, opts: opts, progs: map[Key]*exec.Program{}, reports: map[Key]*pass.Report{}}, nil
+	return e.closeErr
 }
 
 // Config returns the model configuration.
 func (e *Engine) Config() *model.Config { return e.cfg }
 
 // Store returns the sequence cache.
-func (e *Engine) Store() *cache.Store { return e.store }
+func (e *Engine) Store() backend.Store { return e.store }
 
-// WeightBytes is the memory held by loaded weights.
+// Backend returns the engine's backend.
+func (e *Engine) Backend() backend.Backend { return e.be }
+
+// WeightBytes is the host memory held by loaded weights.
 func (e *Engine) WeightBytes() int64 { return e.weights.Bytes() }
 
 // Program returns the compiled program for key, building it on first use.
-func (e *Engine) Program(key Key) (*exec.Program, error) {
+func (e *Engine) Program(key Key) (backend.Program, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if p, ok := e.progs[key]; ok {
 		return p, nil
+	}
+	if e.be == nil {
+		return nil, fmt.Errorf("engine: closed")
 	}
 	g, err := build.Build(e.cfg, build.Options{Mode: key.Mode, Logits: key.Logits, CaptureHidden: key.CaptureHidden})
 	if err != nil {
@@ -120,7 +166,11 @@ func (e *Engine) Program(key Key) (*exec.Program, error) {
 			return nil, fmt.Errorf("engine: graph hook: %w", err)
 		}
 	}
-	p, err := exec.Compile(g, e.weights, e.opts.Exec)
+	pl, err := plan.Compile(g, e.weights, plan.Options{MaxPositions: e.opts.MaxPositions})
+	if err != nil {
+		return nil, err
+	}
+	p, err := e.be.Compile(pl)
 	if err != nil {
 		return nil, err
 	}
@@ -147,8 +197,19 @@ func (e *Engine) Reports() map[Key]*pass.Report {
 	return out
 }
 
+// Programs returns every built program by key.
+func (e *Engine) Programs() map[Key]backend.Program {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[Key]backend.Program{}
+	for k, v := range e.progs {
+		out[k] = v
+	}
+	return out
+}
+
 // Run executes one batch with the program for key.
-func (e *Engine) Run(key Key, b *exec.Batch) (*exec.Result, error) {
+func (e *Engine) Run(key Key, b *backend.Batch) (*backend.Result, error) {
 	p, err := e.Program(key)
 	if err != nil {
 		return nil, err
@@ -157,18 +218,24 @@ func (e *Engine) Run(key Key, b *exec.Batch) (*exec.Result, error) {
 }
 
 // Prepare does the host-side work of a batch for the program of key with
-// the scheduler's positions (see exec.Program.Prepare); it may run while
-// another batch executes.
-func (e *Engine) Prepare(key Key, b *exec.Batch, pos []int) (*exec.Prepared, error) {
+// the scheduler's positions; it may run while another batch executes. It is
+// refused for programs that read executor-produced lengths.
+func (e *Engine) Prepare(key Key, b *backend.Batch, pos []int) (*backend.Prepared, error) {
 	p, err := e.Program(key)
 	if err != nil {
 		return nil, err
 	}
-	return p.Prepare(b, e.store, pos)
+	if !p.Plan().HostLengths {
+		return nil, fmt.Errorf("engine: Prepare needs host lengths (enable host-length-reuse); this program reads executor lengths")
+	}
+	if b == nil || len(pos) != len(b.Seqs) {
+		return nil, fmt.Errorf("engine: Prepare needs one position per sequence")
+	}
+	return backend.Prepare(p, b, e.store, pos)
 }
 
 // Execute runs a prepared batch.
-func (e *Engine) Execute(key Key, pr *exec.Prepared) (*exec.Result, error) {
+func (e *Engine) Execute(key Key, pr *backend.Prepared) (*backend.Result, error) {
 	p, err := e.Program(key)
 	if err != nil {
 		return nil, err
@@ -180,5 +247,5 @@ func (e *Engine) Execute(key Key, pr *exec.Prepared) (*exec.Result, error) {
 // (the host-length-reuse pass removed every executor length read).
 func (e *Engine) HostLengths(key Key) bool {
 	p, err := e.Program(key)
-	return err == nil && p.HostLengths()
+	return err == nil && p.Plan().HostLengths
 }

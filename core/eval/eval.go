@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/exec"
 )
 
 // Result is one case's agreement with the reference.
@@ -58,10 +58,10 @@ func RunCase(e *engine.Engine, c *Case, V int) (Result, error) {
 		return res, err
 	}
 	defer e.Store().Free(slot)
-	run := func(key engine.Key, toks []int32) (*exec.Result, error) {
-		return e.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: toks}}})
+	run := func(key engine.Key, toks []int32) (*backend.Result, error) {
+		return e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: toks}}})
 	}
-	check := func(out *exec.Result) error {
+	check := func(out *backend.Result) error {
 		if out.Vocab != V {
 			return fmt.Errorf("model vocab %d != reference vocab %d", out.Vocab, V)
 		}

@@ -70,10 +70,7 @@ type Token struct {
 }
 
 // TokenLogprob is one alternative of a token.
-type TokenLogprob struct {
-	ID      int32
-	Logprob float32
-}
+type TokenLogprob = sample.TokenLogprob
 
 // FinishReason says why a request ended.
 type FinishReason int

@@ -16,16 +16,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
-	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/model"
 	"github.com/rs/zerolog"
@@ -34,8 +32,8 @@ import (
 // Model is what the runtime drives; *engine.Engine implements it.
 type Model interface {
 	Config() *model.Config
-	Store() *cache.Store
-	Run(key engine.Key, b *exec.Batch) (*exec.Result, error)
+	Store() backend.Store
+	Run(key engine.Key, b *backend.Batch) (*backend.Result, error)
 }
 
 // Config bounds the scheduler. Zero fields take the defaults noted.
@@ -157,8 +155,8 @@ type Runtime struct {
 // executor-produced lengths.
 type Preparer interface {
 	HostLengths(key engine.Key) bool
-	Prepare(key engine.Key, b *exec.Batch, pos []int) (*exec.Prepared, error)
-	Execute(key engine.Key, pr *exec.Prepared) (*exec.Result, error)
+	Prepare(key engine.Key, b *backend.Batch, pos []int) (*backend.Prepared, error)
+	Execute(key engine.Key, pr *backend.Prepared) (*backend.Result, error)
 }
 
 // PreparedAhead is how many steps were prepared on the host while the
@@ -458,7 +456,8 @@ func (rt *Runtime) loop() {
 			}
 			continue
 		}
-		var prep *exec.Prepared
+		var prep *backend.Prepared
+		var specs []backend.SampleSpec
 		if spec != nil && rt.specValidLocked(spec) {
 			batch = spec.batch
 			prep = spec.prep
@@ -476,20 +475,30 @@ func (rt *Runtime) loop() {
 			batch = rt.planLocked(batch[:0])
 		}
 		spec = nil
+		all := false
+		for _, it := range batch {
+			all = all || it.r.Score
+		}
+		specs = rt.sampleSpecsLocked(batch, all)
+		if prep != nil {
+			if err := prep.SetSample(specs, !all); err != nil {
+				prep = nil
+			}
+		}
 		rt.mu.Unlock()
 
 		// Generation needs only each sequence's last row; a step that holds
 		// a Score request computes every row (AllLogits) and picks the last
 		// rows of the others, which gives them the same logits.
 		key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
-		b := &exec.Batch{Seqs: make([]exec.Seq, len(batch))}
+		if all {
+			key.Logits = build.AllLogits
+		}
+		b := &backend.Batch{Seqs: make([]backend.Seq, len(batch)), Sample: specs, SamplesOnly: !all}
 		ntok, rows := 0, 0
 		for i, it := range batch {
-			b.Seqs[i] = exec.Seq{Slot: it.r.slot, Tokens: it.tokens}
+			b.Seqs[i] = backend.Seq{Slot: it.r.slot, Tokens: it.tokens}
 			ntok += len(it.tokens)
-			if it.r.Score {
-				key.Logits = build.AllLogits
-			}
 		}
 		for i := range batch {
 			if key.Logits == build.AllLogits {
@@ -500,7 +509,7 @@ func (rt *Runtime) loop() {
 			}
 		}
 		t0 := time.Now()
-		var res *exec.Result
+		var res *backend.Result
 		var err error
 		if pp, ok := rt.m.(Preparer); ok && key.Logits == build.LastLogits && pp.HostLengths(key) {
 			// Host-side lengths: execute this step in the background and
@@ -539,7 +548,7 @@ func (rt *Runtime) loop() {
 
 // run executes one forward pass; a panic in the engine becomes an error
 // that fails this step's requests instead of the process.
-func (rt *Runtime) run(key engine.Key, b *exec.Batch) (res *exec.Result, err error) {
+func (rt *Runtime) run(key engine.Key, b *backend.Batch) (res *backend.Result, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("engine panic: %v", p)
@@ -549,13 +558,36 @@ func (rt *Runtime) run(key engine.Key, b *exec.Batch) (res *exec.Result, err err
 }
 
 // execute runs a prepared step, turning an engine panic into an error.
-func (rt *Runtime) execute(pp Preparer, key engine.Key, pr *exec.Prepared) (res *exec.Result, err error) {
+func (rt *Runtime) execute(pp Preparer, key engine.Key, pr *backend.Prepared) (res *backend.Result, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("engine panic: %v", p)
 		}
 	}()
 	return pp.Execute(key, pr)
+}
+
+// sampleSpecsLocked draws this step's sampling specs: one per logits row
+// (every token's row when all, else one per item). Only a row that yields a
+// token consumes its request's randomness (the last row of a request whose
+// prompt this step completes, or a decode token); the others are greedy
+// placeholders the scheduler ignores.
+func (rt *Runtime) sampleSpecsLocked(batch []item, all bool) []backend.SampleSpec {
+	var specs []backend.SampleSpec
+	for _, it := range batch {
+		r := it.r
+		if all {
+			for range len(it.tokens) - 1 {
+				specs = append(specs, backend.SampleSpec{Params: sample.Greedy()})
+			}
+		}
+		if r.Score || r.killed || r.fed+len(it.tokens) < len(r.Prompt) {
+			specs = append(specs, backend.SampleSpec{Params: sample.Greedy()})
+			continue
+		}
+		specs = append(specs, backend.SampleSpec{Params: r.sampler.Params(), U: r.sampler.Draw(), TopLogprobs: r.TopLogprobs})
+	}
+	return specs
 }
 
 // positions are the batch's sequences' cached lengths as the scheduler
@@ -576,9 +608,9 @@ type speculation struct {
 	rr      int
 	batch   []item
 	prefill []bool // item i is a prompt chunk (else a decode token to fill in)
-	b       *exec.Batch
+	b       *backend.Batch
 	pos     []int
-	prep    *exec.Prepared
+	prep    *backend.Prepared
 	err     error
 	fed     []int // projected r.fed per item
 }
@@ -609,7 +641,7 @@ func (rt *Runtime) speculateLocked(batch []item) *speculation {
 		}
 		fed[r], cached[r] = f, c
 	}
-	sp := &speculation{running: append([]*request(nil), rt.running...), rr: rt.rr, b: &exec.Batch{}}
+	sp := &speculation{running: append([]*request(nil), rt.running...), rr: rt.rr, b: &backend.Batch{}}
 	budget := rt.cfg.MaxBatchTokens
 	n := len(rt.running)
 	start := rt.rr % n
@@ -638,7 +670,7 @@ func (sp *speculation) add(r *request, toks []int32, prefill bool, fed, cached i
 	sp.prefill = append(sp.prefill, prefill)
 	sp.fed = append(sp.fed, fed)
 	sp.pos = append(sp.pos, cached)
-	sp.b.Seqs = append(sp.b.Seqs, exec.Seq{Slot: r.slot, Tokens: toks})
+	sp.b.Seqs = append(sp.b.Seqs, backend.Seq{Slot: r.slot, Tokens: toks})
 }
 
 // specValidLocked reports whether the speculation's assumptions held: the
@@ -729,7 +761,7 @@ func (rt *Runtime) planLocked(batch []item) []item {
 }
 
 // collectLocked turns a step's logits into tokens, finals and freed slots.
-func (rt *Runtime) collectLocked(batch []item, res *exec.Result, err error, all bool) {
+func (rt *Runtime) collectLocked(batch []item, res *backend.Result, err error, all bool) {
 	now := time.Now()
 	var promptToks, genToks int
 	for _, it := range batch {
@@ -767,10 +799,9 @@ func (rt *Runtime) collectLocked(batch []item, res *exec.Result, err error, all 
 				continue // more prompt to run
 			}
 		}
-		row := res.Row(last)
-		tok := int32(r.sampler.Next(row))
-		t := Token{ID: tok, Index: r.generated}
-		t.Logprob, t.Top = logprobs(row, tok, r.TopLogprobs)
+		pick := res.Samples[last]
+		tok := pick.Token
+		t := Token{ID: tok, Index: r.generated, Logprob: pick.Logprob, Top: pick.Top}
 		r.generated++
 		genToks++
 		if r.firstTok.IsZero() {
@@ -800,39 +831,4 @@ func (rt *Runtime) completeLocked(r *request, reason FinishReason, msg string) {
 	r.killed = true
 	rt.freeLocked(r)
 	rt.finishLocked(r, reason, msg)
-}
-
-// logprobs returns the log-softmax of tok and the n most likely tokens.
-func logprobs(row []float32, tok int32, n int) (float32, []TokenLogprob) {
-	mx := float32(math.Inf(-1))
-	for _, v := range row {
-		mx = max(mx, v)
-	}
-	var sum float64
-	for _, v := range row {
-		sum += math.Exp(float64(v - mx))
-	}
-	lse := float64(mx) + math.Log(sum)
-	lp := float32(float64(row[tok]) - lse)
-	if n <= 0 {
-		return lp, nil
-	}
-	top := make([]TokenLogprob, 0, n+1)
-	for i, v := range row {
-		if len(top) == n && v <= top[n-1].Logprob {
-			continue
-		}
-		j := len(top)
-		for j > 0 && top[j-1].Logprob < v {
-			j--
-		}
-		top = slices.Insert(top, j, TokenLogprob{ID: int32(i), Logprob: v})
-		if len(top) > n {
-			top = top[:n]
-		}
-	}
-	for i := range top {
-		top[i].Logprob = float32(float64(top[i].Logprob) - lse)
-	}
-	return lp, top
 }

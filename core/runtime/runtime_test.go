@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/exec"
+	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/internal/syncbuf"
 	"github.com/glmflash/glmflash/kernels/parallel"
@@ -65,7 +66,7 @@ func alone(t *testing.T, e *engine.Engine, req Request) []int32 {
 	slot, err := ref.Store().Alloc()
 	require.NoError(t, err)
 	key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
-	res, err := ref.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: req.Prompt}}})
+	res, err := ref.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: req.Prompt}}})
 	require.NoError(t, err)
 	s := sample.New(req.Sampling)
 	var out []int32
@@ -80,12 +81,12 @@ func alone(t *testing.T, e *engine.Engine, req Request) []int32 {
 		if len(out) == req.MaxTokens {
 			return out
 		}
-		res, err = ref.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: []int32{tok}}}})
+		res, err = ref.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: []int32{tok}}}})
 		require.NoError(t, err)
 	}
 }
 
-func engineWeights(t *testing.T) exec.Weights {
+func engineWeights(t *testing.T) plan.Weights {
 	ck, err := model.Open(fixture)
 	require.NoError(t, err)
 	t.Cleanup(func() { ck.Close() })
@@ -183,7 +184,7 @@ func TestStopIDsAndTokenFields(t *testing.T) {
 
 func TestLogprobs(t *testing.T) {
 	row := []float32{1, 3, 2, 3, -1}
-	lp, top := logprobs(row, 2, 3)
+	lp, top := sample.Logprobs(row, 2, 3)
 	var z float64
 	for _, v := range row {
 		z += math.Exp(float64(v))
@@ -191,7 +192,7 @@ func TestLogprobs(t *testing.T) {
 	require.InDelta(t, 2-math.Log(z), float64(lp), 1e-6)
 	require.Equal(t, []int32{1, 3, 2}, []int32{top[0].ID, top[1].ID, top[2].ID})
 	require.InDelta(t, 3-math.Log(z), float64(top[0].Logprob), 1e-6)
-	_, none := logprobs(row, 0, 0)
+	_, none := sample.Logprobs(row, 0, 0)
 	require.Nil(t, none)
 }
 
@@ -203,7 +204,7 @@ func TestScore(t *testing.T) {
 	ref, err := engine.New(e.Config(), engineWeights(t), engine.Options{Slots: 1})
 	require.NoError(t, err)
 	slot, _ := ref.Store().Alloc()
-	want, err := ref.Run(engine.Key{Mode: build.Mixed, Logits: build.AllLogits}, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: toks}}})
+	want, err := ref.Run(engine.Key{Mode: build.Mixed, Logits: build.AllLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: toks}}})
 	require.NoError(t, err)
 
 	// a generating request shares the steps
@@ -252,7 +253,7 @@ type slowModel struct {
 	steps   int
 }
 
-func (m *slowModel) Run(key engine.Key, b *exec.Batch) (*exec.Result, error) {
+func (m *slowModel) Run(key engine.Key, b *backend.Batch) (*backend.Result, error) {
 	time.Sleep(m.delay)
 	m.mu.Lock()
 	m.steps++

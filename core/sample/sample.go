@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 )
 
@@ -40,8 +41,6 @@ func Greedy() Params { return Params{TopP: 1} }
 type Sampler struct {
 	p   Params
 	rng *rand.Rand
-	idx []int
-	pr  []float64
 }
 
 // New returns a sampler (p must be valid).
@@ -60,42 +59,63 @@ func Argmax(x []float32) int {
 	return best
 }
 
+// Draw returns the uniform number in [0, 1) that the next pick uses (0,
+// without consuming randomness, when the parameters are greedy). Next is
+// Pick(logits, params, Draw()).
+func (s *Sampler) Draw() float64 {
+	if s.p.Temperature == 0 {
+		return 0
+	}
+	return s.rng.Float64()
+}
+
+// Params returns the sampler's parameters.
+func (s *Sampler) Params() Params { return s.p }
+
 // Next picks a token from logits.
-func (s *Sampler) Next(logits []float32) int {
-	p := s.p
+func (s *Sampler) Next(logits []float32) int { return Pick(logits, s.p, s.Draw()) }
+
+// Pick chooses a token from logits with parameters p and the uniform draw
+// u: greedy (lowest index on ties) at temperature 0; otherwise the tokens
+// sorted by logit (ties: lower index first) are cut to top_k, turned into
+// probabilities at the temperature, cut by min_p (relative to the most
+// likely) and top_p (the shortest prefix whose mass reaches it), and the
+// token where the cumulative mass first reaches u times the kept mass is
+// returned. Device samplers implement the same rule.
+func Pick(logits []float32, p Params, u float64) int {
 	if p.Temperature == 0 {
 		return Argmax(logits)
 	}
-	s.idx = s.idx[:0]
-	for i := range logits {
-		s.idx = append(s.idx, i)
+	idx := make([]int, len(logits))
+	for i := range idx {
+		idx[i] = i
 	}
-	sort.SliceStable(s.idx, func(a, b int) bool { return logits[s.idx[a]] > logits[s.idx[b]] })
-	n := len(s.idx)
+	sort.SliceStable(idx, func(a, b int) bool { return logits[idx[a]] > logits[idx[b]] })
+	n := len(idx)
 	if p.TopK > 0 && p.TopK < n {
 		n = p.TopK
 	}
-	mx := float64(logits[s.idx[0]])
-	s.pr = s.pr[:0]
+	mx := float64(logits[idx[0]])
+	pr := make([]float64, 0, n)
 	var sum float64
-	for _, i := range s.idx[:n] {
+	for _, i := range idx[:n] {
 		e := math.Exp((float64(logits[i]) - mx) / p.Temperature)
-		s.pr = append(s.pr, e)
+		pr = append(pr, e)
 		sum += e
 	}
-	for i := range s.pr {
-		s.pr[i] /= sum
+	for i := range pr {
+		pr[i] /= sum
 	}
 	if p.MinP > 0 {
-		cut := p.MinP * s.pr[0]
-		for n > 1 && s.pr[n-1] < cut {
+		cut := p.MinP * pr[0]
+		for n > 1 && pr[n-1] < cut {
 			n--
 		}
 	}
 	if p.TopP < 1 {
 		var c float64
 		for i := 0; i < n; i++ {
-			c += s.pr[i]
+			c += pr[i]
 			if c >= p.TopP {
 				n = i + 1
 				break
@@ -103,15 +123,57 @@ func (s *Sampler) Next(logits []float32) int {
 		}
 	}
 	var total float64
-	for _, v := range s.pr[:n] {
+	for _, v := range pr[:n] {
 		total += v
 	}
-	u := s.rng.Float64() * total
-	for i, v := range s.pr[:n] {
+	u *= total
+	for i, v := range pr[:n] {
 		u -= v
 		if u <= 0 {
-			return s.idx[i]
+			return idx[i]
 		}
 	}
-	return s.idx[n-1]
+	return idx[n-1]
+}
+
+// TokenLogprob is one alternative token and its log-probability.
+type TokenLogprob struct {
+	ID      int32
+	Logprob float32
+}
+
+// Logprobs returns the log-softmax of tok and the n most likely tokens
+// (ties: lower id first).
+func Logprobs(row []float32, tok int32, n int) (float32, []TokenLogprob) {
+	mx := float32(math.Inf(-1))
+	for _, v := range row {
+		mx = max(mx, v)
+	}
+	var sum float64
+	for _, v := range row {
+		sum += math.Exp(float64(v - mx))
+	}
+	lse := float64(mx) + math.Log(sum)
+	lp := float32(float64(row[tok]) - lse)
+	if n <= 0 {
+		return lp, nil
+	}
+	top := make([]TokenLogprob, 0, n+1)
+	for i, v := range row {
+		if len(top) == n && v <= top[n-1].Logprob {
+			continue
+		}
+		j := len(top)
+		for j > 0 && top[j-1].Logprob < v {
+			j--
+		}
+		top = slices.Insert(top, j, TokenLogprob{ID: int32(i), Logprob: v})
+		if len(top) > n {
+			top = top[:n]
+		}
+	}
+	for i := range top {
+		top[i].Logprob = float32(float64(top[i].Logprob) - lse)
+	}
+	return lp, top
 }

@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -29,7 +29,7 @@ type Metrics struct {
 	prompt     prometheus.Counter
 	queueDepth prometheus.Gauge
 	running    prometheus.Gauge
-	store      atomic.Pointer[cache.Store]
+	store      atomic.Pointer[storeRef]
 }
 
 // latency buckets: 1 ms to ~2 min.
@@ -92,7 +92,10 @@ func (m *Metrics) Handler() http.Handler {
 // Registry is the registry the metrics live in.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-func (m *Metrics) setStore(s *cache.Store) { m.store.Store(s) }
+// storeRef holds the engine's store for the slot gauges.
+type storeRef struct{ backend.Store }
+
+func (m *Metrics) setStore(s backend.Store) { m.store.Store(&storeRef{s}) }
 
 // Refused counts a request refused before it reached the runtime.
 func (m *Metrics) Refused(status string) { m.requests.WithLabelValues(status).Inc() }

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/kernels/parallel"
 	"github.com/glmflash/glmflash/model"
@@ -190,7 +190,7 @@ func alone(t *testing.T, p []int32, maxTokens int, sp sample.Params, stops []int
 	slot, err := e.Store().Alloc()
 	require.NoError(t, err)
 	key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
-	res, err := e.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: p}}})
+	res, err := e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: p}}})
 	require.NoError(t, err)
 	s := sample.New(sp)
 	var out []int32
@@ -205,7 +205,7 @@ func alone(t *testing.T, p []int32, maxTokens int, sp sample.Params, stops []int
 		if len(out) == maxTokens {
 			return out
 		}
-		res, err = e.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: []int32{tok}}}})
+		res, err = e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: []int32{tok}}}})
 		require.NoError(t, err)
 	}
 }
@@ -664,7 +664,7 @@ func TestScoreMatchesEngine(t *testing.T) {
 	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 1})
 	require.NoError(t, err)
 	slot, _ := e.Store().Alloc()
-	want, err := e.Run(engine.Key{Mode: build.Mixed, Logits: build.AllLogits}, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: toks}}})
+	want, err := e.Run(engine.Key{Mode: build.Mixed, Logits: build.AllLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: toks}}})
 	require.NoError(t, err)
 
 	all, err := h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: toks, AllPositions: true})

@@ -25,7 +25,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/exec"
+	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
@@ -51,7 +51,7 @@ const RequestIDHeader = "x-request-id"
 // LoadedModel is a model ready to serve.
 type LoadedModel struct {
 	Config  *model.Config
-	Weights exec.Weights
+	Weights plan.Weights
 	Source  string       // shown in GetModelInfo: a directory or a preset
 	Close   func() error // releases the weights (may be nil)
 }
@@ -63,7 +63,7 @@ type Options struct {
 	// while health reports NOT_SERVING.
 	Load func(ctx context.Context) (*LoadedModel, error)
 	// Engine adjusts the engine's options before it is made (the pass
-	// pipeline plugs in here); Slots and Exec.MaxPositions come from the
+	// pipeline and the device plug in here); Slots and MaxPositions come from the
 	// config. nil: the graphs as built.
 	Engine func(*engine.Options)
 	// PassReport returns the pass pipeline's report (anything that
@@ -286,7 +286,7 @@ func (s *Server) load(ctx context.Context) error {
 	if err != nil {
 		return fail(fmt.Errorf("serve: %w", err))
 	}
-	eo := engine.Options{Slots: rc.Slots, Exec: exec.Options{MaxPositions: eff.ContextLimit}}
+	eo := engine.Options{Slots: rc.Slots, MaxPositions: eff.ContextLimit}
 	if s.opts.Engine != nil {
 		s.opts.Engine(&eo)
 	}

@@ -22,11 +22,11 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
-	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
@@ -252,7 +252,7 @@ func RunCases(t testing.TB, f *Fixture, e *engine.Engine) [][]float32 {
 			t.Fatal(err)
 		}
 		run := func(key engine.Key, toks []int32) {
-			r, err := e.Run(key, &exec.Batch{Seqs: []exec.Seq{{Slot: slot, Tokens: toks}}})
+			r, err := e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: toks}}})
 			if err != nil {
 				t.Fatalf("case %s: %v", c.Name, err)
 			}

@@ -1,0 +1,171 @@
+// Package backend is the boundary between a compiled graph and the device
+// that runs it. A Backend binds every step of a plan.Plan to one of its
+// kernels (one binding table per backend, one binding per op) and keeps the
+// sequences' state (KDA conv and recurrent states, MLA latents, indexer
+// pools) in a Store of its own memory. The engine, the scheduler and the
+// passes see only these interfaces; they never know which device runs.
+//
+// Backends register themselves by name (Register); core/backend/cpu is
+// "cpu" and core/backend/cuda is "cuda".
+package backend
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/glmflash/glmflash/core/plan"
+	"github.com/glmflash/glmflash/model"
+)
+
+// Backend runs plans on one device.
+type Backend interface {
+	// Name is the device name used in YAML and flags ("cpu", "cuda").
+	Name() string
+	// Compile binds every step of p to a kernel of this backend; an op
+	// without a binding is an error naming it.
+	Compile(p *plan.Plan) (Program, error)
+	// NewStore makes a store of slots sequence slots for cfg, each able to
+	// hold maxPositions tokens.
+	NewStore(cfg *model.Config, slots, maxPositions int) (Store, error)
+	// Ops lists the ops this backend binds (a test checks it against the
+	// IR's registry).
+	Ops() []string
+	// Info describes the device and its memory use.
+	Info() Info
+	// Close releases the device; programs and stores become unusable.
+	Close() error
+}
+
+// Info describes a backend's device.
+type Info struct {
+	Backend   string
+	Device    string // e.g. "NVIDIA H200" or the CPU model
+	Precision string // "fp32" or "bf16"
+	// Memory in bytes by category (weights by dtype, caches, workspace);
+	// empty where the backend does not track it.
+	Memory map[string]int64
+}
+
+// Program is a plan bound to a backend's kernels. Run calls are serialized.
+type Program interface {
+	Plan() *plan.Plan
+	// Run validates and executes one batch; on success every sequence's
+	// state has advanced by its new tokens. An invalid batch changes no state.
+	Run(b *Batch, st Store) (*Result, error)
+	// Execute runs a batch prepared with Prepare.
+	Execute(pr *Prepared) (*Result, error)
+	// Stats are the program's counters since it was compiled.
+	Stats() Stats
+}
+
+// Stats count what a program did.
+type Stats struct {
+	// Runs is the number of executed batches.
+	Runs int64
+	// DeviceLengthReads counts reads of executor-produced sequence lengths
+	// (seq_lengths) instead of the host metadata.
+	DeviceLengthReads int64
+	// HostSyncs counts waits of the host for the device (a device backend:
+	// length read-backs and result copies).
+	HostSyncs int64
+	// LengthSyncs counts the host syncs that were length read-backs.
+	LengthSyncs int64
+	// Launches counts kernel launches (device backends).
+	Launches int64
+	// FusedMHCRuns counts mhc_post_pre executions that took the fused path.
+	FusedMHCRuns int64
+}
+
+// Store holds sequence state in numbered slots. It is safe for concurrent
+// use; a slot's contents belong to whoever allocated it.
+type Store interface {
+	// Alloc reserves a free slot with an empty sequence.
+	Alloc() (int, error)
+	// Free releases a slot.
+	Free(slot int) error
+	// Len is the number of tokens an allocated slot has processed.
+	Len(slot int) (int, error)
+	// Capacity is the number of slots; InUse counts allocated ones.
+	Capacity() int
+	InUse() int
+}
+
+// Options configure a backend.
+type Options struct {
+	// Precision is "fp32" (default: fp32 activations and accumulation, the
+	// parity mode) or "bf16" (bf16 activations, fp32 accumulation).
+	Precision string
+	// FP32Weights keeps every GEMM weight in float32 even when it is exactly
+	// representable in bfloat16.
+	FP32Weights bool
+	// PoisonDeviceLengths makes seq_lengths nodes produce wrong values, so a
+	// test can prove that a graph never reads the executor's copy.
+	PoisonDeviceLengths bool
+	// DeviceIndex selects a GPU (device backends).
+	DeviceIndex int
+}
+
+// Factory opens a backend.
+type Factory func(opts Options) (Backend, error)
+
+var (
+	regMu    sync.Mutex
+	registry = map[string]Factory{}
+)
+
+// Register makes a backend available under name; it panics on a duplicate.
+func Register(name string, f Factory) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	if _, dup := registry[name]; dup {
+		panic("backend: " + name + " registered twice")
+	}
+	registry[name] = f
+}
+
+// Names lists the registered backends, sorted.
+func Names() []string {
+	regMu.Lock()
+	defer regMu.Unlock()
+	var n []string
+	for k := range registry {
+		n = append(n, k)
+	}
+	sort.Strings(n)
+	return n
+}
+
+// Open opens the backend registered as name.
+func Open(name string, opts Options) (Backend, error) {
+	if name == "" {
+		name = "cpu"
+	}
+	switch opts.Precision {
+	case "":
+		opts.Precision = "fp32"
+	case "fp32", "bf16":
+	default:
+		return nil, fmt.Errorf("precision must be fp32 or bf16, got %q", opts.Precision)
+	}
+	regMu.Lock()
+	f, ok := registry[name]
+	regMu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("unknown device %q (have %v)", name, Names())
+	}
+	return f(opts)
+}
+
+// MissingOps returns the ops in want that b does not bind.
+func MissingOps(b Backend, want []string) []string {
+	have := b.Ops()
+	var miss []string
+	for _, op := range want {
+		if !slices.Contains(have, op) {
+			miss = append(miss, op)
+		}
+	}
+	return miss
+}

@@ -1,0 +1,214 @@
+package backend
+
+import (
+	"fmt"
+
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/sample"
+)
+
+// Seq is one sequence of a batch: its cache slot and its new tokens.
+type Seq struct {
+	Slot   int
+	Tokens []int32
+}
+
+// Batch is a ragged batch: sequences of any lengths, run in one pass.
+type Batch struct {
+	Seqs []Seq
+	// Sample, when set, asks the backend to pick a token from every logits
+	// row (one spec per row, in row order); the picks come back in
+	// Result.Samples. A device backend samples on the device.
+	Sample []SampleSpec
+	// SamplesOnly says the caller reads only Result.Samples: a device
+	// backend then leaves the logits on the device (Result.Logits is nil).
+	SamplesOnly bool
+}
+
+// SampleSpec is how to pick one row's token.
+type SampleSpec struct {
+	Params sample.Params
+	// U is the uniform draw in [0, 1) the pick uses when Params samples
+	// (sample.Sampler.Draw); the scheduler draws it, so results do not
+	// depend on where sampling runs or what else is batched.
+	U float64
+	// TopLogprobs is how many most likely alternatives to report.
+	TopLogprobs int
+}
+
+// Sample is one row's pick.
+type Sample struct {
+	Token   int32
+	Logprob float32
+	Top     []sample.TokenLogprob
+}
+
+// Result holds a run's outputs.
+type Result struct {
+	// Logits is [Rows][Vocab]: one row per token (AllLogits graphs) or one
+	// per sequence (LastLogits graphs), in batch order. Nil when the batch
+	// was SamplesOnly on a device backend.
+	Logits []float32
+	Rows   int
+	Vocab  int
+	// Hidden holds captured residual streams ([T][H][D]) by output name,
+	// when the graph was built with CaptureHidden.
+	Hidden map[string][]float32
+	// Samples holds one pick per Batch.Sample entry.
+	Samples []Sample
+}
+
+// Row returns logits row i.
+func (r *Result) Row(i int) []float32 { return r.Logits[i*r.Vocab : (i+1)*r.Vocab] }
+
+// Span is one sequence's place in a prepared batch.
+type Span struct {
+	Slot int
+	Pos0 int // tokens already cached (position of the first new token)
+	N    int // new tokens
+	Row0 int // first row in the batch's token dimension
+}
+
+// Prepared is a validated batch: spans, tokens and sampling specs. It is
+// built from the scheduler's positions (Prepare) or the store's (Run), so
+// it can be prepared while another batch of the same sequences executes.
+type Prepared struct {
+	Prog   Program
+	Store  Store
+	Spans  []Span
+	Tokens []int32
+	T      int
+	Sample []SampleSpec
+	// SamplesOnly mirrors Batch.SamplesOnly.
+	SamplesOnly bool
+}
+
+// Rows is the number of logits rows the program produces for this batch.
+func (pr *Prepared) Rows() int {
+	if pr.Prog.Plan().Logits.Shape[0] == ir.DimS {
+		return len(pr.Spans)
+	}
+	return pr.T
+}
+
+// SetTokens replaces sequence i's tokens (same count): decode tokens are
+// known only after the previous step, after the batch was prepared.
+func (pr *Prepared) SetTokens(i int, toks []int32) error {
+	if i < 0 || i >= len(pr.Spans) {
+		return fmt.Errorf("backend: no sequence %d in the prepared batch", i)
+	}
+	s := pr.Spans[i]
+	if len(toks) != s.N {
+		return fmt.Errorf("backend: sequence %d was prepared with %d tokens, got %d", i, s.N, len(toks))
+	}
+	vocab := pr.Prog.Plan().Vocab
+	for j, t := range toks {
+		if t < 0 || int(t) >= vocab {
+			return fmt.Errorf("backend: sequence %d token %d: id %d out of range [0, %d)", i, j, t, vocab)
+		}
+	}
+	copy(pr.Tokens[s.Row0:s.Row0+s.N], toks)
+	return nil
+}
+
+// SetSample replaces the sampling specs (one per logits row).
+func (pr *Prepared) SetSample(specs []SampleSpec, samplesOnly bool) error {
+	if specs != nil && len(specs) != pr.Rows() {
+		return fmt.Errorf("backend: %d sampling specs for %d logits rows", len(specs), pr.Rows())
+	}
+	pr.Sample, pr.SamplesOnly = specs, samplesOnly && specs != nil
+	return nil
+}
+
+// Prepare validates a batch for prog: token ids, slots (allocated, not
+// repeated), lengths within the context limit and sampling specs. pos, when
+// given, are the sequences' cached lengths as the scheduler counts them;
+// otherwise the store's are used. Execution checks pos against the store
+// and fails loudly if they disagree.
+func Prepare(prog Program, b *Batch, st Store, pos []int) (*Prepared, error) {
+	p := prog.Plan()
+	if b == nil || len(b.Seqs) == 0 {
+		return nil, fmt.Errorf("backend: empty batch")
+	}
+	if st == nil {
+		return nil, fmt.Errorf("backend: no cache store")
+	}
+	if pos != nil && len(pos) != len(b.Seqs) {
+		return nil, fmt.Errorf("backend: %d positions for %d sequences", len(pos), len(b.Seqs))
+	}
+	pr := &Prepared{Prog: prog, Store: st}
+	seen := map[int]bool{}
+	for i, s := range b.Seqs {
+		if len(s.Tokens) == 0 {
+			return nil, fmt.Errorf("backend: batch sequence %d (slot %d) has no tokens", i, s.Slot)
+		}
+		if seen[s.Slot] {
+			return nil, fmt.Errorf("backend: slot %d appears twice in the batch", s.Slot)
+		}
+		seen[s.Slot] = true
+		cached, err := st.Len(s.Slot)
+		if err != nil {
+			return nil, fmt.Errorf("backend: batch sequence %d: %w", i, err)
+		}
+		if pos != nil {
+			cached = pos[i]
+		}
+		for j, t := range s.Tokens {
+			if t < 0 || int(t) >= p.Vocab {
+				return nil, fmt.Errorf("backend: batch sequence %d token %d: id %d out of range [0, %d)", i, j, t, p.Vocab)
+			}
+		}
+		if p.MaxPositions > 0 && cached+len(s.Tokens) > p.MaxPositions {
+			return nil, fmt.Errorf("backend: batch sequence %d: %d cached + %d new tokens exceed the context limit %d", i, cached, len(s.Tokens), p.MaxPositions)
+		}
+		pr.Spans = append(pr.Spans, Span{Slot: s.Slot, Pos0: cached, N: len(s.Tokens), Row0: len(pr.Tokens)})
+		pr.Tokens = append(pr.Tokens, s.Tokens...)
+	}
+	pr.T = len(pr.Tokens)
+	if err := pr.SetSample(b.Sample, b.SamplesOnly); err != nil {
+		return nil, err
+	}
+	for i, s := range pr.Sample {
+		if err := s.Params.Validate(); err != nil {
+			return nil, fmt.Errorf("backend: sampling spec %d: %w", i, err)
+		}
+		if !(s.U >= 0 && s.U < 1) {
+			return nil, fmt.Errorf("backend: sampling spec %d: draw %v is outside [0, 1)", i, s.U)
+		}
+		if s.TopLogprobs < 0 || s.TopLogprobs > MaxTopLogprobs {
+			return nil, fmt.Errorf("backend: sampling spec %d: top_logprobs %d outside [0, %d]", i, s.TopLogprobs, MaxTopLogprobs)
+		}
+	}
+	return pr, nil
+}
+
+// MaxTopLogprobs bounds the alternatives a sample reports.
+const MaxTopLogprobs = 32
+
+// CheckPositions verifies that every prepared position equals the store's
+// length (the host-length hint is right).
+func (pr *Prepared) CheckPositions() error {
+	for i, s := range pr.Spans {
+		n, err := pr.Store.Len(s.Slot)
+		if err != nil {
+			return fmt.Errorf("backend: batch sequence %d: %w", i, err)
+		}
+		if n != s.Pos0 {
+			return fmt.Errorf("backend: host length hint for batch sequence %d (slot %d) is %d, the cache holds %d tokens", i, s.Slot, s.Pos0, n)
+		}
+	}
+	return nil
+}
+
+// SampleHost picks every spec's token from host logits (the CPU backend's
+// sampler, and the reference for device samplers).
+func SampleHost(logits []float32, vocab int, specs []SampleSpec) []Sample {
+	out := make([]Sample, len(specs))
+	for i, s := range specs {
+		row := logits[i*vocab : (i+1)*vocab]
+		tok := int32(sample.Pick(row, s.Params, s.U))
+		lp, top := sample.Logprobs(row, tok, s.TopLogprobs)
+		out[i] = Sample{Token: tok, Logprob: lp, Top: top}
+	}
+	return out
+}

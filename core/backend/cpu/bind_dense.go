@@ -1,0 +1,233 @@
+package cpu
+
+import (
+	"fmt"
+
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/kernels/act"
+	"github.com/glmflash/glmflash/kernels/gemm"
+	"github.com/glmflash/glmflash/kernels/norm"
+)
+
+// Dense ops: embedding, norms, GEMMs, elementwise ops and row selection.
+func init() {
+	bind("embed", bindEmbed)
+	bind("rmsnorm", bindRMSNorm)
+	bind("layernorm", bindLayerNorm)
+	bind("linear", bindLinear)
+	bind("linear_split", bindLinearSplit)
+	bind("linear_batched", bindLinearBatched)
+	bind("sigmoid", bindSigmoid)
+	bind("add", bindAdd)
+	bind("swiglu", bindSwiGLU)
+	bind("stream_mean", bindStreamMean)
+	bind("last_rows", bindLastRows)
+}
+
+func bindEmbed(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	W := p.constant(in[1])
+	if W == nil {
+		return nil, fmt.Errorf("embedding %s is not a constant", in[1].Name)
+	}
+	H, D := outs[0].Shape[1], outs[0].Shape[2]
+	return func(rc *runCtx) error {
+		ids := rc.i[in[0]]
+		x := rc.out(outs[0])
+		for t, id := range ids {
+			row := W[int(id)*D : int(id)*D+D]
+			for s := 0; s < H; s++ {
+				copy(x[(t*H+s)*D:(t*H+s+1)*D], row)
+			}
+		}
+		return nil
+	}, nil
+}
+
+func bindRMSNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	W := p.constant(in[1])
+	D := in[0].Shape[1]
+	eps := float32(n.Attrs.Float("eps", 1e-5))
+	return func(rc *runCtx) error {
+		x := rc.in(in[0])
+		y := rc.out(outs[0])
+		norm.RMSNorm(y, x, rc.rows(in[0]), D, W, eps)
+		return nil
+	}, nil
+}
+
+func bindLayerNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	W, B := p.constant(in[1]), p.constant(in[2])
+	D := in[0].Shape[1]
+	eps := float32(n.Attrs.Float("eps", 1e-6))
+	return func(rc *runCtx) error {
+		y := rc.out(outs[0])
+		norm.LayerNorm(y, rc.in(in[0]), rc.rows(in[0]), D, W, B, eps)
+		return nil
+	}, nil
+}
+
+func bindLinear(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	W := p.constant(in[1])
+	if W == nil {
+		return nil, fmt.Errorf("linear weight %s is not a constant", in[1].Name)
+	}
+	K, N := in[0].Shape[1], outs[0].Shape[1]
+	prm := gemmParams(n)
+	if Wb := p.bf16(in[1]); Wb != nil {
+		return func(rc *runCtx) error {
+			y := rc.out(outs[0])
+			R := rc.rows(in[0])
+			gemm.MatMulTBF16With(prm(R), y, rc.in(in[0]), R, K, Wb, N)
+			return nil
+		}, nil
+	}
+	return func(rc *runCtx) error {
+		y := rc.out(outs[0])
+		R := rc.rows(in[0])
+		gemm.MatMulTWith(prm(R), y, rc.in(in[0]), R, K, W, N)
+		return nil
+	}, nil
+}
+
+func bindLinearSplit(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	W := p.constant(in[1])
+	if W == nil {
+		return nil, fmt.Errorf("linear_split weight %s is not a constant", in[1].Name)
+	}
+	K, N := in[0].Shape[1], in[1].Shape[0]
+	prm := gemmParams(n)
+	splits := n.Attrs.Ints("splits")
+	Wb := p.bf16(in[1]) // the fused weight of bf16-exact parts is bf16-exact
+	return func(rc *runCtx) error {
+		R := rc.rows(in[0])
+		tmp := rc.p.alloc(R * N)
+		if Wb != nil {
+			gemm.MatMulTBF16With(prm(R), tmp, rc.in(in[0]), R, K, Wb, N)
+		} else {
+			gemm.MatMulTWith(prm(R), tmp, rc.in(in[0]), R, K, W, N)
+		}
+		off := 0
+		for i, s := range splits {
+			y := rc.out(outs[i])
+			for r := 0; r < R; r++ {
+				copy(y[r*s:(r+1)*s], tmp[r*N+off:r*N+off+s])
+			}
+			off += s
+		}
+		rc.p.release(tmp)
+		return nil
+	}, nil
+}
+
+func bindLinearBatched(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	W := p.constant(in[1])
+	if W == nil {
+		return nil, fmt.Errorf("linear_batched weight %s is not a constant", in[1].Name)
+	}
+	G, N, K := in[1].Shape[0], in[1].Shape[1], in[1].Shape[2]
+	Wb := p.bf16(in[1])
+	return func(rc *runCtx) error {
+		R := rc.rows(in[0])
+		x := rc.in(in[0])
+		ys := make([][]float32, G)
+		for g := range ys {
+			ys[g] = rc.out(outs[g])
+		}
+		if Wb != nil {
+			gemm.BatchedMatMulTBF16(ys, x, R, K, Wb, N)
+		} else {
+			gemm.BatchedMatMulT(ys, x, R, K, W, N)
+		}
+		return nil
+	}, nil
+}
+
+// gemmParams returns how to pick a GEMM node's kernel parameters for a
+// batch of R rows: tuned per-bucket attributes (the smallest bucket ≥ R,
+// else the largest) or the defaults.
+func gemmParams(n *ir.Node) func(R int) gemm.Params {
+	bs, cg, rb := n.Attrs.Ints("tune_buckets"), n.Attrs.Ints("tune_col_grain"), n.Attrs.Ints("tune_row_block")
+	if len(bs) == 0 || len(cg) != len(bs) || len(rb) != len(bs) {
+		return func(int) gemm.Params { return gemm.Default() }
+	}
+	return func(R int) gemm.Params {
+		i := len(bs) - 1
+		for j, b := range bs {
+			if R <= b {
+				i = j
+				break
+			}
+		}
+		return gemm.Params{ColGrain: cg[i], RowBlock: rb[i]}
+	}
+}
+
+func bindSigmoid(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	return func(rc *runCtx) error {
+		act.SigmoidInPlace(rc.out(outs[0]), rc.in(in[0]))
+		return nil
+	}, nil
+}
+
+func bindAdd(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	return func(rc *runCtx) error {
+		x, y := rc.in(in[0]), rc.in(in[1])
+		o := rc.out(outs[0])
+		for i := range o {
+			o[i] = x[i] + y[i]
+		}
+		return nil
+	}, nil
+}
+
+func bindSwiGLU(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	limit := float32(n.Attrs.Float("limit", 0))
+	return func(rc *runCtx) error {
+		act.SwiGLU(rc.out(outs[0]), rc.in(in[0]), rc.in(in[1]), limit)
+		return nil
+	}, nil
+}
+
+func bindStreamMean(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	H, D := in[0].Shape[1], in[0].Shape[2]
+	return func(rc *runCtx) error {
+		X := rc.in(in[0])
+		y := rc.out(outs[0])
+		inv := 1 / float32(H)
+		for t := 0; t < rc.batch.T; t++ {
+			yr := y[t*D : t*D+D]
+			for d := range yr {
+				var s float32
+				for h := 0; h < H; h++ {
+					s += X[(t*H+h)*D+d]
+				}
+				yr[d] = s * inv
+			}
+		}
+		return nil
+	}, nil
+}
+
+func bindLastRows(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	D := in[1].Shape[1]
+	return func(rc *runCtx) error {
+		x := rc.in(in[1])
+		y := rc.out(outs[0])
+		for i, s := range rc.batch.seqs {
+			r := s.row0 + s.n - 1
+			copy(y[i*D:(i+1)*D], x[r*D:(r+1)*D])
+		}
+		return nil
+	}, nil
+}

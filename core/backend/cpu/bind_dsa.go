@@ -1,0 +1,117 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/kernels/gemm"
+	"github.com/glmflash/glmflash/kernels/indexer"
+	"github.com/glmflash/glmflash/kernels/mla"
+)
+
+// DSA ops: lengths, per-batch metadata, the k-pool indexer and sparse MLA.
+func init() {
+	bind("seq_lengths", bindSeqLengths)
+	bind("dsa_meta", bindDSAMeta)
+	bind("dsa_topk", bindDSATopK)
+	bind("mla_attn", bindMLA)
+}
+
+func bindSeqLengths(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	outs := n.Outputs
+	return func(rc *runCtx) error {
+		l := rc.outI(outs[0])
+		for i, s := range rc.batch.seqs {
+			l[i] = int32(s.n)
+			if rc.p.opts.PoisonDeviceLengths {
+				l[i] = int32(s.n + 1 + i)
+			}
+		}
+		return nil
+	}, nil
+}
+
+func bindDSAMeta(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	kp, topk := n.Attrs.Int("kpool", 0), n.Attrs.Int("topk", 0)
+	return func(rc *runCtx) error {
+		seqs, err := rc.spans(in[0])
+		if err != nil {
+			return err
+		}
+		m := &dsaMeta{seqs: seqs, kpool: kp, topk: topk, visible: make([]int, rc.batch.T)}
+		for _, s := range seqs {
+			for j := 0; j < s.n; j++ {
+				m.visible[s.row0+j] = (s.pos0 + j + 1) / kp
+			}
+			m.keyLen = append(m.keyLen, s.pos0+s.n)
+			m.closed = append(m.closed, (s.pos0+s.n)/kp-s.pos0/kp)
+		}
+		rc.host[outs[0]] = m
+		return nil
+	}, nil
+}
+
+func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	cfg := &indexer.Config{Heads: a.Int("heads", 0), Dim: a.Int("dim", 0), KPool: a.Int("kpool", 0), TopK: a.Int("topk", 0), SelectTail: a.Bool("tail"), APE: p.constant(in[5])}
+	if cfg.APE == nil {
+		return nil, fmt.Errorf("compress ape must be a weight")
+	}
+	layer := n.Layer
+	Hi, Di := cfg.Heads, cfg.Dim
+	W := cfg.Width()
+	wscale := float32(1 / math.Sqrt(float64(Hi)))
+	return func(rc *runCtx) error {
+		meta, ok := rc.host[in[0]].(*dsaMeta)
+		if !ok || meta.kpool != cfg.KPool {
+			return fmt.Errorf("metadata input does not match kpool %d", cfg.KPool)
+		}
+		q, k, g, w := rc.in(in[1]), rc.in(in[2]), rc.in(in[3]), rc.in(in[4])
+		sel := rc.outI(outs[0])
+		for _, s := range meta.seqs {
+			st := s.seq.Index[layer]
+			if st == nil {
+				return fmt.Errorf("slot %d has no indexer state for layer %d", s.slot, layer)
+			}
+			r0, r1 := s.row0, s.row0+s.n
+			vis := meta.visible[r0:r1]
+			cfg.Append(st, s.pos0, k[r0*Di:r1*Di], g[r0*Di:r1*Di], s.n, nil) // visibility comes from the metadata
+			ws := make([]float32, s.n*Hi)
+			for i := range ws {
+				ws[i] = w[r0*Hi+i] * wscale
+			}
+			cfg.Select(sel[r0*W:r1*W], st, s.pos0, q[r0*Hi*Di:r1*Hi*Di], ws, s.n, vis)
+		}
+		return nil
+	}, nil
+}
+
+func bindMLA(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	c := &mla.Config{Heads: a.Int("heads", 0), QKDim: a.Int("qk_dim", 0), VDim: a.Int("v_dim", 0), Rank: a.Int("rank", 0),
+		Scale: float32(a.Float("scale", 0)), KVBW: p.constant(in[3]), Params: gemm.Default()}
+	if c.KVBW == nil {
+		return nil, fmt.Errorf("kv_b weight must be a weight")
+	}
+	layer := n.Layer
+	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
+	width := in[4].Shape[1]
+	return func(rc *runCtx) error {
+		meta, ok := rc.host[in[0]].(*dsaMeta)
+		if !ok {
+			return fmt.Errorf("metadata input is not DSA metadata")
+		}
+		q, ckv := rc.in(in[1]), rc.in(in[2])
+		sel := rc.i[in[4]]
+		o := rc.out(outs[0])
+		for _, s := range meta.seqs {
+			r0, r1 := s.row0, s.row0+s.n
+			cache := append(s.seq.CKV[layer], ckv[r0*R:r1*R]...)
+			s.seq.CKV[layer] = cache
+			c.Attend(o[r0*H*dv:r1*H*dv], q[r0*H*dq:r1*H*dq], cache, sel[r0*width:r1*width], s.n, width)
+		}
+		return nil
+	}, nil
+}

@@ -1,0 +1,132 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/kernels/act"
+	"github.com/glmflash/glmflash/kernels/conv"
+	"github.com/glmflash/glmflash/kernels/kda"
+	"github.com/glmflash/glmflash/kernels/norm"
+	"github.com/glmflash/glmflash/kernels/parallel"
+)
+
+// KDA ops: short conv, forget gate, delta-rule attention, gated norm.
+func init() {
+	bind("kda_conv", bindKDAConv)
+	bind("kda_gate", bindKDAGate)
+	bind("kda_attn", bindKDAAttn)
+	bind("gated_rmsnorm", bindGatedRMSNorm)
+}
+
+func bindKDAConv(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	W := p.constant(in[4])
+	P := in[1].Shape[1]
+	K := in[4].Shape[2]
+	layer := n.Layer
+	return func(rc *runCtx) error {
+		q, k, v := rc.in(in[1]), rc.in(in[2]), rc.in(in[3])
+		seqs, err := rc.spans(in[0])
+		if err != nil {
+			return err
+		}
+		oq, ok, ov := rc.out(outs[0]), rc.out(outs[1]), rc.out(outs[2])
+		parallel.Each(len(seqs), func(si int) {
+			s := seqs[si]
+			C := 3 * P
+			u := make([]float32, s.n*C)
+			for j := 0; j < s.n; j++ {
+				r := s.row0 + j
+				copy(u[j*C:j*C+P], q[r*P:(r+1)*P])
+				copy(u[j*C+P:j*C+2*P], k[r*P:(r+1)*P])
+				copy(u[j*C+2*P:j*C+3*P], v[r*P:(r+1)*P])
+			}
+			y := make([]float32, s.n*C)
+			conv.CausalSiLU(y, u, s.n, C, W, K, s.seq.Conv[layer])
+			for j := 0; j < s.n; j++ {
+				r := s.row0 + j
+				copy(oq[r*P:(r+1)*P], y[j*C:j*C+P])
+				copy(ok[r*P:(r+1)*P], y[j*C+P:j*C+2*P])
+				copy(ov[r*P:(r+1)*P], y[j*C+2*P:j*C+3*P])
+			}
+		})
+		return nil
+	}, nil
+}
+
+func bindKDAGate(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	A, dt := p.constant(in[1]), p.constant(in[2])
+	H := a.Int("heads", 0)
+	P := in[0].Shape[1]
+	var lb *float64
+	if a.Has("lower_bound") {
+		v := a.Float("lower_bound", 0)
+		lb = &v
+	}
+	return func(rc *runCtx) error {
+		act.KDAGate(rc.out(outs[0]), rc.in(in[0]), rc.batch.T, H, P/H, A, dt, lb)
+		return nil
+	}, nil
+}
+
+func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	H, Dh := a.Int("heads", 0), a.Int("head_dim", 0)
+	P := H * Dh
+	algo := a.String("algo", "auto")
+	layer := n.Layer
+	qscale := float32(1 / math.Sqrt(float64(Dh)))
+	return func(rc *runCtx) error {
+		q, k, v, g, beta := rc.in(in[1]), rc.in(in[2]), rc.in(in[3]), rc.in(in[4]), rc.in(in[5])
+		seqs, err := rc.spans(in[0])
+		if err != nil {
+			return err
+		}
+		o := rc.out(outs[0])
+		parallel.Each(len(seqs)*H, func(task int) {
+			s, h := seqs[task/H], task%H
+			T := s.n
+			gather := func(src []float32) []float32 {
+				dst := make([]float32, T*Dh)
+				for j := 0; j < T; j++ {
+					r := s.row0 + j
+					copy(dst[j*Dh:(j+1)*Dh], src[r*P+h*Dh:r*P+(h+1)*Dh])
+				}
+				return dst
+			}
+			qh, kh, vh, gh := gather(q), gather(k), gather(v), gather(g)
+			bh := make([]float32, T)
+			for j := 0; j < T; j++ {
+				bh[j] = beta[(s.row0+j)*H+h]
+			}
+			kda.L2Normalize(qh, T, Dh, 1e-6, qscale)
+			kda.L2Normalize(kh, T, Dh, 1e-6, 1)
+			S := s.seq.State[layer][h*Dh*Dh : (h+1)*Dh*Dh]
+			oh := make([]float32, T*Dh)
+			if algo == "recurrent" || (algo == "auto" && T == 1) {
+				kda.Recurrent(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
+			} else {
+				kda.Chunked(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
+			}
+			for j := 0; j < T; j++ {
+				r := s.row0 + j
+				copy(o[r*P+h*Dh:r*P+(h+1)*Dh], oh[j*Dh:(j+1)*Dh])
+			}
+		})
+		return nil
+	}, nil
+}
+
+func bindGatedRMSNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	W := p.constant(in[2])
+	H := a.Int("heads", 0)
+	P := in[0].Shape[1]
+	eps := float32(a.Float("eps", 1e-5))
+	return func(rc *runCtx) error {
+		norm.GatedRMSNorm(rc.out(outs[0]), rc.in(in[0]), rc.in(in[1]), rc.batch.T, H, P/H, W, eps)
+		return nil
+	}, nil
+}

@@ -1,0 +1,90 @@
+// Package cpu is the CPU backend: every op of the IR bound to a Go kernel
+// (kernels/*, with AVX2/AVX-512 assembly where it pays), buffers reused by
+// liveness, sequence state in a cache.Store on the Go heap.
+package cpu
+
+import (
+	"fmt"
+	"runtime"
+	"sort"
+
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/plan"
+	"github.com/glmflash/glmflash/model"
+)
+
+func init() {
+	backend.Register("cpu", func(o backend.Options) (backend.Backend, error) {
+		if o.Precision != "" && o.Precision != "fp32" {
+			return nil, fmt.Errorf("cpu backend: precision %q is not implemented (only fp32)", o.Precision)
+		}
+		return &Backend{opts: o}, nil
+	})
+}
+
+// Backend is the CPU backend.
+type Backend struct {
+	opts backend.Options
+}
+
+// New returns a CPU backend with options o.
+func New(o backend.Options) *Backend { return &Backend{opts: o} }
+
+// Name is "cpu".
+func (b *Backend) Name() string { return "cpu" }
+
+// binder binds one node: it returns the closure that runs it.
+type binder func(p *Program, n *ir.Node) (func(rc *runCtx) error, error)
+
+// bindings is the CPU backend's op table; every family file registers its
+// ops in an init function.
+var bindings = map[string]binder{}
+
+func bind(op string, f binder) {
+	if _, dup := bindings[op]; dup {
+		panic("cpu: op " + op + " bound twice")
+	}
+	bindings[op] = f
+}
+
+// Ops lists the bound ops.
+func (b *Backend) Ops() []string {
+	var ops []string
+	for op := range bindings {
+		ops = append(ops, op)
+	}
+	sort.Strings(ops)
+	return ops
+}
+
+// NewStore makes a heap-backed cache store.
+func (b *Backend) NewStore(cfg *model.Config, slots, _ int) (backend.Store, error) {
+	return cache.NewStore(cfg, slots)
+}
+
+// Info describes the CPU.
+func (b *Backend) Info() backend.Info {
+	return backend.Info{Backend: "cpu", Device: fmt.Sprintf("%s/%s, %d threads", runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0)), Precision: "fp32"}
+}
+
+// Close does nothing.
+func (b *Backend) Close() error { return nil }
+
+// Compile binds every step of p.
+func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
+	prog := &Program{plan: p, opts: b.opts, pool: map[int][][]float32{}, bf16s: map[*ir.Value][]uint16{}}
+	for _, n := range p.Steps {
+		f, ok := bindings[n.Op]
+		if !ok {
+			return nil, fmt.Errorf("cpu: %s (layer %d): no kernel bound to op %q", n.Op, n.Layer, n.Op)
+		}
+		fn, err := f(prog, n)
+		if err != nil {
+			return nil, fmt.Errorf("cpu: %s (layer %d): %w", n.Op, n.Layer, err)
+		}
+		prog.steps = append(prog.steps, step{node: n, run: fn})
+	}
+	return prog, nil
+}

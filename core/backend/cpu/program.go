@@ -1,0 +1,281 @@
+package cpu
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/plan"
+)
+
+// Program is a plan bound to CPU kernels. Run calls are serialized.
+type Program struct {
+	plan  *plan.Plan
+	opts  backend.Options
+	steps []step
+	mu    sync.Mutex
+	pool  map[int][][]float32 // free float buffers by capacity
+	bf16s map[*ir.Value][]uint16
+
+	runs, deviceReads, fusedMHC atomic.Int64
+}
+
+type step struct {
+	node *ir.Node
+	run  func(rc *runCtx) error
+}
+
+// Plan returns the plan the program was compiled from.
+func (p *Program) Plan() *plan.Plan { return p.plan }
+
+// Stats returns the program's counters.
+func (p *Program) Stats() backend.Stats {
+	return backend.Stats{Runs: p.runs.Load(), DeviceLengthReads: p.deviceReads.Load(), FusedMHCRuns: p.fusedMHC.Load()}
+}
+
+// bf16 returns the bfloat16 copy of a constant (nil when not exact or when
+// FP32Weights is set).
+func (p *Program) bf16(v *ir.Value) []uint16 {
+	if p.opts.FP32Weights {
+		return nil
+	}
+	return p.plan.BF16(v)
+}
+
+func (p *Program) constant(v *ir.Value) []float32 { return p.plan.Consts[v] }
+
+// alloc returns a buffer of exactly n floats from the pool.
+func (p *Program) alloc(n int) []float32 {
+	best := -1
+	for c, list := range p.pool {
+		if c >= n && len(list) > 0 && (best < 0 || c < best) {
+			best = c
+		}
+	}
+	if best >= 0 {
+		list := p.pool[best]
+		bi := len(list) - 1
+		b := list[bi]
+		p.pool[best] = list[:bi]
+		return b[:n]
+	}
+	return make([]float32, n)
+}
+
+func (p *Program) release(b []float32) {
+	if cap(b) == 0 {
+		return
+	}
+	p.pool[cap(b)] = append(p.pool[cap(b)], b[:cap(b)])
+}
+
+// seqRun is one sequence's place in a running batch.
+type seqRun struct {
+	slot int
+	seq  *cache.Seq
+	pos0 int // tokens already cached (position of the first new token)
+	n    int // new tokens
+	row0 int // first row in the batch's token dimension
+}
+
+// batchInfo is the host-side metadata value of a run (graph input "batch").
+type batchInfo struct {
+	seqs []seqRun
+	T    int
+}
+
+// dsaMeta is what a dsa_meta node computes for one DSA geometry: the
+// sequences' spans and, per token, the pools it can see.
+type dsaMeta struct {
+	seqs  []seqRun
+	kpool int
+	topk  int
+	// visible[row] = complete pools visible to that token.
+	visible []int
+	// keyLen[i] = keys of sequence i after this batch; closed[i] = pools
+	// this batch completes for sequence i (the write plan).
+	keyLen, closed []int
+}
+
+// spans returns the batch's sequence spans from a lengths source: the host
+// metadata directly, or the executor's lengths tensor (a "device read").
+// Either way the lengths are checked against the token count, so a wrong
+// hint fails loudly instead of corrupting state.
+func (rc *runCtx) spans(v *ir.Value) ([]seqRun, error) {
+	if v.DType == ir.Host {
+		bi, ok := rc.host[v].(*batchInfo)
+		if !ok {
+			return nil, fmt.Errorf("lengths source %s is not batch metadata", v.Name)
+		}
+		total := 0
+		for _, s := range bi.seqs {
+			total += s.n
+		}
+		if total != rc.batch.T {
+			return nil, fmt.Errorf("host lengths sum to %d but the batch has %d tokens", total, rc.batch.T)
+		}
+		return bi.seqs, nil
+	}
+	lens, ok := rc.i[v]
+	if !ok {
+		return nil, fmt.Errorf("lengths tensor %s was not computed", v.Name)
+	}
+	rc.p.deviceReads.Add(1)
+	if len(lens) != len(rc.batch.seqs) {
+		return nil, fmt.Errorf("device lengths have %d entries for %d sequences", len(lens), len(rc.batch.seqs))
+	}
+	out := make([]seqRun, len(lens))
+	row := 0
+	for i, n := range lens {
+		s := rc.batch.seqs[i]
+		if int(n) != s.n {
+			return nil, fmt.Errorf("device length of sequence %d is %d, host says %d", i, n, s.n)
+		}
+		s.row0 = row
+		out[i] = s
+		row += int(n)
+	}
+	return out, nil
+}
+
+type runCtx struct {
+	p     *Program
+	batch *batchInfo
+	f     map[*ir.Value][]float32
+	i     map[*ir.Value][]int32
+	host  map[*ir.Value]any
+}
+
+func (rc *runCtx) rows(v *ir.Value) int {
+	switch v.Shape[0] {
+	case ir.DimT:
+		return rc.batch.T
+	case ir.DimS:
+		return len(rc.batch.seqs)
+	}
+	return v.Shape[0]
+}
+
+func (rc *runCtx) size(v *ir.Value) int {
+	n := rc.rows(v)
+	for _, d := range v.Shape[1:] {
+		n *= d
+	}
+	return n
+}
+
+// in returns a float input (activation or constant).
+func (rc *runCtx) in(v *ir.Value) []float32 {
+	if c, ok := rc.p.plan.Consts[v]; ok {
+		return c
+	}
+	return rc.f[v]
+}
+
+// out allocates a float output buffer.
+func (rc *runCtx) out(v *ir.Value) []float32 {
+	b := rc.p.alloc(rc.size(v))
+	rc.f[v] = b
+	return b
+}
+
+func (rc *runCtx) outI(v *ir.Value) []int32 {
+	b := make([]int32, rc.size(v))
+	rc.i[v] = b
+	return b
+}
+
+// Run validates and executes a batch.
+func (p *Program) Run(b *backend.Batch, st backend.Store) (*backend.Result, error) {
+	pr, err := backend.Prepare(p, b, st, nil)
+	if err != nil {
+		return nil, err
+	}
+	return p.Execute(pr)
+}
+
+// Execute runs a prepared batch after checking that every sequence's cache
+// length equals the position it was prepared with.
+func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
+	if pr == nil || pr.Prog != p {
+		return nil, fmt.Errorf("cpu: batch was prepared for another program")
+	}
+	store, ok := pr.Store.(*cache.Store)
+	if !ok {
+		return nil, fmt.Errorf("cpu: the batch's store is not a CPU cache store")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := pr.CheckPositions(); err != nil {
+		return nil, err
+	}
+	bi := &batchInfo{T: pr.T}
+	for _, s := range pr.Spans {
+		seq, err := store.Seq(s.Slot)
+		if err != nil {
+			return nil, err
+		}
+		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, seq: seq, pos0: s.Pos0, n: s.N, row0: s.Row0})
+	}
+	return p.execute(bi, pr)
+}
+
+func (p *Program) execute(bi *batchInfo, pr *backend.Prepared) (*backend.Result, error) {
+	rc := &runCtx{p: p, batch: bi, f: map[*ir.Value][]float32{}, i: map[*ir.Value][]int32{}, host: map[*ir.Value]any{}}
+	for _, in := range p.plan.Graph.Inputs {
+		switch in.Name {
+		case build.InputTokens:
+			rc.i[in] = pr.Tokens
+		case build.InputBatch:
+			rc.host[in] = bi
+		default:
+			return nil, fmt.Errorf("cpu: graph input %q is not provided by the executor", in.Name)
+		}
+	}
+	lastUse := p.plan.LastUse
+	for si, st := range p.steps {
+		if err := st.run(rc); err != nil {
+			return nil, fmt.Errorf("cpu: %s (layer %d): %w", st.node.Op, st.node.Layer, err)
+		}
+		for _, in := range st.node.Inputs {
+			if lastUse[in] == si {
+				if buf, ok := rc.f[in]; ok {
+					p.release(buf)
+					delete(rc.f, in)
+				}
+			}
+		}
+		for _, o := range st.node.Outputs {
+			if _, used := lastUse[o]; !used {
+				if buf, ok := rc.f[o]; ok {
+					p.release(buf)
+					delete(rc.f, o)
+				}
+			}
+		}
+	}
+	for _, s := range bi.seqs {
+		s.seq.Len += s.n
+	}
+	p.runs.Add(1)
+	lv := p.plan.Logits
+	res := &backend.Result{Vocab: p.plan.Vocab, Rows: rc.rows(lv)}
+	res.Logits = append([]float32(nil), rc.f[lv]...)
+	for v, name := range p.plan.Hidden {
+		if res.Hidden == nil {
+			res.Hidden = map[string][]float32{}
+		}
+		res.Hidden[name] = append([]float32(nil), rc.f[v]...)
+	}
+	for _, buf := range rc.f {
+		p.release(buf)
+	}
+	if pr.Sample != nil {
+		res.Samples = backend.SampleHost(res.Logits, res.Vocab, pr.Sample)
+	}
+	return res, nil
+}
