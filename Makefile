@@ -128,3 +128,36 @@ plugins:
 	@mkdir -p $(PLUGIN_DIR)
 	$(GO) build -o $(PLUGIN_DIR)/glmflash-pass-shared-expert-fusion ./plugins/examples/sharedexpert
 	cd $(PLUGIN_DIR) && sha256sum glmflash-pass-* > SHA256SUMS
+
+# ---- CUDA: PTX, the CPU emulator, GPU tests ------------------------------------
+# The kernels' CUDA C sources (kernels/cuda/src) are compiled to PTX where
+# nvcc exists (`make ptx`, on the GPU machine) and the PTX is committed; each
+# file records the SHA-256 of its sources, and `make test` (no nvcc needed)
+# fails when they differ. Targets: Hopper (sm_90) and a portable compute_75.
+NVCC      ?= nvcc
+CUDA_SRC  := kernels/cuda/src
+PTX_DIR   := kernels/cuda/ptx
+CUDA_EMU  := bin/libglmflash-cudaemu.so
+
+.PHONY: ptx ptx-check cuda-args cudaemu test-gpu test-emu
+
+ptx:
+	@command -v $(NVCC) >/dev/null || { echo "make ptx needs nvcc (the CUDA toolkit); run it on the GPU machine"; exit 1; }
+	@h=$$(cd $(CUDA_SRC) && for f in $$(ls | grep -E '\.cuh?$$' | LC_ALL=C sort); do printf '%s\n' "$$f"; cat "$$f"; done | sha256sum | cut -d' ' -f1); \
+	v=$$($(NVCC) --version | tail -1); \
+	for t in sm_90 compute_75; do \
+		$(NVCC) -ptx -O3 -arch=$$t -o $(PTX_DIR)/glmflash.$$t.ptx.tmp $(CUDA_SRC)/all.cu || exit 1; \
+		{ echo "// glmflash-sources-sha256: $$h"; echo "// $$v"; cat $(PTX_DIR)/glmflash.$$t.ptx.tmp; } > $(PTX_DIR)/glmflash.$$t.ptx; \
+		rm -f $(PTX_DIR)/glmflash.$$t.ptx.tmp; echo "$(PTX_DIR)/glmflash.$$t.ptx ($$v, sources $$h)"; \
+	done
+
+# The Go mirrors of the kernels' argument structs.
+cuda-args:
+	$(GO) run ./tools/cudaargs
+
+# The CPU emulation of the driver + cuBLAS with the kernels compiled as C++
+# (tests of the CUDA backend where there is no GPU).
+$(CUDA_EMU): kernels/cuda/emu/emu.cpp kernels/cuda/emu/emu.h $(wildcard $(CUDA_SRC)/*.cu) $(wildcard $(CUDA_SRC)/*.cuh)
+	@mkdir -p bin
+	$(CXX) -O2 -std=c++17 -shared -fPIC -o $@ kernels/cuda/emu/emu.cpp
+cudaemu: $(CUDA_EMU)

@@ -16,6 +16,7 @@ import (
 
 	// The backends register themselves.
 	_ "github.com/glmflash/glmflash/core/backend/cpu"
+	_ "github.com/glmflash/glmflash/core/backend/cuda"
 )
 
 // GraphHook may rewrite a freshly built graph before it is compiled (the

@@ -1,0 +1,107 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/glmflash/glmflash/core/ir"
+	kc "github.com/glmflash/glmflash/kernels/cuda"
+)
+
+// mHC ops: pre, post and the fused post+pre (declined above its token cap
+// to the unfused kernels, which compute the same bits).
+func init() {
+	bind("mhc_pre", bindMHCPre)
+	bind("mhc_post", bindMHCPost)
+	bind("mhc_post_pre", bindMHCPostPre)
+}
+
+// mhcMaxStreams is MHC_MAX_H of mhc.cu.
+const mhcMaxStreams = 16
+
+func mhcParams(p *Program, n *ir.Node, x, fn, base, scale *ir.Value) (kc.MHCParams, error) {
+	H, D := x.Shape[1], x.Shape[2]
+	if H > mhcMaxStreams {
+		return kc.MHCParams{}, fmt.Errorf("hc_mult %d exceeds the %d streams the CUDA kernels hold", H, mhcMaxStreams)
+	}
+	F, err := p.w(fn)
+	if err != nil {
+		return kc.MHCParams{}, err
+	}
+	B, err := p.w(base)
+	if err != nil {
+		return kc.MHCParams{}, err
+	}
+	S, err := p.w(scale)
+	if err != nil {
+		return kc.MHCParams{}, err
+	}
+	a := n.Attrs
+	return kc.MHCParams{Fn: F.ptr, FnBf16: F.flag(), Base: B.ptr, BaseBf16: B.flag(), Scale: S.ptr, ScaleBf16: S.flag(),
+		H: int64(H), D: int64(D), Iters: int64(a.Int("iters", 20)),
+		NormEps: float64(float32(a.Float("eps", 1e-5))), HcEps: float64(float32(a.Float("hc_eps", 1e-6)))}, nil
+}
+
+func bindMHCPre(p *Program, n *ir.Node) (*kstep, error) {
+	in, outs := n.Inputs, n.Outputs
+	prm, err := mhcParams(p, n, in[0], in[1], in[2], in[3])
+	if err != nil {
+		return nil, err
+	}
+	return &kstep{run: func(rc *runCtx) error {
+		a := kc.MHCPreArgs{P: prm, X: rc.ptr(in[0]), H: rc.ptr(outs[0]), Post: rc.ptr(outs[1]), Comb: rc.ptr(outs[2]), T: int64(rc.T)}
+		return kc.Launch(rc.dev, "glmf_mhc_pre", kc.Dim3{X: uint32(rc.T)}, block256, 0, &a)
+	}}, nil
+}
+
+func launchPost(rc *runCtx, o, R, post, comb, out kc.DevicePtr, H, D int) error {
+	a := kc.MHCPostArgs{O: o, R: R, Post: post, Comb: comb, Out: out, T: int64(rc.T), H: int64(H), D: int64(D)}
+	return kc.Launch(rc.dev, "glmf_mhc_post", blocks(int64(rc.T*H*D)), block256, 0, &a)
+}
+
+func bindMHCPost(p *Program, n *ir.Node) (*kstep, error) {
+	in, out := n.Inputs, n.Outputs[0]
+	H, D := in[1].Shape[1], in[1].Shape[2]
+	return &kstep{run: func(rc *runCtx) error {
+		return launchPost(rc, rc.ptr(in[0]), rc.ptr(in[1]), rc.ptr(in[2]), rc.ptr(in[3]), rc.ptr(out), H, D)
+	}}, nil
+}
+
+func bindMHCPostPre(p *Program, n *ir.Node) (*kstep, error) {
+	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	prm, err := mhcParams(p, n, in[1], in[4], in[5], in[6])
+	if err != nil {
+		return nil, err
+	}
+	H, D := int(prm.H), int(prm.D)
+	var normW devTensor
+	if len(in) == 8 {
+		if normW, err = p.w(in[7]); err != nil {
+			return nil, err
+		}
+	}
+	normEps := float64(float32(a.Float("norm_eps", 1e-5)))
+	maxTokens := a.Int("max_tokens", 0)
+	return &kstep{run: func(rc *runCtx) error {
+		o, R, post, comb := rc.ptr(in[0]), rc.ptr(in[1]), rc.ptr(in[2]), rc.ptr(in[3])
+		X, h, post2, comb2 := rc.ptr(outs[0]), rc.ptr(outs[1]), rc.ptr(outs[2]), rc.ptr(outs[3])
+		if maxTokens == 0 || rc.T <= maxTokens {
+			rc.p.fusedMHC.Add(1)
+			args := kc.MHCPostPreArgs{P: prm, O: o, R: R, Post: post, Comb: comb, Out: X, H: h, Post2: post2, Comb2: comb2,
+				NormW: normW.ptr, NormBf16: normW.flag(), NormEps: normEps, T: int64(rc.T)}
+			return kc.Launch(rc.dev, "glmf_mhc_post_pre", kc.Dim3{X: uint32(rc.T)}, block256, 0, &args)
+		}
+		// declined: the unfused sequence, same kernels' arithmetic
+		if err := launchPost(rc, o, R, post, comb, X, H, D); err != nil {
+			return err
+		}
+		pre := kc.MHCPreArgs{P: prm, X: X, H: h, Post: post2, Comb: comb2, T: int64(rc.T)}
+		if err := kc.Launch(rc.dev, "glmf_mhc_pre", kc.Dim3{X: uint32(rc.T)}, block256, 0, &pre); err != nil {
+			return err
+		}
+		if normW.ptr == 0 {
+			return nil
+		}
+		na := kc.NormArgs{X: h, W: normW.ptr, WBf16: normW.flag(), Y: h, Rows: int64(rc.T), D: int64(D), Eps: normEps}
+		return kc.Launch(rc.dev, "glmf_rmsnorm", kc.Dim3{X: uint32(rc.T)}, block256, 0, &na)
+	}}, nil
+}

@@ -1,0 +1,115 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/glmflash/glmflash/core/ir"
+	kc "github.com/glmflash/glmflash/kernels/cuda"
+)
+
+// MoE ops: routing, routed experts grouped by expert, and the plugin op
+// that appends an always-selected expert.
+func init() {
+	bind("moe_route", bindMoERoute)
+	bind("moe_experts", bindMoEExperts)
+	bind("moe_append_expert", bindMoEAppendExpert)
+}
+
+// moeMaxExperts is MOE_MAX_EXPERTS of moe.cu.
+const moeMaxExperts = 1024
+
+func bindMoERoute(p *Program, n *ir.Node) (*kstep, error) {
+	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	bias, err := p.w(in[1])
+	if err != nil {
+		return nil, err
+	}
+	E := in[0].Shape[1]
+	G := a.Int("groups", 1)
+	if E > moeMaxExperts || G > 64 {
+		return nil, fmt.Errorf("%d experts in %d groups exceed the kernel's %d experts / 64 groups", E, G, moeMaxExperts)
+	}
+	norm := int64(0)
+	if a.Bool("normalize") {
+		norm = 1
+	}
+	return &kstep{run: func(rc *runCtx) error {
+		T := rc.rows(in[0])
+		args := kc.RouteArgs{Logits: rc.ptr(in[0]), Bias: bias.ptr, BiasBf16: bias.flag(), Idx: rc.ptr(outs[0]), W: rc.ptr(outs[1]),
+			T: int64(T), E: int64(E), K: int64(a.Int("topk", 0)), G: int64(G), TG: int64(a.Int("topk_group", 1)), Normalize: norm,
+			Scaling: float64(float32(a.Float("scaling", 1)))}
+		return kc.Launch(rc.dev, "glmf_moe_route", kc.Dim3{X: uint32((T + 63) / 64)}, kc.Dim3{X: 64}, 0, &args)
+	}}, nil
+}
+
+// moeTile is the rows of one expert tile (BM of gemm.cu).
+const moeTile = 64
+
+func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
+	in, out, a := n.Inputs, n.Outputs[0], n.Attrs
+	gate, err := p.w(in[3])
+	if err != nil {
+		return nil, err
+	}
+	up, err := p.w(in[4])
+	if err != nil {
+		return nil, err
+	}
+	down, err := p.w(in[5])
+	if err != nil {
+		return nil, err
+	}
+	if gate.bf16 != up.bf16 || gate.bf16 != down.bf16 {
+		return nil, fmt.Errorf("expert weights mix bf16 and fp32 (gate %v, up %v, down %v)", gate.bf16, up.bf16, down.bf16)
+	}
+	E, I, D := in[3].Shape[0], in[3].Shape[1], in[3].Shape[2]
+	if E > moeMaxExperts {
+		return nil, fmt.Errorf("%d experts exceed the kernel's %d", E, moeMaxExperts)
+	}
+	K := in[1].Shape[1]
+	limit := float64(float32(a.Float("limit", 0)))
+	maxTiles := func(TK int) int { return (TK+moeTile-1)/moeTile + min(E, TK) }
+	return &kstep{
+		temps: func(rc *runCtx) []int64 {
+			TK := rc.rows(in[0]) * K
+			return []int64{4 * int64(TK), 4 * int64(1+3*maxTiles(TK)), 4 * int64(TK*I), 4 * int64(TK*D)}
+		},
+		run: func(rc *runCtx) error {
+			T := rc.rows(in[0])
+			TK := T * K
+			if TK == 0 {
+				return nil
+			}
+			perm, tiles, act, contrib := rc.temps[0], rc.temps[1], rc.temps[2], rc.temps[3]
+			pa := kc.PlanArgs{Idx: rc.ptr(in[1]), TK: int64(TK), E: int64(E), Bm: moeTile, Perm: perm, Tiles: tiles}
+			if err := kc.Launch(rc.dev, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa); err != nil {
+				return err
+			}
+			nt := uint32(maxTiles(TK))
+			gu := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(D), W: gate.ptr, WBf16: gate.flag(), WGoff: int64(I * D), W2: up.ptr,
+				M: int64(TK), N: int64(I), K: int64(D), Nout: 1, Tiles: tiles, Perm: perm, ADiv: int64(K), Limit: limit}
+			gu.Out[0], gu.Ow[0] = act, int64(I)
+			if err := kc.Launch(rc.dev, "glmf_gemm_tiled", kc.Dim3{X: uint32((I + 63) / 64), Y: nt}, block256, 0, &gu); err != nil {
+				return err
+			}
+			dn := kc.GemmArgs{A: act, Lda: int64(I), W: down.ptr, WBf16: down.flag(), WGoff: int64(D * I),
+				M: int64(TK), N: int64(D), K: int64(I), Nout: 1, Tiles: tiles, Perm: perm, ADiv: 0, RowScale: rc.ptr(in[2]), Scatter: contrib}
+			dn.Out[0], dn.Ow[0] = contrib, int64(D)
+			if err := kc.Launch(rc.dev, "glmf_gemm_tiled", kc.Dim3{X: uint32((D + 63) / 64), Y: nt}, block256, 0, &dn); err != nil {
+				return err
+			}
+			ca := kc.CombineArgs{Contrib: contrib, Y: rc.ptr(out), T: int64(T), K: int64(K), D: int64(D)}
+			return kc.Launch(rc.dev, "glmf_moe_combine", blocks(int64(T*D)), block256, 0, &ca)
+		}}, nil
+}
+
+func bindMoEAppendExpert(p *Program, n *ir.Node) (*kstep, error) {
+	in, outs := n.Inputs, n.Outputs
+	K := in[0].Shape[1]
+	e := int64(n.Attrs.Int("expert", 0))
+	return &kstep{run: func(rc *runCtx) error {
+		T := rc.rows(in[1])
+		a := kc.AppendArgs{Idx: rc.ptr(in[0]), W: rc.ptr(in[1]), Oidx: rc.ptr(outs[0]), Ow: rc.ptr(outs[1]), T: int64(T), K: int64(K), Expert: e}
+		return kc.Launch(rc.dev, "glmf_moe_append_expert", blocks(int64(T*(K+1))), block256, 0, &a)
+	}}, nil
+}

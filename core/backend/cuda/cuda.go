@@ -1,0 +1,380 @@
+// Package cuda is the CUDA backend: every op of the IR bound to a kernel of
+// kernels/cuda (or to cuBLAS), weights uploaded once per backend in their
+// checkpoint dtype (bf16 stays bf16), activations in one device arena laid
+// out by liveness for each batch, sequence state in device memory per slot,
+// and sampling on the device so that only token ids and requested logprobs
+// come back.
+package cuda
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"unsafe"
+
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/plan"
+	kc "github.com/glmflash/glmflash/kernels/cuda"
+	"github.com/glmflash/glmflash/model"
+)
+
+func init() {
+	backend.Register("cuda", func(o backend.Options) (backend.Backend, error) { return Open(o) })
+}
+
+// Backend runs plans on one GPU.
+type Backend struct {
+	dev  *kc.Device
+	opts backend.Options
+
+	mu      sync.Mutex
+	weights map[string]devTensor // device copies of constants, by canonical key
+	wbytes  map[string]int64     // weight bytes by dtype
+	closed  bool
+}
+
+// devTensor is a constant on the device.
+type devTensor struct {
+	ptr   kc.DevicePtr
+	bf16  bool
+	n     int64 // elements
+	bytes int64
+}
+
+func (t devTensor) flag() int64 {
+	if t.bf16 {
+		return 1
+	}
+	return 0
+}
+
+// Open initialises the GPU o.DeviceIndex; it fails at once, naming what is
+// missing (driver, GPU, cuBLAS), where CUDA cannot run.
+func Open(o backend.Options) (*Backend, error) {
+	if o.Precision != "" && o.Precision != "fp32" {
+		return nil, fmt.Errorf("cuda backend: precision %q is not available (fp32 is)", o.Precision)
+	}
+	dev, err := kc.Open(o.DeviceIndex)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{dev: dev, opts: o, weights: map[string]devTensor{}, wbytes: map[string]int64{}}, nil
+}
+
+// Name is "cuda".
+func (b *Backend) Name() string { return "cuda" }
+
+// Device returns the GPU.
+func (b *Backend) Device() *kc.Device { return b.dev }
+
+// Ops lists the bound ops.
+func (b *Backend) Ops() []string { return boundOps() }
+
+// Info describes the GPU and the device memory in use.
+func (b *Backend) Info() backend.Info {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	mem := map[string]int64{}
+	for k, v := range b.wbytes {
+		mem["weights_"+k] = v
+	}
+	mem["total_allocated"] = b.dev.Live()
+	return backend.Info{Backend: "cuda", Device: fmt.Sprintf("%s (compute %d.%d, %d SMs, %s)", b.dev.Name, b.dev.CC[0], b.dev.CC[1], b.dev.SMs, b.dev.BlasVersion()), Precision: "fp32", Memory: mem}
+}
+
+// Close frees the weights and releases the GPU.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	err := b.dev.Do(func() error {
+		for _, t := range b.weights {
+			b.dev.Free(t.ptr, t.bytes)
+		}
+		return nil
+	})
+	b.weights = nil
+	if cerr := b.dev.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// constKey names a constant independently of the plan it came from: the
+// checkpoint reference for weights, the folding op over its inputs' keys
+// for derived weights.
+func constKey(v *ir.Value) string {
+	if v.Producer == nil {
+		return fmt.Sprintf("%s#%d", v.Ref, v.Stack)
+	}
+	k := v.Producer.Op + "("
+	for i, in := range v.Producer.Inputs {
+		if i > 0 {
+			k += ","
+		}
+		k += constKey(in)
+	}
+	return k + ")"
+}
+
+// upload returns the device copy of constant v of plan p, uploading it on
+// first use: as bf16 when every value is bf16-exact (the checkpoint's
+// dtype for BF16 and FP8-dequantized weights) unless FP32Weights, else fp32.
+// Must run inside dev.Do.
+func (b *Backend) upload(p *plan.Plan, v *ir.Value) (devTensor, error) {
+	key := constKey(v)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if t, ok := b.weights[key]; ok {
+		return t, nil
+	}
+	data := p.Consts[v]
+	if data == nil {
+		return devTensor{}, fmt.Errorf("%s is not a constant", v.Name)
+	}
+	var t devTensor
+	var src unsafe.Pointer
+	var bf []uint16
+	if !b.opts.FP32Weights {
+		bf = p.BF16(v)
+	}
+	if bf != nil {
+		t = devTensor{bf16: true, n: int64(len(bf)), bytes: 2 * int64(len(bf))}
+		src = unsafe.Pointer(unsafe.SliceData(bf))
+	} else {
+		t = devTensor{n: int64(len(data)), bytes: 4 * int64(len(data))}
+		src = unsafe.Pointer(unsafe.SliceData(data))
+	}
+	ptr, err := b.dev.Alloc(t.bytes)
+	if err != nil {
+		return devTensor{}, fmt.Errorf("uploading %s: %w", v.Name, err)
+	}
+	t.ptr = ptr
+	if err := b.dev.Upload(ptr, src, t.bytes); err != nil {
+		return devTensor{}, err
+	}
+	if err := b.dev.Sync(); err != nil { // the host copy may go once this returns
+		return devTensor{}, err
+	}
+	b.weights[key] = t
+	if t.bf16 {
+		b.wbytes["bf16"] += t.bytes
+	} else {
+		b.wbytes["fp32"] += t.bytes
+	}
+	return t, nil
+}
+
+// Store is sequence state in device memory: per layer and slot the KDA conv
+// window and recurrent state, the MLA latent cache and the indexer's pooled
+// keys and pending pool, each sized for maxPositions tokens.
+type Store struct {
+	b      *Backend
+	cfg    *model.Config
+	maxPos int
+	mu     sync.Mutex
+	used   []bool
+	lens   []int
+	layers []layerState
+	bufs   []sized
+}
+
+type sized struct {
+	p kc.DevicePtr
+	n int64
+}
+
+// layerState holds one layer's buffers; strides are in floats per slot.
+type layerState struct {
+	conv, state             kc.DevicePtr
+	convStride, stateStride int64
+	ckv                     kc.DevicePtr
+	ckvStride               int64
+	pools, pendK, pendG     kc.DevicePtr
+	poolsStride, pendStride int64
+}
+
+// NewStore allocates slots slots for cfg on the GPU.
+func (b *Backend) NewStore(cfg *model.Config, slots, maxPositions int) (backend.Store, error) {
+	if slots < 1 {
+		return nil, fmt.Errorf("cuda: need at least one slot, got %d", slots)
+	}
+	if maxPositions < 1 {
+		return nil, fmt.Errorf("cuda: a store needs a positive context limit, got %d", maxPositions)
+	}
+	s := &Store{b: b, cfg: cfg, maxPos: maxPositions, used: make([]bool, slots), lens: make([]int, slots), layers: make([]layerState, cfg.NumHiddenLayers)}
+	err := b.dev.Do(func() error {
+		alloc := func(floatsPerSlot int64) (kc.DevicePtr, error) {
+			n := 4 * floatsPerSlot * int64(slots)
+			p, err := b.dev.Alloc(n)
+			if err != nil {
+				return 0, fmt.Errorf("cuda: allocating the cache (%d slots × %d positions): %w", slots, maxPositions, err)
+			}
+			s.bufs = append(s.bufs, sized{p, n})
+			return p, nil
+		}
+		var err error
+		for l := range s.layers {
+			ls := &s.layers[l]
+			if cfg.IsKDA(l) {
+				P := int64(cfg.KDAProjDim())
+				ls.convStride = 3 * P * int64(cfg.LinearConvKernelDim-1)
+				ls.stateStride = int64(cfg.LinearNumHeads) * int64(cfg.LinearHeadDim) * int64(cfg.LinearHeadDim)
+				if ls.conv, err = alloc(max(ls.convStride, 1)); err != nil {
+					return err
+				}
+				if ls.state, err = alloc(ls.stateStride); err != nil {
+					return err
+				}
+				continue
+			}
+			ls.ckvStride = int64(maxPositions) * int64(cfg.KVLoraRank)
+			if ls.ckv, err = alloc(ls.ckvStride); err != nil {
+				return err
+			}
+			if cfg.IndexerTypes[l] != model.IndexerShared {
+				kp, di := int64(cfg.IndexKPool), int64(cfg.IndexHeadDim)
+				ls.poolsStride = (int64(maxPositions)/kp + 1) * di
+				ls.pendStride = kp * di
+				if ls.pools, err = alloc(ls.poolsStride); err != nil {
+					return err
+				}
+				if ls.pendK, err = alloc(ls.pendStride); err != nil {
+					return err
+				}
+				if ls.pendG, err = alloc(ls.pendStride); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close frees the store's device memory.
+func (s *Store) Close() error {
+	return s.b.dev.Do(func() error {
+		for _, b := range s.bufs {
+			s.b.dev.Free(b.p, b.n)
+		}
+		s.bufs = nil
+		return nil
+	})
+}
+
+// Capacity is the number of slots.
+func (s *Store) Capacity() int { return len(s.used) }
+
+// InUse counts allocated slots.
+func (s *Store) InUse() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, u := range s.used {
+		if u {
+			n++
+		}
+	}
+	return n
+}
+
+// MaxPositions is the tokens a slot can hold.
+func (s *Store) MaxPositions() int { return s.maxPos }
+
+// Alloc reserves a free slot and clears its KDA states on the device.
+func (s *Store) Alloc() (int, error) {
+	s.mu.Lock()
+	slot := -1
+	for i, u := range s.used {
+		if !u {
+			slot = i
+			s.used[i] = true
+			s.lens[i] = 0
+			break
+		}
+	}
+	s.mu.Unlock()
+	if slot < 0 {
+		return -1, fmt.Errorf("cache: all %d slots are in use", len(s.used))
+	}
+	err := s.b.dev.Do(func() error {
+		for _, ls := range s.layers {
+			if ls.conv != 0 && ls.convStride > 0 {
+				if err := s.b.dev.Zero(ls.conv+kc.DevicePtr(4*int64(slot)*ls.convStride), ls.convStride); err != nil {
+					return err
+				}
+			}
+			if ls.state != 0 {
+				if err := s.b.dev.Zero(ls.state+kc.DevicePtr(4*int64(slot)*ls.stateStride), ls.stateStride); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.mu.Lock()
+		s.used[slot] = false
+		s.mu.Unlock()
+		return -1, err
+	}
+	return slot, nil
+}
+
+// Free releases a slot.
+func (s *Store) Free(slot int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot < 0 || slot >= len(s.used) || !s.used[slot] {
+		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	s.used[slot] = false
+	return nil
+}
+
+// Len is the number of tokens an allocated slot has processed.
+func (s *Store) Len(slot int) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot < 0 || slot >= len(s.used) || !s.used[slot] {
+		return 0, fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	return s.lens[slot], nil
+}
+
+func (s *Store) advance(slot, n int) {
+	s.mu.Lock()
+	s.lens[slot] += n
+	s.mu.Unlock()
+}
+
+// binder binds one node: it reports the temporaries the node needs for a
+// batch (bytes each; nil: none) and returns the launch.
+type binder func(p *Program, n *ir.Node) (*kstep, error)
+
+var bindings = map[string]binder{}
+
+func bind(op string, f binder) {
+	if _, dup := bindings[op]; dup {
+		panic("cuda: op " + op + " bound twice")
+	}
+	bindings[op] = f
+}
+
+func boundOps() []string {
+	var ops []string
+	for op := range bindings {
+		ops = append(ops, op)
+	}
+	sort.Strings(ops)
+	return ops
+}

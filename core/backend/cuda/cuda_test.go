@@ -1,0 +1,66 @@
+package cuda
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/stretchr/testify/require"
+)
+
+// Every executable op of the IR has a CUDA binding (checked without a GPU:
+// the table is static).
+func TestEveryOpBound(t *testing.T) {
+	var miss []string
+	have := map[string]bool{}
+	for _, op := range boundOps() {
+		have[op] = true
+	}
+	for _, op := range ir.OpNames() {
+		if d, _ := ir.Lookup(op); !d.Const && !have[op] {
+			miss = append(miss, op)
+		}
+	}
+	require.Empty(t, miss, "ops without a CUDA binding")
+}
+
+// The arena plan never hands out overlapping live blocks, and its peak is
+// the high-water mark of what was live at once.
+func TestArenaPlanNoOverlap(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 1))
+	for trial := 0; trial < 200; trial++ {
+		a := &arenaPlan{}
+		type blk struct{ off, n int64 }
+		var live []blk
+		var liveBytes, hwm int64
+		for step := 0; step < 60; step++ {
+			if len(live) > 0 && r.IntN(3) == 0 {
+				i := r.IntN(len(live))
+				a.release(live[i].off, live[i].n)
+				liveBytes -= roundUp(live[i].n)
+				live = append(live[:i], live[i+1:]...)
+				continue
+			}
+			n := int64(1 + r.IntN(5000))
+			off := a.alloc(n)
+			require.Zero(t, off%align)
+			for _, b := range live {
+				require.False(t, off < b.off+roundUp(b.n) && b.off < off+roundUp(n), "block [%d,%d) overlaps [%d,%d)", off, off+n, b.off, b.off+b.n)
+			}
+			live = append(live, blk{off, n})
+			liveBytes += roundUp(n)
+			hwm = max(hwm, liveBytes)
+			require.LessOrEqual(t, off+roundUp(n), a.peak, "a block ends past the peak")
+		}
+		require.GreaterOrEqual(t, a.peak, hwm)
+	}
+}
+
+func TestConstKeyNamesDerivedWeights(t *testing.T) {
+	g := ir.New("t")
+	a := g.AddWeight("a.weight", 2, 3)
+	b := g.AddWeight("b.weight", 2, 3)
+	c := g.Op1("concat_rows", 0, nil, a, b)
+	require.Equal(t, "a.weight#0", constKey(a))
+	require.Equal(t, "concat_rows(a.weight#0,b.weight#0)", constKey(c))
+}

@@ -1,0 +1,535 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/plan"
+	kc "github.com/glmflash/glmflash/kernels/cuda"
+)
+
+// kstep is one bound node.
+type kstep struct {
+	node *ir.Node
+	// temps returns the byte sizes of the scratch buffers one execution
+	// needs (nil: none); they live only during the step.
+	temps func(rc *runCtx) []int64
+	run   func(rc *runCtx) error
+}
+
+// Program is a plan bound to CUDA kernels. Run calls are serialized (the
+// device lock serializes them with every other program on the GPU).
+type Program struct {
+	b      *Backend
+	plan   *plan.Plan
+	steps  []*kstep
+	consts map[*ir.Value]devTensor
+	mu     sync.Mutex
+
+	arena     kc.DevicePtr
+	arenaSize int64
+	meta      kc.DevicePtr
+	metaSize  int64
+	out       kc.DevicePtr // sampling outputs and scratch
+	outSize   int64
+
+	runs, deviceReads, fusedMHC, launches, syncs, lengthSyncs atomic.Int64
+}
+
+// Compile binds every step of p and uploads the constants it reads.
+func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
+	prog := &Program{b: b, plan: p, consts: map[*ir.Value]devTensor{}}
+	err := b.dev.Do(func() error {
+		for _, n := range p.Steps {
+			for _, in := range n.Inputs {
+				if _, isConst := p.Consts[in]; isConst {
+					if _, done := prog.consts[in]; !done {
+						t, err := b.upload(p, in)
+						if err != nil {
+							return err
+						}
+						prog.consts[in] = t
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cuda: %w", err)
+	}
+	for _, n := range p.Steps {
+		f, ok := bindings[n.Op]
+		if !ok {
+			return nil, fmt.Errorf("cuda: %s (layer %d): no kernel bound to op %q", n.Op, n.Layer, n.Op)
+		}
+		st, err := f(prog, n)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: %s (layer %d): %w", n.Op, n.Layer, err)
+		}
+		st.node = n
+		prog.steps = append(prog.steps, st)
+	}
+	return prog, nil
+}
+
+// Plan returns the plan the program was compiled from.
+func (p *Program) Plan() *plan.Plan { return p.plan }
+
+// Stats returns the program's counters.
+func (p *Program) Stats() backend.Stats {
+	return backend.Stats{Runs: p.runs.Load(), DeviceLengthReads: p.deviceReads.Load(), FusedMHCRuns: p.fusedMHC.Load(),
+		Launches: p.launches.Load(), HostSyncs: p.syncs.Load(), LengthSyncs: p.lengthSyncs.Load()}
+}
+
+// w returns the device copy of a constant input.
+func (p *Program) w(v *ir.Value) (devTensor, error) {
+	t, ok := p.consts[v]
+	if !ok {
+		return devTensor{}, fmt.Errorf("%s must be a constant (weight)", v.Name)
+	}
+	return t, nil
+}
+
+// Run validates and executes a batch.
+func (p *Program) Run(b *backend.Batch, st backend.Store) (*backend.Result, error) {
+	pr, err := backend.Prepare(p, b, st, nil)
+	if err != nil {
+		return nil, err
+	}
+	return p.Execute(pr)
+}
+
+// Execute runs a prepared batch.
+func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
+	if pr == nil || pr.Prog != p {
+		return nil, fmt.Errorf("cuda: batch was prepared for another program")
+	}
+	store, ok := pr.Store.(*Store)
+	if !ok || store.b != p.b {
+		return nil, fmt.Errorf("cuda: the batch's store is not a store of this GPU backend")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := pr.CheckPositions(); err != nil {
+		return nil, err
+	}
+	for i, s := range pr.Spans {
+		if s.Pos0+s.N > store.maxPos {
+			return nil, fmt.Errorf("cuda: batch sequence %d: %d cached + %d new tokens exceed the store's %d positions", i, s.Pos0, s.N, store.maxPos)
+		}
+	}
+	var res *backend.Result
+	dev := p.b.dev
+	err := dev.Do(func() error {
+		l0, s0 := dev.Launches(), dev.Syncs()
+		var err error
+		res, err = p.execute(pr, store)
+		p.launches.Add(dev.Launches() - l0)
+		p.syncs.Add(dev.Syncs() - s0)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range pr.Spans {
+		store.advance(s.Slot, s.N)
+	}
+	p.runs.Add(1)
+	return res, nil
+}
+
+// runCtx is one execution's view: where every value lives.
+type runCtx struct {
+	p     *Program
+	dev   *kc.Device
+	pr    *backend.Prepared
+	store *Store
+	T, S  int
+	meta  kc.BatchMeta
+	toks  kc.DevicePtr
+	addr  map[*ir.Value]kc.DevicePtr
+	temps []kc.DevicePtr
+	host  map[*ir.Value]any
+	// visible[kpool] = the largest number of pools any row sees.
+	maxVisible map[int]int
+}
+
+func (rc *runCtx) rows(v *ir.Value) int {
+	switch v.Shape[0] {
+	case ir.DimT:
+		return rc.T
+	case ir.DimS:
+		return rc.S
+	}
+	return v.Shape[0]
+}
+
+// bytesOf is the device size of a value for this batch (0: no buffer).
+func (rc *runCtx) bytesOf(v *ir.Value) int64 {
+	if v.DType == ir.Host {
+		if v.Producer != nil && v.Producer.Op == "dsa_meta" {
+			return 4 * int64(rc.T) // the visible-pools array
+		}
+		return 0
+	}
+	n := int64(rc.rows(v))
+	for _, d := range v.Shape[1:] {
+		n *= int64(d)
+	}
+	return 4 * n
+}
+
+// ptr returns a value's device address (activation, constant or input).
+func (rc *runCtx) ptr(v *ir.Value) kc.DevicePtr {
+	if t, ok := rc.p.consts[v]; ok {
+		return t.ptr
+	}
+	return rc.addr[v]
+}
+
+// lens returns the device lengths a node must read when its lengths source
+// is the executor's seq_lengths tensor (0 for host metadata). The host
+// reads them back (a sync) and checks them against the batch, as a real
+// engine must to size its launches: the cost host-length-reuse removes.
+func (rc *runCtx) lens(v *ir.Value) (kc.DevicePtr, error) {
+	if v.DType == ir.Host {
+		return 0, nil
+	}
+	p := rc.addr[v]
+	got := make([]int32, rc.S)
+	if err := rc.dev.Download(unsafe.Pointer(unsafe.SliceData(got)), p, 4*int64(rc.S)); err != nil {
+		return 0, err
+	}
+	rc.p.deviceReads.Add(1)
+	rc.p.lengthSyncs.Add(1)
+	for i, n := range got {
+		if int(n) != rc.pr.Spans[i].N {
+			return 0, fmt.Errorf("device length of sequence %d is %d, host says %d", i, n, rc.pr.Spans[i].N)
+		}
+	}
+	return p, nil
+}
+
+const align = 256
+
+func roundUp(n int64) int64 { return (n + align - 1) / align * align }
+
+// arenaPlan assigns arena offsets to every value and temporary of one
+// execution (first fit, coalescing), freeing at last use.
+type arenaPlan struct {
+	free []span // sorted by offset
+	top  int64  // end of the highest block in use
+	peak int64  // the high-water mark of top
+}
+
+type span struct{ off, n int64 }
+
+func (a *arenaPlan) alloc(n int64) int64 {
+	n = roundUp(max(n, 1))
+	for i, f := range a.free {
+		if f.n >= n {
+			off := f.off
+			a.free[i].off += n
+			a.free[i].n -= n
+			if a.free[i].n == 0 {
+				a.free = append(a.free[:i], a.free[i+1:]...)
+			}
+			return off
+		}
+	}
+	off := a.top
+	a.top += n
+	a.peak = max(a.peak, a.top)
+	return off
+}
+
+func (a *arenaPlan) release(off, n int64) {
+	n = roundUp(max(n, 1))
+	i := sort.Search(len(a.free), func(i int) bool { return a.free[i].off > off })
+	a.free = append(a.free, span{})
+	copy(a.free[i+1:], a.free[i:])
+	a.free[i] = span{off, n}
+	// coalesce with neighbours
+	if i+1 < len(a.free) && a.free[i].off+a.free[i].n == a.free[i+1].off {
+		a.free[i].n += a.free[i+1].n
+		a.free = append(a.free[:i+1], a.free[i+2:]...)
+	}
+	if i > 0 && a.free[i-1].off+a.free[i-1].n == a.free[i].off {
+		a.free[i-1].n += a.free[i].n
+		a.free = append(a.free[:i], a.free[i+1:]...)
+	}
+	// trailing free space lowers the top
+	if last := len(a.free) - 1; last >= 0 && a.free[last].off+a.free[last].n == a.top {
+		a.top = a.free[last].off
+		a.free = a.free[:last]
+	}
+}
+
+// ensure grows a device buffer to at least n bytes.
+func (p *Program) ensure(buf *kc.DevicePtr, size *int64, n int64) error {
+	if n <= *size {
+		return nil
+	}
+	n = n + n/4 + align
+	if *buf != 0 {
+		if err := p.b.dev.Sync(); err != nil { // work in flight may still read it
+			return err
+		}
+		p.b.dev.Free(*buf, *size)
+		*buf, *size = 0, 0
+	}
+	ptr, err := p.b.dev.Alloc(n)
+	if err != nil {
+		return err
+	}
+	*buf, *size = ptr, n
+	return nil
+}
+
+func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, error) {
+	dev := p.b.dev
+	rc := &runCtx{p: p, dev: dev, pr: pr, store: store, T: pr.T, S: len(pr.Spans), addr: map[*ir.Value]kc.DevicePtr{}, host: map[*ir.Value]any{}, maxVisible: map[int]int{}}
+	// 1. the step's metadata, in one upload
+	mb := newMetaBuilder()
+	rowSeq, rowPos := make([]int32, rc.T), make([]int32, rc.T)
+	slot, pos0, nn, row0, last := make([]int32, rc.S), make([]int32, rc.S), make([]int32, rc.S), make([]int32, rc.S), make([]int32, rc.S)
+	for i, s := range pr.Spans {
+		slot[i], pos0[i], nn[i], row0[i], last[i] = int32(s.Slot), int32(s.Pos0), int32(s.N), int32(s.Row0), int32(s.Row0+s.N-1)
+		for j := 0; j < s.N; j++ {
+			rowSeq[s.Row0+j], rowPos[s.Row0+j] = int32(i), int32(s.Pos0+j)
+		}
+	}
+	oTok := mb.i32(pr.Tokens)
+	oSlot, oPos0, oN, oRow0 := mb.i32(slot), mb.i32(pos0), mb.i32(nn), mb.i32(row0)
+	oRowSeq, oRowPos, oLast := mb.i32(rowSeq), mb.i32(rowPos), mb.i32(last)
+	nrows := pr.Rows()
+	var oSpec int64 = -1
+	if pr.Sample != nil {
+		specs := make([]kc.SampleSpec, len(pr.Sample))
+		for i, s := range pr.Sample {
+			specs[i] = kc.SampleSpec{Temperature: s.Params.Temperature, TopP: s.Params.TopP, MinP: s.Params.MinP, U: s.U, TopK: int64(s.Params.TopK), NTop: int64(s.TopLogprobs)}
+		}
+		oSpec = mb.raw(unsafe.Pointer(unsafe.SliceData(specs)), int64(len(specs))*int64(unsafe.Sizeof(specs[0])))
+	}
+	if err := p.ensure(&p.meta, &p.metaSize, int64(len(mb.buf))); err != nil {
+		return nil, err
+	}
+	if err := dev.Upload(p.meta, unsafe.Pointer(unsafe.SliceData(mb.buf)), int64(len(mb.buf))); err != nil {
+		return nil, err
+	}
+	at := func(off int64) kc.DevicePtr { return p.meta + kc.DevicePtr(off) }
+	rc.toks = at(oTok)
+	rc.meta = kc.BatchMeta{SeqSlot: at(oSlot), SeqPos0: at(oPos0), SeqN: at(oN), SeqRow0: at(oRow0), RowSeq: at(oRowSeq), RowPos: at(oRowPos), LastRow: at(oLast), S: int64(rc.S), T: int64(rc.T)}
+	for _, s := range pr.Spans {
+		for _, kp := range p.kpools() {
+			rc.maxVisible[kp] = max(rc.maxVisible[kp], (s.Pos0+s.N)/kp)
+		}
+	}
+	// 2. the arena plan
+	ap := &arenaPlan{}
+	off := map[*ir.Value]int64{}
+	tempOff := make([][]int64, len(p.steps))
+	tempSize := make([][]int64, len(p.steps))
+	lastUse := p.plan.LastUse
+	for si, st := range p.steps {
+		for _, o := range st.node.Outputs {
+			if n := rc.bytesOf(o); n > 0 {
+				off[o] = ap.alloc(n)
+			}
+		}
+		if st.temps != nil {
+			tempSize[si] = st.temps(rc)
+			for _, n := range tempSize[si] {
+				tempOff[si] = append(tempOff[si], ap.alloc(n))
+			}
+			for i, n := range tempSize[si] {
+				ap.release(tempOff[si][i], n)
+			}
+		}
+		for _, in := range st.node.Inputs {
+			if o, ok := off[in]; ok && lastUse[in] == si {
+				ap.release(o, rc.bytesOf(in))
+				delete(off, in)
+			}
+		}
+		for _, o := range st.node.Outputs {
+			if _, used := lastUse[o]; !used {
+				if oo, ok := off[o]; ok {
+					ap.release(oo, rc.bytesOf(o))
+					delete(off, o)
+				}
+			}
+		}
+	}
+	if err := p.ensure(&p.arena, &p.arenaSize, ap.peak); err != nil {
+		return nil, err
+	}
+	// replay the plan with real addresses while launching
+	ap2 := &arenaPlan{}
+	for _, in := range p.plan.Graph.Inputs {
+		switch in.Name {
+		case build.InputTokens:
+			rc.addr[in] = rc.toks
+		case build.InputBatch:
+		default:
+			return nil, fmt.Errorf("cuda: graph input %q is not provided by the executor", in.Name)
+		}
+	}
+	for si, st := range p.steps {
+		for _, o := range st.node.Outputs {
+			if n := rc.bytesOf(o); n > 0 {
+				rc.addr[o] = p.arena + kc.DevicePtr(ap2.alloc(n))
+			}
+		}
+		rc.temps = rc.temps[:0]
+		for _, n := range tempSize[si] {
+			rc.temps = append(rc.temps, p.arena+kc.DevicePtr(ap2.alloc(n)))
+		}
+		if err := st.run(rc); err != nil {
+			return nil, fmt.Errorf("cuda: %s (layer %d): %w", st.node.Op, st.node.Layer, err)
+		}
+		for i, n := range tempSize[si] {
+			ap2.release(int64(rc.temps[i]-p.arena), n)
+		}
+		for _, in := range st.node.Inputs {
+			if a, ok := rc.addr[in]; ok && lastUse[in] == si && in.Kind != ir.Input {
+				ap2.release(int64(a-p.arena), rc.bytesOf(in))
+				delete(rc.addr, in)
+			}
+		}
+		for _, o := range st.node.Outputs {
+			if _, used := lastUse[o]; !used {
+				if a, ok := rc.addr[o]; ok {
+					ap2.release(int64(a-p.arena), rc.bytesOf(o))
+					delete(rc.addr, o)
+				}
+			}
+		}
+	}
+	// 3. results: samples (on the device), then what the caller reads
+	lv := p.plan.Logits
+	res := &backend.Result{Vocab: p.plan.Vocab, Rows: rc.rows(lv)}
+	logits := rc.addr[lv]
+	if pr.Sample != nil {
+		outs, err := p.sample(rc, logits, at(oSpec), nrows)
+		if err != nil {
+			return nil, err
+		}
+		res.Samples = outs
+	}
+	if !pr.SamplesOnly {
+		res.Logits = make([]float32, res.Rows*res.Vocab)
+		if err := dev.Download(unsafe.Pointer(unsafe.SliceData(res.Logits)), logits, 4*int64(len(res.Logits))); err != nil {
+			return nil, err
+		}
+	}
+	for v, name := range p.plan.Hidden {
+		if res.Hidden == nil {
+			res.Hidden = map[string][]float32{}
+		}
+		h := make([]float32, rc.bytesOf(v)/4)
+		if err := dev.Download(unsafe.Pointer(unsafe.SliceData(h)), rc.addr[v], 4*int64(len(h))); err != nil {
+			return nil, err
+		}
+		res.Hidden[name] = h
+	}
+	if pr.SamplesOnly && pr.Sample == nil {
+		if err := dev.Sync(); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// sample runs the device sampler over the logits rows and returns the picks.
+func (p *Program) sample(rc *runCtx, logits, specs kc.DevicePtr, rows int) ([]backend.Sample, error) {
+	V := int64(p.plan.Vocab)
+	outBytes := int64(rows) * int64(unsafe.Sizeof(kc.SampleOut{}))
+	need := roundUp(outBytes)
+	anyTemp := false
+	for _, s := range rc.pr.Sample {
+		anyTemp = anyTemp || s.Params.Temperature > 0
+	}
+	if anyTemp {
+		need += 8 * int64(rows) * V
+	}
+	if err := p.ensure(&p.out, &p.outSize, need); err != nil {
+		return nil, err
+	}
+	args := kc.SampleArgs{Logits: logits, Vocab: V, Rows: int64(rows), Specs: specs, Out: p.out}
+	if anyTemp {
+		args.Mass = p.out + kc.DevicePtr(roundUp(outBytes))
+	}
+	if err := kc.Launch(rc.dev, "glmf_sample", kc.Dim3{X: uint32(rows)}, kc.Dim3{X: 256}, 0, &args); err != nil {
+		return nil, err
+	}
+	outs := make([]kc.SampleOut, rows)
+	if err := rc.dev.Download(unsafe.Pointer(unsafe.SliceData(outs)), p.out, outBytes); err != nil {
+		return nil, err
+	}
+	res := make([]backend.Sample, rows)
+	for i, o := range outs {
+		if o.Token < 0 || o.Token >= V {
+			return nil, fmt.Errorf("cuda: the sampler picked token %d for row %d (vocabulary %d)", o.Token, i, V)
+		}
+		s := backend.Sample{Token: int32(o.Token), Logprob: float32(o.TokLogit - o.Lse)}
+		if math.IsNaN(o.Lse) {
+			s.Logprob = float32(math.NaN())
+		}
+		for j := int64(0); j < o.NTop; j++ {
+			s.Top = append(s.Top, sampleTop(o.TopId[j], o.TopLogit[j]-o.Lse))
+		}
+		res[i] = s
+	}
+	return res, nil
+}
+
+// kpools lists the DSA pool sizes of the program's dsa_meta nodes.
+func (p *Program) kpools() []int {
+	var out []int
+	for _, st := range p.steps {
+		if st.node.Op == "dsa_meta" {
+			kp := st.node.Attrs.Int("kpool", 0)
+			found := false
+			for _, k := range out {
+				found = found || k == kp
+			}
+			if !found && kp > 0 {
+				out = append(out, kp)
+			}
+		}
+	}
+	return out
+}
+
+// metaBuilder packs the step's host metadata into one buffer (8-byte
+// aligned sections).
+type metaBuilder struct{ buf []byte }
+
+func newMetaBuilder() *metaBuilder { return &metaBuilder{} }
+
+func (m *metaBuilder) raw(p unsafe.Pointer, n int64) int64 {
+	for len(m.buf)%16 != 0 {
+		m.buf = append(m.buf, 0)
+	}
+	off := int64(len(m.buf))
+	if n > 0 {
+		m.buf = append(m.buf, unsafe.Slice((*byte)(p), n)...)
+	}
+	return off
+}
+
+func (m *metaBuilder) i32(v []int32) int64 {
+	if len(v) == 0 {
+		return m.raw(nil, 0)
+	}
+	return m.raw(unsafe.Pointer(unsafe.SliceData(v)), 4*int64(len(v)))
+}

@@ -1,0 +1,209 @@
+package cuda_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/glmflash/glmflash/kernels/act"
+	kc "github.com/glmflash/glmflash/kernels/cuda"
+	"github.com/glmflash/glmflash/kernels/gemm"
+	"github.com/glmflash/glmflash/kernels/mhc"
+	"github.com/glmflash/glmflash/kernels/norm"
+	"github.com/stretchr/testify/require"
+)
+
+// The tiled GEMM and the GEMV against the CPU GEMM: bf16 and fp32 weights,
+// odd shapes, split outputs and batched groups.
+func TestGemmMatchesCPU(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, c := range []struct {
+		M, N, K int
+		bf16    bool
+		splits  []int
+	}{{1, 7, 33, true, nil}, {3, 130, 65, false, nil}, {8, 64, 64, true, []int{10, 20, 34}}, {9, 70, 17, true, nil},
+		{130, 200, 96, true, []int{64, 64, 64, 4, 2, 2}}, {65, 1, 300, false, nil}, {200, 67, 129, true, nil}} {
+		x := randn(r, c.M*c.K, 1)
+		wb, wf := toBF16(randn(r, c.N*c.K, 0.3))
+		want := make([]float32, c.M*c.N)
+		gemm.MatMulT(want, x, c.M, c.K, wf, c.N)
+		X := upload(t, d, x)
+		var W buf
+		if c.bf16 {
+			W = upload(t, d, wb)
+		} else {
+			W = upload(t, d, wf)
+		}
+		splits := c.splits
+		if splits == nil {
+			splits = []int{c.N}
+		}
+		a := kc.GemmArgs{A: X.p, Lda: int64(c.K), W: W.p, M: int64(c.M), N: int64(c.N), K: int64(c.K), Nout: int64(len(splits))}
+		if c.bf16 {
+			a.WBf16 = 1
+		}
+		outs := make([]buf, len(splits))
+		for i, s := range splits {
+			outs[i] = poisoned[float32](t, d, c.M*s)
+			a.Out[i], a.Ow[i] = outs[i].p, int64(s)
+		}
+		if c.M <= 8 {
+			launch(t, d, "glmf_gemv", kc.Dim3{X: uint32((c.N + 7) / 8)}, kc.Dim3{X: 256}, 0, &a)
+		} else {
+			launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((c.N + 63) / 64), Y: uint32((c.M + 63) / 64)}, kc.Dim3{X: 256}, 0, &a)
+		}
+		got := make([]float32, c.M*c.N)
+		off := 0
+		for i, s := range splits {
+			o := download[float32](t, outs[i])
+			for m := 0; m < c.M; m++ {
+				copy(got[m*c.N+off:m*c.N+off+s], o[m*s:(m+1)*s])
+			}
+			off += s
+		}
+		require.Less(t, maxRelErr(t, got, want), 1e-5, "%+v", c)
+	}
+}
+
+func TestGemmBatchedMatchesCPU(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, M := range []int{1, 5, 77} {
+		G, N, K := 2, 40, 24
+		x := randn(r, M*G*K, 1)
+		wb, wf := toBF16(randn(r, G*N*K, 0.3))
+		ys := [][]float32{make([]float32, M*N), make([]float32, M*N)}
+		gemm.BatchedMatMulT(ys, x, M, K, wf, N)
+		X, W := upload(t, d, x), upload(t, d, wb)
+		o0, o1 := poisoned[float32](t, d, M*N), poisoned[float32](t, d, M*N)
+		a := kc.GemmArgs{A: X.p, Lda: int64(G * K), AGoff: int64(K), W: W.p, WBf16: 1, WGoff: int64(N * K), M: int64(M), N: int64(N), K: int64(K), Nout: 2, Batched: 1}
+		a.Out[0], a.Out[1], a.Ow[0], a.Ow[1] = o0.p, o1.p, int64(N), int64(N)
+		if M <= 8 {
+			launch(t, d, "glmf_gemv", kc.Dim3{X: uint32((N + 7) / 8), Z: 2}, kc.Dim3{X: 256}, 0, &a)
+		} else {
+			launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64), Z: 2}, kc.Dim3{X: 256}, 0, &a)
+		}
+		require.Less(t, maxRelErr(t, download[float32](t, o0), ys[0]), 1e-5)
+		require.Less(t, maxRelErr(t, download[float32](t, o1), ys[1]), 1e-5)
+	}
+}
+
+func TestSgemmMatchesCPU(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(9, 9))
+	M, N, K := 37, 45, 29
+	x, w := randn(r, M*K, 1), randn(r, N*K, 0.3)
+	want := make([]float32, M*N)
+	gemm.MatMulT(want, x, M, K, w, N)
+	X, W, C := upload(t, d, x), upload(t, d, w), poisoned[float32](t, d, M*N)
+	require.NoError(t, d.Do(func() error { return d.Sgemm(M, N, K, X.p, K, W.p, C.p, N) }))
+	require.Less(t, maxRelErr(t, download[float32](t, C), want), 1e-5)
+}
+
+func TestNormsAndElementwiseMatchCPU(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(11, 12))
+	rows, D := 7, 130
+	x, wv, bv := randn(r, rows*D, 2), randn(r, D, 1), randn(r, D, 1)
+	wb, wf := toBF16(wv)
+	X, W, B := upload(t, d, x), upload(t, d, wb), upload(t, d, bv)
+	want := make([]float32, rows*D)
+	norm.RMSNorm(want, x, rows, D, wf, 1e-5)
+	Y := poisoned[float32](t, d, rows*D)
+	a := kc.NormArgs{X: X.p, W: W.p, WBf16: 1, Y: Y.p, Rows: int64(rows), D: int64(D), Eps: float64(float32(1e-5))}
+	launch(t, d, "glmf_rmsnorm", kc.Dim3{X: uint32(rows)}, kc.Dim3{X: 256}, 0, &a)
+	require.Less(t, maxRelErr(t, download[float32](t, Y), want), 1e-6, "rmsnorm")
+
+	norm.LayerNorm(want, x, rows, D, wf, bv, 1e-6)
+	a = kc.NormArgs{X: X.p, W: W.p, WBf16: 1, B: B.p, Y: Y.p, Rows: int64(rows), D: int64(D), Eps: float64(float32(1e-6))}
+	launch(t, d, "glmf_layernorm", kc.Dim3{X: uint32(rows)}, kc.Dim3{X: 256}, 0, &a)
+	require.Less(t, maxRelErr(t, download[float32](t, Y), want), 1e-6, "layernorm")
+
+	H, Dh := 10, 13 // rows·D = T·H·Dh with T = 7
+	g := randn(r, rows*D, 2)
+	gw := randn(r, Dh, 1)
+	norm.GatedRMSNorm(want, x, g, rows, H, Dh, gw, 1e-5)
+	G, GW := upload(t, d, g), upload(t, d, gw)
+	ga := kc.GatedNormArgs{O: X.p, G: G.p, W: GW.p, Y: Y.p, Rows: int64(rows * H), Dh: int64(Dh), Eps: float64(float32(1e-5))}
+	launch(t, d, "glmf_gated_rmsnorm", kc.Dim3{X: uint32(rows * H)}, kc.Dim3{X: 128}, 0, &ga)
+	require.Less(t, maxRelErr(t, download[float32](t, Y), want), 1e-6, "gated_rmsnorm")
+
+	n := rows * D
+	act.SwiGLU(want, x, g, 3)
+	e := kc.EltArgs{X: X.p, Y: G.p, Out: Y.p, N: int64(n), Op: 2, Limit: 3}
+	launch(t, d, "glmf_elementwise", kc.Dim3{X: uint32((n + 255) / 256)}, kc.Dim3{X: 256}, 0, &e)
+	require.Less(t, maxRelErr(t, download[float32](t, Y), want), 1e-6, "swiglu")
+	act.SigmoidInPlace(want, x)
+	e.Op = 0
+	launch(t, d, "glmf_elementwise", kc.Dim3{X: uint32((n + 255) / 256)}, kc.Dim3{X: 256}, 0, &e)
+	require.Equal(t, want, download[float32](t, Y), "sigmoid")
+
+	lb := -5.0
+	Hk, Dk := 5, 26
+	alog, dt := randn(r, Hk, 0.5), randn(r, Hk*Dk, 0.5)
+	for _, withLB := range []bool{true, false} {
+		var lbp *float64
+		if withLB {
+			lbp = &lb
+		}
+		act.KDAGate(want, x, rows, Hk, Dk, alog, dt, lbp)
+		A, DT := upload(t, d, alog), upload(t, d, dt)
+		ka := kc.KDAGateArgs{Z: X.p, Alog: A.p, Dt: DT.p, G: Y.p, T: int64(rows), H: int64(Hk), Dh: int64(Dk), Lb: lb}
+		if withLB {
+			ka.HasLb = 1
+		}
+		launch(t, d, "glmf_kda_gate", kc.Dim3{X: uint32((n + 255) / 256)}, kc.Dim3{X: 256}, 0, &ka)
+		require.Less(t, maxRelErr(t, download[float32](t, Y), want), 1e-6, "kda_gate lb=%v", withLB)
+	}
+}
+
+// mHC pre, post and the fused post+pre against kernels/mhc, and the fused
+// kernel bit-equal to the unfused kernels.
+func TestMHCMatchesCPU(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(13, 14))
+	T, H, D := 5, 4, 96
+	mix := (2 + H) * H
+	fn, base, scale := randn(r, mix*H*D, 0.05), randn(r, mix, 0.5), []float32{0.9, 1.1, 1.3}
+	fb, ff := toBF16(fn)
+	prm := &mhc.Params{H: H, D: D, Fn: ff, Base: base, Scale: scale, NormEps: 1e-5, HCEps: 1e-6, Iterations: 20}
+	X := randn(r, T*H*D, 1)
+	h, post, comb := make([]float32, T*D), make([]float32, T*H), make([]float32, T*H*H)
+	mhc.Pre(prm, h, post, comb, X, T)
+	Fn, Base, Scale, Xd := upload(t, d, fb), upload(t, d, base), upload(t, d, scale), upload(t, d, X)
+	dp := kc.MHCParams{Fn: Fn.p, FnBf16: 1, Base: Base.p, Scale: Scale.p, H: int64(H), D: int64(D), Iters: 20, NormEps: float64(float32(1e-5)), HcEps: float64(float32(1e-6))}
+	Hd, Pd, Cd := poisoned[float32](t, d, T*D), poisoned[float32](t, d, T*H), poisoned[float32](t, d, T*H*H)
+	pa := kc.MHCPreArgs{P: dp, X: Xd.p, H: Hd.p, Post: Pd.p, Comb: Cd.p, T: int64(T)}
+	launch(t, d, "glmf_mhc_pre", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &pa)
+	require.Less(t, maxRelErr(t, download[float32](t, Hd), h), 1e-5, "pre h")
+	require.Less(t, maxRelErr(t, download[float32](t, Pd), post), 1e-5, "pre post")
+	require.Less(t, maxRelErr(t, download[float32](t, Cd), comb), 1e-5, "pre comb")
+
+	o := randn(r, T*D, 1)
+	out := make([]float32, T*H*D)
+	mhc.Post(out, o, X, post, comb, T, H, D)
+	Od := upload(t, d, o)
+	Pin, Cin := upload(t, d, post), upload(t, d, comb)
+	Outd := poisoned[float32](t, d, T*H*D)
+	po := kc.MHCPostArgs{O: Od.p, R: Xd.p, Post: Pin.p, Comb: Cin.p, Out: Outd.p, T: int64(T), H: int64(H), D: int64(D)}
+	launch(t, d, "glmf_mhc_post", kc.Dim3{X: uint32((T*H*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &po)
+	unfusedOut := download[float32](t, Outd)
+	require.Less(t, maxRelErr(t, unfusedOut, out), 1e-6, "post")
+
+	// fused post+pre (+norm) = post, pre, rmsnorm kernels, bit for bit
+	nw := randn(r, D, 1)
+	NW := upload(t, d, nw)
+	launch(t, d, "glmf_mhc_pre", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &kc.MHCPreArgs{P: dp, X: Outd.p, H: Hd.p, Post: Pd.p, Comb: Cd.p, T: int64(T)})
+	na := kc.NormArgs{X: Hd.p, W: NW.p, Y: Hd.p, Rows: int64(T), D: int64(D), Eps: float64(float32(1e-5))}
+	launch(t, d, "glmf_rmsnorm", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &na)
+	uh, up, uc := download[float32](t, Hd), download[float32](t, Pd), download[float32](t, Cd)
+	F, Fh, Fp, Fc := poisoned[float32](t, d, T*H*D), poisoned[float32](t, d, T*D), poisoned[float32](t, d, T*H), poisoned[float32](t, d, T*H*H)
+	fa := kc.MHCPostPreArgs{P: dp, O: Od.p, R: Xd.p, Post: Pin.p, Comb: Cin.p, Out: F.p, H: Fh.p, Post2: Fp.p, Comb2: Fc.p, NormW: NW.p, NormEps: float64(float32(1e-5)), T: int64(T)}
+	launch(t, d, "glmf_mhc_post_pre", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &fa)
+	require.Equal(t, unfusedOut, download[float32](t, F))
+	require.Equal(t, uh, download[float32](t, Fh))
+	require.Equal(t, up, download[float32](t, Fp))
+	require.Equal(t, uc, download[float32](t, Fc))
+	require.False(t, math.IsNaN(float64(uh[0])))
+}

@@ -1,0 +1,364 @@
+// Package cuda drives NVIDIA GPUs from pure Go: the driver API, cuBLAS and
+// cuBLASLt loaded at run time through purego (no cgo, no toolkit needed to
+// build), glmflash's kernels as PTX generated from src/*.cu and embedded,
+// and typed launchers for them. It knows nothing of graphs; the CUDA
+// backend (core/backend/cuda) binds ops to these kernels.
+package cuda
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Device is one GPU with a context, a stream, glmflash's module and a
+// cuBLAS handle. All calls that touch the device run inside Do, which holds
+// the device's lock on a locked OS thread with the context current (a CUDA
+// context is current per OS thread; goroutines migrate).
+type Device struct {
+	drv    *driver
+	blas   *cublasLib
+	idx    int32
+	dev    int32
+	ctx    uintptr
+	stream uintptr
+	mod    uintptr
+	funcs  map[string]uintptr
+	blasH  uintptr
+	ltH    uintptr
+
+	Name        string
+	CC          [2]int // compute capability
+	SMs         int
+	TotalMemory int64
+	Emulated    bool
+
+	mu       sync.Mutex
+	closed   bool
+	launches atomic.Int64
+	syncs    atomic.Int64
+	live     atomic.Int64 // bytes allocated through Alloc
+}
+
+// Open initialises GPU index idx: it fails at once, naming what is missing
+// (driver, GPU, cuBLAS), when the machine cannot run CUDA.
+func Open(idx int) (*Device, error) {
+	drv, err := loadDriver()
+	if err != nil {
+		return nil, err
+	}
+	if err := drv.check("cuInit", drv.cuInit(0)); err != nil {
+		return nil, fmt.Errorf("no usable GPU: %w", err)
+	}
+	var n int32
+	if err := drv.check("cuDeviceGetCount", drv.cuDeviceGetCount(&n)); err != nil {
+		return nil, fmt.Errorf("no usable GPU: %w", err)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("no GPU: the NVIDIA driver sees no device")
+	}
+	if idx < 0 || int32(idx) >= n {
+		return nil, fmt.Errorf("no GPU %d: the driver sees %d device(s)", idx, n)
+	}
+	blas, err := loadCublas()
+	if err != nil {
+		return nil, err
+	}
+	d := &Device{drv: drv, blas: blas, idx: int32(idx), funcs: map[string]uintptr{}, Emulated: drv.emulated}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := d.init(); err != nil {
+		d.release()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Device) init() error {
+	drv := d.drv
+	if err := drv.check("cuDeviceGet", drv.cuDeviceGet(&d.dev, d.idx)); err != nil {
+		return err
+	}
+	name := make([]byte, 256)
+	if err := drv.check("cuDeviceGetName", drv.cuDeviceGetName(&name[0], int32(len(name)), d.dev)); err != nil {
+		return err
+	}
+	d.Name = cString(&name[0])
+	var major, minor, sms int32
+	drv.cuDeviceGetAttribute(&major, 75, d.dev)
+	drv.cuDeviceGetAttribute(&minor, 76, d.dev)
+	drv.cuDeviceGetAttribute(&sms, 16, d.dev)
+	d.CC, d.SMs = [2]int{int(major), int(minor)}, int(sms)
+	var total uint64
+	if err := drv.check("cuDeviceTotalMem", drv.cuDeviceTotalMem(&total, d.dev)); err != nil {
+		return err
+	}
+	d.TotalMemory = int64(total)
+	if err := drv.check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(&d.ctx, d.dev)); err != nil {
+		return err
+	}
+	if err := drv.check("cuCtxSetCurrent", drv.cuCtxSetCurrent(d.ctx)); err != nil {
+		return err
+	}
+	if err := drv.check("cuStreamCreate", drv.cuStreamCreate(&d.stream, 0)); err != nil {
+		return err
+	}
+	if err := d.loadModule(); err != nil {
+		return err
+	}
+	if r := d.blas.create(&d.blasH); r != 0 {
+		return fmt.Errorf("cuda: cublasCreate failed with status %d", r)
+	}
+	if r := d.blas.setStream(d.blasH, d.stream); r != 0 {
+		return fmt.Errorf("cuda: cublasSetStream failed with status %d", r)
+	}
+	// CUBLAS_PEDANTIC_MATH: fp32 GEMMs in fp32, never TF32.
+	if r := d.blas.setMath(d.blasH, 2); r != 0 {
+		return fmt.Errorf("cuda: cublasSetMathMode failed with status %d", r)
+	}
+	if r := d.blas.ltCreate(&d.ltH); r != 0 {
+		return fmt.Errorf("cuda: cublasLtCreate failed with status %d", r)
+	}
+	return nil
+}
+
+func (d *Device) loadModule() error {
+	ptx, err := PTXFor(d.CC[0], d.CC[1])
+	if err != nil {
+		return err
+	}
+	img := append([]byte(ptx), 0)
+	if err := d.drv.check("cuModuleLoadData", d.drv.cuModuleLoadData(&d.mod, &img[0])); err != nil {
+		return fmt.Errorf("loading glmflash's PTX on %s (compute %d.%d): %w", d.Name, d.CC[0], d.CC[1], err)
+	}
+	runtime.KeepAlive(img)
+	for _, k := range KernelNames() {
+		name := append([]byte(k), 0)
+		var f uintptr
+		if err := d.drv.check("cuModuleGetFunction("+k+")", d.drv.cuModuleGetFunction(&f, d.mod, &name[0])); err != nil {
+			return err
+		}
+		d.funcs[k] = f
+	}
+	return nil
+}
+
+// release frees what init made (called with the context current).
+func (d *Device) release() {
+	if d.ltH != 0 {
+		d.blas.ltDestroy(d.ltH)
+	}
+	if d.blasH != 0 {
+		d.blas.destroy(d.blasH)
+	}
+	if d.mod != 0 {
+		d.drv.cuModuleUnload(d.mod)
+	}
+	if d.stream != 0 {
+		d.drv.cuStreamDestroy(d.stream)
+	}
+	if d.ctx != 0 {
+		d.drv.cuDevicePrimaryCtxRelease(d.dev)
+	}
+}
+
+// Close releases the context; memory allocated through the device must be
+// freed first (Live reports what is left).
+func (d *Device) Close() error {
+	return d.do(func() error {
+		if d.closed {
+			return nil
+		}
+		d.release()
+		d.closed = true
+		return nil
+	}, true)
+}
+
+// Do runs fn with the device locked and its context current on this OS
+// thread. Device methods other than Do, Close and the counters must be
+// called inside fn.
+func (d *Device) Do(fn func() error) error { return d.do(fn, false) }
+
+func (d *Device) do(fn func() error, closing bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		if closing {
+			return nil
+		}
+		return fmt.Errorf("cuda: device %s is closed", d.Name)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := d.drv.check("cuCtxSetCurrent", d.drv.cuCtxSetCurrent(d.ctx)); err != nil {
+		return err
+	}
+	return fn()
+}
+
+// Launches is the number of kernel launches so far; Syncs the number of
+// times the host waited for the device.
+func (d *Device) Launches() int64 { return d.launches.Load() }
+
+// Syncs counts host waits for the device.
+func (d *Device) Syncs() int64 { return d.syncs.Load() }
+
+// Live is the device memory currently allocated through Alloc.
+func (d *Device) Live() int64 { return d.live.Load() }
+
+// MemInfo returns the device's free and total memory.
+func (d *Device) MemInfo() (free, total int64, err error) {
+	var f, t uint64
+	err = d.drv.check("cuMemGetInfo", d.drv.cuMemGetInfo(&f, &t))
+	return int64(f), int64(t), err
+}
+
+// Alloc allocates n bytes of device memory (at least 1).
+func (d *Device) Alloc(n int64) (DevicePtr, error) {
+	if n < 1 {
+		n = 1
+	}
+	var p uint64
+	if err := d.drv.check(fmt.Sprintf("cuMemAlloc(%d bytes)", n), d.drv.cuMemAlloc(&p, uint64(n))); err != nil {
+		return 0, err
+	}
+	d.live.Add(n)
+	return DevicePtr(p), nil
+}
+
+// Free releases memory from Alloc (n: its size, for the accounting).
+func (d *Device) Free(p DevicePtr, n int64) error {
+	if p == 0 {
+		return nil
+	}
+	if n < 1 {
+		n = 1
+	}
+	d.live.Add(-n)
+	return d.drv.check("cuMemFree", d.drv.cuMemFree(uint64(p)))
+}
+
+// Upload copies n bytes from host memory at src to dst (stream-ordered;
+// src may be reused when it returns).
+func (d *Device) Upload(dst DevicePtr, src unsafe.Pointer, n int64) error {
+	if n == 0 {
+		return nil
+	}
+	err := d.drv.check("cuMemcpyHtoDAsync", d.drv.cuMemcpyHtoDAsync(uint64(dst), src, uint64(n), d.stream))
+	return err
+}
+
+// Download waits for the stream and copies n bytes from src to host dst.
+func (d *Device) Download(dst unsafe.Pointer, src DevicePtr, n int64) error {
+	if err := d.Sync(); err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	return d.drv.check("cuMemcpyDtoHAsync", d.drv.cuMemcpyDtoHAsync(dst, uint64(src), uint64(n), d.stream))
+}
+
+// Copy copies n bytes between device buffers (stream-ordered).
+func (d *Device) Copy(dst, src DevicePtr, n int64) error {
+	if n == 0 {
+		return nil
+	}
+	return d.drv.check("cuMemcpyDtoDAsync", d.drv.cuMemcpyDtoDAsync(uint64(dst), uint64(src), uint64(n), d.stream))
+}
+
+// Zero sets n 32-bit words at p to zero (stream-ordered).
+func (d *Device) Zero(p DevicePtr, words int64) error {
+	if words == 0 {
+		return nil
+	}
+	return d.drv.check("cuMemsetD32Async", d.drv.cuMemsetD32Async(uint64(p), 0, uint64(words), d.stream))
+}
+
+// Sync waits until the stream's work is done (one host sync).
+func (d *Device) Sync() error {
+	d.syncs.Add(1)
+	return d.drv.check("cuStreamSynchronize", d.drv.cuStreamSynchronize(d.stream))
+}
+
+// Dim3 is a launch dimension.
+type Dim3 struct{ X, Y, Z uint32 }
+
+// launch starts kernel name with the argument struct at args.
+func (d *Device) launch(name string, grid, block Dim3, smem int, args unsafe.Pointer) error {
+	f, ok := d.funcs[name]
+	if !ok {
+		return fmt.Errorf("cuda: no kernel %s in the module", name)
+	}
+	if grid.Y == 0 {
+		grid.Y = 1
+	}
+	if grid.Z == 0 {
+		grid.Z = 1
+	}
+	if block.Y == 0 {
+		block.Y = 1
+	}
+	if block.Z == 0 {
+		block.Z = 1
+	}
+	if grid.X == 0 {
+		return nil // nothing to do
+	}
+	params := [1]unsafe.Pointer{args}
+	r := d.drv.cuLaunchKernel(f, grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z, uint32(smem), d.stream, unsafe.Pointer(&params[0]), nil)
+	runtime.KeepAlive(args)
+	d.launches.Add(1)
+	return d.drv.check("cuLaunchKernel("+name+")", r)
+}
+
+// Launch starts kernel name with args (a pointer to one of the generated
+// argument structs).
+func Launch[T any](d *Device, name string, grid, block Dim3, smem int, args *T) error {
+	return d.launch(name, grid, block, smem, unsafe.Pointer(args))
+}
+
+// Sgemm runs cuBLAS's fp32 GEMM (pedantic math: no TF32) on row-major
+// matrices: C[M][N] = A[M][K]·W[N][K]ᵀ, with leading dimensions lda, ldc.
+func (d *Device) Sgemm(M, N, K int, A DevicePtr, lda int, W DevicePtr, C DevicePtr, ldc int) error {
+	one, zero := float32(1), float32(0)
+	// column-major view: Cᵀ[N][M] = W[N][K] · Aᵀ
+	r := d.blas.sgemm(d.blasH, 1, 0, int32(N), int32(M), int32(K), &one, uint64(W), int32(K), uint64(A), int32(lda), &zero, uint64(C), int32(ldc))
+	if r != 0 {
+		return fmt.Errorf("cuda: cublasSgemm(%d×%d×%d) failed with status %d", M, N, K, r)
+	}
+	return nil
+}
+
+// BlasVersion describes the loaded cuBLAS.
+func (d *Device) BlasVersion() string {
+	return fmt.Sprintf("%s, cuBLASLt %d", d.blas.cublasName, d.blas.ltVersion())
+}
+
+// Event is a device timestamp.
+type Event uintptr
+
+// Record records an event on the stream.
+func (d *Device) Record() (Event, error) {
+	var e uintptr
+	if err := d.drv.check("cuEventCreate", d.drv.cuEventCreate(&e, 0)); err != nil {
+		return 0, err
+	}
+	return Event(e), d.drv.check("cuEventRecord", d.drv.cuEventRecord(e, d.stream))
+}
+
+// Elapsed waits for b and returns the milliseconds from a to b, then
+// destroys both events.
+func (d *Device) Elapsed(a, b Event) (float64, error) {
+	defer d.drv.cuEventDestroy(uintptr(a))
+	defer d.drv.cuEventDestroy(uintptr(b))
+	if err := d.drv.check("cuEventSynchronize", d.drv.cuEventSynchronize(uintptr(b))); err != nil {
+		return 0, err
+	}
+	var ms float32
+	err := d.drv.check("cuEventElapsedTime", d.drv.cuEventElapsedTime(&ms, uintptr(a), uintptr(b)))
+	return float64(ms), err
+}

@@ -1,0 +1,314 @@
+// emu.cpp: a CPU stand-in for the parts of the CUDA driver, cuBLAS and
+// cuBLASLt that glmflash calls, built as one shared library
+// (bin/libglmflash-cudaemu.so, `make cudaemu`). The CUDA backend loads it
+// instead of libcuda/libcublas when GLMFLASH_CUDA_EMULATOR names it, so
+// its tests run on machines without a GPU. Kernels come from the real
+// sources (../src/all.cu) compiled as C++ against emu.h; the PTX handed to
+// cuModuleLoadData is ignored.
+#define GLMF_EMU 1
+#include "emu.h"
+
+#include <ucontext.h>
+#include <sys/mman.h>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace emu {
+
+struct Fiber {
+  ucontext_t ctx;
+  emu_dim3 tid;
+  int lin;
+  bool done;
+  char* stack;
+};
+
+Fiber* cur;
+emu_dim3 block_idx, block_dim, grid_dim;
+static ucontext_t sched_ctx;
+static std::vector<Fiber> fibers;
+static int alive, arrived;
+static unsigned gen;
+static int warp_alive[32], warp_arrived[32];
+static unsigned warp_gen[32];
+static unsigned char xbuf[1024][8];
+static std::vector<unsigned char> dsmem;
+static Trampoline cur_fn;
+static void** cur_params;
+static const size_t kStack = 256 << 10;
+static long long spins;
+
+const emu_dim3& thread_idx() { return cur->tid; }
+void* dyn_smem() { return dsmem.data(); }
+
+static void yield() { swapcontext(&cur->ctx, &sched_ctx); }
+
+static void stuck() {
+  fprintf(stderr, "cuda emulator: threads of a block wait at barriers that can never release (divergent __syncthreads or shuffle)\n");
+  abort();
+}
+
+void sync() {
+  unsigned g = gen;
+  if (++arrived == alive) {
+    arrived = 0;
+    gen++;
+    return;
+  }
+  while (gen == g) {
+    if (++spins > 2000000000LL) stuck();
+    yield();
+  }
+}
+
+static void warp_sync() {
+  int w = cur->lin / 32;
+  unsigned g = warp_gen[w];
+  if (++warp_arrived[w] == warp_alive[w]) {
+    warp_arrived[w] = 0;
+    warp_gen[w]++;
+    return;
+  }
+  while (warp_gen[w] == g) {
+    if (++spins > 2000000000LL) stuck();
+    yield();
+  }
+}
+
+// src_lane ≥ 0: read that lane; src_lane < 0: xor with (−src_lane − 1).
+void warp_exchange(const void* in, void* out, int size, int src_lane) {
+  memcpy(xbuf[cur->lin], in, size);
+  warp_sync();
+  int lane = cur->lin % 32;
+  int src = src_lane >= 0 ? src_lane : (lane ^ (-src_lane - 1));
+  memcpy(out, xbuf[(cur->lin / 32) * 32 + src], size);
+  warp_sync();
+}
+
+static void entry() {
+  cur_fn(cur_params);
+  cur->done = true;
+  swapcontext(&cur->ctx, &sched_ctx);
+}
+
+static std::map<std::string, Trampoline>& registry() {
+  static std::map<std::string, Trampoline> r;
+  return r;
+}
+Reg::Reg(const char* name, Trampoline t) { registry()[name] = t; }
+
+static void run_block(int nthreads) {
+  alive = nthreads;
+  arrived = 0;
+  for (int w = 0; w < 32; w++) warp_alive[w] = warp_arrived[w] = 0;
+  for (int i = 0; i < nthreads; i++) {
+    Fiber& f = fibers[i];
+    f.lin = i;
+    f.tid.x = i % block_dim.x;
+    f.tid.y = (i / block_dim.x) % block_dim.y;
+    f.tid.z = i / (block_dim.x * block_dim.y);
+    f.done = false;
+    warp_alive[i / 32]++;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, entry, 0);
+  }
+  spins = 0;
+  int left = nthreads;
+  while (left > 0) {
+    for (int i = 0; i < nthreads; i++) {
+      Fiber& f = fibers[i];
+      if (f.done) continue;
+      cur = &f;
+      swapcontext(&sched_ctx, &f.ctx);
+      if (f.done) {
+        left--;
+        alive--;
+        int w = f.lin / 32;
+        warp_alive[w]--;
+        if (arrived > 0 && arrived >= alive) {
+          arrived = 0;
+          gen++;
+        }
+        if (warp_arrived[w] > 0 && warp_arrived[w] >= warp_alive[w]) {
+          warp_arrived[w] = 0;
+          warp_gen[w]++;
+        }
+      }
+    }
+  }
+}
+
+static std::mutex launch_mu;
+
+int launch(Trampoline fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem, void** params) {
+  std::lock_guard<std::mutex> lk(launch_mu);
+  int n = bx * by * bz;
+  if (n < 1 || n > 1024) return 1;
+  if ((int)fibers.size() < n) {
+    size_t old = fibers.size();
+    fibers.resize(n);
+    for (size_t i = old; i < fibers.size(); i++) {
+      void* p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) return 2;
+      fibers[i].stack = (char*)p;
+    }
+  }
+  dsmem.assign(smem + 16, 0xA5);  // dynamic shared memory starts as garbage
+  block_dim = {bx, by, bz};
+  grid_dim = {gx, gy, gz};
+  cur_fn = fn;
+  cur_params = params;
+  for (unsigned z = 0; z < gz; z++)
+    for (unsigned y = 0; y < gy; y++)
+      for (unsigned x = 0; x < gx; x++) {
+        block_idx = {x, y, z};
+        run_block(n);
+      }
+  return 0;
+}
+
+Trampoline find(const char* name) {
+  auto it = registry().find(name);
+  return it == registry().end() ? nullptr : it->second;
+}
+
+}  // namespace emu
+
+#include "../src/all.cu"
+
+// ---- the driver API subset ---------------------------------------------------
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+struct CUfunc_st {
+  emu::Trampoline fn;
+};
+typedef CUfunc_st* CUfunction;
+
+extern "C" {
+static std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+static unsigned long long allocated;
+static std::map<unsigned long long, size_t> sizes;
+static std::mutex mem_mu;
+
+CUresult cuInit(unsigned) { return 0; }
+CUresult cuDriverGetVersion(int* v) { *v = 13000; return 0; }
+CUresult cuDeviceGetCount(int* n) { *n = 1; return 0; }
+CUresult cuDeviceGet(CUdevice* d, int i) { if (i != 0) return 101; *d = 0; return 0; }
+CUresult cuDeviceGetName(char* name, int len, CUdevice) { snprintf(name, len, "glmflash CUDA emulator (CPU)"); return 0; }
+CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice) {
+  switch (attr) {
+  case 75: *v = 9; break;   // compute capability major
+  case 76: *v = 0; break;   // minor
+  case 16: *v = 4; break;   // multiprocessors
+  case 1: *v = 1024; break; // max threads per block
+  default: *v = 0;
+  }
+  return 0;
+}
+CUresult cuDeviceTotalMem_v2(size_t* b, CUdevice) { *b = (size_t)8 << 30; return 0; }
+CUresult cuDevicePrimaryCtxRetain(void** ctx, CUdevice) { *ctx = (void*)0x1; return 0; }
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice) { return 0; }
+CUresult cuCtxSetCurrent(void*) { return 0; }
+CUresult cuCtxSynchronize() { return 0; }
+CUresult cuModuleLoadData(void** m, const void*) { *m = (void*)0x2; return 0; }
+CUresult cuModuleLoadDataEx(void** m, const void*, unsigned, void*, void*) { *m = (void*)0x2; return 0; }
+CUresult cuModuleUnload(void*) { return 0; }
+CUresult cuModuleGetFunction(CUfunction* f, void*, const char* name) {
+  emu::Trampoline t = emu::find(name);
+  if (!t) return 500;  // CUDA_ERROR_NOT_FOUND
+  *f = new CUfunc_st{t};
+  return 0;
+}
+CUresult cuFuncSetAttribute(CUfunction, int, int) { return 0; }
+CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
+  void* m = nullptr;
+  if (posix_memalign(&m, 256, n ? n : 1)) return 2;
+  memset(m, 0xCD, n);  // device memory starts as garbage
+  std::lock_guard<std::mutex> lk(mem_mu);
+  allocated += n;
+  sizes[(unsigned long long)m] = n;
+  *p = (CUdeviceptr)m;
+  return 0;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+  std::lock_guard<std::mutex> lk(mem_mu);
+  auto it = sizes.find(p);
+  if (it == sizes.end()) return 1;
+  allocated -= it->second;
+  sizes.erase(it);
+  free((void*)p);
+  return 0;
+}
+CUresult cuMemGetInfo_v2(size_t* freeb, size_t* total) {
+  *total = (size_t)8 << 30;
+  *freeb = *total - allocated;
+  return 0;
+}
+CUresult cuMemAllocHost_v2(void** p, size_t n) { *p = malloc(n ? n : 1); return *p ? 0 : 2; }
+CUresult cuMemFreeHost(void* p) { free(p); return 0; }
+CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* s, size_t n) { memcpy((void*)d, s, n); return 0; }
+CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) { memcpy(d, (void*)s, n); return 0; }
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, void*) { memcpy((void*)d, s, n); return 0; }
+CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, void*) { memcpy(d, (void*)s, n); return 0; }
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void*) { memmove((void*)d, (void*)s, n); return 0; }
+CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, void*) {
+  unsigned* p = (unsigned*)d;
+  for (size_t i = 0; i < n; i++) p[i] = v;
+  return 0;
+}
+CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void*) { memset((void*)d, v, n); return 0; }
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned smem, void*, void** params, void**) {
+  if (gx == 0 || gy == 0 || gz == 0) return 1;  // CUDA_ERROR_INVALID_VALUE
+  return emu::launch(f->fn, gx, gy, gz, bx, by, bz, smem, params) ? 1 : 0;
+}
+CUresult cuStreamCreate(void** s, unsigned) { *s = (void*)0x3; return 0; }
+CUresult cuStreamDestroy_v2(void*) { return 0; }
+CUresult cuStreamSynchronize(void*) { return 0; }
+struct Ev { double ms; };
+CUresult cuEventCreate(void** e, unsigned) { *e = new Ev{0}; return 0; }
+CUresult cuEventDestroy_v2(void* e) { delete (Ev*)e; return 0; }
+CUresult cuEventRecord(void* e, void*) {
+  ((Ev*)e)->ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return 0;
+}
+CUresult cuEventSynchronize(void*) { return 0; }
+CUresult cuEventElapsedTime(float* ms, void* a, void* b) { *ms = (float)(((Ev*)b)->ms - ((Ev*)a)->ms); return 0; }
+CUresult cuGetErrorString(CUresult, const char** s) { *s = "emulated CUDA error"; return 0; }
+CUresult cuGetErrorName(CUresult, const char** s) { *s = "CUDA_ERROR_EMULATED"; return 0; }
+
+// ---- cuBLAS / cuBLASLt subset -------------------------------------------------
+int cublasCreate_v2(void** h) { *h = (void*)0x4; return 0; }
+int cublasDestroy_v2(void*) { return 0; }
+int cublasSetStream_v2(void*, void*) { return 0; }
+int cublasSetMathMode(void*, int) { return 0; }
+int cublasGetVersion_v2(void*, int* v) { *v = 130000; return 0; }
+// Column-major C = op(A)·op(B); op 0 = N, 1 = T.
+int cublasSgemm_v2(void*, int ta, int tb, int m, int n, int k, const float* alpha, const float* A, int lda,
+                   const float* B, int ldb, const float* beta, float* C, int ldc) {
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < m; i++) {
+      float s = 0;
+      for (int l = 0; l < k; l++) {
+        float a = ta ? A[l + (size_t)i * lda] : A[i + (size_t)l * lda];
+        float b = tb ? B[j + (size_t)l * ldb] : B[l + (size_t)j * ldb];
+        s += a * b;
+      }
+      float& c = C[i + (size_t)j * ldc];
+      c = *alpha * s + (*beta == 0 ? 0 : *beta * c);
+    }
+  return 0;
+}
+int cublasLtCreate(void** h) { *h = (void*)0x5; return 0; }
+int cublasLtDestroy(void*) { return 0; }
+size_t cublasLtGetVersion() { return 130000; }
+}

@@ -1,0 +1,68 @@
+package cuda_test
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	kc "github.com/glmflash/glmflash/kernels/cuda"
+	"github.com/glmflash/glmflash/kernels/moe"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMoERouteMatchesCPU(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, c := range []struct{ T, E, K, G, TG int }{{1, 8, 2, 1, 1}, {37, 8, 2, 1, 1}, {70, 288, 8, 1, 1}, {33, 64, 6, 8, 3}} {
+		logits, bias := randn(r, c.T*c.E, 2), randn(r, c.E, 0.1)
+		rt := &moe.Router{Experts: c.E, TopK: c.K, Groups: c.G, TopKGroup: c.TG, Normalize: true, Scaling: 2.5, Bias: bias}
+		wantIdx, wantW := make([]int32, c.T*c.K), make([]float32, c.T*c.K)
+		rt.Route(wantIdx, wantW, logits, c.T)
+		L, B := upload(t, d, logits), upload(t, d, bias)
+		I, W := poisoned[int32](t, d, c.T*c.K), poisoned[float32](t, d, c.T*c.K)
+		a := kc.RouteArgs{Logits: L.p, Bias: B.p, Idx: I.p, W: W.p, T: int64(c.T), E: int64(c.E), K: int64(c.K), G: int64(c.G), TG: int64(c.TG), Normalize: 1, Scaling: 2.5}
+		launch(t, d, "glmf_moe_route", kc.Dim3{X: uint32((c.T + 63) / 64)}, kc.Dim3{X: 64}, 0, &a)
+		require.Equal(t, wantIdx, download[int32](t, I), "%+v", c)
+		require.Less(t, maxRelErr(t, download[float32](t, W), wantW), 1e-6, "%+v", c)
+	}
+}
+
+func TestMoEExpertsMatchCPU(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, c := range []struct{ T, E, K, D, I int }{{1, 8, 2, 64, 32}, {130, 8, 2, 64, 32}, {67, 5, 3, 40, 72}, {300, 4, 2, 33, 17}} {
+		x := randn(r, c.T*c.D, 1)
+		gb, gf := toBF16(randn(r, c.E*c.I*c.D, 0.2))
+		ub, uf := toBF16(randn(r, c.E*c.I*c.D, 0.2))
+		db, df := toBF16(randn(r, c.E*c.D*c.I, 0.2))
+		logits := randn(r, c.T*c.E, 1)
+		idx, w := make([]int32, c.T*c.K), make([]float32, c.T*c.K)
+		(&moe.Router{Experts: c.E, TopK: c.K, Groups: 1, TopKGroup: 1, Normalize: true, Scaling: 1, Bias: make([]float32, c.E)}).Route(idx, w, logits, c.T)
+		ex := &moe.Experts{N: c.E, D: c.D, I: c.I, Limit: 1.5}
+		for e := 0; e < c.E; e++ {
+			ex.Gate = append(ex.Gate, gf[e*c.I*c.D:(e+1)*c.I*c.D])
+			ex.Up = append(ex.Up, uf[e*c.I*c.D:(e+1)*c.I*c.D])
+			ex.Down = append(ex.Down, df[e*c.D*c.I:(e+1)*c.D*c.I])
+		}
+		want := make([]float32, c.T*c.D)
+		ex.Forward(want, x, idx, w, c.T, c.K)
+
+		TK := c.T * c.K
+		maxTiles := (TK+63)/64 + min(c.E, TK)
+		X, G, U, Dn := upload(t, d, x), upload(t, d, gb), upload(t, d, ub), upload(t, d, db)
+		Idx, Wt := upload(t, d, idx), upload(t, d, w)
+		perm, tiles := poisoned[int32](t, d, TK), poisoned[int32](t, d, 1+3*maxTiles)
+		act, contrib, y := poisoned[float32](t, d, TK*c.I), poisoned[float32](t, d, TK*c.D), poisoned[float32](t, d, c.T*c.D)
+		pa := kc.PlanArgs{Idx: Idx.p, TK: int64(TK), E: int64(c.E), Bm: 64, Perm: perm.p, Tiles: tiles.p}
+		launch(t, d, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
+		gu := kc.GemmArgs{A: X.p, Lda: int64(c.D), W: G.p, WBf16: 1, WGoff: int64(c.I * c.D), W2: U.p, M: int64(TK), N: int64(c.I), K: int64(c.D),
+			Nout: 1, Tiles: tiles.p, Perm: perm.p, ADiv: int64(c.K), Limit: 1.5}
+		gu.Out[0], gu.Ow[0] = act.p, int64(c.I)
+		launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((c.I + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}, 0, &gu)
+		dn := kc.GemmArgs{A: act.p, Lda: int64(c.I), W: Dn.p, WBf16: 1, WGoff: int64(c.D * c.I), M: int64(TK), N: int64(c.D), K: int64(c.I),
+			Nout: 1, Tiles: tiles.p, Perm: perm.p, RowScale: Wt.p, Scatter: contrib.p}
+		launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((c.D + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}, 0, &dn)
+		ca := kc.CombineArgs{Contrib: contrib.p, Y: y.p, T: int64(c.T), K: int64(c.K), D: int64(c.D)}
+		launch(t, d, "glmf_moe_combine", kc.Dim3{X: uint32((c.T*c.D + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
+		require.Less(t, maxRelErr(t, download[float32](t, y), want), 1e-5, "%+v", c)
+	}
+}

@@ -1,0 +1,208 @@
+// Common definitions for glmflash's CUDA kernels.
+//
+// Conventions (kernels/cuda/README.md has more):
+//  - every kernel takes exactly one argument, a struct passed by value whose
+//    fields are all 8 bytes wide (pointers, long long, double), so that the
+//    Go mirror in kernels/cuda has the same layout with no padding rules;
+//  - activations are fp32; weights are bf16 or fp32, chosen per weight by a
+//    `*_bf16` flag, read through ldw();
+//  - where the CPU kernels evaluate exp/log/sqrt in double, these do too, so
+//    both backends round the same way;
+//  - reductions use fixed trees (no float atomics), so results do not
+//    depend on scheduling.
+//
+// With GLMF_EMU defined the sources compile as plain C++ against emu.h, a
+// CPU emulation of the CUDA execution model used to test the backend on
+// machines without a GPU; nothing here may depend on which one is used.
+#pragma once
+
+#ifdef GLMF_EMU
+#include "../emu/emu.h"
+#define KERNEL(name, T)                                                        \
+  static void name##_impl(const T a);                                          \
+  static emu::Reg name##_reg(#name, [](void** p) { name##_impl(*(const T*)p[0]); }); \
+  static void name##_impl(const T a)
+#define DYN_SMEM(type, name) type* name = (type*)emu::dyn_smem()
+#define DEVFN static inline
+#else
+#define KERNEL(name, T) extern "C" __global__ void name(const T a)
+#define DYN_SMEM(type, name)                                                   \
+  extern __shared__ __align__(16) unsigned char glmf_dyn_smem[];               \
+  type* name = (type*)glmf_dyn_smem
+#define DEVFN static __device__ __forceinline__
+#endif
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+// bf16 bits → float.
+DEVFN float bf16f(unsigned short b) { return __uint_as_float(((unsigned)b) << 16); }
+
+// ldw reads element i of a weight stored as bf16 (isbf16 != 0) or fp32.
+DEVFN float ldw(const void* w, i64 i, i64 isbf16) {
+  return isbf16 ? bf16f(((const unsigned short*)w)[i]) : ((const float*)w)[i];
+}
+
+// The CPU's float32(1/(1+exp(-x))) with exp in double.
+DEVFN float sigmoidf_d(float x) { return (float)(1.0 / (1.0 + exp((double)(-x)))); }
+DEVFN float siluf_d(float x) { return x * sigmoidf_d(x); }
+
+// Order-preserving map of a float to uint32 (larger float → larger key).
+DEVFN unsigned ordf(float f) {
+  unsigned u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Composite key that sorts by value descending, then index ascending, as
+// the CPU's stable sorts do: ascending keys = the CPU's order.
+DEVFN u64 desc_key(float v, unsigned i) { return ((u64)(~ordf(v)) << 32) | (u64)i; }
+
+// Block-wide sum of one float per thread; blockDim.x must be a power of two
+// ≤ 1024. Every thread gets the result. Fixed tree: deterministic.
+DEVFN float block_sum(float v) {
+  __shared__ float red_f[1024];
+  int t = threadIdx.x;
+  red_f[t] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (t < s) red_f[t] += red_f[t + s];
+    __syncthreads();
+  }
+  float r = red_f[0];
+  __syncthreads();
+  return r;
+}
+
+DEVFN double block_sum_d(double v) {
+  __shared__ double red_d[1024];
+  int t = threadIdx.x;
+  red_d[t] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (t < s) red_d[t] += red_d[t + s];
+    __syncthreads();
+  }
+  double r = red_d[0];
+  __syncthreads();
+  return r;
+}
+
+DEVFN float block_max(float v) {
+  __shared__ float red_m[1024];
+  int t = threadIdx.x;
+  red_m[t] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (t < s) red_m[t] = fmaxf(red_m[t], red_m[t + s]);
+    __syncthreads();
+  }
+  float r = red_m[0];
+  __syncthreads();
+  return r;
+}
+
+DEVFN u64 block_min_u64(u64 v) {
+  __shared__ u64 red_u[1024];
+  int t = threadIdx.x;
+  red_u[t] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (t < s && red_u[t + s] < red_u[t]) red_u[t] = red_u[t + s];
+    __syncthreads();
+  }
+  u64 r = red_u[0];
+  __syncthreads();
+  return r;
+}
+
+// Sum over a warp (all 32 lanes active), fixed butterfly.
+DEVFN float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Exclusive prefix sum of one int per thread over the block (power-of-two
+// blockDim ≤ 1024); *total receives the sum.
+DEVFN int block_exscan(int v, int* total) {
+  __shared__ int scan_s[1024];
+  int t = threadIdx.x;
+  scan_s[t] = v;
+  __syncthreads();
+  for (int o = 1; o < (int)blockDim.x; o <<= 1) {
+    int add = t >= o ? scan_s[t - o] : 0;
+    __syncthreads();
+    scan_s[t] += add;
+    __syncthreads();
+  }
+  int incl = scan_s[t];
+  *total = scan_s[blockDim.x - 1];
+  __syncthreads();
+  return incl - v;
+}
+
+// rmsnorm_row: y = w ⊙ x / sqrt(mean(x²)+eps) for one row, by the whole
+// block (the CPU's order of float32 operations, with the square root in
+// double). x and y may alias.
+DEVFN void rmsnorm_row(float* y, const float* x, i64 D, const void* w, i64 w_bf16, float eps) {
+  float s = 0;
+  for (i64 i = threadIdx.x; i < D; i += blockDim.x) s += x[i] * x[i];
+  s = block_sum(s);
+  float r = (float)(1.0 / sqrt((double)(s / (float)D + eps)));
+  for (i64 i = threadIdx.x; i < D; i += blockDim.x) y[i] = ldw(w, i, w_bf16) * (x[i] * r);
+  __syncthreads();
+}
+
+// radix_select finds, among the elements e(i) reports (key, weight > 0),
+// the smallest key K whose cumulative weight in key order reaches target
+// (≥ 1); when the total is below target it returns the largest key. ~0 when
+// no element. Block-wide; 8 passes of 8-bit digits.
+template <class Elem>
+DEVFN u64 radix_select(i64 n, u64 target, Elem e) {
+  __shared__ u64 hist[256];
+  __shared__ u64 prefix_s, tgt_s;
+  u64 prefix = 0, mask = 0;
+  if (threadIdx.x == 0) tgt_s = target;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) {
+      u64 key, w;
+      if (!e(i, &key, &w) || w == 0) continue;
+      if ((key & mask) != prefix) continue;
+      atomicAdd(&hist[(key >> shift) & 255], w);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      u64 t = tgt_s;
+      int pick = -1, last = -1;
+      for (int b = 0; b < 256; b++) {
+        if (hist[b] == 0) continue;
+        last = b;
+        if (t <= hist[b]) { pick = b; break; }
+        t -= hist[b];
+      }
+      if (pick < 0 && last >= 0) { pick = last; t = hist[last]; }
+      if (pick < 0) { prefix_s = ~0ull; tgt_s = 0; }
+      else { prefix_s = prefix | ((u64)pick << shift); tgt_s = t; }
+    }
+    __syncthreads();
+    prefix = prefix_s;
+    if (prefix == ~0ull) return prefix;
+    mask |= (u64)255 << shift;
+    __syncthreads();
+  }
+  return prefix;
+}
+
+// The per-step batch metadata every kernel that needs sequence structure
+// reads (uploaded once per step by the backend).
+struct BatchMeta {
+  const int* seq_slot;  // [S] cache slot of each sequence
+  const int* seq_pos0;  // [S] tokens cached before this step
+  const int* seq_n;     // [S] new tokens
+  const int* seq_row0;  // [S] first row
+  const int* row_seq;   // [T] sequence of each row
+  const int* row_pos;   // [T] absolute position of each row
+  const int* last_row;  // [S] last row of each sequence
+  i64 S, T;
+};

@@ -1,0 +1,183 @@
+// GEMMs y = x·Wᵀ with fp32 activations and bf16 or fp32 weights, fp32
+// accumulation: a 64×64 tiled kernel for many rows and a warp-per-column
+// GEMV for few. Both write split outputs (linear_split: column ranges to
+// separate tensors) and batched groups (linear_batched: grid.z selects a
+// group's input columns, weight slice and output). The tiled kernel also
+// runs MoE expert GEMMs over a tile list (rows gathered through a
+// permutation, gate and up fused with the clamped SwiGLU, down scaled by the
+// routing weight and scattered to its slot).
+#include "common.cuh"
+
+struct GemmArgs {
+  const float* A; i64 lda;      // A rows; row r at A + r*lda (+ g*a_goff)
+  i64 a_goff;                   // column offset of group g's input
+  const void* W; i64 w_bf16;    // W [N][K] (+ g*w_goff elements)
+  i64 w_goff;
+  const void* W2;               // second weight (MoE up); dual mode when set
+  i64 M, N, K;
+  i64 nout;                     // outputs: split by column, or per group
+  float* out[8]; i64 ow[8];     // output j: pointer, width (its row stride)
+  i64 batched;                  // 1: output = out[g] (width N), else split
+  // MoE tile mode (tiles != 0): tiles[0] = count, then (expert, p0, rows)
+  const int* tiles;
+  const int* perm;              // perm[p] = routing slot (token*K + k)
+  i64 a_div;                    // >0: A row = perm[p]/a_div; 0: A row = p
+  const float* row_scale;       // down: scale by row_scale[perm[p]]
+  float* scatter;               // down: write row perm[p] of scatter
+  double limit;                 // SwiGLU clamp (dual mode)
+};
+
+DEVFN float* out_ptr(const GemmArgs& a, i64 g, i64 r, i64 c) {
+  if (a.batched) return a.out[g] + r * a.N + c;
+  i64 off = 0;
+  for (i64 j = 0; j < a.nout; j++) {
+    if (c < off + a.ow[j]) return a.out[j] + r * a.ow[j] + (c - off);
+    off += a.ow[j];
+  }
+  return 0;
+}
+
+#define BM 64
+#define BN 64
+#define BK 16
+
+// 256 threads; thread (tx, ty) computes rows ty*4..+3 and columns tx*4..+3
+// of a 64×64 output tile.
+KERNEL(glmf_gemm_tiled, GemmArgs) {
+  __shared__ float As[BK][BM + 4];
+  __shared__ float Ws[BK][BN + 4];
+  __shared__ float W2s[BK][BN + 4];
+  __shared__ int rowA[BM];
+  __shared__ int rowP[BM];
+  int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  i64 g = blockIdx.z;
+  i64 n0 = (i64)blockIdx.x * BN;
+  i64 rows, e = 0;
+  i64 p0 = 0;
+  const float* A = a.A + g * a.a_goff;
+  if (a.tiles) {
+    if ((i64)blockIdx.y >= (i64)a.tiles[0]) return;
+    const int* tl = a.tiles + 1 + 3 * blockIdx.y;
+    e = tl[0];
+    p0 = tl[1];
+    rows = tl[2];
+  } else {
+    p0 = (i64)blockIdx.y * BM;
+    rows = a.M - p0;
+    if (rows > BM) rows = BM;
+    if (rows <= 0) return;
+  }
+  if (tid < BM) {
+    i64 p = p0 + tid;
+    int ra = 0, rp = 0;
+    if (tid < rows) {
+      if (a.tiles) {
+        rp = a.perm[p];
+        ra = a.a_div > 0 ? (int)(rp / a.a_div) : (int)p;
+      } else {
+        ra = (int)p;
+        rp = (int)p;
+      }
+    }
+    rowA[tid] = ra;
+    rowP[tid] = rp;
+  }
+  i64 wg = a.tiles ? e : g;
+  const char* Wb = (const char*)a.W;
+  const char* W2b = (const char*)a.W2;
+  i64 wsz = a.w_bf16 ? 2 : 4;
+  const void* W = Wb + wg * a.w_goff * wsz;
+  const void* W2 = a.W2 ? (const void*)(W2b + wg * a.w_goff * wsz) : 0;
+  __syncthreads();
+  float acc[4][4], acc2[4][4];
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 4; j++) acc[i][j] = 0, acc2[i][j] = 0;
+  for (i64 k0 = 0; k0 < a.K; k0 += BK) {
+    // load A: 64 rows × 16 k, 4 per thread
+    for (int l = 0; l < 4; l++) {
+      int idx = tid + l * 256;
+      int r = idx / BK, kk = idx % BK;
+      float v = 0;
+      if (r < rows && k0 + kk < a.K) v = A[(i64)rowA[r] * a.lda + k0 + kk];
+      As[kk][r] = v;
+    }
+    for (int l = 0; l < 4; l++) {
+      int idx = tid + l * 256;
+      int c = idx / BK, kk = idx % BK;
+      float v = 0, v2 = 0;
+      if (n0 + c < a.N && k0 + kk < a.K) {
+        i64 wi = (n0 + c) * a.K + k0 + kk;
+        v = ldw(W, wi, a.w_bf16);
+        if (W2) v2 = ldw(W2, wi, a.w_bf16);
+      }
+      Ws[kk][c] = v;
+      W2s[kk][c] = v2;
+    }
+    __syncthreads();
+    for (int kk = 0; kk < BK; kk++) {
+      float av[4], wv[4], w2v[4];
+      for (int i = 0; i < 4; i++) av[i] = As[kk][ty * 4 + i];
+      for (int j = 0; j < 4; j++) wv[j] = Ws[kk][tx * 4 + j];
+      if (W2) {
+        for (int j = 0; j < 4; j++) w2v[j] = W2s[kk][tx * 4 + j];
+        for (int i = 0; i < 4; i++)
+          for (int j = 0; j < 4; j++) acc2[i][j] += av[i] * w2v[j];
+      }
+      for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] += av[i] * wv[j];
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < 4; i++) {
+    int r = ty * 4 + i;
+    if (r >= rows) continue;
+    for (int j = 0; j < 4; j++) {
+      i64 c = n0 + tx * 4 + j;
+      if (c >= a.N) continue;
+      float v = acc[i][j];
+      if (W2) {  // MoE gate/up: clamped SwiGLU, written in permuted order
+        float gt = v, u = acc2[i][j];
+        float lim = (float)a.limit;
+        if (a.limit > 0 && !isinf(a.limit)) {
+          if (gt > lim) gt = lim;
+          if (u > lim) u = lim; else if (u < -lim) u = -lim;
+        }
+        a.out[0][(p0 + r) * a.N + c] = siluf_d(gt) * u;
+      } else if (a.scatter) {  // MoE down: weighted, to the routing slot
+        int s = rowP[r];
+        a.scatter[(i64)s * a.N + c] = a.row_scale[s] * v;
+      } else if (a.tiles) {
+        a.out[0][(p0 + r) * a.N + c] = v;
+      } else {
+        float* o = out_ptr(a, g, p0 + r, c);
+        if (o) *o = v;
+      }
+    }
+  }
+}
+
+// GEMV for M ≤ 8 rows: one warp per output column, lanes stride over K.
+// 256 threads = 8 columns per block; grid.y… unused, grid.z = group.
+KERNEL(glmf_gemv, GemmArgs) {
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  i64 g = blockIdx.z;
+  i64 c = (i64)blockIdx.x * 8 + warp;
+  if (c >= a.N) return;
+  const float* A = a.A + g * a.a_goff;
+  i64 wsz = a.w_bf16 ? 2 : 4;
+  const void* W = (const char*)a.W + g * a.w_goff * wsz;
+  float acc[8];
+  for (int m = 0; m < 8; m++) acc[m] = 0;
+  for (i64 k = lane; k < a.K; k += 32) {
+    float w = ldw(W, c * a.K + k, a.w_bf16);
+    for (int m = 0; m < 8; m++)
+      if (m < a.M) acc[m] += A[m * a.lda + k] * w;
+  }
+  for (int m = 0; m < 8; m++) acc[m] = warp_sum(acc[m]);
+  if (lane == 0)
+    for (int m = 0; m < 8; m++)
+      if (m < a.M) {
+        float* o = out_ptr(a, g, m, c);
+        if (o) *o = acc[m];
+      }
+}

@@ -1,0 +1,144 @@
+// mHC (manifold-constrained hyper-connections): pre (mixing logits,
+// Sinkhorn-projected combiner, stream collapse), post (expand), and the
+// fused post + next pre (+ RMSNorm). The fused kernel runs the same device
+// functions as the unfused kernels, so both paths give identical bits.
+#include "common.cuh"
+
+// Largest stream count the kernels hold in shared memory (the backend
+// refuses larger hc_mult).
+#define MHC_MAX_H 16
+#define MHC_MAX_MIX ((2 + MHC_MAX_H) * MHC_MAX_H)
+
+struct MHCParams {
+  const void* fn; i64 fn_bf16;        // [(2+H)·H][H·D]
+  const void* base; i64 base_bf16;    // [(2+H)·H]
+  const void* scale; i64 scale_bf16;  // [3]
+  i64 H, D, iters;
+  double norm_eps, hc_eps;
+};
+
+// mhc_mapping turns the RMS-scaled mixing logits m into pre, post and the
+// Sinkhorn-projected comb (row i = source stream, column j = destination),
+// exactly as kernels/mhc.Mapping (one thread).
+DEVFN void mhc_mapping(const MHCParams& p, const float* m, float* pre, float* post, float* comb) {
+  i64 H = p.H;
+  float eps = (float)p.hc_eps;
+  float s0 = ldw(p.scale, 0, p.scale_bf16), s1 = ldw(p.scale, 1, p.scale_bf16), s2 = ldw(p.scale, 2, p.scale_bf16);
+  for (i64 i = 0; i < H; i++) {
+    pre[i] = sigmoidf_d(s0 * m[i] + ldw(p.base, i, p.base_bf16)) + eps;
+    post[i] = 2 * sigmoidf_d(s1 * m[H + i] + ldw(p.base, H + i, p.base_bf16));
+  }
+  for (i64 i = 0; i < H; i++) {
+    float* row = comb + i * H;
+    float mx = -INFINITY;
+    for (i64 j = 0; j < H; j++) {
+      row[j] = s2 * m[2 * H + i * H + j] + ldw(p.base, 2 * H + i * H + j, p.base_bf16);
+      if (row[j] > mx) mx = row[j];
+    }
+    float s = 0;
+    for (i64 j = 0; j < H; j++) {
+      row[j] = (float)exp((double)(row[j] - mx));
+      s += row[j];
+    }
+    for (i64 j = 0; j < H; j++) row[j] = row[j] / s + eps;
+  }
+  i64 iters = p.iters < 1 ? 1 : p.iters;  // the first column pass always runs
+  for (i64 it = 0; it < iters; it++) {
+    if (it > 0) {
+      for (i64 i = 0; i < H; i++) {
+        float s = 0;
+        for (i64 j = 0; j < H; j++) s += comb[i * H + j];
+        for (i64 j = 0; j < H; j++) comb[i * H + j] /= s + eps;
+      }
+    }
+    for (i64 j = 0; j < H; j++) {
+      float s = 0;
+      for (i64 i = 0; i < H; i++) s += comb[i * H + j];
+      for (i64 i = 0; i < H; i++) comb[i * H + j] /= s + eps;
+    }
+  }
+}
+
+// mhc_pre_row: one token's pre over its streams x [H·D], by the block
+// (256 threads): h [D], post [H], comb [H·H].
+DEVFN void mhc_pre_row(const MHCParams& p, const float* x, float* h, float* post, float* comb) {
+  __shared__ float m_s[MHC_MAX_MIX];
+  __shared__ float pre_s[MHC_MAX_H];
+  __shared__ float post_s[MHC_MAX_H];
+  __shared__ float comb_s[MHC_MAX_H * MHC_MAX_H];
+  i64 H = p.H, D = p.D, HD = H * D, mix = (2 + H) * H;
+  float ss = 0;
+  for (i64 i = threadIdx.x; i < HD; i += blockDim.x) ss += x[i] * x[i];
+  ss = block_sum(ss);
+  float r = (float)(1.0 / sqrt((double)(ss / (float)HD + (float)p.norm_eps)));
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+  for (i64 i = warp; i < mix; i += nw) {
+    float d = 0;
+    for (i64 k = lane; k < HD; k += 32) d += x[k] * ldw(p.fn, i * HD + k, p.fn_bf16);
+    d = warp_sum(d);
+    if (lane == 0) m_s[i] = d * r;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) mhc_mapping(p, m_s, pre_s, post_s, comb_s);
+  __syncthreads();
+  for (i64 i = threadIdx.x; i < H; i += blockDim.x) post[i] = post_s[i];
+  for (i64 i = threadIdx.x; i < H * H; i += blockDim.x) comb[i] = comb_s[i];
+  for (i64 d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = 0;
+    for (i64 i = 0; i < H; i++) v += pre_s[i] * x[i * D + d];
+    h[d] = v;
+  }
+  __syncthreads();
+}
+
+// mhc_post_elem: one element of the expanded streams:
+// out[j][d] = post[j]·o[d] + Σ_i comb[i][j]·R[i][d].
+DEVFN float mhc_post_elem(i64 H, i64 D, i64 j, i64 d, const float* o, const float* R, const float* post, const float* comb) {
+  float v = post[j] * o[d];
+  for (i64 i = 0; i < H; i++) v += comb[i * H + j] * R[i * D + d];
+  return v;
+}
+
+struct MHCPreArgs {
+  MHCParams p; const float* x; float* h; float* post; float* comb; i64 T;
+};
+// One block (256 threads) per token.
+KERNEL(glmf_mhc_pre, MHCPreArgs) {
+  i64 t = blockIdx.x;
+  if (t >= a.T) return;
+  i64 H = a.p.H, D = a.p.D;
+  mhc_pre_row(a.p, a.x + t * H * D, a.h + t * D, a.post + t * H, a.comb + t * H * H);
+}
+
+struct MHCPostArgs {
+  const float* o; const float* R; const float* post; const float* comb; float* out; i64 T, H, D;
+};
+KERNEL(glmf_mhc_post, MHCPostArgs) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  i64 HD = a.H * a.D;
+  if (i >= a.T * HD) return;
+  i64 t = i / HD, j = (i % HD) / a.D, d = i % a.D;
+  a.out[i] = mhc_post_elem(a.H, a.D, j, d, a.o + t * a.D, a.R + t * HD, a.post + t * a.H, a.comb + t * a.H * a.H);
+}
+
+struct MHCPostPreArgs {
+  MHCParams p;
+  const float* o; const float* R; const float* post; const float* comb;  // this site
+  float* out; float* h; float* post2; float* comb2;                       // next site
+  const void* norm_w; i64 norm_bf16; double norm_eps;                     // optional
+  i64 T;
+};
+// One block (256 threads) per token: post, then the next pre on the streams
+// just written, then the optional RMSNorm of h.
+KERNEL(glmf_mhc_post_pre, MHCPostPreArgs) {
+  i64 t = blockIdx.x;
+  if (t >= a.T) return;
+  i64 H = a.p.H, D = a.p.D, HD = H * D;
+  float* out = a.out + t * HD;
+  for (i64 i = threadIdx.x; i < HD; i += blockDim.x)
+    out[i] = mhc_post_elem(H, D, i / D, i % D, a.o + t * D, a.R + t * HD, a.post + t * H, a.comb + t * H * H);
+  __syncthreads();
+  float* h = a.h + t * D;
+  mhc_pre_row(a.p, out, h, a.post2 + t * H, a.comb2 + t * H * H);
+  if (a.norm_w) rmsnorm_row(h, h, D, a.norm_w, a.norm_bf16, (float)a.norm_eps);
+}

@@ -1,0 +1,140 @@
+// MoE: sigmoid routing with the correction bias (group-limited when
+// n_group > 1), the plan that groups routing slots by expert (a
+// permutation and a tile list for the grouped GEMMs in gemm.cu), the
+// weighted combine, and the plugin op that appends an always-on expert.
+#include "common.cuh"
+
+#define MOE_MAX_EXPERTS 1024
+
+// moe_route: one thread per token, as kernels/moe.Router.Route: scores
+// s = sigmoid(logit), choice = s + bias, optional group stage (a group
+// scores the sum of its two best choices; the best topk_group groups stay),
+// top-k by choice (ties: lower index), sorted ascending, weights s
+// renormalized (+1e−20) when asked, then scaled.
+struct RouteArgs {
+  const float* logits; const void* bias; i64 bias_bf16;
+  int* idx; float* w;
+  i64 T, E, K, G, TG, normalize;
+  double scaling;
+};
+KERNEL(glmf_moe_route, RouteArgs) {
+  i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= a.T) return;
+  const float* lt = a.logits + t * a.E;
+  float choice[MOE_MAX_EXPERTS];
+  unsigned char taken[MOE_MAX_EXPERTS];
+  for (i64 e = 0; e < a.E; e++) {
+    choice[e] = sigmoidf_d(lt[e]) + ldw(a.bias, e, a.bias_bf16);
+    taken[e] = 0;
+  }
+  if (a.G > 1) {
+    i64 per = a.E / a.G;
+    float gs[64];
+    unsigned char keepg[64];
+    for (i64 g = 0; g < a.G; g++) {
+      float x = -INFINITY, y = -INFINITY;
+      for (i64 e = g * per; e < (g + 1) * per; e++) {
+        float v = choice[e];
+        if (v > x) { y = x; x = v; } else if (v > y) y = v;
+      }
+      gs[g] = x + y;
+      keepg[g] = 0;
+    }
+    for (i64 r = 0; r < a.TG; r++) {
+      i64 best = -1;
+      for (i64 g = 0; g < a.G; g++)
+        if (!keepg[g] && (best < 0 || gs[g] > gs[best])) best = g;
+      if (best < 0) break;
+      keepg[best] = 1;
+    }
+    for (i64 e = 0; e < a.E; e++)
+      if (!keepg[e / per]) choice[e] = -INFINITY;
+  }
+  for (i64 k = 0; k < a.K; k++) {
+    i64 best = -1;
+    for (i64 e = 0; e < a.E; e++)
+      if (!taken[e] && (best < 0 || choice[e] > choice[best])) best = e;
+    if (best < 0) break;
+    taken[best] = 1;
+  }
+  float sum = 0;
+  i64 k = 0;
+  for (i64 e = 0; e < a.E && k < a.K; e++) {
+    if (!taken[e]) continue;
+    float s = sigmoidf_d(lt[e]);
+    a.idx[t * a.K + k] = (int)e;
+    a.w[t * a.K + k] = s;
+    sum += s;
+    k++;
+  }
+  for (k = 0; k < a.K; k++) {
+    float v = a.w[t * a.K + k];
+    if (a.normalize) v /= sum + 1e-20f;
+    a.w[t * a.K + k] = v * (float)a.scaling;
+  }
+}
+
+// moe_plan: one block of 1024 threads. Counts the routing slots of each
+// expert, lays them out expert by expert (perm[p] = slot), and lists the
+// tiles of at most `bm` rows each: tiles[0] = count, then (expert, p0, rows).
+struct PlanArgs { const int* idx; i64 TK, E, bm; int* perm; int* tiles; };
+KERNEL(glmf_moe_plan, PlanArgs) {
+  __shared__ int cnt[MOE_MAX_EXPERTS];
+  __shared__ int cur[MOE_MAX_EXPERTS];
+  i64 tid = threadIdx.x;
+  for (i64 e = tid; e < MOE_MAX_EXPERTS; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (i64 s = tid; s < a.TK; s += blockDim.x) {
+    int e = a.idx[s];
+    if (e >= 0 && e < a.E) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  int c = tid < a.E ? cnt[tid] : 0;
+  int nt = (int)((c + a.bm - 1) / a.bm);
+  int total, ttotal;
+  int off = block_exscan(c, &total);
+  int toff = block_exscan(nt, &ttotal);
+  if (tid < a.E) {
+    cur[tid] = off;
+    for (int i = 0; i < nt; i++) {
+      int* tl = a.tiles + 1 + 3 * (toff + i);
+      tl[0] = (int)tid;
+      tl[1] = off + i * (int)a.bm;
+      int rows = c - i * (int)a.bm;
+      tl[2] = rows < a.bm ? rows : (int)a.bm;
+    }
+  }
+  if (tid == 0) a.tiles[0] = ttotal;
+  __syncthreads();
+  for (i64 s = tid; s < a.TK; s += blockDim.x) {
+    int e = a.idx[s];
+    if (e >= 0 && e < a.E) a.perm[atomicAdd(&cur[e], 1)] = (int)s;
+  }
+}
+
+// moe_combine: y[t][d] = Σ_k contrib[t·K+k][d], in k order.
+struct CombineArgs { const float* contrib; float* y; i64 T, K, D; };
+KERNEL(glmf_moe_combine, CombineArgs) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.T * a.D) return;
+  i64 t = i / a.D, d = i % a.D;
+  float s = 0;
+  for (i64 k = 0; k < a.K; k++) s += a.contrib[(t * a.K + k) * a.D + d];
+  a.y[i] = s;
+}
+
+// moe_append_expert: idx/w [T][K] → [T][K+1] with `expert` and 1.0 last.
+struct AppendArgs { const int* idx; const float* w; int* oidx; float* ow; i64 T, K, expert; };
+KERNEL(glmf_moe_append_expert, AppendArgs) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  i64 K1 = a.K + 1;
+  if (i >= a.T * K1) return;
+  i64 t = i / K1, k = i % K1;
+  if (k < a.K) {
+    a.oidx[i] = a.idx[t * a.K + k];
+    a.ow[i] = a.w[t * a.K + k];
+  } else {
+    a.oidx[i] = (int)a.expert;
+    a.ow[i] = 1.0f;
+  }
+}

@@ -1,0 +1,137 @@
+// Sampling on the device: one block per logits row picks a token with the
+// rule of core/sample.Pick (greedy, or top-k → temperature → min-p → top-p →
+// the draw u), and reports the log-softmax of the pick and the most likely
+// alternatives, so that only ids and a few numbers leave the device.
+//
+// Order is the CPU's: logits descending, ties by lower index (desc_key).
+// Probability masses are summed as 2^62 fixed-point integers, so every sum
+// is exact and independent of thread scheduling.
+#include "common.cuh"
+
+#define SAMPLE_MAX_TOP 32
+
+struct SampleSpec {
+  double temperature, top_p, min_p, u;
+  i64 top_k, n_top;
+};
+struct SampleOut {
+  i64 token;
+  double lse;          // log Σ exp(l): logprob(x) = l(x) − lse
+  double tok_logit;
+  i64 n_top;
+  i64 top_id[SAMPLE_MAX_TOP];
+  double top_logit[SAMPLE_MAX_TOP];
+};
+
+struct SampleArgs {
+  const float* logits; i64 vocab, rows;
+  const SampleSpec* specs;
+  SampleOut* out;
+  u64* mass;  // scratch [rows][vocab]
+};
+
+#define FIX_ONE 4611686018427387904.0  // 2^62
+
+KERNEL(glmf_sample, SampleArgs) {
+  i64 row = blockIdx.x;
+  if (row >= a.rows) return;
+  const float* l = a.logits + row * a.vocab;
+  const SampleSpec sp = a.specs[row];
+  SampleOut* o = a.out + row;
+  i64 V = a.vocab;
+  // max, argmax (lowest index), log-sum-exp
+  float mx = -INFINITY;
+  for (i64 i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, l[i]);
+  mx = block_max(mx);
+  double se = 0;
+  for (i64 i = threadIdx.x; i < V; i += blockDim.x) se += exp((double)(l[i] - mx));
+  se = block_sum_d(se);
+  double lse = (double)mx + log(se);
+  u64 best = ~0ull;
+  for (i64 i = threadIdx.x; i < V; i += blockDim.x) {
+    u64 k = desc_key(l[i], (unsigned)i);
+    if (k < best) best = k;
+  }
+  best = block_min_u64(best);  // the argmax: largest logit, lowest index
+  i64 tok = (i64)(best & 0xffffffffu);
+  if (sp.temperature > 0) {
+    u64* m = a.mass + row * V;
+    double T = sp.temperature, dmx = (double)mx;
+    // top-k: the k-th key in order bounds the candidates
+    u64 kbound = ~0ull;
+    if (sp.top_k > 0 && sp.top_k < V) {
+      kbound = radix_select(V, (u64)sp.top_k, [&](i64 i, u64* key, u64* w) {
+        *key = desc_key(l[i], (unsigned)i);
+        *w = 1;
+        return true;
+      });
+    }
+    double z = 0;
+    for (i64 i = threadIdx.x; i < V; i += blockDim.x)
+      if (desc_key(l[i], (unsigned)i) <= kbound) z += exp(((double)l[i] - dmx) / T);
+    z = block_sum_d(z);
+    double cut = sp.min_p > 0 ? sp.min_p * (1.0 / z) : 0;
+    // masses of the candidates (0 outside), min-p applied
+    for (i64 i = threadIdx.x; i < V; i += blockDim.x) {
+      u64 mv = 0;
+      if (desc_key(l[i], (unsigned)i) <= kbound) {
+        double pr = exp(((double)l[i] - dmx) / T) / z;
+        if (pr >= cut || desc_key(l[i], (unsigned)i) == best) mv = (u64)(pr * FIX_ONE);
+        if (mv == 0) mv = 1;  // a candidate keeps a (tiny) mass
+      }
+      m[i] = mv;
+    }
+    __syncthreads();
+    u64 pbound = ~0ull;
+    if (sp.top_p < 1) {
+      u64 target = (u64)(sp.top_p * FIX_ONE);
+      if (target == 0) target = 1;
+      pbound = radix_select(V, target, [&](i64 i, u64* key, u64* w) {
+        *key = desc_key(l[i], (unsigned)i);
+        *w = m[i];
+        return true;
+      });
+    }
+    // total kept mass, then the draw
+    __shared__ u64 tot_s;
+    if (threadIdx.x == 0) tot_s = 0;
+    __syncthreads();
+    u64 part = 0;
+    for (i64 i = threadIdx.x; i < V; i += blockDim.x)
+      if (desc_key(l[i], (unsigned)i) <= pbound) part += m[i];
+    atomicAdd(&tot_s, part);
+    __syncthreads();
+    u64 total = tot_s;
+    u64 target = (u64)(sp.u * (double)total);
+    if (target == 0) target = 1;
+    u64 key = radix_select(V, target, [&](i64 i, u64* k, u64* w) {
+      *k = desc_key(l[i], (unsigned)i);
+      *w = *k <= pbound ? m[i] : 0;
+      return true;
+    });
+    if (key != ~0ull) tok = (i64)(key & 0xffffffffu);
+  }
+  // top alternatives: successive smallest keys
+  i64 nt = sp.n_top < SAMPLE_MAX_TOP ? sp.n_top : SAMPLE_MAX_TOP;
+  u64 prev = 0;
+  for (i64 j = 0; j < nt; j++) {
+    u64 kmin = ~0ull;
+    for (i64 i = threadIdx.x; i < V; i += blockDim.x) {
+      u64 k = desc_key(l[i], (unsigned)i);
+      if ((j == 0 || k > prev) && k < kmin) kmin = k;
+    }
+    kmin = block_min_u64(kmin);
+    if (threadIdx.x == 0) {
+      i64 id = (i64)(kmin & 0xffffffffu);
+      o->top_id[j] = id;
+      o->top_logit[j] = (double)l[id];
+    }
+    prev = kmin;
+  }
+  if (threadIdx.x == 0) {
+    o->token = tok;
+    o->lse = lse;
+    o->tok_logit = (double)l[tok];
+    o->n_top = nt;
+  }
+}
