@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/glmflash/glmflash/internal/regular"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -48,7 +49,7 @@ type Checkpoint struct {
 // reference existing shards that hold the tensors it maps to them.
 func Open(dir string) (*Checkpoint, error) {
 	cfgPath := filepath.Join(dir, ConfigFile)
-	data, err := os.ReadFile(cfgPath)
+	data, err := regular.ReadFile(cfgPath, regular.ConfigLimit)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
@@ -109,7 +110,7 @@ func (ck *Checkpoint) openTensors() error {
 }
 
 func (ck *Checkpoint) openIndex(indexPath string) error {
-	data, err := os.ReadFile(indexPath)
+	data, err := regular.ReadFile(indexPath, regular.ConfigLimit)
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: %w", ck.dir, err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/glmflash/glmflash/internal/regular"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -131,7 +132,7 @@ func newAttributeCmd() *cobra.Command {
 // the plugin passes found in the study's plugins.dir (discovered, verified
 // and described before anything runs).
 func loadStudy(path string) (*attrib.Study, error) {
-	b, err := os.ReadFile(path)
+	b, err := regular.ReadFile(path, regular.ConfigLimit)
 	if err != nil {
 		return nil, fmt.Errorf("study: %w", err)
 	}

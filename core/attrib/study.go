@@ -8,13 +8,12 @@ package attrib
 
 import (
 	"fmt"
-	"os"
 	"sort"
-	"strings"
 
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
-	"github.com/go-viper/mapstructure/v2"
+	"github.com/glmflash/glmflash/internal/regular"
+	"github.com/glmflash/glmflash/internal/strict"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/rawbytes"
 	"github.com/knadh/koanf/v2"
@@ -95,7 +94,7 @@ const (
 // Load reads and validates a study file. Every error names the file and
 // the field.
 func Load(path string, known func(name string) bool) (*Study, error) {
-	b, err := os.ReadFile(path)
+	b, err := regular.ReadFile(path, regular.ConfigLimit)
 	if err != nil {
 		return nil, fmt.Errorf("study: %w", err)
 	}
@@ -110,11 +109,8 @@ func Parse(b []byte, source string, known func(string) bool) (*Study, error) {
 		return nil, fmt.Errorf("%s: invalid YAML: %w", source, err)
 	}
 	var s Study
-	err := k.UnmarshalWithConf("", &s, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: &mapstructure.DecoderConfig{
-		ErrorUnused: true, WeaklyTypedInput: true, Result: &s, TagName: "koanf"}})
-	if err != nil {
-		msg := strings.ReplaceAll(err.Error(), "has invalid keys:", "has unknown field(s):")
-		return nil, fmt.Errorf("%s: %s", source, msg)
+	if err := k.UnmarshalWithConf("", &s, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: strict.DecoderConfig(&s)}); err != nil {
+		return nil, fmt.Errorf("%s: %s", source, strict.Message(err))
 	}
 	s.Source = source
 	if known == nil {

@@ -9,10 +9,11 @@ package config
 
 import (
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 
+	"github.com/glmflash/glmflash/internal/regular"
+	"github.com/glmflash/glmflash/internal/strict"
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/env"
@@ -134,7 +135,7 @@ debug:
 
 // Load reads a YAML file and applies environment overrides.
 func Load(path string) (*Engine, error) {
-	b, err := os.ReadFile(path)
+	b, err := regular.ReadFile(path, regular.ConfigLimit)
 	if err != nil {
 		return nil, fmt.Errorf("engine config: %w", err)
 	}
@@ -160,29 +161,16 @@ func parse(b []byte, source string, withEnv bool) (*Engine, error) {
 		}
 	}
 	var e Engine
-	err := k.UnmarshalWithConf("", &e, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: &mapstructure.DecoderConfig{
-		ErrorUnused:      true,
-		WeaklyTypedInput: true,
-		Result:           &e,
-		TagName:          "koanf",
-		DecodeHook:       mapstructure.StringToSliceHookFunc(","),
-	}})
-	if err != nil {
-		return nil, fmt.Errorf("%s: %s", source, cleanDecodeError(err))
+	dc := strict.DecoderConfig(&e)
+	dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(mapstructure.StringToSliceHookFunc(","), strict.Hook)
+	if err := k.UnmarshalWithConf("", &e, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
+		return nil, fmt.Errorf("%s: %s", source, strict.Message(err))
 	}
 	e.Source = source
 	if err := e.Validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
 	}
 	return &e, nil
-}
-
-// cleanDecodeError turns mapstructure's messages into ones naming the key.
-func cleanDecodeError(err error) string {
-	s := err.Error()
-	s = strings.ReplaceAll(s, "'' has invalid keys:", "unknown key(s):")
-	s = strings.ReplaceAll(s, "has invalid keys:", "has unknown key(s):")
-	return s
 }
 
 // Validate checks values that YAML typing cannot.

@@ -8,10 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-viper/mapstructure/v2"
+	"github.com/glmflash/glmflash/internal/regular"
+	"github.com/glmflash/glmflash/internal/strict"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/env/v2"
-	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/providers/rawbytes"
 	"github.com/knadh/koanf/v2"
 )
 
@@ -74,7 +75,11 @@ func LoadConfig(path string, environ []string) (Config, error) {
 	k := koanf.New(".")
 	source := map[string]string{} // key → where it came from
 	if path != "" {
-		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+		b, err := regular.ReadFile(path, regular.ConfigLimit)
+		if err != nil {
+			return Config{}, fmt.Errorf("config: %w", err)
+		}
+		if err := k.Load(rawbytes.Provider(b), yaml.Parser()); err != nil {
 			return Config{}, fmt.Errorf("config %s: %w", path, err)
 		}
 		for _, key := range k.Keys() {
@@ -129,15 +134,8 @@ func LoadConfig(path string, environ []string) (Config, error) {
 	}
 
 	c := DefaultConfig()
-	err = k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
-		DecodeHook:       mapstructure.StringToTimeDurationHookFunc(),
-		WeaklyTypedInput: true,
-		ErrorUnused:      true,
-		Result:           &c,
-		TagName:          "koanf",
-	}})
-	if err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+	if err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: strict.DecoderConfig(&c)}); err != nil {
+		return Config{}, fmt.Errorf("config: %s", strict.Message(err))
 	}
 	return c, c.Validate()
 }

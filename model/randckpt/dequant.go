@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/glmflash/glmflash/internal/regular"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,7 +32,7 @@ func WriteDequantizedBF16(srcDir, dstDir string) error {
 	}
 	defer ck.Close()
 
-	cfgJSON, err := os.ReadFile(filepath.Join(srcDir, model.ConfigFile))
+	cfgJSON, err := regular.ReadFile(filepath.Join(srcDir, model.ConfigFile), regular.ConfigLimit)
 	if err != nil {
 		return fmt.Errorf("randckpt: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"github.com/glmflash/glmflash/internal/regular"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -114,7 +115,7 @@ func TablePath(dir, cpu string) string {
 func LoadTable(dir, cpu string) (*Table, error) {
 	p := TablePath(dir, cpu)
 	t := &Table{CPU: cpu, GOARCH: runtime.GOARCH}
-	b, err := os.ReadFile(p)
+	b, err := regular.ReadFile(p, regular.ConfigLimit)
 	if os.IsNotExist(err) {
 		t.reindex()
 		return t, nil

@@ -18,6 +18,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/glmflash/glmflash/internal/regular"
 	"io"
 	"os"
 	"os/exec"
@@ -204,7 +205,7 @@ func expectedSums(opts Options) (map[string][]byte, error) {
 		}
 	}
 	if opts.SumsFile != "" {
-		f, err := os.Open(opts.SumsFile)
+		f, _, err := regular.Open(opts.SumsFile)
 		if err != nil {
 			return nil, fmt.Errorf("plugins.sums_file: %w", err)
 		}
