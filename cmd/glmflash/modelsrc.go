@@ -65,20 +65,41 @@ func (m *modelFlags) open() (*model.Checkpoint, error) {
 			suffix = "-fp8"
 		}
 		dir := filepath.Join(m.cacheDir, fmt.Sprintf("%s-seed%d%s", m.preset, m.seed, suffix))
-		if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
-			log.Info().Str("preset", m.preset).Str("dir", dir).Msg("writing random checkpoint")
-			tmp := dir + ".tmp"
-			os.RemoveAll(tmp)
-			if err := randckpt.Write(tmp, cfg, randckpt.Options{Seed: m.seed, FP8: m.fp8}); err != nil {
-				return nil, err
-			}
-			if err := os.Rename(tmp, dir); err != nil {
-				return nil, err
-			}
+		if err := writePreset(dir, cfg, randckpt.Options{Seed: m.seed, FP8: m.fp8}); err != nil {
+			return nil, err
 		}
 		return model.Open(dir)
 	}
 	return nil, fmt.Errorf("name a model with --model DIR or --preset NAME")
+}
+
+// writePreset writes a preset's checkpoint into dir unless it is there.
+// Processes may race for the same dir: each writes into a temporary folder
+// of its own and renames it into place; a loser finds the winner's
+// checkpoint (identical bytes: same preset and seed) and drops its own.
+func writePreset(dir string, cfg *model.Config, opts randckpt.Options) error {
+	if _, err := os.Stat(filepath.Join(dir, model.ConfigFile)); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return fmt.Errorf("--cache-dir: %w", err)
+	}
+	log.Info().Str("dir", dir).Msg("writing random checkpoint")
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), filepath.Base(dir)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("--cache-dir: %w", err)
+	}
+	defer os.RemoveAll(tmp) // gone after the rename; removed on failure
+	if err := randckpt.Write(tmp, cfg, opts); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		if _, serr := os.Stat(filepath.Join(dir, model.ConfigFile)); serr == nil {
+			return nil // another process finished first
+		}
+		return err
+	}
+	return nil
 }
 
 // dumpGraph prints a graph as the --dump-graph flag asks: "summary" or "text".
