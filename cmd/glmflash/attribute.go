@@ -50,6 +50,19 @@ func newAttributeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// the destination is checked (and a staging folder made) before
+			// anything is loaded or measured
+			if outDir == "" {
+				outDir = st.OutputDir
+			}
+			if outDir == "" {
+				outDir = filepath.Join("out", "studies", st.Name+"-"+time.Now().Format("20060102-150405"))
+			}
+			dest, err := attrib.PrepareOutput(outDir)
+			if err != nil {
+				return fmt.Errorf("--out: %w", err)
+			}
+			defer dest.Abort()
 			mf := modelFlags{dir: st.Model.Dir, preset: st.Model.Preset, seed: st.Model.Seed, cacheDir: defaultCacheDir()}
 			if mf.seed == 0 {
 				mf.seed = 1
@@ -59,6 +72,9 @@ func newAttributeCmd() *cobra.Command {
 				return err
 			}
 			defer ck.Close()
+			if err := st.CheckModel(ck.Config().VocabSize, ck.Config().MaxPositionEmbeddings); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			var runner attrib.Runner
@@ -102,15 +118,9 @@ func newAttributeCmd() *cobra.Command {
 				fmt.Fprintln(os.Stderr)
 			}
 			if err != nil {
-				return err
+				return fmt.Errorf("study %s: %w (nothing was written)", st.Name, err)
 			}
-			if outDir == "" {
-				outDir = st.OutputDir
-			}
-			if outDir == "" {
-				outDir = filepath.Join("out", "studies", st.Name+"-"+time.Now().Format("20060102-150405"))
-			}
-			files, sum, err := res.WriteAll(outDir)
+			files, sum, err := dest.Commit(res)
 			if err != nil {
 				return err
 			}
