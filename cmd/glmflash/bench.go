@@ -63,7 +63,7 @@ func newBenchCmd() *cobra.Command {
 				}
 				maxB = max(maxB, b)
 			}
-			e, err := engine.New(cfg, ck, engine.Options{Slots: maxB + 1})
+			e, err := newEngine(ck, cfgPath, maxB+1)
 			if err != nil {
 				return err
 			}

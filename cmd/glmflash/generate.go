@@ -70,7 +70,7 @@ func newGenerateCmd() *cobra.Command {
 			if err := dumpGraph(dump, cfg, build.Decode, build.LastLogits); err != nil {
 				return err
 			}
-			e, err := engine.New(cfg, ck, engine.Options{Slots: 1})
+			e, err := newEngine(ck, cfgPath, 1)
 			if err != nil {
 				return err
 			}

@@ -21,9 +21,11 @@ type modelFlags struct {
 	seed     int64
 	cacheDir string
 	fp8      bool
+	cmd      *cobra.Command // set by add: which flags were given
 }
 
 func (m *modelFlags) add(cmd *cobra.Command, allowPreset bool) {
+	m.cmd = cmd
 	cmd.Flags().StringVar(&m.dir, "model", "", "checkpoint directory (config.json + safetensors)")
 	if allowPreset {
 		cmd.Flags().StringVar(&m.preset, "preset", "", "use a random checkpoint of this preset ("+strings.Join(randckpt.PresetNames(), ", ")+") instead of --model")
@@ -46,6 +48,13 @@ func (m *modelFlags) open() (*model.Checkpoint, error) {
 	case m.dir != "" && m.preset != "":
 		return nil, fmt.Errorf("--model and --preset are mutually exclusive")
 	case m.dir != "":
+		if m.cmd != nil {
+			for _, f := range []string{"seed", "cache-dir", "fp8"} {
+				if m.cmd.Flags().Changed(f) {
+					return nil, fmt.Errorf("--%s applies to --preset only; with --model it would be ignored", f)
+				}
+			}
+		}
 		ck, err := model.Open(m.dir)
 		if err != nil {
 			return nil, err

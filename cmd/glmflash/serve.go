@@ -44,7 +44,12 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 			if err != nil {
 				return err
 			}
-			var pipeline *pass.Pipeline
+			// the pipeline (and its plugins) before anything listens: a bad
+			// engine configuration is an error at once
+			pipeline, err := pipelineWithPlugins(ec)
+			if err != nil {
+				return fmt.Errorf("%s: %w", ec.Source, err)
+			}
 			var env *pass.Env
 			srv, err := serve.New(cfg, serve.Options{
 				Log: log,
@@ -53,10 +58,7 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 					if err != nil {
 						return nil, err
 					}
-					if pipeline, env, err = pipelineFor(ec, ck); err != nil {
-						ck.Close()
-						return nil, err
-					}
+					env = pass.EnvFromConfig(ec, ck.Config(), ck)
 					return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Source: source, Close: ck.Close}, nil
 				},
 				Engine: func(o *engine.Options) { o.Passes, o.PassEnv = pipeline, env },
