@@ -43,7 +43,9 @@ type Checkpoint struct {
 	tensors map[string]tensorLoc
 }
 
-// Open opens the checkpoint in dir: it parses and validates config.json, then
+// Open opens the checkpoint in dir: it parses config.json (with the
+// end-of-sequence ids of generation_config.json, when present, added to
+// its own) and validates it, then
 // opens the safetensors files (model.safetensors.index.json if present, else
 // model.safetensors, else every *.safetensors file). A sharded index must
 // reference existing shards that hold the tensors it maps to them.
@@ -55,6 +57,9 @@ func Open(dir string) (*Checkpoint, error) {
 	}
 	cfg, err := ParseConfig(data, cfgPath)
 	if err != nil {
+		return nil, err
+	}
+	if err := mergeGenerationConfig(dir, cfg); err != nil {
 		return nil, err
 	}
 	if err := cfg.Validate(); err != nil {

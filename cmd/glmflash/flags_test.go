@@ -52,6 +52,15 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"generate --config":      func(d string) probe { return probe{args: args(gen, "--config", badPass(d)), want: `unknown pass "no-such-pass"`} },
 		"generate --dump-graph":  func(string) probe { return probe{args: args(gen, "--dump-graph", "pretty"), want: "--dump-graph"} },
 		"generate --fp8":         func(string) probe { return probe{args: args(gen, "--fp8"), want: "--fp8 applies to --preset only"} },
+		"generate --ignore-eos": func(d string) probe {
+			// a copy of the fixture whose generation_config.json makes the
+			// first greedy token (1,2,3 → see TestGenerateStopsAtEOS) an EOS
+			ck := eosCheckpoint(t, d)
+			return probe{args: []string{"generate", "--model", ck, "--prompt-ids", "1,2,3", "--max-tokens", "4", "--ignore-eos"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "finish   length")
+			}}
+		},
 		"generate --max-tokens":  func(string) probe { return probe{args: args(gen, "--max-tokens", "0"), want: "--max-tokens"} },
 		"generate --min-p":       func(string) probe { return probe{args: args(gen, "--min-p", "1.5"), want: "min_p"} },
 		"generate --model":       func(d string) probe { return probe{args: []string{"generate", "--model", d + "/none", "--prompt-ids", "1"}, want: d + "/none"} },
@@ -199,4 +208,32 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 	for key := range probes {
 		require.True(t, seen[key], "probe %s names no flag", key)
 	}
+}
+
+// eosCheckpoint copies the fixture into dir/ck with a generation_config.json
+// whose eos_token_id is the first token greedy generation gives for 1,2,3.
+func eosCheckpoint(t *testing.T, dir string) string {
+	t.Helper()
+	out, err := runCLI(t, "generate", "--model", fixture+"/checkpoint", "--prompt-ids", "1,2,3", "--max-tokens", "1")
+	require.NoError(t, err)
+	first := strings.TrimSpace(strings.TrimPrefix(strings.Split(out, "\n")[1], "output"))
+	ck := filepath.Join(dir, "ck")
+	require.NoError(t, os.MkdirAll(ck, 0o755))
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		b, err := os.ReadFile(filepath.Join(fixture, "checkpoint", f))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(ck, f), b, 0o644))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(ck, "generation_config.json"), []byte(`{"eos_token_id": [`+first+`]}`), 0o644))
+	return ck
+}
+
+// The model's EOS (here from generation_config.json) stops generation by
+// default, with finish "stop".
+func TestGenerateStopsAtEOS(t *testing.T) {
+	ck := eosCheckpoint(t, t.TempDir())
+	out, err := runCLI(t, "generate", "--model", ck, "--prompt-ids", "1,2,3", "--max-tokens", "4")
+	require.NoError(t, err)
+	require.Contains(t, out, "finish   stop")
+	require.Regexp(t, `output   \d+\n`, out, "one token: the EOS")
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +35,7 @@ func newGenerateCmd() *cobra.Command {
 	var cfgPath string
 	var prompt, stops, dump string
 	var maxTokens int
+	var ignoreEOS bool
 	var sp sample.Params
 	cmd := &cobra.Command{
 		Use:   "generate (--model DIR | --preset NAME) --prompt-ids 1,2,3 --max-tokens N",
@@ -88,7 +90,7 @@ func newGenerateCmd() *cobra.Command {
 			for len(out) < maxTokens {
 				tok := int32(smp.Next(res.Row(0)))
 				out = append(out, tok)
-				if contains(stopIDs, tok) {
+				if contains(stopIDs, tok) || (!ignoreEOS && slices.Contains(cfg.EOSTokenIDs, int(tok))) {
 					finish = "stop"
 					break
 				}
@@ -119,6 +121,7 @@ func newGenerateCmd() *cobra.Command {
 	mf.add(cmd, true)
 	cmd.Flags().StringVar(&prompt, "prompt-ids", "", "comma-separated prompt token ids")
 	cmd.Flags().StringVar(&stops, "stop-ids", "", "comma-separated token ids that end generation")
+	cmd.Flags().BoolVar(&ignoreEOS, "ignore-eos", false, "go on past the model's end-of-sequence ids (eos_token_id of config.json and generation_config.json), which otherwise stop generation")
 	cmd.Flags().IntVar(&maxTokens, "max-tokens", 16, "tokens to generate")
 	cmd.Flags().Float64Var(&sp.Temperature, "temperature", 0, "sampling temperature (0 = greedy)")
 	cmd.Flags().IntVar(&sp.TopK, "top-k", 0, "keep the k most likely tokens (0 = off)")

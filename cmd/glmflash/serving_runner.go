@@ -213,7 +213,7 @@ func firedFromReport(js string) []string {
 func (r *servingRunner) generate(ctx context.Context, as *armServer, prompt []int32, maxTokens int, on func([]int32)) error {
 	mt := uint32(maxTokens)
 	temp := 0.0
-	stream, err := as.cli.Generate(ctx, &v1.GenerateRequest{PromptIds: prompt, MaxTokens: &mt, Sampling: &v1.SamplingParams{Temperature: &temp}})
+	stream, err := as.cli.Generate(ctx, &v1.GenerateRequest{PromptIds: prompt, MaxTokens: &mt, Sampling: &v1.SamplingParams{Temperature: &temp}, IgnoreEos: true})
 	if err != nil {
 		return err
 	}

@@ -190,7 +190,7 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 func (r *EngineRunner) RunCell(ctx context.Context, a Arm, c Cell, prompts [][]int32) (*CellResult, error) {
 	ea := r.arms[a.Name]
 	gen := func(ctx context.Context, prompt []int32, maxTokens int, on func([]int32)) error {
-		h, err := ea.rt.Submit(ctx, runtime.Request{Prompt: prompt, MaxTokens: maxTokens, Sampling: sample.Greedy()})
+		h, err := ea.rt.Submit(ctx, runtime.Request{Prompt: prompt, MaxTokens: maxTokens, Sampling: sample.Greedy(), IgnoreEOS: true})
 		if err != nil {
 			return err
 		}

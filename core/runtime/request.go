@@ -50,6 +50,10 @@ type Request struct {
 	Sampling sample.Params
 	// StopIDs end generation after one of them is produced.
 	StopIDs []int32
+	// IgnoreEOS keeps generating past the model's end-of-sequence ids
+	// (config.json and generation_config.json eos_token_id), which
+	// otherwise end the request with FinishStop (benchmarks set it).
+	IgnoreEOS bool
 	// MaxTokens to generate (≥ 1; len(Prompt)+MaxTokens ≤ the context limit).
 	MaxTokens int
 	// TopLogprobs alternatives to report with each token (0..MaxTopLogprobs).
@@ -80,7 +84,7 @@ type FinishReason int
 
 // Finish reasons.
 const (
-	FinishStop      FinishReason = iota + 1 // a stop id was produced
+	FinishStop      FinishReason = iota + 1 // a stop id or the model's EOS was produced
 	FinishLength                            // max tokens (or the context limit)
 	FinishAbort                             // Abort, drain or close
 	FinishCancelled                         // the submitter's context ended (cancel or deadline)

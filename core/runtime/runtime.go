@@ -128,6 +128,7 @@ type Runtime struct {
 	met   Metrics
 	log   zerolog.Logger
 	vocab int
+	eos   map[int32]bool // the model's end-of-sequence ids
 
 	mu       sync.Mutex
 	waiting  []*request // FIFO, not yet admitted
@@ -176,7 +177,10 @@ func New(m Model, cfg Config, opts Options) (*Runtime, error) {
 	}
 	rt := &Runtime{
 		m: m, cfg: c, met: opts.Metrics, log: opts.Log, vocab: m.Config().VocabSize,
-		byID: map[string]*request{}, wake: make(chan struct{}, 1), exited: make(chan struct{}),
+		byID: map[string]*request{}, wake: make(chan struct{}, 1), exited: make(chan struct{}), eos: map[int32]bool{},
+	}
+	for _, id := range m.Config().EOSTokenIDs {
+		rt.eos[int32(id)] = true
 	}
 	go rt.loop()
 	return rt, nil
@@ -783,7 +787,7 @@ func (rt *Runtime) collectLocked(batch []item, res *exec.Result, err error, all 
 		r.next = tok
 		r.emit(t)
 		switch {
-		case slices.Contains(r.StopIDs, tok):
+		case slices.Contains(r.StopIDs, tok) || (rt.eos[tok] && !r.IgnoreEOS):
 			rt.completeLocked(r, FinishStop, "")
 		case r.generated >= r.MaxTokens || len(r.Prompt)+r.generated >= rt.cfg.ContextLimit:
 			rt.completeLocked(r, FinishLength, "")

@@ -744,3 +744,29 @@ func TestShutdownWhileLoading(t *testing.T) {
 	require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, resp.Status)
 	h.shutdown(t) // requires Serve to return nil
 }
+
+// The model's EOS ends a stream with STOP; ignore_eos generates on.
+func TestEOSAndIgnoreEOS(t *testing.T) {
+	want := alone(t, prompt(7, 1), 10, sample.Greedy(), nil)
+	eos := want[2]
+	h := start(t, setup{opts: func(o *Options) {
+		o.Load = func(ctx context.Context) (*LoadedModel, error) {
+			lm, err := fixtureLoader(nil)(ctx)
+			if err != nil {
+				return nil, err
+			}
+			c := lm.Config.Clone()
+			c.EOSTokenIDs = []int{int(eos)}
+			lm.Config = c
+			return lm, nil
+		}
+	}})
+	r, err := generate(context.Background(), h.client, &pb.GenerateRequest{PromptIds: prompt(7, 1), MaxTokens: ptr(uint32(10)), Sampling: greedy()})
+	require.NoError(t, err)
+	require.Equal(t, pb.FinishReason_FINISH_REASON_STOP, r.finish.Reason)
+	require.Equal(t, want[:1+indexOf(want, eos)], r.tokens)
+	r, err = generate(context.Background(), h.client, &pb.GenerateRequest{PromptIds: prompt(7, 1), MaxTokens: ptr(uint32(10)), Sampling: greedy(), IgnoreEos: true})
+	require.NoError(t, err)
+	require.Equal(t, pb.FinishReason_FINISH_REASON_LENGTH, r.finish.Reason)
+	require.Equal(t, want, r.tokens)
+}

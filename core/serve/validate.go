@@ -94,7 +94,7 @@ func generateRequest(req *pb.GenerateRequest, lim limits) (runtime.Request, erro
 		return r, badField("top_logprobs", "must be at most %d, got %d", runtime.MaxTopLogprobs, n)
 	}
 	return runtime.Request{
-		ID: req.GetRequestId(), Prompt: p, Sampling: sp, StopIDs: req.GetStopIds(),
+		ID: req.GetRequestId(), Prompt: p, Sampling: sp, StopIDs: req.GetStopIds(), IgnoreEOS: req.GetIgnoreEos(),
 		MaxTokens: maxTok, TopLogprobs: int(req.GetTopLogprobs()),
 	}, nil
 }
