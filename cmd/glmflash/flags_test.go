@@ -39,19 +39,37 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 	graph := []string{"graph", "--model", m}
 	args := func(base []string, more ...string) []string { return append(append([]string(nil), base...), more...) }
 	probes := map[string]func(dir string) probe{
-		"glmflash --log-level":  func(string) probe { return probe{args: []string{"--log-level", "loud", "passes", "list"}, want: "--log-level"} },
-		"glmflash --log-format": func(string) probe { return probe{args: []string{"--log-format", "xml", "passes", "list"}, want: "--log-format"} },
+		"glmflash --log-level": func(string) probe {
+			return probe{args: []string{"--log-level", "loud", "passes", "list"}, want: "--log-level"}
+		},
+		"glmflash --log-format": func(string) probe {
+			return probe{args: []string{"--log-format", "xml", "passes", "list"}, want: "--log-format"}
+		},
 
-		"eval --config":     func(d string) probe { return probe{args: []string{"eval", "--model", m, "--reference", ref, "--config", badPass(d)}, want: `unknown pass "no-such-pass"`} },
-		"eval --dump-graph": func(string) probe { return probe{args: []string{"eval", "--model", m, "--reference", ref, "--dump-graph", "pretty"}, want: "--dump-graph"} },
-		"eval --model":      func(d string) probe { return probe{args: []string{"eval", "--model", d + "/none", "--reference", ref}, want: d + "/none"} },
-		"eval --reference":  func(d string) probe { return probe{args: []string{"eval", "--model", m, "--reference", d + "/none.safetensors"}, want: "none"} },
-		"eval --tol":        func(string) probe { return probe{args: []string{"eval", "--model", m, "--reference", ref, "--tol", "0"}, want: "--tol"} },
+		"eval --config": func(d string) probe {
+			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--config", badPass(d)}, want: `unknown pass "no-such-pass"`}
+		},
+		"eval --dump-graph": func(string) probe {
+			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--dump-graph", "pretty"}, want: "--dump-graph"}
+		},
+		"eval --model": func(d string) probe {
+			return probe{args: []string{"eval", "--model", d + "/none", "--reference", ref}, want: d + "/none"}
+		},
+		"eval --reference": func(d string) probe {
+			return probe{args: []string{"eval", "--model", m, "--reference", d + "/none.safetensors"}, want: "none"}
+		},
+		"eval --tol": func(string) probe {
+			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--tol", "0"}, want: "--tol"}
+		},
 
-		"generate --cache-dir":   func(string) probe { return probe{args: args(gen, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"} },
-		"generate --config":      func(d string) probe { return probe{args: args(gen, "--config", badPass(d)), want: `unknown pass "no-such-pass"`} },
-		"generate --dump-graph":  func(string) probe { return probe{args: args(gen, "--dump-graph", "pretty"), want: "--dump-graph"} },
-		"generate --fp8":         func(string) probe { return probe{args: args(gen, "--fp8"), want: "--fp8 applies to --preset only"} },
+		"generate --cache-dir": func(string) probe {
+			return probe{args: args(gen, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
+		},
+		"generate --config": func(d string) probe {
+			return probe{args: args(gen, "--config", badPass(d)), want: `unknown pass "no-such-pass"`}
+		},
+		"generate --dump-graph": func(string) probe { return probe{args: args(gen, "--dump-graph", "pretty"), want: "--dump-graph"} },
+		"generate --fp8":        func(string) probe { return probe{args: args(gen, "--fp8"), want: "--fp8 applies to --preset only"} },
 		"generate --ignore-eos": func(d string) probe {
 			// a copy of the fixture whose generation_config.json makes the
 			// first greedy token (1,2,3 → see TestGenerateStopsAtEOS) an EOS
@@ -61,22 +79,36 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 				require.Contains(t, out, "finish   length")
 			}}
 		},
-		"generate --max-tokens":  func(string) probe { return probe{args: args(gen, "--max-tokens", "0"), want: "--max-tokens"} },
-		"generate --min-p":       func(string) probe { return probe{args: args(gen, "--min-p", "1.5"), want: "min_p"} },
-		"generate --model":       func(d string) probe { return probe{args: []string{"generate", "--model", d + "/none", "--prompt-ids", "1"}, want: d + "/none"} },
-		"generate --preset":      func(string) probe { return probe{args: []string{"generate", "--preset", "huge", "--prompt-ids", "1"}, want: `unknown preset "huge"`} },
-		"generate --prompt-ids":  func(string) probe { return probe{args: []string{"generate", "--model", m, "--prompt-ids", "1,x"}, want: "--prompt-ids"} },
+		"generate --max-tokens": func(string) probe { return probe{args: args(gen, "--max-tokens", "0"), want: "--max-tokens"} },
+		"generate --min-p":      func(string) probe { return probe{args: args(gen, "--min-p", "1.5"), want: "min_p"} },
+		"generate --model": func(d string) probe {
+			return probe{args: []string{"generate", "--model", d + "/none", "--prompt-ids", "1"}, want: d + "/none"}
+		},
+		"generate --preset": func(string) probe {
+			return probe{args: []string{"generate", "--preset", "huge", "--prompt-ids", "1"}, want: `unknown preset "huge"`}
+		},
+		"generate --prompt-ids": func(string) probe {
+			return probe{args: []string{"generate", "--model", m, "--prompt-ids", "1,x"}, want: "--prompt-ids"}
+		},
 		"generate --sample-seed": func(string) probe { return probe{args: args(gen, "--sample-seed", "x"), want: "sample-seed"} },
-		"generate --seed":        func(string) probe { return probe{args: args(gen, "--seed", "2"), want: "--seed applies to --preset only"} },
+		"generate --seed": func(string) probe {
+			return probe{args: args(gen, "--seed", "2"), want: "--seed applies to --preset only"}
+		},
 		"generate --stop-ids":    func(string) probe { return probe{args: args(gen, "--stop-ids", "1,y"), want: "--stop-ids"} },
 		"generate --temperature": func(string) probe { return probe{args: args(gen, "--temperature", "-1"), want: "temperature"} },
 		"generate --top-k":       func(string) probe { return probe{args: args(gen, "--top-k", "-1"), want: "top_k"} },
 		"generate --top-p":       func(string) probe { return probe{args: args(gen, "--top-p", "0"), want: "top_p"} },
 
-		"bench --batch":        func(string) probe { return probe{args: args(bench, "--batch", "0"), want: "--batch"} },
-		"bench --cache-dir":    func(string) probe { return probe{args: args(bench, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"} },
-		"bench --config":       func(d string) probe { return probe{args: args(bench, "--config", badPass(d)), want: `unknown pass "no-such-pass"`} },
-		"bench --cpuprofile":   func(d string) probe { return probe{args: args(bench, "--cpuprofile", d+"/no/such/dir/cpu.out"), want: "cpu.out"} },
+		"bench --batch": func(string) probe { return probe{args: args(bench, "--batch", "0"), want: "--batch"} },
+		"bench --cache-dir": func(string) probe {
+			return probe{args: args(bench, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
+		},
+		"bench --config": func(d string) probe {
+			return probe{args: args(bench, "--config", badPass(d)), want: `unknown pass "no-such-pass"`}
+		},
+		"bench --cpuprofile": func(d string) probe {
+			return probe{args: args(bench, "--cpuprofile", d+"/no/such/dir/cpu.out"), want: "cpu.out"}
+		},
 		"bench --decode-steps": func(string) probe { return probe{args: args(bench, "--decode-steps", "0"), want: "--decode-steps"} },
 		"bench --dump-graph":   func(string) probe { return probe{args: args(bench, "--dump-graph", "pretty"), want: "--dump-graph"} },
 		"bench --fp8":          func(string) probe { return probe{args: args(bench, "--fp8"), want: "--fp8 applies to --preset only"} },
@@ -88,11 +120,15 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 				require.Contains(t, string(b), `"peak_rss_mib"`)
 			}}
 		},
-		"bench --model":  func(d string) probe { return probe{args: []string{"bench", "--model", d + "/none"}, want: d + "/none"} },
-		"bench --preset": func(string) probe { return probe{args: []string{"bench", "--preset", "huge"}, want: `unknown preset "huge"`} },
+		"bench --model": func(d string) probe { return probe{args: []string{"bench", "--model", d + "/none"}, want: d + "/none"} },
+		"bench --preset": func(string) probe {
+			return probe{args: []string{"bench", "--preset", "huge"}, want: `unknown preset "huge"`}
+		},
 		"bench --prompt": func(string) probe { return probe{args: args(bench, "--prompt", "0"), want: "--prompt"} },
 		"bench --reps":   func(string) probe { return probe{args: args(bench, "--reps", "0"), want: "--reps"} },
-		"bench --seed":   func(string) probe { return probe{args: args(bench, "--seed", "3"), want: "--seed applies to --preset only"} },
+		"bench --seed": func(string) probe {
+			return probe{args: args(bench, "--seed", "3"), want: "--seed applies to --preset only"}
+		},
 		"bench --warmup": func(string) probe { return probe{args: args(bench, "--warmup", "-1"), want: "--warmup"} },
 
 		"init-random --force": func(d string) probe {
@@ -109,8 +145,10 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 				require.Contains(t, string(b), "quantization_config")
 			}}
 		},
-		"init-random --out":    func(string) probe { return probe{args: []string{"init-random"}, want: "--out is required"} },
-		"init-random --preset": func(d string) probe { return probe{args: []string{"init-random", "--out", d + "/ck", "--preset", "huge"}, want: `unknown preset "huge"`} },
+		"init-random --out": func(string) probe { return probe{args: []string{"init-random"}, want: "--out is required"} },
+		"init-random --preset": func(d string) probe {
+			return probe{args: []string{"init-random", "--out", d + "/ck", "--preset", "huge"}, want: `unknown preset "huge"`}
+		},
 		"init-random --seed": func(d string) probe {
 			return probe{args: []string{"init-random", "--out", d + "/s2", "--seed", "2"}, check: func(t *testing.T, d, out string, err error) {
 				require.NoError(t, err)
@@ -121,9 +159,13 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 				require.NotEqual(t, a, b, "another seed, other weights")
 			}}
 		},
-		"init-random --shard-mib": func(d string) probe { return probe{args: []string{"init-random", "--out", d + "/ck", "--shard-mib", "-1"}, want: "--shard-mib"} },
+		"init-random --shard-mib": func(d string) probe {
+			return probe{args: []string{"init-random", "--out", d + "/ck", "--shard-mib", "-1"}, want: "--shard-mib"}
+		},
 
-		"graph --cache-dir": func(string) probe { return probe{args: args(graph, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"} },
+		"graph --cache-dir": func(string) probe {
+			return probe{args: args(graph, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
+		},
 		"graph --capture-hidden": func(string) probe {
 			return probe{args: args(graph, "--capture-hidden", "--format", "text"), check: func(t *testing.T, d, out string, err error) {
 				require.NoError(t, err)
@@ -135,30 +177,50 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"graph --logits": func(string) probe { return probe{args: args(graph, "--logits", "some"), want: "--logits"} },
 		"graph --mode":   func(string) probe { return probe{args: args(graph, "--mode", "sideways"), want: "--mode"} },
 		"graph --model":  func(d string) probe { return probe{args: []string{"graph", "--model", d + "/none"}, want: d + "/none"} },
-		"graph --preset": func(string) probe { return probe{args: []string{"graph", "--preset", "huge"}, want: `unknown preset "huge"`} },
-		"graph --seed":   func(string) probe { return probe{args: args(graph, "--seed", "2"), want: "--seed applies to --preset only"} },
+		"graph --preset": func(string) probe {
+			return probe{args: []string{"graph", "--preset", "huge"}, want: `unknown preset "huge"`}
+		},
+		"graph --seed": func(string) probe {
+			return probe{args: args(graph, "--seed", "2"), want: "--seed applies to --preset only"}
+		},
 
-		"passes list --config": func(d string) probe { return probe{args: []string{"passes", "list", "--config", d + "/none.yaml"}, want: "none.yaml"} },
+		"passes list --config": func(d string) probe {
+			return probe{args: []string{"passes", "list", "--config", d + "/none.yaml"}, want: "none.yaml"}
+		},
 
-		"passes explain --cache-dir": func(string) probe { return probe{args: args(explain, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"} },
-		"passes explain --config":    func(d string) probe { return probe{args: args(explain, "--config", badPass(d)), want: `unknown pass "no-such-pass"`} },
-		"passes explain --dump":      func(string) probe { return probe{args: args(explain, "--dump", "during"), want: "--dump"} },
-		"passes explain --format":    func(string) probe { return probe{args: args(explain, "--format", "xml"), want: "--format"} },
-		"passes explain --fp8":       func(string) probe { return probe{args: args(explain, "--fp8"), want: "--fp8 applies to --preset only"} },
-		"passes explain --logits":    func(string) probe { return probe{args: args(explain, "--logits", "some"), want: "--logits"} },
-		"passes explain --mode":      func(string) probe { return probe{args: args(explain, "--mode", "sideways"), want: "sideways"} },
-		"passes explain --model":     func(d string) probe { return probe{args: []string{"passes", "explain", "--model", d + "/none"}, want: d + "/none"} },
-		"passes explain --preset":    func(string) probe { return probe{args: []string{"passes", "explain", "--preset", "huge"}, want: `unknown preset "huge"`} },
-		"passes explain --seed":      func(string) probe { return probe{args: args(explain, "--seed", "2"), want: "--seed applies to --preset only"} },
+		"passes explain --cache-dir": func(string) probe {
+			return probe{args: args(explain, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
+		},
+		"passes explain --config": func(d string) probe {
+			return probe{args: args(explain, "--config", badPass(d)), want: `unknown pass "no-such-pass"`}
+		},
+		"passes explain --dump":   func(string) probe { return probe{args: args(explain, "--dump", "during"), want: "--dump"} },
+		"passes explain --format": func(string) probe { return probe{args: args(explain, "--format", "xml"), want: "--format"} },
+		"passes explain --fp8":    func(string) probe { return probe{args: args(explain, "--fp8"), want: "--fp8 applies to --preset only"} },
+		"passes explain --logits": func(string) probe { return probe{args: args(explain, "--logits", "some"), want: "--logits"} },
+		"passes explain --mode":   func(string) probe { return probe{args: args(explain, "--mode", "sideways"), want: "sideways"} },
+		"passes explain --model": func(d string) probe {
+			return probe{args: []string{"passes", "explain", "--model", d + "/none"}, want: d + "/none"}
+		},
+		"passes explain --preset": func(string) probe {
+			return probe{args: []string{"passes", "explain", "--preset", "huge"}, want: `unknown preset "huge"`}
+		},
+		"passes explain --seed": func(string) probe {
+			return probe{args: args(explain, "--seed", "2"), want: "--seed applies to --preset only"}
+		},
 
-		"serve --config":        func(d string) probe { return probe{args: []string{"serve", "--config", d + "/none.yaml"}, want: "none.yaml"} },
+		"serve --config": func(d string) probe {
+			return probe{args: []string{"serve", "--config", d + "/none.yaml"}, want: "none.yaml"}
+		},
 		"serve --engine-config": func(d string) probe {
 			cfg := filepath.Join(d, "serve.yaml")
 			os.WriteFile(cfg, []byte("model: {dir: "+m+"}\nserver: {grpc_addr: \"127.0.0.1:0\", metrics_addr: \"\"}\n"), 0o644)
 			return probe{args: []string{"serve", "--config", cfg, "--engine-config", badPass(d)}, want: `unknown pass "no-such-pass"`}
 		},
 
-		"attribute --study": func(d string) probe { return probe{args: []string{"attribute", "--study", d + "/none.yaml"}, want: "none.yaml"} },
+		"attribute --study": func(d string) probe {
+			return probe{args: []string{"attribute", "--study", d + "/none.yaml"}, want: "none.yaml"}
+		},
 		"attribute --out":   attributeOutProbe,
 		"attribute --quiet": attributeQuietProbe,
 
@@ -168,7 +230,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 				require.FileExists(t, filepath.Join(d, "flag-probe", "main.go"))
 			}}
 		},
-		"plugin new --glmflash-src": func(d string) probe { return probe{args: []string{"plugin", "new", "flag-probe", "--dir", d, "--glmflash-src", d}, want: "--glmflash-src"} },
+		"plugin new --glmflash-src": func(d string) probe {
+			return probe{args: []string{"plugin", "new", "flag-probe", "--dir", d, "--glmflash-src", d}, want: "--glmflash-src"}
+		},
 	}
 	seen := map[string]bool{}
 	var walk func(c *cobra.Command)

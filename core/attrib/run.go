@@ -178,6 +178,11 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 	if err != nil {
 		return err
 	}
+	for _, key := range runtime.Programs { // compiled here, never during a measurement
+		if _, err := eng.Program(key); err != nil {
+			return fmt.Errorf("arm %s: %w", a.Name, err)
+		}
+	}
 	rt, err := runtime.New(eng, runtime.Config{MaxRunning: conc, MaxQueue: reqs, MaxBatchTokens: r.Study.Runtime.MaxBatchTokens, PrefillChunk: r.Study.Runtime.PrefillChunk}, runtime.Options{})
 	if err != nil {
 		return err

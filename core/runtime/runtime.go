@@ -88,6 +88,15 @@ func (c Config) WithDefaults(cfg *model.Config, slots int) (Config, error) {
 	return c, nil
 }
 
+// Programs are the programs the scheduler runs: generation steps (last
+// logits per sequence) and steps that hold a Score request (every row).
+// Compile them all before serving (engine.Engine.Program) so that no step
+// compiles a program inside the scheduler, stalling every stream.
+var Programs = []engine.Key{
+	{Mode: build.Mixed, Logits: build.LastLogits},
+	{Mode: build.Mixed, Logits: build.AllLogits},
+}
+
 // Metrics receives the scheduler's measurements; every method must be
 // cheap and safe for concurrent use. NopMetrics ignores them.
 type Metrics interface {

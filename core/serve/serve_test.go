@@ -16,6 +16,8 @@ import (
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/exec"
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/kernels/parallel"
 	"github.com/glmflash/glmflash/model"
@@ -769,4 +771,33 @@ func TestEOSAndIgnoreEOS(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, pb.FinishReason_FINISH_REASON_LENGTH, r.finish.Reason)
 	require.Equal(t, want, r.tokens)
+}
+
+// Every program the scheduler runs is compiled before the server is ready:
+// the first Score compiles nothing inside the scheduler (where it would
+// stall every stream).
+func TestEveryProgramCompiledBeforeServing(t *testing.T) {
+	var mu sync.Mutex
+	var compiled []engine.Key
+	h := start(t, setup{opts: func(o *Options) {
+		o.Engine = func(eo *engine.Options) {
+			eo.Hook = func(_ *ir.Graph, key engine.Key) error {
+				mu.Lock()
+				compiled = append(compiled, key)
+				mu.Unlock()
+				return nil
+			}
+		}
+	}})
+	mu.Lock()
+	before := append([]engine.Key(nil), compiled...)
+	mu.Unlock()
+	require.ElementsMatch(t, runtime.Programs, before, "compiled by the time the server is ready")
+	_, err := h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: prompt(5, 1), AllPositions: true})
+	require.NoError(t, err)
+	_, err = generate(context.Background(), h.client, &pb.GenerateRequest{PromptIds: prompt(5, 1), MaxTokens: ptr(uint32(2)), Sampling: greedy()})
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, before, compiled, "no program was compiled while serving")
 }

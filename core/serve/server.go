@@ -23,7 +23,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/runtime"
@@ -294,9 +293,14 @@ func (s *Server) load(ctx context.Context) error {
 	if err != nil {
 		return fail(err)
 	}
-	// Compile the generation program now, not on the first request.
-	if _, err := eng.Program(engine.Key{Mode: build.Mixed, Logits: build.LastLogits}); err != nil {
-		return fail(fmt.Errorf("serve: compiling: %w", err))
+	// Compile every program the scheduler runs now, not inside a step.
+	for _, key := range runtime.Programs {
+		if _, err := eng.Program(key); err != nil {
+			return fail(fmt.Errorf("serve: compiling %s: %w", key, err))
+		}
+		if err := ctx.Err(); err != nil {
+			return fail(err)
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return fail(err)
