@@ -39,6 +39,11 @@ type ServerConfig struct {
 	GRPCAddr     string        `koanf:"grpc_addr"`
 	MetricsAddr  string        `koanf:"metrics_addr"` // "" disables the metrics endpoint
 	DrainTimeout time.Duration `koanf:"drain_timeout"`
+	// MaxResponseBytes bounds one reply (a Score's logits above all): a
+	// request whose reply would be larger is refused before any work.
+	MaxResponseBytes int `koanf:"max_response_bytes"`
+	// MaxRequestBytes bounds one received message.
+	MaxRequestBytes int `koanf:"max_request_bytes"`
 }
 
 // RuntimeConfig sizes the engine and the scheduler; zero means the default.
@@ -55,8 +60,9 @@ type RuntimeConfig struct {
 // DefaultConfig is what an empty file means.
 func DefaultConfig() Config {
 	return Config{
-		Model:   ModelConfig{Seed: 1},
-		Server:  ServerConfig{GRPCAddr: "127.0.0.1:50051", MetricsAddr: "127.0.0.1:9090", DrainTimeout: 30 * time.Second},
+		Model: ModelConfig{Seed: 1},
+		Server: ServerConfig{GRPCAddr: "127.0.0.1:50051", MetricsAddr: "127.0.0.1:9090", DrainTimeout: 30 * time.Second,
+			MaxResponseBytes: 64 << 20, MaxRequestBytes: 4 << 20},
 		Runtime: RuntimeConfig{Slots: 8, DefaultMaxTokens: 256},
 	}
 }
@@ -166,6 +172,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: server.grpc_addr is empty")
 	case s.DrainTimeout < 0:
 		return fmt.Errorf("config: server.drain_timeout must be ≥ 0, got %s", s.DrainTimeout)
+	case s.MaxResponseBytes < 1<<10 || s.MaxResponseBytes > 1<<30:
+		return fmt.Errorf("config: server.max_response_bytes must be in [1 KiB, 1 GiB], got %d", s.MaxResponseBytes)
+	case s.MaxRequestBytes < 1<<10 || s.MaxRequestBytes > 1<<30:
+		return fmt.Errorf("config: server.max_request_bytes must be in [1 KiB, 1 GiB], got %d", s.MaxRequestBytes)
 	case r.Slots < 1:
 		return fmt.Errorf("config: runtime.slots must be ≥ 1, got %d", r.Slots)
 	case r.MaxRunning < 0:

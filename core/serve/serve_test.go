@@ -71,6 +71,7 @@ type setup struct {
 	drain time.Duration
 	gate  <-chan struct{} // Load waits for it
 	opts  func(*Options)
+	cfg   func(*Config) // adjusts the configuration last
 }
 
 func start(t *testing.T, su setup) *harness {
@@ -90,6 +91,9 @@ func start(t *testing.T, su setup) *harness {
 		su.rt.DefaultMaxTokens = 16
 	}
 	cfg.Runtime = su.rt
+	if su.cfg != nil {
+		su.cfg(&cfg)
+	}
 	o := Options{Load: fixtureLoader(su.gate)}
 	if su.opts != nil {
 		su.opts(&o)
@@ -800,4 +804,22 @@ func TestEveryProgramCompiledBeforeServing(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, before, compiled, "no program was compiled while serving")
+}
+
+// A Score whose reply would exceed server.max_response_bytes is refused
+// before any work (INVALID_ARGUMENT naming the field); within the bound it
+// is served.
+func TestScoreReplyIsBounded(t *testing.T) {
+	require.Equal(t, 64<<20, DefaultConfig().Server.MaxResponseBytes)
+	h := start(t, setup{cfg: func(c *Config) { c.Server.MaxResponseBytes = 8 << 10 }})
+	_, err := h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: prompt(11, 4), AllPositions: true})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), "all_positions: 11 rows × 256 logits need 11328 bytes, more than server.max_response_bytes (8192)")
+	require.Zero(t, scrape(t, h.srv, "glmflash_prompt_tokens_total"), "no work was done")
+	r, err := h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: prompt(11, 4), AllPositions: false})
+	require.NoError(t, err)
+	require.Equal(t, uint32(1), r.Rows)
+	r, err = h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: prompt(7, 4), AllPositions: true})
+	require.NoError(t, err)
+	require.Equal(t, uint32(7), r.Rows)
 }

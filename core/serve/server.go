@@ -121,6 +121,8 @@ func New(cfg Config, opts Options) (*Server, error) {
 		return status.Error(codes.Internal, "internal error")
 	})
 	s.grpc = grpc.NewServer(
+		grpc.MaxSendMsgSize(cfg.Server.MaxResponseBytes),
+		grpc.MaxRecvMsgSize(cfg.Server.MaxRequestBytes),
 		grpc.ChainUnaryInterceptor(logging.UnaryServerInterceptor(zerologAdapter(s.log), lopts...), recovery.UnaryServerInterceptor(rec)),
 		grpc.ChainStreamInterceptor(logging.StreamServerInterceptor(zerologAdapter(s.log), lopts...), recovery.StreamServerInterceptor(rec)),
 	)
@@ -316,7 +318,7 @@ func (s *Server) load(ctx context.Context) error {
 		return fail(err)
 	}
 	lv := &live{rt: rt, eng: eng, closeFn: closeFn, cfgJSON: hf,
-		lim:    limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens},
+		lim:    limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes},
 		model:  modelInfo(cfg, lm.Source, eng.WeightBytes(), hf),
 		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens)},
 	}
