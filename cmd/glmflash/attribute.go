@@ -1,16 +1,13 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"github.com/glmflash/glmflash/internal/regular"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/glmflash/glmflash/core/attrib"
@@ -46,6 +43,9 @@ func newAttributeCmd() *cobra.Command {
 			if studyPath == "" {
 				return fmt.Errorf("--study is required")
 			}
+			exitOnSignal = false // the first signal stops the study, a second forces the exit
+			ctx, stop := withSignals(cmd.Context())
+			defer stop()
 			st, err := loadStudy(studyPath)
 			if err != nil {
 				return err
@@ -75,8 +75,6 @@ func newAttributeCmd() *cobra.Command {
 			if err := st.CheckModel(ck.Config().VocabSize, ck.Config().MaxPositionEmbeddings); err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
 			var runner attrib.Runner
 			pf := func(ec *config.Engine) (*pass.Pipeline, error) { return pipelineWithPlugins(ec) }
 			switch st.Level {

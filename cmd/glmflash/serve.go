@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/pass"
@@ -40,6 +37,8 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 				source = fmt.Sprintf("preset %s (seed %d)", mf.preset, mf.seed)
 			}
 			exitOnSignal = false // drain first; main stops plugin processes at exit
+			ctx, stop := withSignals(cmd.Context())
+			defer stop()
 			ec, err := engineConfig(engineCfg)
 			if err != nil {
 				return err
@@ -49,6 +48,9 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 			pipeline, err := pipelineWithPlugins(ec)
 			if err != nil {
 				return fmt.Errorf("%s: %w", ec.Source, err)
+			}
+			if ctx.Err() != nil {
+				return nil // stopped while plugins started
 			}
 			var env *pass.Env
 			srv, err := serve.New(cfg, serve.Options{
@@ -76,8 +78,6 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 			if err := srv.Listen(); err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
 			go func() {
 				select {
 				case <-srv.Ready():

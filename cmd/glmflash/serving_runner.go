@@ -170,7 +170,7 @@ func passConfigsAsYAML(ec map[string]any) map[string]any {
 	}
 	if pl, ok := m["plugins"].(map[string]any); ok {
 		out := map[string]any{}
-		keys := map[string]string{"Dir": "dir", "Checksums": "checksums", "SumsFile": "sums_file", "TimeoutMS": "timeout_ms", "AllowUnverified": "allow_unverified"}
+		keys := map[string]string{"Dir": "dir", "Checksums": "checksums", "SumsFile": "sums_file", "TimeoutMS": "timeout_ms", "StartTimeoutMS": "start_timeout_ms", "AllowUnverified": "allow_unverified"}
 		for k, v := range pl {
 			if nk, ok := keys[k]; ok && v != nil && v != "" {
 				out[nk] = v

@@ -72,10 +72,16 @@ type Plugins struct {
 	Checksums map[string]string `koanf:"checksums"` // plugin file name → hex SHA-256
 	SumsFile  string            `koanf:"sums_file"` // sidecar "sha256  name" lines
 	TimeoutMS int               `koanf:"timeout_ms"`
+	// StartTimeoutMS bounds a plugin's start and its Describe call
+	// (default 10000).
+	StartTimeoutMS int `koanf:"start_timeout_ms"`
 	// AllowUnverified runs plugins that have no expected checksum (a
 	// plugin whose checksum is listed and differs never runs).
 	AllowUnverified bool `koanf:"allow_unverified"`
 }
+
+// MaxPluginTimeoutMS bounds plugins.timeout_ms and start_timeout_ms (10 min).
+const MaxPluginTimeoutMS = 600_000
 
 // Engine is the whole engine configuration.
 type Engine struct {
@@ -204,8 +210,11 @@ func (e *Engine) Validate() error {
 			return fmt.Errorf("debug.capture_hidden[%d]: layer %d is negative", i, l)
 		}
 	}
-	if e.Plugins.TimeoutMS < 0 {
-		return fmt.Errorf("plugins.timeout_ms must be ≥ 0")
+	if e.Plugins.TimeoutMS < 0 || e.Plugins.TimeoutMS > MaxPluginTimeoutMS {
+		return fmt.Errorf("plugins.timeout_ms must be in [0, %d] (0: the default), got %d", MaxPluginTimeoutMS, e.Plugins.TimeoutMS)
+	}
+	if e.Plugins.StartTimeoutMS < 0 || e.Plugins.StartTimeoutMS > MaxPluginTimeoutMS {
+		return fmt.Errorf("plugins.start_timeout_ms must be in [0, %d] (0: the default), got %d", MaxPluginTimeoutMS, e.Plugins.StartTimeoutMS)
 	}
 	for _, name := range SortedOptionKeys(anyMap(e.Plugins.Checksums)) {
 		sum := e.Plugins.Checksums[name]
