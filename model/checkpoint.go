@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"github.com/glmflash/glmflash/internal/regular"
 	"os"
 	"path/filepath"
@@ -407,4 +408,43 @@ func (ck *Checkpoint) Close() error {
 	}
 	ck.files = nil
 	return errors.Join(errs...)
+}
+
+// CheckTensors reads every float tensor of the checkpoint (dequantized, as
+// the engine would see it) and reports those holding NaN or infinite
+// values, like llama.cpp's --check-tensors. It reads the whole checkpoint:
+// an optional load-time check.
+func (ck *Checkpoint) CheckTensors() error {
+	var errs []error
+	for _, name := range ck.Names() {
+		info := ck.tensors[name].info
+		if !info.DType.IsFloat() || strings.HasSuffix(name, ScaleSuffix) && ck.Has(strings.TrimSuffix(name, ScaleSuffix)) {
+			continue // a block scale is checked through its weight
+		}
+		v, err := ck.Float32(name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		bad, first := 0, -1
+		for i, x := range v {
+			if x != x || math.IsInf(float64(x), 0) {
+				if first < 0 {
+					first = i
+				}
+				bad++
+			}
+		}
+		if bad > 0 {
+			errs = append(errs, fmt.Errorf("tensor %s: %d non-finite values (the first at element %d is %v)", name, bad, first, v[first]))
+		}
+		if len(errs) > maxReportedError {
+			errs = append(errs[:maxReportedError], errors.New("… and more"))
+			break
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("checkpoint %s: tensor check failed: %w", ck.dir, errors.Join(errs...))
+	}
+	return nil
 }

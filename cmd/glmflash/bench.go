@@ -177,6 +177,7 @@ func newBenchCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	mf.add(cmd, true)
+	mf.addCheckTensors(cmd)
 	cmd.Flags().IntVar(&prompt, "prompt", 512, "prefill prompt length")
 	cmd.Flags().IntVar(&decodeSteps, "decode-steps", 16, "decode steps per measured run")
 	cmd.Flags().IntSliceVar(&batches, "batch", []int{1, 8}, "decode batch sizes")

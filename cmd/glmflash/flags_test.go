@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/binary"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"sort"
@@ -46,6 +48,15 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 			return probe{args: []string{"--log-format", "xml", "passes", "list"}, want: "--log-format"}
 		},
 
+		"eval --check-tensors": func(d string) probe {
+			return probe{args: []string{"eval", "--model", poisoned(t, d), "--reference", ref, "--check-tensors"}, want: "tensor model.language_model.layers.2.mlp.up_proj.weight: 1 non-finite values"}
+		},
+		"generate --check-tensors": func(d string) probe {
+			return probe{args: []string{"generate", "--model", poisoned(t, d), "--prompt-ids", "1", "--check-tensors"}, want: "tensor model.language_model.layers.2.mlp.up_proj.weight: 1 non-finite values"}
+		},
+		"bench --check-tensors": func(d string) probe {
+			return probe{args: []string{"bench", "--model", poisoned(t, d), "--check-tensors"}, want: "tensor model.language_model.layers.2.mlp.up_proj.weight: 1 non-finite values"}
+		},
 		"eval --config": func(d string) probe {
 			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--config", badPass(d)}, want: `unknown pass "no-such-pass"`}
 		},
@@ -300,4 +311,37 @@ func TestGenerateStopsAtEOS(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "finish   stop")
 	require.Regexp(t, `output   \d+\n`, out, "one token: the EOS")
+}
+
+// poisoned copies the fixture into dir/poisoned with one NaN weight.
+func poisoned(t *testing.T, dir string) string {
+	t.Helper()
+	ck := filepath.Join(dir, "poisoned")
+	require.NoError(t, os.MkdirAll(ck, 0o755))
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		b, err := os.ReadFile(filepath.Join(fixture, "checkpoint", f))
+		require.NoError(t, err)
+		if f == "model.safetensors" {
+			n := binary.LittleEndian.Uint64(b)
+			var hdr map[string]struct {
+				Offsets []int64 `json:"data_offsets"`
+			}
+			json.Unmarshal(b[8:8+n], &hdr)
+			off := 8 + int64(n) + hdr["model.language_model.layers.2.mlp.up_proj.weight"].Offsets[0]
+			binary.LittleEndian.PutUint16(b[off:], 0x7fc0) // BF16 NaN
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(ck, f), b, 0o644))
+	}
+	return ck
+}
+
+// A NaN weight: --check-tensors refuses the checkpoint at load; without
+// it, the non-finite logits it causes end generation with an error (never
+// a silent token 0).
+func TestNonFiniteWeights(t *testing.T) {
+	ck := poisoned(t, t.TempDir())
+	_, err := runCLI(t, "generate", "--model", ck, "--prompt-ids", "1,2,3", "--check-tensors")
+	require.ErrorContains(t, err, "tensor model.language_model.layers.2.mlp.up_proj.weight: 1 non-finite values")
+	_, err = runCLI(t, "generate", "--model", ck, "--prompt-ids", "1,2,3")
+	require.ErrorContains(t, err, "non-finite logits")
 }

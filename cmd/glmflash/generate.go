@@ -88,6 +88,9 @@ func newGenerateCmd() *cobra.Command {
 			t1 := time.Now()
 			finish := "length"
 			for len(out) < maxTokens {
+				if err := sample.CheckFinite(res.Row(0)); err != nil {
+					return fmt.Errorf("after %d generated tokens: %w", len(out), err)
+				}
 				tok := int32(smp.Next(res.Row(0)))
 				out = append(out, tok)
 				if contains(stopIDs, tok) || (!ignoreEOS && slices.Contains(cfg.EOSTokenIDs, int(tok))) {
@@ -119,6 +122,7 @@ func newGenerateCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	mf.add(cmd, true)
+	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&prompt, "prompt-ids", "", "comma-separated prompt token ids")
 	cmd.Flags().StringVar(&stops, "stop-ids", "", "comma-separated token ids that end generation")
 	cmd.Flags().BoolVar(&ignoreEOS, "ignore-eos", false, "go on past the model's end-of-sequence ids (eos_token_id of config.json and generation_config.json), which otherwise stop generation")

@@ -22,6 +22,27 @@ type modelFlags struct {
 	cacheDir string
 	fp8      bool
 	cmd      *cobra.Command // set by add: which flags were given
+	// checkTensors scans every weight for NaN/Inf after opening.
+	checkTensors bool
+}
+
+// addCheckTensors adds --check-tensors (commands that run the model).
+func (m *modelFlags) addCheckTensors(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&m.checkTensors, "check-tensors", false, "read every weight once at load and refuse a checkpoint holding NaN or infinite values")
+}
+
+// open returns the checkpoint the flags name, checked with --check-tensors.
+func (m *modelFlags) open() (*model.Checkpoint, error) {
+	ck, err := m.openOnly()
+	if err != nil || !m.checkTensors {
+		return ck, err
+	}
+	log.Info().Str("dir", ck.Dir()).Msg("checking every tensor for NaN and infinite values (--check-tensors)")
+	if err := ck.CheckTensors(); err != nil {
+		ck.Close()
+		return nil, err
+	}
+	return ck, nil
 }
 
 func (m *modelFlags) add(cmd *cobra.Command, allowPreset bool) {
@@ -42,8 +63,7 @@ func defaultCacheDir() string {
 	return filepath.Join(".cache", "glmflash")
 }
 
-// open returns the checkpoint the flags name.
-func (m *modelFlags) open() (*model.Checkpoint, error) {
+func (m *modelFlags) openOnly() (*model.Checkpoint, error) {
 	switch {
 	case m.dir != "" && m.preset != "":
 		return nil, fmt.Errorf("--model and --preset are mutually exclusive")

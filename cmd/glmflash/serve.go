@@ -28,7 +28,7 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 			if err != nil {
 				return err
 			}
-			mf := modelFlags{dir: cfg.Model.Dir, preset: cfg.Model.Preset, seed: cfg.Model.Seed, cacheDir: cfg.Model.CacheDir, fp8: cfg.Model.FP8}
+			mf := modelFlags{dir: cfg.Model.Dir, preset: cfg.Model.Preset, seed: cfg.Model.Seed, cacheDir: cfg.Model.CacheDir, fp8: cfg.Model.FP8, checkTensors: cfg.Model.CheckTensors}
 			if mf.cacheDir == "" {
 				mf.cacheDir = defaultCacheDir()
 			}

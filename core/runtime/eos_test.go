@@ -2,9 +2,13 @@ package runtime
 
 import (
 	"context"
+	"math"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/model"
 	"github.com/stretchr/testify/require"
@@ -54,4 +58,47 @@ func indexOf(s []int32, v int32) int {
 		}
 	}
 	return -1
+}
+
+// nanModel poisons the logits of the sequence whose last token is poison
+// (it has no Prepare, so every step goes through Run).
+type nanModel struct {
+	e      *engine.Engine
+	poison int32
+}
+
+func (m nanModel) Config() *model.Config { return m.e.Config() }
+func (m nanModel) Store() *cache.Store   { return m.e.Store() }
+func (m nanModel) Run(key engine.Key, b *exec.Batch) (*exec.Result, error) {
+	res, err := m.e.Run(key, b)
+	if err != nil || key.Logits != build.LastLogits {
+		return res, err
+	}
+	for i, s := range b.Seqs {
+		if s.Tokens[len(s.Tokens)-1] == m.poison {
+			res.Row(i)[3] = float32(math.NaN())
+		}
+	}
+	return res, nil
+}
+
+// Non-finite logits end that request with an error finish (never a silent
+// token 0); a request batched with it is unharmed.
+func TestNonFiniteLogitsEndTheRequestWithAnError(t *testing.T) {
+	e := openEngine(t, 2)
+	rt := newRuntime(t, nanModel{e: e, poison: 77}, Config{})
+	bad, err := rt.Submit(context.Background(), Request{Prompt: []int32{5, 77}, MaxTokens: 4, Sampling: sample.Greedy()})
+	require.NoError(t, err)
+	ok := Request{Prompt: []int32{5, 6}, MaxTokens: 4, Sampling: sample.Greedy()}
+	good, err := rt.Submit(context.Background(), ok)
+	require.NoError(t, err)
+	toks, f, err := bad.Wait(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, FinishError, f.Reason)
+	require.Contains(t, f.Message, "non-finite logits: 1 of 256 values (the first, token 3, is NaN)")
+	require.Empty(t, toks)
+	toks, f, err = good.Wait(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, FinishLength, f.Reason)
+	require.Equal(t, alone(t, e, ok), ids(toks))
 }

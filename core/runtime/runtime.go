@@ -781,6 +781,10 @@ func (rt *Runtime) collectLocked(batch []item, res *exec.Result, err error, all 
 			}
 		}
 		row := res.Row(last)
+		if err := sample.CheckFinite(row); err != nil {
+			rt.completeLocked(r, FinishError, err.Error())
+			continue
+		}
 		tok := int32(r.sampler.Next(row))
 		t := Token{ID: tok, Index: r.generated}
 		t.Logprob, t.Top = logprobs(row, tok, r.TopLogprobs)

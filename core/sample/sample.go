@@ -115,3 +115,21 @@ func (s *Sampler) Next(logits []float32) int {
 	}
 	return s.idx[n-1]
 }
+
+// CheckFinite returns an error naming the first NaN or infinite logit:
+// such a row has no distribution to sample from (greedy would silently
+// pick token 0), so the request must end with an error instead.
+func CheckFinite(logits []float32) error {
+	for i, v := range logits {
+		if v != v || v > math.MaxFloat32 || v < -math.MaxFloat32 {
+			n := 0
+			for _, w := range logits[i:] {
+				if w != w || w > math.MaxFloat32 || w < -math.MaxFloat32 {
+					n++
+				}
+			}
+			return fmt.Errorf("non-finite logits: %d of %d values (the first, token %d, is %v): the model's weights or activations overflowed", n, len(logits), i, v)
+		}
+	}
+	return nil
+}

@@ -32,6 +32,8 @@ type ModelConfig struct {
 	Seed     int64  `koanf:"seed"`
 	CacheDir string `koanf:"cache_dir"`
 	FP8      bool   `koanf:"fp8"`
+	// CheckTensors reads every weight at load and refuses NaN/Inf values.
+	CheckTensors bool `koanf:"check_tensors"`
 }
 
 // ServerConfig is the network side.
