@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/glmflash/glmflash/internal/regular"
 	"math"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/model/safetensors"
 )
 

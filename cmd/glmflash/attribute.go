@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"github.com/glmflash/glmflash/internal/regular"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"github.com/glmflash/glmflash/core/attrib"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/passes/autotune"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/schollz/progressbar/v3"

@@ -8,9 +8,9 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"github.com/glmflash/glmflash/internal/regular"
 	"path/filepath"
 
+	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/model/safetensors"
 )
 

@@ -4,9 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/glmflash/glmflash/internal/regular"
 	"io"
 	"sort"
+
+	"github.com/glmflash/glmflash/internal/regular"
 )
 
 // File is an open safetensors file. Its tensor bytes come from a read-only

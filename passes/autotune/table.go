@@ -4,12 +4,13 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"github.com/glmflash/glmflash/internal/regular"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
+
+	"github.com/glmflash/glmflash/internal/regular"
 )
 
 // Entry is one tuned kernel choice.

@@ -18,7 +18,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/glmflash/glmflash/internal/regular"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -34,6 +34,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/plugins/protocol"
 	"github.com/glmflash/glmflash/plugins/wire"
 	pb "github.com/glmflash/glmflash/proto/glmflash/plugin/v1"
@@ -282,7 +283,7 @@ func expectedSums(opts Options) (map[string][]byte, error) {
 			return nil, fmt.Errorf("plugins.sums_file: %w", err)
 		}
 		defer f.Close()
-		sc := bufio.NewScanner(f)
+		sc := bufio.NewScanner(io.LimitReader(f, regular.ConfigLimit)) // bounded, like every config file
 		for ln := 1; sc.Scan(); ln++ {
 			line := strings.TrimSpace(sc.Text())
 			if line == "" || strings.HasPrefix(line, "#") {
