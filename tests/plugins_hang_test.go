@@ -27,7 +27,7 @@ const hangGuard = 90 * time.Second
 // the reason; and no plugin process (nor its child) is left behind. serve
 // also stops on SIGTERM while a plugin hangs at start.
 func TestEveryPluginCommandEndsWhenAPluginHangs(t *testing.T) {
-	bin := filepath.Join(buildPlugins(t, map[string]string{"glmflash": "./cmd/glmflash"}), "glmflash")
+	bin := glmflashBinary(t)
 	plugDir := buildPlugins(t, map[string]string{"glmflash-pass-hang-at-test": "./plugins/testdata/hangat"})
 	// a wrapper script (no exec) around it: the plugin runs as its child
 	wrapDir := t.TempDir()

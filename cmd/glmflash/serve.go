@@ -81,7 +81,7 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 			go func() {
 				select {
 				case <-srv.Ready():
-					fmt.Fprint(cmd.OutOrStdout(), banner(srv.Addr(), srv.MetricsAddr()))
+					fmt.Fprint(cmd.OutOrStdout(), banner(srv.Addr(), srv.MetricsAddr(), cfg.Server.TLS.Enabled(), cfg.Server.Auth.APIKeysFile != ""))
 				case <-ctx.Done():
 				}
 			}()
@@ -94,11 +94,18 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 }
 
 // banner tells how to call the server once it is ready.
-func banner(addr, metrics string) string {
-	s := fmt.Sprintf("\nglmflash is serving glmflash.v1.GLMFlash on %s (Ctrl-C drains and stops).\nTry:\n", addr)
-	s += fmt.Sprintf("  bin/grpcurl -plaintext -d '{\"prompt_ids\":[1,2,3,4,5,6,7,8],\"max_tokens\":16,\"sampling\":{\"temperature\":0}}' %s glmflash.v1.GLMFlash/Generate\n", addr)
-	s += fmt.Sprintf("  bin/grpcurl -plaintext %s glmflash.v1.GLMFlash/GetModelInfo\n", addr)
-	s += fmt.Sprintf("  bin/grpcurl -plaintext %s grpc.health.v1.Health/Check\n", addr)
+func banner(addr, metrics string, tls, keys bool) string {
+	s := fmt.Sprintf("\nglmflash is serving glmflash.v1.GLMFlash on %s (Ctrl-C drains and stops, a second Ctrl-C forces).\nTry:\n", addr)
+	flags := "-plaintext"
+	if tls {
+		flags = "-cacert CA.pem" // and -cert/-key with mutual TLS
+	}
+	if keys {
+		flags += ` -H "authorization: Bearer $KEY"`
+	}
+	s += fmt.Sprintf("  bin/grpcurl %s -d '{\"prompt_ids\":[1,2,3,4,5,6,7,8],\"max_tokens\":16,\"sampling\":{\"temperature\":0}}' %s glmflash.v1.GLMFlash/Generate\n", flags, addr)
+	s += fmt.Sprintf("  bin/grpcurl %s %s glmflash.v1.GLMFlash/GetModelInfo\n", flags, addr)
+	s += fmt.Sprintf("  bin/grpcurl %s %s grpc.health.v1.Health/Check\n", flags, addr)
 	if metrics != "" {
 		s += fmt.Sprintf("  curl -s http://%s/metrics | grep ^glmflash_\n", metrics)
 	}

@@ -102,3 +102,62 @@ func TestNonFiniteLogitsEndTheRequestWithAnError(t *testing.T) {
 	require.Equal(t, FinishLength, f.Reason)
 	require.Equal(t, alone(t, e, ok), ids(toks))
 }
+
+// blockingModel holds every forward pass until released.
+type blockingModel struct {
+	e       *engine.Engine
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (m blockingModel) Config() *model.Config { return m.e.Config() }
+func (m blockingModel) Store() *cache.Store   { return m.e.Store() }
+func (m blockingModel) Run(key engine.Key, b *exec.Batch) (*exec.Result, error) {
+	select {
+	case m.entered <- struct{}{}:
+	default:
+	}
+	<-m.release
+	return m.e.Run(key, b)
+}
+
+// CloseWithin returns when its context ends even while a forward pass runs
+// (a shutdown bounded by drain_timeout even mid-step); the request is
+// finalized at once, and the scheduler stops after the step.
+func TestCloseWithinIsBoundedMidStep(t *testing.T) {
+	e := openEngine(t, 1)
+	m := blockingModel{e: e, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	rt, err := New(m, Config{}, Options{})
+	require.NoError(t, err)
+	h, err := rt.Submit(context.Background(), Request{Prompt: []int32{1, 2}, MaxTokens: 3, Sampling: sample.Greedy()})
+	require.NoError(t, err)
+	<-m.entered // the step is running
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the deadline has passed
+	require.False(t, rt.CloseWithin(ctx), "the step still runs")
+	_, f, err := h.Wait(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, FinishAbort, f.Reason, "the caller is answered at once")
+	close(m.release)
+	require.True(t, rt.CloseWithin(context.Background()), "the scheduler stops after the step")
+}
+
+// Only the caller that submitted a request (or an admin) may abort it.
+func TestAbortByOwner(t *testing.T) {
+	e := openEngine(t, 1)
+	rt := newRuntime(t, e, Config{})
+	h, err := rt.Submit(context.Background(), Request{ID: "r1", Owner: "alice", Prompt: []int32{1, 2}, MaxTokens: 4000, Sampling: sample.Greedy()})
+	require.NoError(t, err)
+	require.ErrorIs(t, rt.AbortBy("r1", "mallory", false), ErrNotFound)
+	require.ErrorIs(t, rt.AbortBy("r1", "", false), ErrNotFound)
+	require.NoError(t, rt.AbortBy("r1", "alice", false))
+	_, f, err := h.Wait(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, FinishAbort, f.Reason)
+	h, err = rt.Submit(context.Background(), Request{ID: "r2", Owner: "alice", Prompt: []int32{1, 2}, MaxTokens: 4000, Sampling: sample.Greedy()})
+	require.NoError(t, err)
+	require.NoError(t, rt.AbortBy("r2", "root", true), "an admin may abort anyone's")
+	_, f, err = h.Wait(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, FinishAbort, f.Reason)
+}

@@ -58,6 +58,10 @@ type Request struct {
 	MaxTokens int
 	// TopLogprobs alternatives to report with each token (0..MaxTopLogprobs).
 	TopLogprobs int
+	// Owner names the caller that submitted the request (an API key's id;
+	// "" when the server has no keys): only it may AbortBy the request,
+	// besides an admin.
+	Owner string
 
 	// Score runs the prompt only and returns logits in Final.Logits
 	// instead of generating; AllPositions selects every row, else the last.

@@ -297,11 +297,16 @@ func (rt *Runtime) Submit(ctx context.Context, req Request) (*Handle, error) {
 }
 
 // Abort ends an in-flight request with FinishAbort.
-func (rt *Runtime) Abort(id string) error {
+func (rt *Runtime) Abort(id string) error { return rt.AbortBy(id, "", true) }
+
+// AbortBy ends an in-flight request on behalf of a caller: only the
+// request's Owner, or an admin, may. For anyone else the request does not
+// exist (ErrNotFound): ids of other callers' requests are not revealed.
+func (rt *Runtime) AbortBy(id, owner string, admin bool) error {
 	rt.mu.Lock()
 	r := rt.byID[id]
 	rt.mu.Unlock()
-	if r == nil {
+	if r == nil || (!admin && r.Owner != owner) {
 		return ErrNotFound
 	}
 	if !rt.kill(r, FinishAbort, "aborted by request") {
@@ -429,14 +434,26 @@ func (rt *Runtime) abortAll(msg string) int {
 
 // Close aborts whatever is in flight, waits for the current step to end,
 // frees every slot and stops the scheduler. It is safe to call twice.
-func (rt *Runtime) Close() {
+func (rt *Runtime) Close() { rt.CloseWithin(context.Background()) }
+
+// CloseWithin is Close that waits for the current step only until ctx
+// ends: every request is finalized at once either way, but a forward pass
+// cannot be interrupted, so the scheduler may still be running it (it stops
+// after). It reports whether the scheduler stopped; when it did not, the
+// model's weights are still in use and must not be released.
+func (rt *Runtime) CloseWithin(ctx context.Context) bool {
 	rt.mu.Lock()
 	rt.draining = true
 	rt.closing = true
 	rt.mu.Unlock()
 	rt.abortAll("the runtime is closing")
 	signal(rt.wake)
-	<-rt.exited
+	select {
+	case <-rt.exited:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // item is one sequence of a step's batch.

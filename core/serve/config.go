@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/glmflash/glmflash/core/access"
 	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/internal/strict"
 	"github.com/knadh/koanf/parsers/yaml"
@@ -46,6 +47,25 @@ type ServerConfig struct {
 	MaxResponseBytes int `koanf:"max_response_bytes"`
 	// MaxRequestBytes bounds one received message.
 	MaxRequestBytes int `koanf:"max_request_bytes"`
+	// TLS serves gRPC over TLS (mutual TLS with client_ca_file).
+	TLS access.TLS `koanf:"tls"`
+	// Auth requires API keys (Authorization: Bearer KEY); health checks
+	// need none.
+	Auth access.Auth `koanf:"auth"`
+	// Reflection registers gRPC server reflection (default true).
+	Reflection bool `koanf:"reflection"`
+	// KeepaliveTime pings an idle connection after this long, and
+	// KeepaliveTimeout closes it when the ping is not answered in time.
+	KeepaliveTime    time.Duration `koanf:"keepalive_time"`
+	KeepaliveTimeout time.Duration `koanf:"keepalive_timeout"`
+	// MaxConnectionAge closes a connection this old (0: never), after
+	// MaxConnectionAgeGrace for its calls to finish (0: no bound): the way
+	// to be rid of clients that stop reading.
+	MaxConnectionAge      time.Duration `koanf:"max_connection_age"`
+	MaxConnectionAgeGrace time.Duration `koanf:"max_connection_age_grace"`
+	// ExposePaths shows absolute paths (model directory, configuration and
+	// plugin files) in GetModelInfo; by default only their base names.
+	ExposePaths bool `koanf:"expose_paths"`
 }
 
 // RuntimeConfig sizes the engine and the scheduler; zero means the default.
@@ -64,7 +84,8 @@ func DefaultConfig() Config {
 	return Config{
 		Model: ModelConfig{Seed: 1},
 		Server: ServerConfig{GRPCAddr: "127.0.0.1:50051", MetricsAddr: "127.0.0.1:9090", DrainTimeout: 30 * time.Second,
-			MaxResponseBytes: 64 << 20, MaxRequestBytes: 4 << 20},
+			MaxResponseBytes: 64 << 20, MaxRequestBytes: 4 << 20, Reflection: true,
+			KeepaliveTime: time.Minute, KeepaliveTimeout: 20 * time.Second},
 		Runtime: RuntimeConfig{Slots: 8, DefaultMaxTokens: 256},
 	}
 }
@@ -178,6 +199,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: server.max_response_bytes must be in [1 KiB, 1 GiB], got %d", s.MaxResponseBytes)
 	case s.MaxRequestBytes < 1<<10 || s.MaxRequestBytes > 1<<30:
 		return fmt.Errorf("config: server.max_request_bytes must be in [1 KiB, 1 GiB], got %d", s.MaxRequestBytes)
+	case s.KeepaliveTime < time.Second:
+		return fmt.Errorf("config: server.keepalive_time must be ≥ 1s, got %s", s.KeepaliveTime)
+	case s.KeepaliveTimeout < time.Second:
+		return fmt.Errorf("config: server.keepalive_timeout must be ≥ 1s, got %s", s.KeepaliveTimeout)
+	case s.MaxConnectionAge < 0 || s.MaxConnectionAgeGrace < 0:
+		return fmt.Errorf("config: server.max_connection_age and max_connection_age_grace must be ≥ 0")
+	case s.TLS.Validate("server.tls") != nil:
+		return fmt.Errorf("config: %w", s.TLS.Validate("server.tls"))
 	case r.Slots < 1:
 		return fmt.Errorf("config: runtime.slots must be ≥ 1, got %d", r.Slots)
 	case r.MaxRunning < 0:
