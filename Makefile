@@ -37,7 +37,7 @@ test: fmt-check vet build
 # requests, study files, and the graphs plugins return. FUZZTIME per target.
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ./model/safetensors:FuzzParseHeader ./model:FuzzParseConfig ./model:FuzzParseGenerationConfig ./core/config:FuzzParse \
-	./core/serve:FuzzGenerateRequest ./core/serve:FuzzLoadConfig ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers
+	./core/serve:FuzzGenerateRequest ./core/serve:FuzzLoadConfig ./core/access:FuzzParseKeys ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$pkg $$fn"; \

@@ -129,23 +129,32 @@ func (a Auth) Load(prefix string) (*Keys, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s.%s: %w", prefix, f.field, err)
 		}
-		n := 0
-		for i, line := range strings.Split(string(b), "\n") {
-			line = strings.TrimSpace(line)
-			if line == "" || strings.HasPrefix(line, "#") {
-				continue
-			}
-			if len(line) < MinKeyLength || strings.ContainsAny(line, " \t") {
-				return nil, fmt.Errorf("%s.%s: %s:%d: a key must be at least %d characters without spaces", prefix, f.field, f.path, i+1, MinKeyLength)
-			}
-			k.keys = append(k.keys, key{sum: sha256.Sum256([]byte(line)), admin: f.admin})
-			n++
+		keys, err := parseKeys(b, f.path, f.admin)
+		if err != nil {
+			return nil, fmt.Errorf("%s.%s: %w", prefix, f.field, err)
 		}
-		if n == 0 {
-			return nil, fmt.Errorf("%s.%s: %s holds no key", prefix, f.field, f.path)
-		}
+		k.keys = append(k.keys, keys...)
 	}
 	return k, nil
+}
+
+// parseKeys reads a key file: one key per line, # comments.
+func parseKeys(b []byte, source string, admin bool) ([]key, error) {
+	var out []key
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if len(line) < MinKeyLength || strings.ContainsAny(line, " \t") {
+			return nil, fmt.Errorf("%s:%d: a key must be at least %d characters without spaces", source, i+1, MinKeyLength)
+		}
+		out = append(out, key{sum: sha256.Sum256([]byte(line)), admin: admin})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s holds no key", source)
+	}
+	return out, nil
 }
 
 // Required reports whether callers must present a key.

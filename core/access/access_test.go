@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/glmflash/glmflash/internal/testcert"
@@ -89,4 +90,25 @@ func TestHTTPMiddleware(t *testing.T) {
 	h.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.Len(t, rec.Body.String(), 12)
+}
+
+// Key files come from operators: parsing never panics, and every key it
+// accepts authenticates.
+func FuzzParseKeys(f *testing.F) {
+	f.Add([]byte("# keys\nuser-key-aaaaaaaaaa\n\n"))
+	f.Add([]byte("short\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		keys, err := parseKeys(b, "keys.txt", false)
+		if err != nil {
+			require.Contains(t, err.Error(), "keys.txt")
+			return
+		}
+		k := &Keys{keys: keys}
+		for _, line := range strings.Split(string(b), "\n") {
+			if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "#") {
+				_, err := k.Check("Bearer " + l)
+				require.NoError(t, err)
+			}
+		}
+	})
 }
