@@ -11,8 +11,10 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/access"
+	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/internal/testcert"
+	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -174,4 +176,20 @@ type engineT = engine.Engine
 
 func accessTLS(cert, key, ca string) access.TLS {
 	return access.TLS{CertFile: cert, KeyFile: key, ClientCAFile: ca}
+}
+
+// A configuration whose full caches cannot fit in the machine's memory is
+// refused at load, naming the keys to lower.
+func TestCachesMustFitTheMachine(t *testing.T) {
+	ck, err := model.Open(fixture)
+	require.NoError(t, err)
+	defer ck.Close()
+	per := cache.SlotBytes(ck.Config(), 4096)
+	require.Positive(t, per)
+	old := physicalMemory
+	defer func() { physicalMemory = old }()
+	physicalMemory = func() int64 { return 8*per - 1 }
+	require.ErrorContains(t, fitsMachine(ck.Config(), 8, 4096), "runtime.slots (8) × runtime.context_limit (4096 tokens) need up to")
+	require.NoError(t, fitsMachine(ck.Config(), 7, 4096))
+	require.NoError(t, fitsMachine(ck.Config(), 8, 2048))
 }

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/access"
+	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/runtime"
@@ -35,6 +36,7 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -362,6 +364,9 @@ func (s *Server) load(ctx context.Context) error {
 	if err != nil {
 		return fail(fmt.Errorf("serve: %w", err))
 	}
+	if err := fitsMachine(cfg, rc.Slots, eff.ContextLimit); err != nil {
+		return fail(err)
+	}
 	eo := engine.Options{Slots: rc.Slots, Exec: exec.Options{MaxPositions: eff.ContextLimit}}
 	if s.opts.Engine != nil {
 		s.opts.Engine(&eo)
@@ -403,6 +408,28 @@ func (s *Server) load(ctx context.Context) error {
 }
 
 func u32(v int) uint32 { return uint32(max(0, v)) }
+
+// physicalMemory is the machine's memory in bytes (0: unknown).
+var physicalMemory = func() int64 {
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) != nil {
+		return 0
+	}
+	return int64(si.Totalram) * int64(si.Unit)
+}
+
+// fitsMachine refuses a configuration whose caches, full, could not fit in
+// the machine's memory: slots × context_limit tokens of every layer's state
+// (the weights come on top).
+func fitsMachine(cfg *model.Config, slots, context int) error {
+	mem := physicalMemory()
+	need := int64(slots) * cache.SlotBytes(cfg, context)
+	if mem > 0 && need > mem {
+		return fmt.Errorf("serve: runtime.slots (%d) × runtime.context_limit (%d tokens) need up to %.1f GiB of cache, more than this machine's %.1f GiB of memory: lower runtime.context_limit or runtime.slots",
+			slots, context, float64(need)/(1<<30), float64(mem)/(1<<30))
+	}
+	return nil
+}
 
 // absPath finds absolute paths in free text and JSON.
 var absPath = regexp.MustCompile(`(^|[\s"'(=:,\[])(/[^\s"'(),\[\]]+)`)

@@ -3,7 +3,9 @@ package runtime
 import (
 	"context"
 	"math"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/cache"
@@ -160,4 +162,45 @@ func TestAbortByOwner(t *testing.T) {
 	_, f, err = h.Wait(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, FinishAbort, f.Reason)
+}
+
+// countingModel counts forward passes and holds the first until released.
+type countingModel struct {
+	blockingModel
+	mu    *sync.Mutex
+	steps *int
+}
+
+func (m countingModel) Run(key engine.Key, b *exec.Batch) (*exec.Result, error) {
+	m.mu.Lock()
+	*m.steps++
+	first := *m.steps == 1
+	m.mu.Unlock()
+	if first {
+		return m.blockingModel.Run(key, b)
+	}
+	return m.e.Run(key, b)
+}
+
+// A Score whose caller goes away stops at the next step: the runtime does
+// not run the rest of its prompt.
+func TestScoreStopsWhenTheCallerGoesAway(t *testing.T) {
+	e := openEngine(t, 1)
+	var mu sync.Mutex
+	steps := 0
+	m := countingModel{blockingModel: blockingModel{e: e, entered: make(chan struct{}, 1), release: make(chan struct{})}, mu: &mu, steps: &steps}
+	rt := newRuntime(t, m, Config{PrefillChunk: 4})
+	ctx, cancel := context.WithCancel(context.Background())
+	h, err := rt.Submit(ctx, Request{Prompt: prompt(400, 3, 256), Score: true, AllPositions: true})
+	require.NoError(t, err)
+	<-m.entered // the first of 100 prompt chunks runs
+	cancel()
+	_, f, err := h.Wait(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, FinishCancelled, f.Reason)
+	close(m.release)
+	require.Eventually(t, func() bool { return e.Store().InUse() == 0 }, 10*time.Second, time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.LessOrEqual(t, steps, 2, "at most the running step and one prepared ahead")
 }
