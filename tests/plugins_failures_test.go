@@ -86,3 +86,14 @@ func TestEveryPluginLoadFailureIsNamed(t *testing.T) {
 		})
 	}
 }
+
+// passes list shows files that look like plugins but are not, with why.
+func TestPassesListShowsIgnoredPlugins(t *testing.T) {
+	d := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(d, "glmflash-pass-noexec"), []byte("#!/bin/sh\n"), 0o644))
+	cfg := filepath.Join(t.TempDir(), "engine.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("passes: []\nplugins: {dir: "+d+"}\n"), 0o644))
+	out, err := glmflash(t, glmflashBinary(t), "passes", "list", "--config", cfg)
+	require.NoError(t, err, out)
+	require.Contains(t, out, "NOT LOADED: glmflash-pass-noexec: not executable (mode -rw-r--r--)")
+}

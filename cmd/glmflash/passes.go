@@ -65,6 +65,9 @@ func newPassesCmd() *cobra.Command {
 						}
 						describePass(tw, p.Desc, "plugin "+p.File)
 					}
+					for _, why := range h.Ignored() {
+						fmt.Fprintf(tw, "-\tplugin\tNOT LOADED: %s\n", why)
+					}
 				}
 			}
 			return tw.Flush()

@@ -564,6 +564,10 @@ func (h *Host) Failures() []string {
 	return append(out, h.ignored...)
 }
 
+// Ignored says why files named like plugins provide no pass (not
+// executable, a built-in pass's name, a duplicate), one line each.
+func (h *Host) Ignored() []string { return append([]string(nil), h.ignored...) }
+
 // Plugins lists the discovered plugins in file-name order.
 func (h *Host) Plugins() []*Plugin { return append([]*Plugin(nil), h.plugins...) }
 
