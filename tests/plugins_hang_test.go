@@ -23,9 +23,11 @@ const hangGuard = 90 * time.Second
 // The hang harness: every command that loads plugins ends within its
 // timeouts when a plugin hangs at start (leaving a child that holds its
 // output, as a wrapper script without exec does), in Describe, in Eligible
-// or in Apply; the pass is reported FAILED or the plugin not loaded, with
-// the reason; and no plugin process (nor its child) is left behind. serve
-// also stops on SIGTERM while a plugin hangs at start.
+// or in Apply, or behind a wrapper that exits leaving it running as an
+// orphan; the pass is reported FAILED or the plugin not loaded, with the
+// reason (or the left-behind processes are logged); and no plugin process
+// (nor its child) is left behind. serve also stops on SIGTERM while a plugin
+// hangs at start.
 func TestEveryPluginCommandEndsWhenAPluginHangs(t *testing.T) {
 	bin := glmflashBinary(t)
 	plugDir := buildPlugins(t, map[string]string{"glmflash-pass-hang-at-test": "./plugins/testdata/hangat"})
@@ -33,6 +35,10 @@ func TestEveryPluginCommandEndsWhenAPluginHangs(t *testing.T) {
 	wrapDir := t.TempDir()
 	wrapper := filepath.Join(wrapDir, "glmflash-pass-hang-at-test")
 	require.NoError(t, os.WriteFile(wrapper, []byte("#!/bin/sh\n"+filepath.Join(plugDir, "glmflash-pass-hang-at-test")+"\n"), 0o755))
+	// a wrapper that starts the plugin in the background and exits: the
+	// plugin serves, as an orphan holding the output pipes
+	leaveDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(leaveDir, "glmflash-pass-hang-at-test"), []byte("#!/bin/sh\n"+filepath.Join(plugDir, "glmflash-pass-hang-at-test")+" &\nexit 0\n"), 0o755))
 	fix, err := filepath.Abs(fixtureDir(fixtures[0]))
 	require.NoError(t, err)
 	model := filepath.Join(fix, "checkpoint")
@@ -46,6 +52,7 @@ func TestEveryPluginCommandEndsWhenAPluginHangs(t *testing.T) {
 		{"describe", wrapDir, "Describe did not answer within 1s (plugins.start_timeout_ms)"},
 		{"eligible", plugDir, "Eligible did not answer within 300ms (plugins.timeout_ms)"},
 		{"apply", plugDir, "Apply did not answer within 300ms (plugins.timeout_ms)"},
+		{"none", leaveDir, "plugin left processes behind: killing its process group"},
 	}
 	engineYAML := func(d, pdir string) string {
 		p := filepath.Join(d, "engine.yaml")
