@@ -135,8 +135,12 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"bench --preset": func(string) probe {
 			return probe{args: []string{"bench", "--preset", "huge"}, want: `unknown preset "huge"`}
 		},
-		"bench --prompt": func(string) probe { return probe{args: args(bench, "--prompt", "0"), want: "--prompt"} },
-		"bench --reps":   func(string) probe { return probe{args: args(bench, "--reps", "0"), want: "--reps"} },
+		"bench --prompt": func(string) probe {
+			return probe{args: args(bench, "--prompt", "1000000000"), want: "--prompt (1000000000) and 32 + --decode-steps (33) must fit max_position_embeddings (4096)"}
+		},
+		"bench --reps": func(string) probe {
+			return probe{args: args(bench, "--reps", "100000"), want: "--reps + --warmup must be at most 1000"}
+		},
 		"bench --seed": func(string) probe {
 			return probe{args: args(bench, "--seed", "3"), want: "--seed applies to --preset only"}
 		},

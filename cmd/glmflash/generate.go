@@ -69,6 +69,9 @@ func newGenerateCmd() *cobra.Command {
 					return fmt.Errorf("--prompt-ids: token %d (%d) is outside the vocabulary [0, %d)", i, id, cfg.VocabSize)
 				}
 			}
+			if len(ids)+maxTokens > cfg.MaxPositionEmbeddings {
+				return fmt.Errorf("--max-tokens: the prompt (%d tokens) + --max-tokens (%d) exceed max_position_embeddings (%d)", len(ids), maxTokens, cfg.MaxPositionEmbeddings)
+			}
 			if err := dumpGraph(dump, cfg, build.Decode, build.LastLogits); err != nil {
 				return err
 			}
