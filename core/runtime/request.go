@@ -13,6 +13,9 @@ import (
 // MaxTopLogprobs bounds Request.TopLogprobs.
 const MaxTopLogprobs = 20
 
+// MaxStopIDs bounds Request.StopIDs (each token is checked against them).
+const MaxStopIDs = 1024
+
 // Errors Submit and Abort return. Servers map them to status codes:
 // ErrQueueFull → RESOURCE_EXHAUSTED, ErrDraining and ErrClosed →
 // UNAVAILABLE, ErrNotFound → NOT_FOUND, ErrDuplicateID → ALREADY_EXISTS,

@@ -225,6 +225,9 @@ func (rt *Runtime) Validate(req *Request) error {
 	if err := req.Sampling.Validate(); err != nil {
 		return &InvalidError{Field: "sampling", Msg: err.Error()}
 	}
+	if len(req.StopIDs) > MaxStopIDs {
+		return invalid("stop_ids", "at most %d ids, got %d", MaxStopIDs, len(req.StopIDs))
+	}
 	for i, t := range req.StopIDs {
 		if t < 0 || int(t) >= rt.vocab {
 			return invalid(fmt.Sprintf("stop_ids[%d]", i), "token id %d is outside the vocabulary [0, %d)", t, rt.vocab)

@@ -514,6 +514,7 @@ func TestClientErrors(t *testing.T) {
 		{"min_p 1", "sampling.min_p", func(r *pb.GenerateRequest) { r.Sampling = &pb.SamplingParams{MinP: 1} }},
 		{"negative min_p", "sampling.min_p", func(r *pb.GenerateRequest) { r.Sampling = &pb.SamplingParams{MinP: -0.1} }},
 		{"stop id out of range", "stop_ids[1]", func(r *pb.GenerateRequest) { r.StopIds = []int32{3, 999} }},
+		{"too many stop ids", "stop_ids", func(r *pb.GenerateRequest) { r.StopIds = make([]int32, 1025) }},
 		{"too many top logprobs", "top_logprobs", func(r *pb.GenerateRequest) { r.TopLogprobs = 21 }},
 		{"request id with a space", "request_id", func(r *pb.GenerateRequest) { r.RequestId = "a b" }},
 		{"request id too long", "request_id", func(r *pb.GenerateRequest) { r.RequestId = strings.Repeat("x", 129) }},

@@ -88,6 +88,9 @@ func generateRequest(req *pb.GenerateRequest, lim limits) (runtime.Request, erro
 	if err != nil {
 		return r, err
 	}
+	if n := len(req.GetStopIds()); n > runtime.MaxStopIDs {
+		return r, badField("stop_ids", "at most %d ids, got %d", runtime.MaxStopIDs, n)
+	}
 	if err := checkIDs("stop_ids", req.GetStopIds(), lim.vocab); err != nil {
 		return r, err
 	}
