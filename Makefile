@@ -36,8 +36,8 @@ test: fmt-check vet build
 # `make test`): checkpoint headers and configs, engine YAML, serve YAML and
 # requests, study files, and the graphs plugins return. FUZZTIME per target.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := ./model/safetensors:FuzzParseHeader ./model:FuzzParseConfig ./core/config:FuzzParse \
-	./core/serve:FuzzGenerateRequest ./core/serve:FuzzLoadConfig ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers
+FUZZ_TARGETS := ./model/safetensors:FuzzParseHeader ./model:FuzzParseConfig ./model:FuzzParseGenerationConfig ./core/config:FuzzParse \
+	./core/serve:FuzzGenerateRequest ./core/serve:FuzzLoadConfig ./core/access:FuzzParseKeys ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$pkg $$fn"; \

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/model/safetensors"
 )
 
@@ -42,18 +44,23 @@ type Checkpoint struct {
 	tensors map[string]tensorLoc
 }
 
-// Open opens the checkpoint in dir: it parses and validates config.json, then
+// Open opens the checkpoint in dir: it parses config.json (with the
+// end-of-sequence ids of generation_config.json, when present, added to
+// its own) and validates it, then
 // opens the safetensors files (model.safetensors.index.json if present, else
 // model.safetensors, else every *.safetensors file). A sharded index must
 // reference existing shards that hold the tensors it maps to them.
 func Open(dir string) (*Checkpoint, error) {
 	cfgPath := filepath.Join(dir, ConfigFile)
-	data, err := os.ReadFile(cfgPath)
+	data, err := regular.ReadFile(cfgPath, regular.ConfigLimit)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
 	cfg, err := ParseConfig(data, cfgPath)
 	if err != nil {
+		return nil, err
+	}
+	if err := mergeGenerationConfig(dir, cfg); err != nil {
 		return nil, err
 	}
 	if err := cfg.Validate(); err != nil {
@@ -109,7 +116,7 @@ func (ck *Checkpoint) openTensors() error {
 }
 
 func (ck *Checkpoint) openIndex(indexPath string) error {
-	data, err := os.ReadFile(indexPath)
+	data, err := regular.ReadFile(indexPath, regular.ConfigLimit)
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: %w", ck.dir, err)
 	}
@@ -401,4 +408,43 @@ func (ck *Checkpoint) Close() error {
 	}
 	ck.files = nil
 	return errors.Join(errs...)
+}
+
+// CheckTensors reads every float tensor of the checkpoint (dequantized, as
+// the engine would see it) and reports those holding NaN or infinite
+// values, like llama.cpp's --check-tensors. It reads the whole checkpoint:
+// an optional load-time check.
+func (ck *Checkpoint) CheckTensors() error {
+	var errs []error
+	for _, name := range ck.Names() {
+		info := ck.tensors[name].info
+		if !info.DType.IsFloat() || strings.HasSuffix(name, ScaleSuffix) && ck.Has(strings.TrimSuffix(name, ScaleSuffix)) {
+			continue // a block scale is checked through its weight
+		}
+		v, err := ck.Float32(name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		bad, first := 0, -1
+		for i, x := range v {
+			if x != x || math.IsInf(float64(x), 0) {
+				if first < 0 {
+					first = i
+				}
+				bad++
+			}
+		}
+		if bad > 0 {
+			errs = append(errs, fmt.Errorf("tensor %s: %d non-finite values (the first at element %d is %v)", name, bad, first, v[first]))
+		}
+		if len(errs) > maxReportedError {
+			errs = append(errs[:maxReportedError], errors.New("… and more"))
+			break
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("checkpoint %s: tensor check failed: %w", ck.dir, errors.Join(errs...))
+	}
+	return nil
 }

@@ -313,7 +313,7 @@ func TestValidateErrors(t *testing.T) {
 		{"experts per tok total", func(c *Config) { c.NumExpertsPerTok = 9 }, "num_experts_per_tok (9) must not exceed the 8 experts"},
 		{"shared first", func(c *Config) { c.IndexerTypes[3] = IndexerShared }, "indexer_types[3] is shared but no earlier DSA layer runs a full indexer"},
 		{"hc_mult", func(c *Config) { c.HCMult = 0 }, "hc_mult (0) must be at least 1"},
-		{"sinkhorn", func(c *Config) { c.HCSinkhornIters = 0 }, "hc_sinkhorn_iters (0) must be at least 1"},
+		{"sinkhorn", func(c *Config) { c.HCSinkhornIters = 0 }, "hc_sinkhorn_iters (0) must be in [1, 1000]"},
 		{"eps", func(c *Config) { c.RMSNormEps = 0 }, "rms_norm_eps (0) must be a positive finite number"},
 		{"quant", func(c *Config) { c.Quant = &QuantConfig{Method: "awq", Fmt: "e4m3", WeightBlockSize: [2]int{128, 128}} }, `quantization_config.quant_method "awq" is not supported`},
 		{"block", func(c *Config) { c.Quant = &QuantConfig{Method: "fp8", Fmt: "e4m3"} }, "weight_block_size [0 0] must be positive"},

@@ -9,6 +9,23 @@ import (
 // maxDim bounds every size field so that products of sizes cannot overflow.
 const maxDim = 1 << 24
 
+// Bounds of the fields whose size is not a tensor dimension. They are far
+// above the released model's values (1,048,576 positions, 20 Sinkhorn
+// iterations, a 4-wide conv, 45 layers) and far below what would exhaust a
+// machine or wrap an integer.
+const (
+	// MaxPositionEmbeddings bounds max_position_embeddings (4 Mi tokens).
+	MaxPositionEmbeddings = 1 << 22
+	// MaxSinkhornIters bounds hc_sinkhorn_iters (run per token and layer).
+	MaxSinkhornIters = 1000
+	// MaxConvKernel bounds linear_conv_kernel_dim (a per-slot window).
+	MaxConvKernel = 64
+	// MaxLayers bounds num_hidden_layers.
+	MaxLayers = 4096
+	// MaxParameters bounds the weight catalog's element count (2^40).
+	MaxParameters = int64(1) << 40
+)
+
 // Validate checks the configuration for values the engine cannot run. Every
 // violation is reported (joined), each naming the field and prefixed by the
 // config's Source, e.g. "config.json: index_topk (16) must be a multiple of
@@ -46,11 +63,39 @@ func (c *Config) Validate() error {
 	positive("index_head_dim", c.IndexHeadDim)
 	positive("index_topk", c.IndexTopK)
 	positive("index_kpool", c.IndexKPool)
-	if c.MaxPositionEmbeddings <= 0 {
-		fail("max_position_embeddings (%d) must be positive", c.MaxPositionEmbeddings)
+	if c.MaxPositionEmbeddings <= 0 || c.MaxPositionEmbeddings > MaxPositionEmbeddings {
+		fail("max_position_embeddings (%d) must be in [1, %d]", c.MaxPositionEmbeddings, MaxPositionEmbeddings)
 	}
 	if c.QLoraRank <= 0 {
 		fail("q_lora_rank (%d) must be positive: glm5_next requires the q LoRA projection", c.QLoraRank)
+	} else if c.QLoraRank > maxDim {
+		fail("q_lora_rank (%d) is implausibly large (more than %d)", c.QLoraRank, maxDim)
+	}
+	if c.IndexTopK > c.MaxPositionEmbeddings && c.MaxPositionEmbeddings > 0 {
+		fail("index_topk (%d) must not exceed max_position_embeddings (%d): it selects among the positions", c.IndexTopK, c.MaxPositionEmbeddings)
+	}
+	if L > MaxLayers {
+		fail("num_hidden_layers (%d) must be at most %d", L, MaxLayers)
+	}
+	if c.LinearConvKernelDim > MaxConvKernel {
+		fail("linear_conv_kernel_dim (%d) must be at most %d", c.LinearConvKernelDim, MaxConvKernel)
+	}
+	if c.FirstKDenseReplace < 0 || c.FirstKDenseReplace > maxDim {
+		fail("first_k_dense_replace (%d) must be in [0, %d]", c.FirstKDenseReplace, maxDim)
+	}
+	tokenID := func(name string, id int) {
+		if id < 0 || (c.VocabSize > 0 && id >= c.VocabSize) {
+			fail("%s (%d) must be a token id in [0, vocab_size %d)", name, id, c.VocabSize)
+		}
+	}
+	if c.PadTokenID != nil {
+		tokenID("pad_token_id", *c.PadTokenID)
+	}
+	if c.BOSTokenID != nil {
+		tokenID("bos_token_id", *c.BOSTokenID)
+	}
+	for i, id := range c.EOSTokenIDs {
+		tokenID(fmt.Sprintf("eos_token_id[%d]", i), id)
 	}
 	if c.NumAttentionHeads != c.NumKeyValueHeads {
 		fail("num_attention_heads (%d) must equal num_key_value_heads (%d)", c.NumAttentionHeads, c.NumKeyValueHeads)
@@ -67,8 +112,8 @@ func (c *Config) Validate() error {
 	if c.HCMult < 1 || c.HCMult > 64 {
 		fail("hc_mult (%d) must be at least 1 (and at most 64)", c.HCMult)
 	}
-	if c.HCSinkhornIters < 1 {
-		fail("hc_sinkhorn_iters (%d) must be at least 1", c.HCSinkhornIters)
+	if c.HCSinkhornIters < 1 || c.HCSinkhornIters > MaxSinkhornIters {
+		fail("hc_sinkhorn_iters (%d) must be in [1, %d]", c.HCSinkhornIters, MaxSinkhornIters)
 	}
 	if c.NSharedExperts > maxDim || c.QKRopeHeadDim > maxDim || c.NumNextNPredictLayers > maxDim {
 		fail("n_shared_experts (%d), qk_rope_head_dim (%d) and num_nextn_predict_layers (%d) must be at most %d",
@@ -183,6 +228,19 @@ func (c *Config) Validate() error {
 		}
 		if q.WeightBlockSize[0] <= 0 || q.WeightBlockSize[1] <= 0 {
 			fail("quantization_config.weight_block_size %v must be positive", q.WeightBlockSize)
+		}
+	}
+	if len(errs) == 0 {
+		var n int64
+		for _, w := range c.WeightCatalog(false) {
+			e := int64(1)
+			for _, d := range w.Shape {
+				e *= int64(d)
+			}
+			n += e
+		}
+		if n > MaxParameters {
+			fail("the weights have %d parameters, more than the %d this engine accepts (hidden_size, vocab_size, n_routed_experts and the intermediate sizes multiply)", n, MaxParameters)
 		}
 	}
 	return errors.Join(errs...)

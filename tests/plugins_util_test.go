@@ -3,6 +3,7 @@ package tests
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -121,6 +122,30 @@ func requireProcessesGone(t *testing.T, pids []int, dir string) {
 	}
 }
 
+// runMark is in the environment of this test process and so of every
+// process it starts (go-plugin passes the environment on): it tells this
+// run's plugin processes from those of other test runs on the machine.
+var runMark = fmt.Sprintf("GLMFLASH_TEST_RUN=%d-%d", os.Getpid(), time.Now().UnixNano())
+
+func init() {
+	k, v, _ := strings.Cut(runMark, "=")
+	os.Setenv(k, v)
+}
+
+// hasEnv reports whether process pid has kv ("K=V") in its environment.
+func hasEnv(pid, kv string) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", pid, "environ"))
+	if err != nil {
+		return false
+	}
+	for _, e := range strings.Split(string(b), "\x00") {
+		if e == kv {
+			return true
+		}
+	}
+	return false
+}
+
 func alivePlugins(pids []int, dir string) []string {
 	var alive []string
 	for _, pid := range pids {
@@ -137,7 +162,11 @@ func alivePlugins(pids []int, dir string) []string {
 			continue
 		}
 		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if err == nil && strings.HasPrefix(exe, dir+string(os.PathSeparator)) {
+		if err != nil {
+			continue
+		}
+		// the host runs a verified in-memory copy of the plugin file
+		if strings.HasPrefix(exe, dir+string(os.PathSeparator)) || strings.HasPrefix(exe, "/memfd:glmflash-pass-") && hasEnv(e.Name(), runMark) {
 			alive = append(alive, e.Name()+" "+exe)
 		}
 	}

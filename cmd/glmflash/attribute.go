@@ -1,20 +1,18 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/glmflash/glmflash/core/attrib"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/passes/autotune"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/schollz/progressbar/v3"
@@ -45,10 +43,26 @@ func newAttributeCmd() *cobra.Command {
 			if studyPath == "" {
 				return fmt.Errorf("--study is required")
 			}
+			exitOnSignal = false // the first signal stops the study, a second forces the exit
+			ctx, stop := withSignals(cmd.Context())
+			defer stop()
 			st, err := loadStudy(studyPath)
 			if err != nil {
 				return err
 			}
+			// the destination is checked (and a staging folder made) before
+			// anything is loaded or measured
+			if outDir == "" {
+				outDir = st.OutputDir
+			}
+			if outDir == "" {
+				outDir = filepath.Join("out", "studies", st.Name+"-"+time.Now().Format("20060102-150405"))
+			}
+			dest, err := attrib.PrepareOutput(outDir)
+			if err != nil {
+				return fmt.Errorf("--out: %w", err)
+			}
+			defer dest.Abort()
 			mf := modelFlags{dir: st.Model.Dir, preset: st.Model.Preset, seed: st.Model.Seed, cacheDir: defaultCacheDir()}
 			if mf.seed == 0 {
 				mf.seed = 1
@@ -58,8 +72,9 @@ func newAttributeCmd() *cobra.Command {
 				return err
 			}
 			defer ck.Close()
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
+			if err := st.CheckModel(ck.Config().VocabSize, ck.Config().MaxPositionEmbeddings); err != nil {
+				return err
+			}
 			var runner attrib.Runner
 			pf := func(ec *config.Engine) (*pass.Pipeline, error) { return pipelineWithPlugins(ec) }
 			switch st.Level {
@@ -101,15 +116,9 @@ func newAttributeCmd() *cobra.Command {
 				fmt.Fprintln(os.Stderr)
 			}
 			if err != nil {
-				return err
+				return fmt.Errorf("study %s: %w (nothing was written)", st.Name, err)
 			}
-			if outDir == "" {
-				outDir = st.OutputDir
-			}
-			if outDir == "" {
-				outDir = filepath.Join("out", "studies", st.Name+"-"+time.Now().Format("20060102-150405"))
-			}
-			files, sum, err := res.WriteAll(outDir)
+			files, sum, err := dest.Commit(res)
 			if err != nil {
 				return err
 			}
@@ -131,7 +140,7 @@ func newAttributeCmd() *cobra.Command {
 // the plugin passes found in the study's plugins.dir (discovered, verified
 // and described before anything runs).
 func loadStudy(path string) (*attrib.Study, error) {
-	b, err := os.ReadFile(path)
+	b, err := regular.ReadFile(path, regular.ConfigLimit)
 	if err != nil {
 		return nil, fmt.Errorf("study: %w", err)
 	}

@@ -16,6 +16,12 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// Bounds of bench's flags (beyond them nothing useful is measured).
+const (
+	maxBenchRuns  = 1000
+	maxBenchBatch = 1024
+)
+
 // benchResult is one measurement series.
 type benchResult struct {
 	Name         string    `json:"name"`
@@ -35,6 +41,9 @@ func newBenchCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if prompt < 1 || decodeSteps < 1 || reps < 1 || warmup < 0 {
 				return fmt.Errorf("--prompt, --decode-steps and --reps must be ≥ 1, --warmup ≥ 0")
+			}
+			if reps+warmup > maxBenchRuns {
+				return fmt.Errorf("--reps + --warmup must be at most %d, got %d", maxBenchRuns, reps+warmup)
 			}
 			ck, err := mf.open()
 			if err != nil {
@@ -58,12 +67,16 @@ func newBenchCmd() *cobra.Command {
 			}
 			maxB := 1
 			for _, b := range batches {
-				if b < 1 {
-					return fmt.Errorf("--batch values must be ≥ 1")
+				if b < 1 || b > maxBenchBatch {
+					return fmt.Errorf("--batch values must be in [1, %d], got %d", maxBenchBatch, b)
 				}
 				maxB = max(maxB, b)
 			}
-			e, err := engine.New(cfg, ck, engine.Options{Slots: maxB + 1})
+			// every sequence must fit the model's positions
+			if limit := cfg.MaxPositionEmbeddings; prompt > limit || 32+decodeSteps > limit {
+				return fmt.Errorf("--prompt (%d) and 32 + --decode-steps (%d) must fit max_position_embeddings (%d)", prompt, 32+decodeSteps, limit)
+			}
+			e, err := newEngine(ck, cfgPath, maxB+1)
 			if err != nil {
 				return err
 			}
@@ -177,6 +190,7 @@ func newBenchCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	mf.add(cmd, true)
+	mf.addCheckTensors(cmd)
 	cmd.Flags().IntVar(&prompt, "prompt", 512, "prefill prompt length")
 	cmd.Flags().IntVar(&decodeSteps, "decode-steps", 16, "decode steps per measured run")
 	cmd.Flags().IntSliceVar(&batches, "batch", []int{1, 8}, "decode batch sizes")

@@ -70,6 +70,7 @@ func newEvalCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	mf.add(cmd, false)
+	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&refPath, "reference", "", "reference.safetensors (with reference.json beside it)")
 	cmd.Flags().Float64Var(&tol, "tol", 1e-3, "largest allowed max |Δlogit| per case")
 	cmd.Flags().StringVar(&dump, "dump-graph", "", "print the prefill graph first: summary or text")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +35,7 @@ func newGenerateCmd() *cobra.Command {
 	var cfgPath string
 	var prompt, stops, dump string
 	var maxTokens int
+	var ignoreEOS bool
 	var sp sample.Params
 	cmd := &cobra.Command{
 		Use:   "generate (--model DIR | --preset NAME) --prompt-ids 1,2,3 --max-tokens N",
@@ -67,10 +69,13 @@ func newGenerateCmd() *cobra.Command {
 					return fmt.Errorf("--prompt-ids: token %d (%d) is outside the vocabulary [0, %d)", i, id, cfg.VocabSize)
 				}
 			}
+			if len(ids)+maxTokens > cfg.MaxPositionEmbeddings {
+				return fmt.Errorf("--max-tokens: the prompt (%d tokens) + --max-tokens (%d) exceed max_position_embeddings (%d)", len(ids), maxTokens, cfg.MaxPositionEmbeddings)
+			}
 			if err := dumpGraph(dump, cfg, build.Decode, build.LastLogits); err != nil {
 				return err
 			}
-			e, err := engine.New(cfg, ck, engine.Options{Slots: 1})
+			e, err := newEngine(ck, cfgPath, 1)
 			if err != nil {
 				return err
 			}
@@ -86,9 +91,12 @@ func newGenerateCmd() *cobra.Command {
 			t1 := time.Now()
 			finish := "length"
 			for len(out) < maxTokens {
+				if err := sample.CheckFinite(res.Row(0)); err != nil {
+					return fmt.Errorf("after %d generated tokens: %w", len(out), err)
+				}
 				tok := int32(smp.Next(res.Row(0)))
 				out = append(out, tok)
-				if contains(stopIDs, tok) {
+				if contains(stopIDs, tok) || (!ignoreEOS && slices.Contains(cfg.EOSTokenIDs, int(tok))) {
 					finish = "stop"
 					break
 				}
@@ -117,8 +125,10 @@ func newGenerateCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	mf.add(cmd, true)
+	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&prompt, "prompt-ids", "", "comma-separated prompt token ids")
 	cmd.Flags().StringVar(&stops, "stop-ids", "", "comma-separated token ids that end generation")
+	cmd.Flags().BoolVar(&ignoreEOS, "ignore-eos", false, "go on past the model's end-of-sequence ids (eos_token_id of config.json and generation_config.json), which otherwise stop generation")
 	cmd.Flags().IntVar(&maxTokens, "max-tokens", 16, "tokens to generate")
 	cmd.Flags().Float64Var(&sp.Temperature, "temperature", 0, "sampling temperature (0 = greedy)")
 	cmd.Flags().IntVar(&sp.TopK, "top-k", 0, "keep the k most likely tokens (0 = off)")

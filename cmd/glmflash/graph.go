@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/spf13/cobra"
 )
@@ -15,7 +17,13 @@ func newGraphCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := build.ParseMode(mode)
 			if err != nil {
-				return err
+				return fmt.Errorf("--mode: %w", err)
+			}
+			if format != "text" && format != "summary" {
+				return fmt.Errorf("--format must be text or summary, got %q", format)
+			}
+			if logits != string(build.AllLogits) && logits != string(build.LastLogits) {
+				return fmt.Errorf("--logits must be all or last, got %q", logits)
 			}
 			ck, err := mf.open()
 			if err != nil {

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/glmflash/glmflash/model"
@@ -12,7 +15,7 @@ import (
 func newInitRandomCmd() *cobra.Command {
 	var preset, out string
 	var seed int64
-	var fp8 bool
+	var fp8, force bool
 	var shardMiB int
 	cmd := &cobra.Command{
 		Use:   "init-random --preset NAME --out DIR",
@@ -21,8 +24,14 @@ func newInitRandomCmd() *cobra.Command {
 			if out == "" {
 				return fmt.Errorf("--out is required")
 			}
+			if shardMiB < 0 {
+				return fmt.Errorf("--shard-mib must be ≥ 0 (0 = one file), got %d", shardMiB)
+			}
 			cfg, err := randckpt.Preset(preset)
 			if err != nil {
+				return err
+			}
+			if err := checkOut(out, force); err != nil {
 				return err
 			}
 			log.Info().Str("preset", preset).Int64("seed", seed).Bool("fp8", fp8).Str("out", out).Msg("writing checkpoint")
@@ -46,5 +55,33 @@ func newInitRandomCmd() *cobra.Command {
 	cmd.Flags().Int64Var(&seed, "seed", 1, "random seed")
 	cmd.Flags().BoolVar(&fp8, "fp8", false, "native FP8 layout (block-scaled e4m3 where the real checkpoint has it)")
 	cmd.Flags().IntVar(&shardMiB, "shard-mib", 0, "split into shards of about this many MiB (0 = one file)")
+	cmd.Flags().BoolVar(&force, "force", false, "replace the checkpoint (or other files) already in --out")
 	return cmd
+}
+
+// checkOut refuses an --out that exists and is not an empty directory,
+// unless force.
+func checkOut(out string, force bool) error {
+	st, err := os.Stat(out)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("--out %s exists and is not a directory", out)
+	}
+	ents, err := os.ReadDir(out)
+	if err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	if len(ents) > 0 && !force {
+		what := "files"
+		if _, err := os.Stat(filepath.Join(out, model.ConfigFile)); err == nil {
+			what = "a checkpoint"
+		}
+		return fmt.Errorf("--out %s already holds %s (%d entries): refusing to overwrite it (pass --force to replace it)", out, what, len(ents))
+	}
+	return nil
 }

@@ -21,9 +21,32 @@ type modelFlags struct {
 	seed     int64
 	cacheDir string
 	fp8      bool
+	cmd      *cobra.Command // set by add: which flags were given
+	// checkTensors scans every weight for NaN/Inf after opening.
+	checkTensors bool
+}
+
+// addCheckTensors adds --check-tensors (commands that run the model).
+func (m *modelFlags) addCheckTensors(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&m.checkTensors, "check-tensors", false, "read every weight once at load and refuse a checkpoint holding NaN or infinite values")
+}
+
+// open returns the checkpoint the flags name, checked with --check-tensors.
+func (m *modelFlags) open() (*model.Checkpoint, error) {
+	ck, err := m.openOnly()
+	if err != nil || !m.checkTensors {
+		return ck, err
+	}
+	log.Info().Str("dir", ck.Dir()).Msg("checking every tensor for NaN and infinite values (--check-tensors)")
+	if err := ck.CheckTensors(); err != nil {
+		ck.Close()
+		return nil, err
+	}
+	return ck, nil
 }
 
 func (m *modelFlags) add(cmd *cobra.Command, allowPreset bool) {
+	m.cmd = cmd
 	cmd.Flags().StringVar(&m.dir, "model", "", "checkpoint directory (config.json + safetensors)")
 	if allowPreset {
 		cmd.Flags().StringVar(&m.preset, "preset", "", "use a random checkpoint of this preset ("+strings.Join(randckpt.PresetNames(), ", ")+") instead of --model")
@@ -40,12 +63,18 @@ func defaultCacheDir() string {
 	return filepath.Join(".cache", "glmflash")
 }
 
-// open returns the checkpoint the flags name.
-func (m *modelFlags) open() (*model.Checkpoint, error) {
+func (m *modelFlags) openOnly() (*model.Checkpoint, error) {
 	switch {
 	case m.dir != "" && m.preset != "":
 		return nil, fmt.Errorf("--model and --preset are mutually exclusive")
 	case m.dir != "":
+		if m.cmd != nil {
+			for _, f := range []string{"seed", "cache-dir", "fp8"} {
+				if m.cmd.Flags().Changed(f) {
+					return nil, fmt.Errorf("--%s applies to --preset only; with --model it would be ignored", f)
+				}
+			}
+		}
 		ck, err := model.Open(m.dir)
 		if err != nil {
 			return nil, err
@@ -65,20 +94,41 @@ func (m *modelFlags) open() (*model.Checkpoint, error) {
 			suffix = "-fp8"
 		}
 		dir := filepath.Join(m.cacheDir, fmt.Sprintf("%s-seed%d%s", m.preset, m.seed, suffix))
-		if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
-			log.Info().Str("preset", m.preset).Str("dir", dir).Msg("writing random checkpoint")
-			tmp := dir + ".tmp"
-			os.RemoveAll(tmp)
-			if err := randckpt.Write(tmp, cfg, randckpt.Options{Seed: m.seed, FP8: m.fp8}); err != nil {
-				return nil, err
-			}
-			if err := os.Rename(tmp, dir); err != nil {
-				return nil, err
-			}
+		if err := writePreset(dir, cfg, randckpt.Options{Seed: m.seed, FP8: m.fp8}); err != nil {
+			return nil, err
 		}
 		return model.Open(dir)
 	}
 	return nil, fmt.Errorf("name a model with --model DIR or --preset NAME")
+}
+
+// writePreset writes a preset's checkpoint into dir unless it is there.
+// Processes may race for the same dir: each writes into a temporary folder
+// of its own and renames it into place; a loser finds the winner's
+// checkpoint (identical bytes: same preset and seed) and drops its own.
+func writePreset(dir string, cfg *model.Config, opts randckpt.Options) error {
+	if _, err := os.Stat(filepath.Join(dir, model.ConfigFile)); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return fmt.Errorf("--cache-dir: %w", err)
+	}
+	log.Info().Str("dir", dir).Msg("writing random checkpoint")
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), filepath.Base(dir)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("--cache-dir: %w", err)
+	}
+	defer os.RemoveAll(tmp) // gone after the rename; removed on failure
+	if err := randckpt.Write(tmp, cfg, opts); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		if _, serr := os.Stat(filepath.Join(dir, model.ConfigFile)); serr == nil {
+			return nil // another process finished first
+		}
+		return err
+	}
+	return nil
 }
 
 // dumpGraph prints a graph as the --dump-graph flag asks: "summary" or "text".

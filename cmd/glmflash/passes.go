@@ -65,6 +65,9 @@ func newPassesCmd() *cobra.Command {
 						}
 						describePass(tw, p.Desc, "plugin "+p.File)
 					}
+					for _, why := range h.Ignored() {
+						fmt.Fprintf(tw, "-\tplugin\tNOT LOADED: %s\n", why)
+					}
 				}
 			}
 			return tw.Flush()
@@ -84,6 +87,12 @@ func newPassesCmd() *cobra.Command {
 			}
 			if dump != "" && dump != "before" && dump != "after" && dump != "both" {
 				return fmt.Errorf("--dump must be before, after or both, got %q", dump)
+			}
+			if format != "text" && format != "json" {
+				return fmt.Errorf("--format must be text or json, got %q", format)
+			}
+			if logits != string(build.AllLogits) && logits != string(build.LastLogits) {
+				return fmt.Errorf("--logits must be all or last, got %q", logits)
 			}
 			ec, err := engineConfig(cfgPath)
 			if err != nil {

@@ -133,6 +133,9 @@ func scaffoldPlugin(name, dir, src string) ([]string, error) {
 	}
 	d := scaffoldData{Name: name, Binary: "glmflash-pass-" + name}
 	if r := findModuleRoot(abs); r != "" {
+		if src != "" {
+			return nil, fmt.Errorf("--glmflash-src is for a plugin outside a checkout; %s is inside %s", abs, r)
+		}
 		rel, _ := filepath.Rel(r, abs)
 		d.Build = fmt.Sprintf("go build -o bin/plugins/%s ./%s   # in %s", d.Binary, filepath.ToSlash(rel), r)
 	} else {

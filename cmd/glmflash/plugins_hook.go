@@ -31,6 +31,20 @@ func pipelineWithPlugins(ec *config.Engine) (*pass.Pipeline, error) {
 	if ec.Plugins.Dir == "" {
 		return pass.FromConfig(ec)
 	}
+	pluginSignal.Do(func() {
+		if !exitOnSignal {
+			return // serve and attribute handle signals (withSignals)
+		}
+		// an interrupted command still stops its plugin processes, also
+		// while they start
+		ch := make(chan os.Signal, 1)
+		signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+		go func() {
+			<-ch
+			host.KillAll()
+			os.Exit(130)
+		}()
+	})
 	h, err := host.Open(host.OptionsFromConfig(ec, log))
 	if err != nil {
 		return nil, err
@@ -38,19 +52,6 @@ func pipelineWithPlugins(ec *config.Engine) (*pass.Pipeline, error) {
 	pluginMu.Lock()
 	pluginHosts = append(pluginHosts, h)
 	pluginMu.Unlock()
-	pluginSignal.Do(func() {
-		if !exitOnSignal {
-			return
-		}
-		// an interrupted command still stops its plugin processes
-		ch := make(chan os.Signal, 1)
-		signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
-		go func() {
-			<-ch
-			closePlugins()
-			os.Exit(130)
-		}()
-	})
 	pl, err := pass.FromConfigWith(ec, h)
 	if err != nil {
 		return nil, err
@@ -72,5 +73,6 @@ func closePlugins() {
 	for _, h := range hs {
 		h.Close()
 	}
+	host.KillAll() // anything a host could not stop
 	plugin.CleanupClients()
 }

@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/pass"
@@ -31,7 +28,7 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 			if err != nil {
 				return err
 			}
-			mf := modelFlags{dir: cfg.Model.Dir, preset: cfg.Model.Preset, seed: cfg.Model.Seed, cacheDir: cfg.Model.CacheDir, fp8: cfg.Model.FP8}
+			mf := modelFlags{dir: cfg.Model.Dir, preset: cfg.Model.Preset, seed: cfg.Model.Seed, cacheDir: cfg.Model.CacheDir, fp8: cfg.Model.FP8, checkTensors: cfg.Model.CheckTensors}
 			if mf.cacheDir == "" {
 				mf.cacheDir = defaultCacheDir()
 			}
@@ -40,11 +37,21 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 				source = fmt.Sprintf("preset %s (seed %d)", mf.preset, mf.seed)
 			}
 			exitOnSignal = false // drain first; main stops plugin processes at exit
+			ctx, stop := withSignals(cmd.Context())
+			defer stop()
 			ec, err := engineConfig(engineCfg)
 			if err != nil {
 				return err
 			}
-			var pipeline *pass.Pipeline
+			// the pipeline (and its plugins) before anything listens: a bad
+			// engine configuration is an error at once
+			pipeline, err := pipelineWithPlugins(ec)
+			if err != nil {
+				return fmt.Errorf("%s: %w", ec.Source, err)
+			}
+			if ctx.Err() != nil {
+				return nil // stopped while plugins started
+			}
 			var env *pass.Env
 			srv, err := serve.New(cfg, serve.Options{
 				Log: log,
@@ -53,10 +60,7 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 					if err != nil {
 						return nil, err
 					}
-					if pipeline, env, err = pipelineFor(ec, ck); err != nil {
-						ck.Close()
-						return nil, err
-					}
+					env = pass.EnvFromConfig(ec, ck.Config(), ck)
 					return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Source: source, Close: ck.Close}, nil
 				},
 				Engine: func(o *engine.Options) { o.Passes, o.PassEnv = pipeline, env },
@@ -74,12 +78,10 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 			if err := srv.Listen(); err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
 			go func() {
 				select {
 				case <-srv.Ready():
-					fmt.Fprint(cmd.OutOrStdout(), banner(srv.Addr(), srv.MetricsAddr()))
+					fmt.Fprint(cmd.OutOrStdout(), banner(srv.Addr(), srv.MetricsAddr(), cfg.Server.TLS.Enabled(), cfg.Server.Auth.APIKeysFile != ""))
 				case <-ctx.Done():
 				}
 			}()
@@ -92,11 +94,18 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 }
 
 // banner tells how to call the server once it is ready.
-func banner(addr, metrics string) string {
-	s := fmt.Sprintf("\nglmflash is serving glmflash.v1.GLMFlash on %s (Ctrl-C drains and stops).\nTry:\n", addr)
-	s += fmt.Sprintf("  bin/grpcurl -plaintext -d '{\"prompt_ids\":[1,2,3,4,5,6,7,8],\"max_tokens\":16,\"sampling\":{\"temperature\":0}}' %s glmflash.v1.GLMFlash/Generate\n", addr)
-	s += fmt.Sprintf("  bin/grpcurl -plaintext %s glmflash.v1.GLMFlash/GetModelInfo\n", addr)
-	s += fmt.Sprintf("  bin/grpcurl -plaintext %s grpc.health.v1.Health/Check\n", addr)
+func banner(addr, metrics string, tls, keys bool) string {
+	s := fmt.Sprintf("\nglmflash is serving glmflash.v1.GLMFlash on %s (Ctrl-C drains and stops, a second Ctrl-C forces).\nTry:\n", addr)
+	flags := "-plaintext"
+	if tls {
+		flags = "-cacert CA.pem" // and -cert/-key with mutual TLS
+	}
+	if keys {
+		flags += ` -H "authorization: Bearer $KEY"`
+	}
+	s += fmt.Sprintf("  bin/grpcurl %s -d '{\"prompt_ids\":[1,2,3,4,5,6,7,8],\"max_tokens\":16,\"sampling\":{\"temperature\":0}}' %s glmflash.v1.GLMFlash/Generate\n", flags, addr)
+	s += fmt.Sprintf("  bin/grpcurl %s %s glmflash.v1.GLMFlash/GetModelInfo\n", flags, addr)
+	s += fmt.Sprintf("  bin/grpcurl %s %s grpc.health.v1.Health/Check\n", flags, addr)
 	if metrics != "" {
 		s += fmt.Sprintf("  curl -s http://%s/metrics | grep ^glmflash_\n", metrics)
 	}

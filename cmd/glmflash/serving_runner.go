@@ -170,7 +170,7 @@ func passConfigsAsYAML(ec map[string]any) map[string]any {
 	}
 	if pl, ok := m["plugins"].(map[string]any); ok {
 		out := map[string]any{}
-		keys := map[string]string{"Dir": "dir", "Checksums": "checksums", "SumsFile": "sums_file", "TimeoutMS": "timeout_ms", "AllowUnverified": "allow_unverified"}
+		keys := map[string]string{"Dir": "dir", "Checksums": "checksums", "SumsFile": "sums_file", "TimeoutMS": "timeout_ms", "StartTimeoutMS": "start_timeout_ms", "AllowUnverified": "allow_unverified"}
 		for k, v := range pl {
 			if nk, ok := keys[k]; ok && v != nil && v != "" {
 				out[nk] = v
@@ -213,7 +213,7 @@ func firedFromReport(js string) []string {
 func (r *servingRunner) generate(ctx context.Context, as *armServer, prompt []int32, maxTokens int, on func([]int32)) error {
 	mt := uint32(maxTokens)
 	temp := 0.0
-	stream, err := as.cli.Generate(ctx, &v1.GenerateRequest{PromptIds: prompt, MaxTokens: &mt, Sampling: &v1.SamplingParams{Temperature: &temp}})
+	stream, err := as.cli.Generate(ctx, &v1.GenerateRequest{PromptIds: prompt, MaxTokens: &mt, Sampling: &v1.SamplingParams{Temperature: &temp}, IgnoreEos: true})
 	if err != nil {
 		return err
 	}

@@ -168,3 +168,92 @@ func FuzzParseStudy(f *testing.F) {
 		}
 	})
 }
+
+// failingRunner fails one request of every cell of arm "all".
+type failingRunner struct {
+	fakeRunner
+	cells int
+}
+
+func (f *failingRunner) RunCell(ctx context.Context, a Arm, c Cell, prompts [][]int32) (*CellResult, error) {
+	f.cells++
+	cr, err := f.fakeRunner.RunCell(ctx, a, c, prompts)
+	if a.Name == "all" {
+		cr.Requests[1].Err = "max_tokens: prompt (4 tokens) + max_tokens (3) exceed the context limit 5"
+		cr.Requests[1].Tokens = nil
+	}
+	return cr, err
+}
+
+// A failed request fails the study, naming the arm, the cell and the
+// request; no parity or speed is reported from it.
+func TestFailedRequestFailsTheStudy(t *testing.T) {
+	s, err := Parse([]byte(good), "s.yaml", known)
+	require.NoError(t, err)
+	fr := &failingRunner{}
+	_, err = Run(context.Background(), s, Options{Runner: fr, Vocab: 50})
+	require.ErrorContains(t, err, "arm all, cell w C1, round 1: 1 of 5 requests failed (request 1: max_tokens")
+}
+
+// A study is validated entirely before anything runs: sizes are bounded
+// and every request must fit the model's context.
+func TestStudyBoundsAndModelCheck(t *testing.T) {
+	for field, repl := range map[string][2]string{
+		"workloads[0].requests":       {"requests: 5", "requests: 1000000000"},
+		"workloads[0].input_len":      {"input_len: 4", "input_len: 1000000000"},
+		"workloads[0].output_len":     {"output_len: 3", "output_len: 1000000000"},
+		"workloads[0].concurrency[1]": {"[2, 1]", "[2, 100000000]"},
+		"prompt tokens":               {"input_len: 4, output_len: 3, requests: 5", "input_len: 100000, output_len: 3, requests: 100000"},
+		"rounds":                      {"repetitions: 3", "repetitions: 100000"},
+	} {
+		_, err := Parse([]byte(strings.Replace(good, repl[0], repl[1], 1)), "s.yaml", known)
+		require.ErrorContains(t, err, field)
+	}
+	s, err := Parse([]byte(good), "s.yaml", known)
+	require.NoError(t, err)
+	require.NoError(t, s.CheckModel(50, 7))
+	require.ErrorContains(t, s.CheckModel(50, 6), "s.yaml: workloads[0] (w): input_len 4 + output_len 3 exceed the model's context limit 6")
+}
+
+// The destination is checked first: an earlier run's directory is refused
+// (never mixed, its files untouched), an unwritable one too; files appear
+// all at once, and a failed run leaves nothing.
+func TestOutputIsCheckedFirstAndWrittenAtomically(t *testing.T) {
+	d := t.TempDir()
+	old := d + "/old"
+	require.NoError(t, os.MkdirAll(old, 0o755))
+	require.NoError(t, os.WriteFile(old+"/contributions-leave-one-out.png", []byte("x"), 0o644))
+	_, err := PrepareOutput(old)
+	require.ErrorContains(t, err, "already holds 1 entries")
+	if os.Getuid() != 0 { // root writes anywhere
+		ro := d + "/ro"
+		require.NoError(t, os.MkdirAll(ro, 0o555))
+		_, err = PrepareOutput(ro + "/out")
+		require.ErrorContains(t, err, "not writable")
+	}
+	_, err = PrepareOutput(old + "/contributions-leave-one-out.png/x")
+	require.Error(t, err)
+
+	s, err := Parse([]byte(good), "s.yaml", known)
+	require.NoError(t, err)
+	res, err := Run(context.Background(), s, Options{Runner: &fakeRunner{}, Vocab: 50})
+	require.NoError(t, err)
+	o, err := PrepareOutput(d + "/new")
+	require.NoError(t, err)
+	_, err = os.Stat(d + "/new")
+	require.True(t, os.IsNotExist(err), "nothing appears before the commit")
+	files, _, err := o.Commit(res)
+	require.NoError(t, err)
+	require.Len(t, files, 5)
+	for _, f := range files {
+		require.FileExists(t, f)
+	}
+	ents, _ := os.ReadDir(d)
+	require.Len(t, ents, 2, "no staging folder left: old and new")
+
+	o, err = PrepareOutput(d + "/failed")
+	require.NoError(t, err)
+	o.Abort()
+	ents, _ = os.ReadDir(d)
+	require.Len(t, ents, 2, "an aborted run leaves nothing")
+}

@@ -78,10 +78,31 @@ func percentile(ds []time.Duration, p float64) float64 {
 	return float64(s[idx].Microseconds()) / 1000
 }
 
+// Failed reports the cell's failed requests: how many, and the first
+// error. A study measures nothing from an arm whose requests fail.
+func (cr *CellResult) Failed() error {
+	n, first := 0, ""
+	for i, rr := range cr.Requests {
+		if rr.Err != "" {
+			if n == 0 {
+				first = fmt.Sprintf("request %d: %s", i, rr.Err)
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d of %d requests failed (%s)", n, len(cr.Requests), first)
+}
+
 // Run executes every arm on every cell in paired, interleaved rounds: each
 // round visits the cells in order and, per cell, every arm back to back
 // (alternating the arm order between rounds), so slow drift of a noisy
 // machine affects all arms alike. Warm-up rounds are run and discarded.
+//
+// A request that fails ends the study with an error naming the arm, the
+// cell and the request: nothing is reported from a partial measurement.
 func Run(ctx context.Context, s *Study, opts Options) (*Result, error) {
 	arms, err := s.Expand()
 	if err != nil {
@@ -118,6 +139,9 @@ func Run(ctx context.Context, s *Study, opts Options) (*Result, error) {
 				cr, err := opts.Runner.RunCell(ctx, a, c, prompts[c.Workload.Name])
 				if err != nil {
 					return res, fmt.Errorf("arm %s, cell %s: %w", a.Name, c.Name(), err)
+				}
+				if err := cr.Failed(); err != nil {
+					return res, fmt.Errorf("arm %s, cell %s, round %d: %w", a.Name, c.Name(), round+1, err)
 				}
 				results[a.Name] = cr
 				if a.Kind == "baseline" {

@@ -178,6 +178,11 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 	if err != nil {
 		return err
 	}
+	for _, key := range runtime.Programs { // compiled here, never during a measurement
+		if _, err := eng.Program(key); err != nil {
+			return fmt.Errorf("arm %s: %w", a.Name, err)
+		}
+	}
 	rt, err := runtime.New(eng, runtime.Config{MaxRunning: conc, MaxQueue: reqs, MaxBatchTokens: r.Study.Runtime.MaxBatchTokens, PrefillChunk: r.Study.Runtime.PrefillChunk}, runtime.Options{})
 	if err != nil {
 		return err
@@ -190,7 +195,7 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 func (r *EngineRunner) RunCell(ctx context.Context, a Arm, c Cell, prompts [][]int32) (*CellResult, error) {
 	ea := r.arms[a.Name]
 	gen := func(ctx context.Context, prompt []int32, maxTokens int, on func([]int32)) error {
-		h, err := ea.rt.Submit(ctx, runtime.Request{Prompt: prompt, MaxTokens: maxTokens, Sampling: sample.Greedy()})
+		h, err := ea.rt.Submit(ctx, runtime.Request{Prompt: prompt, MaxTokens: maxTokens, Sampling: sample.Greedy(), IgnoreEOS: true})
 		if err != nil {
 			return err
 		}

@@ -8,13 +8,12 @@ package attrib
 
 import (
 	"fmt"
-	"os"
 	"sort"
-	"strings"
 
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
-	"github.com/go-viper/mapstructure/v2"
+	"github.com/glmflash/glmflash/internal/regular"
+	"github.com/glmflash/glmflash/internal/strict"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/rawbytes"
 	"github.com/knadh/koanf/v2"
@@ -86,6 +85,16 @@ type Study struct {
 	Source string `koanf:"-"`
 }
 
+// Bounds of a study: far above any useful study on one machine, far below
+// what would exhaust its memory before the first measurement.
+const (
+	MaxRequests     = 100_000 // per workload
+	MaxTokens       = 1 << 20 // input_len and output_len
+	MaxPromptTokens = 1 << 26 // requests × input_len, held in memory
+	MaxConcurrency  = 1024    // per level (cache slots of an arm's engine)
+	MaxRounds       = 1000    // repetitions + warmup
+)
+
 // Levels.
 const (
 	LevelEngine  = "engine"
@@ -95,7 +104,7 @@ const (
 // Load reads and validates a study file. Every error names the file and
 // the field.
 func Load(path string, known func(name string) bool) (*Study, error) {
-	b, err := os.ReadFile(path)
+	b, err := regular.ReadFile(path, regular.ConfigLimit)
 	if err != nil {
 		return nil, fmt.Errorf("study: %w", err)
 	}
@@ -110,11 +119,8 @@ func Parse(b []byte, source string, known func(string) bool) (*Study, error) {
 		return nil, fmt.Errorf("%s: invalid YAML: %w", source, err)
 	}
 	var s Study
-	err := k.UnmarshalWithConf("", &s, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: &mapstructure.DecoderConfig{
-		ErrorUnused: true, WeaklyTypedInput: true, Result: &s, TagName: "koanf"}})
-	if err != nil {
-		msg := strings.ReplaceAll(err.Error(), "has invalid keys:", "has unknown field(s):")
-		return nil, fmt.Errorf("%s: %s", source, msg)
+	if err := k.UnmarshalWithConf("", &s, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: strict.DecoderConfig(&s)}); err != nil {
+		return nil, fmt.Errorf("%s: %s", source, strict.Message(err))
 	}
 	s.Source = source
 	if known == nil {
@@ -189,9 +195,19 @@ func (s *Study) validate(known func(string) bool) error {
 		case len(w.Concurrency) == 0:
 			return fmt.Errorf("%s.concurrency: at least one level is required", f)
 		}
+		switch {
+		case w.InputLen > MaxTokens:
+			return fmt.Errorf("%s.input_len: %d is more than %d", f, w.InputLen, MaxTokens)
+		case w.OutputLen > MaxTokens:
+			return fmt.Errorf("%s.output_len: %d is more than %d", f, w.OutputLen, MaxTokens)
+		case w.Requests > MaxRequests:
+			return fmt.Errorf("%s.requests: %d is more than %d", f, w.Requests, MaxRequests)
+		case int64(w.Requests)*int64(w.InputLen) > MaxPromptTokens:
+			return fmt.Errorf("%s: requests × input_len = %d prompt tokens, more than %d", f, int64(w.Requests)*int64(w.InputLen), MaxPromptTokens)
+		}
 		for j, c := range w.Concurrency {
-			if c < 1 {
-				return fmt.Errorf("%s.concurrency[%d]: must be ≥ 1, got %d", f, j, c)
+			if c < 1 || c > MaxConcurrency {
+				return fmt.Errorf("%s.concurrency[%d]: must be in [1, %d], got %d", f, j, MaxConcurrency, c)
 			}
 		}
 		names[w.Name] = true
@@ -199,8 +215,14 @@ func (s *Study) validate(known func(string) bool) error {
 	if s.Repetitions == 0 {
 		s.Repetitions = 3
 	}
-	if s.Repetitions < 1 || s.Warmup < 0 {
-		return fmt.Errorf("repetitions must be ≥ 1 and warmup ≥ 0")
+	if s.Repetitions < 1 || s.Warmup < 0 || s.Repetitions+s.Warmup > MaxRounds {
+		return fmt.Errorf("repetitions must be ≥ 1 and warmup ≥ 0, %d rounds in all at most (got %d and %d)", MaxRounds, s.Repetitions, s.Warmup)
+	}
+	if s.Runtime.MaxBatchTokens < 0 || s.Runtime.PrefillChunk < 0 || s.Runtime.MaxBatchTokens > MaxTokens || s.Runtime.PrefillChunk > MaxTokens {
+		return fmt.Errorf("runtime: max_batch_tokens and prefill_chunk must be in [0, %d]", MaxTokens)
+	}
+	if s.Serving.StartTimeoutS < 0 {
+		return fmt.Errorf("serving.start_timeout_s must be ≥ 0, got %d", s.Serving.StartTimeoutS)
 	}
 	arms, err := s.Expand()
 	if err != nil {
@@ -211,6 +233,22 @@ func (s *Study) validate(known func(string) bool) error {
 	}
 	if !s.Arms.Baseline {
 		return fmt.Errorf("arms.baseline: must be true (gaps and parity are measured against it)")
+	}
+	return nil
+}
+
+// CheckModel checks the study against the model it runs on, before
+// anything is measured: every request must fit the context (input_len +
+// output_len ≤ contextLimit) and the vocabulary must have room for the
+// random prompts. Errors name the source and the field.
+func (s *Study) CheckModel(vocab, contextLimit int) error {
+	if vocab < 2 {
+		return fmt.Errorf("%s: model: vocab_size %d leaves no tokens to draw prompts from", s.Source, vocab)
+	}
+	for i, w := range s.Workloads {
+		if w.InputLen+w.OutputLen > contextLimit {
+			return fmt.Errorf("%s: workloads[%d] (%s): input_len %d + output_len %d exceed the model's context limit %d", s.Source, i, w.Name, w.InputLen, w.OutputLen, contextLimit)
+		}
 	}
 	return nil
 }

@@ -41,6 +41,8 @@ type Sample struct {
 	Token   int32
 	Logprob float32
 	Top     []sample.TokenLogprob
+	// Err is set (and nothing else) when the row holds non-finite logits.
+	Err error
 }
 
 // Result holds a run's outputs.
@@ -206,6 +208,10 @@ func SampleHost(logits []float32, vocab int, specs []SampleSpec) []Sample {
 	out := make([]Sample, len(specs))
 	for i, s := range specs {
 		row := logits[i*vocab : (i+1)*vocab]
+		if err := sample.CheckFinite(row); err != nil {
+			out[i] = Sample{Err: err}
+			continue
+		}
 		tok := int32(sample.Pick(row, s.Params, s.U))
 		lp, top := sample.Logprobs(row, tok, s.TopLogprobs)
 		out[i] = Sample{Token: tok, Logprob: lp, Top: top}

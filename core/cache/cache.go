@@ -144,3 +144,25 @@ func (q *Seq) Bytes() int {
 	}
 	return n
 }
+
+// SlotBytes bounds the memory of one slot holding tokens tokens: the fixed
+// KDA state plus, per token, the MLA latents of every DSA layer and the
+// indexer keys of every layer with its own indexer (append growth may add
+// up to as much again). Servers check slots × SlotBytes(context) against
+// the machine before they accept a configuration.
+func SlotBytes(cfg *model.Config, tokens int) int64 {
+	var fixed, perToken int64
+	for l := 0; l < cfg.NumHiddenLayers; l++ {
+		if cfg.IsKDA(l) {
+			P := int64(cfg.KDAProjDim())
+			fixed += 3 * P * int64(cfg.LinearConvKernelDim-1)
+			fixed += int64(cfg.LinearNumHeads) * int64(cfg.LinearHeadDim) * int64(cfg.LinearHeadDim)
+			continue
+		}
+		perToken += int64(cfg.KVLoraRank)
+		if cfg.HasOwnIndexer(l) {
+			perToken += int64(cfg.IndexHeadDim) // pooled keys (at most one per token)
+		}
+	}
+	return 4 * (fixed + perToken*int64(tokens))
+}

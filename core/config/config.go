@@ -9,10 +9,11 @@ package config
 
 import (
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 
+	"github.com/glmflash/glmflash/internal/regular"
+	"github.com/glmflash/glmflash/internal/strict"
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/env"
@@ -71,10 +72,16 @@ type Plugins struct {
 	Checksums map[string]string `koanf:"checksums"` // plugin file name → hex SHA-256
 	SumsFile  string            `koanf:"sums_file"` // sidecar "sha256  name" lines
 	TimeoutMS int               `koanf:"timeout_ms"`
+	// StartTimeoutMS bounds a plugin's start and its Describe call
+	// (default 10000).
+	StartTimeoutMS int `koanf:"start_timeout_ms"`
 	// AllowUnverified runs plugins that have no expected checksum (a
 	// plugin whose checksum is listed and differs never runs).
 	AllowUnverified bool `koanf:"allow_unverified"`
 }
+
+// MaxPluginTimeoutMS bounds plugins.timeout_ms and start_timeout_ms (10 min).
+const MaxPluginTimeoutMS = 600_000
 
 // Engine is the whole engine configuration.
 type Engine struct {
@@ -134,7 +141,7 @@ debug:
 
 // Load reads a YAML file and applies environment overrides.
 func Load(path string) (*Engine, error) {
-	b, err := os.ReadFile(path)
+	b, err := regular.ReadFile(path, regular.ConfigLimit)
 	if err != nil {
 		return nil, fmt.Errorf("engine config: %w", err)
 	}
@@ -160,29 +167,16 @@ func parse(b []byte, source string, withEnv bool) (*Engine, error) {
 		}
 	}
 	var e Engine
-	err := k.UnmarshalWithConf("", &e, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: &mapstructure.DecoderConfig{
-		ErrorUnused:      true,
-		WeaklyTypedInput: true,
-		Result:           &e,
-		TagName:          "koanf",
-		DecodeHook:       mapstructure.StringToSliceHookFunc(","),
-	}})
-	if err != nil {
-		return nil, fmt.Errorf("%s: %s", source, cleanDecodeError(err))
+	dc := strict.DecoderConfig(&e)
+	dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(mapstructure.StringToSliceHookFunc(","), strict.Hook)
+	if err := k.UnmarshalWithConf("", &e, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
+		return nil, fmt.Errorf("%s: %s", source, strict.Message(err))
 	}
 	e.Source = source
 	if err := e.Validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
 	}
 	return &e, nil
-}
-
-// cleanDecodeError turns mapstructure's messages into ones naming the key.
-func cleanDecodeError(err error) string {
-	s := err.Error()
-	s = strings.ReplaceAll(s, "'' has invalid keys:", "unknown key(s):")
-	s = strings.ReplaceAll(s, "has invalid keys:", "has unknown key(s):")
-	return s
 }
 
 // Validate checks values that YAML typing cannot.
@@ -216,8 +210,11 @@ func (e *Engine) Validate() error {
 			return fmt.Errorf("debug.capture_hidden[%d]: layer %d is negative", i, l)
 		}
 	}
-	if e.Plugins.TimeoutMS < 0 {
-		return fmt.Errorf("plugins.timeout_ms must be ≥ 0")
+	if e.Plugins.TimeoutMS < 0 || e.Plugins.TimeoutMS > MaxPluginTimeoutMS {
+		return fmt.Errorf("plugins.timeout_ms must be in [0, %d] (0: the default), got %d", MaxPluginTimeoutMS, e.Plugins.TimeoutMS)
+	}
+	if e.Plugins.StartTimeoutMS < 0 || e.Plugins.StartTimeoutMS > MaxPluginTimeoutMS {
+		return fmt.Errorf("plugins.start_timeout_ms must be in [0, %d] (0: the default), got %d", MaxPluginTimeoutMS, e.Plugins.StartTimeoutMS)
 	}
 	for _, name := range SortedOptionKeys(anyMap(e.Plugins.Checksums)) {
 		sum := e.Plugins.Checksums[name]

@@ -8,9 +8,9 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 
+	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/model/safetensors"
 )
 
@@ -48,7 +48,7 @@ type refJSON struct {
 // Load reads FILE.safetensors and the FILE.json beside it (the case list).
 func Load(path string) (*Reference, error) {
 	jpath := path[:len(path)-len(filepath.Ext(path))] + ".json"
-	jb, err := os.ReadFile(jpath)
+	jb, err := regular.ReadFile(jpath, regular.ConfigLimit)
 	if err != nil {
 		return nil, fmt.Errorf("reference: %w", err)
 	}

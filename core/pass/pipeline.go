@@ -42,7 +42,13 @@ func NewPipelineWith(reqs []Request, verify bool, extra Resolver) (*Pipeline, er
 	for i, r := range reqs {
 		f, ok := p.lookup(r.Name)
 		if !ok {
-			return nil, fmt.Errorf("passes[%d]: unknown pass %q (known: %s)", i, r.Name, strings.Join(p.names(), ", "))
+			err := fmt.Errorf("passes[%d]: unknown pass %q (known: %s)", i, r.Name, strings.Join(p.names(), ", "))
+			if ex, ok := extra.(Explainer); ok {
+				if f := ex.Failures(); len(f) > 0 {
+					err = fmt.Errorf("%w; plugins that could not be loaded: %s", err, strings.Join(f, "; "))
+				}
+			}
+			return nil, err
 		}
 		ps := f()
 		d := ps.Describe()

@@ -14,6 +14,13 @@ type Resolver interface {
 	Names() []string
 }
 
+// Explainer is implemented by resolvers that can say why passes they would
+// have provided are missing (plugins that could not be loaded): a pass name
+// that resolves to nothing is reported with these reasons.
+type Explainer interface {
+	Failures() []string
+}
+
 // FallibleEligibility is implemented by passes whose eligibility check can
 // fail as a whole (a plugin subprocess that crashed or timed out). The
 // pipeline calls EligibleE instead of Eligible and marks the pass failed,

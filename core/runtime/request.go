@@ -13,6 +13,9 @@ import (
 // MaxTopLogprobs bounds Request.TopLogprobs.
 const MaxTopLogprobs = 20
 
+// MaxStopIDs bounds Request.StopIDs (each token is checked against them).
+const MaxStopIDs = 1024
+
 // Errors Submit and Abort return. Servers map them to status codes:
 // ErrQueueFull → RESOURCE_EXHAUSTED, ErrDraining and ErrClosed →
 // UNAVAILABLE, ErrNotFound → NOT_FOUND, ErrDuplicateID → ALREADY_EXISTS,
@@ -50,10 +53,18 @@ type Request struct {
 	Sampling sample.Params
 	// StopIDs end generation after one of them is produced.
 	StopIDs []int32
+	// IgnoreEOS keeps generating past the model's end-of-sequence ids
+	// (config.json and generation_config.json eos_token_id), which
+	// otherwise end the request with FinishStop (benchmarks set it).
+	IgnoreEOS bool
 	// MaxTokens to generate (≥ 1; len(Prompt)+MaxTokens ≤ the context limit).
 	MaxTokens int
 	// TopLogprobs alternatives to report with each token (0..MaxTopLogprobs).
 	TopLogprobs int
+	// Owner names the caller that submitted the request (an API key's id;
+	// "" when the server has no keys): only it may AbortBy the request,
+	// besides an admin.
+	Owner string
 
 	// Score runs the prompt only and returns logits in Final.Logits
 	// instead of generating; AllPositions selects every row, else the last.
@@ -77,7 +88,7 @@ type FinishReason int
 
 // Finish reasons.
 const (
-	FinishStop      FinishReason = iota + 1 // a stop id was produced
+	FinishStop      FinishReason = iota + 1 // a stop id or the model's EOS was produced
 	FinishLength                            // max tokens (or the context limit)
 	FinishAbort                             // Abort, drain or close
 	FinishCancelled                         // the submitter's context ended (cancel or deadline)

@@ -86,6 +86,15 @@ func (c Config) WithDefaults(cfg *model.Config, slots int) (Config, error) {
 	return c, nil
 }
 
+// Programs are the programs the scheduler runs: generation steps (last
+// logits per sequence) and steps that hold a Score request (every row).
+// Compile them all before serving (engine.Engine.Program) so that no step
+// compiles a program inside the scheduler, stalling every stream.
+var Programs = []engine.Key{
+	{Mode: build.Mixed, Logits: build.LastLogits},
+	{Mode: build.Mixed, Logits: build.AllLogits},
+}
+
 // Metrics receives the scheduler's measurements; every method must be
 // cheap and safe for concurrent use. NopMetrics ignores them.
 type Metrics interface {
@@ -126,6 +135,7 @@ type Runtime struct {
 	met   Metrics
 	log   zerolog.Logger
 	vocab int
+	eos   map[int32]bool // the model's end-of-sequence ids
 
 	mu       sync.Mutex
 	waiting  []*request // FIFO, not yet admitted
@@ -174,7 +184,10 @@ func New(m Model, cfg Config, opts Options) (*Runtime, error) {
 	}
 	rt := &Runtime{
 		m: m, cfg: c, met: opts.Metrics, log: opts.Log, vocab: m.Config().VocabSize,
-		byID: map[string]*request{}, wake: make(chan struct{}, 1), exited: make(chan struct{}),
+		byID: map[string]*request{}, wake: make(chan struct{}, 1), exited: make(chan struct{}), eos: map[int32]bool{},
+	}
+	for _, id := range m.Config().EOSTokenIDs {
+		rt.eos[int32(id)] = true
 	}
 	go rt.loop()
 	return rt, nil
@@ -209,6 +222,9 @@ func (rt *Runtime) Validate(req *Request) error {
 	}
 	if err := req.Sampling.Validate(); err != nil {
 		return &InvalidError{Field: "sampling", Msg: err.Error()}
+	}
+	if len(req.StopIDs) > MaxStopIDs {
+		return invalid("stop_ids", "at most %d ids, got %d", MaxStopIDs, len(req.StopIDs))
 	}
 	for i, t := range req.StopIDs {
 		if t < 0 || int(t) >= rt.vocab {
@@ -282,11 +298,16 @@ func (rt *Runtime) Submit(ctx context.Context, req Request) (*Handle, error) {
 }
 
 // Abort ends an in-flight request with FinishAbort.
-func (rt *Runtime) Abort(id string) error {
+func (rt *Runtime) Abort(id string) error { return rt.AbortBy(id, "", true) }
+
+// AbortBy ends an in-flight request on behalf of a caller: only the
+// request's Owner, or an admin, may. For anyone else the request does not
+// exist (ErrNotFound): ids of other callers' requests are not revealed.
+func (rt *Runtime) AbortBy(id, owner string, admin bool) error {
 	rt.mu.Lock()
 	r := rt.byID[id]
 	rt.mu.Unlock()
-	if r == nil {
+	if r == nil || (!admin && r.Owner != owner) {
 		return ErrNotFound
 	}
 	if !rt.kill(r, FinishAbort, "aborted by request") {
@@ -414,14 +435,26 @@ func (rt *Runtime) abortAll(msg string) int {
 
 // Close aborts whatever is in flight, waits for the current step to end,
 // frees every slot and stops the scheduler. It is safe to call twice.
-func (rt *Runtime) Close() {
+func (rt *Runtime) Close() { rt.CloseWithin(context.Background()) }
+
+// CloseWithin is Close that waits for the current step only until ctx
+// ends: every request is finalized at once either way, but a forward pass
+// cannot be interrupted, so the scheduler may still be running it (it stops
+// after). It reports whether the scheduler stopped; when it did not, the
+// model's weights are still in use and must not be released.
+func (rt *Runtime) CloseWithin(ctx context.Context) bool {
 	rt.mu.Lock()
 	rt.draining = true
 	rt.closing = true
 	rt.mu.Unlock()
 	rt.abortAll("the runtime is closing")
 	signal(rt.wake)
-	<-rt.exited
+	select {
+	case <-rt.exited:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // item is one sequence of a step's batch.
@@ -800,6 +833,10 @@ func (rt *Runtime) collectLocked(batch []item, res *backend.Result, err error, a
 			}
 		}
 		pick := res.Samples[last]
+		if pick.Err != nil {
+			rt.completeLocked(r, FinishError, pick.Err.Error())
+			continue
+		}
 		tok := pick.Token
 		t := Token{ID: tok, Index: r.generated, Logprob: pick.Logprob, Top: pick.Top}
 		r.generated++
@@ -814,7 +851,7 @@ func (rt *Runtime) collectLocked(batch []item, res *backend.Result, err error, a
 		r.next = tok
 		r.emit(t)
 		switch {
-		case slices.Contains(r.StopIDs, tok):
+		case slices.Contains(r.StopIDs, tok) || (rt.eos[tok] && !r.IgnoreEOS):
 			rt.completeLocked(r, FinishStop, "")
 		case r.generated >= r.MaxTokens || len(r.Prompt)+r.generated >= rt.cfg.ContextLimit:
 			rt.completeLocked(r, FinishLength, "")

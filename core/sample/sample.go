@@ -177,3 +177,28 @@ func Logprobs(row []float32, tok int32, n int) (float32, []TokenLogprob) {
 	}
 	return lp, top
 }
+
+// CheckFinite returns an error naming the first NaN or infinite logit:
+// such a row has no distribution to sample from (greedy would silently
+// pick token 0), so the request must end with an error instead.
+func CheckFinite(logits []float32) error {
+	for i, v := range logits {
+		if v != v || v > math.MaxFloat32 || v < -math.MaxFloat32 {
+			n := 0
+			for _, w := range logits[i:] {
+				if w != w || w > math.MaxFloat32 || w < -math.MaxFloat32 {
+					n++
+				}
+			}
+			return NonFinite(n, len(logits), i, v)
+		}
+	}
+	return nil
+}
+
+// NonFinite is the error for a logits row with n non-finite values of
+// total, the first at token first with value v (device samplers report
+// these counts).
+func NonFinite(n, total, first int, v float32) error {
+	return fmt.Errorf("non-finite logits: %d of %d values (the first, token %d, is %v): the model's weights or activations overflowed", n, total, first, v)
+}

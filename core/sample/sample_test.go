@@ -1,6 +1,7 @@
 package sample
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -44,4 +45,12 @@ func TestValidateNamesField(t *testing.T) {
 	require.ErrorContains(t, Params{TopP: 1, TopK: -2}.Validate(), "top_k")
 	require.ErrorContains(t, Params{TopP: 1, MinP: 1}.Validate(), "min_p")
 	require.NoError(t, Greedy().Validate())
+}
+
+func TestCheckFinite(t *testing.T) {
+	require.NoError(t, CheckFinite([]float32{1, -3, 0}))
+	nan := float32(math.NaN())
+	inf := float32(math.Inf(1))
+	require.ErrorContains(t, CheckFinite([]float32{1, nan, inf}), "2 of 3 values (the first, token 1, is NaN)")
+	require.ErrorContains(t, CheckFinite([]float32{-inf}), "token 0, is -Inf")
 }

@@ -8,10 +8,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-viper/mapstructure/v2"
+	"github.com/glmflash/glmflash/core/access"
+	"github.com/glmflash/glmflash/internal/regular"
+	"github.com/glmflash/glmflash/internal/strict"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/env/v2"
-	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/providers/rawbytes"
 	"github.com/knadh/koanf/v2"
 )
 
@@ -31,6 +33,8 @@ type ModelConfig struct {
 	Seed     int64  `koanf:"seed"`
 	CacheDir string `koanf:"cache_dir"`
 	FP8      bool   `koanf:"fp8"`
+	// CheckTensors reads every weight at load and refuses NaN/Inf values.
+	CheckTensors bool `koanf:"check_tensors"`
 }
 
 // ServerConfig is the network side.
@@ -38,6 +42,30 @@ type ServerConfig struct {
 	GRPCAddr     string        `koanf:"grpc_addr"`
 	MetricsAddr  string        `koanf:"metrics_addr"` // "" disables the metrics endpoint
 	DrainTimeout time.Duration `koanf:"drain_timeout"`
+	// MaxResponseBytes bounds one reply (a Score's logits above all): a
+	// request whose reply would be larger is refused before any work.
+	MaxResponseBytes int `koanf:"max_response_bytes"`
+	// MaxRequestBytes bounds one received message.
+	MaxRequestBytes int `koanf:"max_request_bytes"`
+	// TLS serves gRPC over TLS (mutual TLS with client_ca_file).
+	TLS access.TLS `koanf:"tls"`
+	// Auth requires API keys (Authorization: Bearer KEY); health checks
+	// need none.
+	Auth access.Auth `koanf:"auth"`
+	// Reflection registers gRPC server reflection (default true).
+	Reflection bool `koanf:"reflection"`
+	// KeepaliveTime pings an idle connection after this long, and
+	// KeepaliveTimeout closes it when the ping is not answered in time.
+	KeepaliveTime    time.Duration `koanf:"keepalive_time"`
+	KeepaliveTimeout time.Duration `koanf:"keepalive_timeout"`
+	// MaxConnectionAge closes a connection this old (0: never), after
+	// MaxConnectionAgeGrace for its calls to finish (0: no bound): the way
+	// to be rid of clients that stop reading.
+	MaxConnectionAge      time.Duration `koanf:"max_connection_age"`
+	MaxConnectionAgeGrace time.Duration `koanf:"max_connection_age_grace"`
+	// ExposePaths shows absolute paths (model directory, configuration and
+	// plugin files) in GetModelInfo; by default only their base names.
+	ExposePaths bool `koanf:"expose_paths"`
 }
 
 // RuntimeConfig sizes the engine and the scheduler; zero means the default.
@@ -54,8 +82,10 @@ type RuntimeConfig struct {
 // DefaultConfig is what an empty file means.
 func DefaultConfig() Config {
 	return Config{
-		Model:   ModelConfig{Seed: 1},
-		Server:  ServerConfig{GRPCAddr: "127.0.0.1:50051", MetricsAddr: "127.0.0.1:9090", DrainTimeout: 30 * time.Second},
+		Model: ModelConfig{Seed: 1},
+		Server: ServerConfig{GRPCAddr: "127.0.0.1:50051", MetricsAddr: "127.0.0.1:9090", DrainTimeout: 30 * time.Second,
+			MaxResponseBytes: 64 << 20, MaxRequestBytes: 4 << 20, Reflection: true,
+			KeepaliveTime: time.Minute, KeepaliveTimeout: 20 * time.Second},
 		Runtime: RuntimeConfig{Slots: 8, DefaultMaxTokens: 256},
 	}
 }
@@ -74,7 +104,11 @@ func LoadConfig(path string, environ []string) (Config, error) {
 	k := koanf.New(".")
 	source := map[string]string{} // key → where it came from
 	if path != "" {
-		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+		b, err := regular.ReadFile(path, regular.ConfigLimit)
+		if err != nil {
+			return Config{}, fmt.Errorf("config: %w", err)
+		}
+		if err := k.Load(rawbytes.Provider(b), yaml.Parser()); err != nil {
 			return Config{}, fmt.Errorf("config %s: %w", path, err)
 		}
 		for _, key := range k.Keys() {
@@ -129,15 +163,8 @@ func LoadConfig(path string, environ []string) (Config, error) {
 	}
 
 	c := DefaultConfig()
-	err = k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: &mapstructure.DecoderConfig{
-		DecodeHook:       mapstructure.StringToTimeDurationHookFunc(),
-		WeaklyTypedInput: true,
-		ErrorUnused:      true,
-		Result:           &c,
-		TagName:          "koanf",
-	}})
-	if err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+	if err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: strict.DecoderConfig(&c)}); err != nil {
+		return Config{}, fmt.Errorf("config: %s", strict.Message(err))
 	}
 	return c, c.Validate()
 }
@@ -168,6 +195,18 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: server.grpc_addr is empty")
 	case s.DrainTimeout < 0:
 		return fmt.Errorf("config: server.drain_timeout must be ≥ 0, got %s", s.DrainTimeout)
+	case s.MaxResponseBytes < 1<<10 || s.MaxResponseBytes > 1<<30:
+		return fmt.Errorf("config: server.max_response_bytes must be in [1 KiB, 1 GiB], got %d", s.MaxResponseBytes)
+	case s.MaxRequestBytes < 1<<10 || s.MaxRequestBytes > 1<<30:
+		return fmt.Errorf("config: server.max_request_bytes must be in [1 KiB, 1 GiB], got %d", s.MaxRequestBytes)
+	case s.KeepaliveTime < time.Second:
+		return fmt.Errorf("config: server.keepalive_time must be ≥ 1s, got %s", s.KeepaliveTime)
+	case s.KeepaliveTimeout < time.Second:
+		return fmt.Errorf("config: server.keepalive_timeout must be ≥ 1s, got %s", s.KeepaliveTimeout)
+	case s.MaxConnectionAge < 0 || s.MaxConnectionAgeGrace < 0:
+		return fmt.Errorf("config: server.max_connection_age and max_connection_age_grace must be ≥ 0")
+	case s.TLS.Validate("server.tls") != nil:
+		return fmt.Errorf("config: %w", s.TLS.Validate("server.tls"))
 	case r.Slots < 1:
 		return fmt.Errorf("config: runtime.slots must be ≥ 1, got %d", r.Slots)
 	case r.MaxRunning < 0:

@@ -77,3 +77,38 @@ func TestConfigIsStrict(t *testing.T) {
 	_, err := LoadConfig(filepath.Join(t.TempDir(), "missing.yaml"), []string{})
 	require.Error(t, err)
 }
+
+// The operator options decode from YAML and the environment, and their
+// values are checked.
+func TestOperatorOptions(t *testing.T) {
+	p := writeYAML(t, `
+model: {preset: small}
+server:
+  reflection: false
+  expose_paths: true
+  keepalive_time: 30s
+  max_connection_age: 1h
+  max_connection_age_grace: 30s
+  max_response_bytes: 1048576
+  tls: {cert_file: c.pem, key_file: k.pem}
+  auth: {api_keys_file: keys.txt}
+`)
+	c, err := LoadConfig(p, []string{"GLMFLASH_SERVER__TLS__CLIENT_CA_FILE=ca.pem"})
+	require.NoError(t, err)
+	require.False(t, c.Server.Reflection)
+	require.True(t, c.Server.ExposePaths)
+	require.Equal(t, time.Hour, c.Server.MaxConnectionAge)
+	require.Equal(t, "ca.pem", c.Server.TLS.ClientCAFile)
+	require.Equal(t, "keys.txt", c.Server.Auth.APIKeysFile)
+	require.True(t, DefaultConfig().Server.Reflection)
+	for y, want := range map[string]string{
+		"server: {tls: {cert_file: c.pem}}":        "server.tls: cert_file and key_file are both required",
+		"server: {keepalive_time: 0s}":             "server.keepalive_time",
+		"server: {max_connection_age: -1s}":        "max_connection_age",
+		"server: {max_response_bytes: 10}":         "server.max_response_bytes",
+		"server: {auth: {api_key_file: keys.txt}}": `unknown key "server.auth.api_key_file"`,
+	} {
+		_, err := LoadConfig(writeYAML(t, "model: {preset: small}\n"+y+"\n"), []string{})
+		require.ErrorContains(t, err, want, y)
+	}
+}

@@ -16,6 +16,8 @@ import (
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/kernels/parallel"
 	"github.com/glmflash/glmflash/model"
@@ -69,6 +71,7 @@ type setup struct {
 	drain time.Duration
 	gate  <-chan struct{} // Load waits for it
 	opts  func(*Options)
+	cfg   func(*Config) // adjusts the configuration last
 }
 
 func start(t *testing.T, su setup) *harness {
@@ -88,6 +91,9 @@ func start(t *testing.T, su setup) *harness {
 		su.rt.DefaultMaxTokens = 16
 	}
 	cfg.Runtime = su.rt
+	if su.cfg != nil {
+		su.cfg(&cfg)
+	}
 	o := Options{Load: fixtureLoader(su.gate)}
 	if su.opts != nil {
 		su.opts(&o)
@@ -508,6 +514,7 @@ func TestClientErrors(t *testing.T) {
 		{"min_p 1", "sampling.min_p", func(r *pb.GenerateRequest) { r.Sampling = &pb.SamplingParams{MinP: 1} }},
 		{"negative min_p", "sampling.min_p", func(r *pb.GenerateRequest) { r.Sampling = &pb.SamplingParams{MinP: -0.1} }},
 		{"stop id out of range", "stop_ids[1]", func(r *pb.GenerateRequest) { r.StopIds = []int32{3, 999} }},
+		{"too many stop ids", "stop_ids", func(r *pb.GenerateRequest) { r.StopIds = make([]int32, 1025) }},
 		{"too many top logprobs", "top_logprobs", func(r *pb.GenerateRequest) { r.TopLogprobs = 21 }},
 		{"request id with a space", "request_id", func(r *pb.GenerateRequest) { r.RequestId = "a b" }},
 		{"request id too long", "request_id", func(r *pb.GenerateRequest) { r.RequestId = strings.Repeat("x", 129) }},
@@ -743,4 +750,77 @@ func TestShutdownWhileLoading(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, resp.Status)
 	h.shutdown(t) // requires Serve to return nil
+}
+
+// The model's EOS ends a stream with STOP; ignore_eos generates on.
+func TestEOSAndIgnoreEOS(t *testing.T) {
+	want := alone(t, prompt(7, 1), 10, sample.Greedy(), nil)
+	eos := want[2]
+	h := start(t, setup{opts: func(o *Options) {
+		o.Load = func(ctx context.Context) (*LoadedModel, error) {
+			lm, err := fixtureLoader(nil)(ctx)
+			if err != nil {
+				return nil, err
+			}
+			c := lm.Config.Clone()
+			c.EOSTokenIDs = []int{int(eos)}
+			lm.Config = c
+			return lm, nil
+		}
+	}})
+	r, err := generate(context.Background(), h.client, &pb.GenerateRequest{PromptIds: prompt(7, 1), MaxTokens: ptr(uint32(10)), Sampling: greedy()})
+	require.NoError(t, err)
+	require.Equal(t, pb.FinishReason_FINISH_REASON_STOP, r.finish.Reason)
+	require.Equal(t, want[:1+indexOf(want, eos)], r.tokens)
+	r, err = generate(context.Background(), h.client, &pb.GenerateRequest{PromptIds: prompt(7, 1), MaxTokens: ptr(uint32(10)), Sampling: greedy(), IgnoreEos: true})
+	require.NoError(t, err)
+	require.Equal(t, pb.FinishReason_FINISH_REASON_LENGTH, r.finish.Reason)
+	require.Equal(t, want, r.tokens)
+}
+
+// Every program the scheduler runs is compiled before the server is ready:
+// the first Score compiles nothing inside the scheduler (where it would
+// stall every stream).
+func TestEveryProgramCompiledBeforeServing(t *testing.T) {
+	var mu sync.Mutex
+	var compiled []engine.Key
+	h := start(t, setup{opts: func(o *Options) {
+		o.Engine = func(eo *engine.Options) {
+			eo.Hook = func(_ *ir.Graph, key engine.Key) error {
+				mu.Lock()
+				compiled = append(compiled, key)
+				mu.Unlock()
+				return nil
+			}
+		}
+	}})
+	mu.Lock()
+	before := append([]engine.Key(nil), compiled...)
+	mu.Unlock()
+	require.ElementsMatch(t, runtime.Programs, before, "compiled by the time the server is ready")
+	_, err := h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: prompt(5, 1), AllPositions: true})
+	require.NoError(t, err)
+	_, err = generate(context.Background(), h.client, &pb.GenerateRequest{PromptIds: prompt(5, 1), MaxTokens: ptr(uint32(2)), Sampling: greedy()})
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, before, compiled, "no program was compiled while serving")
+}
+
+// A Score whose reply would exceed server.max_response_bytes is refused
+// before any work (INVALID_ARGUMENT naming the field); within the bound it
+// is served.
+func TestScoreReplyIsBounded(t *testing.T) {
+	require.Equal(t, 64<<20, DefaultConfig().Server.MaxResponseBytes)
+	h := start(t, setup{cfg: func(c *Config) { c.Server.MaxResponseBytes = 8 << 10 }})
+	_, err := h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: prompt(11, 4), AllPositions: true})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), "all_positions: 11 rows × 256 logits need 11328 bytes, more than server.max_response_bytes (8192)")
+	require.Zero(t, scrape(t, h.srv, "glmflash_prompt_tokens_total"), "no work was done")
+	r, err := h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: prompt(11, 4), AllPositions: false})
+	require.NoError(t, err)
+	require.Equal(t, uint32(1), r.Rows)
+	r, err = h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: prompt(7, 4), AllPositions: true})
+	require.NoError(t, err)
+	require.Equal(t, uint32(7), r.Rows)
 }

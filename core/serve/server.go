@@ -19,11 +19,15 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/access"
+	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/runtime"
@@ -32,10 +36,13 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
@@ -86,6 +93,7 @@ type Server struct {
 	live    atomic.Pointer[live]
 	ready   chan struct{}
 	served  sync.Once
+	keys    *access.Keys
 }
 
 // live is the loaded state.
@@ -108,6 +116,13 @@ func New(cfg Config, opts Options) (*Server, error) {
 		return nil, errors.New("serve: Options.Load is nil")
 	}
 	s := &Server{cfg: cfg, opts: opts, log: opts.Log, metrics: NewMetrics(), health: health.NewServer(), ready: make(chan struct{})}
+	tlsCfg, err := cfg.Server.TLS.ServerConfig("server.tls")
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if s.keys, err = cfg.Server.Auth.Load("server.auth"); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
 	lopts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
 		logging.WithLevels(func(c codes.Code) logging.Level {
@@ -121,16 +136,79 @@ func New(cfg Config, opts Options) (*Server, error) {
 		s.log.Error().Interface("panic", p).Msg("a handler panicked")
 		return status.Error(codes.Internal, "internal error")
 	})
-	s.grpc = grpc.NewServer(
-		grpc.ChainUnaryInterceptor(logging.UnaryServerInterceptor(zerologAdapter(s.log), lopts...), recovery.UnaryServerInterceptor(rec)),
-		grpc.ChainStreamInterceptor(logging.StreamServerInterceptor(zerologAdapter(s.log), lopts...), recovery.StreamServerInterceptor(rec)),
-	)
+	sc := cfg.Server
+	gopts := []grpc.ServerOption{
+		grpc.MaxSendMsgSize(sc.MaxResponseBytes),
+		grpc.MaxRecvMsgSize(sc.MaxRequestBytes),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: sc.KeepaliveTime, Timeout: sc.KeepaliveTimeout,
+			MaxConnectionAge: sc.MaxConnectionAge, MaxConnectionAgeGrace: sc.MaxConnectionAgeGrace}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(logging.UnaryServerInterceptor(zerologAdapter(s.log), lopts...), recovery.UnaryServerInterceptor(rec), s.authUnary),
+		grpc.ChainStreamInterceptor(logging.StreamServerInterceptor(zerologAdapter(s.log), lopts...), recovery.StreamServerInterceptor(rec), s.authStream),
+	}
+	if tlsCfg != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	s.grpc = grpc.NewServer(gopts...)
 	pb.RegisterGLMFlashServer(s.grpc, &service{s: s})
 	healthpb.RegisterHealthServer(s.grpc, s.health)
-	reflection.Register(s.grpc)
+	if sc.Reflection {
+		reflection.Register(s.grpc)
+	}
 	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
 	return s, nil
 }
+
+// authenticate checks the caller's API key (metadata "authorization:
+// Bearer KEY" or "x-api-key: KEY") when the server has keys; health checks
+// need none. The caller is put in the context for Generate and Abort.
+func (s *Server) authenticate(ctx context.Context, method string) (context.Context, error) {
+	if !s.keys.Required() || strings.HasPrefix(method, "/grpc.health.v1.Health/") {
+		return ctx, nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	h := first(md.Get("authorization"))
+	if h == "" {
+		h = first(md.Get("x-api-key"))
+	}
+	p, err := s.keys.Check(h)
+	if err != nil {
+		s.metrics.Refused("unauthenticated")
+		return ctx, status.Error(codes.Unauthenticated, err.Error())
+	}
+	return access.WithPrincipal(ctx, p), nil
+}
+
+func first(v []string) string {
+	if len(v) == 0 {
+		return ""
+	}
+	return v[0]
+}
+
+func (s *Server) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	ctx, err := s.authenticate(ctx, info.FullMethod)
+	if err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (s *Server) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, err := s.authenticate(ss.Context(), info.FullMethod)
+	if err != nil {
+		return err
+	}
+	return handler(srv, &principalStream{ServerStream: ss, ctx: ctx})
+}
+
+// principalStream is a stream whose context carries the caller.
+type principalStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (p *principalStream) Context() context.Context { return p.ctx }
 
 func zerologAdapter(l zerolog.Logger) logging.Logger {
 	return logging.LoggerFunc(func(_ context.Context, lvl logging.Level, msg string, fields ...any) {
@@ -290,13 +368,23 @@ func (s *Server) load(ctx context.Context) error {
 	if s.opts.Engine != nil {
 		s.opts.Engine(&eo)
 	}
+	if eo.Device == "" || eo.Device == "cpu" { // a device backend allocates (and refuses) its own caches
+		if err := fitsMachine(cfg, rc.Slots, eff.ContextLimit); err != nil {
+			return fail(err)
+		}
+	}
 	eng, err := engine.New(cfg, lm.Weights, eo)
 	if err != nil {
 		return fail(err)
 	}
-	// Compile the generation program now, not on the first request.
-	if _, err := eng.Program(engine.Key{Mode: build.Mixed, Logits: build.LastLogits}); err != nil {
-		return fail(fmt.Errorf("serve: compiling: %w", err))
+	// Compile every program the scheduler runs now, not inside a step.
+	for _, key := range runtime.Programs {
+		if _, err := eng.Program(key); err != nil {
+			return fail(fmt.Errorf("serve: compiling %s: %w", key, err))
+		}
+		if err := ctx.Err(); err != nil {
+			return fail(err)
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return fail(err)
@@ -312,8 +400,8 @@ func (s *Server) load(ctx context.Context) error {
 		return fail(err)
 	}
 	lv := &live{rt: rt, eng: eng, closeFn: closeFn, cfgJSON: hf,
-		lim:    limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens},
-		model:  modelInfo(cfg, lm.Source, eng.WeightBytes(), hf),
+		lim:    limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes},
+		model:  modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf),
 		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens)},
 	}
 	s.live.Store(lv)
@@ -322,6 +410,49 @@ func (s *Server) load(ctx context.Context) error {
 }
 
 func u32(v int) uint32 { return uint32(max(0, v)) }
+
+// physicalMemory is the machine's memory in bytes (0: unknown).
+var physicalMemory = func() int64 {
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) != nil {
+		return 0
+	}
+	return int64(si.Totalram) * int64(si.Unit)
+}
+
+// fitsMachine refuses a configuration whose caches, full, could not fit in
+// the machine's memory: slots × context_limit tokens of every layer's state
+// (the weights come on top).
+func fitsMachine(cfg *model.Config, slots, context int) error {
+	mem := physicalMemory()
+	need := int64(slots) * cache.SlotBytes(cfg, context)
+	if mem > 0 && need > mem {
+		return fmt.Errorf("serve: runtime.slots (%d) × runtime.context_limit (%d tokens) need up to %.1f GiB of cache, more than this machine's %.1f GiB of memory: lower runtime.context_limit or runtime.slots",
+			slots, context, float64(need)/(1<<30), float64(mem)/(1<<30))
+	}
+	return nil
+}
+
+// absPath finds absolute paths in free text and JSON.
+var absPath = regexp.MustCompile(`(^|[\s"'(=:,\[])(/[^\s"'(),\[\]]+)`)
+
+// paths hides the absolute paths of str (the model directory, configuration
+// and plugin files) behind their last element ("…/engine.yaml"), unless
+// server.expose_paths: a client needs no map of the server's disk.
+func (s *Server) paths(str string) string {
+	if s.cfg.Server.ExposePaths {
+		return str
+	}
+	var b strings.Builder
+	last := 0
+	for _, m := range absPath.FindAllStringSubmatchIndex(str, -1) {
+		b.WriteString(str[last:m[4]])
+		b.WriteString("…/" + filepath.Base(str[m[4]:m[5]]))
+		last = m[5]
+	}
+	b.WriteString(str[last:])
+	return b.String()
+}
 
 func modelInfo(cfg *model.Config, source string, weightBytes int64, hf []byte) *pb.ModelInfo {
 	mi := &pb.ModelInfo{
@@ -348,12 +479,16 @@ func modelInfo(cfg *model.Config, source string, weightBytes int64, hf []byte) *
 	return mi
 }
 
-// shutdown: NOT_SERVING, drain within the deadline, stop gRPC, close.
+// shutdown: NOT_SERVING, drain, stop gRPC, close; all within
+// server.drain_timeout (each stage gets at least a second to say goodbye),
+// even when a forward pass is running.
 func (s *Server) shutdown() {
 	s.health.Shutdown() // every service NOT_SERVING, and it stays so
+	deadline := time.Now().Add(s.cfg.Server.DrainTimeout)
+	rest := func() time.Duration { return max(time.Until(deadline), time.Second) }
 	lv := s.live.Load()
 	if lv != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Server.DrainTimeout)
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		if n := lv.rt.Drain(ctx); n > 0 {
 			s.log.Warn().Int("aborted", n).Dur("drain_timeout", s.cfg.Server.DrainTimeout).Msg("drain deadline passed: aborted requests in flight")
 		}
@@ -368,7 +503,7 @@ func (s *Server) shutdown() {
 	}()
 	select {
 	case <-stopped:
-	case <-time.After(5 * time.Second):
+	case <-time.After(rest()):
 		s.log.Warn().Msg("graceful stop timed out; closing connections")
 		s.grpc.Stop()
 		<-stopped
@@ -379,8 +514,13 @@ func (s *Server) shutdown() {
 		cancel()
 	}
 	if lv != nil {
-		lv.rt.Close()
-		if err := lv.closeFn(); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), rest())
+		stoppedRT := lv.rt.CloseWithin(ctx)
+		cancel()
+		if !stoppedRT {
+			// the weights stay mapped for the step; the process's exit ends it
+			s.log.Warn().Dur("drain_timeout", s.cfg.Server.DrainTimeout).Msg("a forward pass is still running past the drain deadline: not waiting for it")
+		} else if err := lv.closeFn(); err != nil {
 			s.log.Warn().Err(err).Msg("closing the model")
 		}
 	}
@@ -438,6 +578,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 	if r.ID == "" {
 		r.ID = runtime.NewID()
 	}
+	r.Owner = access.FromContext(ctx).ID
 	logging.AddFields(ctx, logging.Fields{"request_id", r.ID})
 	h, err := lv.rt.Submit(ctx, r)
 	if err != nil {
@@ -497,7 +638,8 @@ func (sv *service) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortRe
 	if req.GetRequestId() == "" {
 		return nil, sv.invalid(badField("request_id", "empty"))
 	}
-	if err := lv.rt.Abort(req.GetRequestId()); err != nil {
+	p := access.FromContext(ctx)
+	if err := lv.rt.AbortBy(req.GetRequestId(), p.ID, p.Admin); err != nil {
 		st, _ := runtimeStatus(err)
 		return nil, st
 	}
@@ -518,7 +660,7 @@ func (sv *service) GetModelInfo(ctx context.Context, _ *pb.GetModelInfoRequest) 
 				return nil, status.Errorf(codes.Internal, "pass report: %v", err)
 			}
 			if string(b) != "null" {
-				report = string(b)
+				report = sv.s.paths(string(b))
 			}
 		}
 	}

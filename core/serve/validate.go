@@ -26,6 +26,7 @@ type limits struct {
 	vocab            int
 	context          int
 	defaultMaxTokens int
+	maxResponse      int // bytes of one reply
 }
 
 func checkIDs(field string, ids []int32, vocab int) error {
@@ -87,6 +88,9 @@ func generateRequest(req *pb.GenerateRequest, lim limits) (runtime.Request, erro
 	if err != nil {
 		return r, err
 	}
+	if n := len(req.GetStopIds()); n > runtime.MaxStopIDs {
+		return r, badField("stop_ids", "at most %d ids, got %d", runtime.MaxStopIDs, n)
+	}
 	if err := checkIDs("stop_ids", req.GetStopIds(), lim.vocab); err != nil {
 		return r, err
 	}
@@ -94,7 +98,7 @@ func generateRequest(req *pb.GenerateRequest, lim limits) (runtime.Request, erro
 		return r, badField("top_logprobs", "must be at most %d, got %d", runtime.MaxTopLogprobs, n)
 	}
 	return runtime.Request{
-		ID: req.GetRequestId(), Prompt: p, Sampling: sp, StopIDs: req.GetStopIds(),
+		ID: req.GetRequestId(), Prompt: p, Sampling: sp, StopIDs: req.GetStopIds(), IgnoreEOS: req.GetIgnoreEos(),
 		MaxTokens: maxTok, TopLogprobs: int(req.GetTopLogprobs()),
 	}, nil
 }
@@ -149,6 +153,18 @@ func scoreRequest(req *pb.ScoreRequest, lim limits) (runtime.Request, error) {
 	}
 	if len(ids) > lim.context {
 		return runtime.Request{}, badField("token_ids", "%d tokens, more than the context limit %d", len(ids), lim.context)
+	}
+	rows := 1
+	if req.GetAllPositions() {
+		rows = len(ids)
+	}
+	// 4 bytes a logit, and room for the message's framing
+	if need := int64(rows)*int64(lim.vocab)*4 + 64; lim.maxResponse > 0 && need > int64(lim.maxResponse) {
+		field := "token_ids"
+		if req.GetAllPositions() {
+			field = "all_positions"
+		}
+		return runtime.Request{}, badField(field, "%d rows × %d logits need %d bytes, more than server.max_response_bytes (%d): score fewer tokens or only the last position", rows, lim.vocab, need, lim.maxResponse)
 	}
 	return runtime.Request{ID: "score-" + runtime.NewID(), Prompt: ids, Score: true, AllPositions: req.GetAllPositions()}, nil
 }

@@ -391,12 +391,15 @@ type SampleSpec struct {
 
 // SampleOut mirrors the CUDA struct SampleOut.
 type SampleOut struct {
-	Token    int64
-	Lse      float64
-	TokLogit float64
-	NTop     int64
-	TopId    [32]int64
-	TopLogit [32]float64
+	Nonfinite int64
+	FirstBad  int64
+	BadValue  float64
+	Token     int64
+	Lse       float64
+	TokLogit  float64
+	NTop      int64
+	TopId     [32]int64
+	TopLogit  [32]float64
 }
 
 // SampleArgs mirrors the CUDA struct SampleArgs.

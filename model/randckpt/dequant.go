@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/safetensors"
 )
@@ -31,7 +32,7 @@ func WriteDequantizedBF16(srcDir, dstDir string) error {
 	}
 	defer ck.Close()
 
-	cfgJSON, err := os.ReadFile(filepath.Join(srcDir, model.ConfigFile))
+	cfgJSON, err := regular.ReadFile(filepath.Join(srcDir, model.ConfigFile), regular.ConfigLimit)
 	if err != nil {
 		return fmt.Errorf("randckpt: %w", err)
 	}

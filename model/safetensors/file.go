@@ -5,8 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sort"
+
+	"github.com/glmflash/glmflash/internal/regular"
 )
 
 // File is an open safetensors file. Its tensor bytes come from a read-only
@@ -25,18 +26,11 @@ type File struct {
 // Open reads the header of the safetensors file at path, validates it and maps
 // the file into memory. Every error names the file.
 func Open(path string) (*File, error) {
-	f, err := os.Open(path)
+	f, st, err := regular.Open(path) // never blocks on a FIFO or a device
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %w", err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("safetensors %s: %w", path, err)
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("safetensors %s: not a regular file", path)
-	}
 	size := st.Size()
 	if size < 8 {
 		return nil, fmt.Errorf("safetensors %s: truncated: %d bytes, shorter than the 8-byte header length", path, size)

@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+
+	"github.com/glmflash/glmflash/internal/regular"
 )
 
 // Entry is one tuned kernel choice.
@@ -114,7 +116,7 @@ func TablePath(dir, cpu string) string {
 func LoadTable(dir, cpu string) (*Table, error) {
 	p := TablePath(dir, cpu)
 	t := &Table{CPU: cpu, GOARCH: runtime.GOARCH}
-	b, err := os.ReadFile(p)
+	b, err := regular.ReadFile(p, regular.ConfigLimit)
 	if os.IsNotExist(err) {
 		t.reindex()
 		return t, nil

@@ -20,11 +20,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-plugin"
@@ -34,6 +34,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/plugins/protocol"
 	"github.com/glmflash/glmflash/plugins/wire"
 	pb "github.com/glmflash/glmflash/proto/glmflash/plugin/v1"
@@ -42,9 +43,24 @@ import (
 // DefaultTimeout bounds each call to a plugin when plugins.timeout_ms is 0.
 const DefaultTimeout = 10 * time.Second
 
-// minStartTimeout is the least time start-up (process start, handshake,
-// Describe) gets, whatever the per-call timeout.
-const minStartTimeout = 10 * time.Second
+// DefaultStartTimeout bounds a plugin's start (process start and handshake)
+// and its Describe call when plugins.start_timeout_ms is 0.
+const DefaultStartTimeout = 10 * time.Second
+
+// Bounds of stopping a plugin: a healthy one gets stopGrace to exit by
+// itself, then its process group is killed; go-plugin's own clean-up gets
+// killWait more, after which it is given up on (and logged).
+var (
+	stopGrace = 3 * time.Second
+	killWait  = 5 * time.Second
+)
+
+// afterVerify, when set (by tests), runs between the verification of a
+// plugin file and the start of its process: where an attacker would swap it.
+var afterVerify func(path string)
+
+// errChecksum is a plugin file whose SHA-256 is not the expected one.
+var errChecksum = errors.New("checksum mismatch")
 
 // Options configure a host.
 type Options struct {
@@ -58,6 +74,8 @@ type Options struct {
 	AllowUnverified bool
 	// Timeout bounds every Configure, Eligible and Apply call (default 10 s).
 	Timeout time.Duration
+	// StartTimeout bounds a plugin's start and Describe (default 10 s).
+	StartTimeout time.Duration
 	// Log receives the host's messages and the plugins' logs.
 	Log zerolog.Logger
 	// Versions are the protocol versions offered (default protocol.Versions).
@@ -72,7 +90,8 @@ type Options struct {
 func OptionsFromConfig(ec *config.Engine, log zerolog.Logger) Options {
 	o := Options{Dir: ec.Plugins.Dir, Checksums: ec.Plugins.Checksums, SumsFile: ec.Plugins.SumsFile,
 		AllowUnverified: ec.Plugins.AllowUnverified, Timeout: time.Duration(ec.Plugins.TimeoutMS) * time.Millisecond,
-		Log: log, Requested: map[string]map[string]any{}}
+		StartTimeout: time.Duration(ec.Plugins.StartTimeoutMS) * time.Millisecond,
+		Log:          log, Requested: map[string]map[string]any{}}
 	for _, p := range ec.Enabled() {
 		o.Requested[p.Name] = p.Options
 	}
@@ -84,6 +103,7 @@ type Host struct {
 	opts    Options
 	plugins []*Plugin
 	byName  map[string]*Plugin
+	ignored []string // why plugins that provide no pass were dropped
 }
 
 // Plugin is one discovered plugin executable.
@@ -103,8 +123,42 @@ type Plugin struct {
 	mu     sync.Mutex // serializes calls
 	client *plugin.Client
 	rpc    pb.PassPluginClient
-	pid    int
+	pid    int   // the plugin process, leader of its own process group
 	failed error // sticky: why the plugin cannot be used
+	done   bool  // stopped
+	// starting is set from process start to the end of Describe.
+	starting atomic.Bool
+}
+
+// live lists the plugins whose process may run, for KillAll.
+var live = struct {
+	sync.Mutex
+	m map[*Plugin]int
+}{m: map[*Plugin]int{}}
+
+// KillStarting kills the process group of every plugin still starting
+// (process start, handshake or Describe), so that Open returns at once: a
+// shutdown asked for during start-up does not wait for a hung plugin.
+func KillStarting() {
+	live.Lock()
+	defer live.Unlock()
+	for p, pgid := range live.m {
+		if p.starting.Load() {
+			killGroup(pgid)
+		}
+	}
+}
+
+// KillAll kills the process group of every plugin any host started and has
+// not stopped yet: the last resort of a forced exit (a second Ctrl-C), when
+// there is no time to stop them one by one.
+func KillAll() {
+	live.Lock()
+	defer live.Unlock()
+	for p, pgid := range live.m {
+		killGroup(pgid)
+		delete(live.m, p)
+	}
 }
 
 // Open discovers, verifies and starts the plugins of opts.Dir. Errors are
@@ -113,6 +167,9 @@ type Plugin struct {
 func Open(opts Options) (*Host, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = DefaultStartTimeout
 	}
 	if len(opts.Versions) == 0 {
 		opts.Versions = protocol.Versions
@@ -125,9 +182,13 @@ func Open(opts Options) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	files, err := discover(opts.Dir)
+	files, skipped, err := discover(opts.Dir)
 	if err != nil {
 		return nil, err
+	}
+	for _, s := range skipped {
+		opts.Log.Error().Str("plugin", s.file).Msg(s.why + ": not loaded")
+		h.ignored = append(h.ignored, s.file+": "+s.why)
 	}
 	for _, f := range files {
 		p := &Plugin{File: f, Path: filepath.Join(opts.Dir, f), Name: strings.TrimPrefix(f, protocol.FilePrefix), host: h,
@@ -149,12 +210,14 @@ func Open(opts Options) (*Host, error) {
 			err := fmt.Errorf("plugin %s describes pass %q, which is a built-in pass: ignored", f, p.Name)
 			p.log.Error().Err(err).Msg("plugin not loaded")
 			p.stop()
+			h.ignored = append(h.ignored, err.Error())
 			continue
 		}
 		if other, dup := h.byName[p.Name]; dup {
 			err := fmt.Errorf("plugins %s and %s both provide pass %q: %s ignored", other.File, f, p.Name, f)
 			p.log.Error().Err(err).Msg("plugin not loaded")
 			p.stop()
+			h.ignored = append(h.ignored, err.Error())
 			continue
 		}
 		h.byName[p.Name] = p
@@ -163,25 +226,36 @@ func Open(opts Options) (*Host, error) {
 	return h, nil
 }
 
-// discover lists the plugin executables of dir, sorted.
-func discover(dir string) ([]string, error) {
+// skippedFile is a file named like a plugin that cannot be one.
+type skippedFile struct{ file, why string }
+
+// discover lists the plugin executables of dir, sorted, and the files named
+// like plugins that are not (with why).
+func discover(dir string) ([]string, []skippedFile, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("plugins.dir: %w", err)
+		return nil, nil, fmt.Errorf("plugins.dir: %w", err)
 	}
 	var out []string
+	var skipped []skippedFile
 	for _, e := range ents {
 		if !strings.HasPrefix(e.Name(), protocol.FilePrefix) || len(e.Name()) == len(protocol.FilePrefix) {
 			continue
 		}
 		info, err := os.Stat(filepath.Join(dir, e.Name()))
-		if err != nil || !info.Mode().IsRegular() || info.Mode().Perm()&0o111 == 0 {
-			continue
+		switch {
+		case err != nil:
+			skipped = append(skipped, skippedFile{e.Name(), err.Error()})
+		case !info.Mode().IsRegular():
+			skipped = append(skipped, skippedFile{e.Name(), "not a regular file"})
+		case info.Mode().Perm()&0o111 == 0:
+			skipped = append(skipped, skippedFile{e.Name(), fmt.Sprintf("not executable (mode %v)", info.Mode().Perm())})
+		default:
+			out = append(out, e.Name())
 		}
-		out = append(out, e.Name())
 	}
 	sort.Strings(out)
-	return out, nil
+	return out, skipped, nil
 }
 
 // expectedSums merges plugins.checksums and the sums file.
@@ -204,12 +278,12 @@ func expectedSums(opts Options) (map[string][]byte, error) {
 		}
 	}
 	if opts.SumsFile != "" {
-		f, err := os.Open(opts.SumsFile)
+		f, _, err := regular.Open(opts.SumsFile)
 		if err != nil {
 			return nil, fmt.Errorf("plugins.sums_file: %w", err)
 		}
 		defer f.Close()
-		sc := bufio.NewScanner(f)
+		sc := bufio.NewScanner(io.LimitReader(f, regular.ConfigLimit)) // bounded, like every config file
 		for ln := 1; sc.Scan(); ln++ {
 			line := strings.TrimSpace(sc.Text())
 			if line == "" || strings.HasPrefix(line, "#") {
@@ -233,50 +307,29 @@ func expectedSums(opts Options) (map[string][]byte, error) {
 
 func equalBytes(a, b []byte) bool { return hex.EncodeToString(a) == hex.EncodeToString(b) }
 
-// fileSum is the SHA-256 of a file, for messages.
-func fileSum(path string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return "unreadable: " + err.Error()
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "unreadable: " + err.Error()
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
 // start runs the plugin (sum nil: unverified) and asks for its description.
+// The bytes it runs are the bytes it verified (verifiedCommand).
 func (p *Plugin) start(sum []byte) {
-	h := p.host
-	cfg := &plugin.ClientConfig{
-		HandshakeConfig:  protocol.Handshake,
-		VersionedPlugins: protocol.PluginSets(h.opts.Versions, nil),
-		Cmd:              exec.Command(p.Path),
-		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
-		AutoMTLS:         true,
-		Managed:          true, // plugin.CleanupClients kills it
-		StartTimeout:     max(h.opts.Timeout, minStartTimeout),
-		Logger:           newZlog(h.opts.Log, p.File),
-	}
-	if sum != nil {
-		cfg.SecureConfig = &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()}
-	}
-	p.client = plugin.NewClient(cfg)
-	cc, err := p.client.Client()
-	if err != nil {
-		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
-			err = fmt.Errorf("checksum verification failed: SHA-256 of %s is %s, expected %s", p.Path, fileSum(p.Path), hex.EncodeToString(sum))
-		} else {
-			err = fmt.Errorf("could not start: %w", err)
+	p.starting.Store(true)
+	defer p.starting.Store(false)
+	var cc plugin.ClientProtocol
+	for attempt := 1; ; attempt++ {
+		var err error
+		cc, err = p.launch(sum)
+		if err == nil {
+			break
 		}
-		p.failed = err
+		if p.failed == nil {
+			p.failed = err
+		}
 		p.stop()
+		// a fork elsewhere in this process may briefly hold the copy open
+		// for writing (ETXTBSY); a new copy and a new start fix it
+		if attempt < 3 && strings.Contains(err.Error(), "text file busy") {
+			p.done, p.failed, p.client, p.pid = false, nil, nil, 0
+			continue
+		}
 		return
-	}
-	if rc := p.client.ReattachConfig(); rc != nil {
-		p.pid = rc.Pid
 	}
 	p.Version = p.client.NegotiatedVersion()
 	raw, err := cc.Dispense(protocol.PluginName)
@@ -289,13 +342,51 @@ func (p *Plugin) start(sum []byte) {
 	p.describe()
 }
 
+// launch verifies and starts the plugin process and connects to it.
+func (p *Plugin) launch(sum []byte) (plugin.ClientProtocol, error) {
+	h := p.host
+	cmd, got, closeFd, err := verifiedCommand(p.Path, sum)
+	if errors.Is(err, errChecksum) {
+		p.failed = fmt.Errorf("checksum verification failed: SHA-256 of %s is %s, expected %s", p.Path, hex.EncodeToString(got), hex.EncodeToString(sum))
+		return nil, p.failed
+	}
+	if err != nil {
+		return nil, fmt.Errorf("could not read the plugin: %w", err)
+	}
+	defer closeFd()
+	if afterVerify != nil {
+		afterVerify(p.Path)
+	}
+	p.client = plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig:  protocol.Handshake,
+		VersionedPlugins: protocol.PluginSets(h.opts.Versions, nil),
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		AutoMTLS:         true,
+		StartTimeout:     h.opts.StartTimeout,
+		Logger:           newZlog(h.opts.Log, p.File),
+		RunnerFunc:       p.runnerFunc(cmd), // process groups, pid known at once
+	})
+	cc, err := p.client.Client()
+	if err != nil {
+		if strings.Contains(err.Error(), "timeout") {
+			return nil, fmt.Errorf("could not start: no handshake within %s (plugins.start_timeout_ms): %w", h.opts.StartTimeout, err)
+		}
+		return nil, fmt.Errorf("could not start: %w", err)
+	}
+	return cc, nil
+}
+
 // describe asks for the pass description.
 func (p *Plugin) describe() {
-	ctx, cancel := context.WithTimeout(context.Background(), max(p.host.opts.Timeout, minStartTimeout))
+	ctx, cancel := context.WithTimeout(context.Background(), p.host.opts.StartTimeout)
 	defer cancel()
 	resp, err := p.rpc.Describe(ctx, &pb.DescribeRequest{})
 	if err != nil {
-		p.failed = fmt.Errorf("Describe failed: %v", status.Convert(err).Message())
+		if ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded {
+			p.failed = fmt.Errorf("Describe did not answer within %s (plugins.start_timeout_ms): the plugin was killed", p.host.opts.StartTimeout)
+		} else {
+			p.failed = fmt.Errorf("Describe failed: %v", status.Convert(err).Message())
+		}
 		p.stop()
 		return
 	}
@@ -316,6 +407,9 @@ func Connect(rpc pb.PassPluginClient, opts Options) (*Plugin, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
 	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = DefaultStartTimeout
+	}
 	h := &Host{opts: opts, byName: map[string]*Plugin{}}
 	p := &Plugin{File: "(in-process)", host: h, rpc: rpc, log: opts.Log, Version: protocol.Versions[len(protocol.Versions)-1]}
 	p.describe()
@@ -326,11 +420,43 @@ func Connect(rpc pb.PassPluginClient, opts Options) (*Plugin, error) {
 	return p, nil
 }
 
-// stop kills the plugin process, if any.
+// stop ends the plugin process and everything in its process group, within
+// bounds: a healthy plugin gets stopGrace to exit (go-plugin closes it), a
+// failed one none; then the group is killed (a wrapper script's children
+// too, which would otherwise hold the pipes go-plugin waits on); go-plugin's
+// clean-up gets killWait more and is then given up on, with an error logged.
 func (p *Plugin) stop() {
-	if p.client != nil {
-		p.client.Kill()
+	if p.client == nil || p.done {
+		return
 	}
+	p.done = true
+	c := p.client
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Kill()
+	}()
+	if p.failed == nil {
+		select {
+		case <-done:
+		case <-time.After(stopGrace):
+			p.log.Warn().Dur("grace", stopGrace).Msg("plugin did not stop in time: killing its process group")
+		}
+	}
+	if p.pid > 0 && groupAlive(p.pid) {
+		if p.failed == nil {
+			p.log.Warn().Int("pgid", p.pid).Msg("plugin left processes behind: killing its process group")
+		}
+		killGroup(p.pid)
+	}
+	select {
+	case <-done:
+	case <-time.After(killWait):
+		p.log.Error().Int("pgid", p.pid).Msg("the plugin's process group is killed but its output is still held open (a process that left the group?): gave up waiting for it")
+	}
+	live.Lock()
+	delete(live.m, p)
+	live.Unlock()
 }
 
 // Err says why the plugin cannot be used (nil when it can).
@@ -348,11 +474,6 @@ func (p *Plugin) fail(err error, kill bool) error {
 	p.failed = err
 	p.log.Error().Err(err).Msg("plugin failed; it is stopped and disabled")
 	if kill {
-		if p.pid > 0 {
-			if pr, e := os.FindProcess(p.pid); e == nil {
-				_ = pr.Kill()
-			}
-		}
 		p.stop()
 	}
 	return err
@@ -428,6 +549,24 @@ func (h *Host) Names() []string {
 	sort.Strings(out)
 	return out
 }
+
+// Failures says why plugins could not be loaded or were ignored, one line
+// each ("glmflash-pass-x: checksum verification failed: …"): a pass name
+// that resolves to nothing is reported with them, never as a bare
+// "unknown pass".
+func (h *Host) Failures() []string {
+	var out []string
+	for _, p := range h.plugins {
+		if p.failed != nil && p.Desc.Name == "" {
+			out = append(out, fmt.Sprintf("%s: %v", p.File, p.failed))
+		}
+	}
+	return append(out, h.ignored...)
+}
+
+// Ignored says why files named like plugins provide no pass (not
+// executable, a built-in pass's name, a duplicate), one line each.
+func (h *Host) Ignored() []string { return append([]string(nil), h.ignored...) }
 
 // Plugins lists the discovered plugins in file-name order.
 func (h *Host) Plugins() []*Plugin { return append([]*Plugin(nil), h.plugins...) }

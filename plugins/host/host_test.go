@@ -40,9 +40,10 @@ func TestDiscoveryAndRefusal(t *testing.T) {
 	for name, mode := range map[string]os.FileMode{"glmflash-pass-x": 0o755, "glmflash-pass-notexec": 0o644, "other": 0o755, "glmflash-pass-": 0o755} {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\nexit 1\n"), mode))
 	}
-	files, err := discover(dir)
+	files, skipped, err := discover(dir)
 	require.NoError(t, err)
 	require.Equal(t, []string{"glmflash-pass-x"}, files)
+	require.Equal(t, []skippedFile{{"glmflash-pass-notexec", "not executable (mode -rw-r--r--)"}}, skipped)
 	h, err := Open(Options{Dir: dir, Log: zerolog.Nop(), Requested: map[string]map[string]any{"x": {"n": 3}}})
 	require.NoError(t, err)
 	defer h.Close()

@@ -12,6 +12,7 @@ import (
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
+	"github.com/glmflash/glmflash/core/sample"
 	kc "github.com/glmflash/glmflash/kernels/cuda"
 )
 
@@ -477,6 +478,10 @@ func (p *Program) sample(rc *runCtx, logits, specs kc.DevicePtr, rows int) ([]ba
 	}
 	res := make([]backend.Sample, rows)
 	for i, o := range outs {
+		if o.Nonfinite > 0 {
+			res[i] = backend.Sample{Err: sample.NonFinite(int(o.Nonfinite), int(V), int(o.FirstBad), float32(o.BadValue))}
+			continue
+		}
 		if o.Token < 0 || o.Token >= V {
 			return nil, fmt.Errorf("cuda: the sampler picked token %d for row %d (vocabulary %d)", o.Token, i, V)
 		}

@@ -83,3 +83,4 @@ inline T __shfl_sync(unsigned, T v, int src_lane) {
 }
 
 using std::isinf;
+using std::isnan;

@@ -15,6 +15,9 @@ struct SampleSpec {
   i64 top_k, n_top;
 };
 struct SampleOut {
+  i64 nonfinite;       // non-finite logits in the row (then nothing else is set
+  i64 first_bad;       // but these two and bad_value)
+  double bad_value;
   i64 token;
   double lse;          // log Σ exp(l): logprob(x) = l(x) − lse
   double tok_logit;
@@ -39,6 +42,25 @@ KERNEL(glmf_sample, SampleArgs) {
   const SampleSpec sp = a.specs[row];
   SampleOut* o = a.out + row;
   i64 V = a.vocab;
+  // non-finite logits end the request with an error, never a silent token
+  double bad = 0;
+  u64 firstb = ~0ull;
+  for (i64 i = threadIdx.x; i < V; i += blockDim.x)
+    if (!(fabsf(l[i]) <= 3.4028234663852886e38f)) {
+      bad += 1;
+      if ((u64)i < firstb) firstb = (u64)i;
+    }
+  bad = block_sum_d(bad);
+  firstb = block_min_u64(firstb);
+  if (bad > 0) {
+    if (threadIdx.x == 0) {
+      o->nonfinite = (i64)bad;
+      o->first_bad = (i64)firstb;
+      o->bad_value = (double)l[firstb];
+    }
+    return;
+  }
+  if (threadIdx.x == 0) o->nonfinite = 0;
   // max, argmax (lowest index), log-sum-exp
   float mx = -INFINITY;
   for (i64 i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, l[i]);

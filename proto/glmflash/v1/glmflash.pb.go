@@ -33,7 +33,7 @@ type FinishReason int32
 
 const (
 	FinishReason_FINISH_REASON_UNSPECIFIED FinishReason = 0
-	// A stop id was produced.
+	// A stop id or the model's end-of-sequence id was produced.
 	FinishReason_FINISH_REASON_STOP FinishReason = 1
 	// max_tokens were produced (or the context limit was reached).
 	FinishReason_FINISH_REASON_LENGTH FinishReason = 2
@@ -188,7 +188,11 @@ type GenerateRequest struct {
 	MaxTokens *uint32 `protobuf:"varint,5,opt,name=max_tokens,json=maxTokens,proto3,oneof" json:"max_tokens,omitempty"`
 	// When > 0, each streamed token carries this many most likely
 	// alternatives with their log-probabilities (at most 20).
-	TopLogprobs   uint32 `protobuf:"varint,6,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	TopLogprobs uint32 `protobuf:"varint,6,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// Generation stops at the model's end-of-sequence ids (eos_token_id of
+	// config.json and generation_config.json; the EOS token is streamed and
+	// counted, with FINISH_REASON_STOP) unless this is true, as in vLLM.
+	IgnoreEos     bool `protobuf:"varint,7,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -263,6 +267,13 @@ func (x *GenerateRequest) GetTopLogprobs() uint32 {
 		return x.TopLogprobs
 	}
 	return 0
+}
+
+func (x *GenerateRequest) GetIgnoreEos() bool {
+	if x != nil {
+		return x.IgnoreEos
+	}
+	return false
 }
 
 type GenerateResponse struct {
@@ -1244,7 +1255,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x04seed\x18\x05 \x01(\x04H\x02R\x04seed\x88\x01\x01B\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\a\n" +
-	"\x05_seed\"\xf9\x01\n" +
+	"\x05_seed\"\x98\x02\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
@@ -1254,7 +1265,9 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\bstop_ids\x18\x04 \x03(\x05R\astopIds\x12\"\n" +
 	"\n" +
 	"max_tokens\x18\x05 \x01(\rH\x00R\tmaxTokens\x88\x01\x01\x12!\n" +
-	"\ftop_logprobs\x18\x06 \x01(\rR\vtopLogprobsB\r\n" +
+	"\ftop_logprobs\x18\x06 \x01(\rR\vtopLogprobs\x12\x1d\n" +
+	"\n" +
+	"ignore_eos\x18\a \x01(\bR\tignoreEosB\r\n" +
 	"\v_max_tokens\"u\n" +
 	"\x10GenerateResponse\x12*\n" +
 	"\x05token\x18\x01 \x01(\v2\x12.glmflash.v1.TokenH\x00R\x05token\x12-\n" +

@@ -1,0 +1,351 @@
+package main
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/require"
+)
+
+// probe exercises one flag: it runs args and either wants an error naming
+// the problem (want) or checks what the command did (check).
+type probe struct {
+	args  []string
+	want  string
+	check func(t *testing.T, dir, out string, err error)
+}
+
+// Every documented flag works on every command that lists it, or is
+// refused: each (command, flag) pair has a probe below that shows the flag
+// is read (a bad value is an error naming it, a good one has its effect, a
+// flag that does not apply is refused). A new flag without a probe fails
+// this test.
+func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
+	m := fixture + "/checkpoint"
+	ref := fixture + "/reference.safetensors"
+	badPass := func(dir string) string {
+		p := filepath.Join(dir, "bad.yaml")
+		os.WriteFile(p, []byte("passes:\n  - name: no-such-pass\n"), 0o644)
+		return p
+	}
+	gen := []string{"generate", "--model", m, "--prompt-ids", "1,2,3", "--max-tokens", "2"}
+	bench := []string{"bench", "--model", m, "--prompt", "4", "--decode-steps", "1", "--reps", "1", "--warmup", "0", "--batch", "1"}
+	explain := []string{"passes", "explain", "--model", m}
+	graph := []string{"graph", "--model", m}
+	args := func(base []string, more ...string) []string { return append(append([]string(nil), base...), more...) }
+	probes := map[string]func(dir string) probe{
+		"glmflash --log-level": func(string) probe {
+			return probe{args: []string{"--log-level", "loud", "passes", "list"}, want: "--log-level"}
+		},
+		"glmflash --log-format": func(string) probe {
+			return probe{args: []string{"--log-format", "xml", "passes", "list"}, want: "--log-format"}
+		},
+
+		"eval --check-tensors": func(d string) probe {
+			return probe{args: []string{"eval", "--model", poisoned(t, d), "--reference", ref, "--check-tensors"}, want: "tensor model.language_model.layers.2.mlp.up_proj.weight: 1 non-finite values"}
+		},
+		"generate --check-tensors": func(d string) probe {
+			return probe{args: []string{"generate", "--model", poisoned(t, d), "--prompt-ids", "1", "--check-tensors"}, want: "tensor model.language_model.layers.2.mlp.up_proj.weight: 1 non-finite values"}
+		},
+		"bench --check-tensors": func(d string) probe {
+			return probe{args: []string{"bench", "--model", poisoned(t, d), "--check-tensors"}, want: "tensor model.language_model.layers.2.mlp.up_proj.weight: 1 non-finite values"}
+		},
+		"eval --config": func(d string) probe {
+			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--config", badPass(d)}, want: `unknown pass "no-such-pass"`}
+		},
+		"eval --dump-graph": func(string) probe {
+			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--dump-graph", "pretty"}, want: "--dump-graph"}
+		},
+		"eval --model": func(d string) probe {
+			return probe{args: []string{"eval", "--model", d + "/none", "--reference", ref}, want: d + "/none"}
+		},
+		"eval --reference": func(d string) probe {
+			return probe{args: []string{"eval", "--model", m, "--reference", d + "/none.safetensors"}, want: "none"}
+		},
+		"eval --tol": func(string) probe {
+			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--tol", "0"}, want: "--tol"}
+		},
+
+		"generate --cache-dir": func(string) probe {
+			return probe{args: args(gen, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
+		},
+		"generate --config": func(d string) probe {
+			return probe{args: args(gen, "--config", badPass(d)), want: `unknown pass "no-such-pass"`}
+		},
+		"generate --dump-graph": func(string) probe { return probe{args: args(gen, "--dump-graph", "pretty"), want: "--dump-graph"} },
+		"generate --fp8":        func(string) probe { return probe{args: args(gen, "--fp8"), want: "--fp8 applies to --preset only"} },
+		"generate --ignore-eos": func(d string) probe {
+			// a copy of the fixture whose generation_config.json makes the
+			// first greedy token (1,2,3 → see TestGenerateStopsAtEOS) an EOS
+			ck := eosCheckpoint(t, d)
+			return probe{args: []string{"generate", "--model", ck, "--prompt-ids", "1,2,3", "--max-tokens", "4", "--ignore-eos"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "finish   length")
+			}}
+		},
+		"generate --max-tokens": func(string) probe { return probe{args: args(gen, "--max-tokens", "0"), want: "--max-tokens"} },
+		"generate --min-p":      func(string) probe { return probe{args: args(gen, "--min-p", "1.5"), want: "min_p"} },
+		"generate --model": func(d string) probe {
+			return probe{args: []string{"generate", "--model", d + "/none", "--prompt-ids", "1"}, want: d + "/none"}
+		},
+		"generate --preset": func(string) probe {
+			return probe{args: []string{"generate", "--preset", "huge", "--prompt-ids", "1"}, want: `unknown preset "huge"`}
+		},
+		"generate --prompt-ids": func(string) probe {
+			return probe{args: []string{"generate", "--model", m, "--prompt-ids", "1,x"}, want: "--prompt-ids"}
+		},
+		"generate --sample-seed": func(string) probe { return probe{args: args(gen, "--sample-seed", "x"), want: "sample-seed"} },
+		"generate --seed": func(string) probe {
+			return probe{args: args(gen, "--seed", "2"), want: "--seed applies to --preset only"}
+		},
+		"generate --stop-ids":    func(string) probe { return probe{args: args(gen, "--stop-ids", "1,y"), want: "--stop-ids"} },
+		"generate --temperature": func(string) probe { return probe{args: args(gen, "--temperature", "-1"), want: "temperature"} },
+		"generate --top-k":       func(string) probe { return probe{args: args(gen, "--top-k", "-1"), want: "top_k"} },
+		"generate --top-p":       func(string) probe { return probe{args: args(gen, "--top-p", "0"), want: "top_p"} },
+
+		"bench --batch": func(string) probe { return probe{args: args(bench, "--batch", "0"), want: "--batch"} },
+		"bench --cache-dir": func(string) probe {
+			return probe{args: args(bench, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
+		},
+		"bench --config": func(d string) probe {
+			return probe{args: args(bench, "--config", badPass(d)), want: `unknown pass "no-such-pass"`}
+		},
+		"bench --cpuprofile": func(d string) probe {
+			return probe{args: args(bench, "--cpuprofile", d+"/no/such/dir/cpu.out"), want: "cpu.out"}
+		},
+		"bench --decode-steps": func(string) probe { return probe{args: args(bench, "--decode-steps", "0"), want: "--decode-steps"} },
+		"bench --dump-graph":   func(string) probe { return probe{args: args(bench, "--dump-graph", "pretty"), want: "--dump-graph"} },
+		"bench --fp8":          func(string) probe { return probe{args: args(bench, "--fp8"), want: "--fp8 applies to --preset only"} },
+		"bench --json": func(d string) probe {
+			return probe{args: args(bench, "--json", d+"/b.json"), check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				b, err := os.ReadFile(d + "/b.json")
+				require.NoError(t, err)
+				require.Contains(t, string(b), `"peak_rss_mib"`)
+			}}
+		},
+		"bench --model": func(d string) probe { return probe{args: []string{"bench", "--model", d + "/none"}, want: d + "/none"} },
+		"bench --preset": func(string) probe {
+			return probe{args: []string{"bench", "--preset", "huge"}, want: `unknown preset "huge"`}
+		},
+		"bench --prompt": func(string) probe {
+			return probe{args: args(bench, "--prompt", "1000000000"), want: "--prompt (1000000000) and 32 + --decode-steps (33) must fit max_position_embeddings (4096)"}
+		},
+		"bench --reps": func(string) probe {
+			return probe{args: args(bench, "--reps", "100000"), want: "--reps + --warmup must be at most 1000"}
+		},
+		"bench --seed": func(string) probe {
+			return probe{args: args(bench, "--seed", "3"), want: "--seed applies to --preset only"}
+		},
+		"bench --warmup": func(string) probe { return probe{args: args(bench, "--warmup", "-1"), want: "--warmup"} },
+
+		"init-random --force": func(d string) probe {
+			os.WriteFile(d+"/keep", []byte("x"), 0o644)
+			return probe{args: []string{"init-random", "--out", d, "--force"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.FileExists(t, d+"/config.json")
+			}}
+		},
+		"init-random --fp8": func(d string) probe {
+			return probe{args: []string{"init-random", "--out", d + "/ck", "--fp8"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				b, _ := os.ReadFile(d + "/ck/config.json")
+				require.Contains(t, string(b), "quantization_config")
+			}}
+		},
+		"init-random --out": func(string) probe { return probe{args: []string{"init-random"}, want: "--out is required"} },
+		"init-random --preset": func(d string) probe {
+			return probe{args: []string{"init-random", "--out", d + "/ck", "--preset", "huge"}, want: `unknown preset "huge"`}
+		},
+		"init-random --seed": func(d string) probe {
+			return probe{args: []string{"init-random", "--out", d + "/s2", "--seed", "2"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				_, err = runCLI(t, "init-random", "--out", d+"/s1", "--seed", "1")
+				require.NoError(t, err)
+				a, _ := os.ReadFile(d + "/s1/model.safetensors")
+				b, _ := os.ReadFile(d + "/s2/model.safetensors")
+				require.NotEqual(t, a, b, "another seed, other weights")
+			}}
+		},
+		"init-random --shard-mib": func(d string) probe {
+			return probe{args: []string{"init-random", "--out", d + "/ck", "--shard-mib", "-1"}, want: "--shard-mib"}
+		},
+
+		"graph --cache-dir": func(string) probe {
+			return probe{args: args(graph, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
+		},
+		"graph --capture-hidden": func(string) probe {
+			return probe{args: args(graph, "--capture-hidden", "--format", "text"), check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "hidden")
+			}}
+		},
+		"graph --format": func(string) probe { return probe{args: args(graph, "--format", "pretty"), want: "--format"} },
+		"graph --fp8":    func(string) probe { return probe{args: args(graph, "--fp8"), want: "--fp8 applies to --preset only"} },
+		"graph --logits": func(string) probe { return probe{args: args(graph, "--logits", "some"), want: "--logits"} },
+		"graph --mode":   func(string) probe { return probe{args: args(graph, "--mode", "sideways"), want: "--mode"} },
+		"graph --model":  func(d string) probe { return probe{args: []string{"graph", "--model", d + "/none"}, want: d + "/none"} },
+		"graph --preset": func(string) probe {
+			return probe{args: []string{"graph", "--preset", "huge"}, want: `unknown preset "huge"`}
+		},
+		"graph --seed": func(string) probe {
+			return probe{args: args(graph, "--seed", "2"), want: "--seed applies to --preset only"}
+		},
+
+		"passes list --config": func(d string) probe {
+			return probe{args: []string{"passes", "list", "--config", d + "/none.yaml"}, want: "none.yaml"}
+		},
+
+		"passes explain --cache-dir": func(string) probe {
+			return probe{args: args(explain, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
+		},
+		"passes explain --config": func(d string) probe {
+			return probe{args: args(explain, "--config", badPass(d)), want: `unknown pass "no-such-pass"`}
+		},
+		"passes explain --dump":   func(string) probe { return probe{args: args(explain, "--dump", "during"), want: "--dump"} },
+		"passes explain --format": func(string) probe { return probe{args: args(explain, "--format", "xml"), want: "--format"} },
+		"passes explain --fp8":    func(string) probe { return probe{args: args(explain, "--fp8"), want: "--fp8 applies to --preset only"} },
+		"passes explain --logits": func(string) probe { return probe{args: args(explain, "--logits", "some"), want: "--logits"} },
+		"passes explain --mode":   func(string) probe { return probe{args: args(explain, "--mode", "sideways"), want: "sideways"} },
+		"passes explain --model": func(d string) probe {
+			return probe{args: []string{"passes", "explain", "--model", d + "/none"}, want: d + "/none"}
+		},
+		"passes explain --preset": func(string) probe {
+			return probe{args: []string{"passes", "explain", "--preset", "huge"}, want: `unknown preset "huge"`}
+		},
+		"passes explain --seed": func(string) probe {
+			return probe{args: args(explain, "--seed", "2"), want: "--seed applies to --preset only"}
+		},
+
+		"serve --config": func(d string) probe {
+			return probe{args: []string{"serve", "--config", d + "/none.yaml"}, want: "none.yaml"}
+		},
+		"serve --engine-config": func(d string) probe {
+			cfg := filepath.Join(d, "serve.yaml")
+			os.WriteFile(cfg, []byte("model: {dir: "+m+"}\nserver: {grpc_addr: \"127.0.0.1:0\", metrics_addr: \"\"}\n"), 0o644)
+			return probe{args: []string{"serve", "--config", cfg, "--engine-config", badPass(d)}, want: `unknown pass "no-such-pass"`}
+		},
+
+		"attribute --study": func(d string) probe {
+			return probe{args: []string{"attribute", "--study", d + "/none.yaml"}, want: "none.yaml"}
+		},
+		"attribute --out":   attributeOutProbe,
+		"attribute --quiet": attributeQuietProbe,
+
+		"plugin new --dir": func(d string) probe {
+			return probe{args: []string{"plugin", "new", "flag-probe", "--dir", d, "--glmflash-src", "../.."}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.FileExists(t, filepath.Join(d, "flag-probe", "main.go"))
+			}}
+		},
+		"plugin new --glmflash-src": func(d string) probe {
+			return probe{args: []string{"plugin", "new", "flag-probe", "--dir", d, "--glmflash-src", d}, want: "--glmflash-src"}
+		},
+	}
+	seen := map[string]bool{}
+	var walk func(c *cobra.Command)
+	var pairs []string
+	walk = func(c *cobra.Command) {
+		path := strings.TrimPrefix(c.CommandPath(), "glmflash ")
+		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
+			if f.Name != "help" {
+				pairs = append(pairs, path+" --"+f.Name)
+			}
+		})
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(newRoot())
+	sort.Strings(pairs)
+	for _, key := range pairs {
+		seen[key] = true
+		mk, ok := probes[key]
+		if !ok {
+			t.Errorf("%s has no probe: add one to show it is honoured or refused", key)
+			continue
+		}
+		t.Run(key, func(t *testing.T) {
+			d := t.TempDir()
+			p := mk(d)
+			out, err := runCLI(t, p.args...)
+			if p.check != nil {
+				p.check(t, d, out, err)
+				return
+			}
+			require.Error(t, err, "%v must be refused", p.args)
+			require.Contains(t, err.Error(), p.want)
+		})
+	}
+	for key := range probes {
+		require.True(t, seen[key], "probe %s names no flag", key)
+	}
+}
+
+// eosCheckpoint copies the fixture into dir/ck with a generation_config.json
+// whose eos_token_id is the first token greedy generation gives for 1,2,3.
+func eosCheckpoint(t *testing.T, dir string) string {
+	t.Helper()
+	out, err := runCLI(t, "generate", "--model", fixture+"/checkpoint", "--prompt-ids", "1,2,3", "--max-tokens", "1")
+	require.NoError(t, err)
+	first := strings.TrimSpace(strings.TrimPrefix(strings.Split(out, "\n")[1], "output"))
+	ck := filepath.Join(dir, "ck")
+	require.NoError(t, os.MkdirAll(ck, 0o755))
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		b, err := os.ReadFile(filepath.Join(fixture, "checkpoint", f))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(ck, f), b, 0o644))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(ck, "generation_config.json"), []byte(`{"eos_token_id": [`+first+`]}`), 0o644))
+	return ck
+}
+
+// The model's EOS (here from generation_config.json) stops generation by
+// default, with finish "stop".
+func TestGenerateStopsAtEOS(t *testing.T) {
+	ck := eosCheckpoint(t, t.TempDir())
+	out, err := runCLI(t, "generate", "--model", ck, "--prompt-ids", "1,2,3", "--max-tokens", "4")
+	require.NoError(t, err)
+	require.Contains(t, out, "finish   stop")
+	require.Regexp(t, `output   \d+\n`, out, "one token: the EOS")
+}
+
+// poisoned copies the fixture into dir/poisoned with one NaN weight.
+func poisoned(t *testing.T, dir string) string {
+	t.Helper()
+	ck := filepath.Join(dir, "poisoned")
+	require.NoError(t, os.MkdirAll(ck, 0o755))
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		b, err := os.ReadFile(filepath.Join(fixture, "checkpoint", f))
+		require.NoError(t, err)
+		if f == "model.safetensors" {
+			n := binary.LittleEndian.Uint64(b)
+			var hdr map[string]struct {
+				Offsets []int64 `json:"data_offsets"`
+			}
+			json.Unmarshal(b[8:8+n], &hdr)
+			off := 8 + int64(n) + hdr["model.language_model.layers.2.mlp.up_proj.weight"].Offsets[0]
+			binary.LittleEndian.PutUint16(b[off:], 0x7fc0) // BF16 NaN
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(ck, f), b, 0o644))
+	}
+	return ck
+}
+
+// A NaN weight: --check-tensors refuses the checkpoint at load; without
+// it, the non-finite logits it causes end generation with an error (never
+// a silent token 0).
+func TestNonFiniteWeights(t *testing.T) {
+	ck := poisoned(t, t.TempDir())
+	_, err := runCLI(t, "generate", "--model", ck, "--prompt-ids", "1,2,3", "--check-tensors")
+	require.ErrorContains(t, err, "tensor model.language_model.layers.2.mlp.up_proj.weight: 1 non-finite values")
+	_, err = runCLI(t, "generate", "--model", ck, "--prompt-ids", "1,2,3")
+	require.ErrorContains(t, err, "non-finite logits")
+}

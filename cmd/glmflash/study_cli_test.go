@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// tinyStudy writes an engine-level study on the fixture; extra is appended.
+func tinyStudy(t *testing.T, dir, extra string) string {
+	t.Helper()
+	p := filepath.Join(dir, "study.yaml")
+	require.NoError(t, os.WriteFile(p, []byte(`name: flags
+model: {dir: `+fixture+`/checkpoint}
+arms: {baseline: true}
+passes: [{name: host-length-reuse}]
+workloads:
+  - {name: w, input_len: 4, output_len: 2, requests: 2, concurrency: [1], seed: 1}
+repetitions: 1
+warmup: 0
+`+extra), 0o644))
+	return p
+}
+
+// runCLIStderr runs the command in process with stderr captured too.
+func runCLIStderr(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	old := os.Stderr
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	os.Stderr = w
+	done := make(chan string)
+	go func() {
+		var b bytes.Buffer
+		io.Copy(&b, r)
+		done <- b.String()
+	}()
+	out, err := runCLI(t, args...)
+	w.Close()
+	os.Stderr = old
+	return out, <-done, err
+}
+
+func attributeOutProbe(d string) probe {
+	return probe{check: func(t *testing.T, d, _ string, _ error) {
+		out := filepath.Join(d, "out")
+		require.NoError(t, os.MkdirAll(out, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(out, "contributions-add-one-in.png"), []byte("old"), 0o644))
+		_, err := runCLI(t, "attribute", "--study", tinyStudy(t, d, ""), "--out", out, "--quiet")
+		require.ErrorContains(t, err, "--out")
+		b, _ := os.ReadFile(filepath.Join(out, "contributions-add-one-in.png"))
+		require.Equal(t, "old", string(b), "an earlier run's files are left alone")
+		_, err = runCLI(t, "attribute", "--study", tinyStudy(t, d, ""), "--out", filepath.Join(d, "fresh"), "--quiet")
+		require.NoError(t, err)
+		require.FileExists(t, filepath.Join(d, "fresh", "results.jsonl"))
+	}}
+}
+
+func attributeQuietProbe(d string) probe {
+	return probe{check: func(t *testing.T, d, _ string, _ error) {
+		study := tinyStudy(t, d, "")
+		_, stderr, err := runCLIStderr(t, "attribute", "--study", study, "--out", filepath.Join(d, "a"), "--log-level", "info")
+		require.NoError(t, err)
+		require.Contains(t, stderr, "progress")
+		_, stderr, err = runCLIStderr(t, "attribute", "--study", study, "--out", filepath.Join(d, "b"), "--log-level", "info", "--quiet")
+		require.NoError(t, err)
+		require.NotContains(t, stderr, "progress")
+	}}
+}
+
+// A study whose requests cannot run (input_len + output_len beyond the
+// context) is refused before anything is measured or written, with a
+// non-zero exit (an error), never "0 mismatches".
+func TestStudyThatCannotRunIsRefusedFirst(t *testing.T) {
+	d := t.TempDir()
+	study := tinyStudy(t, d, "")
+	b, err := os.ReadFile(study)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(study, []byte(strings.Replace(string(b), "input_len: 4, output_len: 2", "input_len: 4000, output_len: 200", 1)), 0o644))
+	out, err := runCLI(t, "attribute", "--study", study, "--out", filepath.Join(d, "out"), "--quiet")
+	require.ErrorContains(t, err, "input_len 4000 + output_len 200 exceed the model's context limit 4096")
+	require.NotContains(t, out, "mismatches")
+	_, serr := os.Stat(filepath.Join(d, "out"))
+	require.True(t, os.IsNotExist(serr), "nothing is written")
+	ents, _ := os.ReadDir(d)
+	require.Len(t, ents, 1, "no staging folder is left: only the study file")
+}

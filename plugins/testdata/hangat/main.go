@@ -1,0 +1,49 @@
+// Command hangat is a pass plugin that hangs where GLMFLASH_TEST_HANG_AT
+// says: "start" (before the handshake, with a child process holding its
+// output, as a wrapper script without exec does), "describe", "eligible"
+// or "apply". Anything else: it works (and fires nowhere).
+package main
+
+import (
+	"os"
+	"os/exec"
+
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/plugins/sdk"
+)
+
+var at = os.Getenv("GLMFLASH_TEST_HANG_AT")
+
+type hang struct{}
+
+func (hang) Name() string { return "hang-at-test" }
+func (hang) Describe() pass.Description {
+	if at == "describe" {
+		select {}
+	}
+	return pass.Description{Name: "hang-at-test", Version: "0.0.1", Summary: "hangs where GLMFLASH_TEST_HANG_AT says"}
+}
+func (hang) Configure(map[string]any) error { return nil }
+func (hang) Eligible(*ir.Graph, *pass.Analyses, *pass.Env) []pass.Site {
+	if at == "eligible" {
+		select {}
+	}
+	return []pass.Site{{Where: "graph", Layer: -1, OK: true}}
+}
+func (hang) Apply(*ir.Graph, []pass.Site) (pass.Result, error) {
+	if at == "apply" {
+		select {}
+	}
+	return pass.Result{}, nil
+}
+
+func main() {
+	if at == "start" {
+		child := exec.Command("sleep", "3600")
+		child.Stdout, child.Stderr = os.Stdout, os.Stderr // holds the pipes go-plugin reads
+		child.Start()
+		select {}
+	}
+	sdk.Serve(hang{})
+}
