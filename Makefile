@@ -31,6 +31,7 @@ race:
 test: fmt-check vet build
 	$(GO) test -count=1 $(PKGS)
 	$(MAKE) race
+	$(MAKE) --no-print-directory test-emu-quick
 
 # Longer fuzzing of every outside-input parser (their seed corpora run in
 # `make test`): checkpoint headers and configs, engine YAML, serve YAML and
@@ -139,17 +140,10 @@ CUDA_SRC  := kernels/cuda/src
 PTX_DIR   := kernels/cuda/ptx
 CUDA_EMU  := bin/libglmflash-cudaemu.so
 
-.PHONY: ptx ptx-check cuda-args cudaemu test-gpu test-emu
+.PHONY: ptx cuda-args cudaemu test-gpu test-emu test-emu-quick gpu-test-bins
 
 ptx:
-	@command -v $(NVCC) >/dev/null || { echo "make ptx needs nvcc (the CUDA toolkit); run it on the GPU machine"; exit 1; }
-	@h=$$(cd $(CUDA_SRC) && for f in $$(ls | grep -E '\.cuh?$$' | LC_ALL=C sort); do printf '%s\n' "$$f"; cat "$$f"; done | sha256sum | cut -d' ' -f1); \
-	v=$$($(NVCC) --version | tail -1); \
-	for t in sm_90 compute_75; do \
-		$(NVCC) -ptx -O3 -arch=$$t -o $(PTX_DIR)/glmflash.$$t.ptx.tmp $(CUDA_SRC)/all.cu || exit 1; \
-		{ echo "// glmflash-sources-sha256: $$h"; echo "// $$v"; cat $(PTX_DIR)/glmflash.$$t.ptx.tmp; } > $(PTX_DIR)/glmflash.$$t.ptx; \
-		rm -f $(PTX_DIR)/glmflash.$$t.ptx.tmp; echo "$(PTX_DIR)/glmflash.$$t.ptx ($$v, sources $$h)"; \
-	done
+	NVCC=$(NVCC) scripts/ptx.sh
 
 # The Go mirrors of the kernels' argument structs.
 cuda-args:
@@ -161,3 +155,34 @@ $(CUDA_EMU): kernels/cuda/emu/emu.cpp kernels/cuda/emu/emu.h $(wildcard $(CUDA_S
 	@mkdir -p bin
 	$(CXX) -O2 -std=c++17 -shared -fPIC -o $@ kernels/cuda/emu/emu.cpp
 cudaemu: $(CUDA_EMU)
+
+# The CUDA tests as binaries (a GPU machine needs no Go to run them).
+GPU_TEST_PKGS := kernels/cuda core/backend/cuda tests/gpu
+gpu-test-bins:
+	@mkdir -p bin/gpu-tests
+	@for p in $(GPU_TEST_PKGS); do \
+		CGO_ENABLED=0 $(GO) test -c -o bin/gpu-tests/$$(echo $$p | tr / _).test ./$$p || exit 1; done
+
+# Where a GPU exists: every CUDA test, a missing GPU being a failure. The
+# tests package runs only its CUDA tests there (GPU_TEST_RUN).
+test-gpu:
+	@if command -v $(GO) >/dev/null; then $(MAKE) --no-print-directory gpu-test-bins; fi
+	GPU_TEST_RUN='$(GPU_TEST_RUN)' scripts/test-gpu.sh
+GPU_TEST_RUN ?= CUDA|Gemm|Sgemm|MoE|Norms|MHC|Sample|KDA|Indexer|MLA|Every|Arena|ConstKey
+
+# The same tests on the CPU emulator of the driver (no GPU needed; slow):
+# the CUDA backend's logic, its kernels and its parity with transformers.
+test-emu: $(CUDA_EMU)
+	GLMFLASH_CUDA_EMULATOR=$(CURDIR)/$(CUDA_EMU) GLMFLASH_REQUIRE_GPU=1 $(GO) test -count=1 -timeout 60m ./kernels/cuda/ ./core/backend/cuda/
+	GLMFLASH_CUDA_EMULATOR=$(CURDIR)/$(CUDA_EMU) GLMFLASH_REQUIRE_GPU=1 $(GO) test -count=1 -timeout 60m ./tests/gpu/
+
+# Part of `make test`: the CUDA kernels and backend on the CPU emulator
+# (kernel tests, the backend's unit tests, CPU agreement on the small
+# preset, length syncs, one fixture's parity). Skipped, saying so, where no
+# C++ compiler exists to build the emulator.
+EMU_QUICK_RUN := TestCUDAMatchesCPUOnSmallPreset|TestCUDALengthSyncs|TestCUDATransformersParity/glm5next-tiny-a/baseline
+test-emu-quick:
+	@if ! command -v $(CXX) >/dev/null || [ "$$(uname -m)" != x86_64 ]; then echo "SKIPPED: the emulated CUDA tests need an x86-64 machine with a C++ compiler ($(CXX)) to build $(CUDA_EMU)"; exit 0; fi; \
+	$(MAKE) --no-print-directory $(CUDA_EMU) && \
+	GLMFLASH_CUDA_EMULATOR=$(CURDIR)/$(CUDA_EMU) GLMFLASH_REQUIRE_GPU=1 $(GO) test -count=1 ./kernels/cuda/ ./core/backend/cuda/ && \
+	GLMFLASH_CUDA_EMULATOR=$(CURDIR)/$(CUDA_EMU) GLMFLASH_REQUIRE_GPU=1 $(GO) test -count=1 -run '$(EMU_QUICK_RUN)' ./tests/gpu/

@@ -4,7 +4,9 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"sync"
 
 	"github.com/glmflash/glmflash/core/backend"
@@ -109,14 +111,29 @@ func deviceName(d string) string {
 	return d
 }
 
-// Close releases the backend when the engine opened it.
+// Close releases the programs' and the store's device memory, and the
+// backend when the engine opened it. The engine is unusable afterwards.
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.ownsBE && e.be != nil {
-		e.closeErr = e.be.Close()
-		e.be = nil
+	if e.be == nil {
+		return e.closeErr
 	}
+	var errs []error
+	for _, p := range e.progs {
+		if c, ok := p.(io.Closer); ok {
+			errs = append(errs, c.Close())
+		}
+	}
+	e.progs = map[Key]backend.Program{}
+	if c, ok := e.store.(io.Closer); ok {
+		errs = append(errs, c.Close())
+	}
+	if e.ownsBE {
+		errs = append(errs, e.be.Close())
+	}
+	e.be = nil
+	e.closeErr = errors.Join(errs...)
 	return e.closeErr
 }
 

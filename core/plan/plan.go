@@ -149,6 +149,15 @@ func (p *Plan) fold(n *ir.Node) error {
 	return fmt.Errorf("plan: no folding rule for const op %q", n.Op)
 }
 
+// Source identifies where the plan's constants came from: plans of one
+// WeightCache share it (device backends share uploaded weights by it).
+func (p *Plan) Source() any {
+	if p.cache != nil {
+		return p.cache
+	}
+	return p
+}
+
 // Const returns a constant's values (nil when v is not constant).
 func (p *Plan) Const(v *ir.Value) []float32 { return p.Consts[v] }
 

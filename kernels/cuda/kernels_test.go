@@ -17,6 +17,9 @@ func openDevice(t *testing.T) *kc.Device {
 	t.Helper()
 	d, err := kc.Open(0)
 	if err != nil {
+		if os.Getenv("GLMFLASH_REQUIRE_GPU") != "" {
+			t.Fatalf("GLMFLASH_REQUIRE_GPU is set and the GPU cannot be opened: %v", err)
+		}
 		t.Skipf("no CUDA device (%v); `make test-gpu` runs this where a GPU exists, `make test-emu` on the CPU emulator", err)
 	}
 	t.Cleanup(func() { d.Close() })

@@ -32,6 +32,11 @@ const (
 // HashHeader starts the first line of every generated PTX file.
 const HashHeader = "// glmflash-sources-sha256: "
 
+// PTXDirEnv names a directory whose glmflash.*.ptx files replace the
+// embedded ones: a development aid for testing freshly compiled kernels
+// (`make ptx` on the GPU machine) with an already built binary.
+const PTXDirEnv = "GLMFLASH_CUDA_PTX_DIR"
+
 // PTXFor returns the PTX to load on a GPU of compute capability
 // major.minor.
 func PTXFor(major, minor int) (string, error) {
@@ -41,6 +46,13 @@ func PTXFor(major, minor int) (string, error) {
 		name = ptxHopper
 	case major*10+minor < 75:
 		return "", fmt.Errorf("cuda: compute capability %d.%d is below 7.5, the oldest glmflash's PTX targets", major, minor)
+	}
+	if dir := os.Getenv(PTXDirEnv); dir != "" {
+		b, err := os.ReadFile(filepath.Join(dir, filepath.Base(name)))
+		if err != nil {
+			return "", fmt.Errorf("cuda: %s: %w", PTXDirEnv, err)
+		}
+		return string(b), nil
 	}
 	b, err := ptxFS.ReadFile(name)
 	if err != nil {

@@ -23,16 +23,31 @@ func init() {
 	backend.Register("cuda", func(o backend.Options) (backend.Backend, error) { return Open(o) })
 }
 
-// Backend runs plans on one GPU.
+// Backend runs plans on one GPU. Backends of one GPU in a process share
+// the device (one context, module and stream) and its uploaded weights,
+// which live until the last of them closes.
 type Backend struct {
-	dev  *kc.Device
-	opts backend.Options
-
-	mu      sync.Mutex
-	weights map[string]devTensor // device copies of constants, by canonical key
-	wbytes  map[string]int64     // weight bytes by dtype
-	closed  bool
+	dev    *kc.Device
+	sh     *shared
+	opts   backend.Options
+	closed bool
 }
+
+// shared is a GPU's state common to every Backend on it.
+type shared struct {
+	dev     *kc.Device
+	idx     int
+	refs    int
+	mu      sync.Mutex
+	weights map[string]devTensor // device copies of constants, by source and canonical key
+	wbytes  map[string]int64     // weight bytes by dtype
+	ids     map[any]int          // weight sources seen (for keys)
+}
+
+var (
+	sharedMu sync.Mutex
+	devices  = map[int]*shared{}
+)
 
 // devTensor is a constant on the device.
 type devTensor struct {
@@ -55,11 +70,19 @@ func Open(o backend.Options) (*Backend, error) {
 	if o.Precision != "" && o.Precision != "fp32" {
 		return nil, fmt.Errorf("cuda backend: precision %q is not available (fp32 is)", o.Precision)
 	}
-	dev, err := kc.Open(o.DeviceIndex)
-	if err != nil {
-		return nil, err
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	sh := devices[o.DeviceIndex]
+	if sh == nil {
+		dev, err := kc.Open(o.DeviceIndex)
+		if err != nil {
+			return nil, err
+		}
+		sh = &shared{dev: dev, idx: o.DeviceIndex, weights: map[string]devTensor{}, wbytes: map[string]int64{}, ids: map[any]int{}}
+		devices[o.DeviceIndex] = sh
 	}
-	return &Backend{dev: dev, opts: o, weights: map[string]devTensor{}, wbytes: map[string]int64{}}, nil
+	sh.refs++
+	return &Backend{dev: sh.dev, sh: sh, opts: o}, nil
 }
 
 // Name is "cuda".
@@ -73,32 +96,38 @@ func (b *Backend) Ops() []string { return boundOps() }
 
 // Info describes the GPU and the device memory in use.
 func (b *Backend) Info() backend.Info {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.sh.mu.Lock()
+	defer b.sh.mu.Unlock()
 	mem := map[string]int64{}
-	for k, v := range b.wbytes {
+	for k, v := range b.sh.wbytes {
 		mem["weights_"+k] = v
 	}
 	mem["total_allocated"] = b.dev.Live()
 	return backend.Info{Backend: "cuda", Device: fmt.Sprintf("%s (compute %d.%d, %d SMs, %s)", b.dev.Name, b.dev.CC[0], b.dev.CC[1], b.dev.SMs, b.dev.BlasVersion()), Precision: "fp32", Memory: mem}
 }
 
-// Close frees the weights and releases the GPU.
+// Close releases this backend; the last one on a GPU frees the weights and
+// the device.
 func (b *Backend) Close() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
 	if b.closed {
 		return nil
 	}
 	b.closed = true
-	err := b.dev.Do(func() error {
-		for _, t := range b.weights {
-			b.dev.Free(t.ptr, t.bytes)
+	sh := b.sh
+	if sh.refs--; sh.refs > 0 {
+		return nil
+	}
+	delete(devices, sh.idx)
+	err := sh.dev.Do(func() error {
+		for _, t := range sh.weights {
+			sh.dev.Free(t.ptr, t.bytes)
 		}
 		return nil
 	})
-	b.weights = nil
-	if cerr := b.dev.Close(); err == nil {
+	sh.weights = nil
+	if cerr := sh.dev.Close(); err == nil {
 		err = cerr
 	}
 	return err
@@ -126,10 +155,16 @@ func constKey(v *ir.Value) string {
 // dtype for BF16 and FP8-dequantized weights) unless FP32Weights, else fp32.
 // Must run inside dev.Do.
 func (b *Backend) upload(p *plan.Plan, v *ir.Value) (devTensor, error) {
-	key := constKey(v)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if t, ok := b.weights[key]; ok {
+	sh := b.sh
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	id, ok := sh.ids[p.Source()]
+	if !ok {
+		id = len(sh.ids)
+		sh.ids[p.Source()] = id
+	}
+	key := fmt.Sprintf("%d|%v|%s", id, b.opts.FP32Weights, constKey(v))
+	if t, ok := sh.weights[key]; ok {
 		return t, nil
 	}
 	data := p.Consts[v]
@@ -160,11 +195,11 @@ func (b *Backend) upload(p *plan.Plan, v *ir.Value) (devTensor, error) {
 	if err := b.dev.Sync(); err != nil { // the host copy may go once this returns
 		return devTensor{}, err
 	}
-	b.weights[key] = t
+	sh.weights[key] = t
 	if t.bf16 {
-		b.wbytes["bf16"] += t.bytes
+		sh.wbytes["bf16"] += t.bytes
 	} else {
-		b.wbytes["fp32"] += t.bytes
+		sh.wbytes["fp32"] += t.bytes
 	}
 	return t, nil
 }

@@ -2,8 +2,10 @@ package cuda
 
 import (
 	"math/rand/v2"
+	"os"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/stretchr/testify/require"
 )
@@ -63,4 +65,29 @@ func TestConstKeyNamesDerivedWeights(t *testing.T) {
 	c := g.Op1("concat_rows", 0, nil, a, b)
 	require.Equal(t, "a.weight#0", constKey(a))
 	require.Equal(t, "concat_rows(a.weight#0,b.weight#0)", constKey(c))
+}
+
+// Where CUDA cannot run, opening the backend fails at once and names what
+// is missing.
+func TestOpenSaysWhatIsMissing(t *testing.T) {
+	t.Setenv("GLMFLASH_CUDA_EMULATOR", "/nonexistent/libcuda-emulator.so")
+	_, err := Open(backend.Options{})
+	require.ErrorContains(t, err, "the CUDA emulator /nonexistent/libcuda-emulator.so")
+	t.Setenv("GLMFLASH_CUDA_EMULATOR", "")
+	if _, err := os.Stat("/dev/nvidia0"); err == nil {
+		t.Skip("this machine has a GPU")
+	}
+	be, err := Open(backend.Options{})
+	if err == nil {
+		be.Close()
+		t.Skip("CUDA opened (a driver without /dev/nvidia0?)")
+	}
+	require.Regexp(t, "no NVIDIA driver|no usable GPU|no GPU|no cuBLAS", err.Error())
+	t.Logf("as reported: %v", err)
+}
+
+// Precision other than fp32 is refused by name.
+func TestOpenRefusesUnknownPrecision(t *testing.T) {
+	_, err := Open(backend.Options{Precision: "int4"})
+	require.ErrorContains(t, err, `precision "int4"`)
 }

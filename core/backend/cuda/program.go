@@ -81,6 +81,24 @@ func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
 	return prog, nil
 }
 
+// Close frees the program's device buffers (arena, metadata, sampling).
+func (p *Program) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.b.dev.Do(func() error {
+		for _, b := range []struct {
+			p *kc.DevicePtr
+			n *int64
+		}{{&p.arena, &p.arenaSize}, {&p.meta, &p.metaSize}, {&p.out, &p.outSize}} {
+			if *b.p != 0 {
+				p.b.dev.Free(*b.p, *b.n)
+				*b.p, *b.n = 0, 0
+			}
+		}
+		return nil
+	})
+}
+
 // Plan returns the plan the program was compiled from.
 func (p *Program) Plan() *plan.Plan { return p.plan }
 

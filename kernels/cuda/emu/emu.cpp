@@ -8,7 +8,6 @@
 #define GLMF_EMU 1
 #include "emu.h"
 
-#include <ucontext.h>
 #include <sys/mman.h>
 #include <chrono>
 #include <cstdio>
@@ -21,16 +20,44 @@
 namespace emu {
 
 struct Fiber {
-  ucontext_t ctx;
+  void* sp;  // saved stack pointer while switched out
   emu_dim3 tid;
   int lin;
   bool done;
   char* stack;
 };
 
+// A minimal context switch (x86-64 System V): save the callee-saved
+// registers on the current stack, store its pointer in *save, continue on
+// the stack next. swapcontext would also save the signal mask with a
+// system call on every switch, which made emulation ten times slower.
+extern "C" void emu_switch(void** save, void* next);
+asm(R"(
+.text
+.globl emu_switch
+.type emu_switch,@function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size emu_switch, .-emu_switch
+)");
+
 Fiber* cur;
 emu_dim3 block_idx, block_dim, grid_dim;
-static ucontext_t sched_ctx;
+static void* sched_sp;
 static std::vector<Fiber> fibers;
 static int alive, arrived;
 static unsigned gen;
@@ -46,7 +73,7 @@ static long long spins;
 const emu_dim3& thread_idx() { return cur->tid; }
 void* dyn_smem() { return dsmem.data(); }
 
-static void yield() { swapcontext(&cur->ctx, &sched_ctx); }
+static void yield() { emu_switch(&cur->sp, sched_sp); }
 
 static void stuck() {
   fprintf(stderr, "cuda emulator: threads of a block wait at barriers that can never release (divergent __syncthreads or shuffle)\n");
@@ -93,7 +120,20 @@ void warp_exchange(const void* in, void* out, int size, int src_lane) {
 static void entry() {
   cur_fn(cur_params);
   cur->done = true;
-  swapcontext(&cur->ctx, &sched_ctx);
+  emu_switch(&cur->sp, sched_sp);
+  abort();  // a finished fiber is never resumed
+}
+
+// fresh_stack prepares a stack whose first switch "returns" into entry
+// with the alignment of a function entry.
+static void* fresh_stack(char* stack) {
+  uintptr_t top = ((uintptr_t)(stack + kStack)) & ~(uintptr_t)15;
+  void** sp = (void**)(top - 16);
+  sp[0] = (void*)entry;  // the return address emu_switch's ret takes
+  sp[1] = nullptr;
+  sp -= 6;               // rbp rbx r12 r13 r14 r15, popped as zeros
+  for (int i = 0; i < 6; i++) sp[i] = nullptr;
+  return sp;
 }
 
 static std::map<std::string, Trampoline>& registry() {
@@ -114,11 +154,7 @@ static void run_block(int nthreads) {
     f.tid.z = i / (block_dim.x * block_dim.y);
     f.done = false;
     warp_alive[i / 32]++;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack;
-    f.ctx.uc_stack.ss_size = kStack;
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, entry, 0);
+    f.sp = fresh_stack(f.stack);
   }
   spins = 0;
   int left = nthreads;
@@ -127,7 +163,7 @@ static void run_block(int nthreads) {
       Fiber& f = fibers[i];
       if (f.done) continue;
       cur = &f;
-      swapcontext(&sched_ctx, &f.ctx);
+      emu_switch(&sched_sp, f.sp);
       if (f.done) {
         left--;
         alive--;

@@ -1,0 +1,302 @@
+// Package gpu holds the CUDA backend's model tests: transformers parity on
+// the GPU, agreement with the CPU backend, batching invariance and the
+// length syncs host-length-reuse removes. They run where a GPU is
+// (`make test-gpu`) or on the CPU emulator of the driver (`make test-emu`),
+// and skip elsewhere with the reason. They build nothing at run time, so
+// their test binary runs on a GPU machine without Go.
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/eval"
+	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/randckpt"
+	_ "github.com/glmflash/glmflash/passes/all" // the built-in passes
+	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
+	"github.com/stretchr/testify/require"
+)
+
+// fixtures are the transformers reference variants shipped in testdata.
+var fixtures = []string{"glm5next-tiny-a", "glm5next-tiny-b", "glm5next-tiny-c"}
+
+func openFixture(t testing.TB, name string) (*model.Checkpoint, *eval.Reference) {
+	t.Helper()
+	dir := filepath.Join("..", "..", "testdata", name)
+	ck, err := model.Open(filepath.Join(dir, "checkpoint"))
+	require.NoError(t, err)
+	t.Cleanup(func() { ck.Close() })
+	ref, err := eval.Load(filepath.Join(dir, "reference.safetensors"))
+	require.NoError(t, err)
+	return ck, ref
+}
+
+type resolver map[string]pass.Factory
+
+func (r resolver) Lookup(n string) (pass.Factory, bool) { f, ok := r[n]; return f, ok }
+func (r resolver) Names() []string {
+	var n []string
+	for k := range r {
+		n = append(n, k)
+	}
+	return n
+}
+
+// inProcessFusion is the example plugin's pass, run in process.
+var inProcessFusion = resolver{fusion.Name: func() pass.Pass { return &fusion.Pass{} }}
+
+func maxDiff(a, b []float32) float64 {
+	d := 0.0
+	for i := range a {
+		d = math.Max(d, math.Abs(float64(a[i]-b[i])))
+	}
+	return d
+}
+
+func seqTokens(n, seed, vocab int) []int32 {
+	t := make([]int32, n)
+	for i := range t {
+		t[i] = int32((seed*131 + i*17 + i*i*7) % vocab)
+	}
+	return t
+}
+
+// cudaOptions returns engine options on the CUDA backend, or skips.
+func cudaOptions(t *testing.T, o engine.Options) engine.Options {
+	t.Helper()
+	be, err := backend.Open("cuda", o.Backend)
+	if err != nil {
+		if os.Getenv("GLMFLASH_REQUIRE_GPU") != "" {
+			t.Fatalf("GLMFLASH_REQUIRE_GPU is set and the CUDA backend cannot open: %v", err)
+		}
+		t.Skipf("CUDA backend unavailable (%v): `make test-gpu` runs this where a GPU exists", err)
+	}
+	be.Close()
+	o.Device = "cuda"
+	return o
+}
+
+func cudaEngine(t *testing.T, ck *model.Checkpoint, o engine.Options) *engine.Engine {
+	t.Helper()
+	o = cudaOptions(t, o)
+	e, err := engine.New(ck.Config(), ck, o)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Close()) })
+	return e
+}
+
+// Every fixture case within 1e-4 of transformers with identical greedy
+// tokens on the GPU in fp32: without passes, with every built-in pass, and
+// with the example plugin's shared-expert fusion on top; and once with
+// fp32 weights, which sends the GEMMs to cuBLAS.
+func TestCUDATransformersParity(t *testing.T) {
+	type arm struct {
+		name string
+		reqs []pass.Request
+		fp32 bool
+	}
+	all := func(extra ...pass.Request) []pass.Request {
+		var r []pass.Request
+		for _, p := range config.Default().Enabled() {
+			if p.Name != "prefill-autotune" { // CPU tuning tables do not apply to the GPU
+				r = append(r, pass.Request{Name: p.Name, Options: p.Options})
+			}
+		}
+		return append(r, extra...)
+	}
+	arms := []arm{{"baseline", nil, false}, {"all", all(), false}, {"all+sharedexpert", all(pass.Request{Name: fusion.Name}), false}, {"fp32-weights", nil, true}}
+	for _, name := range fixtures {
+		for _, a := range arms {
+			if a.fp32 && name != fixtures[0] {
+				continue
+			}
+			t.Run(name+"/"+a.name, func(t *testing.T) {
+				o := cudaOptions(t, engine.Options{Slots: 2, Backend: backend.Options{FP32Weights: a.fp32}})
+				ck, ref := openFixture(t, name)
+				if a.reqs != nil {
+					pl, err := pass.NewPipelineWith(a.reqs, true, inProcessFusion)
+					require.NoError(t, err)
+					o.Passes, o.PassEnv = pl, pass.EnvFromConfig(config.Default(), ck.Config(), ck)
+				}
+				e := cudaEngine(t, ck, o)
+				res, err := eval.RunAll(e, ref)
+				require.NoError(t, err)
+				for _, r := range res {
+					t.Logf("%s %s %-10s rows=%3d max|Δ|=%.2e greedy=%v", name, a.name, r.Name, r.Rows, r.MaxAbsDiff, r.GreedyMatch)
+					require.Less(t, r.MaxAbsDiff, 1e-4, "%s %s", name, r.Name)
+					require.True(t, r.GreedyMatch, "%s %s: %d greedy mismatches", name, r.Name, r.Mismatches)
+				}
+				if a.reqs != nil {
+					for key, rep := range e.Reports() {
+						for _, p := range rep.Passes {
+							require.Empty(t, p.Error, "%s: %s", key, p.Name)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// presetCheckpoint writes a random checkpoint of a preset once per test.
+func presetCheckpoint(t *testing.T, preset string) *model.Checkpoint {
+	t.Helper()
+	cfg, err := randckpt.Preset(preset)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, randckpt.Write(dir, cfg, randckpt.Options{Seed: 3}))
+	ck, err := model.Open(dir)
+	require.NoError(t, err)
+	t.Cleanup(func() { ck.Close() })
+	return ck
+}
+
+// The GPU and the CPU agree on a larger random model (the `small` preset:
+// wider GEMMs, more experts, longer pools) for prefill, decode and a mixed
+// batch.
+func TestCUDAMatchesCPUOnSmallPreset(t *testing.T) {
+	o := cudaOptions(t, engine.Options{Slots: 3})
+	ck := presetCheckpoint(t, "small")
+	cpu, err := engine.New(ck.Config(), ck, engine.Options{Slots: 3})
+	require.NoError(t, err)
+	gpu, err := engine.New(ck.Config(), ck, o)
+	require.NoError(t, err)
+	defer gpu.Close()
+	V := ck.Config().VocabSize
+	run := func(e *engine.Engine, key engine.Key, b *backend.Batch) *backend.Result {
+		r, err := e.Run(key, b)
+		require.NoError(t, err)
+		return r
+	}
+	var cs, gs []int
+	for i := 0; i < 3; i++ {
+		a, err := cpu.Store().Alloc()
+		require.NoError(t, err)
+		b, err := gpu.Store().Alloc()
+		require.NoError(t, err)
+		cs, gs = append(cs, a), append(gs, b)
+	}
+	lens := []int{150, 7, 70}
+	for i, n := range lens {
+		toks := seqTokens(n, i+1, V)
+		key := engine.Key{Mode: build.Prefill, Logits: build.AllLogits}
+		rc := run(cpu, key, &backend.Batch{Seqs: []backend.Seq{{Slot: cs[i], Tokens: toks}}})
+		rg := run(gpu, key, &backend.Batch{Seqs: []backend.Seq{{Slot: gs[i], Tokens: toks}}})
+		d := maxDiff(rc.Logits, rg.Logits)
+		t.Logf("prefill %d tokens: max|Δ| %.2e", n, d)
+		require.Less(t, d, 2e-4)
+	}
+	for step := 0; step < 4; step++ {
+		cb, gb := &backend.Batch{}, &backend.Batch{}
+		for i := range lens {
+			toks := seqTokens(1+step%3, 100+i+step, V)
+			cb.Seqs = append(cb.Seqs, backend.Seq{Slot: cs[i], Tokens: toks})
+			gb.Seqs = append(gb.Seqs, backend.Seq{Slot: gs[i], Tokens: toks})
+		}
+		key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
+		d := maxDiff(run(cpu, key, cb).Logits, run(gpu, key, gb).Logits)
+		t.Logf("mixed step %d: max|Δ| %.2e", step, d)
+		require.Less(t, d, 2e-4)
+	}
+}
+
+// 32 requests served together by the continuous-batching runtime on the GPU
+// each get the tokens they get alone (greedy and seeded sampling).
+func TestCUDABatchingInvariance(t *testing.T) {
+	cudaOptions(t, engine.Options{})
+	ck, _ := openFixture(t, fixtures[0])
+	e := cudaEngine(t, ck, engine.Options{Slots: 32})
+	r := rand.New(rand.NewPCG(1, 2))
+	var reqs []runtime.Request
+	for i := 0; i < 32; i++ {
+		p := make([]int32, 3+r.IntN(40))
+		for j := range p {
+			p[j] = int32(r.IntN(256))
+		}
+		s := sample.Greedy()
+		if i%2 == 1 {
+			s = sample.Params{Temperature: 0.8, TopP: 0.9, TopK: 50, Seed: uint64(i)}
+		}
+		reqs = append(reqs, runtime.Request{Prompt: p, MaxTokens: 12, Sampling: s, TopLogprobs: i % 3, IgnoreEOS: true})
+	}
+	serve := func(batch []runtime.Request) [][]int32 {
+		rt, err := runtime.New(e, runtime.Config{PrefillChunk: 16}, runtime.Options{})
+		require.NoError(t, err)
+		defer rt.Close()
+		out := make([][]int32, len(batch))
+		var wg sync.WaitGroup
+		for i, q := range batch {
+			h, err := rt.Submit(context.Background(), q)
+			require.NoError(t, err)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				toks, f, err := h.Wait(context.Background())
+				if err != nil || f.Reason != runtime.FinishLength {
+					panic(fmt.Sprintf("request %d: %v %+v", i, err, f))
+				}
+				for _, tk := range toks {
+					out[i] = append(out[i], tk.ID)
+				}
+			}()
+		}
+		wg.Wait()
+		return out
+	}
+	together := serve(reqs)
+	for i, q := range reqs {
+		alone := serve([]runtime.Request{q})
+		require.Equal(t, alone[0], together[i], "request %d", i)
+	}
+}
+
+// Host-length reuse on the GPU: with the pass, a decode step reads no
+// lengths back (no length sync); without it, every KDA and DSA node that
+// needs lengths costs a device-to-host sync.
+func TestCUDALengthSyncs(t *testing.T) {
+	ck, _ := openFixture(t, fixtures[0])
+	cudaOptions(t, engine.Options{})
+	steps := func(reqs []pass.Request) backend.Stats {
+		o := engine.Options{Slots: 1}
+		if reqs != nil {
+			pl, err := pass.NewPipeline(reqs, true)
+			require.NoError(t, err)
+			o.Passes, o.PassEnv = pl, pass.EnvFromConfig(config.Default(), ck.Config(), ck)
+		}
+		e := cudaEngine(t, ck, o)
+		s, err := e.Store().Alloc()
+		require.NoError(t, err)
+		_, err = e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: []int32{1, 2, 3}}}})
+		require.NoError(t, err)
+		key := engine.Key{Mode: build.Decode, Logits: build.LastLogits}
+		for i := 0; i < 3; i++ {
+			_, err = e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: []int32{4}}}, Sample: []backend.SampleSpec{{Params: sample.Greedy()}}, SamplesOnly: true})
+			require.NoError(t, err)
+		}
+		p, err := e.Program(key)
+		require.NoError(t, err)
+		return p.Stats()
+	}
+	off := steps(nil)
+	on := steps([]pass.Request{{Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}})
+	t.Logf("decode step without passes: %d launches, %d host syncs (%d length syncs); with dsa-pooled-metadata + host-length-reuse: %d launches, %d host syncs (%d length syncs)",
+		off.Launches/off.Runs, off.HostSyncs/off.Runs, off.LengthSyncs/off.Runs, on.Launches/on.Runs, on.HostSyncs/on.Runs, on.LengthSyncs/on.Runs)
+	require.Positive(t, off.LengthSyncs)
+	require.Zero(t, on.LengthSyncs)
+	require.Zero(t, on.DeviceLengthReads)
+	require.Less(t, on.HostSyncs, off.HostSyncs)
+}
