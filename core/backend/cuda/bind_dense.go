@@ -81,9 +81,11 @@ func bindLayerNorm(p *Program, n *ir.Node) (*kstep, error) {
 	}}, nil
 }
 
-// gemvMaxRows is the most rows the warp-per-column GEMV takes; more rows go
-// to the tiled kernel.
-const gemvMaxRows = 8
+// skinnyMaxRows is the most rows the skinny GEMM takes; more rows go to the
+// tiled kernel. Both sum in ascending k, so the choice (and so the batch's
+// size) never changes a row's result. cuBLAS, used for fp32 weights on more
+// rows, does not promise that: batch invariance holds for bf16 weights.
+const skinnyMaxRows = 8
 
 // gemm launches y = x·Wᵀ over M rows for weight W ([G][N][K] when batched)
 // writing through args' outputs; fp32 weights go to cuBLAS when the outputs
@@ -93,9 +95,9 @@ func gemm(rc *runCtx, a *kc.GemmArgs, G int) error {
 		return nil
 	}
 	grid := kc.Dim3{Z: uint32(G)}
-	if a.M <= gemvMaxRows {
-		grid.X = uint32((a.N + 7) / 8)
-		return kc.Launch(rc.dev, "glmf_gemv", grid, block256, 0, a)
+	if a.M <= skinnyMaxRows {
+		grid.X = uint32((a.N + 31) / 32)
+		return kc.Launch(rc.dev, "glmf_gemm_skinny", grid, block256, 0, a)
 	}
 	grid.X, grid.Y = uint32((a.N+63)/64), uint32((a.M+63)/64)
 	return kc.Launch(rc.dev, "glmf_gemm_tiled", grid, block256, 0, a)
@@ -110,7 +112,7 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 	K, N := in[0].Shape[1], out.Shape[1]
 	return &kstep{run: func(rc *runCtx) error {
 		M := rc.rows(in[0])
-		if !W.bf16 && M > gemvMaxRows {
+		if !W.bf16 && M > skinnyMaxRows {
 			return rc.dev.Sgemm(M, N, K, rc.ptr(in[0]), K, W.ptr, rc.ptr(out), N)
 		}
 		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(K), W: W.ptr, WBf16: W.flag(), M: int64(M), N: int64(N), K: int64(K), Nout: 1}
@@ -140,7 +142,7 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 		for i, s := range splits {
 			a.Out[i], a.Ow[i] = rc.ptr(outs[i]), int64(s)
 		}
-		if W.bf16 || M <= gemvMaxRows {
+		if W.bf16 || M <= skinnyMaxRows {
 			return gemm(rc, &a, 1)
 		}
 		tmp := rc.temps[0]
@@ -165,7 +167,7 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	return &kstep{run: func(rc *runCtx) error {
 		M := rc.rows(in[0])
-		if !W.bf16 && M > gemvMaxRows {
+		if !W.bf16 && M > skinnyMaxRows {
 			for g := 0; g < G; g++ {
 				if err := rc.dev.Sgemm(M, N, K, rc.ptr(in[0])+kc.DevicePtr(4*g*K), G*K, W.ptr+kc.DevicePtr(4*g*N*K), rc.ptr(outs[g]), N); err != nil {
 					return err

@@ -1,6 +1,7 @@
 // GEMMs y = x·Wᵀ with fp32 activations and bf16 or fp32 weights, fp32
-// accumulation: a 64×64 tiled kernel for many rows and a warp-per-column
-// GEMV for few. Both write split outputs (linear_split: column ranges to
+// accumulation: a 64×64 tiled kernel for many rows and a skinny kernel for
+// few. Both sum every output in ascending k, so a row's result is the same
+// whichever kernel and batch computed it. Both write split outputs (linear_split: column ranges to
 // separate tensors) and batched groups (linear_batched: grid.z selects a
 // group's input columns, weight slice and output). The tiled kernel also
 // runs MoE expert GEMMs over a tile list (rows gathered through a
@@ -156,28 +157,40 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
   }
 }
 
-// GEMV for M ≤ 8 rows: one warp per output column, lanes stride over K.
-// 256 threads = 8 columns per block; grid.y… unused, grid.z = group.
-KERNEL(glmf_gemv, GemmArgs) {
-  int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+// Skinny GEMM for M ≤ 8 rows: a block computes 32 columns for every row,
+// staging 64-deep slices of W (and of the rows) in shared memory; thread
+// (row, column) accumulates in ascending k, exactly as the tiled kernel
+// does, so a row's result does not depend on how many rows the batch has
+// or which kernel ran it (batch invariance). grid = (ceil(N/32), 1, groups).
+#define SK_BN 32
+#define SK_BK 64
+KERNEL(glmf_gemm_skinny, GemmArgs) {
+  __shared__ float Ws[SK_BN][SK_BK + 1];
+  __shared__ float As[8][SK_BK];
+  int tid = threadIdx.x, c = tid % SK_BN, m = tid / SK_BN;
   i64 g = blockIdx.z;
-  i64 c = (i64)blockIdx.x * 8 + warp;
-  if (c >= a.N) return;
+  i64 n0 = (i64)blockIdx.x * SK_BN;
   const float* A = a.A + g * a.a_goff;
   i64 wsz = a.w_bf16 ? 2 : 4;
   const void* W = (const char*)a.W + g * a.w_goff * wsz;
-  float acc[8];
-  for (int m = 0; m < 8; m++) acc[m] = 0;
-  for (i64 k = lane; k < a.K; k += 32) {
-    float w = ldw(W, c * a.K + k, a.w_bf16);
-    for (int m = 0; m < 8; m++)
-      if (m < a.M) acc[m] += A[m * a.lda + k] * w;
+  float acc = 0;
+  for (i64 k0 = 0; k0 < a.K; k0 += SK_BK) {
+    for (int l = tid; l < SK_BN * SK_BK; l += blockDim.x) {
+      int cc = l / SK_BK, kk = l % SK_BK;
+      float v = 0;
+      if (n0 + cc < a.N && k0 + kk < a.K) v = ldw(W, (n0 + cc) * a.K + k0 + kk, a.w_bf16);
+      Ws[cc][kk] = v;
+    }
+    for (int l = tid; l < 8 * SK_BK; l += blockDim.x) {
+      int mm = l / SK_BK, kk = l % SK_BK;
+      As[mm][kk] = (mm < a.M && k0 + kk < a.K) ? A[mm * a.lda + k0 + kk] : 0;
+    }
+    __syncthreads();
+    for (int kk = 0; kk < SK_BK; kk++) acc += As[m][kk] * Ws[c][kk];
+    __syncthreads();
   }
-  for (int m = 0; m < 8; m++) acc[m] = warp_sum(acc[m]);
-  if (lane == 0)
-    for (int m = 0; m < 8; m++)
-      if (m < a.M) {
-        float* o = out_ptr(a, g, m, c);
-        if (o) *o = acc[m];
-      }
+  if (m < a.M && n0 + c < a.N) {
+    float* o = out_ptr(a, g, m, n0 + c);
+    if (o) *o = acc;
+  }
 }
