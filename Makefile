@@ -10,7 +10,7 @@ RACE_PKGS := ./core/... ./kernels/parallel/... ./tests/...
 all: build
 
 build:
-	$(GO) build -o $(BIN) ./cmd/glmflash
+	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/glmflash
 
 # The main job: serve the built-in default model (a random `small` checkpoint,
 # written once into .cache/) over gRPC as configs/serve.yaml says; it prints
@@ -140,7 +140,7 @@ CUDA_SRC  := kernels/cuda/src
 PTX_DIR   := kernels/cuda/ptx
 CUDA_EMU  := bin/libglmflash-cudaemu.so
 
-.PHONY: ptx cuda-args cudaemu test-gpu test-emu test-emu-quick gpu-test-bins
+.PHONY: ptx cuda-args cudaemu test-gpu test-emu test-emu-quick gpu-test-bins gpu-bundle
 
 ptx:
 	NVCC=$(NVCC) scripts/ptx.sh
@@ -186,3 +186,9 @@ test-emu-quick:
 	$(MAKE) --no-print-directory $(CUDA_EMU) && \
 	GLMFLASH_CUDA_EMULATOR=$(CURDIR)/$(CUDA_EMU) GLMFLASH_REQUIRE_GPU=1 $(GO) test -count=1 ./kernels/cuda/ ./core/backend/cuda/ && \
 	GLMFLASH_CUDA_EMULATOR=$(CURDIR)/$(CUDA_EMU) GLMFLASH_REQUIRE_GPU=1 $(GO) test -count=1 -run '$(EMU_QUICK_RUN)' ./tests/gpu/
+
+# Everything a GPU machine without Go needs, in one file to carry
+# (bin/gpu-bundle.tgz: the binary, the CUDA test binaries, ghz, the example
+# plugin); scripts/gpu-run.sh unpacks it there.
+gpu-bundle: build gpu-test-bins bin/ghz plugins
+	tar czf bin/gpu-bundle.tgz -C bin glmflash ghz gpu-tests plugins

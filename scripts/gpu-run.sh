@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One call on the GPU machine, as the device tool runs it: compile the PTX
+# with that machine's nvcc, run every CUDA test, the transformers fixtures
+# through `glmflash eval --device cuda` (no passes, every pass, every pass +
+# the example plugin), a bench, and a bounded load test against
+# `glmflash serve --device cuda`. Binaries come prebuilt from this machine in
+# bin/ (make gpu-bundle). Everything lands in $OUT (default /tmp/gpu-run),
+# the PTX and the logs also packed in $OUT/gpu-run.tgz.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-run}
+STEPS=${STEPS:-ptx tests eval bench load}
+mkdir -p "$OUT/logs" "$OUT/ptx"
+log() { echo "== $(date +%T) $*" | tee -a "$OUT/logs/summary.txt"; }
+[ -f bin/gpu-bundle.tgz ] && tar xzf bin/gpu-bundle.tgz -C bin
+export PATH=/usr/local/cuda/bin:$PATH
+nvidia-smi >"$OUT/logs/nvidia-smi.txt" 2>&1
+for s in $STEPS; do case $s in
+ptx)
+	log "ptx"
+	OUT_DIR="$OUT/ptx" scripts/ptx.sh >>"$OUT/logs/summary.txt" 2>&1 || log "ptx FAILED"
+	nvcc -cubin -arch=sm_90 -Xptxas -v -o /tmp/glmflash.cubin kernels/cuda/src/all.cu >"$OUT/logs/ptxas.txt" 2>&1 || log "ptxas report FAILED"
+	export GLMFLASH_CUDA_PTX_DIR="$OUT/ptx"
+	;;
+tests)
+	log "test-gpu"
+	scripts/test-gpu.sh >"$OUT/logs/test-gpu.log" 2>&1 && log "test-gpu ok" || log "test-gpu FAILED"
+	grep -E -- '^(--- |ok|FAIL|PASS|=== RUN|== )|max\|Δ\||launches' "$OUT/logs/test-gpu.log" | tail -n 80 >>"$OUT/logs/summary.txt"
+	;;
+eval)
+	for f in testdata/glm5next-tiny-*; do
+		for cfg in configs/presets/baseline.yaml configs/engine.yaml; do
+			log "eval $f $cfg"
+			bin/glmflash eval --device cuda --config "$cfg" --model "$f/checkpoint" --reference "$f/reference.safetensors" >>"$OUT/logs/eval.log" 2>&1 && log "ok" || log "eval FAILED"
+		done
+	done
+	if [ -x bin/plugins/glmflash-pass-shared-expert-fusion ]; then
+		log "eval with the example plugin"
+		bin/glmflash eval --device cuda --config configs/presets/plugin-example.yaml --model testdata/glm5next-tiny-a/checkpoint \
+			--reference testdata/glm5next-tiny-a/reference.safetensors >>"$OUT/logs/eval.log" 2>&1 && log "ok" || log "eval with plugin FAILED"
+	fi
+	tail -n 60 "$OUT/logs/eval.log" >>"$OUT/logs/summary.txt"
+	;;
+bench)
+	for cfg in configs/presets/baseline.yaml configs/engine.yaml; do
+		log "bench --device cuda --preset bench --config $cfg"
+		bin/glmflash bench --device cuda --preset bench --config "$cfg" --reps 3 --json "$OUT/logs/bench-$(basename "$cfg" .yaml).json" >>"$OUT/logs/bench.log" 2>&1 || log "bench FAILED"
+	done
+	tail -n 40 "$OUT/logs/bench.log" >>"$OUT/logs/summary.txt"
+	;;
+load)
+	log "load test (ghz) against serve --device cuda"
+	DEVICE=cuda OUT="$OUT/loadtest" scripts/loadtest.sh >"$OUT/logs/loadtest.log" 2>&1 && log "load ok" || log "load FAILED"
+	tail -n 30 "$OUT/logs/loadtest.log" >>"$OUT/logs/summary.txt"
+	;;
+esac; done
+tar czf "$OUT/gpu-run.tgz" -C "$OUT" ptx logs $( [ -d "$OUT/loadtest" ] && echo loadtest ) 2>/dev/null
+cat "$OUT/logs/summary.txt"
