@@ -37,7 +37,8 @@ test: fmt-check vet build
 # requests, study files, and the graphs plugins return. FUZZTIME per target.
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ./model/safetensors:FuzzParseHeader ./model:FuzzParseConfig ./core/config:FuzzParse \
-	./core/serve:FuzzGenerateRequest ./core/serve:FuzzLoadConfig ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers
+	./core/serve:FuzzGenerateRequest ./core/serve:FuzzLoadConfig ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers \
+	./model/tokenizer:FuzzEncodeDecode ./model/tokenizer:FuzzParse
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$pkg $$fn"; \

@@ -10,11 +10,11 @@ import (
 // of tokenizer.json, converted from the byte-level alphabet back to bytes
 // at load, so that encoding never maps characters.
 type bpe struct {
-	vocab        map[string]int32  // token bytes → id
-	merges       map[uint64]merge  // (left id, right id) → merge
-	byteIDs      [256]int32        // the single-byte tokens (-1: absent)
-	ignoreMerges bool              // a piece that is a token is that token
-	unk          int32             // -1: unknown bytes are dropped
+	vocab        map[string]int32   // token bytes → id
+	merges       map[uint64]merge   // (left id, right id) → merge
+	byteIDs      [256]int32         // the single-byte tokens (-1: absent)
+	ignoreMerges bool               // a piece that is a token is that token
+	unk          int32              // -1: unknown bytes are dropped
 	cache        [cacheShards]shard // piece → ids
 	seed         maphash.Seed
 }
