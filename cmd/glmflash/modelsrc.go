@@ -1,15 +1,20 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/chat"
 	"github.com/glmflash/glmflash/model/randckpt"
+	"github.com/glmflash/glmflash/model/tokenizer"
 	"github.com/spf13/cobra"
 )
 
@@ -21,6 +26,7 @@ type modelFlags struct {
 	seed     int64
 	cacheDir string
 	fp8      bool
+	opened   string // the directory open used
 }
 
 func (m *modelFlags) add(cmd *cobra.Command, allowPreset bool) {
@@ -46,6 +52,7 @@ func (m *modelFlags) open() (*model.Checkpoint, error) {
 	case m.dir != "" && m.preset != "":
 		return nil, fmt.Errorf("--model and --preset are mutually exclusive")
 	case m.dir != "":
+		m.opened = m.dir
 		ck, err := model.Open(m.dir)
 		if err != nil {
 			return nil, err
@@ -76,6 +83,13 @@ func (m *modelFlags) open() (*model.Checkpoint, error) {
 				return nil, err
 			}
 		}
+		if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); os.IsNotExist(err) {
+			// written by an older glmflash: add the preset's tokenizer
+			if err := randckpt.WriteTokenizer(dir, cfg.VocabSize); err != nil {
+				return nil, err
+			}
+		}
+		m.opened = dir
 		return model.Open(dir)
 	}
 	return nil, fmt.Errorf("name a model with --model DIR or --preset NAME")
@@ -103,4 +117,29 @@ func printGraph(what string, g *ir.Graph) error {
 		return fmt.Errorf("--dump-graph must be summary or text, got %q", what)
 	}
 	return nil
+}
+
+// textModel loads the tokenizer and chat template of the directory open
+// used; either may be missing (nil), anything else wrong is an error.
+func (m *modelFlags) textModel(vocab int) (*text.Model, error) {
+	tm := &text.Model{}
+	tk, err := tokenizer.Load(m.opened)
+	switch {
+	case err == nil:
+		tm.Tok = tk
+	case errors.Is(err, fs.ErrNotExist):
+		log.Warn().Str("dir", m.opened).Msg("no tokenizer.json: token-id prompts only")
+		return tm, nil
+	default:
+		return nil, err
+	}
+	if tk.VocabSize() > vocab {
+		log.Warn().Int("tokenizer_ids", tk.VocabSize()).Int("vocab_size", vocab).Msg("the tokenizer has more ids than the model's vocabulary")
+	}
+	tm.Chat, err = chat.Load(m.opened)
+	if errors.Is(err, chat.ErrNoTemplate) {
+		log.Warn().Str("dir", m.opened).Msg("no chat template: chat requests are refused")
+		err = nil
+	}
+	return tm, err
 }

@@ -57,7 +57,12 @@ GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:6000.`,
 						ck.Close()
 						return nil, err
 					}
-					return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Source: source, Close: ck.Close}, nil
+					tm, err := mf.textModel(ck.Config().VocabSize)
+					if err != nil {
+						ck.Close()
+						return nil, err
+					}
+					return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Source: source, Close: ck.Close, Text: tm}, nil
 				},
 				Engine: func(o *engine.Options) { o.Passes, o.PassEnv = pipeline, env },
 				PassReport: func(e *engine.Engine) any {

@@ -30,7 +30,7 @@ func TestServeCommandAndSIGTERM(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "serve.yaml")
 	abs, err := filepath.Abs(fixture + "/checkpoint")
 	require.NoError(t, err)
-	cfg := "model: {dir: " + abs + "}\nserver: {grpc_addr: \"127.0.0.1:0\", metrics_addr: \"\", drain_timeout: 300ms}\nruntime: {slots: 2}\n"
+	cfg := "model: {dir: " + abs + "}\nserver: {grpc_addr: \"127.0.0.1:0\", http_addr: \"127.0.0.1:0\", metrics_addr: \"\", drain_timeout: 300ms}\nruntime: {slots: 2}\n"
 	require.NoError(t, os.WriteFile(p, []byte(cfg), 0o644))
 	root := newRoot()
 	out := &syncbuf.Buffer{}

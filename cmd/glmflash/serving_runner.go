@@ -87,7 +87,7 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 	srvPath := filepath.Join(r.tmp, safe+".serve.yaml")
 	if err := writeJSON(srvPath, map[string]any{
 		"model":   map[string]any{"dir": r.modelDir},
-		"server":  map[string]any{"grpc_addr": "127.0.0.1:0", "metrics_addr": ""},
+		"server":  map[string]any{"grpc_addr": "127.0.0.1:0", "http_addr": "", "metrics_addr": ""},
 		"runtime": rt,
 	}); err != nil {
 		return err

@@ -3,6 +3,7 @@ package serve
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -26,6 +27,7 @@ type Config struct {
 // ModelConfig names the checkpoint: a directory, or a random preset
 // written once into CacheDir.
 type ModelConfig struct {
+	Name     string `koanf:"name"` // the name HTTP clients give as "model" (default: the directory's base name, or the preset's)
 	Dir      string `koanf:"dir"`
 	Preset   string `koanf:"preset"`
 	Seed     int64  `koanf:"seed"`
@@ -36,6 +38,7 @@ type ModelConfig struct {
 // ServerConfig is the network side.
 type ServerConfig struct {
 	GRPCAddr     string        `koanf:"grpc_addr"`
+	HTTPAddr     string        `koanf:"http_addr"` // the OpenAI-compatible HTTP API; "" disables it
 	MetricsAddr  string        `koanf:"metrics_addr"` // "" disables the metrics endpoint
 	DrainTimeout time.Duration `koanf:"drain_timeout"`
 }
@@ -51,11 +54,23 @@ type RuntimeConfig struct {
 	DefaultMaxTokens int `koanf:"default_max_tokens"` // when a request has none (default 256)
 }
 
+// ServedName is the model's name in the HTTP API: model.name, else the
+// checkpoint directory's base name, else the preset's name.
+func (c Config) ServedName() string {
+	switch {
+	case c.Model.Name != "":
+		return c.Model.Name
+	case c.Model.Dir != "":
+		return filepath.Base(filepath.Clean(c.Model.Dir))
+	}
+	return c.Model.Preset
+}
+
 // DefaultConfig is what an empty file means.
 func DefaultConfig() Config {
 	return Config{
 		Model:   ModelConfig{Seed: 1},
-		Server:  ServerConfig{GRPCAddr: "127.0.0.1:50051", MetricsAddr: "127.0.0.1:9090", DrainTimeout: 30 * time.Second},
+		Server:  ServerConfig{GRPCAddr: "127.0.0.1:50051", HTTPAddr: "127.0.0.1:8000", MetricsAddr: "127.0.0.1:9090", DrainTimeout: 30 * time.Second},
 		Runtime: RuntimeConfig{Slots: 8, DefaultMaxTokens: 256},
 	}
 }

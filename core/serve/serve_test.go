@@ -77,6 +77,7 @@ func start(t *testing.T, su setup) *harness {
 	cfg.Model.Dir = fixture
 	cfg.Server.GRPCAddr = "127.0.0.1:0"
 	cfg.Server.MetricsAddr = "127.0.0.1:0"
+	cfg.Server.HTTPAddr = "127.0.0.1:0"
 	cfg.Server.DrainTimeout = su.drain
 	if su.drain == 0 {
 		cfg.Server.DrainTimeout = 5 * time.Second

@@ -26,7 +26,9 @@ import (
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/exec"
+	"github.com/glmflash/glmflash/core/openai"
 	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -53,6 +55,7 @@ type LoadedModel struct {
 	Config  *model.Config
 	Weights exec.Weights
 	Source  string       // shown in GetModelInfo: a directory or a preset
+	Text    *text.Model  // tokenizer and chat template (nil: token ids only)
 	Close   func() error // releases the weights (may be nil)
 }
 
@@ -81,8 +84,11 @@ type Server struct {
 	grpc    *grpc.Server
 	health  *health.Server
 	http    *http.Server
+	api     *http.Server // the OpenAI-compatible API
 	lis     net.Listener
 	mlis    net.Listener
+	alis    net.Listener
+	drain   atomic.Bool
 	live    atomic.Pointer[live]
 	ready   chan struct{}
 	served  sync.Once
@@ -97,6 +103,7 @@ type live struct {
 	engine  *pb.EngineInfo
 	cfgJSON []byte
 	closeFn func() error
+	text    *text.Model
 }
 
 // New makes a server; Listen binds its ports and Serve runs it.
@@ -175,7 +182,43 @@ func (s *Server) Listen() error {
 		mux.Handle("/metrics", s.metrics.Handler())
 		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	}
+	if s.cfg.Server.HTTPAddr != "" {
+		alis, err := net.Listen("tcp", s.cfg.Server.HTTPAddr)
+		if err != nil {
+			lis.Close()
+			if s.mlis != nil {
+				s.mlis.Close()
+			}
+			return fmt.Errorf("serve: server.http_addr: %w", err)
+		}
+		s.alis = alis
+		s.api = &http.Server{Handler: openai.New(openai.Options{
+			Model:    s.cfg.ServedName(),
+			Live:     s.apiLive,
+			Refused:  s.metrics.Refused,
+			Draining: s.drain.Load,
+			Log:      s.log,
+		}), ReadHeaderTimeout: 10 * time.Second}
+	}
 	return nil
+}
+
+// apiLive is the loaded model as the HTTP API sees it (nil while loading).
+func (s *Server) apiLive() *openai.Live {
+	lv := s.live.Load()
+	if lv == nil {
+		return nil
+	}
+	return &openai.Live{RT: lv.rt, Text: lv.text, Vocab: lv.lim.vocab, Context: lv.lim.context, DefaultMaxTokens: lv.lim.defaultMaxTokens}
+}
+
+// HTTPAddr is the bound address of the OpenAI-compatible API, "" when
+// disabled.
+func (s *Server) HTTPAddr() string {
+	if s.alis == nil {
+		return ""
+	}
+	return s.alis.Addr().String()
 }
 
 // Addr is the bound gRPC address (after Listen).
@@ -224,7 +267,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -242,7 +285,16 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}()
 	}
-	s.log.Info().Str("grpc", s.Addr()).Str("metrics", s.MetricsAddr()).Msg("listening; loading the model (health: NOT_SERVING)")
+	if s.api != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.api.Serve(s.alis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("serve: http api: %w", err)
+			}
+		}()
+	}
+	s.log.Info().Str("grpc", s.Addr()).Str("http", s.HTTPAddr()).Str("metrics", s.MetricsAddr()).Msg("listening; loading the model (health: NOT_SERVING)")
 
 	var runErr error
 	if err := s.load(ctx); err != nil {
@@ -311,7 +363,7 @@ func (s *Server) load(ctx context.Context) error {
 		rt.Close()
 		return fail(err)
 	}
-	lv := &live{rt: rt, eng: eng, closeFn: closeFn, cfgJSON: hf,
+	lv := &live{rt: rt, eng: eng, closeFn: closeFn, cfgJSON: hf, text: lm.Text,
 		lim:    limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens},
 		model:  modelInfo(cfg, lm.Source, eng.WeightBytes(), hf),
 		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens)},
@@ -351,6 +403,7 @@ func modelInfo(cfg *model.Config, source string, weightBytes int64, hf []byte) *
 // shutdown: NOT_SERVING, drain within the deadline, stop gRPC, close.
 func (s *Server) shutdown() {
 	s.health.Shutdown() // every service NOT_SERVING, and it stays so
+	s.drain.Store(true)
 	lv := s.live.Load()
 	if lv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Server.DrainTimeout)
@@ -373,9 +426,16 @@ func (s *Server) shutdown() {
 		s.grpc.Stop()
 		<-stopped
 	}
-	if s.http != nil {
+	for _, hs := range []*http.Server{s.api, s.http} {
+		if hs == nil {
+			continue
+		}
+		// After the drain every API request has its final; a client that
+		// stopped reading gets a bounded wait, then its connection closes.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		s.http.Shutdown(ctx)
+		if err := hs.Shutdown(ctx); err != nil {
+			hs.Close()
+		}
 		cancel()
 	}
 	if lv != nil {
