@@ -38,7 +38,7 @@ type ModelConfig struct {
 // ServerConfig is the network side.
 type ServerConfig struct {
 	GRPCAddr     string        `koanf:"grpc_addr"`
-	HTTPAddr     string        `koanf:"http_addr"` // the OpenAI-compatible HTTP API; "" disables it
+	HTTPAddr     string        `koanf:"http_addr"`    // the OpenAI-compatible HTTP API; "" disables it
 	MetricsAddr  string        `koanf:"metrics_addr"` // "" disables the metrics endpoint
 	DrainTimeout time.Duration `koanf:"drain_timeout"`
 }
