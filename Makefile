@@ -10,7 +10,7 @@ RACE_PKGS := ./core/... ./kernels/parallel/... ./tests/...
 all: build
 
 build:
-	$(GO) build -o $(BIN) ./cmd/glmflash
+	$(GO) build -buildvcs=auto -ldflags "-X main.revision=$$(git describe --always --dirty 2>/dev/null)" -o $(BIN) ./cmd/glmflash
 
 # The main job: serve the built-in default model (a random `small` checkpoint,
 # written once into .cache/) over gRPC as configs/serve.yaml says; it prints

@@ -10,6 +10,10 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/exec"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/text"
+	"github.com/glmflash/glmflash/model/chat"
+	"github.com/glmflash/glmflash/model/tokenizer"
+	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 )
 
@@ -33,18 +37,25 @@ func newGenerateCmd() *cobra.Command {
 	var mf modelFlags
 	var cfgPath string
 	var prompt, stops, dump string
+	var textPrompt, chatMsg, system string
 	var maxTokens int
 	var sp sample.Params
 	cmd := &cobra.Command{
-		Use:   "generate (--model DIR | --preset NAME) --prompt-ids 1,2,3 --max-tokens N",
-		Short: "Generate tokens from a prompt of token ids (greedy, or seeded sampling)",
+		Use:   "generate (--model DIR | --preset NAME) (--prompt TEXT | --chat TEXT | --prompt-ids 1,2,3) --max-tokens N",
+		Short: "Generate from a text prompt, a chat message or token ids (greedy, or seeded sampling)",
 		RunE: func(cmd *cobra.Command, args []string) error {
+			given := 0
+			for _, s := range []string{prompt, textPrompt, chatMsg} {
+				if s != "" {
+					given++
+				}
+			}
+			if given != 1 {
+				return fmt.Errorf("give exactly one of --prompt, --chat and --prompt-ids")
+			}
 			ids, err := parseIDs("--prompt-ids", prompt)
 			if err != nil {
 				return err
-			}
-			if len(ids) == 0 {
-				return fmt.Errorf("--prompt-ids: the prompt is empty")
 			}
 			stopIDs, err := parseIDs("--stop-ids", stops)
 			if err != nil {
@@ -62,6 +73,31 @@ func newGenerateCmd() *cobra.Command {
 			}
 			defer ck.Close()
 			cfg := ck.Config()
+			var tm *text.Model
+			if prompt == "" {
+				if tm, err = mf.textModel(cfg.VocabSize); err != nil {
+					return err
+				}
+				if textPrompt != "" {
+					ids, err = tm.EncodePrompt(textPrompt)
+				} else {
+					var msgs []chat.Message
+					if system != "" {
+						msgs = append(msgs, chat.Message{Role: "system", Content: system})
+					}
+					var rendered string
+					rendered, ids, err = tm.EncodeChat(append(msgs, chat.Message{Role: "user", Content: chatMsg}))
+					if err == nil && log.GetLevel() <= zerolog.DebugLevel {
+						log.Debug().Str("prompt", rendered).Msg("chat template")
+					}
+				}
+				if err != nil {
+					return err
+				}
+			}
+			if len(ids) == 0 {
+				return fmt.Errorf("the prompt is empty")
+			}
 			for i, id := range ids {
 				if id < 0 || int(id) >= cfg.VocabSize {
 					return fmt.Errorf("--prompt-ids: token %d (%d) is outside the vocabulary [0, %d)", i, id, cfg.VocabSize)
@@ -83,11 +119,18 @@ func newGenerateCmd() *cobra.Command {
 			}
 			prefill := time.Since(t0)
 			var out []int32
+			var stream *tokenizer.Stream
+			if tm != nil {
+				stream = tm.Tok.NewStream(true)
+			}
 			t1 := time.Now()
 			finish := "length"
 			for len(out) < maxTokens {
 				tok := int32(smp.Next(res.Row(0)))
 				out = append(out, tok)
+				if stream != nil {
+					fmt.Print(stream.Next(tok))
+				}
 				if contains(stopIDs, tok) {
 					finish = "stop"
 					break
@@ -101,6 +144,9 @@ func newGenerateCmd() *cobra.Command {
 				}
 			}
 			decode := time.Since(t1)
+			if stream != nil {
+				fmt.Println(stream.Flush())
+			}
 			strs := make([]string, len(out))
 			for i, t := range out {
 				strs[i] = strconv.Itoa(int(t))
@@ -118,6 +164,9 @@ func newGenerateCmd() *cobra.Command {
 	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	mf.add(cmd, true)
 	cmd.Flags().StringVar(&prompt, "prompt-ids", "", "comma-separated prompt token ids")
+	cmd.Flags().StringVar(&textPrompt, "prompt", "", "prompt text (the checkpoint's tokenizer.json encodes it); the output is printed as text")
+	cmd.Flags().StringVar(&chatMsg, "chat", "", "a user message, rendered with the checkpoint's chat template")
+	cmd.Flags().StringVar(&system, "system", "", "with --chat: a system message before it")
 	cmd.Flags().StringVar(&stops, "stop-ids", "", "comma-separated token ids that end generation")
 	cmd.Flags().IntVar(&maxTokens, "max-tokens", 16, "tokens to generate")
 	cmd.Flags().Float64Var(&sp.Temperature, "temperature", 0, "sampling temperature (0 = greedy)")

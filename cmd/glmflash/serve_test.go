@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/glmflash/glmflash/core/serve"
 	"github.com/glmflash/glmflash/internal/syncbuf"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
+	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -49,6 +51,7 @@ func TestServeCommandAndSIGTERM(t *testing.T) {
 		return m != nil
 	}, 30*time.Second, 10*time.Millisecond)
 	require.Contains(t, out.String(), "bin/grpcurl -plaintext -d ")
+	require.Contains(t, out.String(), "/v1/chat/completions", "the HTTP API's curl line")
 
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
@@ -80,4 +83,53 @@ func TestServeCommandAndSIGTERM(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not stop after SIGTERM")
 	}
+}
+
+// Flags override the environment, which overrides the file.
+func TestServeFlagsOverrideEnvironmentAndFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "serve.yaml")
+	require.NoError(t, os.WriteFile(p, []byte("model: {dir: ckpt}\nserver: {grpc_addr: \"127.0.0.1:7000\", http_addr: \"127.0.0.1:7001\", metrics_addr: \"\"}\n"), 0o644))
+	env := []string{"GLMFLASH_SERVER__HTTP_ADDR=127.0.0.1:7100", "GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:7200"}
+	load := func(args ...string) (serve.Config, error) {
+		cfg, err := serve.LoadConfig(p, env)
+		require.NoError(t, err)
+		cmd := &cobra.Command{}
+		var sf serveFlags
+		sf.register(cmd)
+		require.NoError(t, cmd.ParseFlags(args))
+		return cfg, sf.apply(cmd, cmd.Flags().Args(), &cfg)
+	}
+	cfg, err := load()
+	require.NoError(t, err)
+	require.Equal(t, filepath.Join(filepath.Dir(p), "ckpt"), cfg.Model.Dir, "the file's path, relative to the file")
+	require.Equal(t, "127.0.0.1:7100", cfg.Server.HTTPAddr, "environment over file")
+	require.Equal(t, "127.0.0.1:7200", cfg.Server.GRPCAddr)
+
+	cfg, err = load("--http-port", "7300", "--host", "0.0.0.0", "--preset", "tiny")
+	require.NoError(t, err)
+	require.Equal(t, "0.0.0.0:7300", cfg.Server.HTTPAddr, "flags over environment")
+	require.Equal(t, "0.0.0.0:7200", cfg.Server.GRPCAddr, "--host moves every listener")
+	require.Equal(t, "", cfg.Server.MetricsAddr, "a disabled listener stays disabled")
+	require.Equal(t, "tiny", cfg.Model.Preset)
+	require.Empty(t, cfg.Model.Dir)
+
+	cfg, err = load("/models/m", "--port", "7400")
+	require.NoError(t, err)
+	require.Equal(t, "/models/m", cfg.Model.Dir)
+	require.Equal(t, "127.0.0.1:7400", cfg.Server.GRPCAddr)
+
+	_, err = load("/models/m", "--preset", "tiny")
+	require.ErrorContains(t, err, "mutually exclusive")
+	_, err = load("--port", "70000")
+	require.ErrorContains(t, err, "--port must be in [0, 65535]")
+}
+
+func TestVersion(t *testing.T) {
+	root := newRoot()
+	out := &syncbuf.Buffer{}
+	root.SetOut(out)
+	root.SetArgs([]string{"--version"})
+	require.NoError(t, root.Execute())
+	require.Contains(t, out.String(), "glmflash version ")
+	require.Contains(t, out.String(), "go1.")
 }

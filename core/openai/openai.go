@@ -93,7 +93,9 @@ func errorBody(e *apiError) map[string]any {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
 }
 
 func (s *server) health(w http.ResponseWriter, r *http.Request) {
@@ -364,8 +366,11 @@ func (o *response) event(delta any, logprobs any, reason any) {
 }
 
 func (o *response) sse(v any) {
-	b, _ := json.Marshal(v)
-	fmt.Fprintf(o.w, "data: %s\n\n", b)
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+	fmt.Fprintf(o.w, "data: %s\n", b.String()) // Encode ended the line
 	if fl, ok := o.w.(http.Flusher); ok {
 		fl.Flush()
 	}

@@ -81,8 +81,10 @@ func DefaultConfig() Config {
 // GLMFLASH_CACHE) are not configuration and are ignored.
 const EnvPrefix = "GLMFLASH_"
 
-// LoadConfig reads a YAML file (path may be empty: defaults only), then the
-// environment (environ as os.Environ returns it; nil means os.Environ()).
+// LoadConfig reads a YAML file (path may be empty: the built-in defaults
+// only, which serve DefaultPreset), then the environment (environ as
+// os.Environ returns it; nil means os.Environ()). Relative model.dir and
+// model.cache_dir in the file are relative to the file.
 // Loading is strict: an unknown key, in the file or the environment, is an
 // error naming it, and so is a value of the wrong type.
 func LoadConfig(path string, environ []string) (Config, error) {
@@ -154,8 +156,21 @@ func LoadConfig(path string, environ []string) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
+	// Paths written in the file are relative to the file.
+	for _, f := range []*string{&c.Model.Dir, &c.Model.CacheDir} {
+		key := map[*string]string{&c.Model.Dir: "model.dir", &c.Model.CacheDir: "model.cache_dir"}[f]
+		if path != "" && source[key] == path && *f != "" && !filepath.IsAbs(*f) {
+			*f = filepath.Join(filepath.Dir(path), *f)
+		}
+	}
+	if c.Model.Dir == "" && c.Model.Preset == "" {
+		c.Model.Preset = DefaultPreset
+	}
 	return c, c.Validate()
 }
+
+// DefaultPreset is the model served when the configuration names none.
+const DefaultPreset = "small"
 
 // collectKeys lists the dotted keys of a config struct's leaves and sections.
 func collectKeys(t reflect.Type, prefix string, leaves, sections map[string]bool) {
