@@ -133,6 +133,7 @@ func (h *harness) shutdown(t *testing.T) {
 // result is a finished stream.
 type result struct {
 	tokens []int32
+	text   string // the tokens' texts and the finish's
 	finish *pb.Finish
 	header metadata.MD
 }
@@ -164,8 +165,10 @@ func generate(ctx context.Context, c pb.GLMFlashClient, req *pb.GenerateRequest)
 				return r, fmt.Errorf("token index %d, want %d", k.Token.Index, len(r.tokens))
 			}
 			r.tokens = append(r.tokens, k.Token.Id)
+			r.text += k.Token.Text
 		case *pb.GenerateResponse_Finish:
 			r.finish = k.Finish
+			r.text += k.Finish.Text
 		}
 	}
 }

@@ -364,7 +364,7 @@ func (s *Server) load(ctx context.Context) error {
 		return fail(err)
 	}
 	lv := &live{rt: rt, eng: eng, closeFn: closeFn, cfgJSON: hf, text: lm.Text,
-		lim:    limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens},
+		lim:    limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, text: lm.Text},
 		model:  modelInfo(cfg, lm.Source, eng.WeightBytes(), hf),
 		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens)},
 	}
@@ -506,23 +506,35 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 	if err := stream.SendHeader(metadata.Pairs(RequestIDHeader, h.ID())); err != nil {
 		return err
 	}
+	// The text layer decodes the tokens (and matches stop strings); without
+	// a tokenizer its chunks carry ids only.
+	ts := text.NewStream(lv.text, h, req.GetStop(), r.StopIDs, func() { lv.rt.Abort(h.ID()) })
+	tail := ""
 	for {
-		toks, f, err := h.Recv(ctx)
+		c, tf, err := ts.Recv(ctx)
 		if err != nil {
 			return status.FromContextError(err).Err()
 		}
-		for _, t := range toks {
-			msg := &pb.Token{Id: t.ID, Logprob: t.Logprob, Index: uint32(t.Index)}
-			for _, a := range t.Top {
-				msg.TopLogprobs = append(msg.TopLogprobs, &pb.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
+		if c != nil {
+			if len(c.Tokens) == 0 {
+				tail += c.Text // released at the end: goes with the finish
+				continue
 			}
-			if err := stream.Send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Token{Token: msg}}); err != nil {
-				return err
+			for i, t := range c.Tokens {
+				msg := &pb.Token{Id: t.ID, Logprob: t.Logprob, Index: uint32(t.Index)}
+				if i == len(c.Tokens)-1 {
+					msg.Text = c.Text
+				}
+				for _, a := range t.Top {
+					msg.TopLogprobs = append(msg.TopLogprobs, &pb.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
+				}
+				if err := stream.Send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Token{Token: msg}}); err != nil {
+					return err
+				}
 			}
-		}
-		if f == nil {
 			continue
 		}
+		f := tf.Final
 		var reason pb.FinishReason
 		switch f.Reason {
 		case runtime.FinishStop:
@@ -540,7 +552,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 			reason = pb.FinishReason_FINISH_REASON_ERROR
 		}
 		return stream.Send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Finish{Finish: &pb.Finish{
-			RequestId: f.ID, Reason: reason, Message: f.Message, Seed: f.Seed,
+			RequestId: f.ID, Reason: reason, Message: f.Message, Seed: f.Seed, Text: tail, Stop: tf.StopString,
 			Usage: &pb.Usage{PromptTokens: u32(f.PromptTokens), CompletionTokens: u32(f.CompletionTokens)},
 			Timings: &pb.Timings{
 				Queue: durationpb.New(f.Queue), TimeToFirstToken: durationpb.New(f.TTFT), Total: durationpb.New(f.Total),
