@@ -38,7 +38,7 @@ test: fmt-check vet build
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ./model/safetensors:FuzzParseHeader ./model:FuzzParseConfig ./core/config:FuzzParse \
 	./core/serve:FuzzGenerateRequest ./core/serve:FuzzLoadConfig ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers \
-	./model/tokenizer:FuzzEncodeDecode ./model/tokenizer:FuzzParse ./core/openai:FuzzRequest
+	./model/tokenizer:FuzzEncodeDecode ./model/tokenizer:FuzzParse ./model/tokenizer:FuzzFastSplit ./core/openai:FuzzRequest
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$pkg $$fn"; \

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -25,6 +26,25 @@ func BenchmarkEncode(b *testing.B) {
 				for i := range tk.model.cache {
 					tk.model.cache[i].m = nil
 				}
+				tk.Encode(text, Options{})
+			}
+		})
+	}
+}
+
+// BenchmarkEncodeProse measures encoding of English prose with code and
+// tables (this repository's README).
+func BenchmarkEncodeProse(b *testing.B) {
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := string(raw)
+	for _, name := range testTokenizers {
+		tk := load(b, name)
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
 				tk.Encode(text, Options{})
 			}
 		})

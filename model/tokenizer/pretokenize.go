@@ -80,6 +80,9 @@ func compilePattern(p patternJSON, where string) (pattern, error) {
 	case p.String != nil:
 		return pattern{literal(*p.String)}, nil
 	case p.Regex != nil:
+		if m, ok := fastMatcher(*p.Regex); ok {
+			return pattern{m}, nil
+		}
 		re, err := regexp2.Compile(*p.Regex, regexp2.None)
 		if err != nil {
 			return pattern{}, fmt.Errorf("%s.Regex: %v", where, err)
@@ -116,6 +119,22 @@ var behaviors = map[string]behavior{
 // NormalizedString::split does, appending the pieces to out.
 func splitBy(out []string, s string, find func(string) [][2]int, invert bool, b behavior) []string {
 	if s == "" {
+		return out
+	}
+	if b == isolated { // the common case: every match and every gap is a piece
+		prev := 0
+		for _, m := range find(s) {
+			if prev != m[0] {
+				out = append(out, s[prev:m[0]])
+			}
+			if m[0] != m[1] {
+				out = append(out, s[m[0]:m[1]])
+			}
+			prev = m[1]
+		}
+		if prev != len(s) {
+			out = append(out, s[prev:])
+		}
 		return out
 	}
 	var spans []span
