@@ -50,6 +50,12 @@ func newServingRunner(st *attrib.Study, modelDir string) (attrib.Runner, error) 
 		}
 		bin = self
 	}
+	// The arm's serve config lives in a temporary folder, and paths in a
+	// config file are relative to the file.
+	modelDir, err := filepath.Abs(modelDir)
+	if err != nil {
+		return nil, err
+	}
 	tmp, err := os.MkdirTemp("", "glmflash-study-")
 	if err != nil {
 		return nil, err
