@@ -204,7 +204,7 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 		s.fail(w, submitError(err))
 		return
 	}
-	st := text.NewStream(lv.Text, h, p.stops, nil, func() { lv.RT.Abort(h.ID()) })
+	st := text.NewStream(lv.Text, h, p.stops, p.req.StopIDs, func() { lv.RT.Abort(h.ID()) })
 	out := &response{s: s, w: w, lv: lv, p: p, chat: isChat, created: time.Now().Unix()}
 	if isChat {
 		out.id = "chatcmpl-" + h.ID()
