@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -141,5 +142,35 @@ func TestEncodeDecodeMatchReference(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Added tokens with lstrip, rstrip, single_word and normalized (which the
+// shipped files do not use), appended to Qwen3's tokenizer.json as
+// tools/oracle/record.js did, against Hugging Face tokenizers.
+func TestAddedTokenFlagsMatchReference(t *testing.T) {
+	var ref struct {
+		AddedTokens []map[string]any `json:"added_tokens"`
+		Cases       []struct {
+			Text string  `json:"text"`
+			Rust []int32 `json:"rust"`
+		} `json:"cases"`
+	}
+	b, err := os.ReadFile("testdata/added_tokens.json")
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &ref))
+	var tj map[string]any
+	readGz(t, "testdata/qwen3/tokenizer.json.gz", &tj)
+	list := tj["added_tokens"].([]any)
+	for _, a := range ref.AddedTokens {
+		list = append(list, a)
+	}
+	tj["added_tokens"] = list
+	data, err := json.Marshal(tj)
+	require.NoError(t, err)
+	tk, err := Parse(data)
+	require.NoError(t, err)
+	for _, c := range ref.Cases {
+		assert.Equal(t, c.Rust, tk.Encode(c.Text, Options{}), "%q", c.Text)
 	}
 }

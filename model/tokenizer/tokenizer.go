@@ -199,8 +199,16 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 	return nil
 }
 
+// parseAdded reads added_tokens. Their ids are assigned as Hugging Face's
+// AddedVocabulary::add_tokens does (the ids written in the file are what
+// it computed when it wrote them, and it does not trust them when it
+// reads): a token already in the vocabulary keeps that id; a new one gets
+// the next id after the model's vocabulary and the added tokens so far.
 func (t *Tokenizer) parseAdded(list []addedTokenJSON) error {
 	var raw, normed []*addedToken
+	modelSize := len(t.ids)
+	maxAdded := -1
+	added := map[string]int{}
 	for i, a := range list {
 		where := fmt.Sprintf("added_tokens[%d]", i)
 		if a.Content == "" {
@@ -209,6 +217,17 @@ func (t *Tokenizer) parseAdded(list []addedTokenJSON) error {
 		if !utf8.ValidString(a.Content) {
 			return fmt.Errorf("%s.content: not valid UTF-8", where)
 		}
+		if id, ok := added[a.Content]; ok {
+			a.ID = id
+		} else if id, ok := t.ids[a.Content]; ok {
+			a.ID = int(id)
+		} else if maxAdded >= 0 && (maxAdded >= modelSize || modelSize == 0) {
+			a.ID = maxAdded + 1
+		} else {
+			a.ID = modelSize
+		}
+		added[a.Content] = a.ID
+		maxAdded = max(maxAdded, a.ID)
 		if err := t.setToken(a.ID, a.Content, where+".id"); err != nil {
 			return err
 		}

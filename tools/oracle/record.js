@@ -91,6 +91,42 @@ async function record(name) {
   console.log(`${name}: ${corpus.length} strings, rust and js agree on ${agree}; ${decode.length} decode cases`);
 }
 
+// Added tokens with the flags the real files do not exercise (lstrip,
+// rstrip, single_word, normalized), appended to Qwen3's tokenizer.json;
+// the test appends the same list and compares.
+async function recordAdded() {
+  const os = require("os");
+  const tj = JSON.parse(zlib.gunzipSync(fs.readFileSync(path.join(root, "qwen3", "tokenizer.json.gz"))).toString("utf8"));
+  let next = 0;
+  for (const t of tj.added_tokens) next = Math.max(next, t.id + 1);
+  const mk = (content, o) => ({ id: next++, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: false, ...o });
+  const added = [
+    mk("<L>", { lstrip: true, special: true }),
+    mk("<R>", { rstrip: true }),
+    mk("<LR>", { lstrip: true, rstrip: true }),
+    mk("cat", { single_word: true }),
+    mk("e\u0301x", { normalized: true }),
+    mk("<n>", { normalized: true, special: true }),
+  ];
+  tj.added_tokens.push(...added);
+  const tmp = path.join(os.tmpdir(), "glmflash-added-tokenizer.json");
+  fs.writeFileSync(tmp, JSON.stringify(tj));
+  const rust = Tokenizer.fromFile(tmp);
+  const texts = [
+    "a <L> b", "a   <L>b", "\n\t<L>", "<L>", "x<R>   y", "x <R>\n\ny", "<R>", "  <LR>  z", "a<LR>b",
+    "cat", "a cat sat", "concatenate", "cats", "_cat", "cat_", "(cat)", "bobcat cat", "猫cat", "cat9",
+    "e\u0301x", "\u00e9x", "te\u0301xt", "<n> <n>", "<L><R><LR>", "cat<R>cat", " <L> <R> ",
+  ];
+  const cases = [];
+  for (const text of texts) {
+    cases.push({ text, rust: (await rust.encode(text, null, { addSpecialTokens: false })).getIds() });
+  }
+  fs.unlinkSync(tmp);
+  fs.writeFileSync(path.join(root, "added_tokens.json"), JSON.stringify({ note: "written by tools/oracle/record.js", oracle: `tokenizers@${version("tokenizers")}`, added_tokens: added, cases }, null, 1) + "\n");
+  console.log(`added tokens: ${cases.length} cases`);
+}
+
 (async () => {
   for (const name of ["qwen3", "deepseek_v3"]) await record(name);
+  await recordAdded();
 })();
