@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -132,4 +135,53 @@ func TestVersion(t *testing.T) {
 	require.NoError(t, root.Execute())
 	require.Contains(t, out.String(), "glmflash version ")
 	require.Contains(t, out.String(), "go1.")
+}
+
+// From any directory, with no configuration file: the built-in defaults,
+// flags for the model and the ports, and text over the HTTP API.
+func TestServeFromAnyDirectoryWithoutConfig(t *testing.T) {
+	t.Chdir(t.TempDir()) // no configs/ here; the preset is written under ./.cache
+	t.Setenv("GLMFLASH_SERVER__METRICS_ADDR", "")
+	t.Setenv("GLMFLASH_SERVER__DRAIN_TIMEOUT", "300ms")
+	root := newRoot()
+	out := &syncbuf.Buffer{}
+	root.SetOut(out)
+	root.SetArgs([]string{"--log-level", "warn", "serve", "--preset", "tiny", "--host", "127.0.0.1", "--port", "0", "--http-port", "0"})
+	done := make(chan error, 1)
+	go func() { done <- root.Execute() }()
+	re := regexp.MustCompile(`API is on http://(127\.0\.0\.1:\d+)/v1 \(model "tiny"\)`)
+	var addr string
+	require.Eventually(t, func() bool {
+		if m := re.FindStringSubmatch(out.String()); m != nil {
+			addr = m[1]
+		}
+		return addr != ""
+	}, 60*time.Second, 10*time.Millisecond)
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"tiny","prompt":"Hello","max_tokens":5,"temperature":0}`))
+	require.NoError(t, err)
+	var body struct {
+		Choices []struct {
+			Text         string `json:"text"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+		Usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	require.Equal(t, "length", body.Choices[0].FinishReason)
+	require.Equal(t, 5, body.Usage.CompletionTokens)
+	require.Equal(t, 5, body.Usage.PromptTokens, "the tiny preset's tokenizer is bytes only")
+
+	require.NoError(t, syscall.Kill(syscall.Getpid(), syscall.SIGTERM))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop after SIGTERM")
+	}
 }
