@@ -10,11 +10,12 @@ RACE_PKGS := ./core/... ./kernels/parallel/... ./tests/...
 all: build
 
 build:
-	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/glmflash
+	CGO_ENABLED=0 $(GO) build -buildvcs=auto -ldflags "-X main.revision=$$(git describe --always --dirty 2>/dev/null)" -o $(BIN) ./cmd/glmflash
 
 # The main job: serve the built-in default model (a random `small` checkpoint,
-# written once into .cache/) over gRPC as configs/serve.yaml says; it prints
-# how to call it (bin/grpcurl). Ctrl-C (or SIGTERM) drains and stops.
+# written once into .cache/) over gRPC and the OpenAI-compatible HTTP API as
+# configs/serve.yaml says; it prints how to call it (bin/grpcurl, a streaming
+# curl line). Ctrl-C (or SIGTERM) drains and stops.
 run: build bin/grpcurl
 	$(BIN) serve --config configs/serve.yaml
 
@@ -38,7 +39,8 @@ test: fmt-check vet build
 # requests, study files, and the graphs plugins return. FUZZTIME per target.
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ./model/safetensors:FuzzParseHeader ./model:FuzzParseConfig ./model:FuzzParseGenerationConfig ./core/config:FuzzParse \
-	./core/serve:FuzzGenerateRequest ./core/serve:FuzzLoadConfig ./core/access:FuzzParseKeys ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers
+	./core/serve:FuzzGenerateRequest ./core/serve:FuzzLoadConfig ./core/access:FuzzParseKeys ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers \
+	./model/tokenizer:FuzzEncodeDecode ./model/tokenizer:FuzzParse ./model/tokenizer:FuzzFastSplit ./core/openai:FuzzRequest
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$pkg $$fn"; \

@@ -4,11 +4,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/glmflash/glmflash/core/attrib"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/serve"
+	"github.com/glmflash/glmflash/model/chat"
+	"github.com/glmflash/glmflash/model/tokenizer"
 	"github.com/stretchr/testify/require"
 )
 
@@ -101,4 +104,13 @@ func TestConfigFilesMustBeRegular(t *testing.T) {
 	require.ErrorContains(t, err, "not a regular file")
 	_, err = attrib.Load(zero, nil)
 	require.ErrorContains(t, err, "not a regular file")
+
+	// A checkpoint's text files too: tokenizer.json, tokenizer_config.json.
+	ck := t.TempDir()
+	require.NoError(t, os.Symlink("/dev/zero", filepath.Join(ck, "tokenizer.json")))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(ck, "tokenizer_config.json"), 0o644))
+	_, err = tokenizer.Load(ck)
+	require.ErrorContains(t, err, "not a regular file")
+	_, err = chat.Load(ck)
+	require.ErrorContains(t, err, "not a regular file (a FIFO)")
 }

@@ -38,6 +38,7 @@ func newAttributeCmd() *cobra.Command {
 	var quiet bool
 	cmd := &cobra.Command{
 		Use:   "attribute --study FILE.yaml",
+		Args:  cobra.NoArgs,
 		Short: "Run an attribution study: which pass buys how much, on which workload, with parity on every arm",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if studyPath == "" {

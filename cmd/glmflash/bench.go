@@ -37,6 +37,7 @@ func newBenchCmd() *cobra.Command {
 	var jsonOut, dump, cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "bench (--model DIR | --preset NAME)",
+		Args:  cobra.NoArgs,
 		Short: "Measure prefill and decode throughput and peak memory",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if prompt < 1 || decodeSteps < 1 || reps < 1 || warmup < 0 {

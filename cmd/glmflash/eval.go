@@ -17,6 +17,7 @@ func newEvalCmd() *cobra.Command {
 	var tol float64
 	cmd := &cobra.Command{
 		Use:   "eval --model DIR --reference FILE",
+		Args:  cobra.NoArgs,
 		Short: "Run every case of a transformers reference file and compare logits and greedy tokens",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if refPath == "" {

@@ -3,12 +3,14 @@ package main
 import (
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 
+	"github.com/glmflash/glmflash/model/randckpt"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
@@ -46,6 +48,13 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		},
 		"glmflash --log-format": func(string) probe {
 			return probe{args: []string{"--log-format", "xml", "passes", "list"}, want: "--log-format"}
+		},
+		"glmflash --version": func(string) probe {
+			return probe{args: []string{"--version"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "glmflash version ")
+				require.Contains(t, out, " go1.")
+			}}
 		},
 
 		"eval --check-tensors": func(d string) probe {
@@ -100,6 +109,28 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		},
 		"generate --prompt-ids": func(string) probe {
 			return probe{args: []string{"generate", "--model", m, "--prompt-ids", "1,x"}, want: "--prompt-ids"}
+		},
+		"generate --prompt": func(d string) probe {
+			// the text checkpoint's tokenizer is bytes only: one token a byte
+			return probe{args: []string{"generate", "--model", textCheckpoint(t, d), "--prompt", "Hello", "--max-tokens", "1"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "prompt   5 tokens")
+			}}
+		},
+		"generate --chat": func(d string) probe {
+			return probe{args: []string{"generate", "--model", textCheckpoint(t, d), "--chat", "hi", "--max-tokens", "1"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, fmt.Sprintf("prompt   %d tokens", len("user: hi\nassistant:")), "rendered with the template")
+			}}
+		},
+		"generate --system": func(d string) probe {
+			ck := textCheckpoint(t, d)
+			return probe{args: []string{"generate", "--model", ck, "--chat", "hi", "--system", "Be brief.", "--max-tokens", "1"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, fmt.Sprintf("prompt   %d tokens", len("system: Be brief.\nuser: hi\nassistant:")))
+				_, err = runCLI(t, "generate", "--model", ck, "--prompt", "hi", "--system", "Be brief.")
+				require.ErrorContains(t, err, "--system applies to --chat only")
+			}}
 		},
 		"generate --sample-seed": func(string) probe { return probe{args: args(gen, "--sample-seed", "x"), want: "sample-seed"} },
 		"generate --seed": func(string) probe {
@@ -227,9 +258,25 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"serve --config": func(d string) probe {
 			return probe{args: []string{"serve", "--config", d + "/none.yaml"}, want: "none.yaml"}
 		},
+		"serve --host": func(d string) probe {
+			// 192.0.2.1 (TEST-NET-1) is no address of this machine
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--host", "192.0.2.1"}, want: "listen tcp 192.0.2.1:0"}
+		},
+		"serve --port": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--port", "70000"}, want: "--port must be in [0, 65535]"}
+		},
+		"serve --http-port": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--http-port", "-1"}, want: "--http-port must be in [0, 65535]"}
+		},
+		"serve --model": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--model", d + "/none"}, want: d + "/none"}
+		},
+		"serve --preset": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--preset", "huge"}, want: `unknown preset "huge"`}
+		},
 		"serve --engine-config": func(d string) probe {
 			cfg := filepath.Join(d, "serve.yaml")
-			os.WriteFile(cfg, []byte("model: {dir: "+m+"}\nserver: {grpc_addr: \"127.0.0.1:0\", metrics_addr: \"\"}\n"), 0o644)
+			os.WriteFile(cfg, []byte("model: {dir: "+m+"}\nserver: {grpc_addr: \"127.0.0.1:0\", http_addr: \"\", metrics_addr: \"\"}\n"), 0o644)
 			return probe{args: []string{"serve", "--config", cfg, "--engine-config", badPass(d)}, want: `unknown pass "no-such-pass"`}
 		},
 
@@ -248,17 +295,35 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"plugin new --glmflash-src": func(d string) probe {
 			return probe{args: []string{"plugin", "new", "flag-probe", "--dir", d, "--glmflash-src", d}, want: "--glmflash-src"}
 		},
+
+		// Positional arguments: serve's DIR and plugin new's NAME are read;
+		// every other command refuses a stray one.
+		"serve ARGS": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), d + "/none"}, want: d + "/none"}
+		},
+		"plugin new ARGS": func(d string) probe {
+			return probe{args: []string{"plugin", "new", "--dir", d}, want: "accepts 1 arg(s), received 0"}
+		},
+	}
+	for _, c := range []string{"attribute", "bench", "eval", "generate", "graph", "init-random", "passes list", "passes explain"} {
+		probes[c+" ARGS"] = func(string) probe {
+			return probe{args: append(strings.Fields(c), "stray"), want: `unknown command "stray"`}
+		}
 	}
 	seen := map[string]bool{}
 	var walk func(c *cobra.Command)
 	var pairs []string
 	walk = func(c *cobra.Command) {
 		path := strings.TrimPrefix(c.CommandPath(), "glmflash ")
+		c.InitDefaultVersionFlag() // as Execute does: --version where there is a version
 		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
 			if f.Name != "help" {
 				pairs = append(pairs, path+" --"+f.Name)
 			}
 		})
+		if c.Runnable() {
+			pairs = append(pairs, path+" ARGS")
+		}
 		for _, s := range c.Commands() {
 			walk(s)
 		}
@@ -287,6 +352,34 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 	for key := range probes {
 		require.True(t, seen[key], "probe %s names no flag", key)
 	}
+}
+
+// serveConfig writes a serve configuration of the fixture whose listeners
+// take free ports (metrics off), for probes that may get as far as serving.
+func serveConfig(t *testing.T, dir string) string {
+	t.Helper()
+	p := filepath.Join(dir, "serve.yaml")
+	abs, err := filepath.Abs(fixture + "/checkpoint")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(p, []byte("model: {dir: "+abs+"}\nserver: {grpc_addr: \"127.0.0.1:0\", http_addr: \"127.0.0.1:0\", metrics_addr: \"\", drain_timeout: 1s}\n"), 0o644))
+	return p
+}
+
+// textCheckpoint copies the fixture into dir/text with a bytes-only
+// tokenizer (its 256 ids) and a chat template without special tokens.
+func textCheckpoint(t *testing.T, dir string) string {
+	t.Helper()
+	ck := filepath.Join(dir, "text")
+	require.NoError(t, os.MkdirAll(ck, 0o755))
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		b, err := os.ReadFile(filepath.Join(fixture, "checkpoint", f))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(ck, f), b, 0o644))
+	}
+	require.NoError(t, randckpt.WriteTokenizer(ck, 256))
+	tmpl := `{"chat_template": "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"}`
+	require.NoError(t, os.WriteFile(filepath.Join(ck, "tokenizer_config.json"), []byte(tmpl), 0o644))
+	return ck
 }
 
 // eosCheckpoint copies the fixture into dir/ck with a generation_config.json

@@ -11,6 +11,10 @@ import (
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/text"
+	"github.com/glmflash/glmflash/model/chat"
+	"github.com/glmflash/glmflash/model/tokenizer"
+	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 )
 
@@ -34,19 +38,30 @@ func newGenerateCmd() *cobra.Command {
 	var mf modelFlags
 	var cfgPath string
 	var prompt, stops, dump string
+	var textPrompt, chatMsg, system string
 	var maxTokens int
 	var ignoreEOS bool
 	var sp sample.Params
 	cmd := &cobra.Command{
-		Use:   "generate (--model DIR | --preset NAME) --prompt-ids 1,2,3 --max-tokens N",
-		Short: "Generate tokens from a prompt of token ids (greedy, or seeded sampling)",
+		Use:   "generate (--model DIR | --preset NAME) (--prompt TEXT | --chat TEXT | --prompt-ids 1,2,3) --max-tokens N",
+		Args:  cobra.NoArgs,
+		Short: "Generate from a text prompt, a chat message or token ids (greedy, or seeded sampling)",
 		RunE: func(cmd *cobra.Command, args []string) error {
+			given := 0
+			for _, s := range []string{prompt, textPrompt, chatMsg} {
+				if s != "" {
+					given++
+				}
+			}
+			if given != 1 {
+				return fmt.Errorf("give exactly one of --prompt, --chat and --prompt-ids")
+			}
+			if system != "" && chatMsg == "" {
+				return fmt.Errorf("--system applies to --chat only; without it it would be ignored")
+			}
 			ids, err := parseIDs("--prompt-ids", prompt)
 			if err != nil {
 				return err
-			}
-			if len(ids) == 0 {
-				return fmt.Errorf("--prompt-ids: the prompt is empty")
 			}
 			stopIDs, err := parseIDs("--stop-ids", stops)
 			if err != nil {
@@ -64,9 +79,41 @@ func newGenerateCmd() *cobra.Command {
 			}
 			defer ck.Close()
 			cfg := ck.Config()
+			var tm *text.Model
+			if prompt == "" {
+				if tm, err = mf.textModel(cfg.VocabSize); err != nil {
+					return err
+				}
+				if textPrompt != "" {
+					ids, err = tm.EncodePrompt(textPrompt)
+				} else {
+					var msgs []chat.Message
+					if system != "" {
+						msgs = append(msgs, chat.Message{Role: "system", Content: system})
+					}
+					var rendered string
+					rendered, ids, err = tm.EncodeChat(append(msgs, chat.Message{Role: "user", Content: chatMsg}))
+					if err == nil && log.GetLevel() <= zerolog.DebugLevel {
+						log.Debug().Str("prompt", rendered).Msg("chat template")
+					}
+				}
+				if err != nil {
+					return err
+				}
+			}
+			promptFlag := "--prompt-ids"
+			switch {
+			case textPrompt != "":
+				promptFlag = "--prompt"
+			case chatMsg != "":
+				promptFlag = "--chat"
+			}
+			if len(ids) == 0 {
+				return fmt.Errorf("%s: the prompt is empty", promptFlag)
+			}
 			for i, id := range ids {
 				if id < 0 || int(id) >= cfg.VocabSize {
-					return fmt.Errorf("--prompt-ids: token %d (%d) is outside the vocabulary [0, %d)", i, id, cfg.VocabSize)
+					return fmt.Errorf("%s: token %d (%d) is outside the vocabulary [0, %d)", promptFlag, i, id, cfg.VocabSize)
 				}
 			}
 			if len(ids)+maxTokens > cfg.MaxPositionEmbeddings {
@@ -88,6 +135,10 @@ func newGenerateCmd() *cobra.Command {
 			}
 			prefill := time.Since(t0)
 			var out []int32
+			var stream *tokenizer.Stream
+			if tm != nil {
+				stream = tm.Tok.NewStream(true)
+			}
 			t1 := time.Now()
 			finish := "length"
 			for len(out) < maxTokens {
@@ -96,7 +147,13 @@ func newGenerateCmd() *cobra.Command {
 				}
 				tok := int32(smp.Next(res.Row(0)))
 				out = append(out, tok)
-				if contains(stopIDs, tok) || (!ignoreEOS && slices.Contains(cfg.EOSTokenIDs, int(tok))) {
+				// a stop id or the model's EOS ends generation; like the
+				// servers' text layer, its text is not printed
+				stop := contains(stopIDs, tok) || (!ignoreEOS && slices.Contains(cfg.EOSTokenIDs, int(tok)))
+				if stream != nil && !stop {
+					fmt.Print(stream.Next(tok))
+				}
+				if stop {
 					finish = "stop"
 					break
 				}
@@ -109,6 +166,9 @@ func newGenerateCmd() *cobra.Command {
 				}
 			}
 			decode := time.Since(t1)
+			if stream != nil {
+				fmt.Println(stream.Flush())
+			}
 			strs := make([]string, len(out))
 			for i, t := range out {
 				strs[i] = strconv.Itoa(int(t))
@@ -127,6 +187,9 @@ func newGenerateCmd() *cobra.Command {
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&prompt, "prompt-ids", "", "comma-separated prompt token ids")
+	cmd.Flags().StringVar(&textPrompt, "prompt", "", "prompt text (the checkpoint's tokenizer.json encodes it); the output is printed as text")
+	cmd.Flags().StringVar(&chatMsg, "chat", "", "a user message, rendered with the checkpoint's chat template")
+	cmd.Flags().StringVar(&system, "system", "", "with --chat: a system message before it")
 	cmd.Flags().StringVar(&stops, "stop-ids", "", "comma-separated token ids that end generation")
 	cmd.Flags().BoolVar(&ignoreEOS, "ignore-eos", false, "go on past the model's end-of-sequence ids (eos_token_id of config.json and generation_config.json), which otherwise stop generation")
 	cmd.Flags().IntVar(&maxTokens, "max-tokens", 16, "tokens to generate")

@@ -13,6 +13,7 @@ func newGraphCmd() *cobra.Command {
 	var hidden bool
 	cmd := &cobra.Command{
 		Use:   "graph (--model DIR | --preset NAME)",
+		Args:  cobra.NoArgs,
 		Short: "Print the forward graph (IR) for a batch mode",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := build.ParseMode(mode)

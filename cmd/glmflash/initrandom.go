@@ -19,6 +19,7 @@ func newInitRandomCmd() *cobra.Command {
 	var shardMiB int
 	cmd := &cobra.Command{
 		Use:   "init-random --preset NAME --out DIR",
+		Args:  cobra.NoArgs,
 		Short: "Write a real-format checkpoint (config.json + safetensors) with random weights",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if out == "" {

@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -19,6 +20,7 @@ var (
 
 func newRoot() *cobra.Command {
 	root := &cobra.Command{
+		Version:       version(),
 		Use:           "glmflash",
 		Short:         "An inference engine for GLM-5.3-Flash (glm5_next) models whose optimizations are graph passes",
 		SilenceUsage:  true,
@@ -43,6 +45,40 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "console", "log format (console or json)")
 	root.AddCommand(newEvalCmd(), newGenerateCmd(), newBenchCmd(), newInitRandomCmd(), newGraphCmd(), newPassesCmd(), newServeCmd(), newAttributeCmd(), newPluginCmd())
 	return root
+}
+
+// revision is set by the Makefile (-ldflags -X) for builds where Go's own
+// VCS stamping is off (GOFLAGS=-buildvcs=false, git worktrees).
+var revision string
+
+// version is the module version and VCS revision the binary was built
+// from (Go's build information).
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	var rev, modified, when string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				modified = "+modified"
+			}
+		case "vcs.time":
+			when = s.Value
+		}
+	}
+	switch {
+	case rev != "":
+		v += fmt.Sprintf(" (%s%s, %s)", rev[:min(12, len(rev))], modified, when)
+	case revision != "":
+		v += " (" + revision + ")"
+	}
+	return v + " " + bi.GoVersion
 }
 
 func main() {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/glmflash/glmflash/model/tokenizer"
 	"github.com/stretchr/testify/require"
 )
 
@@ -243,4 +244,34 @@ func TestStudyErrorsBeforeRunning(t *testing.T) {
 		require.ErrorContains(t, err, want)
 		require.ErrorContains(t, err, "bad.yaml")
 	}
+}
+
+// --prompt encodes text with the checkpoint's tokenizer and prints the
+// output as text: the decoding of the ids it reports.
+func TestGenerateTextPrompt(t *testing.T) {
+	cache := t.TempDir()
+	out, err := runCLI(t, "generate", "--preset", "tiny", "--cache-dir", cache, "--prompt", "Hello, world", "--max-tokens", "8")
+	require.NoError(t, err)
+	lines := strings.Split(out, "\n")
+	require.GreaterOrEqual(t, len(lines), 3)
+	require.Contains(t, out, "prompt   12 tokens", "one token per byte in the tiny preset's tokenizer")
+	tk, err := tokenizer.Load(filepath.Join(cache, "tiny-seed1"))
+	require.NoError(t, err)
+	var idsLine string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "output") {
+			idsLine = strings.TrimSpace(strings.TrimPrefix(l, "output"))
+		}
+	}
+	ids, err := parseIDs("output", idsLine)
+	require.NoError(t, err)
+	require.Len(t, ids, 8)
+	require.True(t, strings.HasPrefix(out, tk.Decode(ids, true)+"\n"), "the text comes first: %q", out)
+
+	_, err = runCLI(t, "generate", "--preset", "tiny", "--cache-dir", cache, "--chat", "hi")
+	require.ErrorContains(t, err, "no chat template")
+	_, err = runCLI(t, "generate", "--preset", "tiny", "--cache-dir", cache, "--chat", "hi", "--prompt", "x")
+	require.ErrorContains(t, err, "exactly one of")
+	_, err = runCLI(t, "generate", "--model", fixture+"/checkpoint", "--prompt", "x")
+	require.ErrorContains(t, err, "no tokenizer.json")
 }

@@ -1,15 +1,20 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/chat"
 	"github.com/glmflash/glmflash/model/randckpt"
+	"github.com/glmflash/glmflash/model/tokenizer"
 	"github.com/spf13/cobra"
 )
 
@@ -22,6 +27,7 @@ type modelFlags struct {
 	cacheDir string
 	fp8      bool
 	cmd      *cobra.Command // set by add: which flags were given
+	opened   string         // the directory open used
 	// checkTensors scans every weight for NaN/Inf after opening.
 	checkTensors bool
 }
@@ -75,6 +81,7 @@ func (m *modelFlags) openOnly() (*model.Checkpoint, error) {
 				}
 			}
 		}
+		m.opened = m.dir
 		ck, err := model.Open(m.dir)
 		if err != nil {
 			return nil, err
@@ -97,6 +104,10 @@ func (m *modelFlags) openOnly() (*model.Checkpoint, error) {
 		if err := writePreset(dir, cfg, randckpt.Options{Seed: m.seed, FP8: m.fp8}); err != nil {
 			return nil, err
 		}
+		if err := addPresetTokenizer(dir, cfg.VocabSize); err != nil {
+			return nil, err
+		}
+		m.opened = dir
 		return model.Open(dir)
 	}
 	return nil, fmt.Errorf("name a model with --model DIR or --preset NAME")
@@ -131,6 +142,30 @@ func writePreset(dir string, cfg *model.Config, opts randckpt.Options) error {
 	return nil
 }
 
+// addPresetTokenizer gives a preset checkpoint written by an older
+// glmflash its tokenizer. Like writePreset it is race-free: the files are
+// written into a temporary folder and renamed into place, tokenizer.json
+// last (its presence means done).
+func addPresetTokenizer(dir string, vocab int) error {
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err == nil {
+		return nil
+	}
+	tmp, err := os.MkdirTemp(dir, ".tokenizer.tmp-")
+	if err != nil {
+		return fmt.Errorf("--cache-dir: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	if err := randckpt.WriteTokenizer(tmp, vocab); err != nil {
+		return err
+	}
+	for _, f := range []string{"tokenizer_config.json", "tokenizer.json"} {
+		if err := os.Rename(filepath.Join(tmp, f), filepath.Join(dir, f)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // dumpGraph prints a graph as the --dump-graph flag asks: "summary" or "text".
 func dumpGraph(what string, cfg *model.Config, mode build.Mode, logits build.Logits) error {
 	if what == "" {
@@ -153,4 +188,29 @@ func printGraph(what string, g *ir.Graph) error {
 		return fmt.Errorf("--dump-graph must be summary or text, got %q", what)
 	}
 	return nil
+}
+
+// textModel loads the tokenizer and chat template of the directory open
+// used; either may be missing (nil), anything else wrong is an error.
+func (m *modelFlags) textModel(vocab int) (*text.Model, error) {
+	tm := &text.Model{}
+	tk, err := tokenizer.Load(m.opened)
+	switch {
+	case err == nil:
+		tm.Tok = tk
+	case errors.Is(err, fs.ErrNotExist):
+		log.Warn().Str("dir", m.opened).Msg("no tokenizer.json: token-id prompts only")
+		return tm, nil
+	default:
+		return nil, err
+	}
+	if tk.VocabSize() > vocab {
+		log.Warn().Int("tokenizer_ids", tk.VocabSize()).Int("vocab_size", vocab).Msg("the tokenizer has more ids than the model's vocabulary")
+	}
+	tm.Chat, err = chat.Load(m.opened)
+	if errors.Is(err, chat.ErrNoTemplate) {
+		log.Warn().Str("dir", m.opened).Msg("no chat template: chat requests are refused")
+		err = nil
+	}
+	return tm, err
 }

@@ -40,6 +40,7 @@ func newPassesCmd() *cobra.Command {
 	var listCfg string
 	list := &cobra.Command{
 		Use:   "list [--config FILE]",
+		Args:  cobra.NoArgs,
 		Short: "List the passes (built-in, and with --config the plugins of its plugins.dir) with their options and defaults",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -79,6 +80,7 @@ func newPassesCmd() *cobra.Command {
 	var cfgPath, mode, logits, dump, format string
 	explain := &cobra.Command{
 		Use:   "explain (--model DIR | --preset NAME) [--config FILE]",
+		Args:  cobra.NoArgs,
 		Short: "Run the configured passes on a model's graph and print the report (fired sites, skipped sites with reasons)",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := build.ParseMode(mode)

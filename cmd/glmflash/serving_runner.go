@@ -50,6 +50,12 @@ func newServingRunner(st *attrib.Study, modelDir string) (attrib.Runner, error) 
 		}
 		bin = self
 	}
+	// The arm's serve config lives in a temporary folder, and paths in a
+	// config file are relative to the file.
+	modelDir, err := filepath.Abs(modelDir)
+	if err != nil {
+		return nil, err
+	}
 	tmp, err := os.MkdirTemp("", "glmflash-study-")
 	if err != nil {
 		return nil, err
@@ -87,7 +93,7 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 	srvPath := filepath.Join(r.tmp, safe+".serve.yaml")
 	if err := writeJSON(srvPath, map[string]any{
 		"model":   map[string]any{"dir": r.modelDir},
-		"server":  map[string]any{"grpc_addr": "127.0.0.1:0", "metrics_addr": ""},
+		"server":  map[string]any{"grpc_addr": "127.0.0.1:0", "http_addr": "", "metrics_addr": ""},
 		"runtime": rt,
 	}); err != nil {
 		return err

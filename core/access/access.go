@@ -202,7 +202,11 @@ func FromContext(ctx context.Context) Principal {
 
 // HTTP wraps an HTTP handler with the key check: 401 without a valid key;
 // the handler finds the caller with FromContext.
-func (k *Keys) HTTP(next http.Handler) http.Handler {
+func (k *Keys) HTTP(next http.Handler) http.Handler { return k.HTTPRefusing(next, nil) }
+
+// HTTPRefusing is HTTP with the refusal written by refuse (an API's own
+// error body, with status 401); nil refuse writes the error as plain text.
+func (k *Keys) HTTPRefusing(next http.Handler, refuse func(w http.ResponseWriter, err error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := r.Header.Get("Authorization")
 		if h == "" {
@@ -211,7 +215,11 @@ func (k *Keys) HTTP(next http.Handler) http.Handler {
 		p, err := k.Check(h)
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="glmflash"`)
-			http.Error(w, err.Error(), http.StatusUnauthorized)
+			if refuse != nil {
+				refuse(w, err)
+			} else {
+				http.Error(w, err.Error(), http.StatusUnauthorized)
+			}
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(WithPrincipal(r.Context(), p)))

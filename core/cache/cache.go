@@ -88,11 +88,25 @@ func (s *Store) Free(slot int) error {
 
 // Len is the number of tokens an allocated slot has processed.
 func (s *Store) Len(slot int) (int, error) {
-	q, err := s.Seq(slot)
-	if err != nil {
-		return 0, err
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
+		return 0, fmt.Errorf("cache: slot %d is not allocated", slot)
 	}
-	return q.Len, nil
+	return s.slots[slot].Len, nil
+}
+
+// Advance records that an allocated slot processed n more tokens. Lengths
+// change only under the store's lock (here and in Alloc): a scheduler may
+// read them (Len) while a step that advances them executes.
+func (s *Store) Advance(slot, n int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
+		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	s.slots[slot].Len += n
+	return nil
 }
 
 // Seq returns an allocated slot's sequence.

@@ -50,6 +50,12 @@ func TestEOSStopsUnlessIgnored(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, FinishLength, f.Reason)
 	require.Equal(t, want, ids(toks))
+
+	// EndIDs: what the text layer withholds the text of.
+	req.StopIDs = []int32{7, eos}
+	require.ElementsMatch(t, []int32{7, eos}, rt.EndIDs(req), "ignored EOS: the stop ids only")
+	req.IgnoreEOS = false
+	require.ElementsMatch(t, []int32{7, eos, 255}, rt.EndIDs(req), "stop ids and EOS, once each")
 }
 
 func indexOf(s []int32, v int32) int {

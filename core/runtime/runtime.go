@@ -196,6 +196,21 @@ func New(m Model, cfg Config, opts Options) (*Runtime, error) {
 // Config is the effective configuration (defaults applied).
 func (rt *Runtime) Config() Config { return rt.cfg }
 
+// EndIDs are the ids that end req with FinishStop: its stop ids and, unless
+// req.IgnoreEOS, the model's end-of-sequence ids (the text layer writes no
+// text for them).
+func (rt *Runtime) EndIDs(req Request) []int32 {
+	ids := slices.Clone(req.StopIDs)
+	if !req.IgnoreEOS {
+		for id := range rt.eos {
+			if !slices.Contains(ids, id) {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
 // Validate checks a request against the model and the limits without
 // submitting it; the error is an *InvalidError naming the field.
 func (rt *Runtime) Validate(req *Request) error {

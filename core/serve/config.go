@@ -3,6 +3,7 @@ package serve
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -28,6 +29,7 @@ type Config struct {
 // ModelConfig names the checkpoint: a directory, or a random preset
 // written once into CacheDir.
 type ModelConfig struct {
+	Name     string `koanf:"name"` // the name HTTP clients give as "model" (default: the directory's base name, or the preset's)
 	Dir      string `koanf:"dir"`
 	Preset   string `koanf:"preset"`
 	Seed     int64  `koanf:"seed"`
@@ -40,6 +42,7 @@ type ModelConfig struct {
 // ServerConfig is the network side.
 type ServerConfig struct {
 	GRPCAddr     string        `koanf:"grpc_addr"`
+	HTTPAddr     string        `koanf:"http_addr"`    // the OpenAI-compatible HTTP API; "" disables it
 	MetricsAddr  string        `koanf:"metrics_addr"` // "" disables the metrics endpoint
 	DrainTimeout time.Duration `koanf:"drain_timeout"`
 	// MaxResponseBytes bounds one reply (a Score's logits above all): a
@@ -47,10 +50,11 @@ type ServerConfig struct {
 	MaxResponseBytes int `koanf:"max_response_bytes"`
 	// MaxRequestBytes bounds one received message.
 	MaxRequestBytes int `koanf:"max_request_bytes"`
-	// TLS serves gRPC over TLS (mutual TLS with client_ca_file).
+	// TLS serves gRPC and the HTTP API over TLS (mutual TLS with
+	// client_ca_file).
 	TLS access.TLS `koanf:"tls"`
-	// Auth requires API keys (Authorization: Bearer KEY); health checks
-	// need none.
+	// Auth requires API keys (Authorization: Bearer KEY) on gRPC and the
+	// HTTP API; health checks need none.
 	Auth access.Auth `koanf:"auth"`
 	// Reflection registers gRPC server reflection (default true).
 	Reflection bool `koanf:"reflection"`
@@ -79,11 +83,23 @@ type RuntimeConfig struct {
 	DefaultMaxTokens int `koanf:"default_max_tokens"` // when a request has none (default 256)
 }
 
+// ServedName is the model's name in the HTTP API: model.name, else the
+// checkpoint directory's base name, else the preset's name.
+func (c Config) ServedName() string {
+	switch {
+	case c.Model.Name != "":
+		return c.Model.Name
+	case c.Model.Dir != "":
+		return filepath.Base(filepath.Clean(c.Model.Dir))
+	}
+	return c.Model.Preset
+}
+
 // DefaultConfig is what an empty file means.
 func DefaultConfig() Config {
 	return Config{
 		Model: ModelConfig{Seed: 1},
-		Server: ServerConfig{GRPCAddr: "127.0.0.1:50051", MetricsAddr: "127.0.0.1:9090", DrainTimeout: 30 * time.Second,
+		Server: ServerConfig{GRPCAddr: "127.0.0.1:50051", HTTPAddr: "127.0.0.1:8000", MetricsAddr: "127.0.0.1:9090", DrainTimeout: 30 * time.Second,
 			MaxResponseBytes: 64 << 20, MaxRequestBytes: 4 << 20, Reflection: true,
 			KeepaliveTime: time.Minute, KeepaliveTimeout: 20 * time.Second},
 		Runtime: RuntimeConfig{Slots: 8, DefaultMaxTokens: 256},
@@ -96,8 +112,11 @@ func DefaultConfig() Config {
 // GLMFLASH_CACHE) are not configuration and are ignored.
 const EnvPrefix = "GLMFLASH_"
 
-// LoadConfig reads a YAML file (path may be empty: defaults only), then the
-// environment (environ as os.Environ returns it; nil means os.Environ()).
+// LoadConfig reads a YAML file (path may be empty: the built-in defaults
+// only, which serve DefaultPreset), then the environment (environ as
+// os.Environ returns it; nil means os.Environ()). Relative paths in the
+// file (model.dir, model.cache_dir, the TLS and key files) are relative to
+// the file.
 // Loading is strict: an unknown key, in the file or the environment, is an
 // error naming it, and so is a value of the wrong type.
 func LoadConfig(path string, environ []string) (Config, error) {
@@ -166,8 +185,25 @@ func LoadConfig(path string, environ []string) (Config, error) {
 	if err := k.UnmarshalWithConf("", &c, koanf.UnmarshalConf{DecoderConfig: strict.DecoderConfig(&c)}); err != nil {
 		return Config{}, fmt.Errorf("config: %s", strict.Message(err))
 	}
+	// Paths written in the file are relative to the file.
+	for key, f := range map[string]*string{
+		"model.dir": &c.Model.Dir, "model.cache_dir": &c.Model.CacheDir,
+		"server.tls.cert_file": &c.Server.TLS.CertFile, "server.tls.key_file": &c.Server.TLS.KeyFile,
+		"server.tls.client_ca_file": &c.Server.TLS.ClientCAFile,
+		"server.auth.api_keys_file": &c.Server.Auth.APIKeysFile, "server.auth.admin_keys_file": &c.Server.Auth.AdminKeysFile,
+	} {
+		if path != "" && source[key] == path && *f != "" && !filepath.IsAbs(*f) {
+			*f = filepath.Join(filepath.Dir(path), *f)
+		}
+	}
+	if c.Model.Dir == "" && c.Model.Preset == "" {
+		c.Model.Preset = DefaultPreset
+	}
 	return c, c.Validate()
 }
+
+// DefaultPreset is the model served when the configuration names none.
+const DefaultPreset = "small"
 
 // collectKeys lists the dotted keys of a config struct's leaves and sections.
 func collectKeys(t reflect.Type, prefix string, leaves, sections map[string]bool) {

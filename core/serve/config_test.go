@@ -58,7 +58,6 @@ func TestConfigIsStrict(t *testing.T) {
 		"unknown env key":   {yaml: "model: {preset: small}\n", env: "GLMFLASH_SERVER__GRPC_ADR=x", want: `unknown key "server.grpc_adr" in environment variable GLMFLASH_SERVER__GRPC_ADR`},
 		"wrong type":        {yaml: "model: {preset: small}\nruntime: {slots: many}\n", want: "slots"},
 		"bad duration":      {yaml: "model: {preset: small}\nserver: {drain_timeout: soon}\n", want: "drain_timeout"},
-		"no model":          {yaml: "server: {grpc_addr: x}\n", want: "model.dir or model.preset"},
 		"two models":        {yaml: "model: {preset: small, dir: /x}\n", want: "mutually exclusive"},
 		"bad slots":         {yaml: "model: {preset: small}\nruntime: {slots: 0}\n", want: "runtime.slots"},
 		"negative drain":    {yaml: "model: {preset: small}\nserver: {drain_timeout: -1s}\n", want: "server.drain_timeout"},
@@ -99,7 +98,8 @@ server:
 	require.True(t, c.Server.ExposePaths)
 	require.Equal(t, time.Hour, c.Server.MaxConnectionAge)
 	require.Equal(t, "ca.pem", c.Server.TLS.ClientCAFile)
-	require.Equal(t, "keys.txt", c.Server.Auth.APIKeysFile)
+	require.Equal(t, filepath.Join(filepath.Dir(p), "keys.txt"), c.Server.Auth.APIKeysFile, "relative to the file")
+	require.Equal(t, filepath.Join(filepath.Dir(p), "c.pem"), c.Server.TLS.CertFile)
 	require.True(t, DefaultConfig().Server.Reflection)
 	for y, want := range map[string]string{
 		"server: {tls: {cert_file: c.pem}}":        "server.tls: cert_file and key_file are both required",
@@ -111,4 +111,24 @@ server:
 		_, err := LoadConfig(writeYAML(t, "model: {preset: small}\n"+y+"\n"), []string{})
 		require.ErrorContains(t, err, want, y)
 	}
+}
+
+func TestBuiltInDefaultsAndRelativePaths(t *testing.T) {
+	c, err := LoadConfig("", []string{})
+	require.NoError(t, err)
+	require.Equal(t, DefaultPreset, c.Model.Preset, "no model named: the built-in default")
+	require.Equal(t, "127.0.0.1:8000", c.Server.HTTPAddr)
+	require.Equal(t, "small", c.ServedName())
+
+	p := writeYAML(t, "model: {dir: ckpt, cache_dir: ../cache, name: mine}\n")
+	c, err = LoadConfig(p, []string{})
+	require.NoError(t, err)
+	require.Equal(t, filepath.Join(filepath.Dir(p), "ckpt"), c.Model.Dir, "relative to the file")
+	require.Equal(t, filepath.Join(filepath.Dir(p), "../cache"), c.Model.CacheDir)
+	require.Empty(t, c.Model.Preset)
+	require.Equal(t, "mine", c.ServedName())
+
+	c, err = LoadConfig(p, []string{"GLMFLASH_MODEL__DIR=rel/from/cwd"})
+	require.NoError(t, err)
+	require.Equal(t, "rel/from/cwd", c.Model.Dir, "the environment's paths are the user's, relative to the working directory")
 }

@@ -80,6 +80,7 @@ func start(t *testing.T, su setup) *harness {
 	cfg.Model.Dir = fixture
 	cfg.Server.GRPCAddr = "127.0.0.1:0"
 	cfg.Server.MetricsAddr = "127.0.0.1:0"
+	cfg.Server.HTTPAddr = "127.0.0.1:0"
 	cfg.Server.DrainTimeout = su.drain
 	if su.drain == 0 {
 		cfg.Server.DrainTimeout = 5 * time.Second
@@ -138,6 +139,7 @@ func (h *harness) shutdown(t *testing.T) {
 // result is a finished stream.
 type result struct {
 	tokens []int32
+	text   string // the tokens' texts and the finish's
 	finish *pb.Finish
 	header metadata.MD
 }
@@ -169,8 +171,10 @@ func generate(ctx context.Context, c pb.GLMFlashClient, req *pb.GenerateRequest)
 				return r, fmt.Errorf("token index %d, want %d", k.Token.Index, len(r.tokens))
 			}
 			r.tokens = append(r.tokens, k.Token.Id)
+			r.text += k.Token.Text
 		case *pb.GenerateResponse_Finish:
 			r.finish = k.Finish
+			r.text += k.Finish.Text
 		}
 	}
 }

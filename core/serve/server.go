@@ -3,7 +3,8 @@
 // runtime, with the standard health service (NOT_SERVING while the model
 // loads and while draining), server reflection (grpcurl needs no proto
 // files), Prometheus metrics on an HTTP port and zerolog logs that carry
-// request ids.
+// request ids; beside it, on the same runtime, the OpenAI-compatible HTTP
+// API of core/openai (with the same TLS, API keys and request bounds).
 //
 // Every input a client sends is checked before it reaches the runtime and a
 // bad one gets a precise status (INVALID_ARGUMENT naming the field); no
@@ -13,6 +14,7 @@ package serve
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -29,8 +31,10 @@ import (
 	"github.com/glmflash/glmflash/core/access"
 	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/openai"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -60,6 +64,7 @@ type LoadedModel struct {
 	Config  *model.Config
 	Weights plan.Weights
 	Source  string       // shown in GetModelInfo: a directory or a preset
+	Text    *text.Model  // tokenizer and chat template (nil: token ids only)
 	Close   func() error // releases the weights (may be nil)
 }
 
@@ -88,12 +93,16 @@ type Server struct {
 	grpc    *grpc.Server
 	health  *health.Server
 	http    *http.Server
+	api     *http.Server // the OpenAI-compatible API
 	lis     net.Listener
 	mlis    net.Listener
+	alis    net.Listener
+	drain   atomic.Bool
 	live    atomic.Pointer[live]
 	ready   chan struct{}
 	served  sync.Once
 	keys    *access.Keys
+	tls     *tls.Config // nil: plaintext
 }
 
 // live is the loaded state.
@@ -105,6 +114,7 @@ type live struct {
 	engine  *pb.EngineInfo
 	cfgJSON []byte
 	closeFn func() error
+	text    *text.Model
 }
 
 // New makes a server; Listen binds its ports and Serve runs it.
@@ -120,6 +130,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
+	s.tls = tlsCfg
 	if s.keys, err = cfg.Server.Auth.Load("server.auth"); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
@@ -253,7 +264,45 @@ func (s *Server) Listen() error {
 		mux.Handle("/metrics", s.metrics.Handler())
 		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	}
+	if s.cfg.Server.HTTPAddr != "" {
+		alis, err := net.Listen("tcp", s.cfg.Server.HTTPAddr)
+		if err != nil {
+			lis.Close()
+			if s.mlis != nil {
+				s.mlis.Close()
+			}
+			return fmt.Errorf("serve: server.http_addr: %w", err)
+		}
+		s.alis = alis
+		s.api = &http.Server{Handler: openai.New(openai.Options{
+			Model:        s.cfg.ServedName(),
+			Live:         s.apiLive,
+			Refused:      s.metrics.Refused,
+			Draining:     s.drain.Load,
+			Keys:         s.keys,
+			MaxBodyBytes: s.cfg.Server.MaxRequestBytes,
+			Log:          s.log,
+		}), ReadHeaderTimeout: 10 * time.Second, TLSConfig: s.tls}
+	}
 	return nil
+}
+
+// apiLive is the loaded model as the HTTP API sees it (nil while loading).
+func (s *Server) apiLive() *openai.Live {
+	lv := s.live.Load()
+	if lv == nil {
+		return nil
+	}
+	return &openai.Live{RT: lv.rt, Text: lv.text, Vocab: lv.lim.vocab, Context: lv.lim.context, DefaultMaxTokens: lv.lim.defaultMaxTokens}
+}
+
+// HTTPAddr is the bound address of the OpenAI-compatible API, "" when
+// disabled.
+func (s *Server) HTTPAddr() string {
+	if s.alis == nil {
+		return ""
+	}
+	return s.alis.Addr().String()
 }
 
 // Addr is the bound gRPC address (after Listen).
@@ -302,7 +351,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -320,7 +369,20 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}()
 	}
-	s.log.Info().Str("grpc", s.Addr()).Str("metrics", s.MetricsAddr()).Msg("listening; loading the model (health: NOT_SERVING)")
+	if s.api != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			serve := s.api.Serve
+			if s.tls != nil { // the same TLS (and client CAs) as gRPC
+				serve = func(l net.Listener) error { return s.api.ServeTLS(l, "", "") }
+			}
+			if err := serve(s.alis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("serve: http api: %w", err)
+			}
+		}()
+	}
+	s.log.Info().Str("grpc", s.Addr()).Str("http", s.HTTPAddr()).Str("metrics", s.MetricsAddr()).Msg("listening; loading the model (health: NOT_SERVING)")
 
 	var runErr error
 	if err := s.load(ctx); err != nil {
@@ -399,8 +461,8 @@ func (s *Server) load(ctx context.Context) error {
 		rt.Close()
 		return fail(err)
 	}
-	lv := &live{rt: rt, eng: eng, closeFn: closeFn, cfgJSON: hf,
-		lim:    limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes},
+	lv := &live{rt: rt, eng: eng, closeFn: closeFn, cfgJSON: hf, text: lm.Text,
+		lim:    limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes, text: lm.Text},
 		model:  modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf),
 		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens)},
 	}
@@ -486,6 +548,7 @@ func (s *Server) shutdown() {
 	s.health.Shutdown() // every service NOT_SERVING, and it stays so
 	deadline := time.Now().Add(s.cfg.Server.DrainTimeout)
 	rest := func() time.Duration { return max(time.Until(deadline), time.Second) }
+	s.drain.Store(true)
 	lv := s.live.Load()
 	if lv != nil {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
@@ -508,9 +571,16 @@ func (s *Server) shutdown() {
 		s.grpc.Stop()
 		<-stopped
 	}
-	if s.http != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		s.http.Shutdown(ctx)
+	for _, hs := range []*http.Server{s.api, s.http} {
+		if hs == nil {
+			continue
+		}
+		// After the drain every API request has its final; a client that
+		// stopped reading gets a bounded wait, then its connection closes.
+		ctx, cancel := context.WithTimeout(context.Background(), min(rest(), 2*time.Second))
+		if err := hs.Shutdown(ctx); err != nil {
+			hs.Close()
+		}
 		cancel()
 	}
 	if lv != nil {
@@ -587,23 +657,35 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 	if err := stream.SendHeader(metadata.Pairs(RequestIDHeader, h.ID())); err != nil {
 		return err
 	}
+	// The text layer decodes the tokens (and matches stop strings; stop ids
+	// and EOS add no text); without a tokenizer its chunks carry ids only.
+	ts := text.NewStream(lv.text, h, req.GetStop(), lv.rt.EndIDs(r), func() { lv.rt.Abort(h.ID()) })
+	tail := ""
 	for {
-		toks, f, err := h.Recv(ctx)
+		c, tf, err := ts.Recv(ctx)
 		if err != nil {
 			return status.FromContextError(err).Err()
 		}
-		for _, t := range toks {
-			msg := &pb.Token{Id: t.ID, Logprob: t.Logprob, Index: uint32(t.Index)}
-			for _, a := range t.Top {
-				msg.TopLogprobs = append(msg.TopLogprobs, &pb.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
+		if c != nil {
+			if len(c.Tokens) == 0 {
+				tail += c.Text // released at the end: goes with the finish
+				continue
 			}
-			if err := stream.Send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Token{Token: msg}}); err != nil {
-				return err
+			for i, t := range c.Tokens {
+				msg := &pb.Token{Id: t.ID, Logprob: t.Logprob, Index: uint32(t.Index)}
+				if i == len(c.Tokens)-1 {
+					msg.Text = c.Text
+				}
+				for _, a := range t.Top {
+					msg.TopLogprobs = append(msg.TopLogprobs, &pb.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
+				}
+				if err := stream.Send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Token{Token: msg}}); err != nil {
+					return err
+				}
 			}
-		}
-		if f == nil {
 			continue
 		}
+		f := tf.Final
 		var reason pb.FinishReason
 		switch f.Reason {
 		case runtime.FinishStop:
@@ -621,7 +703,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 			reason = pb.FinishReason_FINISH_REASON_ERROR
 		}
 		return stream.Send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Finish{Finish: &pb.Finish{
-			RequestId: f.ID, Reason: reason, Message: f.Message, Seed: f.Seed,
+			RequestId: f.ID, Reason: reason, Message: f.Message, Seed: f.Seed, Text: tail, Stop: tf.StopString,
 			Usage: &pb.Usage{PromptTokens: u32(f.PromptTokens), CompletionTokens: u32(f.CompletionTokens)},
 			Timings: &pb.Timings{
 				Queue: durationpb.New(f.Queue), TimeToFirstToken: durationpb.New(f.TTFT), Total: durationpb.New(f.Total),

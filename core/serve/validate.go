@@ -9,6 +9,8 @@ import (
 
 	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/text"
+	"github.com/glmflash/glmflash/model/chat"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -26,7 +28,8 @@ type limits struct {
 	vocab            int
 	context          int
 	defaultMaxTokens int
-	maxResponse      int // bytes of one reply
+	maxResponse      int         // bytes of one reply
+	text             *text.Model // nil or without a tokenizer: ids only
 }
 
 func checkIDs(field string, ids []int32, vocab int) error {
@@ -58,11 +61,8 @@ func generateRequest(req *pb.GenerateRequest, lim limits) (runtime.Request, erro
 	if err := checkRequestID(req.GetRequestId()); err != nil {
 		return r, err
 	}
-	p := req.GetPromptIds()
-	if len(p) == 0 {
-		return r, badField("prompt_ids", "the prompt is empty")
-	}
-	if err := checkIDs("prompt_ids", p, lim.vocab); err != nil {
+	p, err := promptOf(req, lim)
+	if err != nil {
 		return r, err
 	}
 	if len(p) > lim.context {
@@ -84,6 +84,14 @@ func generateRequest(req *pb.GenerateRequest, lim limits) (runtime.Request, erro
 			return r, badField("prompt_ids", "the prompt (%d tokens) fills the context limit %d: no room to generate", len(p), lim.context)
 		}
 	}
+	if n := len(req.GetStop()); n > text.MaxStops {
+		return r, badField("stop", "at most %d stop strings, got %d", text.MaxStops, n)
+	}
+	for i, st := range req.GetStop() {
+		if st == "" || len(st) > text.MaxStopLength {
+			return r, badField(fmt.Sprintf("stop[%d]", i), "must be 1 to %d bytes, got %d", text.MaxStopLength, len(st))
+		}
+	}
 	sp, err := samplingParams(req.GetSampling())
 	if err != nil {
 		return r, err
@@ -102,6 +110,54 @@ func generateRequest(req *pb.GenerateRequest, lim limits) (runtime.Request, erro
 		MaxTokens: maxTok, TopLogprobs: int(req.GetTopLogprobs()),
 	}, nil
 }
+
+// promptOf reads the prompt: exactly one of prompt_ids, prompt (text) and
+// messages (a conversation for the chat template).
+func promptOf(req *pb.GenerateRequest, lim limits) ([]int32, error) {
+	given := 0
+	for _, b := range []bool{len(req.GetPromptIds()) > 0, req.GetPrompt() != "", len(req.GetMessages()) > 0} {
+		if b {
+			given++
+		}
+	}
+	if given != 1 {
+		return nil, badField("prompt_ids", "give exactly one of prompt_ids, prompt and messages (got %d)", given)
+	}
+	switch {
+	case req.GetPrompt() != "":
+		ids, err := lim.text.EncodePrompt(req.GetPrompt())
+		if err != nil {
+			return nil, badField("prompt", "%v", err)
+		}
+		return ids, nil
+	case len(req.GetMessages()) > 0:
+		if len(req.GetMessages()) > maxMessages {
+			return nil, badField("messages", "more than %d messages", maxMessages)
+		}
+		msgs := make([]chat.Message, len(req.GetMessages()))
+		for i, m := range req.GetMessages() {
+			switch m.GetRole() {
+			case "system", "user", "assistant", "tool":
+			default:
+				return nil, badField(fmt.Sprintf("messages[%d].role", i), "%q is not system, user, assistant or tool", m.GetRole())
+			}
+			msgs[i] = chat.Message{Role: m.GetRole(), Content: m.GetContent()}
+		}
+		_, ids, err := lim.text.EncodeChat(msgs)
+		if err != nil {
+			return nil, badField("messages", "%v", err)
+		}
+		if len(ids) == 0 {
+			return nil, badField("messages", "the chat template rendered an empty prompt")
+		}
+		return ids, nil
+	}
+	p := req.GetPromptIds()
+	return p, checkIDs("prompt_ids", p, lim.vocab)
+}
+
+// maxMessages bounds a conversation.
+const maxMessages = 4096
 
 // Defaults of the optional sampling fields.
 const (

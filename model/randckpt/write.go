@@ -58,7 +58,8 @@ func specBytes(s model.WeightSpec) int64 {
 }
 
 // Write writes a random checkpoint for cfg into dir (created if needed):
-// config.json in the released nested shape and the weights of
+// config.json in the released nested shape, a byte-level BPE tokenizer
+// sized to the vocabulary (WriteTokenizer), and the weights of
 // cfg.WeightCatalog(opts.FP8) in one or more safetensors files. Any previous
 // model.safetensors, index and shard files in dir are removed first.
 //
@@ -103,6 +104,9 @@ func Write(dir string, cfg *model.Config, opts Options) error {
 	}
 	if err := os.WriteFile(filepath.Join(dir, model.ConfigFile), cfgJSON, 0o644); err != nil {
 		return fmt.Errorf("randckpt: %w", err)
+	}
+	if err := WriteTokenizer(dir, cfg.VocabSize); err != nil {
+		return fmt.Errorf("randckpt: tokenizer: %w", err)
 	}
 
 	cat := cfg.WeightCatalog(opts.FP8)

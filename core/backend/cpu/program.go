@@ -221,10 +221,10 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 		}
 		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, seq: seq, pos0: s.Pos0, n: s.N, row0: s.Row0})
 	}
-	return p.execute(bi, pr)
+	return p.execute(bi, pr, store)
 }
 
-func (p *Program) execute(bi *batchInfo, pr *backend.Prepared) (*backend.Result, error) {
+func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Store) (*backend.Result, error) {
 	rc := &runCtx{p: p, batch: bi, f: map[*ir.Value][]float32{}, i: map[*ir.Value][]int32{}, host: map[*ir.Value]any{}}
 	for _, in := range p.plan.Graph.Inputs {
 		switch in.Name {
@@ -259,7 +259,9 @@ func (p *Program) execute(bi *batchInfo, pr *backend.Prepared) (*backend.Result,
 		}
 	}
 	for _, s := range bi.seqs {
-		s.seq.Len += s.n
+		if err := store.Advance(s.slot, s.n); err != nil {
+			return nil, err
+		}
 	}
 	p.runs.Add(1)
 	lv := p.plan.Logits

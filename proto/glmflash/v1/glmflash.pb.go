@@ -33,7 +33,8 @@ type FinishReason int32
 
 const (
 	FinishReason_FINISH_REASON_UNSPECIFIED FinishReason = 0
-	// A stop id or the model's end-of-sequence id was produced.
+	// A stop id or the model's end-of-sequence id was produced, or a stop
+	// string matched.
 	FinishReason_FINISH_REASON_STOP FinishReason = 1
 	// max_tokens were produced (or the context limit was reached).
 	FinishReason_FINISH_REASON_LENGTH FinishReason = 2
@@ -177,11 +178,12 @@ type GenerateRequest struct {
 	// Optional client-chosen id (at most 128 printable ASCII characters);
 	// the server makes one when empty.
 	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	// Prompt token ids, each in [0, vocab_size). Must not be empty.
+	// The prompt: exactly one of prompt_ids, prompt and messages.
+	// Prompt token ids, each in [0, vocab_size).
 	PromptIds []int32         `protobuf:"varint,2,rep,packed,name=prompt_ids,json=promptIds,proto3" json:"prompt_ids,omitempty"`
 	Sampling  *SamplingParams `protobuf:"bytes,3,opt,name=sampling,proto3" json:"sampling,omitempty"`
 	// Generation stops after producing any of these ids (the stop token is
-	// streamed and counted).
+	// streamed and counted, without text).
 	StopIds []int32 `protobuf:"varint,4,rep,packed,name=stop_ids,json=stopIds,proto3" json:"stop_ids,omitempty"`
 	// Tokens to generate, >= 1; prompt + max_tokens must fit the context
 	// limit. Absent: the server's default, clipped to the context limit.
@@ -191,8 +193,19 @@ type GenerateRequest struct {
 	TopLogprobs uint32 `protobuf:"varint,6,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	// Generation stops at the model's end-of-sequence ids (eos_token_id of
 	// config.json and generation_config.json; the EOS token is streamed and
-	// counted, with FINISH_REASON_STOP) unless this is true, as in vLLM.
-	IgnoreEos     bool `protobuf:"varint,7,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
+	// counted, without text, with FINISH_REASON_STOP) unless this is true,
+	// as in vLLM.
+	IgnoreEos bool `protobuf:"varint,7,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
+	// Prompt text, encoded with the checkpoint's tokenizer.json (with its
+	// post-processor's special tokens, a BOS say).
+	Prompt string `protobuf:"bytes,8,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	// A conversation, rendered with the checkpoint's chat template (ending
+	// with the start of the assistant's turn) and encoded.
+	Messages []*ChatMessage `protobuf:"bytes,9,rep,name=messages,proto3" json:"messages,omitempty"`
+	// Stop strings (at most 16, each at most 256 bytes): matched on the
+	// generated text across token boundaries; the stop string and anything
+	// after it are not streamed, and generation ends.
+	Stop          []string `protobuf:"bytes,10,rep,name=stop,proto3" json:"stop,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -276,6 +289,81 @@ func (x *GenerateRequest) GetIgnoreEos() bool {
 	return false
 }
 
+func (x *GenerateRequest) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *GenerateRequest) GetMessages() []*ChatMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetStop() []string {
+	if x != nil {
+		return x.Stop
+	}
+	return nil
+}
+
+// ChatMessage is one turn of a conversation.
+type ChatMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// system, user, assistant or tool.
+	Role          string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Content       string `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChatMessage) Reset() {
+	*x = ChatMessage{}
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChatMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChatMessage) ProtoMessage() {}
+
+func (x *ChatMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
+func (*ChatMessage) Descriptor() ([]byte, []int) {
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ChatMessage) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
 type GenerateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Kind:
@@ -289,7 +377,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[2]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -301,7 +389,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[2]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -314,7 +402,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{2}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *GenerateResponse) GetKind() isGenerateResponse_Kind {
@@ -368,14 +456,20 @@ type Token struct {
 	// The top_logprobs most likely tokens, most likely first.
 	TopLogprobs []*TokenLogprob `protobuf:"bytes,3,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	// Position of this token among the generated ones (0 = first).
-	Index         uint32 `protobuf:"varint,4,opt,name=index,proto3" json:"index,omitempty"`
+	Index uint32 `protobuf:"varint,4,opt,name=index,proto3" json:"index,omitempty"`
+	// The text this token completes, when the checkpoint has a tokenizer:
+	// empty while a character split across tokens (or a possible stop string)
+	// is incomplete, several characters when one token completes them.
+	// Stop ids, the model's EOS and special tokens add no text. The texts
+	// of every token and Finish.text, concatenated, are the generated text.
+	Text          string `protobuf:"bytes,5,opt,name=text,proto3" json:"text,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Token) Reset() {
 	*x = Token{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[3]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +481,7 @@ func (x *Token) String() string {
 func (*Token) ProtoMessage() {}
 
 func (x *Token) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[3]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +494,7 @@ func (x *Token) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Token.ProtoReflect.Descriptor instead.
 func (*Token) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{3}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Token) GetId() int32 {
@@ -431,6 +525,13 @@ func (x *Token) GetIndex() uint32 {
 	return 0
 }
 
+func (x *Token) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
 type TokenLogprob struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            int32                  `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -441,7 +542,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[4]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -453,7 +554,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[4]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -466,7 +567,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{4}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TokenLogprob) GetId() int32 {
@@ -493,7 +594,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[5]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +606,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[5]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +619,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{5}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Usage) GetPromptTokens() uint32 {
@@ -549,7 +650,7 @@ type Timings struct {
 
 func (x *Timings) Reset() {
 	*x = Timings{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[6]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -561,7 +662,7 @@ func (x *Timings) String() string {
 func (*Timings) ProtoMessage() {}
 
 func (x *Timings) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[6]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -574,7 +675,7 @@ func (x *Timings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Timings.ProtoReflect.Descriptor instead.
 func (*Timings) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{6}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Timings) GetQueue() *durationpb.Duration {
@@ -608,14 +709,19 @@ type Finish struct {
 	Usage   *Usage   `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
 	Timings *Timings `protobuf:"bytes,5,opt,name=timings,proto3" json:"timings,omitempty"`
 	// The sampling seed that was used.
-	Seed          uint64 `protobuf:"varint,6,opt,name=seed,proto3" json:"seed,omitempty"`
+	Seed uint64 `protobuf:"varint,6,opt,name=seed,proto3" json:"seed,omitempty"`
+	// Text held back until the end (an unfinished character, or the start of
+	// a stop string that never completed).
+	Text string `protobuf:"bytes,7,opt,name=text,proto3" json:"text,omitempty"`
+	// The stop string that ended generation (reason STOP), if one did.
+	Stop          string `protobuf:"bytes,8,opt,name=stop,proto3" json:"stop,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Finish) Reset() {
 	*x = Finish{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[7]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +733,7 @@ func (x *Finish) String() string {
 func (*Finish) ProtoMessage() {}
 
 func (x *Finish) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[7]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +746,7 @@ func (x *Finish) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Finish.ProtoReflect.Descriptor instead.
 func (*Finish) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{7}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Finish) GetRequestId() string {
@@ -685,6 +791,20 @@ func (x *Finish) GetSeed() uint64 {
 	return 0
 }
 
+func (x *Finish) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *Finish) GetStop() string {
+	if x != nil {
+		return x.Stop
+	}
+	return ""
+}
+
 type AbortRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -694,7 +814,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[8]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +826,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[8]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +839,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{8}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AbortRequest) GetRequestId() string {
@@ -737,7 +857,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[9]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +869,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[9]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +882,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{9}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{10}
 }
 
 type GetModelInfoRequest struct {
@@ -773,7 +893,7 @@ type GetModelInfoRequest struct {
 
 func (x *GetModelInfoRequest) Reset() {
 	*x = GetModelInfoRequest{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[10]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -785,7 +905,7 @@ func (x *GetModelInfoRequest) String() string {
 func (*GetModelInfoRequest) ProtoMessage() {}
 
 func (x *GetModelInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[10]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -798,7 +918,7 @@ func (x *GetModelInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetModelInfoRequest) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{10}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{11}
 }
 
 type GetModelInfoResponse struct {
@@ -817,7 +937,7 @@ type GetModelInfoResponse struct {
 
 func (x *GetModelInfoResponse) Reset() {
 	*x = GetModelInfoResponse{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[11]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -829,7 +949,7 @@ func (x *GetModelInfoResponse) String() string {
 func (*GetModelInfoResponse) ProtoMessage() {}
 
 func (x *GetModelInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[11]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -842,7 +962,7 @@ func (x *GetModelInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetModelInfoResponse) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{11}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetModelInfoResponse) GetModel() *ModelInfo {
@@ -900,7 +1020,7 @@ type ModelInfo struct {
 
 func (x *ModelInfo) Reset() {
 	*x = ModelInfo{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[12]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +1032,7 @@ func (x *ModelInfo) String() string {
 func (*ModelInfo) ProtoMessage() {}
 
 func (x *ModelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[12]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +1045,7 @@ func (x *ModelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfo.ProtoReflect.Descriptor instead.
 func (*ModelInfo) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{12}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ModelInfo) GetModelType() string {
@@ -1049,7 +1169,7 @@ type EngineInfo struct {
 
 func (x *EngineInfo) Reset() {
 	*x = EngineInfo{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[13]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1181,7 @@ func (x *EngineInfo) String() string {
 func (*EngineInfo) ProtoMessage() {}
 
 func (x *EngineInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[13]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1194,7 @@ func (x *EngineInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineInfo.ProtoReflect.Descriptor instead.
 func (*EngineInfo) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{13}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EngineInfo) GetSlots() uint32 {
@@ -1138,7 +1258,7 @@ type ScoreRequest struct {
 
 func (x *ScoreRequest) Reset() {
 	*x = ScoreRequest{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[14]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1270,7 @@ func (x *ScoreRequest) String() string {
 func (*ScoreRequest) ProtoMessage() {}
 
 func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[14]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1283,7 @@ func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreRequest.ProtoReflect.Descriptor instead.
 func (*ScoreRequest) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{14}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ScoreRequest) GetTokenIds() []int32 {
@@ -1193,7 +1313,7 @@ type ScoreResponse struct {
 
 func (x *ScoreResponse) Reset() {
 	*x = ScoreResponse{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[15]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1205,7 +1325,7 @@ func (x *ScoreResponse) String() string {
 func (*ScoreResponse) ProtoMessage() {}
 
 func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[15]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1218,7 +1338,7 @@ func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreResponse.ProtoReflect.Descriptor instead.
 func (*ScoreResponse) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{15}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ScoreResponse) GetRows() uint32 {
@@ -1255,7 +1375,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x04seed\x18\x05 \x01(\x04H\x02R\x04seed\x88\x01\x01B\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\a\n" +
-	"\x05_seed\"\x98\x02\n" +
+	"\x05_seed\"\xfa\x02\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
@@ -1267,17 +1387,25 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"max_tokens\x18\x05 \x01(\rH\x00R\tmaxTokens\x88\x01\x01\x12!\n" +
 	"\ftop_logprobs\x18\x06 \x01(\rR\vtopLogprobs\x12\x1d\n" +
 	"\n" +
-	"ignore_eos\x18\a \x01(\bR\tignoreEosB\r\n" +
-	"\v_max_tokens\"u\n" +
+	"ignore_eos\x18\a \x01(\bR\tignoreEos\x12\x16\n" +
+	"\x06prompt\x18\b \x01(\tR\x06prompt\x124\n" +
+	"\bmessages\x18\t \x03(\v2\x18.glmflash.v1.ChatMessageR\bmessages\x12\x12\n" +
+	"\x04stop\x18\n" +
+	" \x03(\tR\x04stopB\r\n" +
+	"\v_max_tokens\";\n" +
+	"\vChatMessage\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\"u\n" +
 	"\x10GenerateResponse\x12*\n" +
 	"\x05token\x18\x01 \x01(\v2\x12.glmflash.v1.TokenH\x00R\x05token\x12-\n" +
 	"\x06finish\x18\x02 \x01(\v2\x13.glmflash.v1.FinishH\x00R\x06finishB\x06\n" +
-	"\x04kind\"\x85\x01\n" +
+	"\x04kind\"\x99\x01\n" +
 	"\x05Token\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x05R\x02id\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\x12<\n" +
 	"\ftop_logprobs\x18\x03 \x03(\v2\x19.glmflash.v1.TokenLogprobR\vtopLogprobs\x12\x14\n" +
-	"\x05index\x18\x04 \x01(\rR\x05index\"8\n" +
+	"\x05index\x18\x04 \x01(\rR\x05index\x12\x12\n" +
+	"\x04text\x18\x05 \x01(\tR\x04text\"8\n" +
 	"\fTokenLogprob\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x05R\x02id\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\"Y\n" +
@@ -1287,7 +1415,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\aTimings\x12/\n" +
 	"\x05queue\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05queue\x12H\n" +
 	"\x13time_to_first_token\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x10timeToFirstToken\x12/\n" +
-	"\x05total\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05total\"\xe2\x01\n" +
+	"\x05total\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05total\"\x8a\x02\n" +
 	"\x06Finish\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x121\n" +
@@ -1295,7 +1423,9 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12(\n" +
 	"\x05usage\x18\x04 \x01(\v2\x12.glmflash.v1.UsageR\x05usage\x12.\n" +
 	"\atimings\x18\x05 \x01(\v2\x14.glmflash.v1.TimingsR\atimings\x12\x12\n" +
-	"\x04seed\x18\x06 \x01(\x04R\x04seed\"-\n" +
+	"\x04seed\x18\x06 \x01(\x04R\x04seed\x12\x12\n" +
+	"\x04text\x18\a \x01(\tR\x04text\x12\x12\n" +
+	"\x04stop\x18\b \x01(\tR\x04stop\"-\n" +
 	"\fAbortRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x0f\n" +
@@ -1375,53 +1505,55 @@ func file_glmflash_v1_glmflash_proto_rawDescGZIP() []byte {
 }
 
 var file_glmflash_v1_glmflash_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_glmflash_v1_glmflash_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_glmflash_v1_glmflash_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_glmflash_v1_glmflash_proto_goTypes = []any{
 	(FinishReason)(0),            // 0: glmflash.v1.FinishReason
 	(*SamplingParams)(nil),       // 1: glmflash.v1.SamplingParams
 	(*GenerateRequest)(nil),      // 2: glmflash.v1.GenerateRequest
-	(*GenerateResponse)(nil),     // 3: glmflash.v1.GenerateResponse
-	(*Token)(nil),                // 4: glmflash.v1.Token
-	(*TokenLogprob)(nil),         // 5: glmflash.v1.TokenLogprob
-	(*Usage)(nil),                // 6: glmflash.v1.Usage
-	(*Timings)(nil),              // 7: glmflash.v1.Timings
-	(*Finish)(nil),               // 8: glmflash.v1.Finish
-	(*AbortRequest)(nil),         // 9: glmflash.v1.AbortRequest
-	(*AbortResponse)(nil),        // 10: glmflash.v1.AbortResponse
-	(*GetModelInfoRequest)(nil),  // 11: glmflash.v1.GetModelInfoRequest
-	(*GetModelInfoResponse)(nil), // 12: glmflash.v1.GetModelInfoResponse
-	(*ModelInfo)(nil),            // 13: glmflash.v1.ModelInfo
-	(*EngineInfo)(nil),           // 14: glmflash.v1.EngineInfo
-	(*ScoreRequest)(nil),         // 15: glmflash.v1.ScoreRequest
-	(*ScoreResponse)(nil),        // 16: glmflash.v1.ScoreResponse
-	(*durationpb.Duration)(nil),  // 17: google.protobuf.Duration
+	(*ChatMessage)(nil),          // 3: glmflash.v1.ChatMessage
+	(*GenerateResponse)(nil),     // 4: glmflash.v1.GenerateResponse
+	(*Token)(nil),                // 5: glmflash.v1.Token
+	(*TokenLogprob)(nil),         // 6: glmflash.v1.TokenLogprob
+	(*Usage)(nil),                // 7: glmflash.v1.Usage
+	(*Timings)(nil),              // 8: glmflash.v1.Timings
+	(*Finish)(nil),               // 9: glmflash.v1.Finish
+	(*AbortRequest)(nil),         // 10: glmflash.v1.AbortRequest
+	(*AbortResponse)(nil),        // 11: glmflash.v1.AbortResponse
+	(*GetModelInfoRequest)(nil),  // 12: glmflash.v1.GetModelInfoRequest
+	(*GetModelInfoResponse)(nil), // 13: glmflash.v1.GetModelInfoResponse
+	(*ModelInfo)(nil),            // 14: glmflash.v1.ModelInfo
+	(*EngineInfo)(nil),           // 15: glmflash.v1.EngineInfo
+	(*ScoreRequest)(nil),         // 16: glmflash.v1.ScoreRequest
+	(*ScoreResponse)(nil),        // 17: glmflash.v1.ScoreResponse
+	(*durationpb.Duration)(nil),  // 18: google.protobuf.Duration
 }
 var file_glmflash_v1_glmflash_proto_depIdxs = []int32{
 	1,  // 0: glmflash.v1.GenerateRequest.sampling:type_name -> glmflash.v1.SamplingParams
-	4,  // 1: glmflash.v1.GenerateResponse.token:type_name -> glmflash.v1.Token
-	8,  // 2: glmflash.v1.GenerateResponse.finish:type_name -> glmflash.v1.Finish
-	5,  // 3: glmflash.v1.Token.top_logprobs:type_name -> glmflash.v1.TokenLogprob
-	17, // 4: glmflash.v1.Timings.queue:type_name -> google.protobuf.Duration
-	17, // 5: glmflash.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
-	17, // 6: glmflash.v1.Timings.total:type_name -> google.protobuf.Duration
-	0,  // 7: glmflash.v1.Finish.reason:type_name -> glmflash.v1.FinishReason
-	6,  // 8: glmflash.v1.Finish.usage:type_name -> glmflash.v1.Usage
-	7,  // 9: glmflash.v1.Finish.timings:type_name -> glmflash.v1.Timings
-	13, // 10: glmflash.v1.GetModelInfoResponse.model:type_name -> glmflash.v1.ModelInfo
-	14, // 11: glmflash.v1.GetModelInfoResponse.engine:type_name -> glmflash.v1.EngineInfo
-	2,  // 12: glmflash.v1.GLMFlash.Generate:input_type -> glmflash.v1.GenerateRequest
-	9,  // 13: glmflash.v1.GLMFlash.Abort:input_type -> glmflash.v1.AbortRequest
-	11, // 14: glmflash.v1.GLMFlash.GetModelInfo:input_type -> glmflash.v1.GetModelInfoRequest
-	15, // 15: glmflash.v1.GLMFlash.Score:input_type -> glmflash.v1.ScoreRequest
-	3,  // 16: glmflash.v1.GLMFlash.Generate:output_type -> glmflash.v1.GenerateResponse
-	10, // 17: glmflash.v1.GLMFlash.Abort:output_type -> glmflash.v1.AbortResponse
-	12, // 18: glmflash.v1.GLMFlash.GetModelInfo:output_type -> glmflash.v1.GetModelInfoResponse
-	16, // 19: glmflash.v1.GLMFlash.Score:output_type -> glmflash.v1.ScoreResponse
-	16, // [16:20] is the sub-list for method output_type
-	12, // [12:16] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	3,  // 1: glmflash.v1.GenerateRequest.messages:type_name -> glmflash.v1.ChatMessage
+	5,  // 2: glmflash.v1.GenerateResponse.token:type_name -> glmflash.v1.Token
+	9,  // 3: glmflash.v1.GenerateResponse.finish:type_name -> glmflash.v1.Finish
+	6,  // 4: glmflash.v1.Token.top_logprobs:type_name -> glmflash.v1.TokenLogprob
+	18, // 5: glmflash.v1.Timings.queue:type_name -> google.protobuf.Duration
+	18, // 6: glmflash.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
+	18, // 7: glmflash.v1.Timings.total:type_name -> google.protobuf.Duration
+	0,  // 8: glmflash.v1.Finish.reason:type_name -> glmflash.v1.FinishReason
+	7,  // 9: glmflash.v1.Finish.usage:type_name -> glmflash.v1.Usage
+	8,  // 10: glmflash.v1.Finish.timings:type_name -> glmflash.v1.Timings
+	14, // 11: glmflash.v1.GetModelInfoResponse.model:type_name -> glmflash.v1.ModelInfo
+	15, // 12: glmflash.v1.GetModelInfoResponse.engine:type_name -> glmflash.v1.EngineInfo
+	2,  // 13: glmflash.v1.GLMFlash.Generate:input_type -> glmflash.v1.GenerateRequest
+	10, // 14: glmflash.v1.GLMFlash.Abort:input_type -> glmflash.v1.AbortRequest
+	12, // 15: glmflash.v1.GLMFlash.GetModelInfo:input_type -> glmflash.v1.GetModelInfoRequest
+	16, // 16: glmflash.v1.GLMFlash.Score:input_type -> glmflash.v1.ScoreRequest
+	4,  // 17: glmflash.v1.GLMFlash.Generate:output_type -> glmflash.v1.GenerateResponse
+	11, // 18: glmflash.v1.GLMFlash.Abort:output_type -> glmflash.v1.AbortResponse
+	13, // 19: glmflash.v1.GLMFlash.GetModelInfo:output_type -> glmflash.v1.GetModelInfoResponse
+	17, // 20: glmflash.v1.GLMFlash.Score:output_type -> glmflash.v1.ScoreResponse
+	17, // [17:21] is the sub-list for method output_type
+	13, // [13:17] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_glmflash_v1_glmflash_proto_init() }
@@ -1431,7 +1563,7 @@ func file_glmflash_v1_glmflash_proto_init() {
 	}
 	file_glmflash_v1_glmflash_proto_msgTypes[0].OneofWrappers = []any{}
 	file_glmflash_v1_glmflash_proto_msgTypes[1].OneofWrappers = []any{}
-	file_glmflash_v1_glmflash_proto_msgTypes[2].OneofWrappers = []any{
+	file_glmflash_v1_glmflash_proto_msgTypes[3].OneofWrappers = []any{
 		(*GenerateResponse_Token)(nil),
 		(*GenerateResponse_Finish)(nil),
 	}
@@ -1441,7 +1573,7 @@ func file_glmflash_v1_glmflash_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_glmflash_v1_glmflash_proto_rawDesc), len(file_glmflash_v1_glmflash_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

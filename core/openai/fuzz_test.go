@@ -1,0 +1,62 @@
+package openai
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/glmflash/glmflash/core/text"
+	"github.com/glmflash/glmflash/model/chat"
+	"github.com/glmflash/glmflash/model/randckpt"
+	"github.com/glmflash/glmflash/model/tokenizer"
+	"github.com/stretchr/testify/require"
+)
+
+// Any body gets a checked request or a 4xx naming what is wrong, never a
+// panic or a request the runtime would refuse.
+func FuzzRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stop":["\n"],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"logprobs":true,"top_logprobs":3,"seed":-1}`,
+		`{"model":"m","prompt":"hello","max_tokens":3,"logprobs":2,"temperature":0.5,"top_p":0.9}`,
+		`{"prompt":[1,2,3],"n":1}`, `{"prompt":[[1,2]]}`, `{"prompt":["a","b"]}`, `{"prompt":null}`,
+		`{"messages":[{"role":"assistant","content":null}]}`, `[]`, `{`, `{"max_tokens":1e400}`,
+	} {
+		f.Add(s)
+	}
+	tj, _, err := randckpt.TokenizerFiles(256)
+	require.NoError(f, err)
+	tk, err := tokenizer.Parse(tj)
+	require.NoError(f, err)
+	tm, err := chat.Parse([]byte(`{"chat_template":"{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"}`), "")
+	require.NoError(f, err)
+	m := &text.Model{Tok: tk, Chat: tm}
+	lim := limits{vocab: 256, context: 4096, defaultMaxTokens: 16}
+	f.Fuzz(func(t *testing.T, body string) {
+		var p params
+		var e *apiError
+		if strings.Contains(body, `"prompt"`) {
+			var req completionRequest
+			if e = decode(strings.NewReader(body), &req, DefaultMaxBodyBytes); e == nil {
+				p, e = checkCompletion(&req, m, lim)
+			}
+		} else {
+			var req chatRequest
+			if e = decode(strings.NewReader(body), &req, DefaultMaxBodyBytes); e == nil {
+				p, e = checkChat(&req, m, lim)
+			}
+		}
+		if e != nil {
+			require.True(t, e.status >= 400 && e.status < 500, "%d %s", e.status, e.msg)
+			require.NotEmpty(t, e.msg)
+			return
+		}
+		r := p.req
+		require.NotEmpty(t, r.Prompt)
+		require.GreaterOrEqual(t, r.MaxTokens, 1)
+		require.LessOrEqual(t, len(r.Prompt)+r.MaxTokens, lim.context)
+		require.NoError(t, r.Sampling.Validate())
+		for _, id := range r.Prompt {
+			require.True(t, id >= 0 && int(id) < lim.vocab)
+		}
+	})
+}

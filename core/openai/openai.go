@@ -1,0 +1,448 @@
+// Package openai is glmflash's OpenAI-compatible HTTP API, on the same
+// runtime (scheduler) as the gRPC server: POST /v1/completions and
+// POST /v1/chat/completions (whole responses, or Server-Sent Events with
+// "stream": true), GET /v1/models and GET /health.
+//
+// Requests are decoded strictly: an unknown field, a wrong type or a bad
+// value is a 400 whose error names the field ("param"). An unknown model is
+// a 404, a full wait queue a 429, a loading or draining server a 503, in
+// OpenAI's error JSON. A client that disconnects cancels its request, whose
+// cache slot the scheduler frees at its next step. With API keys, every
+// route but /health needs one (401 without).
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/glmflash/glmflash/core/access"
+	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/core/text"
+	"github.com/rs/zerolog"
+)
+
+// Live is the loaded model a server generates with.
+type Live struct {
+	RT               *runtime.Runtime
+	Text             *text.Model // nil or without a tokenizer: token-id prompts only
+	Vocab            int
+	Context          int // prompt + generated tokens
+	DefaultMaxTokens int
+}
+
+// Options are a server's collaborators.
+type Options struct {
+	// Model is the name clients give in "model" (and /v1/models lists).
+	Model string
+	// Live returns the loaded model, or nil while loading.
+	Live func() *Live
+	// Refused counts a refused request by reason (invalid_argument,
+	// not_found, resource_exhausted, unavailable); may be nil.
+	Refused func(label string)
+	// Draining reports a server that is shutting down; may be nil.
+	Draining func() bool
+	// Keys checks API keys (Authorization: Bearer KEY) on every route but
+	// /health; nil (or no keys): everyone is let in.
+	Keys *access.Keys
+	// MaxBodyBytes bounds a request body (0: DefaultMaxBodyBytes).
+	MaxBodyBytes int
+	Log          zerolog.Logger
+}
+
+type server struct{ o Options }
+
+// New returns the API's handler.
+func New(o Options) http.Handler {
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	s := &server{o: o}
+	auth := func(h http.HandlerFunc) http.Handler { return o.Keys.HTTPRefusing(h, s.unauthorized) }
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/completions", auth(s.completions))
+	mux.Handle("POST /v1/chat/completions", auth(s.chat))
+	mux.Handle("GET /v1/models", auth(s.models))
+	mux.HandleFunc("GET /health", s.health) // no key needed, as for gRPC health checks
+	mux.Handle("/", auth(func(w http.ResponseWriter, r *http.Request) {
+		s.fail(w, &apiError{status: 404, typ: "not_found_error", msg: fmt.Sprintf("no route %s %s (have POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health)", r.Method, r.URL.Path)})
+	}))
+	return mux
+}
+
+// unauthorized refuses a request without a valid API key, as OpenAI does.
+func (s *server) unauthorized(w http.ResponseWriter, err error) {
+	s.fail(w, &apiError{status: 401, typ: "invalid_request_error", code: "invalid_api_key", msg: err.Error()})
+}
+
+func (s *server) fail(w http.ResponseWriter, e *apiError) {
+	if s.o.Refused != nil {
+		switch e.status {
+		case 401:
+			s.o.Refused("unauthenticated")
+		case 400, 413:
+			s.o.Refused("invalid_argument")
+		case 404:
+			s.o.Refused("not_found")
+		case 429:
+			s.o.Refused("resource_exhausted")
+		case 503:
+			s.o.Refused("unavailable")
+		}
+	}
+	writeJSON(w, e.status, errorBody(e))
+}
+
+func errorBody(e *apiError) map[string]any {
+	var param, code any
+	if e.param != "" {
+		param = e.param
+	}
+	if e.code != "" {
+		code = e.code
+	}
+	return map[string]any{"error": map[string]any{"message": e.msg, "type": e.typ, "param": param, "code": code}}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+func (s *server) health(w http.ResponseWriter, r *http.Request) {
+	lv := s.o.Live()
+	if lv == nil {
+		writeJSON(w, 503, map[string]string{"status": "loading"})
+		return
+	}
+	if s.o.Draining != nil && s.o.Draining() {
+		writeJSON(w, 503, map[string]string{"status": "draining"})
+		return
+	}
+	writeJSON(w, 200, map[string]string{"status": "ok"})
+}
+
+func (s *server) models(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, 200, map[string]any{"object": "list", "data": []any{
+		map[string]any{"id": s.o.Model, "object": "model", "created": 0, "owned_by": "glmflash"},
+	}})
+}
+
+// live returns the loaded model and the request limits, or a 503.
+func (s *server) live() (*Live, limits, *apiError) {
+	lv := s.o.Live()
+	if lv == nil {
+		return nil, limits{}, &apiError{status: 503, typ: "service_unavailable", msg: "the model is loading"}
+	}
+	return lv, limits{vocab: lv.Vocab, context: lv.Context, defaultMaxTokens: lv.DefaultMaxTokens}, nil
+}
+
+func (s *server) checkModel(name string) *apiError {
+	if name != "" && name != s.o.Model {
+		return &apiError{status: 404, typ: "not_found_error", param: "model", code: "model_not_found", msg: fmt.Sprintf("model: %q is not served here (this server serves %q)", name, s.o.Model)}
+	}
+	return nil
+}
+
+// submitError maps a runtime refusal to its status.
+func submitError(err error) *apiError {
+	var ie *runtime.InvalidError
+	switch {
+	case errors.As(err, &ie):
+		return badField(ie.Field, "%s", ie.Msg)
+	case errors.Is(err, runtime.ErrQueueFull):
+		return &apiError{status: 429, typ: "rate_limit_error", code: "queue_full", msg: "the request queue is full; retry later"}
+	case errors.Is(err, runtime.ErrDraining), errors.Is(err, runtime.ErrClosed):
+		return &apiError{status: 503, typ: "service_unavailable", msg: "the server is shutting down"}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return &apiError{status: 499, typ: "cancelled", msg: err.Error()}
+	}
+	return &apiError{status: 500, typ: "server_error", msg: err.Error()}
+}
+
+func (s *server) completions(w http.ResponseWriter, r *http.Request) {
+	lv, lim, e := s.live()
+	if e != nil {
+		s.fail(w, e)
+		return
+	}
+	var req completionRequest
+	if e := decode(http.MaxBytesReader(w, r.Body, int64(s.o.MaxBodyBytes)+1), &req, s.o.MaxBodyBytes); e != nil {
+		s.fail(w, e)
+		return
+	}
+	if e := s.checkModel(req.Model); e != nil {
+		s.fail(w, e)
+		return
+	}
+	p, e := checkCompletion(&req, lv.Text, lim)
+	if e != nil {
+		s.fail(w, e)
+		return
+	}
+	s.run(w, r, lv, p, false)
+}
+
+func (s *server) chat(w http.ResponseWriter, r *http.Request) {
+	lv, lim, e := s.live()
+	if e != nil {
+		s.fail(w, e)
+		return
+	}
+	var req chatRequest
+	if e := decode(http.MaxBytesReader(w, r.Body, int64(s.o.MaxBodyBytes)+1), &req, s.o.MaxBodyBytes); e != nil {
+		s.fail(w, e)
+		return
+	}
+	if e := s.checkModel(req.Model); e != nil {
+		s.fail(w, e)
+		return
+	}
+	p, e := checkChat(&req, lv.Text, lim)
+	if e != nil {
+		s.fail(w, e)
+		return
+	}
+	s.run(w, r, lv, p, true)
+}
+
+// run submits a checked request and writes its response, whole or as SSE.
+func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params, isChat bool) {
+	ctx := r.Context() // ends when the client goes away: the runtime cancels the request
+	p.req.ID = runtime.NewID()
+	p.req.Owner = access.FromContext(ctx).ID // only this key (or an admin) may Abort it over gRPC
+	h, err := lv.RT.Submit(ctx, p.req)
+	if err != nil {
+		s.fail(w, submitError(err))
+		return
+	}
+	st := text.NewStream(lv.Text, h, p.stops, lv.RT.EndIDs(p.req), func() { lv.RT.Abort(h.ID()) })
+	out := &response{s: s, w: w, lv: lv, p: p, chat: isChat, created: time.Now().Unix()}
+	if isChat {
+		out.id = "chatcmpl-" + h.ID()
+	} else {
+		out.id = "cmpl-" + h.ID()
+	}
+	if p.stream {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-cache")
+		w.Header().Set("X-Request-Id", h.ID())
+		w.WriteHeader(200)
+		if isChat {
+			out.event(map[string]any{"role": "assistant", "content": ""}, nil, nil)
+		} else if fl, ok := w.(http.Flusher); ok {
+			fl.Flush() // the client has the request id (to abort it) at once
+		}
+	}
+	for {
+		c, f, err := st.Recv(ctx)
+		if err != nil {
+			return // the client went away; the runtime frees the slot
+		}
+		if f != nil {
+			out.finish(f)
+			return
+		}
+		out.add(c)
+	}
+}
+
+// response accumulates (or streams) one request's output.
+type response struct {
+	s       *server
+	w       http.ResponseWriter
+	lv      *Live
+	p       params
+	chat    bool
+	id      string
+	created int64
+	text    strings.Builder
+	offset  int
+	lp      []any // chat: content logprobs; completions: see legacy
+	legacy  legacyLogprobs
+}
+
+type legacyLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float64            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+func (o *response) logprobsOf(toks []runtime.Token) (any, bool) {
+	if !o.p.logprobs || len(toks) == 0 {
+		return nil, false
+	}
+	if o.chat {
+		var content []any
+		for _, t := range toks {
+			s, b := o.lv.Text.TokenText(t.ID)
+			item := map[string]any{"token": s, "logprob": finite(t.Logprob), "bytes": byteList(b)}
+			top := []any{}
+			for _, a := range t.Top {
+				as, ab := o.lv.Text.TokenText(a.ID)
+				top = append(top, map[string]any{"token": as, "logprob": finite(a.Logprob), "bytes": byteList(ab)})
+			}
+			item["top_logprobs"] = top
+			content = append(content, item)
+		}
+		return content, true
+	}
+	var l legacyLogprobs
+	for _, t := range toks {
+		s, _ := o.lv.Text.TokenText(t.ID)
+		l.Tokens = append(l.Tokens, s)
+		l.TokenLogprobs = append(l.TokenLogprobs, finite(t.Logprob))
+		top := map[string]float64{}
+		for _, a := range t.Top {
+			as, _ := o.lv.Text.TokenText(a.ID)
+			top[as] = finite(a.Logprob)
+		}
+		l.TopLogprobs = append(l.TopLogprobs, top)
+		l.TextOffset = append(l.TextOffset, o.offset)
+		o.offset += len(s)
+	}
+	return l, true
+}
+
+func byteList(b []byte) []int {
+	out := make([]int, len(b))
+	for i, c := range b {
+		out[i] = int(c)
+	}
+	return out
+}
+
+func (o *response) add(c *text.Chunk) {
+	lp, has := o.logprobsOf(c.Tokens)
+	if !o.p.stream {
+		o.text.WriteString(c.Text)
+		if has {
+			if o.chat {
+				o.lp = append(o.lp, lp.([]any)...)
+			} else {
+				l := lp.(legacyLogprobs)
+				o.legacy.Tokens = append(o.legacy.Tokens, l.Tokens...)
+				o.legacy.TokenLogprobs = append(o.legacy.TokenLogprobs, l.TokenLogprobs...)
+				o.legacy.TopLogprobs = append(o.legacy.TopLogprobs, l.TopLogprobs...)
+				o.legacy.TextOffset = append(o.legacy.TextOffset, l.TextOffset...)
+			}
+		}
+		return
+	}
+	if c.Text == "" && !has {
+		return
+	}
+	var lpv any
+	if has {
+		if o.chat {
+			lpv = map[string]any{"content": lp}
+		} else {
+			lpv = lp
+		}
+	}
+	if o.chat {
+		o.event(map[string]any{"content": c.Text}, lpv, nil)
+	} else {
+		o.event(c.Text, lpv, nil)
+	}
+}
+
+func finishReason(f *text.Final) (string, *apiError) {
+	switch f.Reason {
+	case runtime.FinishStop:
+		return "stop", nil
+	case runtime.FinishLength:
+		return "length", nil
+	case runtime.FinishAbort:
+		return "abort", nil
+	case runtime.FinishCancelled:
+		return "abort", nil
+	}
+	return "", &apiError{status: 500, typ: "server_error", msg: "generation failed: " + f.Message}
+}
+
+func (o *response) usage(f *text.Final) map[string]int {
+	return map[string]int{"prompt_tokens": f.PromptTokens, "completion_tokens": f.CompletionTokens, "total_tokens": f.PromptTokens + f.CompletionTokens}
+}
+
+// event writes one SSE chunk: a chat delta or a completion's text.
+func (o *response) event(delta any, logprobs any, reason any) {
+	choice := map[string]any{"index": 0, "logprobs": logprobs, "finish_reason": reason}
+	obj := "text_completion"
+	if o.chat {
+		choice["delta"] = delta
+		obj = "chat.completion.chunk"
+	} else {
+		choice["text"] = delta
+	}
+	o.sse(map[string]any{"id": o.id, "object": obj, "created": o.created, "model": o.s.o.Model, "choices": []any{choice}})
+}
+
+func (o *response) sse(v any) {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+	fmt.Fprintf(o.w, "data: %s\n", b.String()) // Encode ended the line
+	if fl, ok := o.w.(http.Flusher); ok {
+		fl.Flush()
+	}
+}
+
+func (o *response) finish(f *text.Final) {
+	reason, e := finishReason(f)
+	if o.p.stream {
+		if e != nil {
+			o.sse(errorBody(e))
+		} else {
+			if o.chat {
+				o.event(map[string]any{}, nil, reason)
+			} else {
+				o.event("", nil, reason)
+			}
+			if o.p.includeUsage {
+				obj := "text_completion"
+				if o.chat {
+					obj = "chat.completion.chunk"
+				}
+				o.sse(map[string]any{"id": o.id, "object": obj, "created": o.created, "model": o.s.o.Model, "choices": []any{}, "usage": o.usage(f)})
+			}
+		}
+		fmt.Fprint(o.w, "data: [DONE]\n\n")
+		if fl, ok := o.w.(http.Flusher); ok {
+			fl.Flush()
+		}
+		return
+	}
+	if e != nil {
+		o.s.fail(o.w, e)
+		return
+	}
+	choice := map[string]any{"index": 0, "finish_reason": reason, "logprobs": nil}
+	obj := "text_completion"
+	if o.chat {
+		obj = "chat.completion"
+		choice["message"] = map[string]any{"role": "assistant", "content": o.text.String()}
+		if o.p.logprobs {
+			content := o.lp
+			if content == nil {
+				content = []any{}
+			}
+			choice["logprobs"] = map[string]any{"content": content}
+		}
+	} else {
+		choice["text"] = o.text.String()
+		if o.p.logprobs {
+			choice["logprobs"] = o.legacy
+		}
+	}
+	writeJSON(o.w, 200, map[string]any{"id": o.id, "object": obj, "created": o.created, "model": o.s.o.Model, "choices": []any{choice}, "usage": o.usage(f)})
+}

@@ -1,0 +1,412 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+
+	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/text"
+	"github.com/glmflash/glmflash/model/chat"
+)
+
+// DefaultMaxBodyBytes bounds a request body when Options.MaxBodyBytes is 0
+// (the server passes its server.max_request_bytes).
+const DefaultMaxBodyBytes = 4 << 20
+
+// maxMessages bounds a chat conversation.
+const maxMessages = 4096
+
+// apiError is an error a client caused (or a state it met): an HTTP status
+// and OpenAI's error object.
+type apiError struct {
+	status int
+	typ    string // invalid_request_error, not_found_error, …
+	param  string // the field, for 400s
+	code   string
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badField(field, format string, args ...any) *apiError {
+	return &apiError{status: 400, typ: "invalid_request_error", param: field, msg: field + ": " + fmt.Sprintf(format, args...)}
+}
+
+// common are the fields both endpoints take.
+type common struct {
+	Model            string         `json:"model"`
+	MaxTokens        *int64         `json:"max_tokens"`
+	Temperature      *float64       `json:"temperature"`
+	TopP             *float64       `json:"top_p"`
+	Seed             *int64         `json:"seed"`
+	Stop             stopList       `json:"stop"`
+	N                *int64         `json:"n"`
+	Stream           bool           `json:"stream"`
+	StreamOptions    *streamOptions `json:"stream_options"`
+	User             string         `json:"user"`
+	PresencePenalty  *float64       `json:"presence_penalty"`
+	FrequencyPenalty *float64       `json:"frequency_penalty"`
+	// IgnoreEOS goes on past the model's end-of-sequence ids (vLLM's extra
+	// field); by default they end generation with finish_reason "stop".
+	IgnoreEOS bool `json:"ignore_eos"`
+}
+
+type streamOptions struct {
+	IncludeUsage       bool  `json:"include_usage"`
+	IncludeObfuscation *bool `json:"include_obfuscation"` // accepted; there is nothing to obfuscate
+}
+
+// stopList is "stop": a string, a list of strings, or null.
+type stopList []string
+
+func (s *stopList) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*s = stopList{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return errors.New("want a string or a list of strings")
+	}
+	*s = many
+	return nil
+}
+
+// completionRequest is POST /v1/completions.
+type completionRequest struct {
+	common
+	Prompt   json.RawMessage `json:"prompt"`
+	Logprobs *int64          `json:"logprobs"`
+	Echo     bool            `json:"echo"`
+}
+
+// chatRequest is POST /v1/chat/completions.
+type chatRequest struct {
+	common
+	Messages            []chatMessage `json:"messages"`
+	MaxCompletionTokens *int64        `json:"max_completion_tokens"`
+	Logprobs            bool          `json:"logprobs"`
+	TopLogprobs         *int64        `json:"top_logprobs"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Name    string          `json:"name"`
+}
+
+// decode reads a JSON body of at most limit bytes strictly: an unknown
+// field, a wrong type or trailing data is a 400 naming the field, a larger
+// body a 413.
+func decode(r io.Reader, v any, limit int) *apiError {
+	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) || len(b) > limit {
+		return &apiError{status: 413, typ: "invalid_request_error", msg: fmt.Sprintf("the body is larger than %d bytes (server.max_request_bytes)", limit)}
+	}
+	if err != nil {
+		return &apiError{status: 400, typ: "invalid_request_error", msg: "reading the body: " + err.Error()}
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		var te *json.UnmarshalTypeError
+		var se *json.SyntaxError
+		switch {
+		case errors.As(err, &te):
+			f := strings.TrimPrefix(te.Field, "common.")
+			return badField(f, "want %s, got JSON %s", te.Type, te.Value)
+		case errors.As(err, &se):
+			return &apiError{status: 400, typ: "invalid_request_error", msg: fmt.Sprintf("the body is not JSON: %v (offset %d)", se, se.Offset)}
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			f := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+			return badField(f, "unknown field")
+		}
+		// A field's own UnmarshalJSON failed ("stop": …).
+		var me *json.MarshalerError
+		if errors.As(err, &me) {
+			return badField("body", "%v", err)
+		}
+		msg := err.Error()
+		if i := strings.Index(msg, "Go struct field "); i >= 0 {
+			f := msg[i+len("Go struct field "):]
+			if j := strings.IndexAny(f, " "); j >= 0 {
+				f = f[:j]
+			}
+			if k := strings.Index(f, "."); k >= 0 {
+				f = f[k+1:]
+			}
+			return badField(strings.ToLower(f), "%s", msg)
+		}
+		return &apiError{status: 400, typ: "invalid_request_error", msg: "the body: " + msg}
+	}
+	if d.More() {
+		return &apiError{status: 400, typ: "invalid_request_error", msg: "the body has data after the JSON object"}
+	}
+	return nil
+}
+
+// limits are what a request is checked against.
+type limits struct {
+	vocab, context, defaultMaxTokens int
+}
+
+// params are a request's checked generation settings.
+type params struct {
+	req          runtime.Request
+	stops        []string
+	stream       bool
+	includeUsage bool
+	logprobs     bool
+	topLogprobs  int
+}
+
+// check validates the common fields and builds the runtime request around
+// the prompt ids; maxTok is max_tokens or max_completion_tokens.
+func (c *common) check(prompt []int32, maxTok *int64, maxTokField string, lim limits) (params, *apiError) {
+	var p params
+	if c.N != nil && *c.N != 1 {
+		return p, badField("n", "only n = 1 is supported, got %d", *c.N)
+	}
+	if c.PresencePenalty != nil && *c.PresencePenalty != 0 {
+		return p, badField("presence_penalty", "not supported (only 0)")
+	}
+	if c.FrequencyPenalty != nil && *c.FrequencyPenalty != 0 {
+		return p, badField("frequency_penalty", "not supported (only 0)")
+	}
+	if len(prompt) > lim.context {
+		return p, badField("prompt", "the prompt has %d tokens, more than the context limit %d", len(prompt), lim.context)
+	}
+	n := 0
+	if maxTok != nil {
+		if *maxTok < 1 {
+			return p, badField(maxTokField, "must be ≥ 1, got %d", *maxTok)
+		}
+		if int64(len(prompt))+*maxTok > int64(lim.context) {
+			return p, badField(maxTokField, "prompt (%d tokens) + %s (%d) exceed the context limit %d", len(prompt), maxTokField, *maxTok, lim.context)
+		}
+		n = int(*maxTok)
+	} else {
+		n = min(lim.defaultMaxTokens, lim.context-len(prompt))
+		if n < 1 {
+			return p, badField("prompt", "the prompt (%d tokens) fills the context limit %d: no room to generate", len(prompt), lim.context)
+		}
+	}
+	sp := sample.Params{Temperature: 1, TopP: 1}
+	if c.Temperature != nil {
+		sp.Temperature = *c.Temperature
+		if !(sp.Temperature >= 0 && sp.Temperature <= 2) {
+			return p, badField("temperature", "must be in [0, 2] (0 is greedy), got %v", sp.Temperature)
+		}
+	}
+	if c.TopP != nil {
+		sp.TopP = *c.TopP
+		if !(sp.TopP > 0 && sp.TopP <= 1) {
+			return p, badField("top_p", "must be in (0, 1], got %v", sp.TopP)
+		}
+	}
+	if c.Seed != nil {
+		sp.Seed = uint64(*c.Seed)
+	} else {
+		sp.Seed = rand.Uint64()
+	}
+	if len(c.Stop) > text.MaxStops {
+		return p, badField("stop", "at most %d stop strings, got %d", text.MaxStops, len(c.Stop))
+	}
+	for i, s := range c.Stop {
+		if s == "" {
+			return p, badField(fmt.Sprintf("stop[%d]", i), "empty")
+		}
+		if len(s) > text.MaxStopLength {
+			return p, badField(fmt.Sprintf("stop[%d]", i), "longer than %d bytes", text.MaxStopLength)
+		}
+	}
+	if c.StreamOptions != nil && !c.Stream {
+		return p, badField("stream_options", "only allowed with stream: true")
+	}
+	p.req = runtime.Request{Prompt: prompt, MaxTokens: n, Sampling: sp, IgnoreEOS: c.IgnoreEOS}
+	p.stops = c.Stop
+	p.stream = c.Stream
+	p.includeUsage = c.StreamOptions != nil && c.StreamOptions.IncludeUsage
+	return p, nil
+}
+
+// completionPrompt reads "prompt": a string, a list of token ids, or a
+// list of one of either (n = 1 and one prompt per request).
+func completionPrompt(raw json.RawMessage, tm *text.Model, lim limits) ([]int32, *apiError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, badField("prompt", "required")
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		if s == "" {
+			return nil, badField("prompt", "empty")
+		}
+		ids, err := tm.EncodePrompt(s)
+		if err != nil {
+			return nil, badField("prompt", "%v", err)
+		}
+		return ids, nil
+	}
+	var ids []int64
+	if err := json.Unmarshal(raw, &ids); err == nil {
+		return checkIDs(ids, "prompt", lim)
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err == nil && len(list) == 1 {
+		return completionPrompt(list[0], tm, lim)
+	} else if err == nil {
+		return nil, badField("prompt", "one prompt per request (got a list of %d)", len(list))
+	}
+	return nil, badField("prompt", "want a string, a list of token ids, or a list of one of either")
+}
+
+func checkIDs(ids []int64, field string, lim limits) ([]int32, *apiError) {
+	if len(ids) == 0 {
+		return nil, badField(field, "empty")
+	}
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		if id < 0 || id >= int64(lim.vocab) {
+			return nil, badField(fmt.Sprintf("%s[%d]", field, i), "token id %d is outside the vocabulary [0, %d)", id, lim.vocab)
+		}
+		out[i] = int32(id)
+	}
+	return out, nil
+}
+
+// chatMessages reads "messages": roles system, user, assistant, tool;
+// content a string or a list of {"type": "text", "text": …} parts.
+func chatMessages(ms []chatMessage) ([]chat.Message, *apiError) {
+	if len(ms) == 0 {
+		return nil, badField("messages", "empty")
+	}
+	if len(ms) > maxMessages {
+		return nil, badField("messages", "more than %d messages", maxMessages)
+	}
+	out := make([]chat.Message, len(ms))
+	for i, m := range ms {
+		f := fmt.Sprintf("messages[%d]", i)
+		switch m.Role {
+		case "system", "user", "assistant", "tool", "developer":
+		case "":
+			return nil, badField(f+".role", "required")
+		default:
+			return nil, badField(f+".role", "unknown role %q (have system, developer, user, assistant, tool)", m.Role)
+		}
+		role := m.Role
+		if role == "developer" {
+			role = "system"
+		}
+		out[i].Role = role
+		if len(m.Content) == 0 || string(m.Content) == "null" {
+			if m.Role != "assistant" {
+				return nil, badField(f+".content", "required")
+			}
+			continue
+		}
+		var s string
+		if err := json.Unmarshal(m.Content, &s); err == nil {
+			out[i].Content = s
+			continue
+		}
+		var parts []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		}
+		if err := json.Unmarshal(m.Content, &parts); err != nil {
+			return nil, badField(f+".content", "want a string or a list of text parts")
+		}
+		var sb strings.Builder
+		for j, p := range parts {
+			if p.Type != "text" {
+				return nil, badField(fmt.Sprintf("%s.content[%d].type", f, j), "only text parts are supported, got %q", p.Type)
+			}
+			sb.WriteString(p.Text)
+		}
+		out[i].Content = sb.String()
+	}
+	return out, nil
+}
+
+// checkCompletion validates a completion request completely.
+func checkCompletion(req *completionRequest, tm *text.Model, lim limits) (params, *apiError) {
+	if req.Echo {
+		return params{}, badField("echo", "not supported")
+	}
+	ids, e := completionPrompt(req.Prompt, tm, lim)
+	if e != nil {
+		return params{}, e
+	}
+	p, e := req.check(ids, req.MaxTokens, "max_tokens", lim)
+	if e != nil {
+		return p, e
+	}
+	if req.Logprobs != nil {
+		if *req.Logprobs < 0 || *req.Logprobs > runtime.MaxTopLogprobs {
+			return p, badField("logprobs", "must be in [0, %d], got %d", runtime.MaxTopLogprobs, *req.Logprobs)
+		}
+		p.logprobs, p.topLogprobs = true, int(*req.Logprobs)
+		p.req.TopLogprobs = p.topLogprobs
+	}
+	return p, nil
+}
+
+// checkChat validates a chat request completely and renders its prompt.
+func checkChat(req *chatRequest, tm *text.Model, lim limits) (params, *apiError) {
+	msgs, e := chatMessages(req.Messages)
+	if e != nil {
+		return params{}, e
+	}
+	_, ids, err := tm.EncodeChat(msgs)
+	if err != nil {
+		return params{}, badField("messages", "%v", err)
+	}
+	if len(ids) == 0 {
+		return params{}, badField("messages", "the chat template rendered an empty prompt")
+	}
+	maxTok, field := req.MaxTokens, "max_tokens"
+	if req.MaxCompletionTokens != nil {
+		if req.MaxTokens != nil {
+			return params{}, badField("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
+		}
+		maxTok, field = req.MaxCompletionTokens, "max_completion_tokens"
+	}
+	p, e := req.check(ids, maxTok, field, lim)
+	if e != nil {
+		return p, e
+	}
+	if req.TopLogprobs != nil {
+		if !req.Logprobs {
+			return p, badField("top_logprobs", "needs logprobs: true")
+		}
+		if *req.TopLogprobs < 0 || *req.TopLogprobs > runtime.MaxTopLogprobs {
+			return p, badField("top_logprobs", "must be in [0, %d], got %d", runtime.MaxTopLogprobs, *req.TopLogprobs)
+		}
+		p.topLogprobs = int(*req.TopLogprobs)
+	}
+	p.logprobs = req.Logprobs
+	p.req.TopLogprobs = p.topLogprobs
+	return p, nil
+}
+
+// finite reports whether v is a usable number (for logprobs in JSON).
+func finite(v float32) float64 {
+	f := float64(v)
+	if math.IsInf(f, -1) || math.IsNaN(f) {
+		return -9999
+	}
+	return f
+}

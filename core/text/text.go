@@ -1,0 +1,210 @@
+// Package text is the text layer between the runtime's token stream and
+// the servers: it turns prompts and chat conversations into token ids, and
+// a request's generated tokens into text deltas, decoding incrementally
+// (a character split across tokens is emitted once whole) and matching
+// stop strings across token boundaries (the stop string and everything
+// after it are never emitted; the request ends at once).
+package text
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+
+	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/model/chat"
+	"github.com/glmflash/glmflash/model/tokenizer"
+)
+
+// Limits on stop strings.
+const (
+	MaxStops       = 16
+	MaxStopLength  = 256
+	maxStopsLength = MaxStops * MaxStopLength
+)
+
+// ErrNoTokenizer means the checkpoint has no tokenizer.json.
+var ErrNoTokenizer = errors.New("the model has no tokenizer.json: send token ids")
+
+// ErrNoChatTemplate means the checkpoint has no chat template.
+var ErrNoChatTemplate = errors.New("the model has no chat template: use a prompt")
+
+// Model is a checkpoint's text side; either part may be nil.
+type Model struct {
+	Tok  *tokenizer.Tokenizer
+	Chat *chat.Template
+}
+
+// EncodePrompt returns the ids of a prompt, with the tokenizer's
+// post-processor tokens (a BOS, say), as OpenAI-compatible servers do.
+func (m *Model) EncodePrompt(prompt string) ([]int32, error) {
+	if m == nil || m.Tok == nil {
+		return nil, ErrNoTokenizer
+	}
+	return m.Tok.Encode(prompt, tokenizer.Options{AddSpecial: true}), nil
+}
+
+// EncodeChat renders a conversation with the chat template (ending with
+// the assistant's turn) and returns the prompt text and its ids.
+func (m *Model) EncodeChat(msgs []chat.Message) (string, []int32, error) {
+	if m == nil || m.Tok == nil {
+		return "", nil, ErrNoTokenizer
+	}
+	if m.Chat == nil {
+		return "", nil, ErrNoChatTemplate
+	}
+	p, err := m.Chat.Render(msgs, true)
+	if err != nil {
+		return "", nil, err
+	}
+	// The template writes the special tokens itself.
+	return p, m.Tok.Encode(p, tokenizer.Options{}), nil
+}
+
+// TokenText is how a token reads on its own (U+FFFD for a part of a
+// character), and its bytes.
+func (m *Model) TokenText(id int32) (string, []byte) {
+	if m == nil || m.Tok == nil {
+		return "", nil
+	}
+	b := m.Tok.Bytes(id)
+	return tokenizer.Lossy(b), b
+}
+
+// Chunk is what Stream.Recv returns: the tokens received since the last
+// chunk and the text they released (text can lag its tokens while a
+// character or a possible stop string is incomplete).
+type Chunk struct {
+	Tokens []runtime.Token
+	Text   string
+}
+
+// Final is a request's outcome as the text layer sees it.
+type Final struct {
+	*runtime.Final
+	// StopString is the stop string that ended the request ("" if none);
+	// Reason is then FinishStop and CompletionTokens counts the tokens up
+	// to the one that completed it.
+	StopString string
+}
+
+// Stream reads a request's tokens as text. It is used by one goroutine.
+type Stream struct {
+	h      *runtime.Handle
+	abort  func() // ends the request in the runtime
+	dec    *tokenizer.Stream
+	stops  []string
+	endIDs []int32 // stop ids and EOS: no text
+	held   string  // text not yet released: a possible start of a stop string
+	n      int     // tokens delivered
+	final  *Final
+}
+
+// NewStream reads h's tokens. stops are stop strings; endIDs are the ids
+// that end the request (Runtime.EndIDs: its stop ids and the model's EOS
+// ids), whose text is not emitted; abort must end the request (the
+// runtime's Abort), and is called when a stop string matches. m may be nil
+// (or without a tokenizer): chunks then carry no text.
+func NewStream(m *Model, h *runtime.Handle, stops []string, endIDs []int32, abort func()) *Stream {
+	s := &Stream{h: h, abort: abort, endIDs: endIDs}
+	for _, st := range stops {
+		if st != "" {
+			s.stops = append(s.stops, st)
+		}
+	}
+	if m != nil && m.Tok != nil {
+		s.dec = m.Tok.NewStream(true)
+	}
+	return s
+}
+
+// Recv returns the next chunk, or (once every token was returned) the
+// final; after the final it keeps returning it. ctx's error is returned if
+// ctx ends first.
+func (s *Stream) Recv(ctx context.Context) (*Chunk, *Final, error) {
+	if s.final != nil {
+		return nil, s.final, nil
+	}
+	toks, f, err := s.h.Recv(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if f != nil {
+		text := ""
+		if s.dec != nil {
+			text = s.held + s.dec.Flush()
+			s.held = ""
+		}
+		s.final = &Final{Final: f}
+		if text != "" {
+			if i, stop := s.firstStop(text); stop != "" {
+				text = text[:i]
+				s.final.StopString = stop
+				s.final.Reason = runtime.FinishStop
+			}
+			return &Chunk{Text: text}, nil, nil
+		}
+		return nil, s.final, nil
+	}
+	c := &Chunk{}
+	var sb strings.Builder
+	for _, t := range toks {
+		c.Tokens = append(c.Tokens, t)
+		s.n++
+		if s.dec == nil || slices.Contains(s.endIDs, t.ID) {
+			continue
+		}
+		sb.WriteString(s.dec.Next(t.ID))
+		if len(s.stops) == 0 {
+			continue
+		}
+		buf := s.held + sb.String()
+		if i, stop := s.firstStop(buf); stop != "" {
+			c.Text = buf[:i]
+			s.held = ""
+			s.abort()
+			// Wait for the runtime's final (the abort delivers it at once).
+			_, rf, err := s.h.Wait(ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			cp := *rf
+			cp.Reason, cp.Message, cp.CompletionTokens = runtime.FinishStop, "", s.n
+			s.final = &Final{Final: &cp, StopString: stop}
+			return c, nil, nil
+		}
+	}
+	if s.dec != nil {
+		buf := s.held + sb.String()
+		k := s.holdBack(buf)
+		c.Text, s.held = buf[:len(buf)-k], buf[len(buf)-k:]
+	}
+	return c, nil, nil
+}
+
+// firstStop finds the earliest stop string in buf.
+func (s *Stream) firstStop(buf string) (int, string) {
+	best, which := -1, ""
+	for _, st := range s.stops {
+		if i := strings.Index(buf, st); i >= 0 && (best < 0 || i < best) {
+			best, which = i, st
+		}
+	}
+	return best, which
+}
+
+// holdBack is the length of the longest suffix of buf that is a proper
+// prefix of a stop string: text that a later token could turn into a stop.
+func (s *Stream) holdBack(buf string) int {
+	k := 0
+	for _, st := range s.stops {
+		for n := min(len(st)-1, len(buf)); n > k; n-- {
+			if strings.HasSuffix(buf, st[:n]) {
+				k = n
+				break
+			}
+		}
+	}
+	return k
+}

@@ -1,0 +1,104 @@
+package text
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/kernels/parallel"
+	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/randckpt"
+	"github.com/glmflash/glmflash/model/tokenizer"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction(parallel.HelperFunc))
+}
+
+// setup serves the tiny fixture (vocabulary 256) with a bytes-only
+// tokenizer: every token is one byte, so any stop string of two or more
+// bytes spans token boundaries, and a multi-byte character spans tokens.
+func setup(t *testing.T) (*runtime.Runtime, *Model) {
+	ck, err := model.Open("../../testdata/glm5next-tiny-a/checkpoint")
+	require.NoError(t, err)
+	t.Cleanup(func() { ck.Close() })
+	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2})
+	require.NoError(t, err)
+	rt, err := runtime.New(e, runtime.Config{}, runtime.Options{})
+	require.NoError(t, err)
+	t.Cleanup(rt.Close)
+	tj, _, err := randckpt.TokenizerFiles(256)
+	require.NoError(t, err)
+	tk, err := tokenizer.Parse(tj)
+	require.NoError(t, err)
+	return rt, &Model{Tok: tk}
+}
+
+func generate(t *testing.T, rt *runtime.Runtime, m *Model, stops []string, maxTokens int) (string, []runtime.Token, *Final) {
+	ctx := context.Background()
+	h, err := rt.Submit(ctx, runtime.Request{Prompt: []int32{72, 105, 33, 10}, MaxTokens: maxTokens, Sampling: sample.Params{Temperature: 0, TopP: 1}})
+	require.NoError(t, err)
+	s := NewStream(m, h, stops, nil, func() { rt.Abort(h.ID()) })
+	var sb strings.Builder
+	var toks []runtime.Token
+	for {
+		c, f, err := s.Recv(ctx)
+		require.NoError(t, err)
+		if f != nil {
+			return sb.String(), toks, f
+		}
+		sb.WriteString(c.Text)
+		toks = append(toks, c.Tokens...)
+	}
+}
+
+func TestStopStringsAcrossTokens(t *testing.T) {
+	rt, m := setup(t)
+	full, toks, f := generate(t, rt, m, nil, 40)
+	require.Equal(t, runtime.FinishLength, f.Reason)
+	require.Len(t, toks, 40)
+	ids := make([]int32, len(toks))
+	for i, tk := range toks {
+		ids[i] = tk.ID
+	}
+	require.Equal(t, m.Tok.Decode(ids, true), full, "streamed text = decoding all tokens at once")
+
+	// A stop string taken from the middle of the output (several tokens
+	// long): the text ends right before it, the request ends at once.
+	runes := []rune(full)
+	require.Greater(t, len(runes), 12)
+	stop := string(runes[8:11])
+	want := full[:strings.Index(full, stop)]
+	got, gtoks, f := generate(t, rt, m, []string{"never-seen", stop}, 40)
+	require.Equal(t, want, got)
+	require.Equal(t, runtime.FinishStop, f.Reason)
+	require.Equal(t, stop, f.StopString)
+	require.Less(t, len(gtoks), 40)
+	require.Equal(t, len(gtoks), f.CompletionTokens)
+	require.Eventually(t, func() bool { w, r := rt.InFlight(); return w+r == 0 }, 30*time.Second, time.Millisecond,
+		"the stopped request leaves the scheduler at its next step")
+
+	// A stop string that never completes: everything is emitted, including
+	// a held-back prefix at the end.
+	tail := string(runes[len(runes)-2:])
+	got, _, f = generate(t, rt, m, []string{tail + "\x00never"}, 40)
+	require.Equal(t, full, got)
+	require.Equal(t, runtime.FinishLength, f.Reason)
+}
+
+func TestHoldBack(t *testing.T) {
+	s := &Stream{stops: []string{"</s>", "END"}}
+	require.Equal(t, 2, s.holdBack("abc</"))
+	require.Equal(t, 1, s.holdBack("abcE"))
+	require.Equal(t, 0, s.holdBack("abc"))
+	require.Equal(t, 3, s.holdBack("</s"))
+	i, st := s.firstStop("xxENDyy</s>")
+	require.Equal(t, 2, i)
+	require.Equal(t, "END", st)
+}
