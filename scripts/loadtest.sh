@@ -16,7 +16,8 @@
 #
 # Knobs (environment): LEVELS ("1 8 32"), REQUESTS ("16 64 128": requests per
 # level), PROMPT_LEN (16), MAX_TOKENS (16), PRESET (bench), PORT (50061),
-# METRICS_PORT (9191), OUT (.cache/loadtest).
+# METRICS_PORT (9191), OUT (.cache/loadtest), DEVICE (cpu; cuda serves on the
+# GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,7 @@ PRESET=${PRESET:-bench}
 PORT=${PORT:-50061}
 METRICS_PORT=${METRICS_PORT:-9191}
 OUT=${OUT:-.cache/loadtest}
+DEVICE=${DEVICE:-cpu}
 BIN=bin/glmflash
 GHZ=bin/ghz
 ADDR=127.0.0.1:$PORT
@@ -66,7 +68,7 @@ export GLMFLASH_RUNTIME__MAX_RUNNING=32
 export GLMFLASH_RUNTIME__MAX_QUEUE=64
 export GLMFLASH_RUNTIME__MAX_BATCH_TOKENS=${MAX_BATCH_TOKENS:-128}
 export GLMFLASH_RUNTIME__PREFILL_CHUNK=${PREFILL_CHUNK:-64}
-"$BIN" --log-format json serve --config configs/serve.yaml >"$OUT/server.out" 2>"$LOG" &
+"$BIN" --log-format json serve --config configs/serve.yaml --device "$DEVICE" >"$OUT/server.out" 2>"$LOG" &
 SERVER=$!
 cleanup() {
 	if kill -0 "$SERVER" 2>/dev/null; then
@@ -76,7 +78,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "waiting for the server ($PRESET preset; the first run writes the checkpoint)..."
+echo "waiting for the server ($PRESET preset on $DEVICE; the first run writes the checkpoint)..."
 for _ in $(seq 1 600); do
 	grep -q '"serving (health: SERVING)"' "$LOG" 2>/dev/null && break
 	kill -0 "$SERVER" 2>/dev/null || { echo "the server exited:"; cat "$LOG"; exit 1; }

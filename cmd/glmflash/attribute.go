@@ -34,7 +34,7 @@ func gitCommit() string {
 }
 
 func newAttributeCmd() *cobra.Command {
-	var studyPath, outDir string
+	var studyPath, outDir, device string
 	var quiet bool
 	cmd := &cobra.Command{
 		Use:   "attribute --study FILE.yaml",
@@ -43,6 +43,10 @@ func newAttributeCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if studyPath == "" {
 				return fmt.Errorf("--study is required")
+			}
+			dev, err := resolveDevice(device, nil)
+			if err != nil {
+				return err
 			}
 			exitOnSignal = false // the first signal stops the study, a second forces the exit
 			ctx, stop := withSignals(cmd.Context())
@@ -80,9 +84,11 @@ func newAttributeCmd() *cobra.Command {
 			pf := func(ec *config.Engine) (*pass.Pipeline, error) { return pipelineWithPlugins(ec) }
 			switch st.Level {
 			case attrib.LevelEngine:
-				runner = attrib.NewEngineRunner(st, ck.Config(), ck, ck, pf)
+				er := attrib.NewEngineRunner(st, ck.Config(), ck, ck, pf)
+				er.Device = dev
+				runner = er
 			case attrib.LevelServing:
-				sr, err := newServingRunner(st, ck.Dir())
+				sr, err := newServingRunner(st, ck.Dir(), dev)
 				if err != nil {
 					return err
 				}
@@ -134,6 +140,7 @@ func newAttributeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&studyPath, "study", "", "study YAML (see configs/studies/)")
 	cmd.Flags().StringVar(&outDir, "out", "", "output directory (default: the study's output_dir, else out/studies/NAME-TIME)")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress output")
+	addDeviceFlag(cmd, &device)
 	return cmd
 }
 

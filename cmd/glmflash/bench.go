@@ -13,6 +13,7 @@ import (
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/sample"
 	"github.com/spf13/cobra"
 )
 
@@ -27,11 +28,17 @@ type benchResult struct {
 	Name         string    `json:"name"`
 	TokensPerSec float64   `json:"tokens_per_s"`
 	Runs         []float64 `json:"runs_tokens_per_s"`
+	// Per decode step (the backend's counters over the measured steps):
+	// kernel launches, host waits for the device, and the waits that were
+	// sequence-length read-backs (device backends).
+	LaunchesPerStep float64 `json:"launches_per_step,omitempty"`
+	SyncsPerStep    float64 `json:"host_syncs_per_step,omitempty"`
+	LengthSyncs     float64 `json:"length_syncs_per_step,omitempty"`
 }
 
 func newBenchCmd() *cobra.Command {
 	var mf modelFlags
-	var cfgPath string
+	var cfgPath, device string
 	var prompt, decodeSteps, reps, warmup int
 	var batches []int
 	var jsonOut, dump, cpuProfile string
@@ -77,10 +84,11 @@ func newBenchCmd() *cobra.Command {
 			if limit := cfg.MaxPositionEmbeddings; prompt > limit || 32+decodeSteps > limit {
 				return fmt.Errorf("--prompt (%d) and 32 + --decode-steps (%d) must fit max_position_embeddings (%d)", prompt, 32+decodeSteps, limit)
 			}
-			e, err := newEngine(ck, cfgPath, maxB+1)
+			e, err := newEngine(ck, cfgPath, device, maxB+1)
 			if err != nil {
 				return err
 			}
+			defer e.Close()
 			toks := func(n, seed int) []int32 {
 				t := make([]int32, n)
 				for i := range t {
@@ -92,8 +100,10 @@ func newBenchCmd() *cobra.Command {
 			store := e.Store()
 			// series runs warm-up + measured repetitions of one workload; run
 			// returns the tokens processed and the seconds its timed part took.
+			var counters []float64 // the last series' per-step counters, if any
 			series := func(name string, run func() (int, float64, error)) error {
 				var tps []float64
+				counters = nil
 				for r := 0; r < warmup+reps; r++ {
 					n, secs, err := run()
 					if err != nil {
@@ -107,7 +117,11 @@ func newBenchCmd() *cobra.Command {
 				}
 				sorted := append([]float64(nil), tps...)
 				sort.Float64s(sorted)
-				results = append(results, benchResult{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps})
+				r := benchResult{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps}
+				if len(counters) == 3 {
+					r.LaunchesPerStep, r.SyncsPerStep, r.LengthSyncs = counters[0], counters[1], counters[2]
+				}
+				results = append(results, r)
 				return nil
 			}
 			alloc := func(n int) ([]int, error) {
@@ -154,17 +168,31 @@ func newBenchCmd() *cobra.Command {
 					if _, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, pb); err != nil {
 						return 0, 0, err
 					}
+					key := engine.Key{Mode: build.Decode, Logits: build.LastLogits}
+					prog, err := e.Program(key)
+					if err != nil {
+						return 0, 0, err
+					}
+					specs := make([]backend.SampleSpec, B) // greedy on the backend: only ids come back, as when serving
+					for i := range specs {
+						specs[i].Params = sample.Greedy()
+					}
+					s0 := prog.Stats()
 					t0 := time.Now()
 					for st := 0; st < decodeSteps; st++ {
-						db := &backend.Batch{}
+						db := &backend.Batch{Sample: specs, SamplesOnly: true}
 						for i, s := range slots {
 							db.Seqs = append(db.Seqs, backend.Seq{Slot: s, Tokens: []int32{int32((st*31 + i) % cfg.VocabSize)}})
 						}
-						if _, err := e.Run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, db); err != nil {
+						if _, err := e.Run(key, db); err != nil {
 							return 0, 0, err
 						}
 					}
-					return B * decodeSteps, time.Since(t0).Seconds(), nil
+					secs := time.Since(t0).Seconds()
+					s1 := prog.Stats()
+					n := float64(decodeSteps)
+					counters = []float64{float64(s1.Launches-s0.Launches) / n, float64(s1.HostSyncs-s0.HostSyncs) / n, float64(s1.LengthSyncs-s0.LengthSyncs) / n}
+					return B * decodeSteps, secs, nil
 				})
 				if err != nil {
 					return err
@@ -175,13 +203,29 @@ func newBenchCmd() *cobra.Command {
 			peak := float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
 			fmt.Printf("model    %s (hidden %d, %d layers, vocab %d)\n", ck.Dir(), cfg.HiddenSize, cfg.NumHiddenLayers, cfg.VocabSize)
 			fmt.Printf("machine  %d CPUs (GOMAXPROCS %d), %s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
-			fmt.Printf("weights  %.1f MiB in memory (fp32, plus bf16 copies of bf16-exact GEMM weights)\n", float64(e.WeightBytes())/(1<<20))
+			info := e.Backend().Info()
+			fmt.Printf("device   %s: %s\n", info.Backend, info.Device)
+			fmt.Printf("weights  %.1f MiB in host memory (fp32, plus bf16 copies of bf16-exact GEMM weights)\n", float64(e.WeightBytes())/(1<<20))
+			if len(info.Memory) > 0 {
+				var keys []string
+				for k := range info.Memory {
+					keys = append(keys, k)
+				}
+				sort.Strings(keys)
+				for _, k := range keys {
+					fmt.Printf("device memory %-16s %10.1f MiB\n", k, float64(info.Memory[k])/(1<<20))
+				}
+			}
 			for _, r := range results {
-				fmt.Printf("%-22s %10.1f tokens/s  (median of %d; runs %s)\n", r.Name, r.TokensPerSec, len(r.Runs), fmtRuns(r.Runs))
+				fmt.Printf("%-22s %10.1f tokens/s  (median of %d; runs %s)", r.Name, r.TokensPerSec, len(r.Runs), fmtRuns(r.Runs))
+				if r.LaunchesPerStep > 0 || r.SyncsPerStep > 0 {
+					fmt.Printf("  per step: %.0f launches, %.1f host syncs (%.1f length read-backs)", r.LaunchesPerStep, r.SyncsPerStep, r.LengthSyncs)
+				}
+				fmt.Println()
 			}
 			fmt.Printf("peak RSS %.1f MiB\n", peak)
 			if jsonOut != "" {
-				b, _ := json.MarshalIndent(map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU()}, "", "  ")
+				b, _ := json.MarshalIndent(map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU(), "device": info}, "", "  ")
 				if err := os.WriteFile(jsonOut, b, 0o644); err != nil {
 					return err
 				}
@@ -190,6 +234,7 @@ func newBenchCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
+	addDeviceFlag(cmd, &device)
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().IntVar(&prompt, "prompt", 512, "prefill prompt length")

@@ -12,7 +12,7 @@ import (
 
 func newEvalCmd() *cobra.Command {
 	var mf modelFlags
-	var cfgPath string
+	var cfgPath, device string
 	var refPath, dump string
 	var tol float64
 	cmd := &cobra.Command{
@@ -38,10 +38,11 @@ func newEvalCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			e, err := newEngine(ck, cfgPath, 2)
+			e, err := newEngine(ck, cfgPath, device, 2)
 			if err != nil {
 				return err
 			}
+			defer e.Close()
 			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "case\tkind\trows\tmax|Δlogit|\tgreedy\tresult")
 			failed := 0
@@ -70,6 +71,7 @@ func newEvalCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
+	addDeviceFlag(cmd, &device)
 	mf.add(cmd, false)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&refPath, "reference", "", "reference.safetensors (with reference.json beside it)")

@@ -285,6 +285,24 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		},
 		"attribute --out":   attributeOutProbe,
 		"attribute --quiet": attributeQuietProbe,
+		"attribute --device": func(d string) probe {
+			return probe{args: []string{"attribute", "--study", d + "/none.yaml", "--device", "tpu"}, want: `--device: unknown device "tpu"`}
+		},
+		"eval --device": func(string) probe {
+			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--device", "tpu"}, want: `--device: unknown device "tpu"`}
+		},
+		"generate --device": func(string) probe {
+			return probe{args: args(gen, "--device", "tpu"), want: `--device: unknown device "tpu"`}
+		},
+		"bench --device": func(string) probe {
+			return probe{args: args(bench, "--device", "tpu"), want: `--device: unknown device "tpu"`}
+		},
+		"passes explain --device": func(string) probe {
+			return probe{args: args(explain, "--device", "tpu"), want: `--device: unknown device "tpu"`}
+		},
+		"serve --device": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--device", "tpu"}, want: `--device: unknown device "tpu"`}
+		},
 
 		"plugin new --dir": func(d string) probe {
 			return probe{args: []string{"plugin", "new", "flag-probe", "--dir", d, "--glmflash-src", "../.."}, check: func(t *testing.T, d, out string, err error) {

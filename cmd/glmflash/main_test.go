@@ -275,3 +275,24 @@ func TestGenerateTextPrompt(t *testing.T) {
 	_, err = runCLI(t, "generate", "--model", fixture+"/checkpoint", "--prompt", "x")
 	require.ErrorContains(t, err, "no tokenizer.json")
 }
+
+// Without a GPU, --device cuda fails at once and says what is missing.
+func TestDeviceCUDAWithoutGPUSaysWhatIsMissing(t *testing.T) {
+	if _, err := os.Stat("/dev/nvidia0"); err == nil {
+		t.Skip("this machine has a GPU")
+	}
+	t.Setenv("GLMFLASH_CUDA_EMULATOR", "")
+	for _, args := range [][]string{
+		{"eval", "--device", "cuda", "--model", fixture + "/checkpoint", "--reference", fixture + "/reference.safetensors"},
+		{"generate", "--device", "cuda", "--model", fixture + "/checkpoint", "--prompt-ids", "1,2"},
+		{"passes", "explain", "--device", "cuda", "--model", fixture + "/checkpoint"},
+	} {
+		root := newRoot()
+		root.SetArgs(args)
+		var out strings.Builder
+		root.SetOut(&out)
+		err := root.Execute()
+		require.Error(t, err, "%v", args)
+		require.Regexp(t, "no NVIDIA driver|no usable GPU|no GPU|no cuBLAS", err.Error(), "%v", args)
+	}
+}

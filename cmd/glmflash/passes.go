@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
@@ -77,7 +79,7 @@ func newPassesCmd() *cobra.Command {
 	list.Flags().StringVar(&listCfg, "config", "", "engine YAML whose plugins.dir is listed too")
 	cmd.AddCommand(list)
 	var mf modelFlags
-	var cfgPath, mode, logits, dump, format string
+	var cfgPath, mode, logits, dump, format, device string
 	explain := &cobra.Command{
 		Use:   "explain (--model DIR | --preset NAME) [--config FILE]",
 		Args:  cobra.NoArgs,
@@ -100,6 +102,18 @@ func newPassesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			dev, err := resolveDevice(device, ec)
+			if err != nil {
+				return err
+			}
+			// the device must exist: a pass may depend on it, and a wrong
+			// device is better found here than at serving time
+			be, err := backend.Open(dev, backend.Options{})
+			if err != nil {
+				return fmt.Errorf("--device %s: %w", dev, err)
+			}
+			devName := be.Info().Device
+			be.Close()
 			ck, err := mf.open()
 			if err != nil {
 				return err
@@ -109,6 +123,7 @@ func newPassesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			env.Device = dev
 			if dump != "" {
 				pl.Dump = func(p, when, text string) {
 					if dump == "both" || dump == when {
@@ -120,7 +135,7 @@ func newPassesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			env.Program = fmt.Sprintf("%s/%s (config %s)", m, logits, ec.Source)
+			env.Program = fmt.Sprintf("%s/%s on %s [%s] (config %s)", m, logits, dev, devName, ec.Source)
 			rep, err := pl.Run(g, env)
 			if err != nil {
 				return err
@@ -135,6 +150,7 @@ func newPassesCmd() *cobra.Command {
 	}
 	mf.add(explain, true)
 	explain.Flags().StringVar(&cfgPath, "config", "", "engine YAML (default: the built-in default, configs/engine.yaml)")
+	addDeviceFlag(explain, &device)
 	explain.Flags().StringVar(&mode, "mode", "decode", "graph to explain: prefill, decode, extend or mixed")
 	explain.Flags().StringVar(&logits, "logits", "last", "all or last")
 	explain.Flags().StringVar(&dump, "dump", "", "print the IR around each pass: before, after or both")
@@ -160,8 +176,12 @@ func describePass(w io.Writer, d pass.Description, source string) {
 
 // newEngine makes an engine over ck with the passes of the engine config at
 // cfgPath (the default configuration when empty).
-func newEngine(ck *model.Checkpoint, cfgPath string, slots int) (*engine.Engine, error) {
+func newEngine(ck *model.Checkpoint, cfgPath, device string, slots int) (*engine.Engine, error) {
 	ec, err := engineConfig(cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	dev, err := resolveDevice(device, ec)
 	if err != nil {
 		return nil, err
 	}
@@ -169,5 +189,25 @@ func newEngine(ck *model.Checkpoint, cfgPath string, slots int) (*engine.Engine,
 	if err != nil {
 		return nil, err
 	}
-	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Passes: pl, PassEnv: env})
+	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Passes: pl, PassEnv: env, Device: dev})
+}
+
+// addDeviceFlag registers --device on a command that builds an engine.
+func addDeviceFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVar(p, "device", "", "backend that runs the model: "+strings.Join(backend.Names(), " or ")+" (default: the engine config's device, cpu)")
+}
+
+// resolveDevice is --device when given, else the engine config's device
+// (itself overridable by GLMFLASH_ENGINE_DEVICE), else cpu.
+func resolveDevice(flag string, ec *config.Engine) (string, error) {
+	if flag == "" {
+		if ec != nil && ec.Device != "" {
+			return ec.Device, nil
+		}
+		return "cpu", nil
+	}
+	if !slices.Contains(backend.Names(), flag) {
+		return "", fmt.Errorf("--device: unknown device %q (have %s)", flag, strings.Join(backend.Names(), ", "))
+	}
+	return flag, nil
 }

@@ -15,7 +15,7 @@ import (
 )
 
 func newServeCmd() *cobra.Command {
-	var cfgPath, engineCfg string
+	var cfgPath, engineCfg, device string
 	var sf serveFlags
 	cmd := &cobra.Command{
 		Use:   "serve [DIR | --model DIR | --preset NAME] [--host H] [--port P] [--http-port P] [--config FILE]",
@@ -58,6 +58,10 @@ are errors. TLS and API keys apply to gRPC and HTTP alike.`,
 			if err != nil {
 				return err
 			}
+			dev, err := resolveDevice(device, ec)
+			if err != nil {
+				return err
+			}
 			// the pipeline (and its plugins) before anything listens: a bad
 			// engine configuration is an error at once
 			pipeline, err := pipelineWithPlugins(ec)
@@ -83,7 +87,7 @@ are errors. TLS and API keys apply to gRPC and HTTP alike.`,
 					}
 					return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Source: source, Close: ck.Close, Text: tm}, nil
 				},
-				Engine: func(o *engine.Options) { o.Passes, o.PassEnv = pipeline, env },
+				Engine: func(o *engine.Options) { o.Passes, o.PassEnv, o.Device = pipeline, env, dev },
 				PassReport: func(e *engine.Engine) any {
 					out := map[string]*pass.Report{}
 					for k, r := range e.Reports() {
@@ -113,6 +117,7 @@ are errors. TLS and API keys apply to gRPC and HTTP alike.`,
 	cmd.Flags().StringVar(&cfgPath, "config", "", "serving configuration (YAML; default: the built-in defaults)")
 	sf.register(cmd)
 	cmd.Flags().StringVar(&engineCfg, "engine-config", "", "engine YAML: which passes run (default: the built-in default, configs/engine.yaml)")
+	addDeviceFlag(cmd, &device)
 	return cmd
 }
 

@@ -24,6 +24,7 @@ import (
 // per arm, each with the arm's engine configuration, on a loopback port,
 // driven over gRPC with concurrent streams.
 type servingRunner struct {
+	device   string
 	st       *attrib.Study
 	modelDir string
 	binary   string
@@ -41,7 +42,7 @@ type armServer struct {
 	stder *strings.Builder
 }
 
-func newServingRunner(st *attrib.Study, modelDir string) (attrib.Runner, error) {
+func newServingRunner(st *attrib.Study, modelDir, device string) (attrib.Runner, error) {
 	bin := st.Serving.Binary
 	if bin == "" {
 		self, err := os.Executable()
@@ -60,7 +61,7 @@ func newServingRunner(st *attrib.Study, modelDir string) (attrib.Runner, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &servingRunner{st: st, modelDir: modelDir, binary: bin, tmp: tmp, arms: map[string]*armServer{}}, nil
+	return &servingRunner{device: device, st: st, modelDir: modelDir, binary: bin, tmp: tmp, arms: map[string]*armServer{}}, nil
 }
 
 var addrRE = regexp.MustCompile(`serving glmflash\.v1\.GLMFlash on (\S+) `)
@@ -98,7 +99,7 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 	}); err != nil {
 		return err
 	}
-	cmd := exec.Command(r.binary, "serve", "--config", srvPath, "--engine-config", engPath, "--log-level", "warn")
+	cmd := exec.Command(r.binary, "serve", "--config", srvPath, "--engine-config", engPath, "--device", r.device, "--log-level", "warn")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sort"
@@ -134,6 +135,8 @@ type PipelineFunc func(e *config.Engine) (*pass.Pipeline, error)
 // EngineRunner runs arms in process: one engine (sharing the weights) and
 // one continuous-batching runtime per arm.
 type EngineRunner struct {
+	// Device is the backend every arm's engine runs on ("" = cpu).
+	Device   string
 	Model    *model.Config
 	Weights  plan.Weights
 	Info_    pass.WeightInfo
@@ -174,7 +177,7 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 		return fmt.Errorf("arm %s: %w", a.Name, err)
 	}
 	conc, reqs := maxConcurrency(r.Study)
-	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: pass.EnvFromConfig(ec, r.Model, r.Info_)})
+	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: pass.EnvFromConfig(ec, r.Model, r.Info_), Device: r.Device})
 	if err != nil {
 		return err
 	}
@@ -244,8 +247,10 @@ func (r *EngineRunner) Info(a Arm) ArmInfo {
 
 // Close implements Runner.
 func (r *EngineRunner) Close() error {
+	var errs []error
 	for _, a := range r.arms {
 		a.rt.Close()
+		errs = append(errs, a.eng.Close())
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -85,6 +85,9 @@ const MaxPluginTimeoutMS = 600_000
 
 // Engine is the whole engine configuration.
 type Engine struct {
+	// Device is the backend that runs the model: "cpu" (default) or "cuda";
+	// --device overrides it.
+	Device   string       `koanf:"device"`
 	Passes   []PassConfig `koanf:"passes"`
 	Parallel Parallel     `koanf:"parallel"`
 	LoRA     LoRA         `koanf:"lora"`
@@ -122,7 +125,8 @@ func Default() *Engine {
 
 // DefaultYAML is the default engine configuration (kept identical to
 // configs/engine.yaml by a test).
-const DefaultYAML = `# glmflash engine configuration: passes run in this order.
+const DefaultYAML = `# glmflash engine configuration: the device, and the passes in the order they run.
+device: cpu
 passes:
   - name: kda-projection-fusion
     options: {form: auto}
@@ -181,6 +185,11 @@ func parse(b []byte, source string, withEnv bool) (*Engine, error) {
 
 // Validate checks values that YAML typing cannot.
 func (e *Engine) Validate() error {
+	switch e.Device {
+	case "", "cpu", "cuda":
+	default:
+		return fmt.Errorf("device must be cpu or cuda, got %q", e.Device)
+	}
 	seen := map[string]bool{}
 	for i, p := range e.Passes {
 		if p.Name == "" {

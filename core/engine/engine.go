@@ -173,6 +173,7 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 			env.Model = e.cfg
 		}
 		env.Program = key.String()
+		env.Device = e.be.Name()
 		rep, err := e.opts.Passes.Run(g, env)
 		if err != nil {
 			return nil, fmt.Errorf("engine: %w", err)

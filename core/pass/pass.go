@@ -137,6 +137,9 @@ type Env struct {
 	HostLengths bool
 	// Program names the program being built ("prefill/last", ...).
 	Program string
+	// Device is the backend the program will run on ("cpu", "cuda"), for
+	// passes whose eligibility or choices depend on it.
+	Device string
 }
 
 // WeightDType returns a weight's storage dtype (BF16 when unknown).
