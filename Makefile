@@ -163,7 +163,7 @@ GPU_TEST_PKGS := kernels/cuda core/backend/cuda tests/gpu
 gpu-test-bins:
 	@mkdir -p bin/gpu-tests
 	@for p in $(GPU_TEST_PKGS); do \
-		CGO_ENABLED=0 $(GO) test -c -o bin/gpu-tests/$$(echo $$p | tr / _).test ./$$p || exit 1; done
+		CGO_ENABLED=0 $(GO) test -c -ldflags "-s -w" -o bin/gpu-tests/$$(echo $$p | tr / _).test ./$$p || exit 1; done
 
 # Where a GPU exists: every CUDA test, a missing GPU being a failure. The
 # tests package runs only its CUDA tests there (GPU_TEST_RUN).
@@ -190,7 +190,14 @@ test-emu-quick:
 	GLMFLASH_CUDA_EMULATOR=$(CURDIR)/$(CUDA_EMU) GLMFLASH_REQUIRE_GPU=1 $(GO) test -count=1 -run '$(EMU_QUICK_RUN)' ./tests/gpu/
 
 # Everything a GPU machine without Go needs, in one file to carry
-# (bin/gpu-bundle.tgz: the binary, the CUDA test binaries, ghz, the example
-# plugin); scripts/gpu-run.sh unpacks it there.
-gpu-bundle: build gpu-test-bins bin/ghz plugins
-	tar czf bin/gpu-bundle.tgz -C bin glmflash ghz gpu-tests plugins
+# (bin/gpu-bundle.tgz: the binary, the CUDA test binaries, ghz and the
+# example plugin, stripped); scripts/gpu-run.sh unpacks it there.
+gpu-bundle: gpu-test-bins
+	@rm -rf bin/bundle && mkdir -p bin/bundle/plugins bin/bundle/gpu-tests
+	CGO_ENABLED=0 $(GO) build -ldflags "-s -w -X main.revision=$$(git describe --always --dirty 2>/dev/null)" -o bin/bundle/glmflash ./cmd/glmflash
+	CGO_ENABLED=0 GOBIN=$(CURDIR)/bin/bundle $(GO) install -ldflags "-s -w" github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
+	CGO_ENABLED=0 $(GO) build -ldflags "-s -w" -o bin/bundle/plugins/glmflash-pass-shared-expert-fusion ./plugins/examples/sharedexpert
+	cd bin/bundle/plugins && sha256sum glmflash-pass-* > SHA256SUMS
+	cp bin/gpu-tests/*.test bin/bundle/gpu-tests/
+	tar czf bin/gpu-bundle.tgz -C bin/bundle glmflash ghz gpu-tests plugins
+	@ls -l bin/gpu-bundle.tgz

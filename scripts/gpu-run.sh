@@ -10,6 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-run}
 STEPS=${STEPS:-ptx tests eval bench load}
+DEST=${DEST:-$OUT}
+LIMIT=${STEP_LIMIT:-240}
 mkdir -p "$OUT/logs" "$OUT/ptx"
 log() { echo "== $(date +%T) $*" | tee -a "$OUT/logs/summary.txt"; }
 [ -f bin/gpu-bundle.tgz ] && tar xzf bin/gpu-bundle.tgz -C bin
@@ -24,19 +26,19 @@ ptx)
 	;;
 tests)
 	log "test-gpu"
-	scripts/test-gpu.sh >"$OUT/logs/test-gpu.log" 2>&1 && log "test-gpu ok" || log "test-gpu FAILED"
+	timeout "$LIMIT" scripts/test-gpu.sh >"$OUT/logs/test-gpu.log" 2>&1 && log "test-gpu ok" || log "test-gpu FAILED"
 	grep -E -- '^(--- |ok|FAIL|PASS|=== RUN|== )|max\|Δ\||launches' "$OUT/logs/test-gpu.log" | tail -n 80 >>"$OUT/logs/summary.txt"
 	;;
 eval)
 	for f in testdata/glm5next-tiny-*; do
 		for cfg in configs/presets/baseline.yaml configs/engine.yaml; do
 			log "eval $f $cfg"
-			bin/glmflash eval --device cuda --config "$cfg" --model "$f/checkpoint" --reference "$f/reference.safetensors" >>"$OUT/logs/eval.log" 2>&1 && log "ok" || log "eval FAILED"
+			timeout "$LIMIT" bin/glmflash eval --device cuda --config "$cfg" --model "$f/checkpoint" --reference "$f/reference.safetensors" >>"$OUT/logs/eval.log" 2>&1 && log "ok" || log "eval FAILED"
 		done
 	done
 	if [ -x bin/plugins/glmflash-pass-shared-expert-fusion ]; then
 		log "eval with the example plugin"
-		bin/glmflash eval --device cuda --config configs/presets/plugin-example.yaml --model testdata/glm5next-tiny-a/checkpoint \
+		timeout "$LIMIT" bin/glmflash eval --device cuda --config configs/presets/plugin-example.yaml --model testdata/glm5next-tiny-a/checkpoint \
 			--reference testdata/glm5next-tiny-a/reference.safetensors >>"$OUT/logs/eval.log" 2>&1 && log "ok" || log "eval with plugin FAILED"
 	fi
 	tail -n 60 "$OUT/logs/eval.log" >>"$OUT/logs/summary.txt"
@@ -44,15 +46,18 @@ eval)
 bench)
 	for cfg in configs/presets/baseline.yaml configs/engine.yaml; do
 		log "bench --device cuda --preset bench --config $cfg"
-		bin/glmflash bench --device cuda --preset bench --config "$cfg" --reps 3 --json "$OUT/logs/bench-$(basename "$cfg" .yaml).json" >>"$OUT/logs/bench.log" 2>&1 || log "bench FAILED"
+		timeout "$LIMIT" bin/glmflash bench --device cuda --preset bench --config "$cfg" --reps 3 --json "$OUT/logs/bench-$(basename "$cfg" .yaml).json" >>"$OUT/logs/bench.log" 2>&1 || log "bench FAILED"
 	done
 	tail -n 40 "$OUT/logs/bench.log" >>"$OUT/logs/summary.txt"
 	;;
 load)
 	log "load test (ghz) against serve --device cuda"
-	DEVICE=cuda OUT="$OUT/loadtest" scripts/loadtest.sh >"$OUT/logs/loadtest.log" 2>&1 && log "load ok" || log "load FAILED"
+	DEVICE=cuda OUT="$OUT/loadtest" timeout "$LIMIT" scripts/loadtest.sh >"$OUT/logs/loadtest.log" 2>&1 && log "load ok" || log "load FAILED"
 	tail -n 30 "$OUT/logs/loadtest.log" >>"$OUT/logs/summary.txt"
 	;;
-esac; done
-tar czf "$OUT/gpu-run.tgz" -C "$OUT" ptx logs $( [ -d "$OUT/loadtest" ] && echo loadtest ) 2>/dev/null
+esac
+	mkdir -p "$DEST"
+	tar czf "$DEST/gpu-run.tgz" -C "$OUT" ptx logs $( [ -d "$OUT/loadtest" ] && echo loadtest ) 2>/dev/null
+	cp "$OUT/logs/summary.txt" "$DEST/summary.txt"
+done
 cat "$OUT/logs/summary.txt"
