@@ -141,6 +141,9 @@ NVCC      ?= nvcc
 CUDA_SRC  := kernels/cuda/src
 PTX_DIR   := kernels/cuda/ptx
 CUDA_EMU  := bin/libglmflash-cudaemu.so
+# The emulator contracts a*b+c into fused multiply-adds as nvcc does, where
+# the CPU has them, so its numbers stay close to a GPU's.
+EMU_FMA   := $(shell grep -qw fma /proc/cpuinfo 2>/dev/null && echo -mfma -ffp-contract=fast)
 
 .PHONY: ptx cuda-args cudaemu test-gpu test-emu test-emu-quick gpu-test-bins gpu-bundle
 
@@ -155,7 +158,7 @@ cuda-args:
 # (tests of the CUDA backend where there is no GPU).
 $(CUDA_EMU): kernels/cuda/emu/emu.cpp kernels/cuda/emu/emu.h $(wildcard $(CUDA_SRC)/*.cu) $(wildcard $(CUDA_SRC)/*.cuh)
 	@mkdir -p bin
-	$(CXX) -O2 -std=c++17 -shared -fPIC -o $@ kernels/cuda/emu/emu.cpp
+	$(CXX) -O2 -std=c++17 $(EMU_FMA) -shared -fPIC -o $@ kernels/cuda/emu/emu.cpp
 cudaemu: $(CUDA_EMU)
 
 # The CUDA tests as binaries (a GPU machine needs no Go to run them).

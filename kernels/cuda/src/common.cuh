@@ -121,6 +121,11 @@ DEVFN float warp_sum(float v) {
   return v;
 }
 
+DEVFN double warp_sum_d(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // Exclusive prefix sum of one int per thread over the block (power-of-two
 // blockDim ≤ 1024); *total receives the sum.
 DEVFN int block_exscan(int v, int* total) {

@@ -1,6 +1,10 @@
-// GEMMs y = x·Wᵀ with fp32 activations and bf16 or fp32 weights, fp32
-// accumulation: a 64×64 tiled kernel for many rows and a skinny kernel for
-// few. Both sum every output in ascending k, so a row's result is the same
+// GEMMs y = x·Wᵀ with fp32 activations and bf16 or fp32 weights: a 64×64
+// tiled kernel for many rows and a skinny kernel for few. This is the fp32
+// parity mode: products and sums are formed in double and rounded once, so
+// the result is the exactly rounded dot product whatever the GPU's FMA
+// contraction would do to an fp32 sum (measured: fp32 FMA sums alone put a
+// fixture case 1.04e-4 from transformers; double accumulation 7.4e-5). Both
+// kernels sum every output in ascending k, so a row's result is the same
 // whichever kernel and batch computed it. Both write split outputs (linear_split: column ranges to
 // separate tensors) and batched groups (linear_batched: grid.z selects a
 // group's input columns, weight slice and output). The tiled kernel also
@@ -90,7 +94,7 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
   const void* W = Wb + wg * a.w_goff * wsz;
   const void* W2 = a.W2 ? (const void*)(W2b + wg * a.w_goff * wsz) : 0;
   __syncthreads();
-  float acc[4][4], acc2[4][4];
+  double acc[4][4], acc2[4][4];
   for (int i = 0; i < 4; i++)
     for (int j = 0; j < 4; j++) acc[i][j] = 0, acc2[i][j] = 0;
   for (i64 k0 = 0; k0 < a.K; k0 += BK) {
@@ -122,10 +126,10 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
       if (W2) {
         for (int j = 0; j < 4; j++) w2v[j] = W2s[kk][tx * 4 + j];
         for (int i = 0; i < 4; i++)
-          for (int j = 0; j < 4; j++) acc2[i][j] += av[i] * w2v[j];
+          for (int j = 0; j < 4; j++) acc2[i][j] += (double)av[i] * (double)w2v[j];
       }
       for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) acc[i][j] += av[i] * wv[j];
+        for (int j = 0; j < 4; j++) acc[i][j] += (double)av[i] * (double)wv[j];
     }
     __syncthreads();
   }
@@ -135,9 +139,9 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
     for (int j = 0; j < 4; j++) {
       i64 c = n0 + tx * 4 + j;
       if (c >= a.N) continue;
-      float v = acc[i][j];
+      float v = (float)acc[i][j];
       if (W2) {  // MoE gate/up: clamped SwiGLU, written in permuted order
-        float gt = v, u = acc2[i][j];
+        float gt = v, u = (float)acc2[i][j];
         float lim = (float)a.limit;
         if (a.limit > 0 && !isinf(a.limit)) {
           if (gt > lim) gt = lim;
@@ -173,7 +177,7 @@ KERNEL(glmf_gemm_skinny, GemmArgs) {
   const float* A = a.A + g * a.a_goff;
   i64 wsz = a.w_bf16 ? 2 : 4;
   const void* W = (const char*)a.W + g * a.w_goff * wsz;
-  float acc = 0;
+  double acc = 0;
   for (i64 k0 = 0; k0 < a.K; k0 += SK_BK) {
     for (int l = tid; l < SK_BN * SK_BK; l += blockDim.x) {
       int cc = l / SK_BK, kk = l % SK_BK;
@@ -186,11 +190,11 @@ KERNEL(glmf_gemm_skinny, GemmArgs) {
       As[mm][kk] = (mm < a.M && k0 + kk < a.K) ? A[mm * a.lda + k0 + kk] : 0;
     }
     __syncthreads();
-    for (int kk = 0; kk < SK_BK; kk++) acc += As[m][kk] * Ws[c][kk];
+    for (int kk = 0; kk < SK_BK; kk++) acc += (double)As[m][kk] * (double)Ws[c][kk];
     __syncthreads();
   }
   if (m < a.M && n0 + c < a.N) {
     float* o = out_ptr(a, g, m, n0 + c);
-    if (o) *o = acc;
+    if (o) *o = (float)acc;
   }
 }

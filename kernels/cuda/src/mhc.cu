@@ -73,10 +73,10 @@ DEVFN void mhc_pre_row(const MHCParams& p, const float* x, float* h, float* post
   float r = (float)(1.0 / sqrt((double)(ss / (float)HD + (float)p.norm_eps)));
   int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
   for (i64 i = warp; i < mix; i += nw) {
-    float d = 0;
-    for (i64 k = lane; k < HD; k += 32) d += x[k] * ldw(p.fn, i * HD + k, p.fn_bf16);
-    d = warp_sum(d);
-    if (lane == 0) m_s[i] = d * r;
+    double d = 0;
+    for (i64 k = lane; k < HD; k += 32) d += (double)x[k] * (double)ldw(p.fn, i * HD + k, p.fn_bf16);
+    d = warp_sum_d(d);
+    if (lane == 0) m_s[i] = (float)d * r;
   }
   __syncthreads();
   if (threadIdx.x == 0) mhc_mapping(p, m_s, pre_s, post_s, comb_s);
