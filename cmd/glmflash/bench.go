@@ -32,6 +32,7 @@ type benchResult struct {
 	// kernel launches, host waits for the device, and the waits that were
 	// sequence-length read-backs (device backends).
 	LaunchesPerStep float64 `json:"launches_per_step,omitempty"`
+	ReplaysPerStep  float64 `json:"graph_replays_per_step,omitempty"`
 	SyncsPerStep    float64 `json:"host_syncs_per_step,omitempty"`
 	LengthSyncs     float64 `json:"length_syncs_per_step,omitempty"`
 }
@@ -118,8 +119,8 @@ func newBenchCmd() *cobra.Command {
 				sorted := append([]float64(nil), tps...)
 				sort.Float64s(sorted)
 				r := benchResult{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps}
-				if len(counters) == 3 {
-					r.LaunchesPerStep, r.SyncsPerStep, r.LengthSyncs = counters[0], counters[1], counters[2]
+				if len(counters) == 4 {
+					r.LaunchesPerStep, r.SyncsPerStep, r.LengthSyncs, r.ReplaysPerStep = counters[0], counters[1], counters[2], counters[3]
 				}
 				results = append(results, r)
 				return nil
@@ -191,7 +192,7 @@ func newBenchCmd() *cobra.Command {
 					secs := time.Since(t0).Seconds()
 					s1 := prog.Stats()
 					n := float64(decodeSteps)
-					counters = []float64{float64(s1.Launches-s0.Launches) / n, float64(s1.HostSyncs-s0.HostSyncs) / n, float64(s1.LengthSyncs-s0.LengthSyncs) / n}
+					counters = []float64{float64(s1.Launches-s0.Launches) / n, float64(s1.HostSyncs-s0.HostSyncs) / n, float64(s1.LengthSyncs-s0.LengthSyncs) / n, float64(s1.GraphReplays-s0.GraphReplays) / n}
 					return B * decodeSteps, secs, nil
 				})
 				if err != nil {
@@ -219,7 +220,7 @@ func newBenchCmd() *cobra.Command {
 			for _, r := range results {
 				fmt.Printf("%-22s %10.1f tokens/s  (median of %d; runs %s)", r.Name, r.TokensPerSec, len(r.Runs), fmtRuns(r.Runs))
 				if r.LaunchesPerStep > 0 || r.SyncsPerStep > 0 {
-					fmt.Printf("  per step: %.0f launches, %.1f host syncs (%.1f length read-backs)", r.LaunchesPerStep, r.SyncsPerStep, r.LengthSyncs)
+					fmt.Printf("  per step: %.0f launches (%.1f graph replays), %.1f host syncs (%.1f length read-backs)", r.LaunchesPerStep, r.ReplaysPerStep, r.SyncsPerStep, r.LengthSyncs)
 				}
 				fmt.Println()
 			}

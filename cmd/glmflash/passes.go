@@ -189,7 +189,12 @@ func newEngine(ck *model.Checkpoint, cfgPath, device string, slots int) (*engine
 	if err != nil {
 		return nil, err
 	}
-	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Passes: pl, PassEnv: env, Device: dev})
+	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Passes: pl, PassEnv: env, Device: dev, Backend: backendOptions(ec)})
+}
+
+// backendOptions are the backend settings of an engine configuration.
+func backendOptions(ec *config.Engine) backend.Options {
+	return backend.Options{GraphMaxTokens: ec.CUDA.GraphMaxTokens}
 }
 
 // addDeviceFlag registers --device on a command that builds an engine.

@@ -87,7 +87,9 @@ are errors. TLS and API keys apply to gRPC and HTTP alike.`,
 					}
 					return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Source: source, Close: ck.Close, Text: tm}, nil
 				},
-				Engine: func(o *engine.Options) { o.Passes, o.PassEnv, o.Device = pipeline, env, dev },
+				Engine: func(o *engine.Options) {
+					o.Passes, o.PassEnv, o.Device, o.Backend = pipeline, env, dev, backendOptions(ec)
+				},
 				PassReport: func(e *engine.Engine) any {
 					out := map[string]*pass.Report{}
 					for k, r := range e.Reports() {

@@ -76,6 +76,9 @@ type Stats struct {
 	Launches int64
 	// FusedMHCRuns counts mhc_post_pre executions that took the fused path.
 	FusedMHCRuns int64
+	// GraphReplays counts batches run by replaying a captured CUDA graph;
+	// GraphCaptures the graphs captured.
+	GraphReplays, GraphCaptures int64
 }
 
 // Store holds sequence state in numbered slots. It is safe for concurrent
@@ -105,6 +108,10 @@ type Options struct {
 	PoisonDeviceLengths bool
 	// DeviceIndex selects a GPU (device backends).
 	DeviceIndex int
+	// GraphMaxTokens bounds the batches a device backend captures into
+	// CUDA graphs and replays (0: the backend's default; negative: no
+	// graphs, every launch eager).
+	GraphMaxTokens int
 }
 
 // Factory opens a backend.

@@ -83,11 +83,20 @@ type Plugins struct {
 // MaxPluginTimeoutMS bounds plugins.timeout_ms and start_timeout_ms (10 min).
 const MaxPluginTimeoutMS = 600_000
 
+// CUDA configures the CUDA backend.
+type CUDA struct {
+	// GraphMaxTokens bounds the batches captured into CUDA graphs and
+	// replayed (default 64; -1: no graphs, every kernel launched eagerly).
+	GraphMaxTokens int `koanf:"graph_max_tokens"`
+}
+
 // Engine is the whole engine configuration.
 type Engine struct {
 	// Device is the backend that runs the model: "cpu" (default) or "cuda";
 	// --device overrides it.
-	Device   string       `koanf:"device"`
+	Device string `koanf:"device"`
+	// CUDA configures the CUDA backend.
+	CUDA     CUDA         `koanf:"cuda"`
 	Passes   []PassConfig `koanf:"passes"`
 	Parallel Parallel     `koanf:"parallel"`
 	LoRA     LoRA         `koanf:"lora"`
@@ -189,6 +198,9 @@ func (e *Engine) Validate() error {
 	case "", "cpu", "cuda":
 	default:
 		return fmt.Errorf("device must be cpu or cuda, got %q", e.Device)
+	}
+	if g := e.CUDA.GraphMaxTokens; g < -1 || g > 1<<16 {
+		return fmt.Errorf("cuda.graph_max_tokens must be -1 (no graphs), 0 (the default) or in [1, 65536], got %d", g)
 	}
 	seen := map[string]bool{}
 	for i, p := range e.Passes {

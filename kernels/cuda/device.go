@@ -38,6 +38,7 @@ type Device struct {
 	mu       sync.Mutex
 	closed   bool
 	launches atomic.Int64
+	replays  atomic.Int64
 	syncs    atomic.Int64
 	live     atomic.Int64 // bytes allocated through Alloc
 }
@@ -203,6 +204,9 @@ func (d *Device) do(fn func() error, closing bool) error {
 // times the host waited for the device.
 func (d *Device) Launches() int64 { return d.launches.Load() }
 
+// Replays counts CUDA graph launches.
+func (d *Device) Replays() int64 { return d.replays.Load() }
+
 // Syncs counts host waits for the device.
 func (d *Device) Syncs() int64 { return d.syncs.Load() }
 
@@ -361,4 +365,60 @@ func (d *Device) Elapsed(a, b Event) (float64, error) {
 	var ms float32
 	err := d.drv.check("cuEventElapsedTime", d.drv.cuEventElapsedTime(&ms, uintptr(a), uintptr(b)))
 	return float64(ms), err
+}
+
+// Graph is an instantiated CUDA graph: a recorded sequence of launches
+// replayed with one call.
+type Graph struct {
+	exec, g uintptr
+	// Kernels is how many kernel launches the graph replays.
+	Kernels int64
+}
+
+// Capture records the launches fn makes on the device's stream into a
+// graph instead of running them (nothing runs until Replay). fn must only
+// launch kernels: copies and syncs during a capture are errors.
+func (d *Device) Capture(fn func() error) (*Graph, error) {
+	// CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: other threads' unsafe calls are
+	// not affected; this thread must not make any.
+	if err := d.drv.check("cuStreamBeginCapture", d.drv.cuStreamBeginCapture(d.stream, 1)); err != nil {
+		return nil, err
+	}
+	l0 := d.launches.Load()
+	ferr := fn()
+	var g uintptr
+	eerr := d.drv.check("cuStreamEndCapture", d.drv.cuStreamEndCapture(d.stream, &g))
+	kernels := d.launches.Load() - l0
+	d.launches.Add(-kernels) // recorded, not launched
+	if ferr != nil || eerr != nil {
+		if g != 0 {
+			d.drv.cuGraphDestroy(g)
+		}
+		if ferr != nil {
+			return nil, ferr
+		}
+		return nil, eerr
+	}
+	var exec uintptr
+	if err := d.drv.check("cuGraphInstantiate", d.drv.cuGraphInstantiateWithFlags(&exec, g, 0)); err != nil {
+		d.drv.cuGraphDestroy(g)
+		return nil, err
+	}
+	return &Graph{exec: exec, g: g, Kernels: kernels}, nil
+}
+
+// Replay launches a graph on the stream.
+func (d *Device) Replay(gr *Graph) error {
+	d.replays.Add(1)
+	d.launches.Add(1)
+	return d.drv.check("cuGraphLaunch", d.drv.cuGraphLaunch(gr.exec, d.stream))
+}
+
+// Destroy frees a graph.
+func (d *Device) Destroy(gr *Graph) {
+	if gr == nil {
+		return
+	}
+	d.drv.cuGraphExecDestroy(gr.exec)
+	d.drv.cuGraphDestroy(gr.g)
 }

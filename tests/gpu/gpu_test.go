@@ -300,3 +300,59 @@ func TestCUDALengthSyncs(t *testing.T) {
 	require.Zero(t, on.DeviceLengthReads)
 	require.Less(t, on.HostSyncs, off.HostSyncs)
 }
+
+// Decode steps replayed from captured CUDA graphs give the same bits as
+// eager launches; the graph runs one launch per step and is captured once
+// per batch shape; batches past the token cap run eagerly.
+func TestCUDAGraphsMatchEager(t *testing.T) {
+	cudaOptions(t, engine.Options{})
+	ck, _ := openFixture(t, fixtures[0])
+	type run struct {
+		logits [][]float32
+		stats  backend.Stats
+	}
+	do := func(graphMax int) run {
+		pl, err := pass.NewPipeline([]pass.Request{{Name: "kda-projection-fusion"}, {Name: "mhc-post-pre-fusion"}, {Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}}, true)
+		require.NoError(t, err)
+		e := cudaEngine(t, ck, engine.Options{Slots: 3, Passes: pl, PassEnv: pass.EnvFromConfig(config.Default(), ck.Config(), ck), Backend: backend.Options{GraphMaxTokens: graphMax}})
+		var slots []int
+		for i := 0; i < 3; i++ {
+			s, err := e.Store().Alloc()
+			require.NoError(t, err)
+			slots = append(slots, s)
+		}
+		key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
+		var out run
+		for step := 0; step < 6; step++ {
+			b := &backend.Batch{}
+			for i, s := range slots {
+				n := 1
+				if step == 0 {
+					n = 5 + 30*i // the first step prefills (90 tokens: past an 80-token cap)
+				}
+				b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: seqTokens(n, step*7+i, 256)})
+			}
+			b.Sample = make([]backend.SampleSpec, len(b.Seqs))
+			for i := range b.Sample {
+				b.Sample[i] = backend.SampleSpec{Params: sample.Params{Temperature: 0.9, TopP: 0.95, Seed: 1}, U: float64(step*3+i) / 20, TopLogprobs: 2}
+			}
+			r, err := e.Run(key, b)
+			require.NoError(t, err)
+			out.logits = append(out.logits, r.Logits)
+		}
+		p, err := e.Program(key)
+		require.NoError(t, err)
+		out.stats = p.Stats()
+		return out
+	}
+	eager, graphed := do(-1), do(80)
+	for i := range eager.logits {
+		require.Equal(t, eager.logits[i], graphed.logits[i], "step %d", i)
+	}
+	t.Logf("eager: %d launches in %d runs; graphs: %d launches, %d replays, %d captures in %d runs",
+		eager.stats.Launches, eager.stats.Runs, graphed.stats.Launches, graphed.stats.GraphReplays, graphed.stats.GraphCaptures, graphed.stats.Runs)
+	require.Zero(t, eager.stats.GraphReplays)
+	require.EqualValues(t, 5, graphed.stats.GraphReplays, "the 3-sequence decode steps replay; the 90-token prefill runs eagerly")
+	require.EqualValues(t, 1, graphed.stats.GraphCaptures)
+	require.Less(t, graphed.stats.Launches, eager.stats.Launches/3)
+}

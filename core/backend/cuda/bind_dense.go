@@ -109,6 +109,7 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.blas = p.blas || !W.bf16
 	K, N := in[0].Shape[1], out.Shape[1]
 	return &kstep{run: func(rc *runCtx) error {
 		M := rc.rows(in[0])
@@ -127,6 +128,7 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.blas = p.blas || !W.bf16
 	K, N := in[0].Shape[1], in[1].Shape[0]
 	splits := n.Attrs.Ints("splits")
 	if len(splits) > 8 {
@@ -161,6 +163,7 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.blas = p.blas || !W.bf16
 	G, N, K := in[1].Shape[0], in[1].Shape[1], in[1].Shape[2]
 	if G > 8 {
 		return nil, fmt.Errorf("%d groups; the CUDA kernels write at most 8", G)

@@ -23,7 +23,7 @@ void warp_exchange(const void* in, void* out, int size, int src_lane);
 void* dyn_smem();
 typedef void (*Trampoline)(void**);
 struct Reg {
-  Reg(const char* name, Trampoline t);
+  Reg(const char* name, Trampoline t, unsigned long args_size);
 };
 }  // namespace emu
 

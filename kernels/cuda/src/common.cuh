@@ -20,7 +20,7 @@
 #include "../emu/emu.h"
 #define KERNEL(name, T)                                                        \
   static void name##_impl(const T a);                                          \
-  static emu::Reg name##_reg(#name, [](void** p) { name##_impl(*(const T*)p[0]); }); \
+  static emu::Reg name##_reg(#name, [](void** p) { name##_impl(*(const T*)p[0]); }, sizeof(T)); \
   static void name##_impl(const T a)
 #define DYN_SMEM(type, name) type* name = (type*)emu::dyn_smem()
 #define DEVFN static inline
