@@ -380,19 +380,21 @@ int cublasDestroy_v2(void*) { return 0; }
 int cublasSetStream_v2(void*, void*) { return 0; }
 int cublasSetMathMode(void*, int) { return 0; }
 int cublasGetVersion_v2(void*, int* v) { *v = 130000; return 0; }
-// Column-major C = op(A)·op(B); op 0 = N, 1 = T.
+// Column-major C = op(A)·op(B); op 0 = N, 1 = T. The sums are formed in
+// double: a stand-in for cuBLAS's blocked fp32 sums, which land closer to
+// the exact product than one long contracted fp32 chain would.
 int cublasSgemm_v2(void*, int ta, int tb, int m, int n, int k, const float* alpha, const float* A, int lda,
                    const float* B, int ldb, const float* beta, float* C, int ldc) {
   for (int j = 0; j < n; j++)
     for (int i = 0; i < m; i++) {
-      float s = 0;
+      double s = 0;
       for (int l = 0; l < k; l++) {
         float a = ta ? A[l + (size_t)i * lda] : A[i + (size_t)l * lda];
         float b = tb ? B[j + (size_t)l * ldb] : B[l + (size_t)j * ldb];
-        s += a * b;
+        s += (double)a * (double)b;
       }
       float& c = C[i + (size_t)j * ldc];
-      c = *alpha * s + (*beta == 0 ? 0 : *beta * c);
+      c = *alpha * (float)s + (*beta == 0 ? 0 : *beta * c);
     }
   return 0;
 }
