@@ -1163,8 +1163,11 @@ type EngineInfo struct {
 	// Positions a sequence may use (prompt + generated tokens).
 	ContextLimit     uint32 `protobuf:"varint,6,opt,name=context_limit,json=contextLimit,proto3" json:"context_limit,omitempty"`
 	DefaultMaxTokens uint32 `protobuf:"varint,7,opt,name=default_max_tokens,json=defaultMaxTokens,proto3" json:"default_max_tokens,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The backend that runs the model ("cpu", "cuda") and its device.
+	Backend       string `protobuf:"bytes,8,opt,name=backend,proto3" json:"backend,omitempty"`
+	Device        string `protobuf:"bytes,9,opt,name=device,proto3" json:"device,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EngineInfo) Reset() {
@@ -1244,6 +1247,20 @@ func (x *EngineInfo) GetDefaultMaxTokens() uint32 {
 		return x.DefaultMaxTokens
 	}
 	return 0
+}
+
+func (x *EngineInfo) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *EngineInfo) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
 }
 
 type ScoreRequest struct {
@@ -1461,7 +1478,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\fquantization\x18\r \x01(\tR\fquantization\x12!\n" +
 	"\fweight_bytes\x18\x0e \x01(\x04R\vweightBytes\x12\x1f\n" +
 	"\vconfig_json\x18\x0f \x01(\tR\n" +
-	"configJson\"\x82\x02\n" +
+	"configJson\"\xb4\x02\n" +
 	"\n" +
 	"EngineInfo\x12\x14\n" +
 	"\x05slots\x18\x01 \x01(\rR\x05slots\x12\x1f\n" +
@@ -1471,7 +1488,9 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x10max_batch_tokens\x18\x04 \x01(\rR\x0emaxBatchTokens\x12#\n" +
 	"\rprefill_chunk\x18\x05 \x01(\rR\fprefillChunk\x12#\n" +
 	"\rcontext_limit\x18\x06 \x01(\rR\fcontextLimit\x12,\n" +
-	"\x12default_max_tokens\x18\a \x01(\rR\x10defaultMaxTokens\"P\n" +
+	"\x12default_max_tokens\x18\a \x01(\rR\x10defaultMaxTokens\x12\x18\n" +
+	"\abackend\x18\b \x01(\tR\abackend\x12\x16\n" +
+	"\x06device\x18\t \x01(\tR\x06device\"P\n" +
 	"\fScoreRequest\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\x05R\btokenIds\x12#\n" +
 	"\rall_positions\x18\x02 \x01(\bR\fallPositions\"Z\n" +
