@@ -39,7 +39,7 @@ type benchResult struct {
 
 func newBenchCmd() *cobra.Command {
 	var mf modelFlags
-	var cfgPath, device string
+	var cfgPath, device, precision string
 	var prompt, decodeSteps, reps, warmup int
 	var batches []int
 	var jsonOut, dump, cpuProfile string
@@ -85,7 +85,7 @@ func newBenchCmd() *cobra.Command {
 			if limit := cfg.MaxPositionEmbeddings; prompt > limit || 32+decodeSteps > limit {
 				return fmt.Errorf("--prompt (%d) and 32 + --decode-steps (%d) must fit max_position_embeddings (%d)", prompt, 32+decodeSteps, limit)
 			}
-			e, err := newEngine(ck, cfgPath, device, maxB+1)
+			e, err := newEngine(ck, cfgPath, device, precision, maxB+1)
 			if err != nil {
 				return err
 			}
@@ -236,6 +236,7 @@ func newBenchCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	addDeviceFlag(cmd, &device)
+	addPrecisionFlag(cmd, &precision)
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().IntVar(&prompt, "prompt", 512, "prefill prompt length")

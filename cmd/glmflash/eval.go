@@ -12,7 +12,7 @@ import (
 
 func newEvalCmd() *cobra.Command {
 	var mf modelFlags
-	var cfgPath, device string
+	var cfgPath, device, precision string
 	var refPath, dump string
 	var tol float64
 	cmd := &cobra.Command{
@@ -38,7 +38,7 @@ func newEvalCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			e, err := newEngine(ck, cfgPath, device, 2)
+			e, err := newEngine(ck, cfgPath, device, precision, 2)
 			if err != nil {
 				return err
 			}
@@ -72,6 +72,7 @@ func newEvalCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	addDeviceFlag(cmd, &device)
+	addPrecisionFlag(cmd, &precision)
 	mf.add(cmd, false)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&refPath, "reference", "", "reference.safetensors (with reference.json beside it)")

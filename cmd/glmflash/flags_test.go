@@ -300,6 +300,18 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"passes explain --device": func(string) probe {
 			return probe{args: args(explain, "--device", "tpu"), want: `--device: unknown device "tpu"`}
 		},
+		"eval --precision": func(string) probe {
+			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--precision", "fp16"}, want: `--precision must be fp32 or bf16, got "fp16"`}
+		},
+		"generate --precision": func(string) probe {
+			return probe{args: args(gen, "--precision", "fp16"), want: `--precision must be fp32 or bf16, got "fp16"`}
+		},
+		"bench --precision": func(string) probe {
+			return probe{args: args(bench, "--precision", "bf16"), want: `cpu backend: precision "bf16" is not implemented`}
+		},
+		"serve --precision": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--precision", "fp16"}, want: `--precision must be fp32 or bf16, got "fp16"`}
+		},
 		"serve --device": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--device", "tpu"}, want: `--device: unknown device "tpu"`}
 		},

@@ -36,7 +36,7 @@ func parseIDs(flag, s string) ([]int32, error) {
 
 func newGenerateCmd() *cobra.Command {
 	var mf modelFlags
-	var cfgPath, device string
+	var cfgPath, device, precision string
 	var prompt, stops, dump string
 	var textPrompt, chatMsg, system string
 	var maxTokens int
@@ -122,7 +122,7 @@ func newGenerateCmd() *cobra.Command {
 			if err := dumpGraph(dump, cfg, build.Decode, build.LastLogits); err != nil {
 				return err
 			}
-			e, err := newEngine(ck, cfgPath, device, 1)
+			e, err := newEngine(ck, cfgPath, device, precision, 1)
 			if err != nil {
 				return err
 			}
@@ -186,6 +186,7 @@ func newGenerateCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	addDeviceFlag(cmd, &device)
+	addPrecisionFlag(cmd, &precision)
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&prompt, "prompt-ids", "", "comma-separated prompt token ids")

@@ -176,13 +176,16 @@ func describePass(w io.Writer, d pass.Description, source string) {
 
 // newEngine makes an engine over ck with the passes of the engine config at
 // cfgPath (the default configuration when empty).
-func newEngine(ck *model.Checkpoint, cfgPath, device string, slots int) (*engine.Engine, error) {
+func newEngine(ck *model.Checkpoint, cfgPath, device, precision string, slots int) (*engine.Engine, error) {
 	ec, err := engineConfig(cfgPath)
 	if err != nil {
 		return nil, err
 	}
 	dev, err := resolveDevice(device, ec)
 	if err != nil {
+		return nil, err
+	}
+	if err := applyPrecision(precision, ec); err != nil {
 		return nil, err
 	}
 	pl, env, err := pipelineFor(ec, ck)
@@ -194,7 +197,24 @@ func newEngine(ck *model.Checkpoint, cfgPath, device string, slots int) (*engine
 
 // backendOptions are the backend settings of an engine configuration.
 func backendOptions(ec *config.Engine) backend.Options {
-	return backend.Options{GraphMaxTokens: ec.CUDA.GraphMaxTokens}
+	return backend.Options{GraphMaxTokens: ec.CUDA.GraphMaxTokens, Precision: ec.Precision}
+}
+
+// addPrecisionFlag registers --precision on a command that runs a model.
+func addPrecisionFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVar(p, "precision", "", "fp32 (the parity mode) or bf16 (GEMMs take bf16 activations, fp32 accumulation; cuda only) (default: the engine config's precision, fp32)")
+}
+
+// applyPrecision puts --precision, when given, into the configuration.
+func applyPrecision(flag string, ec *config.Engine) error {
+	switch flag {
+	case "":
+	case "fp32", "bf16":
+		ec.Precision = flag
+	default:
+		return fmt.Errorf("--precision must be fp32 or bf16, got %q", flag)
+	}
+	return nil
 }
 
 // addDeviceFlag registers --device on a command that builds an engine.

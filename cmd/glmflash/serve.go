@@ -15,7 +15,7 @@ import (
 )
 
 func newServeCmd() *cobra.Command {
-	var cfgPath, engineCfg, device string
+	var cfgPath, engineCfg, device, precision string
 	var sf serveFlags
 	cmd := &cobra.Command{
 		Use:   "serve [DIR | --model DIR | --preset NAME] [--host H] [--port P] [--http-port P] [--config FILE]",
@@ -60,6 +60,9 @@ are errors. TLS and API keys apply to gRPC and HTTP alike.`,
 			}
 			dev, err := resolveDevice(device, ec)
 			if err != nil {
+				return err
+			}
+			if err := applyPrecision(precision, ec); err != nil {
 				return err
 			}
 			// the pipeline (and its plugins) before anything listens: a bad
@@ -120,6 +123,7 @@ are errors. TLS and API keys apply to gRPC and HTTP alike.`,
 	sf.register(cmd)
 	cmd.Flags().StringVar(&engineCfg, "engine-config", "", "engine YAML: which passes run (default: the built-in default, configs/engine.yaml)")
 	addDeviceFlag(cmd, &device)
+	addPrecisionFlag(cmd, &precision)
 	return cmd
 }
 

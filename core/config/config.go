@@ -95,6 +95,10 @@ type Engine struct {
 	// Device is the backend that runs the model: "cpu" (default) or "cuda";
 	// --device overrides it.
 	Device string `koanf:"device"`
+	// Precision is "fp32" (default: the parity mode) or "bf16" (GEMMs take
+	// bf16 activations, fp32 accumulation: the fast mode, CUDA only);
+	// --precision overrides it.
+	Precision string `koanf:"precision"`
 	// CUDA configures the CUDA backend.
 	CUDA     CUDA         `koanf:"cuda"`
 	Passes   []PassConfig `koanf:"passes"`
@@ -198,6 +202,11 @@ func (e *Engine) Validate() error {
 	case "", "cpu", "cuda":
 	default:
 		return fmt.Errorf("device must be cpu or cuda, got %q", e.Device)
+	}
+	switch e.Precision {
+	case "", "fp32", "bf16":
+	default:
+		return fmt.Errorf("precision must be fp32 or bf16, got %q", e.Precision)
 	}
 	if g := e.CUDA.GraphMaxTokens; g < -1 || g > 1<<16 {
 		return fmt.Errorf("cuda.graph_max_tokens must be -1 (no graphs), 0 (the default) or in [1, 65536], got %d", g)

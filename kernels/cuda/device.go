@@ -329,10 +329,34 @@ func Launch[T any](d *Device, name string, grid, block Dim3, smem int, args *T) 
 // matrices: C[M][N] = A[M][K]·W[N][K]ᵀ, with leading dimensions lda, ldc.
 func (d *Device) Sgemm(M, N, K int, A DevicePtr, lda int, W DevicePtr, C DevicePtr, ldc int) error {
 	one, zero := float32(1), float32(0)
+	if r := d.blas.setMath(d.blasH, 2); r != 0 { // CUBLAS_PEDANTIC_MATH
+		return fmt.Errorf("cuda: cublasSetMathMode failed with status %d", r)
+	}
 	// column-major view: Cᵀ[N][M] = W[N][K] · Aᵀ
 	r := d.blas.sgemm(d.blasH, 1, 0, int32(N), int32(M), int32(K), &one, uint64(W), int32(K), uint64(A), int32(lda), &zero, uint64(C), int32(ldc))
 	if r != 0 {
 		return fmt.Errorf("cuda: cublasSgemm(%d×%d×%d) failed with status %d", M, N, K, r)
+	}
+	return nil
+}
+
+// GemmBF16 runs cuBLAS's bf16 GEMM with fp32 accumulation (tensor cores)
+// on row-major matrices: C[M][N] (fp32) = A[M][K]·W[N][K]ᵀ with A and W
+// bf16, leading dimensions in elements.
+func (d *Device) GemmBF16(M, N, K int, A DevicePtr, lda int, W DevicePtr, ldw int, C DevicePtr, ldc int) error {
+	const (
+		bf16, f32       = 14, 0 // CUDA_R_16BF, CUDA_R_32F
+		compute32F      = 68    // CUBLAS_COMPUTE_32F
+		algoDefault     = -1    // CUBLAS_GEMM_DEFAULT
+		defaultMathMode = 0     // CUBLAS_DEFAULT_MATH: tensor cores allowed
+	)
+	if r := d.blas.setMath(d.blasH, defaultMathMode); r != 0 {
+		return fmt.Errorf("cuda: cublasSetMathMode failed with status %d", r)
+	}
+	one, zero := float32(1), float32(0)
+	r := d.blas.gemmEx(d.blasH, 1, 0, int32(N), int32(M), int32(K), &one, uint64(W), bf16, int32(ldw), uint64(A), bf16, int32(lda), &zero, uint64(C), f32, int32(ldc), compute32F, algoDefault)
+	if r != 0 {
+		return fmt.Errorf("cuda: cublasGemmEx(bf16, %d×%d×%d) failed with status %d", M, N, K, r)
 	}
 	return nil
 }

@@ -65,6 +65,7 @@ type cublasLib struct {
 	setStream  func(h, s uintptr) int32
 	setMath    func(h uintptr, mode int32) int32
 	sgemm      func(h uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uint64, lda int32, b uint64, ldb int32, beta *float32, c uint64, ldc int32) int32
+	gemmEx     func(h uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uint64, atype int32, lda int32, b uint64, btype int32, ldb int32, beta *float32, c uint64, ctype int32, ldc int32, compute int32, algo int32) int32
 	ltCreate   func(h *uintptr) int32
 	ltDestroy  func(h uintptr) int32
 	ltVersion  func() uint64
@@ -154,7 +155,7 @@ func loadCublas() (*cublasLib, error) {
 	c.cublasName = name
 	if err := bind(lib, "cuBLAS ("+name+")", map[string]any{
 		"cublasCreate_v2": &c.create, "cublasDestroy_v2": &c.destroy, "cublasSetStream_v2": &c.setStream,
-		"cublasSetMathMode": &c.setMath, "cublasSgemm_v2": &c.sgemm,
+		"cublasSetMathMode": &c.setMath, "cublasSgemm_v2": &c.sgemm, "cublasGemmEx": &c.gemmEx,
 	}); err != nil {
 		return nil, err
 	}

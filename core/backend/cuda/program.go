@@ -39,9 +39,6 @@ type Program struct {
 	metaSize  int64
 	out       kc.DevicePtr // sampling outputs and scratch
 	outSize   int64
-	// blas: some GEMM has fp32 weights and may go to cuBLAS (such programs
-	// are not captured into graphs).
-	blas bool
 	// graphs are the captured launches of batches of up to
 	// opts.GraphMaxTokens tokens, by shape.
 	graphs map[graphKey]*kc.Graph
@@ -67,14 +64,15 @@ const maxGraphs = 256
 
 // graphKey says whether a batch runs as a CUDA graph, and under which key:
 // graphs are on, the program reads only host lengths (a length read-back
-// is a sync, which a graph cannot hold), captures no hidden states, calls
-// no cuBLAS, and the batch is small (decode and small verify/extend).
+// is a sync, which a graph cannot hold), captures no hidden states, and
+// the batch is small (decode and small verify/extend). cuBLAS calls are
+// captured like kernels.
 func (p *Program) graphKey(pr *backend.Prepared) (graphKey, bool) {
 	max := p.b.opts.GraphMaxTokens
 	if max == 0 {
 		max = DefaultGraphMaxTokens
 	}
-	if max < 0 || !p.plan.HostLengths || len(p.plan.Hidden) > 0 || p.blas || pr.T > max {
+	if max < 0 || !p.plan.HostLengths || len(p.plan.Hidden) > 0 || pr.T > max {
 		return graphKey{}, false
 	}
 	k := graphKey{T: pr.T, S: len(pr.Spans), sample: pr.Sample != nil}

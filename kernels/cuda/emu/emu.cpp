@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -313,9 +314,10 @@ CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void*) { mems
 // struct; a replay launches the records in order. Anything else issued on
 // a capturing stream is refused, as the driver refuses unsupported work.
 struct Launch {
-  CUfunction f;
+  CUfunction f;  // a kernel launch, or (f == nullptr) a library call:
   unsigned g[3], b[3], smem;
   std::vector<unsigned char> args;
+  std::function<void()> call;
 };
 struct Graph {
   std::vector<Launch> launches;
@@ -352,6 +354,10 @@ CUresult cuGraphInstantiateWithFlags(void** exec, void* g, unsigned long long) {
 }
 CUresult cuGraphLaunch(void* exec, void*) {
   for (auto& l : ((Graph*)exec)->launches) {
+    if (!l.f) {
+      l.call();
+      continue;
+    }
     void* p = l.args.data();
     if (emu::launch(l.f->fn, l.g[0], l.g[1], l.g[2], l.b[0], l.b[1], l.b[2], l.smem, &p)) return 1;
   }
@@ -383,8 +389,17 @@ int cublasGetVersion_v2(void*, int* v) { *v = 130000; return 0; }
 // Column-major C = op(A)·op(B); op 0 = N, 1 = T. The sums are formed in
 // double: a stand-in for cuBLAS's blocked fp32 sums, which land closer to
 // the exact product than one long contracted fp32 chain would.
-int cublasSgemm_v2(void*, int ta, int tb, int m, int n, int k, const float* alpha, const float* A, int lda,
+int cublasSgemm_v2(void* h, int ta, int tb, int m, int n, int k, const float* alpha, const float* A, int lda,
                    const float* B, int ldb, const float* beta, float* C, int ldc) {
+  if (capturing) {  // recorded with its scalars, run at replay
+    float al = *alpha, be = *beta;
+    Launch l{};
+    l.call = [=] {
+      cublasSgemm_v2(h, ta, tb, m, n, k, &al, A, lda, B, ldb, &be, C, ldc);
+    };
+    capture->launches.push_back(l);
+    return 0;
+  }
   for (int j = 0; j < n; j++)
     for (int i = 0; i < m; i++) {
       double s = 0;
@@ -395,6 +410,41 @@ int cublasSgemm_v2(void*, int ta, int tb, int m, int n, int k, const float* alph
       }
       float& c = C[i + (size_t)j * ldc];
       c = *alpha * (float)s + (*beta == 0 ? 0 : *beta * c);
+    }
+  return 0;
+}
+static float bf16_to_f(unsigned short b) {
+  unsigned u = (unsigned)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+// cublasGemmEx for bf16 A and B, fp32 C and compute (the bf16 precision
+// mode's only use); sums in double, like the Sgemm stand-in.
+int cublasGemmEx(void* h, int ta, int tb, int m, int n, int k, const void* alpha, const void* A, int atype, int lda,
+                 const void* B, int btype, int ldb, const void* beta, void* C, int ctype, int ldc, int compute, int algo) {
+  if (atype != 14 || btype != 14 || ctype != 0) return 15;  // CUBLAS_STATUS_NOT_SUPPORTED
+  if (capturing) {
+    float al = *(const float*)alpha, be = *(const float*)beta;
+    Launch l{};
+    l.call = [=] {
+      cublasGemmEx(h, ta, tb, m, n, k, &al, A, atype, lda, B, btype, ldb, &be, C, ctype, ldc, compute, algo);
+    };
+    capture->launches.push_back(l);
+    return 0;
+  }
+  const unsigned short* a = (const unsigned short*)A;
+  const unsigned short* b = (const unsigned short*)B;
+  float* c = (float*)C;
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < m; i++) {
+      double s = 0;
+      for (int l = 0; l < k; l++) {
+        float x = bf16_to_f(ta ? a[l + (size_t)i * lda] : a[i + (size_t)l * lda]);
+        float y = bf16_to_f(tb ? b[j + (size_t)l * ldb] : b[l + (size_t)j * ldb]);
+        s += (double)x * (double)y;
+      }
+      c[i + (size_t)j * ldc] = *(const float*)alpha * (float)s;
     }
   return 0;
 }

@@ -30,6 +30,7 @@ struct GemmArgs {
   const float* row_scale;       // down: scale by row_scale[perm[p]]
   float* scatter;               // down: write row perm[p] of scatter
   double limit;                 // SwiGLU clamp (dual mode)
+  i64 a_round;                  // 1: round A to bf16 as it is read (bf16 precision)
 };
 
 DEVFN float* out_ptr(const GemmArgs& a, i64 g, i64 r, i64 c) {
@@ -104,7 +105,7 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
       int r = idx / BK, kk = idx % BK;
       float v = 0;
       if (r < rows && k0 + kk < a.K) v = A[(i64)rowA[r] * a.lda + k0 + kk];
-      As[kk][r] = v;
+      As[kk][r] = a.a_round ? bf16_round(v) : v;
     }
     for (int l = 0; l < 4; l++) {
       int idx = tid + l * 256;
@@ -187,7 +188,8 @@ KERNEL(glmf_gemm_skinny, GemmArgs) {
     }
     for (int l = tid; l < 8 * SK_BK; l += blockDim.x) {
       int mm = l / SK_BK, kk = l % SK_BK;
-      As[mm][kk] = (mm < a.M && k0 + kk < a.K) ? A[mm * a.lda + k0 + kk] : 0;
+      float v = (mm < a.M && k0 + kk < a.K) ? A[mm * a.lda + k0 + kk] : 0;
+      As[mm][kk] = a.a_round ? bf16_round(v) : v;
     }
     __syncthreads();
     for (int kk = 0; kk < SK_BK; kk++) acc += (double)As[m][kk] * (double)Ws[c][kk];
