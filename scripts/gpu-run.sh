@@ -53,7 +53,15 @@ bench)
 				--json "$OUT/logs/bench-$(basename "$cfg" .yaml)-$p.json" >>"$OUT/logs/bench.log" 2>&1 || log "bench FAILED"
 		done
 	done
-	tail -n 40 "$OUT/logs/bench.log" >>"$OUT/logs/summary.txt"
+	for prec in fp32 bf16; do
+		log "bench --device cuda --preset bench --precision $prec --profile-ops"
+		timeout "$LIMIT" bin/glmflash bench --device cuda --preset bench --precision $prec --profile-ops --batch 1,8 --reps 2 \
+			>>"$OUT/logs/bench-profile.log" 2>&1 || log "bench --profile-ops FAILED"
+		log "bench --device cuda --preset bench --precision $prec (graphs on)"
+		timeout "$LIMIT" bin/glmflash bench --device cuda --preset bench --precision $prec --prompt 4096 --batch 1,8,64 --reps 3 \
+			--json "$OUT/logs/bench-$prec.json" >>"$OUT/logs/bench.log" 2>&1 || log "bench FAILED"
+	done
+	grep -E "tokens/s|per step|device  " "$OUT/logs/bench.log" | tail -n 40 >>"$OUT/logs/summary.txt"
 	;;
 load)
 	log "load test (ghz) against serve --device cuda"

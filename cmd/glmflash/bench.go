@@ -40,6 +40,7 @@ type benchResult struct {
 func newBenchCmd() *cobra.Command {
 	var mf modelFlags
 	var cfgPath, device, precision string
+	var profileOps bool
 	var prompt, decodeSteps, reps, warmup int
 	var batches []int
 	var jsonOut, dump, cpuProfile string
@@ -85,11 +86,14 @@ func newBenchCmd() *cobra.Command {
 			if limit := cfg.MaxPositionEmbeddings; prompt > limit || 32+decodeSteps > limit {
 				return fmt.Errorf("--prompt (%d) and 32 + --decode-steps (%d) must fit max_position_embeddings (%d)", prompt, 32+decodeSteps, limit)
 			}
-			e, err := newEngine(ck, cfgPath, device, precision, maxB+1)
+			e, err := newEngineWith(ck, cfgPath, device, precision, maxB+1, func(o *backend.Options) { o.ProfileOps = profileOps })
 			if err != nil {
 				return err
 			}
 			defer e.Close()
+			if profileOps && e.Backend().Name() == "cpu" {
+				return fmt.Errorf("--profile-ops: the cpu backend does not time its ops")
+			}
 			toks := func(n, seed int) []int32 {
 				t := make([]int32, n)
 				for i := range t {
@@ -225,6 +229,27 @@ func newBenchCmd() *cobra.Command {
 				fmt.Println()
 			}
 			fmt.Printf("peak RSS %.1f MiB\n", peak)
+			if profileOps {
+				for _, key := range []engine.Key{{Mode: build.Prefill, Logits: build.LastLogits}, {Mode: build.Decode, Logits: build.LastLogits}} {
+					prog, err := e.Program(key)
+					if err != nil {
+						return err
+					}
+					op, ok := prog.(backend.OpProfiler)
+					if !ok {
+						return fmt.Errorf("--profile-ops: the %s backend does not time its ops", info.Backend)
+					}
+					fmt.Printf("device time per op, %s program, over every run above:\n", key)
+					var total float64
+					times := op.OpTimes()
+					for _, t := range times {
+						total += t.Ms
+					}
+					for _, t := range times {
+						fmt.Printf("  %-18s %7d calls %10.2f ms  %5.1f%%\n", t.Op, t.Calls, t.Ms, 100*t.Ms/total)
+					}
+				}
+			}
 			if jsonOut != "" {
 				b, _ := json.MarshalIndent(map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU(), "device": info}, "", "  ")
 				if err := os.WriteFile(jsonOut, b, 0o644); err != nil {
@@ -237,6 +262,7 @@ func newBenchCmd() *cobra.Command {
 	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
 	addDeviceFlag(cmd, &device)
 	addPrecisionFlag(cmd, &precision)
+	cmd.Flags().BoolVar(&profileOps, "profile-ops", false, "time every op on the device (graphs off) and print the device time per op of the prefill and decode programs")
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().IntVar(&prompt, "prompt", 512, "prefill prompt length")

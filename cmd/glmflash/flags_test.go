@@ -306,6 +306,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"generate --precision": func(string) probe {
 			return probe{args: args(gen, "--precision", "fp16"), want: `--precision must be fp32 or bf16, got "fp16"`}
 		},
+		"bench --profile-ops": func(string) probe {
+			return probe{args: args(bench, "--profile-ops"), want: "--profile-ops: the cpu backend does not time its ops"}
+		},
 		"bench --precision": func(string) probe {
 			return probe{args: args(bench, "--precision", "bf16"), want: `cpu backend: precision "bf16" is not implemented`}
 		},

@@ -177,6 +177,11 @@ func describePass(w io.Writer, d pass.Description, source string) {
 // newEngine makes an engine over ck with the passes of the engine config at
 // cfgPath (the default configuration when empty).
 func newEngine(ck *model.Checkpoint, cfgPath, device, precision string, slots int) (*engine.Engine, error) {
+	return newEngineWith(ck, cfgPath, device, precision, slots, nil)
+}
+
+// newEngineWith is newEngine with a last say on the backend options.
+func newEngineWith(ck *model.Checkpoint, cfgPath, device, precision string, slots int, adjust func(*backend.Options)) (*engine.Engine, error) {
 	ec, err := engineConfig(cfgPath)
 	if err != nil {
 		return nil, err
@@ -192,7 +197,11 @@ func newEngine(ck *model.Checkpoint, cfgPath, device, precision string, slots in
 	if err != nil {
 		return nil, err
 	}
-	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Passes: pl, PassEnv: env, Device: dev, Backend: backendOptions(ec)})
+	bo := backendOptions(ec)
+	if adjust != nil {
+		adjust(&bo)
+	}
+	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Passes: pl, PassEnv: env, Device: dev, Backend: bo})
 }
 
 // backendOptions are the backend settings of an engine configuration.

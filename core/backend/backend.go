@@ -81,6 +81,18 @@ type Stats struct {
 	GraphReplays, GraphCaptures int64
 }
 
+// OpTime is the device time one op took over a program's runs.
+type OpTime struct {
+	Op    string
+	Calls int64
+	Ms    float64
+}
+
+// OpProfiler is a program that times its ops (Options.ProfileOps).
+type OpProfiler interface {
+	OpTimes() []OpTime
+}
+
 // Store holds sequence state in numbered slots. It is safe for concurrent
 // use; a slot's contents belong to whoever allocated it.
 type Store interface {
@@ -112,6 +124,9 @@ type Options struct {
 	// CUDA graphs and replays (0: the backend's default; negative: no
 	// graphs, every launch eager).
 	GraphMaxTokens int
+	// ProfileOps times every step on the device (events around each op's
+	// launches; graphs off) for a per-op breakdown (device backends).
+	ProfileOps bool
 }
 
 // Factory opens a backend.

@@ -42,6 +42,8 @@ type Program struct {
 	// graphs are the captured launches of batches of up to
 	// opts.GraphMaxTokens tokens, by shape.
 	graphs map[graphKey]*kc.Graph
+	// opTimes accumulates device time per op (Options.ProfileOps).
+	opTimes map[string]*backend.OpTime
 
 	runs, deviceReads, fusedMHC, launches, syncs, lengthSyncs, replays, captures atomic.Int64
 }
@@ -72,7 +74,7 @@ func (p *Program) graphKey(pr *backend.Prepared) (graphKey, bool) {
 	if max == 0 {
 		max = DefaultGraphMaxTokens
 	}
-	if max < 0 || !p.plan.HostLengths || len(p.plan.Hidden) > 0 || pr.T > max {
+	if max < 0 || p.b.opts.ProfileOps || !p.plan.HostLengths || len(p.plan.Hidden) > 0 || pr.T > max {
 		return graphKey{}, false
 	}
 	k := graphKey{T: pr.T, S: len(pr.Spans), sample: pr.Sample != nil}
@@ -227,6 +229,26 @@ type runCtx struct {
 	host  map[*ir.Value]any
 	// visible[kpool] = the largest number of pools any row sees.
 	maxVisible map[int]int
+	// profile collects each step's device events when op timing is on.
+	profile []opEvents
+}
+
+type opEvents struct {
+	op       string
+	from, to kc.Event
+}
+
+// OpTimes returns the device time per op since profiling was switched on
+// (Options.ProfileOps), the most expensive first.
+func (p *Program) OpTimes() []backend.OpTime {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []backend.OpTime
+	for _, t := range p.opTimes {
+		out = append(out, *t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Ms > out[j].Ms })
+	return out
 }
 
 func (rc *runCtx) rows(v *ir.Value) int {
@@ -374,6 +396,10 @@ func (p *Program) ensureKeep(buf *kc.DevicePtr, size *int64, n int64) (bool, err
 func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, error) {
 	dev := p.b.dev
 	rc := &runCtx{p: p, dev: dev, pr: pr, store: store, T: pr.T, S: len(pr.Spans), addr: map[*ir.Value]kc.DevicePtr{}, host: map[*ir.Value]any{}, maxVisible: map[int]int{}}
+	if p.b.opts.ProfileOps {
+		rc.profile = []opEvents{}
+		defer p.collectProfile(rc)
+	}
 	// 1. the step's metadata, in one upload
 	mb := newMetaBuilder()
 	rowSeq, rowPos := make([]int32, rc.T), make([]int32, rc.T)
@@ -528,6 +554,26 @@ func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, 
 	return res, nil
 }
 
+// collectProfile turns a run's step events into per-op device time.
+func (p *Program) collectProfile(rc *runCtx) {
+	if p.opTimes == nil {
+		p.opTimes = map[string]*backend.OpTime{}
+	}
+	for _, e := range rc.profile {
+		ms, err := rc.dev.Elapsed(e.from, e.to)
+		if err != nil {
+			continue
+		}
+		t := p.opTimes[e.op]
+		if t == nil {
+			t = &backend.OpTime{Op: e.op}
+			p.opTimes[e.op] = t
+		}
+		t.Calls++
+		t.Ms += ms
+	}
+}
+
 // launchSteps runs the arena plan a second time with real addresses,
 // launching every step (or recording it, inside a capture).
 func (p *Program) launchSteps(rc *runCtx, tempSize [][]int64) error {
@@ -563,8 +609,22 @@ func (p *Program) walkSteps(rc *runCtx, tempSize [][]int64, launch bool) error {
 			rc.temps = append(rc.temps, p.arena+kc.DevicePtr(ap2.alloc(n)))
 		}
 		if launch {
+			var ev0 kc.Event
+			if rc.profile != nil {
+				var err error
+				if ev0, err = rc.dev.Record(); err != nil {
+					return err
+				}
+			}
 			if err := st.run(rc); err != nil {
 				return fmt.Errorf("cuda: %s (layer %d): %w", st.node.Op, st.node.Layer, err)
+			}
+			if rc.profile != nil {
+				ev1, err := rc.dev.Record()
+				if err != nil {
+					return err
+				}
+				rc.profile = append(rc.profile, opEvents{st.node.Op, ev0, ev1})
 			}
 		}
 		for i, n := range tempSize[si] {
