@@ -116,6 +116,10 @@ func castBF16(rc *runCtx, x kc.DevicePtr, R, K, lda int, dst kc.DevicePtr) error
 // rows, does not promise that: batch invariance holds for bf16 weights.
 const skinnyMaxRows = 8
 
+// skinnyThreads is SK_THREADS of gemm.cu: columns per block of the skinny
+// GEMM.
+const skinnyThreads = 64
+
 // gemm launches y = x·Wᵀ over M rows for weight W ([G][N][K] when batched)
 // writing through args' outputs; fp32 weights go to cuBLAS when the outputs
 // are one plain matrix.
@@ -125,8 +129,8 @@ func gemm(rc *runCtx, a *kc.GemmArgs, G int) error {
 	}
 	grid := kc.Dim3{Z: uint32(G)}
 	if a.M <= skinnyMaxRows {
-		grid.X = uint32((a.N + 31) / 32)
-		return kc.Launch(rc.dev, "glmf_gemm_skinny", grid, block256, 0, a)
+		grid.X = uint32((a.N + skinnyThreads - 1) / skinnyThreads)
+		return kc.Launch(rc.dev, "glmf_gemm_skinny", grid, kc.Dim3{X: skinnyThreads}, 0, a)
 	}
 	grid.X, grid.Y = uint32((a.N+63)/64), uint32((a.M+63)/64)
 	return kc.Launch(rc.dev, "glmf_gemm_tiled", grid, block256, 0, a)

@@ -9,6 +9,10 @@
 #include <cstdint>
 #include <cstring>
 
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+
 struct emu_dim3 {
   unsigned x, y, z;
 };
