@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
@@ -80,7 +80,7 @@ func BenchmarkPasses(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Run(arm.name+"/prefill512", func(b *testing.B) {
-			key := engine.Key{Mode: build.Prefill, Logits: build.LastLogits}
+			key := engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}
 			if _, err := e.Program(key); err != nil {
 				b.Fatal(err)
 			}
@@ -97,10 +97,10 @@ func BenchmarkPasses(b *testing.B) {
 		b.Run(arm.name+"/decode", func(b *testing.B) {
 			s, _ := e.Store().Alloc()
 			defer e.Store().Free(s)
-			if _, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: prompt[:64]}}}); err != nil {
+			if _, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: prompt[:64]}}}); err != nil {
 				b.Fatal(err)
 			}
-			key := engine.Key{Mode: build.Decode, Logits: build.LastLogits}
+			key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
 			if _, err := e.Program(key); err != nil {
 				b.Fatal(err)
 			}

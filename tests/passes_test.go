@@ -7,10 +7,10 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
@@ -35,8 +35,8 @@ func tuningDir(t *testing.T) string {
 	require.NoError(t, err)
 	for _, name := range fixtures {
 		ck, _ := openFixture(t, name)
-		for _, lg := range []build.Logits{build.AllLogits, build.LastLogits} {
-			g, err := build.Build(ck.Config(), build.Options{Mode: build.Prefill, Logits: lg})
+		for _, lg := range []graph.Logits{graph.AllLogits, graph.LastLogits} {
+			g, err := graph.Build(ck.Config(), graph.Options{Mode: graph.Prefill, Logits: lg})
 			require.NoError(t, err)
 			_, err = pl.Run(g, &pass.Env{TP: pass.Topology{Size: 1, Known: true}, HostLengths: true})
 			require.NoError(t, err)
@@ -117,9 +117,9 @@ func TestPassParityOnFixtures(t *testing.T) {
 	}
 }
 
-func explain(t *testing.T, cfg *model.Config, mode build.Mode, reqs []pass.Request, env *pass.Env) (*ir.Graph, *pass.Report, string) {
+func explain(t *testing.T, cfg *model.Config, mode graph.Mode, reqs []pass.Request, env *pass.Env) (*ir.Graph, *pass.Report, string) {
 	t.Helper()
-	g, err := build.Build(cfg, build.Options{Mode: mode, Logits: build.LastLogits})
+	g, err := graph.Build(cfg, graph.Options{Mode: mode, Logits: graph.LastLogits})
 	require.NoError(t, err)
 	before := g.Text()
 	pl, err := pass.NewPipeline(reqs, true)
@@ -147,14 +147,14 @@ func TestFiredSiteCounts(t *testing.T) {
 			}
 		}
 		L := cfg.NumHiddenLayers
-		_, rep, _ := explain(t, cfg, build.Decode, []pass.Request{request(kdafusion.Name, ""), request(mhcfusion.Name, ""), request(dsameta.Name, ""), request(hostlen.Name, ""), request(autotune.Name, tdir)}, nil)
+		_, rep, _ := explain(t, cfg, graph.Decode, []pass.Request{request(kdafusion.Name, ""), request(mhcfusion.Name, ""), request(dsameta.Name, ""), request(hostlen.Name, ""), request(autotune.Name, tdir)}, nil)
 		require.Len(t, rep.Find(kdafusion.Name).Fired, kda, name)
 		require.Len(t, rep.Find(mhcfusion.Name).Fired, 2*L-1, name) // every post but the terminal one
 		require.Len(t, rep.Find(mhcfusion.Name).Skipped, 1, name)
 		require.Len(t, rep.Find(dsameta.Name).Fired, dsa, name)
 		require.Len(t, rep.Find(hostlen.Name).Fired, 2*kda+1, name) // kda_conv + kda_attn per KDA layer + the hoisted metadata
 		// autotune alone: every distinct GEMM shape of the graph × 4 buckets
-		g, rep, _ := explain(t, cfg, build.Decode, []pass.Request{request(autotune.Name, tdir)}, nil)
+		g, rep, _ := explain(t, cfg, graph.Decode, []pass.Request{request(autotune.Name, tdir)}, nil)
 		shapes := map[[2]int]bool{}
 		for _, n := range g.Nodes {
 			if n.Op == "linear" {
@@ -170,7 +170,7 @@ func TestFiredSiteCounts(t *testing.T) {
 func fixedTable(t *testing.T, cfg *model.Config) string {
 	t.Helper()
 	dir := t.TempDir()
-	g, err := build.Build(cfg, build.Options{Mode: build.Decode, Logits: build.LastLogits})
+	g, err := graph.Build(cfg, graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(t, err)
 	tb := &autotune.Table{CPU: "test-cpu"}
 	for _, n := range g.Nodes {
@@ -189,7 +189,7 @@ func TestPassGoldenIR(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	tdir := fixedTable(t, ck.Config())
 	for _, n := range builtins {
-		g, _, _ := explain(t, ck.Config(), build.Decode, []pass.Request{request(n, tdir)}, nil)
+		g, _, _ := explain(t, ck.Config(), graph.Decode, []pass.Request{request(n, tdir)}, nil)
 		path := filepath.Join("testdata", "golden", n+".decode.golden")
 		if os.Getenv("GLMFLASH_UPDATE_GOLDEN") != "" {
 			require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
@@ -227,26 +227,26 @@ func TestIneligibleSitesAreReported(t *testing.T) {
 		}
 	}
 	// heads not divisible by a simulated attention-TP size
-	g, rep, before := explain(t, cfg, build.Decode, kda, env(func(e *pass.Env) { e.TP = pass.Topology{Size: 3, Known: true} }))
+	g, rep, before := explain(t, cfg, graph.Decode, kda, env(func(e *pass.Env) { e.TP = pass.Topology{Size: 3, Known: true} }))
 	skippedAll(rep, kdafusion.Name, "4 KDA heads not divisible by attention-TP size 3")
 	require.Equal(t, before, g.Text())
 	// TP metadata missing
-	g, rep, before = explain(t, cfg, build.Decode, kda, env(func(e *pass.Env) { e.TP = pass.Topology{} }))
+	g, rep, before = explain(t, cfg, graph.Decode, kda, env(func(e *pass.Env) { e.TP = pass.Topology{} }))
 	skippedAll(rep, kdafusion.Name, "attention-TP rank/size metadata missing")
 	require.Equal(t, before, g.Text())
 	// a LoRA adapter on k_proj
-	g, rep, before = explain(t, cfg, build.Decode, kda, env(func(e *pass.Env) { e.LoRA = []pass.LoRATarget{{Adapter: "demo", Module: "k_proj"}} }))
+	g, rep, before = explain(t, cfg, graph.Decode, kda, env(func(e *pass.Env) { e.LoRA = []pass.LoRATarget{{Adapter: "demo", Module: "k_proj"}} }))
 	skippedAll(rep, kdafusion.Name, `LoRA adapter "demo" targets k_proj`)
 	require.Equal(t, before, g.Text())
 	// q_proj FP8 while the rest is BF16: the bfg form at that layer only
 	q0 := "model.language_model.layers.0.self_attn.q_proj.weight"
-	_, rep, _ = explain(t, cfg, build.Decode, kda, env(func(e *pass.Env) { e.Weights = fakeWeights{q0: safetensors.F8E4M3} }))
+	_, rep, _ = explain(t, cfg, graph.Decode, kda, env(func(e *pass.Env) { e.Weights = fakeWeights{q0: safetensors.F8E4M3} }))
 	pr := rep.Find(kdafusion.Name)
 	require.Len(t, pr.Fired, 6)
 	require.Equal(t, "partial bfg form: q_proj is FP8 but k_proj is BF16", pr.Fired[0].Note)
 	require.Equal(t, "full qkvbfg form", pr.Fired[1].Note)
 	// f_b FP8: nothing fuses at that layer
-	_, rep, _ = explain(t, cfg, build.Decode, kda, env(func(e *pass.Env) {
+	_, rep, _ = explain(t, cfg, graph.Decode, kda, env(func(e *pass.Env) {
 		e.Weights = fakeWeights{"model.language_model.layers.1.self_attn.f_b_proj.weight": safetensors.F8E4M3}
 	}))
 	pr = rep.Find(kdafusion.Name)
@@ -254,37 +254,37 @@ func TestIneligibleSitesAreReported(t *testing.T) {
 	require.Equal(t, "layer 1", pr.Skipped[0].Where)
 	require.Contains(t, pr.Skipped[0].Reason, "f_b_proj is FP8")
 	// the native FP8 layout keeps every KDA projection BF16: eligible
-	_, rep, _ = explain(t, cfg, build.Decode, kda, env(func(e *pass.Env) {
+	_, rep, _ = explain(t, cfg, graph.Decode, kda, env(func(e *pass.Env) {
 		e.Weights = fakeWeights{"model.language_model.layers.3.self_attn.q_a_proj.weight": safetensors.F8E4M3}
 	}))
 	require.Len(t, rep.Find(kdafusion.Name).Fired, 6)
 
 	// mHC: hidden capture after layer 2 blocks the 2 → 3 boundary; terminal layer
 	mhc := []pass.Request{{Name: mhcfusion.Name}}
-	_, rep, _ = explain(t, cfg, build.Decode, mhc, env(func(e *pass.Env) { e.CaptureHidden = map[int]bool{2: true} }))
+	_, rep, _ = explain(t, cfg, graph.Decode, mhc, env(func(e *pass.Env) { e.CaptureHidden = map[int]bool{2: true} }))
 	pr = rep.Find(mhcfusion.Name)
 	require.Len(t, pr.Skipped, 2)
 	require.Equal(t, "layer 2 ffn → layer 3 attn", pr.Skipped[0].Where)
 	require.Contains(t, pr.Skipped[0].Reason, "hidden-state capture requested after layer 2")
 	require.Contains(t, pr.Skipped[1].Reason, "terminal layer")
-	_, rep, _ = explain(t, cfg, build.Decode, []pass.Request{{Name: mhcfusion.Name, Options: map[string]any{"cross_layer": false}}}, nil)
+	_, rep, _ = explain(t, cfg, graph.Decode, []pass.Request{{Name: mhcfusion.Name, Options: map[string]any{"cross_layer": false}}}, nil)
 	require.Len(t, rep.Find(mhcfusion.Name).Fired, cfg.NumHiddenLayers)
 
 	// DSA metadata: kpool 1 has nothing to pool
 	c1 := cfg.Clone()
 	c1.IndexKPool = 1
-	g, rep, before = explain(t, c1, build.Decode, []pass.Request{{Name: dsameta.Name}}, nil)
+	g, rep, before = explain(t, c1, graph.Decode, []pass.Request{{Name: dsameta.Name}}, nil)
 	skippedAll(rep, dsameta.Name, "kpool 1 ≤ 1")
 	require.Equal(t, before, g.Text())
 
 	// host lengths absent, or produced by the computation
-	g, rep, before = explain(t, cfg, build.Decode, []pass.Request{{Name: hostlen.Name}}, env(func(e *pass.Env) { e.HostLengths = false }))
+	g, rep, before = explain(t, cfg, graph.Decode, []pass.Request{{Name: hostlen.Name}}, env(func(e *pass.Env) { e.HostLengths = false }))
 	skippedAll(rep, hostlen.Name, "host batch metadata is absent")
 	require.Equal(t, before, g.Text())
 
 	// a bucket with no tuning entry while tuning at start is off
 	empty := t.TempDir()
-	g, rep, before = explain(t, cfg, build.Decode, []pass.Request{{Name: autotune.Name, Options: map[string]any{"table_dir": empty}}}, nil)
+	g, rep, before = explain(t, cfg, graph.Decode, []pass.Request{{Name: autotune.Name, Options: map[string]any{"table_dir": empty}}}, nil)
 	pr = rep.Find(autotune.Name)
 	require.Empty(t, pr.Fired)
 	require.Contains(t, pr.Skipped[len(pr.Skipped)-1].Reason, "no tuning entry for this bucket and tune_at_start is off")
@@ -306,7 +306,7 @@ func TestHostLengthReuseNeverReadsExecutorLengths(t *testing.T) {
 		e, err := engine.New(cfg, ck, engine.Options{Slots: 1, Passes: pl, Backend: backend.Options{PoisonDeviceLengths: true}})
 		require.NoError(t, err)
 		s, _ := e.Store().Alloc()
-		key := engine.Key{Mode: build.Prefill, Logits: build.LastLogits}
+		key := engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}
 		p, err := e.Program(key)
 		require.NoError(t, err)
 		r, err := e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: toks}}})
@@ -320,7 +320,7 @@ func TestHostLengthReuseNeverReadsExecutorLengths(t *testing.T) {
 	}
 	clean := engineWith(t, ck, nil, nil)
 	s, _ := clean.Store().Alloc()
-	want, err := clean.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: toks}}})
+	want, err := clean.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: toks}}})
 	require.NoError(t, err)
 	require.Equal(t, want.Logits, res.Logits)
 
@@ -337,7 +337,7 @@ func TestMHCFusionTokenCap(t *testing.T) {
 	base := engineWith(t, ck, nil, nil)
 	for _, n := range []int{5, 40} {
 		toks := seqTokens(n, 1, ck.Config().VocabSize)
-		key := engine.Key{Mode: build.Prefill, Logits: build.AllLogits}
+		key := engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits}
 		a, _ := e.Store().Alloc()
 		ra, err := e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: a, Tokens: toks}}})
 		require.NoError(t, err)
@@ -348,7 +348,7 @@ func TestMHCFusionTokenCap(t *testing.T) {
 		e.Store().Free(a)
 		base.Store().Free(b)
 	}
-	p, err := e.Program(engine.Key{Mode: build.Prefill, Logits: build.AllLogits})
+	p, err := e.Program(engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits})
 	require.NoError(t, err)
 	require.EqualValues(t, 15, p.Stats().FusedMHCRuns) // the 5-token batch fused all 15 boundaries; the 40-token one declined
 }
@@ -359,16 +359,16 @@ func TestAutotuneTablePersistsAndReloads(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	dir := t.TempDir()
 	req := []pass.Request{{Name: autotune.Name, Options: map[string]any{"tune_at_start": true, "table_dir": dir, "buckets": []int{1, 64}, "reps": 1, "cpu": "unit"}}}
-	g1, rep1, _ := explain(t, ck.Config(), build.Prefill, req, nil)
+	g1, rep1, _ := explain(t, ck.Config(), graph.Prefill, req, nil)
 	require.NotEmpty(t, rep1.Find(autotune.Name).Fired)
 	files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
 	require.Len(t, files, 1)
 	req[0].Options["tune_at_start"] = false
-	g2, rep2, _ := explain(t, ck.Config(), build.Prefill, req, nil)
+	g2, rep2, _ := explain(t, ck.Config(), graph.Prefill, req, nil)
 	require.Equal(t, len(rep1.Find(autotune.Name).Fired), len(rep2.Find(autotune.Name).Fired))
 	require.Equal(t, g1.Text(), g2.Text())
 	// a malformed table is an error in the report, not a crash
 	require.NoError(t, os.WriteFile(files[0], []byte("{not json"), 0o644))
-	_, rep3, _ := explain(t, ck.Config(), build.Prefill, req, nil)
+	_, rep3, _ := explain(t, ck.Config(), graph.Prefill, req, nil)
 	require.Contains(t, rep3.Find(autotune.Name).Skipped[0].Reason, "tuning table")
 }

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/plugins/conformance"
 	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
@@ -59,7 +59,7 @@ func TestPluginExampleSubprocess(t *testing.T) {
 				for _, r := range res {
 					require.True(t, r.Pass(1e-4), "%s %s: max|Δ| %.2e vs transformers, greedy %v", name, r.Name, r.MaxAbsDiff, r.GreedyMatch)
 				}
-				rep := e.Report(engine.Key{Mode: build.Decode, Logits: build.LastLogits})
+				rep := e.Report(engine.Key{Mode: graph.Decode, Logits: graph.LastLogits})
 				require.NotNil(t, rep)
 				pr := rep.Find(fusion.Name)
 				require.NotNil(t, pr)
@@ -75,7 +75,7 @@ func TestPluginExampleSubprocess(t *testing.T) {
 				if cfg.NSharedExperts == 1 {
 					require.Len(t, pr.Fired, moe, name)
 					require.Empty(t, pr.Skipped, name)
-					p, err := e.Program(engine.Key{Mode: build.Decode, Logits: build.LastLogits})
+					p, err := e.Program(engine.Key{Mode: graph.Decode, Logits: graph.LastLogits})
 					require.NoError(t, err)
 					ops := map[string]int{}
 					for _, n := range p.Plan().Graph.Nodes {
@@ -164,7 +164,7 @@ func TestPluginChecksumPolicy(t *testing.T) {
 	s.host.StopUnused(nil)
 	requireProcessesGone(t, pids, dir)
 	ck, _ := openFixture(t, fixtures[0])
-	g, err := build.Build(ck.Config(), build.Options{Mode: build.Decode, Logits: build.LastLogits})
+	g, err := graph.Build(ck.Config(), graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(t, err)
 	rep, err := s.pl.Run(g, pass.EnvFromConfig(s.ec, ck.Config(), ck))
 	require.NoError(t, err)

@@ -3,8 +3,8 @@ package tests
 import (
 	"testing"
 
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model/safetensors"
@@ -61,10 +61,10 @@ func TestPluginWireIRRoundTrip(t *testing.T) {
 			all = append(all, request(n, tdir))
 		}
 		all = append(all, pass.Request{Name: fusion.Name})
-		for _, mode := range []build.Mode{build.Prefill, build.Decode, build.Extend, build.Mixed} {
-			for _, lg := range []build.Logits{build.AllLogits, build.LastLogits} {
+		for _, mode := range []graph.Mode{graph.Prefill, graph.Decode, graph.Extend, graph.Mixed} {
+			for _, lg := range []graph.Logits{graph.AllLogits, graph.LastLogits} {
 				for _, capture := range []bool{false, true} {
-					g, err := build.Build(cfg, build.Options{Mode: mode, Logits: lg, CaptureHidden: capture})
+					g, err := graph.Build(cfg, graph.Options{Mode: mode, Logits: lg, CaptureHidden: capture})
 					require.NoError(t, err)
 					back := roundTrip(t, g)
 					require.Equal(t, g.Text(), back.Text(), "%s %s/%s", name, mode, lg)
@@ -90,7 +90,7 @@ func TestPluginWireIRRoundTrip(t *testing.T) {
 func TestPluginWireEnvSitesDescription(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	cfg := ck.Config()
-	g, err := build.Build(cfg, build.Options{Mode: build.Decode, Logits: build.LastLogits})
+	g, err := graph.Build(cfg, graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(t, err)
 	q0 := "model.language_model.layers.0.self_attn.q_proj.weight"
 	e0 := "model.language_model.layers.3.mlp.experts.5.up_proj.weight"
@@ -140,7 +140,7 @@ func TestPluginInstallValidation(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	cfg := ck.Config()
 	fresh := func() *ir.Graph {
-		g, err := build.Build(cfg, build.Options{Mode: build.Decode, Logits: build.LastLogits})
+		g, err := graph.Build(cfg, graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 		require.NoError(t, err)
 		return g
 	}
@@ -198,7 +198,7 @@ func FuzzInstall(f *testing.F) {
 	ck, _ := openFixture(f, fixtures[0])
 	cfg := ck.Config()
 	fresh := func(t testing.TB) *ir.Graph {
-		g, err := build.Build(cfg, build.Options{Mode: build.Decode, Logits: build.LastLogits})
+		g, err := graph.Build(cfg, graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 		require.NoError(t, err)
 		return g
 	}
@@ -231,7 +231,7 @@ func FuzzInstall(f *testing.F) {
 // them never panics, and sites that decode refer to nodes of the graph.
 func FuzzPluginAnswers(f *testing.F) {
 	ck, _ := openFixture(f, fixtures[0])
-	g, err := build.Build(ck.Config(), build.Options{Mode: build.Decode, Logits: build.LastLogits})
+	g, err := graph.Build(ck.Config(), graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(f, err)
 	d, err := wire.EncodeDescription((&fusion.Pass{}).Describe())
 	require.NoError(f, err)

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/spf13/cobra"
 )
@@ -70,7 +70,7 @@ func newBenchCmd() *cobra.Command {
 				}
 				defer pprof.StopCPUProfile()
 			}
-			if err := dumpGraph(dump, cfg, build.Prefill, build.LastLogits); err != nil {
+			if err := dumpGraph(dump, cfg, graph.Prefill, graph.LastLogits); err != nil {
 				return err
 			}
 			maxB := 1
@@ -147,7 +147,7 @@ func newBenchCmd() *cobra.Command {
 				}
 				defer free(slots)
 				t0 := time.Now()
-				_, err = e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slots[0], Tokens: toks(prompt, 1)}}})
+				_, err = e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slots[0], Tokens: toks(prompt, 1)}}})
 				return prompt, time.Since(t0).Seconds(), err
 			})
 			if err != nil {
@@ -165,10 +165,10 @@ func newBenchCmd() *cobra.Command {
 					for i, s := range slots {
 						pb.Seqs = append(pb.Seqs, backend.Seq{Slot: s, Tokens: toks(32, i+2)})
 					}
-					if _, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, pb); err != nil {
+					if _, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, pb); err != nil {
 						return 0, 0, err
 					}
-					key := engine.Key{Mode: build.Decode, Logits: build.LastLogits}
+					key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
 					prog, err := e.Program(key)
 					if err != nil {
 						return 0, 0, err

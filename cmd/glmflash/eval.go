@@ -5,8 +5,8 @@ import (
 	"os"
 	"text/tabwriter"
 
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/eval"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/spf13/cobra"
 )
 
@@ -31,7 +31,7 @@ func newEvalCmd() *cobra.Command {
 				return err
 			}
 			defer ck.Close()
-			if err := dumpGraph(dump, ck.Config(), build.Prefill, build.AllLogits); err != nil {
+			if err := dumpGraph(dump, ck.Config(), graph.Prefill, graph.AllLogits); err != nil {
 				return err
 			}
 			ref, err := eval.Load(refPath)

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/model/chat"
@@ -119,7 +119,7 @@ func newGenerateCmd() *cobra.Command {
 			if len(ids)+maxTokens > cfg.MaxPositionEmbeddings {
 				return fmt.Errorf("--max-tokens: the prompt (%d tokens) + --max-tokens (%d) exceed max_position_embeddings (%d)", len(ids), maxTokens, cfg.MaxPositionEmbeddings)
 			}
-			if err := dumpGraph(dump, cfg, build.Decode, build.LastLogits); err != nil {
+			if err := dumpGraph(dump, cfg, graph.Decode, graph.LastLogits); err != nil {
 				return err
 			}
 			e, err := newEngine(ck, cfgPath, device, 1)
@@ -130,7 +130,7 @@ func newGenerateCmd() *cobra.Command {
 			slot, _ := e.Store().Alloc()
 			smp := sample.New(sp)
 			t0 := time.Now()
-			res, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: ids}}})
+			res, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: ids}}})
 			if err != nil {
 				return err
 			}
@@ -161,7 +161,7 @@ func newGenerateCmd() *cobra.Command {
 				if len(out) == maxTokens {
 					break
 				}
-				res, err = e.Run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: []int32{tok}}}})
+				res, err = e.Run(engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: []int32{tok}}}})
 				if err != nil {
 					return err
 				}

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/model"
@@ -167,11 +167,11 @@ func addPresetTokenizer(dir string, vocab int) error {
 }
 
 // dumpGraph prints a graph as the --dump-graph flag asks: "summary" or "text".
-func dumpGraph(what string, cfg *model.Config, mode build.Mode, logits build.Logits) error {
+func dumpGraph(what string, cfg *model.Config, mode graph.Mode, logits graph.Logits) error {
 	if what == "" {
 		return nil
 	}
-	g, err := build.Build(cfg, build.Options{Mode: mode, Logits: logits})
+	g, err := graph.Build(cfg, graph.Options{Mode: mode, Logits: logits})
 	if err != nil {
 		return err
 	}

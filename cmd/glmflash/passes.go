@@ -9,9 +9,9 @@ import (
 	"text/tabwriter"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
 	_ "github.com/glmflash/glmflash/passes/all" // register built-in passes
@@ -85,7 +85,7 @@ func newPassesCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		Short: "Run the configured passes on a model's graph and print the report (fired sites, skipped sites with reasons)",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := build.ParseMode(mode)
+			m, err := graph.ParseMode(mode)
 			if err != nil {
 				return err
 			}
@@ -95,7 +95,7 @@ func newPassesCmd() *cobra.Command {
 			if format != "text" && format != "json" {
 				return fmt.Errorf("--format must be text or json, got %q", format)
 			}
-			if logits != string(build.AllLogits) && logits != string(build.LastLogits) {
+			if logits != string(graph.AllLogits) && logits != string(graph.LastLogits) {
 				return fmt.Errorf("--logits must be all or last, got %q", logits)
 			}
 			ec, err := engineConfig(cfgPath)
@@ -131,7 +131,7 @@ func newPassesCmd() *cobra.Command {
 					}
 				}
 			}
-			g, err := build.Build(ck.Config(), build.Options{Mode: m, Logits: build.Logits(logits)})
+			g, err := graph.Build(ck.Config(), graph.Options{Mode: m, Logits: graph.Logits(logits)})
 			if err != nil {
 				return err
 			}

@@ -16,8 +16,8 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/plan"
-	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/model"
 )
 
@@ -147,7 +147,7 @@ type EngineRunner struct {
 
 type engineArm struct {
 	eng *engine.Engine
-	rt  *runtime.Runtime
+	rt  *sched.Scheduler
 }
 
 // NewEngineRunner prepares an in-process runner; weights are loaded once
@@ -181,12 +181,12 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 	if err != nil {
 		return err
 	}
-	for _, key := range runtime.Programs { // compiled here, never during a measurement
+	for _, key := range sched.Programs { // compiled here, never during a measurement
 		if _, err := eng.Program(key); err != nil {
 			return fmt.Errorf("arm %s: %w", a.Name, err)
 		}
 	}
-	rt, err := runtime.New(eng, runtime.Config{MaxRunning: conc, MaxQueue: reqs, MaxBatchTokens: r.Study.Runtime.MaxBatchTokens, PrefillChunk: r.Study.Runtime.PrefillChunk}, runtime.Options{})
+	rt, err := sched.New(eng, sched.Config{MaxRunning: conc, MaxQueue: reqs, MaxBatchTokens: r.Study.Runtime.MaxBatchTokens, PrefillChunk: r.Study.Runtime.PrefillChunk}, sched.Options{})
 	if err != nil {
 		return err
 	}
@@ -198,7 +198,7 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 func (r *EngineRunner) RunCell(ctx context.Context, a Arm, c Cell, prompts [][]int32) (*CellResult, error) {
 	ea := r.arms[a.Name]
 	gen := func(ctx context.Context, prompt []int32, maxTokens int, on func([]int32)) error {
-		h, err := ea.rt.Submit(ctx, runtime.Request{Prompt: prompt, MaxTokens: maxTokens, Sampling: sample.Greedy(), IgnoreEOS: true})
+		h, err := ea.rt.Submit(ctx, sched.Request{Prompt: prompt, MaxTokens: maxTokens, Sampling: sample.Greedy(), IgnoreEOS: true})
 		if err != nil {
 			return err
 		}
@@ -215,7 +215,7 @@ func (r *EngineRunner) RunCell(ctx context.Context, a Arm, c Cell, prompts [][]i
 				on(ids)
 			}
 			if fin != nil {
-				if fin.Reason != runtime.FinishLength && fin.Reason != runtime.FinishStop {
+				if fin.Reason != sched.FinishLength && fin.Reason != sched.FinishStop {
 					return fmt.Errorf("request ended with %s: %s", fin.Reason, fin.Message)
 				}
 				return nil

@@ -3,7 +3,7 @@
 // checkpoint name, host-side batch metadata, integer tensors), nodes (an op
 // name, inputs, outputs, attributes), a verifier and a stable text printer.
 //
-// The IR knows nothing about kernels or buffers: the executor (core/exec)
+// The IR knows nothing about kernels or buffers: each backend (core/backend/*)
 // binds ops to kernels, passes (core/pass) rewrite graphs.
 package ir
 

@@ -6,8 +6,8 @@ import (
 )
 
 // The op set of the GLM-5.3-Flash forward pass. Shape inference lives here
-// so that the IR can be verified without an executor; core/exec binds each
-// op to a kernel. Attribute names are part of the IR's text format.
+// so that the IR can be verified without an executor; each backend binds every
+// op to a kernel (core/backend/*). Attribute names are part of the IR's text format.
 
 func init() {
 	for _, d := range []OpDef{

@@ -10,7 +10,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 )
 
@@ -88,13 +88,13 @@ func Compile(g *ir.Graph, w Weights, opts Options) (*Plan, error) {
 	}
 	for name, v := range g.Outputs {
 		p.LastUse[v] = math.MaxInt
-		if name != build.OutputLogit {
+		if name != graph.OutputLogit {
 			p.Hidden[v] = name
 		}
 	}
-	logits, ok := g.Outputs[build.OutputLogit]
+	logits, ok := g.Outputs[graph.OutputLogit]
 	if !ok {
-		return nil, fmt.Errorf("plan: graph has no %q output", build.OutputLogit)
+		return nil, fmt.Errorf("plan: graph has no %q output", graph.OutputLogit)
 	}
 	p.Logits = logits
 	p.Vocab = logits.Shape[1]

@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
-	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/kernels/parallel"
 	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
@@ -199,7 +199,7 @@ func alone(t *testing.T, p []int32, maxTokens int, sp sample.Params, stops []int
 	require.NoError(t, err)
 	slot, err := e.Store().Alloc()
 	require.NoError(t, err)
-	key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
+	key := engine.Key{Mode: graph.Mixed, Logits: graph.LastLogits}
 	res, err := e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: p}}})
 	require.NoError(t, err)
 	s := sample.New(sp)
@@ -675,7 +675,7 @@ func TestScoreMatchesEngine(t *testing.T) {
 	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 1})
 	require.NoError(t, err)
 	slot, _ := e.Store().Alloc()
-	want, err := e.Run(engine.Key{Mode: build.Mixed, Logits: build.AllLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: toks}}})
+	want, err := e.Run(engine.Key{Mode: graph.Mixed, Logits: graph.AllLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: toks}}})
 	require.NoError(t, err)
 
 	all, err := h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: toks, AllPositions: true})
@@ -801,7 +801,7 @@ func TestEveryProgramCompiledBeforeServing(t *testing.T) {
 	mu.Lock()
 	before := append([]engine.Key(nil), compiled...)
 	mu.Unlock()
-	require.ElementsMatch(t, runtime.Programs, before, "compiled by the time the server is ready")
+	require.ElementsMatch(t, sched.Programs, before, "compiled by the time the server is ready")
 	_, err := h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: prompt(5, 1), AllPositions: true})
 	require.NoError(t, err)
 	_, err = generate(context.Background(), h.client, &pb.GenerateRequest{PromptIds: prompt(5, 1), MaxTokens: ptr(uint32(2)), Sampling: greedy()})

@@ -10,7 +10,7 @@ package hostlen
 import (
 	"fmt"
 
-	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 )
@@ -38,7 +38,7 @@ func (*Pass) Configure(map[string]any) error { return nil }
 // Eligible implements pass.Pass: one site per node reading seq_lengths.
 func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
 	var sites []pass.Site
-	batch := g.Input(build.InputBatch)
+	batch := g.Input(graph.InputBatch)
 	for _, n := range g.Nodes {
 		if len(n.Inputs) == 0 || n.Inputs[0].Producer == nil || n.Inputs[0].Producer.Op != "seq_lengths" {
 			continue

@@ -23,10 +23,10 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
@@ -81,12 +81,12 @@ func OpenFixture(t testing.TB, dir string) *Fixture {
 }
 
 // graphs are the programs the suite builds: every batch mode.
-var graphs = []build.Options{
-	{Mode: build.Prefill, Logits: build.AllLogits},
-	{Mode: build.Prefill, Logits: build.LastLogits},
-	{Mode: build.Decode, Logits: build.LastLogits},
-	{Mode: build.Extend, Logits: build.AllLogits},
-	{Mode: build.Mixed, Logits: build.LastLogits},
+var graphs = []graph.Options{
+	{Mode: graph.Prefill, Logits: graph.AllLogits},
+	{Mode: graph.Prefill, Logits: graph.LastLogits},
+	{Mode: graph.Decode, Logits: graph.LastLogits},
+	{Mode: graph.Extend, Logits: graph.AllLogits},
+	{Mode: graph.Mixed, Logits: graph.LastLogits},
 }
 
 func (s Subject) pipeline(t testing.TB, opts map[string]any) *pass.Pipeline {
@@ -104,16 +104,16 @@ func env(f *Fixture, cfg *model.Config, program string) *pass.Env {
 	return e
 }
 
-func buildGraph(t testing.TB, cfg *model.Config, o build.Options) *ir.Graph {
+func buildGraph(t testing.TB, cfg *model.Config, o graph.Options) *ir.Graph {
 	t.Helper()
-	g, err := build.Build(cfg, o)
+	g, err := graph.Build(cfg, o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return g
 }
 
-func program(o build.Options) string { return string(o.Mode) + "/" + string(o.Logits) }
+func program(o graph.Options) string { return string(o.Mode) + "/" + string(o.Logits) }
 
 // Run runs the whole suite on s over fixture f.
 func Run(t *testing.T, f *Fixture, s Subject) {
@@ -260,15 +260,15 @@ func RunCases(t testing.TB, f *Fixture, e *engine.Engine) [][]float32 {
 		}
 		switch c.Kind {
 		case "prefill":
-			run(engine.Key{Mode: build.Prefill, Logits: build.AllLogits}, c.Tokens)
+			run(engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits}, c.Tokens)
 		case "decode":
-			run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, c.Tokens)
+			run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, c.Tokens)
 			for _, tok := range c.Greedy {
-				run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, []int32{tok})
+				run(engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}, []int32{tok})
 			}
 		case "extend":
-			run(engine.Key{Mode: build.Prefill, Logits: build.AllLogits}, c.Tokens[:c.Split])
-			run(engine.Key{Mode: build.Extend, Logits: build.AllLogits}, c.Tokens[c.Split:])
+			run(engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits}, c.Tokens[:c.Split])
+			run(engine.Key{Mode: graph.Extend, Logits: graph.AllLogits}, c.Tokens[c.Split:])
 		}
 		if err := e.Store().Free(slot); err != nil {
 			t.Fatal(err)

@@ -9,7 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/sample"
@@ -395,9 +395,9 @@ func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, 
 	ap2 := &arenaPlan{}
 	for _, in := range p.plan.Graph.Inputs {
 		switch in.Name {
-		case build.InputTokens:
+		case graph.InputTokens:
 			rc.addr[in] = rc.toks
-		case build.InputBatch:
+		case graph.InputBatch:
 		default:
 			return nil, fmt.Errorf("cuda: graph input %q is not provided by the executor", in.Name)
 		}

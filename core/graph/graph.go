@@ -1,8 +1,8 @@
-// Package build assembles the GLM-5.3-Flash forward pass as an IR graph
+// Package graph assembles the GLM-5.3-Flash forward pass as an IR graph
 // from a model configuration: embedding into H residual streams, per layer
 // mHC pre → RMSNorm → KDA or DSA/MLA → mHC post → mHC pre → RMSNorm → dense
 // MLP or MoE → mHC post, then the stream mean, final norm and LM head.
-package build
+package graph
 
 import (
 	"fmt"
@@ -138,7 +138,7 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	logits := g.Op1("linear", -1, nil, y, g.AddWeight("lm_head.weight", cfg.VocabSize, D)).Named("logits")
 	g.Outputs[OutputLogit] = logits
 	if err := g.Verify(); err != nil {
-		return nil, fmt.Errorf("build: graph does not verify: %w", err)
+		return nil, fmt.Errorf("graph: the built graph does not verify: %w", err)
 	}
 	return g, nil
 }
