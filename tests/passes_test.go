@@ -157,7 +157,7 @@ func TestFiredSiteCounts(t *testing.T) {
 		g, rep, _ := explain(t, cfg, graph.Decode, []pass.Request{request(autotune.Name, tdir)}, nil)
 		shapes := map[[2]int]bool{}
 		for _, n := range g.Nodes {
-			if n.Op == "linear" {
+			if n.Op == ir.OpLinear {
 				shapes[[2]int{n.Inputs[1].Shape[0], n.Inputs[0].Shape[1]}] = true
 			}
 		}
@@ -174,7 +174,7 @@ func fixedTable(t *testing.T, cfg *model.Config) string {
 	require.NoError(t, err)
 	tb := &autotune.Table{CPU: "test-cpu"}
 	for _, n := range g.Nodes {
-		if n.Op == "linear" {
+		if n.Op == ir.OpLinear {
 			for i, b := range []int{1, 8, 64, 512} {
 				tb.Put(autotune.Entry{Op: "gemm", DType: "bf16", N: n.Inputs[1].Shape[0], K: n.Inputs[0].Shape[1], Bucket: b, ColGrain: 4 << i, RowBlock: 16 << i})
 			}
@@ -316,7 +316,7 @@ func TestHostLengthReuseNeverReadsExecutorLengths(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, prog.Stats().DeviceLengthReads)
 	for _, n := range prog.Plan().Graph.Nodes {
-		require.NotEqual(t, "seq_lengths", n.Op)
+		require.NotEqual(t, ir.OpSeqLengths, n.Op)
 	}
 	clean := engineWith(t, ck, nil, nil)
 	s, _ := clean.Store().Alloc()

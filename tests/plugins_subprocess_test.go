@@ -11,6 +11,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
 	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/plugins/conformance"
 	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
@@ -81,8 +82,8 @@ func TestPluginExampleSubprocess(t *testing.T) {
 					for _, n := range p.Plan().Graph.Nodes {
 						ops[n.Op]++
 					}
-					require.Equal(t, moe, ops["moe_append_expert"], name)
-					require.Zero(t, ops["add"], name)
+					require.Equal(t, moe, ops[ir.OpMoEAppendExpert], name)
+					require.Zero(t, ops[ir.OpAdd], name)
 				} else {
 					require.Empty(t, pr.Fired, name)
 					require.Len(t, pr.Skipped, moe, name)

@@ -167,7 +167,7 @@ func TestPluginInstallValidation(t *testing.T) {
 		"weight without ref": {func(m *pb.Graph) { m.Weights[0].Ref = "" }, "checkpoint reference"},
 		"const op on non-weight": {func(m *pb.Graph) {
 			for _, n := range m.Nodes {
-				if n.Op == "concat_rows" {
+				if n.Op == ir.OpConcatRows {
 					n.Inputs[0] = m.Nodes[1].Outputs[0].Id // the embedding's activation
 					return
 				}

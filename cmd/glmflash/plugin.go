@@ -271,7 +271,7 @@ func (p *Pass) Configure(opts map[string]any) error {
 func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
 	var sites []pass.Site
 	for _, n := range g.Nodes {
-		if n.Op != "moe_route" {
+		if n.Op != ir.OpMoERoute {
 			continue
 		}
 		where := fmt.Sprintf("layer %d", n.Layer)

@@ -7,6 +7,7 @@ import (
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/ir"
 )
 
 // Result is one case's agreement with the reference.
@@ -78,7 +79,7 @@ func RunCase(e *engine.Engine, c *Case, V int) (Result, error) {
 		}
 		compare(out.Logits, c.Logits, V, &res)
 		for l := 0; l < len(c.Hidden); l++ {
-			got, want := out.Hidden[graph.HiddenOutput(l)], c.Hidden[l]
+			got, want := out.Hidden[ir.HiddenOutput(l)], c.Hidden[l]
 			d := 0.0
 			if len(got) != len(want) {
 				d = math.Inf(1)

@@ -162,7 +162,7 @@ func (g *Graph) Op(op string, layer int, attrs Attrs, inputs ...*Value) []*Value
 		panic(fmt.Sprintf("ir: %s (layer %d): %v", op, layer, err))
 	}
 	kind := Activation
-	if def.Const {
+	if def.Const() {
 		kind = Weight
 	}
 	for _, o := range outs {
@@ -199,7 +199,7 @@ func (g *Graph) NewNode(op string, layer int, attrs Attrs, inputs ...*Value) (*N
 		return nil, fmt.Errorf("%s (layer %d): %w", op, layer, err)
 	}
 	kind := Activation
-	if def.Const {
+	if def.Const() {
 		kind = Weight
 	}
 	for _, o := range outs {

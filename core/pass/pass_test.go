@@ -46,9 +46,9 @@ func reg(f *fake) {
 func tiny() *ir.Graph {
 	g := ir.New("t")
 	x := g.AddInput("tokens", ir.I32, ir.DimT)
-	s := g.Op1("embed", -1, ir.Attrs{"streams": 1}, x, g.AddWeight("emb", 8, 4))
-	m := g.Op1("stream_mean", -1, nil, s)
-	g.Outputs["logits"] = g.Op1("linear", -1, nil, m, g.AddWeight("head", 8, 4))
+	s := g.Op1(ir.OpEmbed, -1, ir.Attrs{"streams": 1}, x, g.AddWeight("emb", 8, 4))
+	m := g.Op1(ir.OpStreamMean, -1, nil, s)
+	g.Outputs["logits"] = g.Op1(ir.OpLinear, -1, nil, m, g.AddWeight("head", 8, 4))
 	return g
 }
 

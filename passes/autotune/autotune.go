@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/glmflash/glmflash/core/ir"
@@ -79,28 +81,15 @@ func (p *Pass) Configure(o map[string]any) error {
 	return nil
 }
 
-// tunable ops and how to read their GEMM shape.
-func gemmShape(n *ir.Node) (N, K int, ok bool) {
-	switch n.Op {
-	case "linear", "linear_split":
-		w := n.Inputs[1]
-		K = n.Inputs[0].Shape[1]
-		return w.Shape[0], K, true
-	}
-	return 0, 0, false
-}
-
-// ops that run kernels but expose no tuning knobs.
-var untunable = map[string]bool{"moe_experts": true, "mla_attn": true, "kda_attn": true, "linear_batched": true, "mhc_pre": true, "mhc_post": true, "mhc_post_pre": true, "dsa_topk": true}
-
 type shapeSite struct {
 	N, K, bucket int
 	entry        Entry
 	nodes        []*ir.Node
 }
 
-// Eligible implements pass.Pass: one site per (GEMM shape, bucket), plus one
-// skipped site per kernel op without knobs. With tune_at_start, missing
+// Eligible implements pass.Pass: one site per (GEMM shape, bucket) of the
+// nodes whose op has the GEMM trait, plus one skipped site naming the other
+// kernel ops. With tune_at_start, missing
 // entries are measured here (and persisted in Apply).
 func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
 	table, err := LoadTable(p.dir, p.cpu)
@@ -113,19 +102,25 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 	}
 	nodes := map[shape][]*ir.Node{}
 	var order []shape
-	seenOp := map[string]bool{}
-	var sites []pass.Site
+	var untunable []string
 	for _, n := range g.Nodes {
-		if N, K, ok := gemmShape(n); ok {
-			s := shape{N, K, weightDType(n.Inputs[1], env)}
+		d := n.Def()
+		switch {
+		case d.GEMM != nil:
+			gs := d.GEMM(n)
+			s := shape{gs.N, gs.K, weightDType(gs.Weight, env)}
 			if _, seen := nodes[s]; !seen {
 				order = append(order, s)
 			}
 			nodes[s] = append(nodes[s], n)
-		} else if untunable[n.Op] && !seenOp[n.Op] {
-			seenOp[n.Op] = true
-			sites = append(sites, pass.Skip(n.Op, -1, "op %s has no tunable kernel", n.Op))
+		case !d.Const() && !slices.Contains(untunable, n.Op):
+			untunable = append(untunable, n.Op)
 		}
+	}
+	var sites []pass.Site
+	if len(untunable) > 0 {
+		sort.Strings(untunable)
+		sites = append(sites, pass.Skip("ops without the GEMM trait", -1, "no tunable kernel: %s", strings.Join(untunable, ", ")))
 	}
 	for _, s := range order {
 		for _, b := range p.buckets {
@@ -180,7 +175,7 @@ func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 			cg = append(cg, ss.entry.ColGrain)
 			rb = append(rb, ss.entry.RowBlock)
 		}
-		n.Attrs["tune_buckets"], n.Attrs["tune_col_grain"], n.Attrs["tune_row_block"] = bs, cg, rb
+		n.Attrs[ir.AttrTuneBuckets], n.Attrs[ir.AttrTuneColGrain], n.Attrs[ir.AttrTuneRowBlock] = bs, cg, rb
 	}
 	res := pass.Result{Fired: len(sites)}
 	if p.Tuned > 0 {

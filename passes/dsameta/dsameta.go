@@ -44,7 +44,7 @@ func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site 
 	var sites []pass.Site
 	var first *geometry
 	for _, n := range g.Nodes {
-		if n.Op != "dsa_meta" || n.Layer < 0 {
+		if n.Op != ir.OpDSAMeta || n.Layer < 0 {
 			continue
 		}
 		l := n.Layer
@@ -75,7 +75,7 @@ func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site 
 // Apply implements pass.Pass.
 func (*Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 	first := sites[0].Nodes[0]
-	hoisted, err := g.NewNode("dsa_meta", -1, first.Attrs.Clone(), first.Inputs[0])
+	hoisted, err := g.NewNode(ir.OpDSAMeta, -1, first.Attrs.Clone(), first.Inputs[0])
 	if err != nil {
 		return pass.Result{}, err
 	}

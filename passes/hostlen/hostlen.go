@@ -10,7 +10,6 @@ package hostlen
 import (
 	"fmt"
 
-	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 )
@@ -35,12 +34,13 @@ func (*Pass) Describe() pass.Description {
 // Configure implements pass.Pass.
 func (*Pass) Configure(map[string]any) error { return nil }
 
-// Eligible implements pass.Pass: one site per node reading seq_lengths.
+// Eligible implements pass.Pass: one site per node whose lengths source
+// (the ReadsLengths trait) is the executor's seq_lengths.
 func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
 	var sites []pass.Site
-	batch := g.Input(graph.InputBatch)
+	batch := g.Input(ir.InputBatch)
 	for _, n := range g.Nodes {
-		if len(n.Inputs) == 0 || n.Inputs[0].Producer == nil || n.Inputs[0].Producer.Op != "seq_lengths" {
+		if !n.Def().ReadsLengths || n.Inputs[0].Producer == nil || n.Inputs[0].Producer.Op != ir.OpSeqLengths {
 			continue
 		}
 		where := fmt.Sprintf("layer %d %s", n.Layer, n.Op)

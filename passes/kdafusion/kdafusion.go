@@ -52,7 +52,7 @@ type layerSite struct {
 func projections(g *ir.Graph, l int) map[string]*ir.Node {
 	out := map[string]*ir.Node{}
 	for _, n := range g.Nodes {
-		if n.Layer != l || n.Op != "linear" || len(n.Inputs) != 2 {
+		if n.Layer != l || n.Op != ir.OpLinear || len(n.Inputs) != 2 {
 			continue
 		}
 		ref := n.Inputs[1].Ref
@@ -76,7 +76,7 @@ func quantClass(dt safetensors.DType) string {
 func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
 	var sites []pass.Site
 	for _, n := range g.Nodes {
-		if n.Op != "kda_attn" {
+		if n.Op != ir.OpKDAAttn {
 			continue
 		}
 		l := n.Layer
@@ -199,22 +199,22 @@ func rewrite(g *ir.Graph, l int, ls *layerSite) error {
 	if ls.full {
 		name = "qkvbfg"
 	}
-	cat, err := g.NewNode("concat_rows", l, nil, ws...)
+	cat, err := g.NewNode(ir.OpConcatRows, l, nil, ws...)
 	if err != nil {
 		return err
 	}
 	cat.Outputs[0].Named(fmt.Sprintf("l%d.self_attn.%s_proj", l, name))
-	split, err := g.NewNode("linear_split", l, ir.Attrs{"splits": splits, "fused": name}, h, cat.Outputs[0])
+	split, err := g.NewNode(ir.OpLinearSplit, l, ir.Attrs{"splits": splits, "fused": name}, h, cat.Outputs[0])
 	if err != nil {
 		return err
 	}
-	stk, err := g.NewNode("stack", l, nil, lin["f_b_proj"].Inputs[1], lin["g_b_proj"].Inputs[1])
+	stk, err := g.NewNode(ir.OpStack, l, nil, lin["f_b_proj"].Inputs[1], lin["g_b_proj"].Inputs[1])
 	if err != nil {
 		return err
 	}
 	stk.Outputs[0].Named(fmt.Sprintf("l%d.self_attn.fg_b_proj", l))
 	low := split.Outputs[len(split.Outputs)-1]
-	bat, err := g.NewNode("linear_batched", l, nil, low, stk.Outputs[0])
+	bat, err := g.NewNode(ir.OpLinearBatched, l, nil, low, stk.Outputs[0])
 	if err != nil {
 		return err
 	}

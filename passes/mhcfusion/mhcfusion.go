@@ -58,7 +58,7 @@ type boundary struct {
 func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
 	var sites []pass.Site
 	for _, n := range g.Nodes {
-		if n.Op != "mhc_post" {
+		if n.Op != ir.OpMHCPost {
 			continue
 		}
 		l := n.Layer
@@ -66,7 +66,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 		X := n.Outputs[0]
 		var pre *ir.Node
 		for _, u := range a.Users(X) {
-			if u.Op == "mhc_pre" && u.Inputs[0] == X {
+			if u.Op == ir.OpMHCPre && u.Inputs[0] == X {
 				pre = u
 			}
 		}
@@ -102,7 +102,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 		if p.norm {
 			h := pre.Outputs[0]
 			us := a.Users(h)
-			if len(us) == 1 && us[0].Op == "rmsnorm" && us[0].Inputs[0] == h {
+			if len(us) == 1 && us[0].Op == ir.OpRMSNorm && us[0].Inputs[0] == h {
 				b.norm = us[0]
 			}
 		}
@@ -131,7 +131,7 @@ func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 			ins = append(ins, b.norm.Inputs[1])
 			attrs["norm_eps"] = b.norm.Attrs.Float("eps", 1e-5)
 		}
-		fused, err := g.NewNode("mhc_post_pre", pre.Layer, attrs, ins...)
+		fused, err := g.NewNode(ir.OpMHCPostPre, pre.Layer, attrs, ins...)
 		if err != nil {
 			return pass.Result{}, err
 		}

@@ -390,7 +390,7 @@ func Decode(g *ir.Graph, m *pb.Graph, b Binder) (*Contents, error) {
 			return nil, fmt.Errorf("%s: %d outputs on the wire, shape inference says %d", where, len(nm.GetOutputs()), len(n.Outputs))
 		}
 		wantKind := pb.Kind_KIND_ACTIVATION
-		if def.Const {
+		if def.Const() {
 			wantKind = pb.Kind_KIND_WEIGHT
 		}
 		for j, om := range nm.GetOutputs() {

@@ -10,17 +10,17 @@ import (
 
 // Dense ops: embedding, norms, GEMMs, elementwise ops and row selection.
 func init() {
-	bind("embed", bindEmbed)
-	bind("rmsnorm", bindRMSNorm)
-	bind("layernorm", bindLayerNorm)
-	bind("linear", bindLinear)
-	bind("linear_split", bindLinearSplit)
-	bind("linear_batched", bindLinearBatched)
-	bind("sigmoid", bindElementwise(0))
-	bind("add", bindElementwise(1))
-	bind("swiglu", bindElementwise(2))
-	bind("stream_mean", bindStreamMean)
-	bind("last_rows", bindLastRows)
+	bind(ir.OpEmbed, bindEmbed)
+	bind(ir.OpRMSNorm, bindRMSNorm)
+	bind(ir.OpLayerNorm, bindLayerNorm)
+	bind(ir.OpLinear, bindLinear)
+	bind(ir.OpLinearSplit, bindLinearSplit)
+	bind(ir.OpLinearBatched, bindLinearBatched)
+	bind(ir.OpSigmoid, bindElementwise(0))
+	bind(ir.OpAdd, bindElementwise(1))
+	bind(ir.OpSwiGLU, bindElementwise(2))
+	bind(ir.OpStreamMean, bindStreamMean)
+	bind(ir.OpLastRows, bindLastRows)
 }
 
 const threads = 256

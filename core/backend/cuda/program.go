@@ -9,7 +9,6 @@ import (
 	"unsafe"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/sample"
@@ -194,7 +193,7 @@ func (rc *runCtx) rows(v *ir.Value) int {
 // bytesOf is the device size of a value for this batch (0: no buffer).
 func (rc *runCtx) bytesOf(v *ir.Value) int64 {
 	if v.DType == ir.Host {
-		if v.Producer != nil && v.Producer.Op == "dsa_meta" {
+		if v.Producer != nil && v.Producer.Op == ir.OpDSAMeta {
 			return 4 * int64(rc.T) // the visible-pools array
 		}
 		return 0
@@ -395,9 +394,9 @@ func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, 
 	ap2 := &arenaPlan{}
 	for _, in := range p.plan.Graph.Inputs {
 		switch in.Name {
-		case graph.InputTokens:
+		case ir.InputTokens:
 			rc.addr[in] = rc.toks
-		case graph.InputBatch:
+		case ir.InputBatch:
 		default:
 			return nil, fmt.Errorf("cuda: graph input %q is not provided by the executor", in.Name)
 		}
@@ -519,7 +518,7 @@ func (p *Program) sample(rc *runCtx, logits, specs kc.DevicePtr, rows int) ([]ba
 func (p *Program) kpools() []int {
 	var out []int
 	for _, st := range p.steps {
-		if st.node.Op == "dsa_meta" {
+		if st.node.Op == ir.OpDSAMeta {
 			kp := st.node.Attrs.Int("kpool", 0)
 			found := false
 			for _, k := range out {
