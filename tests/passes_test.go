@@ -66,7 +66,7 @@ func engineWith(t *testing.T, ck *model.Checkpoint, reqs []pass.Request, env *pa
 	pl, err := pass.NewPipeline(reqs, true)
 	require.NoError(t, err)
 	if env == nil {
-		env = pass.EnvFromConfig(config.Default(), ck.Config(), ck)
+		env = config.Default().PassEnv(ck.Config(), ck)
 	}
 	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Passes: pl, PassEnv: env})
 	require.NoError(t, err)

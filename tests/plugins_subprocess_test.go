@@ -12,7 +12,6 @@ import (
 	"github.com/glmflash/glmflash/core/eval"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
-	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/plugins/conformance"
 	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
 	"github.com/glmflash/glmflash/plugins/host"
@@ -154,7 +153,7 @@ func TestPluginChecksumPolicy(t *testing.T) {
 	require.NoError(t, err)
 	h, err := host.Open(host.OptionsFromConfig(ec, zerolog.Nop()))
 	require.NoError(t, err)
-	_, err = pass.FromConfigWith(ec, h)
+	_, err = ec.Pipeline(h)
 	require.ErrorContains(t, err, `unknown pass "no-such-pass"`)
 	require.ErrorContains(t, err, fusion.Name, "the error lists plugin passes too")
 	require.NoError(t, h.Close())
@@ -167,7 +166,7 @@ func TestPluginChecksumPolicy(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	g, err := graph.Build(ck.Config(), graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(t, err)
-	rep, err := s.pl.Run(g, pass.EnvFromConfig(s.ec, ck.Config(), ck))
+	rep, err := s.pl.Run(g, s.ec.PassEnv(ck.Config(), ck))
 	require.NoError(t, err)
 	pr := rep.Find(fusion.Name)
 	require.NotNil(t, pr)

@@ -88,7 +88,7 @@ func openPlugins(t *testing.T, yaml string) *pluginSetup {
 	h, err := host.Open(host.OptionsFromConfig(ec, zerolog.New(lb)))
 	require.NoError(t, err)
 	t.Cleanup(func() { h.Close() })
-	pl, err := pass.FromConfigWith(ec, h)
+	pl, err := ec.Pipeline(h)
 	require.NoError(t, err)
 	var keep []string
 	for _, p := range ec.Enabled() {
@@ -100,7 +100,7 @@ func openPlugins(t *testing.T, yaml string) *pluginSetup {
 
 func (s *pluginSetup) engine(t *testing.T, ck *model.Checkpoint) *engine.Engine {
 	t.Helper()
-	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Passes: s.pl, PassEnv: pass.EnvFromConfig(s.ec, ck.Config(), ck)})
+	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Passes: s.pl, PassEnv: s.ec.PassEnv(ck.Config(), ck)})
 	require.NoError(t, err)
 	return e
 }

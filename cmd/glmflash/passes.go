@@ -34,7 +34,7 @@ func pipelineFor(ec *config.Engine, ck *model.Checkpoint) (*pass.Pipeline, *pass
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", ec.Source, err)
 	}
-	return pl, pass.EnvFromConfig(ec, ck.Config(), ck), nil
+	return pl, ec.PassEnv(ck.Config(), ck), nil
 }
 
 func newPassesCmd() *cobra.Command {
@@ -48,7 +48,11 @@ func newPassesCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 			for _, name := range pass.Names() {
 				f, _ := pass.Lookup(name)
-				describePass(tw, f().Describe(), "built-in")
+				d, err := pass.DescriptionOf(f())
+				if err != nil {
+					return err
+				}
+				describePass(tw, d, "built-in")
 			}
 			if listCfg != "" {
 				ec, err := config.Load(listCfg)
@@ -170,7 +174,11 @@ func describePass(w io.Writer, d pass.Description, source string) {
 		if len(o.Enum) > 0 {
 			enum = " (" + strings.Join(o.Enum, "|") + ")"
 		}
-		fmt.Fprintf(w, "\t\t\t  %s: %s = %v%s: %s\n", o.Name, o.Type, o.Default, enum, o.Doc)
+		def := fmt.Sprint(o.Default)
+		if o.Type == pass.String || o.Type == pass.PathType {
+			def = fmt.Sprintf("%q", o.Default)
+		}
+		fmt.Fprintf(w, "\t\t\t  %s: %s = %s%s: %s\n", o.Name, o.Type, def, enum, o.Doc)
 	}
 }
 

@@ -29,7 +29,7 @@ var (
 // command ends (closePlugins).
 func pipelineWithPlugins(ec *config.Engine) (*pass.Pipeline, error) {
 	if ec.Plugins.Dir == "" {
-		return pass.FromConfig(ec)
+		return ec.Pipeline(nil)
 	}
 	pluginSignal.Do(func() {
 		if !exitOnSignal {
@@ -52,7 +52,7 @@ func pipelineWithPlugins(ec *config.Engine) (*pass.Pipeline, error) {
 	pluginMu.Lock()
 	pluginHosts = append(pluginHosts, h)
 	pluginMu.Unlock()
-	pl, err := pass.FromConfigWith(ec, h)
+	pl, err := ec.Pipeline(h)
 	if err != nil {
 		return nil, err
 	}

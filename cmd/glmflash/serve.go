@@ -79,7 +79,7 @@ are errors. TLS and API keys apply to gRPC and HTTP alike.`,
 					if err != nil {
 						return nil, err
 					}
-					env = pass.EnvFromConfig(ec, ck.Config(), ck)
+					env = ec.PassEnv(ck.Config(), ck)
 					tm, err := mf.textModel(ck.Config().VocabSize)
 					if err != nil {
 						ck.Close()

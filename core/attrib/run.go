@@ -154,7 +154,7 @@ type engineArm struct {
 // and shared by every arm.
 func NewEngineRunner(s *Study, cfg *model.Config, w plan.Weights, wi pass.WeightInfo, pf PipelineFunc) *EngineRunner {
 	if pf == nil {
-		pf = pass.FromConfig
+		pf = func(e *config.Engine) (*pass.Pipeline, error) { return e.Pipeline(nil) }
 	}
 	return &EngineRunner{Model: cfg, Weights: plan.NewWeightCache(w), Info_: wi, Study: s, Pipeline: pf, arms: map[string]*engineArm{}}
 }
@@ -177,7 +177,7 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 		return fmt.Errorf("arm %s: %w", a.Name, err)
 	}
 	conc, reqs := maxConcurrency(r.Study)
-	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: pass.EnvFromConfig(ec, r.Model, r.Info_), Device: r.Device})
+	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: ec.PassEnv(r.Model, r.Info_), Device: r.Device})
 	if err != nil {
 		return err
 	}

@@ -257,12 +257,16 @@ func (s *Study) CheckModel(vocab, contextLimit int) error {
 func (s *Study) requests(ps []config.PassConfig) ([]pass.Request, error) {
 	var reqs []pass.Request
 	for _, p := range ps {
-		reqs = append(reqs, pass.Request{Name: p.Name, Options: p.Options})
+		reqs = append(reqs, pass.Request{Name: p.Name, Options: p.Options, Dir: p.Dir})
 	}
 	for _, r := range reqs {
 		if f, ok := pass.Lookup(r.Name); ok {
-			if _, err := pass.NormalizeOptions(f().Describe(), r.Options); err != nil {
+			schema, err := pass.Schema(f())
+			if err != nil {
 				return nil, err
+			}
+			if _, err := pass.Normalize(schema, r.Options, r.Dir); err != nil {
+				return nil, fmt.Errorf("pass %s: %w", r.Name, err)
 			}
 		}
 	}

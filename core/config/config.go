@@ -12,8 +12,10 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/internal/strict"
+	"github.com/glmflash/glmflash/model"
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/env"
@@ -29,6 +31,9 @@ type PassConfig struct {
 	Name    string         `koanf:"name"`
 	Enabled *bool          `koanf:"enabled"` // default true
 	Options map[string]any `koanf:"options"`
+	// Dir is the directory of the file the entry was read from: relative
+	// path options are relative to it.
+	Dir string `koanf:"-" json:"-"`
 }
 
 // On reports whether the pass is enabled.
@@ -266,4 +271,36 @@ func SortedOptionKeys(m map[string]any) []string {
 	}
 	sort.Strings(k)
 	return k
+}
+
+// Requests lists the enabled passes, in order, as pipeline requests.
+func (e *Engine) Requests() []pass.Request {
+	var reqs []pass.Request
+	for _, p := range e.Enabled() {
+		reqs = append(reqs, pass.Request{Name: p.Name, Options: p.Options, Dir: p.Dir})
+	}
+	return reqs
+}
+
+// Pipeline builds the pass pipeline the configuration asks for: the enabled
+// passes in their listed order, resolved among the built-in passes and
+// extra (the plugin host's passes; may be nil).
+func (e *Engine) Pipeline(extra pass.Resolver) (*pass.Pipeline, error) {
+	return pass.NewPipelineWith(e.Requests(), e.VerifyEachPass(), extra)
+}
+
+// PassEnv is the eligibility environment for model m, its weights w and
+// this configuration (topology, LoRA targets, hidden-state captures).
+func (e *Engine) PassEnv(m *model.Config, w pass.WeightInfo) *pass.Env {
+	env := pass.NewEnv(m, w)
+	env.TP = pass.Topology{Size: e.Parallel.AttentionTPSize, Rank: e.Parallel.AttentionTPRank, Known: e.Parallel.AttentionTPSize > 0}
+	for _, a := range e.LoRA.Adapters {
+		for _, t := range a.Targets {
+			env.LoRA = append(env.LoRA, pass.LoRATarget{Adapter: a.Name, Module: t, Layers: a.Layers})
+		}
+	}
+	for _, l := range e.Debug.CaptureHidden {
+		env.CaptureHidden[l] = true
+	}
+	return env
 }

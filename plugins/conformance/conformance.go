@@ -99,7 +99,7 @@ func (s Subject) pipeline(t testing.TB, opts map[string]any) *pass.Pipeline {
 }
 
 func env(f *Fixture, cfg *model.Config, program string) *pass.Env {
-	e := pass.EnvFromConfig(config.Default(), cfg, f.Checkpoint)
+	e := config.Default().PassEnv(cfg, f.Checkpoint)
 	e.Program = program
 	return e
 }

@@ -130,7 +130,7 @@ func TestCUDATransformersParity(t *testing.T) {
 				if a.reqs != nil {
 					pl, err := pass.NewPipelineWith(a.reqs, true, inProcessFusion)
 					require.NoError(t, err)
-					o.Passes, o.PassEnv = pl, pass.EnvFromConfig(config.Default(), ck.Config(), ck)
+					o.Passes, o.PassEnv = pl, config.Default().PassEnv(ck.Config(), ck)
 				}
 				e := cudaEngine(t, ck, o)
 				res, err := eval.RunAll(e, ref)
@@ -275,7 +275,7 @@ func TestCUDALengthSyncs(t *testing.T) {
 		if reqs != nil {
 			pl, err := pass.NewPipeline(reqs, true)
 			require.NoError(t, err)
-			o.Passes, o.PassEnv = pl, pass.EnvFromConfig(config.Default(), ck.Config(), ck)
+			o.Passes, o.PassEnv = pl, config.Default().PassEnv(ck.Config(), ck)
 		}
 		e := cudaEngine(t, ck, o)
 		s, err := e.Store().Alloc()
