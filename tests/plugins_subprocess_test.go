@@ -12,7 +12,7 @@ import (
 	"github.com/glmflash/glmflash/core/eval"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
-	"github.com/glmflash/glmflash/plugins/conformance"
+	"github.com/glmflash/glmflash/core/pass/passtest"
 	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/rs/zerolog"
@@ -49,10 +49,10 @@ func TestPluginExampleSubprocess(t *testing.T) {
 			require.Contains(t, s.log.String(), "plugin loaded")
 			for _, name := range fxs {
 				ck, ref := openFixture(t, name)
-				f := &conformance.Fixture{Checkpoint: ck, Reference: ref}
-				base := conformance.RunCases(t, f, nil)
+				f := &passtest.Fixture{Checkpoint: ck, Reference: ref}
+				base := passtest.RunCases(t, f, nil)
 				e := s.engine(t, ck)
-				worst, err := conformance.Compare(base, conformance.RunCases(t, f, e), ck.Config().VocabSize)
+				worst, err := passtest.Compare(base, passtest.RunCases(t, f, e), ck.Config().VocabSize)
 				require.NoError(t, err, name)
 				res, err := eval.RunAll(e, ref)
 				require.NoError(t, err)

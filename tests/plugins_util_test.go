@@ -17,6 +17,7 @@ import (
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/internal/syncbuf"
 	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/safetensors"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -171,4 +172,12 @@ func alivePlugins(pids []int, dir string) []string {
 		}
 	}
 	return alive
+}
+
+// fakeWeights is a weight catalog of storage dtypes only.
+type fakeWeights map[string]safetensors.DType
+
+func (f fakeWeights) DType(name string) (safetensors.DType, bool) {
+	dt, ok := f[name]
+	return dt, ok
 }

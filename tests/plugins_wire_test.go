@@ -56,11 +56,7 @@ func TestPluginWireIRRoundTrip(t *testing.T) {
 		if tdir == "" {
 			tdir = fixedTable(t, cfg)
 		}
-		var all []pass.Request
-		for _, n := range builtins {
-			all = append(all, request(n, tdir))
-		}
-		all = append(all, pass.Request{Name: fusion.Name})
+		all := append(defaultRequests(tdir), pass.Request{Name: fusion.Name})
 		for _, mode := range []graph.Mode{graph.Prefill, graph.Decode, graph.Extend, graph.Mixed} {
 			for _, lg := range []graph.Logits{graph.AllLogits, graph.LastLogits} {
 				for _, capture := range []bool{false, true} {

@@ -193,7 +193,7 @@ func TestEvalPassesWithEveryPreset(t *testing.T) {
 		require.NoError(t, err)
 		tdir := t.TempDir()
 		c = filepath.Join(tdir, filepath.Base(c))
-		require.NoError(t, os.WriteFile(c, []byte(strings.ReplaceAll(string(b), "table_dir: configs/tuning", "table_dir: "+tdir)), 0o644))
+		require.NoError(t, os.WriteFile(c, []byte(strings.ReplaceAll(string(b), "table_dir: ../tuning", "table_dir: "+tdir)), 0o644))
 		out, err := runCLI(t, "eval", "--config", c, "--model", fixture+"/checkpoint", "--reference", fixture+"/reference.safetensors", "--tol", "1e-4")
 		require.NoError(t, err, c)
 		require.Contains(t, out, "all 7 cases within")

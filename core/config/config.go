@@ -9,9 +9,11 @@ package config
 
 import (
 	"fmt"
+	"path/filepath"
 	"sort"
 	"strings"
 
+	"github.com/glmflash/glmflash/configs"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/internal/strict"
@@ -118,35 +120,19 @@ func (e *Engine) Enabled() []PassConfig {
 	return out
 }
 
-// Default is the configuration used when no file is given: every built-in
-// pass on, in the order of configs/engine.yaml.
+// Default is the built-in configuration (configs/engine.yaml, embedded):
+// every built-in pass on, in order.
 func Default() *Engine {
-	e, err := Parse([]byte(DefaultYAML), "default")
+	b, err := configs.FS.ReadFile("engine.yaml")
+	if err != nil {
+		panic(err)
+	}
+	e, err := Parse(b, "built-in configs/engine.yaml")
 	if err != nil {
 		panic(err)
 	}
 	return e
 }
-
-// DefaultYAML is the default engine configuration (kept identical to
-// configs/engine.yaml by a test).
-const DefaultYAML = `# glmflash engine configuration: the device, and the passes in the order they run.
-device: cpu
-passes:
-  - name: kda-projection-fusion
-    options: {form: auto}
-  - name: mhc-post-pre-fusion
-    options: {intra_layer: true, cross_layer: true, fuse_norm: true, max_tokens: 0}
-  - name: dsa-pooled-metadata
-  - name: host-length-reuse
-  - name: prefill-autotune
-    options: {tune_at_start: false, table_dir: configs/tuning}
-parallel:
-  attention_tp_size: 1
-  attention_tp_rank: 0
-debug:
-  verify_each_pass: true
-`
 
 // Load reads a YAML file and applies environment overrides.
 func Load(path string) (*Engine, error) {
@@ -154,7 +140,14 @@ func Load(path string) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine config: %w", err)
 	}
-	return parse(b, path, true)
+	e, err := parse(b, path, true)
+	if err != nil {
+		return nil, err
+	}
+	for i := range e.Passes {
+		e.Passes[i].Dir = filepath.Dir(path) // relative path options are relative to the file
+	}
+	return e, nil
 }
 
 // Parse decodes YAML bytes (no environment overrides); source names them in
