@@ -14,10 +14,11 @@ build:
 
 # The main job: serve the built-in default model (a random `small` checkpoint,
 # written once into .cache/) over gRPC and the OpenAI-compatible HTTP API as
-# configs/serve.yaml says; it prints how to call it (bin/grpcurl, a streaming
-# curl line). Ctrl-C (or SIGTERM) drains and stops.
+# the built-in configuration (configs/engine.yaml, configs/serve.yaml) says;
+# it prints how to call it (bin/grpcurl, a streaming curl line). Ctrl-C (or
+# SIGTERM) drains and stops.
 run: build bin/grpcurl
-	$(BIN) serve --config configs/serve.yaml
+	$(BIN) serve
 
 vet:
 	$(GO) vet $(PKGS)
@@ -38,8 +39,8 @@ test: fmt-check vet build
 # `make test`): checkpoint headers and configs, engine YAML, serve YAML and
 # requests, study files, and the graphs plugins return. FUZZTIME per target.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := ./model/safetensors:FuzzParseHeader ./model:FuzzParseConfig ./model:FuzzParseGenerationConfig ./core/config:FuzzParse \
-	./core/serve:FuzzGenerateRequest ./core/serve:FuzzLoadConfig ./core/access:FuzzParseKeys ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers \
+FUZZ_TARGETS := ./model/safetensors:FuzzParseHeader ./model:FuzzParseConfig ./model:FuzzParseGenerationConfig ./core/config:FuzzLoad \
+	./core/serve:FuzzGenerateRequest ./core/access:FuzzParseKeys ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers \
 	./model/tokenizer:FuzzEncodeDecode ./model/tokenizer:FuzzParse ./model/tokenizer:FuzzFastSplit ./core/openai:FuzzRequest
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

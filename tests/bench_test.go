@@ -16,10 +16,11 @@ import (
 )
 
 // benchCheckpoint returns the `bench` preset checkpoint, written once into
-// $GLMFLASH_CACHE (default .cache/glmflash at the repository root).
+// $GLMFLASH_MODEL__CACHE_DIR (the model.cache_dir key's variable; default
+// .cache/glmflash at the repository root).
 func benchCheckpoint(b *testing.B) *model.Checkpoint {
 	b.Helper()
-	root := os.Getenv("GLMFLASH_CACHE")
+	root := os.Getenv("GLMFLASH_MODEL__CACHE_DIR")
 	if root == "" {
 		root = filepath.Join("..", ".cache", "glmflash")
 	}

@@ -65,7 +65,7 @@ func TestEveryPluginLoadFailureIsNamed(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			d := t.TempDir()
 			sums, _ := c.setup(d)
-			ec := &config.Engine{Passes: []config.PassConfig{{Name: c.listed}}, Plugins: config.Plugins{Dir: d, Checksums: sums, StartTimeoutMS: 5000}}
+			ec := &config.Config{Passes: []config.PassConfig{{Name: c.listed}}, Plugins: config.Plugins{Dir: d, Checksums: sums, StartTimeoutMS: 5000}}
 			h, err := host.Open(host.OptionsFromConfig(ec, zerolog.Nop()))
 			require.NoError(t, err)
 			defer h.Close()

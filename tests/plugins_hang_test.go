@@ -149,7 +149,7 @@ func serveUntilSIGTERM(t *testing.T, bin, d, model, cfg, at, mark string, early 
 	t.Helper()
 	sc := filepath.Join(d, "serve.yaml")
 	require.NoError(t, os.WriteFile(sc, []byte("model: {dir: "+model+"}\nserver: {grpc_addr: \"127.0.0.1:0\", http_addr: \"\", metrics_addr: \"\", drain_timeout: 1s}\nruntime: {slots: 2}\n"), 0o644))
-	cmd := exec.Command(bin, "--log-level", "warn", "--log-format", "json", "serve", "--config", sc, "--engine-config", cfg)
+	cmd := exec.Command(bin, "--log-level", "warn", "--log-format", "json", "serve", "--config", sc, "--config", cfg)
 	cmd.Env = append(os.Environ(), "GLMFLASH_TEST_HANG_AT="+at, mark)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)

@@ -73,7 +73,7 @@ func checksums(t *testing.T, dir string) map[string]string {
 
 // pluginSetup is an engine configuration with plugins, opened.
 type pluginSetup struct {
-	ec   *config.Engine
+	ec   *config.Config
 	host *host.Host
 	log  *syncbuf.Buffer
 	pl   *pass.Pipeline

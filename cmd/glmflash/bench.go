@@ -38,7 +38,6 @@ type benchResult struct {
 
 func newBenchCmd() *cobra.Command {
 	var mf modelFlags
-	var cfgPath, device string
 	var prompt, decodeSteps, reps, warmup int
 	var batches []int
 	var jsonOut, dump, cpuProfile string
@@ -84,7 +83,7 @@ func newBenchCmd() *cobra.Command {
 			if limit := cfg.MaxPositionEmbeddings; prompt > limit || 32+decodeSteps > limit {
 				return fmt.Errorf("--prompt (%d) and 32 + --decode-steps (%d) must fit max_position_embeddings (%d)", prompt, 32+decodeSteps, limit)
 			}
-			e, err := newEngine(ck, cfgPath, device, maxB+1)
+			e, err := newEngine(ck, &mf, maxB+1)
 			if err != nil {
 				return err
 			}
@@ -233,8 +232,8 @@ func newBenchCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
-	addDeviceFlag(cmd, &device)
+	mf.addConfig(cmd)
+	mf.addDevice(cmd)
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().IntVar(&prompt, "prompt", 512, "prefill prompt length")

@@ -274,10 +274,13 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"serve --preset": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--preset", "huge"}, want: `unknown preset "huge"`}
 		},
-		"serve --engine-config": func(d string) probe {
-			cfg := filepath.Join(d, "serve.yaml")
-			os.WriteFile(cfg, []byte("model: {dir: "+m+"}\nserver: {grpc_addr: \"127.0.0.1:0\", http_addr: \"\", metrics_addr: \"\"}\n"), 0o644)
-			return probe{args: []string{"serve", "--config", cfg, "--engine-config", badPass(d)}, want: `unknown pass "no-such-pass"`}
+		"graph --config": func(d string) probe {
+			return probe{args: args(graph, "--config", d+"/none.yaml"), want: "none.yaml"}
+		},
+		"attribute --config": func(d string) probe {
+			p := filepath.Join(d, "c.yaml")
+			os.WriteFile(p, []byte("runtime: {slots: 0}\n"), 0o644)
+			return probe{args: []string{"attribute", "--study", d + "/none.yaml", "--config", p}, want: "runtime.slots (" + p + "): must be ≥ 1"}
 		},
 
 		"attribute --study": func(d string) probe {

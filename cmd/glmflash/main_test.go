@@ -212,7 +212,7 @@ func TestServingLevelStudy(t *testing.T) {
 	require.NoError(t, err, string(out))
 	study := filepath.Join(dir, "s.yaml")
 	require.NoError(t, os.WriteFile(study, []byte(`name: serving-smoke
-model: {dir: `+fixture+`/checkpoint}
+model: {dir: `+absFixture(t)+`/checkpoint}
 level: serving
 serving: {binary: `+bin+`}
 arms: {baseline: true, all: true}
@@ -295,4 +295,33 @@ func TestDeviceCUDAWithoutGPUSaysWhatIsMissing(t *testing.T) {
 		require.Error(t, err, "%v", args)
 		require.Regexp(t, "no NVIDIA driver|no usable GPU|no GPU|no cuBLAS", err.Error(), "%v", args)
 	}
+}
+
+// --config is repeatable on every command: later files override earlier
+// ones, over the built-in defaults (a serving file and an engine preset,
+// say).
+func TestConfigFilesLayer(t *testing.T) {
+	d := t.TempDir()
+	a := filepath.Join(d, "a.yaml")
+	require.NoError(t, os.WriteFile(a, []byte("passes:\n  - name: dsa-pooled-metadata\nruntime: {slots: 3}\n"), 0o644))
+	out, err := runCLI(t, "passes", "explain", "--model", fixture+"/checkpoint", "--config", a)
+	require.NoError(t, err)
+	require.Contains(t, out, "dsa-pooled-metadata    yes")
+	require.Contains(t, out, "kda-projection-fusion  no")
+	out, err = runCLI(t, "passes", "explain", "--model", fixture+"/checkpoint", "--config", a, "--config", "../../configs/engine.yaml")
+	require.NoError(t, err)
+	require.Contains(t, out, "kda-projection-fusion  yes", "the second file's passes replace the first's")
+	bad := filepath.Join(d, "bad.yaml")
+	require.NoError(t, os.WriteFile(bad, []byte("passes:\n  - name: no-such-pass\n"), 0o644))
+	_, err = runCLI(t, "serve", "--config", a, "--config", bad, "--model", fixture+"/checkpoint", "--port", "0", "--http-port", "0")
+	require.ErrorContains(t, err, `unknown pass "no-such-pass"`)
+}
+
+// absFixture is the fixture's absolute path (for files written elsewhere:
+// relative paths in a configuration or study file are relative to it).
+func absFixture(t *testing.T) string {
+	t.Helper()
+	abs, err := filepath.Abs(fixture)
+	require.NoError(t, err)
+	return abs
 }

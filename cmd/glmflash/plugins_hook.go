@@ -27,7 +27,7 @@ var (
 // passes discovered in plugins.dir (verified, started, described). Plugins
 // whose pass is not requested are stopped again; the others run until the
 // command ends (closePlugins).
-func pipelineWithPlugins(ec *config.Engine) (*pass.Pipeline, error) {
+func pipelineWithPlugins(ec *config.Config) (*pass.Pipeline, error) {
 	if ec.Plugins.Dir == "" {
 		return ec.Pipeline(nil)
 	}

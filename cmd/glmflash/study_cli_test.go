@@ -16,7 +16,7 @@ func tinyStudy(t *testing.T, dir, extra string) string {
 	t.Helper()
 	p := filepath.Join(dir, "study.yaml")
 	require.NoError(t, os.WriteFile(p, []byte(`name: flags
-model: {dir: `+fixture+`/checkpoint}
+model: {dir: `+absFixture(t)+`/checkpoint}
 arms: {baseline: true}
 passes: [{name: host-length-reuse}]
 workloads:

@@ -30,6 +30,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/access"
 	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/openai"
 	"github.com/glmflash/glmflash/core/plan"
@@ -86,7 +87,7 @@ type Options struct {
 
 // Server is one glmflash gRPC server.
 type Server struct {
-	cfg     Config
+	cfg     *config.Config
 	opts    Options
 	log     zerolog.Logger
 	metrics *Metrics
@@ -117,10 +118,11 @@ type live struct {
 	text    *text.Model
 }
 
-// New makes a server; Listen binds its ports and Serve runs it.
-func New(cfg Config, opts Options) (*Server, error) {
+// New makes a server of the model, server and runtime sections of cfg;
+// Listen binds its ports and Serve runs it.
+func New(cfg *config.Config, opts Options) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("config: %w", cfg.Explain(err))
 	}
 	if opts.Load == nil {
 		return nil, errors.New("serve: Options.Load is nil")
