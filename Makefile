@@ -5,7 +5,7 @@ PKGS    := ./...
 # packages whose state is shared across goroutines: always run under -race
 RACE_PKGS := ./core/... ./kernels/parallel/... ./tests/...
 
-.PHONY: all build run test vet fmt-check race fuzz bench eval tools clean
+.PHONY: all build run test vet fmt-check lint race fuzz bench eval tools clean
 
 all: build
 
@@ -29,6 +29,18 @@ fmt-check:
 
 race:
 	$(GO) test -race -count=1 $(RACE_PKGS)
+
+# golangci-lint (pinned, installed into bin/ by `go install`; .golangci.yml
+# says which linters) and a go.mod that `go mod tidy` would not change.
+GOLANGCI_LINT_VERSION := v2.15.0
+bin/golangci-lint:
+	GOBIN=$(CURDIR)/bin $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+lint: bin/golangci-lint
+	@v=$$(bin/golangci-lint version --short 2>/dev/null); if [ "v$$v" != "$(GOLANGCI_LINT_VERSION)" ] && [ "$$v" != "$(GOLANGCI_LINT_VERSION)" ]; then \
+		echo "bin/golangci-lint is $$v, $(GOLANGCI_LINT_VERSION) wanted: reinstalling"; rm -f bin/golangci-lint; $(MAKE) --no-print-directory bin/golangci-lint; fi
+	bin/golangci-lint run ./...
+	$(GO) mod tidy -diff
 
 test: fmt-check vet build
 	$(GO) test -count=1 $(PKGS)

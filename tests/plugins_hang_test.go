@@ -136,8 +136,7 @@ func runWithHang(t *testing.T, bin, at, mark string, args ...string) (string, er
 		return out.String(), err
 	case <-time.After(hangGuard):
 		cmd.Process.Kill()
-		<-done
-		t.Fatalf("%v hangs: %s", args, out.String())
+		t.Fatalf("%v hangs (killed: %v): %s", args, <-done, out.String())
 		return "", nil
 	}
 }
@@ -188,8 +187,7 @@ func serveUntilSIGTERM(t *testing.T, bin, d, model, cfg, at, mark string, early 
 			t.Fatalf("serve ended before serving: %v: %s", err, errOut.String())
 		case <-deadline:
 			cmd.Process.Kill()
-			<-done
-			t.Fatalf("serve hangs before serving: %s", errOut.String())
+			t.Fatalf("serve hangs before serving (killed: %v): %s", <-done, errOut.String())
 		}
 	}
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
@@ -198,8 +196,7 @@ func serveUntilSIGTERM(t *testing.T, bin, d, model, cfg, at, mark string, early 
 		require.NoError(t, err, "serve exits cleanly on SIGTERM: %s", errOut.String())
 	case <-deadline:
 		cmd.Process.Kill()
-		<-done
-		t.Fatalf("serve ignores SIGTERM: %s", errOut.String())
+		t.Fatalf("serve ignores SIGTERM (killed: %v): %s", <-done, errOut.String())
 	}
 	return errOut.String()
 }

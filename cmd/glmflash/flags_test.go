@@ -34,7 +34,7 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 	ref := fixture + "/reference.safetensors"
 	badPass := func(dir string) string {
 		p := filepath.Join(dir, "bad.yaml")
-		os.WriteFile(p, []byte("passes:\n  - name: no-such-pass\n"), 0o644)
+		require.NoError(t, os.WriteFile(p, []byte("passes:\n  - name: no-such-pass\n"), 0o644))
 		return p
 	}
 	gen := []string{"generate", "--model", m, "--prompt-ids", "1,2,3", "--max-tokens", "2"}
@@ -178,7 +178,7 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"bench --warmup": func(string) probe { return probe{args: args(bench, "--warmup", "-1"), want: "--warmup"} },
 
 		"init-random --force": func(d string) probe {
-			os.WriteFile(d+"/keep", []byte("x"), 0o644)
+			require.NoError(t, os.WriteFile(d+"/keep", []byte("x"), 0o644))
 			return probe{args: []string{"init-random", "--out", d, "--force"}, check: func(t *testing.T, d, out string, err error) {
 				require.NoError(t, err)
 				require.FileExists(t, d+"/config.json")
@@ -279,7 +279,7 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		},
 		"attribute --config": func(d string) probe {
 			p := filepath.Join(d, "c.yaml")
-			os.WriteFile(p, []byte("runtime: {slots: 0}\n"), 0o644)
+			require.NoError(t, os.WriteFile(p, []byte("runtime: {slots: 0}\n"), 0o644))
 			return probe{args: []string{"attribute", "--study", d + "/none.yaml", "--config", p}, want: "runtime.slots (" + p + "): must be ≥ 1"}
 		},
 
@@ -444,7 +444,7 @@ func poisoned(t *testing.T, dir string) string {
 			var hdr map[string]struct {
 				Offsets []int64 `json:"data_offsets"`
 			}
-			json.Unmarshal(b[8:8+n], &hdr)
+			require.NoError(t, json.Unmarshal(b[8:8+n], &hdr))
 			off := 8 + int64(n) + hdr["model.language_model.layers.2.mlp.up_proj.weight"].Offsets[0]
 			binary.LittleEndian.PutUint16(b[off:], 0x7fc0) // BF16 NaN
 		}

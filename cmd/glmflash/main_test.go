@@ -26,7 +26,7 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 	done := make(chan string)
 	go func() {
 		var b bytes.Buffer
-		io.Copy(&b, r)
+		_, _ = io.Copy(&b, r) // until the pipe closes; a read error leaves what came
 		done <- b.String()
 	}()
 	err = root.Execute()
@@ -98,30 +98,30 @@ func TestMalformedInputsNameTheProblem(t *testing.T) {
 	}{
 		{"truncated safetensors", func(d string) {
 			b, _ := os.ReadFile(st(d))
-			os.WriteFile(st(d), b[:len(b)/2], 0o644)
+			require.NoError(t, os.WriteFile(st(d), b[:len(b)/2], 0o644))
 		}, "model.safetensors"},
 		{"bad header json", func(d string) {
 			b, _ := os.ReadFile(st(d))
 			copy(b[8:], []byte("{nope"))
-			os.WriteFile(st(d), b, 0o644)
+			require.NoError(t, os.WriteFile(st(d), b, 0o644))
 		}, "model.safetensors"},
 		{"unknown dtype", func(d string) {
 			b, _ := os.ReadFile(st(d))
 			n := binary.LittleEndian.Uint64(b)
 			h := strings.Replace(string(b[8:8+n]), `"BF16"`, `"BQ16"`, 1)
 			copy(b[8:], h)
-			os.WriteFile(st(d), b, 0o644)
+			require.NoError(t, os.WriteFile(st(d), b, 0o644))
 		}, "BQ16"},
 		{"wrong tensor shape", func(d string) {
 			b, _ := os.ReadFile(st(d))
 			n := binary.LittleEndian.Uint64(b)
 			h := strings.Replace(string(b[8:8+n]), `"shape":[256,64]`, `"shape":[64,256]`, 1)
 			copy(b[8:], h)
-			os.WriteFile(st(d), b, 0o644)
+			require.NoError(t, os.WriteFile(st(d), b, 0o644))
 		}, "shape"},
 		{"inconsistent config", func(d string) {
 			b, _ := os.ReadFile(filepath.Join(d, "config.json"))
-			os.WriteFile(filepath.Join(d, "config.json"), []byte(strings.Replace(string(b), `"index_kpool": 4`, `"index_kpool": 3`, 1)), 0o644)
+			require.NoError(t, os.WriteFile(filepath.Join(d, "config.json"), []byte(strings.Replace(string(b), `"index_kpool": 4`, `"index_kpool": 3`, 1)), 0o644))
 		}, "index_kpool"},
 		{"missing config", func(d string) { os.Remove(filepath.Join(d, "config.json")) }, "config.json"},
 	}

@@ -137,9 +137,12 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 				addrc <- m[1]
 			}
 		}
-		io.Copy(io.Discard, stdout)
+		_, _ = io.Copy(io.Discard, stdout) // drained until the server exits
 	}()
-	go func() { cmd.Wait(); close(as.done) }()
+	go func() {
+		_ = cmd.Wait() // its exit is reported through as.done and the stderr kept
+		close(as.done)
+	}()
 	timeout := time.Duration(r.st.Serving.StartTimeoutS) * time.Second
 	if timeout == 0 {
 		timeout = 5 * time.Minute
@@ -195,9 +198,11 @@ func absolutePaths(ps []config.PassConfig) []config.PassConfig {
 
 // passConfigsAsYAML turns config structs into plain maps with YAML keys.
 func passConfigsAsYAML(ec map[string]any) map[string]any {
-	b, _ := json.Marshal(ec)
+	b, _ := json.Marshal(ec) // maps of config structs always marshal
 	var m map[string]any
-	json.Unmarshal(b, &m)
+	if err := json.Unmarshal(b, &m); err != nil {
+		panic(err) // what json.Marshal wrote
+	}
 	if ps, ok := m["passes"].([]any); ok {
 		for _, p := range ps {
 			pm := p.(map[string]any)

@@ -9,6 +9,7 @@
 package config
 
 import (
+	"encoding/hex"
 	"fmt"
 	"path/filepath"
 	"sort"
@@ -424,13 +425,6 @@ func (c *Config) validateServing() error {
 
 // isHexSHA256 reports whether s is 64 hex digits.
 func isHexSHA256(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	for _, c := range s {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-			return false
-		}
-	}
-	return true
+	_, err := hex.DecodeString(s)
+	return len(s) == 64 && err == nil
 }

@@ -316,7 +316,7 @@ func inferKDAGate(n *Node) ([]OutType, error) {
 		return nil, fmt.Errorf("attribute heads (%d) must divide width %d", H, z.Shape[1])
 	}
 	if a, err := need(n, 1, F32, 1); err != nil || a.Shape[0] != H {
-		return nil, fmt.Errorf("A_log must be f32[%d]: %v", H, err)
+		return nil, fmt.Errorf("weight A_log must be f32[%d]: %v", H, err)
 	}
 	if b, err := need(n, 2, F32, 1); err != nil || b.Shape[0] != z.Shape[1] {
 		return nil, fmt.Errorf("dt_bias must be f32[%d]: %v", z.Shape[1], err)

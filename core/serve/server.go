@@ -418,7 +418,7 @@ func (s *Server) load(ctx context.Context) error {
 		closeFn = func() error { return nil }
 	}
 	fail := func(err error) error {
-		closeFn()
+		_ = closeFn() // the load failed: that error is the one to report
 		return err
 	}
 	cfg := lm.Config
@@ -632,7 +632,7 @@ func (sv *service) invalid(err error) error {
 }
 
 func (sv *service) refused(err error) error {
-	st, label := runtimeStatus(err)
+	label, st := runtimeStatus(err)
 	sv.s.metrics.Refused(label)
 	return st
 }
@@ -724,7 +724,7 @@ func (sv *service) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortRe
 	}
 	p := access.FromContext(ctx)
 	if err := lv.rt.AbortBy(req.GetRequestId(), p.ID, p.Admin); err != nil {
-		st, _ := runtimeStatus(err)
+		_, st := runtimeStatus(err)
 		return nil, st
 	}
 	sv.s.log.Info().Str("request_id", req.GetRequestId()).Msg("abort requested")

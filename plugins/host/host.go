@@ -586,7 +586,7 @@ func (h *Host) StopUnused(keep []string) {
 			p.mu.Lock()
 			p.stop()
 			if p.failed == nil {
-				p.failed = errors.New("stopped: the pass is not requested in passes:")
+				p.failed = errors.New("stopped: the pass is not listed in passes")
 			}
 			p.mu.Unlock()
 		}

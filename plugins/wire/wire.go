@@ -132,18 +132,6 @@ func encodeKind(k ir.Kind) pb.Kind {
 	return pb.Kind_KIND_UNSPECIFIED
 }
 
-func decodeKind(k pb.Kind) (ir.Kind, error) {
-	switch k {
-	case pb.Kind_KIND_ACTIVATION:
-		return ir.Activation, nil
-	case pb.Kind_KIND_INPUT:
-		return ir.Input, nil
-	case pb.Kind_KIND_WEIGHT:
-		return ir.Weight, nil
-	}
-	return 0, fmt.Errorf("unknown value kind %v", k)
-}
-
 func encodeDType(d ir.DType) pb.DType {
 	switch d {
 	case ir.F32:
