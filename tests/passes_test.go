@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 
@@ -67,8 +66,8 @@ func fixedTable(t *testing.T, cfg *model.Config) string {
 	return dir
 }
 
-// defaultRequests are the passes of the built-in configuration, in its
-// order, with its options; the tuning pass reads the table in tdir (the
+// defaultRequests are the enabled passes of the built-in configuration, in
+// its order, with its options; the tuning pass reads the table in tdir (the
 // machine's own table would not cover the fixtures' shapes).
 func defaultRequests(tdir string) []pass.Request {
 	reqs := config.Default().Requests()
@@ -76,6 +75,20 @@ func defaultRequests(tdir string) []pass.Request {
 		if reqs[i].Name == autotune.Name {
 			reqs[i].Options = map[string]any{"table_dir": tdir, "cpu": "test-cpu"}
 		}
+	}
+	return reqs
+}
+
+// everyPass is one request per pass of the built-in configuration, enabled
+// or not, with its options (the tuning pass reading tdir).
+func everyPass(tdir string) []pass.Request {
+	var reqs []pass.Request
+	for _, p := range config.Default().Passes {
+		r := pass.Request{Name: p.Name, Options: p.Options, Dir: p.Dir}
+		if r.Name == autotune.Name {
+			r.Options = map[string]any{"table_dir": tdir, "cpu": "test-cpu"}
+		}
+		reqs = append(reqs, r)
 	}
 	return reqs
 }
@@ -95,8 +108,8 @@ func engineWith(t *testing.T, ck *model.Checkpoint, reqs []pass.Request) *engine
 // package holds its own tests and golden IR.
 func TestEveryPassIsRegisteredConfiguredAndTested(t *testing.T) {
 	var configured []string
-	for _, r := range config.Default().Requests() {
-		configured = append(configured, r.Name)
+	for _, p := range config.Default().Passes {
+		configured = append(configured, p.Name)
 	}
 	require.ElementsMatch(t, pass.Names(), configured, "the registry and configs/engine.yaml disagree")
 	root := passtest.Root(t)
@@ -118,13 +131,15 @@ func TestEveryPassIsRegisteredConfiguredAndTested(t *testing.T) {
 	}
 }
 
-// Parity: each registered pass alone and all of them together give every
-// fixture case's logits within 1e-4 of the pass-off engine, with identical
-// greedy tokens; and every pass fired.
+// Parity: each registered pass alone, the built-in configuration's passes
+// together, and every pass together give every fixture case's logits within
+// 1e-4 of the pass-off engine, with identical greedy tokens; and every pass
+// fired.
 func TestPassParityOnFixtures(t *testing.T) {
-	all := defaultRequests(tuningDir(t))
-	arms := map[string][]pass.Request{"all": all}
-	for _, r := range all {
+	tdir := tuningDir(t)
+	every := everyPass(tdir)
+	arms := map[string][]pass.Request{"default": defaultRequests(tdir), "every": every}
+	for _, r := range every {
 		arms[r.Name] = []pass.Request{r}
 	}
 	for _, name := range fixtures {
@@ -170,8 +185,14 @@ func TestPassesTogetherFireWhereExpected(t *testing.T) {
 		require.Len(t, rep.Find(dsameta.Name).Fired, dsa, name)
 		require.Len(t, rep.Find(hostlen.Name).Fired, 2*kda+1, name) // kda_conv + kda_attn per KDA layer + the hoisted metadata
 		require.NotEmpty(t, rep.Find(autotune.Name).Fired, name)
+		enabled := map[string]bool{}
+		for _, p := range config.Default().Passes {
+			enabled[p.Name] = p.On()
+		}
+		require.Len(t, rep.Passes, len(pass.Names()), "one row per registered pass")
 		for _, p := range rep.Passes {
-			require.True(t, p.Requested && p.Error == "" && slices.ContainsFunc(pass.Names(), func(n string) bool { return n == p.Name }), "%+v", p)
+			require.Empty(t, p.Error, p.Name)
+			require.Equal(t, enabled[p.Name], p.Requested, p.Name)
 		}
 	}
 }
