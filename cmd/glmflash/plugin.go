@@ -217,7 +217,7 @@ var mainTmpl = template.Must(template.New("main.go").Parse(`// Command {{.Binary
 //
 //	{{.Build}}
 //
-// then put its SHA-256 in the engine YAML (plugins.checksums or plugins.sums_file),
+// then put its SHA-256 in the configuration (plugins.checksums or plugins.sums_file),
 // list {{.Name}} in passes:, and check what it does with
 //
 //	glmflash passes explain --preset tiny --config engine.yaml
@@ -232,7 +232,7 @@ import (
 	"github.com/glmflash/glmflash/plugins/sdk"
 )
 
-// Name is the pass's name in the engine YAML's passes: list.
+// Name is the pass's name in the configuration's passes: list.
 const Name = {{printf "%q" .Name}}
 
 // Options are the pass's options, declared once: the engine shows and
