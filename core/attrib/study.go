@@ -157,7 +157,7 @@ func (s *Study) validate(known func(string) bool) error {
 		return fmt.Errorf("level: must be engine or serving, got %q", s.Level)
 	}
 	if len(s.Passes) == 0 {
-		s.Passes = append(s.Passes, config.Default().Passes...)
+		s.Passes = append(s.Passes, config.Default().Enabled()...) // the built-in configuration's passes that are on
 	}
 	seen := map[string]bool{}
 	for i, p := range s.Passes {
