@@ -110,9 +110,10 @@ proto: bin/buf bin/protoc-gen-go bin/protoc-gen-go-grpc
 	bin/buf generate proto --template proto/buf.gen.yaml -o $(PROTO_OUT)
 
 # The protocol is a contract: lint it, refuse breaking changes against
-# BUF_AGAINST (the main branch by default; a release tag once there are
+# BUF_AGAINST (by default where this branch left main, so that what main
+# added since is not mistaken for a deletion; a release tag once there are
 # some), and check that regeneration reproduces the committed files.
-BUF_AGAINST ?= .git\#branch=main,subdir=proto
+BUF_AGAINST ?= .git\#ref=$(shell git merge-base HEAD main 2>/dev/null || echo main),subdir=proto
 proto-check: bin/buf bin/protoc-gen-go bin/protoc-gen-go-grpc
 	bin/buf lint proto
 	bin/buf breaking proto --against '$(BUF_AGAINST)'
