@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/stretchr/testify/require"
 )
 
@@ -36,7 +36,7 @@ func TestBatchingDoesNotChangeResults(t *testing.T) {
 			V := cfg.VocabSize
 			prompts := [][]int32{seqTokens(37, 1, V), seqTokens(5, 2, V), seqTokens(70, 3, V)}
 			conts := [][]int32{seqTokens(1, 4, V), seqTokens(9, 5, V), seqTokens(1, 6, V)}
-			key := engine.Key{Mode: build.Mixed, Logits: build.AllLogits}
+			key := engine.Key{Mode: graph.Mixed, Logits: graph.AllLogits}
 
 			alone := make([][2]*backend.Result, len(prompts))
 			for i := range prompts {
@@ -90,12 +90,12 @@ func TestDecodeMatchesPrefill(t *testing.T) {
 			e, err := engine.New(cfg, ck, engine.Options{Slots: 2})
 			require.NoError(t, err)
 			a, _ := e.Store().Alloc()
-			whole, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: a, Tokens: toks}}})
+			whole, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: a, Tokens: toks}}})
 			require.NoError(t, err)
 			b, _ := e.Store().Alloc()
 			var last *backend.Result
 			for i := range toks {
-				last, err = e.Run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: b, Tokens: toks[i : i+1]}}})
+				last, err = e.Run(engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: b, Tokens: toks[i : i+1]}}})
 				require.NoError(t, err)
 			}
 			require.Less(t, maxDiff(last.Logits, whole.Logits), 1e-4)
@@ -107,7 +107,7 @@ func TestRunRejectsBadBatches(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, MaxPositions: 50})
 	require.NoError(t, err)
-	key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
+	key := engine.Key{Mode: graph.Mixed, Logits: graph.LastLogits}
 	s, _ := e.Store().Alloc()
 	cases := map[string]*backend.Batch{
 		"empty batch":      {},

@@ -6,8 +6,9 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
@@ -15,10 +16,11 @@ import (
 )
 
 // benchCheckpoint returns the `bench` preset checkpoint, written once into
-// $GLMFLASH_CACHE (default .cache/glmflash at the repository root).
+// $GLMFLASH_MODEL__CACHE_DIR (the model.cache_dir key's variable; default
+// .cache/glmflash at the repository root).
 func benchCheckpoint(b *testing.B) *model.Checkpoint {
 	b.Helper()
-	root := os.Getenv("GLMFLASH_CACHE")
+	root := os.Getenv("GLMFLASH_MODEL__CACHE_DIR")
 	if root == "" {
 		root = filepath.Join("..", ".cache", "glmflash")
 	}
@@ -53,17 +55,15 @@ func BenchmarkPasses(b *testing.B) {
 		name string
 		reqs []pass.Request
 	}{{name: "off"}}
-	var all []pass.Request
-	for _, n := range builtins {
-		r := pass.Request{Name: n}
-		if n == autotune.Name {
-			r.Options = map[string]any{"tune_at_start": true, "table_dir": tdir, "buckets": []int{1, 512}}
+	all := config.Default().Requests()
+	for i, r := range all {
+		if r.Name == autotune.Name {
+			all[i].Options = map[string]any{"tune_at_start": true, "table_dir": tdir, "buckets": []int{1, 512}}
 		}
 		arms = append(arms, struct {
 			name string
 			reqs []pass.Request
-		}{n, []pass.Request{r}})
-		all = append(all, r)
+		}{r.Name, []pass.Request{all[i]}})
 	}
 	arms = append(arms, struct {
 		name string
@@ -80,7 +80,7 @@ func BenchmarkPasses(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Run(arm.name+"/prefill512", func(b *testing.B) {
-			key := engine.Key{Mode: build.Prefill, Logits: build.LastLogits}
+			key := engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}
 			if _, err := e.Program(key); err != nil {
 				b.Fatal(err)
 			}
@@ -97,10 +97,10 @@ func BenchmarkPasses(b *testing.B) {
 		b.Run(arm.name+"/decode", func(b *testing.B) {
 			s, _ := e.Store().Alloc()
 			defer e.Store().Free(s)
-			if _, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: prompt[:64]}}}); err != nil {
+			if _, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: prompt[:64]}}}); err != nil {
 				b.Fatal(err)
 			}
-			key := engine.Key{Mode: build.Decode, Logits: build.LastLogits}
+			key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
 			if _, err := e.Program(key); err != nil {
 				b.Fatal(err)
 			}

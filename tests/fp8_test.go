@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
 	"github.com/glmflash/glmflash/model/safetensors"
@@ -40,7 +40,7 @@ func TestFP8CheckpointMatchesDequantizedBF16(t *testing.T) {
 					require.NoError(t, err)
 					b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: seqTokens(n, i+1, cfg.VocabSize)})
 				}
-				res, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.AllLogits}, b)
+				res, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits}, b)
 				require.NoError(t, err)
 				return res.Logits
 			}

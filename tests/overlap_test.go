@@ -9,8 +9,8 @@ import (
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/pass"
-	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/passes/hostlen"
 	"github.com/stretchr/testify/require"
 )
@@ -27,7 +27,7 @@ func TestRuntimePreparesNextStepWithHostLengths(t *testing.T) {
 		require.NoError(t, err)
 		e, err := engine.New(cfg, ck, engine.Options{Slots: 4, Passes: pl})
 		require.NoError(t, err)
-		rt, err := runtime.New(e, runtime.Config{MaxBatchTokens: 48, PrefillChunk: 16}, runtime.Options{})
+		rt, err := sched.New(e, sched.Config{MaxBatchTokens: 48, PrefillChunk: 16}, sched.Options{})
 		require.NoError(t, err)
 		defer rt.Close()
 		out := make([][]int32, 6)
@@ -38,11 +38,11 @@ func TestRuntimePreparesNextStepWithHostLengths(t *testing.T) {
 				defer wg.Done()
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
-				h, err := rt.Submit(ctx, runtime.Request{Prompt: seqTokens(5+13*i, i+1, cfg.VocabSize), MaxTokens: 6 + 3*i, Sampling: sample.Greedy()})
+				h, err := rt.Submit(ctx, sched.Request{Prompt: seqTokens(5+13*i, i+1, cfg.VocabSize), MaxTokens: 6 + 3*i, Sampling: sample.Greedy()})
 				require.NoError(t, err)
 				toks, fin, err := h.Wait(ctx)
 				require.NoError(t, err)
-				require.Equal(t, runtime.FinishLength, fin.Reason)
+				require.Equal(t, sched.FinishLength, fin.Reason)
 				for _, tk := range toks {
 					out[i] = append(out[i], tk.ID)
 				}

@@ -5,13 +5,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/core/pass/passtest"
 	"github.com/glmflash/glmflash/model/safetensors"
-	"github.com/glmflash/glmflash/plugins/conformance"
 	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/glmflash/glmflash/plugins/protocol"
@@ -23,7 +23,7 @@ import (
 )
 
 // explainWith runs one pass (resolved by r) over cfg's decode graph.
-func explainWith(t *testing.T, r pass.Resolver, name string, opts map[string]any, env *pass.Env, mode build.Mode) (*ir.Graph, *pass.Report, string) {
+func explainWith(t *testing.T, r pass.Resolver, name string, opts map[string]any, env *pass.Env, mode graph.Mode) (*ir.Graph, *pass.Report, string) {
 	t.Helper()
 	ck, _ := openFixture(t, fixtures[0])
 	cfg := ck.Config()
@@ -33,7 +33,7 @@ func explainWith(t *testing.T, r pass.Resolver, name string, opts map[string]any
 	if env.Model != nil {
 		cfg = env.Model
 	}
-	g, err := build.Build(cfg, build.Options{Mode: mode, Logits: build.LastLogits})
+	g, err := graph.Build(cfg, graph.Options{Mode: mode, Logits: graph.LastLogits})
 	require.NoError(t, err)
 	before := g.Text()
 	pl, err := pass.NewPipelineWith([]pass.Request{{Name: name, Options: opts}}, true, r)
@@ -54,7 +54,7 @@ func TestSharedExpertFusionEligibility(t *testing.T) {
 	}
 	// the rewrite: per MoE layer the shared expert's 3 linears, swiglu and
 	// add disappear; one moe_append_expert and derived [E+1,…] weights appear
-	g, rep, _ := explainWith(t, inProcessFusion, fusion.Name, nil, nil, build.Decode)
+	g, rep, _ := explainWith(t, inProcessFusion, fusion.Name, nil, nil, graph.Decode)
 	pr := rep.Find(fusion.Name)
 	require.Len(t, pr.Fired, 5)
 	require.Equal(t, "layer 3", pr.Fired[0].Where)
@@ -69,7 +69,7 @@ func TestSharedExpertFusionEligibility(t *testing.T) {
 	require.Equal(t, 5, strings.Count(text, " = moe_experts @"))
 
 	// layers option
-	_, rep, _ = explainWith(t, inProcessFusion, fusion.Name, map[string]any{"layers": []any{4, 6}}, nil, build.Decode)
+	_, rep, _ = explainWith(t, inProcessFusion, fusion.Name, map[string]any{"layers": []any{4, 6}}, nil, graph.Decode)
 	pr = rep.Find(fusion.Name)
 	require.Len(t, pr.Fired, 2)
 	require.Equal(t, "layer 3 is not in option layers", pr.Skipped[0].Reason)
@@ -79,7 +79,7 @@ func TestSharedExpertFusionEligibility(t *testing.T) {
 	for _, m := range []string{"shared_experts", "mlp.shared_experts", "shared_experts.up_proj", "down_proj"} {
 		g, rep, before := explainWith(t, inProcessFusion, fusion.Name, nil, base(func(e *pass.Env) {
 			e.LoRA = []pass.LoRATarget{{Adapter: "ad", Module: m}}
-		}), build.Decode)
+		}), graph.Decode)
 		pr := rep.Find(fusion.Name)
 		require.Empty(t, pr.Fired, m)
 		require.Len(t, pr.Skipped, 5)
@@ -88,7 +88,7 @@ func TestSharedExpertFusionEligibility(t *testing.T) {
 	}
 	_, rep, _ = explainWith(t, inProcessFusion, fusion.Name, nil, base(func(e *pass.Env) {
 		e.LoRA = []pass.LoRATarget{{Adapter: "ad", Module: "shared_experts", Layers: []int{5}}, {Adapter: "q", Module: "q_proj"}}
-	}), build.Decode)
+	}), graph.Decode)
 	pr = rep.Find(fusion.Name)
 	require.Len(t, pr.Fired, 4)
 	require.Equal(t, "layer 5", pr.Skipped[0].Where)
@@ -97,7 +97,7 @@ func TestSharedExpertFusionEligibility(t *testing.T) {
 	sharedDown := "model.language_model.layers.4.mlp.shared_experts.down_proj.weight"
 	_, rep, _ = explainWith(t, inProcessFusion, fusion.Name, nil, base(func(e *pass.Env) {
 		e.Weights = fakeWeights{sharedDown: safetensors.F8E4M3}
-	}), build.Decode)
+	}), graph.Decode)
 	pr = rep.Find(fusion.Name)
 	require.Len(t, pr.Fired, 4)
 	require.Equal(t, "layer 4", pr.Skipped[0].Where)
@@ -112,13 +112,13 @@ func TestSharedExpertFusionEligibility(t *testing.T) {
 			}
 		}
 	}
-	_, rep, _ = explainWith(t, inProcessFusion, fusion.Name, nil, base(func(e *pass.Env) { e.Weights = all }), build.Decode)
+	_, rep, _ = explainWith(t, inProcessFusion, fusion.Name, nil, base(func(e *pass.Env) { e.Weights = all }), graph.Decode)
 	require.Len(t, rep.Find(fusion.Name).Fired, 5)
 
 	// a shared expert wider than a routed one (the fixture c's two shared experts)
 	c2 := cfg.Clone()
 	c2.NSharedExperts = 2
-	_, rep, _ = explainWith(t, inProcessFusion, fusion.Name, nil, &pass.Env{Model: c2, TP: pass.Topology{Size: 1, Known: true}}, build.Decode)
+	_, rep, _ = explainWith(t, inProcessFusion, fusion.Name, nil, &pass.Env{Model: c2, TP: pass.Topology{Size: 1, Known: true}}, graph.Decode)
 	pr = rep.Find(fusion.Name)
 	require.Empty(t, pr.Fired)
 	require.Equal(t, "shared expert width 64 (n_shared_experts 2 × moe_intermediate_size 32) differs from a routed expert's 32", pr.Skipped[0].Reason)
@@ -126,11 +126,11 @@ func TestSharedExpertFusionEligibility(t *testing.T) {
 	// no shared expert at all
 	c0 := cfg.Clone()
 	c0.NSharedExperts = 0
-	_, rep, _ = explainWith(t, inProcessFusion, fusion.Name, nil, &pass.Env{Model: c0, TP: pass.Topology{Size: 1, Known: true}}, build.Decode)
+	_, rep, _ = explainWith(t, inProcessFusion, fusion.Name, nil, &pass.Env{Model: c0, TP: pass.Topology{Size: 1, Known: true}}, graph.Decode)
 	require.Contains(t, rep.Find(fusion.Name).Skipped[0].Reason, "n_shared_experts = 0")
 
 	// already fused: a second application finds nothing to do
-	g, _, _ = explainWith(t, inProcessFusion, fusion.Name, nil, nil, build.Prefill)
+	g, _, _ = explainWith(t, inProcessFusion, fusion.Name, nil, nil, graph.Prefill)
 	pl, err := pass.NewPipelineWith([]pass.Request{{Name: fusion.Name}}, true, inProcessFusion)
 	require.NoError(t, err)
 	rep, err = pl.Run(g, &pass.Env{Model: cfg})
@@ -147,14 +147,14 @@ func TestSharedExpertFusionEligibility(t *testing.T) {
 func TestSharedExpertFusionMatchesUnfused(t *testing.T) {
 	for _, name := range fixtures[:2] {
 		ck, ref := openFixture(t, name)
-		f := &conformance.Fixture{Checkpoint: ck, Reference: ref}
-		base := conformance.RunCases(t, f, nil)
+		f := &passtest.Fixture{Checkpoint: ck, Reference: ref}
+		base := passtest.RunCases(t, f, nil)
 		pl, err := pass.NewPipelineWith([]pass.Request{{Name: fusion.Name}}, true, inProcessFusion)
 		require.NoError(t, err)
-		e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Passes: pl, PassEnv: pass.EnvFromConfig(config.Default(), ck.Config(), ck)})
+		e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck)})
 		require.NoError(t, err)
-		got := conformance.RunCases(t, f, e)
-		worst, err := conformance.Compare(base, got, ck.Config().VocabSize)
+		got := passtest.RunCases(t, f, e)
+		worst, err := passtest.Compare(base, got, ck.Config().VocabSize)
 		require.NoError(t, err, name)
 		require.LessOrEqual(t, worst, 1e-6, name)
 		bitwise := true
@@ -162,7 +162,7 @@ func TestSharedExpertFusionMatchesUnfused(t *testing.T) {
 			bitwise = bitwise && maxDiff(base[i], got[i]) == 0
 		}
 		t.Logf("%s: max|Δ| %.1e, bit-identical: %v", name, worst, bitwise)
-		require.NotEmpty(t, e.Report(engine.Key{Mode: build.Decode, Logits: build.LastLogits}).Find(fusion.Name).Fired)
+		require.NotEmpty(t, e.Report(engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}).Find(fusion.Name).Fired)
 	}
 }
 
@@ -180,9 +180,11 @@ func TestPluginInProcessGRPC(t *testing.T) {
 	p, err := host.Connect(raw.(pb.PassPluginClient), host.Options{Log: zerolog.Nop()})
 	require.NoError(t, err)
 	require.Equal(t, fusion.Name, p.Name)
-	require.Equal(t, (&fusion.Pass{}).Describe(), p.Desc)
+	want, err := pass.DescriptionOf(&fusion.Pass{})
+	require.NoError(t, err)
+	require.Equal(t, want, p.Desc)
 	remote := resolver{fusion.Name: p.Factory()}
-	for _, mode := range []build.Mode{build.Prefill, build.Decode, build.Extend, build.Mixed} {
+	for _, mode := range []graph.Mode{graph.Prefill, graph.Decode, graph.Extend, graph.Mixed} {
 		for _, opts := range []map[string]any{nil, {"layers": []any{3, 7}}} {
 			gl, repl, _ := explainWith(t, inProcessFusion, fusion.Name, opts, nil, mode)
 			gr, repr, _ := explainWith(t, remote, fusion.Name, opts, nil, mode)

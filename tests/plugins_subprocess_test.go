@@ -7,12 +7,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
-	"github.com/glmflash/glmflash/core/pass"
-	"github.com/glmflash/glmflash/plugins/conformance"
+	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/pass/passtest"
 	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/rs/zerolog"
@@ -49,17 +49,17 @@ func TestPluginExampleSubprocess(t *testing.T) {
 			require.Contains(t, s.log.String(), "plugin loaded")
 			for _, name := range fxs {
 				ck, ref := openFixture(t, name)
-				f := &conformance.Fixture{Checkpoint: ck, Reference: ref}
-				base := conformance.RunCases(t, f, nil)
+				f := &passtest.Fixture{Checkpoint: ck, Reference: ref}
+				base := passtest.RunCases(t, f, nil)
 				e := s.engine(t, ck)
-				worst, err := conformance.Compare(base, conformance.RunCases(t, f, e), ck.Config().VocabSize)
+				worst, err := passtest.Compare(base, passtest.RunCases(t, f, e), ck.Config().VocabSize)
 				require.NoError(t, err, name)
 				res, err := eval.RunAll(e, ref)
 				require.NoError(t, err)
 				for _, r := range res {
 					require.True(t, r.Pass(1e-4), "%s %s: max|Δ| %.2e vs transformers, greedy %v", name, r.Name, r.MaxAbsDiff, r.GreedyMatch)
 				}
-				rep := e.Report(engine.Key{Mode: build.Decode, Logits: build.LastLogits})
+				rep := e.Report(engine.Key{Mode: graph.Decode, Logits: graph.LastLogits})
 				require.NotNil(t, rep)
 				pr := rep.Find(fusion.Name)
 				require.NotNil(t, pr)
@@ -75,14 +75,14 @@ func TestPluginExampleSubprocess(t *testing.T) {
 				if cfg.NSharedExperts == 1 {
 					require.Len(t, pr.Fired, moe, name)
 					require.Empty(t, pr.Skipped, name)
-					p, err := e.Program(engine.Key{Mode: build.Decode, Logits: build.LastLogits})
+					p, err := e.Program(engine.Key{Mode: graph.Decode, Logits: graph.LastLogits})
 					require.NoError(t, err)
 					ops := map[string]int{}
 					for _, n := range p.Plan().Graph.Nodes {
 						ops[n.Op]++
 					}
-					require.Equal(t, moe, ops["moe_append_expert"], name)
-					require.Zero(t, ops["add"], name)
+					require.Equal(t, moe, ops[ir.OpMoEAppendExpert], name)
+					require.Zero(t, ops[ir.OpAdd], name)
 				} else {
 					require.Empty(t, pr.Fired, name)
 					require.Len(t, pr.Skipped, moe, name)
@@ -153,7 +153,7 @@ func TestPluginChecksumPolicy(t *testing.T) {
 	require.NoError(t, err)
 	h, err := host.Open(host.OptionsFromConfig(ec, zerolog.Nop()))
 	require.NoError(t, err)
-	_, err = pass.FromConfigWith(ec, h)
+	_, err = ec.Pipeline(h)
 	require.ErrorContains(t, err, `unknown pass "no-such-pass"`)
 	require.ErrorContains(t, err, fusion.Name, "the error lists plugin passes too")
 	require.NoError(t, h.Close())
@@ -164,9 +164,9 @@ func TestPluginChecksumPolicy(t *testing.T) {
 	s.host.StopUnused(nil)
 	requireProcessesGone(t, pids, dir)
 	ck, _ := openFixture(t, fixtures[0])
-	g, err := build.Build(ck.Config(), build.Options{Mode: build.Decode, Logits: build.LastLogits})
+	g, err := graph.Build(ck.Config(), graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(t, err)
-	rep, err := s.pl.Run(g, pass.EnvFromConfig(s.ec, ck.Config(), ck))
+	rep, err := s.pl.Run(g, s.ec.PassEnv(ck.Config(), ck))
 	require.NoError(t, err)
 	pr := rep.Find(fusion.Name)
 	require.NotNil(t, pr)

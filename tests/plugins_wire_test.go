@@ -3,8 +3,8 @@ package tests
 import (
 	"testing"
 
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model/safetensors"
@@ -56,15 +56,11 @@ func TestPluginWireIRRoundTrip(t *testing.T) {
 		if tdir == "" {
 			tdir = fixedTable(t, cfg)
 		}
-		var all []pass.Request
-		for _, n := range builtins {
-			all = append(all, request(n, tdir))
-		}
-		all = append(all, pass.Request{Name: fusion.Name})
-		for _, mode := range []build.Mode{build.Prefill, build.Decode, build.Extend, build.Mixed} {
-			for _, lg := range []build.Logits{build.AllLogits, build.LastLogits} {
+		all := append(defaultRequests(tdir), pass.Request{Name: fusion.Name})
+		for _, mode := range []graph.Mode{graph.Prefill, graph.Decode, graph.Extend, graph.Mixed} {
+			for _, lg := range []graph.Logits{graph.AllLogits, graph.LastLogits} {
 				for _, capture := range []bool{false, true} {
-					g, err := build.Build(cfg, build.Options{Mode: mode, Logits: lg, CaptureHidden: capture})
+					g, err := graph.Build(cfg, graph.Options{Mode: mode, Logits: lg, CaptureHidden: capture})
 					require.NoError(t, err)
 					back := roundTrip(t, g)
 					require.Equal(t, g.Text(), back.Text(), "%s %s/%s", name, mode, lg)
@@ -72,7 +68,7 @@ func TestPluginWireIRRoundTrip(t *testing.T) {
 					// the decoded graph is a working graph: passes run on it
 					pl, err := pass.NewPipelineWith(all, true, inProcessFusion)
 					require.NoError(t, err)
-					rep, err := pl.Run(g, pass.EnvFromConfig(config.Default(), cfg, ck))
+					rep, err := pl.Run(g, config.Default().PassEnv(cfg, ck))
 					require.NoError(t, err)
 					for _, p := range rep.Passes {
 						require.Empty(t, p.Error, p.Name)
@@ -90,7 +86,7 @@ func TestPluginWireIRRoundTrip(t *testing.T) {
 func TestPluginWireEnvSitesDescription(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	cfg := ck.Config()
-	g, err := build.Build(cfg, build.Options{Mode: build.Decode, Logits: build.LastLogits})
+	g, err := graph.Build(cfg, graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(t, err)
 	q0 := "model.language_model.layers.0.self_attn.q_proj.weight"
 	e0 := "model.language_model.layers.3.mlp.experts.5.up_proj.weight"
@@ -127,7 +123,8 @@ func TestPluginWireEnvSitesDescription(t *testing.T) {
 	_, err = wire.DecodeSites(g, ws)
 	require.ErrorContains(t, err, "out of range")
 
-	d := (&fusion.Pass{}).Describe()
+	d, err := pass.DescriptionOf(&fusion.Pass{})
+	require.NoError(t, err)
 	md, err := wire.EncodeDescription(d)
 	require.NoError(t, err)
 	dd, err := wire.DecodeDescription(md)
@@ -140,7 +137,7 @@ func TestPluginInstallValidation(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	cfg := ck.Config()
 	fresh := func() *ir.Graph {
-		g, err := build.Build(cfg, build.Options{Mode: build.Decode, Logits: build.LastLogits})
+		g, err := graph.Build(cfg, graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 		require.NoError(t, err)
 		return g
 	}
@@ -167,7 +164,7 @@ func TestPluginInstallValidation(t *testing.T) {
 		"weight without ref": {func(m *pb.Graph) { m.Weights[0].Ref = "" }, "checkpoint reference"},
 		"const op on non-weight": {func(m *pb.Graph) {
 			for _, n := range m.Nodes {
-				if n.Op == "concat_rows" {
+				if n.Op == ir.OpConcatRows {
 					n.Inputs[0] = m.Nodes[1].Outputs[0].Id // the embedding's activation
 					return
 				}
@@ -198,7 +195,7 @@ func FuzzInstall(f *testing.F) {
 	ck, _ := openFixture(f, fixtures[0])
 	cfg := ck.Config()
 	fresh := func(t testing.TB) *ir.Graph {
-		g, err := build.Build(cfg, build.Options{Mode: build.Decode, Logits: build.LastLogits})
+		g, err := graph.Build(cfg, graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 		require.NoError(t, err)
 		return g
 	}
@@ -231,9 +228,11 @@ func FuzzInstall(f *testing.F) {
 // them never panics, and sites that decode refer to nodes of the graph.
 func FuzzPluginAnswers(f *testing.F) {
 	ck, _ := openFixture(f, fixtures[0])
-	g, err := build.Build(ck.Config(), build.Options{Mode: build.Decode, Logits: build.LastLogits})
+	g, err := graph.Build(ck.Config(), graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(f, err)
-	d, err := wire.EncodeDescription((&fusion.Pass{}).Describe())
+	fd, err := pass.DescriptionOf(&fusion.Pass{})
+	require.NoError(f, err)
+	d, err := wire.EncodeDescription(fd)
 	require.NoError(f, err)
 	b, err := proto.Marshal(d)
 	require.NoError(f, err)

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/spf13/cobra"
 )
@@ -39,7 +39,6 @@ type benchResult struct {
 
 func newBenchCmd() *cobra.Command {
 	var mf modelFlags
-	var cfgPath, device, precision string
 	var profileOps bool
 	var prompt, decodeSteps, reps, warmup int
 	var batches []int
@@ -72,7 +71,7 @@ func newBenchCmd() *cobra.Command {
 				}
 				defer pprof.StopCPUProfile()
 			}
-			if err := dumpGraph(dump, cfg, build.Prefill, build.LastLogits); err != nil {
+			if err := dumpGraph(dump, cfg, graph.Prefill, graph.LastLogits); err != nil {
 				return err
 			}
 			maxB := 1
@@ -86,7 +85,7 @@ func newBenchCmd() *cobra.Command {
 			if limit := cfg.MaxPositionEmbeddings; prompt > limit || 32+decodeSteps > limit {
 				return fmt.Errorf("--prompt (%d) and 32 + --decode-steps (%d) must fit max_position_embeddings (%d)", prompt, 32+decodeSteps, limit)
 			}
-			e, err := newEngineWith(ck, cfgPath, device, precision, maxB+1, func(o *backend.Options) { o.ProfileOps = profileOps })
+			e, err := newEngineWith(ck, &mf, maxB+1, func(o *backend.Options) { o.ProfileOps = profileOps })
 			if err != nil {
 				return err
 			}
@@ -152,7 +151,7 @@ func newBenchCmd() *cobra.Command {
 				}
 				defer free(slots)
 				t0 := time.Now()
-				_, err = e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slots[0], Tokens: toks(prompt, 1)}}})
+				_, err = e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slots[0], Tokens: toks(prompt, 1)}}})
 				return prompt, time.Since(t0).Seconds(), err
 			})
 			if err != nil {
@@ -170,10 +169,10 @@ func newBenchCmd() *cobra.Command {
 					for i, s := range slots {
 						pb.Seqs = append(pb.Seqs, backend.Seq{Slot: s, Tokens: toks(32, i+2)})
 					}
-					if _, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, pb); err != nil {
+					if _, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, pb); err != nil {
 						return 0, 0, err
 					}
-					key := engine.Key{Mode: build.Decode, Logits: build.LastLogits}
+					key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
 					prog, err := e.Program(key)
 					if err != nil {
 						return 0, 0, err
@@ -230,7 +229,7 @@ func newBenchCmd() *cobra.Command {
 			}
 			fmt.Printf("peak RSS %.1f MiB\n", peak)
 			if profileOps {
-				for _, key := range []engine.Key{{Mode: build.Prefill, Logits: build.LastLogits}, {Mode: build.Decode, Logits: build.LastLogits}} {
+				for _, key := range []engine.Key{{Mode: graph.Prefill, Logits: graph.LastLogits}, {Mode: graph.Decode, Logits: graph.LastLogits}} {
 					prog, err := e.Program(key)
 					if err != nil {
 						return err
@@ -259,9 +258,9 @@ func newBenchCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
-	addDeviceFlag(cmd, &device)
-	addPrecisionFlag(cmd, &precision)
+	mf.addConfig(cmd)
+	mf.addDevice(cmd)
+	mf.addPrecision(cmd)
 	cmd.Flags().BoolVar(&profileOps, "profile-ops", false, "time every op on the device (graphs off) and print the device time per op of the prefill and decode programs")
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)

@@ -5,14 +5,13 @@ import (
 	"os"
 	"text/tabwriter"
 
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/eval"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/spf13/cobra"
 )
 
 func newEvalCmd() *cobra.Command {
 	var mf modelFlags
-	var cfgPath, device, precision string
 	var refPath, dump string
 	var tol float64
 	cmd := &cobra.Command{
@@ -31,14 +30,14 @@ func newEvalCmd() *cobra.Command {
 				return err
 			}
 			defer ck.Close()
-			if err := dumpGraph(dump, ck.Config(), build.Prefill, build.AllLogits); err != nil {
+			if err := dumpGraph(dump, ck.Config(), graph.Prefill, graph.AllLogits); err != nil {
 				return err
 			}
 			ref, err := eval.Load(refPath)
 			if err != nil {
 				return err
 			}
-			e, err := newEngine(ck, cfgPath, device, precision, 2)
+			e, err := newEngine(ck, &mf, 2)
 			if err != nil {
 				return err
 			}
@@ -70,9 +69,9 @@ func newEvalCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
-	addDeviceFlag(cmd, &device)
-	addPrecisionFlag(cmd, &precision)
+	mf.addConfig(cmd)
+	mf.addDevice(cmd)
+	mf.addPrecision(cmd)
 	mf.add(cmd, false)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&refPath, "reference", "", "reference.safetensors (with reference.json beside it)")

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/model/chat"
@@ -36,7 +36,6 @@ func parseIDs(flag, s string) ([]int32, error) {
 
 func newGenerateCmd() *cobra.Command {
 	var mf modelFlags
-	var cfgPath, device, precision string
 	var prompt, stops, dump string
 	var textPrompt, chatMsg, system string
 	var maxTokens int
@@ -119,10 +118,10 @@ func newGenerateCmd() *cobra.Command {
 			if len(ids)+maxTokens > cfg.MaxPositionEmbeddings {
 				return fmt.Errorf("--max-tokens: the prompt (%d tokens) + --max-tokens (%d) exceed max_position_embeddings (%d)", len(ids), maxTokens, cfg.MaxPositionEmbeddings)
 			}
-			if err := dumpGraph(dump, cfg, build.Decode, build.LastLogits); err != nil {
+			if err := dumpGraph(dump, cfg, graph.Decode, graph.LastLogits); err != nil {
 				return err
 			}
-			e, err := newEngine(ck, cfgPath, device, precision, 1)
+			e, err := newEngine(ck, &mf, 1)
 			if err != nil {
 				return err
 			}
@@ -130,7 +129,7 @@ func newGenerateCmd() *cobra.Command {
 			slot, _ := e.Store().Alloc()
 			smp := sample.New(sp)
 			t0 := time.Now()
-			res, err := e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: ids}}})
+			res, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: ids}}})
 			if err != nil {
 				return err
 			}
@@ -161,7 +160,7 @@ func newGenerateCmd() *cobra.Command {
 				if len(out) == maxTokens {
 					break
 				}
-				res, err = e.Run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: []int32{tok}}}})
+				res, err = e.Run(engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: []int32{tok}}}})
 				if err != nil {
 					return err
 				}
@@ -184,9 +183,9 @@ func newGenerateCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
-	addDeviceFlag(cmd, &device)
-	addPrecisionFlag(cmd, &precision)
+	mf.addConfig(cmd)
+	mf.addDevice(cmd)
+	mf.addPrecision(cmd)
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&prompt, "prompt-ids", "", "comma-separated prompt token ids")

@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 
-	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/spf13/cobra"
 )
 
@@ -16,14 +16,14 @@ func newGraphCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		Short: "Print the forward graph (IR) for a batch mode",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := build.ParseMode(mode)
+			m, err := graph.ParseMode(mode)
 			if err != nil {
 				return fmt.Errorf("--mode: %w", err)
 			}
 			if format != "text" && format != "summary" {
 				return fmt.Errorf("--format must be text or summary, got %q", format)
 			}
-			if logits != string(build.AllLogits) && logits != string(build.LastLogits) {
+			if logits != string(graph.AllLogits) && logits != string(graph.LastLogits) {
 				return fmt.Errorf("--logits must be all or last, got %q", logits)
 			}
 			ck, err := mf.open()
@@ -31,13 +31,14 @@ func newGraphCmd() *cobra.Command {
 				return err
 			}
 			defer ck.Close()
-			g, err := build.Build(ck.Config(), build.Options{Mode: m, Logits: build.Logits(logits), CaptureHidden: hidden})
+			g, err := graph.Build(ck.Config(), graph.Options{Mode: m, Logits: graph.Logits(logits), CaptureHidden: hidden})
 			if err != nil {
 				return err
 			}
 			return printGraph(format, g)
 		},
 	}
+	mf.addConfig(cmd)
 	mf.add(cmd, true)
 	cmd.Flags().StringVar(&mode, "mode", "prefill", "prefill, decode, extend or mixed")
 	cmd.Flags().StringVar(&logits, "logits", "last", "all or last")

@@ -16,8 +16,8 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/plan"
-	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/model"
 )
 
@@ -130,7 +130,7 @@ func ConfigHash(m ModelRef, ps []config.PassConfig) string {
 }
 
 // PipelineFunc builds an arm's pass pipeline (the CLI adds plugin passes).
-type PipelineFunc func(e *config.Engine) (*pass.Pipeline, error)
+type PipelineFunc func(e *config.Config) (*pass.Pipeline, error)
 
 // EngineRunner runs arms in process: one engine (sharing the weights) and
 // one continuous-batching runtime per arm.
@@ -142,19 +142,22 @@ type EngineRunner struct {
 	Info_    pass.WeightInfo
 	Study    *Study
 	Pipeline PipelineFunc
-	arms     map[string]*engineArm
+	// Base is the configuration every arm starts from (nil: the built-in
+	// one): the arm replaces its passes.
+	Base *config.Config
+	arms map[string]*engineArm
 }
 
 type engineArm struct {
 	eng *engine.Engine
-	rt  *runtime.Runtime
+	rt  *sched.Scheduler
 }
 
 // NewEngineRunner prepares an in-process runner; weights are loaded once
 // and shared by every arm.
 func NewEngineRunner(s *Study, cfg *model.Config, w plan.Weights, wi pass.WeightInfo, pf PipelineFunc) *EngineRunner {
 	if pf == nil {
-		pf = pass.FromConfig
+		pf = func(e *config.Config) (*pass.Pipeline, error) { return e.Pipeline(nil) }
 	}
 	return &EngineRunner{Model: cfg, Weights: plan.NewWeightCache(w), Info_: wi, Study: s, Pipeline: pf, arms: map[string]*engineArm{}}
 }
@@ -171,22 +174,22 @@ func maxConcurrency(s *Study) (conc, reqs int) {
 
 // Prepare implements Runner.
 func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
-	ec := r.Study.EngineConfig(a)
+	ec := r.Study.EngineConfig(r.Base, a)
 	pl, err := r.Pipeline(ec)
 	if err != nil {
 		return fmt.Errorf("arm %s: %w", a.Name, err)
 	}
 	conc, reqs := maxConcurrency(r.Study)
-	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: pass.EnvFromConfig(ec, r.Model, r.Info_), Device: r.Device})
+	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: ec.PassEnv(r.Model, r.Info_), Device: r.Device})
 	if err != nil {
 		return err
 	}
-	for _, key := range runtime.Programs { // compiled here, never during a measurement
+	for _, key := range sched.Programs { // compiled here, never during a measurement
 		if _, err := eng.Program(key); err != nil {
 			return fmt.Errorf("arm %s: %w", a.Name, err)
 		}
 	}
-	rt, err := runtime.New(eng, runtime.Config{MaxRunning: conc, MaxQueue: reqs, MaxBatchTokens: r.Study.Runtime.MaxBatchTokens, PrefillChunk: r.Study.Runtime.PrefillChunk}, runtime.Options{})
+	rt, err := sched.New(eng, sched.Config{MaxRunning: conc, MaxQueue: reqs, MaxBatchTokens: r.Study.Runtime.MaxBatchTokens, PrefillChunk: r.Study.Runtime.PrefillChunk}, sched.Options{})
 	if err != nil {
 		return err
 	}
@@ -198,7 +201,7 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 func (r *EngineRunner) RunCell(ctx context.Context, a Arm, c Cell, prompts [][]int32) (*CellResult, error) {
 	ea := r.arms[a.Name]
 	gen := func(ctx context.Context, prompt []int32, maxTokens int, on func([]int32)) error {
-		h, err := ea.rt.Submit(ctx, runtime.Request{Prompt: prompt, MaxTokens: maxTokens, Sampling: sample.Greedy(), IgnoreEOS: true})
+		h, err := ea.rt.Submit(ctx, sched.Request{Prompt: prompt, MaxTokens: maxTokens, Sampling: sample.Greedy(), IgnoreEOS: true})
 		if err != nil {
 			return err
 		}
@@ -215,7 +218,7 @@ func (r *EngineRunner) RunCell(ctx context.Context, a Arm, c Cell, prompts [][]i
 				on(ids)
 			}
 			if fin != nil {
-				if fin.Reason != runtime.FinishLength && fin.Reason != runtime.FinishStop {
+				if fin.Reason != sched.FinishLength && fin.Reason != sched.FinishStop {
 					return fmt.Errorf("request ended with %s: %s", fin.Reason, fin.Message)
 				}
 				return nil

@@ -29,8 +29,7 @@ type Backend interface {
 	// NewStore makes a store of slots sequence slots for cfg, each able to
 	// hold maxPositions tokens.
 	NewStore(cfg *model.Config, slots, maxPositions int) (Store, error)
-	// Ops lists the ops this backend binds (a test checks it against the
-	// IR's registry).
+	// Ops lists the ops this backend binds (the table BoundOps reports).
 	Ops() []string
 	// Info describes the device and its memory use.
 	Info() Info
@@ -132,19 +131,40 @@ type Options struct {
 // Factory opens a backend.
 type Factory func(opts Options) (Backend, error)
 
+type registration struct {
+	open Factory
+	ops  func() []string
+}
+
 var (
 	regMu    sync.Mutex
-	registry = map[string]Factory{}
+	registry = map[string]registration{}
 )
 
-// Register makes a backend available under name; it panics on a duplicate.
-func Register(name string, f Factory) {
+// Register makes a backend available under name; ops lists the ops its
+// binding table covers (static: known without opening a device, so that a
+// test can check every backend against the IR). It panics on a duplicate.
+func Register(name string, open Factory, ops func() []string) {
 	regMu.Lock()
 	defer regMu.Unlock()
 	if _, dup := registry[name]; dup {
 		panic("backend: " + name + " registered twice")
 	}
-	registry[name] = f
+	registry[name] = registration{open: open, ops: ops}
+}
+
+// BoundOps lists the ops the backend registered as name binds, sorted (nil
+// for an unknown backend).
+func BoundOps(name string) []string {
+	regMu.Lock()
+	r, ok := registry[name]
+	regMu.Unlock()
+	if !ok {
+		return nil
+	}
+	ops := slices.Clone(r.ops())
+	sort.Strings(ops)
+	return ops
 }
 
 // Names lists the registered backends, sorted.
@@ -172,22 +192,10 @@ func Open(name string, opts Options) (Backend, error) {
 		return nil, fmt.Errorf("precision must be fp32 or bf16, got %q", opts.Precision)
 	}
 	regMu.Lock()
-	f, ok := registry[name]
+	r, ok := registry[name]
 	regMu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("unknown device %q (have %v)", name, Names())
 	}
-	return f(opts)
-}
-
-// MissingOps returns the ops in want that b does not bind.
-func MissingOps(b Backend, want []string) []string {
-	have := b.Ops()
-	var miss []string
-	for _, op := range want {
-		if !slices.Contains(have, op) {
-			miss = append(miss, op)
-		}
-	}
-	return miss
+	return r.open(opts)
 }

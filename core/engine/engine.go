@@ -10,7 +10,7 @@ import (
 	"sync"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/plan"
@@ -48,8 +48,8 @@ type Options struct {
 
 // Key identifies one program.
 type Key struct {
-	Mode          build.Mode
-	Logits        build.Logits
+	Mode          graph.Mode
+	Logits        graph.Logits
 	CaptureHidden bool
 }
 
@@ -159,7 +159,7 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 	if e.be == nil {
 		return nil, fmt.Errorf("engine: closed")
 	}
-	g, err := build.Build(e.cfg, build.Options{Mode: key.Mode, Logits: key.Logits, CaptureHidden: key.CaptureHidden})
+	g, err := graph.Build(e.cfg, graph.Options{Mode: key.Mode, Logits: key.Logits, CaptureHidden: key.CaptureHidden})
 	if err != nil {
 		return nil, err
 	}

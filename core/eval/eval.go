@@ -5,8 +5,9 @@ import (
 	"math"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/ir"
 )
 
 // Result is one case's agreement with the reference.
@@ -69,7 +70,7 @@ func RunCase(e *engine.Engine, c *Case, V int) (Result, error) {
 	}
 	switch c.Kind {
 	case "prefill":
-		out, err := run(engine.Key{Mode: build.Prefill, Logits: build.AllLogits, CaptureHidden: len(c.Hidden) > 0}, c.Tokens)
+		out, err := run(engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits, CaptureHidden: len(c.Hidden) > 0}, c.Tokens)
 		if err != nil {
 			return res, err
 		}
@@ -78,7 +79,7 @@ func RunCase(e *engine.Engine, c *Case, V int) (Result, error) {
 		}
 		compare(out.Logits, c.Logits, V, &res)
 		for l := 0; l < len(c.Hidden); l++ {
-			got, want := out.Hidden[build.HiddenOutput(l)], c.Hidden[l]
+			got, want := out.Hidden[ir.HiddenOutput(l)], c.Hidden[l]
 			d := 0.0
 			if len(got) != len(want) {
 				d = math.Inf(1)
@@ -90,7 +91,7 @@ func RunCase(e *engine.Engine, c *Case, V int) (Result, error) {
 			res.HiddenMaxDiff = append(res.HiddenMaxDiff, d)
 		}
 	case "decode":
-		out, err := run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, c.Tokens)
+		out, err := run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, c.Tokens)
 		if err != nil {
 			return res, err
 		}
@@ -105,7 +106,7 @@ func RunCase(e *engine.Engine, c *Case, V int) (Result, error) {
 				res.Mismatches++
 				tok = want // stay on the reference trajectory so later rows stay comparable
 			}
-			out, err = run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, []int32{tok})
+			out, err = run(engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}, []int32{tok})
 			if err != nil {
 				return res, err
 			}
@@ -113,7 +114,7 @@ func RunCase(e *engine.Engine, c *Case, V int) (Result, error) {
 			last = out.Logits
 		}
 	case "extend":
-		out, err := run(engine.Key{Mode: build.Prefill, Logits: build.AllLogits}, c.Tokens[:c.Split])
+		out, err := run(engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits}, c.Tokens[:c.Split])
 		if err != nil {
 			return res, err
 		}
@@ -121,7 +122,7 @@ func RunCase(e *engine.Engine, c *Case, V int) (Result, error) {
 			return res, err
 		}
 		compare(out.Logits, c.LogitsFirst, V, &res)
-		out, err = run(engine.Key{Mode: build.Extend, Logits: build.AllLogits}, c.Tokens[c.Split:])
+		out, err = run(engine.Key{Mode: graph.Extend, Logits: graph.AllLogits}, c.Tokens[c.Split:])
 		if err != nil {
 			return res, err
 		}

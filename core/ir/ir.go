@@ -3,7 +3,7 @@
 // checkpoint name, host-side batch metadata, integer tensors), nodes (an op
 // name, inputs, outputs, attributes), a verifier and a stable text printer.
 //
-// The IR knows nothing about kernels or buffers: the executor (core/exec)
+// The IR knows nothing about kernels or buffers: each backend (core/backend/*)
 // binds ops to kernels, passes (core/pass) rewrite graphs.
 package ir
 
@@ -162,7 +162,7 @@ func (g *Graph) Op(op string, layer int, attrs Attrs, inputs ...*Value) []*Value
 		panic(fmt.Sprintf("ir: %s (layer %d): %v", op, layer, err))
 	}
 	kind := Activation
-	if def.Const {
+	if def.Const() {
 		kind = Weight
 	}
 	for _, o := range outs {
@@ -199,7 +199,7 @@ func (g *Graph) NewNode(op string, layer int, attrs Attrs, inputs ...*Value) (*N
 		return nil, fmt.Errorf("%s (layer %d): %w", op, layer, err)
 	}
 	kind := Activation
-	if def.Const {
+	if def.Const() {
 		kind = Weight
 	}
 	for _, o := range outs {

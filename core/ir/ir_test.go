@@ -11,9 +11,9 @@ func tinyGraph() *Graph {
 	g := New("t")
 	x := g.AddInput("tokens", I32, DimT)
 	w := g.AddWeight("emb", 10, 4)
-	s := g.Op1("embed", -1, Attrs{"streams": 2}, x, w).Named("streams")
-	m := g.Op1("stream_mean", -1, nil, s).Named("mean")
-	y := g.Op1("linear", 0, nil, m, g.AddWeight("head", 10, 4)).Named("logits")
+	s := g.Op1(OpEmbed, -1, Attrs{"streams": 2}, x, w).Named("streams")
+	m := g.Op1(OpStreamMean, -1, nil, s).Named("mean")
+	y := g.Op1(OpLinear, 0, nil, m, g.AddWeight("head", 10, 4)).Named("logits")
 	g.Outputs["logits"] = y
 	return g
 }
@@ -65,7 +65,7 @@ func TestRewriteHelpers(t *testing.T) {
 	g := tinyGraph()
 	mean := g.Nodes[1].Outputs[0]
 	require.Len(t, g.Users(mean), 1)
-	n, err := g.NewNode("stream_mean", -1, nil, g.Nodes[0].Outputs[0])
+	n, err := g.NewNode(OpStreamMean, -1, nil, g.Nodes[0].Outputs[0])
 	require.NoError(t, err)
 	g.Nodes = append(g.Nodes[:2], append([]*Node{n}, g.Nodes[2:]...)...)
 	g.ReplaceUses(mean, n.Outputs[0])
@@ -85,4 +85,52 @@ func TestLeafNames(t *testing.T) {
 	require.Equal(t, []string{"model.norm.weight"}, w.LeafNames())
 	s := g.AddStackedWeight("layers.1.mlp.experts.{e}.up_proj.weight", 3, 2, 4)
 	require.Equal(t, []string{"layers.1.mlp.experts.0.up_proj.weight", "layers.1.mlp.experts.1.up_proj.weight", "layers.1.mlp.experts.2.up_proj.weight"}, s.LeafNames())
+}
+
+// Traits: constant ops fold, GEMM ops report their shape and weight, ops
+// that read the batch lengths take either lengths source, and a definition
+// with contradictory traits is refused.
+func TestOpTraits(t *testing.T) {
+	g := New("t")
+	a := g.AddWeight("a", 2, 3)
+	b := g.AddWeight("b", 1, 3)
+	cat := g.Op1(OpConcatRows, 0, nil, a, b)
+	require.True(t, cat.Producer.Def().Const())
+	got, err := cat.Producer.Def().Fold(cat.Producer, [][]float32{{1, 2, 3, 4, 5, 6}, {7, 8, 9}})
+	require.NoError(t, err)
+	require.Equal(t, [][]float32{{1, 2, 3, 4, 5, 6, 7, 8, 9}}, got)
+
+	x := g.AddInput("x", F32, DimT, 3)
+	y := g.Op1(OpLinear, 0, nil, x, cat)
+	gs := y.Producer.Def().GEMM(y.Producer)
+	require.Equal(t, GEMMShape{N: 3, K: 3, Weight: cat}, gs)
+	require.Nil(t, (&Node{Op: OpAdd}).Def().GEMM)
+
+	batch := g.AddInput(InputBatch, Host)
+	lens := g.Op1(OpSeqLengths, -1, nil, batch)
+	for _, src := range []*Value{batch, lens} {
+		m := g.Op1(OpDSAMeta, 0, Attrs{"kpool": 2}, src)
+		require.True(t, m.Producer.Def().ReadsLengths)
+	}
+	var readers []string
+	for _, op := range OpNames() {
+		if d, _ := Lookup(op); d.ReadsLengths {
+			readers = append(readers, op)
+		}
+	}
+	require.Equal(t, []string{OpDSAMeta, OpKDAAttn, OpKDAConv}, readers)
+
+	require.ErrorContains(t, Register(OpDef{Name: "t_bad", Infer: inferSame, Fold: foldConcat, SideEffects: true}), "constant op")
+	require.ErrorContains(t, Register(OpDef{Name: OpAdd, Infer: inferSame}), "registered twice")
+	require.NotContains(t, KernelOps(), OpStack)
+	require.Contains(t, KernelOps(), OpMoEAppendExpert)
+}
+
+// swiglu_packed halves its input's width: g and u side by side.
+func TestSwiGLUPackedShape(t *testing.T) {
+	g := New("t")
+	x := g.AddInput("x", F32, DimT, 8)
+	require.Equal(t, []int{DimT, 4}, g.Op1(OpSwiGLUPacked, 0, Attrs{"limit": 7.0}, x).Shape)
+	_, err := g.NewNode(OpSwiGLUPacked, 0, nil, g.AddInput("odd", F32, DimT, 5))
+	require.ErrorContains(t, err, "not g and u of equal widths")
 }

@@ -13,7 +13,11 @@ type OutType struct {
 	Shape []int
 }
 
-// OpDef registers an op: its arity, shape inference and properties.
+// OpDef declares an op once: its name, arity, shape inference and traits.
+// Passes, the plan and the backends ask traits (is it constant? a tunable
+// GEMM? does it read the batch lengths?), never lists of op names; every
+// backend binds each op that is not constant to a kernel, and a test in
+// core/backend checks that no backend misses one.
 type OpDef struct {
 	Name string
 	Doc  string
@@ -21,13 +25,55 @@ type OpDef struct {
 	MinInputs, MaxInputs int
 	// Infer checks the inputs and attributes and returns the outputs' types.
 	Infer func(n *Node) ([]OutType, error)
-	// Const ops compute derived weights from weights; the executor folds
-	// them once at load time.
-	Const bool
+
+	// Fold makes the op constant: its outputs are derived weights, computed
+	// from its inputs' values (weights, or other folded outputs) by Fold,
+	// once, when a plan is compiled. Backends bind no kernel to it.
+	Fold func(n *Node, in [][]float32) ([][]float32, error)
 	// SideEffects ops update sequence state (caches) and are never removed
 	// as dead code.
 	SideEffects bool
+	// GEMM marks a tunable matrix multiplication: it returns the node's GEMM
+	// shape (output width N, reduction depth K, and the weight operand). A
+	// tuning pass sets the node's kernel parameters per token-count bucket
+	// (AttrTuneBuckets, AttrTuneColGrain, AttrTuneRowBlock), and the CPU
+	// backend's binding of every GEMM op reads them.
+	GEMM func(n *Node) GEMMShape
+	// ReadsLengths says input 0 is the per-sequence lengths source: the
+	// host batch metadata (InputBatch) or the executor's copy (OpSeqLengths).
+	ReadsLengths bool
 }
+
+// Const reports whether the op is folded at compile time (it has Fold).
+func (d OpDef) Const() bool { return d.Fold != nil }
+
+// GEMMShape is the matrix multiplication a GEMM-trait node performs:
+// y[T,N] = x[T,K] · Weightᵀ.
+type GEMMShape struct {
+	N, K   int
+	Weight *Value
+}
+
+// Attributes of the GEMM trait: per token-count bucket (ascending), the
+// kernel's column grain and row blocking. A batch of T rows uses the
+// smallest bucket ≥ T, else the largest.
+const (
+	AttrTuneBuckets  = "tune_buckets"
+	AttrTuneColGrain = "tune_col_grain"
+	AttrTuneRowBlock = "tune_row_block"
+)
+
+// Well-known graph input and output names, shared by the graph builder, the
+// backends (which provide the inputs) and plugins.
+const (
+	InputTokens  = "tokens" // i32[T]: the batch's token ids
+	InputBatch   = "batch"  // host: the batch's sequences (slots, positions, lengths)
+	OutputLogits = "logits" // f32[rows, vocab]
+)
+
+// HiddenOutput names the graph output holding the residual streams after
+// decoder layer l (hidden-state capture).
+func HiddenOutput(l int) string { return fmt.Sprintf("hidden.%d", l) }
 
 var (
 	regMu sync.RWMutex
@@ -40,6 +86,9 @@ func Register(d OpDef) error {
 	defer regMu.Unlock()
 	if d.Name == "" || d.Infer == nil {
 		return fmt.Errorf("ir: op definition needs a name and Infer")
+	}
+	if d.Const() && (d.SideEffects || d.GEMM != nil) {
+		return fmt.Errorf("ir: op %q: a constant op has no side effects and is not a GEMM", d.Name)
 	}
 	if _, dup := ops[d.Name]; dup {
 		return fmt.Errorf("ir: op %q registered twice", d.Name)
@@ -63,6 +112,13 @@ func Lookup(name string) (OpDef, bool) {
 	return d, ok
 }
 
+// Def returns the definition of a node's op (the zero OpDef, which has no
+// traits, for an unknown op: the verifier reports those).
+func (n *Node) Def() OpDef {
+	d, _ := Lookup(n.Op)
+	return d
+}
+
 // OpNames lists the registered ops, sorted.
 func OpNames() []string {
 	regMu.RLock()
@@ -73,4 +129,16 @@ func OpNames() []string {
 	}
 	sort.Strings(n)
 	return n
+}
+
+// KernelOps lists the registered ops a backend must bind (every op that is
+// not constant), sorted.
+func KernelOps() []string {
+	var out []string
+	for _, name := range OpNames() {
+		if d, _ := Lookup(name); !d.Const() {
+			out = append(out, name)
+		}
+	}
+	return out
 }

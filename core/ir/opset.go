@@ -6,40 +6,92 @@ import (
 )
 
 // The op set of the GLM-5.3-Flash forward pass. Shape inference lives here
-// so that the IR can be verified without an executor; core/exec binds each
-// op to a kernel. Attribute names are part of the IR's text format.
+// so that the IR can be verified without an executor; each backend binds every
+// op to a kernel (core/backend/*). Attribute names are part of the IR's text format.
+
+// Op names: the IR's text format spells them, plugins send them.
+const (
+	OpEmbed         = "embed"
+	OpMHCPre        = "mhc_pre"
+	OpMHCPost       = "mhc_post"
+	OpMHCPostPre    = "mhc_post_pre"
+	OpRMSNorm       = "rmsnorm"
+	OpLayerNorm     = "layernorm"
+	OpGatedRMSNorm  = "gated_rmsnorm"
+	OpLinear        = "linear"
+	OpLinearSplit   = "linear_split"
+	OpLinearBatched = "linear_batched"
+	OpSigmoid       = "sigmoid"
+	OpAdd           = "add"
+	OpSwiGLU        = "swiglu"
+	OpSwiGLUPacked  = "swiglu_packed"
+	OpKDAConv       = "kda_conv"
+	OpKDAGate       = "kda_gate"
+	OpKDAAttn       = "kda_attn"
+	OpSeqLengths    = "seq_lengths"
+	OpDSAMeta       = "dsa_meta"
+	OpDSATopK       = "dsa_topk"
+	OpMLAAttn       = "mla_attn"
+	OpMoERoute      = "moe_route"
+	OpMoEExperts    = "moe_experts"
+	OpStreamMean    = "stream_mean"
+	OpLastRows      = "last_rows"
+	OpConcatRows    = "concat_rows"
+	OpStack         = "stack"
+)
 
 func init() {
 	for _, d := range []OpDef{
-		{Name: "embed", Doc: "token ids → H identical residual streams", MinInputs: 2, MaxInputs: 2, Infer: inferEmbed},
-		{Name: "mhc_pre", Doc: "mHC mapping + Sinkhorn + stream collapse", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPre},
-		{Name: "mhc_post", Doc: "mHC expand: post·o + combᵀ·R", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPost},
-		{Name: "rmsnorm", Doc: "weighted RMSNorm over the last dim", MinInputs: 2, MaxInputs: 2, Infer: inferNorm},
-		{Name: "layernorm", Doc: "LayerNorm with bias over the last dim", MinInputs: 3, MaxInputs: 3, Infer: inferNorm},
-		{Name: "linear", Doc: "y = x·Wᵀ", MinInputs: 2, MaxInputs: 2, Infer: inferLinear},
-		{Name: "linear_split", Doc: "one GEMM against a row-concatenated weight, outputs split by attr splits", MinInputs: 2, MaxInputs: 2, Infer: inferLinearSplit},
-		{Name: "sigmoid", Doc: "elementwise sigmoid", MinInputs: 1, MaxInputs: 1, Infer: inferSame},
-		{Name: "add", Doc: "elementwise sum", MinInputs: 2, MaxInputs: 2, Infer: inferAdd},
-		{Name: "swiglu", Doc: "silu(min(g,limit))·clamp(u,±limit)", MinInputs: 2, MaxInputs: 2, Infer: inferAdd},
-		{Name: "kda_conv", Doc: "causal depthwise conv + SiLU over q,k,v with the per-sequence conv state", MinInputs: 5, MaxInputs: 5, Infer: inferKDAConv, SideEffects: true},
-		{Name: "kda_gate", Doc: "KDA forget gate (log-decay)", MinInputs: 3, MaxInputs: 3, Infer: inferKDAGate},
-		{Name: "kda_attn", Doc: "KDA delta rule (chunked or recurrent) with the per-sequence recurrent state", MinInputs: 6, MaxInputs: 6, Infer: inferKDAAttn, SideEffects: true},
-		{Name: "gated_rmsnorm", Doc: "per-head RMSNorm gated by sigmoid(gate)", MinInputs: 3, MaxInputs: 3, Infer: inferGatedNorm},
-		{Name: "dsa_meta", Doc: "per-batch DSA metadata: key lengths, visible pools, tails", MinInputs: 1, MaxInputs: 1, Infer: inferHostMeta},
-		{Name: "dsa_topk", Doc: "k-pool lightning indexer: append pooled keys, select positions", MinInputs: 6, MaxInputs: 6, Infer: inferDSATopK, SideEffects: true},
-		{Name: "mla_attn", Doc: "append c_kv to the latent cache, sparse NoPE MLA over the selected positions", MinInputs: 5, MaxInputs: 5, Infer: inferMLAAttn, SideEffects: true},
-		{Name: "moe_route", Doc: "sigmoid + bias top-k routing (group-limited)", MinInputs: 2, MaxInputs: 2, Infer: inferMoERoute},
-		{Name: "moe_experts", Doc: "routed experts: clamped SwiGLU per selected expert, weighted sum", MinInputs: 6, MaxInputs: 6, Infer: inferMoEExperts},
-		{Name: "stream_mean", Doc: "unweighted mean of the H residual streams", MinInputs: 1, MaxInputs: 1, Infer: inferStreamMean},
-		{Name: "last_rows", Doc: "the last token row of every sequence", MinInputs: 2, MaxInputs: 2, Infer: inferLastRows},
-		{Name: "concat_rows", Doc: "derived weight: concatenation along dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferConcatRows, Const: true},
-		{Name: "stack", Doc: "derived weight: equal-shaped weights stacked along a new dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferStack, Const: true},
-		{Name: "seq_lengths", Doc: "per-sequence token counts materialized by the executor (the device copy)", MinInputs: 1, MaxInputs: 1, Infer: inferSeqLengths},
-		{Name: "linear_batched", Doc: "G GEMMs in one kernel: x [T,G·K] split in G blocks, each times its own [N,K] slice of a stacked weight", MinInputs: 2, MaxInputs: 2, Infer: inferLinearBatched},
-		{Name: "mhc_post_pre", Doc: "fused mHC post (expand) + the next mHC pre (+ optional RMSNorm) in one sweep", MinInputs: 7, MaxInputs: 8, Infer: inferMHCPostPre},
+		{Name: OpEmbed, Doc: "token ids → H identical residual streams", MinInputs: 2, MaxInputs: 2, Infer: inferEmbed},
+		{Name: OpMHCPre, Doc: "mHC mapping + Sinkhorn + stream collapse", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPre},
+		{Name: OpMHCPost, Doc: "mHC expand: post·o + combᵀ·R", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPost},
+		{Name: OpRMSNorm, Doc: "weighted RMSNorm over the last dim", MinInputs: 2, MaxInputs: 2, Infer: inferNorm},
+		{Name: OpLayerNorm, Doc: "LayerNorm with bias over the last dim", MinInputs: 3, MaxInputs: 3, Infer: inferNorm},
+		{Name: OpLinear, Doc: "y = x·Wᵀ", MinInputs: 2, MaxInputs: 2, Infer: inferLinear, GEMM: weightGEMM},
+		{Name: OpLinearSplit, Doc: "one GEMM against a row-concatenated weight, outputs split by attr splits", MinInputs: 2, MaxInputs: 2, Infer: inferLinearSplit, GEMM: weightGEMM},
+		{Name: OpSigmoid, Doc: "elementwise sigmoid", MinInputs: 1, MaxInputs: 1, Infer: inferSame},
+		{Name: OpAdd, Doc: "elementwise sum", MinInputs: 2, MaxInputs: 2, Infer: inferAdd},
+		{Name: OpSwiGLU, Doc: "silu(min(g,limit))·clamp(u,±limit)", MinInputs: 2, MaxInputs: 2, Infer: inferAdd},
+		{Name: OpSwiGLUPacked, Doc: "swiglu of one [T,2I] input packing g then u per row (a gate-up GEMM's output) → [T,I]", MinInputs: 1, MaxInputs: 1, Infer: inferSwiGLUPacked},
+		{Name: OpKDAConv, Doc: "causal depthwise conv + SiLU over q,k,v with the per-sequence conv state", MinInputs: 5, MaxInputs: 5, Infer: inferKDAConv, SideEffects: true, ReadsLengths: true},
+		{Name: OpKDAGate, Doc: "KDA forget gate (log-decay)", MinInputs: 3, MaxInputs: 3, Infer: inferKDAGate},
+		{Name: OpKDAAttn, Doc: "KDA delta rule (chunked or recurrent) with the per-sequence recurrent state", MinInputs: 6, MaxInputs: 6, Infer: inferKDAAttn, SideEffects: true, ReadsLengths: true},
+		{Name: OpGatedRMSNorm, Doc: "per-head RMSNorm gated by sigmoid(gate)", MinInputs: 3, MaxInputs: 3, Infer: inferGatedNorm},
+		{Name: OpDSAMeta, Doc: "per-batch DSA metadata: key lengths, visible pools, tails", MinInputs: 1, MaxInputs: 1, Infer: inferHostMeta, ReadsLengths: true},
+		{Name: OpDSATopK, Doc: "k-pool lightning indexer: append pooled keys, select positions", MinInputs: 6, MaxInputs: 6, Infer: inferDSATopK, SideEffects: true},
+		{Name: OpMLAAttn, Doc: "append c_kv to the latent cache, sparse NoPE MLA over the selected positions", MinInputs: 5, MaxInputs: 5, Infer: inferMLAAttn, SideEffects: true},
+		{Name: OpMoERoute, Doc: "sigmoid + bias top-k routing (group-limited)", MinInputs: 2, MaxInputs: 2, Infer: inferMoERoute},
+		{Name: OpMoEExperts, Doc: "routed experts: clamped SwiGLU per selected expert, weighted sum", MinInputs: 6, MaxInputs: 6, Infer: inferMoEExperts},
+		{Name: OpStreamMean, Doc: "unweighted mean of the H residual streams", MinInputs: 1, MaxInputs: 1, Infer: inferStreamMean},
+		{Name: OpLastRows, Doc: "the last token row of every sequence", MinInputs: 2, MaxInputs: 2, Infer: inferLastRows},
+		{Name: OpConcatRows, Doc: "derived weight: concatenation along dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferConcatRows, Fold: foldConcat},
+		{Name: OpStack, Doc: "derived weight: equal-shaped weights stacked along a new dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferStack, Fold: foldConcat},
+		{Name: OpSeqLengths, Doc: "per-sequence token counts materialized by the executor (the device copy)", MinInputs: 1, MaxInputs: 1, Infer: inferSeqLengths},
+		{Name: OpLinearBatched, Doc: "G GEMMs in one kernel: x [T,G·K] split in G blocks, each times its own [N,K] slice of a stacked weight", MinInputs: 2, MaxInputs: 2, Infer: inferLinearBatched},
+		{Name: OpMHCPostPre, Doc: "fused mHC post (expand) + the next mHC pre (+ optional RMSNorm) in one sweep", MinInputs: 7, MaxInputs: 8, Infer: inferMHCPostPre},
 	} {
 		MustRegister(d)
 	}
+}
+
+// weightGEMM is the GEMM trait of ops computing y = x·Wᵀ with x input 0
+// and W input 1.
+func weightGEMM(n *Node) GEMMShape {
+	return GEMMShape{N: n.Inputs[1].Shape[0], K: n.Inputs[0].Shape[1], Weight: n.Inputs[1]}
+}
+
+// foldConcat folds concat_rows and stack: both lay their inputs out one
+// after another (row-major, along a leading dimension).
+func foldConcat(_ *Node, in [][]float32) ([][]float32, error) {
+	n := 0
+	for _, x := range in {
+		n += len(x)
+	}
+	out := make([]float32, 0, n)
+	for _, x := range in {
+		out = append(out, x...)
+	}
+	return [][]float32{out}, nil
 }
 
 func need(n *Node, i int, dt DType, rank int) (*Value, error) {
@@ -230,6 +282,17 @@ func inferAdd(n *Node) ([]OutType, error) {
 	return []OutType{out("y", F32, a.Shape...)}, nil
 }
 
+func inferSwiGLUPacked(n *Node) ([]OutType, error) {
+	x, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	if x.Shape[1]%2 != 0 {
+		return nil, fmt.Errorf("input width %d is not g and u of equal widths", x.Shape[1])
+	}
+	return []OutType{out("y", F32, x.Shape[0], x.Shape[1]/2)}, nil
+}
+
 func inferKDAConv(n *Node) ([]OutType, error) {
 	if err := needLengths(n, 0); err != nil {
 		return nil, err
@@ -266,7 +329,7 @@ func inferKDAGate(n *Node) ([]OutType, error) {
 		return nil, fmt.Errorf("attribute heads (%d) must divide width %d", H, z.Shape[1])
 	}
 	if a, err := need(n, 1, F32, 1); err != nil || a.Shape[0] != H {
-		return nil, fmt.Errorf("A_log must be f32[%d]: %v", H, err)
+		return nil, fmt.Errorf("weight A_log must be f32[%d]: %v", H, err)
 	}
 	if b, err := need(n, 2, F32, 1); err != nil || b.Shape[0] != z.Shape[1] {
 		return nil, fmt.Errorf("dt_bias must be f32[%d]: %v", z.Shape[1], err)

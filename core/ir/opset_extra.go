@@ -7,8 +7,11 @@ import (
 
 // Ops added for pass plugins (the shared-expert fusion example).
 
+// OpMoEAppendExpert appends an always-selected expert to a routing.
+const OpMoEAppendExpert = "moe_append_expert"
+
 func init() {
-	MustRegister(OpDef{Name: "moe_append_expert", Doc: "routing + one always-selected expert: idx [T,K] → [T,K+1] with attr expert appended, w [T,K] → [T,K+1] with weight 1.0 appended",
+	MustRegister(OpDef{Name: OpMoEAppendExpert, Doc: "routing + one always-selected expert: idx [T,K] → [T,K+1] with attr expert appended, w [T,K] → [T,K+1] with weight 1.0 appended",
 		MinInputs: 2, MaxInputs: 2, Infer: inferMoEAppendExpert})
 }
 

@@ -21,14 +21,14 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/access"
-	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/text"
 	"github.com/rs/zerolog"
 )
 
 // Live is the loaded model a server generates with.
 type Live struct {
-	RT               *runtime.Runtime
+	RT               *sched.Scheduler
 	Text             *text.Model // nil or without a tokenizer: token-id prompts only
 	Vocab            int
 	Context          int // prompt + generated tokens
@@ -153,13 +153,13 @@ func (s *server) checkModel(name string) *apiError {
 
 // submitError maps a runtime refusal to its status.
 func submitError(err error) *apiError {
-	var ie *runtime.InvalidError
+	var ie *sched.InvalidError
 	switch {
 	case errors.As(err, &ie):
 		return badField(ie.Field, "%s", ie.Msg)
-	case errors.Is(err, runtime.ErrQueueFull):
+	case errors.Is(err, sched.ErrQueueFull):
 		return &apiError{status: 429, typ: "rate_limit_error", code: "queue_full", msg: "the request queue is full; retry later"}
-	case errors.Is(err, runtime.ErrDraining), errors.Is(err, runtime.ErrClosed):
+	case errors.Is(err, sched.ErrDraining), errors.Is(err, sched.ErrClosed):
 		return &apiError{status: 503, typ: "service_unavailable", msg: "the server is shutting down"}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return &apiError{status: 499, typ: "cancelled", msg: err.Error()}
@@ -216,7 +216,7 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) {
 // run submits a checked request and writes its response, whole or as SSE.
 func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params, isChat bool) {
 	ctx := r.Context() // ends when the client goes away: the runtime cancels the request
-	p.req.ID = runtime.NewID()
+	p.req.ID = sched.NewID()
 	p.req.Owner = access.FromContext(ctx).ID // only this key (or an admin) may Abort it over gRPC
 	h, err := lv.RT.Submit(ctx, p.req)
 	if err != nil {
@@ -276,7 +276,7 @@ type legacyLogprobs struct {
 	TextOffset    []int                `json:"text_offset"`
 }
 
-func (o *response) logprobsOf(toks []runtime.Token) (any, bool) {
+func (o *response) logprobsOf(toks []sched.Token) (any, bool) {
 	if !o.p.logprobs || len(toks) == 0 {
 		return nil, false
 	}
@@ -357,13 +357,13 @@ func (o *response) add(c *text.Chunk) {
 
 func finishReason(f *text.Final) (string, *apiError) {
 	switch f.Reason {
-	case runtime.FinishStop:
+	case sched.FinishStop:
 		return "stop", nil
-	case runtime.FinishLength:
+	case sched.FinishLength:
 		return "length", nil
-	case runtime.FinishAbort:
+	case sched.FinishAbort:
 		return "abort", nil
-	case runtime.FinishCancelled:
+	case sched.FinishCancelled:
 		return "abort", nil
 	}
 	return "", &apiError{status: 500, typ: "server_error", msg: "generation failed: " + f.Message}

@@ -11,8 +11,8 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/model/chat"
 )
@@ -165,7 +165,7 @@ type limits struct {
 
 // params are a request's checked generation settings.
 type params struct {
-	req          runtime.Request
+	req          sched.Request
 	stops        []string
 	stream       bool
 	includeUsage bool
@@ -236,7 +236,7 @@ func (c *common) check(prompt []int32, maxTok *int64, maxTokField string, lim li
 	if c.StreamOptions != nil && !c.Stream {
 		return p, badField("stream_options", "only allowed with stream: true")
 	}
-	p.req = runtime.Request{Prompt: prompt, MaxTokens: n, Sampling: sp, IgnoreEOS: c.IgnoreEOS}
+	p.req = sched.Request{Prompt: prompt, MaxTokens: n, Sampling: sp, IgnoreEOS: c.IgnoreEOS}
 	p.stops = c.Stop
 	p.stream = c.Stream
 	p.includeUsage = c.StreamOptions != nil && c.StreamOptions.IncludeUsage
@@ -355,8 +355,8 @@ func checkCompletion(req *completionRequest, tm *text.Model, lim limits) (params
 		return p, e
 	}
 	if req.Logprobs != nil {
-		if *req.Logprobs < 0 || *req.Logprobs > runtime.MaxTopLogprobs {
-			return p, badField("logprobs", "must be in [0, %d], got %d", runtime.MaxTopLogprobs, *req.Logprobs)
+		if *req.Logprobs < 0 || *req.Logprobs > sched.MaxTopLogprobs {
+			return p, badField("logprobs", "must be in [0, %d], got %d", sched.MaxTopLogprobs, *req.Logprobs)
 		}
 		p.logprobs, p.topLogprobs = true, int(*req.Logprobs)
 		p.req.TopLogprobs = p.topLogprobs
@@ -392,8 +392,8 @@ func checkChat(req *chatRequest, tm *text.Model, lim limits) (params, *apiError)
 		if !req.Logprobs {
 			return p, badField("top_logprobs", "needs logprobs: true")
 		}
-		if *req.TopLogprobs < 0 || *req.TopLogprobs > runtime.MaxTopLogprobs {
-			return p, badField("top_logprobs", "must be in [0, %d], got %d", runtime.MaxTopLogprobs, *req.TopLogprobs)
+		if *req.TopLogprobs < 0 || *req.TopLogprobs > sched.MaxTopLogprobs {
+			return p, badField("top_logprobs", "must be in [0, %d], got %d", sched.MaxTopLogprobs, *req.TopLogprobs)
 		}
 		p.topLogprobs = int(*req.TopLogprobs)
 	}

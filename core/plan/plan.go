@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/ir"
 )
 
@@ -72,13 +71,13 @@ func Compile(g *ir.Graph, w Weights, opts Options) (*Plan, error) {
 		if !ok {
 			return nil, fmt.Errorf("plan: unknown op %q", n.Op)
 		}
-		if def.Const {
+		if def.Const() {
 			if err := p.fold(n); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		if n.Op == "seq_lengths" {
+		if n.Op == ir.OpSeqLengths {
 			p.HostLengths = false
 		}
 		for _, in := range n.Inputs {
@@ -88,13 +87,13 @@ func Compile(g *ir.Graph, w Weights, opts Options) (*Plan, error) {
 	}
 	for name, v := range g.Outputs {
 		p.LastUse[v] = math.MaxInt
-		if name != build.OutputLogit {
+		if name != ir.OutputLogits {
 			p.Hidden[v] = name
 		}
 	}
-	logits, ok := g.Outputs[build.OutputLogit]
+	logits, ok := g.Outputs[ir.OutputLogits]
 	if !ok {
-		return nil, fmt.Errorf("plan: graph has no %q output", build.OutputLogit)
+		return nil, fmt.Errorf("plan: graph has no %q output", ir.OutputLogits)
 	}
 	p.Logits = logits
 	p.Vocab = logits.Shape[1]
@@ -132,21 +131,27 @@ func stackWeights(w Weights, v *ir.Value) ([]float32, error) {
 	return out, nil
 }
 
+// fold computes a constant node's outputs with its op's Fold trait.
 func (p *Plan) fold(n *ir.Node) error {
-	switch n.Op {
-	case "concat_rows", "stack":
-		var out []float32
-		for _, in := range n.Inputs {
-			d, ok := p.Consts[in]
-			if !ok {
-				return fmt.Errorf("plan: %s input %s is not constant", n.Op, in.Name)
-			}
-			out = append(out, d...)
+	in := make([][]float32, len(n.Inputs))
+	for i, v := range n.Inputs {
+		d, ok := p.Consts[v]
+		if !ok {
+			return fmt.Errorf("plan: %s input %s is not constant", n.Op, v.Name)
 		}
-		p.Consts[n.Outputs[0]] = out
-		return nil
+		in[i] = d
 	}
-	return fmt.Errorf("plan: no folding rule for const op %q", n.Op)
+	outs, err := n.Def().Fold(n, in)
+	if err != nil {
+		return fmt.Errorf("plan: folding %s (layer %d): %w", n.Op, n.Layer, err)
+	}
+	if len(outs) != len(n.Outputs) {
+		return fmt.Errorf("plan: folding %s gave %d outputs, want %d", n.Op, len(outs), len(n.Outputs))
+	}
+	for i, o := range n.Outputs {
+		p.Consts[o] = outs[i]
+	}
+	return nil
 }
 
 // Source identifies where the plan's constants came from: plans of one

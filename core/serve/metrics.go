@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/core/sched"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -14,7 +14,7 @@ import (
 
 // Metrics are the server's Prometheus metrics, on a registry of its own (so
 // that several servers can live in one process, as in tests). It implements
-// runtime.Metrics.
+// sched.Metrics.
 type Metrics struct {
 	reg        *prometheus.Registry
 	requests   *prometheus.CounterVec
@@ -100,27 +100,27 @@ func (m *Metrics) setStore(s backend.Store) { m.store.Store(&storeRef{s}) }
 // Refused counts a request refused before it reached the runtime.
 func (m *Metrics) Refused(status string) { m.requests.WithLabelValues(status).Inc() }
 
-// Step implements runtime.Metrics.
+// Step implements sched.Metrics.
 func (m *Metrics) Step(seqs, tokens int, d time.Duration) {
 	m.batchSeqs.Observe(float64(seqs))
 	m.batchToks.Observe(float64(tokens))
 	m.stepTime.Observe(d.Seconds())
 }
 
-// FirstToken implements runtime.Metrics.
+// FirstToken implements sched.Metrics.
 func (m *Metrics) FirstToken(d time.Duration) { m.ttft.Observe(d.Seconds()) }
 
-// InterToken implements runtime.Metrics.
+// InterToken implements sched.Metrics.
 func (m *Metrics) InterToken(d time.Duration) { m.itl.Observe(d.Seconds()) }
 
-// Tokens implements runtime.Metrics.
+// Tokens implements sched.Metrics.
 func (m *Metrics) Tokens(prompt, completion int) {
 	m.prompt.Add(float64(prompt))
 	m.generated.Add(float64(completion))
 }
 
-// Finished implements runtime.Metrics.
-func (m *Metrics) Finished(f *runtime.Final) {
+// Finished implements sched.Metrics.
+func (m *Metrics) Finished(f *sched.Final) {
 	m.requests.WithLabelValues(f.Reason.String()).Inc()
 	m.duration.Observe(f.Total.Seconds())
 	if f.Queue > 0 {
@@ -128,7 +128,7 @@ func (m *Metrics) Finished(f *runtime.Final) {
 	}
 }
 
-// Depth implements runtime.Metrics.
+// Depth implements sched.Metrics.
 func (m *Metrics) Depth(queued, running int) {
 	m.queueDepth.Set(float64(queued))
 	m.running.Set(float64(running))

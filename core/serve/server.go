@@ -30,10 +30,11 @@ import (
 
 	"github.com/glmflash/glmflash/core/access"
 	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/openai"
 	"github.com/glmflash/glmflash/core/plan"
-	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
@@ -86,7 +87,7 @@ type Options struct {
 
 // Server is one glmflash gRPC server.
 type Server struct {
-	cfg     Config
+	cfg     *config.Config
 	opts    Options
 	log     zerolog.Logger
 	metrics *Metrics
@@ -107,7 +108,7 @@ type Server struct {
 
 // live is the loaded state.
 type live struct {
-	rt      *runtime.Runtime
+	rt      *sched.Scheduler
 	eng     *engine.Engine
 	lim     limits
 	model   *pb.ModelInfo
@@ -117,10 +118,11 @@ type live struct {
 	text    *text.Model
 }
 
-// New makes a server; Listen binds its ports and Serve runs it.
-func New(cfg Config, opts Options) (*Server, error) {
+// New makes a server of the model, server and runtime sections of cfg;
+// Listen binds its ports and Serve runs it.
+func New(cfg *config.Config, opts Options) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("config: %w", cfg.Explain(err))
 	}
 	if opts.Load == nil {
 		return nil, errors.New("serve: Options.Load is nil")
@@ -320,7 +322,7 @@ func (s *Server) MetricsAddr() string {
 func (s *Server) Ready() <-chan struct{} { return s.ready }
 
 // Runtime returns the runtime (nil before the model is loaded).
-func (s *Server) Runtime() *runtime.Runtime {
+func (s *Server) Runtime() *sched.Scheduler {
 	if lv := s.live.Load(); lv != nil {
 		return lv.rt
 	}
@@ -416,12 +418,12 @@ func (s *Server) load(ctx context.Context) error {
 		closeFn = func() error { return nil }
 	}
 	fail := func(err error) error {
-		closeFn()
+		_ = closeFn() // the load failed: that error is the one to report
 		return err
 	}
 	cfg := lm.Config
 	rc := s.cfg.Runtime
-	rcfg := runtime.Config{MaxRunning: rc.MaxRunning, MaxQueue: rc.MaxQueue, MaxBatchTokens: rc.MaxBatchTokens, PrefillChunk: rc.PrefillChunk, ContextLimit: rc.ContextLimit}
+	rcfg := sched.Config{MaxRunning: rc.MaxRunning, MaxQueue: rc.MaxQueue, MaxBatchTokens: rc.MaxBatchTokens, PrefillChunk: rc.PrefillChunk, ContextLimit: rc.ContextLimit}
 	eff, err := rcfg.WithDefaults(cfg, rc.Slots)
 	if err != nil {
 		return fail(fmt.Errorf("serve: %w", err))
@@ -440,7 +442,7 @@ func (s *Server) load(ctx context.Context) error {
 		return fail(err)
 	}
 	// Compile every program the scheduler runs now, not inside a step.
-	for _, key := range runtime.Programs {
+	for _, key := range sched.Programs {
 		if _, err := eng.Program(key); err != nil {
 			return fail(fmt.Errorf("serve: compiling %s: %w", key, err))
 		}
@@ -451,7 +453,7 @@ func (s *Server) load(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return fail(err)
 	}
-	rt, err := runtime.New(eng, eff, runtime.Options{Metrics: s.metrics, Log: s.log})
+	rt, err := sched.New(eng, eff, sched.Options{Metrics: s.metrics, Log: s.log})
 	if err != nil {
 		return fail(err)
 	}
@@ -631,7 +633,7 @@ func (sv *service) invalid(err error) error {
 }
 
 func (sv *service) refused(err error) error {
-	st, label := runtimeStatus(err)
+	label, st := runtimeStatus(err)
 	sv.s.metrics.Refused(label)
 	return st
 }
@@ -647,7 +649,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 		return sv.invalid(err)
 	}
 	if r.ID == "" {
-		r.ID = runtime.NewID()
+		r.ID = sched.NewID()
 	}
 	r.Owner = access.FromContext(ctx).ID
 	logging.AddFields(ctx, logging.Fields{"request_id", r.ID})
@@ -689,13 +691,13 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 		f := tf.Final
 		var reason pb.FinishReason
 		switch f.Reason {
-		case runtime.FinishStop:
+		case sched.FinishStop:
 			reason = pb.FinishReason_FINISH_REASON_STOP
-		case runtime.FinishLength:
+		case sched.FinishLength:
 			reason = pb.FinishReason_FINISH_REASON_LENGTH
-		case runtime.FinishAbort:
+		case sched.FinishAbort:
 			reason = pb.FinishReason_FINISH_REASON_ABORT
-		case runtime.FinishCancelled:
+		case sched.FinishCancelled:
 			if err := ctx.Err(); err != nil {
 				return status.FromContextError(err).Err()
 			}
@@ -723,7 +725,7 @@ func (sv *service) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortRe
 	}
 	p := access.FromContext(ctx)
 	if err := lv.rt.AbortBy(req.GetRequestId(), p.ID, p.Admin); err != nil {
-		st, _ := runtimeStatus(err)
+		_, st := runtimeStatus(err)
 		return nil, st
 	}
 	sv.s.log.Info().Str("request_id", req.GetRequestId()).Msg("abort requested")
@@ -768,11 +770,11 @@ func (sv *service) Score(ctx context.Context, req *pb.ScoreRequest) (*pb.ScoreRe
 		return nil, status.FromContextError(err).Err()
 	}
 	switch f.Reason {
-	case runtime.FinishScored:
+	case sched.FinishScored:
 		return &pb.ScoreResponse{Rows: u32(f.Rows), VocabSize: u32(f.Vocab), Logits: f.Logits}, nil
-	case runtime.FinishAbort:
+	case sched.FinishAbort:
 		return nil, status.Error(codes.Unavailable, f.Message)
-	case runtime.FinishCancelled:
+	case sched.FinishCancelled:
 		if err := ctx.Err(); err != nil {
 			return nil, status.FromContextError(err).Err()
 		}

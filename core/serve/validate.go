@@ -7,8 +7,8 @@ import (
 	"math"
 	"math/rand/v2"
 
-	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/model/chat"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
@@ -56,8 +56,8 @@ func checkRequestID(id string) error {
 // generateRequest checks a Generate request completely and converts it; the
 // error is an INVALID_ARGUMENT status naming the field. Nothing reaches the
 // runtime before this passes.
-func generateRequest(req *pb.GenerateRequest, lim limits) (runtime.Request, error) {
-	var r runtime.Request
+func generateRequest(req *pb.GenerateRequest, lim limits) (sched.Request, error) {
+	var r sched.Request
 	if err := checkRequestID(req.GetRequestId()); err != nil {
 		return r, err
 	}
@@ -96,16 +96,16 @@ func generateRequest(req *pb.GenerateRequest, lim limits) (runtime.Request, erro
 	if err != nil {
 		return r, err
 	}
-	if n := len(req.GetStopIds()); n > runtime.MaxStopIDs {
-		return r, badField("stop_ids", "at most %d ids, got %d", runtime.MaxStopIDs, n)
+	if n := len(req.GetStopIds()); n > sched.MaxStopIDs {
+		return r, badField("stop_ids", "at most %d ids, got %d", sched.MaxStopIDs, n)
 	}
 	if err := checkIDs("stop_ids", req.GetStopIds(), lim.vocab); err != nil {
 		return r, err
 	}
-	if n := req.GetTopLogprobs(); n > runtime.MaxTopLogprobs {
-		return r, badField("top_logprobs", "must be at most %d, got %d", runtime.MaxTopLogprobs, n)
+	if n := req.GetTopLogprobs(); n > sched.MaxTopLogprobs {
+		return r, badField("top_logprobs", "must be at most %d, got %d", sched.MaxTopLogprobs, n)
 	}
-	return runtime.Request{
+	return sched.Request{
 		ID: req.GetRequestId(), Prompt: p, Sampling: sp, StopIDs: req.GetStopIds(), IgnoreEOS: req.GetIgnoreEos(),
 		MaxTokens: maxTok, TopLogprobs: int(req.GetTopLogprobs()),
 	}, nil
@@ -199,16 +199,16 @@ func samplingParams(s *pb.SamplingParams) (sample.Params, error) {
 	return sp, sp.Validate() // already checked; kept as a guard
 }
 
-func scoreRequest(req *pb.ScoreRequest, lim limits) (runtime.Request, error) {
+func scoreRequest(req *pb.ScoreRequest, lim limits) (sched.Request, error) {
 	ids := req.GetTokenIds()
 	if len(ids) == 0 {
-		return runtime.Request{}, badField("token_ids", "empty")
+		return sched.Request{}, badField("token_ids", "empty")
 	}
 	if err := checkIDs("token_ids", ids, lim.vocab); err != nil {
-		return runtime.Request{}, err
+		return sched.Request{}, err
 	}
 	if len(ids) > lim.context {
-		return runtime.Request{}, badField("token_ids", "%d tokens, more than the context limit %d", len(ids), lim.context)
+		return sched.Request{}, badField("token_ids", "%d tokens, more than the context limit %d", len(ids), lim.context)
 	}
 	rows := 1
 	if req.GetAllPositions() {
@@ -220,28 +220,28 @@ func scoreRequest(req *pb.ScoreRequest, lim limits) (runtime.Request, error) {
 		if req.GetAllPositions() {
 			field = "all_positions"
 		}
-		return runtime.Request{}, badField(field, "%d rows × %d logits need %d bytes, more than server.max_response_bytes (%d): score fewer tokens or only the last position", rows, lim.vocab, need, lim.maxResponse)
+		return sched.Request{}, badField(field, "%d rows × %d logits need %d bytes, more than server.max_response_bytes (%d): score fewer tokens or only the last position", rows, lim.vocab, need, lim.maxResponse)
 	}
-	return runtime.Request{ID: "score-" + runtime.NewID(), Prompt: ids, Score: true, AllPositions: req.GetAllPositions()}, nil
+	return sched.Request{ID: "score-" + sched.NewID(), Prompt: ids, Score: true, AllPositions: req.GetAllPositions()}, nil
 }
 
-// runtimeStatus maps a runtime error to a status and the metrics label of a
-// refused request.
-func runtimeStatus(err error) (error, string) {
-	var ie *runtime.InvalidError
+// runtimeStatus maps a scheduler error to the metrics label of a refused
+// request and its gRPC status.
+func runtimeStatus(err error) (string, error) {
+	var ie *sched.InvalidError
 	switch {
 	case errors.As(err, &ie):
-		return status.Error(codes.InvalidArgument, ie.Error()), "invalid_argument"
-	case errors.Is(err, runtime.ErrQueueFull):
-		return status.Error(codes.ResourceExhausted, "the request queue is full; retry later"), "resource_exhausted"
-	case errors.Is(err, runtime.ErrDraining), errors.Is(err, runtime.ErrClosed):
-		return status.Error(codes.Unavailable, "the server is shutting down"), "unavailable"
-	case errors.Is(err, runtime.ErrDuplicateID):
-		return status.Error(codes.AlreadyExists, "request_id: a request with this id is in flight"), "already_exists"
-	case errors.Is(err, runtime.ErrNotFound):
-		return status.Error(codes.NotFound, "no request with this id is in flight"), "not_found"
+		return "invalid_argument", status.Error(codes.InvalidArgument, ie.Error())
+	case errors.Is(err, sched.ErrQueueFull):
+		return "resource_exhausted", status.Error(codes.ResourceExhausted, "the request queue is full; retry later")
+	case errors.Is(err, sched.ErrDraining), errors.Is(err, sched.ErrClosed):
+		return "unavailable", status.Error(codes.Unavailable, "the server is shutting down")
+	case errors.Is(err, sched.ErrDuplicateID):
+		return "already_exists", status.Error(codes.AlreadyExists, "request_id: a request with this id is in flight")
+	case errors.Is(err, sched.ErrNotFound):
+		return "not_found", status.Error(codes.NotFound, "no request with this id is in flight")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return status.FromContextError(err).Err(), "cancelled"
+		return "cancelled", status.FromContextError(err).Err()
 	}
-	return status.Error(codes.Internal, err.Error()), "internal"
+	return "internal", status.Error(codes.Internal, err.Error())
 }

@@ -12,7 +12,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/glmflash/glmflash/core/runtime"
+	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/model/chat"
 	"github.com/glmflash/glmflash/model/tokenizer"
 )
@@ -76,13 +76,13 @@ func (m *Model) TokenText(id int32) (string, []byte) {
 // chunk and the text they released (text can lag its tokens while a
 // character or a possible stop string is incomplete).
 type Chunk struct {
-	Tokens []runtime.Token
+	Tokens []sched.Token
 	Text   string
 }
 
 // Final is a request's outcome as the text layer sees it.
 type Final struct {
-	*runtime.Final
+	*sched.Final
 	// StopString is the stop string that ended the request ("" if none);
 	// Reason is then FinishStop and CompletionTokens counts the tokens up
 	// to the one that completed it.
@@ -91,7 +91,7 @@ type Final struct {
 
 // Stream reads a request's tokens as text. It is used by one goroutine.
 type Stream struct {
-	h      *runtime.Handle
+	h      *sched.Handle
 	abort  func() // ends the request in the runtime
 	dec    *tokenizer.Stream
 	stops  []string
@@ -106,7 +106,7 @@ type Stream struct {
 // ids), whose text is not emitted; abort must end the request (the
 // runtime's Abort), and is called when a stop string matches. m may be nil
 // (or without a tokenizer): chunks then carry no text.
-func NewStream(m *Model, h *runtime.Handle, stops []string, endIDs []int32, abort func()) *Stream {
+func NewStream(m *Model, h *sched.Handle, stops []string, endIDs []int32, abort func()) *Stream {
 	s := &Stream{h: h, abort: abort, endIDs: endIDs}
 	for _, st := range stops {
 		if st != "" {
@@ -141,7 +141,7 @@ func (s *Stream) Recv(ctx context.Context) (*Chunk, *Final, error) {
 			if i, stop := s.firstStop(text); stop != "" {
 				text = text[:i]
 				s.final.StopString = stop
-				s.final.Reason = runtime.FinishStop
+				s.final.Reason = sched.FinishStop
 			}
 			return &Chunk{Text: text}, nil, nil
 		}
@@ -170,7 +170,7 @@ func (s *Stream) Recv(ctx context.Context) (*Chunk, *Final, error) {
 				return nil, nil, err
 			}
 			cp := *rf
-			cp.Reason, cp.Message, cp.CompletionTokens = runtime.FinishStop, "", s.n
+			cp.Reason, cp.Message, cp.CompletionTokens = sched.FinishStop, "", s.n
 			s.final = &Final{Final: &cp, StopString: stop}
 			return c, nil, nil
 		}

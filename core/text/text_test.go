@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/kernels/parallel"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
@@ -24,13 +24,13 @@ func TestMain(m *testing.M) {
 // setup serves the tiny fixture (vocabulary 256) with a bytes-only
 // tokenizer: every token is one byte, so any stop string of two or more
 // bytes spans token boundaries, and a multi-byte character spans tokens.
-func setup(t *testing.T) (*runtime.Runtime, *Model) {
+func setup(t *testing.T) (*sched.Scheduler, *Model) {
 	ck, err := model.Open("../../testdata/glm5next-tiny-a/checkpoint")
 	require.NoError(t, err)
 	t.Cleanup(func() { ck.Close() })
 	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2})
 	require.NoError(t, err)
-	rt, err := runtime.New(e, runtime.Config{}, runtime.Options{})
+	rt, err := sched.New(e, sched.Config{}, sched.Options{})
 	require.NoError(t, err)
 	t.Cleanup(rt.Close)
 	tj, _, err := randckpt.TokenizerFiles(256)
@@ -40,13 +40,13 @@ func setup(t *testing.T) (*runtime.Runtime, *Model) {
 	return rt, &Model{Tok: tk}
 }
 
-func generate(t *testing.T, rt *runtime.Runtime, m *Model, stops []string, maxTokens int) (string, []runtime.Token, *Final) {
+func generate(t *testing.T, rt *sched.Scheduler, m *Model, stops []string, maxTokens int) (string, []sched.Token, *Final) {
 	ctx := context.Background()
-	h, err := rt.Submit(ctx, runtime.Request{Prompt: []int32{72, 105, 33, 10}, MaxTokens: maxTokens, Sampling: sample.Params{Temperature: 0, TopP: 1}})
+	h, err := rt.Submit(ctx, sched.Request{Prompt: []int32{72, 105, 33, 10}, MaxTokens: maxTokens, Sampling: sample.Params{Temperature: 0, TopP: 1}})
 	require.NoError(t, err)
 	s := NewStream(m, h, stops, nil, func() { rt.Abort(h.ID()) })
 	var sb strings.Builder
-	var toks []runtime.Token
+	var toks []sched.Token
 	for {
 		c, f, err := s.Recv(ctx)
 		require.NoError(t, err)
@@ -61,7 +61,7 @@ func generate(t *testing.T, rt *runtime.Runtime, m *Model, stops []string, maxTo
 func TestStopStringsAcrossTokens(t *testing.T) {
 	rt, m := setup(t)
 	full, toks, f := generate(t, rt, m, nil, 40)
-	require.Equal(t, runtime.FinishLength, f.Reason)
+	require.Equal(t, sched.FinishLength, f.Reason)
 	require.Len(t, toks, 40)
 	ids := make([]int32, len(toks))
 	for i, tk := range toks {
@@ -77,7 +77,7 @@ func TestStopStringsAcrossTokens(t *testing.T) {
 	want := full[:strings.Index(full, stop)]
 	got, gtoks, f := generate(t, rt, m, []string{"never-seen", stop}, 40)
 	require.Equal(t, want, got)
-	require.Equal(t, runtime.FinishStop, f.Reason)
+	require.Equal(t, sched.FinishStop, f.Reason)
 	require.Equal(t, stop, f.StopString)
 	require.Less(t, len(gtoks), 40)
 	require.Equal(t, len(gtoks), f.CompletionTokens)
@@ -89,7 +89,7 @@ func TestStopStringsAcrossTokens(t *testing.T) {
 	tail := string(runes[len(runes)-2:])
 	got, _, f = generate(t, rt, m, []string{tail + "\x00never"}, 40)
 	require.Equal(t, full, got)
-	require.Equal(t, runtime.FinishLength, f.Reason)
+	require.Equal(t, sched.FinishLength, f.Reason)
 }
 
 func TestHoldBack(t *testing.T) {

@@ -17,13 +17,13 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/pass"
-	"github.com/glmflash/glmflash/core/runtime"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
 	_ "github.com/glmflash/glmflash/passes/all" // the built-in passes
@@ -111,7 +111,7 @@ func TestCUDATransformersParity(t *testing.T) {
 	}
 	all := func(extra ...pass.Request) []pass.Request {
 		var r []pass.Request
-		for _, p := range config.Default().Enabled() {
+		for _, p := range config.Default().Passes { // every built-in pass, enabled by default or not
 			if p.Name != "prefill-autotune" { // CPU tuning tables do not apply to the GPU
 				r = append(r, pass.Request{Name: p.Name, Options: p.Options})
 			}
@@ -130,7 +130,7 @@ func TestCUDATransformersParity(t *testing.T) {
 				if a.reqs != nil {
 					pl, err := pass.NewPipelineWith(a.reqs, true, inProcessFusion)
 					require.NoError(t, err)
-					o.Passes, o.PassEnv = pl, pass.EnvFromConfig(config.Default(), ck.Config(), ck)
+					o.Passes, o.PassEnv = pl, config.Default().PassEnv(ck.Config(), ck)
 				}
 				e := cudaEngine(t, ck, o)
 				res, err := eval.RunAll(e, ref)
@@ -193,7 +193,7 @@ func TestCUDAMatchesCPUOnSmallPreset(t *testing.T) {
 	lens := []int{150, 7, 70}
 	for i, n := range lens {
 		toks := seqTokens(n, i+1, V)
-		key := engine.Key{Mode: build.Prefill, Logits: build.AllLogits}
+		key := engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits}
 		rc := run(cpu, key, &backend.Batch{Seqs: []backend.Seq{{Slot: cs[i], Tokens: toks}}})
 		rg := run(gpu, key, &backend.Batch{Seqs: []backend.Seq{{Slot: gs[i], Tokens: toks}}})
 		d := maxDiff(rc.Logits, rg.Logits)
@@ -207,7 +207,7 @@ func TestCUDAMatchesCPUOnSmallPreset(t *testing.T) {
 			cb.Seqs = append(cb.Seqs, backend.Seq{Slot: cs[i], Tokens: toks})
 			gb.Seqs = append(gb.Seqs, backend.Seq{Slot: gs[i], Tokens: toks})
 		}
-		key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
+		key := engine.Key{Mode: graph.Mixed, Logits: graph.LastLogits}
 		d := maxDiff(run(cpu, key, cb).Logits, run(gpu, key, gb).Logits)
 		t.Logf("mixed step %d: max|Δ| %.2e", step, d)
 		require.Less(t, d, 2e-4)
@@ -221,7 +221,7 @@ func TestCUDABatchingInvariance(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	e := cudaEngine(t, ck, engine.Options{Slots: 32})
 	r := rand.New(rand.NewPCG(1, 2))
-	var reqs []runtime.Request
+	var reqs []sched.Request
 	for i := 0; i < 32; i++ {
 		p := make([]int32, 3+r.IntN(40))
 		for j := range p {
@@ -231,10 +231,10 @@ func TestCUDABatchingInvariance(t *testing.T) {
 		if i%2 == 1 {
 			s = sample.Params{Temperature: 0.8, TopP: 0.9, TopK: 50, Seed: uint64(i)}
 		}
-		reqs = append(reqs, runtime.Request{Prompt: p, MaxTokens: 12, Sampling: s, TopLogprobs: i % 3, IgnoreEOS: true})
+		reqs = append(reqs, sched.Request{Prompt: p, MaxTokens: 12, Sampling: s, TopLogprobs: i % 3, IgnoreEOS: true})
 	}
-	serve := func(batch []runtime.Request) [][]int32 {
-		rt, err := runtime.New(e, runtime.Config{PrefillChunk: 16}, runtime.Options{})
+	serve := func(batch []sched.Request) [][]int32 {
+		rt, err := sched.New(e, sched.Config{PrefillChunk: 16}, sched.Options{})
 		require.NoError(t, err)
 		defer rt.Close()
 		out := make([][]int32, len(batch))
@@ -246,7 +246,7 @@ func TestCUDABatchingInvariance(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				toks, f, err := h.Wait(context.Background())
-				if err != nil || f.Reason != runtime.FinishLength {
+				if err != nil || f.Reason != sched.FinishLength {
 					panic(fmt.Sprintf("request %d: %v %+v", i, err, f))
 				}
 				for _, tk := range toks {
@@ -259,7 +259,7 @@ func TestCUDABatchingInvariance(t *testing.T) {
 	}
 	together := serve(reqs)
 	for i, q := range reqs {
-		alone := serve([]runtime.Request{q})
+		alone := serve([]sched.Request{q})
 		require.Equal(t, alone[0], together[i], "request %d", i)
 	}
 }
@@ -275,14 +275,14 @@ func TestCUDALengthSyncs(t *testing.T) {
 		if reqs != nil {
 			pl, err := pass.NewPipeline(reqs, true)
 			require.NoError(t, err)
-			o.Passes, o.PassEnv = pl, pass.EnvFromConfig(config.Default(), ck.Config(), ck)
+			o.Passes, o.PassEnv = pl, config.Default().PassEnv(ck.Config(), ck)
 		}
 		e := cudaEngine(t, ck, o)
 		s, err := e.Store().Alloc()
 		require.NoError(t, err)
-		_, err = e.Run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: []int32{1, 2, 3}}}})
+		_, err = e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: []int32{1, 2, 3}}}})
 		require.NoError(t, err)
-		key := engine.Key{Mode: build.Decode, Logits: build.LastLogits}
+		key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
 		for i := 0; i < 3; i++ {
 			_, err = e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: []int32{4}}}, Sample: []backend.SampleSpec{{Params: sample.Greedy()}}, SamplesOnly: true})
 			require.NoError(t, err)
@@ -320,14 +320,14 @@ func graphsMatchEager(t *testing.T, ck *model.Checkpoint, precision string) {
 	do := func(graphMax int) run {
 		pl, err := pass.NewPipeline([]pass.Request{{Name: "kda-projection-fusion"}, {Name: "mhc-post-pre-fusion"}, {Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}}, true)
 		require.NoError(t, err)
-		e := cudaEngine(t, ck, engine.Options{Slots: 3, Passes: pl, PassEnv: pass.EnvFromConfig(config.Default(), ck.Config(), ck), Backend: backend.Options{GraphMaxTokens: graphMax, Precision: precision}})
+		e := cudaEngine(t, ck, engine.Options{Slots: 3, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck), Backend: backend.Options{GraphMaxTokens: graphMax, Precision: precision}})
 		var slots []int
 		for i := 0; i < 3; i++ {
 			s, err := e.Store().Alloc()
 			require.NoError(t, err)
 			slots = append(slots, s)
 		}
-		key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
+		key := engine.Key{Mode: graph.Mixed, Logits: graph.LastLogits}
 		var out run
 		for step := 0; step < 6; step++ {
 			b := &backend.Batch{}

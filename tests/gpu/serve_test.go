@@ -9,8 +9,9 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/serve"
 	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
@@ -25,8 +26,9 @@ func serveCUDA(t *testing.T) (*serve.Server, pb.GLMFlashClient) {
 	t.Helper()
 	cudaOptions(t, engine.Options{})
 	dir := filepath.Join("..", "..", "testdata", fixtures[0], "checkpoint")
-	cfg := serve.DefaultConfig()
-	cfg.Model.Dir = dir
+	cfg := config.Default()
+	cfg.Model.Dir, cfg.Model.Preset = dir, ""
+	cfg.Device = "cuda"
 	cfg.Server.GRPCAddr, cfg.Server.MetricsAddr, cfg.Server.HTTPAddr = "127.0.0.1:0", "", ""
 	cfg.Server.DrainTimeout = 10 * time.Second
 	cfg.Runtime.Slots = 4
@@ -101,11 +103,11 @@ func TestCUDAServe(t *testing.T) {
 		require.NoError(t, err)
 		toks := p
 		for len(alone[i]) < 10 {
-			mode := build.Decode
+			mode := graph.Decode
 			if len(alone[i]) == 0 {
-				mode = build.Prefill
+				mode = graph.Prefill
 			}
-			r, err := eng.Run(engine.Key{Mode: mode, Logits: build.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: toks}}})
+			r, err := eng.Run(engine.Key{Mode: mode, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: toks}}})
 			require.NoError(t, err)
 			best := 0
 			for v := range r.Logits {
@@ -159,7 +161,7 @@ func TestCUDAServe(t *testing.T) {
 	require.NoError(t, err)
 	s, err := eng.Store().Alloc()
 	require.NoError(t, err)
-	r, err := eng.Run(engine.Key{Mode: build.Prefill, Logits: build.AllLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: toks}}})
+	r, err := eng.Run(engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: toks}}})
 	require.NoError(t, err)
 	require.NoError(t, eng.Store().Free(s))
 	require.Less(t, maxDiff(r.Logits, sc.GetLogits()), 1e-5)

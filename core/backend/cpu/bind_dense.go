@@ -11,17 +11,18 @@ import (
 
 // Dense ops: embedding, norms, GEMMs, elementwise ops and row selection.
 func init() {
-	bind("embed", bindEmbed)
-	bind("rmsnorm", bindRMSNorm)
-	bind("layernorm", bindLayerNorm)
-	bind("linear", bindLinear)
-	bind("linear_split", bindLinearSplit)
-	bind("linear_batched", bindLinearBatched)
-	bind("sigmoid", bindSigmoid)
-	bind("add", bindAdd)
-	bind("swiglu", bindSwiGLU)
-	bind("stream_mean", bindStreamMean)
-	bind("last_rows", bindLastRows)
+	bind(ir.OpEmbed, bindEmbed)
+	bind(ir.OpRMSNorm, bindRMSNorm)
+	bind(ir.OpLayerNorm, bindLayerNorm)
+	bindGEMM(ir.OpLinear, bindLinear)
+	bindGEMM(ir.OpLinearSplit, bindLinearSplit)
+	bind(ir.OpLinearBatched, bindLinearBatched)
+	bind(ir.OpSigmoid, bindSigmoid)
+	bind(ir.OpAdd, bindAdd)
+	bind(ir.OpSwiGLU, bindSwiGLU)
+	bind(ir.OpSwiGLUPacked, bindSwiGLUPacked)
+	bind(ir.OpStreamMean, bindStreamMean)
+	bind(ir.OpLastRows, bindLastRows)
 }
 
 func bindEmbed(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
@@ -69,14 +70,13 @@ func bindLayerNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	}, nil
 }
 
-func bindLinear(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+func bindLinear(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
 	W := p.constant(in[1])
 	if W == nil {
 		return nil, fmt.Errorf("linear weight %s is not a constant", in[1].Name)
 	}
 	K, N := in[0].Shape[1], outs[0].Shape[1]
-	prm := gemmParams(n)
 	if Wb := p.bf16(in[1]); Wb != nil {
 		return func(rc *runCtx) error {
 			y := rc.out(outs[0])
@@ -93,14 +93,13 @@ func bindLinear(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	}, nil
 }
 
-func bindLinearSplit(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+func bindLinearSplit(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
 	W := p.constant(in[1])
 	if W == nil {
 		return nil, fmt.Errorf("linear_split weight %s is not a constant", in[1].Name)
 	}
 	K, N := in[0].Shape[1], in[1].Shape[0]
-	prm := gemmParams(n)
 	splits := n.Attrs.Ints("splits")
 	Wb := p.bf16(in[1]) // the fused weight of bf16-exact parts is bf16-exact
 	return func(rc *runCtx) error {
@@ -152,7 +151,7 @@ func bindLinearBatched(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 // batch of R rows: tuned per-bucket attributes (the smallest bucket ≥ R,
 // else the largest) or the defaults.
 func gemmParams(n *ir.Node) func(R int) gemm.Params {
-	bs, cg, rb := n.Attrs.Ints("tune_buckets"), n.Attrs.Ints("tune_col_grain"), n.Attrs.Ints("tune_row_block")
+	bs, cg, rb := n.Attrs.Ints(ir.AttrTuneBuckets), n.Attrs.Ints(ir.AttrTuneColGrain), n.Attrs.Ints(ir.AttrTuneRowBlock)
 	if len(bs) == 0 || len(cg) != len(bs) || len(rb) != len(bs) {
 		return func(int) gemm.Params { return gemm.Default() }
 	}
@@ -193,6 +192,20 @@ func bindSwiGLU(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	limit := float32(n.Attrs.Float("limit", 0))
 	return func(rc *runCtx) error {
 		act.SwiGLU(rc.out(outs[0]), rc.in(in[0]), rc.in(in[1]), limit)
+		return nil
+	}, nil
+}
+
+func bindSwiGLUPacked(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	I := outs[0].Shape[1]
+	limit := float32(n.Attrs.Float("limit", 0))
+	return func(rc *runCtx) error {
+		x, y := rc.in(in[0]), rc.out(outs[0])
+		for r := range rc.rows(in[0]) {
+			row := x[2*r*I : 2*(r+1)*I]
+			act.SwiGLU(y[r*I:(r+1)*I], row[:I], row[I:], limit)
+		}
 		return nil
 	}, nil
 }

@@ -13,10 +13,10 @@ import (
 
 // KDA ops: short conv, forget gate, delta-rule attention, gated norm.
 func init() {
-	bind("kda_conv", bindKDAConv)
-	bind("kda_gate", bindKDAGate)
-	bind("kda_attn", bindKDAAttn)
-	bind("gated_rmsnorm", bindGatedRMSNorm)
+	bind(ir.OpKDAConv, bindKDAConv)
+	bind(ir.OpKDAGate, bindKDAGate)
+	bind(ir.OpKDAAttn, bindKDAAttn)
+	bind(ir.OpGatedRMSNorm, bindGatedRMSNorm)
 }
 
 func bindKDAConv(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {

@@ -10,9 +10,9 @@ import (
 
 // mHC ops: pre, post and the fused post+pre.
 func init() {
-	bind("mhc_pre", bindMHCPre)
-	bind("mhc_post", bindMHCPost)
-	bind("mhc_post_pre", bindMHCPostPre)
+	bind(ir.OpMHCPre, bindMHCPre)
+	bind(ir.OpMHCPost, bindMHCPost)
+	bind(ir.OpMHCPostPre, bindMHCPostPre)
 }
 
 func mhcParams(p *Program, n *ir.Node, x, fn, base, scale *ir.Value) (*mhc.Params, error) {

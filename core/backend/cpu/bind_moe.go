@@ -8,9 +8,9 @@ import (
 // MoE ops: routing, routed experts and the plugin op that appends an
 // always-selected expert.
 func init() {
-	bind("moe_route", bindMoERoute)
-	bind("moe_experts", bindMoEExperts)
-	bind("moe_append_expert", bindMoEAppendExpert)
+	bind(ir.OpMoERoute, bindMoERoute)
+	bind(ir.OpMoEExperts, bindMoEExperts)
+	bind(ir.OpMoEAppendExpert, bindMoEAppendExpert)
 }
 
 func bindMoERoute(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {

@@ -12,6 +12,7 @@ import (
 	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
+	"github.com/glmflash/glmflash/kernels/gemm"
 	"github.com/glmflash/glmflash/model"
 )
 
@@ -21,7 +22,7 @@ func init() {
 			return nil, fmt.Errorf("cpu backend: precision %q is not implemented (only fp32)", o.Precision)
 		}
 		return &Backend{opts: o}, nil
-	})
+	}, boundOps)
 }
 
 // Backend is the CPU backend.
@@ -38,9 +39,17 @@ func (b *Backend) Name() string { return "cpu" }
 // binder binds one node: it returns the closure that runs it.
 type binder func(p *Program, n *ir.Node) (func(rc *runCtx) error, error)
 
+// gemmBinder binds an op with the GEMM trait; prm picks the kernel
+// parameters for a batch of R rows (the node's tuned attributes, or the
+// defaults).
+type gemmBinder func(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(rc *runCtx) error, error)
+
 // bindings is the CPU backend's op table; every family file registers its
-// ops in an init function.
-var bindings = map[string]binder{}
+// ops in an init function. tunable holds the ops bound with bindGEMM.
+var (
+	bindings = map[string]binder{}
+	tunable  = map[string]bool{}
+)
 
 func bind(op string, f binder) {
 	if _, dup := bindings[op]; dup {
@@ -49,8 +58,13 @@ func bind(op string, f binder) {
 	bindings[op] = f
 }
 
-// Ops lists the bound ops.
-func (b *Backend) Ops() []string {
+// bindGEMM binds a GEMM-trait op: its binder gets the tuned parameters.
+func bindGEMM(op string, f gemmBinder) {
+	bind(op, func(p *Program, n *ir.Node) (func(rc *runCtx) error, error) { return f(p, n, gemmParams(n)) })
+	tunable[op] = true
+}
+
+func boundOps() []string {
 	var ops []string
 	for op := range bindings {
 		ops = append(ops, op)
@@ -58,6 +72,9 @@ func (b *Backend) Ops() []string {
 	sort.Strings(ops)
 	return ops
 }
+
+// Ops lists the bound ops.
+func (b *Backend) Ops() []string { return boundOps() }
 
 // NewStore makes a heap-backed cache store.
 func (b *Backend) NewStore(cfg *model.Config, slots, _ int) (backend.Store, error) {

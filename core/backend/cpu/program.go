@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
@@ -228,9 +227,9 @@ func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Stor
 	rc := &runCtx{p: p, batch: bi, f: map[*ir.Value][]float32{}, i: map[*ir.Value][]int32{}, host: map[*ir.Value]any{}}
 	for _, in := range p.plan.Graph.Inputs {
 		switch in.Name {
-		case build.InputTokens:
+		case ir.InputTokens:
 			rc.i[in] = pr.Tokens
-		case build.InputBatch:
+		case ir.InputBatch:
 			rc.host[in] = bi
 		default:
 			return nil, fmt.Errorf("cpu: graph input %q is not provided by the executor", in.Name)

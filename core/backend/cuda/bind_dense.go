@@ -10,17 +10,18 @@ import (
 
 // Dense ops: embedding, norms, GEMMs, elementwise ops and row selection.
 func init() {
-	bind("embed", bindEmbed)
-	bind("rmsnorm", bindRMSNorm)
-	bind("layernorm", bindLayerNorm)
-	bind("linear", bindLinear)
-	bind("linear_split", bindLinearSplit)
-	bind("linear_batched", bindLinearBatched)
-	bind("sigmoid", bindElementwise(0))
-	bind("add", bindElementwise(1))
-	bind("swiglu", bindElementwise(2))
-	bind("stream_mean", bindStreamMean)
-	bind("last_rows", bindLastRows)
+	bind(ir.OpEmbed, bindEmbed)
+	bind(ir.OpRMSNorm, bindRMSNorm)
+	bind(ir.OpLayerNorm, bindLayerNorm)
+	bind(ir.OpLinear, bindLinear)
+	bind(ir.OpLinearSplit, bindLinearSplit)
+	bind(ir.OpLinearBatched, bindLinearBatched)
+	bind(ir.OpSigmoid, bindElementwise(0))
+	bind(ir.OpAdd, bindElementwise(1))
+	bind(ir.OpSwiGLU, bindElementwise(2))
+	bind(ir.OpSwiGLUPacked, bindSwiGLUPacked)
+	bind(ir.OpStreamMean, bindStreamMean)
+	bind(ir.OpLastRows, bindLastRows)
 }
 
 const threads = 256
@@ -270,6 +271,33 @@ func bindElementwise(op int64) binder {
 			return kc.Launch(rc.dev, "glmf_elementwise", blocks(cnt), block256, 0, &a)
 		}}, nil
 	}
+}
+
+// bindSwiGLUPacked splits the packed [T,2I] input into g and u (the
+// split_cols kernel) and applies the swiglu kernel to them.
+func bindSwiGLUPacked(p *Program, n *ir.Node) (*kstep, error) {
+	in, out := n.Inputs[0], n.Outputs[0]
+	I := int64(out.Shape[1])
+	limit := n.Attrs.Float("limit", 0)
+	st := &kstep{temps: func(rc *runCtx) []int64 {
+		b := 4 * int64(rc.rows(in)) * I
+		return []int64{b, b}
+	}}
+	st.run = func(rc *runCtx) error {
+		R := int64(rc.rows(in))
+		if R == 0 {
+			return nil
+		}
+		g, u := rc.temps[0], rc.temps[1]
+		sa := kc.SplitArgs{X: rc.ptr(in), R: R, N: 2 * I, Nout: 2}
+		sa.Out[0], sa.W[0], sa.Out[1], sa.W[1] = g, I, u, I
+		if err := kc.Launch(rc.dev, "glmf_split_cols", blocks(2*R*I), block256, 0, &sa); err != nil {
+			return err
+		}
+		a := kc.EltArgs{X: g, Y: u, Out: rc.ptr(out), N: R * I, Op: 2, Limit: float64(float32(limit))}
+		return kc.Launch(rc.dev, "glmf_elementwise", blocks(R*I), block256, 0, &a)
+	}
+	return st, nil
 }
 
 func bindStreamMean(p *Program, n *ir.Node) (*kstep, error) {

@@ -10,10 +10,10 @@ import (
 
 // DSA ops: lengths, per-batch metadata, the k-pool indexer and sparse MLA.
 func init() {
-	bind("seq_lengths", bindSeqLengths)
-	bind("dsa_meta", bindDSAMeta)
-	bind("dsa_topk", bindDSATopK)
-	bind("mla_attn", bindMLA)
+	bind(ir.OpSeqLengths, bindSeqLengths)
+	bind(ir.OpDSAMeta, bindDSAMeta)
+	bind(ir.OpDSATopK, bindDSATopK)
+	bind(ir.OpMLAAttn, bindMLA)
 }
 
 // dsaMeta is the value of a dsa_meta node on the device: the visible-pools

@@ -10,9 +10,9 @@ import (
 // mHC ops: pre, post and the fused post+pre (declined above its token cap
 // to the unfused kernels, which compute the same bits).
 func init() {
-	bind("mhc_pre", bindMHCPre)
-	bind("mhc_post", bindMHCPost)
-	bind("mhc_post_pre", bindMHCPostPre)
+	bind(ir.OpMHCPre, bindMHCPre)
+	bind(ir.OpMHCPost, bindMHCPost)
+	bind(ir.OpMHCPostPre, bindMHCPostPre)
 }
 
 // mhcMaxStreams is MHC_MAX_H of mhc.cu.

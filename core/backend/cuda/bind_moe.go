@@ -10,9 +10,9 @@ import (
 // MoE ops: routing, routed experts grouped by expert, and the plugin op
 // that appends an always-selected expert.
 func init() {
-	bind("moe_route", bindMoERoute)
-	bind("moe_experts", bindMoEExperts)
-	bind("moe_append_expert", bindMoEAppendExpert)
+	bind(ir.OpMoERoute, bindMoERoute)
+	bind(ir.OpMoEExperts, bindMoEExperts)
+	bind(ir.OpMoEAppendExpert, bindMoEAppendExpert)
 }
 
 // moeMaxExperts is MOE_MAX_EXPERTS of moe.cu.

@@ -20,7 +20,7 @@ import (
 )
 
 func init() {
-	backend.Register("cuda", func(o backend.Options) (backend.Backend, error) { return Open(o) })
+	backend.Register("cuda", func(o backend.Options) (backend.Backend, error) { return Open(o) }, boundOps)
 }
 
 // Backend runs plans on one GPU. Backends of one GPU in a process share

@@ -10,22 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Every executable op of the IR has a CUDA binding (checked without a GPU:
-// the table is static).
-func TestEveryOpBound(t *testing.T) {
-	var miss []string
-	have := map[string]bool{}
-	for _, op := range boundOps() {
-		have[op] = true
-	}
-	for _, op := range ir.OpNames() {
-		if d, _ := ir.Lookup(op); !d.Const && !have[op] {
-			miss = append(miss, op)
-		}
-	}
-	require.Empty(t, miss, "ops without a CUDA binding")
-}
-
 // The arena plan never hands out overlapping live blocks, and its peak is
 // the high-water mark of what was live at once.
 func TestArenaPlanNoOverlap(t *testing.T) {
@@ -62,7 +46,7 @@ func TestConstKeyNamesDerivedWeights(t *testing.T) {
 	g := ir.New("t")
 	a := g.AddWeight("a.weight", 2, 3)
 	b := g.AddWeight("b.weight", 2, 3)
-	c := g.Op1("concat_rows", 0, nil, a, b)
+	c := g.Op1(ir.OpConcatRows, 0, nil, a, b)
 	require.Equal(t, "a.weight#0", constKey(a))
 	require.Equal(t, "concat_rows(a.weight#0,b.weight#0)", constKey(c))
 }

@@ -8,7 +8,6 @@ import (
 	"unsafe"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/sample"
@@ -264,7 +263,7 @@ func (rc *runCtx) rows(v *ir.Value) int {
 // bytesOf is the device size of a value for this batch (0: no buffer).
 func (rc *runCtx) bytesOf(v *ir.Value) int64 {
 	if v.DType == ir.Host {
-		if v.Producer != nil && v.Producer.Op == "dsa_meta" {
+		if v.Producer != nil && v.Producer.Op == ir.OpDSAMeta {
 			return 4 * int64(rc.T) // the visible-pools array
 		}
 		return 0
@@ -510,8 +509,8 @@ func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, 
 			}
 			p.graphs[gkey] = g
 			p.captures.Add(1)
-		} else {
-			p.restoreAddrs(rc, tempSize) // where the captured launches left every value
+		} else if err := p.restoreAddrs(rc, tempSize); err != nil { // where the captured launches left every value
+			return nil, err
 		}
 		if err := dev.Replay(g); err != nil {
 			return nil, err
@@ -582,7 +581,9 @@ func (p *Program) launchSteps(rc *runCtx, tempSize [][]int64) error {
 
 // restoreAddrs assigns every value the address a captured run gave it,
 // launching nothing (a graph replay runs the launches).
-func (p *Program) restoreAddrs(rc *runCtx, tempSize [][]int64) { p.walkSteps(rc, tempSize, false) }
+func (p *Program) restoreAddrs(rc *runCtx, tempSize [][]int64) error {
+	return p.walkSteps(rc, tempSize, false)
+}
 
 // walkSteps replays the arena plan with real addresses and, when launch is
 // set, runs every step.
@@ -590,9 +591,9 @@ func (p *Program) walkSteps(rc *runCtx, tempSize [][]int64, launch bool) error {
 	ap2 := &arenaPlan{}
 	for _, in := range p.plan.Graph.Inputs {
 		switch in.Name {
-		case build.InputTokens:
+		case ir.InputTokens:
 			rc.addr[in] = rc.toks
-		case build.InputBatch:
+		case ir.InputBatch:
 		default:
 			return fmt.Errorf("cuda: graph input %q is not provided by the executor", in.Name)
 		}
@@ -703,7 +704,7 @@ func (p *Program) readSamples(rc *runCtx, rows int) ([]backend.Sample, error) {
 func (p *Program) kpools() []int {
 	var out []int
 	for _, st := range p.steps {
-		if st.node.Op == "dsa_meta" {
+		if st.node.Op == ir.OpDSAMeta {
 			kp := st.node.Attrs.Int("kpool", 0)
 			found := false
 			for _, k := range out {

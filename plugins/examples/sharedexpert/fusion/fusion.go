@@ -19,6 +19,7 @@ package fusion
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/glmflash/glmflash/core/ir"
@@ -29,8 +30,33 @@ import (
 // Name is the pass's YAML name.
 const Name = "shared-expert-fusion"
 
+// Options are the pass's options (declared once: the schema the engine
+// shows and checks comes from the tags).
+type Options struct {
+	Layers []int `option:"layers" doc:"restrict to these MoE layers (empty: every MoE layer)"`
+}
+
+// Validate implements pass.Validator.
+func (o *Options) Validate() error {
+	for _, l := range o.Layers {
+		if l < 0 {
+			return fmt.Errorf("option layers: layer %d is negative", l)
+		}
+	}
+	return nil
+}
+
+// Stats are the pass's statistics.
+type Stats struct {
+	Layers int `stat:"layers_fused" doc:"MoE layers whose shared expert became a routed one"`
+	Nodes  int `stat:"nodes_removed" doc:"shared-expert nodes (linear, swiglu, add) removed"`
+}
+
 // Pass implements pass.Pass.
-type Pass struct{ layers map[int]bool }
+type Pass struct{ opts Options }
+
+// Options implements pass.WithOptions.
+func (p *Pass) Options() any { return &p.opts }
 
 // Name implements pass.Pass.
 func (*Pass) Name() string { return Name }
@@ -38,23 +64,12 @@ func (*Pass) Name() string { return Name }
 // Describe implements pass.Pass.
 func (*Pass) Describe() pass.Description {
 	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "fuse each MoE layer's shared expert into the routed experts as an always-selected expert with weight 1.0",
-		Options: []pass.Option{{Name: "layers", Type: pass.Ints, Default: []int{}, Doc: "restrict to these MoE layers (empty: every MoE layer)"}}}
+		Summary: "fuse each MoE layer's shared expert into the routed experts as an always-selected expert with weight 1.0"}
 }
 
-// Configure implements pass.Pass.
-func (p *Pass) Configure(opts map[string]any) error {
-	p.layers = nil
-	if ls := opts["layers"].([]int); len(ls) > 0 {
-		p.layers = map[int]bool{}
-		for _, l := range ls {
-			if l < 0 {
-				return fmt.Errorf("option layers: layer %d is negative", l)
-			}
-			p.layers[l] = true
-		}
-	}
-	return nil
+// layer reports whether option layers selects layer l.
+func (p *Pass) layer(l int) bool {
+	return len(p.opts.Layers) == 0 || slices.Contains(p.opts.Layers, l)
 }
 
 // projections of the shared expert.
@@ -72,7 +87,7 @@ type site struct {
 func match(a *pass.Analyses, ex *ir.Node) (*site, string) {
 	routed := ex.Outputs[0]
 	us := a.Users(routed)
-	if len(us) != 1 || us[0].Op != "add" {
+	if len(us) != 1 || us[0].Op != ir.OpAdd {
 		return nil, "no shared expert is added to the routed experts (n_shared_experts = 0, or already fused)"
 	}
 	add := us[0]
@@ -82,18 +97,18 @@ func match(a *pass.Analyses, ex *ir.Node) (*site, string) {
 	}
 	s := &site{experts: ex, add: add, shared: map[string]*ir.Node{}}
 	down := other.Producer
-	if down == nil || down.Op != "linear" || !isShared(down, "down_proj") || len(a.Users(other)) != 1 {
+	if down == nil || down.Op != ir.OpLinear || !isShared(down, "down_proj") || len(a.Users(other)) != 1 {
 		return nil, "the other addend is not the shared expert's down_proj"
 	}
 	s.shared["down_proj"] = down
 	act := down.Inputs[0].Producer
-	if act == nil || act.Op != "swiglu" || len(a.Users(down.Inputs[0])) != 1 {
+	if act == nil || act.Op != ir.OpSwiGLU || len(a.Users(down.Inputs[0])) != 1 {
 		return nil, "the shared expert's down_proj does not read a swiglu"
 	}
 	s.act = act
 	for i, pr := range []string{"gate_proj", "up_proj"} {
 		n := act.Inputs[i].Producer
-		if n == nil || n.Op != "linear" || !isShared(n, pr) || len(a.Users(act.Inputs[i])) != 1 {
+		if n == nil || n.Op != ir.OpLinear || !isShared(n, pr) || len(a.Users(act.Inputs[i])) != 1 {
 			return nil, fmt.Sprintf("the shared expert's swiglu input %d is not its %s", i, pr)
 		}
 		if n.Inputs[0] != ex.Inputs[0] {
@@ -146,12 +161,12 @@ func loraHit(env *pass.Env, l int) (pass.LoRATarget, string, bool) {
 func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
 	var sites []pass.Site
 	for _, n := range g.Nodes {
-		if n.Op != "moe_experts" {
+		if n.Op != ir.OpMoEExperts {
 			continue
 		}
 		l := n.Layer
 		where := fmt.Sprintf("layer %d", l)
-		if p.layers != nil && !p.layers[l] {
+		if !p.layer(l) {
 			sites = append(sites, pass.Skip(where, l, "layer %d is not in option layers", l))
 			continue
 		}
@@ -224,7 +239,8 @@ func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 		}
 		res.Fired++
 	}
-	g.RemoveDead()
+	removed := g.RemoveDead()
+	res.Stats = pass.Counters(&Stats{Layers: res.Fired, Nodes: removed})
 	return res, nil
 }
 
@@ -245,23 +261,23 @@ func rewrite(g *ir.Graph, l int, s *site) error {
 	}
 	var fused [3]*ir.Value
 	for i, pr := range projs {
-		st, err := newNode("stack", nil, fmt.Sprintf("l%d.mlp.shared_experts.%s.stacked", l, pr), s.shared[pr].Inputs[1])
+		st, err := newNode(ir.OpStack, nil, fmt.Sprintf("l%d.mlp.shared_experts.%s.stacked", l, pr), s.shared[pr].Inputs[1])
 		if err != nil {
 			return err
 		}
-		cat, err := newNode("concat_rows", nil, fmt.Sprintf("l%d.mlp.experts+shared.%s", l, pr), ex.Inputs[3+i], st.Outputs[0])
+		cat, err := newNode(ir.OpConcatRows, nil, fmt.Sprintf("l%d.mlp.experts+shared.%s", l, pr), ex.Inputs[3+i], st.Outputs[0])
 		if err != nil {
 			return err
 		}
 		fused[i] = cat.Outputs[0]
 	}
-	app, err := newNode("moe_append_expert", ir.Attrs{"expert": E}, "", ex.Inputs[1], ex.Inputs[2])
+	app, err := newNode(ir.OpMoEAppendExpert, ir.Attrs{"expert": E}, "", ex.Inputs[1], ex.Inputs[2])
 	if err != nil {
 		return err
 	}
 	app.Outputs[0].Named(fmt.Sprintf("l%d.moe.idx+shared", l))
 	app.Outputs[1].Named(fmt.Sprintf("l%d.moe.w+shared", l))
-	out, err := newNode("moe_experts", ex.Attrs.Clone(), fmt.Sprintf("l%d.moe.out", l), ex.Inputs[0], app.Outputs[0], app.Outputs[1], fused[0], fused[1], fused[2])
+	out, err := newNode(ir.OpMoEExperts, ex.Attrs.Clone(), fmt.Sprintf("l%d.moe.out", l), ex.Inputs[0], app.Outputs[0], app.Outputs[1], fused[0], fused[1], fused[2])
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package runtime
+package sched
 
 import (
 	"context"
@@ -135,7 +135,7 @@ type request struct {
 	Request
 	sampler *sample.Sampler
 
-	// Scheduler state (guarded by Runtime.mu).
+	// Scheduler state (guarded by Scheduler.mu).
 	slot      int // -1 until admitted
 	fed       int // prompt tokens already run
 	cached    int // tokens the slot's cache holds (the host-side length)

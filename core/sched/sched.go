@@ -1,4 +1,4 @@
-// Package runtime serves many requests on one engine with continuous
+// Package sched serves many requests on one engine with continuous
 // batching: a scheduler goroutine runs one forward pass per step in which
 // the decode tokens of running requests and prefill chunks of new ones share
 // a ragged Mixed batch. New requests join at every step boundary; a request
@@ -9,7 +9,7 @@
 // Admission is bounded twice: requests run only while a cache slot is free
 // (and fewer than MaxRunning run), and at most MaxQueue wait beyond that;
 // past it Submit fails with ErrQueueFull.
-package runtime
+package sched
 
 import (
 	"context"
@@ -22,8 +22,8 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/model"
 	"github.com/rs/zerolog"
@@ -91,8 +91,8 @@ func (c Config) WithDefaults(cfg *model.Config, slots int) (Config, error) {
 // Compile them all before serving (engine.Engine.Program) so that no step
 // compiles a program inside the scheduler, stalling every stream.
 var Programs = []engine.Key{
-	{Mode: build.Mixed, Logits: build.LastLogits},
-	{Mode: build.Mixed, Logits: build.AllLogits},
+	{Mode: graph.Mixed, Logits: graph.LastLogits},
+	{Mode: graph.Mixed, Logits: graph.AllLogits},
 }
 
 // Metrics receives the scheduler's measurements; every method must be
@@ -128,8 +128,8 @@ type Options struct {
 	Log     zerolog.Logger // one line per finished request; the zero Logger is silent
 }
 
-// Runtime schedules requests on a model.
-type Runtime struct {
+// Scheduler schedules requests on a model.
+type Scheduler struct {
 	m     Model
 	cfg   Config
 	met   Metrics
@@ -171,10 +171,10 @@ type Preparer interface {
 
 // PreparedAhead is how many steps were prepared on the host while the
 // previous step was executing.
-func (rt *Runtime) PreparedAhead() int64 { return rt.ahead.Load() }
+func (rt *Scheduler) PreparedAhead() int64 { return rt.ahead.Load() }
 
 // New starts a runtime's scheduler goroutine; Close stops it.
-func New(m Model, cfg Config, opts Options) (*Runtime, error) {
+func New(m Model, cfg Config, opts Options) (*Scheduler, error) {
 	c, err := cfg.WithDefaults(m.Config(), m.Store().Capacity())
 	if err != nil {
 		return nil, err
@@ -182,7 +182,7 @@ func New(m Model, cfg Config, opts Options) (*Runtime, error) {
 	if opts.Metrics == nil {
 		opts.Metrics = NopMetrics{}
 	}
-	rt := &Runtime{
+	rt := &Scheduler{
 		m: m, cfg: c, met: opts.Metrics, log: opts.Log, vocab: m.Config().VocabSize,
 		byID: map[string]*request{}, wake: make(chan struct{}, 1), exited: make(chan struct{}), eos: map[int32]bool{},
 	}
@@ -194,12 +194,12 @@ func New(m Model, cfg Config, opts Options) (*Runtime, error) {
 }
 
 // Config is the effective configuration (defaults applied).
-func (rt *Runtime) Config() Config { return rt.cfg }
+func (rt *Scheduler) Config() Config { return rt.cfg }
 
 // EndIDs are the ids that end req with FinishStop: its stop ids and, unless
 // req.IgnoreEOS, the model's end-of-sequence ids (the text layer writes no
 // text for them).
-func (rt *Runtime) EndIDs(req Request) []int32 {
+func (rt *Scheduler) EndIDs(req Request) []int32 {
 	ids := slices.Clone(req.StopIDs)
 	if !req.IgnoreEOS {
 		for id := range rt.eos {
@@ -213,7 +213,7 @@ func (rt *Runtime) EndIDs(req Request) []int32 {
 
 // Validate checks a request against the model and the limits without
 // submitting it; the error is an *InvalidError naming the field.
-func (rt *Runtime) Validate(req *Request) error {
+func (rt *Scheduler) Validate(req *Request) error {
 	if len(req.Prompt) == 0 {
 		return invalid("prompt_ids", "the prompt is empty")
 	}
@@ -262,7 +262,7 @@ func NewID() string {
 // Submit queues a request. The request is cancelled when ctx ends (its
 // slot is freed at the next step boundary). Errors: *InvalidError,
 // ErrQueueFull, ErrDraining, ErrClosed, ErrDuplicateID.
-func (rt *Runtime) Submit(ctx context.Context, req Request) (*Handle, error) {
+func (rt *Scheduler) Submit(ctx context.Context, req Request) (*Handle, error) {
 	if err := rt.Validate(&req); err != nil {
 		return nil, err
 	}
@@ -313,12 +313,12 @@ func (rt *Runtime) Submit(ctx context.Context, req Request) (*Handle, error) {
 }
 
 // Abort ends an in-flight request with FinishAbort.
-func (rt *Runtime) Abort(id string) error { return rt.AbortBy(id, "", true) }
+func (rt *Scheduler) Abort(id string) error { return rt.AbortBy(id, "", true) }
 
 // AbortBy ends an in-flight request on behalf of a caller: only the
 // request's Owner, or an admin, may. For anyone else the request does not
 // exist (ErrNotFound): ids of other callers' requests are not revealed.
-func (rt *Runtime) AbortBy(id, owner string, admin bool) error {
+func (rt *Scheduler) AbortBy(id, owner string, admin bool) error {
 	rt.mu.Lock()
 	r := rt.byID[id]
 	rt.mu.Unlock()
@@ -332,7 +332,7 @@ func (rt *Runtime) AbortBy(id, owner string, admin bool) error {
 }
 
 // InFlight counts requests not yet finished (waiting and running).
-func (rt *Runtime) InFlight() (waiting, running int) {
+func (rt *Scheduler) InFlight() (waiting, running int) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	return len(rt.waiting), len(rt.running)
@@ -340,7 +340,7 @@ func (rt *Runtime) InFlight() (waiting, running int) {
 
 // kill finalizes r from outside the scheduler: at once for its submitter;
 // a running request's slot is freed at the next step boundary.
-func (rt *Runtime) kill(r *request, reason FinishReason, msg string) bool {
+func (rt *Scheduler) kill(r *request, reason FinishReason, msg string) bool {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if r.killed || rt.byID[r.ID] != r {
@@ -357,7 +357,7 @@ func (rt *Runtime) kill(r *request, reason FinishReason, msg string) bool {
 
 // finishLocked delivers r's final and forgets it (the slot, if any, is the
 // scheduler's to free).
-func (rt *Runtime) finishLocked(r *request, reason FinishReason, msg string) {
+func (rt *Scheduler) finishLocked(r *request, reason FinishReason, msg string) {
 	now := time.Now()
 	f := &Final{
 		ID: r.ID, Reason: reason, Message: msg, PromptTokens: len(r.Prompt), CompletionTokens: r.generated,
@@ -404,7 +404,7 @@ func (rt *Runtime) finishLocked(r *request, reason FinishReason, msg string) {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func (rt *Runtime) depthLocked() {
+func (rt *Scheduler) depthLocked() {
 	free := min(rt.cfg.MaxRunning, rt.m.Store().Capacity()) - len(rt.running)
 	rt.met.Depth(max(0, len(rt.waiting)-max(0, free)), len(rt.running))
 }
@@ -412,7 +412,7 @@ func (rt *Runtime) depthLocked() {
 // Drain stops admitting new requests and waits for those in flight to
 // finish; when ctx ends first it aborts the rest. It returns how many it
 // aborted. Drain leaves the scheduler running; Close stops it.
-func (rt *Runtime) Drain(ctx context.Context) int {
+func (rt *Scheduler) Drain(ctx context.Context) int {
 	rt.mu.Lock()
 	rt.draining = true
 	if len(rt.byID) == 0 {
@@ -432,7 +432,7 @@ func (rt *Runtime) Drain(ctx context.Context) int {
 	return rt.abortAll("the server is draining and its deadline passed")
 }
 
-func (rt *Runtime) abortAll(msg string) int {
+func (rt *Scheduler) abortAll(msg string) int {
 	rt.mu.Lock()
 	var all []*request
 	for _, r := range rt.byID {
@@ -450,14 +450,14 @@ func (rt *Runtime) abortAll(msg string) int {
 
 // Close aborts whatever is in flight, waits for the current step to end,
 // frees every slot and stops the scheduler. It is safe to call twice.
-func (rt *Runtime) Close() { rt.CloseWithin(context.Background()) }
+func (rt *Scheduler) Close() { rt.CloseWithin(context.Background()) }
 
 // CloseWithin is Close that waits for the current step only until ctx
 // ends: every request is finalized at once either way, but a forward pass
 // cannot be interrupted, so the scheduler may still be running it (it stops
 // after). It reports whether the scheduler stopped; when it did not, the
 // model's weights are still in use and must not be released.
-func (rt *Runtime) CloseWithin(ctx context.Context) bool {
+func (rt *Scheduler) CloseWithin(ctx context.Context) bool {
 	rt.mu.Lock()
 	rt.draining = true
 	rt.closing = true
@@ -479,7 +479,7 @@ type item struct {
 	row0   int // first logits row (AllLogits) or the row (LastLogits)
 }
 
-func (rt *Runtime) loop() {
+func (rt *Scheduler) loop() {
 	defer close(rt.exited)
 	var batch []item
 	var spec *speculation
@@ -538,9 +538,9 @@ func (rt *Runtime) loop() {
 		// Generation needs only each sequence's last row; a step that holds
 		// a Score request computes every row (AllLogits) and picks the last
 		// rows of the others, which gives them the same logits.
-		key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
+		key := engine.Key{Mode: graph.Mixed, Logits: graph.LastLogits}
 		if all {
-			key.Logits = build.AllLogits
+			key.Logits = graph.AllLogits
 		}
 		b := &backend.Batch{Seqs: make([]backend.Seq, len(batch)), Sample: specs, SamplesOnly: !all}
 		ntok, rows := 0, 0
@@ -549,7 +549,7 @@ func (rt *Runtime) loop() {
 			ntok += len(it.tokens)
 		}
 		for i := range batch {
-			if key.Logits == build.AllLogits {
+			if key.Logits == graph.AllLogits {
 				batch[i].row0 = rows
 				rows += len(batch[i].tokens)
 			} else {
@@ -559,7 +559,7 @@ func (rt *Runtime) loop() {
 		t0 := time.Now()
 		var res *backend.Result
 		var err error
-		if pp, ok := rt.m.(Preparer); ok && key.Logits == build.LastLogits && pp.HostLengths(key) {
+		if pp, ok := rt.m.(Preparer); ok && key.Logits == graph.LastLogits && pp.HostLengths(key) {
 			// Host-side lengths: execute this step in the background and
 			// prepare the next one (assuming every request continues)
 			// meanwhile; it is used only if that assumption held.
@@ -588,7 +588,7 @@ func (rt *Runtime) loop() {
 		rt.met.Step(len(batch), ntok, time.Since(t0))
 
 		rt.mu.Lock()
-		rt.collectLocked(batch, res, err, key.Logits == build.AllLogits)
+		rt.collectLocked(batch, res, err, key.Logits == graph.AllLogits)
 		rt.mu.Unlock()
 		clear(batch)
 	}
@@ -596,7 +596,7 @@ func (rt *Runtime) loop() {
 
 // run executes one forward pass; a panic in the engine becomes an error
 // that fails this step's requests instead of the process.
-func (rt *Runtime) run(key engine.Key, b *backend.Batch) (res *backend.Result, err error) {
+func (rt *Scheduler) run(key engine.Key, b *backend.Batch) (res *backend.Result, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("engine panic: %v", p)
@@ -606,7 +606,7 @@ func (rt *Runtime) run(key engine.Key, b *backend.Batch) (res *backend.Result, e
 }
 
 // execute runs a prepared step, turning an engine panic into an error.
-func (rt *Runtime) execute(pp Preparer, key engine.Key, pr *backend.Prepared) (res *backend.Result, err error) {
+func (rt *Scheduler) execute(pp Preparer, key engine.Key, pr *backend.Prepared) (res *backend.Result, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("engine panic: %v", p)
@@ -620,7 +620,7 @@ func (rt *Runtime) execute(pp Preparer, key engine.Key, pr *backend.Prepared) (r
 // token consumes its request's randomness (the last row of a request whose
 // prompt this step completes, or a decode token); the others are greedy
 // placeholders the scheduler ignores.
-func (rt *Runtime) sampleSpecsLocked(batch []item, all bool) []backend.SampleSpec {
+func (rt *Scheduler) sampleSpecsLocked(batch []item, all bool) []backend.SampleSpec {
 	var specs []backend.SampleSpec
 	for _, it := range batch {
 		r := it.r
@@ -666,7 +666,7 @@ type speculation struct {
 // speculateLocked plans the step after batch as planLocked will, on the
 // state that batch leaves if no request finishes. It returns nil when a
 // Score request or a pending admission makes the prediction pointless.
-func (rt *Runtime) speculateLocked(batch []item) *speculation {
+func (rt *Scheduler) speculateLocked(batch []item) *speculation {
 	if len(rt.waiting) > 0 || rt.closing || rt.draining {
 		return nil
 	}
@@ -723,7 +723,7 @@ func (sp *speculation) add(r *request, toks []int32, prefill bool, fed, cached i
 
 // specValidLocked reports whether the speculation's assumptions held: the
 // same running requests, none finished, the planned state reached.
-func (rt *Runtime) specValidLocked(sp *speculation) bool {
+func (rt *Scheduler) specValidLocked(sp *speculation) bool {
 	if sp.prep == nil || sp.rr != rt.rr || len(sp.running) != len(rt.running) {
 		return false
 	}
@@ -741,7 +741,7 @@ func (rt *Runtime) specValidLocked(sp *speculation) bool {
 }
 
 // reapLocked frees the slots of requests finalized from outside.
-func (rt *Runtime) reapLocked() {
+func (rt *Scheduler) reapLocked() {
 	kept := rt.running[:0]
 	for _, r := range rt.running {
 		if r.killed {
@@ -755,7 +755,7 @@ func (rt *Runtime) reapLocked() {
 	rt.depthLocked()
 }
 
-func (rt *Runtime) freeLocked(r *request) {
+func (rt *Scheduler) freeLocked(r *request) {
 	if r.slot >= 0 {
 		if err := rt.m.Store().Free(r.slot); err != nil {
 			rt.log.Error().Err(err).Str("request_id", r.ID).Msg("freeing a cache slot")
@@ -765,7 +765,7 @@ func (rt *Runtime) freeLocked(r *request) {
 }
 
 // admitLocked moves waiting requests to running while slots allow.
-func (rt *Runtime) admitLocked() {
+func (rt *Scheduler) admitLocked() {
 	for len(rt.waiting) > 0 && len(rt.running) < rt.cfg.MaxRunning {
 		slot, err := rt.m.Store().Alloc()
 		if err != nil {
@@ -783,7 +783,7 @@ func (rt *Runtime) admitLocked() {
 // planLocked chooses this step's tokens: first one decode token for each
 // generating request (round-robin when the budget is short), then prompt
 // chunks in admission order.
-func (rt *Runtime) planLocked(batch []item) []item {
+func (rt *Scheduler) planLocked(batch []item) []item {
 	budget := rt.cfg.MaxBatchTokens
 	n := len(rt.running)
 	start := rt.rr % n
@@ -809,7 +809,7 @@ func (rt *Runtime) planLocked(batch []item) []item {
 }
 
 // collectLocked turns a step's logits into tokens, finals and freed slots.
-func (rt *Runtime) collectLocked(batch []item, res *backend.Result, err error, all bool) {
+func (rt *Scheduler) collectLocked(batch []item, res *backend.Result, err error, all bool) {
 	now := time.Now()
 	var promptToks, genToks int
 	for _, it := range batch {
@@ -879,7 +879,7 @@ func (rt *Runtime) collectLocked(batch []item, res *backend.Result, err error, a
 // completeLocked finishes a request from the scheduler, after its last
 // step: the slot is freed before the final is delivered, so a client that
 // sees the final also sees the slot back in the store.
-func (rt *Runtime) completeLocked(r *request, reason FinishReason, msg string) {
+func (rt *Scheduler) completeLocked(r *request, reason FinishReason, msg string) {
 	r.killed = true
 	rt.freeLocked(r)
 	rt.finishLocked(r, reason, msg)

@@ -1,4 +1,4 @@
-package build
+package graph
 
 import (
 	"flag"
@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/model"
 	"github.com/stretchr/testify/require"
 )
@@ -60,11 +61,11 @@ func TestGraphShapeFollowsConfig(t *testing.T) {
 				moe++
 			}
 		}
-		require.Equal(t, kda, count["kda_attn"], name)
-		require.Equal(t, dsa, count["mla_attn"], name)
-		require.Equal(t, full, count["dsa_topk"], name)
-		require.Equal(t, moe, count["moe_experts"], name)
-		require.Equal(t, 2*cfg.NumHiddenLayers, count["mhc_pre"], name)
+		require.Equal(t, kda, count[ir.OpKDAAttn], name)
+		require.Equal(t, dsa, count[ir.OpMLAAttn], name)
+		require.Equal(t, full, count[ir.OpDSATopK], name)
+		require.Equal(t, moe, count[ir.OpMoEExperts], name)
+		require.Equal(t, 2*cfg.NumHiddenLayers, count[ir.OpMHCPre], name)
 		require.Len(t, g.Outputs, cfg.NumHiddenLayers+1, name)
 		require.True(t, strings.HasPrefix(g.Text(), "graph glm5_next"))
 	}

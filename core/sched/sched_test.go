@@ -1,4 +1,4 @@
-package runtime
+package sched
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/internal/syncbuf"
@@ -41,7 +41,7 @@ func openEngine(t *testing.T, slots int) *engine.Engine {
 	return e
 }
 
-func newRuntime(t *testing.T, m Model, cfg Config) *Runtime {
+func newRuntime(t *testing.T, m Model, cfg Config) *Scheduler {
 	t.Helper()
 	rt, err := New(m, cfg, Options{})
 	require.NoError(t, err)
@@ -65,7 +65,7 @@ func alone(t *testing.T, e *engine.Engine, req Request) []int32 {
 	require.NoError(t, err)
 	slot, err := ref.Store().Alloc()
 	require.NoError(t, err)
-	key := engine.Key{Mode: build.Mixed, Logits: build.LastLogits}
+	key := engine.Key{Mode: graph.Mixed, Logits: graph.LastLogits}
 	res, err := ref.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: req.Prompt}}})
 	require.NoError(t, err)
 	s := sample.New(req.Sampling)
@@ -204,7 +204,7 @@ func TestScore(t *testing.T) {
 	ref, err := engine.New(e.Config(), engineWeights(t), engine.Options{Slots: 1})
 	require.NoError(t, err)
 	slot, _ := ref.Store().Alloc()
-	want, err := ref.Run(engine.Key{Mode: build.Mixed, Logits: build.AllLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: toks}}})
+	want, err := ref.Run(engine.Key{Mode: graph.Mixed, Logits: graph.AllLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: toks}}})
 	require.NoError(t, err)
 
 	// a generating request shares the steps

@@ -1,32 +1,15 @@
-// Package conformance is the suite every pass must pass, built-in or
-// plugin (a plugin is tested through its real subprocess by giving the
-// suite a plugin host as the Resolver):
-//
-//   - eligibility is pure: Eligible does not change the graph, every site has
-//     a label (distinct among OK sites) and every skipped site a reason;
-//   - determinism: the pass applied to two freshly built copies of a graph
-//     (by two fresh pass instances) gives identical IR text, in every batch
-//     mode;
-//   - verifier-clean: the rewritten graph verifies and the pass reports no
-//     error;
-//   - no change when ineligible: under the subject's Ineligible settings no
-//     site is OK, Apply is not called and the graph is unchanged;
-//   - parity: on a transformers fixture, every case's logits within 1e-4 of
-//     the pass-off engine with identical greedy tokens, and the pass fired.
-package conformance
+package passtest
 
 import (
 	"fmt"
 	"maps"
 	"math"
-	"path/filepath"
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
-	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
@@ -59,34 +42,13 @@ type Ineligibility struct {
 	Model func(*model.Config)
 }
 
-// Fixture is a transformers reference fixture: a checkpoint and its cases.
-type Fixture struct {
-	Checkpoint *model.Checkpoint
-	Reference  *eval.Reference
-}
-
-// OpenFixture opens dir/checkpoint and dir/reference.safetensors.
-func OpenFixture(t testing.TB, dir string) *Fixture {
-	t.Helper()
-	ck, err := model.Open(filepath.Join(dir, "checkpoint"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
-	ref, err := eval.Load(filepath.Join(dir, "reference.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &Fixture{Checkpoint: ck, Reference: ref}
-}
-
 // graphs are the programs the suite builds: every batch mode.
-var graphs = []build.Options{
-	{Mode: build.Prefill, Logits: build.AllLogits},
-	{Mode: build.Prefill, Logits: build.LastLogits},
-	{Mode: build.Decode, Logits: build.LastLogits},
-	{Mode: build.Extend, Logits: build.AllLogits},
-	{Mode: build.Mixed, Logits: build.LastLogits},
+var graphs = []graph.Options{
+	{Mode: graph.Prefill, Logits: graph.AllLogits},
+	{Mode: graph.Prefill, Logits: graph.LastLogits},
+	{Mode: graph.Decode, Logits: graph.LastLogits},
+	{Mode: graph.Extend, Logits: graph.AllLogits},
+	{Mode: graph.Mixed, Logits: graph.LastLogits},
 }
 
 func (s Subject) pipeline(t testing.TB, opts map[string]any) *pass.Pipeline {
@@ -99,24 +61,39 @@ func (s Subject) pipeline(t testing.TB, opts map[string]any) *pass.Pipeline {
 }
 
 func env(f *Fixture, cfg *model.Config, program string) *pass.Env {
-	e := pass.EnvFromConfig(config.Default(), cfg, f.Checkpoint)
+	e := pass.NewEnv(cfg, f.Checkpoint)
 	e.Program = program
 	return e
 }
 
-func buildGraph(t testing.TB, cfg *model.Config, o build.Options) *ir.Graph {
+func buildGraph(t testing.TB, cfg *model.Config, o graph.Options) *ir.Graph {
 	t.Helper()
-	g, err := build.Build(cfg, o)
+	g, err := graph.Build(cfg, o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return g
 }
 
-func program(o build.Options) string { return string(o.Mode) + "/" + string(o.Logits) }
+func program(o graph.Options) string { return string(o.Mode) + "/" + string(o.Logits) }
 
-// Run runs the whole suite on s over fixture f.
+// Run runs the conformance suite on s over fixture f: the suite every pass must pass, built-in or plugin (a
+// plugin is tested through its real subprocess by giving the suite a plugin
+// host as the Resolver):
+//
+//   - eligibility is pure: Eligible does not change the graph, every site has
+//     a label (distinct among OK sites) and every skipped site a reason;
+//   - determinism: the pass applied to two freshly built copies of a graph
+//     (by two fresh pass instances) gives identical IR text, in every batch
+//     mode;
+//   - verifier-clean: the rewritten graph verifies and the pass reports no
+//     error;
+//   - no change when ineligible: under the subject's Ineligible settings no
+//     site is OK, Apply is not called and the graph is unchanged;
+//   - parity: on a transformers fixture, every case's logits within 1e-4 of
+//     the pass-off engine with identical greedy tokens, and the pass fired.
 func Run(t *testing.T, f *Fixture, s Subject) {
+	t.Helper()
 	cfg := f.Checkpoint.Config()
 	t.Run("eligibility-is-pure", func(t *testing.T) {
 		for _, o := range graphs {
@@ -260,15 +237,15 @@ func RunCases(t testing.TB, f *Fixture, e *engine.Engine) [][]float32 {
 		}
 		switch c.Kind {
 		case "prefill":
-			run(engine.Key{Mode: build.Prefill, Logits: build.AllLogits}, c.Tokens)
+			run(engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits}, c.Tokens)
 		case "decode":
-			run(engine.Key{Mode: build.Prefill, Logits: build.LastLogits}, c.Tokens)
+			run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, c.Tokens)
 			for _, tok := range c.Greedy {
-				run(engine.Key{Mode: build.Decode, Logits: build.LastLogits}, []int32{tok})
+				run(engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}, []int32{tok})
 			}
 		case "extend":
-			run(engine.Key{Mode: build.Prefill, Logits: build.AllLogits}, c.Tokens[:c.Split])
-			run(engine.Key{Mode: build.Extend, Logits: build.AllLogits}, c.Tokens[c.Split:])
+			run(engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits}, c.Tokens[:c.Split])
+			run(engine.Key{Mode: graph.Extend, Logits: graph.AllLogits}, c.Tokens[c.Split:])
 		}
 		if err := e.Store().Free(slot); err != nil {
 			t.Fatal(err)
@@ -305,7 +282,7 @@ func Compare(base, got [][]float32, vocab int) (float64, error) {
 
 // InProcess resolves one pass, made by f, by its name: a plugin author runs
 // the suite on the pass in process (without building the binary) with
-// Subject{Name: name, Resolver: conformance.InProcess(f)}.
+// Subject{Name: name, Resolver: passtest.InProcess(f)}.
 func InProcess(f pass.Factory) pass.Resolver { return inProcess{f: f, name: f().Name()} }
 
 type inProcess struct {

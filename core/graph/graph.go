@@ -1,8 +1,8 @@
-// Package build assembles the GLM-5.3-Flash forward pass as an IR graph
+// Package graph assembles the GLM-5.3-Flash forward pass as an IR graph
 // from a model configuration: embedding into H residual streams, per layer
 // mHC pre → RMSNorm → KDA or DSA/MLA → mHC post → mHC pre → RMSNorm → dense
 // MLP or MoE → mHC post, then the stream mean, final norm and LM head.
-package build
+package graph
 
 import (
 	"fmt"
@@ -51,16 +51,6 @@ type Options struct {
 	CaptureHidden bool
 }
 
-// Well-known graph input and output names.
-const (
-	InputTokens = "tokens"
-	InputBatch  = "batch"
-	OutputLogit = "logits"
-)
-
-// HiddenOutput names the capture of the streams after layer l.
-func HiddenOutput(l int) string { return fmt.Sprintf("hidden.%d", l) }
-
 const prefix = "model.language_model."
 
 type builder struct {
@@ -99,16 +89,16 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	g.Attrs["logits"] = string(opts.Logits)
 	g.Attrs["layers"] = cfg.NumHiddenLayers
 	b := &builder{cfg: cfg, g: g, opts: opts}
-	tokens := g.AddInput(InputTokens, ir.I32, ir.DimT)
-	b.batch = g.AddInput(InputBatch, ir.Host)
-	b.lens = g.Op1("seq_lengths", -1, nil, b.batch).Named("seq_lengths")
+	tokens := g.AddInput(ir.InputTokens, ir.I32, ir.DimT)
+	b.batch = g.AddInput(ir.InputBatch, ir.Host)
+	b.lens = g.Op1(ir.OpSeqLengths, -1, nil, b.batch).Named("seq_lengths")
 	D, H := cfg.HiddenSize, cfg.HCMult
-	X := g.Op1("embed", -1, ir.Attrs{"streams": H}, tokens, b.w("embed_tokens.weight", cfg.VocabSize, D)).Named("streams.embed")
+	X := g.Op1(ir.OpEmbed, -1, ir.Attrs{"streams": H}, tokens, b.w("embed_tokens.weight", cfg.VocabSize, D)).Named("streams.embed")
 	var lastSel *ir.Value
 	for l := 0; l < cfg.NumHiddenLayers; l++ {
 		R := X
 		h := b.pre(l, "hc_attn", X)
-		h = g.Op1("rmsnorm", l, ir.Attrs{"eps": cfg.RMSNormEps}, h, b.w(layerName(l, "input_layernorm.weight"), D)).Named(fmt.Sprintf("l%d.attn_in", l))
+		h = g.Op1(ir.OpRMSNorm, l, ir.Attrs{"eps": cfg.RMSNormEps}, h, b.w(layerName(l, "input_layernorm.weight"), D)).Named(fmt.Sprintf("l%d.attn_in", l))
 		var a *ir.Value
 		if cfg.IsKDA(l) {
 			a = b.kda(l, h)
@@ -118,7 +108,7 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 		X = b.post(l, "attn", a, R)
 		R = X
 		h = b.pre(l, "hc_ffn", X)
-		h = g.Op1("rmsnorm", l, ir.Attrs{"eps": cfg.RMSNormEps}, h, b.w(layerName(l, "post_attention_layernorm.weight"), D)).Named(fmt.Sprintf("l%d.ffn_in", l))
+		h = g.Op1(ir.OpRMSNorm, l, ir.Attrs{"eps": cfg.RMSNormEps}, h, b.w(layerName(l, "post_attention_layernorm.weight"), D)).Named(fmt.Sprintf("l%d.ffn_in", l))
 		var f *ir.Value
 		if cfg.IsMoE(l) {
 			f = b.moe(l, h)
@@ -127,18 +117,18 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 		}
 		X = b.post(l, "ffn", f, R)
 		if opts.CaptureHidden {
-			g.Outputs[HiddenOutput(l)] = X
+			g.Outputs[ir.HiddenOutput(l)] = X
 		}
 	}
-	y := g.Op1("stream_mean", -1, nil, X).Named("final.mean")
+	y := g.Op1(ir.OpStreamMean, -1, nil, X).Named("final.mean")
 	if opts.Logits == LastLogits {
-		y = g.Op1("last_rows", -1, nil, b.batch, y).Named("final.last")
+		y = g.Op1(ir.OpLastRows, -1, nil, b.batch, y).Named("final.last")
 	}
-	y = g.Op1("rmsnorm", -1, ir.Attrs{"eps": cfg.RMSNormEps}, y, b.w("norm.weight", D)).Named("final.norm")
-	logits := g.Op1("linear", -1, nil, y, g.AddWeight("lm_head.weight", cfg.VocabSize, D)).Named("logits")
-	g.Outputs[OutputLogit] = logits
+	y = g.Op1(ir.OpRMSNorm, -1, ir.Attrs{"eps": cfg.RMSNormEps}, y, b.w("norm.weight", D)).Named("final.norm")
+	logits := g.Op1(ir.OpLinear, -1, nil, y, g.AddWeight("lm_head.weight", cfg.VocabSize, D)).Named("logits")
+	g.Outputs[ir.OutputLogits] = logits
 	if err := g.Verify(); err != nil {
-		return nil, fmt.Errorf("build: graph does not verify: %w", err)
+		return nil, fmt.Errorf("graph: the built graph does not verify: %w", err)
 	}
 	return g, nil
 }
@@ -148,7 +138,7 @@ func (b *builder) pre(l int, site string, X *ir.Value) *ir.Value {
 	cfg := b.cfg
 	H, D := cfg.HCMult, cfg.HiddenSize
 	mix := (2 + H) * H
-	outs := b.g.Op("mhc_pre", l, ir.Attrs{"site": site[3:], "eps": cfg.RMSNormEps, "hc_eps": cfg.HCEps, "iters": cfg.HCSinkhornIters}, X,
+	outs := b.g.Op(ir.OpMHCPre, l, ir.Attrs{"site": site[3:], "eps": cfg.RMSNormEps, "hc_eps": cfg.HCEps, "iters": cfg.HCSinkhornIters}, X,
 		b.w(layerName(l, site+"_fn"), mix, H*D), b.w(layerName(l, site+"_base"), mix), b.w(layerName(l, site+"_scale"), 3))
 	outs[0].Named(fmt.Sprintf("l%d.%s.h", l, site[3:]))
 	outs[1].Named(fmt.Sprintf("l%d.%s.post", l, site[3:]))
@@ -159,11 +149,11 @@ func (b *builder) pre(l int, site string, X *ir.Value) *ir.Value {
 
 func (b *builder) post(l int, site string, o, R *ir.Value) *ir.Value {
 	p := b.pending
-	return b.g.Op1("mhc_post", l, ir.Attrs{"site": site}, o, R, p[0], p[1]).Named(fmt.Sprintf("streams.l%d.%s", l, site))
+	return b.g.Op1(ir.OpMHCPost, l, ir.Attrs{"site": site}, o, R, p[0], p[1]).Named(fmt.Sprintf("streams.l%d.%s", l, site))
 }
 
 func (b *builder) linear(l int, x *ir.Value, name string, out, in int) *ir.Value {
-	return b.g.Op1("linear", l, nil, x, b.w(layerName(l, name), out, in)).Named(fmt.Sprintf("l%d.%s", l, trimWeight(name)))
+	return b.g.Op1(ir.OpLinear, l, nil, x, b.w(layerName(l, name), out, in)).Named(fmt.Sprintf("l%d.%s", l, trimWeight(name)))
 }
 
 func trimWeight(n string) string {
@@ -181,11 +171,11 @@ func (b *builder) kda(l int, h *ir.Value) *ir.Value {
 	uq := b.linear(l, h, "self_attn.q_proj.weight", P, D)
 	uk := b.linear(l, h, "self_attn.k_proj.weight", P, D)
 	uv := b.linear(l, h, "self_attn.v_proj.weight", P, D)
-	convW := g.Op1("concat_rows", l, nil,
+	convW := g.Op1(ir.OpConcatRows, l, nil,
 		b.w(layerName(l, "self_attn.q_conv1d.weight"), P, 1, K),
 		b.w(layerName(l, "self_attn.k_conv1d.weight"), P, 1, K),
 		b.w(layerName(l, "self_attn.v_conv1d.weight"), P, 1, K)).Named(fmt.Sprintf("l%d.self_attn.qkv_conv1d", l))
-	qkv := g.Op("kda_conv", l, ir.Attrs{"kernel": K}, b.lens, uq, uk, uv, convW)
+	qkv := g.Op(ir.OpKDAConv, l, ir.Attrs{"kernel": K}, b.lens, uq, uk, uv, convW)
 	for i, n := range []string{"q", "k", "v"} {
 		qkv[i].Named(fmt.Sprintf("l%d.kda.%s", l, n))
 	}
@@ -195,9 +185,9 @@ func (b *builder) kda(l int, h *ir.Value) *ir.Value {
 	if cfg.LinearLowerBound != nil {
 		gateAttrs["lower_bound"] = *cfg.LinearLowerBound
 	}
-	gl := g.Op1("kda_gate", l, gateAttrs, z, b.w(layerName(l, "self_attn.A_log"), Hk), b.w(layerName(l, "self_attn.dt_bias"), P)).Named(fmt.Sprintf("l%d.kda.g", l))
+	gl := g.Op1(ir.OpKDAGate, l, gateAttrs, z, b.w(layerName(l, "self_attn.A_log"), Hk), b.w(layerName(l, "self_attn.dt_bias"), P)).Named(fmt.Sprintf("l%d.kda.g", l))
 	bl := b.linear(l, h, "self_attn.b_proj.weight", Hk, D)
-	beta := g.Op1("sigmoid", l, nil, bl).Named(fmt.Sprintf("l%d.kda.beta", l))
+	beta := g.Op1(ir.OpSigmoid, l, nil, bl).Named(fmt.Sprintf("l%d.kda.beta", l))
 	algo := "auto"
 	switch b.opts.Mode {
 	case Prefill, Extend:
@@ -205,10 +195,10 @@ func (b *builder) kda(l int, h *ir.Value) *ir.Value {
 	case Decode:
 		algo = "recurrent"
 	}
-	o := g.Op1("kda_attn", l, ir.Attrs{"heads": Hk, "head_dim": Dh, "algo": algo}, b.lens, qkv[0], qkv[1], qkv[2], gl, beta).Named(fmt.Sprintf("l%d.kda.o", l))
+	o := g.Op1(ir.OpKDAAttn, l, ir.Attrs{"heads": Hk, "head_dim": Dh, "algo": algo}, b.lens, qkv[0], qkv[1], qkv[2], gl, beta).Named(fmt.Sprintf("l%d.kda.o", l))
 	ga := b.linear(l, h, "self_attn.g_a_proj.weight", Dh, D)
 	gate := b.linear(l, ga, "self_attn.g_b_proj.weight", P, Dh)
-	y := g.Op1("gated_rmsnorm", l, ir.Attrs{"heads": Hk, "eps": cfg.RMSNormEps}, o, gate, b.w(layerName(l, "self_attn.o_norm.weight"), Dh)).Named(fmt.Sprintf("l%d.kda.normed", l))
+	y := g.Op1(ir.OpGatedRMSNorm, l, ir.Attrs{"heads": Hk, "eps": cfg.RMSNormEps}, o, gate, b.w(layerName(l, "self_attn.o_norm.weight"), Dh)).Named(fmt.Sprintf("l%d.kda.normed", l))
 	return b.linear(l, y, "self_attn.o_proj.weight", D, P)
 }
 
@@ -217,25 +207,25 @@ func (b *builder) dsa(l int, h, prevSel *ir.Value) (*ir.Value, *ir.Value) {
 	D, nh := cfg.HiddenSize, cfg.NumAttentionHeads
 	dq, dv, R, QR := cfg.QKHeadDim(), cfg.VHeadDim, cfg.KVLoraRank, cfg.QLoraRank
 	qa := b.linear(l, h, "self_attn.q_a_proj.weight", QR, D)
-	qres := g.Op1("rmsnorm", l, ir.Attrs{"eps": cfg.RMSNormEps}, qa, b.w(layerName(l, "self_attn.q_a_layernorm.weight"), QR)).Named(fmt.Sprintf("l%d.q_res", l))
+	qres := g.Op1(ir.OpRMSNorm, l, ir.Attrs{"eps": cfg.RMSNormEps}, qa, b.w(layerName(l, "self_attn.q_a_layernorm.weight"), QR)).Named(fmt.Sprintf("l%d.q_res", l))
 	q := b.linear(l, qres, "self_attn.q_b_proj.weight", nh*dq, QR)
 	kva := b.linear(l, h, "self_attn.kv_a_proj_with_mqa.weight", R, D)
-	ckv := g.Op1("rmsnorm", l, ir.Attrs{"eps": cfg.RMSNormEps}, kva, b.w(layerName(l, "self_attn.kv_a_layernorm.weight"), R)).Named(fmt.Sprintf("l%d.c_kv", l))
-	meta := g.Op1("dsa_meta", l, ir.Attrs{"kpool": cfg.IndexKPool, "topk": cfg.IndexTopK}, b.lens).Named(fmt.Sprintf("l%d.dsa_meta", l))
+	ckv := g.Op1(ir.OpRMSNorm, l, ir.Attrs{"eps": cfg.RMSNormEps}, kva, b.w(layerName(l, "self_attn.kv_a_layernorm.weight"), R)).Named(fmt.Sprintf("l%d.c_kv", l))
+	meta := g.Op1(ir.OpDSAMeta, l, ir.Attrs{"kpool": cfg.IndexKPool, "topk": cfg.IndexTopK}, b.lens).Named(fmt.Sprintf("l%d.dsa_meta", l))
 	sel := prevSel
 	if cfg.IndexerTypes[l] != model.IndexerShared {
 		Hi, Di := cfg.IndexNHeads, cfg.IndexHeadDim
 		qi := b.linear(l, qres, "self_attn.indexer.wq_b.weight", Hi*Di, QR)
 		ki := b.linear(l, h, "self_attn.indexer.wk.weight", Di, D)
-		ki = g.Op1("layernorm", l, ir.Attrs{"eps": 1e-6}, ki, b.w(layerName(l, "self_attn.indexer.k_norm.weight"), Di), b.w(layerName(l, "self_attn.indexer.k_norm.bias"), Di)).Named(fmt.Sprintf("l%d.indexer.k", l))
-		gi := g.Op1("linear", l, nil, h, b.w(layerName(l, "self_attn.indexer.index_kpool_compress_gate"), Di, D)).Named(fmt.Sprintf("l%d.indexer.gate", l))
+		ki = g.Op1(ir.OpLayerNorm, l, ir.Attrs{"eps": 1e-6}, ki, b.w(layerName(l, "self_attn.indexer.k_norm.weight"), Di), b.w(layerName(l, "self_attn.indexer.k_norm.bias"), Di)).Named(fmt.Sprintf("l%d.indexer.k", l))
+		gi := g.Op1(ir.OpLinear, l, nil, h, b.w(layerName(l, "self_attn.indexer.index_kpool_compress_gate"), Di, D)).Named(fmt.Sprintf("l%d.indexer.gate", l))
 		wi := b.linear(l, h, "self_attn.indexer.weights_proj.weight", Hi, D)
-		sel = g.Op1("dsa_topk", l, ir.Attrs{"heads": Hi, "dim": Di, "kpool": cfg.IndexKPool, "topk": cfg.IndexTopK, "tail": cfg.IndexKPoolAlwaysSelectTail},
+		sel = g.Op1(ir.OpDSATopK, l, ir.Attrs{"heads": Hi, "dim": Di, "kpool": cfg.IndexKPool, "topk": cfg.IndexTopK, "tail": cfg.IndexKPoolAlwaysSelectTail},
 			meta, qi, ki, gi, wi, b.w(layerName(l, "self_attn.indexer.index_kpool_compress_ape"), cfg.IndexKPool, Di)).Named(fmt.Sprintf("l%d.indexer.sel", l))
 	} else if sel == nil {
 		panic(fmt.Sprintf("layer %d: shared indexer with no previous full DSA layer (config validation should have caught this)", l))
 	}
-	o := g.Op1("mla_attn", l, ir.Attrs{"heads": nh, "qk_dim": dq, "v_dim": dv, "rank": R, "scale": 1 / math.Sqrt(float64(dq))},
+	o := g.Op1(ir.OpMLAAttn, l, ir.Attrs{"heads": nh, "qk_dim": dq, "v_dim": dv, "rank": R, "scale": 1 / math.Sqrt(float64(dq))},
 		meta, q, ckv, b.w(layerName(l, "self_attn.kv_b_proj.weight"), nh*(dq+dv), R), sel).Named(fmt.Sprintf("l%d.mla.o", l))
 	return b.linear(l, o, "self_attn.o_proj.weight", D, nh*dv), sel
 }
@@ -244,7 +234,7 @@ func (b *builder) mlp(l int, name string, h *ir.Value, inter int) *ir.Value {
 	D := b.cfg.HiddenSize
 	gt := b.linear(l, h, name+".gate_proj.weight", inter, D)
 	up := b.linear(l, h, name+".up_proj.weight", inter, D)
-	act := b.g.Op1("swiglu", l, ir.Attrs{"limit": b.swigluLimit()}, gt, up).Named(fmt.Sprintf("l%d.%s.act", l, name))
+	act := b.g.Op1(ir.OpSwiGLU, l, ir.Attrs{"limit": b.swigluLimit()}, gt, up).Named(fmt.Sprintf("l%d.%s.act", l, name))
 	return b.linear(l, act, name+".down_proj.weight", D, inter)
 }
 
@@ -259,18 +249,18 @@ func (b *builder) moe(l int, h *ir.Value) *ir.Value {
 	cfg, g := b.cfg, b.g
 	D, E, I := cfg.HiddenSize, cfg.NRoutedExperts, cfg.MoEIntermediateSize
 	logits := b.linear(l, h, "mlp.gate.weight", E, D)
-	route := g.Op("moe_route", l, ir.Attrs{"topk": cfg.NumExpertsPerTok, "groups": cfg.NGroup, "topk_group": cfg.TopKGroup, "normalize": cfg.NormTopKProb, "scaling": cfg.RoutedScalingFactor},
+	route := g.Op(ir.OpMoERoute, l, ir.Attrs{"topk": cfg.NumExpertsPerTok, "groups": cfg.NGroup, "topk_group": cfg.TopKGroup, "normalize": cfg.NormTopKProb, "scaling": cfg.RoutedScalingFactor},
 		logits, b.w(layerName(l, "mlp.gate.e_score_correction_bias"), E))
 	route[0].Named(fmt.Sprintf("l%d.moe.idx", l))
 	route[1].Named(fmt.Sprintf("l%d.moe.w", l))
 	ex := func(proj string, shape ...int) *ir.Value {
 		return g.AddStackedWeight(prefix+layerName(l, "mlp.experts.{e}."+proj+".weight"), E, shape...)
 	}
-	routed := g.Op1("moe_experts", l, ir.Attrs{"limit": b.swigluLimit()}, h, route[0], route[1],
+	routed := g.Op1(ir.OpMoEExperts, l, ir.Attrs{"limit": b.swigluLimit()}, h, route[0], route[1],
 		ex("gate_proj", I, D), ex("up_proj", I, D), ex("down_proj", D, I)).Named(fmt.Sprintf("l%d.moe.routed", l))
 	if cfg.NSharedExperts == 0 {
 		return routed
 	}
 	shared := b.mlp(l, "mlp.shared_experts", h, I*cfg.NSharedExperts)
-	return g.Op1("add", l, nil, routed, shared).Named(fmt.Sprintf("l%d.moe.out", l))
+	return g.Op1(ir.OpAdd, l, nil, routed, shared).Named(fmt.Sprintf("l%d.moe.out", l))
 }

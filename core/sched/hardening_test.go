@@ -1,4 +1,4 @@
-package runtime
+package sched
 
 import (
 	"context"
@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/build"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/model"
 	"github.com/stretchr/testify/require"
@@ -80,7 +80,7 @@ func (m nanModel) Run(key engine.Key, b *backend.Batch) (*backend.Result, error)
 	plain := *b
 	plain.Sample, plain.SamplesOnly = nil, false
 	res, err := m.e.Run(key, &plain)
-	if err != nil || key.Logits != build.LastLogits {
+	if err != nil || key.Logits != graph.LastLogits {
 		if err == nil && b.Sample != nil {
 			res.Samples = backend.SampleHost(res.Logits, res.Vocab, b.Sample)
 		}
