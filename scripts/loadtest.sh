@@ -68,7 +68,7 @@ export GLMFLASH_RUNTIME__MAX_RUNNING=32
 export GLMFLASH_RUNTIME__MAX_QUEUE=64
 export GLMFLASH_RUNTIME__MAX_BATCH_TOKENS=${MAX_BATCH_TOKENS:-128}
 export GLMFLASH_RUNTIME__PREFILL_CHUNK=${PREFILL_CHUNK:-64}
-"$BIN" --log-format json serve --config configs/serve.yaml --device "$DEVICE" >"$OUT/server.out" 2>"$LOG" &
+"$BIN" --log-format json serve --device "$DEVICE" >"$OUT/server.out" 2>"$LOG" &
 SERVER=$!
 cleanup() {
 	if kill -0 "$SERVER" 2>/dev/null; then
