@@ -2,14 +2,15 @@
 # One call on the GPU machine, as the device tool runs it: compile the PTX
 # with that machine's nvcc, run every CUDA test, the transformers fixtures
 # through `glmflash eval --device cuda` (no passes, every pass, every pass +
-# the example plugin), a bench, and a bounded load test against
+# the example plugin), the GEMM kernels' micro-benchmark (step kbench), a
+# bench, and a bounded load test against
 # `glmflash serve --device cuda`. Binaries come prebuilt from this machine in
 # bin/ (make gpu-bundle). Everything lands in $OUT (default /tmp/gpu-run),
 # the PTX and the logs also packed in $OUT/gpu-run.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-run}
-STEPS=${STEPS:-ptx tests eval bench load}
+STEPS=${STEPS:-ptx tests kbench eval bench load}
 DEST=${DEST:-$OUT}
 LIMIT=${STEP_LIMIT:-240}
 mkdir -p "$OUT/logs" "$OUT/ptx"
@@ -30,6 +31,11 @@ tests)
 	log "($tg)"
 	timeout "$LIMIT" $tg >"$OUT/logs/test-gpu.log" 2>&1 && log "test-gpu ok" || log "test-gpu FAILED"
 	grep -E -- '^(--- |ok|FAIL|PASS|=== RUN|== )|max\|Δ\||launches' "$OUT/logs/test-gpu.log" | tail -n 80 >>"$OUT/logs/summary.txt"
+	;;
+kbench)
+	log "GEMM kernels on decode shapes (BenchmarkGemmDecode, peers: cuBLAS bf16, copy)"
+	(cd kernels/cuda && timeout "$LIMIT" ../../bin/gpu-tests/kernels_cuda.test -test.run - -test.bench GemmDecode -test.benchtime 20x) >"$OUT/logs/kbench.log" 2>&1 || log "kbench FAILED"
+	grep -E '^Benchmark' "$OUT/logs/kbench.log" | awk '{ printf "%-55s %10s us/launch %10s GB/s\n", $1, $5, $7 }' >>"$OUT/logs/summary.txt"
 	;;
 eval)
 	for f in testdata/glm5next-tiny-*; do

@@ -22,7 +22,7 @@ func TestGemmMatchesCPU(t *testing.T) {
 		M, N, K int
 		bf16    bool
 		splits  []int
-	}{{1, 7, 33, true, nil}, {3, 130, 65, false, nil}, {8, 64, 64, true, []int{10, 20, 34}}, {9, 70, 17, true, nil},
+	}{{1, 7, 33, true, nil}, {2, 40, 64, true, []int{8, 32}}, {2, 9, 24, false, nil}, {3, 130, 65, false, nil}, {8, 64, 64, true, []int{10, 20, 34}}, {9, 70, 17, true, nil},
 		{130, 200, 96, true, []int{64, 64, 64, 4, 2, 2}}, {65, 1, 300, false, nil}, {200, 67, 129, true, nil}} {
 		x := randn(r, c.M*c.K, 1)
 		wb, wf := toBF16(randn(r, c.N*c.K, 0.3))
@@ -48,11 +48,8 @@ func TestGemmMatchesCPU(t *testing.T) {
 			outs[i] = poisoned[float32](t, d, c.M*s)
 			a.Out[i], a.Ow[i] = outs[i].p, int64(s)
 		}
-		if c.M <= 8 {
-			launch(t, d, "glmf_gemm_skinny", kc.Dim3{X: uint32((c.N + 63) / 64)}, kc.Dim3{X: 64}, 0, &a)
-		} else {
-			launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((c.N + 63) / 64), Y: uint32((c.M + 63) / 64)}, kc.Dim3{X: 256}, 0, &a)
-		}
+		name, grid, block := kc.GemmLaunch(c.M, c.N, 1)
+		launch(t, d, name, grid, block, 0, &a)
 		got := make([]float32, c.M*c.N)
 		off := 0
 		for i, s := range splits {
@@ -79,11 +76,8 @@ func TestGemmBatchedMatchesCPU(t *testing.T) {
 		o0, o1 := poisoned[float32](t, d, M*N), poisoned[float32](t, d, M*N)
 		a := kc.GemmArgs{A: X.p, Lda: int64(G * K), AGoff: int64(K), W: W.p, WBf16: 1, WGoff: int64(N * K), M: int64(M), N: int64(N), K: int64(K), Nout: 2, Batched: 1}
 		a.Out[0], a.Out[1], a.Ow[0], a.Ow[1] = o0.p, o1.p, int64(N), int64(N)
-		if M <= 8 {
-			launch(t, d, "glmf_gemm_skinny", kc.Dim3{X: uint32((N + 63) / 64), Z: 2}, kc.Dim3{X: 64}, 0, &a)
-		} else {
-			launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64), Z: 2}, kc.Dim3{X: 256}, 0, &a)
-		}
+		name, grid, block := kc.GemmLaunch(M, N, 2)
+		launch(t, d, name, grid, block, 0, &a)
 		require.Less(t, maxRelErr(t, download[float32](t, o0), ys[0]), 1e-5)
 		require.Less(t, maxRelErr(t, download[float32](t, o1), ys[1]), 1e-5)
 	}
@@ -208,8 +202,8 @@ func TestMHCMatchesCPU(t *testing.T) {
 	require.False(t, math.IsNaN(float64(uh[0])))
 }
 
-// The skinny and the tiled GEMM give a row the same bits (the row's result
-// does not depend on the batch size).
+// The column, skinny and tiled GEMMs give a row the same bits (the row's
+// result does not depend on the batch size).
 func TestGemmKernelsAgreeBitForBit(t *testing.T) {
 	d := openDevice(t)
 	r := rand.New(rand.NewPCG(15, 16))
@@ -222,13 +216,20 @@ func gemmKernelsAgree(t *testing.T, d *kc.Device, r *rand.Rand, M, N, K int) {
 	x := randn(r, M*K, 1)
 	wb, _ := toBF16(randn(r, N*K, 0.3))
 	X, W := upload(t, d, x), upload(t, d, wb)
-	big, small := poisoned[float32](t, d, M*N), poisoned[float32](t, d, 8*N)
-	a := kc.GemmArgs{A: X.p, Lda: int64(K), W: W.p, WBf16: 1, M: int64(M), N: int64(N), K: int64(K), Nout: 1}
-	a.Out[0], a.Ow[0] = big.p, int64(N)
-	launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64)}, kc.Dim3{X: 256}, 0, &a)
-	a.M, a.Out[0] = 8, small.p
-	launch(t, d, "glmf_gemm_skinny", kc.Dim3{X: uint32((N + 63) / 64)}, kc.Dim3{X: 64}, 0, &a)
-	require.Equal(t, download[float32](t, big)[:8*N], download[float32](t, small), "K=%d", K)
+	a := kc.GemmArgs{A: X.p, Lda: int64(K), W: W.p, WBf16: 1, N: int64(N), K: int64(K), Nout: 1}
+	run := func(rows int, want string) []float32 {
+		out := poisoned[float32](t, d, rows*N)
+		a.M, a.Out[0], a.Ow[0] = int64(rows), out.p, int64(N)
+		name, grid, block := kc.GemmLaunch(rows, N, 1)
+		require.Equal(t, want, name)
+		launch(t, d, name, grid, block, 0, &a)
+		return download[float32](t, out)
+	}
+	tiled := run(M, "glmf_gemm_tiled")
+	require.Equal(t, tiled[:8*N], run(8, "glmf_gemm_skinny"), "K=%d", K)
+	require.Equal(t, tiled[:3*N], run(3, "glmf_gemm_skinny"), "K=%d", K)
+	require.Equal(t, tiled[:2*N], run(2, "glmf_gemm_col"), "K=%d", K)
+	require.Equal(t, tiled[:N], run(1, "glmf_gemm_col"), "K=%d", K)
 }
 
 // bf16 precision pieces: the cast rounds to nearest even like the CPU's

@@ -13,7 +13,7 @@ import (
 
 // openDevice opens GPU 0 (or the emulator GLMFLASH_CUDA_EMULATOR names) or
 // skips the test, saying why.
-func openDevice(t *testing.T) *kc.Device {
+func openDevice(t testing.TB) *kc.Device {
 	t.Helper()
 	d, err := kc.Open(0)
 	if err != nil {
@@ -36,7 +36,7 @@ type buf struct {
 	n int64
 }
 
-func upload[T any](t *testing.T, d *kc.Device, x []T) buf {
+func upload[T any](t testing.TB, d *kc.Device, x []T) buf {
 	t.Helper()
 	n := int64(len(x)) * int64(unsafe.Sizeof(*new(T)))
 	var b buf
@@ -57,7 +57,7 @@ func upload[T any](t *testing.T, d *kc.Device, x []T) buf {
 
 // poisoned allocates n elements of T filled with NaN bytes (0xFF…), so an
 // element a kernel fails to write shows.
-func poisoned[T any](t *testing.T, d *kc.Device, n int) buf {
+func poisoned[T any](t testing.TB, d *kc.Device, n int) buf {
 	x := make([]byte, n*int(unsafe.Sizeof(*new(T))))
 	for i := range x {
 		x[i] = 0xFF

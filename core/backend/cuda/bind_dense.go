@@ -111,15 +111,12 @@ func castBF16(rc *runCtx, x kc.DevicePtr, R, K, lda int, dst kc.DevicePtr) error
 	return nil
 }
 
-// skinnyMaxRows is the most rows the skinny GEMM takes; more rows go to the
-// tiled kernel. Both sum in ascending k, so the choice (and so the batch's
+// skinnyMaxRows is the most rows the kernels for few rows take
+// (kc.GemmLaunch: the column and skinny kernels); more rows go to the tiled
+// kernel. All three sum in ascending k, so the choice (and so the batch's
 // size) never changes a row's result. cuBLAS, used for fp32 weights on more
 // rows, does not promise that: batch invariance holds for bf16 weights.
-const skinnyMaxRows = 8
-
-// skinnyThreads is SK_THREADS of gemm.cu: columns per block of the skinny
-// GEMM.
-const skinnyThreads = 64
+const skinnyMaxRows = kc.SkinnyMaxRows
 
 // gemm launches y = x·Wᵀ over M rows for weight W ([G][N][K] when batched)
 // writing through args' outputs; fp32 weights go to cuBLAS when the outputs
@@ -128,13 +125,8 @@ func gemm(rc *runCtx, a *kc.GemmArgs, G int) error {
 	if a.M == 0 {
 		return nil
 	}
-	grid := kc.Dim3{Z: uint32(G)}
-	if a.M <= skinnyMaxRows {
-		grid.X = uint32((a.N + skinnyThreads - 1) / skinnyThreads)
-		return kc.Launch(rc.dev, "glmf_gemm_skinny", grid, kc.Dim3{X: skinnyThreads}, 0, a)
-	}
-	grid.X, grid.Y = uint32((a.N+63)/64), uint32((a.M+63)/64)
-	return kc.Launch(rc.dev, "glmf_gemm_tiled", grid, block256, 0, a)
+	name, grid, block := kc.GemmLaunch(int(a.M), int(a.N), G)
+	return kc.Launch(rc.dev, name, grid, block, 0, a)
 }
 
 func bindLinear(p *Program, n *ir.Node) (*kstep, error) {

@@ -162,23 +162,24 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
   }
 }
 
-// Skinny GEMM for M ≤ 8 rows (decode): one thread per output column for
-// every row, streaming its weight row from memory 8 elements at a time
-// (16-byte loads when the row is aligned) while the few activation rows
-// are read through the cache, shared by all threads. Each output is summed
-// in ascending k, in double, exactly as the tiled kernel does, so a row's
-// result does not depend on how many rows the batch has or which kernel
-// ran it (batch invariance). grid = (ceil(N/SK_THREADS), 1, groups).
-#define SK_THREADS 64
-KERNEL(glmf_gemm_skinny, GemmArgs) {
+// Column GEMM for M ≤ 2 rows (decode at batch 1–2): one thread per output
+// column for every row, streaming its weight row from memory 8 elements at
+// a time (16-byte loads when the row is aligned) while the one or two
+// activation rows are read through the cache, shared by all threads. Each
+// output is summed in ascending k, in double, exactly as the tiled kernel
+// does, so a row's result does not depend on how many rows the batch has or
+// which kernel ran it (batch invariance). With more rows a thread's serial
+// work grows and too few threads run: the skinny kernel below takes those.
+// grid = (ceil(N/COL_THREADS), 1, groups).
+#define COL_THREADS 64
+KERNEL(glmf_gemm_col, GemmArgs) {
   i64 g = blockIdx.z;
   i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= a.N) return;
   const float* A = a.A + g * a.a_goff;
   i64 wsz = a.w_bf16 ? 2 : 4;
   const char* W = (const char*)a.W + g * a.w_goff * wsz;
-  double acc[8];
-  for (int m = 0; m < 8; m++) acc[m] = 0;
+  double acc[2] = {0, 0};
   i64 M = a.M, K = a.K;
   i64 k = 0;
   if (a.w_bf16 && K % 8 == 0 && ((u64)(W + c * K * 2) & 15) == 0) {
@@ -191,7 +192,7 @@ KERNEL(glmf_gemm_skinny, GemmArgs) {
         w[2 * j] = __uint_as_float(u[j] << 16);
         w[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
       }
-      for (int m = 0; m < 8; m++) {
+      for (int m = 0; m < 2; m++) {
         if (m >= M) break;
         const float* ar = A + m * a.lda + k;
         for (int j = 0; j < 8; j++) {
@@ -204,16 +205,56 @@ KERNEL(glmf_gemm_skinny, GemmArgs) {
   }
   for (; k < K; k++) {
     float w = ldw(W, c * K + k, a.w_bf16);
-    for (int m = 0; m < 8; m++) {
+    for (int m = 0; m < 2; m++) {
       if (m >= M) break;
       float x = A[m * a.lda + k];
       if (a.a_round) x = bf16_round(x);
       acc[m] += (double)x * (double)w;
     }
   }
-  for (int m = 0; m < 8; m++) {
+  for (int m = 0; m < 2; m++) {
     if (m >= M) break;
     float* o = out_ptr(a, g, m, c);
     if (o) *o = (float)acc[m];
+  }
+}
+
+// Skinny GEMM for 3–8 rows (decode at batch 3–8): a block computes 32
+// columns × 8 rows, one output per thread, staging 64 k of the weight
+// columns and the rows in shared memory (coalesced loads). Each output is
+// summed in ascending k, in double, like the other two kernels (batch
+// invariance). grid = (ceil(N/32), 1, groups), 256 threads.
+#define SK_BN 32
+#define SK_BK 64
+KERNEL(glmf_gemm_skinny, GemmArgs) {
+  __shared__ float Ws[SK_BN][SK_BK + 1];
+  __shared__ float As[8][SK_BK];
+  int tid = threadIdx.x, c = tid % SK_BN, m = tid / SK_BN;
+  i64 g = blockIdx.z;
+  i64 n0 = (i64)blockIdx.x * SK_BN;
+  const float* A = a.A + g * a.a_goff;
+  i64 wsz = a.w_bf16 ? 2 : 4;
+  const void* W = (const char*)a.W + g * a.w_goff * wsz;
+  double acc = 0;
+  for (i64 k0 = 0; k0 < a.K; k0 += SK_BK) {
+    for (int l = tid; l < SK_BN * SK_BK; l += blockDim.x) {
+      int cc = l / SK_BK, kk = l % SK_BK;
+      float v = 0;
+      if (n0 + cc < a.N && k0 + kk < a.K) v = ldw(W, (n0 + cc) * a.K + k0 + kk, a.w_bf16);
+      Ws[cc][kk] = v;
+    }
+    for (int l = tid; l < 8 * SK_BK; l += blockDim.x) {
+      int mm = l / SK_BK, kk = l % SK_BK;
+      float v = (mm < a.M && k0 + kk < a.K) ? A[mm * a.lda + k0 + kk] : 0;
+      As[mm][kk] = a.a_round ? bf16_round(v) : v;
+    }
+    __syncthreads();
+    i64 kn = a.K - k0 < SK_BK ? a.K - k0 : SK_BK;
+    for (int kk = 0; kk < kn; kk++) acc += (double)As[m][kk] * (double)Ws[c][kk];
+    __syncthreads();
+  }
+  if (m < a.M && n0 + c < a.N) {
+    float* o = out_ptr(a, g, m, n0 + c);
+    if (o) *o = (float)acc;
   }
 }

@@ -19,16 +19,17 @@ struct MHCParams {
 
 // mhc_mapping turns the RMS-scaled mixing logits m into pre, post and the
 // Sinkhorn-projected comb (row i = source stream, column j = destination),
-// exactly as kernels/mhc.Mapping (one thread).
+// exactly as kernels/mhc.Mapping. Called by the whole block: thread i < H
+// owns stream i's pre and post, row i in the softmax and the row passes,
+// and column i in the column passes, each computed in the serial order of
+// the CPU kernel (so the bits are the one-thread result's).
 DEVFN void mhc_mapping(const MHCParams& p, const float* m, float* pre, float* post, float* comb) {
-  i64 H = p.H;
+  i64 H = p.H, i = threadIdx.x;
   float eps = (float)p.hc_eps;
-  float s0 = ldw(p.scale, 0, p.scale_bf16), s1 = ldw(p.scale, 1, p.scale_bf16), s2 = ldw(p.scale, 2, p.scale_bf16);
-  for (i64 i = 0; i < H; i++) {
+  if (i < H) {
+    float s0 = ldw(p.scale, 0, p.scale_bf16), s1 = ldw(p.scale, 1, p.scale_bf16), s2 = ldw(p.scale, 2, p.scale_bf16);
     pre[i] = sigmoidf_d(s0 * m[i] + ldw(p.base, i, p.base_bf16)) + eps;
     post[i] = 2 * sigmoidf_d(s1 * m[H + i] + ldw(p.base, H + i, p.base_bf16));
-  }
-  for (i64 i = 0; i < H; i++) {
     float* row = comb + i * H;
     float mx = -INFINITY;
     for (i64 j = 0; j < H; j++) {
@@ -42,20 +43,24 @@ DEVFN void mhc_mapping(const MHCParams& p, const float* m, float* pre, float* po
     }
     for (i64 j = 0; j < H; j++) row[j] = row[j] / s + eps;
   }
+  __syncthreads();
   i64 iters = p.iters < 1 ? 1 : p.iters;  // the first column pass always runs
   for (i64 it = 0; it < iters; it++) {
     if (it > 0) {
-      for (i64 i = 0; i < H; i++) {
+      if (i < H) {
         float s = 0;
         for (i64 j = 0; j < H; j++) s += comb[i * H + j];
         for (i64 j = 0; j < H; j++) comb[i * H + j] /= s + eps;
       }
+      __syncthreads();
     }
-    for (i64 j = 0; j < H; j++) {
+    if (i < H) {
+      i64 j = i;
       float s = 0;
-      for (i64 i = 0; i < H; i++) s += comb[i * H + j];
-      for (i64 i = 0; i < H; i++) comb[i * H + j] /= s + eps;
+      for (i64 r = 0; r < H; r++) s += comb[r * H + j];
+      for (i64 r = 0; r < H; r++) comb[r * H + j] /= s + eps;
     }
+    __syncthreads();
   }
 }
 
@@ -79,8 +84,7 @@ DEVFN void mhc_pre_row(const MHCParams& p, const float* x, float* h, float* post
     if (lane == 0) m_s[i] = (float)d * r;
   }
   __syncthreads();
-  if (threadIdx.x == 0) mhc_mapping(p, m_s, pre_s, post_s, comb_s);
-  __syncthreads();
+  mhc_mapping(p, m_s, pre_s, post_s, comb_s);  // ends with a barrier
   for (i64 i = threadIdx.x; i < H; i += blockDim.x) post[i] = post_s[i];
   for (i64 i = threadIdx.x; i < H * H; i += blockDim.x) comb[i] = comb_s[i];
   for (i64 d = threadIdx.x; d < D; d += blockDim.x) {

@@ -1,0 +1,128 @@
+package cuda_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	kc "github.com/glmflash/glmflash/kernels/cuda"
+)
+
+// BenchmarkGemmDecode times the GEMM kernels on decode shapes (few rows, a
+// bf16 weight) beside two peers measured in the same run: cuBLAS's bf16
+// tensor-core GEMM (bf16 activations: less exact than our fp32-parity
+// kernels, so the faster bound) and a device-to-device copy of the weight's
+// bytes (the memory roofline). Each figure is the device time per launch
+// from CUDA events around a captured graph of `reps` launches, so host
+// launch overhead is excluded (copies run in a row: their size hides it). Metrics: µs per launch and the weight bytes
+// streamed per second (GB/s). Run with `make test-gpu` or:
+//
+//	go test -run - -bench GemmDecode ./kernels/cuda
+func BenchmarkGemmDecode(b *testing.B) {
+	d := openDevice(b)
+	if d.Emulated {
+		b.Skip("the emulator's timings mean nothing")
+	}
+	const reps = 50
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, s := range []struct {
+		name string
+		N, K int
+	}{{"lm_head", 32000, 1024}, {"square", 1024, 1024}, {"wide", 4096, 1024}, {"narrow", 1024, 4096}} {
+		wb, _ := toBF16(randn(r, s.N*s.K, 0.3))
+		W := upload(b, d, wb)
+		x := randn(r, 8*s.K, 1)
+		xb, _ := toBF16(x)
+		X, XB := upload(b, d, x), upload(b, d, xb)
+		out := poisoned[float32](b, d, 8*s.N)
+		wbytes := float64(2 * s.N * s.K)
+		// timeIt times reps launches, captured in a graph when graph is set
+		// (kernels: no host launch overhead), else issued in a row (copies,
+		// whose size hides it).
+		timeIt := func(b *testing.B, graph bool, launch func() error) {
+			all := func() error {
+				for i := 0; i < reps; i++ {
+					if err := launch(); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			var g *kc.Graph
+			if err := d.Do(func() error {
+				if !graph {
+					return nil
+				}
+				var err error
+				g, err = d.Capture(all)
+				return err
+			}); err != nil {
+				b.Fatal(err)
+			}
+			defer d.Do(func() error { d.Destroy(g); return nil }) //nolint:errcheck // cannot fail
+			var total float64
+			for i := 0; i < b.N; i++ {
+				if err := d.Do(func() error {
+					e0, err := d.Record()
+					if err != nil {
+						return err
+					}
+					if graph {
+						err = d.Replay(g)
+					} else {
+						err = all()
+					}
+					if err != nil {
+						return err
+					}
+					e1, err := d.Record()
+					if err != nil {
+						return err
+					}
+					ms, err := d.Elapsed(e0, e1)
+					total += ms
+					return err
+				}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			us := 1e3 * total / float64(b.N*reps)
+			b.ReportMetric(us, "us/launch")
+			b.ReportMetric(wbytes/us/1e3, "weightGB/s")
+		}
+		dst := poisoned[uint16](b, d, s.N*s.K)
+		b.Run(fmt.Sprintf("%s_%dx%d/copy", s.name, s.N, s.K), func(b *testing.B) {
+			timeIt(b, false, func() error { return d.Copy(dst.p, W.p, int64(wbytes)) })
+		})
+		for _, M := range []int{1, 2, 4, 8} {
+			a := kc.GemmArgs{A: X.p, Lda: int64(s.K), W: W.p, WBf16: 1, M: int64(M), N: int64(s.N), K: int64(s.K), Nout: 1}
+			a.Out[0], a.Ow[0] = out.p, int64(s.N)
+			for _, k := range []string{"glmf_gemm_col", "glmf_gemm_skinny", "glmf_gemm_tiled"} {
+				if k == "glmf_gemm_col" && M > kc.ColMaxRows {
+					continue
+				}
+				name, grid, block := kc.GemmLaunch(M, s.N, 1)
+				if name != k { // the same kernel at its own launch shape
+					name, grid, block = launchShape(k, M, s.N)
+				}
+				b.Run(fmt.Sprintf("%s_%dx%d/M%d/%s", s.name, s.N, s.K, M, k[len("glmf_gemm_"):]), func(b *testing.B) {
+					timeIt(b, true, func() error { return kc.Launch(d, name, grid, block, 0, &a) })
+				})
+			}
+			b.Run(fmt.Sprintf("%s_%dx%d/M%d/cublas-bf16", s.name, s.N, s.K, M), func(b *testing.B) {
+				timeIt(b, true, func() error { return d.GemmBF16(M, s.N, s.K, XB.p, s.K, W.p, s.K, out.p, s.N) })
+			})
+		}
+	}
+}
+
+// launchShape is a kernel's launch shape for any row count it takes.
+func launchShape(kernel string, M, N int) (string, kc.Dim3, kc.Dim3) {
+	switch kernel {
+	case "glmf_gemm_col":
+		return kernel, kc.Dim3{X: uint32((N + 63) / 64)}, kc.Dim3{X: 64}
+	case "glmf_gemm_skinny":
+		return kernel, kc.Dim3{X: uint32((N + 31) / 32)}, kc.Dim3{X: 256}
+	}
+	return kernel, kc.Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64)}, kc.Dim3{X: 256}
+}
