@@ -22,7 +22,7 @@ func TestGemmMatchesCPU(t *testing.T) {
 		M, N, K int
 		bf16    bool
 		splits  []int
-	}{{1, 7, 33, true, nil}, {2, 40, 64, true, []int{8, 32}}, {2, 9, 24, false, nil}, {3, 130, 65, false, nil}, {8, 64, 64, true, []int{10, 20, 34}}, {9, 70, 17, true, nil},
+	}{{1, 7, 33, true, nil}, {2, 40, 64, true, []int{8, 32}}, {1, 33, 200, true, nil}, {2, 65, 968, true, nil}, {2, 9, 24, false, nil}, {3, 130, 65, false, nil}, {8, 64, 64, true, []int{10, 20, 34}}, {9, 70, 17, true, nil},
 		{130, 200, 96, true, []int{64, 64, 64, 4, 2, 2}}, {65, 1, 300, false, nil}, {200, 67, 129, true, nil}} {
 		x := randn(r, c.M*c.K, 1)
 		wb, wf := toBF16(randn(r, c.N*c.K, 0.3))

@@ -172,6 +172,27 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
 // work grows and too few threads run: the skinny kernel below takes those.
 // grid = (ceil(N/COL_THREADS), 1, groups).
 #define COL_THREADS 64
+#define COL_GROUP 8
+
+// col_accum8 adds the products of 8 weights (one 16-byte load of bf16) at
+// k..k+7 to the rows' sums, in ascending k.
+DEVFN void col_accum8(const GemmArgs& a, const float* A, i64 M, i64 k, uint4 q, double* acc) {
+  float w[8];
+  unsigned u[4] = {q.x, q.y, q.z, q.w};
+  for (int j = 0; j < 4; j++) {
+    w[2 * j] = __uint_as_float(u[j] << 16);
+    w[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+  }
+  for (int m = 0; m < 2; m++) {
+    if (m >= M) break;
+    const float* ar = A + m * a.lda + k;
+    for (int j = 0; j < 8; j++) {
+      float x = ar[j];
+      if (a.a_round) x = bf16_round(x);
+      acc[m] += (double)x * (double)w[j];
+    }
+  }
+}
 KERNEL(glmf_gemm_col, GemmArgs) {
   i64 g = blockIdx.z;
   i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -183,25 +204,18 @@ KERNEL(glmf_gemm_col, GemmArgs) {
   i64 M = a.M, K = a.K;
   i64 k = 0;
   if (a.w_bf16 && K % 8 == 0 && ((u64)(W + c * K * 2) & 15) == 0) {
+    // COL_GROUP 16-byte loads in flight while the previous group is summed
+    // (the sums are a serial chain per output; the loads must not be)
     const uint4* wr = (const uint4*)(W + c * K * 2);
-    for (; k < K; k += 8) {
-      uint4 q = wr[k / 8];
-      float w[8];
-      unsigned u[4] = {q.x, q.y, q.z, q.w};
-      for (int j = 0; j < 4; j++) {
-        w[2 * j] = __uint_as_float(u[j] << 16);
-        w[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
-      }
-      for (int m = 0; m < 2; m++) {
-        if (m >= M) break;
-        const float* ar = A + m * a.lda + k;
-        for (int j = 0; j < 8; j++) {
-          float x = ar[j];
-          if (a.a_round) x = bf16_round(x);
-          acc[m] += (double)x * (double)w[j];
-        }
-      }
+    i64 nv = K / 8, v = 0;
+    uint4 cur[COL_GROUP], nxt[COL_GROUP];
+    for (int j = 0; j < COL_GROUP; j++) cur[j] = j < nv ? wr[j] : make_uint4(0, 0, 0, 0);
+    for (; v < nv; v += COL_GROUP) {
+      for (int j = 0; j < COL_GROUP; j++) nxt[j] = v + COL_GROUP + j < nv ? wr[v + COL_GROUP + j] : make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < COL_GROUP && v + j < nv; j++) col_accum8(a, A, M, (v + j) * 8, cur[j], acc);
+      for (int j = 0; j < COL_GROUP; j++) cur[j] = nxt[j];
     }
+    k = K;
   }
   for (; k < K; k++) {
     float w = ldw(W, c * K + k, a.w_bf16);
@@ -219,9 +233,10 @@ KERNEL(glmf_gemm_col, GemmArgs) {
   }
 }
 
-// Skinny GEMM for 3–8 rows (decode at batch 3–8): a block computes 32
-// columns × 8 rows, one output per thread, staging 64 k of the weight
-// columns and the rows in shared memory (coalesced loads). Each output is
+// Skinny GEMM for 3–8 rows (decode at batch 3–8): a block (256 threads)
+// computes 32 columns × 8 rows, one output per thread, staging 64 k of the
+// weight columns and the rows in shared memory (coalesced loads, the next
+// tile's in flight while this one is summed). Each output is
 // summed in ascending k, in double, like the other two kernels (batch
 // invariance). grid = (ceil(N/32), 1, groups), 256 threads.
 #define SK_BN 32
@@ -235,20 +250,34 @@ KERNEL(glmf_gemm_skinny, GemmArgs) {
   const float* A = a.A + g * a.a_goff;
   i64 wsz = a.w_bf16 ? 2 : 4;
   const void* W = (const char*)a.W + g * a.w_goff * wsz;
-  double acc = 0;
-  for (i64 k0 = 0; k0 < a.K; k0 += SK_BK) {
-    for (int l = tid; l < SK_BN * SK_BK; l += blockDim.x) {
-      int cc = l / SK_BK, kk = l % SK_BK;
-      float v = 0;
-      if (n0 + cc < a.N && k0 + kk < a.K) v = ldw(W, (n0 + cc) * a.K + k0 + kk, a.w_bf16);
-      Ws[cc][kk] = v;
+  // each thread stages SK_W weights and SK_A activations of a tile; the
+  // next tile's are loaded into registers while this one is summed
+  const int SK_W = SK_BN * SK_BK / 256, SK_A = 8 * SK_BK / 256;
+  float wn[SK_W], an[SK_A];
+  auto load = [&](i64 k0) {
+    for (int i = 0; i < SK_W; i++) {
+      int l = tid + i * 256, cc = l / SK_BK, kk = l % SK_BK;
+      wn[i] = (n0 + cc < a.N && k0 + kk < a.K) ? ldw(W, (n0 + cc) * a.K + k0 + kk, a.w_bf16) : 0;
     }
-    for (int l = tid; l < 8 * SK_BK; l += blockDim.x) {
-      int mm = l / SK_BK, kk = l % SK_BK;
+    for (int i = 0; i < SK_A; i++) {
+      int l = tid + i * 256, mm = l / SK_BK, kk = l % SK_BK;
       float v = (mm < a.M && k0 + kk < a.K) ? A[mm * a.lda + k0 + kk] : 0;
-      As[mm][kk] = a.a_round ? bf16_round(v) : v;
+      an[i] = a.a_round ? bf16_round(v) : v;
+    }
+  };
+  double acc = 0;
+  load(0);
+  for (i64 k0 = 0; k0 < a.K; k0 += SK_BK) {
+    for (int i = 0; i < SK_W; i++) {
+      int l = tid + i * 256;
+      Ws[l / SK_BK][l % SK_BK] = wn[i];
+    }
+    for (int i = 0; i < SK_A; i++) {
+      int l = tid + i * 256;
+      As[l / SK_BK][l % SK_BK] = an[i];
     }
     __syncthreads();
+    if (k0 + SK_BK < a.K) load(k0 + SK_BK);
     i64 kn = a.K - k0 < SK_BK ? a.K - k0 : SK_BK;
     for (int kk = 0; kk < kn; kk++) acc += (double)As[m][kk] * (double)Ws[c][kk];
     __syncthreads();
