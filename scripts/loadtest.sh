@@ -15,7 +15,7 @@
 #   errors        ghz's non-OK responses (the script fails unless 0)
 #
 # Knobs (environment): LEVELS ("1 8 32"), REQUESTS ("16 64 128": requests per
-# level), PROMPT_LEN (16), MAX_TOKENS (16), PRESET (bench), PORT (50061),
+# level), PROMPT_LEN (16), MAX_TOKENS (16), PRESET (bench), VOCAB (below), PORT (50061),
 # METRICS_PORT (9191), OUT (.cache/loadtest), DEVICE (cpu; cuda serves on the
 # GPU).
 set -euo pipefail
@@ -40,14 +40,17 @@ METRICS=http://127.0.0.1:$METRICS_PORT/metrics
 mkdir -p "$OUT"
 LOG=$OUT/server.log
 
-# The fixed request set: prompt i has ids (i*131 + j*17 + j*j*7) mod 30000.
+# The fixed request set: prompt i has ids 1 + (i*131 + j*17 + j*j*7) mod
+# (VOCAB-1), VOCAB the preset's vocab_size (default: 30001, within every
+# preset but tiny's 256; VOCAB=256 for tiny).
+VOCAB=${VOCAB:-$([ "$PRESET" = tiny ] && echo 256 || echo 30001)}
 DATA=$OUT/requests.json
 {
 	echo "["
 	for i in $(seq 0 31); do
 		ids=""
 		for j in $(seq 0 $((PROMPT_LEN - 1))); do
-			ids="$ids${ids:+,}$(((i * 131 + j * 17 + j * j * 7) % 30000 + 1))"
+			ids="$ids${ids:+,}$(((i * 131 + j * 17 + j * j * 7) % (VOCAB - 1) + 1))"
 		done
 		sep=","
 		[ "$i" = 31 ] && sep=""
