@@ -37,11 +37,12 @@ const (
 	OpLastRows      = "last_rows"
 	OpConcatRows    = "concat_rows"
 	OpStack         = "stack"
+	OpSliceCols     = "slice_cols"
 )
 
 func init() {
 	for _, d := range []OpDef{
-		{Name: OpEmbed, Doc: "token ids → H identical residual streams", MinInputs: 2, MaxInputs: 2, Infer: inferEmbed},
+		{Name: OpEmbed, Doc: "token ids → H identical residual streams f32[T,H,D] (attr streams), or embedding rows f32[T,D] (no streams attr)", MinInputs: 2, MaxInputs: 2, Infer: inferEmbed},
 		{Name: OpMHCPre, Doc: "mHC mapping + Sinkhorn + stream collapse", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPre},
 		{Name: OpMHCPost, Doc: "mHC expand: post·o + combᵀ·R", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPost},
 		{Name: OpRMSNorm, Doc: "weighted RMSNorm over the last dim", MinInputs: 2, MaxInputs: 2, Infer: inferNorm},
@@ -64,6 +65,7 @@ func init() {
 		{Name: OpLastRows, Doc: "the last token row of every sequence", MinInputs: 2, MaxInputs: 2, Infer: inferLastRows},
 		{Name: OpConcatRows, Doc: "derived weight: concatenation along dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferConcatRows, Fold: foldConcat},
 		{Name: OpStack, Doc: "derived weight: equal-shaped weights stacked along a new dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferStack, Fold: foldConcat},
+		{Name: OpSliceCols, Doc: "derived weight: columns [start, end) of a 2-D weight", MinInputs: 1, MaxInputs: 1, Infer: inferSliceCols, Fold: foldSliceCols},
 		{Name: OpSeqLengths, Doc: "per-sequence token counts materialized by the executor (the device copy)", MinInputs: 1, MaxInputs: 1, Infer: inferSeqLengths},
 		{Name: OpLinearBatched, Doc: "G GEMMs in one kernel: x [T,G·K] split in G blocks, each times its own [N,K] slice of a stacked weight", MinInputs: 2, MaxInputs: 2, Infer: inferLinearBatched},
 		{Name: OpMHCPostPre, Doc: "fused mHC post (expand) + the next mHC pre (+ optional RMSNorm) in one sweep", MinInputs: 7, MaxInputs: 8, Infer: inferMHCPostPre},
@@ -142,11 +144,44 @@ func inferEmbed(n *Node) ([]OutType, error) {
 	if err != nil {
 		return nil, err
 	}
+	if !n.Attrs.Has("streams") {
+		return []OutType{out("x", F32, DimT, w.Shape[1])}, nil
+	}
 	H := n.Attrs.Int("streams", 0)
 	if H < 1 {
-		return nil, fmt.Errorf("attribute streams must be ≥ 1")
+		return nil, fmt.Errorf("attribute streams must be ≥ 1 (or absent for plain embedding rows)")
 	}
 	return []OutType{out("streams", F32, DimT, H, w.Shape[1])}, nil
+}
+
+// slice_cols(w[N,K]) {start, end} → w[:, start:end]: a derived weight (the
+// MTP's eh_proj applied to a concatenation as two GEMMs on its halves).
+func inferSliceCols(n *Node) ([]OutType, error) {
+	w, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	if w.Kind != Weight {
+		return nil, fmt.Errorf("input 0 (%s) must be a weight", w.Name)
+	}
+	lo, hi := n.Attrs.Int("start", -1), n.Attrs.Int("end", -1)
+	if lo < 0 || hi <= lo || hi > w.Shape[1] {
+		return nil, fmt.Errorf("columns [%d, %d) are not a non-empty range of %d", lo, hi, w.Shape[1])
+	}
+	return []OutType{out("w", F32, w.Shape[0], hi-lo)}, nil
+}
+
+func foldSliceCols(n *Node, in [][]float32) ([][]float32, error) {
+	N, K := n.Inputs[0].Shape[0], n.Inputs[0].Shape[1]
+	lo, hi := n.Attrs.Int("start", 0), n.Attrs.Int("end", 0)
+	if len(in[0]) != N*K {
+		return nil, fmt.Errorf("weight has %d values, want %d", len(in[0]), N*K)
+	}
+	out := make([]float32, 0, N*(hi-lo))
+	for r := 0; r < N; r++ {
+		out = append(out, in[0][r*K+lo:r*K+hi]...)
+	}
+	return [][]float32{out}, nil
 }
 
 func inferMHCPre(n *Node) ([]OutType, error) {
