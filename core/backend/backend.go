@@ -26,9 +26,12 @@ type Backend interface {
 	// Compile binds every step of p to a kernel of this backend; an op
 	// without a binding is an error naming it.
 	Compile(p *plan.Plan) (Program, error)
-	// NewStore makes a store of slots sequence slots for cfg, each able to
-	// hold maxPositions tokens.
-	NewStore(cfg *model.Config, slots, maxPositions int) (Store, error)
+	// NewStore makes a store of slots sequence slots holding the state of
+	// the given layers of cfg (cfg.TrunkLayers() for the trunk's programs,
+	// cfg.MTPLayers() for the MTP layer's, whose positions are its own),
+	// each slot able to hold maxPositions tokens. A program run on a store
+	// without the state of one of its layers fails, naming the layer.
+	NewStore(cfg *model.Config, layers []int, slots, maxPositions int) (Store, error)
 	// Ops lists the ops this backend binds (the table BoundOps reports).
 	Ops() []string
 	// Info describes the device and its memory use.

@@ -11,6 +11,10 @@ import (
 type Seq struct {
 	Slot   int
 	Tokens []int32
+	// Hidden holds one row of hidden state per token ([len(Tokens)][D],
+	// row-major) for programs whose graph has the ir.InputHidden input (the
+	// MTP layer's h); it must be empty for the others.
+	Hidden []float32
 }
 
 // Batch is a ragged batch: sequences of any lengths, run in one pass.
@@ -53,8 +57,9 @@ type Result struct {
 	Logits []float32
 	Rows   int
 	Vocab  int
-	// Hidden holds captured residual streams ([T][H][D]) by output name,
-	// when the graph was built with CaptureHidden.
+	// Hidden holds every graph output but the logits, by output name: the
+	// captured residual streams "hidden.L" ([T][H][D], CaptureHidden) and
+	// ir.OutputFinalHidden ([T][D], one row per token in batch order).
 	Hidden map[string][]float32
 	// Samples holds one pick per Batch.Sample entry.
 	Samples []Sample
@@ -80,7 +85,11 @@ type Prepared struct {
 	Spans  []Span
 	Tokens []int32
 	T      int
-	Sample []SampleSpec
+	// Hidden is the batch's hidden input rows ([T][HiddenWidth]), nil for
+	// programs without the ir.InputHidden input.
+	Hidden      []float32
+	HiddenWidth int
+	Sample      []SampleSpec
 	// SamplesOnly mirrors Batch.SamplesOnly.
 	SamplesOnly bool
 }
@@ -113,6 +122,24 @@ func (pr *Prepared) SetTokens(i int, toks []int32) error {
 	return nil
 }
 
+// SetHidden replaces sequence i's hidden input rows (same count): the MTP
+// layer's next h is known only after the previous step, after the batch
+// was prepared.
+func (pr *Prepared) SetHidden(i int, rows []float32) error {
+	if i < 0 || i >= len(pr.Spans) {
+		return fmt.Errorf("backend: no sequence %d in the prepared batch", i)
+	}
+	if pr.HiddenWidth == 0 {
+		return fmt.Errorf("backend: the program takes no %s input", ir.InputHidden)
+	}
+	s, D := pr.Spans[i], pr.HiddenWidth
+	if len(rows) != s.N*D {
+		return fmt.Errorf("backend: sequence %d was prepared with %d hidden rows of %d, got %d values", i, s.N, D, len(rows))
+	}
+	copy(pr.Hidden[s.Row0*D:(s.Row0+s.N)*D], rows)
+	return nil
+}
+
 // SetSample replaces the sampling specs (one per logits row).
 func (pr *Prepared) SetSample(specs []SampleSpec, samplesOnly bool) error {
 	if specs != nil && len(specs) != pr.Rows() {
@@ -139,6 +166,9 @@ func Prepare(prog Program, b *Batch, st Store, pos []int) (*Prepared, error) {
 		return nil, fmt.Errorf("backend: %d positions for %d sequences", len(pos), len(b.Seqs))
 	}
 	pr := &Prepared{Prog: prog, Store: st}
+	if in := p.Graph.Input(ir.InputHidden); in != nil {
+		pr.HiddenWidth = in.Shape[1]
+	}
 	seen := map[int]bool{}
 	for i, s := range b.Seqs {
 		if len(s.Tokens) == 0 {
@@ -163,8 +193,15 @@ func Prepare(prog Program, b *Batch, st Store, pos []int) (*Prepared, error) {
 		if p.MaxPositions > 0 && cached+len(s.Tokens) > p.MaxPositions {
 			return nil, fmt.Errorf("backend: batch sequence %d: %d cached + %d new tokens exceed the context limit %d", i, cached, len(s.Tokens), p.MaxPositions)
 		}
+		switch D := pr.HiddenWidth; {
+		case D == 0 && len(s.Hidden) > 0:
+			return nil, fmt.Errorf("backend: batch sequence %d has hidden rows, but the program takes no %s input", i, ir.InputHidden)
+		case D > 0 && len(s.Hidden) != len(s.Tokens)*D:
+			return nil, fmt.Errorf("backend: batch sequence %d: %d tokens need %d×%d hidden values, got %d", i, len(s.Tokens), len(s.Tokens), D, len(s.Hidden))
+		}
 		pr.Spans = append(pr.Spans, Span{Slot: s.Slot, Pos0: cached, N: len(s.Tokens), Row0: len(pr.Tokens)})
 		pr.Tokens = append(pr.Tokens, s.Tokens...)
+		pr.Hidden = append(pr.Hidden, s.Hidden...)
 	}
 	pr.T = len(pr.Tokens)
 	if err := pr.SetSample(b.Sample, b.SamplesOnly); err != nil {

@@ -1,6 +1,7 @@
-// Package engine ties a checkpoint to compiled programs and a cache store
+// Package engine ties a checkpoint to compiled programs and cache stores
 // on one backend: it builds (and memoizes) one program per batch mode and
-// logits selection, all sharing one copy of the weights.
+// logits selection, all sharing one copy of the weights; the trunk's
+// programs run on the trunk store, the MTP layer's on a store of its own.
 package engine
 
 import (
@@ -51,6 +52,12 @@ type Key struct {
 	Mode          graph.Mode
 	Logits        graph.Logits
 	CaptureHidden bool
+	// FinalHidden: the trunk graph also outputs ir.OutputFinalHidden (the
+	// MTP layer's h for every token).
+	FinalHidden bool
+	// MTP selects the MTP layer's graph (graph.BuildMTP): its batches carry
+	// hidden rows and run on the MTP store (MTPStore).
+	MTP bool
 }
 
 // Engine runs a model.
@@ -60,6 +67,7 @@ type Engine struct {
 	be       backend.Backend
 	ownsBE   bool
 	store    backend.Store
+	mtpStore backend.Store // made on first use
 	opts     Options
 	mu       sync.Mutex
 	progs    map[Key]backend.Program
@@ -67,11 +75,17 @@ type Engine struct {
 	closeErr error
 }
 
-// String names a program ("prefill/all").
+// String names a program ("prefill/all", "mtp:decode/last").
 func (k Key) String() string {
 	s := string(k.Mode) + "/" + string(k.Logits)
+	if k.MTP {
+		s = "mtp:" + s
+	}
 	if k.CaptureHidden {
 		s += "+hidden"
+	}
+	if k.FinalHidden {
+		s += "+final"
 	}
 	return s
 }
@@ -94,7 +108,7 @@ func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
 		}
 		owns = true
 	}
-	st, err := be.NewStore(cfg, opts.Slots, opts.MaxPositions)
+	st, err := be.NewStore(cfg, cfg.TrunkLayers(), opts.Slots, opts.MaxPositions)
 	if err != nil {
 		if owns {
 			be.Close()
@@ -126,8 +140,10 @@ func (e *Engine) Close() error {
 		}
 	}
 	e.progs = map[Key]backend.Program{}
-	if c, ok := e.store.(io.Closer); ok {
-		errs = append(errs, c.Close())
+	for _, st := range []backend.Store{e.store, e.mtpStore} {
+		if c, ok := st.(io.Closer); ok {
+			errs = append(errs, c.Close())
+		}
 	}
 	if e.ownsBE {
 		errs = append(errs, e.be.Close())
@@ -140,8 +156,44 @@ func (e *Engine) Close() error {
 // Config returns the model configuration.
 func (e *Engine) Config() *model.Config { return e.cfg }
 
-// Store returns the sequence cache.
+// Store returns the sequence cache of the trunk.
 func (e *Engine) Store() backend.Store { return e.store }
+
+// MTPStore returns the MTP layer's sequence cache (its MLA latents and
+// indexer pools, with its own positions), making it on first use with the
+// trunk store's slot count and context limit. A drafter allocates an MTP
+// slot beside each trunk slot it drafts for.
+func (e *Engine) MTPStore() (backend.Store, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.mtpStoreLocked()
+}
+
+func (e *Engine) mtpStoreLocked() (backend.Store, error) {
+	if e.mtpStore != nil {
+		return e.mtpStore, nil
+	}
+	if e.be == nil {
+		return nil, fmt.Errorf("engine: closed")
+	}
+	if !e.cfg.HasMTP() {
+		return nil, fmt.Errorf("engine: the model has no MTP layer (num_nextn_predict_layers is %d)", e.cfg.NumNextNPredictLayers)
+	}
+	st, err := e.be.NewStore(e.cfg, e.cfg.MTPLayers(), e.opts.Slots, e.opts.MaxPositions)
+	if err != nil {
+		return nil, fmt.Errorf("engine: MTP store: %w", err)
+	}
+	e.mtpStore = st
+	return st, nil
+}
+
+// storeFor returns the store a program's batches run on.
+func (e *Engine) storeFor(key Key) (backend.Store, error) {
+	if key.MTP {
+		return e.MTPStore()
+	}
+	return e.store, nil
+}
 
 // Backend returns the engine's backend.
 func (e *Engine) Backend() backend.Backend { return e.be }
@@ -159,7 +211,7 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 	if e.be == nil {
 		return nil, fmt.Errorf("engine: closed")
 	}
-	g, err := graph.Build(e.cfg, graph.Options{Mode: key.Mode, Logits: key.Logits, CaptureHidden: key.CaptureHidden})
+	g, err := e.build(key)
 	if err != nil {
 		return nil, err
 	}
@@ -197,6 +249,21 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 	return p, nil
 }
 
+// build builds the graph of a program: the trunk's, or the MTP layer's
+// after checking that the weights hold it (when the source can say).
+func (e *Engine) build(key Key) (*ir.Graph, error) {
+	opts := graph.Options{Mode: key.Mode, Logits: key.Logits, CaptureHidden: key.CaptureHidden, FinalHidden: key.FinalHidden}
+	if !key.MTP {
+		return graph.Build(e.cfg, opts)
+	}
+	if v, ok := e.weights.Source().(interface{ ValidateMTP() error }); ok {
+		if err := v.ValidateMTP(); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+	}
+	return graph.BuildMTP(e.cfg, opts)
+}
+
 // Report returns the pass report of the program for key (nil when no
 // passes are configured or the program was not built yet).
 func (e *Engine) Report(key Key) *pass.Report {
@@ -227,13 +294,17 @@ func (e *Engine) Programs() map[Key]backend.Program {
 	return out
 }
 
-// Run executes one batch with the program for key.
+// Run executes one batch with the program for key on its store.
 func (e *Engine) Run(key Key, b *backend.Batch) (*backend.Result, error) {
 	p, err := e.Program(key)
 	if err != nil {
 		return nil, err
 	}
-	return p.Run(b, e.store)
+	st, err := e.storeFor(key)
+	if err != nil {
+		return nil, err
+	}
+	return p.Run(b, st)
 }
 
 // Prepare does the host-side work of a batch for the program of key with
@@ -250,7 +321,11 @@ func (e *Engine) Prepare(key Key, b *backend.Batch, pos []int) (*backend.Prepare
 	if b == nil || len(pos) != len(b.Seqs) {
 		return nil, fmt.Errorf("engine: Prepare needs one position per sequence")
 	}
-	return backend.Prepare(p, b, e.store, pos)
+	st, err := e.storeFor(key)
+	if err != nil {
+		return nil, err
+	}
+	return backend.Prepare(p, b, st, pos)
 }
 
 // Execute runs a prepared batch.

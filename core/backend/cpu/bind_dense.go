@@ -30,7 +30,10 @@ func bindEmbed(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	if W == nil {
 		return nil, fmt.Errorf("embedding %s is not a constant", in[1].Name)
 	}
-	H, D := outs[0].Shape[1], outs[0].Shape[2]
+	H, D := 1, outs[0].Shape[1]  // plain rows [T,D]
+	if len(outs[0].Shape) == 3 { // streams [T,H,D]
+		H, D = outs[0].Shape[1], outs[0].Shape[2]
+	}
 	return func(rc *runCtx) error {
 		ids := rc.i[in[0]]
 		x := rc.out(outs[0])

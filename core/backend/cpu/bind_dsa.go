@@ -71,9 +71,9 @@ func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		q, k, g, w := rc.in(in[1]), rc.in(in[2]), rc.in(in[3]), rc.in(in[4])
 		sel := rc.outI(outs[0])
 		for _, s := range meta.seqs {
-			st := s.seq.Index[layer]
-			if st == nil {
-				return fmt.Errorf("slot %d has no indexer state for layer %d", s.slot, layer)
+			st, err := s.seq.Indexer(layer)
+			if err != nil {
+				return fmt.Errorf("slot %d: %w", s.slot, err)
 			}
 			r0, r1 := s.row0, s.row0+s.n
 			vis := meta.visible[r0:r1]
@@ -108,7 +108,11 @@ func bindMLA(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		o := rc.out(outs[0])
 		for _, s := range meta.seqs {
 			r0, r1 := s.row0, s.row0+s.n
-			cache := append(s.seq.CKV[layer], ckv[r0*R:r1*R]...)
+			prev, err := s.seq.Latents(layer)
+			if err != nil {
+				return fmt.Errorf("slot %d: %w", s.slot, err)
+			}
+			cache := append(prev, ckv[r0*R:r1*R]...)
 			s.seq.CKV[layer] = cache
 			c.Attend(o[r0*H*dv:r1*H*dv], q[r0*H*dq:r1*H*dq], cache, sel[r0*width:r1*width], s.n, width)
 		}

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/glmflash/glmflash/core/ir"
@@ -29,6 +30,9 @@ func bindKDAConv(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		q, k, v := rc.in(in[1]), rc.in(in[2]), rc.in(in[3])
 		seqs, err := rc.spans(in[0])
 		if err != nil {
+			return err
+		}
+		if err := haveKDA(seqs, layer); err != nil {
 			return err
 		}
 		oq, ok, ov := rc.out(outs[0]), rc.out(outs[1]), rc.out(outs[2])
@@ -84,6 +88,9 @@ func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		if err != nil {
 			return err
 		}
+		if err := haveKDA(seqs, layer); err != nil {
+			return err
+		}
 		o := rc.out(outs[0])
 		parallel.Each(len(seqs)*H, func(task int) {
 			s, h := seqs[task/H], task%H
@@ -129,4 +136,14 @@ func bindGatedRMSNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		norm.GatedRMSNorm(rc.out(outs[0]), rc.in(in[0]), rc.in(in[1]), rc.batch.T, H, P/H, W, eps)
 		return nil
 	}, nil
+}
+
+// haveKDA checks that every sequence's cache holds layer's KDA state.
+func haveKDA(seqs []seqRun, layer int) error {
+	for _, s := range seqs {
+		if _, _, err := s.seq.KDA(layer); err != nil {
+			return fmt.Errorf("slot %d: %w", s.slot, err)
+		}
+	}
+	return nil
 }

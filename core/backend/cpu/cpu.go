@@ -76,9 +76,9 @@ func boundOps() []string {
 // Ops lists the bound ops.
 func (b *Backend) Ops() []string { return boundOps() }
 
-// NewStore makes a heap-backed cache store.
-func (b *Backend) NewStore(cfg *model.Config, slots, _ int) (backend.Store, error) {
-	return cache.NewStore(cfg, slots)
+// NewStore makes a heap-backed cache store of the given layers.
+func (b *Backend) NewStore(cfg *model.Config, layers []int, slots, _ int) (backend.Store, error) {
+	return cache.NewStore(cfg, layers, slots)
 }
 
 // Info describes the CPU.

@@ -144,7 +144,8 @@ func (rc *runCtx) spans(v *ir.Value) ([]seqRun, error) {
 type runCtx struct {
 	p     *Program
 	batch *batchInfo
-	f     map[*ir.Value][]float32
+	f     map[*ir.Value][]float32 // activations (buffers of the program's pool)
+	ext   map[*ir.Value][]float32 // float graph inputs (the caller's memory, never pooled)
 	i     map[*ir.Value][]int32
 	host  map[*ir.Value]any
 }
@@ -171,6 +172,9 @@ func (rc *runCtx) size(v *ir.Value) int {
 func (rc *runCtx) in(v *ir.Value) []float32 {
 	if c, ok := rc.p.plan.Consts[v]; ok {
 		return c
+	}
+	if x, ok := rc.ext[v]; ok {
+		return x
 	}
 	return rc.f[v]
 }
@@ -224,13 +228,15 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 }
 
 func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Store) (*backend.Result, error) {
-	rc := &runCtx{p: p, batch: bi, f: map[*ir.Value][]float32{}, i: map[*ir.Value][]int32{}, host: map[*ir.Value]any{}}
+	rc := &runCtx{p: p, batch: bi, f: map[*ir.Value][]float32{}, ext: map[*ir.Value][]float32{}, i: map[*ir.Value][]int32{}, host: map[*ir.Value]any{}}
 	for _, in := range p.plan.Graph.Inputs {
 		switch in.Name {
 		case ir.InputTokens:
 			rc.i[in] = pr.Tokens
 		case ir.InputBatch:
 			rc.host[in] = bi
+		case ir.InputHidden:
+			rc.ext[in] = pr.Hidden
 		default:
 			return nil, fmt.Errorf("cpu: graph input %q is not provided by the executor", in.Name)
 		}

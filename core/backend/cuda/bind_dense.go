@@ -40,7 +40,10 @@ func bindEmbed(p *Program, n *ir.Node) (*kstep, error) {
 	if err != nil {
 		return nil, err
 	}
-	H, D := out.Shape[1], out.Shape[2]
+	H, D := 1, out.Shape[1]  // plain rows [T,D]
+	if len(out.Shape) == 3 { // streams [T,H,D]
+		H, D = out.Shape[1], out.Shape[2]
+	}
 	return &kstep{run: func(rc *runCtx) error {
 		a := kc.EmbedArgs{Ids: rc.ptr(in[0]), W: W.ptr, WBf16: W.flag(), Out: rc.ptr(out), T: int64(rc.T), H: int64(H), D: int64(D)}
 		return kc.Launch(rc.dev, "glmf_embed", blocks(int64(rc.T*D)), block256, 0, &a)

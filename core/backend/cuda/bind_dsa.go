@@ -85,7 +85,7 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 			if m.kpool != kp {
 				return fmt.Errorf("metadata input does not match kpool %d", kp)
 			}
-			ls := rc.store.layers[layer]
+			ls := rc.store.layer(layer)
 			if ls.pools == 0 {
 				return fmt.Errorf("slot state has no indexer for layer %d", layer)
 			}
@@ -125,7 +125,7 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 			if _, err := metaOf(rc, in[0]); err != nil {
 				return err
 			}
-			ls := rc.store.layers[layer]
+			ls := rc.store.layer(layer)
 			if ls.ckv == 0 {
 				return fmt.Errorf("slot state has no latent cache for layer %d", layer)
 			}

@@ -32,7 +32,7 @@ func bindKDAConv(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	layer := n.Layer
 	return &kstep{run: func(rc *runCtx) error {
-		ls := rc.store.layers[layer]
+		ls := rc.store.layer(layer)
 		if ls.conv == 0 {
 			return fmt.Errorf("layer %d has no KDA state in the store", layer)
 		}
@@ -84,7 +84,7 @@ func bindKDAAttn(p *Program, n *ir.Node) (*kstep, error) {
 	qscale := float64(float32(1 / math.Sqrt(float64(Dh))))
 	layer := n.Layer
 	return &kstep{run: func(rc *runCtx) error {
-		ls := rc.store.layers[layer]
+		ls := rc.store.layer(layer)
 		if ls.state == 0 {
 			return fmt.Errorf("layer %d has no KDA state in the store", layer)
 		}

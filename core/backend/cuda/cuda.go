@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
 	kc "github.com/glmflash/glmflash/kernels/cuda"
@@ -233,15 +234,20 @@ type layerState struct {
 	poolsStride, pendStride int64
 }
 
-// NewStore allocates slots slots for cfg on the GPU.
-func (b *Backend) NewStore(cfg *model.Config, slots, maxPositions int) (backend.Store, error) {
+// NewStore allocates slots slots holding the state of the given layers of
+// cfg on the GPU.
+func (b *Backend) NewStore(cfg *model.Config, layers []int, slots, maxPositions int) (backend.Store, error) {
 	if slots < 1 {
 		return nil, fmt.Errorf("cuda: need at least one slot, got %d", slots)
 	}
 	if maxPositions < 1 {
 		return nil, fmt.Errorf("cuda: a store needs a positive context limit, got %d", maxPositions)
 	}
-	s := &Store{b: b, cfg: cfg, maxPos: maxPositions, used: make([]bool, slots), lens: make([]int, slots), layers: make([]layerState, cfg.NumHiddenLayers)}
+	if err := cache.CheckLayers(cfg, layers); err != nil {
+		return nil, err
+	}
+	s := &Store{b: b, cfg: cfg, maxPos: maxPositions, used: make([]bool, slots), lens: make([]int, slots),
+		layers: make([]layerState, cfg.NumHiddenLayers+cfg.NumNextNPredictLayers)}
 	err := b.dev.Do(func() error {
 		alloc := func(floatsPerSlot int64) (kc.DevicePtr, error) {
 			n := 4 * floatsPerSlot * int64(slots)
@@ -253,7 +259,7 @@ func (b *Backend) NewStore(cfg *model.Config, slots, maxPositions int) (backend.
 			return p, nil
 		}
 		var err error
-		for l := range s.layers {
+		for _, l := range layers {
 			ls := &s.layers[l]
 			if cfg.IsKDA(l) {
 				P := int64(cfg.KDAProjDim())
@@ -271,7 +277,7 @@ func (b *Backend) NewStore(cfg *model.Config, slots, maxPositions int) (backend.
 			if ls.ckv, err = alloc(ls.ckvStride); err != nil {
 				return err
 			}
-			if cfg.IndexerTypes[l] != model.IndexerShared {
+			if cfg.HasOwnIndexer(l) {
 				kp, di := int64(cfg.IndexKPool), int64(cfg.IndexHeadDim)
 				ls.poolsStride = (int64(maxPositions)/kp + 1) * di
 				ls.pendStride = kp * di
@@ -320,6 +326,15 @@ func (s *Store) InUse() int {
 		}
 	}
 	return n
+}
+
+// layer returns layer l's buffers (all zero where the store holds no state
+// for l, which the binders report).
+func (s *Store) layer(l int) layerState {
+	if l < 0 || l >= len(s.layers) {
+		return layerState{}
+	}
+	return s.layers[l]
 }
 
 // MaxPositions is the tokens a slot can hold.

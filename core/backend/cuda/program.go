@@ -326,6 +326,10 @@ func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, 
 		}
 	}
 	oTok := mb.i32(pr.Tokens)
+	var oHidden int64 = -1
+	if pr.Hidden != nil {
+		oHidden = mb.f32(pr.Hidden)
+	}
 	oSlot, oPos0, oN, oRow0 := mb.i32(slot), mb.i32(pos0), mb.i32(nn), mb.i32(row0)
 	oRowSeq, oRowPos, oLast := mb.i32(rowSeq), mb.i32(rowPos), mb.i32(last)
 	nrows := pr.Rows()
@@ -397,6 +401,11 @@ func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, 
 		case ir.InputTokens:
 			rc.addr[in] = rc.toks
 		case ir.InputBatch:
+		case ir.InputHidden:
+			if oHidden < 0 {
+				return nil, fmt.Errorf("cuda: the batch has no hidden rows for input %q", in.Name)
+			}
+			rc.addr[in] = at(oHidden)
 		default:
 			return nil, fmt.Errorf("cuda: graph input %q is not provided by the executor", in.Name)
 		}
@@ -547,6 +556,13 @@ func (m *metaBuilder) raw(p unsafe.Pointer, n int64) int64 {
 		m.buf = append(m.buf, unsafe.Slice((*byte)(p), n)...)
 	}
 	return off
+}
+
+func (m *metaBuilder) f32(v []float32) int64 {
+	if len(v) == 0 {
+		return m.raw(nil, 0)
+	}
+	return m.raw(unsafe.Pointer(unsafe.SliceData(v)), 4*int64(len(v)))
 }
 
 func (m *metaBuilder) i32(v []int32) int64 {
