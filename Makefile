@@ -185,7 +185,7 @@ test-emu: $(CUDA_EMU)
 # (kernel tests, the backend's unit tests, CPU agreement on the small
 # preset, length syncs, one fixture's parity). Skipped, saying so, where no
 # C++ compiler exists to build the emulator.
-EMU_QUICK_RUN := TestCUDAMatchesCPUOnSmallPreset|TestCUDALengthSyncs|TestCUDATransformersParity/glm5next-tiny-a/baseline
+EMU_QUICK_RUN := TestCUDAMatchesCPUOnSmallPreset|TestCUDAMTPMatchesCPU|TestCUDALengthSyncs|TestCUDATransformersParity/glm5next-tiny-a/baseline
 test-emu-quick:
 	@if ! command -v $(CXX) >/dev/null || [ "$$(uname -m)" != x86_64 ]; then echo "SKIPPED: the emulated CUDA tests need an x86-64 machine with a C++ compiler ($(CXX)) to build $(CUDA_EMU)"; exit 0; fi; \
 	$(MAKE) --no-print-directory $(CUDA_EMU) && \

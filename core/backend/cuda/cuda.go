@@ -135,13 +135,21 @@ func (b *Backend) Close() error {
 }
 
 // constKey names a constant independently of the plan it came from: the
-// checkpoint reference for weights, the folding op over its inputs' keys
-// for derived weights.
+// checkpoint reference for weights, the folding op with its attributes
+// (slice_cols' columns) over its inputs' keys for derived weights.
 func constKey(v *ir.Value) string {
 	if v.Producer == nil {
 		return fmt.Sprintf("%s#%d", v.Ref, v.Stack)
 	}
-	k := v.Producer.Op + "("
+	k := v.Producer.Op + v.Producer.Attrs.Format()
+	if len(v.Producer.Outputs) > 1 {
+		for i, o := range v.Producer.Outputs {
+			if o == v {
+				k += fmt.Sprintf("#%d", i)
+			}
+		}
+	}
+	k += "("
 	for i, in := range v.Producer.Inputs {
 		if i > 0 {
 			k += ","
