@@ -13,6 +13,7 @@ import (
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/spf13/cobra"
 )
@@ -198,10 +199,34 @@ func newBenchCmd() *cobra.Command {
 					return err
 				}
 			}
+			// MTP draft steps at each batch size, when the checkpoint has the
+			// MTP layer: a 32-token trunk prefill (FinalHidden) and the MTP
+			// prefill over it (not timed), then chained draft steps, each
+			// reading the previous step's greedy token and MTP hidden row.
+			mtpErr := e.MTPReady()
+			for _, B := range batches {
+				if mtpErr != nil {
+					break
+				}
+				err = series(fmt.Sprintf("mtp draft batch %d", B), func() (int, float64, error) {
+					return benchMTP(e, B, decodeSteps, toks, alloc, free)
+				})
+				if err != nil {
+					return err
+				}
+			}
 			var ru syscall.Rusage
 			syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 			peak := float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
 			fmt.Printf("model    %s (hidden %d, %d layers, vocab %d)\n", ck.Dir(), cfg.HiddenSize, cfg.NumHiddenLayers, cfg.VocabSize)
+			switch {
+			case mtpErr == nil:
+				fmt.Printf("mtp      %d layer(s) from layer %d, weights present: draft steps measured\n", cfg.NumNextNPredictLayers, cfg.MTPLayer(0))
+			case cfg.HasMTP():
+				fmt.Printf("mtp      %d layer(s) declared, not runnable: %v\n", cfg.NumNextNPredictLayers, mtpErr)
+			default:
+				fmt.Printf("mtp      none (num_nextn_predict_layers 0)\n")
+			}
 			fmt.Printf("machine  %d CPUs (GOMAXPROCS %d), %s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
 			info := e.Backend().Info()
 			fmt.Printf("device   %s: %s\n", info.Backend, info.Device)
@@ -225,7 +250,11 @@ func newBenchCmd() *cobra.Command {
 			}
 			fmt.Printf("peak RSS %.1f MiB\n", peak)
 			if jsonOut != "" {
-				b, _ := json.MarshalIndent(map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU(), "device": info}, "", "  ")
+				mtp := map[string]any{"layers": cfg.NumNextNPredictLayers, "runnable": mtpErr == nil}
+				if mtpErr != nil && cfg.HasMTP() {
+					mtp["why_not"] = mtpErr.Error()
+				}
+				b, _ := json.MarshalIndent(map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU(), "device": info, "mtp": mtp}, "", "  ")
 				if err := os.WriteFile(jsonOut, b, 0o644); err != nil {
 					return err
 				}
@@ -257,4 +286,74 @@ func fmtRuns(r []float64) string {
 		s += fmt.Sprintf("%.1f", v)
 	}
 	return s + "]"
+}
+
+// benchMTP times steps chained MTP draft steps for B sequences (after an
+// untimed 32-token trunk prefill and MTP prefill per sequence) and returns
+// the draft tokens made and the seconds they took.
+func benchMTP(e *engine.Engine, B, steps int, toks func(n, seed int) []int32, alloc func(int) ([]int, error), free func([]int)) (int, float64, error) {
+	mst, err := e.MTPStore()
+	if err != nil {
+		return 0, 0, err
+	}
+	slots, err := alloc(B)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer free(slots)
+	var mslots []int
+	defer func() {
+		for _, s := range mslots {
+			mst.Free(s)
+		}
+	}()
+	D := e.Config().HiddenSize
+	greedy := make([]backend.SampleSpec, B)
+	for i := range greedy {
+		greedy[i].Params = sample.Greedy()
+	}
+	tb, mb := &backend.Batch{Sample: greedy, SamplesOnly: true}, &backend.Batch{Sample: greedy, SamplesOnly: true}
+	for i, s := range slots {
+		tb.Seqs = append(tb.Seqs, backend.Seq{Slot: s, Tokens: toks(32, i+2)})
+	}
+	tr, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits, FinalHidden: true}, tb)
+	if err != nil {
+		return 0, 0, err
+	}
+	fh := tr.Hidden[ir.OutputFinalHidden]
+	for i := range slots {
+		ms, err := mst.Alloc()
+		if err != nil {
+			return 0, 0, err
+		}
+		mslots = append(mslots, ms)
+		t := tb.Seqs[i].Tokens
+		mb.Seqs = append(mb.Seqs, backend.Seq{Slot: ms, Tokens: append(append([]int32(nil), t[1:]...), tr.Samples[i].Token), Hidden: fh[i*32*D : (i+1)*32*D]})
+	}
+	out, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits, MTP: true}, mb)
+	if err != nil {
+		return 0, 0, err
+	}
+	last := func(out *backend.Result, n int) (tok []int32, h [][]float32) {
+		rows := out.Hidden[ir.OutputFinalHidden]
+		for i := range slots {
+			tok = append(tok, out.Samples[i].Token)
+			h = append(h, rows[((i+1)*n-1)*D:(i+1)*n*D])
+		}
+		return tok, h
+	}
+	tok, h := last(out, 32)
+	key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits, MTP: true}
+	t0 := time.Now()
+	for st := 0; st < steps; st++ {
+		db := &backend.Batch{Sample: greedy, SamplesOnly: true}
+		for i, s := range mslots {
+			db.Seqs = append(db.Seqs, backend.Seq{Slot: s, Tokens: tok[i : i+1], Hidden: h[i]})
+		}
+		if out, err = e.Run(key, db); err != nil {
+			return 0, 0, err
+		}
+		tok, h = last(out, 1)
+	}
+	return B * steps, time.Since(t0).Seconds(), nil
 }

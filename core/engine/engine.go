@@ -256,12 +256,25 @@ func (e *Engine) build(key Key) (*ir.Graph, error) {
 	if !key.MTP {
 		return graph.Build(e.cfg, opts)
 	}
-	if v, ok := e.weights.Source().(interface{ ValidateMTP() error }); ok {
-		if err := v.ValidateMTP(); err != nil {
-			return nil, fmt.Errorf("engine: %w", err)
-		}
+	if err := e.MTPReady(); err != nil {
+		return nil, err
 	}
 	return graph.BuildMTP(e.cfg, opts)
+}
+
+// MTPReady reports why the MTP layer cannot run (nil when it can): the
+// model declares no MTP layer, or the weight source (when it can tell, as a
+// model.Checkpoint can) lacks its tensors.
+func (e *Engine) MTPReady() error {
+	if !e.cfg.HasMTP() {
+		return fmt.Errorf("engine: the model has no MTP layer (num_nextn_predict_layers is %d)", e.cfg.NumNextNPredictLayers)
+	}
+	if v, ok := e.weights.Source().(interface{ ValidateMTP() error }); ok {
+		if err := v.ValidateMTP(); err != nil {
+			return fmt.Errorf("engine: %w", err)
+		}
+	}
+	return nil
 }
 
 // Report returns the pass report of the program for key (nil when no

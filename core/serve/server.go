@@ -439,6 +439,9 @@ func (s *Server) load(ctx context.Context) error {
 	if err != nil {
 		return fail(err)
 	}
+	if err := eng.MTPReady(); err != nil && cfg.HasMTP() {
+		s.log.Warn().Err(err).Msg("the config declares an MTP layer the checkpoint cannot run: no MTP drafting")
+	}
 	// Compile every program the scheduler runs now, not inside a step.
 	for _, key := range sched.Programs {
 		if _, err := eng.Program(key); err != nil {
@@ -463,7 +466,7 @@ func (s *Server) load(ctx context.Context) error {
 	}
 	lv := &live{rt: rt, eng: eng, closeFn: closeFn, cfgJSON: hf, text: lm.Text,
 		lim:    limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes, text: lm.Text},
-		model:  modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf),
+		model:  modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf, eng.MTPReady() == nil),
 		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens)},
 	}
 	s.live.Store(lv)
@@ -516,11 +519,12 @@ func (s *Server) paths(str string) string {
 	return b.String()
 }
 
-func modelInfo(cfg *model.Config, source string, weightBytes int64, hf []byte) *pb.ModelInfo {
+func modelInfo(cfg *model.Config, source string, weightBytes int64, hf []byte, mtpWeights bool) *pb.ModelInfo {
 	mi := &pb.ModelInfo{
 		ModelType: "glm5_next", Source: source, VocabSize: u32(cfg.VocabSize), HiddenSize: u32(cfg.HiddenSize),
 		NumLayers: u32(cfg.NumHiddenLayers), RoutedExperts: u32(cfg.NRoutedExperts), ExpertsPerToken: u32(cfg.NumExpertsPerTok),
 		MaxPositionEmbeddings: u32(cfg.MaxPositionEmbeddings), WeightBytes: uint64(max(0, weightBytes)), ConfigJson: string(hf),
+		MtpLayers: u32(cfg.NumNextNPredictLayers), MtpWeights: cfg.HasMTP() && mtpWeights,
 	}
 	for l := 0; l < cfg.NumHiddenLayers; l++ {
 		if cfg.IsKDA(l) {

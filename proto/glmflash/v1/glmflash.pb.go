@@ -1013,7 +1013,14 @@ type ModelInfo struct {
 	// Bytes held by the loaded (float32) weights.
 	WeightBytes uint64 `protobuf:"varint,14,opt,name=weight_bytes,json=weightBytes,proto3" json:"weight_bytes,omitempty"`
 	// The full text configuration as Hugging Face JSON.
-	ConfigJson    string `protobuf:"bytes,15,opt,name=config_json,json=configJson,proto3" json:"config_json,omitempty"`
+	ConfigJson string `protobuf:"bytes,15,opt,name=config_json,json=configJson,proto3" json:"config_json,omitempty"`
+	// MTP (NextN) draft layers the model declares (num_nextn_predict_layers;
+	// the released model has 1, stored as layer num_layers). Not counted in
+	// num_layers, kda_layers, dsa_layers or moe_layers.
+	MtpLayers uint32 `protobuf:"varint,16,opt,name=mtp_layers,json=mtpLayers,proto3" json:"mtp_layers,omitempty"`
+	// The checkpoint holds every tensor of the MTP layers (speculative
+	// decoding with the MTP drafter needs them).
+	MtpWeights    bool `protobuf:"varint,17,opt,name=mtp_weights,json=mtpWeights,proto3" json:"mtp_weights,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1151,6 +1158,20 @@ func (x *ModelInfo) GetConfigJson() string {
 		return x.ConfigJson
 	}
 	return ""
+}
+
+func (x *ModelInfo) GetMtpLayers() uint32 {
+	if x != nil {
+		return x.MtpLayers
+	}
+	return 0
+}
+
+func (x *ModelInfo) GetMtpWeights() bool {
+	if x != nil {
+		return x.MtpWeights
+	}
+	return false
 }
 
 type EngineInfo struct {
@@ -1436,7 +1457,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x06engine\x18\x02 \x01(\v2\x17.glmflash.v1.EngineInfoR\x06engine\x12(\n" +
 	"\x10pass_report_json\x18\x03 \x01(\tR\x0epassReportJson\x12\x1f\n" +
 	"\vconfig_hash\x18\x04 \x01(\tR\n" +
-	"configHash\"\x95\x04\n" +
+	"configHash\"\xd5\x04\n" +
 	"\tModelInfo\x12\x1d\n" +
 	"\n" +
 	"model_type\x18\x01 \x01(\tR\tmodelType\x12\x16\n" +
@@ -1461,7 +1482,11 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\fquantization\x18\r \x01(\tR\fquantization\x12!\n" +
 	"\fweight_bytes\x18\x0e \x01(\x04R\vweightBytes\x12\x1f\n" +
 	"\vconfig_json\x18\x0f \x01(\tR\n" +
-	"configJson\"\x82\x02\n" +
+	"configJson\x12\x1d\n" +
+	"\n" +
+	"mtp_layers\x18\x10 \x01(\rR\tmtpLayers\x12\x1f\n" +
+	"\vmtp_weights\x18\x11 \x01(\bR\n" +
+	"mtpWeights\"\x82\x02\n" +
 	"\n" +
 	"EngineInfo\x12\x14\n" +
 	"\x05slots\x18\x01 \x01(\rR\x05slots\x12\x1f\n" +
