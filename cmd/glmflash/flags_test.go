@@ -223,6 +223,14 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"graph --logits": func(string) probe { return probe{args: args(graph, "--logits", "some"), want: "--logits"} },
 		"graph --mode":   func(string) probe { return probe{args: args(graph, "--mode", "sideways"), want: "--mode"} },
 		"graph --model":  func(d string) probe { return probe{args: []string{"graph", "--model", d + "/none"}, want: d + "/none"} },
+		"graph --mtp": func(d string) probe {
+			return probe{args: []string{"graph", "--preset", "tiny-mtp", "--cache-dir", d, "--mtp", "--mode", "decode"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "graph glm5_next_mtp")
+				require.Contains(t, out, "layers.8.eh_proj.weight")
+				require.NotContains(t, out, "mhc_pre")
+			}}
+		},
 		"graph --preset": func(string) probe {
 			return probe{args: []string{"graph", "--preset", "huge"}, want: `unknown preset "huge"`}
 		},
