@@ -18,7 +18,7 @@ module's parameters and shapes, the written tensors), then a summary. Exit statu
 the fixture is complete and self-consistent. Then, in the repository:
 
     rm -rf testdata/glm5next-tiny-mtp && cp -r /tmp/glm5next-tiny-mtp testdata/glm5next-tiny-mtp
-    GLMFLASH_MTP_FIXTURE_REQUIRED=1 go test ./tests -run 'TestMTPTransformersParity' -v
+    go test ./tests -run 'TestMTPTransformersParity' -v
     # and on the GPU: make test-gpu (TestCUDAMTPTransformersParity)
 
 Outputs in OUT/ (the layout of testdata/glm5next-tiny-*):
@@ -646,7 +646,7 @@ def main():
     log(f"\nOK: wrote {out}/checkpoint, reference.safetensors ({len(tensors)} tensors) and reference.json")
     log("next, in the repository:\n"
         f"  rm -rf testdata/glm5next-tiny-mtp && cp -r {out} testdata/glm5next-tiny-mtp\n"
-        "  GLMFLASH_MTP_FIXTURE_REQUIRED=1 go test ./tests -run TestMTPTransformersParity -v")
+        "  go test ./tests -run TestMTPTransformersParity -v")
 
 
 if __name__ == "__main__":
