@@ -26,7 +26,9 @@ ptx)
 	;;
 tests)
 	log "test-gpu"
-	timeout "$LIMIT" scripts/test-gpu.sh >"$OUT/logs/test-gpu.log" 2>&1 && log "test-gpu ok" || log "test-gpu FAILED"
+	if command -v make >/dev/null; then tg="make --no-print-directory test-gpu"; else tg=scripts/test-gpu.sh; fi
+	log "($tg)"
+	timeout "$LIMIT" $tg >"$OUT/logs/test-gpu.log" 2>&1 && log "test-gpu ok" || log "test-gpu FAILED"
 	grep -E -- '^(--- |ok|FAIL|PASS|=== RUN|== )|max\|Δ\||launches' "$OUT/logs/test-gpu.log" | tail -n 80 >>"$OUT/logs/summary.txt"
 	;;
 eval)
@@ -45,10 +47,21 @@ eval)
 	;;
 bench)
 	for cfg in configs/presets/baseline.yaml configs/engine.yaml; do
-		log "bench --device cuda --preset bench --config $cfg"
-		timeout "$LIMIT" bin/glmflash bench --device cuda --preset bench --config "$cfg" --reps 3 --json "$OUT/logs/bench-$(basename "$cfg" .yaml).json" >>"$OUT/logs/bench.log" 2>&1 || log "bench FAILED"
+		for p in 512 4096; do
+			log "bench --device cuda --preset bench --config $cfg --prompt $p"
+			timeout "$LIMIT" bin/glmflash bench --device cuda --preset bench --config "$cfg" --prompt $p --batch 1,8,64 --reps 3 \
+				--json "$OUT/logs/bench-$(basename "$cfg" .yaml)-$p.json" >>"$OUT/logs/bench.log" 2>&1 || log "bench FAILED"
+		done
 	done
-	tail -n 40 "$OUT/logs/bench.log" >>"$OUT/logs/summary.txt"
+	for prec in fp32 bf16; do
+		log "bench --device cuda --preset bench --precision $prec --profile-ops"
+		timeout "$LIMIT" bin/glmflash bench --device cuda --preset bench --precision $prec --profile-ops --batch 1,8 --reps 2 \
+			>>"$OUT/logs/bench-profile.log" 2>&1 || log "bench --profile-ops FAILED"
+		log "bench --device cuda --preset bench --precision $prec (graphs on)"
+		timeout "$LIMIT" bin/glmflash bench --device cuda --preset bench --precision $prec --prompt 4096 --batch 1,8,64 --reps 3 \
+			--json "$OUT/logs/bench-$prec.json" >>"$OUT/logs/bench.log" 2>&1 || log "bench FAILED"
+	done
+	grep -E "tokens/s|per step|device  " "$OUT/logs/bench.log" | tail -n 40 >>"$OUT/logs/summary.txt"
 	;;
 load)
 	log "load test (ghz) against serve --device cuda"

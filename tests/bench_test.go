@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/pass"
@@ -15,10 +16,11 @@ import (
 )
 
 // benchCheckpoint returns the `bench` preset checkpoint, written once into
-// $GLMFLASH_CACHE (default .cache/glmflash at the repository root).
+// $GLMFLASH_MODEL__CACHE_DIR (the model.cache_dir key's variable; default
+// .cache/glmflash at the repository root).
 func benchCheckpoint(b *testing.B) *model.Checkpoint {
 	b.Helper()
-	root := os.Getenv("GLMFLASH_CACHE")
+	root := os.Getenv("GLMFLASH_MODEL__CACHE_DIR")
 	if root == "" {
 		root = filepath.Join("..", ".cache", "glmflash")
 	}
@@ -53,17 +55,15 @@ func BenchmarkPasses(b *testing.B) {
 		name string
 		reqs []pass.Request
 	}{{name: "off"}}
-	var all []pass.Request
-	for _, n := range builtins {
-		r := pass.Request{Name: n}
-		if n == autotune.Name {
-			r.Options = map[string]any{"tune_at_start": true, "table_dir": tdir, "buckets": []int{1, 512}}
+	all := config.Default().Requests()
+	for i, r := range all {
+		if r.Name == autotune.Name {
+			all[i].Options = map[string]any{"tune_at_start": true, "table_dir": tdir, "buckets": []int{1, 512}}
 		}
 		arms = append(arms, struct {
 			name string
 			reqs []pass.Request
-		}{n, []pass.Request{r}})
-		all = append(all, r)
+		}{r.Name, []pass.Request{all[i]}})
 	}
 	arms = append(arms, struct {
 		name string

@@ -196,7 +196,7 @@ func TestMTPBatchesAndPasses(t *testing.T) {
 	for _, withPasses := range []bool{false, true} {
 		o := engine.Options{Slots: 4}
 		if withPasses {
-			o.Passes, o.PassEnv = pl, pass.EnvFromConfig(config.Default(), ck.Config(), ck)
+			o.Passes, o.PassEnv = pl, config.Default().PassEnv(ck.Config(), ck)
 		}
 		e := newEngine(t, ck, o)
 		mst, err := e.MTPStore()

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/config"
-	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -66,11 +65,11 @@ func TestEveryPluginLoadFailureIsNamed(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			d := t.TempDir()
 			sums, _ := c.setup(d)
-			ec := &config.Engine{Passes: []config.PassConfig{{Name: c.listed}}, Plugins: config.Plugins{Dir: d, Checksums: sums, StartTimeoutMS: 5000}}
+			ec := &config.Config{Passes: []config.PassConfig{{Name: c.listed}}, Plugins: config.Plugins{Dir: d, Checksums: sums, StartTimeoutMS: 5000}}
 			h, err := host.Open(host.OptionsFromConfig(ec, zerolog.Nop()))
 			require.NoError(t, err)
 			defer h.Close()
-			_, err = pass.FromConfigWith(ec, h)
+			_, err = ec.Pipeline(h)
 			if err == nil {
 				// the plugin's file name gave the pass its name: a FAILED row
 				p := h.Plugin(c.listed)

@@ -136,8 +136,7 @@ func runWithHang(t *testing.T, bin, at, mark string, args ...string) (string, er
 		return out.String(), err
 	case <-time.After(hangGuard):
 		cmd.Process.Kill()
-		<-done
-		t.Fatalf("%v hangs: %s", args, out.String())
+		t.Fatalf("%v hangs (killed: %v): %s", args, <-done, out.String())
 		return "", nil
 	}
 }
@@ -149,7 +148,7 @@ func serveUntilSIGTERM(t *testing.T, bin, d, model, cfg, at, mark string, early 
 	t.Helper()
 	sc := filepath.Join(d, "serve.yaml")
 	require.NoError(t, os.WriteFile(sc, []byte("model: {dir: "+model+"}\nserver: {grpc_addr: \"127.0.0.1:0\", http_addr: \"\", metrics_addr: \"\", drain_timeout: 1s}\nruntime: {slots: 2}\n"), 0o644))
-	cmd := exec.Command(bin, "--log-level", "warn", "--log-format", "json", "serve", "--config", sc, "--engine-config", cfg)
+	cmd := exec.Command(bin, "--log-level", "warn", "--log-format", "json", "serve", "--config", sc, "--config", cfg)
 	cmd.Env = append(os.Environ(), "GLMFLASH_TEST_HANG_AT="+at, mark)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -188,8 +187,7 @@ func serveUntilSIGTERM(t *testing.T, bin, d, model, cfg, at, mark string, early 
 			t.Fatalf("serve ended before serving: %v: %s", err, errOut.String())
 		case <-deadline:
 			cmd.Process.Kill()
-			<-done
-			t.Fatalf("serve hangs before serving: %s", errOut.String())
+			t.Fatalf("serve hangs before serving (killed: %v): %s", <-done, errOut.String())
 		}
 	}
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
@@ -198,8 +196,7 @@ func serveUntilSIGTERM(t *testing.T, bin, d, model, cfg, at, mark string, early 
 		require.NoError(t, err, "serve exits cleanly on SIGTERM: %s", errOut.String())
 	case <-deadline:
 		cmd.Process.Kill()
-		<-done
-		t.Fatalf("serve ignores SIGTERM: %s", errOut.String())
+		t.Fatalf("serve ignores SIGTERM (killed: %v): %s", <-done, errOut.String())
 	}
 	return errOut.String()
 }

@@ -7,8 +7,8 @@ import (
 
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/core/pass/passtest"
 	"github.com/glmflash/glmflash/passes/hostlen"
-	"github.com/glmflash/glmflash/plugins/conformance"
 	"github.com/stretchr/testify/require"
 )
 
@@ -26,8 +26,8 @@ func TestPluginFailuresAreContained(t *testing.T) {
 	})
 	sums := checksums(t, dir)
 	ck, ref := openFixture(t, fixtures[0])
-	f := &conformance.Fixture{Checkpoint: ck, Reference: ref}
-	base := conformance.RunCases(t, f, nil)
+	f := &passtest.Fixture{Checkpoint: ck, Reference: ref}
+	base := passtest.RunCases(t, f, nil)
 	cases := []struct {
 		name, pass, options string
 		timeoutMS           int
@@ -68,7 +68,7 @@ func TestPluginFailuresAreContained(t *testing.T) {
 			s := openPlugins(t, y.String())
 			pids := s.host.PIDs()
 			e := s.engine(t, ck)
-			got := conformance.RunCases(t, f, e)
+			got := passtest.RunCases(t, f, e)
 			require.Equal(t, base, got, "outputs must equal the pass-off engine's")
 			require.NotEmpty(t, e.Reports())
 			for key, rep := range e.Reports() {

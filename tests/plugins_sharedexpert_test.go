@@ -10,8 +10,8 @@ import (
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/core/pass/passtest"
 	"github.com/glmflash/glmflash/model/safetensors"
-	"github.com/glmflash/glmflash/plugins/conformance"
 	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/glmflash/glmflash/plugins/protocol"
@@ -147,14 +147,14 @@ func TestSharedExpertFusionEligibility(t *testing.T) {
 func TestSharedExpertFusionMatchesUnfused(t *testing.T) {
 	for _, name := range fixtures[:2] {
 		ck, ref := openFixture(t, name)
-		f := &conformance.Fixture{Checkpoint: ck, Reference: ref}
-		base := conformance.RunCases(t, f, nil)
+		f := &passtest.Fixture{Checkpoint: ck, Reference: ref}
+		base := passtest.RunCases(t, f, nil)
 		pl, err := pass.NewPipelineWith([]pass.Request{{Name: fusion.Name}}, true, inProcessFusion)
 		require.NoError(t, err)
-		e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Passes: pl, PassEnv: pass.EnvFromConfig(config.Default(), ck.Config(), ck)})
+		e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck)})
 		require.NoError(t, err)
-		got := conformance.RunCases(t, f, e)
-		worst, err := conformance.Compare(base, got, ck.Config().VocabSize)
+		got := passtest.RunCases(t, f, e)
+		worst, err := passtest.Compare(base, got, ck.Config().VocabSize)
 		require.NoError(t, err, name)
 		require.LessOrEqual(t, worst, 1e-6, name)
 		bitwise := true
@@ -180,7 +180,9 @@ func TestPluginInProcessGRPC(t *testing.T) {
 	p, err := host.Connect(raw.(pb.PassPluginClient), host.Options{Log: zerolog.Nop()})
 	require.NoError(t, err)
 	require.Equal(t, fusion.Name, p.Name)
-	require.Equal(t, (&fusion.Pass{}).Describe(), p.Desc)
+	want, err := pass.DescriptionOf(&fusion.Pass{})
+	require.NoError(t, err)
+	require.Equal(t, want, p.Desc)
 	remote := resolver{fusion.Name: p.Factory()}
 	for _, mode := range []graph.Mode{graph.Prefill, graph.Decode, graph.Extend, graph.Mixed} {
 		for _, opts := range []map[string]any{nil, {"layers": []any{3, 7}}} {

@@ -12,8 +12,7 @@ import (
 	"github.com/glmflash/glmflash/core/eval"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
-	"github.com/glmflash/glmflash/core/pass"
-	"github.com/glmflash/glmflash/plugins/conformance"
+	"github.com/glmflash/glmflash/core/pass/passtest"
 	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/rs/zerolog"
@@ -50,10 +49,10 @@ func TestPluginExampleSubprocess(t *testing.T) {
 			require.Contains(t, s.log.String(), "plugin loaded")
 			for _, name := range fxs {
 				ck, ref := openFixture(t, name)
-				f := &conformance.Fixture{Checkpoint: ck, Reference: ref}
-				base := conformance.RunCases(t, f, nil)
+				f := &passtest.Fixture{Checkpoint: ck, Reference: ref}
+				base := passtest.RunCases(t, f, nil)
 				e := s.engine(t, ck)
-				worst, err := conformance.Compare(base, conformance.RunCases(t, f, e), ck.Config().VocabSize)
+				worst, err := passtest.Compare(base, passtest.RunCases(t, f, e), ck.Config().VocabSize)
 				require.NoError(t, err, name)
 				res, err := eval.RunAll(e, ref)
 				require.NoError(t, err)
@@ -154,7 +153,7 @@ func TestPluginChecksumPolicy(t *testing.T) {
 	require.NoError(t, err)
 	h, err := host.Open(host.OptionsFromConfig(ec, zerolog.Nop()))
 	require.NoError(t, err)
-	_, err = pass.FromConfigWith(ec, h)
+	_, err = ec.Pipeline(h)
 	require.ErrorContains(t, err, `unknown pass "no-such-pass"`)
 	require.ErrorContains(t, err, fusion.Name, "the error lists plugin passes too")
 	require.NoError(t, h.Close())
@@ -167,7 +166,7 @@ func TestPluginChecksumPolicy(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	g, err := graph.Build(ck.Config(), graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(t, err)
-	rep, err := s.pl.Run(g, pass.EnvFromConfig(s.ec, ck.Config(), ck))
+	rep, err := s.pl.Run(g, s.ec.PassEnv(ck.Config(), ck))
 	require.NoError(t, err)
 	pr := rep.Find(fusion.Name)
 	require.NotNil(t, pr)

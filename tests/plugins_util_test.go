@@ -17,6 +17,7 @@ import (
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/internal/syncbuf"
 	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/safetensors"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -72,7 +73,7 @@ func checksums(t *testing.T, dir string) map[string]string {
 
 // pluginSetup is an engine configuration with plugins, opened.
 type pluginSetup struct {
-	ec   *config.Engine
+	ec   *config.Config
 	host *host.Host
 	log  *syncbuf.Buffer
 	pl   *pass.Pipeline
@@ -88,7 +89,7 @@ func openPlugins(t *testing.T, yaml string) *pluginSetup {
 	h, err := host.Open(host.OptionsFromConfig(ec, zerolog.New(lb)))
 	require.NoError(t, err)
 	t.Cleanup(func() { h.Close() })
-	pl, err := pass.FromConfigWith(ec, h)
+	pl, err := ec.Pipeline(h)
 	require.NoError(t, err)
 	var keep []string
 	for _, p := range ec.Enabled() {
@@ -100,7 +101,7 @@ func openPlugins(t *testing.T, yaml string) *pluginSetup {
 
 func (s *pluginSetup) engine(t *testing.T, ck *model.Checkpoint) *engine.Engine {
 	t.Helper()
-	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Passes: s.pl, PassEnv: pass.EnvFromConfig(s.ec, ck.Config(), ck)})
+	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Passes: s.pl, PassEnv: s.ec.PassEnv(ck.Config(), ck)})
 	require.NoError(t, err)
 	return e
 }
@@ -171,4 +172,12 @@ func alivePlugins(pids []int, dir string) []string {
 		}
 	}
 	return alive
+}
+
+// fakeWeights is a weight catalog of storage dtypes only.
+type fakeWeights map[string]safetensors.DType
+
+func (f fakeWeights) DType(name string) (safetensors.DType, bool) {
+	dt, ok := f[name]
+	return dt, ok
 }

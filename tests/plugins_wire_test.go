@@ -56,11 +56,7 @@ func TestPluginWireIRRoundTrip(t *testing.T) {
 		if tdir == "" {
 			tdir = fixedTable(t, cfg)
 		}
-		var all []pass.Request
-		for _, n := range builtins {
-			all = append(all, request(n, tdir))
-		}
-		all = append(all, pass.Request{Name: fusion.Name})
+		all := append(defaultRequests(tdir), pass.Request{Name: fusion.Name})
 		for _, mode := range []graph.Mode{graph.Prefill, graph.Decode, graph.Extend, graph.Mixed} {
 			for _, lg := range []graph.Logits{graph.AllLogits, graph.LastLogits} {
 				for _, capture := range []bool{false, true} {
@@ -72,7 +68,7 @@ func TestPluginWireIRRoundTrip(t *testing.T) {
 					// the decoded graph is a working graph: passes run on it
 					pl, err := pass.NewPipelineWith(all, true, inProcessFusion)
 					require.NoError(t, err)
-					rep, err := pl.Run(g, pass.EnvFromConfig(config.Default(), cfg, ck))
+					rep, err := pl.Run(g, config.Default().PassEnv(cfg, ck))
 					require.NoError(t, err)
 					for _, p := range rep.Passes {
 						require.Empty(t, p.Error, p.Name)
@@ -127,7 +123,8 @@ func TestPluginWireEnvSitesDescription(t *testing.T) {
 	_, err = wire.DecodeSites(g, ws)
 	require.ErrorContains(t, err, "out of range")
 
-	d := (&fusion.Pass{}).Describe()
+	d, err := pass.DescriptionOf(&fusion.Pass{})
+	require.NoError(t, err)
 	md, err := wire.EncodeDescription(d)
 	require.NoError(t, err)
 	dd, err := wire.DecodeDescription(md)
@@ -233,7 +230,9 @@ func FuzzPluginAnswers(f *testing.F) {
 	ck, _ := openFixture(f, fixtures[0])
 	g, err := graph.Build(ck.Config(), graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(f, err)
-	d, err := wire.EncodeDescription((&fusion.Pass{}).Describe())
+	fd, err := pass.DescriptionOf(&fusion.Pass{})
+	require.NoError(f, err)
+	d, err := wire.EncodeDescription(fd)
 	require.NoError(f, err)
 	b, err := proto.Marshal(d)
 	require.NoError(f, err)

@@ -29,7 +29,7 @@ func TestSecondSignalForcesExit(t *testing.T) {
 	require.NoError(t, err)
 	sc := filepath.Join(d, "serve.yaml")
 	require.NoError(t, os.WriteFile(sc, []byte("model: {dir: "+model+"}\nserver: {grpc_addr: \"127.0.0.1:0\", http_addr: \"127.0.0.1:0\", metrics_addr: \"\", drain_timeout: 10m}\nruntime: {slots: 1}\n"), 0o644))
-	cmd := exec.Command(bin, "--log-level", "warn", "serve", "--config", sc, "--engine-config", "configs/presets/baseline.yaml")
+	cmd := exec.Command(bin, "--log-level", "warn", "serve", "--config", sc, "--config", "configs/presets/baseline.yaml")
 	cmd.Dir = ".."
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)

@@ -9,15 +9,15 @@ import (
 
 	"github.com/glmflash/glmflash/core/attrib"
 	"github.com/glmflash/glmflash/core/config"
-	"github.com/glmflash/glmflash/core/serve"
 	"github.com/glmflash/glmflash/model/chat"
 	"github.com/glmflash/glmflash/model/tokenizer"
 	"github.com/stretchr/testify/require"
 )
 
-// Every configuration file glmflash reads (serve YAML, engine YAML, study
-// YAML) decodes strictly: a value of the wrong type is an error naming the
-// key, never reinterpreted (true is not 1, 2.7 is not 2, 30 is not 30 ns).
+// Every configuration file glmflash reads (the engine and serving file, a
+// study) goes through one loader and decodes strictly: a value of the wrong
+// type is an error naming the key, never reinterpreted (true is not 1, 2.7
+// is not 2, 30 is not 30 ns).
 func TestEveryConfigFileDecodesStrictly(t *testing.T) {
 	serveBase := "model: {preset: small}\n"
 	engineBase := "passes: []\n"
@@ -26,13 +26,13 @@ func TestEveryConfigFileDecodesStrictly(t *testing.T) {
 		"serve": func(t *testing.T, src string) error {
 			p := filepath.Join(t.TempDir(), "serve.yaml")
 			require.NoError(t, os.WriteFile(p, []byte(src), 0o644))
-			_, err := serve.LoadConfig(p, []string{})
+			_, err := config.Load(config.Options{Files: []string{p}, Environ: []string{}})
 			return err
 		},
 		"engine": func(t *testing.T, src string) error {
 			p := filepath.Join(t.TempDir(), "engine.yaml")
 			require.NoError(t, os.WriteFile(p, []byte(src), 0o644))
-			_, err := config.Load(p)
+			_, err := config.Load(config.Options{Files: []string{p}, Environ: []string{}})
 			return err
 		},
 		"study": func(t *testing.T, src string) error {
@@ -74,20 +74,19 @@ func TestEveryConfigFileDecodesStrictly(t *testing.T) {
 	// environment variables are strings: they are parsed, strictly
 	p := filepath.Join(t.TempDir(), "serve.yaml")
 	require.NoError(t, os.WriteFile(p, []byte(serveBase), 0o644))
-	c, err := serve.LoadConfig(p, []string{"GLMFLASH_RUNTIME__SLOTS=3", "GLMFLASH_SERVER__DRAIN_TIMEOUT=1m"})
+	load := func(env ...string) (*config.Config, error) {
+		return config.Load(config.Options{Files: []string{p}, Environ: env})
+	}
+	c, err := load("GLMFLASH_RUNTIME__SLOTS=3", "GLMFLASH_SERVER__DRAIN_TIMEOUT=1m")
 	require.NoError(t, err)
 	require.Equal(t, 3, c.Runtime.Slots)
-	_, err = serve.LoadConfig(p, []string{"GLMFLASH_RUNTIME__SLOTS=2.7"})
-	require.ErrorContains(t, err, "slots")
-	_, err = serve.LoadConfig(p, []string{"GLMFLASH_SERVER__DRAIN_TIMEOUT=30"})
+	_, err = load("GLMFLASH_RUNTIME__SLOTS=2.7")
+	require.ErrorContains(t, err, "runtime.slots (environment variable GLMFLASH_RUNTIME__SLOTS)")
+	_, err = load("GLMFLASH_SERVER__DRAIN_TIMEOUT=30")
 	require.ErrorContains(t, err, "drain_timeout")
-	t.Setenv("GLMFLASH_ENGINE_PARALLEL__ATTENTION_TP_SIZE", "2.0")
-	ep := filepath.Join(t.TempDir(), "engine.yaml")
-	require.NoError(t, os.WriteFile(ep, []byte(engineBase), 0o644))
-	_, err = config.Load(ep)
+	_, err = load("GLMFLASH_PARALLEL__ATTENTION_TP_SIZE=2.0")
 	require.ErrorContains(t, err, "attention_tp_size")
-	t.Setenv("GLMFLASH_ENGINE_PARALLEL__ATTENTION_TP_SIZE", "2")
-	ec, err := config.Load(ep)
+	ec, err := load("GLMFLASH_PARALLEL__ATTENTION_TP_SIZE=2")
 	require.NoError(t, err)
 	require.Equal(t, 2, ec.Parallel.AttentionTPSize)
 }
@@ -98,9 +97,7 @@ func TestConfigFilesMustBeRegular(t *testing.T) {
 	d := t.TempDir()
 	zero := filepath.Join(d, "zero.yaml")
 	require.NoError(t, os.Symlink("/dev/zero", zero))
-	_, err := serve.LoadConfig(zero, []string{})
-	require.ErrorContains(t, err, "not a regular file")
-	_, err = config.Load(zero)
+	_, err := config.Load(config.Options{Files: []string{zero}})
 	require.ErrorContains(t, err, "not a regular file")
 	_, err = attrib.Load(zero, nil)
 	require.ErrorContains(t, err, "not a regular file")

@@ -12,7 +12,6 @@ import (
 	"github.com/glmflash/glmflash/core/attrib"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
-	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/glmflash/glmflash/passes/autotune"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/schollz/progressbar/v3"
@@ -34,8 +33,9 @@ func gitCommit() string {
 }
 
 func newAttributeCmd() *cobra.Command {
-	var studyPath, outDir, device string
+	var studyPath, outDir string
 	var quiet bool
+	var mf modelFlags
 	cmd := &cobra.Command{
 		Use:   "attribute --study FILE.yaml",
 		Args:  cobra.NoArgs,
@@ -44,10 +44,11 @@ func newAttributeCmd() *cobra.Command {
 			if studyPath == "" {
 				return fmt.Errorf("--study is required")
 			}
-			dev, err := resolveDevice(device, nil)
+			base, err := mf.config()
 			if err != nil {
 				return err
 			}
+			dev := base.Device
 			exitOnSignal = false // the first signal stops the study, a second forces the exit
 			ctx, stop := withSignals(cmd.Context())
 			defer stop()
@@ -68,11 +69,13 @@ func newAttributeCmd() *cobra.Command {
 				return fmt.Errorf("--out: %w", err)
 			}
 			defer dest.Abort()
-			mf := modelFlags{dir: st.Model.Dir, preset: st.Model.Preset, seed: st.Model.Seed, cacheDir: defaultCacheDir()}
-			if mf.seed == 0 {
-				mf.seed = 1
+			// the study names the model; the configuration says where
+			// presets are cached
+			mc := config.Model{Dir: st.Model.Dir, Preset: st.Model.Preset, Seed: st.Model.Seed, CacheDir: base.Model.CacheDir}
+			if mc.Seed == 0 {
+				mc.Seed = 1
 			}
-			ck, err := mf.open()
+			ck, err := openModel(mc)
 			if err != nil {
 				return err
 			}
@@ -81,14 +84,14 @@ func newAttributeCmd() *cobra.Command {
 				return err
 			}
 			var runner attrib.Runner
-			pf := func(ec *config.Engine) (*pass.Pipeline, error) { return pipelineWithPlugins(ec) }
+			pf := func(ec *config.Config) (*pass.Pipeline, error) { return pipelineWithPlugins(ec) }
 			switch st.Level {
 			case attrib.LevelEngine:
 				er := attrib.NewEngineRunner(st, ck.Config(), ck, ck, pf)
-				er.Device = dev
+				er.Device, er.Base = dev, base
 				runner = er
 			case attrib.LevelServing:
-				sr, err := newServingRunner(st, ck.Dir(), dev)
+				sr, err := newServingRunner(st, ck.Dir(), dev, mf.files)
 				if err != nil {
 					return err
 				}
@@ -140,7 +143,8 @@ func newAttributeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&studyPath, "study", "", "study YAML (see configs/studies/)")
 	cmd.Flags().StringVar(&outDir, "out", "", "output directory (default: the study's output_dir, else out/studies/NAME-TIME)")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress output")
-	addDeviceFlag(cmd, &device)
+	mf.addConfig(cmd)
+	mf.addDevice(cmd)
 	return cmd
 }
 
@@ -148,13 +152,9 @@ func newAttributeCmd() *cobra.Command {
 // the plugin passes found in the study's plugins.dir (discovered, verified
 // and described before anything runs).
 func loadStudy(path string) (*attrib.Study, error) {
-	b, err := regular.ReadFile(path, regular.ConfigLimit)
-	if err != nil {
-		return nil, fmt.Errorf("study: %w", err)
-	}
 	plugins := map[string]bool{}
-	if pre, err := attrib.Parse(b, path, func(string) bool { return true }); err == nil && pre.Plugins.Dir != "" {
-		h, err := host.Open(host.OptionsFromConfig(&config.Engine{Plugins: pre.Plugins}, log))
+	if pre, err := attrib.Load(path, func(string) bool { return true }); err == nil && pre.Plugins.Dir != "" {
+		h, err := host.Open(host.OptionsFromConfig(&config.Config{Plugins: pre.Plugins}, log))
 		if err != nil {
 			return nil, fmt.Errorf("%s: plugins: %w", path, err)
 		}
@@ -163,7 +163,7 @@ func loadStudy(path string) (*attrib.Study, error) {
 		}
 		h.Close()
 	}
-	return attrib.Parse(b, path, func(name string) bool {
+	return attrib.Load(path, func(name string) bool {
 		_, ok := pass.Lookup(name)
 		return ok || plugins[name]
 	})

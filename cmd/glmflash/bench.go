@@ -33,13 +33,14 @@ type benchResult struct {
 	// kernel launches, host waits for the device, and the waits that were
 	// sequence-length read-backs (device backends).
 	LaunchesPerStep float64 `json:"launches_per_step,omitempty"`
+	ReplaysPerStep  float64 `json:"graph_replays_per_step,omitempty"`
 	SyncsPerStep    float64 `json:"host_syncs_per_step,omitempty"`
 	LengthSyncs     float64 `json:"length_syncs_per_step,omitempty"`
 }
 
 func newBenchCmd() *cobra.Command {
 	var mf modelFlags
-	var cfgPath, device string
+	var profileOps bool
 	var prompt, decodeSteps, reps, warmup int
 	var batches []int
 	var jsonOut, dump, cpuProfile string
@@ -85,11 +86,14 @@ func newBenchCmd() *cobra.Command {
 			if limit := cfg.MaxPositionEmbeddings; prompt > limit || 32+decodeSteps > limit {
 				return fmt.Errorf("--prompt (%d) and 32 + --decode-steps (%d) must fit max_position_embeddings (%d)", prompt, 32+decodeSteps, limit)
 			}
-			e, err := newEngine(ck, cfgPath, device, maxB+1)
+			e, err := newEngineWith(ck, &mf, maxB+1, func(o *backend.Options) { o.ProfileOps = profileOps })
 			if err != nil {
 				return err
 			}
 			defer e.Close()
+			if profileOps && e.Backend().Name() == "cpu" {
+				return fmt.Errorf("--profile-ops: the cpu backend does not time its ops")
+			}
 			toks := func(n, seed int) []int32 {
 				t := make([]int32, n)
 				for i := range t {
@@ -119,8 +123,8 @@ func newBenchCmd() *cobra.Command {
 				sorted := append([]float64(nil), tps...)
 				sort.Float64s(sorted)
 				r := benchResult{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps}
-				if len(counters) == 3 {
-					r.LaunchesPerStep, r.SyncsPerStep, r.LengthSyncs = counters[0], counters[1], counters[2]
+				if len(counters) == 4 {
+					r.LaunchesPerStep, r.SyncsPerStep, r.LengthSyncs, r.ReplaysPerStep = counters[0], counters[1], counters[2], counters[3]
 				}
 				results = append(results, r)
 				return nil
@@ -192,7 +196,7 @@ func newBenchCmd() *cobra.Command {
 					secs := time.Since(t0).Seconds()
 					s1 := prog.Stats()
 					n := float64(decodeSteps)
-					counters = []float64{float64(s1.Launches-s0.Launches) / n, float64(s1.HostSyncs-s0.HostSyncs) / n, float64(s1.LengthSyncs-s0.LengthSyncs) / n}
+					counters = []float64{float64(s1.Launches-s0.Launches) / n, float64(s1.HostSyncs-s0.HostSyncs) / n, float64(s1.LengthSyncs-s0.LengthSyncs) / n, float64(s1.GraphReplays-s0.GraphReplays) / n}
 					return B * decodeSteps, secs, nil
 				})
 				if err != nil {
@@ -244,11 +248,32 @@ func newBenchCmd() *cobra.Command {
 			for _, r := range results {
 				fmt.Printf("%-22s %10.1f tokens/s  (median of %d; runs %s)", r.Name, r.TokensPerSec, len(r.Runs), fmtRuns(r.Runs))
 				if r.LaunchesPerStep > 0 || r.SyncsPerStep > 0 {
-					fmt.Printf("  per step: %.0f launches, %.1f host syncs (%.1f length read-backs)", r.LaunchesPerStep, r.SyncsPerStep, r.LengthSyncs)
+					fmt.Printf("  per step: %.0f launches (%.1f graph replays), %.1f host syncs (%.1f length read-backs)", r.LaunchesPerStep, r.ReplaysPerStep, r.SyncsPerStep, r.LengthSyncs)
 				}
 				fmt.Println()
 			}
 			fmt.Printf("peak RSS %.1f MiB\n", peak)
+			if profileOps {
+				for _, key := range []engine.Key{{Mode: graph.Prefill, Logits: graph.LastLogits}, {Mode: graph.Decode, Logits: graph.LastLogits}} {
+					prog, err := e.Program(key)
+					if err != nil {
+						return err
+					}
+					op, ok := prog.(backend.OpProfiler)
+					if !ok {
+						return fmt.Errorf("--profile-ops: the %s backend does not time its ops", info.Backend)
+					}
+					fmt.Printf("device time per op, %s program, over every run above:\n", key)
+					var total float64
+					times := op.OpTimes()
+					for _, t := range times {
+						total += t.Ms
+					}
+					for _, t := range times {
+						fmt.Printf("  %-18s %7d calls %10.2f ms  %5.1f%%\n", t.Op, t.Calls, t.Ms, 100*t.Ms/total)
+					}
+				}
+			}
 			if jsonOut != "" {
 				mtp := map[string]any{"layers": cfg.NumNextNPredictLayers, "runnable": mtpErr == nil}
 				if mtpErr != nil && cfg.HasMTP() {
@@ -262,8 +287,10 @@ func newBenchCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
-	addDeviceFlag(cmd, &device)
+	mf.addConfig(cmd)
+	mf.addDevice(cmd)
+	mf.addPrecision(cmd)
+	cmd.Flags().BoolVar(&profileOps, "profile-ops", false, "time every op on the device (graphs off) and print the device time per op of the prefill and decode programs")
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().IntVar(&prompt, "prompt", 512, "prefill prompt length")

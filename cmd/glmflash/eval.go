@@ -12,7 +12,6 @@ import (
 
 func newEvalCmd() *cobra.Command {
 	var mf modelFlags
-	var cfgPath, device string
 	var refPath, dump string
 	var tol float64
 	cmd := &cobra.Command{
@@ -38,7 +37,7 @@ func newEvalCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			e, err := newEngine(ck, cfgPath, device, 2)
+			e, err := newEngine(ck, &mf, 2)
 			if err != nil {
 				return err
 			}
@@ -70,8 +69,9 @@ func newEvalCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
-	addDeviceFlag(cmd, &device)
+	mf.addConfig(cmd)
+	mf.addDevice(cmd)
+	mf.addPrecision(cmd)
 	mf.add(cmd, false)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&refPath, "reference", "", "reference.safetensors (with reference.json beside it)")

@@ -34,7 +34,7 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 	ref := fixture + "/reference.safetensors"
 	badPass := func(dir string) string {
 		p := filepath.Join(dir, "bad.yaml")
-		os.WriteFile(p, []byte("passes:\n  - name: no-such-pass\n"), 0o644)
+		require.NoError(t, os.WriteFile(p, []byte("passes:\n  - name: no-such-pass\n"), 0o644))
 		return p
 	}
 	gen := []string{"generate", "--model", m, "--prompt-ids", "1,2,3", "--max-tokens", "2"}
@@ -178,7 +178,7 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"bench --warmup": func(string) probe { return probe{args: args(bench, "--warmup", "-1"), want: "--warmup"} },
 
 		"init-random --force": func(d string) probe {
-			os.WriteFile(d+"/keep", []byte("x"), 0o644)
+			require.NoError(t, os.WriteFile(d+"/keep", []byte("x"), 0o644))
 			return probe{args: []string{"init-random", "--out", d, "--force"}, check: func(t *testing.T, d, out string, err error) {
 				require.NoError(t, err)
 				require.FileExists(t, d+"/config.json")
@@ -282,10 +282,13 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"serve --preset": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--preset", "huge"}, want: `unknown preset "huge"`}
 		},
-		"serve --engine-config": func(d string) probe {
-			cfg := filepath.Join(d, "serve.yaml")
-			os.WriteFile(cfg, []byte("model: {dir: "+m+"}\nserver: {grpc_addr: \"127.0.0.1:0\", http_addr: \"\", metrics_addr: \"\"}\n"), 0o644)
-			return probe{args: []string{"serve", "--config", cfg, "--engine-config", badPass(d)}, want: `unknown pass "no-such-pass"`}
+		"graph --config": func(d string) probe {
+			return probe{args: args(graph, "--config", d+"/none.yaml"), want: "none.yaml"}
+		},
+		"attribute --config": func(d string) probe {
+			p := filepath.Join(d, "c.yaml")
+			require.NoError(t, os.WriteFile(p, []byte("runtime: {slots: 0}\n"), 0o644))
+			return probe{args: []string{"attribute", "--study", d + "/none.yaml", "--config", p}, want: "runtime.slots (" + p + "): must be ≥ 1"}
 		},
 
 		"attribute --study": func(d string) probe {
@@ -307,6 +310,21 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		},
 		"passes explain --device": func(string) probe {
 			return probe{args: args(explain, "--device", "tpu"), want: `--device: unknown device "tpu"`}
+		},
+		"eval --precision": func(string) probe {
+			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--precision", "fp16"}, want: `precision (flag --precision): must be fp32 or bf16, got "fp16"`}
+		},
+		"generate --precision": func(string) probe {
+			return probe{args: args(gen, "--precision", "fp16"), want: `precision (flag --precision): must be fp32 or bf16, got "fp16"`}
+		},
+		"bench --profile-ops": func(string) probe {
+			return probe{args: args(bench, "--profile-ops"), want: "--profile-ops: the cpu backend does not time its ops"}
+		},
+		"bench --precision": func(string) probe {
+			return probe{args: args(bench, "--precision", "bf16"), want: `cpu backend: precision "bf16" is not implemented`}
+		},
+		"serve --precision": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--precision", "fp16"}, want: `precision (flag --precision): must be fp32 or bf16, got "fp16"`}
 		},
 		"serve --device": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--device", "tpu"}, want: `--device: unknown device "tpu"`}
@@ -449,7 +467,7 @@ func poisoned(t *testing.T, dir string) string {
 			var hdr map[string]struct {
 				Offsets []int64 `json:"data_offsets"`
 			}
-			json.Unmarshal(b[8:8+n], &hdr)
+			require.NoError(t, json.Unmarshal(b[8:8+n], &hdr))
 			off := 8 + int64(n) + hdr["model.language_model.layers.2.mlp.up_proj.weight"].Offsets[0]
 			binary.LittleEndian.PutUint16(b[off:], 0x7fc0) // BF16 NaN
 		}

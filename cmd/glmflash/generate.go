@@ -36,7 +36,6 @@ func parseIDs(flag, s string) ([]int32, error) {
 
 func newGenerateCmd() *cobra.Command {
 	var mf modelFlags
-	var cfgPath, device string
 	var prompt, stops, dump string
 	var textPrompt, chatMsg, system string
 	var maxTokens int
@@ -122,7 +121,7 @@ func newGenerateCmd() *cobra.Command {
 			if err := dumpGraph(dump, cfg, graph.Decode, graph.LastLogits); err != nil {
 				return err
 			}
-			e, err := newEngine(ck, cfgPath, device, 1)
+			e, err := newEngine(ck, &mf, 1)
 			if err != nil {
 				return err
 			}
@@ -184,8 +183,9 @@ func newGenerateCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&cfgPath, "config", "", "engine YAML: which passes run (default: configs/engine.yaml's built-in copy; configs/presets/baseline.yaml = none)")
-	addDeviceFlag(cmd, &device)
+	mf.addConfig(cmd)
+	mf.addDevice(cmd)
+	mf.addPrecision(cmd)
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&prompt, "prompt-ids", "", "comma-separated prompt token ids")

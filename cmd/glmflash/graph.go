@@ -43,6 +43,7 @@ func newGraphCmd() *cobra.Command {
 			return printGraph(format, g)
 		},
 	}
+	mf.addConfig(cmd)
 	mf.add(cmd, true)
 	cmd.Flags().StringVar(&mode, "mode", "prefill", "prefill, decode, extend or mixed")
 	cmd.Flags().StringVar(&logits, "logits", "last", "all or last")

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/model"
 	"github.com/stretchr/testify/require"
 )
@@ -47,8 +48,7 @@ func TestConcurrentPresetWrites(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			mf := modelFlags{preset: "tiny", seed: 7, cacheDir: cache}
-			ck, err := mf.open()
+			ck, err := openModel(config.Model{Preset: "tiny", Seed: 7, CacheDir: cache})
 			if err == nil {
 				err = ck.Validate()
 				ck.Close()

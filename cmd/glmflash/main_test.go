@@ -26,7 +26,7 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 	done := make(chan string)
 	go func() {
 		var b bytes.Buffer
-		io.Copy(&b, r)
+		_, _ = io.Copy(&b, r) // until the pipe closes; a read error leaves what came
 		done <- b.String()
 	}()
 	err = root.Execute()
@@ -98,30 +98,30 @@ func TestMalformedInputsNameTheProblem(t *testing.T) {
 	}{
 		{"truncated safetensors", func(d string) {
 			b, _ := os.ReadFile(st(d))
-			os.WriteFile(st(d), b[:len(b)/2], 0o644)
+			require.NoError(t, os.WriteFile(st(d), b[:len(b)/2], 0o644))
 		}, "model.safetensors"},
 		{"bad header json", func(d string) {
 			b, _ := os.ReadFile(st(d))
 			copy(b[8:], []byte("{nope"))
-			os.WriteFile(st(d), b, 0o644)
+			require.NoError(t, os.WriteFile(st(d), b, 0o644))
 		}, "model.safetensors"},
 		{"unknown dtype", func(d string) {
 			b, _ := os.ReadFile(st(d))
 			n := binary.LittleEndian.Uint64(b)
 			h := strings.Replace(string(b[8:8+n]), `"BF16"`, `"BQ16"`, 1)
 			copy(b[8:], h)
-			os.WriteFile(st(d), b, 0o644)
+			require.NoError(t, os.WriteFile(st(d), b, 0o644))
 		}, "BQ16"},
 		{"wrong tensor shape", func(d string) {
 			b, _ := os.ReadFile(st(d))
 			n := binary.LittleEndian.Uint64(b)
 			h := strings.Replace(string(b[8:8+n]), `"shape":[256,64]`, `"shape":[64,256]`, 1)
 			copy(b[8:], h)
-			os.WriteFile(st(d), b, 0o644)
+			require.NoError(t, os.WriteFile(st(d), b, 0o644))
 		}, "shape"},
 		{"inconsistent config", func(d string) {
 			b, _ := os.ReadFile(filepath.Join(d, "config.json"))
-			os.WriteFile(filepath.Join(d, "config.json"), []byte(strings.Replace(string(b), `"index_kpool": 4`, `"index_kpool": 3`, 1)), 0o644)
+			require.NoError(t, os.WriteFile(filepath.Join(d, "config.json"), []byte(strings.Replace(string(b), `"index_kpool": 4`, `"index_kpool": 3`, 1)), 0o644))
 		}, "index_kpool"},
 		{"missing config", func(d string) { os.Remove(filepath.Join(d, "config.json")) }, "config.json"},
 	}
@@ -193,7 +193,7 @@ func TestEvalPassesWithEveryPreset(t *testing.T) {
 		require.NoError(t, err)
 		tdir := t.TempDir()
 		c = filepath.Join(tdir, filepath.Base(c))
-		require.NoError(t, os.WriteFile(c, []byte(strings.ReplaceAll(string(b), "table_dir: configs/tuning", "table_dir: "+tdir)), 0o644))
+		require.NoError(t, os.WriteFile(c, []byte(strings.ReplaceAll(string(b), "table_dir: ../tuning", "table_dir: "+tdir)), 0o644))
 		out, err := runCLI(t, "eval", "--config", c, "--model", fixture+"/checkpoint", "--reference", fixture+"/reference.safetensors", "--tol", "1e-4")
 		require.NoError(t, err, c)
 		require.Contains(t, out, "all 7 cases within")
@@ -212,7 +212,7 @@ func TestServingLevelStudy(t *testing.T) {
 	require.NoError(t, err, string(out))
 	study := filepath.Join(dir, "s.yaml")
 	require.NoError(t, os.WriteFile(study, []byte(`name: serving-smoke
-model: {dir: `+fixture+`/checkpoint}
+model: {dir: `+absFixture(t)+`/checkpoint}
 level: serving
 serving: {binary: `+bin+`}
 arms: {baseline: true, all: true}
@@ -315,4 +315,33 @@ func TestBenchReportsMTP(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "mtp      none (num_nextn_predict_layers 0)")
 	require.NotContains(t, out, "mtp draft")
+}
+
+// --config is repeatable on every command: later files override earlier
+// ones, over the built-in defaults (a serving file and an engine preset,
+// say).
+func TestConfigFilesLayer(t *testing.T) {
+	d := t.TempDir()
+	a := filepath.Join(d, "a.yaml")
+	require.NoError(t, os.WriteFile(a, []byte("passes:\n  - name: dsa-pooled-metadata\nruntime: {slots: 3}\n"), 0o644))
+	out, err := runCLI(t, "passes", "explain", "--model", fixture+"/checkpoint", "--config", a)
+	require.NoError(t, err)
+	require.Contains(t, out, "dsa-pooled-metadata    yes")
+	require.Contains(t, out, "kda-projection-fusion  no")
+	out, err = runCLI(t, "passes", "explain", "--model", fixture+"/checkpoint", "--config", a, "--config", "../../configs/engine.yaml")
+	require.NoError(t, err)
+	require.Contains(t, out, "kda-projection-fusion  yes", "the second file's passes replace the first's")
+	bad := filepath.Join(d, "bad.yaml")
+	require.NoError(t, os.WriteFile(bad, []byte("passes:\n  - name: no-such-pass\n"), 0o644))
+	_, err = runCLI(t, "serve", "--config", a, "--config", bad, "--model", fixture+"/checkpoint", "--port", "0", "--http-port", "0")
+	require.ErrorContains(t, err, `unknown pass "no-such-pass"`)
+}
+
+// absFixture is the fixture's absolute path (for files written elsewhere:
+// relative paths in a configuration or study file are relative to it).
+func absFixture(t *testing.T) string {
+	t.Helper()
+	abs, err := filepath.Abs(fixture)
+	require.NoError(t, err)
+	return abs
 }

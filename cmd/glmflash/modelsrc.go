@@ -6,8 +6,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/text"
@@ -18,32 +21,149 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// modelFlags select a checkpoint: a directory, or a preset generated (once)
-// into a cache directory.
+// modelFlags are the flags of a command that reads glmflash's
+// configuration: --config (repeatable), --device, and the flags of the
+// model section (--model DIR, or --preset NAME with --seed, --cache-dir and
+// --fp8; --check-tensors). The configuration is the built-in defaults, the
+// --config files in order, the environment (GLMFLASH_<KEY PATH>), then the
+// flags the user gave: the same story on every command.
 type modelFlags struct {
-	dir      string
-	preset   string
-	seed     int64
-	cacheDir string
-	fp8      bool
-	cmd      *cobra.Command // set by add: which flags were given
-	opened   string         // the directory open used
+	cmd       *cobra.Command
+	files     []string
+	device    string
+	precision string
+	dir       string
+	preset    string
+	seed      int64
+	cacheDir  string
+	fp8       bool
 	// checkTensors scans every weight for NaN/Inf after opening.
 	checkTensors bool
+	// extra are keys a command sets from flags of its own (serve's
+	// addresses), applied after the others.
+	extra []config.Flag
+	cfg   *config.Config // loaded
+	// opened is the directory open used.
+	opened string
+	own    map[string]bool // the flags registered here
+}
+
+func (m *modelFlags) registered(names ...string) {
+	if m.own == nil {
+		m.own = map[string]bool{}
+	}
+	for _, n := range names {
+		m.own[n] = true
+	}
+}
+
+// addConfig adds --config.
+func (m *modelFlags) addConfig(cmd *cobra.Command) {
+	m.cmd = cmd
+	m.registered("config")
+	cmd.Flags().StringArrayVar(&m.files, "config", nil, "configuration file (YAML: engine and serving sections; repeatable, later files override earlier ones) over the built-in defaults (configs/engine.yaml, configs/serve.yaml)")
+}
+
+// addDevice adds --device (the device key).
+func (m *modelFlags) addDevice(cmd *cobra.Command) {
+	m.cmd = cmd
+	m.registered("device")
+	cmd.Flags().StringVar(&m.device, "device", "", "backend that runs the model: "+strings.Join(backend.Names(), " or ")+" (default: the configuration's device, cpu)")
+}
+
+// addPrecision adds --precision (the precision key).
+func (m *modelFlags) addPrecision(cmd *cobra.Command) {
+	m.cmd = cmd
+	m.registered("precision")
+	cmd.Flags().StringVar(&m.precision, "precision", "", "fp32 (the parity mode) or bf16 (GEMMs take bf16 activations, fp32 accumulation; cuda only) (default: the configuration's precision, fp32)")
+}
+
+// add adds --model and, with allowPreset, --preset, --seed, --cache-dir and
+// --fp8 (the model section).
+func (m *modelFlags) add(cmd *cobra.Command, allowPreset bool) {
+	d := config.Default().Model
+	m.cmd = cmd
+	m.registered("model")
+	cmd.Flags().StringVar(&m.dir, "model", "", "checkpoint directory (config.json + safetensors)")
+	if allowPreset {
+		m.registered("preset", "seed", "cache-dir", "fp8")
+		cmd.Flags().StringVar(&m.preset, "preset", "", "use a random checkpoint of this preset ("+strings.Join(randckpt.PresetNames(), ", ")+") instead of --model (default: the configuration's, "+d.Preset+")")
+		cmd.Flags().Int64Var(&m.seed, "seed", d.Seed, "seed of the preset's random weights")
+		cmd.Flags().StringVar(&m.cacheDir, "cache-dir", d.CacheDir, "where preset checkpoints are written")
+		cmd.Flags().BoolVar(&m.fp8, "fp8", false, "write the preset in the native FP8 layout")
+	}
 }
 
 // addCheckTensors adds --check-tensors (commands that run the model).
 func (m *modelFlags) addCheckTensors(cmd *cobra.Command) {
+	m.cmd = cmd
+	m.registered("check-tensors")
 	cmd.Flags().BoolVar(&m.checkTensors, "check-tensors", false, "read every weight once at load and refuse a checkpoint holding NaN or infinite values")
 }
 
-// open returns the checkpoint the flags name, checked with --check-tensors.
-func (m *modelFlags) open() (*model.Checkpoint, error) {
-	ck, err := m.openOnly()
-	if err != nil || !m.checkTensors {
-		return ck, err
+func (m *modelFlags) changed(name string) bool {
+	return m.own[name] && m.cmd.Flags().Changed(name)
+}
+
+// config loads the configuration once.
+func (m *modelFlags) config() (*config.Config, error) {
+	if m.cfg != nil {
+		return m.cfg, nil
 	}
-	log.Info().Str("dir", ck.Dir()).Msg("checking every tensor for NaN and infinite values (--check-tensors)")
+	var flags []config.Flag
+	if m.changed("device") {
+		if !slices.Contains(backend.Names(), m.device) {
+			return nil, fmt.Errorf("--device: unknown device %q (have %s)", m.device, strings.Join(backend.Names(), ", "))
+		}
+		flags = append(flags, config.Flag{Key: "device", Value: m.device, Name: "--device"})
+	}
+	if m.changed("precision") {
+		flags = append(flags, config.Flag{Key: "precision", Value: m.precision, Name: "--precision"})
+	}
+	if m.changed("model") && m.changed("preset") {
+		return nil, fmt.Errorf("--model and --preset are mutually exclusive")
+	}
+	for _, f := range []struct {
+		flag, key string
+		v         any
+	}{{"model", "model.dir", m.dir}, {"preset", "model.preset", m.preset}, {"seed", "model.seed", m.seed},
+		{"cache-dir", "model.cache_dir", m.cacheDir}, {"fp8", "model.fp8", m.fp8}, {"check-tensors", "model.check_tensors", m.checkTensors}} {
+		if m.changed(f.flag) {
+			flags = append(flags, config.Flag{Key: f.key, Value: f.v, Name: "--" + f.flag})
+		}
+	}
+	c, err := config.Load(config.Options{Files: m.files, Flags: append(flags, m.extra...)})
+	if err != nil {
+		return nil, err
+	}
+	if c.Model.Dir != "" {
+		for _, f := range []string{"seed", "cache-dir", "fp8"} {
+			if m.changed(f) {
+				return nil, fmt.Errorf("--%s applies to --preset only; with --model it would be ignored", f)
+			}
+		}
+	}
+	m.cfg = c
+	return c, nil
+}
+
+// open returns the checkpoint the configuration names (model.dir, or the
+// preset model.preset written once under model.cache_dir), checked with
+// model.check_tensors.
+func (m *modelFlags) open() (*model.Checkpoint, error) {
+	c, err := m.config()
+	if err != nil {
+		return nil, err
+	}
+	ck, err := openModel(c.Model)
+	if err != nil {
+		return nil, err
+	}
+	m.opened = ck.Dir()
+	if !c.Model.CheckTensors {
+		return ck, nil
+	}
+	log.Info().Str("dir", ck.Dir()).Msg("checking every tensor for NaN and infinite values (model.check_tensors, --check-tensors)")
 	if err := ck.CheckTensors(); err != nil {
 		ck.Close()
 		return nil, err
@@ -51,38 +171,11 @@ func (m *modelFlags) open() (*model.Checkpoint, error) {
 	return ck, nil
 }
 
-func (m *modelFlags) add(cmd *cobra.Command, allowPreset bool) {
-	m.cmd = cmd
-	cmd.Flags().StringVar(&m.dir, "model", "", "checkpoint directory (config.json + safetensors)")
-	if allowPreset {
-		cmd.Flags().StringVar(&m.preset, "preset", "", "use a random checkpoint of this preset ("+strings.Join(randckpt.PresetNames(), ", ")+") instead of --model")
-		cmd.Flags().Int64Var(&m.seed, "seed", 1, "seed of the preset's random weights")
-		cmd.Flags().StringVar(&m.cacheDir, "cache-dir", defaultCacheDir(), "where preset checkpoints are written")
-		cmd.Flags().BoolVar(&m.fp8, "fp8", false, "write the preset in the native FP8 layout")
-	}
-}
-
-func defaultCacheDir() string {
-	if d := os.Getenv("GLMFLASH_CACHE"); d != "" {
-		return d
-	}
-	return filepath.Join(".cache", "glmflash")
-}
-
-func (m *modelFlags) openOnly() (*model.Checkpoint, error) {
-	switch {
-	case m.dir != "" && m.preset != "":
-		return nil, fmt.Errorf("--model and --preset are mutually exclusive")
-	case m.dir != "":
-		if m.cmd != nil {
-			for _, f := range []string{"seed", "cache-dir", "fp8"} {
-				if m.cmd.Flags().Changed(f) {
-					return nil, fmt.Errorf("--%s applies to --preset only; with --model it would be ignored", f)
-				}
-			}
-		}
-		m.opened = m.dir
-		ck, err := model.Open(m.dir)
+// openModel opens a checkpoint directory, or writes a preset's random
+// checkpoint once into the cache directory and opens it.
+func openModel(mc config.Model) (*model.Checkpoint, error) {
+	if mc.Dir != "" {
+		ck, err := model.Open(mc.Dir)
 		if err != nil {
 			return nil, err
 		}
@@ -91,26 +184,32 @@ func (m *modelFlags) openOnly() (*model.Checkpoint, error) {
 			return nil, err
 		}
 		return ck, nil
-	case m.preset != "":
-		cfg, err := randckpt.Preset(m.preset)
-		if err != nil {
-			return nil, err
-		}
-		suffix := ""
-		if m.fp8 {
-			suffix = "-fp8"
-		}
-		dir := filepath.Join(m.cacheDir, fmt.Sprintf("%s-seed%d%s", m.preset, m.seed, suffix))
-		if err := writePreset(dir, cfg, randckpt.Options{Seed: m.seed, FP8: m.fp8}); err != nil {
-			return nil, err
-		}
-		if err := addPresetTokenizer(dir, cfg.VocabSize); err != nil {
-			return nil, err
-		}
-		m.opened = dir
-		return model.Open(dir)
 	}
-	return nil, fmt.Errorf("name a model with --model DIR or --preset NAME")
+	cfg, err := randckpt.Preset(mc.Preset)
+	if err != nil {
+		return nil, err
+	}
+	suffix := ""
+	if mc.FP8 {
+		suffix = "-fp8"
+	}
+	dir := filepath.Join(mc.CacheDir, fmt.Sprintf("%s-seed%d%s", mc.Preset, mc.Seed, suffix))
+	if err := writePreset(dir, cfg, randckpt.Options{Seed: mc.Seed, FP8: mc.FP8}); err != nil {
+		return nil, err
+	}
+	if err := addPresetTokenizer(dir, cfg.VocabSize); err != nil {
+		return nil, err
+	}
+	return model.Open(dir)
+}
+
+// source describes the model the configuration names, for logs and
+// GetModelInfo.
+func source(mc config.Model) string {
+	if mc.Preset != "" {
+		return fmt.Sprintf("preset %s (seed %d)", mc.Preset, mc.Seed)
+	}
+	return mc.Dir
 }
 
 // writePreset writes a preset's checkpoint into dir unless it is there.
@@ -122,12 +221,12 @@ func writePreset(dir string, cfg *model.Config, opts randckpt.Options) error {
 		return nil
 	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return fmt.Errorf("--cache-dir: %w", err)
+		return fmt.Errorf("model.cache_dir: %w", err)
 	}
 	log.Info().Str("dir", dir).Msg("writing random checkpoint")
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), filepath.Base(dir)+".tmp-")
 	if err != nil {
-		return fmt.Errorf("--cache-dir: %w", err)
+		return fmt.Errorf("model.cache_dir: %w", err)
 	}
 	defer os.RemoveAll(tmp) // gone after the rename; removed on failure
 	if err := randckpt.Write(tmp, cfg, opts); err != nil {
@@ -152,7 +251,7 @@ func addPresetTokenizer(dir string, vocab int) error {
 	}
 	tmp, err := os.MkdirTemp(dir, ".tokenizer.tmp-")
 	if err != nil {
-		return fmt.Errorf("--cache-dir: %w", err)
+		return fmt.Errorf("model.cache_dir: %w", err)
 	}
 	defer os.RemoveAll(tmp)
 	if err := randckpt.WriteTokenizer(tmp, vocab); err != nil {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -19,27 +18,19 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// engineConfig loads --config (or the default configuration).
-func engineConfig(path string) (*config.Engine, error) {
-	if path == "" {
-		return config.Default(), nil
-	}
-	return config.Load(path)
-}
-
 // pipelineFor builds the pass pipeline and eligibility environment for a
 // checkpoint and configuration.
-func pipelineFor(ec *config.Engine, ck *model.Checkpoint) (*pass.Pipeline, *pass.Env, error) {
+func pipelineFor(ec *config.Config, ck *model.Checkpoint) (*pass.Pipeline, *pass.Env, error) {
 	pl, err := pipelineWithPlugins(ec) // built-in and plugin passes (plugins_hook.go)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", ec.Source, err)
 	}
-	return pl, pass.EnvFromConfig(ec, ck.Config(), ck), nil
+	return pl, ec.PassEnv(ck.Config(), ck), nil
 }
 
 func newPassesCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "passes", Short: "List passes and explain what they do to a model"}
-	var listCfg string
+	var lf modelFlags
 	list := &cobra.Command{
 		Use:   "list [--config FILE]",
 		Args:  cobra.NoArgs,
@@ -48,10 +39,14 @@ func newPassesCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 			for _, name := range pass.Names() {
 				f, _ := pass.Lookup(name)
-				describePass(tw, f().Describe(), "built-in")
+				d, err := pass.DescriptionOf(f())
+				if err != nil {
+					return err
+				}
+				describePass(tw, d, "built-in")
 			}
-			if listCfg != "" {
-				ec, err := config.Load(listCfg)
+			if len(lf.files) > 0 {
+				ec, err := lf.config()
 				if err != nil {
 					return err
 				}
@@ -76,10 +71,10 @@ func newPassesCmd() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	list.Flags().StringVar(&listCfg, "config", "", "engine YAML whose plugins.dir is listed too")
+	lf.addConfig(list)
 	cmd.AddCommand(list)
 	var mf modelFlags
-	var cfgPath, mode, logits, dump, format, device string
+	var mode, logits, dump, format string
 	explain := &cobra.Command{
 		Use:   "explain (--model DIR | --preset NAME) [--config FILE]",
 		Args:  cobra.NoArgs,
@@ -98,14 +93,11 @@ func newPassesCmd() *cobra.Command {
 			if logits != string(graph.AllLogits) && logits != string(graph.LastLogits) {
 				return fmt.Errorf("--logits must be all or last, got %q", logits)
 			}
-			ec, err := engineConfig(cfgPath)
+			ec, err := mf.config()
 			if err != nil {
 				return err
 			}
-			dev, err := resolveDevice(device, ec)
-			if err != nil {
-				return err
-			}
+			dev := ec.Device
 			// the device must exist: a pass may depend on it, and a wrong
 			// device is better found here than at serving time
 			be, err := backend.Open(dev, backend.Options{})
@@ -148,9 +140,9 @@ func newPassesCmd() *cobra.Command {
 			return nil
 		},
 	}
+	mf.addConfig(explain)
+	mf.addDevice(explain)
 	mf.add(explain, true)
-	explain.Flags().StringVar(&cfgPath, "config", "", "engine YAML (default: the built-in default, configs/engine.yaml)")
-	addDeviceFlag(explain, &device)
 	explain.Flags().StringVar(&mode, "mode", "decode", "graph to explain: prefill, decode, extend or mixed")
 	explain.Flags().StringVar(&logits, "logits", "last", "all or last")
 	explain.Flags().StringVar(&dump, "dump", "", "print the IR around each pass: before, after or both")
@@ -170,18 +162,23 @@ func describePass(w io.Writer, d pass.Description, source string) {
 		if len(o.Enum) > 0 {
 			enum = " (" + strings.Join(o.Enum, "|") + ")"
 		}
-		fmt.Fprintf(w, "\t\t\t  %s: %s = %v%s: %s\n", o.Name, o.Type, o.Default, enum, o.Doc)
+		def := fmt.Sprint(o.Default)
+		if o.Type == pass.String || o.Type == pass.PathType {
+			def = fmt.Sprintf("%q", o.Default)
+		}
+		fmt.Fprintf(w, "\t\t\t  %s: %s = %s%s: %s\n", o.Name, o.Type, def, enum, o.Doc)
 	}
 }
 
-// newEngine makes an engine over ck with the passes of the engine config at
-// cfgPath (the default configuration when empty).
-func newEngine(ck *model.Checkpoint, cfgPath, device string, slots int) (*engine.Engine, error) {
-	ec, err := engineConfig(cfgPath)
-	if err != nil {
-		return nil, err
-	}
-	dev, err := resolveDevice(device, ec)
+// newEngine makes an engine over ck with the passes, device and precision
+// of the command's configuration.
+func newEngine(ck *model.Checkpoint, mf *modelFlags, slots int) (*engine.Engine, error) {
+	return newEngineWith(ck, mf, slots, nil)
+}
+
+// newEngineWith is newEngine with a last say on the backend options.
+func newEngineWith(ck *model.Checkpoint, mf *modelFlags, slots int, adjust func(*backend.Options)) (*engine.Engine, error) {
+	ec, err := mf.config()
 	if err != nil {
 		return nil, err
 	}
@@ -189,25 +186,14 @@ func newEngine(ck *model.Checkpoint, cfgPath, device string, slots int) (*engine
 	if err != nil {
 		return nil, err
 	}
-	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Passes: pl, PassEnv: env, Device: dev})
+	bo := backendOptions(ec)
+	if adjust != nil {
+		adjust(&bo)
+	}
+	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Passes: pl, PassEnv: env, Device: ec.Device, Backend: bo})
 }
 
-// addDeviceFlag registers --device on a command that builds an engine.
-func addDeviceFlag(cmd *cobra.Command, p *string) {
-	cmd.Flags().StringVar(p, "device", "", "backend that runs the model: "+strings.Join(backend.Names(), " or ")+" (default: the engine config's device, cpu)")
-}
-
-// resolveDevice is --device when given, else the engine config's device
-// (itself overridable by GLMFLASH_ENGINE_DEVICE), else cpu.
-func resolveDevice(flag string, ec *config.Engine) (string, error) {
-	if flag == "" {
-		if ec != nil && ec.Device != "" {
-			return ec.Device, nil
-		}
-		return "cpu", nil
-	}
-	if !slices.Contains(backend.Names(), flag) {
-		return "", fmt.Errorf("--device: unknown device %q (have %s)", flag, strings.Join(backend.Names(), ", "))
-	}
-	return flag, nil
+// backendOptions are the backend settings of a configuration.
+func backendOptions(ec *config.Config) backend.Options {
+	return backend.Options{GraphMaxTokens: ec.CUDA.GraphMaxTokens, Precision: ec.Precision}
 }

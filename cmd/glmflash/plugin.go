@@ -217,7 +217,7 @@ var mainTmpl = template.Must(template.New("main.go").Parse(`// Command {{.Binary
 //
 //	{{.Build}}
 //
-// then put its SHA-256 in the engine YAML (plugins.checksums or plugins.sums_file),
+// then put its SHA-256 in the configuration (plugins.checksums or plugins.sums_file),
 // list {{.Name}} in passes:, and check what it does with
 //
 //	glmflash passes explain --preset tiny --config engine.yaml
@@ -225,40 +225,42 @@ package main
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/plugins/sdk"
 )
 
-// Name is the pass's name in the engine YAML's passes: list.
+// Name is the pass's name in the configuration's passes: list.
 const Name = {{printf "%q" .Name}}
 
-// Pass implements pass.Pass, exactly like a built-in pass (see passes/*).
-type Pass struct {
-	layers map[int]bool // option layers (nil: every layer)
+// Options are the pass's options, declared once: the engine shows and
+// checks the schema these tags give (name, default, doc; enum for strings).
+// Field types: bool, int, float64, string, []int, pass.Path.
+type Options struct {
+	Layers []int ` + "`" + `option:"layers" doc:"only these layers (empty: all)"` + "`" + `
 }
+
+// Stats are the pass's statistics (named counters shown in the report).
+type Stats struct {
+	Sites int ` + "`" + `stat:"sites_rewritten" doc:"TODO: what you count"` + "`" + `
+}
+
+// Pass implements pass.Pass, exactly like a built-in pass (see passes/*).
+type Pass struct{ opts Options }
+
+// Options implements pass.WithOptions: the engine decodes the configured
+// options (strictly, with the defaults of the tags) into it.
+func (p *Pass) Options() any { return &p.opts }
 
 // Name implements pass.Pass.
 func (*Pass) Name() string { return Name }
 
-// Describe implements pass.Pass: what the engine shows and the options it accepts.
+// Describe implements pass.Pass: what the engine shows.
 func (*Pass) Describe() pass.Description {
 	return pass.Description{Name: Name, Version: "0.1.0",
-		Summary: "TODO: one line on what this pass rewrites",
-		Options: []pass.Option{{"{{"}}Name: "layers", Type: pass.Ints, Default: []int{}, Doc: "only these layers (empty: all)"}}}
-}
-
-// Configure implements pass.Pass; options arrive defaulted and type-checked.
-func (p *Pass) Configure(opts map[string]any) error {
-	p.layers = nil
-	if ls := opts["layers"].([]int); len(ls) > 0 {
-		p.layers = map[int]bool{}
-		for _, l := range ls {
-			p.layers[l] = true
-		}
-	}
-	return nil
+		Summary: "TODO: one line on what this pass rewrites"}
 }
 
 // Eligible implements pass.Pass: every candidate site, OK or skipped with a
@@ -276,7 +278,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 		}
 		where := fmt.Sprintf("layer %d", n.Layer)
 		switch {
-		case p.layers != nil && !p.layers[n.Layer]:
+		case len(p.opts.Layers) > 0 && !slices.Contains(p.opts.Layers, n.Layer):
 			sites = append(sites, pass.Skip(where, n.Layer, "layer %d is not in option layers", n.Layer))
 		case env.WeightDType(n.Inputs[1].Ref).String() == "F8_E4M3":
 			sites = append(sites, pass.Skip(where, n.Layer, "router bias is FP8"))
@@ -294,12 +296,15 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 // concat_rows and stack (folded once at load). The result must verify.
 func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 	res := pass.Result{}
+	var st Stats
 	for _, s := range sites {
 		n := s.Data.(*ir.Node)
 		_ = n // TODO: rewrite around n
 		res.Fired++
+		st.Sites++
 	}
 	g.RemoveDead()
+	res.Stats = pass.Counters(&st)
 	return res, nil
 }
 

@@ -27,9 +27,9 @@ var (
 // passes discovered in plugins.dir (verified, started, described). Plugins
 // whose pass is not requested are stopped again; the others run until the
 // command ends (closePlugins).
-func pipelineWithPlugins(ec *config.Engine) (*pass.Pipeline, error) {
+func pipelineWithPlugins(ec *config.Config) (*pass.Pipeline, error) {
 	if ec.Plugins.Dir == "" {
-		return pass.FromConfig(ec)
+		return ec.Pipeline(nil)
 	}
 	pluginSignal.Do(func() {
 		if !exitOnSignal {
@@ -52,7 +52,7 @@ func pipelineWithPlugins(ec *config.Engine) (*pass.Pipeline, error) {
 	pluginMu.Lock()
 	pluginHosts = append(pluginHosts, h)
 	pluginMu.Unlock()
-	pl, err := pass.FromConfigWith(ec, h)
+	pl, err := ec.Pipeline(h)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/serve"
@@ -15,7 +16,7 @@ import (
 )
 
 func newServeCmd() *cobra.Command {
-	var cfgPath, engineCfg, device string
+	var mf modelFlags
 	var sf serveFlags
 	cmd := &cobra.Command{
 		Use:   "serve [DIR | --model DIR | --preset NAME] [--host H] [--port P] [--http-port P] [--config FILE]",
@@ -24,49 +25,34 @@ func newServeCmd() *cobra.Command {
 an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health)
 and Prometheus metrics, until SIGINT or SIGTERM; then drain gracefully.
 
-Configuration comes from, last wins: the built-in defaults (the preset ` + serve.DefaultPreset + `,
-gRPC on 127.0.0.1:50051, HTTP on 127.0.0.1:8000, metrics on 127.0.0.1:9090), the YAML file
-of --config, environment variables GLMFLASH_<SECTION>__<KEY> (e.g.
-GLMFLASH_SERVER__HTTP_ADDR=0.0.0.0:8000), and the flags. The YAML file has the sections
-model (name, dir | preset, seed, cache_dir, fp8, check_tensors), server (grpc_addr,
-http_addr, metrics_addr, drain_timeout, max_response_bytes, max_request_bytes, tls,
-auth, reflection, keepalive and connection age, expose_paths) and runtime (slots,
-max_running, max_queue, max_batch_tokens, prefill_chunk, context_limit,
-default_max_tokens); relative paths in it are relative to the file, and unknown keys
-are errors. TLS and API keys apply to gRPC and HTTP alike.`,
+Configuration comes from, last wins: the built-in defaults (configs/engine.yaml and
+configs/serve.yaml: every pass on, the preset small, gRPC on 127.0.0.1:50051, HTTP on
+127.0.0.1:8000, metrics on 127.0.0.1:9090), the YAML files of --config, environment
+variables GLMFLASH_<SECTION>__<KEY> (e.g. GLMFLASH_SERVER__HTTP_ADDR=0.0.0.0:8000), and
+the flags. The file has the engine sections (device, passes, parallel, lora, debug,
+plugins) and the serving sections model (name, dir | preset, seed, cache_dir, fp8,
+check_tensors), server (grpc_addr, http_addr, metrics_addr, drain_timeout,
+max_response_bytes, max_request_bytes, tls, auth, reflection, keepalive and connection
+age, expose_paths) and runtime (slots, max_running, max_queue, max_batch_tokens,
+prefill_chunk, context_limit, default_max_tokens); relative paths in it are relative to
+the file, and unknown keys are errors. TLS and API keys apply to gRPC and HTTP alike.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := serve.LoadConfig(cfgPath, nil)
+			if err := sf.apply(cmd, args, &mf); err != nil {
+				return err
+			}
+			cfg, err := mf.config()
 			if err != nil {
 				return err
-			}
-			if err := sf.apply(cmd, args, &cfg); err != nil {
-				return err
-			}
-			mf := modelFlags{dir: cfg.Model.Dir, preset: cfg.Model.Preset, seed: cfg.Model.Seed, cacheDir: cfg.Model.CacheDir, fp8: cfg.Model.FP8, checkTensors: cfg.Model.CheckTensors}
-			if mf.cacheDir == "" {
-				mf.cacheDir = defaultCacheDir()
-			}
-			source := mf.dir
-			if mf.preset != "" {
-				source = fmt.Sprintf("preset %s (seed %d)", mf.preset, mf.seed)
 			}
 			exitOnSignal = false // drain first; main stops plugin processes at exit
 			ctx, stop := withSignals(cmd.Context())
 			defer stop()
-			ec, err := engineConfig(engineCfg)
-			if err != nil {
-				return err
-			}
-			dev, err := resolveDevice(device, ec)
-			if err != nil {
-				return err
-			}
 			// the pipeline (and its plugins) before anything listens: a bad
 			// engine configuration is an error at once
-			pipeline, err := pipelineWithPlugins(ec)
+			pipeline, err := pipelineWithPlugins(cfg)
 			if err != nil {
-				return fmt.Errorf("%s: %w", ec.Source, err)
+				return fmt.Errorf("%s: %w", cfg.Source, err)
 			}
 			if ctx.Err() != nil {
 				return nil // stopped while plugins started
@@ -79,21 +65,23 @@ are errors. TLS and API keys apply to gRPC and HTTP alike.`,
 					if err != nil {
 						return nil, err
 					}
-					env = pass.EnvFromConfig(ec, ck.Config(), ck)
+					env = cfg.PassEnv(ck.Config(), ck)
 					tm, err := mf.textModel(ck.Config().VocabSize)
 					if err != nil {
 						ck.Close()
 						return nil, err
 					}
-					return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Source: source, Close: ck.Close, Text: tm}, nil
+					return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Source: source(cfg.Model), Close: ck.Close, Text: tm}, nil
 				},
-				Engine: func(o *engine.Options) { o.Passes, o.PassEnv, o.Device = pipeline, env, dev },
+				Engine: func(o *engine.Options) {
+					o.Passes, o.PassEnv, o.Device, o.Backend = pipeline, env, cfg.Device, backendOptions(cfg)
+				},
 				PassReport: func(e *engine.Engine) any {
 					out := map[string]*pass.Report{}
 					for k, r := range e.Reports() {
 						out[k.String()] = r
 					}
-					return map[string]any{"config": ec.Source, "programs": out}
+					return map[string]any{"config": cfg.Source, "programs": out}
 				},
 			})
 			if err != nil {
@@ -114,15 +102,15 @@ are errors. TLS and API keys apply to gRPC and HTTP alike.`,
 			return srv.Serve(ctx)
 		},
 	}
-	cmd.Flags().StringVar(&cfgPath, "config", "", "serving configuration (YAML; default: the built-in defaults)")
+	mf.addConfig(cmd)
+	mf.addDevice(cmd)
+	mf.addPrecision(cmd)
 	sf.register(cmd)
-	cmd.Flags().StringVar(&engineCfg, "engine-config", "", "engine YAML: which passes run (default: the built-in default, configs/engine.yaml)")
-	addDeviceFlag(cmd, &device)
 	return cmd
 }
 
-// serveFlags override the configuration (which the environment already
-// overrode).
+// serveFlags set keys of the model and server sections: the checkpoint
+// (DIR, --model, --preset) and the listeners (--host, --port, --http-port).
 type serveFlags struct {
 	model, preset, host string
 	port, httpPort      int
@@ -136,7 +124,10 @@ func (f *serveFlags) register(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&f.httpPort, "http-port", 0, "OpenAI-compatible HTTP port")
 }
 
-func (f *serveFlags) apply(cmd *cobra.Command, args []string, cfg *serve.Config) error {
+// apply turns the flags into configuration keys (mf.extra). The addresses
+// combine the configured ones with --host and the ports, so they are
+// computed from the configuration without these flags.
+func (f *serveFlags) apply(cmd *cobra.Command, args []string, mf *modelFlags) error {
 	dir := f.model
 	if len(args) == 1 {
 		if f.model != "" && f.model != args[0] {
@@ -144,44 +135,54 @@ func (f *serveFlags) apply(cmd *cobra.Command, args []string, cfg *serve.Config)
 		}
 		dir = args[0]
 	}
+	var keys []config.Flag
 	switch {
 	case dir != "" && f.preset != "":
 		return fmt.Errorf("a checkpoint directory and --preset are mutually exclusive")
 	case dir != "":
-		cfg.Model.Dir, cfg.Model.Preset = dir, ""
+		keys = append(keys, config.Flag{Key: "model.dir", Value: dir, Name: "--model (or DIR)"})
 	case f.preset != "":
-		cfg.Model.Dir, cfg.Model.Preset = "", f.preset
+		keys = append(keys, config.Flag{Key: "model.preset", Value: f.preset, Name: "--preset"})
 	}
-	setAddr := func(addr *string, flag string, port int) error {
-		if *addr == "" && !cmd.Flags().Changed(flag) {
+	base, err := mf.config()
+	if err != nil {
+		return err
+	}
+	setAddr := func(addr, key, flag string, port int) error {
+		if addr == "" && !cmd.Flags().Changed(flag) {
 			return nil // disabled, and not asked for
 		}
-		host, p, err := net.SplitHostPort(*addr)
+		if f.host == "" && !cmd.Flags().Changed(flag) {
+			return nil
+		}
+		host, p, err := net.SplitHostPort(addr)
 		if err != nil {
 			host, p = "127.0.0.1", "0"
 		}
 		if f.host != "" {
 			host = f.host
 		}
+		name := "--host"
 		if cmd.Flags().Changed(flag) {
 			if port < 0 || port > 65535 {
 				return fmt.Errorf("--%s must be in [0, 65535], got %d", flag, port)
 			}
-			p = strconv.Itoa(port)
+			p, name = strconv.Itoa(port), "--"+flag
 		}
-		*addr = net.JoinHostPort(host, p)
+		keys = append(keys, config.Flag{Key: key, Value: net.JoinHostPort(host, p), Name: name})
 		return nil
 	}
-	if err := setAddr(&cfg.Server.GRPCAddr, "port", f.port); err != nil {
+	if err := setAddr(base.Server.GRPCAddr, "server.grpc_addr", "port", f.port); err != nil {
 		return err
 	}
-	if err := setAddr(&cfg.Server.HTTPAddr, "http-port", f.httpPort); err != nil {
+	if err := setAddr(base.Server.HTTPAddr, "server.http_addr", "http-port", f.httpPort); err != nil {
 		return err
 	}
-	if err := setAddr(&cfg.Server.MetricsAddr, "metrics-port-never-a-flag", 0); err != nil {
+	if err := setAddr(base.Server.MetricsAddr, "server.metrics_addr", "metrics-port-never-a-flag", 0); err != nil {
 		return err
 	}
-	return cfg.Validate()
+	mf.extra, mf.cfg = keys, nil // load again with them
+	return nil
 }
 
 // httpBanner tells how to call the HTTP API (over TLS and with a key when

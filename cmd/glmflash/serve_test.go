@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/glmflash/glmflash/core/serve"
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/internal/syncbuf"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/spf13/cobra"
@@ -92,15 +92,19 @@ func TestServeCommandAndSIGTERM(t *testing.T) {
 func TestServeFlagsOverrideEnvironmentAndFile(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "serve.yaml")
 	require.NoError(t, os.WriteFile(p, []byte("model: {dir: ckpt}\nserver: {grpc_addr: \"127.0.0.1:7000\", http_addr: \"127.0.0.1:7001\", metrics_addr: \"\"}\n"), 0o644))
-	env := []string{"GLMFLASH_SERVER__HTTP_ADDR=127.0.0.1:7100", "GLMFLASH_SERVER__GRPC_ADDR=127.0.0.1:7200"}
-	load := func(args ...string) (serve.Config, error) {
-		cfg, err := serve.LoadConfig(p, env)
-		require.NoError(t, err)
+	t.Setenv("GLMFLASH_SERVER__HTTP_ADDR", "127.0.0.1:7100")
+	t.Setenv("GLMFLASH_SERVER__GRPC_ADDR", "127.0.0.1:7200")
+	load := func(args ...string) (*config.Config, error) {
 		cmd := &cobra.Command{}
+		var mf modelFlags
 		var sf serveFlags
+		mf.addConfig(cmd)
 		sf.register(cmd)
-		require.NoError(t, cmd.ParseFlags(args))
-		return cfg, sf.apply(cmd, cmd.Flags().Args(), &cfg)
+		require.NoError(t, cmd.ParseFlags(append([]string{"--config", p}, args...)))
+		if err := sf.apply(cmd, cmd.Flags().Args(), &mf); err != nil {
+			return nil, err
+		}
+		return mf.config()
 	}
 	cfg, err := load()
 	require.NoError(t, err)
@@ -120,6 +124,8 @@ func TestServeFlagsOverrideEnvironmentAndFile(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "/models/m", cfg.Model.Dir)
 	require.Equal(t, "127.0.0.1:7400", cfg.Server.GRPCAddr)
+	require.Equal(t, "flag --port", cfg.Sources.Of("server.grpc_addr"))
+	require.Equal(t, "environment variable GLMFLASH_SERVER__HTTP_ADDR", cfg.Sources.Of("server.http_addr"))
 
 	_, err = load("/models/m", "--preset", "tiny")
 	require.ErrorContains(t, err, "mutually exclusive")

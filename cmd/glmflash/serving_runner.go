@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/attrib"
+	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/pass"
 	v1 "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -25,6 +28,7 @@ import (
 // driven over gRPC with concurrent streams.
 type servingRunner struct {
 	device   string
+	configs  []string // the --config files every arm's server starts from
 	st       *attrib.Study
 	modelDir string
 	binary   string
@@ -42,7 +46,7 @@ type armServer struct {
 	stder *strings.Builder
 }
 
-func newServingRunner(st *attrib.Study, modelDir, device string) (attrib.Runner, error) {
+func newServingRunner(st *attrib.Study, modelDir, device string, configs []string) (attrib.Runner, error) {
 	bin := st.Serving.Binary
 	if bin == "" {
 		self, err := os.Executable()
@@ -61,7 +65,15 @@ func newServingRunner(st *attrib.Study, modelDir, device string) (attrib.Runner,
 	if err != nil {
 		return nil, err
 	}
-	return &servingRunner{device: device, st: st, modelDir: modelDir, binary: bin, tmp: tmp, arms: map[string]*armServer{}}, nil
+	var abs []string
+	for _, c := range configs {
+		a, err := filepath.Abs(c)
+		if err != nil {
+			return nil, err
+		}
+		abs = append(abs, a)
+	}
+	return &servingRunner{device: device, configs: abs, st: st, modelDir: modelDir, binary: bin, tmp: tmp, arms: map[string]*armServer{}}, nil
 }
 
 var addrRE = regexp.MustCompile(`serving glmflash\.v1\.GLMFlash on (\S+) `)
@@ -76,14 +88,6 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 		}
 	}
 	safe := strings.NewReplacer("+", "plus-", "-", "minus-", "/", "_").Replace(a.Name)
-	ec := map[string]any{"passes": a.Passes, "parallel": map[string]any{"attention_tp_size": 1}}
-	if r.st.Plugins.Dir != "" {
-		ec["plugins"] = r.st.Plugins
-	}
-	engPath := filepath.Join(r.tmp, safe+".engine.yaml")
-	if err := writeJSON(engPath, passConfigsAsYAML(ec)); err != nil {
-		return err
-	}
 	rt := map[string]any{"slots": conc, "max_running": conc, "max_queue": reqs}
 	if r.st.Runtime.MaxBatchTokens > 0 {
 		rt["max_batch_tokens"] = r.st.Runtime.MaxBatchTokens
@@ -91,15 +95,27 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 	if r.st.Runtime.PrefillChunk > 0 {
 		rt["prefill_chunk"] = r.st.Runtime.PrefillChunk
 	}
-	srvPath := filepath.Join(r.tmp, safe+".serve.yaml")
-	if err := writeJSON(srvPath, map[string]any{
+	// the arm's configuration, over the --config files of the study's
+	// command: its passes (and the study's plugins), the model, loopback
+	// listeners, the runtime sized for the study
+	ac := map[string]any{
+		"passes":  absolutePaths(a.Passes),
 		"model":   map[string]any{"dir": r.modelDir},
 		"server":  map[string]any{"grpc_addr": "127.0.0.1:0", "http_addr": "", "metrics_addr": ""},
 		"runtime": rt,
-	}); err != nil {
+	}
+	if r.st.Plugins.Dir != "" {
+		ac["plugins"] = r.st.Plugins
+	}
+	path := filepath.Join(r.tmp, safe+".yaml")
+	if err := writeJSON(path, passConfigsAsYAML(ac)); err != nil {
 		return err
 	}
-	cmd := exec.Command(r.binary, "serve", "--config", srvPath, "--engine-config", engPath, "--device", r.device, "--log-level", "warn")
+	argv := []string{"serve", "--device", r.device, "--log-level", "warn"}
+	for _, c := range append(r.configs, path) {
+		argv = append(argv, "--config", c)
+	}
+	cmd := exec.Command(r.binary, argv...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
@@ -121,9 +137,12 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 				addrc <- m[1]
 			}
 		}
-		io.Copy(io.Discard, stdout)
+		_, _ = io.Copy(io.Discard, stdout) // drained until the server exits
 	}()
-	go func() { cmd.Wait(); close(as.done) }()
+	go func() {
+		_ = cmd.Wait() // its exit is reported through as.done and the stderr kept
+		close(as.done)
+	}()
 	timeout := time.Duration(r.st.Serving.StartTimeoutS) * time.Second
 	if timeout == 0 {
 		timeout = 5 * time.Minute
@@ -155,11 +174,35 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 	return nil
 }
 
+// absolutePaths makes the relative path options of built-in passes
+// absolute (against the directory of the file they were written in): the
+// arm's file lives elsewhere.
+func absolutePaths(ps []config.PassConfig) []config.PassConfig {
+	out := make([]config.PassConfig, len(ps))
+	for i, p := range ps {
+		out[i] = p
+		f, ok := pass.Lookup(p.Name)
+		if !ok || p.Dir == "" {
+			continue
+		}
+		schema, _ := pass.Schema(f())
+		for _, o := range schema {
+			if v, ok := p.Options[o.Name].(string); ok && o.Type == pass.PathType && v != "" && !filepath.IsAbs(v) {
+				out[i].Options = maps.Clone(out[i].Options)
+				out[i].Options[o.Name] = filepath.Join(p.Dir, v)
+			}
+		}
+	}
+	return out
+}
+
 // passConfigsAsYAML turns config structs into plain maps with YAML keys.
 func passConfigsAsYAML(ec map[string]any) map[string]any {
-	b, _ := json.Marshal(ec)
+	b, _ := json.Marshal(ec) // maps of config structs always marshal
 	var m map[string]any
-	json.Unmarshal(b, &m)
+	if err := json.Unmarshal(b, &m); err != nil {
+		panic(err) // what json.Marshal wrote
+	}
 	if ps, ok := m["passes"].([]any); ok {
 		for _, p := range ps {
 			pm := p.(map[string]any)

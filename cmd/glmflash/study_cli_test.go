@@ -16,7 +16,7 @@ func tinyStudy(t *testing.T, dir, extra string) string {
 	t.Helper()
 	p := filepath.Join(dir, "study.yaml")
 	require.NoError(t, os.WriteFile(p, []byte(`name: flags
-model: {dir: `+fixture+`/checkpoint}
+model: {dir: `+absFixture(t)+`/checkpoint}
 arms: {baseline: true}
 passes: [{name: host-length-reuse}]
 workloads:
@@ -37,7 +37,7 @@ func runCLIStderr(t *testing.T, args ...string) (string, string, error) {
 	done := make(chan string)
 	go func() {
 		var b bytes.Buffer
-		io.Copy(&b, r)
+		_, _ = io.Copy(&b, r) // until the pipe closes; a read error leaves what came
 		done <- b.String()
 	}()
 	out, err := runCLI(t, args...)

@@ -24,9 +24,9 @@ import (
 // KeyFile (PEM) serve TLS; ClientCAFile (PEM) also requires every client
 // to present a certificate signed by one of its CAs (mutual TLS).
 type TLS struct {
-	CertFile     string `koanf:"cert_file"`
-	KeyFile      string `koanf:"key_file"`
-	ClientCAFile string `koanf:"client_ca_file"`
+	CertFile     string `koanf:"cert_file" path:""`
+	KeyFile      string `koanf:"key_file" path:""`
+	ClientCAFile string `koanf:"client_ca_file" path:""`
 }
 
 // Enabled reports whether TLS is configured.
@@ -81,8 +81,8 @@ func (t TLS) ServerConfig(prefix string) (*tls.Config, error) {
 // lines starting with # are ignored). Empty APIKeysFile: no key is needed.
 // Keys of AdminKeysFile may also abort any caller's request.
 type Auth struct {
-	APIKeysFile   string `koanf:"api_keys_file"`
-	AdminKeysFile string `koanf:"admin_keys_file"`
+	APIKeysFile   string `koanf:"api_keys_file" path:""`
+	AdminKeysFile string `koanf:"admin_keys_file" path:""`
 }
 
 // Principal is an authenticated caller.

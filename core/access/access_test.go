@@ -79,7 +79,7 @@ func TestHTTPMiddleware(t *testing.T) {
 	k, err := Auth{APIKeysFile: writeKeys(t, "keys", "user-key-aaaaaaaaaa\n")}.Load("auth")
 	require.NoError(t, err)
 	h := k.HTTP(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Write([]byte(FromContext(r.Context()).ID))
+		_, _ = w.Write([]byte(FromContext(r.Context()).ID))
 	}))
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))

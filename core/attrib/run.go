@@ -130,7 +130,7 @@ func ConfigHash(m ModelRef, ps []config.PassConfig) string {
 }
 
 // PipelineFunc builds an arm's pass pipeline (the CLI adds plugin passes).
-type PipelineFunc func(e *config.Engine) (*pass.Pipeline, error)
+type PipelineFunc func(e *config.Config) (*pass.Pipeline, error)
 
 // EngineRunner runs arms in process: one engine (sharing the weights) and
 // one continuous-batching runtime per arm.
@@ -142,7 +142,10 @@ type EngineRunner struct {
 	Info_    pass.WeightInfo
 	Study    *Study
 	Pipeline PipelineFunc
-	arms     map[string]*engineArm
+	// Base is the configuration every arm starts from (nil: the built-in
+	// one): the arm replaces its passes.
+	Base *config.Config
+	arms map[string]*engineArm
 }
 
 type engineArm struct {
@@ -154,7 +157,7 @@ type engineArm struct {
 // and shared by every arm.
 func NewEngineRunner(s *Study, cfg *model.Config, w plan.Weights, wi pass.WeightInfo, pf PipelineFunc) *EngineRunner {
 	if pf == nil {
-		pf = pass.FromConfig
+		pf = func(e *config.Config) (*pass.Pipeline, error) { return e.Pipeline(nil) }
 	}
 	return &EngineRunner{Model: cfg, Weights: plan.NewWeightCache(w), Info_: wi, Study: s, Pipeline: pf, arms: map[string]*engineArm{}}
 }
@@ -171,13 +174,13 @@ func maxConcurrency(s *Study) (conc, reqs int) {
 
 // Prepare implements Runner.
 func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
-	ec := r.Study.EngineConfig(a)
+	ec := r.Study.EngineConfig(r.Base, a)
 	pl, err := r.Pipeline(ec)
 	if err != nil {
 		return fmt.Errorf("arm %s: %w", a.Name, err)
 	}
 	conc, reqs := maxConcurrency(r.Study)
-	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: pass.EnvFromConfig(ec, r.Model, r.Info_), Device: r.Device})
+	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: ec.PassEnv(r.Model, r.Info_), Device: r.Device})
 	if err != nil {
 		return err
 	}

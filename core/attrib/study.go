@@ -12,16 +12,11 @@ import (
 
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
-	"github.com/glmflash/glmflash/internal/regular"
-	"github.com/glmflash/glmflash/internal/strict"
-	"github.com/knadh/koanf/parsers/yaml"
-	"github.com/knadh/koanf/providers/rawbytes"
-	"github.com/knadh/koanf/v2"
 )
 
 // ModelRef names the checkpoint: a directory or a random preset.
 type ModelRef struct {
-	Dir    string `koanf:"dir"`
+	Dir    string `koanf:"dir" path:""`
 	Preset string `koanf:"preset"`
 	Seed   int64  `koanf:"seed"`
 }
@@ -61,7 +56,7 @@ type RuntimeLimits struct {
 type Serving struct {
 	// Binary is the glmflash executable started once per arm
 	// (default: this process's own executable).
-	Binary string `koanf:"binary"`
+	Binary string `koanf:"binary" path:""`
 	// StartTimeoutS bounds a server's start (default 300).
 	StartTimeoutS int `koanf:"start_timeout_s"`
 }
@@ -80,7 +75,7 @@ type Study struct {
 	Warmup      int                 `koanf:"warmup"`
 	Runtime     RuntimeLimits       `koanf:"runtime"`
 	Serving     Serving             `koanf:"serving"`
-	OutputDir   string              `koanf:"output_dir"`
+	OutputDir   string              `koanf:"output_dir" path:""`
 
 	Source string `koanf:"-"`
 }
@@ -101,33 +96,49 @@ const (
 	LevelServing = "serving"
 )
 
-// Load reads and validates a study file. Every error names the file and
-// the field.
+// Load reads and validates a study file with the configuration loader
+// (core/config: strict, every error naming the key and the file; relative
+// paths relative to the file). A study has no environment layer: it is a
+// recorded experiment. known reports whether a pass name exists (built-in
+// or plugin); nil means the built-in registry.
 func Load(path string, known func(name string) bool) (*Study, error) {
-	b, err := regular.ReadFile(path, regular.ConfigLimit)
+	l, err := config.FileLayer(path)
 	if err != nil {
 		return nil, fmt.Errorf("study: %w", err)
 	}
-	return Parse(b, path, known)
+	return parse(l, known)
 }
 
-// Parse decodes a study; known reports whether a pass name exists (built-in
-// or plugin); nil means the built-in registry.
+// Parse decodes a study from YAML bytes; source names them in errors, and
+// relative paths in them stay as they are.
 func Parse(b []byte, source string, known func(string) bool) (*Study, error) {
-	k := koanf.New(".")
-	if err := k.Load(rawbytes.Provider(b), yaml.Parser()); err != nil {
-		return nil, fmt.Errorf("%s: invalid YAML: %w", source, err)
+	l, err := config.BytesLayer(source, "", b)
+	if err != nil {
+		return nil, err
 	}
+	return parse(l, known)
+}
+
+func parse(l config.Layer, known func(string) bool) (*Study, error) {
 	var s Study
-	if err := k.UnmarshalWithConf("", &s, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: strict.DecoderConfig(&s)}); err != nil {
-		return nil, fmt.Errorf("%s: %s", source, strict.Message(err))
+	src, err := config.Decode(&s, []config.Layer{l})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", l.Name, err)
 	}
-	s.Source = source
+	s.Source = l.Name
+	for i := range s.Passes {
+		s.Passes[i].Dir = src.Dir("passes")
+	}
+	for i := range s.Arms.Explicit {
+		for j := range s.Arms.Explicit[i].Passes {
+			s.Arms.Explicit[i].Passes[j].Dir = src.Dir("arms")
+		}
+	}
 	if known == nil {
 		known = func(n string) bool { _, ok := pass.Lookup(n); return ok }
 	}
 	if err := s.validate(known); err != nil {
-		return nil, fmt.Errorf("%s: %w", source, err)
+		return nil, fmt.Errorf("%s: %w", l.Name, err)
 	}
 	return &s, nil
 }
@@ -146,9 +157,7 @@ func (s *Study) validate(known func(string) bool) error {
 		return fmt.Errorf("level: must be engine or serving, got %q", s.Level)
 	}
 	if len(s.Passes) == 0 {
-		for _, p := range config.Default().Passes {
-			s.Passes = append(s.Passes, p)
-		}
+		s.Passes = append(s.Passes, config.Default().Enabled()...) // the built-in configuration's passes that are on
 	}
 	seen := map[string]bool{}
 	for i, p := range s.Passes {
@@ -257,12 +266,16 @@ func (s *Study) CheckModel(vocab, contextLimit int) error {
 func (s *Study) requests(ps []config.PassConfig) ([]pass.Request, error) {
 	var reqs []pass.Request
 	for _, p := range ps {
-		reqs = append(reqs, pass.Request{Name: p.Name, Options: p.Options})
+		reqs = append(reqs, pass.Request{Name: p.Name, Options: p.Options, Dir: p.Dir})
 	}
 	for _, r := range reqs {
 		if f, ok := pass.Lookup(r.Name); ok {
-			if _, err := pass.NormalizeOptions(f().Describe(), r.Options); err != nil {
+			schema, err := pass.Schema(f())
+			if err != nil {
 				return nil, err
+			}
+			if _, err := pass.Normalize(schema, r.Options, r.Dir); err != nil {
+				return nil, fmt.Errorf("pass %s: %w", r.Name, err)
 			}
 		}
 	}
@@ -338,9 +351,18 @@ func (s *Study) Cells() []Cell {
 	return out
 }
 
-// EngineConfig is the engine configuration of an arm.
-func (s *Study) EngineConfig(a Arm) *config.Engine {
-	e := &config.Engine{Passes: append([]config.PassConfig(nil), a.Passes...), Plugins: s.Plugins, Source: s.Source + "#" + a.Name}
-	e.Parallel.AttentionTPSize = 1
-	return e
+// EngineConfig is the configuration of an arm: base (the built-in one when
+// nil) with the arm's passes, and the study's plugins section when it has
+// one.
+func (s *Study) EngineConfig(base *config.Config, a Arm) *config.Config {
+	if base == nil {
+		base = config.Default()
+	}
+	e := *base
+	e.Passes = append([]config.PassConfig(nil), a.Passes...)
+	if s.Plugins.Dir != "" {
+		e.Plugins = s.Plugins
+	}
+	e.Source = s.Source + "#" + a.Name
+	return &e
 }

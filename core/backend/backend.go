@@ -78,6 +78,21 @@ type Stats struct {
 	Launches int64
 	// FusedMHCRuns counts mhc_post_pre executions that took the fused path.
 	FusedMHCRuns int64
+	// GraphReplays counts batches run by replaying a captured CUDA graph;
+	// GraphCaptures the graphs captured.
+	GraphReplays, GraphCaptures int64
+}
+
+// OpTime is the device time one op took over a program's runs.
+type OpTime struct {
+	Op    string
+	Calls int64
+	Ms    float64
+}
+
+// OpProfiler is a program that times its ops (Options.ProfileOps).
+type OpProfiler interface {
+	OpTimes() []OpTime
 }
 
 // Store holds sequence state in numbered slots. It is safe for concurrent
@@ -107,6 +122,13 @@ type Options struct {
 	PoisonDeviceLengths bool
 	// DeviceIndex selects a GPU (device backends).
 	DeviceIndex int
+	// GraphMaxTokens bounds the batches a device backend captures into
+	// CUDA graphs and replays (0: the backend's default; negative: no
+	// graphs, every launch eager).
+	GraphMaxTokens int
+	// ProfileOps times every step on the device (events around each op's
+	// launches; graphs off) for a per-op breakdown (device backends).
+	ProfileOps bool
 }
 
 // Factory opens a backend.

@@ -1,34 +1,59 @@
-// Package config loads the engine configuration: which passes run, in which
-// order and with which options, the (simulated) parallel topology, LoRA
-// adapters, debug switches and plugin settings. YAML files are read with
-// koanf, decoded strictly (a misspelt key is an error that names it), and
-// GLMFLASH_ENGINE_* environment variables override scalar keys
-// (GLMFLASH_ENGINE_PARALLEL__ATTENTION_TP_SIZE=2 sets
-// parallel.attention_tp_size; "__" separates levels).
+// Package config is glmflash's configuration: one YAML file whose engine
+// sections (device, passes, parallel, lora, debug, plugins) and serving
+// sections (model, server, runtime) every command reads the same way, over
+// built-in defaults (configs/engine.yaml and configs/serve.yaml, embedded),
+// under environment variables (GLMFLASH_<KEY PATH>, "__" between levels)
+// and command-line flags. Loading is strict and every error names the key
+// and where it came from (load.go); studies (core/attrib) use the same
+// loader.
 package config
 
 import (
+	"encoding/hex"
 	"fmt"
+	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
-	"github.com/glmflash/glmflash/internal/regular"
-	"github.com/glmflash/glmflash/internal/strict"
-	"github.com/go-viper/mapstructure/v2"
-	"github.com/knadh/koanf/parsers/yaml"
-	"github.com/knadh/koanf/providers/env"
-	"github.com/knadh/koanf/providers/rawbytes"
-	"github.com/knadh/koanf/v2"
+	"github.com/glmflash/glmflash/configs"
+	"github.com/glmflash/glmflash/core/access"
+	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/model"
 )
 
-// EnvPrefix is the prefix of environment overrides.
-const EnvPrefix = "GLMFLASH_ENGINE_"
+// Config is the whole configuration.
+type Config struct {
+	// Device is the backend that runs the model: "cpu" or "cuda".
+	Device string `koanf:"device"`
+	// Precision is "fp32" (the parity mode) or "bf16" (GEMMs take bf16
+	// activations, fp32 accumulation: the fast mode, CUDA only).
+	Precision string `koanf:"precision"`
+	// CUDA configures the CUDA backend.
+	CUDA     CUDA         `koanf:"cuda"`
+	Passes   []PassConfig `koanf:"passes"`
+	Parallel Parallel     `koanf:"parallel"`
+	LoRA     LoRA         `koanf:"lora"`
+	Debug    Debug        `koanf:"debug"`
+	Plugins  Plugins      `koanf:"plugins"`
+	Model    Model        `koanf:"model"`
+	Server   Server       `koanf:"server"`
+	Runtime  Runtime      `koanf:"runtime"`
+
+	// Source is the configuration file ("built-in" without one).
+	Source string `koanf:"-"`
+	// Sources says where each key came from.
+	Sources *Sources `koanf:"-"`
+}
 
 // PassConfig requests one pass.
 type PassConfig struct {
 	Name    string         `koanf:"name"`
 	Enabled *bool          `koanf:"enabled"` // default true
 	Options map[string]any `koanf:"options"`
+	// Dir is the directory of the file the entry was read from: relative
+	// path options are relative to it.
+	Dir string `koanf:"-" json:"-"`
 }
 
 // On reports whether the pass is enabled.
@@ -68,9 +93,9 @@ type Debug struct {
 // glmflash-pass-* in Dir). A plugin runs only if its SHA-256 is listed in
 // Checksums or SumsFile, unless AllowUnverified is set.
 type Plugins struct {
-	Dir       string            `koanf:"dir"`
-	Checksums map[string]string `koanf:"checksums"` // plugin file name → hex SHA-256
-	SumsFile  string            `koanf:"sums_file"` // sidecar "sha256  name" lines
+	Dir       string            `koanf:"dir" path:""`
+	Checksums map[string]string `koanf:"checksums"`         // plugin file name → hex SHA-256
+	SumsFile  string            `koanf:"sums_file" path:""` // sidecar "sha256  name" lines
 	TimeoutMS int               `koanf:"timeout_ms"`
 	// StartTimeoutMS bounds a plugin's start and its Describe call
 	// (default 10000).
@@ -83,29 +108,172 @@ type Plugins struct {
 // MaxPluginTimeoutMS bounds plugins.timeout_ms and start_timeout_ms (10 min).
 const MaxPluginTimeoutMS = 600_000
 
-// Engine is the whole engine configuration.
-type Engine struct {
-	// Device is the backend that runs the model: "cpu" (default) or "cuda";
-	// --device overrides it.
-	Device   string       `koanf:"device"`
-	Passes   []PassConfig `koanf:"passes"`
-	Parallel Parallel     `koanf:"parallel"`
-	LoRA     LoRA         `koanf:"lora"`
-	Debug    Debug        `koanf:"debug"`
-	Plugins  Plugins      `koanf:"plugins"`
-	// Source is where the configuration came from (file path or "default").
-	Source string `koanf:"-"`
+// CUDA configures the CUDA backend.
+type CUDA struct {
+	// GraphMaxTokens bounds the batches captured into CUDA graphs and
+	// replayed (default 64; -1: no graphs, every kernel launched eagerly).
+	GraphMaxTokens int `koanf:"graph_max_tokens"`
 }
 
+// Model names the checkpoint: a directory, or a random preset written once
+// into CacheDir.
+type Model struct {
+	Name     string `koanf:"name"` // the name HTTP clients give as "model" (default: the directory's base name, or the preset's)
+	Dir      string `koanf:"dir" path:""`
+	Preset   string `koanf:"preset"`
+	Seed     int64  `koanf:"seed"`
+	CacheDir string `koanf:"cache_dir" path:""`
+	FP8      bool   `koanf:"fp8"`
+	// CheckTensors reads every weight at load and refuses NaN/Inf values.
+	CheckTensors bool `koanf:"check_tensors"`
+}
+
+// Server is the network side of `glmflash serve`.
+type Server struct {
+	GRPCAddr     string        `koanf:"grpc_addr"`
+	HTTPAddr     string        `koanf:"http_addr"`    // the OpenAI-compatible HTTP API; "" disables it
+	MetricsAddr  string        `koanf:"metrics_addr"` // "" disables the metrics endpoint
+	DrainTimeout time.Duration `koanf:"drain_timeout"`
+	// MaxResponseBytes bounds one reply (a Score's logits above all): a
+	// request whose reply would be larger is refused before any work.
+	MaxResponseBytes int `koanf:"max_response_bytes"`
+	// MaxRequestBytes bounds one received message.
+	MaxRequestBytes int `koanf:"max_request_bytes"`
+	// TLS serves gRPC and the HTTP API over TLS (mutual TLS with
+	// client_ca_file).
+	TLS access.TLS `koanf:"tls"`
+	// Auth requires API keys (Authorization: Bearer KEY) on gRPC and the
+	// HTTP API; health checks need none.
+	Auth access.Auth `koanf:"auth"`
+	// Reflection registers gRPC server reflection.
+	Reflection bool `koanf:"reflection"`
+	// KeepaliveTime pings an idle connection after this long, and
+	// KeepaliveTimeout closes it when the ping is not answered in time.
+	KeepaliveTime    time.Duration `koanf:"keepalive_time"`
+	KeepaliveTimeout time.Duration `koanf:"keepalive_timeout"`
+	// MaxConnectionAge closes a connection this old (0: never), after
+	// MaxConnectionAgeGrace for its calls to finish (0: no bound): the way
+	// to be rid of clients that stop reading.
+	MaxConnectionAge      time.Duration `koanf:"max_connection_age"`
+	MaxConnectionAgeGrace time.Duration `koanf:"max_connection_age_grace"`
+	// ExposePaths shows absolute paths (model directory, configuration and
+	// plugin files) in GetModelInfo; by default only their base names.
+	ExposePaths bool `koanf:"expose_paths"`
+}
+
+// Runtime sizes the engine and the scheduler; zero means the default.
+type Runtime struct {
+	Slots            int `koanf:"slots"`              // cache slots
+	MaxRunning       int `koanf:"max_running"`        // default: slots
+	MaxQueue         int `koanf:"max_queue"`          // negative: none wait
+	MaxBatchTokens   int `koanf:"max_batch_tokens"`   // default max(256, max_running)
+	PrefillChunk     int `koanf:"prefill_chunk"`      // default 64
+	ContextLimit     int `koanf:"context_limit"`      // default max_position_embeddings
+	DefaultMaxTokens int `koanf:"default_max_tokens"` // when a request has none
+}
+
+// Options say what to load besides the built-in defaults.
+type Options struct {
+	// Files are the --config files, each overriding the ones before (none:
+	// the built-in defaults alone).
+	Files []string
+	// Environ is the environment in os.Environ's format; nil means
+	// os.Environ(), an empty slice none.
+	Environ []string
+	// Flags are keys given on the command line.
+	Flags []Flag
+}
+
+// exclusive keys: a later layer's model.dir replaces an earlier preset.
+var exclusive = Exclusive{"model.dir", "model.preset"}
+
+// defaults are the built-in layers: the embedded files of configs/. Their
+// relative paths are relative to the working directory.
+func defaults() []Layer {
+	var ls []Layer
+	for _, name := range configs.Defaults {
+		b, err := configs.FS.ReadFile(name)
+		if err != nil {
+			panic(err)
+		}
+		l, err := BytesLayer("built-in configs/"+name, "", b)
+		if err != nil {
+			panic(err) // a test loads them
+		}
+		ls = append(ls, l)
+	}
+	return ls
+}
+
+// Load reads the configuration: the built-in defaults, then o.Files, the
+// environment and o.Flags, each overriding the ones before; then checks it.
+func Load(o Options) (*Config, error) {
+	layers := defaults()
+	source := "built-in"
+	if len(o.Files) > 0 {
+		source = strings.Join(o.Files, " + ")
+	}
+	for _, f := range o.Files {
+		l, err := FileLayer(f)
+		if err != nil {
+			return nil, err
+		}
+		layers = append(layers, l)
+	}
+	c := &Config{}
+	layers = append(layers, EnvLayer(o.Environ, c), FlagLayer(o.Flags))
+	return decode(c, layers, source)
+}
+
+// Parse reads YAML bytes over the built-in defaults (no environment, no
+// flags); source names them in errors. Relative paths in them stay as they
+// are.
+func Parse(b []byte, source string) (*Config, error) {
+	l, err := BytesLayer(source, "", b)
+	if err != nil {
+		return nil, err
+	}
+	return decode(&Config{}, append(defaults(), l), source)
+}
+
+// Default is the built-in configuration: every built-in pass on, in order,
+// the `small` preset served on loopback addresses.
+func Default() *Config {
+	c, err := decode(&Config{}, defaults(), "built-in")
+	if err != nil {
+		panic(err) // a test loads the defaults
+	}
+	return c
+}
+
+func decode(c *Config, layers []Layer, source string) (*Config, error) {
+	src, err := Decode(c, layers, exclusive)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c.Source, c.Sources = source, src
+	for i := range c.Passes {
+		c.Passes[i].Dir = src.Dir("passes")
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("config: %w", src.Explain(err))
+	}
+	return c, nil
+}
+
+// Explain adds the source of the key a validation error names (a
+// KeyError) to its message.
+func (c *Config) Explain(err error) error { return c.Sources.Explain(err) }
+
 // VerifyEachPass reports the effective debug.verify_each_pass.
-func (e *Engine) VerifyEachPass() bool {
-	return e.Debug.VerifyEachPass == nil || *e.Debug.VerifyEachPass
+func (c *Config) VerifyEachPass() bool {
+	return c.Debug.VerifyEachPass == nil || *c.Debug.VerifyEachPass
 }
 
 // Enabled returns the enabled passes in order.
-func (e *Engine) Enabled() []PassConfig {
+func (c *Config) Enabled() []PassConfig {
 	var out []PassConfig
-	for _, p := range e.Passes {
+	for _, p := range c.Passes {
 		if p.On() {
 			out = append(out, p)
 		}
@@ -113,157 +281,172 @@ func (e *Engine) Enabled() []PassConfig {
 	return out
 }
 
-// Default is the configuration used when no file is given: every built-in
-// pass on, in the order of configs/engine.yaml.
-func Default() *Engine {
-	e, err := Parse([]byte(DefaultYAML), "default")
-	if err != nil {
-		panic(err)
+// Requests lists the enabled passes, in order, as pipeline requests.
+func (c *Config) Requests() []pass.Request {
+	var reqs []pass.Request
+	for _, p := range c.Enabled() {
+		reqs = append(reqs, pass.Request{Name: p.Name, Options: p.Options, Dir: p.Dir})
 	}
-	return e
+	return reqs
 }
 
-// DefaultYAML is the default engine configuration (kept identical to
-// configs/engine.yaml by a test).
-const DefaultYAML = `# glmflash engine configuration: the device, and the passes in the order they run.
-device: cpu
-passes:
-  - name: kda-projection-fusion
-    options: {form: auto}
-  - name: mhc-post-pre-fusion
-    options: {intra_layer: true, cross_layer: true, fuse_norm: true, max_tokens: 0}
-  - name: dsa-pooled-metadata
-  - name: host-length-reuse
-  - name: prefill-autotune
-    options: {tune_at_start: false, table_dir: configs/tuning}
-parallel:
-  attention_tp_size: 1
-  attention_tp_rank: 0
-debug:
-  verify_each_pass: true
-`
-
-// Load reads a YAML file and applies environment overrides.
-func Load(path string) (*Engine, error) {
-	b, err := regular.ReadFile(path, regular.ConfigLimit)
-	if err != nil {
-		return nil, fmt.Errorf("engine config: %w", err)
-	}
-	return parse(b, path, true)
+// Pipeline builds the pass pipeline the configuration asks for: the enabled
+// passes in their listed order, resolved among the built-in passes and
+// extra (the plugin host's passes; may be nil).
+func (c *Config) Pipeline(extra pass.Resolver) (*pass.Pipeline, error) {
+	return pass.NewPipelineWith(c.Requests(), c.VerifyEachPass(), extra)
 }
 
-// Parse decodes YAML bytes (no environment overrides); source names them in
-// errors.
-func Parse(b []byte, source string) (*Engine, error) { return parse(b, source, false) }
-
-func parse(b []byte, source string, withEnv bool) (*Engine, error) {
-	k := koanf.New(".")
-	if err := k.Load(rawbytes.Provider(b), yaml.Parser()); err != nil {
-		return nil, fmt.Errorf("%s: invalid YAML: %w", source, err)
-	}
-	if withEnv {
-		err := k.Load(env.Provider(EnvPrefix, ".", func(key string) string {
-			key = strings.ToLower(strings.TrimPrefix(key, EnvPrefix))
-			return strings.ReplaceAll(key, "__", ".")
-		}), nil)
-		if err != nil {
-			return nil, fmt.Errorf("%s: environment overrides: %w", source, err)
+// PassEnv is the eligibility environment for model m, its weights w and
+// this configuration (topology, LoRA targets, hidden-state captures).
+func (c *Config) PassEnv(m *model.Config, w pass.WeightInfo) *pass.Env {
+	env := pass.NewEnv(m, w)
+	env.TP = pass.Topology{Size: c.Parallel.AttentionTPSize, Rank: c.Parallel.AttentionTPRank, Known: c.Parallel.AttentionTPSize > 0}
+	for _, a := range c.LoRA.Adapters {
+		for _, t := range a.Targets {
+			env.LoRA = append(env.LoRA, pass.LoRATarget{Adapter: a.Name, Module: t, Layers: a.Layers})
 		}
 	}
-	var e Engine
-	dc := strict.DecoderConfig(&e)
-	dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(mapstructure.StringToSliceHookFunc(","), strict.Hook)
-	if err := k.UnmarshalWithConf("", &e, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
-		return nil, fmt.Errorf("%s: %s", source, strict.Message(err))
+	for _, l := range c.Debug.CaptureHidden {
+		env.CaptureHidden[l] = true
 	}
-	e.Source = source
-	if err := e.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", source, err)
-	}
-	return &e, nil
+	return env
 }
 
-// Validate checks values that YAML typing cannot.
-func (e *Engine) Validate() error {
-	switch e.Device {
-	case "", "cpu", "cuda":
+// ServedName is the model's name in the HTTP API: model.name, else the
+// checkpoint directory's base name, else the preset's name.
+func (c *Config) ServedName() string {
+	switch {
+	case c.Model.Name != "":
+		return c.Model.Name
+	case c.Model.Dir != "":
+		return filepath.Base(filepath.Clean(c.Model.Dir))
+	}
+	return c.Model.Preset
+}
+
+// Validate checks values that typing cannot; errors are KeyErrors (Explain
+// adds where the key came from).
+func (c *Config) Validate() error {
+	if err := c.validateEngine(); err != nil {
+		return err
+	}
+	return c.validateServing()
+}
+
+func (c *Config) validateEngine() error {
+	switch c.Device {
+	case "":
+		c.Device = "cpu"
+	case "cpu", "cuda":
 	default:
-		return fmt.Errorf("device must be cpu or cuda, got %q", e.Device)
+		return keyErr("device", "must be cpu or cuda, got %q", c.Device)
+	}
+	switch c.Precision {
+	case "":
+		c.Precision = "fp32"
+	case "fp32", "bf16":
+	default:
+		return keyErr("precision", "must be fp32 or bf16, got %q", c.Precision)
+	}
+	if g := c.CUDA.GraphMaxTokens; g < -1 || g > 1<<16 {
+		return keyErr("cuda.graph_max_tokens", "must be -1 (no graphs), 0 (the default) or in [1, 65536], got %d", g)
 	}
 	seen := map[string]bool{}
-	for i, p := range e.Passes {
+	for i, p := range c.Passes {
 		if p.Name == "" {
-			return fmt.Errorf("passes[%d]: name is required", i)
+			return keyErr("passes", "passes[%d]: name is required", i)
 		}
 		if seen[p.Name] {
-			return fmt.Errorf("passes[%d]: pass %q is listed twice", i, p.Name)
+			return keyErr("passes", "passes[%d]: pass %q is listed twice", i, p.Name)
 		}
 		seen[p.Name] = true
 	}
-	if e.Parallel.AttentionTPSize == 0 {
-		e.Parallel.AttentionTPSize = 1
+	if c.Parallel.AttentionTPSize == 0 {
+		c.Parallel.AttentionTPSize = 1 // unset
 	}
-	if e.Parallel.AttentionTPSize < 0 {
-		return fmt.Errorf("parallel.attention_tp_size must be ≥ 1, got %d", e.Parallel.AttentionTPSize)
+	if c.Parallel.AttentionTPSize < 1 {
+		return keyErr("parallel.attention_tp_size", "must be ≥ 1, got %d", c.Parallel.AttentionTPSize)
 	}
-	if e.Parallel.AttentionTPRank < 0 || e.Parallel.AttentionTPRank >= e.Parallel.AttentionTPSize {
-		return fmt.Errorf("parallel.attention_tp_rank must be in [0, %d), got %d", e.Parallel.AttentionTPSize, e.Parallel.AttentionTPRank)
+	if c.Parallel.AttentionTPRank < 0 || c.Parallel.AttentionTPRank >= c.Parallel.AttentionTPSize {
+		return keyErr("parallel.attention_tp_rank", "must be in [0, %d), got %d", c.Parallel.AttentionTPSize, c.Parallel.AttentionTPRank)
 	}
-	for i, a := range e.LoRA.Adapters {
+	for i, a := range c.LoRA.Adapters {
 		if len(a.Targets) == 0 {
-			return fmt.Errorf("lora.adapters[%d] (%s): targets must not be empty", i, a.Name)
+			return keyErr("lora.adapters", "lora.adapters[%d] (%s): targets must not be empty", i, a.Name)
 		}
 	}
-	for i, l := range e.Debug.CaptureHidden {
+	for i, l := range c.Debug.CaptureHidden {
 		if l < 0 {
-			return fmt.Errorf("debug.capture_hidden[%d]: layer %d is negative", i, l)
+			return keyErr("debug.capture_hidden", "debug.capture_hidden[%d]: layer %d is negative", i, l)
 		}
 	}
-	if e.Plugins.TimeoutMS < 0 || e.Plugins.TimeoutMS > MaxPluginTimeoutMS {
-		return fmt.Errorf("plugins.timeout_ms must be in [0, %d] (0: the default), got %d", MaxPluginTimeoutMS, e.Plugins.TimeoutMS)
+	if c.Plugins.TimeoutMS < 0 || c.Plugins.TimeoutMS > MaxPluginTimeoutMS {
+		return keyErr("plugins.timeout_ms", "must be in [0, %d] (0: the default), got %d", MaxPluginTimeoutMS, c.Plugins.TimeoutMS)
 	}
-	if e.Plugins.StartTimeoutMS < 0 || e.Plugins.StartTimeoutMS > MaxPluginTimeoutMS {
-		return fmt.Errorf("plugins.start_timeout_ms must be in [0, %d] (0: the default), got %d", MaxPluginTimeoutMS, e.Plugins.StartTimeoutMS)
+	if c.Plugins.StartTimeoutMS < 0 || c.Plugins.StartTimeoutMS > MaxPluginTimeoutMS {
+		return keyErr("plugins.start_timeout_ms", "must be in [0, %d] (0: the default), got %d", MaxPluginTimeoutMS, c.Plugins.StartTimeoutMS)
 	}
-	for _, name := range SortedOptionKeys(anyMap(e.Plugins.Checksums)) {
-		sum := e.Plugins.Checksums[name]
+	names := make([]string, 0, len(c.Plugins.Checksums))
+	for name := range c.Plugins.Checksums {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		sum := c.Plugins.Checksums[name]
 		if name == "" || strings.ContainsAny(name, `/\`) {
-			return fmt.Errorf("plugins.checksums: key %q must be a plugin file name (no directory)", name)
+			return keyErr("plugins.checksums", "key %q must be a plugin file name (no directory)", name)
 		}
 		if !isHexSHA256(sum) {
-			return fmt.Errorf("plugins.checksums.%s: %q is not a hex SHA-256 (64 hex digits)", name, sum)
+			return keyErr("plugins.checksums."+name, "%q is not a hex SHA-256 (64 hex digits)", sum)
 		}
 	}
 	return nil
 }
 
-func anyMap(m map[string]string) map[string]any {
-	out := make(map[string]any, len(m))
-	for k, v := range m {
-		out[k] = v
+func (c *Config) validateServing() error {
+	m, s, r := c.Model, c.Server, c.Runtime
+	switch {
+	case m.Dir != "" && m.Preset != "":
+		return keyErr("model", "model.dir and model.preset are mutually exclusive")
+	case m.Dir == "" && m.Preset == "":
+		return keyErr("model", "name a model with model.dir or model.preset")
+	case s.GRPCAddr == "":
+		return keyErr("server.grpc_addr", "is empty")
+	case s.DrainTimeout < 0:
+		return keyErr("server.drain_timeout", "must be ≥ 0, got %s", s.DrainTimeout)
+	case s.MaxResponseBytes < 1<<10 || s.MaxResponseBytes > 1<<30:
+		return keyErr("server.max_response_bytes", "must be in [1 KiB, 1 GiB], got %d", s.MaxResponseBytes)
+	case s.MaxRequestBytes < 1<<10 || s.MaxRequestBytes > 1<<30:
+		return keyErr("server.max_request_bytes", "must be in [1 KiB, 1 GiB], got %d", s.MaxRequestBytes)
+	case s.KeepaliveTime < time.Second:
+		return keyErr("server.keepalive_time", "must be ≥ 1s, got %s", s.KeepaliveTime)
+	case s.KeepaliveTimeout < time.Second:
+		return keyErr("server.keepalive_timeout", "must be ≥ 1s, got %s", s.KeepaliveTimeout)
+	case s.MaxConnectionAge < 0:
+		return keyErr("server.max_connection_age", "must be ≥ 0, got %s", s.MaxConnectionAge)
+	case s.MaxConnectionAgeGrace < 0:
+		return keyErr("server.max_connection_age_grace", "must be ≥ 0, got %s", s.MaxConnectionAgeGrace)
+	case s.TLS.Validate("server.tls") != nil:
+		return s.TLS.Validate("server.tls") // names its keys
+	case r.Slots < 1:
+		return keyErr("runtime.slots", "must be ≥ 1, got %d", r.Slots)
+	case r.MaxRunning < 0:
+		return keyErr("runtime.max_running", "must be ≥ 0, got %d", r.MaxRunning)
+	case r.MaxBatchTokens < 0:
+		return keyErr("runtime.max_batch_tokens", "must be ≥ 0, got %d", r.MaxBatchTokens)
+	case r.PrefillChunk < 0:
+		return keyErr("runtime.prefill_chunk", "must be ≥ 0, got %d", r.PrefillChunk)
+	case r.ContextLimit < 0:
+		return keyErr("runtime.context_limit", "must be ≥ 0, got %d", r.ContextLimit)
+	case r.DefaultMaxTokens < 1:
+		return keyErr("runtime.default_max_tokens", "must be ≥ 1, got %d", r.DefaultMaxTokens)
 	}
-	return out
+	return nil
 }
 
 // isHexSHA256 reports whether s is 64 hex digits.
 func isHexSHA256(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	for _, c := range s {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-			return false
-		}
-	}
-	return true
-}
-
-// SortedOptionKeys returns a pass's option names, sorted (for messages).
-func SortedOptionKeys(m map[string]any) []string {
-	k := make([]string, 0, len(m))
-	for key := range m {
-		k = append(k, key)
-	}
-	sort.Strings(k)
-	return k
+	_, err := hex.DecodeString(s)
+	return len(s) == 64 && err == nil
 }

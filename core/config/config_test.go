@@ -1,71 +1,258 @@
 package config
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/glmflash/glmflash/configs"
 	"github.com/stretchr/testify/require"
 )
 
-func TestDefaultMatchesShippedFile(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "configs", "engine.yaml"))
-	require.NoError(t, err)
-	require.Equal(t, DefaultYAML, string(b))
+func writeYAML(t *testing.T, s string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	require.NoError(t, os.WriteFile(p, []byte(s), 0o644))
+	return p
+}
+
+func load(t *testing.T, yaml string, env ...string) (*Config, error) {
+	t.Helper()
+	o := Options{Environ: append([]string{}, env...)}
+	if yaml != "" {
+		o.Files = []string{writeYAML(t, yaml)}
+	}
+	return Load(o)
+}
+
+// The built-in defaults are the shipped files: every built-in pass on, the
+// small preset on loopback addresses.
+func TestDefaultsAreTheShippedFiles(t *testing.T) {
 	d := Default()
 	require.Len(t, d.Enabled(), 5)
 	require.True(t, d.VerifyEachPass())
-}
-
-func TestStrictDecodingNamesTheKey(t *testing.T) {
-	_, err := Parse([]byte("passes:\n  - name: x\n    optoins: {}\n"), "f.yaml")
-	require.ErrorContains(t, err, "optoins")
-	require.ErrorContains(t, err, "f.yaml")
-	_, err = Parse([]byte("paralel:\n  attention_tp_size: 2\n"), "f.yaml")
-	require.ErrorContains(t, err, "paralel")
-	_, err = Parse([]byte("parallel:\n  attention_tp_size: 2\n  attention_tp_rank: 2\n"), "f.yaml")
-	require.ErrorContains(t, err, "attention_tp_rank")
-	_, err = Parse([]byte("passes:\n  - name: a\n  - name: a\n"), "f.yaml")
-	require.ErrorContains(t, err, "listed twice")
-	_, err = Parse([]byte("passes: [\n"), "f.yaml")
-	require.ErrorContains(t, err, "invalid YAML")
-	_, err = Parse([]byte("lora:\n  adapters:\n    - name: a\n"), "f.yaml")
-	require.ErrorContains(t, err, "targets")
-}
-
-func TestEnvironmentOverrides(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "e.yaml")
-	require.NoError(t, os.WriteFile(p, []byte("parallel:\n  attention_tp_size: 1\n"), 0o644))
-	t.Setenv("GLMFLASH_ENGINE_PARALLEL__ATTENTION_TP_SIZE", "4")
-	t.Setenv("GLMFLASH_ENGINE_PARALLEL__ATTENTION_TP_RANK", "3")
-	e, err := Load(p)
+	require.Equal(t, "cpu", d.Device)
+	require.Equal(t, "small", d.Model.Preset)
+	require.Equal(t, int64(1), d.Model.Seed)
+	require.Equal(t, ".cache/glmflash", d.Model.CacheDir)
+	require.Equal(t, "127.0.0.1:50051", d.Server.GRPCAddr)
+	require.Equal(t, "127.0.0.1:8000", d.Server.HTTPAddr)
+	require.Equal(t, "127.0.0.1:9090", d.Server.MetricsAddr)
+	require.Equal(t, 30*time.Second, d.Server.DrainTimeout)
+	require.True(t, d.Server.Reflection)
+	require.Equal(t, 8, d.Runtime.Slots)
+	require.Equal(t, "small", d.ServedName())
+	require.Equal(t, "built-in configs/engine.yaml", d.Sources.Of("passes"))
+	require.Equal(t, "built-in configs/serve.yaml", d.Sources.Of("runtime.slots"))
+	// a file that says nothing is the defaults
+	c, err := load(t, "{}\n")
 	require.NoError(t, err)
-	require.Equal(t, 4, e.Parallel.AttentionTPSize)
-	require.Equal(t, 3, e.Parallel.AttentionTPRank)
-	t.Setenv("GLMFLASH_ENGINE_PARALLEL__ATTENTON_TP_SIZE", "4")
-	_, err = Load(p)
-	require.ErrorContains(t, err, "attenton_tp_size")
+	require.Equal(t, d.Requests(), c.Requests())
 }
 
-func FuzzParse(f *testing.F) {
-	f.Add([]byte(DefaultYAML))
-	f.Add([]byte("passes: []\n"))
-	f.Add([]byte("passes:\n  - name: x\n    enabled: false\n    options: {a: [1,2]}\n"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _ = Parse(b, "fuzz")
-	})
+// Every YAML file under configs/ loads as a --config file.
+func TestEveryShippedFileLoads(t *testing.T) {
+	require.NoError(t, fs.WalkDir(configs.FS, ".", func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() || strings.HasPrefix(p, "studies/") {
+			return err
+		}
+		_, err = Load(Options{Files: []string{filepath.Join("..", "..", "configs", p)}, Environ: []string{}})
+		require.NoError(t, err, p)
+		return nil
+	}))
+}
+
+// A misspelt or mistyped key is an error naming the key and where it came
+// from; nothing is reinterpreted.
+func TestStrictDecodingNamesTheKeyAndItsSource(t *testing.T) {
+	for yaml, want := range map[string]string{
+		"passes:\n  - name: x\n    optoins: {}\n":                     "optoins",
+		"paralel:\n  attention_tp_size: 2\n":                          `unknown key "paralel.attention_tp_size" in `,
+		"parallel:\n  attention_tp_size: 2\n  attention_tp_rank: 2\n": "parallel.attention_tp_rank (",
+		"passes:\n  - name: a\n  - name: a\n":                         "listed twice",
+		"passes: [\n":                                                 "invalid YAML",
+		"lora:\n  adapters:\n    - name: a\n":                         "targets must not be empty",
+		"runtime: {max_runing: 3}\n":                                  `unknown key "runtime.max_runing"`,
+		"logging: {level: debug}\n":                                   `unknown key "logging.level"`,
+		"model: small\n":                                              `"model" must be a section`,
+		"runtime: {slots: many}\n":                                    "runtime.slots (",
+		"runtime: {slots: 2.7}\n":                                     "2.7 is not an integer",
+		"runtime: {slots: true}\n":                                    "runtime.slots",
+		"server: {drain_timeout: soon}\n":                             "server.drain_timeout",
+		"server: {drain_timeout: 30}\n":                               "has no unit",
+		"model: {preset: small, dir: /x}\n":                           "model.dir and model.preset are mutually exclusive",
+		"runtime: {slots: 0}\n":                                       "runtime.slots (",
+		"server: {drain_timeout: -1s}\n":                              "server.drain_timeout (",
+		"device: tpu\n":                                               `device (`,
+		"precision: fp16\n":                                           `precision (`,
+		"cuda: {graph_max_tokens: -2}\n":                              `cuda.graph_max_tokens (`,
+		"cuda: {graph_max_tokens: 70000}\n":                           `cuda.graph_max_tokens (`,
+		"plugins: {timeout_ms: 2.5}\n":                                "timeout_ms",
+		"debug: {capture_hidden: [1.5]}\n":                            "capture_hidden",
+	} {
+		_, err := load(t, yaml)
+		require.ErrorContains(t, err, want, yaml)
+	}
+	// the source is the file
+	p := writeYAML(t, "runtime: {slots: 0}\n")
+	_, err := Load(Options{Files: []string{p}, Environ: []string{}})
+	require.ErrorContains(t, err, "runtime.slots ("+p+"): must be ≥ 1, got 0")
+	_, err = Load(Options{Files: []string{filepath.Join(t.TempDir(), "missing.yaml")}})
+	require.ErrorContains(t, err, "missing.yaml")
+}
+
+// GLMFLASH_<KEY PATH> variables override the file, flags override both;
+// errors name the variable or the flag.
+func TestEnvironmentAndFlags(t *testing.T) {
+	p := writeYAML(t, "model: {dir: /models/x}\nserver: {grpc_addr: \"127.0.0.1:7000\", drain_timeout: 2s}\nruntime: {max_running: 4, prefill_chunk: 32}\nparallel: {attention_tp_size: 1}\n")
+	env := []string{
+		"GLMFLASH_RUNTIME__MAX_RUNNING=6",            // overrides the file
+		"GLMFLASH_SERVER__METRICS_ADDR=",             // disables metrics
+		"GLMFLASH_PARALLEL__ATTENTION_TP_SIZE=4",     // an engine key, same convention
+		"GLMFLASH_PARALLEL__ATTENTION_TP_RANK=3",     //
+		"GLMFLASH_DEVICE=cpu",                        // a top-level key
+		"GLMFLASH_PRECISION=bf16",                    //
+		"GLMFLASH_CUDA__GRAPH_MAX_TOKENS=-1",         // a CUDA key
+		"GLMFLASH_CUDA_EMULATOR=/x.so", "HOME=/root", // not configuration
+		"GLMFLASH_DEBUG__CAPTURE_HIDDEN=1,2", // a list
+	}
+	c, err := Load(Options{Files: []string{p}, Environ: env, Flags: []Flag{{Key: "runtime.prefill_chunk", Value: 16, Name: "--chunk"}}})
+	require.NoError(t, err)
+	require.Equal(t, "/models/x", c.Model.Dir)
+	require.Empty(t, c.Model.Preset, "model.dir replaces the default preset")
+	require.Equal(t, int64(1), c.Model.Seed, "default kept")
+	require.Equal(t, "127.0.0.1:7000", c.Server.GRPCAddr)
+	require.Equal(t, "", c.Server.MetricsAddr)
+	require.Equal(t, 2*time.Second, c.Server.DrainTimeout)
+	require.Equal(t, 6, c.Runtime.MaxRunning)
+	require.Equal(t, 16, c.Runtime.PrefillChunk)
+	require.Equal(t, 8, c.Runtime.Slots)
+	require.Equal(t, 4, c.Parallel.AttentionTPSize)
+	require.Equal(t, 3, c.Parallel.AttentionTPRank)
+	require.Equal(t, []int{1, 2}, c.Debug.CaptureHidden)
+	require.Equal(t, "bf16", c.Precision)
+	require.Equal(t, -1, c.CUDA.GraphMaxTokens)
+	require.Equal(t, "environment variable GLMFLASH_RUNTIME__MAX_RUNNING", c.Sources.Of("runtime.max_running"))
+	require.Equal(t, "flag --chunk", c.Sources.Of("runtime.prefill_chunk"))
+	require.Equal(t, p, c.Sources.Of("server.grpc_addr"))
+
+	for e, want := range map[string]string{
+		"GLMFLASH_SERVER__GRPC_ADR=x":                   `unknown key "server.grpc_adr" in environment variable GLMFLASH_SERVER__GRPC_ADR`,
+		"GLMFLASH_RUNTIME__SLOTS=2.7":                   `runtime.slots (environment variable GLMFLASH_RUNTIME__SLOTS): "2.7" is not an integer`,
+		"GLMFLASH_RUNTIME__SLOTS=0":                     "runtime.slots (environment variable GLMFLASH_RUNTIME__SLOTS): must be ≥ 1",
+		"GLMFLASH_SERVER__DRAIN_TIMEOUT=30":             "drain_timeout",
+		"GLMFLASH_ENGINE_PARALLEL__ATTENTION_TP_SIZE=2": "GLMFLASH_PARALLEL__ATTENTION_TP_SIZE",
+		"GLMFLASH_PARALLEL__ATTENTION_TP_SIZE=2.0":      "attention_tp_size",
+	} {
+		_, err := Load(Options{Files: []string{p}, Environ: []string{e}})
+		require.ErrorContains(t, err, want, e)
+	}
+	_, err = Load(Options{Files: []string{p}, Environ: []string{}, Flags: []Flag{{Key: "runtime.slots", Value: -2, Name: "--slots"}}})
+	require.ErrorContains(t, err, "runtime.slots (flag --slots): must be ≥ 1, got -2")
+	// a flag's model.preset replaces the file's model.dir
+	c, err = Load(Options{Files: []string{p}, Environ: []string{}, Flags: []Flag{{Key: "model.preset", Value: "tiny", Name: "--preset"}}})
+	require.NoError(t, err)
+	require.Equal(t, "tiny", c.Model.Preset)
+	require.Empty(t, c.Model.Dir)
+}
+
+// Relative paths in a file are relative to the file; those of the
+// environment, of flags and of the built-in defaults to the working
+// directory.
+func TestRelativePaths(t *testing.T) {
+	p := writeYAML(t, `
+model: {dir: ckpt, cache_dir: ../cache, name: mine}
+server:
+  tls: {cert_file: c.pem, key_file: /abs/k.pem}
+  auth: {api_keys_file: keys.txt}
+plugins: {dir: plugins, sums_file: plugins/SHA256SUMS}
+passes:
+  - name: prefill-autotune
+    options: {table_dir: tables}
+`)
+	dir := filepath.Dir(p)
+	c, err := Load(Options{Files: []string{p}, Environ: []string{"GLMFLASH_SERVER__TLS__CLIENT_CA_FILE=ca.pem"}})
+	require.NoError(t, err)
+	require.Equal(t, filepath.Join(dir, "ckpt"), c.Model.Dir)
+	require.Equal(t, filepath.Join(dir, "../cache"), c.Model.CacheDir)
+	require.Equal(t, filepath.Join(dir, "c.pem"), c.Server.TLS.CertFile)
+	require.Equal(t, "/abs/k.pem", c.Server.TLS.KeyFile)
+	require.Equal(t, "ca.pem", c.Server.TLS.ClientCAFile, "the environment's paths are relative to the working directory")
+	require.Equal(t, filepath.Join(dir, "keys.txt"), c.Server.Auth.APIKeysFile)
+	require.Equal(t, filepath.Join(dir, "plugins"), c.Plugins.Dir)
+	require.Equal(t, filepath.Join(dir, "plugins/SHA256SUMS"), c.Plugins.SumsFile)
+	require.Equal(t, dir, c.Requests()[0].Dir, "pass path options are relative to the file")
+	require.Equal(t, "mine", c.ServedName())
+	d := Default()
+	require.Equal(t, ".cache/glmflash", d.Model.CacheDir)
+	require.Empty(t, d.Requests()[0].Dir)
 }
 
 func TestPluginSettings(t *testing.T) {
 	sum := strings.Repeat("ab", 32)
-	e, err := Parse([]byte("plugins:\n  dir: /opt/p\n  allow_unverified: true\n  timeout_ms: 500\n  checksums:\n    glmflash-pass-x: "+sum+"\n"), "f.yaml")
+	c, err := Parse([]byte("plugins:\n  dir: /opt/p\n  allow_unverified: true\n  timeout_ms: 500\n  checksums:\n    glmflash-pass-x: "+sum+"\n"), "f.yaml")
 	require.NoError(t, err)
-	require.True(t, e.Plugins.AllowUnverified)
-	require.Equal(t, sum, e.Plugins.Checksums["glmflash-pass-x"])
+	require.True(t, c.Plugins.AllowUnverified)
+	require.Equal(t, sum, c.Plugins.Checksums["glmflash-pass-x"])
 	require.False(t, Default().Plugins.AllowUnverified)
 	_, err = Parse([]byte("plugins:\n  checksums:\n    glmflash-pass-x: abc\n"), "f.yaml")
 	require.ErrorContains(t, err, "plugins.checksums.glmflash-pass-x")
 	_, err = Parse([]byte("plugins:\n  allow_unverifed: true\n"), "f.yaml")
 	require.ErrorContains(t, err, "allow_unverifed")
+}
+
+// The operator options decode and are checked.
+func TestOperatorOptions(t *testing.T) {
+	c, err := load(t, `
+server:
+  reflection: false
+  expose_paths: true
+  keepalive_time: 30s
+  max_connection_age: 1h
+  max_connection_age_grace: 30s
+  max_response_bytes: 1048576
+`)
+	require.NoError(t, err)
+	require.False(t, c.Server.Reflection)
+	require.True(t, c.Server.ExposePaths)
+	require.Equal(t, time.Hour, c.Server.MaxConnectionAge)
+	for y, want := range map[string]string{
+		"server: {tls: {cert_file: c.pem}}":        "server.tls: cert_file and key_file are both required",
+		"server: {keepalive_time: 0s}":             "server.keepalive_time",
+		"server: {max_connection_age: -1s}":        "max_connection_age",
+		"server: {max_response_bytes: 10}":         "server.max_response_bytes",
+		"server: {auth: {api_key_file: keys.txt}}": `unknown key "server.auth.api_key_file"`,
+	} {
+		_, err := load(t, y+"\n")
+		require.ErrorContains(t, err, want, y)
+	}
+}
+
+// No YAML, and no environment, makes the loader panic.
+func FuzzLoad(f *testing.F) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "configs", "engine.yaml"))
+	require.NoError(f, err)
+	f.Add(string(b), "")
+	for _, s := range []string{
+		"passes: []\n",
+		"passes:\n  - name: x\n    enabled: false\n    options: {a: [1,2]}\n",
+		"model: {dir: /x}\nserver: {drain_timeout: 3s}\nruntime: {slots: 4}\n",
+		"model: small\n",
+		"runtime: {slots: [1, 2]}\n",
+		"a: {b: {c: {d: 1}}}\n",
+	} {
+		f.Add(s, "GLMFLASH_RUNTIME__SLOTS=3")
+	}
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, s, env string) {
+		p := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = Load(Options{Files: []string{p}, Environ: []string{env}})
+		_, _ = Parse([]byte(s), "fuzz")
+	})
 }

@@ -382,3 +382,16 @@ func RunMTP(e *engine.Engine, ref *MTPReference) ([]MTPResult, error) {
 	}
 	return out, nil
 }
+
+// IsMTPReference reports whether the JSON file at path is an MTP reference
+// (its "format" is MTPFormat); false when it cannot be read or parsed.
+func IsMTPReference(path string) bool {
+	jb, err := regular.ReadFile(path, regular.ConfigLimit)
+	if err != nil {
+		return false
+	}
+	var j struct {
+		Format string `json:"format"`
+	}
+	return json.Unmarshal(jb, &j) == nil && j.Format == MTPFormat
+}

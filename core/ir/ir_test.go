@@ -166,3 +166,12 @@ func TestSliceCols(t *testing.T) {
 	require.Equal(t, []int{DimT, 2}, y.Shape)
 	require.NoError(t, g.Verify())
 }
+
+// swiglu_packed halves its input's width: g and u side by side.
+func TestSwiGLUPackedShape(t *testing.T) {
+	g := New("t")
+	x := g.AddInput("x", F32, DimT, 8)
+	require.Equal(t, []int{DimT, 4}, g.Op1(OpSwiGLUPacked, 0, Attrs{"limit": 7.0}, x).Shape)
+	_, err := g.NewNode(OpSwiGLUPacked, 0, nil, g.AddInput("odd", F32, DimT, 5))
+	require.ErrorContains(t, err, "not g and u of equal widths")
+}

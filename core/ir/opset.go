@@ -24,6 +24,7 @@ const (
 	OpSigmoid       = "sigmoid"
 	OpAdd           = "add"
 	OpSwiGLU        = "swiglu"
+	OpSwiGLUPacked  = "swiglu_packed"
 	OpKDAConv       = "kda_conv"
 	OpKDAGate       = "kda_gate"
 	OpKDAAttn       = "kda_attn"
@@ -52,6 +53,7 @@ func init() {
 		{Name: OpSigmoid, Doc: "elementwise sigmoid", MinInputs: 1, MaxInputs: 1, Infer: inferSame},
 		{Name: OpAdd, Doc: "elementwise sum", MinInputs: 2, MaxInputs: 2, Infer: inferAdd},
 		{Name: OpSwiGLU, Doc: "silu(min(g,limit))·clamp(u,±limit)", MinInputs: 2, MaxInputs: 2, Infer: inferAdd},
+		{Name: OpSwiGLUPacked, Doc: "swiglu of one [T,2I] input packing g then u per row (a gate-up GEMM's output) → [T,I]", MinInputs: 1, MaxInputs: 1, Infer: inferSwiGLUPacked},
 		{Name: OpKDAConv, Doc: "causal depthwise conv + SiLU over q,k,v with the per-sequence conv state", MinInputs: 5, MaxInputs: 5, Infer: inferKDAConv, SideEffects: true, ReadsLengths: true},
 		{Name: OpKDAGate, Doc: "KDA forget gate (log-decay)", MinInputs: 3, MaxInputs: 3, Infer: inferKDAGate},
 		{Name: OpKDAAttn, Doc: "KDA delta rule (chunked or recurrent) with the per-sequence recurrent state", MinInputs: 6, MaxInputs: 6, Infer: inferKDAAttn, SideEffects: true, ReadsLengths: true},
@@ -315,6 +317,17 @@ func inferAdd(n *Node) ([]OutType, error) {
 	return []OutType{out("y", F32, a.Shape...)}, nil
 }
 
+func inferSwiGLUPacked(n *Node) ([]OutType, error) {
+	x, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	if x.Shape[1]%2 != 0 {
+		return nil, fmt.Errorf("input width %d is not g and u of equal widths", x.Shape[1])
+	}
+	return []OutType{out("y", F32, x.Shape[0], x.Shape[1]/2)}, nil
+}
+
 func inferKDAConv(n *Node) ([]OutType, error) {
 	if err := needLengths(n, 0); err != nil {
 		return nil, err
@@ -351,7 +364,7 @@ func inferKDAGate(n *Node) ([]OutType, error) {
 		return nil, fmt.Errorf("attribute heads (%d) must divide width %d", H, z.Shape[1])
 	}
 	if a, err := need(n, 1, F32, 1); err != nil || a.Shape[0] != H {
-		return nil, fmt.Errorf("A_log must be f32[%d]: %v", H, err)
+		return nil, fmt.Errorf("weight A_log must be f32[%d]: %v", H, err)
 	}
 	if b, err := need(n, 2, F32, 1); err != nil || b.Shape[0] != z.Shape[1] {
 		return nil, fmt.Errorf("dt_bias must be f32[%d]: %v", z.Shape[1], err)

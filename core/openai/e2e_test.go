@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/serve"
 	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/kernels/parallel"
@@ -41,16 +42,16 @@ type server struct {
 	done   chan error
 }
 
-func start(t *testing.T, edit func(*serve.Config), gate <-chan struct{}) *server {
+func start(t *testing.T, edit func(*config.Config), gate <-chan struct{}) *server {
 	t.Helper()
-	cfg := serve.DefaultConfig()
-	cfg.Model.Dir = fixture
+	cfg := config.Default()
+	cfg.Model.Dir, cfg.Model.Preset = fixture, ""
 	cfg.Model.Name = "tiny"
 	cfg.Server.GRPCAddr, cfg.Server.HTTPAddr, cfg.Server.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", ""
 	cfg.Server.DrainTimeout = 2 * time.Second
 	cfg.Runtime.Slots = 2
 	if edit != nil {
-		edit(&cfg)
+		edit(cfg)
 	}
 	tj, _, err := randckpt.TokenizerFiles(256)
 	require.NoError(t, err)
@@ -276,7 +277,7 @@ func TestErrors(t *testing.T) {
 // A client that goes away mid-stream frees its slot: with one slot, the
 // next request runs.
 func TestCancelFreesTheSlot(t *testing.T) {
-	s := start(t, func(c *serve.Config) { c.Runtime.Slots = 1; c.Runtime.MaxQueue = -1 }, nil)
+	s := start(t, func(c *config.Config) { c.Runtime.Slots = 1; c.Runtime.MaxQueue = -1 }, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	st := s.cli.Chat.Completions.NewStreaming(ctx, chatParams("long", 3000))
 	require.True(t, st.Next())

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/glmflash/glmflash/core/serve"
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/model/randckpt"
 	"github.com/glmflash/glmflash/model/tokenizer"
 	"github.com/openai/openai-go/v3"
@@ -52,7 +52,7 @@ func TestEOSIsStop(t *testing.T) {
 	require.Less(t, k, len(ids), "greedy output repeats its first tokens only")
 	full := res.Choices[0].Message.Content
 
-	s := start(t, func(c *serve.Config) { c.Model.Dir = eosCopy(t, ids[k]) }, nil)
+	s := start(t, func(c *config.Config) { c.Model.Dir = eosCopy(t, ids[k]) }, nil)
 	res, err = s.cli.Chat.Completions.New(ctx, chatParams("Hello there", 16))
 	require.NoError(t, err)
 	require.Equal(t, "stop", res.Choices[0].FinishReason)

@@ -15,6 +15,7 @@ type fake struct {
 	requires []string
 	apply    func(g *ir.Graph) error
 	sites    []Site
+	stats    []Statistic
 	opts     map[string]any
 }
 
@@ -31,7 +32,7 @@ func (f *fake) Apply(g *ir.Graph, sites []Site) (Result, error) {
 	if f.apply != nil {
 		return Result{Fired: len(sites)}, f.apply(g)
 	}
-	return Result{Fired: len(sites)}, nil
+	return Result{Fired: len(sites), Stats: f.stats}, nil
 }
 
 var fakes = map[string]*fake{}
@@ -63,9 +64,11 @@ func TestPipelineValidatesRequests(t *testing.T) {
 	require.ErrorContains(t, err, `pass t-a: unknown option "m"`)
 	_, err = NewPipeline([]Request{{Name: "t-a", Options: map[string]any{"n": "x"}}}, true)
 	require.ErrorContains(t, err, "option n: want int")
+	_, err = NewPipeline([]Request{{Name: "t-a", Options: map[string]any{"n": 3.0}}}, true)
+	require.ErrorContains(t, err, "option n: want int", "a float is never an int, not even 3.0")
 	_, err = NewPipeline([]Request{{Name: "t-a", Options: map[string]any{"mode": "c"}}}, true)
 	require.ErrorContains(t, err, `"c" is not one of a, b`)
-	p, err := NewPipeline([]Request{{Name: "t-a", Options: map[string]any{"n": 3.0, "xs": []any{1, 2}}}, {Name: "t-b"}}, true)
+	p, err := NewPipeline([]Request{{Name: "t-a", Options: map[string]any{"n": int64(3), "xs": []any{1, 2}}}, {Name: "t-b"}}, true)
 	require.NoError(t, err)
 	require.Len(t, p.Passes(), 2)
 	require.Equal(t, 3, fakes["t-a"].opts["n"])
@@ -85,7 +88,8 @@ func TestFailingPassIsRolledBackAndReported(t *testing.T) {
 		return errors.New("boom")
 	}})
 	reg(&fake{name: "t-panic", sites: []Site{{Where: "x", OK: true}}, apply: func(g *ir.Graph) error { panic("oops") }})
-	reg(&fake{name: "t-ok", sites: []Site{{Where: "here", OK: true}, Skip("there", 2, "because %d", 7)}})
+	reg(&fake{name: "t-ok", sites: []Site{{Where: "here", OK: true}, Skip("there", 2, "because %d", 7)},
+		stats: []Statistic{{Name: "nodes_fused", Value: 4, Doc: "nodes made one"}}})
 	p, err := NewPipeline([]Request{{Name: "t-break"}, {Name: "t-err"}, {Name: "t-panic"}, {Name: "t-ok"}}, true)
 	require.NoError(t, err)
 	rep, err := p.Run(g, &Env{Program: "test"})
@@ -100,6 +104,9 @@ func TestFailingPassIsRolledBackAndReported(t *testing.T) {
 	require.Equal(t, []string{"t-ok"}, rep.FiredPasses())
 	s := rep.String()
 	require.True(t, strings.Contains(s, "t-break failed") && strings.Contains(s, "t-ok skipped there: because 7"), s)
+	require.Contains(t, s, "t-ok: nodes_fused = 4 (nodes made one)")
+	require.Equal(t, []Statistic{{Name: "nodes_fused", Value: 4, Doc: "nodes made one"}}, ok.Stats)
+	require.Contains(t, rep.JSON(), `"stats": [`)
 	require.Contains(t, rep.JSON(), `"requested": true`)
 	// passes registered but not requested are listed as such
 	for _, pr := range rep.Passes {

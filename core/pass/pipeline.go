@@ -15,6 +15,10 @@ import (
 type Request struct {
 	Name    string
 	Options map[string]any
+	// Dir is the directory of the configuration file the request was
+	// written in: relative Path options are relative to it ("": the
+	// working directory).
+	Dir string
 }
 
 // Pipeline runs configured passes in order.
@@ -51,17 +55,12 @@ func NewPipelineWith(reqs []Request, verify bool, extra Resolver) (*Pipeline, er
 			return nil, err
 		}
 		ps := f()
-		d := ps.Describe()
-		for _, req := range d.Requires {
+		for _, req := range ps.Describe().Requires {
 			if !seen[req] {
 				return nil, fmt.Errorf("passes[%d]: pass %s requires %s to run before it; list %s earlier", i, r.Name, req, req)
 			}
 		}
-		opts, err := NormalizeOptions(d, r.Options)
-		if err != nil {
-			return nil, fmt.Errorf("passes[%d]: %w", i, err)
-		}
-		if err := ps.Configure(opts); err != nil {
+		if err := Configure(ps, r.Options, r.Dir); err != nil {
 			return nil, fmt.Errorf("passes[%d]: pass %s: %w", i, r.Name, err)
 		}
 		seen[r.Name] = true
@@ -94,6 +93,7 @@ type PassReport struct {
 	Duration  time.Duration `json:"duration_ns"`
 	Error     string        `json:"error,omitempty"`
 	Notes     []string      `json:"notes,omitempty"`
+	Stats     []Statistic   `json:"stats,omitempty"`
 }
 
 // Report is the outcome of a pipeline run over one graph.
@@ -161,6 +161,13 @@ func (r *Report) String() string {
 		}
 		for _, n := range p.Notes {
 			fmt.Fprintf(&b, "  %s: %s\n", p.Name, n)
+		}
+		for _, st := range p.Stats {
+			fmt.Fprintf(&b, "  %s: %s = %d", p.Name, st.Name, st.Value)
+			if st.Doc != "" {
+				fmt.Fprintf(&b, " (%s)", st.Doc)
+			}
+			b.WriteString("\n")
 		}
 	}
 	return b.String()
@@ -231,7 +238,7 @@ func (p *Pipeline) runOne(g *ir.Graph, env *Env, ps Pass) (pr PassReport) {
 		if err != nil {
 			return fail(err)
 		}
-		pr.Notes = res.Notes
+		pr.Notes, pr.Stats = res.Notes, res.Stats
 		if p.verify {
 			if err := g.Verify(); err != nil {
 				return fail(fmt.Errorf("output does not verify: %w", err))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/access"
 	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/internal/testcert"
 	"github.com/glmflash/glmflash/model"
@@ -48,7 +49,7 @@ func tlsClient(t *testing.T, addr string, f testcert.Files, cert, key string) *g
 // client must present a certificate of that CA.
 func TestTLSAndMutualTLS(t *testing.T) {
 	f := testcert.Write(t.TempDir())
-	h := start(t, setup{cfg: func(c *Config) {
+	h := start(t, setup{cfg: func(c *config.Config) {
 		c.Server.TLS.CertFile, c.Server.TLS.KeyFile = f.ServerCert, f.ServerKey
 	}})
 	info := func(conn *grpc.ClientConn) error {
@@ -59,7 +60,7 @@ func TestTLSAndMutualTLS(t *testing.T) {
 	require.NoError(t, info(tlsClient(t, h.srv.Addr(), f, "", "")))
 	h.shutdown(t)
 
-	m := start(t, setup{cfg: func(c *Config) {
+	m := start(t, setup{cfg: func(c *config.Config) {
 		c.Server.TLS = accessTLS(f.ServerCert, f.ServerKey, f.CA)
 	}})
 	require.Error(t, info(tlsClient(t, m.srv.Addr(), f, "", "")), "no client certificate")
@@ -81,7 +82,7 @@ func withKey(key string) context.Context {
 // the key that started the request, or an admin key.
 func TestAPIKeysAndAbortOwnership(t *testing.T) {
 	alice, bob, admin := "alice-key-0123456789", "bob-key-0123456789ab", "admin-key-0123456789"
-	h := start(t, setup{cfg: func(c *Config) {
+	h := start(t, setup{cfg: func(c *config.Config) {
 		c.Server.Auth.APIKeysFile = keyFile(t, alice, bob)
 		c.Server.Auth.AdminKeysFile = keyFile(t, admin)
 	}})
@@ -134,7 +135,7 @@ func TestAPIKeysAndAbortOwnership(t *testing.T) {
 
 // Reflection can be switched off.
 func TestReflectionSwitch(t *testing.T) {
-	h := start(t, setup{cfg: func(c *Config) { c.Server.Reflection = false }})
+	h := start(t, setup{cfg: func(c *config.Config) { c.Server.Reflection = false }})
 	rc, err := reflectionpb.NewServerReflectionClient(h.conn).ServerReflectionInfo(context.Background())
 	require.NoError(t, err)
 	_ = rc.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}) // io.EOF once the server refused
@@ -166,7 +167,7 @@ func TestModelInfoHidesPaths(t *testing.T) {
 	require.Contains(t, mi.PassReportJson, `"config":"…/engine.yaml"`)
 	require.Contains(t, mi.PassReportJson, "SHA-256 of …/glmflash-pass-x is 00")
 	h.shutdown(t)
-	h = start(t, setup{opts: opts, cfg: func(c *Config) { c.Server.ExposePaths = true }})
+	h = start(t, setup{opts: opts, cfg: func(c *config.Config) { c.Server.ExposePaths = true }})
 	mi, err = h.client.GetModelInfo(context.Background(), &pb.GetModelInfoRequest{})
 	require.NoError(t, err)
 	require.Equal(t, abs, mi.Model.Source)

@@ -1,8 +1,6 @@
 package serve
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
@@ -43,26 +41,5 @@ func FuzzGenerateRequest(f *testing.F) {
 		if err := r.Sampling.Validate(); err != nil {
 			t.Fatalf("accepted bad sampling: %v", err)
 		}
-	})
-}
-
-// No YAML makes the config loader panic.
-func FuzzLoadConfig(f *testing.F) {
-	for _, s := range []string{
-		"model: {preset: small}\n",
-		"model: {dir: /x}\nserver: {drain_timeout: 3s}\nruntime: {slots: 4}\n",
-		"model: small\n",
-		"runtime: {slots: [1, 2]}\n",
-		"a: {b: {c: {d: 1}}}\n",
-	} {
-		f.Add(s)
-	}
-	dir := f.TempDir()
-	f.Fuzz(func(t *testing.T, s string) {
-		p := filepath.Join(dir, "c.yaml")
-		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		LoadConfig(p, []string{})
 	})
 }

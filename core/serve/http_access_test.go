@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/internal/testcert"
 	"github.com/glmflash/glmflash/model/randckpt"
@@ -45,7 +46,7 @@ func call(t *testing.T, c *http.Client, method, url, key, body string) (*http.Re
 // over gRPC only that key, or an admin key, may abort it.
 func TestHTTPAPIKeysAndAbortOwnership(t *testing.T) {
 	alice, bob, admin := "alice-key-0123456789", "bob-key-0123456789ab", "admin-key-0123456789"
-	h := start(t, setup{cfg: func(c *Config) {
+	h := start(t, setup{cfg: func(c *config.Config) {
 		c.Server.Auth.APIKeysFile = keyFile(t, alice, bob)
 		c.Server.Auth.AdminKeysFile = keyFile(t, admin)
 	}})
@@ -95,7 +96,7 @@ func TestHTTPAPIKeysAndAbortOwnership(t *testing.T) {
 // certificates required under mutual TLS.
 func TestHTTPOverTLS(t *testing.T) {
 	f := testcert.Write(t.TempDir())
-	h := start(t, setup{cfg: func(c *Config) {
+	h := start(t, setup{cfg: func(c *config.Config) {
 		c.Server.TLS = accessTLS(f.ServerCert, f.ServerKey, f.CA)
 	}})
 	pem, err := os.ReadFile(f.CA)
@@ -121,7 +122,7 @@ func TestHTTPOverTLS(t *testing.T) {
 
 // server.max_request_bytes bounds an HTTP body as it bounds a gRPC message.
 func TestHTTPBodyBound(t *testing.T) {
-	h := start(t, setup{cfg: func(c *Config) { c.Server.MaxRequestBytes = 1 << 10 }})
+	h := start(t, setup{cfg: func(c *config.Config) { c.Server.MaxRequestBytes = 1 << 10 }})
 	base := "http://" + h.srv.HTTPAddr()
 	resp, b := call(t, http.DefaultClient, "POST", base+"/v1/completions", "", `{"prompt":[1,2,3],"max_tokens":2,"user":"`+strings.Repeat("x", 2<<10)+`"}`)
 	require.Equal(t, 413, resp.StatusCode, b)

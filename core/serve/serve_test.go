@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
@@ -68,17 +69,17 @@ type harness struct {
 }
 
 type setup struct {
-	rt    RuntimeConfig
+	rt    config.Runtime
 	drain time.Duration
 	gate  <-chan struct{} // Load waits for it
 	opts  func(*Options)
-	cfg   func(*Config) // adjusts the configuration last
+	cfg   func(*config.Config) // adjusts the configuration last
 }
 
 func start(t *testing.T, su setup) *harness {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.Model.Dir = fixture
+	cfg := config.Default()
+	cfg.Model.Dir, cfg.Model.Preset = fixture, ""
 	cfg.Server.GRPCAddr = "127.0.0.1:0"
 	cfg.Server.MetricsAddr = "127.0.0.1:0"
 	cfg.Server.HTTPAddr = "127.0.0.1:0"
@@ -94,7 +95,7 @@ func start(t *testing.T, su setup) *harness {
 	}
 	cfg.Runtime = su.rt
 	if su.cfg != nil {
-		su.cfg(&cfg)
+		su.cfg(cfg)
 	}
 	o := Options{Load: fixtureLoader(su.gate)}
 	if su.opts != nil {
@@ -227,7 +228,7 @@ func greedy() *pb.SamplingParams { return &pb.SamplingParams{Temperature: ptr(0.
 // exactly the tokens their prompt produces alone, although they queue for 8
 // slots, prefill in chunks and share forward passes.
 func TestConcurrentGreedyStreamsMatchAlone(t *testing.T) {
-	h := start(t, setup{rt: RuntimeConfig{Slots: 8, MaxBatchTokens: 24, PrefillChunk: 6}})
+	h := start(t, setup{rt: config.Runtime{Slots: 8, MaxBatchTokens: 24, PrefillChunk: 6}})
 	const n = 32
 	results := make([]*result, n)
 	var wg sync.WaitGroup
@@ -285,7 +286,7 @@ func histogramMax(t *testing.T, s *Server, name string) float64 {
 
 // The same seed gives the same tokens, alone or batched with other streams.
 func TestSeededSamplingIsReproducible(t *testing.T) {
-	h := start(t, setup{rt: RuntimeConfig{Slots: 8, PrefillChunk: 5}})
+	h := start(t, setup{rt: config.Runtime{Slots: 8, PrefillChunk: 5}})
 	sp := &pb.SamplingParams{Temperature: ptr(1.1), TopP: ptr(0.95), TopK: 40, MinP: 0.01, Seed: ptr(uint64(42))}
 	req := &pb.GenerateRequest{PromptIds: prompt(9, 5), MaxTokens: ptr(uint32(20)), Sampling: sp}
 	first, err := generate(context.Background(), h.client, req)
@@ -483,7 +484,7 @@ func TestDeadlineAndAbort(t *testing.T) {
 // Every error a client can cause gets its status and names the field; none
 // disturbs a stream that is running meanwhile.
 func TestClientErrors(t *testing.T) {
-	h := start(t, setup{rt: RuntimeConfig{ContextLimit: 64}})
+	h := start(t, setup{rt: config.Runtime{ContextLimit: 64}})
 	okReq := &pb.GenerateRequest{PromptIds: prompt(10, 8), MaxTokens: ptr(uint32(40)), Sampling: greedy()}
 	okDone := make(chan *result, 1)
 	go func() {
@@ -559,7 +560,7 @@ func TestClientErrors(t *testing.T) {
 // With one slot and no waiting room a second concurrent request is refused
 // with RESOURCE_EXHAUSTED, and the running one is unharmed.
 func TestQueueFull(t *testing.T) {
-	h := start(t, setup{rt: RuntimeConfig{Slots: 1, MaxQueue: -1}})
+	h := start(t, setup{rt: config.Runtime{Slots: 1, MaxQueue: -1}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	st, err := h.client.Generate(ctx, &pb.GenerateRequest{PromptIds: prompt(4, 1), MaxTokens: ptr(uint32(4000)), Sampling: greedy()})
@@ -668,7 +669,7 @@ func TestShutdownWithOpenStreamsLeaksNothing(t *testing.T) {
 }
 
 func TestScoreMatchesEngine(t *testing.T) {
-	h := start(t, setup{rt: RuntimeConfig{PrefillChunk: 4}})
+	h := start(t, setup{rt: config.Runtime{PrefillChunk: 4}})
 	toks := prompt(11, 4)
 	ck, err := model.Open(fixture)
 	require.NoError(t, err)
@@ -818,8 +819,8 @@ func TestEveryProgramCompiledBeforeServing(t *testing.T) {
 // before any work (INVALID_ARGUMENT naming the field); within the bound it
 // is served.
 func TestScoreReplyIsBounded(t *testing.T) {
-	require.Equal(t, 64<<20, DefaultConfig().Server.MaxResponseBytes)
-	h := start(t, setup{cfg: func(c *Config) { c.Server.MaxResponseBytes = 8 << 10 }})
+	require.Equal(t, 64<<20, config.Default().Server.MaxResponseBytes)
+	h := start(t, setup{cfg: func(c *config.Config) { c.Server.MaxResponseBytes = 8 << 10 }})
 	_, err := h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: prompt(11, 4), AllPositions: true})
 	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
 	require.Contains(t, status.Convert(err).Message(), "all_positions: 11 rows × 256 logits need 11328 bytes, more than server.max_response_bytes (8192)")

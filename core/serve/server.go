@@ -30,6 +30,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/access"
 	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/openai"
 	"github.com/glmflash/glmflash/core/plan"
@@ -86,7 +87,7 @@ type Options struct {
 
 // Server is one glmflash gRPC server.
 type Server struct {
-	cfg     Config
+	cfg     *config.Config
 	opts    Options
 	log     zerolog.Logger
 	metrics *Metrics
@@ -117,10 +118,11 @@ type live struct {
 	text    *text.Model
 }
 
-// New makes a server; Listen binds its ports and Serve runs it.
-func New(cfg Config, opts Options) (*Server, error) {
+// New makes a server of the model, server and runtime sections of cfg;
+// Listen binds its ports and Serve runs it.
+func New(cfg *config.Config, opts Options) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("config: %w", cfg.Explain(err))
 	}
 	if opts.Load == nil {
 		return nil, errors.New("serve: Options.Load is nil")
@@ -416,7 +418,7 @@ func (s *Server) load(ctx context.Context) error {
 		closeFn = func() error { return nil }
 	}
 	fail := func(err error) error {
-		closeFn()
+		_ = closeFn() // the load failed: that error is the one to report
 		return err
 	}
 	cfg := lm.Config
@@ -465,9 +467,10 @@ func (s *Server) load(ctx context.Context) error {
 		return fail(err)
 	}
 	lv := &live{rt: rt, eng: eng, closeFn: closeFn, cfgJSON: hf, text: lm.Text,
-		lim:    limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes, text: lm.Text},
-		model:  modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf, eng.MTPReady() == nil),
-		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens)},
+		lim:   limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes, text: lm.Text},
+		model: modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf, eng.MTPReady() == nil),
+		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens),
+			Backend: eng.Backend().Info().Backend, Device: eng.Backend().Info().Device},
 	}
 	s.live.Store(lv)
 	s.log.Info().Str("took", time.Since(t0).Round(time.Millisecond).String()).Str("source", lm.Source).Msg("model loaded")
@@ -634,7 +637,7 @@ func (sv *service) invalid(err error) error {
 }
 
 func (sv *service) refused(err error) error {
-	st, label := runtimeStatus(err)
+	label, st := runtimeStatus(err)
 	sv.s.metrics.Refused(label)
 	return st
 }
@@ -726,7 +729,7 @@ func (sv *service) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortRe
 	}
 	p := access.FromContext(ctx)
 	if err := lv.rt.AbortBy(req.GetRequestId(), p.ID, p.Admin); err != nil {
-		st, _ := runtimeStatus(err)
+		_, st := runtimeStatus(err)
 		return nil, st
 	}
 	sv.s.log.Info().Str("request_id", req.GetRequestId()).Msg("abort requested")

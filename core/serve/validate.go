@@ -225,23 +225,23 @@ func scoreRequest(req *pb.ScoreRequest, lim limits) (sched.Request, error) {
 	return sched.Request{ID: "score-" + sched.NewID(), Prompt: ids, Score: true, AllPositions: req.GetAllPositions()}, nil
 }
 
-// runtimeStatus maps a runtime error to a status and the metrics label of a
-// refused request.
-func runtimeStatus(err error) (error, string) {
+// runtimeStatus maps a scheduler error to the metrics label of a refused
+// request and its gRPC status.
+func runtimeStatus(err error) (string, error) {
 	var ie *sched.InvalidError
 	switch {
 	case errors.As(err, &ie):
-		return status.Error(codes.InvalidArgument, ie.Error()), "invalid_argument"
+		return "invalid_argument", status.Error(codes.InvalidArgument, ie.Error())
 	case errors.Is(err, sched.ErrQueueFull):
-		return status.Error(codes.ResourceExhausted, "the request queue is full; retry later"), "resource_exhausted"
+		return "resource_exhausted", status.Error(codes.ResourceExhausted, "the request queue is full; retry later")
 	case errors.Is(err, sched.ErrDraining), errors.Is(err, sched.ErrClosed):
-		return status.Error(codes.Unavailable, "the server is shutting down"), "unavailable"
+		return "unavailable", status.Error(codes.Unavailable, "the server is shutting down")
 	case errors.Is(err, sched.ErrDuplicateID):
-		return status.Error(codes.AlreadyExists, "request_id: a request with this id is in flight"), "already_exists"
+		return "already_exists", status.Error(codes.AlreadyExists, "request_id: a request with this id is in flight")
 	case errors.Is(err, sched.ErrNotFound):
-		return status.Error(codes.NotFound, "no request with this id is in flight"), "not_found"
+		return "not_found", status.Error(codes.NotFound, "no request with this id is in flight")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return status.FromContextError(err).Err(), "cancelled"
+		return "cancelled", status.FromContextError(err).Err()
 	}
-	return status.Error(codes.Internal, err.Error()), "internal"
+	return "internal", status.Error(codes.Internal, err.Error())
 }

@@ -103,6 +103,13 @@ type FillArgs struct {
 	V   float64
 }
 
+// ToBF16Args mirrors the CUDA struct ToBF16Args.
+type ToBF16Args struct {
+	X   DevicePtr
+	Out DevicePtr
+	N   int64
+}
+
 // DSAMetaArgs mirrors the CUDA struct DSAMetaArgs.
 type DSAMetaArgs struct {
 	M       BatchMeta
@@ -227,6 +234,7 @@ type GemmArgs struct {
 	RowScale DevicePtr
 	Scatter  DevicePtr
 	Limit    float64
+	ARound   int64
 }
 
 // KDAConvArgs mirrors the CUDA struct KDAConvArgs.

@@ -49,7 +49,7 @@ func TestGemmMatchesCPU(t *testing.T) {
 			a.Out[i], a.Ow[i] = outs[i].p, int64(s)
 		}
 		if c.M <= 8 {
-			launch(t, d, "glmf_gemm_skinny", kc.Dim3{X: uint32((c.N + 31) / 32)}, kc.Dim3{X: 256}, 0, &a)
+			launch(t, d, "glmf_gemm_skinny", kc.Dim3{X: uint32((c.N + 63) / 64)}, kc.Dim3{X: 64}, 0, &a)
 		} else {
 			launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((c.N + 63) / 64), Y: uint32((c.M + 63) / 64)}, kc.Dim3{X: 256}, 0, &a)
 		}
@@ -80,7 +80,7 @@ func TestGemmBatchedMatchesCPU(t *testing.T) {
 		a := kc.GemmArgs{A: X.p, Lda: int64(G * K), AGoff: int64(K), W: W.p, WBf16: 1, WGoff: int64(N * K), M: int64(M), N: int64(N), K: int64(K), Nout: 2, Batched: 1}
 		a.Out[0], a.Out[1], a.Ow[0], a.Ow[1] = o0.p, o1.p, int64(N), int64(N)
 		if M <= 8 {
-			launch(t, d, "glmf_gemm_skinny", kc.Dim3{X: uint32((N + 31) / 32), Z: 2}, kc.Dim3{X: 256}, 0, &a)
+			launch(t, d, "glmf_gemm_skinny", kc.Dim3{X: uint32((N + 63) / 64), Z: 2}, kc.Dim3{X: 64}, 0, &a)
 		} else {
 			launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64), Z: 2}, kc.Dim3{X: 256}, 0, &a)
 		}
@@ -213,7 +213,12 @@ func TestMHCMatchesCPU(t *testing.T) {
 func TestGemmKernelsAgreeBitForBit(t *testing.T) {
 	d := openDevice(t)
 	r := rand.New(rand.NewPCG(15, 16))
-	M, N, K := 20, 70, 300
+	for _, K := range []int{300, 256} { // scalar and 16-byte weight loads
+		gemmKernelsAgree(t, d, r, 20, 70, K)
+	}
+}
+
+func gemmKernelsAgree(t *testing.T, d *kc.Device, r *rand.Rand, M, N, K int) {
 	x := randn(r, M*K, 1)
 	wb, _ := toBF16(randn(r, N*K, 0.3))
 	X, W := upload(t, d, x), upload(t, d, wb)
@@ -222,6 +227,46 @@ func TestGemmKernelsAgreeBitForBit(t *testing.T) {
 	a.Out[0], a.Ow[0] = big.p, int64(N)
 	launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64)}, kc.Dim3{X: 256}, 0, &a)
 	a.M, a.Out[0] = 8, small.p
-	launch(t, d, "glmf_gemm_skinny", kc.Dim3{X: uint32((N + 31) / 32)}, kc.Dim3{X: 256}, 0, &a)
-	require.Equal(t, download[float32](t, big)[:8*N], download[float32](t, small))
+	launch(t, d, "glmf_gemm_skinny", kc.Dim3{X: uint32((N + 63) / 64)}, kc.Dim3{X: 64}, 0, &a)
+	require.Equal(t, download[float32](t, big)[:8*N], download[float32](t, small), "K=%d", K)
+}
+
+// bf16 precision pieces: the cast rounds to nearest even like the CPU's
+// conversion; cuBLAS's bf16 GEMM and the GEMM kernels with bf16-rounded
+// inputs agree with the CPU GEMM on rounded inputs.
+func TestBF16PrecisionPieces(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(31, 32))
+	M, N, K := 19, 70, 130
+	x := randn(r, M*K, 1)
+	x[0], x[1] = 1.00390625, -3.0078125 // ties: round to even
+	xr := make([]float32, len(x))
+	for i, v := range x {
+		xr[i] = roundBF16(v)
+	}
+	X := upload(t, d, x)
+	B := poisoned[uint16](t, d, M*K)
+	ca := kc.ToBF16Args{X: X.p, Out: B.p, N: int64(M * K)}
+	launch(t, d, "glmf_to_bf16", kc.Dim3{X: uint32((M*K + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
+	for i, b := range download[uint16](t, B) {
+		require.Equal(t, math.Float32bits(xr[i])>>16, uint32(b), "element %d (%v)", i, x[i])
+	}
+	wb, wf := toBF16(randn(r, N*K, 0.3))
+	want := make([]float32, M*N)
+	gemm.MatMulT(want, xr, M, K, wf, N)
+	W := upload(t, d, wb)
+	C := poisoned[float32](t, d, M*N)
+	require.NoError(t, d.Do(func() error { return d.GemmBF16(M, N, K, B.p, K, W.p, K, C.p, N) }))
+	require.Less(t, maxRelErr(t, download[float32](t, C), want), 1e-5, "cuBLAS bf16 GEMM")
+	a := kc.GemmArgs{A: X.p, Lda: int64(K), W: W.p, WBf16: 1, M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: 1}
+	a.Out[0], a.Ow[0] = C.p, int64(N)
+	launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64)}, kc.Dim3{X: 256}, 0, &a)
+	require.Less(t, maxRelErr(t, download[float32](t, C), want), 1e-6, "tiled, rounding as it reads")
+}
+
+// roundBF16 rounds to the nearest bfloat16, ties to even.
+func roundBF16(v float32) float32 {
+	u := math.Float32bits(v)
+	u += 0x7fff + (u>>16)&1
+	return math.Float32frombits(u & 0xffff0000)
 }

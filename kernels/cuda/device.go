@@ -38,6 +38,7 @@ type Device struct {
 	mu       sync.Mutex
 	closed   bool
 	launches atomic.Int64
+	replays  atomic.Int64
 	syncs    atomic.Int64
 	live     atomic.Int64 // bytes allocated through Alloc
 }
@@ -203,6 +204,9 @@ func (d *Device) do(fn func() error, closing bool) error {
 // times the host waited for the device.
 func (d *Device) Launches() int64 { return d.launches.Load() }
 
+// Replays counts CUDA graph launches.
+func (d *Device) Replays() int64 { return d.replays.Load() }
+
 // Syncs counts host waits for the device.
 func (d *Device) Syncs() int64 { return d.syncs.Load() }
 
@@ -325,10 +329,34 @@ func Launch[T any](d *Device, name string, grid, block Dim3, smem int, args *T) 
 // matrices: C[M][N] = A[M][K]·W[N][K]ᵀ, with leading dimensions lda, ldc.
 func (d *Device) Sgemm(M, N, K int, A DevicePtr, lda int, W DevicePtr, C DevicePtr, ldc int) error {
 	one, zero := float32(1), float32(0)
+	if r := d.blas.setMath(d.blasH, 2); r != 0 { // CUBLAS_PEDANTIC_MATH
+		return fmt.Errorf("cuda: cublasSetMathMode failed with status %d", r)
+	}
 	// column-major view: Cᵀ[N][M] = W[N][K] · Aᵀ
 	r := d.blas.sgemm(d.blasH, 1, 0, int32(N), int32(M), int32(K), &one, uint64(W), int32(K), uint64(A), int32(lda), &zero, uint64(C), int32(ldc))
 	if r != 0 {
 		return fmt.Errorf("cuda: cublasSgemm(%d×%d×%d) failed with status %d", M, N, K, r)
+	}
+	return nil
+}
+
+// GemmBF16 runs cuBLAS's bf16 GEMM with fp32 accumulation (tensor cores)
+// on row-major matrices: C[M][N] (fp32) = A[M][K]·W[N][K]ᵀ with A and W
+// bf16, leading dimensions in elements.
+func (d *Device) GemmBF16(M, N, K int, A DevicePtr, lda int, W DevicePtr, ldw int, C DevicePtr, ldc int) error {
+	const (
+		bf16, f32       = 14, 0 // CUDA_R_16BF, CUDA_R_32F
+		compute32F      = 68    // CUBLAS_COMPUTE_32F
+		algoDefault     = -1    // CUBLAS_GEMM_DEFAULT
+		defaultMathMode = 0     // CUBLAS_DEFAULT_MATH: tensor cores allowed
+	)
+	if r := d.blas.setMath(d.blasH, defaultMathMode); r != 0 {
+		return fmt.Errorf("cuda: cublasSetMathMode failed with status %d", r)
+	}
+	one, zero := float32(1), float32(0)
+	r := d.blas.gemmEx(d.blasH, 1, 0, int32(N), int32(M), int32(K), &one, uint64(W), bf16, int32(ldw), uint64(A), bf16, int32(lda), &zero, uint64(C), f32, int32(ldc), compute32F, algoDefault)
+	if r != 0 {
+		return fmt.Errorf("cuda: cublasGemmEx(bf16, %d×%d×%d) failed with status %d", M, N, K, r)
 	}
 	return nil
 }
@@ -361,4 +389,60 @@ func (d *Device) Elapsed(a, b Event) (float64, error) {
 	var ms float32
 	err := d.drv.check("cuEventElapsedTime", d.drv.cuEventElapsedTime(&ms, uintptr(a), uintptr(b)))
 	return float64(ms), err
+}
+
+// Graph is an instantiated CUDA graph: a recorded sequence of launches
+// replayed with one call.
+type Graph struct {
+	exec, g uintptr
+	// Kernels is how many kernel launches the graph replays.
+	Kernels int64
+}
+
+// Capture records the launches fn makes on the device's stream into a
+// graph instead of running them (nothing runs until Replay). fn must only
+// launch kernels: copies and syncs during a capture are errors.
+func (d *Device) Capture(fn func() error) (*Graph, error) {
+	// CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: other threads' unsafe calls are
+	// not affected; this thread must not make any.
+	if err := d.drv.check("cuStreamBeginCapture", d.drv.cuStreamBeginCapture(d.stream, 1)); err != nil {
+		return nil, err
+	}
+	l0 := d.launches.Load()
+	ferr := fn()
+	var g uintptr
+	eerr := d.drv.check("cuStreamEndCapture", d.drv.cuStreamEndCapture(d.stream, &g))
+	kernels := d.launches.Load() - l0
+	d.launches.Add(-kernels) // recorded, not launched
+	if ferr != nil || eerr != nil {
+		if g != 0 {
+			d.drv.cuGraphDestroy(g)
+		}
+		if ferr != nil {
+			return nil, ferr
+		}
+		return nil, eerr
+	}
+	var exec uintptr
+	if err := d.drv.check("cuGraphInstantiate", d.drv.cuGraphInstantiateWithFlags(&exec, g, 0)); err != nil {
+		d.drv.cuGraphDestroy(g)
+		return nil, err
+	}
+	return &Graph{exec: exec, g: g, Kernels: kernels}, nil
+}
+
+// Replay launches a graph on the stream.
+func (d *Device) Replay(gr *Graph) error {
+	d.replays.Add(1)
+	d.launches.Add(1)
+	return d.drv.check("cuGraphLaunch", d.drv.cuGraphLaunch(gr.exec, d.stream))
+}
+
+// Destroy frees a graph.
+func (d *Device) Destroy(gr *Graph) {
+	if gr == nil {
+		return
+	}
+	d.drv.cuGraphExecDestroy(gr.exec)
+	d.drv.cuGraphDestroy(gr.g)
 }

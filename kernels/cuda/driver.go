@@ -16,40 +16,46 @@ const EmulatorEnv = "GLMFLASH_CUDA_EMULATOR"
 
 // driver holds the CUDA driver API entry points glmflash calls.
 type driver struct {
-	cuInit                    func(flags uint32) int32
-	cuDriverGetVersion        func(v *int32) int32
-	cuDeviceGetCount          func(n *int32) int32
-	cuDeviceGet               func(d *int32, ordinal int32) int32
-	cuDeviceGetName           func(name *byte, n int32, d int32) int32
-	cuDeviceGetAttribute      func(v *int32, attr int32, d int32) int32
-	cuDeviceTotalMem          func(b *uint64, d int32) int32
-	cuDevicePrimaryCtxRetain  func(ctx *uintptr, d int32) int32
-	cuDevicePrimaryCtxRelease func(d int32) int32
-	cuCtxSetCurrent           func(ctx uintptr) int32
-	cuCtxSynchronize          func() int32
-	cuModuleLoadData          func(mod *uintptr, image *byte) int32
-	cuModuleUnload            func(mod uintptr) int32
-	cuModuleGetFunction       func(f *uintptr, mod uintptr, name *byte) int32
-	cuFuncSetAttribute        func(f uintptr, attr int32, v int32) int32
-	cuMemAlloc                func(p *uint64, n uint64) int32
-	cuMemFree                 func(p uint64) int32
-	cuMemGetInfo              func(free, total *uint64) int32
-	cuMemcpyHtoDAsync         func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) int32
-	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) int32
-	cuMemcpyDtoDAsync         func(dst, src uint64, n uint64, s uintptr) int32
-	cuMemsetD32Async          func(dst uint64, v uint32, n uint64, s uintptr) int32
-	cuLaunchKernel            func(f uintptr, gx, gy, gz, bx, by, bz, smem uint32, s uintptr, params, extra unsafe.Pointer) int32
-	cuStreamCreate            func(s *uintptr, flags uint32) int32
-	cuStreamDestroy           func(s uintptr) int32
-	cuStreamSynchronize       func(s uintptr) int32
-	cuEventCreate             func(e *uintptr, flags uint32) int32
-	cuEventDestroy            func(e uintptr) int32
-	cuEventRecord             func(e, s uintptr) int32
-	cuEventSynchronize        func(e uintptr) int32
-	cuEventElapsedTime        func(ms *float32, a, b uintptr) int32
-	cuGetErrorName            func(r int32, s **byte) int32
-	cuGetErrorString          func(r int32, s **byte) int32
-	emulated                  bool
+	cuInit                      func(flags uint32) int32
+	cuDriverGetVersion          func(v *int32) int32
+	cuDeviceGetCount            func(n *int32) int32
+	cuDeviceGet                 func(d *int32, ordinal int32) int32
+	cuDeviceGetName             func(name *byte, n int32, d int32) int32
+	cuDeviceGetAttribute        func(v *int32, attr int32, d int32) int32
+	cuDeviceTotalMem            func(b *uint64, d int32) int32
+	cuDevicePrimaryCtxRetain    func(ctx *uintptr, d int32) int32
+	cuDevicePrimaryCtxRelease   func(d int32) int32
+	cuCtxSetCurrent             func(ctx uintptr) int32
+	cuCtxSynchronize            func() int32
+	cuModuleLoadData            func(mod *uintptr, image *byte) int32
+	cuModuleUnload              func(mod uintptr) int32
+	cuModuleGetFunction         func(f *uintptr, mod uintptr, name *byte) int32
+	cuFuncSetAttribute          func(f uintptr, attr int32, v int32) int32
+	cuMemAlloc                  func(p *uint64, n uint64) int32
+	cuMemFree                   func(p uint64) int32
+	cuMemGetInfo                func(free, total *uint64) int32
+	cuMemcpyHtoDAsync           func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) int32
+	cuMemcpyDtoHAsync           func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) int32
+	cuMemcpyDtoDAsync           func(dst, src uint64, n uint64, s uintptr) int32
+	cuMemsetD32Async            func(dst uint64, v uint32, n uint64, s uintptr) int32
+	cuLaunchKernel              func(f uintptr, gx, gy, gz, bx, by, bz, smem uint32, s uintptr, params, extra unsafe.Pointer) int32
+	cuStreamCreate              func(s *uintptr, flags uint32) int32
+	cuStreamDestroy             func(s uintptr) int32
+	cuStreamSynchronize         func(s uintptr) int32
+	cuEventCreate               func(e *uintptr, flags uint32) int32
+	cuEventDestroy              func(e uintptr) int32
+	cuEventRecord               func(e, s uintptr) int32
+	cuEventSynchronize          func(e uintptr) int32
+	cuEventElapsedTime          func(ms *float32, a, b uintptr) int32
+	cuStreamBeginCapture        func(s uintptr, mode int32) int32
+	cuStreamEndCapture          func(s uintptr, g *uintptr) int32
+	cuGraphInstantiateWithFlags func(exec *uintptr, g uintptr, flags uint64) int32
+	cuGraphLaunch               func(exec, s uintptr) int32
+	cuGraphExecDestroy          func(exec uintptr) int32
+	cuGraphDestroy              func(g uintptr) int32
+	cuGetErrorName              func(r int32, s **byte) int32
+	cuGetErrorString            func(r int32, s **byte) int32
+	emulated                    bool
 }
 
 // cublasLib holds the cuBLAS and cuBLASLt entry points.
@@ -59,6 +65,7 @@ type cublasLib struct {
 	setStream  func(h, s uintptr) int32
 	setMath    func(h uintptr, mode int32) int32
 	sgemm      func(h uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uint64, lda int32, b uint64, ldb int32, beta *float32, c uint64, ldc int32) int32
+	gemmEx     func(h uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uint64, atype int32, lda int32, b uint64, btype int32, ldb int32, beta *float32, c uint64, ctype int32, ldc int32, compute int32, algo int32) int32
 	ltCreate   func(h *uintptr) int32
 	ltDestroy  func(h uintptr) int32
 	ltVersion  func() uint64
@@ -125,6 +132,9 @@ func loadDriver() (*driver, error) {
 		"cuStreamSynchronize": &d.cuStreamSynchronize, "cuEventCreate": &d.cuEventCreate, "cuEventDestroy_v2": &d.cuEventDestroy,
 		"cuEventRecord": &d.cuEventRecord, "cuEventSynchronize": &d.cuEventSynchronize, "cuEventElapsedTime": &d.cuEventElapsedTime,
 		"cuGetErrorName": &d.cuGetErrorName, "cuGetErrorString": &d.cuGetErrorString,
+		"cuStreamBeginCapture_v2": &d.cuStreamBeginCapture, "cuStreamEndCapture": &d.cuStreamEndCapture,
+		"cuGraphInstantiateWithFlags": &d.cuGraphInstantiateWithFlags, "cuGraphLaunch": &d.cuGraphLaunch,
+		"cuGraphExecDestroy": &d.cuGraphExecDestroy, "cuGraphDestroy": &d.cuGraphDestroy,
 	})
 	if err != nil {
 		return nil, err
@@ -145,7 +155,7 @@ func loadCublas() (*cublasLib, error) {
 	c.cublasName = name
 	if err := bind(lib, "cuBLAS ("+name+")", map[string]any{
 		"cublasCreate_v2": &c.create, "cublasDestroy_v2": &c.destroy, "cublasSetStream_v2": &c.setStream,
-		"cublasSetMathMode": &c.setMath, "cublasSgemm_v2": &c.sgemm,
+		"cublasSetMathMode": &c.setMath, "cublasSgemm_v2": &c.sgemm, "cublasGemmEx": &c.gemmEx,
 	}); err != nil {
 		return nil, err
 	}

@@ -64,7 +64,7 @@ func PTXFor(major, minor int) (string, error) {
 // PTXFiles returns the embedded PTX files by name.
 func PTXFiles() map[string]string {
 	out := map[string]string{}
-	fs.WalkDir(ptxFS, "ptx", func(p string, d fs.DirEntry, err error) error {
+	_ = fs.WalkDir(ptxFS, "ptx", func(p string, d fs.DirEntry, err error) error { // the callback never fails
 		if err == nil && !d.IsDir() {
 			b, _ := ptxFS.ReadFile(p)
 			out[p] = string(b)

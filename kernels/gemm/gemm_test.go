@@ -342,7 +342,7 @@ func BenchmarkMatMulTBF16(b *testing.B) {
 // decode (T=1, 8) and prefill (T=512) shapes, square and LM head.
 func benchShapes(b *testing.B, bf bool) {
 	r := rand.New(rand.NewPCG(1, 2))
-	defer SetImpl("")
+	b.Cleanup(func() { _ = SetImpl("") }) // back to the automatic choice, which always exists
 	for _, s := range [][3]int{{1, 1024, 1024}, {8, 1024, 1024}, {512, 1024, 1024}, {1, 1024, 32000}, {8, 1024, 32000}, {512, 1024, 32000}} {
 		T, K, N := s[0], s[1], s[2]
 		x, d := randSlice(r, T*K), make([]float32, T*N)
@@ -379,7 +379,7 @@ func benchShapes(b *testing.B, bf bool) {
 
 func BenchmarkDotAxpy(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 2))
-	defer SetImpl("")
+	b.Cleanup(func() { _ = SetImpl("") }) // back to the automatic choice, which always exists
 	for _, n := range []int{64, 128, 1024} {
 		x, y := randSlice(r, n), randSlice(r, n)
 		for _, im := range Impls() {

@@ -26,17 +26,47 @@ const Name = "prefill-autotune"
 
 func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
 
+// Options are the pass's options.
+type Options struct {
+	TuneAtStart bool      `option:"tune_at_start" doc:"measure buckets that have no table entry (else they keep defaults)"`
+	Buckets     []int     `option:"buckets" default:"1,8,64,512" doc:"token-count buckets (a batch of T tokens uses the smallest bucket ≥ T)"`
+	TableDir    pass.Path `option:"table_dir" default:"configs/tuning" doc:"directory of tuning tables"`
+	Reps        int       `option:"reps" default:"3" doc:"timed repetitions per candidate (median)"`
+	Tolerance   float64   `option:"tolerance" default:"1e-4" doc:"reject candidates whose outputs differ from the default by more (relative)"`
+	CPU         string    `option:"cpu" doc:"override the CPU model key (tests)"`
+}
+
+// Validate implements pass.Validator.
+func (o *Options) Validate() error {
+	if len(o.Buckets) == 0 {
+		return fmt.Errorf("option buckets must not be empty")
+	}
+	for _, b := range o.Buckets {
+		if b < 1 {
+			return fmt.Errorf("option buckets: %d is not a positive token count", b)
+		}
+	}
+	if o.Reps < 1 {
+		return fmt.Errorf("option reps must be ≥ 1")
+	}
+	return nil
+}
+
+// Stats are the pass's statistics.
+type Stats struct {
+	Measured int `stat:"entries_measured" doc:"table entries measured at start"`
+	Nodes    int `stat:"nodes_tuned" doc:"GEMM nodes given tuned parameters"`
+}
+
 // Pass implements pass.Pass.
 type Pass struct {
-	tuneAtStart bool
-	buckets     []int
-	dir         string
-	reps        int
-	tol         float64
-	cpu         string
+	opts Options
 	// Tuned counts entries measured by this instance (for tests).
 	Tuned int
 }
+
+// Options implements pass.WithOptions.
+func (p *Pass) Options() any { return &p.opts }
 
 // Name implements pass.Pass.
 func (*Pass) Name() string { return Name }
@@ -44,41 +74,17 @@ func (*Pass) Name() string { return Name }
 // Describe implements pass.Pass.
 func (*Pass) Describe() pass.Description {
 	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "measure GEMM kernel parameters per shape and token bucket; persist and reuse a tuning table",
-		Options: []pass.Option{
-			{Name: "tune_at_start", Type: pass.Bool, Default: false, Doc: "measure buckets that have no table entry (else they keep defaults)"},
-			{Name: "buckets", Type: pass.Ints, Default: []int{1, 8, 64, 512}, Doc: "token-count buckets (a batch of T tokens uses the smallest bucket ≥ T)"},
-			{Name: "table_dir", Type: pass.String, Default: "configs/tuning", Doc: "directory of tuning tables"},
-			{Name: "reps", Type: pass.Int, Default: 3, Doc: "timed repetitions per candidate (median)"},
-			{Name: "tolerance", Type: pass.Float, Default: 1e-4, Doc: "reject candidates whose outputs differ from the default by more (relative)"},
-			{Name: "cpu", Type: pass.String, Default: "", Doc: "override the CPU model key (tests)"},
-		}}
+		Summary: "measure GEMM kernel parameters per shape and token bucket; persist and reuse a tuning table"}
 }
 
-// Configure implements pass.Pass.
-func (p *Pass) Configure(o map[string]any) error {
-	p.tuneAtStart = o["tune_at_start"].(bool)
-	p.buckets = append([]int(nil), o["buckets"].([]int)...)
-	sort.Ints(p.buckets)
-	p.dir = o["table_dir"].(string)
-	p.reps = o["reps"].(int)
-	p.tol = o["tolerance"].(float64)
-	p.cpu = o["cpu"].(string)
-	if p.cpu == "" {
-		p.cpu = CPUModel()
+func (p *Pass) dir() string { return string(p.opts.TableDir) }
+
+// cpu is the CPU model key of the tables.
+func (p *Pass) cpu() string {
+	if p.opts.CPU != "" {
+		return p.opts.CPU
 	}
-	if len(p.buckets) == 0 {
-		return fmt.Errorf("option buckets must not be empty")
-	}
-	for _, b := range p.buckets {
-		if b < 1 {
-			return fmt.Errorf("option buckets: %d is not a positive token count", b)
-		}
-	}
-	if p.reps < 1 {
-		return fmt.Errorf("option reps must be ≥ 1")
-	}
-	return nil
+	return CPUModel()
 }
 
 type shapeSite struct {
@@ -92,7 +98,7 @@ type shapeSite struct {
 // kernel ops. With tune_at_start, missing
 // entries are measured here (and persisted in Apply).
 func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
-	table, err := LoadTable(p.dir, p.cpu)
+	table, err := LoadTable(p.dir(), p.cpu())
 	if err != nil {
 		return []pass.Site{pass.Skip("tuning table", -1, "%v", err)}
 	}
@@ -123,10 +129,10 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 		sites = append(sites, pass.Skip("ops without the GEMM trait", -1, "no tunable kernel: %s", strings.Join(untunable, ", ")))
 	}
 	for _, s := range order {
-		for _, b := range p.buckets {
+		for _, b := range slices.Sorted(slices.Values(p.opts.Buckets)) {
 			where := fmt.Sprintf("gemm %dx%d %s @ %d tokens", s.N, s.K, s.dt, b)
 			e, ok := table.Get("gemm", s.dt, s.N, s.K, b)
-			if !ok && p.tuneAtStart {
+			if !ok && p.opts.TuneAtStart {
 				e, err = p.tune(s.N, s.K, b, s.dt)
 				if err != nil {
 					sites = append(sites, pass.Skip(where, -1, "tuning failed: %v", err))
@@ -145,7 +151,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 		}
 	}
 	if p.Tuned > 0 {
-		if err := table.Save(p.dir); err != nil {
+		if err := table.Save(p.dir()); err != nil {
 			sites = append(sites, pass.Skip("tuning table", -1, "could not persist: %v", err))
 		}
 	}
@@ -177,9 +183,9 @@ func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 		}
 		n.Attrs[ir.AttrTuneBuckets], n.Attrs[ir.AttrTuneColGrain], n.Attrs[ir.AttrTuneRowBlock] = bs, cg, rb
 	}
-	res := pass.Result{Fired: len(sites)}
+	res := pass.Result{Fired: len(sites), Stats: pass.Counters(&Stats{Measured: p.Tuned, Nodes: len(order)})}
 	if p.Tuned > 0 {
-		res.Notes = append(res.Notes, fmt.Sprintf("measured %d new entries, saved to %s", p.Tuned, TablePath(p.dir, p.cpu)))
+		res.Notes = append(res.Notes, fmt.Sprintf("measured %d new entries, saved to %s", p.Tuned, TablePath(p.dir(), p.cpu())))
 	}
 	return res, nil
 }
@@ -222,7 +228,7 @@ func (p *Pass) tune(N, K, T int, dt string) (Entry, error) {
 	run(def, ref)
 	measure := func(prm gemm.Params) int64 {
 		var ts []int64
-		for i := 0; i < p.reps; i++ {
+		for i := 0; i < p.opts.Reps; i++ {
 			t0 := time.Now()
 			run(prm, out)
 			ts = append(ts, time.Since(t0).Nanoseconds())
@@ -234,7 +240,7 @@ func (p *Pass) tune(N, K, T int, dt string) (Entry, error) {
 	best, bestNS := def, defNS
 	for _, c := range Candidates() {
 		ns := measure(c)
-		if maxRel(out, ref) > p.tol {
+		if maxRel(out, ref) > p.opts.Tolerance {
 			continue // rejected: differs from the default beyond tolerance
 		}
 		if ns < bestNS {

@@ -29,8 +29,10 @@ func (*Pass) Describe() pass.Description {
 		Summary: "build the DSA/k-pool batch metadata once per batch and share it across DSA layers"}
 }
 
-// Configure implements pass.Pass.
-func (*Pass) Configure(map[string]any) error { return nil }
+// Stats are the pass's statistics.
+type Stats struct {
+	Removed int `stat:"meta_nodes_removed" doc:"per-layer dsa_meta nodes replaced by the shared one"`
+}
 
 type geometry struct {
 	kpool, topk int
@@ -93,5 +95,6 @@ func (*Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 	}
 	g.InsertAt(at, hoisted)
 	g.Remove(old...)
-	return pass.Result{Fired: len(sites), Notes: []string{fmt.Sprintf("one metadata node serves %d DSA layers", len(sites))}}, nil
+	return pass.Result{Fired: len(sites), Notes: []string{fmt.Sprintf("one metadata node serves %d DSA layers", len(sites))},
+		Stats: pass.Counters(&Stats{Removed: len(old) - 1})}, nil
 }

@@ -31,8 +31,11 @@ func (*Pass) Describe() pass.Description {
 		Summary: "KDA/DSA nodes read host-side batch lengths instead of executor-produced ones"}
 }
 
-// Configure implements pass.Pass.
-func (*Pass) Configure(map[string]any) error { return nil }
+// Stats are the pass's statistics.
+type Stats struct {
+	Rewired int `stat:"readers_rewired" doc:"nodes now reading the host lengths"`
+	Removed int `stat:"nodes_removed" doc:"nodes left dead: the executor's seq_lengths"`
+}
 
 // Eligible implements pass.Pass: one site per node whose lengths source
 // (the ReadsLengths trait) is the executor's seq_lengths.
@@ -66,6 +69,6 @@ func (*Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 		n.Inputs[0] = s.Data.(*ir.Value)
 		n.Attrs["lengths"] = "host"
 	}
-	g.RemoveDead()
-	return pass.Result{Fired: len(sites)}, nil
+	removed := g.RemoveDead()
+	return pass.Result{Fired: len(sites), Stats: pass.Counters(&Stats{Rewired: len(sites), Removed: removed})}, nil
 }

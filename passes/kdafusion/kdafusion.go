@@ -20,8 +20,23 @@ const Name = "kda-projection-fusion"
 
 func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
 
+// Options are the pass's options.
+type Options struct {
+	Form string `option:"form" default:"auto" enum:"auto,full,bfg" doc:"auto: full qkvbfg where eligible, else the bfg form; full or bfg: only that form"`
+}
+
+// Stats are the pass's statistics.
+type Stats struct {
+	Full    int `stat:"full_layers" doc:"layers fused in the full qkvbfg form"`
+	Partial int `stat:"bfg_layers" doc:"layers fused in the partial bfg form"`
+	GEMMs   int `stat:"gemms_removed" doc:"GEMM nodes removed, net of the split and batched GEMMs added"`
+}
+
 // Pass implements pass.Pass.
-type Pass struct{ form string }
+type Pass struct{ opts Options }
+
+// Options implements pass.WithOptions.
+func (p *Pass) Options() any { return &p.opts }
 
 // Name implements pass.Pass.
 func (*Pass) Name() string { return Name }
@@ -29,15 +44,7 @@ func (*Pass) Name() string { return Name }
 // Describe implements pass.Pass.
 func (*Pass) Describe() pass.Description {
 	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "fuse each KDA layer's q/k/v/b/f_a/g_a projections into one split GEMM and f_b/g_b into one batched GEMM",
-		Options: []pass.Option{{Name: "form", Type: pass.String, Default: "auto", Enum: []string{"auto", "full", "bfg"},
-			Doc: "auto: full qkvbfg where eligible, else the bfg form; full or bfg: only that form"}}}
-}
-
-// Configure implements pass.Pass.
-func (p *Pass) Configure(opts map[string]any) error {
-	p.form = opts["form"].(string)
-	return nil
+		Summary: "fuse each KDA layer's q/k/v/b/f_a/g_a projections into one split GEMM and f_b/g_b into one batched GEMM"}
 }
 
 // projections of one KDA layer, by module name.
@@ -127,9 +134,9 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 			}
 		}
 		switch {
-		case qkvSame && bfgSame && p.form != "bfg":
+		case qkvSame && bfgSame && p.opts.Form != "bfg":
 			sites = append(sites, pass.Site{Where: where, Layer: l, OK: true, Note: "full qkvbfg form", Data: &layerSite{lin: lin, full: true}})
-		case bfgSame && p.form != "full":
+		case bfgSame && p.opts.Form != "full":
 			note := "partial bfg form"
 			if !qkvSame {
 				note = fmt.Sprintf("partial bfg form: %s", mismatch(cls, []string{"q_proj", "k_proj", "v_proj", "b_proj"}))
@@ -168,14 +175,23 @@ func loraHit(env *pass.Env, l int) (pass.LoRATarget, bool) {
 // Apply implements pass.Pass.
 func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 	res := pass.Result{}
+	var st Stats
 	for _, s := range sites {
 		ls := s.Data.(*layerSite)
 		if err := rewrite(g, s.Layer, ls); err != nil {
 			return res, fmt.Errorf("layer %d: %w", s.Layer, err)
 		}
 		res.Fired++
+		if ls.full {
+			st.Full++
+			st.GEMMs += len(modules) - 2
+		} else {
+			st.Partial++
+			st.GEMMs += 5 - 2 // b, f_a, g_a, f_b, g_b → one split and one batched GEMM
+		}
 	}
 	g.RemoveDead()
+	res.Stats = pass.Counters(&st)
 	return res, nil
 }
 

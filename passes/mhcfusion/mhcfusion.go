@@ -19,11 +19,34 @@ const Name = "mhc-post-pre-fusion"
 
 func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
 
-// Pass implements pass.Pass.
-type Pass struct {
-	intra, cross, norm bool
-	maxTokens          int
+// Options are the pass's options.
+type Options struct {
+	Intra     bool `option:"intra_layer" default:"true" doc:"fuse attention → FFN boundaries inside a layer"`
+	Cross     bool `option:"cross_layer" default:"true" doc:"fuse layer i FFN → layer i+1 attention boundaries"`
+	Norm      bool `option:"fuse_norm" default:"true" doc:"also apply the next sub-layer's RMSNorm in the fused step"`
+	MaxTokens int  `option:"max_tokens" default:"0" doc:"decline (run unfused) for batches above this many tokens; 0 = no cap"`
 }
+
+// Validate implements pass.Validator.
+func (o *Options) Validate() error {
+	if o.MaxTokens < 0 {
+		return fmt.Errorf("option max_tokens must be ≥ 0, got %d", o.MaxTokens)
+	}
+	return nil
+}
+
+// Stats are the pass's statistics.
+type Stats struct {
+	Intra int `stat:"intra_layer_fused" doc:"attention → FFN boundaries fused"`
+	Cross int `stat:"cross_layer_fused" doc:"layer → next layer boundaries fused"`
+	Norms int `stat:"norms_fused" doc:"RMSNorms folded into the fused step"`
+}
+
+// Pass implements pass.Pass.
+type Pass struct{ opts Options }
+
+// Options implements pass.WithOptions.
+func (p *Pass) Options() any { return &p.opts }
 
 // Name implements pass.Pass.
 func (*Pass) Name() string { return Name }
@@ -31,23 +54,7 @@ func (*Pass) Name() string { return Name }
 // Describe implements pass.Pass.
 func (*Pass) Describe() pass.Description {
 	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "fuse each mHC post with the next mHC pre (and its RMSNorm) at sub-layer boundaries",
-		Options: []pass.Option{
-			{Name: "intra_layer", Type: pass.Bool, Default: true, Doc: "fuse attention → FFN boundaries inside a layer"},
-			{Name: "cross_layer", Type: pass.Bool, Default: true, Doc: "fuse layer i FFN → layer i+1 attention boundaries"},
-			{Name: "fuse_norm", Type: pass.Bool, Default: true, Doc: "also apply the next sub-layer's RMSNorm in the fused step"},
-			{Name: "max_tokens", Type: pass.Int, Default: 0, Doc: "decline (run unfused) for batches above this many tokens; 0 = no cap"},
-		}}
-}
-
-// Configure implements pass.Pass.
-func (p *Pass) Configure(opts map[string]any) error {
-	p.intra, p.cross, p.norm = opts["intra_layer"].(bool), opts["cross_layer"].(bool), opts["fuse_norm"].(bool)
-	p.maxTokens = opts["max_tokens"].(int)
-	if p.maxTokens < 0 {
-		return fmt.Errorf("option max_tokens must be ≥ 0, got %d", p.maxTokens)
-	}
-	return nil
+		Summary: "fuse each mHC post with the next mHC pre (and its RMSNorm) at sub-layer boundaries"}
 }
 
 type boundary struct {
@@ -82,10 +89,10 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 		case pre == nil:
 			sites = append(sites, pass.Skip(where, l, "no mHC pre reads this post's streams"))
 			continue
-		case cross && !p.cross:
+		case cross && !p.opts.Cross:
 			sites = append(sites, pass.Skip(where, l, "cross-layer fusion disabled (option cross_layer=false)"))
 			continue
-		case !cross && !p.intra:
+		case !cross && !p.opts.Intra:
 			sites = append(sites, pass.Skip(where, l, "intra-layer fusion disabled (option intra_layer=false)"))
 			continue
 		case cross && env.CaptureHidden[l]:
@@ -99,7 +106,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 			continue
 		}
 		b := &boundary{post: n, pre: pre}
-		if p.norm {
+		if p.opts.Norm {
 			h := pre.Outputs[0]
 			us := a.Users(h)
 			if len(us) == 1 && us[0].Op == ir.OpRMSNorm && us[0].Inputs[0] == h {
@@ -107,8 +114,8 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 			}
 		}
 		note := ""
-		if p.maxTokens > 0 {
-			note = fmt.Sprintf("declines above %d tokens", p.maxTokens)
+		if p.opts.MaxTokens > 0 {
+			note = fmt.Sprintf("declines above %d tokens", p.opts.MaxTokens)
 		}
 		sites = append(sites, pass.Site{Where: where, Layer: l, OK: true, Note: note, Data: b})
 	}
@@ -117,13 +124,19 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 
 // Apply implements pass.Pass.
 func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
+	var st Stats
 	for _, s := range sites {
 		b := s.Data.(*boundary)
+		if b.post.Attrs.String("site", "") == "ffn" {
+			st.Cross++
+		} else {
+			st.Intra++
+		}
 		post, pre := b.post, b.pre
 		attrs := pre.Attrs.Clone()
 		attrs["post_site"] = post.Attrs.String("site", "")
-		if p.maxTokens > 0 {
-			attrs["max_tokens"] = p.maxTokens
+		if p.opts.MaxTokens > 0 {
+			attrs["max_tokens"] = p.opts.MaxTokens
 		}
 		ins := append([]*ir.Value{}, post.Inputs...)
 		ins = append(ins, pre.Inputs[1:]...)
@@ -153,8 +166,9 @@ func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 		rm := []*ir.Node{post, pre}
 		if b.norm != nil {
 			rm = append(rm, b.norm)
+			st.Norms++
 		}
 		g.Remove(rm...)
 	}
-	return pass.Result{Fired: len(sites)}, nil
+	return pass.Result{Fired: len(sites), Stats: pass.Counters(&st)}, nil
 }

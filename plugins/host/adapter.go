@@ -24,7 +24,7 @@ type Pass struct {
 }
 
 var (
-	_ pass.Pass                = (*Pass)(nil)
+	_ pass.Configurable        = (*Pass)(nil)
 	_ pass.FallibleEligibility = (*Pass)(nil)
 )
 
@@ -65,7 +65,7 @@ func optionType(v any) pass.OptionType {
 	return pass.String
 }
 
-// Configure implements pass.Pass: the plugin checks the options (an
+// Configure implements pass.Configurable: the plugin checks the options (an
 // INVALID_ARGUMENT answer is a configuration error, like a built-in pass's);
 // a plugin that is down fails later, in the report.
 func (a *Pass) Configure(opts map[string]any) error {
@@ -178,10 +178,14 @@ func (a *Pass) apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 	if err != nil {
 		return pass.Result{}, err
 	}
+	stats, err := wire.DecodeStats(resp.GetStatistics())
+	if err != nil {
+		return pass.Result{}, fmt.Errorf("plugin returned invalid statistics: %w", err)
+	}
 	if err := Install(g, resp.GetGraph(), d.env.Weights); err != nil {
 		return pass.Result{}, fmt.Errorf("plugin returned an invalid graph: %w", err)
 	}
-	return pass.Result{Fired: int(resp.GetFired()), Notes: resp.GetNotes()}, nil
+	return pass.Result{Fired: int(resp.GetFired()), Notes: resp.GetNotes(), Stats: stats}, nil
 }
 
 // TensorInfo is implemented by weight sources that know tensor shapes

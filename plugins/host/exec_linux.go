@@ -5,7 +5,6 @@ package host
 import (
 	"crypto/sha256"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"os/exec"
@@ -44,7 +43,7 @@ func verifiedCommand(path string, want []byte) (cmd *exec.Cmd, sum []byte, close
 	}
 	mem := os.NewFile(uintptr(fd), "memfd:"+st.Name())
 	defer mem.Close()
-	var h hash.Hash = sha256.New()
+	h := sha256.New()
 	if _, err := io.Copy(io.MultiWriter(mem, h), io.LimitReader(f, maxPluginBytes)); err != nil {
 		return nil, nil, nil, fmt.Errorf("reading %s: %w", path, err)
 	}

@@ -87,7 +87,7 @@ type Options struct {
 }
 
 // OptionsFromConfig maps the engine configuration's plugins section.
-func OptionsFromConfig(ec *config.Engine, log zerolog.Logger) Options {
+func OptionsFromConfig(ec *config.Config, log zerolog.Logger) Options {
 	o := Options{Dir: ec.Plugins.Dir, Checksums: ec.Plugins.Checksums, SumsFile: ec.Plugins.SumsFile,
 		AllowUnverified: ec.Plugins.AllowUnverified, Timeout: time.Duration(ec.Plugins.TimeoutMS) * time.Millisecond,
 		StartTimeout: time.Duration(ec.Plugins.StartTimeoutMS) * time.Millisecond,
@@ -586,7 +586,7 @@ func (h *Host) StopUnused(keep []string) {
 			p.mu.Lock()
 			p.stop()
 			if p.failed == nil {
-				p.failed = errors.New("stopped: the pass is not requested in passes:")
+				p.failed = errors.New("stopped: the pass is not listed in passes")
 			}
 			p.mu.Unlock()
 		}

@@ -1,6 +1,7 @@
 // Package sdk is what a pass-plugin author imports. Write the pass exactly
 // as a built-in one (the pass.Pass interface of core/pass, over the IR of
-// core/ir) and serve it from main:
+// core/ir; options declared once as a tagged struct, statistics as
+// another, see pass.WithOptions and pass.Counters) and serve it from main:
 //
 //	func main() { sdk.Serve(&MyPass{}) }
 //
@@ -111,9 +112,9 @@ func (s *server) Describe(context.Context, *pb.DescribeRequest) (resp *pb.Descri
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer guard("Describe", &err)
-	d := s.p.Describe()
-	if d.Name == "" {
-		d.Name = s.p.Name()
+	d, err := pass.DescriptionOf(s.p)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "describe: %v", err)
 	}
 	resp, err = wire.EncodeDescription(d)
 	if err != nil {
@@ -130,15 +131,11 @@ func (s *server) configure(opts []*pb.Attr) error {
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "options: %v", err)
 	}
-	norm, err := pass.NormalizeOptions(s.p.Describe(), m)
-	if err != nil {
-		return status.Error(codes.InvalidArgument, err.Error())
-	}
-	key := fmt.Sprint(norm)
+	key := fmt.Sprint(m)
 	if key == s.cur {
 		return nil
 	}
-	if err := s.p.Configure(norm); err != nil {
+	if err := pass.Configure(s.p, m, ""); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	s.cur = key
@@ -234,5 +231,5 @@ func (s *server) Apply(_ context.Context, req *pb.ApplyRequest) (_ *pb.ApplyResp
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "graph: %v", err)
 	}
-	return &pb.ApplyResponse{Graph: enc.Graph, Fired: int32(res.Fired), Notes: res.Notes}, nil
+	return &pb.ApplyResponse{Graph: enc.Graph, Fired: int32(res.Fired), Notes: res.Notes, Statistics: wire.EncodeStats(res.Stats)}, nil
 }

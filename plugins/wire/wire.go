@@ -26,7 +26,7 @@ import (
 // ---- attributes -------------------------------------------------------------
 
 // EncodeAttrValue encodes an attribute or option value (int, float64,
-// string, bool or []int).
+// string, bool or []int; an option's pass.Path travels as a string).
 func EncodeAttrValue(v any) (*pb.AttrValue, error) {
 	switch x := v.(type) {
 	case int:
@@ -35,6 +35,8 @@ func EncodeAttrValue(v any) (*pb.AttrValue, error) {
 		return &pb.AttrValue{Value: &pb.AttrValue_Float{Float: x}}, nil
 	case string:
 		return &pb.AttrValue{Value: &pb.AttrValue_Str{Str: x}}, nil
+	case pass.Path:
+		return &pb.AttrValue{Value: &pb.AttrValue_Str{Str: string(x)}}, nil
 	case bool:
 		return &pb.AttrValue{Value: &pb.AttrValue_Bool{Bool: x}}, nil
 	case []int:
@@ -128,18 +130,6 @@ func encodeKind(k ir.Kind) pb.Kind {
 		return pb.Kind_KIND_WEIGHT
 	}
 	return pb.Kind_KIND_UNSPECIFIED
-}
-
-func decodeKind(k pb.Kind) (ir.Kind, error) {
-	switch k {
-	case pb.Kind_KIND_ACTIVATION:
-		return ir.Activation, nil
-	case pb.Kind_KIND_INPUT:
-		return ir.Input, nil
-	case pb.Kind_KIND_WEIGHT:
-		return ir.Weight, nil
-	}
-	return 0, fmt.Errorf("unknown value kind %v", k)
 }
 
 func encodeDType(d ir.DType) pb.DType {
@@ -588,16 +578,43 @@ func DecodeDescription(m *pb.DescribeResponse) (pass.Description, error) {
 		if err != nil {
 			return d, fmt.Errorf("option %s default: %w", o.GetName(), err)
 		}
-		opt := pass.Option{Name: o.GetName(), Type: pass.OptionType(o.GetType()), Default: def, Doc: o.GetDoc(), Enum: o.GetEnum()}
+		opt := pass.Option{Name: o.GetName(), Type: pass.OptionType(o.GetType()), Doc: o.GetDoc(), Enum: o.GetEnum()}
 		switch opt.Type {
-		case pass.Bool, pass.Int, pass.Float, pass.String, pass.Ints:
+		case pass.Bool, pass.Int, pass.Float, pass.String, pass.Ints, pass.PathType:
 		default:
 			return d, fmt.Errorf("option %s has unknown type %q", opt.Name, opt.Type)
 		}
-		if _, err := pass.NormalizeOptions(pass.Description{Name: d.Name, Options: []pass.Option{opt}}, map[string]any{opt.Name: def}); err != nil {
+		norm, err := pass.Normalize([]pass.Option{opt}, map[string]any{opt.Name: def}, "")
+		if err != nil {
 			return d, fmt.Errorf("option %s: default %v does not have type %s", opt.Name, def, opt.Type)
 		}
+		opt.Default = norm[opt.Name]
 		d.Options = append(d.Options, opt)
 	}
 	return d, nil
+}
+
+// ---- statistics -------------------------------------------------------------
+
+// EncodeStats encodes a pass's statistics.
+func EncodeStats(st []pass.Statistic) []*pb.Statistic {
+	out := make([]*pb.Statistic, len(st))
+	for i, s := range st {
+		out[i] = &pb.Statistic{Name: s.Name, Value: s.Value, Doc: s.Doc}
+	}
+	return out
+}
+
+// DecodeStats decodes statistics; each needs a name, used once.
+func DecodeStats(ms []*pb.Statistic) ([]pass.Statistic, error) {
+	var out []pass.Statistic
+	seen := map[string]bool{}
+	for _, m := range ms {
+		if m.GetName() == "" || seen[m.GetName()] {
+			return nil, fmt.Errorf("statistic name %q is empty or given twice", m.GetName())
+		}
+		seen[m.GetName()] = true
+		out = append(out, pass.Statistic{Name: m.GetName(), Value: m.GetValue(), Doc: m.GetDoc()})
+	}
+	return out, nil
 }

@@ -20,6 +20,7 @@ func init() {
 	bind(ir.OpSigmoid, bindSigmoid)
 	bind(ir.OpAdd, bindAdd)
 	bind(ir.OpSwiGLU, bindSwiGLU)
+	bind(ir.OpSwiGLUPacked, bindSwiGLUPacked)
 	bind(ir.OpStreamMean, bindStreamMean)
 	bind(ir.OpLastRows, bindLastRows)
 }
@@ -194,6 +195,20 @@ func bindSwiGLU(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	limit := float32(n.Attrs.Float("limit", 0))
 	return func(rc *runCtx) error {
 		act.SwiGLU(rc.out(outs[0]), rc.in(in[0]), rc.in(in[1]), limit)
+		return nil
+	}, nil
+}
+
+func bindSwiGLUPacked(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	I := outs[0].Shape[1]
+	limit := float32(n.Attrs.Float("limit", 0))
+	return func(rc *runCtx) error {
+		x, y := rc.in(in[0]), rc.out(outs[0])
+		for r := range rc.rows(in[0]) {
+			row := x[2*r*I : 2*(r+1)*I]
+			act.SwiGLU(y[r*I:(r+1)*I], row[:I], row[I:], limit)
+		}
 		return nil
 	}, nil
 }

@@ -19,6 +19,7 @@ func init() {
 	bind(ir.OpSigmoid, bindElementwise(0))
 	bind(ir.OpAdd, bindElementwise(1))
 	bind(ir.OpSwiGLU, bindElementwise(2))
+	bind(ir.OpSwiGLUPacked, bindSwiGLUPacked)
 	bind(ir.OpStreamMean, bindStreamMean)
 	bind(ir.OpLastRows, bindLastRows)
 }
@@ -29,6 +30,13 @@ const threads = 256
 func blocks(n int64) kc.Dim3 { return kc.Dim3{X: uint32((n + threads - 1) / threads)} }
 
 var block256 = kc.Dim3{X: threads}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
 
 func sampleTop(id int64, lp float64) sample.TokenLogprob {
 	return sample.TokenLogprob{ID: int32(id), Logprob: float32(lp)}
@@ -84,11 +92,37 @@ func bindLayerNorm(p *Program, n *ir.Node) (*kstep, error) {
 	}}, nil
 }
 
+// bf16Mode says whether GEMMs take bf16 activations (precision bf16):
+// their inputs are rounded to bfloat16, large batches run on cuBLAS's
+// tensor-core bf16 GEMM with fp32 accumulation, small ones on the skinny
+// kernel rounding as it reads.
+func (p *Program) bf16Mode(W devTensor) bool { return p.b.opts.Precision == "bf16" && W.bf16 }
+
+// castBF16 rounds R rows of width K (row stride lda floats) to a bf16
+// buffer of R×K.
+func castBF16(rc *runCtx, x kc.DevicePtr, R, K, lda int, dst kc.DevicePtr) error {
+	if lda == K {
+		a := kc.ToBF16Args{X: x, Out: dst, N: int64(R * K)}
+		return kc.Launch(rc.dev, "glmf_to_bf16", blocks(int64(R*K)), block256, 0, &a)
+	}
+	for r := 0; r < R; r++ { // strided rows (never on the hot path: batched inputs are contiguous per group)
+		a := kc.ToBF16Args{X: x + kc.DevicePtr(4*r*lda), Out: dst + kc.DevicePtr(2*r*K), N: int64(K)}
+		if err := kc.Launch(rc.dev, "glmf_to_bf16", blocks(int64(K)), block256, 0, &a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // skinnyMaxRows is the most rows the skinny GEMM takes; more rows go to the
 // tiled kernel. Both sum in ascending k, so the choice (and so the batch's
 // size) never changes a row's result. cuBLAS, used for fp32 weights on more
 // rows, does not promise that: batch invariance holds for bf16 weights.
 const skinnyMaxRows = 8
+
+// skinnyThreads is SK_THREADS of gemm.cu: columns per block of the skinny
+// GEMM.
+const skinnyThreads = 64
 
 // gemm launches y = x·Wᵀ over M rows for weight W ([G][N][K] when batched)
 // writing through args' outputs; fp32 weights go to cuBLAS when the outputs
@@ -99,8 +133,8 @@ func gemm(rc *runCtx, a *kc.GemmArgs, G int) error {
 	}
 	grid := kc.Dim3{Z: uint32(G)}
 	if a.M <= skinnyMaxRows {
-		grid.X = uint32((a.N + 31) / 32)
-		return kc.Launch(rc.dev, "glmf_gemm_skinny", grid, block256, 0, a)
+		grid.X = uint32((a.N + skinnyThreads - 1) / skinnyThreads)
+		return kc.Launch(rc.dev, "glmf_gemm_skinny", grid, kc.Dim3{X: skinnyThreads}, 0, a)
 	}
 	grid.X, grid.Y = uint32((a.N+63)/64), uint32((a.M+63)/64)
 	return kc.Launch(rc.dev, "glmf_gemm_tiled", grid, block256, 0, a)
@@ -113,15 +147,27 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 		return nil, err
 	}
 	K, N := in[0].Shape[1], out.Shape[1]
-	return &kstep{run: func(rc *runCtx) error {
+	bf := p.bf16Mode(W)
+	st := &kstep{}
+	if bf {
+		st.temps = func(rc *runCtx) []int64 { return []int64{2 * int64(rc.rows(in[0])*K)} }
+	}
+	st.run = func(rc *runCtx) error {
 		M := rc.rows(in[0])
 		if !W.bf16 && M > skinnyMaxRows {
 			return rc.dev.Sgemm(M, N, K, rc.ptr(in[0]), K, W.ptr, rc.ptr(out), N)
 		}
-		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(K), W: W.ptr, WBf16: W.flag(), M: int64(M), N: int64(N), K: int64(K), Nout: 1}
+		if bf && M > skinnyMaxRows {
+			if err := castBF16(rc, rc.ptr(in[0]), M, K, K, rc.temps[0]); err != nil {
+				return err
+			}
+			return rc.dev.GemmBF16(M, N, K, rc.temps[0], K, W.ptr, K, rc.ptr(out), N)
+		}
+		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(K), W: W.ptr, WBf16: W.flag(), M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: b2i(bf)}
 		a.Out[0], a.Ow[0] = rc.ptr(out), int64(N)
 		return gemm(rc, &a, 1)
-	}}, nil
+	}
+	return st, nil
 }
 
 func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
@@ -135,21 +181,32 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 	if len(splits) > 8 {
 		return nil, fmt.Errorf("%d splits; the CUDA kernels write at most 8", len(splits))
 	}
+	bf := p.bf16Mode(W)
 	st := &kstep{}
-	if !W.bf16 {
-		st.temps = func(rc *runCtx) []int64 { return []int64{4 * int64(rc.rows(in[0])) * int64(N)} }
+	if !W.bf16 || bf {
+		st.temps = func(rc *runCtx) []int64 {
+			M := int64(rc.rows(in[0]))
+			return []int64{4 * M * int64(N), 2 * M * int64(K)}
+		}
 	}
 	st.run = func(rc *runCtx) error {
 		M := rc.rows(in[0])
-		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(K), W: W.ptr, WBf16: W.flag(), M: int64(M), N: int64(N), K: int64(K), Nout: int64(len(splits))}
+		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(K), W: W.ptr, WBf16: W.flag(), M: int64(M), N: int64(N), K: int64(K), Nout: int64(len(splits)), ARound: b2i(bf)}
 		for i, s := range splits {
 			a.Out[i], a.Ow[i] = rc.ptr(outs[i]), int64(s)
 		}
-		if W.bf16 || M <= skinnyMaxRows {
+		if M <= skinnyMaxRows || (W.bf16 && !bf) {
 			return gemm(rc, &a, 1)
 		}
 		tmp := rc.temps[0]
-		if err := rc.dev.Sgemm(M, N, K, rc.ptr(in[0]), K, W.ptr, tmp, N); err != nil {
+		if bf {
+			if err := castBF16(rc, rc.ptr(in[0]), M, K, K, rc.temps[1]); err != nil {
+				return err
+			}
+			if err := rc.dev.GemmBF16(M, N, K, rc.temps[1], K, W.ptr, K, tmp, N); err != nil {
+				return err
+			}
+		} else if err := rc.dev.Sgemm(M, N, K, rc.ptr(in[0]), K, W.ptr, tmp, N); err != nil {
 			return err
 		}
 		sa := kc.SplitArgs{X: tmp, R: int64(M), N: int64(N), Nout: a.Nout, Out: a.Out, W: a.Ow}
@@ -168,8 +225,24 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 	if G > 8 {
 		return nil, fmt.Errorf("%d groups; the CUDA kernels write at most 8", G)
 	}
-	return &kstep{run: func(rc *runCtx) error {
+	bf := p.bf16Mode(W)
+	st := &kstep{}
+	if bf {
+		st.temps = func(rc *runCtx) []int64 { return []int64{2 * int64(rc.rows(in[0])*G*K)} }
+	}
+	st.run = func(rc *runCtx) error {
 		M := rc.rows(in[0])
+		if bf && M > skinnyMaxRows {
+			if err := castBF16(rc, rc.ptr(in[0]), M, G*K, G*K, rc.temps[0]); err != nil {
+				return err
+			}
+			for g := 0; g < G; g++ {
+				if err := rc.dev.GemmBF16(M, N, K, rc.temps[0]+kc.DevicePtr(2*g*K), G*K, W.ptr+kc.DevicePtr(2*g*N*K), K, rc.ptr(outs[g]), N); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 		if !W.bf16 && M > skinnyMaxRows {
 			for g := 0; g < G; g++ {
 				if err := rc.dev.Sgemm(M, N, K, rc.ptr(in[0])+kc.DevicePtr(4*g*K), G*K, W.ptr+kc.DevicePtr(4*g*N*K), rc.ptr(outs[g]), N); err != nil {
@@ -179,12 +252,13 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 			return nil
 		}
 		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(G * K), AGoff: int64(K), W: W.ptr, WBf16: W.flag(), WGoff: int64(N * K),
-			M: int64(M), N: int64(N), K: int64(K), Nout: int64(G), Batched: 1}
+			M: int64(M), N: int64(N), K: int64(K), Nout: int64(G), Batched: 1, ARound: b2i(bf)}
 		for g := 0; g < G; g++ {
 			a.Out[g], a.Ow[g] = rc.ptr(outs[g]), int64(N)
 		}
 		return gemm(rc, &a, G)
-	}}, nil
+	}
+	return st, nil
 }
 
 func bindElementwise(op int64) binder {
@@ -200,6 +274,33 @@ func bindElementwise(op int64) binder {
 			return kc.Launch(rc.dev, "glmf_elementwise", blocks(cnt), block256, 0, &a)
 		}}, nil
 	}
+}
+
+// bindSwiGLUPacked splits the packed [T,2I] input into g and u (the
+// split_cols kernel) and applies the swiglu kernel to them.
+func bindSwiGLUPacked(p *Program, n *ir.Node) (*kstep, error) {
+	in, out := n.Inputs[0], n.Outputs[0]
+	I := int64(out.Shape[1])
+	limit := n.Attrs.Float("limit", 0)
+	st := &kstep{temps: func(rc *runCtx) []int64 {
+		b := 4 * int64(rc.rows(in)) * I
+		return []int64{b, b}
+	}}
+	st.run = func(rc *runCtx) error {
+		R := int64(rc.rows(in))
+		if R == 0 {
+			return nil
+		}
+		g, u := rc.temps[0], rc.temps[1]
+		sa := kc.SplitArgs{X: rc.ptr(in), R: R, N: 2 * I, Nout: 2}
+		sa.Out[0], sa.W[0], sa.Out[1], sa.W[1] = g, I, u, I
+		if err := kc.Launch(rc.dev, "glmf_split_cols", blocks(2*R*I), block256, 0, &sa); err != nil {
+			return err
+		}
+		a := kc.EltArgs{X: g, Y: u, Out: rc.ptr(out), N: R * I, Op: 2, Limit: float64(float32(limit))}
+		return kc.Launch(rc.dev, "glmf_elementwise", blocks(R*I), block256, 0, &a)
+	}
+	return st, nil
 }
 
 func bindStreamMean(p *Program, n *ir.Node) (*kstep, error) {

@@ -68,6 +68,7 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	K := in[1].Shape[1]
 	limit := float64(float32(a.Float("limit", 0)))
+	round := b2i(p.bf16Mode(gate))
 	maxTiles := func(TK int) int { return (TK+moeTile-1)/moeTile + min(E, TK) }
 	return &kstep{
 		temps: func(rc *runCtx) []int64 {
@@ -87,13 +88,13 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 			}
 			nt := uint32(maxTiles(TK))
 			gu := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(D), W: gate.ptr, WBf16: gate.flag(), WGoff: int64(I * D), W2: up.ptr,
-				M: int64(TK), N: int64(I), K: int64(D), Nout: 1, Tiles: tiles, Perm: perm, ADiv: int64(K), Limit: limit}
+				M: int64(TK), N: int64(I), K: int64(D), Nout: 1, Tiles: tiles, Perm: perm, ADiv: int64(K), Limit: limit, ARound: round}
 			gu.Out[0], gu.Ow[0] = act, int64(I)
 			if err := kc.Launch(rc.dev, "glmf_gemm_tiled", kc.Dim3{X: uint32((I + 63) / 64), Y: nt}, block256, 0, &gu); err != nil {
 				return err
 			}
 			dn := kc.GemmArgs{A: act, Lda: int64(I), W: down.ptr, WBf16: down.flag(), WGoff: int64(D * I),
-				M: int64(TK), N: int64(D), K: int64(I), Nout: 1, Tiles: tiles, Perm: perm, ADiv: 0, RowScale: rc.ptr(in[2]), Scatter: contrib}
+				M: int64(TK), N: int64(D), K: int64(I), Nout: 1, Tiles: tiles, Perm: perm, ADiv: 0, RowScale: rc.ptr(in[2]), Scatter: contrib, ARound: round}
 			dn.Out[0], dn.Ow[0] = contrib, int64(D)
 			if err := kc.Launch(rc.dev, "glmf_gemm_tiled", kc.Dim3{X: uint32((D + 63) / 64), Y: nt}, block256, 0, &dn); err != nil {
 				return err

@@ -68,8 +68,12 @@ func (t devTensor) flag() int64 {
 // Open initialises the GPU o.DeviceIndex; it fails at once, naming what is
 // missing (driver, GPU, cuBLAS), where CUDA cannot run.
 func Open(o backend.Options) (*Backend, error) {
-	if o.Precision != "" && o.Precision != "fp32" {
-		return nil, fmt.Errorf("cuda backend: precision %q is not available (fp32 is)", o.Precision)
+	switch o.Precision {
+	case "":
+		o.Precision = "fp32"
+	case "fp32", "bf16":
+	default:
+		return nil, fmt.Errorf("cuda backend: precision %q is not available (fp32 and bf16 are)", o.Precision)
 	}
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
@@ -104,7 +108,7 @@ func (b *Backend) Info() backend.Info {
 		mem["weights_"+k] = v
 	}
 	mem["total_allocated"] = b.dev.Live()
-	return backend.Info{Backend: "cuda", Device: fmt.Sprintf("%s (compute %d.%d, %d SMs, %s)", b.dev.Name, b.dev.CC[0], b.dev.CC[1], b.dev.SMs, b.dev.BlasVersion()), Precision: "fp32", Memory: mem}
+	return backend.Info{Backend: "cuda", Device: fmt.Sprintf("%s (compute %d.%d, %d SMs, %s)", b.dev.Name, b.dev.CC[0], b.dev.CC[1], b.dev.SMs, b.dev.BlasVersion()), Precision: b.opts.Precision, Memory: mem}
 }
 
 // Close releases this backend; the last one on a GPU frees the weights and

@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"fmt"
-	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -39,13 +38,62 @@ type Program struct {
 	metaSize  int64
 	out       kc.DevicePtr // sampling outputs and scratch
 	outSize   int64
+	// graphs are the captured launches of batches of up to
+	// opts.GraphMaxTokens tokens, by shape.
+	graphs map[graphKey]*kc.Graph
+	// opTimes accumulates device time per op (Options.ProfileOps).
+	opTimes map[string]*backend.OpTime
 
-	runs, deviceReads, fusedMHC, launches, syncs, lengthSyncs atomic.Int64
+	runs, deviceReads, fusedMHC, launches, syncs, lengthSyncs, replays, captures atomic.Int64
+}
+
+// graphKey is what a captured graph depends on: the batch's token and
+// sequence counts and whether it samples. Positions, tokens, slots and
+// sampling parameters are read from device buffers at fixed addresses.
+type graphKey struct {
+	T, S   int
+	sample bool
+}
+
+// DefaultGraphMaxTokens bounds the batches captured into CUDA graphs when
+// the options do not say.
+const DefaultGraphMaxTokens = 64
+
+// maxGraphs bounds the graphs a program keeps (a new shape past it runs
+// eagerly).
+const maxGraphs = 256
+
+// graphKey says whether a batch runs as a CUDA graph, and under which key:
+// graphs are on, the program reads only host lengths (a length read-back
+// is a sync, which a graph cannot hold), captures no hidden states, and
+// the batch is small (decode and small verify/extend). cuBLAS calls are
+// captured like kernels.
+func (p *Program) graphKey(pr *backend.Prepared) (graphKey, bool) {
+	max := p.b.opts.GraphMaxTokens
+	if max == 0 {
+		max = DefaultGraphMaxTokens
+	}
+	if max < 0 || p.b.opts.ProfileOps || !p.plan.HostLengths || len(p.plan.Hidden) > 0 || pr.T > max {
+		return graphKey{}, false
+	}
+	k := graphKey{T: pr.T, S: len(pr.Spans), sample: pr.Sample != nil}
+	if _, ok := p.graphs[k]; !ok && len(p.graphs) >= maxGraphs {
+		return k, false
+	}
+	return k, true
+}
+
+// dropGraphs destroys every captured graph (their addresses are stale).
+func (p *Program) dropGraphs() {
+	for k, g := range p.graphs {
+		p.b.dev.Destroy(g)
+		delete(p.graphs, k)
+	}
 }
 
 // Compile binds every step of p and uploads the constants it reads.
 func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
-	prog := &Program{b: b, plan: p, consts: map[*ir.Value]devTensor{}}
+	prog := &Program{b: b, plan: p, consts: map[*ir.Value]devTensor{}, graphs: map[graphKey]*kc.Graph{}}
 	err := b.dev.Do(func() error {
 		for _, n := range p.Steps {
 			for _, in := range n.Inputs {
@@ -85,6 +133,7 @@ func (p *Program) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.b.dev.Do(func() error {
+		p.dropGraphs()
 		for _, b := range []struct {
 			p *kc.DevicePtr
 			n *int64
@@ -104,7 +153,8 @@ func (p *Program) Plan() *plan.Plan { return p.plan }
 // Stats returns the program's counters.
 func (p *Program) Stats() backend.Stats {
 	return backend.Stats{Runs: p.runs.Load(), DeviceLengthReads: p.deviceReads.Load(), FusedMHCRuns: p.fusedMHC.Load(),
-		Launches: p.launches.Load(), HostSyncs: p.syncs.Load(), LengthSyncs: p.lengthSyncs.Load()}
+		Launches: p.launches.Load(), HostSyncs: p.syncs.Load(), LengthSyncs: p.lengthSyncs.Load(),
+		GraphReplays: p.replays.Load(), GraphCaptures: p.captures.Load()}
 }
 
 // w returns the device copy of a constant input.
@@ -173,11 +223,33 @@ type runCtx struct {
 	T, S  int
 	meta  kc.BatchMeta
 	toks  kc.DevicePtr
-	addr  map[*ir.Value]kc.DevicePtr
-	temps []kc.DevicePtr
-	host  map[*ir.Value]any
+	// hidden is the batch's hidden rows (MTP graphs), 0 without them.
+	hidden kc.DevicePtr
+	addr   map[*ir.Value]kc.DevicePtr
+	temps  []kc.DevicePtr
+	host   map[*ir.Value]any
 	// visible[kpool] = the largest number of pools any row sees.
 	maxVisible map[int]int
+	// profile collects each step's device events when op timing is on.
+	profile []opEvents
+}
+
+type opEvents struct {
+	op       string
+	from, to kc.Event
+}
+
+// OpTimes returns the device time per op since profiling was switched on
+// (Options.ProfileOps), the most expensive first.
+func (p *Program) OpTimes() []backend.OpTime {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []backend.OpTime
+	for _, t := range p.opTimes {
+		out = append(out, *t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Ms > out[j].Ms })
+	return out
 }
 
 func (rc *runCtx) rows(v *ir.Value) int {
@@ -293,28 +365,42 @@ func (a *arenaPlan) release(off, n int64) {
 
 // ensure grows a device buffer to at least n bytes.
 func (p *Program) ensure(buf *kc.DevicePtr, size *int64, n int64) error {
+	grown, err := p.ensureKeep(buf, size, n)
+	if grown {
+		p.dropGraphs()
+	}
+	return err
+}
+
+// ensureKeep grows a device buffer to at least n bytes and says whether
+// it moved.
+func (p *Program) ensureKeep(buf *kc.DevicePtr, size *int64, n int64) (bool, error) {
 	if n <= *size {
-		return nil
+		return false, nil
 	}
 	n = n + n/4 + align
 	if *buf != 0 {
 		if err := p.b.dev.Sync(); err != nil { // work in flight may still read it
-			return err
+			return false, err
 		}
 		p.b.dev.Free(*buf, *size)
 		*buf, *size = 0, 0
 	}
 	ptr, err := p.b.dev.Alloc(n)
 	if err != nil {
-		return err
+		return true, err
 	}
 	*buf, *size = ptr, n
-	return nil
+	return true, nil
 }
 
 func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, error) {
 	dev := p.b.dev
 	rc := &runCtx{p: p, dev: dev, pr: pr, store: store, T: pr.T, S: len(pr.Spans), addr: map[*ir.Value]kc.DevicePtr{}, host: map[*ir.Value]any{}, maxVisible: map[int]int{}}
+	if p.b.opts.ProfileOps {
+		rc.profile = []opEvents{}
+		defer p.collectProfile(rc)
+	}
 	// 1. the step's metadata, in one upload
 	mb := newMetaBuilder()
 	rowSeq, rowPos := make([]int32, rc.T), make([]int32, rc.T)
@@ -349,9 +435,17 @@ func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, 
 	}
 	at := func(off int64) kc.DevicePtr { return p.meta + kc.DevicePtr(off) }
 	rc.toks = at(oTok)
+	if oHidden >= 0 {
+		rc.hidden = at(oHidden)
+	}
 	rc.meta = kc.BatchMeta{SeqSlot: at(oSlot), SeqPos0: at(oPos0), SeqN: at(oN), SeqRow0: at(oRow0), RowSeq: at(oRowSeq), RowPos: at(oRowPos), LastRow: at(oLast), S: int64(rc.S), T: int64(rc.T)}
-	for _, s := range pr.Spans {
-		for _, kp := range p.kpools() {
+	gkey, graphed := p.graphKey(pr)
+	for _, kp := range p.kpools() {
+		if graphed { // a captured launch may not depend on positions: size by the store
+			rc.maxVisible[kp] = store.maxPos/kp + 1
+			continue
+		}
+		for _, s := range pr.Spans {
 			rc.maxVisible[kp] = max(rc.maxVisible[kp], (s.Pos0+s.N)/kp)
 		}
 	}
@@ -391,62 +485,54 @@ func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, 
 			}
 		}
 	}
-	if err := p.ensure(&p.arena, &p.arenaSize, ap.peak); err != nil {
+	if grown, err := p.ensureKeep(&p.arena, &p.arenaSize, ap.peak); err != nil {
+		return nil, err
+	} else if grown {
+		p.dropGraphs() // they hold the old addresses
+	}
+	lv := p.plan.Logits
+	var sampleArgs *kc.SampleArgs
+	if pr.Sample != nil {
+		var err error
+		if sampleArgs, err = p.sampleArgs(rc, at(oSpec), nrows, graphed); err != nil {
+			return nil, err
+		}
+	}
+	// replay the plan with real addresses while launching (or capturing)
+	launchAll := func() error {
+		if err := p.launchSteps(rc, tempSize); err != nil {
+			return err
+		}
+		if sampleArgs != nil {
+			sampleArgs.Logits = rc.addr[lv]
+			return kc.Launch(dev, "glmf_sample", kc.Dim3{X: uint32(nrows)}, kc.Dim3{X: 256}, 0, sampleArgs)
+		}
+		return nil
+	}
+	if graphed {
+		g := p.graphs[gkey]
+		if g == nil {
+			var err error
+			if g, err = dev.Capture(launchAll); err != nil {
+				return nil, fmt.Errorf("cuda: capturing a graph for %d tokens in %d sequences: %w", pr.T, len(pr.Spans), err)
+			}
+			p.graphs[gkey] = g
+			p.captures.Add(1)
+		} else if err := p.restoreAddrs(rc, tempSize); err != nil { // where the captured launches left every value
+			return nil, err
+		}
+		if err := dev.Replay(g); err != nil {
+			return nil, err
+		}
+		p.replays.Add(1)
+	} else if err := launchAll(); err != nil {
 		return nil, err
 	}
-	// replay the plan with real addresses while launching
-	ap2 := &arenaPlan{}
-	for _, in := range p.plan.Graph.Inputs {
-		switch in.Name {
-		case ir.InputTokens:
-			rc.addr[in] = rc.toks
-		case ir.InputBatch:
-		case ir.InputHidden:
-			if oHidden < 0 {
-				return nil, fmt.Errorf("cuda: the batch has no hidden rows for input %q", in.Name)
-			}
-			rc.addr[in] = at(oHidden)
-		default:
-			return nil, fmt.Errorf("cuda: graph input %q is not provided by the executor", in.Name)
-		}
-	}
-	for si, st := range p.steps {
-		for _, o := range st.node.Outputs {
-			if n := rc.bytesOf(o); n > 0 {
-				rc.addr[o] = p.arena + kc.DevicePtr(ap2.alloc(n))
-			}
-		}
-		rc.temps = rc.temps[:0]
-		for _, n := range tempSize[si] {
-			rc.temps = append(rc.temps, p.arena+kc.DevicePtr(ap2.alloc(n)))
-		}
-		if err := st.run(rc); err != nil {
-			return nil, fmt.Errorf("cuda: %s (layer %d): %w", st.node.Op, st.node.Layer, err)
-		}
-		for i, n := range tempSize[si] {
-			ap2.release(int64(rc.temps[i]-p.arena), n)
-		}
-		for _, in := range st.node.Inputs {
-			if a, ok := rc.addr[in]; ok && lastUse[in] == si && in.Kind != ir.Input {
-				ap2.release(int64(a-p.arena), rc.bytesOf(in))
-				delete(rc.addr, in)
-			}
-		}
-		for _, o := range st.node.Outputs {
-			if _, used := lastUse[o]; !used {
-				if a, ok := rc.addr[o]; ok {
-					ap2.release(int64(a-p.arena), rc.bytesOf(o))
-					delete(rc.addr, o)
-				}
-			}
-		}
-	}
-	// 3. results: samples (on the device), then what the caller reads
-	lv := p.plan.Logits
+	// 3. results: the samples (picked on the device), then what the caller reads
 	res := &backend.Result{Vocab: p.plan.Vocab, Rows: rc.rows(lv)}
 	logits := rc.addr[lv]
-	if pr.Sample != nil {
-		outs, err := p.sample(rc, logits, at(oSpec), nrows)
+	if sampleArgs != nil {
+		outs, err := p.readSamples(rc, nrows)
 		if err != nil {
 			return nil, err
 		}
@@ -476,30 +562,138 @@ func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, 
 	return res, nil
 }
 
-// sample runs the device sampler over the logits rows and returns the picks.
-func (p *Program) sample(rc *runCtx, logits, specs kc.DevicePtr, rows int) ([]backend.Sample, error) {
+// collectProfile turns a run's step events into per-op device time.
+func (p *Program) collectProfile(rc *runCtx) {
+	if p.opTimes == nil {
+		p.opTimes = map[string]*backend.OpTime{}
+	}
+	for _, e := range rc.profile {
+		ms, err := rc.dev.Elapsed(e.from, e.to)
+		if err != nil {
+			continue
+		}
+		t := p.opTimes[e.op]
+		if t == nil {
+			t = &backend.OpTime{Op: e.op}
+			p.opTimes[e.op] = t
+		}
+		t.Calls++
+		t.Ms += ms
+	}
+}
+
+// launchSteps runs the arena plan a second time with real addresses,
+// launching every step (or recording it, inside a capture).
+func (p *Program) launchSteps(rc *runCtx, tempSize [][]int64) error {
+	return p.walkSteps(rc, tempSize, true)
+}
+
+// restoreAddrs assigns every value the address a captured run gave it,
+// launching nothing (a graph replay runs the launches).
+func (p *Program) restoreAddrs(rc *runCtx, tempSize [][]int64) error {
+	return p.walkSteps(rc, tempSize, false)
+}
+
+// walkSteps replays the arena plan with real addresses and, when launch is
+// set, runs every step.
+func (p *Program) walkSteps(rc *runCtx, tempSize [][]int64, launch bool) error {
+	ap2 := &arenaPlan{}
+	for _, in := range p.plan.Graph.Inputs {
+		switch in.Name {
+		case ir.InputTokens:
+			rc.addr[in] = rc.toks
+		case ir.InputBatch:
+		case ir.InputHidden:
+			if rc.hidden == 0 {
+				return fmt.Errorf("cuda: the batch has no hidden rows for input %q", in.Name)
+			}
+			rc.addr[in] = rc.hidden
+		default:
+			return fmt.Errorf("cuda: graph input %q is not provided by the executor", in.Name)
+		}
+	}
+	lastUse := p.plan.LastUse
+	for si, st := range p.steps {
+		for _, o := range st.node.Outputs {
+			if n := rc.bytesOf(o); n > 0 {
+				rc.addr[o] = p.arena + kc.DevicePtr(ap2.alloc(n))
+			}
+		}
+		rc.temps = rc.temps[:0]
+		for _, n := range tempSize[si] {
+			rc.temps = append(rc.temps, p.arena+kc.DevicePtr(ap2.alloc(n)))
+		}
+		if launch {
+			var ev0 kc.Event
+			if rc.profile != nil {
+				var err error
+				if ev0, err = rc.dev.Record(); err != nil {
+					return err
+				}
+			}
+			if err := st.run(rc); err != nil {
+				return fmt.Errorf("cuda: %s (layer %d): %w", st.node.Op, st.node.Layer, err)
+			}
+			if rc.profile != nil {
+				ev1, err := rc.dev.Record()
+				if err != nil {
+					return err
+				}
+				rc.profile = append(rc.profile, opEvents{st.node.Op, ev0, ev1})
+			}
+		}
+		for i, n := range tempSize[si] {
+			ap2.release(int64(rc.temps[i]-p.arena), n)
+		}
+		for _, in := range st.node.Inputs {
+			if a, ok := rc.addr[in]; ok && lastUse[in] == si && in.Kind != ir.Input {
+				ap2.release(int64(a-p.arena), rc.bytesOf(in))
+				delete(rc.addr, in)
+			}
+		}
+		for _, o := range st.node.Outputs {
+			if _, used := lastUse[o]; !used {
+				if a, ok := rc.addr[o]; ok {
+					ap2.release(int64(a-p.arena), rc.bytesOf(o))
+					delete(rc.addr, o)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// sampleArgs prepares the device sampler's launch: outputs and, when some
+// row samples (or the launch is captured, when any later step may), the
+// per-row mass scratch.
+func (p *Program) sampleArgs(rc *runCtx, specs kc.DevicePtr, rows int, graphed bool) (*kc.SampleArgs, error) {
 	V := int64(p.plan.Vocab)
 	outBytes := int64(rows) * int64(unsafe.Sizeof(kc.SampleOut{}))
 	need := roundUp(outBytes)
-	anyTemp := false
+	anyTemp := graphed
 	for _, s := range rc.pr.Sample {
 		anyTemp = anyTemp || s.Params.Temperature > 0
 	}
 	if anyTemp {
 		need += 8 * int64(rows) * V
 	}
-	if err := p.ensure(&p.out, &p.outSize, need); err != nil {
+	if grown, err := p.ensureKeep(&p.out, &p.outSize, need); err != nil {
 		return nil, err
+	} else if grown {
+		p.dropGraphs()
 	}
-	args := kc.SampleArgs{Logits: logits, Vocab: V, Rows: int64(rows), Specs: specs, Out: p.out}
+	a := &kc.SampleArgs{Vocab: V, Rows: int64(rows), Specs: specs, Out: p.out}
 	if anyTemp {
-		args.Mass = p.out + kc.DevicePtr(roundUp(outBytes))
+		a.Mass = p.out + kc.DevicePtr(roundUp(outBytes))
 	}
-	if err := kc.Launch(rc.dev, "glmf_sample", kc.Dim3{X: uint32(rows)}, kc.Dim3{X: 256}, 0, &args); err != nil {
-		return nil, err
-	}
+	return a, nil
+}
+
+// readSamples copies the sampler's outputs back and turns them into picks.
+func (p *Program) readSamples(rc *runCtx, rows int) ([]backend.Sample, error) {
+	V := int64(p.plan.Vocab)
 	outs := make([]kc.SampleOut, rows)
-	if err := rc.dev.Download(unsafe.Pointer(unsafe.SliceData(outs)), p.out, outBytes); err != nil {
+	if err := rc.dev.Download(unsafe.Pointer(unsafe.SliceData(outs)), p.out, int64(rows)*int64(unsafe.Sizeof(kc.SampleOut{}))); err != nil {
 		return nil, err
 	}
 	res := make([]backend.Sample, rows)
@@ -512,9 +706,6 @@ func (p *Program) sample(rc *runCtx, logits, specs kc.DevicePtr, rows int) ([]ba
 			return nil, fmt.Errorf("cuda: the sampler picked token %d for row %d (vocabulary %d)", o.Token, i, V)
 		}
 		s := backend.Sample{Token: int32(o.Token), Logprob: float32(o.TokLogit - o.Lse)}
-		if math.IsNaN(o.Lse) {
-			s.Logprob = float32(math.NaN())
-		}
 		for j := int64(0); j < o.NTop; j++ {
 			s.Top = append(s.Top, sampleTop(o.TopId[j], o.TopLogit[j]-o.Lse))
 		}

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -136,11 +137,15 @@ static void* fresh_stack(char* stack) {
   return sp;
 }
 
-static std::map<std::string, Trampoline>& registry() {
-  static std::map<std::string, Trampoline> r;
+struct Kernel {
+  Trampoline fn;
+  unsigned long args_size;  // every kernel takes one struct of this size
+};
+static std::map<std::string, Kernel>& registry() {
+  static std::map<std::string, Kernel> r;
   return r;
 }
-Reg::Reg(const char* name, Trampoline t) { registry()[name] = t; }
+Reg::Reg(const char* name, Trampoline t, unsigned long args_size) { registry()[name] = Kernel{t, args_size}; }
 
 static void run_block(int nthreads) {
   alive = nthreads;
@@ -211,9 +216,9 @@ int launch(Trampoline fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, un
   return 0;
 }
 
-Trampoline find(const char* name) {
+const Kernel* find(const char* name) {
   auto it = registry().find(name);
-  return it == registry().end() ? nullptr : it->second;
+  return it == registry().end() ? nullptr : &it->second;
 }
 
 }  // namespace emu
@@ -226,10 +231,12 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 struct CUfunc_st {
   emu::Trampoline fn;
+  unsigned long args_size;
 };
 typedef CUfunc_st* CUfunction;
 
 extern "C" {
+static bool capturing;  // a stream capture is in progress (graphs below)
 static std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 static unsigned long long allocated;
 static std::map<unsigned long long, size_t> sizes;
@@ -259,9 +266,9 @@ CUresult cuModuleLoadData(void** m, const void*) { *m = (void*)0x2; return 0; }
 CUresult cuModuleLoadDataEx(void** m, const void*, unsigned, void*, void*) { *m = (void*)0x2; return 0; }
 CUresult cuModuleUnload(void*) { return 0; }
 CUresult cuModuleGetFunction(CUfunction* f, void*, const char* name) {
-  emu::Trampoline t = emu::find(name);
-  if (!t) return 500;  // CUDA_ERROR_NOT_FOUND
-  *f = new CUfunc_st{t};
+  const emu::Kernel* k = emu::find(name);
+  if (!k) return 500;  // CUDA_ERROR_NOT_FOUND
+  *f = new CUfunc_st{k->fn, k->args_size};
   return 0;
 }
 CUresult cuFuncSetAttribute(CUfunction, int, int) { return 0; }
@@ -293,23 +300,74 @@ CUresult cuMemAllocHost_v2(void** p, size_t n) { *p = malloc(n ? n : 1); return 
 CUresult cuMemFreeHost(void* p) { free(p); return 0; }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* s, size_t n) { memcpy((void*)d, s, n); return 0; }
 CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) { memcpy(d, (void*)s, n); return 0; }
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, void*) { memcpy((void*)d, s, n); return 0; }
-CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, void*) { memcpy(d, (void*)s, n); return 0; }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void*) { memmove((void*)d, (void*)s, n); return 0; }
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, void*) { if (capturing) return 900; memcpy((void*)d, s, n); return 0; }
+CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, void*) { if (capturing) return 900; memcpy(d, (void*)s, n); return 0; }
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void*) { if (capturing) return 900; memmove((void*)d, (void*)s, n); return 0; }
 CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, void*) {
+  if (capturing) return 900;
   unsigned* p = (unsigned*)d;
   for (size_t i = 0; i < n; i++) p[i] = v;
   return 0;
 }
 CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void*) { memset((void*)d, v, n); return 0; }
+// Graphs: a capture records each launch with a copy of its argument
+// struct; a replay launches the records in order. Anything else issued on
+// a capturing stream is refused, as the driver refuses unsupported work.
+struct Launch {
+  CUfunction f;  // a kernel launch, or (f == nullptr) a library call:
+  unsigned g[3], b[3], smem;
+  std::vector<unsigned char> args;
+  std::function<void()> call;
+};
+struct Graph {
+  std::vector<Launch> launches;
+};
+static Graph* capture;
+
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, void*, void** params, void**) {
   if (gx == 0 || gy == 0 || gz == 0) return 1;  // CUDA_ERROR_INVALID_VALUE
+  if (capturing) {
+    Launch l{f, {gx, gy, gz}, {bx, by, bz}, smem, {}};
+    l.args.assign((unsigned char*)params[0], (unsigned char*)params[0] + f->args_size);
+    capture->launches.push_back(std::move(l));
+    return 0;
+  }
   return emu::launch(f->fn, gx, gy, gz, bx, by, bz, smem, params) ? 1 : 0;
 }
+CUresult cuStreamBeginCapture_v2(void*, int) {
+  if (capturing) return 900;  // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+  capturing = true;
+  capture = new Graph();
+  return 0;
+}
+CUresult cuStreamEndCapture(void*, void** g) {
+  if (!capturing) return 901;
+  capturing = false;
+  *g = capture;
+  capture = nullptr;
+  return 0;
+}
+CUresult cuGraphInstantiateWithFlags(void** exec, void* g, unsigned long long) {
+  *exec = new Graph(*(Graph*)g);
+  return 0;
+}
+CUresult cuGraphLaunch(void* exec, void*) {
+  for (auto& l : ((Graph*)exec)->launches) {
+    if (!l.f) {
+      l.call();
+      continue;
+    }
+    void* p = l.args.data();
+    if (emu::launch(l.f->fn, l.g[0], l.g[1], l.g[2], l.b[0], l.b[1], l.b[2], l.smem, &p)) return 1;
+  }
+  return 0;
+}
+CUresult cuGraphExecDestroy(void* exec) { delete (Graph*)exec; return 0; }
+CUresult cuGraphDestroy(void* g) { delete (Graph*)g; return 0; }
 CUresult cuStreamCreate(void** s, unsigned) { *s = (void*)0x3; return 0; }
 CUresult cuStreamDestroy_v2(void*) { return 0; }
-CUresult cuStreamSynchronize(void*) { return 0; }
+CUresult cuStreamSynchronize(void*) { return capturing ? 900 : 0; }
 struct Ev { double ms; };
 CUresult cuEventCreate(void** e, unsigned) { *e = new Ev{0}; return 0; }
 CUresult cuEventDestroy_v2(void* e) { delete (Ev*)e; return 0; }
@@ -328,19 +386,65 @@ int cublasDestroy_v2(void*) { return 0; }
 int cublasSetStream_v2(void*, void*) { return 0; }
 int cublasSetMathMode(void*, int) { return 0; }
 int cublasGetVersion_v2(void*, int* v) { *v = 130000; return 0; }
-// Column-major C = op(A)·op(B); op 0 = N, 1 = T.
-int cublasSgemm_v2(void*, int ta, int tb, int m, int n, int k, const float* alpha, const float* A, int lda,
+// Column-major C = op(A)·op(B); op 0 = N, 1 = T. The sums are formed in
+// double: a stand-in for cuBLAS's blocked fp32 sums, which land closer to
+// the exact product than one long contracted fp32 chain would.
+int cublasSgemm_v2(void* h, int ta, int tb, int m, int n, int k, const float* alpha, const float* A, int lda,
                    const float* B, int ldb, const float* beta, float* C, int ldc) {
+  if (capturing) {  // recorded with its scalars, run at replay
+    float al = *alpha, be = *beta;
+    Launch l{};
+    l.call = [=] {
+      cublasSgemm_v2(h, ta, tb, m, n, k, &al, A, lda, B, ldb, &be, C, ldc);
+    };
+    capture->launches.push_back(l);
+    return 0;
+  }
   for (int j = 0; j < n; j++)
     for (int i = 0; i < m; i++) {
-      float s = 0;
+      double s = 0;
       for (int l = 0; l < k; l++) {
         float a = ta ? A[l + (size_t)i * lda] : A[i + (size_t)l * lda];
         float b = tb ? B[j + (size_t)l * ldb] : B[l + (size_t)j * ldb];
-        s += a * b;
+        s += (double)a * (double)b;
       }
       float& c = C[i + (size_t)j * ldc];
-      c = *alpha * s + (*beta == 0 ? 0 : *beta * c);
+      c = *alpha * (float)s + (*beta == 0 ? 0 : *beta * c);
+    }
+  return 0;
+}
+static float bf16_to_f(unsigned short b) {
+  unsigned u = (unsigned)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+// cublasGemmEx for bf16 A and B, fp32 C and compute (the bf16 precision
+// mode's only use); sums in double, like the Sgemm stand-in.
+int cublasGemmEx(void* h, int ta, int tb, int m, int n, int k, const void* alpha, const void* A, int atype, int lda,
+                 const void* B, int btype, int ldb, const void* beta, void* C, int ctype, int ldc, int compute, int algo) {
+  if (atype != 14 || btype != 14 || ctype != 0) return 15;  // CUBLAS_STATUS_NOT_SUPPORTED
+  if (capturing) {
+    float al = *(const float*)alpha, be = *(const float*)beta;
+    Launch l{};
+    l.call = [=] {
+      cublasGemmEx(h, ta, tb, m, n, k, &al, A, atype, lda, B, btype, ldb, &be, C, ctype, ldc, compute, algo);
+    };
+    capture->launches.push_back(l);
+    return 0;
+  }
+  const unsigned short* a = (const unsigned short*)A;
+  const unsigned short* b = (const unsigned short*)B;
+  float* c = (float*)C;
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < m; i++) {
+      double s = 0;
+      for (int l = 0; l < k; l++) {
+        float x = bf16_to_f(ta ? a[l + (size_t)i * lda] : a[i + (size_t)l * lda]);
+        float y = bf16_to_f(tb ? b[j + (size_t)l * ldb] : b[l + (size_t)j * ldb]);
+        s += (double)x * (double)y;
+      }
+      c[i + (size_t)j * ldc] = *(const float*)alpha * (float)s;
     }
   return 0;
 }

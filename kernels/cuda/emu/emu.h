@@ -9,6 +9,10 @@
 #include <cstdint>
 #include <cstring>
 
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+
 struct emu_dim3 {
   unsigned x, y, z;
 };
@@ -23,7 +27,7 @@ void warp_exchange(const void* in, void* out, int size, int src_lane);
 void* dyn_smem();
 typedef void (*Trampoline)(void**);
 struct Reg {
-  Reg(const char* name, Trampoline t);
+  Reg(const char* name, Trampoline t, unsigned long args_size);
 };
 }  // namespace emu
 

@@ -20,7 +20,7 @@
 #include "../emu/emu.h"
 #define KERNEL(name, T)                                                        \
   static void name##_impl(const T a);                                          \
-  static emu::Reg name##_reg(#name, [](void** p) { name##_impl(*(const T*)p[0]); }); \
+  static emu::Reg name##_reg(#name, [](void** p) { name##_impl(*(const T*)p[0]); }, sizeof(T)); \
   static void name##_impl(const T a)
 #define DYN_SMEM(type, name) type* name = (type*)emu::dyn_smem()
 #define DEVFN static inline
@@ -34,9 +34,19 @@
 
 typedef long long i64;
 typedef unsigned long long u64;
+typedef unsigned short u16;
 
 // bf16 bits → float.
 DEVFN float bf16f(unsigned short b) { return __uint_as_float(((unsigned)b) << 16); }
+
+// bf16_round rounds a float to the nearest bfloat16 (ties to even), as a
+// float; NaN stays NaN.
+DEVFN float bf16_round(float x) {
+  unsigned u = __float_as_uint(x);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return x;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return __uint_as_float(u & 0xffff0000u);
+}
 
 // ldw reads element i of a weight stored as bf16 (isbf16 != 0) or fp32.
 DEVFN float ldw(const void* w, i64 i, i64 isbf16) {

@@ -142,3 +142,12 @@ KERNEL(glmf_fill_f32, FillArgs) {
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < a.n) a.out[i] = (float)a.v;
 }
+
+// to_bf16: out[i] = bf16(x[i]) (round to nearest even): GEMM inputs of the
+// bf16 precision mode.
+struct ToBF16Args { const float* x; u16* out; i64 n; };
+KERNEL(glmf_to_bf16, ToBF16Args) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.n) return;
+  a.out[i] = (u16)(__float_as_uint(bf16_round(a.x[i])) >> 16);
+}

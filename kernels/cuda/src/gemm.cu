@@ -30,6 +30,7 @@ struct GemmArgs {
   const float* row_scale;       // down: scale by row_scale[perm[p]]
   float* scatter;               // down: write row perm[p] of scatter
   double limit;                 // SwiGLU clamp (dual mode)
+  i64 a_round;                  // 1: round A to bf16 as it is read (bf16 precision)
 };
 
 DEVFN float* out_ptr(const GemmArgs& a, i64 g, i64 r, i64 c) {
@@ -104,7 +105,7 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
       int r = idx / BK, kk = idx % BK;
       float v = 0;
       if (r < rows && k0 + kk < a.K) v = A[(i64)rowA[r] * a.lda + k0 + kk];
-      As[kk][r] = v;
+      As[kk][r] = a.a_round ? bf16_round(v) : v;
     }
     for (int l = 0; l < 4; l++) {
       int idx = tid + l * 256;
@@ -161,40 +162,58 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
   }
 }
 
-// Skinny GEMM for M ≤ 8 rows: a block computes 32 columns for every row,
-// staging 64-deep slices of W (and of the rows) in shared memory; thread
-// (row, column) accumulates in ascending k, exactly as the tiled kernel
-// does, so a row's result does not depend on how many rows the batch has
-// or which kernel ran it (batch invariance). grid = (ceil(N/32), 1, groups).
-#define SK_BN 32
-#define SK_BK 64
+// Skinny GEMM for M ≤ 8 rows (decode): one thread per output column for
+// every row, streaming its weight row from memory 8 elements at a time
+// (16-byte loads when the row is aligned) while the few activation rows
+// are read through the cache, shared by all threads. Each output is summed
+// in ascending k, in double, exactly as the tiled kernel does, so a row's
+// result does not depend on how many rows the batch has or which kernel
+// ran it (batch invariance). grid = (ceil(N/SK_THREADS), 1, groups).
+#define SK_THREADS 64
 KERNEL(glmf_gemm_skinny, GemmArgs) {
-  __shared__ float Ws[SK_BN][SK_BK + 1];
-  __shared__ float As[8][SK_BK];
-  int tid = threadIdx.x, c = tid % SK_BN, m = tid / SK_BN;
   i64 g = blockIdx.z;
-  i64 n0 = (i64)blockIdx.x * SK_BN;
+  i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= a.N) return;
   const float* A = a.A + g * a.a_goff;
   i64 wsz = a.w_bf16 ? 2 : 4;
-  const void* W = (const char*)a.W + g * a.w_goff * wsz;
-  double acc = 0;
-  for (i64 k0 = 0; k0 < a.K; k0 += SK_BK) {
-    for (int l = tid; l < SK_BN * SK_BK; l += blockDim.x) {
-      int cc = l / SK_BK, kk = l % SK_BK;
-      float v = 0;
-      if (n0 + cc < a.N && k0 + kk < a.K) v = ldw(W, (n0 + cc) * a.K + k0 + kk, a.w_bf16);
-      Ws[cc][kk] = v;
+  const char* W = (const char*)a.W + g * a.w_goff * wsz;
+  double acc[8];
+  for (int m = 0; m < 8; m++) acc[m] = 0;
+  i64 M = a.M, K = a.K;
+  i64 k = 0;
+  if (a.w_bf16 && K % 8 == 0 && ((u64)(W + c * K * 2) & 15) == 0) {
+    const uint4* wr = (const uint4*)(W + c * K * 2);
+    for (; k < K; k += 8) {
+      uint4 q = wr[k / 8];
+      float w[8];
+      unsigned u[4] = {q.x, q.y, q.z, q.w};
+      for (int j = 0; j < 4; j++) {
+        w[2 * j] = __uint_as_float(u[j] << 16);
+        w[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+      }
+      for (int m = 0; m < 8; m++) {
+        if (m >= M) break;
+        const float* ar = A + m * a.lda + k;
+        for (int j = 0; j < 8; j++) {
+          float x = ar[j];
+          if (a.a_round) x = bf16_round(x);
+          acc[m] += (double)x * (double)w[j];
+        }
+      }
     }
-    for (int l = tid; l < 8 * SK_BK; l += blockDim.x) {
-      int mm = l / SK_BK, kk = l % SK_BK;
-      As[mm][kk] = (mm < a.M && k0 + kk < a.K) ? A[mm * a.lda + k0 + kk] : 0;
-    }
-    __syncthreads();
-    for (int kk = 0; kk < SK_BK; kk++) acc += (double)As[m][kk] * (double)Ws[c][kk];
-    __syncthreads();
   }
-  if (m < a.M && n0 + c < a.N) {
-    float* o = out_ptr(a, g, m, n0 + c);
-    if (o) *o = (float)acc;
+  for (; k < K; k++) {
+    float w = ldw(W, c * K + k, a.w_bf16);
+    for (int m = 0; m < 8; m++) {
+      if (m >= M) break;
+      float x = A[m * a.lda + k];
+      if (a.a_round) x = bf16_round(x);
+      acc[m] += (double)x * (double)w;
+    }
+  }
+  for (int m = 0; m < 8; m++) {
+    if (m >= M) break;
+    float* o = out_ptr(a, g, m, c);
+    if (o) *o = (float)acc[m];
   }
 }

@@ -11,23 +11,22 @@ import (
 	"github.com/glmflash/glmflash/plugins/sdk"
 )
 
-type crash struct{ mode, at string }
+type options struct {
+	Mode string `option:"mode" default:"exit" enum:"exit,panic"`
+	At   string `option:"at" default:"apply" enum:"eligible,apply"`
+}
+
+type crash struct{ opts options }
 
 func (*crash) Name() string { return "crash-test" }
 func (*crash) Describe() pass.Description {
-	return pass.Description{Name: "crash-test", Version: "0.0.1", Summary: "dies mid-call",
-		Options: []pass.Option{
-			{Name: "mode", Type: pass.String, Default: "exit", Enum: []string{"exit", "panic"}},
-			{Name: "at", Type: pass.String, Default: "apply", Enum: []string{"eligible", "apply"}}}}
+	return pass.Description{Name: "crash-test", Version: "0.0.1", Summary: "dies mid-call"}
 }
-func (c *crash) Configure(o map[string]any) error {
-	c.mode, c.at = o["mode"].(string), o["at"].(string)
-	return nil
-}
+func (c *crash) Options() any { return &c.opts }
 
 func (c *crash) die() {
-	sdk.Log().Error("crash-test is about to die", "mode", c.mode, "at", c.at)
-	if c.mode == "exit" {
+	sdk.Log().Error("crash-test is about to die", "mode", c.opts.Mode, "at", c.opts.At)
+	if c.opts.Mode == "exit" {
 		os.Exit(3)
 	}
 	go func() { panic("crash-test: deliberate panic") }()
@@ -35,7 +34,7 @@ func (c *crash) die() {
 }
 
 func (c *crash) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
-	if c.at == "eligible" {
+	if c.opts.At == "eligible" {
 		c.die()
 	}
 	return []pass.Site{{Where: "graph", Layer: -1, OK: true}}

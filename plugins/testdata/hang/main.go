@@ -13,7 +13,6 @@ func (hang) Name() string { return "hang-test" }
 func (hang) Describe() pass.Description {
 	return pass.Description{Name: "hang-test", Version: "0.0.1", Summary: "hangs in Eligible"}
 }
-func (hang) Configure(map[string]any) error { return nil }
 func (hang) Eligible(*ir.Graph, *pass.Analyses, *pass.Env) []pass.Site {
 	sdk.Log().Warn("hang-test: hanging in Eligible")
 	select {}

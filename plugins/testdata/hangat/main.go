@@ -24,7 +24,6 @@ func (hang) Describe() pass.Description {
 	}
 	return pass.Description{Name: "hang-at-test", Version: "0.0.1", Summary: "hangs where GLMFLASH_TEST_HANG_AT says"}
 }
-func (hang) Configure(map[string]any) error { return nil }
 func (hang) Eligible(*ir.Graph, *pass.Analyses, *pass.Env) []pass.Site {
 	if at == "eligible" {
 		select {}

@@ -18,7 +18,6 @@ func (noop) Name() string { return "versions-test" }
 func (noop) Describe() pass.Description {
 	return pass.Description{Name: "versions-test", Version: "0.0.1", Summary: "does nothing"}
 }
-func (noop) Configure(map[string]any) error { return nil }
 func (noop) Eligible(*ir.Graph, *pass.Analyses, *pass.Env) []pass.Site {
 	return []pass.Site{pass.Skip("graph", -1, "this pass never fires")}
 }

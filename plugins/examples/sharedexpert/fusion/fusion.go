@@ -19,6 +19,7 @@ package fusion
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/glmflash/glmflash/core/ir"
@@ -29,8 +30,33 @@ import (
 // Name is the pass's YAML name.
 const Name = "shared-expert-fusion"
 
+// Options are the pass's options (declared once: the schema the engine
+// shows and checks comes from the tags).
+type Options struct {
+	Layers []int `option:"layers" doc:"restrict to these MoE layers (empty: every MoE layer)"`
+}
+
+// Validate implements pass.Validator.
+func (o *Options) Validate() error {
+	for _, l := range o.Layers {
+		if l < 0 {
+			return fmt.Errorf("option layers: layer %d is negative", l)
+		}
+	}
+	return nil
+}
+
+// Stats are the pass's statistics.
+type Stats struct {
+	Layers int `stat:"layers_fused" doc:"MoE layers whose shared expert became a routed one"`
+	Nodes  int `stat:"nodes_removed" doc:"shared-expert nodes (linear, swiglu, add) removed"`
+}
+
 // Pass implements pass.Pass.
-type Pass struct{ layers map[int]bool }
+type Pass struct{ opts Options }
+
+// Options implements pass.WithOptions.
+func (p *Pass) Options() any { return &p.opts }
 
 // Name implements pass.Pass.
 func (*Pass) Name() string { return Name }
@@ -38,23 +64,12 @@ func (*Pass) Name() string { return Name }
 // Describe implements pass.Pass.
 func (*Pass) Describe() pass.Description {
 	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "fuse each MoE layer's shared expert into the routed experts as an always-selected expert with weight 1.0",
-		Options: []pass.Option{{Name: "layers", Type: pass.Ints, Default: []int{}, Doc: "restrict to these MoE layers (empty: every MoE layer)"}}}
+		Summary: "fuse each MoE layer's shared expert into the routed experts as an always-selected expert with weight 1.0"}
 }
 
-// Configure implements pass.Pass.
-func (p *Pass) Configure(opts map[string]any) error {
-	p.layers = nil
-	if ls := opts["layers"].([]int); len(ls) > 0 {
-		p.layers = map[int]bool{}
-		for _, l := range ls {
-			if l < 0 {
-				return fmt.Errorf("option layers: layer %d is negative", l)
-			}
-			p.layers[l] = true
-		}
-	}
-	return nil
+// layer reports whether option layers selects layer l.
+func (p *Pass) layer(l int) bool {
+	return len(p.opts.Layers) == 0 || slices.Contains(p.opts.Layers, l)
 }
 
 // projections of the shared expert.
@@ -151,7 +166,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 		}
 		l := n.Layer
 		where := fmt.Sprintf("layer %d", l)
-		if p.layers != nil && !p.layers[l] {
+		if !p.layer(l) {
 			sites = append(sites, pass.Skip(where, l, "layer %d is not in option layers", l))
 			continue
 		}
@@ -224,7 +239,8 @@ func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 		}
 		res.Fired++
 	}
-	g.RemoveDead()
+	removed := g.RemoveDead()
+	res.Stats = pass.Counters(&Stats{Layers: res.Fired, Nodes: removed})
 	return res, nil
 }
 

@@ -1,29 +1,12 @@
-// Package conformance is the suite every pass must pass, built-in or
-// plugin (a plugin is tested through its real subprocess by giving the
-// suite a plugin host as the Resolver):
-//
-//   - eligibility is pure: Eligible does not change the graph, every site has
-//     a label (distinct among OK sites) and every skipped site a reason;
-//   - determinism: the pass applied to two freshly built copies of a graph
-//     (by two fresh pass instances) gives identical IR text, in every batch
-//     mode;
-//   - verifier-clean: the rewritten graph verifies and the pass reports no
-//     error;
-//   - no change when ineligible: under the subject's Ineligible settings no
-//     site is OK, Apply is not called and the graph is unchanged;
-//   - parity: on a transformers fixture, every case's logits within 1e-4 of
-//     the pass-off engine with identical greedy tokens, and the pass fired.
-package conformance
+package passtest
 
 import (
 	"fmt"
 	"maps"
 	"math"
-	"path/filepath"
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
 	"github.com/glmflash/glmflash/core/graph"
@@ -59,27 +42,6 @@ type Ineligibility struct {
 	Model func(*model.Config)
 }
 
-// Fixture is a transformers reference fixture: a checkpoint and its cases.
-type Fixture struct {
-	Checkpoint *model.Checkpoint
-	Reference  *eval.Reference
-}
-
-// OpenFixture opens dir/checkpoint and dir/reference.safetensors.
-func OpenFixture(t testing.TB, dir string) *Fixture {
-	t.Helper()
-	ck, err := model.Open(filepath.Join(dir, "checkpoint"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
-	ref, err := eval.Load(filepath.Join(dir, "reference.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &Fixture{Checkpoint: ck, Reference: ref}
-}
-
 // graphs are the programs the suite builds: every batch mode.
 var graphs = []graph.Options{
 	{Mode: graph.Prefill, Logits: graph.AllLogits},
@@ -99,7 +61,7 @@ func (s Subject) pipeline(t testing.TB, opts map[string]any) *pass.Pipeline {
 }
 
 func env(f *Fixture, cfg *model.Config, program string) *pass.Env {
-	e := pass.EnvFromConfig(config.Default(), cfg, f.Checkpoint)
+	e := pass.NewEnv(cfg, f.Checkpoint)
 	e.Program = program
 	return e
 }
@@ -115,8 +77,23 @@ func buildGraph(t testing.TB, cfg *model.Config, o graph.Options) *ir.Graph {
 
 func program(o graph.Options) string { return string(o.Mode) + "/" + string(o.Logits) }
 
-// Run runs the whole suite on s over fixture f.
+// Run runs the conformance suite on s over fixture f: the suite every pass must pass, built-in or plugin (a
+// plugin is tested through its real subprocess by giving the suite a plugin
+// host as the Resolver):
+//
+//   - eligibility is pure: Eligible does not change the graph, every site has
+//     a label (distinct among OK sites) and every skipped site a reason;
+//   - determinism: the pass applied to two freshly built copies of a graph
+//     (by two fresh pass instances) gives identical IR text, in every batch
+//     mode;
+//   - verifier-clean: the rewritten graph verifies and the pass reports no
+//     error;
+//   - no change when ineligible: under the subject's Ineligible settings no
+//     site is OK, Apply is not called and the graph is unchanged;
+//   - parity: on a transformers fixture, every case's logits within 1e-4 of
+//     the pass-off engine with identical greedy tokens, and the pass fired.
 func Run(t *testing.T, f *Fixture, s Subject) {
+	t.Helper()
 	cfg := f.Checkpoint.Config()
 	t.Run("eligibility-is-pure", func(t *testing.T) {
 		for _, o := range graphs {
@@ -305,7 +282,7 @@ func Compare(base, got [][]float32, vocab int) (float64, error) {
 
 // InProcess resolves one pass, made by f, by its name: a plugin author runs
 // the suite on the pass in process (without building the binary) with
-// Subject{Name: name, Resolver: conformance.InProcess(f)}.
+// Subject{Name: name, Resolver: passtest.InProcess(f)}.
 func InProcess(f pass.Factory) pass.Resolver { return inProcess{f: f, name: f().Name()} }
 
 type inProcess struct {
