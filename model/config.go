@@ -90,6 +90,10 @@ type Config struct {
 	IndexKPool                 int
 	IndexKPoolCompress         bool
 	IndexKPoolAlwaysSelectTail bool
+	// IndexShareForMTPIteration: MTP draft steps ≥ 1 reuse step 0's
+	// indexer selection (index_share_for_mtp_iteration; default true, the
+	// released checkpoint's value).
+	IndexShareForMTPIteration bool
 
 	LinearNumHeads      int
 	LinearHeadDim       int
@@ -515,6 +519,7 @@ func (p *parser) config() *Config {
 	c.IndexKPool = p.int("index_kpool", 16)
 	c.IndexKPoolCompress = p.bool("index_kpool_compress", true)
 	c.IndexKPoolAlwaysSelectTail = p.bool("index_kpool_always_select_tail", true)
+	c.IndexShareForMTPIteration = p.bool("index_share_for_mtp_iteration", true)
 
 	c.LinearNumHeads = p.int("linear_num_heads", 64)
 	c.LinearHeadDim = p.int("linear_head_dim", 128)

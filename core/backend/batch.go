@@ -15,6 +15,11 @@ type Seq struct {
 	// row-major) for programs whose graph has the ir.InputHidden input (the
 	// MTP layer's h); it must be empty for the others.
 	Hidden []float32
+	// LogitRows is how many of the sequence's last rows get logits in a
+	// program with span logits (graph.SpanLogits; 0 means 1): a verify
+	// span's last accepted token and every draft, a scored prompt's every
+	// token. Programs of other selections take 0 or 1 only.
+	LogitRows int
 }
 
 // Batch is a ragged batch: sequences of any lengths, run in one pass.
@@ -74,6 +79,9 @@ type Span struct {
 	Pos0 int // tokens already cached (position of the first new token)
 	N    int // new tokens
 	Row0 int // first row in the batch's token dimension
+	// Rows is the number of the sequence's last rows that get logits in a
+	// span-logits program (1 unless the batch asked more).
+	Rows int
 }
 
 // Prepared is a validated batch: spans, tokens and sampling specs. It is
@@ -96,10 +104,35 @@ type Prepared struct {
 
 // Rows is the number of logits rows the program produces for this batch.
 func (pr *Prepared) Rows() int {
-	if pr.Prog.Plan().Logits.Shape[0] == ir.DimS {
+	switch pr.Prog.Plan().Logits.Shape[0] {
+	case ir.DimS:
 		return len(pr.Spans)
+	case ir.DimR:
+		return pr.SpanRows()
 	}
 	return pr.T
+}
+
+// SpanRows is the number of rows a span-logits selection (ir.DimR) keeps:
+// the sum of the spans' Rows.
+func (pr *Prepared) SpanRows() int {
+	n := 0
+	for _, s := range pr.Spans {
+		n += s.Rows
+	}
+	return n
+}
+
+// SpanRowIndex lists, in order, the batch rows a span-logits selection
+// keeps: each span's last Rows rows.
+func (pr *Prepared) SpanRowIndex() []int32 {
+	idx := make([]int32, 0, pr.SpanRows())
+	for _, s := range pr.Spans {
+		for j := s.N - s.Rows; j < s.N; j++ {
+			idx = append(idx, int32(s.Row0+j))
+		}
+	}
+	return idx
 }
 
 // SetTokens replaces sequence i's tokens (same count): decode tokens are
@@ -193,13 +226,20 @@ func Prepare(prog Program, b *Batch, st Store, pos []int) (*Prepared, error) {
 		if p.MaxPositions > 0 && cached+len(s.Tokens) > p.MaxPositions {
 			return nil, fmt.Errorf("backend: batch sequence %d: %d cached + %d new tokens exceed the context limit %d", i, cached, len(s.Tokens), p.MaxPositions)
 		}
+		rows := max(s.LogitRows, 1)
+		switch {
+		case s.LogitRows < 0 || s.LogitRows > len(s.Tokens):
+			return nil, fmt.Errorf("backend: batch sequence %d: %d logits rows for %d tokens", i, s.LogitRows, len(s.Tokens))
+		case rows > 1 && p.Logits.Shape[0] != ir.DimR:
+			return nil, fmt.Errorf("backend: batch sequence %d asks %d logits rows, but the program does not select rows per sequence (span logits)", i, rows)
+		}
 		switch D := pr.HiddenWidth; {
 		case D == 0 && len(s.Hidden) > 0:
 			return nil, fmt.Errorf("backend: batch sequence %d has hidden rows, but the program takes no %s input", i, ir.InputHidden)
 		case D > 0 && len(s.Hidden) != len(s.Tokens)*D:
 			return nil, fmt.Errorf("backend: batch sequence %d: %d tokens need %d×%d hidden values, got %d", i, len(s.Tokens), len(s.Tokens), D, len(s.Hidden))
 		}
-		pr.Spans = append(pr.Spans, Span{Slot: s.Slot, Pos0: cached, N: len(s.Tokens), Row0: len(pr.Tokens)})
+		pr.Spans = append(pr.Spans, Span{Slot: s.Slot, Pos0: cached, N: len(s.Tokens), Row0: len(pr.Tokens), Rows: rows})
 		pr.Tokens = append(pr.Tokens, s.Tokens...)
 		pr.Hidden = append(pr.Hidden, s.Hidden...)
 	}

@@ -23,6 +23,70 @@ type Seq struct {
 	State [][]float32      // KDA: [heads][Dk][Dv] recurrent state
 	CKV   [][]float32      // DSA: [Len][kv_lora_rank] latents (non-nil, maybe empty, for a held DSA layer)
 	Index []*indexer.State // DSA layers with their own indexer
+	// Rollback is the open rollback record (Store.Checkpoint), nil when
+	// none is open.
+	Rollback *Rollback
+	// rb is the slot's record buffers, kept between checkpoints.
+	rb *Rollback
+}
+
+// Rollback is what a checkpointed sequence keeps so that it can be cut
+// back to any length from its checkpoint (Store.Truncate): per KDA layer
+// the conv window and recurrent state after every position run since the
+// checkpoint, and per indexer the raw key and gate rows of every position
+// from the start of the pool that was pending at the checkpoint. The
+// kernels that advance a sequence write them (Record* methods) while the
+// record is open.
+type Rollback struct {
+	// Base is the sequence length at the checkpoint; Depth bounds the
+	// positions that may run after it.
+	Base, Depth int
+	// IdxBase is the first position of the indexer rows (Base rounded down
+	// to a pool boundary).
+	IdxBase int
+	conv    [][]float32 // per KDA layer: [Depth][conv window]
+	state   [][]float32 // per KDA layer: [Depth][recurrent state]
+	idxK    [][]float32 // per indexer layer: raw keys from IdxBase, [rows][Dim]
+	idxG    [][]float32 // per indexer layer: raw gates from IdxBase
+}
+
+// Check refuses a run of n new tokens from position pos0 that would pass
+// the record's depth.
+func (r *Rollback) Check(pos0, n int) error {
+	if pos0+n-r.Base > r.Depth {
+		return fmt.Errorf("the rollback record from position %d holds %d positions; %d more from position %d would pass it", r.Base, r.Depth, n, pos0)
+	}
+	return nil
+}
+
+// RecordKDA stores layer l's conv window and recurrent state after the
+// token at position pos (≥ Base).
+func (r *Rollback) RecordKDA(l, pos int, conv, state []float32) {
+	i := pos - r.Base
+	nc, ns := len(conv), len(state)
+	copy(r.conv[l][i*nc:(i+1)*nc], conv)
+	copy(r.state[l][i*ns:(i+1)*ns], state)
+}
+
+// RecordKDAConv stores layer l's conv window after position pos.
+func (r *Rollback) RecordKDAConv(l, pos int, conv []float32) {
+	n := len(conv)
+	copy(r.conv[l][(pos-r.Base)*n:(pos-r.Base+1)*n], conv)
+}
+
+// RecordKDAState stores layer l's recurrent state (or one head's slice of
+// it, at offset off) after position pos.
+func (r *Rollback) RecordKDAState(l, pos, off int, state []float32, stateLen int) {
+	i := pos - r.Base
+	copy(r.state[l][i*stateLen+off:i*stateLen+off+len(state)], state)
+}
+
+// RecordIndexer stores an indexer layer's raw key and gate rows ([n][Dim])
+// of positions pos0.. (appended in order; positions before Base were taken
+// at the checkpoint).
+func (r *Rollback) RecordIndexer(l, pos0 int, k, g []float32) {
+	r.idxK[l] = append(r.idxK[l], k...)
+	r.idxG[l] = append(r.idxG[l], g...)
 }
 
 // KDA returns layer l's conv window and recurrent state, or an error when
@@ -60,6 +124,27 @@ type Store struct {
 	mu     sync.Mutex
 	slots  []*Seq
 	used   []bool
+	depth  int // rollback depth (0: no checkpoints)
+}
+
+// SetRollbackDepth lets slots be checkpointed with records of up to depth
+// positions (a verify span's drafts + 1, a drafter's steps); 0 disallows
+// checkpoints.
+func (s *Store) SetRollbackDepth(depth int) error {
+	if depth < 0 {
+		return fmt.Errorf("cache: rollback depth must be ≥ 0, got %d", depth)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.depth = depth
+	return nil
+}
+
+// RollbackDepth is the most positions a checkpoint can take back.
+func (s *Store) RollbackDepth() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.depth
 }
 
 // NewStore makes a store with max slots holding the state of the given
@@ -140,6 +225,106 @@ func (s *Store) Free(slot int) error {
 		return fmt.Errorf("cache: slot %d is not allocated", slot)
 	}
 	s.used[slot] = false
+	s.slots[slot].Rollback = nil
+	return nil
+}
+
+// Checkpoint opens a rollback record on an allocated slot at its current
+// length (replacing an open one): until Truncate, the next Checkpoint or
+// Free, the kernels keep what it takes to cut the slot back to any length
+// from the checkpoint on, for at most the store's rollback depth of
+// positions.
+func (s *Store) Checkpoint(slot int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
+		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	if s.depth < 1 {
+		return fmt.Errorf("cache: the store keeps no rollback records (its rollback depth is 0)")
+	}
+	q := s.slots[slot]
+	c := s.cfg
+	if q.rb == nil || q.rb.Depth != s.depth {
+		L := len(q.Conv)
+		q.rb = &Rollback{Depth: s.depth, conv: make([][]float32, L), state: make([][]float32, L), idxK: make([][]float32, L), idxG: make([][]float32, L)}
+		for l := range q.Conv {
+			if q.State[l] != nil {
+				q.rb.conv[l] = make([]float32, s.depth*len(q.Conv[l]))
+				q.rb.state[l] = make([]float32, s.depth*len(q.State[l]))
+			}
+		}
+	}
+	r := q.rb
+	r.Base = q.Len
+	r.IdxBase = q.Len
+	if c.IndexKPool > 0 {
+		r.IdxBase = q.Len / c.IndexKPool * c.IndexKPool
+	}
+	for l, ix := range q.Index {
+		if ix != nil {
+			r.idxK[l] = append(r.idxK[l][:0], ix.PendK...)
+			r.idxG[l] = append(r.idxG[l][:0], ix.PendG...)
+		}
+	}
+	q.Rollback = r
+	return nil
+}
+
+// Truncate cuts a checkpointed slot back to n tokens, Base ≤ n ≤ Len, and
+// closes its record: MLA latents and indexer rows past n are dropped, a
+// pool that a dropped token completed is reopened (its pending raw rows
+// restored), and each KDA layer's conv window and recurrent state become
+// those after position n−1. A store holding KDA state needs n > Base (the
+// state at the checkpoint itself is not kept: a verify span always keeps
+// its first token, the last accepted one).
+func (s *Store) Truncate(slot, n int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
+		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	q := s.slots[slot]
+	r := q.Rollback
+	if r == nil {
+		return fmt.Errorf("cache: slot %d has no open checkpoint", slot)
+	}
+	if n < r.Base || n > q.Len {
+		return fmt.Errorf("cache: slot %d can be cut back to [%d, %d] tokens, not %d", slot, r.Base, q.Len, n)
+	}
+	hasKDA := false
+	for l := range q.State {
+		hasKDA = hasKDA || q.State[l] != nil
+	}
+	if hasKDA && n == r.Base && q.Len > r.Base {
+		return fmt.Errorf("cache: slot %d: the KDA state at the checkpoint (%d tokens) is not kept; keep at least one token after it", slot, r.Base)
+	}
+	if n < q.Len {
+		kp, D := s.cfg.IndexKPool, s.cfg.IndexHeadDim
+		for l := range q.Conv {
+			if q.State[l] != nil {
+				i := n - 1 - r.Base
+				nc, ns := len(q.Conv[l]), len(q.State[l])
+				copy(q.Conv[l], r.conv[l][i*nc:(i+1)*nc])
+				copy(q.State[l], r.state[l][i*ns:(i+1)*ns])
+			}
+			if q.CKV[l] != nil {
+				q.CKV[l] = q.CKV[l][:n*s.cfg.KVLoraRank]
+			}
+			if ix := q.Index[l]; ix != nil {
+				pools := n / kp
+				ix.Pools = ix.Pools[:pools*D]
+				lo, hi := (pools*kp-r.IdxBase)*D, (n-r.IdxBase)*D
+				ix.PendK = append(ix.PendK[:0], r.idxK[l][lo:hi]...)
+				ix.PendG = append(ix.PendG[:0], r.idxG[l][lo:hi]...)
+				if ix.SharePos >= n {
+					ix.Share = ix.Share[:0]
+				}
+			}
+		}
+	}
+	q.Len = n
+	q.Rollback = nil
 	return nil
 }
 
@@ -198,6 +383,7 @@ func (s *Store) newSeq() *Seq {
 
 func (q *Seq) reset() {
 	q.Len = 0
+	q.Rollback = nil
 	for l := range q.Conv {
 		clear(q.Conv[l])
 		clear(q.State[l])
@@ -248,4 +434,38 @@ func LayerSlotBytes(cfg *model.Config, layers []int, tokens int) int64 {
 		}
 	}
 	return 4 * (fixed + perToken*int64(tokens))
+}
+
+// ReadState returns a deep copy of an allocated slot's state (its open
+// rollback record left out): what tests compare across runs and backends.
+func (s *Store) ReadState(slot int) (*Seq, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
+		return nil, fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	return s.slots[slot].Clone(), nil
+}
+
+// Clone deep-copies the sequence's state (without its rollback record).
+func (q *Seq) Clone() *Seq {
+	c := &Seq{Len: q.Len, Conv: make([][]float32, len(q.Conv)), State: make([][]float32, len(q.State)),
+		CKV: make([][]float32, len(q.CKV)), Index: make([]*indexer.State, len(q.Index))}
+	for l := range q.Conv {
+		c.Conv[l] = cloneF(q.Conv[l])
+		c.State[l] = cloneF(q.State[l])
+		c.CKV[l] = cloneF(q.CKV[l])
+		if ix := q.Index[l]; ix != nil {
+			c.Index[l] = &indexer.State{Pools: cloneF(ix.Pools), PendK: cloneF(ix.PendK), PendG: cloneF(ix.PendG),
+				Share: append([]int32(nil), ix.Share...), SharePos: ix.SharePos}
+		}
+	}
+	return c
+}
+
+func cloneF(x []float32) []float32 {
+	if x == nil {
+		return nil
+	}
+	return append([]float32{}, x...)
 }

@@ -45,6 +45,11 @@ type Options struct {
 	// MaxPositions bounds sequence length (default: the model's
 	// max_position_embeddings); device stores size their caches by it.
 	MaxPositions int
+	// Rollback lets the stores' slots be checkpointed and cut back over up
+	// to this many positions (speculative decoding: the longest verify span,
+	// num_steps + 1); device stores keep per-position KDA states and indexer
+	// rows for it in every slot. 0: no checkpoints.
+	Rollback int
 }
 
 // Key identifies one program.
@@ -58,6 +63,9 @@ type Key struct {
 	// MTP selects the MTP layer's graph (graph.BuildMTP): its batches carry
 	// hidden rows and run on the MTP store (MTPStore).
 	MTP bool
+	// IndexShare (MTP graphs): graph.Options.IndexShare, the draft steps
+	// that reuse step 0's indexer selection (0: none).
+	IndexShare int
 }
 
 // Engine runs a model.
@@ -87,6 +95,9 @@ func (k Key) String() string {
 	if k.FinalHidden {
 		s += "+final"
 	}
+	if k.IndexShare > 0 {
+		s += fmt.Sprintf("+share%d", k.IndexShare)
+	}
 	return s
 }
 
@@ -108,7 +119,7 @@ func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
 		}
 		owns = true
 	}
-	st, err := be.NewStore(cfg, cfg.TrunkLayers(), opts.Slots, opts.MaxPositions)
+	st, err := be.NewStore(cfg, cfg.TrunkLayers(), opts.storeOptions())
 	if err != nil {
 		if owns {
 			be.Close()
@@ -117,6 +128,13 @@ func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
 	}
 	return &Engine{cfg: cfg, weights: plan.NewWeightCache(w), be: be, ownsBE: owns, store: st, opts: opts, progs: map[Key]backend.Program{}, reports: map[Key]*pass.Report{}}, nil
 }
+
+func (o Options) storeOptions() backend.StoreOptions {
+	return backend.StoreOptions{Slots: o.Slots, MaxPositions: o.MaxPositions, Rollback: o.Rollback}
+}
+
+// Rollback is the stores' rollback depth (Options.Rollback).
+func (e *Engine) Rollback() int { return e.opts.Rollback }
 
 func deviceName(d string) string {
 	if d == "" {
@@ -179,7 +197,7 @@ func (e *Engine) mtpStoreLocked() (backend.Store, error) {
 	if !e.cfg.HasMTP() {
 		return nil, fmt.Errorf("engine: the model has no MTP layer (num_nextn_predict_layers is %d)", e.cfg.NumNextNPredictLayers)
 	}
-	st, err := e.be.NewStore(e.cfg, e.cfg.MTPLayers(), e.opts.Slots, e.opts.MaxPositions)
+	st, err := e.be.NewStore(e.cfg, e.cfg.MTPLayers(), e.opts.storeOptions())
 	if err != nil {
 		return nil, fmt.Errorf("engine: MTP store: %w", err)
 	}
@@ -252,7 +270,7 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 // build builds the graph of a program: the trunk's, or the MTP layer's
 // after checking that the weights hold it (when the source can say).
 func (e *Engine) build(key Key) (*ir.Graph, error) {
-	opts := graph.Options{Mode: key.Mode, Logits: key.Logits, CaptureHidden: key.CaptureHidden, FinalHidden: key.FinalHidden}
+	opts := graph.Options{Mode: key.Mode, Logits: key.Logits, CaptureHidden: key.CaptureHidden, FinalHidden: key.FinalHidden, IndexShare: key.IndexShare}
 	if !key.MTP {
 		return graph.Build(e.cfg, opts)
 	}

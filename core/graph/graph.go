@@ -23,15 +23,24 @@ const (
 	Decode  Mode = "decode"  // one token per sequence on an existing cache (recurrent KDA)
 	Extend  Mode = "extend"  // several tokens per sequence on an existing cache (chunked KDA)
 	Mixed   Mode = "mixed"   // any mix; KDA picks per sequence (continuous batching)
+	// Verify is a continuous batch holding speculative verify spans (a
+	// sequence's last accepted token and its drafts) beside decode and
+	// prefill spans. KDA picks per sequence as in Mixed; a span run under a
+	// rollback checkpoint (backend.Store.Checkpoint) runs the recurrent form
+	// and keeps every position's state. Its positions come from the
+	// previous step's acceptance (and, for the MTP layer's draft extend,
+	// its lengths too), which the graph states so that host-length-reuse
+	// does not apply.
+	Verify Mode = "verify"
 )
 
 // ParseMode validates a mode name.
 func ParseMode(s string) (Mode, error) {
 	switch m := Mode(s); m {
-	case Prefill, Decode, Extend, Mixed:
+	case Prefill, Decode, Extend, Mixed, Verify:
 		return m, nil
 	}
-	return "", fmt.Errorf("unknown mode %q (want prefill, decode, extend or mixed)", s)
+	return "", fmt.Errorf("unknown mode %q (want prefill, decode, extend, mixed or verify)", s)
 }
 
 // Logits says which rows get logits.
@@ -41,6 +50,10 @@ type Logits string
 const (
 	AllLogits  Logits = "all"  // one row per token (evaluation, scoring)
 	LastLogits Logits = "last" // one row per sequence (generation)
+	// SpanLogits: each sequence's last backend.Seq.LogitRows rows (one by
+	// default): a verify span's last token and every draft, one row for a
+	// decode or prefill span, every row for a scored prompt.
+	SpanLogits Logits = "spans"
 )
 
 // Options select what to build.
@@ -54,6 +67,12 @@ type Options struct {
 	// (whatever Logits selects) the final hidden state after the stream
 	// mean and the final norm, the row lm_head reads and the MTP layer's h.
 	FinalHidden bool
+	// IndexShare (MTP graphs) turns index_share_for_mtp_iteration on for
+	// up to IndexShare draft steps: a Decode graph (a draft step) reuses the
+	// selection its slot saved and skips the indexer's scoring, any other
+	// mode (the draft extend whose last row is draft step 0) saves each
+	// sequence's last selection. 0: every step runs the indexer.
+	IndexShare int
 }
 
 const prefix = "model.language_model."
@@ -84,9 +103,15 @@ func (o *Options) defaults() error {
 	}
 	if o.Logits == "" {
 		o.Logits = LastLogits
+		if o.Mode == Verify {
+			o.Logits = SpanLogits
+		}
 	}
-	if o.Logits != AllLogits && o.Logits != LastLogits {
-		return fmt.Errorf("unknown logits selection %q (want all or last)", o.Logits)
+	if o.Logits != AllLogits && o.Logits != LastLogits && o.Logits != SpanLogits {
+		return fmt.Errorf("unknown logits selection %q (want all, last or spans)", o.Logits)
+	}
+	if o.IndexShare < 0 {
+		return fmt.Errorf("index share steps must be ≥ 0, got %d", o.IndexShare)
 	}
 	return nil
 }
@@ -95,6 +120,9 @@ func (o *Options) defaults() error {
 func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
+	}
+	if opts.IndexShare > 0 {
+		return nil, fmt.Errorf("graph: index sharing is an MTP graph option (the trunk's indexers run every step)")
 	}
 	g := ir.New("glm5_next")
 	g.Attrs["mode"] = string(opts.Mode)
@@ -149,8 +177,11 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 
 // lastRows selects the rows that get logits.
 func (b *builder) lastRows(y *ir.Value) *ir.Value {
-	if b.opts.Logits == LastLogits {
+	switch b.opts.Logits {
+	case LastLogits:
 		return b.g.Op1(ir.OpLastRows, -1, nil, b.batch, y).Named("final.last")
+	case SpanLogits:
+		return b.g.Op1(ir.OpSpanRows, -1, nil, b.batch, y).Named("final.spans")
 	}
 	return y
 }
@@ -216,6 +247,9 @@ func BuildMTP(cfg *model.Config, opts Options) (*ir.Graph, error) {
 		return g.Op1(ir.OpLinear, l, nil, x, w).Named(fmt.Sprintf("l%d.eh.%s", l, name))
 	}
 	z := g.Op1(ir.OpAdd, l, nil, half(en, 0, "e"), half(hn, D, "h")).Named(fmt.Sprintf("l%d.eh", l))
+	if opts.IndexShare > 0 {
+		g.Attrs["index_share"] = opts.IndexShare
+	}
 	a, _ := b.dsa(l, norm(z, "input_layernorm.weight", "attn_in"), nil)
 	z = g.Op1(ir.OpAdd, l, nil, z, a).Named(fmt.Sprintf("l%d.attn_res", l))
 	f := b.moe(l, norm(z, "post_attention_layernorm.weight", "ffn_in"))
@@ -313,7 +347,15 @@ func (b *builder) dsa(l int, h, prevSel *ir.Value) (*ir.Value, *ir.Value) {
 		ki = g.Op1(ir.OpLayerNorm, l, ir.Attrs{"eps": 1e-6}, ki, b.w(layerName(l, "self_attn.indexer.k_norm.weight"), Di), b.w(layerName(l, "self_attn.indexer.k_norm.bias"), Di)).Named(fmt.Sprintf("l%d.indexer.k", l))
 		gi := g.Op1(ir.OpLinear, l, nil, h, b.w(layerName(l, "self_attn.indexer.index_kpool_compress_gate"), Di, D)).Named(fmt.Sprintf("l%d.indexer.gate", l))
 		wi := b.linear(l, h, "self_attn.indexer.weights_proj.weight", Hi, D)
-		sel = g.Op1(ir.OpDSATopK, l, ir.Attrs{"heads": Hi, "dim": Di, "kpool": cfg.IndexKPool, "topk": cfg.IndexTopK, "tail": cfg.IndexKPoolAlwaysSelectTail},
+		attrs := ir.Attrs{"heads": Hi, "dim": Di, "kpool": cfg.IndexKPool, "topk": cfg.IndexTopK, "tail": cfg.IndexKPoolAlwaysSelectTail}
+		if k := b.opts.IndexShare; k > 0 && cfg.IsMTP(l) {
+			if b.opts.Mode == Decode {
+				attrs["share"], attrs["share_extra"] = ir.IndexShareReuse, k
+			} else {
+				attrs["share"] = ir.IndexShareSave
+			}
+		}
+		sel = g.Op1(ir.OpDSATopK, l, attrs,
 			meta, qi, ki, gi, wi, b.w(layerName(l, "self_attn.indexer.index_kpool_compress_ape"), cfg.IndexKPool, Di)).Named(fmt.Sprintf("l%d.indexer.sel", l))
 	} else if sel == nil {
 		panic(fmt.Sprintf("layer %d: shared indexer with no previous full DSA layer (config validation should have caught this)", l))

@@ -36,6 +36,7 @@ const (
 	OpMoEExperts    = "moe_experts"
 	OpStreamMean    = "stream_mean"
 	OpLastRows      = "last_rows"
+	OpSpanRows      = "span_rows"
 	OpConcatRows    = "concat_rows"
 	OpStack         = "stack"
 	OpSliceCols     = "slice_cols"
@@ -65,6 +66,7 @@ func init() {
 		{Name: OpMoEExperts, Doc: "routed experts: clamped SwiGLU per selected expert, weighted sum", MinInputs: 6, MaxInputs: 6, Infer: inferMoEExperts},
 		{Name: OpStreamMean, Doc: "unweighted mean of the H residual streams", MinInputs: 1, MaxInputs: 1, Infer: inferStreamMean},
 		{Name: OpLastRows, Doc: "the last token row of every sequence", MinInputs: 2, MaxInputs: 2, Infer: inferLastRows},
+		{Name: OpSpanRows, Doc: "the last r rows of every sequence, r per sequence from the batch (1, or a speculative verify span's last token and drafts)", MinInputs: 2, MaxInputs: 2, Infer: inferSpanRows},
 		{Name: OpConcatRows, Doc: "derived weight: concatenation along dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferConcatRows, Fold: foldConcat},
 		{Name: OpStack, Doc: "derived weight: equal-shaped weights stacked along a new dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferStack, Fold: foldConcat},
 		{Name: OpSliceCols, Doc: "derived weight: columns [start, end) of a 2-D weight", MinInputs: 1, MaxInputs: 1, Infer: inferSliceCols, Fold: foldSliceCols},
@@ -447,8 +449,32 @@ func inferDSATopK(n *Node) ([]OutType, error) {
 			return nil, fmt.Errorf("input %d (%s) is %v, want %v", i+1, x.Name, x.Shape, s)
 		}
 	}
-	return []OutType{out("sel", I32, DimT, topk+kp-1)}, nil
+	extra := 0
+	switch share := n.Attrs.String("share", ""); share {
+	case "", IndexShareSave:
+		if n.Attrs.Has("share_extra") {
+			return nil, fmt.Errorf("attribute share_extra needs share %q", IndexShareReuse)
+		}
+	case IndexShareReuse:
+		if extra = n.Attrs.Int("share_extra", 0); extra < 1 {
+			return nil, fmt.Errorf("share %q needs share_extra ≥ 1 (the draft steps that reuse a selection), got %d", share, extra)
+		}
+	default:
+		return nil, fmt.Errorf("attribute share must be %q or %q, got %q", IndexShareSave, IndexShareReuse, share)
+	}
+	return []OutType{out("sel", I32, DimT, topk+kp-1+extra)}, nil
 }
+
+// Index sharing between MTP draft steps (index_share_for_mtp_iteration),
+// the values of dsa_topk's "share" attribute: a "save" node keeps every
+// sequence's last selection row in its slot; a "reuse" node skips scoring
+// and selects, for a query at position p, the saved row (made at position
+// p0) plus every position in (p0, p] (at most share_extra of them, so its
+// rows are share_extra wider).
+const (
+	IndexShareSave  = "save"
+	IndexShareReuse = "reuse"
+)
 
 func inferMLAAttn(n *Node) ([]OutType, error) {
 	if _, err := need(n, 0, Host, -1); err != nil {
@@ -535,6 +561,20 @@ func inferLastRows(n *Node) ([]OutType, error) {
 		return nil, err
 	}
 	return []OutType{out("y", F32, DimS, x.Shape[1])}, nil
+}
+
+func inferSpanRows(n *Node) ([]OutType, error) {
+	if _, err := need(n, 0, Host, -1); err != nil {
+		return nil, err
+	}
+	x, err := need(n, 1, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	if x.Shape[0] != DimT {
+		return nil, fmt.Errorf("input 1 (%s) must have the token dimension, got %s", x.Name, FormatShape(x.DType, x.Shape))
+	}
+	return []OutType{out("y", F32, DimR, x.Shape[1])}, nil
 }
 
 func inferConcatRows(n *Node) ([]OutType, error) {

@@ -23,6 +23,26 @@ func init() {
 	bind(ir.OpSwiGLUPacked, bindSwiGLUPacked)
 	bind(ir.OpStreamMean, bindStreamMean)
 	bind(ir.OpLastRows, bindLastRows)
+	bind(ir.OpSpanRows, bindSpanRows)
+}
+
+// bindSpanRows gathers each sequence's last rows (its span's Rows of them).
+func bindSpanRows(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	D := in[1].Shape[1]
+	return func(rc *runCtx) error {
+		x := rc.in(in[1])
+		y := rc.out(outs[0])
+		o := 0
+		for _, s := range rc.batch.seqs {
+			for j := s.n - s.rows; j < s.n; j++ {
+				r := s.row0 + j
+				copy(y[o*D:(o+1)*D], x[r*D:(r+1)*D])
+				o++
+			}
+		}
+		return nil
+	}, nil
 }
 
 func bindEmbed(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {

@@ -61,7 +61,8 @@ func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	}
 	layer := n.Layer
 	Hi, Di := cfg.Heads, cfg.Dim
-	W := cfg.Width()
+	W := outs[0].Shape[1] // the selection width (wider when it reuses a shared selection)
+	share := a.String("share", "")
 	wscale := float32(1 / math.Sqrt(float64(Hi)))
 	return func(rc *runCtx) error {
 		meta, ok := rc.host[in[0]].(*dsaMeta)
@@ -77,12 +78,24 @@ func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			}
 			r0, r1 := s.row0, s.row0+s.n
 			vis := meta.visible[r0:r1]
+			if rb := s.seq.Rollback; rb != nil {
+				rb.RecordIndexer(layer, s.pos0, k[r0*Di:r1*Di], g[r0*Di:r1*Di])
+			}
 			cfg.Append(st, s.pos0, k[r0*Di:r1*Di], g[r0*Di:r1*Di], s.n, nil) // visibility comes from the metadata
+			if share == ir.IndexShareReuse {
+				if err := indexer.SelectShared(sel[r0*W:r1*W], W, st, s.pos0, s.n); err != nil {
+					return fmt.Errorf("slot %d: %w", s.slot, err)
+				}
+				continue
+			}
 			ws := make([]float32, s.n*Hi)
 			for i := range ws {
 				ws[i] = w[r0*Hi+i] * wscale
 			}
 			cfg.Select(sel[r0*W:r1*W], st, s.pos0, q[r0*Hi*Di:r1*Hi*Di], ws, s.n, vis)
+			if share == ir.IndexShareSave {
+				st.SaveShare(sel[(r1-1)*W:r1*W], s.pos0+s.n-1)
+			}
 		}
 		return nil
 	}, nil

@@ -77,8 +77,15 @@ func boundOps() []string {
 func (b *Backend) Ops() []string { return boundOps() }
 
 // NewStore makes a heap-backed cache store of the given layers.
-func (b *Backend) NewStore(cfg *model.Config, layers []int, slots, _ int) (backend.Store, error) {
-	return cache.NewStore(cfg, layers, slots)
+func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptions) (backend.Store, error) {
+	st, err := cache.NewStore(cfg, layers, o.Slots)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.SetRollbackDepth(o.Rollback); err != nil {
+		return nil, err
+	}
+	return st, nil
 }
 
 // Info describes the CPU.

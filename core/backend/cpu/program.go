@@ -79,12 +79,14 @@ type seqRun struct {
 	pos0 int // tokens already cached (position of the first new token)
 	n    int // new tokens
 	row0 int // first row in the batch's token dimension
+	rows int // rows a span-logits selection keeps (its last ones)
 }
 
 // batchInfo is the host-side metadata value of a run (graph input "batch").
 type batchInfo struct {
 	seqs []seqRun
 	T    int
+	R    int // rows a span-logits selection keeps
 }
 
 // dsaMeta is what a dsa_meta node computes for one DSA geometry: the
@@ -156,6 +158,8 @@ func (rc *runCtx) rows(v *ir.Value) int {
 		return rc.batch.T
 	case ir.DimS:
 		return len(rc.batch.seqs)
+	case ir.DimR:
+		return rc.batch.R
 	}
 	return v.Shape[0]
 }
@@ -216,13 +220,18 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 	if err := pr.CheckPositions(); err != nil {
 		return nil, err
 	}
-	bi := &batchInfo{T: pr.T}
-	for _, s := range pr.Spans {
+	bi := &batchInfo{T: pr.T, R: pr.SpanRows()}
+	for i, s := range pr.Spans {
 		seq, err := store.Seq(s.Slot)
 		if err != nil {
 			return nil, err
 		}
-		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, seq: seq, pos0: s.Pos0, n: s.N, row0: s.Row0})
+		if rb := seq.Rollback; rb != nil {
+			if err := rb.Check(s.Pos0, s.N); err != nil {
+				return nil, fmt.Errorf("cpu: batch sequence %d (slot %d): %w", i, s.Slot, err)
+			}
+		}
+		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, seq: seq, pos0: s.Pos0, n: s.N, row0: s.Row0, rows: s.Rows})
 	}
 	return p.execute(bi, pr, store)
 }

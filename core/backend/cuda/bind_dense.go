@@ -22,6 +22,7 @@ func init() {
 	bind(ir.OpSwiGLUPacked, bindSwiGLUPacked)
 	bind(ir.OpStreamMean, bindStreamMean)
 	bind(ir.OpLastRows, bindLastRows)
+	bind(ir.OpSpanRows, bindSpanRows)
 }
 
 const threads = 256
@@ -318,5 +319,15 @@ func bindLastRows(p *Program, n *ir.Node) (*kstep, error) {
 	return &kstep{run: func(rc *runCtx) error {
 		a := kc.GatherArgs{X: rc.ptr(in[1]), Rows: rc.meta.LastRow, Y: rc.ptr(out), R: int64(rc.S), D: int64(D)}
 		return kc.Launch(rc.dev, "glmf_gather_rows", blocks(int64(rc.S*D)), block256, 0, &a)
+	}}, nil
+}
+
+// bindSpanRows gathers each sequence's last rows (its span's Rows of them).
+func bindSpanRows(p *Program, n *ir.Node) (*kstep, error) {
+	in, out := n.Inputs, n.Outputs[0]
+	D := in[1].Shape[1]
+	return &kstep{run: func(rc *runCtx) error {
+		a := kc.GatherArgs{X: rc.ptr(in[1]), Rows: rc.spanRows, Y: rc.ptr(out), R: int64(rc.R), D: int64(D)}
+		return kc.Launch(rc.dev, "glmf_gather_rows", blocks(int64(rc.R*D)), block256, 0, &a)
 	}}, nil
 }
