@@ -256,6 +256,17 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"passes explain --model": func(d string) probe {
 			return probe{args: []string{"passes", "explain", "--model", d + "/none"}, want: d + "/none"}
 		},
+		"passes explain --index-share": func(string) probe {
+			return probe{args: args(explain, "--index-share", "2"), want: "--index-share applies to the MTP graph (--mtp)"}
+		},
+		"passes explain --mtp": func(d string) probe {
+			return probe{args: []string{"passes", "explain", "--preset", "tiny-mtp", "--cache-dir", d, "--mtp", "--mode", "verify", "--index-share", "4"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "pass report for mtp:verify/last")
+				require.Contains(t, out, "host-length-reuse: draft graph: ")
+				require.Contains(t, out, "speculative accept lengths")
+			}}
+		},
 		"passes explain --preset": func(string) probe {
 			return probe{args: []string{"passes", "explain", "--preset", "huge"}, want: `unknown preset "huge"`}
 		},
@@ -278,6 +289,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		},
 		"serve --model": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--model", d + "/none"}, want: d + "/none"}
+		},
+		"serve --speculative": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--speculative", "mtp:3"}, want: "speculative.method (flag --speculative): mtp needs the checkpoint's MTP layer"}
 		},
 		"serve --preset": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--preset", "huge"}, want: `unknown preset "huge"`}

@@ -469,3 +469,20 @@ func cloneF(x []float32) []float32 {
 	}
 	return append([]float32{}, x...)
 }
+
+// RollbackSlotBytes bounds one slot's rollback record of depth positions
+// for a store of the given layers: per KDA layer depth conv windows and
+// recurrent states, per indexer the raw key and gate rows of kpool−1+depth
+// positions.
+func RollbackSlotBytes(cfg *model.Config, layers []int, depth int) int64 {
+	var n int64
+	for _, l := range layers {
+		if cfg.IsKDA(l) {
+			P := int64(cfg.KDAProjDim())
+			n += int64(depth) * (3*P*int64(cfg.LinearConvKernelDim-1) + int64(cfg.LinearNumHeads)*int64(cfg.LinearHeadDim)*int64(cfg.LinearHeadDim))
+		} else if cfg.HasOwnIndexer(l) {
+			n += 2 * int64(cfg.IndexKPool-1+depth) * int64(cfg.IndexHeadDim)
+		}
+	}
+	return 4 * n
+}

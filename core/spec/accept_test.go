@@ -172,19 +172,3 @@ func TestWrongRate(t *testing.T) {
 	}
 	require.InDelta(t, 0.2, float64(bad)/20000, 0.01)
 }
-
-func TestPresets(t *testing.T) {
-	p, err := ParsePreset("5-1-6")
-	require.NoError(t, err)
-	require.Equal(t, 5, p.Steps)
-	p, err = ParsePreset("1-1-2")
-	require.NoError(t, err)
-	require.Equal(t, 1, p.Steps)
-	p, err = ParsePreset("3-1-4")
-	require.NoError(t, err)
-	require.Equal(t, 3, p.Steps)
-	for _, bad := range []string{"5-2-6", "5-1-5", "0-1-1", "x", "5-1", "a-1-2"} {
-		_, err := ParsePreset(bad)
-		require.Error(t, err, bad)
-	}
-}

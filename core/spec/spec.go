@@ -17,12 +17,6 @@
 // declares the target outputs it needs (Needs) and drafts in Propose.
 package spec
 
-import (
-	"fmt"
-	"strconv"
-	"strings"
-)
-
 // SeqID names a sequence for a drafter (the scheduler's request id).
 type SeqID = string
 
@@ -140,62 +134,6 @@ func (s Stats) Add(o Stats) Stats {
 	return Stats{Steps: s.Steps + o.Steps, Drafted: s.Drafted + o.Drafted, Accepted: s.Accepted + o.Accepted}
 }
 
-// Preset is a named speculative configuration in SGLang's notation
-// "num_steps-topk-num_draft_tokens".
-type Preset struct {
-	Name string
-	// Steps is the draft steps (drafts per verify span); TopK the drafts
-	// per step (1: a chain); DraftTokens the verify span's tokens
-	// (Steps+1 for a chain: the last accepted token and the drafts).
-	Steps, TopK, DraftTokens int
-}
-
-// Presets are the named configurations of GLM-5.3-Flash's model card:
-// 5-1-6 (low latency) and 1-1-2 (balanced).
-var Presets = []Preset{
-	{Name: "5-1-6", Steps: 5, TopK: 1, DraftTokens: 6},
-	{Name: "1-1-2", Steps: 1, TopK: 1, DraftTokens: 2},
-}
-
-// ParsePreset reads "S-K-N" (a named preset or any chain S-1-(S+1)).
-func ParsePreset(s string) (Preset, error) {
-	for _, p := range Presets {
-		if p.Name == s {
-			return p, nil
-		}
-	}
-	f := strings.Split(s, "-")
-	if len(f) != 3 {
-		return Preset{}, fmt.Errorf("speculative preset %q is not num_steps-topk-num_draft_tokens (5-1-6, 1-1-2, …)", s)
-	}
-	var v [3]int
-	for i, x := range f {
-		n, err := strconv.Atoi(x)
-		if err != nil || n < 1 {
-			return Preset{}, fmt.Errorf("speculative preset %q: %q is not a positive integer", s, x)
-		}
-		v[i] = n
-	}
-	p := Preset{Name: s, Steps: v[0], TopK: v[1], DraftTokens: v[2]}
-	return p, p.Check()
-}
-
-// Check validates a chain preset: top-k 1 and Steps+1 draft tokens (tree
-// drafting, top-k > 1, is not implemented).
-func (p Preset) Check() error {
-	switch {
-	case p.Steps < 1:
-		return fmt.Errorf("num_steps must be ≥ 1, got %d", p.Steps)
-	case p.Steps > MaxSteps:
-		return fmt.Errorf("num_steps must be ≤ %d, got %d", MaxSteps, p.Steps)
-	case p.TopK != 1:
-		return fmt.Errorf("topk must be 1 (chain drafting; tree drafting is not implemented), got %d", p.TopK)
-	case p.DraftTokens != p.Steps+1:
-		return fmt.Errorf("num_draft_tokens must be num_steps+1 = %d for a chain, got %d", p.Steps+1, p.DraftTokens)
-	}
-	return nil
-}
-
 // MaxSteps bounds num_steps (device stores keep num_steps+1 positions of
-// KDA state per slot).
+// KDA state per slot); config.MaxSpecSteps is the same bound.
 const MaxSteps = 32
