@@ -176,6 +176,12 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 			return probe{args: args(bench, "--seed", "3"), want: "--seed applies to --preset only"}
 		},
 		"bench --warmup": func(string) probe { return probe{args: args(bench, "--warmup", "-1"), want: "--warmup"} },
+		"bench --spec-accept": func(string) probe {
+			return probe{args: args(bench, "--spec-accept", "1.5"), want: "--spec-accept values must be in [0, 1]"}
+		},
+		"bench --speculative": func(string) probe {
+			return probe{args: args(bench, "--speculative", "mtp:3"), want: "--speculative mtp 3-1-4: the checkpoint has no MTP layer"}
+		},
 
 		"init-random --force": func(d string) probe {
 			require.NoError(t, os.WriteFile(d+"/keep", []byte("x"), 0o644))

@@ -196,11 +196,12 @@ func describePass(w io.Writer, d pass.Description, source string) {
 // newEngine makes an engine over ck with the passes, device and precision
 // of the command's configuration.
 func newEngine(ck *model.Checkpoint, mf *modelFlags, slots int) (*engine.Engine, error) {
-	return newEngineWith(ck, mf, slots, nil)
+	return newEngineWith(ck, mf, slots, 0, nil)
 }
 
-// newEngineWith is newEngine with a last say on the backend options.
-func newEngineWith(ck *model.Checkpoint, mf *modelFlags, slots int, adjust func(*backend.Options)) (*engine.Engine, error) {
+// newEngineWith is newEngine with stores that roll back rollback positions
+// (speculative decoding) and a last say on the backend options.
+func newEngineWith(ck *model.Checkpoint, mf *modelFlags, slots, rollback int, adjust func(*backend.Options)) (*engine.Engine, error) {
 	ec, err := mf.config()
 	if err != nil {
 		return nil, err
@@ -213,7 +214,7 @@ func newEngineWith(ck *model.Checkpoint, mf *modelFlags, slots int, adjust func(
 	if adjust != nil {
 		adjust(&bo)
 	}
-	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Passes: pl, PassEnv: env, Device: ec.Device, Backend: bo})
+	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Rollback: rollback, Passes: pl, PassEnv: env, Device: ec.Device, Backend: bo})
 }
 
 // backendOptions are the backend settings of a configuration.
