@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/spec"
 	"github.com/glmflash/glmflash/core/spec/spectest"
@@ -77,6 +80,32 @@ func TestCUDASpecGreedyIdentity(t *testing.T) {
 	}
 	require.Greater(t, st.Steps, 0)
 	t.Logf("MTP on the GPU: %d verify steps, %d drafts, %d accepted", st.Steps, st.Drafted, st.Accepted)
+
+	// with the built-in passes: host-length reuse makes the MTP draft steps
+	// (and plain decode steps) CUDA graphs that read the checkpoint and
+	// shared-selection arrays from fixed addresses; verify batches run
+	// eagerly (their lengths come from acceptance)
+	var reqsP []pass.Request
+	for _, r := range config.Default().Requests() {
+		if r.Name != "prefill-autotune" {
+			reqsP = append(reqsP, r)
+		}
+	}
+	pl, err := pass.NewPipeline(reqsP, true)
+	require.NoError(t, err)
+	eg := cudaEngine(t, ck, engine.Options{Slots: 3, Rollback: 6, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck)})
+	mtp, err = spec.NewMTP(eg, spec.MTPOptions{Steps: 5, IndexShare: true})
+	require.NoError(t, err)
+	got = spectest.Serve(t, eg, cfg, mtp, reqs)
+	require.NoError(t, mtp.Close())
+	spectest.RequireSameTokens(t, plain, got, "MTP drafter, passes and CUDA graphs")
+	draftStep, err := eg.Program(engine.Key{MTP: true, Mode: graph.Decode, Logits: graph.LastLogits, IndexShare: 4})
+	require.NoError(t, err)
+	require.Positive(t, draftStep.Stats().GraphReplays, "the draft steps replay CUDA graphs")
+	verify, err := eg.Program(sched.SpecProgram(mtp))
+	require.NoError(t, err)
+	require.Zero(t, verify.Stats().GraphReplays, "verify batches run eagerly")
+	require.Positive(t, verify.Stats().LengthSyncs, "verify batches read the executor's lengths")
 }
 
 // The GPU's MTP drafter drafts what the CPU's does after every observation
@@ -110,6 +139,14 @@ func TestCUDAMTPDrafterMatchesCPU(t *testing.T) {
 	gpu := run(cudaEngine(t, ck, engine.Options{Slots: 1, Rollback: 5}))
 	cpu := run(newCPUEngine(t, ck, engine.Options{Slots: 1, Rollback: 5}))
 	require.Equal(t, cpu, gpu, fmt.Sprintf("drafts per step (CPU %v)", cpu))
+	// host-length reuse on: the draft steps replay CUDA graphs
+	pl, err := pass.NewPipeline([]pass.Request{{Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}}, true)
+	require.NoError(t, err)
+	eg := cudaEngine(t, ck, engine.Options{Slots: 1, Rollback: 5, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck)})
+	require.Equal(t, cpu, run(eg), "drafts with CUDA graphs")
+	p, err := eg.Program(engine.Key{MTP: true, Mode: graph.Decode, Logits: graph.LastLogits, IndexShare: 3})
+	require.NoError(t, err)
+	require.Positive(t, p.Stats().GraphReplays)
 }
 
 func newCPUEngine(t *testing.T, ck *model.Checkpoint, o engine.Options) *engine.Engine {

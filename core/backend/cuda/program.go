@@ -65,15 +65,20 @@ const maxGraphs = 256
 
 // graphKey says whether a batch runs as a CUDA graph, and under which key:
 // graphs are on, the program reads only host lengths (a length read-back
-// is a sync, which a graph cannot hold), captures no hidden states, and
-// the batch is small (decode and small verify/extend). cuBLAS calls are
-// captured like kernels.
+// is a sync, which a graph cannot hold), captures no residual streams
+// (debugging; its final hidden rows, which the MTP draft steps read back,
+// are fine) and the batch is small (decode and small verify/extend).
+// cuBLAS calls are captured like kernels.
 func (p *Program) graphKey(pr *backend.Prepared) (graphKey, bool) {
 	max := p.b.opts.GraphMaxTokens
 	if max == 0 {
 		max = DefaultGraphMaxTokens
 	}
-	if max < 0 || p.b.opts.ProfileOps || !p.plan.HostLengths || len(p.plan.Hidden) > 0 || pr.T > max {
+	captures := false
+	for _, name := range p.plan.Hidden {
+		captures = captures || name != ir.OutputFinalHidden
+	}
+	if max < 0 || p.b.opts.ProfileOps || !p.plan.HostLengths || captures || pr.T > max {
 		return graphKey{}, false
 	}
 	k := graphKey{T: pr.T, S: len(pr.Spans), sample: pr.Sample != nil}
