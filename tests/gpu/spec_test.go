@@ -8,6 +8,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/spec"
 	"github.com/glmflash/glmflash/core/spec/spectest"
@@ -155,4 +156,54 @@ func newCPUEngine(t *testing.T, ck *model.Checkpoint, o engine.Options) *engine.
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, e.Close()) })
 	return e
+}
+
+// Speculative sampling on the GPU (the target's logits rows come back for
+// the acceptance rule): a request's tokens depend only on its seed and its
+// drafts, not on what it is batched with, and a plain request beside it is
+// untouched.
+func TestCUDASpecSampling(t *testing.T) {
+	ck := presetCheckpoint(t, "tiny-mtp")
+	V := ck.Config().VocabSize
+	p := sample.Params{Temperature: 0.02, TopP: 0.9, TopK: 20, Seed: 11} // near greedy: the greedy drafts are often accepted
+	reqs := []spectest.Request{
+		{ID: "a", Prompt: seqTokens(7, 1, V), MaxTokens: 10, Sampling: p},
+		{ID: "b", Prompt: seqTokens(12, 2, V), MaxTokens: 9, Sampling: sample.Params{Temperature: 0.05, TopP: 1, MinP: 0.05, Seed: 3}},
+		{ID: "c", Prompt: seqTokens(5, 3, V), MaxTokens: 8, Sampling: p, Plain: true},
+	}
+	// drafts: the most likely continuation under the plain greedy run (a
+	// fixed script, so drafts are reproducible)
+	greedyReqs := make([]spectest.Request, len(reqs))
+	for i, r := range reqs {
+		greedyReqs[i] = spectest.Request{Prompt: r.Prompt, MaxTokens: r.MaxTokens}
+	}
+	cfg := sched.Config{PrefillChunk: 8}
+	e := cudaEngine(t, ck, engine.Options{Slots: 3, Rollback: 4})
+	truth := spectest.Truth(spectest.Serve(t, e, cfg, nil, greedyReqs), greedyReqs)
+	draft := func() spec.Drafter {
+		d, err := spec.NewScripted("script", 3, func(h spec.History, max int) ([]int32, []spec.Dist) {
+			g := truth(h.Prompt)
+			n := len(h.Generated)
+			if n >= len(g) {
+				return nil, nil
+			}
+			return g[n:min(n+max, len(g))], nil
+		})
+		require.NoError(t, err)
+		return d
+	}
+	together := spectest.Serve(t, e, cfg, draft(), reqs)
+	var st spec.Stats
+	for i, r := range reqs {
+		alone := spectest.Serve(t, e, cfg, draft(), []spectest.Request{r})
+		require.Equal(t, alone[0].Tokens, together[i].Tokens, "request %s alone and batched", r.ID)
+		st = st.Add(together[i].Final.Spec)
+	}
+	require.Positive(t, st.Steps)
+	require.Positive(t, st.Accepted, "some drafts are accepted")
+	require.Less(t, st.Accepted, st.Drafted, "and some rejected")
+	require.Zero(t, together[2].Final.Spec.Steps)
+	plainC := spectest.Serve(t, e, cfg, nil, reqs[2:])
+	require.Equal(t, plainC[0].Tokens, together[2].Tokens, "the plain request samples as without speculation")
+	t.Logf("sampled on the GPU: %d verify steps, %d drafts, %d accepted", st.Steps, st.Drafted, st.Accepted)
 }
