@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/spec"
 	"github.com/glmflash/glmflash/internal/syncbuf"
@@ -211,4 +213,45 @@ func TestSpecNeedsRollbackDepth(t *testing.T) {
 	require.NoError(t, err)
 	_, err = New(e, Config{}, Options{Drafter: d})
 	require.ErrorContains(t, err, "rolls back 6 positions")
+}
+
+// Score requests share speculative steps (their rows selected per span: all
+// positions or the last) and get the logits of a plain pass.
+func TestSpecScoreShares(t *testing.T) {
+	V := 256
+	gen := Request{Prompt: prompt(6, 1, V), MaxTokens: 30, Sampling: sample.Greedy(), IgnoreEOS: true}
+	truth := truthOf(t, []Request{gen})
+	e := specEngine(t, 3, 4)
+	d, err := spec.NewScripted("oracle", 3, spec.Oracle(truth, spec.WrongAt(4), V))
+	require.NoError(t, err)
+	rt, err := New(e, Config{PrefillChunk: 5, MaxBatchTokens: 16}, Options{Drafter: d})
+	require.NoError(t, err)
+	defer rt.Close()
+	toks := prompt(13, 7, V)
+	ref := specEngine(t, 1, 0)
+	slot, _ := ref.Store().Alloc()
+	want, err := ref.Run(engine.Key{Mode: graph.Mixed, Logits: graph.AllLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: toks}}})
+	require.NoError(t, err)
+	g, err := rt.Submit(context.Background(), gen)
+	require.NoError(t, err)
+	_, _, err = g.Recv(context.Background()) // speculating by now
+	require.NoError(t, err)
+	for _, all := range []bool{true, false} {
+		h, err := rt.Submit(context.Background(), Request{Prompt: toks, Score: true, AllPositions: all})
+		require.NoError(t, err)
+		_, f, err := h.Wait(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, FinishScored, f.Reason)
+		if all {
+			require.Equal(t, 13, f.Rows)
+			require.Less(t, maxDiff(want.Logits, f.Logits), 1e-4) // chunked prefill: KDA's chunks round differently
+		} else {
+			require.Equal(t, 1, f.Rows)
+			require.Less(t, maxDiff(want.Row(12), f.Logits), 1e-4)
+		}
+	}
+	gtoks, f, err := g.Wait(context.Background())
+	require.NoError(t, err)
+	require.Positive(t, f.Spec.Steps)
+	require.Equal(t, truth(gen.Prompt)[len(truth(gen.Prompt))-len(gtoks):], ids(gtoks))
 }
