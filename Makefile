@@ -193,10 +193,11 @@ test-emu: $(CUDA_EMU)
 
 # Part of `make test`: the CUDA kernels and backend on the CPU emulator
 # (kernel tests, the backend's unit tests, CPU agreement on the small
-# preset, length syncs, one fixture's parity without passes and with every
-# built-in pass). Skipped, saying so, where no C++ compiler exists to build
-# the emulator.
-EMU_QUICK_RUN := TestCUDAMatchesCPUOnSmallPreset|TestCUDALengthSyncs|TestCUDATransformersParity/glm5next-tiny-a/(baseline|all)$$
+# preset, the MTP graph, speculative decoding's rollback, greedy identity
+# and MTP drafting, length syncs, one fixture's parity without passes and
+# with every built-in pass). Skipped, saying so, where no C++ compiler
+# exists to build the emulator.
+EMU_QUICK_RUN := TestCUDAMatchesCPUOnSmallPreset|TestCUDAMTPMatchesCPU|TestCUDASpecRollback|TestCUDASpecGreedyIdentity|TestCUDAMTPDrafterMatchesCPU|TestCUDASpecSampling|TestCUDALengthSyncs|TestCUDATransformersParity/glm5next-tiny-a/(baseline|all)$$
 test-emu-quick:
 	@if ! command -v $(CXX) >/dev/null || [ "$$(uname -m)" != x86_64 ]; then echo "SKIPPED: the emulated CUDA tests need an x86-64 machine with a C++ compiler ($(CXX)) to build $(CUDA_EMU)"; exit 0; fi; \
 	$(MAKE) --no-print-directory $(CUDA_EMU) && \

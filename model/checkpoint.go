@@ -370,10 +370,29 @@ func (c *Config) IsMTPName(name string) bool {
 // expected shape and a float dtype. A weight may be stored as BF16, F16 or
 // F32, or (FP8-eligible or not) as F8E4M3 with a "<name>_scale_inv" block
 // scale of the right shape. Extra tensors (model.visual.*, MTP layers,
-// anything else) are ignored. All problems are reported, up to 20.
+// anything else) are ignored: a checkpoint without its MTP layer still
+// serves plain decoding (ValidateMTP checks that layer). All problems are
+// reported, up to 20.
 func (ck *Checkpoint) Validate() error {
+	return ck.validateSpecs(ck.cfg.WeightCatalog(false))
+}
+
+// ValidateMTP checks the MTP layers' tensors (Config.MTPWeightCatalog) as
+// Validate checks the trunk's: needed only for speculative decoding with
+// the MTP drafter. It fails when the config declares no MTP layer.
+func (ck *Checkpoint) ValidateMTP() error {
+	if !ck.cfg.HasMTP() {
+		return fmt.Errorf("checkpoint %s: the config declares no MTP layer (num_nextn_predict_layers is %d)", ck.dir, ck.cfg.NumNextNPredictLayers)
+	}
+	if err := ck.validateSpecs(ck.cfg.MTPWeightCatalog(false)); err != nil {
+		return fmt.Errorf("MTP layer %d: %w", ck.cfg.MTPLayer(0), err)
+	}
+	return nil
+}
+
+func (ck *Checkpoint) validateSpecs(specs []WeightSpec) error {
 	var errs []error
-	for _, spec := range ck.cfg.WeightCatalog(false) {
+	for _, spec := range specs {
 		loc, ok := ck.tensors[spec.Name]
 		if !ok {
 			errs = append(errs, fmt.Errorf("tensor %s: missing from checkpoint %s", spec.Name, ck.dir))

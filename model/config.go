@@ -90,6 +90,10 @@ type Config struct {
 	IndexKPool                 int
 	IndexKPoolCompress         bool
 	IndexKPoolAlwaysSelectTail bool
+	// IndexShareForMTPIteration: MTP draft steps ≥ 1 reuse step 0's
+	// indexer selection (index_share_for_mtp_iteration; default true, the
+	// released checkpoint's value).
+	IndexShareForMTPIteration bool
 
 	LinearNumHeads      int
 	LinearHeadDim       int
@@ -128,18 +132,52 @@ func (c *Config) IsKDA(i int) bool {
 }
 
 // IsDSA reports whether layer i uses MLA with the sparse-attention indexer.
+// MTP layers (IsMTP) are DSA layers.
 func (c *Config) IsDSA(i int) bool {
-	return i >= 0 && i < len(c.LayerTypes) && c.LayerTypes[i] == LayerDSA
+	return i >= 0 && i < len(c.LayerTypes) && c.LayerTypes[i] == LayerDSA || c.IsMTP(i)
 }
 
 // IsMoE reports whether layer i has a mixture-of-experts feed-forward block.
+// MTP layers (IsMTP) are MoE layers.
 func (c *Config) IsMoE(i int) bool {
-	return i >= 0 && i < len(c.MLPLayerTypes) && c.MLPLayerTypes[i] == MLPSparse
+	return i >= 0 && i < len(c.MLPLayerTypes) && c.MLPLayerTypes[i] == MLPSparse || c.IsMTP(i)
 }
 
-// HasOwnIndexer reports whether layer i is a DSA layer that runs its own indexer.
+// HasOwnIndexer reports whether layer i is a DSA layer that runs its own
+// indexer (every MTP layer does).
 func (c *Config) HasOwnIndexer(i int) bool {
 	return c.IsDSA(i) && (i >= len(c.IndexerTypes) || c.IndexerTypes[i] != IndexerShared)
+}
+
+// HasMTP reports whether the model declares MTP (NextN) draft layers
+// (num_nextn_predict_layers > 0).
+func (c *Config) HasMTP() bool { return c.NumNextNPredictLayers > 0 }
+
+// IsMTP reports whether layer i is an MTP layer: num_hidden_layers ≤ i <
+// num_hidden_layers + num_nextn_predict_layers (layer 45 of the released
+// model). An MTP layer is a plain pre-norm DSA + MoE decoder layer without
+// mHC, with its own full indexer (architecture §7).
+func (c *Config) IsMTP(i int) bool {
+	return i >= c.NumHiddenLayers && i < c.NumHiddenLayers+c.NumNextNPredictLayers
+}
+
+// MTPLayer returns the layer index of MTP layer k (num_hidden_layers + k).
+func (c *Config) MTPLayer(k int) int { return c.NumHiddenLayers + k }
+
+// TrunkLayers lists the trunk's layer indices, 0 … num_hidden_layers−1.
+func (c *Config) TrunkLayers() []int { return layerRange(0, c.NumHiddenLayers) }
+
+// MTPLayers lists the MTP layers' indices (empty without MTP).
+func (c *Config) MTPLayers() []int {
+	return layerRange(c.NumHiddenLayers, c.NumHiddenLayers+max(c.NumNextNPredictLayers, 0))
+}
+
+func layerRange(lo, hi int) []int {
+	out := make([]int, 0, max(hi-lo, 0))
+	for i := lo; i < hi; i++ {
+		out = append(out, i)
+	}
+	return out
 }
 
 // IndexerSource returns the layer whose indexer selection DSA layer i uses:
@@ -481,6 +519,7 @@ func (p *parser) config() *Config {
 	c.IndexKPool = p.int("index_kpool", 16)
 	c.IndexKPoolCompress = p.bool("index_kpool_compress", true)
 	c.IndexKPoolAlwaysSelectTail = p.bool("index_kpool_always_select_tail", true)
+	c.IndexShareForMTPIteration = p.bool("index_share_for_mtp_iteration", true)
 
 	c.LinearNumHeads = p.int("linear_num_heads", 64)
 	c.LinearHeadDim = p.int("linear_head_dim", 128)

@@ -36,6 +36,7 @@ func (c *Config) TextConfigMap() map[string]any {
 		"index_kpool":                    c.IndexKPool,
 		"index_kpool_compress":           c.IndexKPoolCompress,
 		"index_kpool_always_select_tail": c.IndexKPoolAlwaysSelectTail,
+		"index_share_for_mtp_iteration":  c.IndexShareForMTPIteration,
 		"linear_num_heads":               c.LinearNumHeads,
 		"linear_head_dim":                c.LinearHeadDim,
 		"linear_conv_kernel_dim":         c.LinearConvKernelDim,

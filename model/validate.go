@@ -108,6 +108,8 @@ func (c *Config) Validate() error {
 	}
 	if c.NumNextNPredictLayers < 0 {
 		fail("num_nextn_predict_layers (%d) must not be negative", c.NumNextNPredictLayers)
+	} else if L+c.NumNextNPredictLayers > MaxLayers {
+		fail("num_hidden_layers + num_nextn_predict_layers (%d) must be at most %d", L+c.NumNextNPredictLayers, MaxLayers)
 	}
 	if c.HCMult < 1 || c.HCMult > 64 {
 		fail("hc_mult (%d) must be at least 1 (and at most 64)", c.HCMult)
@@ -152,7 +154,7 @@ func (c *Config) Validate() error {
 	if len(c.MLPLayerTypes) != L {
 		fail("mlp_layer_types has %d entries, want num_hidden_layers (%d)", len(c.MLPLayerTypes), L)
 	}
-	anyMoE, anyDense := false, false
+	anyMoE, anyDense := c.HasMTP(), false // MTP layers are MoE layers
 	for i, t := range c.MLPLayerTypes {
 		switch t {
 		case MLPSparse:
@@ -232,7 +234,7 @@ func (c *Config) Validate() error {
 	}
 	if len(errs) == 0 {
 		var n int64
-		for _, w := range c.WeightCatalog(false) {
+		for _, w := range append(c.WeightCatalog(false), c.MTPWeightCatalog(false)...) {
 			e := int64(1)
 			for _, d := range w.Shape {
 				e *= int64(d)

@@ -25,11 +25,12 @@ var layers = []struct {
 	{"core/backend/", 8}, {"core/config", 8}, {"plugins/sdk", 8}, {"passes/all", 8},
 	{"plugins/host", 9}, {"plugins/examples/sharedexpert", 9},
 	{"core/engine", 10},
-	{"core/eval", 11}, {"core/sched", 11}, {"core/pass/passtest", 12},
-	{"core/text", 12}, {"core/attrib", 12},
-	{"core/openai", 13},
-	{"core/serve", 14},
-	{"cmd/", 15}, {"tools/", 15},
+	{"core/eval", 11}, {"core/spec", 11},
+	{"core/sched", 12}, {"core/pass/passtest", 13}, {"core/spec/spectest", 13},
+	{"core/text", 13}, {"core/attrib", 13},
+	{"core/openai", 14},
+	{"core/serve", 15},
+	{"cmd/", 16}, {"tools/", 16},
 }
 
 func rank(pkg string) (int, bool) {

@@ -12,6 +12,7 @@ import (
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/pass/passtest"
+	"github.com/glmflash/glmflash/core/spec/spectest"
 	"github.com/glmflash/glmflash/model"
 	_ "github.com/glmflash/glmflash/passes/all" // every built-in pass
 	"github.com/glmflash/glmflash/passes/autotune"
@@ -194,5 +195,52 @@ func TestPassesTogetherFireWhereExpected(t *testing.T) {
 			require.Empty(t, p.Error, p.Name)
 			require.Equal(t, enabled[p.Name], p.Requested, p.Name)
 		}
+	}
+}
+
+// Speculative decoding under every pass: each registered pass states how
+// it treats verify and draft graphs and tests it in its package; alone and
+// all together, the verify spans of a pass's engine still equal its plain
+// decoding bit for bit and roll back to its plain run's state exactly,
+// and the verify program's report carries each pass's statement.
+func TestPassesOnSpeculativeDecoding(t *testing.T) {
+	root := passtest.Root(t)
+	for _, name := range pass.Names() {
+		f, _ := pass.Lookup(name)
+		_, ok := f().(pass.SpecAware)
+		require.True(t, ok, "pass %s does not state how it treats verify and draft graphs (pass.SpecAware)", name)
+		pkg := reflect.TypeOf(f()).Elem().PkgPath()
+		tests, _ := filepath.Glob(filepath.Join(root, strings.TrimPrefix(pkg, "github.com/glmflash/glmflash/"), "*_test.go"))
+		tested := false
+		for _, f := range tests {
+			b, err := os.ReadFile(f)
+			require.NoError(t, err)
+			tested = tested || strings.Contains(string(b), "passtest.SpecStatement(")
+		}
+		require.True(t, tested, "pass %s has no test on speculative decoding's graphs (passtest.SpecStatement)", name)
+	}
+	ck, _ := openFixture(t, fixtures[0])
+	every := everyPass(fixedTable(t, ck.Config()))
+	arms := map[string][]pass.Request{"every": every}
+	for _, r := range every {
+		arms[r.Name] = []pass.Request{r}
+	}
+	wrong := map[int]bool{2: true, 3: true, 7: true, 12: true}
+	for arm, reqs := range arms {
+		pl, err := pass.NewPipeline(reqs, true)
+		require.NoError(t, err)
+		e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Rollback: 5, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck)})
+		require.NoError(t, err)
+		plain := spectest.PlainRun(t, e, seqTokens(11, 2, ck.Config().VocabSize), 18)
+		spectest.RollbackRun(t, e, plain, 4, wrong)
+		rep := e.Report(engine.Key{Mode: graph.Verify, Logits: graph.SpanLogits})
+		require.NotNil(t, rep, arm)
+		for _, r := range reqs {
+			pr := rep.Find(r.Name)
+			require.Empty(t, pr.Error, "%s: %s", arm, r.Name)
+			require.NotEmpty(t, pr.Notes, "%s: %s", arm, r.Name)
+			require.True(t, strings.HasPrefix(pr.Notes[0], "verify graph: "), "%s: %s: %v", arm, r.Name, pr.Notes)
+		}
+		require.NoError(t, e.Close())
 	}
 }

@@ -13,7 +13,9 @@ import (
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/spec"
 	"github.com/spf13/cobra"
 )
 
@@ -35,6 +37,17 @@ type benchResult struct {
 	ReplaysPerStep  float64 `json:"graph_replays_per_step,omitempty"`
 	SyncsPerStep    float64 `json:"host_syncs_per_step,omitempty"`
 	LengthSyncs     float64 `json:"length_syncs_per_step,omitempty"`
+	// Speculative decoding series (through the scheduler): tokens per
+	// verify span (accepted drafts + 1), the expected value at a fixed
+	// acceptance rate, tokens per trunk pass per sequence in the decode
+	// phase, the drafts' acceptance rate, and decode tok/s over the plain
+	// series of the same batch.
+	AcceptanceLength float64 `json:"acceptance_length,omitempty"`
+	ExpectedLength   float64 `json:"expected_acceptance_length,omitempty"`
+	TokensPerPass    float64 `json:"tokens_per_trunk_pass,omitempty"`
+	AcceptRate       float64 `json:"draft_acceptance_rate,omitempty"`
+	SpeedUp          float64 `json:"speedup_over_plain,omitempty"`
+	spec             bool
 }
 
 func newBenchCmd() *cobra.Command {
@@ -42,6 +55,7 @@ func newBenchCmd() *cobra.Command {
 	var profileOps bool
 	var prompt, decodeSteps, reps, warmup int
 	var batches []int
+	var specAccept []float64
 	var jsonOut, dump, cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "bench (--model DIR | --preset NAME)",
@@ -85,7 +99,30 @@ func newBenchCmd() *cobra.Command {
 			if limit := cfg.MaxPositionEmbeddings; prompt > limit || 32+decodeSteps > limit {
 				return fmt.Errorf("--prompt (%d) and 32 + --decode-steps (%d) must fit max_position_embeddings (%d)", prompt, 32+decodeSteps, limit)
 			}
-			e, err := newEngineWith(ck, &mf, maxB+1, func(o *backend.Options) { o.ProfileOps = profileOps })
+			ec, err := mf.config()
+			if err != nil {
+				return err
+			}
+			sp := ec.Speculative
+			specSteps := sp.Steps()
+			for _, r := range specAccept {
+				if !(r >= 0 && r <= 1) {
+					return fmt.Errorf("--spec-accept values must be in [0, 1], got %v", r)
+				}
+			}
+			if specSteps == 0 && len(specAccept) > 0 {
+				specSteps = 5 // the test drafter alone: 5-1-6
+			}
+			if sp.On() {
+				if err := mtpRunnable(ck.Config(), ck); err != nil {
+					return fmt.Errorf("--speculative %s: %w", sp, err)
+				}
+			}
+			rollback := 0
+			if specSteps > 0 {
+				rollback = specSteps + 1
+			}
+			e, err := newEngineWith(ck, &mf, maxB+1, rollback, func(o *backend.Options) { o.ProfileOps = profileOps })
 			if err != nil {
 				return err
 			}
@@ -202,10 +239,117 @@ func newBenchCmd() *cobra.Command {
 					return err
 				}
 			}
+			// MTP draft steps at each batch size, when the checkpoint has the
+			// MTP layer: a 32-token trunk prefill (FinalHidden) and the MTP
+			// prefill over it (not timed), then chained draft steps, each
+			// reading the previous step's greedy token and MTP hidden row.
+			mtpErr := e.MTPReady()
+			for _, B := range batches {
+				if mtpErr != nil {
+					break
+				}
+				err = series(fmt.Sprintf("mtp draft batch %d", B), func() (int, float64, error) {
+					return benchMTP(e, B, decodeSteps, toks, alloc, free)
+				})
+				if err != nil {
+					return err
+				}
+			}
+			// speculative decoding through the scheduler: plain decoding, the
+			// MTP drafter (--speculative mtp:N) and the test drafter at fixed
+			// acceptance rates (--spec-accept), at each batch size; greedy
+			// outputs must equal plain decoding's
+			if specSteps > 0 {
+				for _, B := range batches {
+					prompts := make([][]int32, B)
+					for i := range prompts {
+						prompts[i] = toks(32, 100+i)
+					}
+					var plain *specRun
+					if err := series(fmt.Sprintf("sched decode batch %d plain", B), func() (int, float64, error) {
+						r, err := runSched(e, nil, prompts, decodeSteps)
+						if err != nil {
+							return 0, 0, err
+						}
+						plain = r
+						return r.decode, r.secs, nil
+					}); err != nil {
+						return err
+					}
+					base := results[len(results)-1].TokensPerSec
+					truth := map[string][]int32{}
+					for i, p := range prompts {
+						truth[fmt.Sprint(p)] = plain.tokens[i]
+					}
+					type arm struct {
+						name     string
+						make     func() (spec.Drafter, error)
+						expected float64
+					}
+					var arms []arm
+					if sp.On() {
+						arms = append(arms, arm{name: sp.String(), make: func() (spec.Drafter, error) {
+							return spec.NewMTP(e, spec.MTPOptions{Steps: specSteps, IndexShare: sp.Share(cfg.IndexShareForMTPIteration)})
+						}})
+					}
+					for _, r := range specAccept {
+						arms = append(arms, arm{name: fmt.Sprintf("test drafter %d-1-%d at %.2f", specSteps, specSteps+1, r), expected: expectedLength(r, specSteps), make: func() (spec.Drafter, error) {
+							return spec.NewScripted("test", specSteps, spec.Oracle(func(p []int32) []int32 { return truth[fmt.Sprint(p)] }, spec.WrongRate(r, 1), cfg.VocabSize))
+						}})
+					}
+					for _, a := range arms {
+						var total spec.Stats
+						var decode, passes int
+						if err := series(fmt.Sprintf("sched decode batch %d %s", B, a.name), func() (int, float64, error) {
+							d, err := a.make()
+							if err != nil {
+								return 0, 0, err
+							}
+							defer d.Close()
+							r, err := runSched(e, d, prompts, decodeSteps)
+							if err != nil {
+								return 0, 0, err
+							}
+							for i := range prompts {
+								if fmt.Sprint(r.tokens[i]) != fmt.Sprint(plain.tokens[i]) {
+									return 0, 0, fmt.Errorf("%s: request %d's greedy tokens differ from plain decoding's", a.name, i)
+								}
+							}
+							total, decode, passes = total.Add(r.st), decode+r.decode, passes+r.passes
+							return r.decode, r.secs, nil
+						}); err != nil {
+							return err
+						}
+						res := &results[len(results)-1]
+						res.spec = true
+						res.AcceptanceLength, res.ExpectedLength = total.AcceptanceLength(), a.expected
+						if total.Drafted > 0 {
+							res.AcceptRate = float64(total.Accepted) / float64(total.Drafted)
+						}
+						if passes > 0 {
+							res.TokensPerPass = float64(decode) / float64(B) / float64(passes)
+						}
+						if base > 0 {
+							res.SpeedUp = res.TokensPerSec / base
+						}
+					}
+				}
+			}
 			var ru syscall.Rusage
 			syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 			peak := float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
 			fmt.Printf("model    %s (hidden %d, %d layers, vocab %d)\n", ck.Dir(), cfg.HiddenSize, cfg.NumHiddenLayers, cfg.VocabSize)
+			switch {
+			case mtpErr == nil:
+				fmt.Printf("mtp      %d layer(s) from layer %d, weights present: draft steps measured\n", cfg.NumNextNPredictLayers, cfg.MTPLayer(0))
+				if sp.On() {
+					fmt.Printf("spec     %s (index share %v): drafts from the MTP layer, verified through the scheduler\n", sp, sp.Share(cfg.IndexShareForMTPIteration))
+				}
+			case cfg.HasMTP():
+				fmt.Printf("mtp      %d layer(s) declared, not runnable: %v\n", cfg.NumNextNPredictLayers, mtpErr)
+			default:
+				fmt.Printf("mtp      none (num_nextn_predict_layers 0)\n")
+			}
 			fmt.Printf("machine  %d CPUs (GOMAXPROCS %d), %s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
 			info := e.Backend().Info()
 			fmt.Printf("device   %s: %s\n", info.Backend, info.Device)
@@ -224,6 +368,13 @@ func newBenchCmd() *cobra.Command {
 				fmt.Printf("%-22s %10.1f tokens/s  (median of %d; runs %s)", r.Name, r.TokensPerSec, len(r.Runs), fmtRuns(r.Runs))
 				if r.LaunchesPerStep > 0 || r.SyncsPerStep > 0 {
 					fmt.Printf("  per step: %.0f launches (%.1f graph replays), %.1f host syncs (%.1f length read-backs)", r.LaunchesPerStep, r.ReplaysPerStep, r.SyncsPerStep, r.LengthSyncs)
+				}
+				if r.spec {
+					fmt.Printf("  acceptance length %.2f", r.AcceptanceLength)
+					if r.ExpectedLength > 0 {
+						fmt.Printf(" (expected %.2f)", r.ExpectedLength)
+					}
+					fmt.Printf(", drafts accepted %.0f%%, %.2f tokens/trunk pass, %.2f× plain", 100*r.AcceptRate, r.TokensPerPass, r.SpeedUp)
 				}
 				fmt.Println()
 			}
@@ -250,7 +401,11 @@ func newBenchCmd() *cobra.Command {
 				}
 			}
 			if jsonOut != "" {
-				b, _ := json.MarshalIndent(map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU(), "device": info}, "", "  ")
+				mtp := map[string]any{"layers": cfg.NumNextNPredictLayers, "runnable": mtpErr == nil}
+				if mtpErr != nil && cfg.HasMTP() {
+					mtp["why_not"] = mtpErr.Error()
+				}
+				b, _ := json.MarshalIndent(map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU(), "device": info, "mtp": mtp}, "", "  ")
 				if err := os.WriteFile(jsonOut, b, 0o644); err != nil {
 					return err
 				}
@@ -261,6 +416,8 @@ func newBenchCmd() *cobra.Command {
 	mf.addConfig(cmd)
 	mf.addDevice(cmd)
 	mf.addPrecision(cmd)
+	mf.addSpeculative(cmd)
+	cmd.Flags().Float64SliceVar(&specAccept, "spec-accept", nil, "also measure speculative decoding with the test drafter (the plain run's greedy tokens, each draft spoiled with probability 1−rate) at these per-draft acceptance rates, e.g. 0.6,0.8,1.0 (num_steps from --speculative, else 5)")
 	cmd.Flags().BoolVar(&profileOps, "profile-ops", false, "time every op on the device (graphs off) and print the device time per op of the prefill and decode programs")
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
@@ -284,4 +441,74 @@ func fmtRuns(r []float64) string {
 		s += fmt.Sprintf("%.1f", v)
 	}
 	return s + "]"
+}
+
+// benchMTP times steps chained MTP draft steps for B sequences (after an
+// untimed 32-token trunk prefill and MTP prefill per sequence) and returns
+// the draft tokens made and the seconds they took.
+func benchMTP(e *engine.Engine, B, steps int, toks func(n, seed int) []int32, alloc func(int) ([]int, error), free func([]int)) (int, float64, error) {
+	mst, err := e.MTPStore()
+	if err != nil {
+		return 0, 0, err
+	}
+	slots, err := alloc(B)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer free(slots)
+	var mslots []int
+	defer func() {
+		for _, s := range mslots {
+			mst.Free(s)
+		}
+	}()
+	D := e.Config().HiddenSize
+	greedy := make([]backend.SampleSpec, B)
+	for i := range greedy {
+		greedy[i].Params = sample.Greedy()
+	}
+	tb, mb := &backend.Batch{Sample: greedy, SamplesOnly: true}, &backend.Batch{Sample: greedy, SamplesOnly: true}
+	for i, s := range slots {
+		tb.Seqs = append(tb.Seqs, backend.Seq{Slot: s, Tokens: toks(32, i+2)})
+	}
+	tr, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits, FinalHidden: true}, tb)
+	if err != nil {
+		return 0, 0, err
+	}
+	fh := tr.Hidden[ir.OutputFinalHidden]
+	for i := range slots {
+		ms, err := mst.Alloc()
+		if err != nil {
+			return 0, 0, err
+		}
+		mslots = append(mslots, ms)
+		t := tb.Seqs[i].Tokens
+		mb.Seqs = append(mb.Seqs, backend.Seq{Slot: ms, Tokens: append(append([]int32(nil), t[1:]...), tr.Samples[i].Token), Hidden: fh[i*32*D : (i+1)*32*D]})
+	}
+	out, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits, MTP: true}, mb)
+	if err != nil {
+		return 0, 0, err
+	}
+	last := func(out *backend.Result, n int) (tok []int32, h [][]float32) {
+		rows := out.Hidden[ir.OutputFinalHidden]
+		for i := range slots {
+			tok = append(tok, out.Samples[i].Token)
+			h = append(h, rows[((i+1)*n-1)*D:(i+1)*n*D])
+		}
+		return tok, h
+	}
+	tok, h := last(out, 32)
+	key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits, MTP: true}
+	t0 := time.Now()
+	for st := 0; st < steps; st++ {
+		db := &backend.Batch{Sample: greedy, SamplesOnly: true}
+		for i, s := range mslots {
+			db.Seqs = append(db.Seqs, backend.Seq{Slot: s, Tokens: tok[i : i+1], Hidden: h[i]})
+		}
+		if out, err = e.Run(key, db); err != nil {
+			return 0, 0, err
+		}
+		tok, h = last(out, 1)
+	}
+	return B * steps, time.Since(t0).Seconds(), nil
 }

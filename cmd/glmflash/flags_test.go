@@ -176,6 +176,12 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 			return probe{args: args(bench, "--seed", "3"), want: "--seed applies to --preset only"}
 		},
 		"bench --warmup": func(string) probe { return probe{args: args(bench, "--warmup", "-1"), want: "--warmup"} },
+		"bench --spec-accept": func(string) probe {
+			return probe{args: args(bench, "--spec-accept", "1.5"), want: "--spec-accept values must be in [0, 1]"}
+		},
+		"bench --speculative": func(string) probe {
+			return probe{args: args(bench, "--speculative", "mtp:3"), want: "--speculative mtp 3-1-4: the checkpoint has no MTP layer"}
+		},
 
 		"init-random --force": func(d string) probe {
 			require.NoError(t, os.WriteFile(d+"/keep", []byte("x"), 0o644))
@@ -223,6 +229,14 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"graph --logits": func(string) probe { return probe{args: args(graph, "--logits", "some"), want: "--logits"} },
 		"graph --mode":   func(string) probe { return probe{args: args(graph, "--mode", "sideways"), want: "--mode"} },
 		"graph --model":  func(d string) probe { return probe{args: []string{"graph", "--model", d + "/none"}, want: d + "/none"} },
+		"graph --mtp": func(d string) probe {
+			return probe{args: []string{"graph", "--preset", "tiny-mtp", "--cache-dir", d, "--mtp", "--mode", "decode"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "graph glm5_next_mtp")
+				require.Contains(t, out, "layers.8.eh_proj.weight")
+				require.NotContains(t, out, "mhc_pre")
+			}}
+		},
 		"graph --preset": func(string) probe {
 			return probe{args: []string{"graph", "--preset", "huge"}, want: `unknown preset "huge"`}
 		},
@@ -248,6 +262,17 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"passes explain --model": func(d string) probe {
 			return probe{args: []string{"passes", "explain", "--model", d + "/none"}, want: d + "/none"}
 		},
+		"passes explain --index-share": func(string) probe {
+			return probe{args: args(explain, "--index-share", "2"), want: "--index-share applies to the MTP graph (--mtp)"}
+		},
+		"passes explain --mtp": func(d string) probe {
+			return probe{args: []string{"passes", "explain", "--preset", "tiny-mtp", "--cache-dir", d, "--mtp", "--mode", "verify", "--index-share", "4"}, check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "pass report for mtp:verify/last")
+				require.Contains(t, out, "host-length-reuse: draft graph: ")
+				require.Contains(t, out, "speculative accept lengths")
+			}}
+		},
 		"passes explain --preset": func(string) probe {
 			return probe{args: []string{"passes", "explain", "--preset", "huge"}, want: `unknown preset "huge"`}
 		},
@@ -270,6 +295,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		},
 		"serve --model": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--model", d + "/none"}, want: d + "/none"}
+		},
+		"serve --speculative": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--speculative", "mtp:3"}, want: "speculative.method (flag --speculative): mtp needs the checkpoint's MTP layer"}
 		},
 		"serve --preset": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--preset", "huge"}, want: `unknown preset "huge"`}

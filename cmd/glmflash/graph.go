@@ -10,7 +10,7 @@ import (
 func newGraphCmd() *cobra.Command {
 	var mf modelFlags
 	var mode, logits, format string
-	var hidden bool
+	var hidden, mtp bool
 	cmd := &cobra.Command{
 		Use:   "graph (--model DIR | --preset NAME)",
 		Args:  cobra.NoArgs,
@@ -31,7 +31,12 @@ func newGraphCmd() *cobra.Command {
 				return err
 			}
 			defer ck.Close()
-			g, err := graph.Build(ck.Config(), graph.Options{Mode: m, Logits: graph.Logits(logits), CaptureHidden: hidden})
+			opts := graph.Options{Mode: m, Logits: graph.Logits(logits), CaptureHidden: hidden}
+			build := graph.Build
+			if mtp {
+				build = graph.BuildMTP
+			}
+			g, err := build(ck.Config(), opts)
 			if err != nil {
 				return err
 			}
@@ -44,5 +49,6 @@ func newGraphCmd() *cobra.Command {
 	cmd.Flags().StringVar(&logits, "logits", "last", "all or last")
 	cmd.Flags().StringVar(&format, "format", "text", "text or summary")
 	cmd.Flags().BoolVar(&hidden, "capture-hidden", false, "add per-layer hidden-state outputs")
+	cmd.Flags().BoolVar(&mtp, "mtp", false, "the MTP (NextN) draft layer's graph instead of the trunk's (a model with num_nextn_predict_layers > 0, e.g. --preset tiny-mtp)")
 	return cmd
 }

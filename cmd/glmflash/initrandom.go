@@ -47,7 +47,14 @@ func newInitRandomCmd() *cobra.Command {
 			if err := ck.Validate(); err != nil {
 				return fmt.Errorf("written checkpoint does not validate: %w", err)
 			}
-			fmt.Printf("wrote %s: preset %s, %d tensors, hidden %d, %d layers\n", out, preset, len(ck.Names()), cfg.HiddenSize, cfg.NumHiddenLayers)
+			mtp := ""
+			if cfg.HasMTP() {
+				if err := ck.ValidateMTP(); err != nil {
+					return fmt.Errorf("written checkpoint does not validate: %w", err)
+				}
+				mtp = fmt.Sprintf(" + %d MTP layer(s)", cfg.NumNextNPredictLayers)
+			}
+			fmt.Printf("wrote %s: preset %s, %d tensors, hidden %d, %d layers%s\n", out, preset, len(ck.Names()), cfg.HiddenSize, cfg.NumHiddenLayers, mtp)
 			return nil
 		},
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/model"
 	"github.com/stretchr/testify/require"
 )
 
@@ -63,4 +64,16 @@ func TestConcurrentPresetWrites(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, ents, 1, "no temporary folder is left behind")
 	require.Equal(t, "tiny-seed7", ents[0].Name())
+}
+
+// init-random writes an -mtp preset with its MTP layer, checked after writing.
+func TestInitRandomMTPPreset(t *testing.T) {
+	d := filepath.Join(t.TempDir(), "ck")
+	out, err := runCLI(t, "init-random", "--preset", "tiny-mtp", "--out", d, "--fp8")
+	require.NoError(t, err)
+	require.Contains(t, out, "8 layers + 1 MTP layer(s)")
+	ck, err := model.Open(d)
+	require.NoError(t, err)
+	defer ck.Close()
+	require.NoError(t, ck.ValidateMTP())
 }

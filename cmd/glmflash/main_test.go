@@ -297,6 +297,26 @@ func TestDeviceCUDAWithoutGPUSaysWhatIsMissing(t *testing.T) {
 	}
 }
 
+// bench reports the MTP layer: measured draft steps when the checkpoint has
+// it (the tiny-mtp preset), "none" when the model declares none.
+func TestBenchReportsMTP(t *testing.T) {
+	dir := t.TempDir()
+	js := filepath.Join(dir, "bench.json")
+	out, err := runCLI(t, "bench", "--preset", "tiny-mtp", "--cache-dir", dir, "--prompt", "4", "--decode-steps", "2", "--reps", "1", "--warmup", "0", "--batch", "1,2", "--json", js)
+	require.NoError(t, err)
+	require.Contains(t, out, "mtp      1 layer(s) from layer 8, weights present: draft steps measured")
+	require.Contains(t, out, "mtp draft batch 1")
+	require.Contains(t, out, "mtp draft batch 2")
+	b, err := os.ReadFile(js)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"runnable": true`)
+
+	out, err = runCLI(t, "bench", "--model", fixture+"/checkpoint", "--prompt", "4", "--decode-steps", "1", "--reps", "1", "--warmup", "0", "--batch", "1")
+	require.NoError(t, err)
+	require.Contains(t, out, "mtp      none (num_nextn_predict_layers 0)")
+	require.NotContains(t, out, "mtp draft")
+}
+
 // --config is repeatable on every command: later files override earlier
 // ones, over the built-in defaults (a serving file and an engine preset,
 // say).

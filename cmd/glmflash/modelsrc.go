@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/glmflash/glmflash/core/backend"
@@ -32,11 +33,13 @@ type modelFlags struct {
 	files     []string
 	device    string
 	precision string
-	dir       string
-	preset    string
-	seed      int64
-	cacheDir  string
-	fp8       bool
+	// speculative is --speculative (METHOD[:STEPS|:PRESET]).
+	speculative string
+	dir         string
+	preset      string
+	seed        int64
+	cacheDir    string
+	fp8         bool
 	// checkTensors scans every weight for NaN/Inf after opening.
 	checkTensors bool
 	// extra are keys a command sets from flags of its own (serve's
@@ -69,6 +72,33 @@ func (m *modelFlags) addDevice(cmd *cobra.Command) {
 	m.cmd = cmd
 	m.registered("device")
 	cmd.Flags().StringVar(&m.device, "device", "", "backend that runs the model: "+strings.Join(backend.Names(), " or ")+" (default: the configuration's device, cpu)")
+}
+
+// addSpeculative adds --speculative (the speculative section's keys).
+func (m *modelFlags) addSpeculative(cmd *cobra.Command) {
+	m.cmd = cmd
+	m.registered("speculative")
+	cmd.Flags().StringVar(&m.speculative, "speculative", "", "speculative decoding: off, mtp (5-1-6), mtp:N (N draft steps) or mtp:S-1-N (a preset: 5-1-6, 1-1-2) (default: the configuration's speculative section, off)")
+}
+
+// speculativeFlags turns --speculative's value into configuration keys.
+func speculativeFlags(v string) ([]config.Flag, error) {
+	method, arg, _ := strings.Cut(v, ":")
+	fl := []config.Flag{{Key: "speculative.method", Value: method, Name: "--speculative"}}
+	switch {
+	case arg == "":
+	case method == "off":
+		return nil, fmt.Errorf("--speculative: off takes no steps, got %q", v)
+	case strings.Contains(arg, "-"):
+		fl = append(fl, config.Flag{Key: "speculative.preset", Value: arg, Name: "--speculative"}, config.Flag{Key: "speculative.num_steps", Value: 0, Name: "--speculative"})
+	default:
+		n, err := strconv.Atoi(arg)
+		if err != nil {
+			return nil, fmt.Errorf("--speculative: %q is not METHOD, METHOD:STEPS or METHOD:PRESET", v)
+		}
+		fl = append(fl, config.Flag{Key: "speculative.num_steps", Value: n, Name: "--speculative"}, config.Flag{Key: "speculative.preset", Value: "", Name: "--speculative"})
+	}
+	return fl, nil
 }
 
 // addPrecision adds --precision (the precision key).
@@ -119,6 +149,13 @@ func (m *modelFlags) config() (*config.Config, error) {
 	}
 	if m.changed("precision") {
 		flags = append(flags, config.Flag{Key: "precision", Value: m.precision, Name: "--precision"})
+	}
+	if m.changed("speculative") {
+		f, err := speculativeFlags(m.speculative)
+		if err != nil {
+			return nil, err
+		}
+		flags = append(flags, f...)
 	}
 	if m.changed("model") && m.changed("preset") {
 		return nil, fmt.Errorf("--model and --preset are mutually exclusive")

@@ -75,6 +75,8 @@ func newPassesCmd() *cobra.Command {
 	cmd.AddCommand(list)
 	var mf modelFlags
 	var mode, logits, dump, format string
+	var mtp bool
+	var share int
 	explain := &cobra.Command{
 		Use:   "explain (--model DIR | --preset NAME) [--config FILE]",
 		Args:  cobra.NoArgs,
@@ -90,8 +92,18 @@ func newPassesCmd() *cobra.Command {
 			if format != "text" && format != "json" {
 				return fmt.Errorf("--format must be text or json, got %q", format)
 			}
-			if logits != string(graph.AllLogits) && logits != string(graph.LastLogits) {
-				return fmt.Errorf("--logits must be all or last, got %q", logits)
+			switch graph.Logits(logits) {
+			case "":
+				logits = string(graph.LastLogits)
+				if m == graph.Verify && !mtp {
+					logits = string(graph.SpanLogits)
+				}
+			case graph.AllLogits, graph.LastLogits, graph.SpanLogits:
+			default:
+				return fmt.Errorf("--logits must be all, last or spans, got %q", logits)
+			}
+			if share != 0 && !mtp {
+				return fmt.Errorf("--index-share applies to the MTP graph (--mtp)")
 			}
 			ec, err := mf.config()
 			if err != nil {
@@ -123,11 +135,20 @@ func newPassesCmd() *cobra.Command {
 					}
 				}
 			}
-			g, err := graph.Build(ck.Config(), graph.Options{Mode: m, Logits: graph.Logits(logits)})
+			opts := graph.Options{Mode: m, Logits: graph.Logits(logits)}
+			build, prog := graph.Build, fmt.Sprintf("%s/%s", m, logits)
+			switch {
+			case mtp:
+				build, prog = graph.BuildMTP, "mtp:"+prog
+				opts.IndexShare = share
+			case m == graph.Verify:
+				opts.FinalHidden = true // what a drafter reading hidden rows asks
+			}
+			g, err := build(ck.Config(), opts)
 			if err != nil {
 				return err
 			}
-			env.Program = fmt.Sprintf("%s/%s on %s [%s] (config %s)", m, logits, dev, devName, ec.Source)
+			env.Program = fmt.Sprintf("%s on %s [%s] (config %s)", prog, dev, devName, ec.Source)
 			rep, err := pl.Run(g, env)
 			if err != nil {
 				return err
@@ -143,8 +164,10 @@ func newPassesCmd() *cobra.Command {
 	mf.addConfig(explain)
 	mf.addDevice(explain)
 	mf.add(explain, true)
-	explain.Flags().StringVar(&mode, "mode", "decode", "graph to explain: prefill, decode, extend or mixed")
-	explain.Flags().StringVar(&logits, "logits", "last", "all or last")
+	explain.Flags().StringVar(&mode, "mode", "decode", "graph to explain: prefill, decode, extend, mixed or verify (speculative decoding's verify batch; with --mtp: the draft extend after acceptance)")
+	explain.Flags().StringVar(&logits, "logits", "", "all, last or spans (default: spans for --mode verify, else last)")
+	explain.Flags().BoolVar(&mtp, "mtp", false, "the MTP (NextN) draft layer's graph (--mode decode: a draft step, extend or verify: the draft extend)")
+	explain.Flags().IntVar(&share, "index-share", 0, "with --mtp: index_share_for_mtp_iteration over this many draft steps (0: off)")
 	explain.Flags().StringVar(&dump, "dump", "", "print the IR around each pass: before, after or both")
 	explain.Flags().StringVar(&format, "format", "text", "text or json")
 	cmd.AddCommand(explain)
@@ -173,11 +196,12 @@ func describePass(w io.Writer, d pass.Description, source string) {
 // newEngine makes an engine over ck with the passes, device and precision
 // of the command's configuration.
 func newEngine(ck *model.Checkpoint, mf *modelFlags, slots int) (*engine.Engine, error) {
-	return newEngineWith(ck, mf, slots, nil)
+	return newEngineWith(ck, mf, slots, 0, nil)
 }
 
-// newEngineWith is newEngine with a last say on the backend options.
-func newEngineWith(ck *model.Checkpoint, mf *modelFlags, slots int, adjust func(*backend.Options)) (*engine.Engine, error) {
+// newEngineWith is newEngine with stores that roll back rollback positions
+// (speculative decoding) and a last say on the backend options.
+func newEngineWith(ck *model.Checkpoint, mf *modelFlags, slots, rollback int, adjust func(*backend.Options)) (*engine.Engine, error) {
 	ec, err := mf.config()
 	if err != nil {
 		return nil, err
@@ -190,7 +214,7 @@ func newEngineWith(ck *model.Checkpoint, mf *modelFlags, slots int, adjust func(
 	if adjust != nil {
 		adjust(&bo)
 	}
-	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Passes: pl, PassEnv: env, Device: ec.Device, Backend: bo})
+	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Rollback: rollback, Passes: pl, PassEnv: env, Device: ec.Device, Backend: bo})
 }
 
 // backendOptions are the backend settings of a configuration.

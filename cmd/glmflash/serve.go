@@ -33,9 +33,11 @@ the flags. The file has the engine sections (device, passes, parallel, lora, deb
 plugins) and the serving sections model (name, dir | preset, seed, cache_dir, fp8,
 check_tensors), server (grpc_addr, http_addr, metrics_addr, drain_timeout,
 max_response_bytes, max_request_bytes, tls, auth, reflection, keepalive and connection
-age, expose_paths) and runtime (slots, max_running, max_queue, max_batch_tokens,
-prefill_chunk, context_limit, default_max_tokens); relative paths in it are relative to
-the file, and unknown keys are errors. TLS and API keys apply to gRPC and HTTP alike.`,
+age, expose_paths), runtime (slots, max_running, max_queue, max_batch_tokens,
+prefill_chunk, context_limit, default_max_tokens) and speculative (method off | mtp,
+preset 5-1-6 | 1-1-2, num_steps, index_share; --speculative mtp:5 sets them); relative
+paths in it are relative to the file, and unknown keys are errors. TLS and API keys apply
+to gRPC and HTTP alike.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := sf.apply(cmd, args, &mf); err != nil {
@@ -105,6 +107,7 @@ the file, and unknown keys are errors. TLS and API keys apply to gRPC and HTTP a
 	mf.addConfig(cmd)
 	mf.addDevice(cmd)
 	mf.addPrecision(cmd)
+	mf.addSpeculative(cmd)
 	sf.register(cmd)
 	return cmd
 }

@@ -15,6 +15,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/model"
 )
@@ -26,9 +27,12 @@ type Backend interface {
 	// Compile binds every step of p to a kernel of this backend; an op
 	// without a binding is an error naming it.
 	Compile(p *plan.Plan) (Program, error)
-	// NewStore makes a store of slots sequence slots for cfg, each able to
-	// hold maxPositions tokens.
-	NewStore(cfg *model.Config, slots, maxPositions int) (Store, error)
+	// NewStore makes a store holding the state of the given layers of cfg
+	// (cfg.TrunkLayers() for the trunk's programs, cfg.MTPLayers() for the
+	// MTP layer's, whose positions are its own), sized by o. A program run
+	// on a store without the state of one of its layers fails, naming the
+	// layer.
+	NewStore(cfg *model.Config, layers []int, o StoreOptions) (Store, error)
 	// Ops lists the ops this backend binds (the table BoundOps reports).
 	Ops() []string
 	// Info describes the device and its memory use.
@@ -92,6 +96,20 @@ type OpProfiler interface {
 	OpTimes() []OpTime
 }
 
+// StoreOptions size a store.
+type StoreOptions struct {
+	// Slots is the number of sequence slots.
+	Slots int
+	// MaxPositions is the tokens one slot can hold (device stores allocate
+	// their caches for it).
+	MaxPositions int
+	// Rollback is the most positions a checkpointed slot may run past its
+	// checkpoint (Store.Checkpoint): a speculative verify span's drafts + 1,
+	// a drafter's steps. Device stores allocate per-position KDA states and
+	// indexer rows for it in every slot; 0 allows no checkpoints.
+	Rollback int
+}
+
 // Store holds sequence state in numbered slots. It is safe for concurrent
 // use; a slot's contents belong to whoever allocated it.
 type Store interface {
@@ -104,6 +122,33 @@ type Store interface {
 	// Capacity is the number of slots; InUse counts allocated ones.
 	Capacity() int
 	InUse() int
+	// Checkpoint opens a rollback record on an allocated slot at its
+	// current length (replacing an open one). Until Truncate, the next
+	// Checkpoint or Free, the programs that advance the slot keep what it
+	// takes to cut it back to any length from the checkpoint on: each KDA
+	// layer's conv window and recurrent state after every position, and
+	// each indexer's raw key and gate rows from the start of the pool
+	// pending at the checkpoint. A run that would take the slot past
+	// StoreOptions.Rollback positions after it fails.
+	Checkpoint(slot int) error
+	// Truncate cuts a checkpointed slot back to n tokens (checkpoint ≤ n ≤
+	// Len) and closes the record: MLA latents and indexer rows past n are
+	// dropped, a pool that a dropped token completed is reopened (its
+	// pending rows restored), and KDA states become those after position
+	// n−1, exactly the state a run of the first n tokens leaves. A store
+	// holding KDA state needs n > checkpoint (the state at the checkpoint
+	// itself is not kept: a verify span keeps its first token).
+	Truncate(slot, n int) error
+}
+
+// StateReader is a store that copies a slot's state to the host: tests
+// compare a speculative run's state after rollback with a plain run's, on
+// every backend.
+type StateReader interface {
+	// ReadState copies an allocated slot's state: KDA conv windows and
+	// recurrent states, MLA latents of its Len positions, the indexer's
+	// complete pools and pending rows (and its shared selection, if saved).
+	ReadState(slot int) (*cache.Seq, error)
 }
 
 // Options configure a backend.

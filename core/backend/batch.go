@@ -11,6 +11,15 @@ import (
 type Seq struct {
 	Slot   int
 	Tokens []int32
+	// Hidden holds one row of hidden state per token ([len(Tokens)][D],
+	// row-major) for programs whose graph has the ir.InputHidden input (the
+	// MTP layer's h); it must be empty for the others.
+	Hidden []float32
+	// LogitRows is how many of the sequence's last rows get logits in a
+	// program with span logits (graph.SpanLogits; 0 means 1): a verify
+	// span's last accepted token and every draft, a scored prompt's every
+	// token. Programs of other selections take 0 or 1 only.
+	LogitRows int
 }
 
 // Batch is a ragged batch: sequences of any lengths, run in one pass.
@@ -53,8 +62,9 @@ type Result struct {
 	Logits []float32
 	Rows   int
 	Vocab  int
-	// Hidden holds captured residual streams ([T][H][D]) by output name,
-	// when the graph was built with CaptureHidden.
+	// Hidden holds every graph output but the logits, by output name: the
+	// captured residual streams "hidden.L" ([T][H][D], CaptureHidden) and
+	// ir.OutputFinalHidden ([T][D], one row per token in batch order).
 	Hidden map[string][]float32
 	// Samples holds one pick per Batch.Sample entry.
 	Samples []Sample
@@ -69,6 +79,9 @@ type Span struct {
 	Pos0 int // tokens already cached (position of the first new token)
 	N    int // new tokens
 	Row0 int // first row in the batch's token dimension
+	// Rows is the number of the sequence's last rows that get logits in a
+	// span-logits program (1 unless the batch asked more).
+	Rows int
 }
 
 // Prepared is a validated batch: spans, tokens and sampling specs. It is
@@ -80,17 +93,46 @@ type Prepared struct {
 	Spans  []Span
 	Tokens []int32
 	T      int
-	Sample []SampleSpec
+	// Hidden is the batch's hidden input rows ([T][HiddenWidth]), nil for
+	// programs without the ir.InputHidden input.
+	Hidden      []float32
+	HiddenWidth int
+	Sample      []SampleSpec
 	// SamplesOnly mirrors Batch.SamplesOnly.
 	SamplesOnly bool
 }
 
 // Rows is the number of logits rows the program produces for this batch.
 func (pr *Prepared) Rows() int {
-	if pr.Prog.Plan().Logits.Shape[0] == ir.DimS {
+	switch pr.Prog.Plan().Logits.Shape[0] {
+	case ir.DimS:
 		return len(pr.Spans)
+	case ir.DimR:
+		return pr.SpanRows()
 	}
 	return pr.T
+}
+
+// SpanRows is the number of rows a span-logits selection (ir.DimR) keeps:
+// the sum of the spans' Rows.
+func (pr *Prepared) SpanRows() int {
+	n := 0
+	for _, s := range pr.Spans {
+		n += s.Rows
+	}
+	return n
+}
+
+// SpanRowIndex lists, in order, the batch rows a span-logits selection
+// keeps: each span's last Rows rows.
+func (pr *Prepared) SpanRowIndex() []int32 {
+	idx := make([]int32, 0, pr.SpanRows())
+	for _, s := range pr.Spans {
+		for j := s.N - s.Rows; j < s.N; j++ {
+			idx = append(idx, int32(s.Row0+j))
+		}
+	}
+	return idx
 }
 
 // SetTokens replaces sequence i's tokens (same count): decode tokens are
@@ -110,6 +152,24 @@ func (pr *Prepared) SetTokens(i int, toks []int32) error {
 		}
 	}
 	copy(pr.Tokens[s.Row0:s.Row0+s.N], toks)
+	return nil
+}
+
+// SetHidden replaces sequence i's hidden input rows (same count): the MTP
+// layer's next h is known only after the previous step, after the batch
+// was prepared.
+func (pr *Prepared) SetHidden(i int, rows []float32) error {
+	if i < 0 || i >= len(pr.Spans) {
+		return fmt.Errorf("backend: no sequence %d in the prepared batch", i)
+	}
+	if pr.HiddenWidth == 0 {
+		return fmt.Errorf("backend: the program takes no %s input", ir.InputHidden)
+	}
+	s, D := pr.Spans[i], pr.HiddenWidth
+	if len(rows) != s.N*D {
+		return fmt.Errorf("backend: sequence %d was prepared with %d hidden rows of %d, got %d values", i, s.N, D, len(rows))
+	}
+	copy(pr.Hidden[s.Row0*D:(s.Row0+s.N)*D], rows)
 	return nil
 }
 
@@ -139,6 +199,9 @@ func Prepare(prog Program, b *Batch, st Store, pos []int) (*Prepared, error) {
 		return nil, fmt.Errorf("backend: %d positions for %d sequences", len(pos), len(b.Seqs))
 	}
 	pr := &Prepared{Prog: prog, Store: st}
+	if in := p.Graph.Input(ir.InputHidden); in != nil {
+		pr.HiddenWidth = in.Shape[1]
+	}
 	seen := map[int]bool{}
 	for i, s := range b.Seqs {
 		if len(s.Tokens) == 0 {
@@ -163,8 +226,22 @@ func Prepare(prog Program, b *Batch, st Store, pos []int) (*Prepared, error) {
 		if p.MaxPositions > 0 && cached+len(s.Tokens) > p.MaxPositions {
 			return nil, fmt.Errorf("backend: batch sequence %d: %d cached + %d new tokens exceed the context limit %d", i, cached, len(s.Tokens), p.MaxPositions)
 		}
-		pr.Spans = append(pr.Spans, Span{Slot: s.Slot, Pos0: cached, N: len(s.Tokens), Row0: len(pr.Tokens)})
+		rows := max(s.LogitRows, 1)
+		switch {
+		case s.LogitRows < 0 || s.LogitRows > len(s.Tokens):
+			return nil, fmt.Errorf("backend: batch sequence %d: %d logits rows for %d tokens", i, s.LogitRows, len(s.Tokens))
+		case rows > 1 && p.Logits.Shape[0] != ir.DimR:
+			return nil, fmt.Errorf("backend: batch sequence %d asks %d logits rows, but the program does not select rows per sequence (span logits)", i, rows)
+		}
+		switch D := pr.HiddenWidth; {
+		case D == 0 && len(s.Hidden) > 0:
+			return nil, fmt.Errorf("backend: batch sequence %d has hidden rows, but the program takes no %s input", i, ir.InputHidden)
+		case D > 0 && len(s.Hidden) != len(s.Tokens)*D:
+			return nil, fmt.Errorf("backend: batch sequence %d: %d tokens need %d×%d hidden values, got %d", i, len(s.Tokens), len(s.Tokens), D, len(s.Hidden))
+		}
+		pr.Spans = append(pr.Spans, Span{Slot: s.Slot, Pos0: cached, N: len(s.Tokens), Row0: len(pr.Tokens), Rows: rows})
 		pr.Tokens = append(pr.Tokens, s.Tokens...)
+		pr.Hidden = append(pr.Hidden, s.Hidden...)
 	}
 	pr.T = len(pr.Tokens)
 	if err := pr.SetSample(b.Sample, b.SamplesOnly); err != nil {

@@ -39,6 +39,8 @@ type Config struct {
 	Model    Model        `koanf:"model"`
 	Server   Server       `koanf:"server"`
 	Runtime  Runtime      `koanf:"runtime"`
+	// Speculative configures speculative decoding (serving).
+	Speculative Speculative `koanf:"speculative"`
 
 	// Source is the configuration file ("built-in" without one).
 	Source string `koanf:"-"`
@@ -442,7 +444,7 @@ func (c *Config) validateServing() error {
 	case r.DefaultMaxTokens < 1:
 		return keyErr("runtime.default_max_tokens", "must be ≥ 1, got %d", r.DefaultMaxTokens)
 	}
-	return nil
+	return c.Speculative.validate()
 }
 
 // isHexSHA256 reports whether s is 64 hex digits.

@@ -243,6 +243,8 @@ func FuzzLoad(f *testing.F) {
 		"model: small\n",
 		"runtime: {slots: [1, 2]}\n",
 		"a: {b: {c: {d: 1}}}\n",
+		"speculative: {method: mtp, preset: 5-1-6, index_share: true}\n",
+		"speculative: {method: mtp, num_steps: 40}\n",
 	} {
 		f.Add(s, "GLMFLASH_RUNTIME__SLOTS=3")
 	}

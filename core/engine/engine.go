@@ -1,6 +1,7 @@
-// Package engine ties a checkpoint to compiled programs and a cache store
+// Package engine ties a checkpoint to compiled programs and cache stores
 // on one backend: it builds (and memoizes) one program per batch mode and
-// logits selection, all sharing one copy of the weights.
+// logits selection, all sharing one copy of the weights; the trunk's
+// programs run on the trunk store, the MTP layer's on a store of its own.
 package engine
 
 import (
@@ -44,6 +45,11 @@ type Options struct {
 	// MaxPositions bounds sequence length (default: the model's
 	// max_position_embeddings); device stores size their caches by it.
 	MaxPositions int
+	// Rollback lets the stores' slots be checkpointed and cut back over up
+	// to this many positions (speculative decoding: the longest verify span,
+	// num_steps + 1); device stores keep per-position KDA states and indexer
+	// rows for it in every slot. 0: no checkpoints.
+	Rollback int
 }
 
 // Key identifies one program.
@@ -51,6 +57,15 @@ type Key struct {
 	Mode          graph.Mode
 	Logits        graph.Logits
 	CaptureHidden bool
+	// FinalHidden: the trunk graph also outputs ir.OutputFinalHidden (the
+	// MTP layer's h for every token).
+	FinalHidden bool
+	// MTP selects the MTP layer's graph (graph.BuildMTP): its batches carry
+	// hidden rows and run on the MTP store (MTPStore).
+	MTP bool
+	// IndexShare (MTP graphs): graph.Options.IndexShare, the draft steps
+	// that reuse step 0's indexer selection (0: none).
+	IndexShare int
 }
 
 // Engine runs a model.
@@ -60,6 +75,7 @@ type Engine struct {
 	be       backend.Backend
 	ownsBE   bool
 	store    backend.Store
+	mtpStore backend.Store // made on first use
 	opts     Options
 	mu       sync.Mutex
 	progs    map[Key]backend.Program
@@ -67,11 +83,20 @@ type Engine struct {
 	closeErr error
 }
 
-// String names a program ("prefill/all").
+// String names a program ("prefill/all", "mtp:decode/last").
 func (k Key) String() string {
 	s := string(k.Mode) + "/" + string(k.Logits)
+	if k.MTP {
+		s = "mtp:" + s
+	}
 	if k.CaptureHidden {
 		s += "+hidden"
+	}
+	if k.FinalHidden {
+		s += "+final"
+	}
+	if k.IndexShare > 0 {
+		s += fmt.Sprintf("+share%d", k.IndexShare)
 	}
 	return s
 }
@@ -94,7 +119,7 @@ func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
 		}
 		owns = true
 	}
-	st, err := be.NewStore(cfg, opts.Slots, opts.MaxPositions)
+	st, err := be.NewStore(cfg, cfg.TrunkLayers(), opts.storeOptions())
 	if err != nil {
 		if owns {
 			be.Close()
@@ -103,6 +128,13 @@ func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
 	}
 	return &Engine{cfg: cfg, weights: plan.NewWeightCache(w), be: be, ownsBE: owns, store: st, opts: opts, progs: map[Key]backend.Program{}, reports: map[Key]*pass.Report{}}, nil
 }
+
+func (o Options) storeOptions() backend.StoreOptions {
+	return backend.StoreOptions{Slots: o.Slots, MaxPositions: o.MaxPositions, Rollback: o.Rollback}
+}
+
+// Rollback is the stores' rollback depth (Options.Rollback).
+func (e *Engine) Rollback() int { return e.opts.Rollback }
 
 func deviceName(d string) string {
 	if d == "" {
@@ -126,8 +158,10 @@ func (e *Engine) Close() error {
 		}
 	}
 	e.progs = map[Key]backend.Program{}
-	if c, ok := e.store.(io.Closer); ok {
-		errs = append(errs, c.Close())
+	for _, st := range []backend.Store{e.store, e.mtpStore} {
+		if c, ok := st.(io.Closer); ok {
+			errs = append(errs, c.Close())
+		}
 	}
 	if e.ownsBE {
 		errs = append(errs, e.be.Close())
@@ -140,8 +174,44 @@ func (e *Engine) Close() error {
 // Config returns the model configuration.
 func (e *Engine) Config() *model.Config { return e.cfg }
 
-// Store returns the sequence cache.
+// Store returns the sequence cache of the trunk.
 func (e *Engine) Store() backend.Store { return e.store }
+
+// MTPStore returns the MTP layer's sequence cache (its MLA latents and
+// indexer pools, with its own positions), making it on first use with the
+// trunk store's slot count and context limit. A drafter allocates an MTP
+// slot beside each trunk slot it drafts for.
+func (e *Engine) MTPStore() (backend.Store, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.mtpStoreLocked()
+}
+
+func (e *Engine) mtpStoreLocked() (backend.Store, error) {
+	if e.mtpStore != nil {
+		return e.mtpStore, nil
+	}
+	if e.be == nil {
+		return nil, fmt.Errorf("engine: closed")
+	}
+	if !e.cfg.HasMTP() {
+		return nil, fmt.Errorf("engine: the model has no MTP layer (num_nextn_predict_layers is %d)", e.cfg.NumNextNPredictLayers)
+	}
+	st, err := e.be.NewStore(e.cfg, e.cfg.MTPLayers(), e.opts.storeOptions())
+	if err != nil {
+		return nil, fmt.Errorf("engine: MTP store: %w", err)
+	}
+	e.mtpStore = st
+	return st, nil
+}
+
+// storeFor returns the store a program's batches run on.
+func (e *Engine) storeFor(key Key) (backend.Store, error) {
+	if key.MTP {
+		return e.MTPStore()
+	}
+	return e.store, nil
+}
 
 // Backend returns the engine's backend.
 func (e *Engine) Backend() backend.Backend { return e.be }
@@ -159,7 +229,7 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 	if e.be == nil {
 		return nil, fmt.Errorf("engine: closed")
 	}
-	g, err := graph.Build(e.cfg, graph.Options{Mode: key.Mode, Logits: key.Logits, CaptureHidden: key.CaptureHidden})
+	g, err := e.build(key)
 	if err != nil {
 		return nil, err
 	}
@@ -197,6 +267,34 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 	return p, nil
 }
 
+// build builds the graph of a program: the trunk's, or the MTP layer's
+// after checking that the weights hold it (when the source can say).
+func (e *Engine) build(key Key) (*ir.Graph, error) {
+	opts := graph.Options{Mode: key.Mode, Logits: key.Logits, CaptureHidden: key.CaptureHidden, FinalHidden: key.FinalHidden, IndexShare: key.IndexShare}
+	if !key.MTP {
+		return graph.Build(e.cfg, opts)
+	}
+	if err := e.MTPReady(); err != nil {
+		return nil, err
+	}
+	return graph.BuildMTP(e.cfg, opts)
+}
+
+// MTPReady reports why the MTP layer cannot run (nil when it can): the
+// model declares no MTP layer, or the weight source (when it can tell, as a
+// model.Checkpoint can) lacks its tensors.
+func (e *Engine) MTPReady() error {
+	if !e.cfg.HasMTP() {
+		return fmt.Errorf("engine: the model has no MTP layer (num_nextn_predict_layers is %d)", e.cfg.NumNextNPredictLayers)
+	}
+	if v, ok := e.weights.Source().(interface{ ValidateMTP() error }); ok {
+		if err := v.ValidateMTP(); err != nil {
+			return fmt.Errorf("engine: %w", err)
+		}
+	}
+	return nil
+}
+
 // Report returns the pass report of the program for key (nil when no
 // passes are configured or the program was not built yet).
 func (e *Engine) Report(key Key) *pass.Report {
@@ -227,13 +325,17 @@ func (e *Engine) Programs() map[Key]backend.Program {
 	return out
 }
 
-// Run executes one batch with the program for key.
+// Run executes one batch with the program for key on its store.
 func (e *Engine) Run(key Key, b *backend.Batch) (*backend.Result, error) {
 	p, err := e.Program(key)
 	if err != nil {
 		return nil, err
 	}
-	return p.Run(b, e.store)
+	st, err := e.storeFor(key)
+	if err != nil {
+		return nil, err
+	}
+	return p.Run(b, st)
 }
 
 // Prepare does the host-side work of a batch for the program of key with
@@ -250,7 +352,11 @@ func (e *Engine) Prepare(key Key, b *backend.Batch, pos []int) (*backend.Prepare
 	if b == nil || len(pos) != len(b.Seqs) {
 		return nil, fmt.Errorf("engine: Prepare needs one position per sequence")
 	}
-	return backend.Prepare(p, b, e.store, pos)
+	st, err := e.storeFor(key)
+	if err != nil {
+		return nil, err
+	}
+	return backend.Prepare(p, b, st, pos)
 }
 
 // Execute runs a prepared batch.

@@ -1,7 +1,8 @@
 // Package graph assembles the GLM-5.3-Flash forward pass as an IR graph
 // from a model configuration: embedding into H residual streams, per layer
 // mHC pre → RMSNorm → KDA or DSA/MLA → mHC post → mHC pre → RMSNorm → dense
-// MLP or MoE → mHC post, then the stream mean, final norm and LM head.
+// MLP or MoE → mHC post, then the stream mean, final norm and LM head
+// (Build); and the MTP (NextN) draft layer's forward (BuildMTP).
 package graph
 
 import (
@@ -22,15 +23,24 @@ const (
 	Decode  Mode = "decode"  // one token per sequence on an existing cache (recurrent KDA)
 	Extend  Mode = "extend"  // several tokens per sequence on an existing cache (chunked KDA)
 	Mixed   Mode = "mixed"   // any mix; KDA picks per sequence (continuous batching)
+	// Verify is a continuous batch holding speculative verify spans (a
+	// sequence's last accepted token and its drafts) beside decode and
+	// prefill spans. KDA picks per sequence as in Mixed; a span run under a
+	// rollback checkpoint (backend.Store.Checkpoint) runs the recurrent form
+	// and keeps every position's state. Its positions come from the
+	// previous step's acceptance (and, for the MTP layer's draft extend,
+	// its lengths too), which the graph states so that host-length-reuse
+	// does not apply.
+	Verify Mode = "verify"
 )
 
 // ParseMode validates a mode name.
 func ParseMode(s string) (Mode, error) {
 	switch m := Mode(s); m {
-	case Prefill, Decode, Extend, Mixed:
+	case Prefill, Decode, Extend, Mixed, Verify:
 		return m, nil
 	}
-	return "", fmt.Errorf("unknown mode %q (want prefill, decode, extend or mixed)", s)
+	return "", fmt.Errorf("unknown mode %q (want prefill, decode, extend, mixed or verify)", s)
 }
 
 // Logits says which rows get logits.
@@ -40,6 +50,10 @@ type Logits string
 const (
 	AllLogits  Logits = "all"  // one row per token (evaluation, scoring)
 	LastLogits Logits = "last" // one row per sequence (generation)
+	// SpanLogits: each sequence's last backend.Seq.LogitRows rows (one by
+	// default): a verify span's last token and every draft, one row for a
+	// decode or prefill span, every row for a scored prompt.
+	SpanLogits Logits = "spans"
 )
 
 // Options select what to build.
@@ -49,6 +63,16 @@ type Options struct {
 	// CaptureHidden adds graph outputs "hidden.L" with the residual streams
 	// after each decoder layer (for locating divergences).
 	CaptureHidden bool
+	// FinalHidden adds the output ir.OutputFinalHidden: for every token
+	// (whatever Logits selects) the final hidden state after the stream
+	// mean and the final norm, the row lm_head reads and the MTP layer's h.
+	FinalHidden bool
+	// IndexShare (MTP graphs) turns index_share_for_mtp_iteration on for
+	// up to IndexShare draft steps: a Decode graph (a draft step) reuses the
+	// selection its slot saved and skips the indexer's scoring, any other
+	// mode (the draft extend whose last row is draft step 0) saves each
+	// sequence's last selection. 0: every step runs the indexer.
+	IndexShare int
 }
 
 const prefix = "model.language_model."
@@ -70,19 +94,35 @@ func (b *builder) w(name string, shape ...int) *ir.Value { return b.g.AddWeight(
 
 func layerName(l int, rest string) string { return fmt.Sprintf("layers.%d.%s", l, rest) }
 
+func (o *Options) defaults() error {
+	if o.Mode == "" {
+		o.Mode = Mixed
+	}
+	if _, err := ParseMode(string(o.Mode)); err != nil {
+		return err
+	}
+	if o.Logits == "" {
+		o.Logits = LastLogits
+		if o.Mode == Verify {
+			o.Logits = SpanLogits
+		}
+	}
+	if o.Logits != AllLogits && o.Logits != LastLogits && o.Logits != SpanLogits {
+		return fmt.Errorf("unknown logits selection %q (want all, last or spans)", o.Logits)
+	}
+	if o.IndexShare < 0 {
+		return fmt.Errorf("index share steps must be ≥ 0, got %d", o.IndexShare)
+	}
+	return nil
+}
+
 // Build returns the verified forward graph for cfg.
 func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
-	if opts.Mode == "" {
-		opts.Mode = Mixed
-	}
-	if _, err := ParseMode(string(opts.Mode)); err != nil {
+	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	if opts.Logits == "" {
-		opts.Logits = LastLogits
-	}
-	if opts.Logits != AllLogits && opts.Logits != LastLogits {
-		return nil, fmt.Errorf("unknown logits selection %q (want all or last)", opts.Logits)
+	if opts.IndexShare > 0 {
+		return nil, fmt.Errorf("graph: index sharing is an MTP graph option (the trunk's indexers run every step)")
 	}
 	g := ir.New("glm5_next")
 	g.Attrs["mode"] = string(opts.Mode)
@@ -121,16 +161,103 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 		}
 	}
 	y := g.Op1(ir.OpStreamMean, -1, nil, X).Named("final.mean")
-	if opts.Logits == LastLogits {
-		y = g.Op1(ir.OpLastRows, -1, nil, b.batch, y).Named("final.last")
+	norm := func(y *ir.Value) *ir.Value {
+		return g.Op1(ir.OpRMSNorm, -1, ir.Attrs{"eps": cfg.RMSNormEps}, y, b.w("norm.weight", D)).Named("final.norm")
 	}
-	y = g.Op1(ir.OpRMSNorm, -1, ir.Attrs{"eps": cfg.RMSNormEps}, y, b.w("norm.weight", D)).Named("final.norm")
-	logits := g.Op1(ir.OpLinear, -1, nil, y, g.AddWeight("lm_head.weight", cfg.VocabSize, D)).Named("logits")
-	g.Outputs[ir.OutputLogits] = logits
-	if err := g.Verify(); err != nil {
+	if opts.FinalHidden { // every row is normalized and kept; logits read the selected ones
+		y = norm(y)
+		g.Outputs[ir.OutputFinalHidden] = y
+		y = b.lastRows(y)
+	} else { // only the selected rows are normalized
+		y = norm(b.lastRows(y))
+	}
+	b.head(y)
+	return b.verified()
+}
+
+// lastRows selects the rows that get logits.
+func (b *builder) lastRows(y *ir.Value) *ir.Value {
+	switch b.opts.Logits {
+	case LastLogits:
+		return b.g.Op1(ir.OpLastRows, -1, nil, b.batch, y).Named("final.last")
+	case SpanLogits:
+		return b.g.Op1(ir.OpSpanRows, -1, nil, b.batch, y).Named("final.spans")
+	}
+	return y
+}
+
+// head adds the lm_head GEMM and the logits output.
+func (b *builder) head(y *ir.Value) {
+	cfg := b.cfg
+	logits := b.g.Op1(ir.OpLinear, -1, nil, y, b.g.AddWeight("lm_head.weight", cfg.VocabSize, cfg.HiddenSize)).Named("logits")
+	b.g.Outputs[ir.OutputLogits] = logits
+}
+
+func (b *builder) verified() (*ir.Graph, error) {
+	if err := b.g.Verify(); err != nil {
 		return nil, fmt.Errorf("graph: the built graph does not verify: %w", err)
 	}
-	return g, nil
+	return b.g, nil
+}
+
+// BuildMTP returns the verified forward graph of the MTP (NextN) draft
+// layer, layer num_hidden_layers (architecture §7): inputs token ids a and
+// hidden rows h (ir.InputHidden, one per token), then
+//
+//	z  = eh_proj · [enorm(embed(a)); hnorm(h)]      (two GEMMs on eh_proj's halves)
+//	z += DSA/MLA(input_layernorm(z))                 (its own latent cache and full indexer)
+//	z += MoE(post_attention_layernorm(z))            (routed + shared experts)
+//	hm = shared_head.norm(z)                         (output final_hidden, every row)
+//	logits = lm_head · hm                            (the rows opts.Logits selects)
+//
+// without mHC, sharing the trunk's embedding and lm_head. Its state (MLA
+// latents, indexer pools) lives in a store of the MTP layers
+// (model.Config.MTPLayers), whose positions are the MTP's own. The mode
+// only labels the graph (the layer has no KDA); CaptureHidden and
+// FinalHidden do not apply (final_hidden is always an output).
+func BuildMTP(cfg *model.Config, opts Options) (*ir.Graph, error) {
+	if !cfg.HasMTP() {
+		return nil, fmt.Errorf("graph: the model has no MTP layer (num_nextn_predict_layers is %d)", cfg.NumNextNPredictLayers)
+	}
+	if opts.CaptureHidden || opts.FinalHidden {
+		return nil, fmt.Errorf("graph: the MTP graph takes no hidden-capture options (it always outputs %s)", ir.OutputFinalHidden)
+	}
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	l, D := cfg.MTPLayer(0), cfg.HiddenSize
+	g := ir.New("glm5_next_mtp")
+	g.Attrs["mode"] = string(opts.Mode)
+	g.Attrs["logits"] = string(opts.Logits)
+	g.Attrs["mtp_layer"] = l
+	b := &builder{cfg: cfg, g: g, opts: opts}
+	tokens := g.AddInput(ir.InputTokens, ir.I32, ir.DimT)
+	b.batch = g.AddInput(ir.InputBatch, ir.Host)
+	hidden := g.AddInput(ir.InputHidden, ir.F32, ir.DimT, D)
+	b.lens = g.Op1(ir.OpSeqLengths, -1, nil, b.batch).Named("seq_lengths")
+	norm := func(x *ir.Value, weight, name string) *ir.Value {
+		return g.Op1(ir.OpRMSNorm, l, ir.Attrs{"eps": cfg.RMSNormEps}, x, b.w(layerName(l, weight), D)).Named(fmt.Sprintf("l%d.%s", l, name))
+	}
+	e := g.Op1(ir.OpEmbed, -1, nil, tokens, b.w("embed_tokens.weight", cfg.VocabSize, D)).Named("mtp.embed")
+	en := norm(e, "enorm.weight", "enorm")
+	hn := norm(hidden, "hnorm.weight", "hnorm")
+	eh := b.w(layerName(l, "eh_proj.weight"), D, 2*D)
+	half := func(x *ir.Value, lo int, name string) *ir.Value {
+		w := g.Op1(ir.OpSliceCols, l, ir.Attrs{"start": lo, "end": lo + D}, eh).Named(fmt.Sprintf("l%d.eh_proj.%s", l, name))
+		return g.Op1(ir.OpLinear, l, nil, x, w).Named(fmt.Sprintf("l%d.eh.%s", l, name))
+	}
+	z := g.Op1(ir.OpAdd, l, nil, half(en, 0, "e"), half(hn, D, "h")).Named(fmt.Sprintf("l%d.eh", l))
+	if opts.IndexShare > 0 {
+		g.Attrs["index_share"] = opts.IndexShare
+	}
+	a, _ := b.dsa(l, norm(z, "input_layernorm.weight", "attn_in"), nil)
+	z = g.Op1(ir.OpAdd, l, nil, z, a).Named(fmt.Sprintf("l%d.attn_res", l))
+	f := b.moe(l, norm(z, "post_attention_layernorm.weight", "ffn_in"))
+	z = g.Op1(ir.OpAdd, l, nil, z, f).Named(fmt.Sprintf("l%d.ffn_res", l))
+	hm := norm(z, "shared_head.norm.weight", "shared_head")
+	g.Outputs[ir.OutputFinalHidden] = hm
+	b.head(b.lastRows(hm))
+	return b.verified()
 }
 
 // pre emits one mHC pre site and stashes post/comb for the matching post.
@@ -213,14 +340,22 @@ func (b *builder) dsa(l int, h, prevSel *ir.Value) (*ir.Value, *ir.Value) {
 	ckv := g.Op1(ir.OpRMSNorm, l, ir.Attrs{"eps": cfg.RMSNormEps}, kva, b.w(layerName(l, "self_attn.kv_a_layernorm.weight"), R)).Named(fmt.Sprintf("l%d.c_kv", l))
 	meta := g.Op1(ir.OpDSAMeta, l, ir.Attrs{"kpool": cfg.IndexKPool, "topk": cfg.IndexTopK}, b.lens).Named(fmt.Sprintf("l%d.dsa_meta", l))
 	sel := prevSel
-	if cfg.IndexerTypes[l] != model.IndexerShared {
+	if cfg.HasOwnIndexer(l) {
 		Hi, Di := cfg.IndexNHeads, cfg.IndexHeadDim
 		qi := b.linear(l, qres, "self_attn.indexer.wq_b.weight", Hi*Di, QR)
 		ki := b.linear(l, h, "self_attn.indexer.wk.weight", Di, D)
 		ki = g.Op1(ir.OpLayerNorm, l, ir.Attrs{"eps": 1e-6}, ki, b.w(layerName(l, "self_attn.indexer.k_norm.weight"), Di), b.w(layerName(l, "self_attn.indexer.k_norm.bias"), Di)).Named(fmt.Sprintf("l%d.indexer.k", l))
 		gi := g.Op1(ir.OpLinear, l, nil, h, b.w(layerName(l, "self_attn.indexer.index_kpool_compress_gate"), Di, D)).Named(fmt.Sprintf("l%d.indexer.gate", l))
 		wi := b.linear(l, h, "self_attn.indexer.weights_proj.weight", Hi, D)
-		sel = g.Op1(ir.OpDSATopK, l, ir.Attrs{"heads": Hi, "dim": Di, "kpool": cfg.IndexKPool, "topk": cfg.IndexTopK, "tail": cfg.IndexKPoolAlwaysSelectTail},
+		attrs := ir.Attrs{"heads": Hi, "dim": Di, "kpool": cfg.IndexKPool, "topk": cfg.IndexTopK, "tail": cfg.IndexKPoolAlwaysSelectTail}
+		if k := b.opts.IndexShare; k > 0 && cfg.IsMTP(l) {
+			if b.opts.Mode == Decode {
+				attrs["share"], attrs["share_extra"] = ir.IndexShareReuse, k
+			} else {
+				attrs["share"] = ir.IndexShareSave
+			}
+		}
+		sel = g.Op1(ir.OpDSATopK, l, attrs,
 			meta, qi, ki, gi, wi, b.w(layerName(l, "self_attn.indexer.index_kpool_compress_ape"), cfg.IndexKPool, Di)).Named(fmt.Sprintf("l%d.indexer.sel", l))
 	} else if sel == nil {
 		panic(fmt.Sprintf("layer %d: shared indexer with no previous full DSA layer (config validation should have caught this)", l))

@@ -17,6 +17,10 @@ import (
 const (
 	DimT = -1 // tokens in the batch
 	DimS = -2 // sequences in the batch
+	// DimR is the selected rows of a batch: per sequence its last r rows,
+	// r set by the batch (1 for a plain sequence, the last token and its
+	// drafts for a speculative verify span); see OpSpanRows.
+	DimR = -3
 )
 
 // DType is a value's element type.

@@ -126,6 +126,47 @@ func TestOpTraits(t *testing.T) {
 	require.Contains(t, KernelOps(), OpMoEAppendExpert)
 }
 
+// embed without a streams attribute gives plain embedding rows f32[T,D];
+// streams, when given, must be ≥ 1.
+func TestEmbedRows(t *testing.T) {
+	g := New("t")
+	x := g.AddInput(InputTokens, I32, DimT)
+	w := g.AddWeight("emb", 10, 4)
+	e := g.Op1(OpEmbed, -1, nil, x, w)
+	require.Equal(t, []int{DimT, 4}, e.Shape)
+	require.Equal(t, []int{DimT, 3, 4}, g.Op1(OpEmbed, -1, Attrs{"streams": 3}, x, w).Shape)
+	_, err := g.NewNode(OpEmbed, -1, Attrs{"streams": 0}, x, w)
+	require.ErrorContains(t, err, "streams must be ≥ 1")
+	require.NoError(t, g.Verify())
+}
+
+// slice_cols is a constant op: the columns [start, end) of a weight, folded
+// at compile time; a bad range or an activation input is refused.
+func TestSliceCols(t *testing.T) {
+	g := New("t")
+	w := g.AddWeight("w", 2, 5)
+	s := g.Op1(OpSliceCols, 0, Attrs{"start": 1, "end": 4}, w)
+	require.Equal(t, []int{2, 3}, s.Shape)
+	require.Equal(t, Weight, s.Kind)
+	require.True(t, s.Producer.Def().Const())
+	require.NotContains(t, KernelOps(), OpSliceCols)
+	got, err := s.Producer.Def().Fold(s.Producer, [][]float32{{0, 1, 2, 3, 4, 10, 11, 12, 13, 14}})
+	require.NoError(t, err)
+	require.Equal(t, [][]float32{{1, 2, 3, 11, 12, 13}}, got)
+	_, err = s.Producer.Def().Fold(s.Producer, [][]float32{{1, 2}})
+	require.ErrorContains(t, err, "weight has 2 values, want 10")
+	for _, a := range []Attrs{{"start": 3, "end": 3}, {"start": -1, "end": 2}, {"start": 0, "end": 6}, {"end": 2}} {
+		_, err := g.NewNode(OpSliceCols, 0, a, w)
+		require.ErrorContains(t, err, "not a non-empty range of 5", "%v", a)
+	}
+	x := g.AddInput("x", F32, DimT, 5)
+	_, err = g.NewNode(OpSliceCols, 0, Attrs{"start": 0, "end": 2}, x)
+	require.ErrorContains(t, err, "must be a weight")
+	y := g.Op1(OpLinear, 0, nil, g.AddInput("h", F32, DimT, 3), s)
+	require.Equal(t, []int{DimT, 2}, y.Shape)
+	require.NoError(t, g.Verify())
+}
+
 // swiglu_packed halves its input's width: g and u side by side.
 func TestSwiGLUPackedShape(t *testing.T) {
 	g := New("t")

@@ -66,9 +66,16 @@ const (
 // Well-known graph input and output names, shared by the graph builder, the
 // backends (which provide the inputs) and plugins.
 const (
-	InputTokens  = "tokens" // i32[T]: the batch's token ids
-	InputBatch   = "batch"  // host: the batch's sequences (slots, positions, lengths)
+	InputTokens = "tokens" // i32[T]: the batch's token ids
+	InputBatch  = "batch"  // host: the batch's sequences (slots, positions, lengths)
+	// InputHidden is f32[T,D]: one hidden row per token, given by the caller
+	// (the MTP graph's h: the trunk's final hidden, or the MTP's own).
+	InputHidden  = "hidden"
 	OutputLogits = "logits" // f32[rows, vocab]
+	// OutputFinalHidden is f32[T,D]: for every token the normalized hidden
+	// state that feeds lm_head (the trunk's after the stream mean and final
+	// norm; the MTP's after shared_head.norm), what the MTP layer reads.
+	OutputFinalHidden = "final_hidden"
 )
 
 // HiddenOutput names the graph output holding the residual streams after

@@ -36,13 +36,15 @@ const (
 	OpMoEExperts    = "moe_experts"
 	OpStreamMean    = "stream_mean"
 	OpLastRows      = "last_rows"
+	OpSpanRows      = "span_rows"
 	OpConcatRows    = "concat_rows"
 	OpStack         = "stack"
+	OpSliceCols     = "slice_cols"
 )
 
 func init() {
 	for _, d := range []OpDef{
-		{Name: OpEmbed, Doc: "token ids → H identical residual streams", MinInputs: 2, MaxInputs: 2, Infer: inferEmbed},
+		{Name: OpEmbed, Doc: "token ids → H identical residual streams f32[T,H,D] (attr streams), or embedding rows f32[T,D] (no streams attr)", MinInputs: 2, MaxInputs: 2, Infer: inferEmbed},
 		{Name: OpMHCPre, Doc: "mHC mapping + Sinkhorn + stream collapse", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPre},
 		{Name: OpMHCPost, Doc: "mHC expand: post·o + combᵀ·R", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPost},
 		{Name: OpRMSNorm, Doc: "weighted RMSNorm over the last dim", MinInputs: 2, MaxInputs: 2, Infer: inferNorm},
@@ -64,8 +66,10 @@ func init() {
 		{Name: OpMoEExperts, Doc: "routed experts: clamped SwiGLU per selected expert, weighted sum", MinInputs: 6, MaxInputs: 6, Infer: inferMoEExperts},
 		{Name: OpStreamMean, Doc: "unweighted mean of the H residual streams", MinInputs: 1, MaxInputs: 1, Infer: inferStreamMean},
 		{Name: OpLastRows, Doc: "the last token row of every sequence", MinInputs: 2, MaxInputs: 2, Infer: inferLastRows},
+		{Name: OpSpanRows, Doc: "the last r rows of every sequence, r per sequence from the batch (1, or a speculative verify span's last token and drafts)", MinInputs: 2, MaxInputs: 2, Infer: inferSpanRows},
 		{Name: OpConcatRows, Doc: "derived weight: concatenation along dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferConcatRows, Fold: foldConcat},
 		{Name: OpStack, Doc: "derived weight: equal-shaped weights stacked along a new dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferStack, Fold: foldConcat},
+		{Name: OpSliceCols, Doc: "derived weight: columns [start, end) of a 2-D weight", MinInputs: 1, MaxInputs: 1, Infer: inferSliceCols, Fold: foldSliceCols},
 		{Name: OpSeqLengths, Doc: "per-sequence token counts materialized by the executor (the device copy)", MinInputs: 1, MaxInputs: 1, Infer: inferSeqLengths},
 		{Name: OpLinearBatched, Doc: "G GEMMs in one kernel: x [T,G·K] split in G blocks, each times its own [N,K] slice of a stacked weight", MinInputs: 2, MaxInputs: 2, Infer: inferLinearBatched},
 		{Name: OpMHCPostPre, Doc: "fused mHC post (expand) + the next mHC pre (+ optional RMSNorm) in one sweep", MinInputs: 7, MaxInputs: 8, Infer: inferMHCPostPre},
@@ -144,11 +148,44 @@ func inferEmbed(n *Node) ([]OutType, error) {
 	if err != nil {
 		return nil, err
 	}
+	if !n.Attrs.Has("streams") {
+		return []OutType{out("x", F32, DimT, w.Shape[1])}, nil
+	}
 	H := n.Attrs.Int("streams", 0)
 	if H < 1 {
-		return nil, fmt.Errorf("attribute streams must be ≥ 1")
+		return nil, fmt.Errorf("attribute streams must be ≥ 1 (or absent for plain embedding rows)")
 	}
 	return []OutType{out("streams", F32, DimT, H, w.Shape[1])}, nil
+}
+
+// slice_cols(w[N,K]) {start, end} → w[:, start:end]: a derived weight (the
+// MTP's eh_proj applied to a concatenation as two GEMMs on its halves).
+func inferSliceCols(n *Node) ([]OutType, error) {
+	w, err := need(n, 0, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	if w.Kind != Weight {
+		return nil, fmt.Errorf("input 0 (%s) must be a weight", w.Name)
+	}
+	lo, hi := n.Attrs.Int("start", -1), n.Attrs.Int("end", -1)
+	if lo < 0 || hi <= lo || hi > w.Shape[1] {
+		return nil, fmt.Errorf("columns [%d, %d) are not a non-empty range of %d", lo, hi, w.Shape[1])
+	}
+	return []OutType{out("w", F32, w.Shape[0], hi-lo)}, nil
+}
+
+func foldSliceCols(n *Node, in [][]float32) ([][]float32, error) {
+	N, K := n.Inputs[0].Shape[0], n.Inputs[0].Shape[1]
+	lo, hi := n.Attrs.Int("start", 0), n.Attrs.Int("end", 0)
+	if len(in[0]) != N*K {
+		return nil, fmt.Errorf("weight has %d values, want %d", len(in[0]), N*K)
+	}
+	out := make([]float32, 0, N*(hi-lo))
+	for r := 0; r < N; r++ {
+		out = append(out, in[0][r*K+lo:r*K+hi]...)
+	}
+	return [][]float32{out}, nil
 }
 
 func inferMHCPre(n *Node) ([]OutType, error) {
@@ -412,8 +449,32 @@ func inferDSATopK(n *Node) ([]OutType, error) {
 			return nil, fmt.Errorf("input %d (%s) is %v, want %v", i+1, x.Name, x.Shape, s)
 		}
 	}
-	return []OutType{out("sel", I32, DimT, topk+kp-1)}, nil
+	extra := 0
+	switch share := n.Attrs.String("share", ""); share {
+	case "", IndexShareSave:
+		if n.Attrs.Has("share_extra") {
+			return nil, fmt.Errorf("attribute share_extra needs share %q", IndexShareReuse)
+		}
+	case IndexShareReuse:
+		if extra = n.Attrs.Int("share_extra", 0); extra < 1 {
+			return nil, fmt.Errorf("share %q needs share_extra ≥ 1 (the draft steps that reuse a selection), got %d", share, extra)
+		}
+	default:
+		return nil, fmt.Errorf("attribute share must be %q or %q, got %q", IndexShareSave, IndexShareReuse, share)
+	}
+	return []OutType{out("sel", I32, DimT, topk+kp-1+extra)}, nil
 }
+
+// Index sharing between MTP draft steps (index_share_for_mtp_iteration),
+// the values of dsa_topk's "share" attribute: a "save" node keeps every
+// sequence's last selection row in its slot; a "reuse" node skips scoring
+// and selects, for a query at position p, the saved row (made at position
+// p0) plus every position in (p0, p] (at most share_extra of them, so its
+// rows are share_extra wider).
+const (
+	IndexShareSave  = "save"
+	IndexShareReuse = "reuse"
+)
 
 func inferMLAAttn(n *Node) ([]OutType, error) {
 	if _, err := need(n, 0, Host, -1); err != nil {
@@ -500,6 +561,20 @@ func inferLastRows(n *Node) ([]OutType, error) {
 		return nil, err
 	}
 	return []OutType{out("y", F32, DimS, x.Shape[1])}, nil
+}
+
+func inferSpanRows(n *Node) ([]OutType, error) {
+	if _, err := need(n, 0, Host, -1); err != nil {
+		return nil, err
+	}
+	x, err := need(n, 1, F32, 2)
+	if err != nil {
+		return nil, err
+	}
+	if x.Shape[0] != DimT {
+		return nil, fmt.Errorf("input 1 (%s) must have the token dimension, got %s", x.Name, FormatShape(x.DType, x.Shape))
+	}
+	return []OutType{out("y", F32, DimR, x.Shape[1])}, nil
 }
 
 func inferConcatRows(n *Node) ([]OutType, error) {

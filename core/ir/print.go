@@ -19,6 +19,8 @@ func FormatShape(dt DType, shape []int) string {
 			parts[i] = "T"
 		case DimS:
 			parts[i] = "S"
+		case DimR:
+			parts[i] = "R"
 		default:
 			parts[i] = strconv.Itoa(d)
 		}

@@ -369,8 +369,15 @@ func finishReason(f *text.Final) (string, *apiError) {
 	return "", &apiError{status: 500, typ: "server_error", msg: "generation failed: " + f.Message}
 }
 
-func (o *response) usage(f *text.Final) map[string]int {
-	return map[string]int{"prompt_tokens": f.PromptTokens, "completion_tokens": f.CompletionTokens, "total_tokens": f.PromptTokens + f.CompletionTokens}
+// usage is OpenAI's usage object; a request the server speculated for
+// reports its drafts as OpenAI's predicted outputs do
+// (completion_tokens_details: accepted and rejected prediction tokens).
+func (o *response) usage(f *text.Final) map[string]any {
+	u := map[string]any{"prompt_tokens": f.PromptTokens, "completion_tokens": f.CompletionTokens, "total_tokens": f.PromptTokens + f.CompletionTokens}
+	if s := f.Spec; s.Steps > 0 {
+		u["completion_tokens_details"] = map[string]int{"accepted_prediction_tokens": s.Accepted, "rejected_prediction_tokens": s.Drafted - s.Accepted}
+	}
+	return u
 }
 
 // event writes one SSE chunk: a chat delta or a completion's text.

@@ -245,6 +245,13 @@ func (p *Pipeline) runOne(g *ir.Graph, env *Env, ps Pass) (pr PassReport) {
 			}
 		}
 	}
+	if kind := KindOf(g); kind != PlainGraph {
+		note := "states nothing about " + string(kind) + " graphs"
+		if sa, ok := ps.(SpecAware); ok {
+			note = sa.Speculation(kind)
+		}
+		pr.Notes = append([]string{string(kind) + " graph: " + note}, pr.Notes...)
+	}
 	if p.Dump != nil {
 		p.Dump(ps.Name(), "after", g.Text())
 	}

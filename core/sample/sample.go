@@ -136,6 +136,64 @@ func Pick(logits []float32, p Params, u float64) int {
 	return idx[n-1]
 }
 
+// Dist returns the distribution Pick draws from for p: the kept token ids
+// in Pick's order (by logit, ties lower id first: top_k, then min_p and
+// top_p cut at the temperature) and their probabilities, normalised over
+// the kept tokens. Temperature 0 keeps the argmax with probability 1.
+// Speculative sampling's acceptance rule reads the target's distribution
+// here, so that it preserves exactly the distribution plain sampling draws
+// from.
+func Dist(logits []float32, p Params) ([]int, []float64) {
+	if p.Temperature == 0 {
+		return []int{Argmax(logits)}, []float64{1}
+	}
+	idx := make([]int, len(logits))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return logits[idx[a]] > logits[idx[b]] })
+	n := len(idx)
+	if p.TopK > 0 && p.TopK < n {
+		n = p.TopK
+	}
+	mx := float64(logits[idx[0]])
+	pr := make([]float64, 0, n)
+	var sum float64
+	for _, i := range idx[:n] {
+		e := math.Exp((float64(logits[i]) - mx) / p.Temperature)
+		pr = append(pr, e)
+		sum += e
+	}
+	for i := range pr {
+		pr[i] /= sum
+	}
+	if p.MinP > 0 {
+		cut := p.MinP * pr[0]
+		for n > 1 && pr[n-1] < cut {
+			n--
+		}
+	}
+	if p.TopP < 1 {
+		var c float64
+		for i := 0; i < n; i++ {
+			c += pr[i]
+			if c >= p.TopP {
+				n = i + 1
+				break
+			}
+		}
+	}
+	var total float64
+	for _, v := range pr[:n] {
+		total += v
+	}
+	out := make([]float64, n)
+	for i, v := range pr[:n] {
+		out[i] = v / total
+	}
+	return idx[:n], out
+}
+
 // TokenLogprob is one alternative token and its log-probability.
 type TokenLogprob struct {
 	ID      int32

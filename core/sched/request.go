@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/spec"
 )
 
 // MaxTopLogprobs bounds Request.TopLogprobs.
@@ -65,6 +66,9 @@ type Request struct {
 	// "" when the server has no keys): only it may AbortBy the request,
 	// besides an admin.
 	Owner string
+
+	// NoSpeculation decodes plainly even when the runtime speculates.
+	NoSpeculation bool
 
 	// Score runs the prompt only and returns logits in Final.Logits
 	// instead of generating; AllPositions selects every row, else the last.
@@ -128,6 +132,8 @@ type Final struct {
 	// Score requests: Rows×Vocab logits.
 	Logits      []float32
 	Rows, Vocab int
+	// Spec counts the request's speculative decoding (zero without it).
+	Spec spec.Stats
 }
 
 // request is a Request in flight.
@@ -149,6 +155,8 @@ type request struct {
 	stopWatch func() bool
 	logits    []float32 // score rows collected so far
 	rows      int
+	drafting  bool       // the drafter drafts for it (speculative decoding)
+	stats     spec.Stats // its speculation so far
 
 	// Outbox (guarded by mu): tokens not yet received and the final.
 	mu      sync.Mutex

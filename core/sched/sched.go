@@ -25,6 +25,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/spec"
 	"github.com/glmflash/glmflash/model"
 	"github.com/rs/zerolog"
 )
@@ -110,6 +111,9 @@ type Metrics interface {
 	Finished(f *Final)
 	// Depth: requests waiting for a slot, and running.
 	Depth(queued, running int)
+	// Verified: one speculative verify span held drafted drafts, of which
+	// the target accepted accepted (it produced accepted+1 tokens).
+	Verified(drafted, accepted int)
 }
 
 // NopMetrics discards measurements.
@@ -121,11 +125,19 @@ func (NopMetrics) InterToken(time.Duration)     {}
 func (NopMetrics) Tokens(int, int)              {}
 func (NopMetrics) Finished(*Final)              {}
 func (NopMetrics) Depth(int, int)               {}
+func (NopMetrics) Verified(int, int)            {}
 
 // Options are a runtime's collaborators.
 type Options struct {
 	Metrics Metrics
 	Log     zerolog.Logger // one line per finished request; the zero Logger is silent
+	// Drafter, when set, turns speculative decoding on: generation requests
+	// (unless they opt out) get drafts, verified in the continuous batch.
+	// The model's store must allow checkpoints of Drafter.MaxDrafts()+1
+	// positions (engine.Options.Rollback). The scheduler calls the drafter
+	// from its goroutine only; whoever made it closes it after the
+	// scheduler.
+	Drafter spec.Drafter
 }
 
 // Scheduler schedules requests on a model.
@@ -134,6 +146,7 @@ type Scheduler struct {
 	cfg   Config
 	met   Metrics
 	log   zerolog.Logger
+	draft spec.Drafter // nil: no speculative decoding
 	vocab int
 	eos   map[int32]bool // the model's end-of-sequence ids
 
@@ -182,8 +195,18 @@ func New(m Model, cfg Config, opts Options) (*Scheduler, error) {
 	if opts.Metrics == nil {
 		opts.Metrics = NopMetrics{}
 	}
+	if d := opts.Drafter; d != nil {
+		rb, ok := m.(interface{ Rollback() int })
+		if !ok || rb.Rollback() < d.MaxDrafts()+1 {
+			have := 0
+			if ok {
+				have = rb.Rollback()
+			}
+			return nil, fmt.Errorf("runtime: speculative decoding with %d drafts needs a store that rolls back %d positions (engine.Options.Rollback), it rolls back %d", d.MaxDrafts(), d.MaxDrafts()+1, have)
+		}
+	}
 	rt := &Scheduler{
-		m: m, cfg: c, met: opts.Metrics, log: opts.Log, vocab: m.Config().VocabSize,
+		m: m, cfg: c, met: opts.Metrics, log: opts.Log, draft: opts.Drafter, vocab: m.Config().VocabSize,
 		byID: map[string]*request{}, wake: make(chan struct{}, 1), exited: make(chan struct{}), eos: map[int32]bool{},
 	}
 	for _, id := range m.Config().EOSTokenIDs {
@@ -361,7 +384,7 @@ func (rt *Scheduler) finishLocked(r *request, reason FinishReason, msg string) {
 	now := time.Now()
 	f := &Final{
 		ID: r.ID, Reason: reason, Message: msg, PromptTokens: len(r.Prompt), CompletionTokens: r.generated,
-		Total: now.Sub(r.arrived), Seed: r.Sampling.Seed,
+		Total: now.Sub(r.arrived), Seed: r.Sampling.Seed, Spec: r.stats,
 	}
 	if !r.admitted.IsZero() {
 		f.Queue = r.admitted.Sub(r.arrived)
@@ -391,10 +414,14 @@ func (rt *Scheduler) finishLocked(r *request, reason FinishReason, msg string) {
 	if msg != "" {
 		ev = ev.Str("detail", msg) // not "message": zerolog's own key for the line's text
 	}
-	ev.Str("request_id", r.ID).Str("reason", reason.String()).
+	ev = ev.Str("request_id", r.ID).Str("reason", reason.String()).
 		Int("prompt_tokens", f.PromptTokens).Int("completion_tokens", f.CompletionTokens).
-		Float64("queue_ms", ms(f.Queue)).Float64("ttft_ms", ms(f.TTFT)).Float64("total_ms", ms(f.Total)).
-		Msg("request finished")
+		Float64("queue_ms", ms(f.Queue)).Float64("ttft_ms", ms(f.TTFT)).Float64("total_ms", ms(f.Total))
+	if f.Spec.Steps > 0 {
+		ev = ev.Int("spec_steps", f.Spec.Steps).Int("spec_drafted", f.Spec.Drafted).Int("spec_accepted", f.Spec.Accepted).
+			Float64("spec_acceptance_length", f.Spec.AcceptanceLength())
+	}
+	ev.Msg("request finished")
 	rt.depthLocked()
 	if rt.draining && len(rt.byID) == 0 && rt.idle != nil {
 		close(rt.idle)
@@ -476,13 +503,22 @@ func (rt *Scheduler) CloseWithin(ctx context.Context) bool {
 type item struct {
 	r      *request
 	tokens []int32
-	row0   int // first logits row (AllLogits) or the row (LastLogits)
+	row0   int // first logits row (AllLogits, SpanLogits) or the row (LastLogits)
+	// Speculative steps: the item's logits rows (its last nrows tokens),
+	// its first token's row in the batch (for hidden rows), the drafts it
+	// may get and the drafts it got (tokens = [next] + drafts) with their
+	// distributions.
+	nrows     int
+	tok0      int
+	maxDrafts int
+	drafts    []int32
+	q         []spec.Dist
 }
 
 func (rt *Scheduler) loop() {
 	defer close(rt.exited)
 	var batch []item
-	var spec *speculation
+	var la *lookahead
 	for {
 		rt.mu.Lock()
 		rt.reapLocked()
@@ -506,11 +542,11 @@ func (rt *Scheduler) loop() {
 		}
 		var prep *backend.Prepared
 		var specs []backend.SampleSpec
-		if spec != nil && rt.specValidLocked(spec) {
-			batch = spec.batch
-			prep = spec.prep
+		if la != nil && rt.lookaheadValidLocked(la) {
+			batch = la.batch
+			prep = la.prep
 			for i, it := range batch {
-				if !spec.prefill[i] {
+				if !la.prefill[i] {
 					batch[i].tokens = []int32{it.r.next}
 					if err := prep.SetTokens(i, batch[i].tokens); err != nil {
 						prep = nil // fall back to a fresh preparation
@@ -522,7 +558,13 @@ func (rt *Scheduler) loop() {
 		} else {
 			batch = rt.planLocked(batch[:0])
 		}
-		spec = nil
+		la = nil
+		if rt.draft != nil && drafting(batch) {
+			rt.mu.Unlock()
+			rt.specStep(batch)
+			clear(batch)
+			continue
+		}
 		all := false
 		for _, it := range batch {
 			all = all || it.r.Score
@@ -573,11 +615,11 @@ func (rt *Scheduler) loop() {
 					res, err = rt.execute(pp, key, prep)
 				}()
 				rt.mu.Lock()
-				spec = rt.speculateLocked(batch)
+				la = rt.lookaheadLocked(batch)
 				rt.mu.Unlock()
-				if spec != nil {
-					if spec.prep, spec.err = pp.Prepare(key, spec.b, spec.pos); spec.err != nil {
-						spec = nil
+				if la != nil {
+					if la.prep, la.err = pp.Prepare(key, la.b, la.pos); la.err != nil {
+						la = nil
 					}
 				}
 				<-done
@@ -648,10 +690,12 @@ func positions(batch []item) []int {
 	return pos
 }
 
-// speculation is the next step, planned and prepared while the current
-// one executes, under the assumption that every running request continues
-// and nothing else changes.
-type speculation struct {
+// lookahead is the next step, planned and prepared while the current one
+// executes, under the assumption that every running request continues and
+// nothing else changes (not to be confused with speculative decoding: a
+// step with verify spans is never prepared ahead, its positions come from
+// acceptance).
+type lookahead struct {
 	running []*request // the running set it was planned for
 	rr      int
 	batch   []item
@@ -663,10 +707,11 @@ type speculation struct {
 	fed     []int // projected r.fed per item
 }
 
-// speculateLocked plans the step after batch as planLocked will, on the
+// lookaheadLocked plans the step after batch as planLocked will, on the
 // state that batch leaves if no request finishes. It returns nil when a
-// Score request or a pending admission makes the prediction pointless.
-func (rt *Scheduler) speculateLocked(batch []item) *speculation {
+// Score request, a speculating request or a pending admission makes the
+// prediction pointless.
+func (rt *Scheduler) lookaheadLocked(batch []item) *lookahead {
 	if len(rt.waiting) > 0 || rt.closing || rt.draining {
 		return nil
 	}
@@ -677,7 +722,7 @@ func (rt *Scheduler) speculateLocked(batch []item) *speculation {
 	fed := map[*request]int{}
 	cached := map[*request]int{}
 	for _, r := range rt.running {
-		if r.Score || r.killed {
+		if r.Score || r.killed || r.drafting {
 			return nil
 		}
 		f, c := r.fed, r.cached
@@ -689,7 +734,7 @@ func (rt *Scheduler) speculateLocked(batch []item) *speculation {
 		}
 		fed[r], cached[r] = f, c
 	}
-	sp := &speculation{running: append([]*request(nil), rt.running...), rr: rt.rr, b: &backend.Batch{}}
+	sp := &lookahead{running: append([]*request(nil), rt.running...), rr: rt.rr, b: &backend.Batch{}}
 	budget := rt.cfg.MaxBatchTokens
 	n := len(rt.running)
 	start := rt.rr % n
@@ -713,7 +758,7 @@ func (rt *Scheduler) speculateLocked(batch []item) *speculation {
 	return sp
 }
 
-func (sp *speculation) add(r *request, toks []int32, prefill bool, fed, cached int) {
+func (sp *lookahead) add(r *request, toks []int32, prefill bool, fed, cached int) {
 	sp.batch = append(sp.batch, item{r: r, tokens: toks, row0: len(sp.batch)})
 	sp.prefill = append(sp.prefill, prefill)
 	sp.fed = append(sp.fed, fed)
@@ -721,9 +766,9 @@ func (sp *speculation) add(r *request, toks []int32, prefill bool, fed, cached i
 	sp.b.Seqs = append(sp.b.Seqs, backend.Seq{Slot: r.slot, Tokens: toks})
 }
 
-// specValidLocked reports whether the speculation's assumptions held: the
-// same running requests, none finished, the planned state reached.
-func (rt *Scheduler) specValidLocked(sp *speculation) bool {
+// lookaheadValidLocked reports whether the lookahead's assumptions held:
+// the same running requests, none finished, the planned state reached.
+func (rt *Scheduler) lookaheadValidLocked(sp *lookahead) bool {
 	if sp.prep == nil || sp.rr != rt.rr || len(sp.running) != len(rt.running) {
 		return false
 	}
@@ -756,6 +801,10 @@ func (rt *Scheduler) reapLocked() {
 }
 
 func (rt *Scheduler) freeLocked(r *request) {
+	if r.drafting {
+		rt.draft.Stop(r.ID)
+		r.drafting = false
+	}
 	if r.slot >= 0 {
 		if err := rt.m.Store().Free(r.slot); err != nil {
 			rt.log.Error().Err(err).Str("request_id", r.ID).Msg("freeing a cache slot")
@@ -776,6 +825,13 @@ func (rt *Scheduler) admitLocked() {
 		r.slot = slot
 		r.admitted = time.Now()
 		rt.running = append(rt.running, r)
+		if rt.draft != nil && !r.Score && !r.NoSpeculation {
+			if err := rt.draft.Start(r.ID, r.Prompt); err != nil {
+				rt.log.Warn().Err(err).Str("request_id", r.ID).Msg("speculative decoding is off for this request")
+			} else {
+				r.drafting = true
+			}
+		}
 	}
 	rt.depthLocked()
 }
@@ -793,6 +849,21 @@ func (rt *Scheduler) planLocked(batch []item) []item {
 		if !r.prefilling() {
 			batch = append(batch, item{r: r, tokens: []int32{r.next}})
 			budget--
+		}
+	}
+	// drafts after every decode token and before prompt chunks: at most the
+	// drafter's, and one fewer than the tokens the request may still emit
+	// (a verify step emits its accepted drafts and one token of the target)
+	for i := range batch {
+		r := batch[i].r
+		if !r.drafting || budget == 0 {
+			continue
+		}
+		left := min(r.MaxTokens-r.generated, rt.cfg.ContextLimit-len(r.Prompt)-r.generated)
+		k := min(rt.draft.MaxDrafts(), left-1, budget)
+		if k > 0 {
+			batch[i].maxDrafts = k
+			budget -= k
 		}
 	}
 	for _, r := range rt.running {
@@ -852,28 +923,36 @@ func (rt *Scheduler) collectLocked(batch []item, res *backend.Result, err error,
 			rt.completeLocked(r, FinishError, pick.Err.Error())
 			continue
 		}
-		tok := pick.Token
-		t := Token{ID: tok, Index: r.generated, Logprob: pick.Logprob, Top: pick.Top}
-		r.generated++
 		genToks++
-		if r.firstTok.IsZero() {
-			r.firstTok = now
-			rt.met.FirstToken(now.Sub(r.arrived))
-		} else {
-			rt.met.InterToken(now.Sub(r.lastTok))
-		}
-		r.lastTok = now
-		r.next = tok
-		r.emit(t)
-		switch {
-		case slices.Contains(r.StopIDs, tok) || (rt.eos[tok] && !r.IgnoreEOS):
-			rt.completeLocked(r, FinishStop, "")
-		case r.generated >= r.MaxTokens || len(r.Prompt)+r.generated >= rt.cfg.ContextLimit:
-			rt.completeLocked(r, FinishLength, "")
-		}
+		rt.emitLocked(r, Token{ID: pick.Token, Index: r.generated, Logprob: pick.Logprob, Top: pick.Top}, now)
 	}
 	rt.met.Tokens(promptToks, genToks)
 	rt.reapLocked()
+}
+
+// emitLocked delivers one generated token of r and ends r when the token
+// is a stop id (or the model's EOS) or the last one its limits allow; it
+// reports whether r goes on.
+func (rt *Scheduler) emitLocked(r *request, t Token, now time.Time) bool {
+	r.generated++
+	if r.firstTok.IsZero() {
+		r.firstTok = now
+		rt.met.FirstToken(now.Sub(r.arrived))
+	} else {
+		rt.met.InterToken(now.Sub(r.lastTok))
+	}
+	r.lastTok = now
+	r.next = t.ID
+	r.emit(t)
+	switch {
+	case slices.Contains(r.StopIDs, t.ID) || (rt.eos[t.ID] && !r.IgnoreEOS):
+		rt.completeLocked(r, FinishStop, "")
+		return false
+	case r.generated >= r.MaxTokens || len(r.Prompt)+r.generated >= rt.cfg.ContextLimit:
+		rt.completeLocked(r, FinishLength, "")
+		return false
+	}
+	return true
 }
 
 // completeLocked finishes a request from the scheduler, after its last

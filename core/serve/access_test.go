@@ -190,7 +190,7 @@ func TestCachesMustFitTheMachine(t *testing.T) {
 	old := physicalMemory
 	defer func() { physicalMemory = old }()
 	physicalMemory = func() int64 { return 8*per - 1 }
-	require.ErrorContains(t, fitsMachine(ck.Config(), 8, 4096), "runtime.slots (8) × runtime.context_limit (4096 tokens) need up to")
-	require.NoError(t, fitsMachine(ck.Config(), 7, 4096))
-	require.NoError(t, fitsMachine(ck.Config(), 8, 2048))
+	require.ErrorContains(t, fitsMachine(ck.Config(), 8, 4096, 0), "runtime.slots (8) × runtime.context_limit (4096 tokens) need up to")
+	require.NoError(t, fitsMachine(ck.Config(), 7, 4096, 0))
+	require.NoError(t, fitsMachine(ck.Config(), 8, 2048, 0))
 }

@@ -29,7 +29,12 @@ type Metrics struct {
 	prompt     prometheus.Counter
 	queueDepth prometheus.Gauge
 	running    prometheus.Gauge
-	store      atomic.Pointer[storeRef]
+	// speculative decoding
+	specDrafted  prometheus.Counter
+	specAccepted prometheus.Counter
+	specSteps    prometheus.Counter
+	specLength   prometheus.Histogram
+	store        atomic.Pointer[storeRef]
 }
 
 // latency buckets: 1 ms to ~2 min.
@@ -63,6 +68,15 @@ func NewMetrics() *Metrics {
 	f(m.generated)
 	m.prompt = prometheus.NewCounter(prometheus.CounterOpts{Name: "glmflash_prompt_tokens_total", Help: "Prompt tokens run (prefill)."})
 	f(m.prompt)
+	m.specDrafted = prometheus.NewCounter(prometheus.CounterOpts{Name: "glmflash_spec_draft_tokens_total", Help: "Draft tokens proposed by the speculative drafter and verified by the target."})
+	f(m.specDrafted)
+	m.specAccepted = prometheus.NewCounter(prometheus.CounterOpts{Name: "glmflash_spec_accepted_tokens_total", Help: "Draft tokens the target accepted (acceptance rate = this / glmflash_spec_draft_tokens_total)."})
+	f(m.specAccepted)
+	m.specSteps = prometheus.NewCounter(prometheus.CounterOpts{Name: "glmflash_spec_verify_steps_total", Help: "Verify spans run (one per speculating sequence and step)."})
+	f(m.specSteps)
+	m.specLength = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "glmflash_spec_acceptance_length", Help: "Tokens a verify span produced: accepted drafts + the target's own token.",
+		Buckets: prometheus.LinearBuckets(1, 1, 16)})
+	f(m.specLength)
 	m.queueDepth = prometheus.NewGauge(prometheus.GaugeOpts{Name: "glmflash_queue_depth", Help: "Requests waiting for a cache slot."})
 	f(m.queueDepth)
 	m.running = prometheus.NewGauge(prometheus.GaugeOpts{Name: "glmflash_running_requests", Help: "Requests holding a cache slot."})
@@ -132,4 +146,12 @@ func (m *Metrics) Finished(f *sched.Final) {
 func (m *Metrics) Depth(queued, running int) {
 	m.queueDepth.Set(float64(queued))
 	m.running.Set(float64(running))
+}
+
+// Verified implements sched.Metrics.
+func (m *Metrics) Verified(drafted, accepted int) {
+	m.specDrafted.Add(float64(drafted))
+	m.specAccepted.Add(float64(accepted))
+	m.specSteps.Inc()
+	m.specLength.Observe(float64(accepted + 1))
 }

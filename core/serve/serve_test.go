@@ -22,6 +22,7 @@ import (
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/kernels/parallel"
 	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/randckpt"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -705,6 +706,8 @@ func TestGetModelInfoAndReflection(t *testing.T) {
 	require.Equal(t, uint32(8), info.Model.NumLayers)
 	require.Equal(t, uint32(6), info.Model.KdaLayers)
 	require.Equal(t, uint32(2), info.Model.DsaLayers)
+	require.Zero(t, info.Model.MtpLayers)
+	require.False(t, info.Model.MtpWeights)
 	require.Equal(t, uint32(4096), info.Engine.ContextLimit)
 	require.Equal(t, uint32(8), info.Engine.Slots)
 	require.Contains(t, info.Model.ConfigJson, "glm5_next")
@@ -828,4 +831,22 @@ func TestScoreReplyIsBounded(t *testing.T) {
 	r, err = h.client.Score(context.Background(), &pb.ScoreRequest{TokenIds: prompt(7, 4), AllPositions: true})
 	require.NoError(t, err)
 	require.Equal(t, uint32(7), r.Rows)
+}
+
+// GetModelInfo reports the MTP layers apart from the trunk's layer counts,
+// and whether the checkpoint holds them.
+func TestModelInfoReportsMTP(t *testing.T) {
+	cfg, err := randckpt.Preset("tiny-mtp")
+	require.NoError(t, err)
+	mi := modelInfo(cfg, "x", 0, nil, true)
+	require.Equal(t, uint32(1), mi.MtpLayers)
+	require.True(t, mi.MtpWeights)
+	require.Equal(t, uint32(8), mi.NumLayers)
+	require.Equal(t, uint32(2), mi.DsaLayers)
+	require.Equal(t, uint32(5), mi.MoeLayers)
+	require.False(t, modelInfo(cfg, "x", 0, nil, false).MtpWeights)
+	cfg.NumNextNPredictLayers = 0
+	mi = modelInfo(cfg, "x", 0, nil, true)
+	require.Zero(t, mi.MtpLayers)
+	require.False(t, mi.MtpWeights, "no MTP layer, no MTP weights to report")
 }

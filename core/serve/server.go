@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,7 @@ import (
 	"github.com/glmflash/glmflash/core/openai"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/sched"
+	"github.com/glmflash/glmflash/core/spec"
 	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
@@ -83,6 +85,11 @@ type Options struct {
 	// marshals to JSON) for GetModelInfo; nil (or a nil result) until
 	// passes exist.
 	PassReport func(*engine.Engine) any
+	// Drafter, when set, makes the drafter of a configuration that
+	// speculates, instead of the MTP drafter its method names (tests plug a
+	// scripted drafter in here); it must draft at most the configured
+	// steps.
+	Drafter func(e *engine.Engine, sp config.Speculative) (spec.Drafter, error)
 }
 
 // Server is one glmflash gRPC server.
@@ -110,6 +117,7 @@ type Server struct {
 type live struct {
 	rt      *sched.Scheduler
 	eng     *engine.Engine
+	draft   spec.Drafter // nil without speculative decoding
 	lim     limits
 	model   *pb.ModelInfo
 	engine  *pb.EngineInfo
@@ -428,12 +436,19 @@ func (s *Server) load(ctx context.Context) error {
 	if err != nil {
 		return fail(fmt.Errorf("serve: %w", err))
 	}
+	sp := s.cfg.Speculative
+	if sp.On() && !cfg.HasMTP() {
+		return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.method", Err: fmt.Errorf("mtp needs the checkpoint's MTP layer, and its config declares none (num_nextn_predict_layers is %d)", cfg.NumNextNPredictLayers)})))
+	}
 	eo := engine.Options{Slots: rc.Slots, MaxPositions: eff.ContextLimit}
+	if sp.On() {
+		eo.Rollback = sp.Steps() + 1 // the longest verify span
+	}
 	if s.opts.Engine != nil {
 		s.opts.Engine(&eo)
 	}
 	if eo.Device == "" || eo.Device == "cpu" { // a device backend allocates (and refuses) its own caches
-		if err := fitsMachine(cfg, rc.Slots, eff.ContextLimit); err != nil {
+		if err := fitsMachine(cfg, rc.Slots, eff.ContextLimit, sp.Steps()); err != nil {
 			return fail(err)
 		}
 	}
@@ -441,8 +456,31 @@ func (s *Server) load(ctx context.Context) error {
 	if err != nil {
 		return fail(err)
 	}
+	programs := slices.Clone(sched.Programs)
+	var draft spec.Drafter
+	if sp.On() {
+		if err := eng.MTPReady(); err != nil {
+			return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.method", Err: fmt.Errorf("mtp: %w", err)})))
+		}
+		if s.opts.Drafter != nil {
+			if draft, err = s.opts.Drafter(eng, sp); err != nil {
+				return fail(fmt.Errorf("serve: %w", err))
+			}
+			programs = append(programs, sched.SpecProgram(draft))
+		} else {
+			d, err := spec.NewMTP(eng, spec.MTPOptions{Steps: sp.Steps(), IndexShare: sp.Share(cfg.IndexShareForMTPIteration)})
+			if err != nil {
+				return fail(fmt.Errorf("serve: %w", err))
+			}
+			draft = d
+			programs = append(append(programs, sched.SpecProgram(d)), d.Keys()...)
+		}
+		s.log.Info().Str("speculative", sp.String()).Str("drafter", draft.Name()).Bool("index_share", sp.Share(cfg.IndexShareForMTPIteration)).Msg("speculative decoding")
+	} else if err := eng.MTPReady(); err != nil && cfg.HasMTP() {
+		s.log.Warn().Err(err).Msg("the config declares an MTP layer the checkpoint cannot run: no MTP drafting")
+	}
 	// Compile every program the scheduler runs now, not inside a step.
-	for _, key := range sched.Programs {
+	for _, key := range programs {
 		if _, err := eng.Program(key); err != nil {
 			return fail(fmt.Errorf("serve: compiling %s: %w", key, err))
 		}
@@ -453,7 +491,7 @@ func (s *Server) load(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return fail(err)
 	}
-	rt, err := sched.New(eng, eff, sched.Options{Metrics: s.metrics, Log: s.log})
+	rt, err := sched.New(eng, eff, sched.Options{Metrics: s.metrics, Log: s.log, Drafter: draft})
 	if err != nil {
 		return fail(err)
 	}
@@ -463,11 +501,12 @@ func (s *Server) load(ctx context.Context) error {
 		rt.Close()
 		return fail(err)
 	}
-	lv := &live{rt: rt, eng: eng, closeFn: closeFn, cfgJSON: hf, text: lm.Text,
+	lv := &live{rt: rt, eng: eng, draft: draft, closeFn: closeFn, cfgJSON: hf, text: lm.Text,
 		lim:   limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes, text: lm.Text},
-		model: modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf),
+		model: modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf, eng.MTPReady() == nil),
 		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens),
-			Backend: eng.Backend().Info().Backend, Device: eng.Backend().Info().Device},
+			Backend: eng.Backend().Info().Backend, Device: eng.Backend().Info().Device, Speculative: sp.String(),
+			SpeculativeIndexShare: sp.On() && sp.Share(cfg.IndexShareForMTPIteration)},
 	}
 	s.live.Store(lv)
 	s.log.Info().Str("took", time.Since(t0).Round(time.Millisecond).String()).Str("source", lm.Source).Msg("model loaded")
@@ -487,10 +526,14 @@ var physicalMemory = func() int64 {
 
 // fitsMachine refuses a configuration whose caches, full, could not fit in
 // the machine's memory: slots × context_limit tokens of every layer's state
-// (the weights come on top).
-func fitsMachine(cfg *model.Config, slots, context int) error {
+// (the weights come on top), with speculative decoding (specSteps > 0) the
+// MTP layer's store and every slot's rollback record too.
+func fitsMachine(cfg *model.Config, slots, context, specSteps int) error {
 	mem := physicalMemory()
 	need := int64(slots) * cache.SlotBytes(cfg, context)
+	if specSteps > 0 {
+		need += int64(slots) * (cache.LayerSlotBytes(cfg, cfg.MTPLayers(), context) + cache.RollbackSlotBytes(cfg, cfg.TrunkLayers(), specSteps+1))
+	}
 	if mem > 0 && need > mem {
 		return fmt.Errorf("serve: runtime.slots (%d) × runtime.context_limit (%d tokens) need up to %.1f GiB of cache, more than this machine's %.1f GiB of memory: lower runtime.context_limit or runtime.slots",
 			slots, context, float64(need)/(1<<30), float64(mem)/(1<<30))
@@ -519,11 +562,12 @@ func (s *Server) paths(str string) string {
 	return b.String()
 }
 
-func modelInfo(cfg *model.Config, source string, weightBytes int64, hf []byte) *pb.ModelInfo {
+func modelInfo(cfg *model.Config, source string, weightBytes int64, hf []byte, mtpWeights bool) *pb.ModelInfo {
 	mi := &pb.ModelInfo{
 		ModelType: "glm5_next", Source: source, VocabSize: u32(cfg.VocabSize), HiddenSize: u32(cfg.HiddenSize),
 		NumLayers: u32(cfg.NumHiddenLayers), RoutedExperts: u32(cfg.NRoutedExperts), ExpertsPerToken: u32(cfg.NumExpertsPerTok),
 		MaxPositionEmbeddings: u32(cfg.MaxPositionEmbeddings), WeightBytes: uint64(max(0, weightBytes)), ConfigJson: string(hf),
+		MtpLayers: u32(cfg.NumNextNPredictLayers), MtpWeights: cfg.HasMTP() && mtpWeights,
 	}
 	for l := 0; l < cfg.NumHiddenLayers; l++ {
 		if cfg.IsKDA(l) {
@@ -593,8 +637,15 @@ func (s *Server) shutdown() {
 		if !stoppedRT {
 			// the weights stay mapped for the step; the process's exit ends it
 			s.log.Warn().Dur("drain_timeout", s.cfg.Server.DrainTimeout).Msg("a forward pass is still running past the drain deadline: not waiting for it")
-		} else if err := lv.closeFn(); err != nil {
-			s.log.Warn().Err(err).Msg("closing the model")
+		} else {
+			if lv.draft != nil {
+				if err := lv.draft.Close(); err != nil {
+					s.log.Warn().Err(err).Msg("closing the drafter")
+				}
+			}
+			if err := lv.closeFn(); err != nil {
+				s.log.Warn().Err(err).Msg("closing the model")
+			}
 		}
 	}
 	s.log.Info().Msg("stopped")
@@ -711,8 +762,18 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 			Timings: &pb.Timings{
 				Queue: durationpb.New(f.Queue), TimeToFirstToken: durationpb.New(f.TTFT), Total: durationpb.New(f.Total),
 			},
+			Speculative: specStats(f.Spec),
 		}}})
 	}
+}
+
+// specStats is a request's speculation for its Finish message (nil when
+// the server did not speculate for it).
+func specStats(s spec.Stats) *pb.SpeculativeStats {
+	if s.Steps == 0 {
+		return nil
+	}
+	return &pb.SpeculativeStats{VerifySteps: u32(s.Steps), DraftTokens: u32(s.Drafted), AcceptedTokens: u32(s.Accepted), AcceptanceLength: s.AcceptanceLength()}
 }
 
 func (sv *service) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResponse, error) {

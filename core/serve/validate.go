@@ -106,7 +106,7 @@ func generateRequest(req *pb.GenerateRequest, lim limits) (sched.Request, error)
 		return r, badField("top_logprobs", "must be at most %d, got %d", sched.MaxTopLogprobs, n)
 	}
 	return sched.Request{
-		ID: req.GetRequestId(), Prompt: p, Sampling: sp, StopIDs: req.GetStopIds(), IgnoreEOS: req.GetIgnoreEos(),
+		ID: req.GetRequestId(), Prompt: p, Sampling: sp, StopIDs: req.GetStopIds(), IgnoreEOS: req.GetIgnoreEos(), NoSpeculation: req.GetDisableSpeculation(),
 		MaxTokens: maxTok, TopLogprobs: int(req.GetTopLogprobs()),
 	}, nil
 }

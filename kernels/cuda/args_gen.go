@@ -131,6 +131,10 @@ type IdxAppendArgs struct {
 	PendStride  int64
 	D           int64
 	Kpool       int64
+	Ckpt        DevicePtr
+	RecK        DevicePtr
+	RecG        DevicePtr
+	RecStride   int64
 }
 
 // IdxScoreArgs mirrors the CUDA struct IdxScoreArgs.
@@ -160,6 +164,26 @@ type IdxSelectArgs struct {
 	Kpool   int64
 	Keep    int64
 	Tail    int64
+}
+
+// IdxSaveArgs mirrors the CUDA struct IdxSaveArgs.
+type IdxSaveArgs struct {
+	M           BatchMeta
+	Sel         DevicePtr
+	Width       int64
+	Saved       DevicePtr
+	SavedStride int64
+}
+
+// IdxSharedArgs mirrors the CUDA struct IdxSharedArgs.
+type IdxSharedArgs struct {
+	M           BatchMeta
+	Saved       DevicePtr
+	SavedStride int64
+	SavedWidth  int64
+	SharePos    DevicePtr
+	Sel         DevicePtr
+	Width       int64
 }
 
 // MLAAppendArgs mirrors the CUDA struct MLAAppendArgs.
@@ -253,6 +277,9 @@ type KDAConvArgs struct {
 	SlotStride int64
 	P          int64
 	Ksize      int64
+	Ckpt       DevicePtr
+	Snap       DevicePtr
+	SnapStride int64
 }
 
 // KDAGateArgs mirrors the CUDA struct KDAGateArgs.
@@ -285,6 +312,9 @@ type KDAAttnArgs struct {
 	H          int64
 	Dh         int64
 	Qscale     float64
+	Ckpt       DevicePtr
+	Snap       DevicePtr
+	SnapStride int64
 }
 
 // MHCParams mirrors the CUDA struct MHCParams.

@@ -5,6 +5,7 @@
 package indexer
 
 import (
+	"fmt"
 	"math"
 	"sort"
 
@@ -31,13 +32,67 @@ type State struct {
 	Pools []float32 // [nPools][Dim]
 	PendK []float32 // [nPend][Dim]
 	PendG []float32 // [nPend][Dim]
+	// Share is a saved selection row (positions, −1 padded) made for the
+	// query at position SharePos, which later queries may reuse (the MTP
+	// layer's index_share_for_mtp_iteration); empty when none is saved.
+	Share    []int32
+	SharePos int
 }
 
 // NumPools is the number of complete pools cached.
 func (s *State) NumPools(dim int) int { return len(s.Pools) / dim }
 
 // Reset empties the state.
-func (s *State) Reset() { s.Pools, s.PendK, s.PendG = s.Pools[:0], s.PendK[:0], s.PendG[:0] }
+func (s *State) Reset() {
+	s.Pools, s.PendK, s.PendG, s.Share = s.Pools[:0], s.PendK[:0], s.PendG[:0], s.Share[:0]
+}
+
+// SaveShare keeps row, the selection made for the query at position pos,
+// for later queries to reuse (SelectShared).
+func (s *State) SaveShare(row []int32, pos int) {
+	s.Share = append(s.Share[:0], row...)
+	s.SharePos = pos
+}
+
+// SelectShared fills sel ([T][width]) for T queries from position pos0
+// without scoring: each row is the saved selection's positions followed by
+// every position in (SharePos, pos], ascending like Select's rows, then −1
+// padding. Where the saved selection held every position up to SharePos
+// (no pool was left out), this is exactly what Select gives. It fails when
+// no selection is saved, a query precedes it, or a row would not fit.
+func SelectShared(sel []int32, width int, st *State, pos0, T int) error {
+	if len(st.Share) == 0 {
+		return fmt.Errorf("indexer: no saved selection to share")
+	}
+	for j := 0; j < T; j++ {
+		pos := pos0 + j
+		if pos <= st.SharePos {
+			return fmt.Errorf("indexer: query at position %d does not follow the saved selection's position %d", pos, st.SharePos)
+		}
+		row := sel[j*width : (j+1)*width]
+		o := 0
+		for _, p := range st.Share {
+			if p >= 0 {
+				if o == width {
+					return fmt.Errorf("indexer: a shared selection row holds more than %d positions", width)
+				}
+				row[o] = p
+				o++
+			}
+		}
+		for p := st.SharePos + 1; p <= pos; p++ {
+			if o == width {
+				return fmt.Errorf("indexer: the shared selection at position %d needs more than %d positions (%d steps after position %d)", pos, width, pos-st.SharePos, st.SharePos)
+			}
+			row[o] = int32(p)
+			o++
+		}
+		for ; o < width; o++ {
+			row[o] = -1
+		}
+	}
+	return nil
+}
 
 // PoolKey writes key[c] = Σ_j softmax_j(gate[j][c]+ape[j][c])·k[j][c].
 func (c *Config) PoolKey(key, k, gate []float32) {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/glmflash/glmflash/model"
 )
@@ -53,28 +54,39 @@ var presets = map[string]map[string]any{
 	},
 }
 
-// PresetNames returns the preset names, sorted.
+// MTPSuffix names a preset's variant with one MTP (NextN) layer: "tiny-mtp"
+// is "tiny" plus num_nextn_predict_layers 1, whose checkpoint holds the
+// same trunk tensors (same bytes for a seed) and the MTP layer's.
+const MTPSuffix = "-mtp"
+
+// PresetNames returns the preset names, sorted: every base preset and its
+// MTP variant.
 func PresetNames() []string {
-	names := make([]string, 0, len(presets))
+	names := make([]string, 0, 2*len(presets))
 	for n := range presets {
-		names = append(names, n)
+		names = append(names, n, n+MTPSuffix)
 	}
 	sort.Strings(names)
 	return names
 }
 
 // Preset returns a validated configuration by name: "tiny" (the sizes of
-// the HF fixture testdata/glm5next-tiny-a), "small" or "bench". All presets
+// the HF fixture testdata/glm5next-tiny-a), "small" or "bench", or one of
+// them with MTPSuffix for the same model with an MTP layer. All presets
 // use the released layer schedule: DSA at layers i%4==3, KDA elsewhere, a
 // dense MLP on layers 0–2 and MoE after.
 func Preset(name string) (*model.Config, error) {
-	fields, ok := presets[name]
+	base, mtp := strings.CutSuffix(name, MTPSuffix)
+	fields, ok := presets[base]
 	if !ok {
 		return nil, fmt.Errorf("randckpt: unknown preset %q (have %v)", name, PresetNames())
 	}
 	m := map[string]any{"model_type": "glm5_next_text"}
 	for k, v := range fields {
 		m[k] = v
+	}
+	if mtp {
+		m["num_nextn_predict_layers"] = 1
 	}
 	b, err := json.Marshal(m)
 	if err != nil {

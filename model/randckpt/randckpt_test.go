@@ -20,12 +20,21 @@ import (
 const fixtureDir = "../../testdata/glm5next-tiny-a/checkpoint"
 
 func TestPresets(t *testing.T) {
-	assert.Equal(t, []string{"bench", "small", "tiny"}, PresetNames())
+	assert.Equal(t, []string{"bench", "bench-mtp", "small", "small-mtp", "tiny", "tiny-mtp"}, PresetNames())
 	for _, n := range PresetNames() {
 		c, err := Preset(n)
 		require.NoError(t, err, n)
 		require.NoError(t, c.Validate(), n)
 		assert.Equal(t, 8, c.NumHiddenLayers, n)
+		if base, ok := strings.CutSuffix(n, MTPSuffix); ok {
+			assert.Equal(t, 1, c.NumNextNPredictLayers, n)
+			b, err := Preset(base)
+			require.NoError(t, err)
+			b.NumNextNPredictLayers, b.Source = 1, c.Source
+			assert.Equal(t, b, c, "%s is %s plus one MTP layer", n, base)
+		} else {
+			assert.Zero(t, c.NumNextNPredictLayers, n)
+		}
 		for i := 0; i < 8; i++ {
 			assert.Equal(t, i%4 == 3, c.IsDSA(i), "%s layer %d", n, i)
 			assert.Equal(t, i >= 3, c.IsMoE(i), "%s layer %d", n, i)
@@ -36,6 +45,8 @@ func TestPresets(t *testing.T) {
 	}
 	_, err := Preset("huge")
 	assert.ErrorContains(t, err, `unknown preset "huge"`)
+	_, err = Preset("huge-mtp")
+	assert.ErrorContains(t, err, `unknown preset "huge-mtp"`)
 
 	// tiny is the fixture's text config.
 	b, err := os.ReadFile(filepath.Join(fixtureDir, "config.json"))
@@ -400,6 +411,69 @@ func TestPow2ScaleAndQuantize(t *testing.T) {
 			v := vals[r*3+c]
 			assert.InDelta(t, v, deq, 0.0625*math.Abs(float64(v))+float64(s)/512)
 			assert.Equal(t, deq, safetensors.BF16ToFloat32(safetensors.Float32ToBF16(deq)), "bf16-representable")
+		}
+	}
+}
+
+// The -mtp presets write the MTP layer beside the very same trunk: same
+// tensor bytes for a seed, in the BF16 and the FP8 layouts; the MTP layer is
+// initialised like the trunk's DSA and MoE layers.
+func TestMTPPresetCheckpoint(t *testing.T) {
+	for _, fp8 := range []bool{false, true} {
+		base, _ := writeTiny(t, Options{Seed: 7, FP8: fp8})
+		cfg, err := Preset("tiny-mtp")
+		require.NoError(t, err)
+		dir := t.TempDir()
+		require.NoError(t, Write(dir, cfg, Options{Seed: 7, FP8: fp8}))
+		ck, err := model.Open(dir)
+		require.NoError(t, err)
+		defer ck.Close()
+		require.NoError(t, ck.Validate())
+		require.NoError(t, ck.ValidateMTP())
+		assert.Equal(t, 1, ck.Config().NumNextNPredictLayers)
+		ckb, err := model.Open(base)
+		require.NoError(t, err)
+		defer ckb.Close()
+		require.Error(t, ckb.ValidateMTP())
+		for _, n := range ckb.Names() {
+			a, _, err := ckb.Raw(n)
+			require.NoError(t, err)
+			b, _, err := ck.Raw(n)
+			require.NoError(t, err)
+			require.Equal(t, a, b, "trunk tensor %s", n)
+		}
+		mtp := cfg.MTPWeightCatalog(fp8)
+		assert.Len(t, ck.Names(), len(ckb.Names())+len(mtp))
+		nFP8 := 0
+		for _, s := range mtp {
+			info, ok := ck.Info(s.Name)
+			require.True(t, ok, s.Name)
+			assert.Equal(t, s.DType, info.DType, s.Name)
+			assert.Equal(t, s.Shape, info.Shape, s.Name)
+			if s.DType == safetensors.F8E4M3 {
+				nFP8++
+			}
+		}
+		if fp8 {
+			assert.Equal(t, 4+3*8+3, nFP8)
+		} else {
+			assert.Zero(t, nFP8)
+		}
+		p := model.LayerPrefix(8) + "."
+		for _, c := range []struct {
+			name      string
+			mean, std float64
+		}{
+			{p + "eh_proj.weight", 0, 1 / math.Sqrt(128)},
+			{p + "enorm.weight", 1, 0.1},
+			{p + "shared_head.norm.weight", 1, 0.1},
+			{p + "self_attn.indexer.index_kpool_compress_ape", 0, 0.5},
+		} {
+			v, err := ck.Float32(c.name)
+			require.NoError(t, err)
+			m, s := stats(v)
+			assert.InDelta(t, c.mean, m, 0.15*max(c.std, 0.1)+0.05, c.name)
+			assert.InDelta(t, c.std, s, 0.25*c.std, c.name)
 		}
 	}
 }

@@ -60,7 +60,8 @@ func specBytes(s model.WeightSpec) int64 {
 // Write writes a random checkpoint for cfg into dir (created if needed):
 // config.json in the released nested shape, a byte-level BPE tokenizer
 // sized to the vocabulary (WriteTokenizer), and the weights of
-// cfg.WeightCatalog(opts.FP8) in one or more safetensors files. Any previous
+// cfg.WeightCatalog(opts.FP8) and, when the config declares MTP layers,
+// cfg.MTPWeightCatalog(opts.FP8) in one or more safetensors files. Any previous
 // model.safetensors, index and shard files in dir are removed first.
 //
 // Values follow hf_fixture.py randomize(); every non-FP8 value is rounded to
@@ -109,7 +110,7 @@ func Write(dir string, cfg *model.Config, opts Options) error {
 		return fmt.Errorf("randckpt: tokenizer: %w", err)
 	}
 
-	cat := cfg.WeightCatalog(opts.FP8)
+	cat := append(cfg.WeightCatalog(opts.FP8), cfg.MTPWeightCatalog(opts.FP8)...)
 	var units []unit
 	var total int64
 	for i := 0; i < len(cat); i++ {

@@ -71,6 +71,17 @@ func (p *Pass) Options() any { return &p.opts }
 // Name implements pass.Pass.
 func (*Pass) Name() string { return Name }
 
+// Speculation implements pass.SpecAware.
+func (*Pass) Speculation(kind pass.GraphKind) string {
+	switch kind {
+	case pass.VerifyGraph:
+		return "eligible: verify spans are GEMM rows like any other; the bucket is the batch's token count (each speculating sequence's last token and drafts)"
+	case pass.DraftGraph:
+		return "eligible: the MTP layer's GEMMs are tuned like the trunk's (draft steps are one row per sequence, the draft extend one per committed token)"
+	}
+	return "eligible"
+}
+
 // Describe implements pass.Pass.
 func (*Pass) Describe() pass.Description {
 	return pass.Description{Name: Name, Version: "1.0.0",

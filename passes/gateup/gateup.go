@@ -44,6 +44,17 @@ func (p *Pass) Options() any { return &p.opts }
 // Name implements pass.Pass.
 func (*Pass) Name() string { return Name }
 
+// Speculation implements pass.SpecAware.
+func (*Pass) Speculation(kind pass.GraphKind) string {
+	switch kind {
+	case pass.VerifyGraph:
+		return "eligible as on any batch: gate and up read the same rows whatever the span"
+	case pass.DraftGraph:
+		return "eligible for the MTP layer's shared experts (with option shared_experts); the MTP layer has no dense MLP"
+	}
+	return "eligible"
+}
+
 // Describe implements pass.Pass.
 func (*Pass) Describe() pass.Description {
 	return pass.Description{Name: Name, Version: "1.0.0",

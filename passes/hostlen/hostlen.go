@@ -25,6 +25,17 @@ type Pass struct{}
 // Name implements pass.Pass.
 func (*Pass) Name() string { return Name }
 
+// Speculation implements pass.SpecAware.
+func (*Pass) Speculation(kind pass.GraphKind) string {
+	switch kind {
+	case pass.VerifyGraph:
+		return "not eligible: a verify batch starts from positions the previous step's acceptance produced, so the host cannot prepare it ahead; its nodes keep reading the executor's lengths"
+	case pass.DraftGraph:
+		return "eligible for draft steps (mode decode: one token per sequence at positions the drafter knows) and for the draft extend after a prefill chunk (mode extend); not for the draft extend after a verify step (mode verify: its lengths are accept lengths)"
+	}
+	return "eligible"
+}
+
 // Describe implements pass.Pass.
 func (*Pass) Describe() pass.Description {
 	return pass.Description{Name: Name, Version: "1.0.0",
@@ -53,7 +64,7 @@ func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site 
 		switch {
 		case batch == nil || !env.HostLengths:
 			sites = append(sites, pass.Skip(where, n.Layer, "host batch metadata is absent"))
-		case g.Attrs.String("mode", "") == "verify" || n.Attrs.String("lengths_from", "batch") == "accept":
+		case pass.LengthsFromAcceptance(g) || n.Attrs.String("lengths_from", "batch") == "accept":
 			sites = append(sites, pass.Skip(where, n.Layer, "lengths are produced by the computation (speculative accept lengths)"))
 		default:
 			sites = append(sites, pass.Site{Where: where, Layer: n.Layer, OK: true, Nodes: []*ir.Node{n}, Data: batch})

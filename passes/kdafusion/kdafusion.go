@@ -41,6 +41,17 @@ func (p *Pass) Options() any { return &p.opts }
 // Name implements pass.Pass.
 func (*Pass) Name() string { return Name }
 
+// Speculation implements pass.SpecAware.
+func (*Pass) Speculation(kind pass.GraphKind) string {
+	switch kind {
+	case pass.VerifyGraph:
+		return "eligible as on any batch: the fused projections feed the same kda_conv and kda_attn nodes, which keep each verify position's conv window and recurrent state for the rollback"
+	case pass.DraftGraph:
+		return "no sites: the MTP layer has no KDA"
+	}
+	return "eligible"
+}
+
 // Describe implements pass.Pass.
 func (*Pass) Describe() pass.Description {
 	return pass.Description{Name: Name, Version: "1.0.0",

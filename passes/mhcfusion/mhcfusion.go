@@ -51,6 +51,17 @@ func (p *Pass) Options() any { return &p.opts }
 // Name implements pass.Pass.
 func (*Pass) Name() string { return Name }
 
+// Speculation implements pass.SpecAware.
+func (*Pass) Speculation(kind pass.GraphKind) string {
+	switch kind {
+	case pass.VerifyGraph:
+		return "eligible as on any batch: the drafter reads the final hidden row (after the stream mean and the final norm), not a residual between sublayers, and the terminal layer stays unfused"
+	case pass.DraftGraph:
+		return "no sites: the MTP layer has no mHC"
+	}
+	return "eligible"
+}
+
 // Describe implements pass.Pass.
 func (*Pass) Describe() pass.Description {
 	return pass.Description{Name: Name, Version: "1.0.0",

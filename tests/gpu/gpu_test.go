@@ -21,6 +21,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
 	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
@@ -211,6 +212,125 @@ func TestCUDAMatchesCPUOnSmallPreset(t *testing.T) {
 		d := maxDiff(run(cpu, key, cb).Logits, run(gpu, key, gb).Logits)
 		t.Logf("mixed step %d: max|Δ| %.2e", step, d)
 		require.Less(t, d, 2e-4)
+	}
+}
+
+// The MTP layer's graph on the GPU agrees with the CPU on a random model
+// with an MTP layer (small-mtp): the trunk's final hidden rows, one ragged
+// MTP prefill of three sequences on them, and four chained draft steps of
+// all three in one batch (the CPU's greedy tokens and MTP hidden rows fed to
+// both), logits and MTP hidden within 2e-4.
+func TestCUDAMTPMatchesCPU(t *testing.T) {
+	o := cudaOptions(t, engine.Options{Slots: 3})
+	ck := presetCheckpoint(t, "small-mtp")
+	require.NoError(t, ck.ValidateMTP())
+	cpu, err := engine.New(ck.Config(), ck, engine.Options{Slots: 3})
+	require.NoError(t, err)
+	defer cpu.Close()
+	gpu, err := engine.New(ck.Config(), ck, o)
+	require.NoError(t, err)
+	defer gpu.Close()
+	V, D := ck.Config().VocabSize, ck.Config().HiddenSize
+	run := func(e *engine.Engine, key engine.Key, b *backend.Batch) *backend.Result {
+		r, err := e.Run(key, b)
+		require.NoError(t, err)
+		return r
+	}
+	lens := []int{70, 7, 150}
+	mb := &backend.Batch{}
+	var cslots, gslots []int
+	trunk := engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits, FinalHidden: true}
+	for i, n := range lens {
+		toks := seqTokens(n, i+1, V)
+		cs, err := cpu.Store().Alloc()
+		require.NoError(t, err)
+		gs, err := gpu.Store().Alloc()
+		require.NoError(t, err)
+		rc := run(cpu, trunk, &backend.Batch{Seqs: []backend.Seq{{Slot: cs, Tokens: toks}}})
+		rg := run(gpu, trunk, &backend.Batch{Seqs: []backend.Seq{{Slot: gs, Tokens: toks}}})
+		d := maxDiff(rc.Hidden[ir.OutputFinalHidden], rg.Hidden[ir.OutputFinalHidden])
+		t.Logf("trunk final hidden, %d tokens: max|Δ| %.2e", n, d)
+		require.Less(t, d, 2e-4)
+		next := int32(eval.Argmax(rc.Logits))
+		mb.Seqs = append(mb.Seqs, backend.Seq{Tokens: append(append([]int32(nil), toks[1:]...), next), Hidden: rc.Hidden[ir.OutputFinalHidden]})
+	}
+	cm, err := cpu.MTPStore()
+	require.NoError(t, err)
+	gm, err := gpu.MTPStore()
+	require.NoError(t, err)
+	for range lens {
+		c, err := cm.Alloc()
+		require.NoError(t, err)
+		g, err := gm.Alloc()
+		require.NoError(t, err)
+		cslots, gslots = append(cslots, c), append(gslots, g)
+	}
+	with := func(b *backend.Batch, slots []int) *backend.Batch {
+		out := &backend.Batch{}
+		for i, s := range b.Seqs {
+			s.Slot = slots[i]
+			out.Seqs = append(out.Seqs, s)
+		}
+		return out
+	}
+	key := engine.Key{Mode: graph.Mixed, Logits: graph.AllLogits, MTP: true}
+	rc, rg := run(cpu, key, with(mb, cslots)), run(gpu, key, with(mb, gslots))
+	dl, dh := maxDiff(rc.Logits, rg.Logits), maxDiff(rc.Hidden[ir.OutputFinalHidden], rg.Hidden[ir.OutputFinalHidden])
+	t.Logf("MTP prefill %v: logits max|Δ| %.2e, hidden %.2e", lens, dl, dh)
+	require.Less(t, dl, 2e-4)
+	require.Less(t, dh, 2e-4)
+	// the draft chain: each sequence's last row feeds the next step
+	lastRows := func(x []float32, w int) [][]float32 {
+		var out [][]float32
+		row := 0
+		for _, n := range lens {
+			row += n
+			out = append(out, x[(row-1)*w:row*w])
+		}
+		return out
+	}
+	pl, ph := lastRows(rc.Logits, V), lastRows(rc.Hidden[ir.OutputFinalHidden], D)
+	step := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits, MTP: true}
+	for k := 0; k < 4; k++ {
+		db := &backend.Batch{}
+		for i := range lens {
+			db.Seqs = append(db.Seqs, backend.Seq{Tokens: []int32{int32(eval.Argmax(pl[i]))}, Hidden: ph[i]})
+		}
+		rc, rg := run(cpu, step, with(db, cslots)), run(gpu, step, with(db, gslots))
+		dl, dh := maxDiff(rc.Logits, rg.Logits), maxDiff(rc.Hidden[ir.OutputFinalHidden], rg.Hidden[ir.OutputFinalHidden])
+		t.Logf("draft step %d: logits max|Δ| %.2e, hidden %.2e", k, dl, dh)
+		require.Less(t, dl, 2e-4)
+		require.Less(t, dh, 2e-4)
+		for i := range lens {
+			pl[i], ph[i] = rc.Logits[i*V:(i+1)*V], rc.Hidden[ir.OutputFinalHidden][i*D:(i+1)*D]
+		}
+	}
+	for i, n := range lens {
+		c, _ := cm.Len(cslots[i])
+		g, _ := gm.Len(gslots[i])
+		require.Equal(t, n+4, c)
+		require.Equal(t, n+4, g)
+	}
+}
+
+// The MTP layer on the GPU against transformers: the fixture
+// tools/mtp_reference.py wrote on the H200 (see tests/mtp_test.go for the
+// CPU).
+func TestCUDAMTPTransformersParity(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "glm5next-tiny-mtp")
+	o := cudaOptions(t, engine.Options{Slots: 2})
+	ck, err := model.Open(filepath.Join(dir, "checkpoint"))
+	require.NoError(t, err)
+	defer ck.Close()
+	ref, err := eval.LoadMTP(filepath.Join(dir, "reference.safetensors"))
+	require.NoError(t, err)
+	e := cudaEngine(t, ck, o)
+	res, err := eval.RunMTP(e, ref)
+	require.NoError(t, err)
+	for _, r := range res {
+		t.Logf("%s: trunk logits %.1e hidden %.1e; mtp logits %.1e hidden %.1e; draft logits %.1e hidden %.1e; chain logits %.1e hidden %.1e; mismatches %d",
+			r.Name, r.TrunkLogits, r.TrunkHidden, r.MTPLogits, r.MTPHidden, r.DraftLogits, r.DraftHidden, r.ChainLogits, r.ChainHidden, r.Mismatches)
+		require.True(t, r.Pass(1e-4), "%s: %+v", r.Name, r)
 	}
 }
 

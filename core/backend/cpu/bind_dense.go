@@ -23,6 +23,26 @@ func init() {
 	bind(ir.OpSwiGLUPacked, bindSwiGLUPacked)
 	bind(ir.OpStreamMean, bindStreamMean)
 	bind(ir.OpLastRows, bindLastRows)
+	bind(ir.OpSpanRows, bindSpanRows)
+}
+
+// bindSpanRows gathers each sequence's last rows (its span's Rows of them).
+func bindSpanRows(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
+	in, outs := n.Inputs, n.Outputs
+	D := in[1].Shape[1]
+	return func(rc *runCtx) error {
+		x := rc.in(in[1])
+		y := rc.out(outs[0])
+		o := 0
+		for _, s := range rc.batch.seqs {
+			for j := s.n - s.rows; j < s.n; j++ {
+				r := s.row0 + j
+				copy(y[o*D:(o+1)*D], x[r*D:(r+1)*D])
+				o++
+			}
+		}
+		return nil
+	}, nil
 }
 
 func bindEmbed(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
@@ -31,7 +51,10 @@ func bindEmbed(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	if W == nil {
 		return nil, fmt.Errorf("embedding %s is not a constant", in[1].Name)
 	}
-	H, D := outs[0].Shape[1], outs[0].Shape[2]
+	H, D := 1, outs[0].Shape[1]  // plain rows [T,D]
+	if len(outs[0].Shape) == 3 { // streams [T,H,D]
+		H, D = outs[0].Shape[1], outs[0].Shape[2]
+	}
 	return func(rc *runCtx) error {
 		ids := rc.i[in[0]]
 		x := rc.out(outs[0])

@@ -61,7 +61,8 @@ func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	}
 	layer := n.Layer
 	Hi, Di := cfg.Heads, cfg.Dim
-	W := cfg.Width()
+	W := outs[0].Shape[1] // the selection width (wider when it reuses a shared selection)
+	share := a.String("share", "")
 	wscale := float32(1 / math.Sqrt(float64(Hi)))
 	return func(rc *runCtx) error {
 		meta, ok := rc.host[in[0]].(*dsaMeta)
@@ -71,18 +72,30 @@ func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		q, k, g, w := rc.in(in[1]), rc.in(in[2]), rc.in(in[3]), rc.in(in[4])
 		sel := rc.outI(outs[0])
 		for _, s := range meta.seqs {
-			st := s.seq.Index[layer]
-			if st == nil {
-				return fmt.Errorf("slot %d has no indexer state for layer %d", s.slot, layer)
+			st, err := s.seq.Indexer(layer)
+			if err != nil {
+				return fmt.Errorf("slot %d: %w", s.slot, err)
 			}
 			r0, r1 := s.row0, s.row0+s.n
 			vis := meta.visible[r0:r1]
+			if rb := s.seq.Rollback; rb != nil {
+				rb.RecordIndexer(layer, s.pos0, k[r0*Di:r1*Di], g[r0*Di:r1*Di])
+			}
 			cfg.Append(st, s.pos0, k[r0*Di:r1*Di], g[r0*Di:r1*Di], s.n, nil) // visibility comes from the metadata
+			if share == ir.IndexShareReuse {
+				if err := indexer.SelectShared(sel[r0*W:r1*W], W, st, s.pos0, s.n); err != nil {
+					return fmt.Errorf("slot %d: %w", s.slot, err)
+				}
+				continue
+			}
 			ws := make([]float32, s.n*Hi)
 			for i := range ws {
 				ws[i] = w[r0*Hi+i] * wscale
 			}
 			cfg.Select(sel[r0*W:r1*W], st, s.pos0, q[r0*Hi*Di:r1*Hi*Di], ws, s.n, vis)
+			if share == ir.IndexShareSave {
+				st.SaveShare(sel[(r1-1)*W:r1*W], s.pos0+s.n-1)
+			}
 		}
 		return nil
 	}, nil
@@ -108,7 +121,11 @@ func bindMLA(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		o := rc.out(outs[0])
 		for _, s := range meta.seqs {
 			r0, r1 := s.row0, s.row0+s.n
-			cache := append(s.seq.CKV[layer], ckv[r0*R:r1*R]...)
+			prev, err := s.seq.Latents(layer)
+			if err != nil {
+				return fmt.Errorf("slot %d: %w", s.slot, err)
+			}
+			cache := append(prev, ckv[r0*R:r1*R]...)
 			s.seq.CKV[layer] = cache
 			c.Attend(o[r0*H*dv:r1*H*dv], q[r0*H*dq:r1*H*dq], cache, sel[r0*width:r1*width], s.n, width)
 		}

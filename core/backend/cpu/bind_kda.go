@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/glmflash/glmflash/core/ir"
@@ -31,6 +32,9 @@ func bindKDAConv(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		if err != nil {
 			return err
 		}
+		if err := haveKDA(seqs, layer); err != nil {
+			return err
+		}
 		oq, ok, ov := rc.out(outs[0]), rc.out(outs[1]), rc.out(outs[2])
 		parallel.Each(len(seqs), func(si int) {
 			s := seqs[si]
@@ -43,7 +47,29 @@ func bindKDAConv(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 				copy(u[j*C+2*P:j*C+3*P], v[r*P:(r+1)*P])
 			}
 			y := make([]float32, s.n*C)
+			var prev []float32
+			rb := s.seq.Rollback
+			if rb != nil {
+				prev = append([]float32(nil), s.seq.Conv[layer]...)
+			}
 			conv.CausalSiLU(y, u, s.n, C, W, K, s.seq.Conv[layer])
+			if rb != nil { // the window after every position, for a rollback
+				S := K - 1
+				win := make([]float32, C*S)
+				for j := 0; j < s.n; j++ {
+					for c := 0; c < C; c++ {
+						for x := 0; x < S; x++ {
+							// position j−S+1+x of the span: from u, or the window before it
+							if t := j - S + 1 + x; t >= 0 {
+								win[c*S+x] = u[t*C+c]
+							} else {
+								win[c*S+x] = prev[c*S+S+t]
+							}
+						}
+					}
+					rb.RecordKDAConv(layer, s.pos0+j, win)
+				}
+			}
 			for j := 0; j < s.n; j++ {
 				r := s.row0 + j
 				copy(oq[r*P:(r+1)*P], y[j*C:j*C+P])
@@ -84,6 +110,9 @@ func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		if err != nil {
 			return err
 		}
+		if err := haveKDA(seqs, layer); err != nil {
+			return err
+		}
 		o := rc.out(outs[0])
 		parallel.Each(len(seqs)*H, func(task int) {
 			s, h := seqs[task/H], task%H
@@ -105,7 +134,15 @@ func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			kda.L2Normalize(kh, T, Dh, 1e-6, 1)
 			S := s.seq.State[layer][h*Dh*Dh : (h+1)*Dh*Dh]
 			oh := make([]float32, T*Dh)
-			if algo == "recurrent" || (algo == "auto" && T == 1) {
+			if rb := s.seq.Rollback; rb != nil {
+				// a checkpointed span (a verify span): token by token, keeping
+				// the state after every position so that Truncate can restore it
+				n := len(s.seq.State[layer])
+				for j := 0; j < T; j++ {
+					kda.Recurrent(oh[j*Dh:(j+1)*Dh], qh[j*Dh:(j+1)*Dh], kh[j*Dh:(j+1)*Dh], vh[j*Dh:(j+1)*Dh], gh[j*Dh:(j+1)*Dh], bh[j:j+1], 1, Dh, Dh, S)
+					rb.RecordKDAState(layer, s.pos0+j, h*Dh*Dh, S, n)
+				}
+			} else if algo == "recurrent" || (algo == "auto" && T == 1) {
 				kda.Recurrent(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
 			} else {
 				kda.Chunked(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
@@ -129,4 +166,14 @@ func bindGatedRMSNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		norm.GatedRMSNorm(rc.out(outs[0]), rc.in(in[0]), rc.in(in[1]), rc.batch.T, H, P/H, W, eps)
 		return nil
 	}, nil
+}
+
+// haveKDA checks that every sequence's cache holds layer's KDA state.
+func haveKDA(seqs []seqRun, layer int) error {
+	for _, s := range seqs {
+		if _, _, err := s.seq.KDA(layer); err != nil {
+			return fmt.Errorf("slot %d: %w", s.slot, err)
+		}
+	}
+	return nil
 }

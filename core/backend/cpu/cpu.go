@@ -76,9 +76,16 @@ func boundOps() []string {
 // Ops lists the bound ops.
 func (b *Backend) Ops() []string { return boundOps() }
 
-// NewStore makes a heap-backed cache store.
-func (b *Backend) NewStore(cfg *model.Config, slots, _ int) (backend.Store, error) {
-	return cache.NewStore(cfg, slots)
+// NewStore makes a heap-backed cache store of the given layers.
+func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptions) (backend.Store, error) {
+	st, err := cache.NewStore(cfg, layers, o.Slots)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.SetRollbackDepth(o.Rollback); err != nil {
+		return nil, err
+	}
+	return st, nil
 }
 
 // Info describes the CPU.

@@ -79,12 +79,14 @@ type seqRun struct {
 	pos0 int // tokens already cached (position of the first new token)
 	n    int // new tokens
 	row0 int // first row in the batch's token dimension
+	rows int // rows a span-logits selection keeps (its last ones)
 }
 
 // batchInfo is the host-side metadata value of a run (graph input "batch").
 type batchInfo struct {
 	seqs []seqRun
 	T    int
+	R    int // rows a span-logits selection keeps
 }
 
 // dsaMeta is what a dsa_meta node computes for one DSA geometry: the
@@ -144,7 +146,8 @@ func (rc *runCtx) spans(v *ir.Value) ([]seqRun, error) {
 type runCtx struct {
 	p     *Program
 	batch *batchInfo
-	f     map[*ir.Value][]float32
+	f     map[*ir.Value][]float32 // activations (buffers of the program's pool)
+	ext   map[*ir.Value][]float32 // float graph inputs (the caller's memory, never pooled)
 	i     map[*ir.Value][]int32
 	host  map[*ir.Value]any
 }
@@ -155,6 +158,8 @@ func (rc *runCtx) rows(v *ir.Value) int {
 		return rc.batch.T
 	case ir.DimS:
 		return len(rc.batch.seqs)
+	case ir.DimR:
+		return rc.batch.R
 	}
 	return v.Shape[0]
 }
@@ -171,6 +176,9 @@ func (rc *runCtx) size(v *ir.Value) int {
 func (rc *runCtx) in(v *ir.Value) []float32 {
 	if c, ok := rc.p.plan.Consts[v]; ok {
 		return c
+	}
+	if x, ok := rc.ext[v]; ok {
+		return x
 	}
 	return rc.f[v]
 }
@@ -212,25 +220,32 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 	if err := pr.CheckPositions(); err != nil {
 		return nil, err
 	}
-	bi := &batchInfo{T: pr.T}
-	for _, s := range pr.Spans {
+	bi := &batchInfo{T: pr.T, R: pr.SpanRows()}
+	for i, s := range pr.Spans {
 		seq, err := store.Seq(s.Slot)
 		if err != nil {
 			return nil, err
 		}
-		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, seq: seq, pos0: s.Pos0, n: s.N, row0: s.Row0})
+		if rb := seq.Rollback; rb != nil {
+			if err := rb.Check(s.Pos0, s.N); err != nil {
+				return nil, fmt.Errorf("cpu: batch sequence %d (slot %d): %w", i, s.Slot, err)
+			}
+		}
+		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, seq: seq, pos0: s.Pos0, n: s.N, row0: s.Row0, rows: s.Rows})
 	}
 	return p.execute(bi, pr, store)
 }
 
 func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Store) (*backend.Result, error) {
-	rc := &runCtx{p: p, batch: bi, f: map[*ir.Value][]float32{}, i: map[*ir.Value][]int32{}, host: map[*ir.Value]any{}}
+	rc := &runCtx{p: p, batch: bi, f: map[*ir.Value][]float32{}, ext: map[*ir.Value][]float32{}, i: map[*ir.Value][]int32{}, host: map[*ir.Value]any{}}
 	for _, in := range p.plan.Graph.Inputs {
 		switch in.Name {
 		case ir.InputTokens:
 			rc.i[in] = pr.Tokens
 		case ir.InputBatch:
 			rc.host[in] = bi
+		case ir.InputHidden:
+			rc.ext[in] = pr.Hidden
 		default:
 			return nil, fmt.Errorf("cpu: graph input %q is not provided by the executor", in.Name)
 		}

@@ -22,6 +22,7 @@ func init() {
 	bind(ir.OpSwiGLUPacked, bindSwiGLUPacked)
 	bind(ir.OpStreamMean, bindStreamMean)
 	bind(ir.OpLastRows, bindLastRows)
+	bind(ir.OpSpanRows, bindSpanRows)
 }
 
 const threads = 256
@@ -48,7 +49,10 @@ func bindEmbed(p *Program, n *ir.Node) (*kstep, error) {
 	if err != nil {
 		return nil, err
 	}
-	H, D := out.Shape[1], out.Shape[2]
+	H, D := 1, out.Shape[1]  // plain rows [T,D]
+	if len(out.Shape) == 3 { // streams [T,H,D]
+		H, D = out.Shape[1], out.Shape[2]
+	}
 	return &kstep{run: func(rc *runCtx) error {
 		a := kc.EmbedArgs{Ids: rc.ptr(in[0]), W: W.ptr, WBf16: W.flag(), Out: rc.ptr(out), T: int64(rc.T), H: int64(H), D: int64(D)}
 		return kc.Launch(rc.dev, "glmf_embed", blocks(int64(rc.T*D)), block256, 0, &a)
@@ -307,5 +311,15 @@ func bindLastRows(p *Program, n *ir.Node) (*kstep, error) {
 	return &kstep{run: func(rc *runCtx) error {
 		a := kc.GatherArgs{X: rc.ptr(in[1]), Rows: rc.meta.LastRow, Y: rc.ptr(out), R: int64(rc.S), D: int64(D)}
 		return kc.Launch(rc.dev, "glmf_gather_rows", blocks(int64(rc.S*D)), block256, 0, &a)
+	}}, nil
+}
+
+// bindSpanRows gathers each sequence's last rows (its span's Rows of them).
+func bindSpanRows(p *Program, n *ir.Node) (*kstep, error) {
+	in, out := n.Inputs, n.Outputs[0]
+	D := in[1].Shape[1]
+	return &kstep{run: func(rc *runCtx) error {
+		a := kc.GatherArgs{X: rc.ptr(in[1]), Rows: rc.spanRows, Y: rc.ptr(out), R: int64(rc.R), D: int64(D)}
+		return kc.Launch(rc.dev, "glmf_gather_rows", blocks(int64(rc.R*D)), block256, 0, &a)
 	}}, nil
 }

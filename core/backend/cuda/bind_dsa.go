@@ -72,11 +72,17 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	width := out.Shape[1]
 	layer := n.Layer
+	share, extra := a.String("share", ""), a.Int("share_extra", 0)
 	scale := float64(float32(1 / math.Sqrt(float64(D))))
 	wscale := float64(float32(1 / math.Sqrt(float64(H))))
 	appendThreads := uint32((D + 31) / 32 * 32)
 	return &kstep{
-		temps: func(rc *runCtx) []int64 { return []int64{4 * int64(rc.T) * int64(max(rc.maxVisible[kp], 1))} },
+		temps: func(rc *runCtx) []int64 {
+			if share == ir.IndexShareReuse {
+				return nil
+			}
+			return []int64{4 * int64(rc.T) * int64(max(rc.maxVisible[kp], 1))}
+		},
 		run: func(rc *runCtx) error {
 			m, err := metaOf(rc, in[0])
 			if err != nil {
@@ -85,14 +91,25 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 			if m.kpool != kp {
 				return fmt.Errorf("metadata input does not match kpool %d", kp)
 			}
-			ls := rc.store.layers[layer]
+			ls := rc.store.layer(layer)
 			if ls.pools == 0 {
 				return fmt.Errorf("slot state has no indexer for layer %d", layer)
 			}
 			ap := kc.IdxAppendArgs{M: rc.meta, K: rc.ptr(in[2]), Gate: rc.ptr(in[3]), Ape: ape.ptr, ApeBf16: ape.flag(),
 				Pools: ls.pools, PoolsStride: ls.poolsStride, PendK: ls.pendK, PendG: ls.pendG, PendStride: ls.pendStride, D: int64(D), Kpool: int64(kp)}
+			if ls.recK != 0 {
+				ap.Ckpt, ap.RecK, ap.RecG, ap.RecStride = rc.ckpt, ls.recK, ls.recG, ls.recStride
+			}
 			if err := kc.Launch(rc.dev, "glmf_indexer_append", kc.Dim3{X: uint32(rc.S)}, kc.Dim3{X: appendThreads}, 0, &ap); err != nil {
 				return err
+			}
+			if share != "" && ls.saved == 0 {
+				return fmt.Errorf("layer %d keeps no shared indexer selection in the store", layer)
+			}
+			if share == ir.IndexShareReuse { // the saved selection and the positions since, no scoring
+				sh := kc.IdxSharedArgs{M: rc.meta, Saved: ls.saved, SavedStride: ls.savedStride, SavedWidth: int64(width - extra),
+					SharePos: rc.sharePos, Sel: rc.ptr(out), Width: int64(width)}
+				return kc.Launch(rc.dev, "glmf_indexer_shared", kc.Dim3{X: uint32(rc.T)}, kc.Dim3{X: 32}, 0, &sh)
 			}
 			mv := rc.maxVisible[kp]
 			scores := rc.temps[0]
@@ -105,7 +122,14 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 			}
 			se := kc.IdxSelectArgs{M: rc.meta, Visible: m.visible, Scores: scores, Ld: int64(max(mv, 1)), Sel: rc.ptr(out), Width: int64(width),
 				Kpool: int64(kp), Keep: int64(topk / kp), Tail: tail}
-			return kc.Launch(rc.dev, "glmf_indexer_select", kc.Dim3{X: uint32(rc.T)}, block256, 0, &se)
+			if err := kc.Launch(rc.dev, "glmf_indexer_select", kc.Dim3{X: uint32(rc.T)}, block256, 0, &se); err != nil {
+				return err
+			}
+			if share == ir.IndexShareSave {
+				sv := kc.IdxSaveArgs{M: rc.meta, Sel: rc.ptr(out), Width: int64(width), Saved: ls.saved, SavedStride: ls.savedStride}
+				return kc.Launch(rc.dev, "glmf_indexer_save", kc.Dim3{X: uint32(rc.S)}, block256, 0, &sv)
+			}
+			return nil
 		}}, nil
 }
 
@@ -125,7 +149,7 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 			if _, err := metaOf(rc, in[0]); err != nil {
 				return err
 			}
-			ls := rc.store.layers[layer]
+			ls := rc.store.layer(layer)
 			if ls.ckv == 0 {
 				return fmt.Errorf("slot state has no latent cache for layer %d", layer)
 			}

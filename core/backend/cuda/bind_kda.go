@@ -32,7 +32,7 @@ func bindKDAConv(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	layer := n.Layer
 	return &kstep{run: func(rc *runCtx) error {
-		ls := rc.store.layers[layer]
+		ls := rc.store.layer(layer)
 		if ls.conv == 0 {
 			return fmt.Errorf("layer %d has no KDA state in the store", layer)
 		}
@@ -42,6 +42,9 @@ func bindKDAConv(p *Program, n *ir.Node) (*kstep, error) {
 		}
 		a := kc.KDAConvArgs{M: rc.meta, Lens: lens, Q: rc.ptr(in[1]), K: rc.ptr(in[2]), V: rc.ptr(in[3]), W: W.ptr, WBf16: W.flag(),
 			Oq: rc.ptr(outs[0]), Ok: rc.ptr(outs[1]), Ov: rc.ptr(outs[2]), State: ls.conv, SlotStride: ls.convStride, P: int64(P), Ksize: int64(K)}
+		if ls.snapConv != 0 {
+			a.Ckpt, a.Snap, a.SnapStride = rc.ckpt, ls.snapConv, int64(rc.store.depth)*ls.convStride
+		}
 		g := blocks(int64(3 * P))
 		g.Y = uint32(rc.S)
 		return kc.Launch(rc.dev, "glmf_kda_conv", g, block256, 0, &a)
@@ -84,7 +87,7 @@ func bindKDAAttn(p *Program, n *ir.Node) (*kstep, error) {
 	qscale := float64(float32(1 / math.Sqrt(float64(Dh))))
 	layer := n.Layer
 	return &kstep{run: func(rc *runCtx) error {
-		ls := rc.store.layers[layer]
+		ls := rc.store.layer(layer)
 		if ls.state == 0 {
 			return fmt.Errorf("layer %d has no KDA state in the store", layer)
 		}
@@ -94,6 +97,9 @@ func bindKDAAttn(p *Program, n *ir.Node) (*kstep, error) {
 		}
 		args := kc.KDAAttnArgs{M: rc.meta, Lens: lens, Q: rc.ptr(in[1]), K: rc.ptr(in[2]), V: rc.ptr(in[3]), G: rc.ptr(in[4]), Beta: rc.ptr(in[5]),
 			O: rc.ptr(out), State: ls.state, SlotStride: ls.stateStride, H: int64(H), Dh: int64(Dh), Qscale: qscale}
+		if ls.snapState != 0 {
+			args.Ckpt, args.Snap, args.SnapStride = rc.ckpt, ls.snapState, int64(rc.store.depth)*ls.stateStride
+		}
 		return kc.Launch(rc.dev, "glmf_kda_recurrent", kc.Dim3{X: uint32(H), Y: uint32(rc.S)}, kc.Dim3{X: bs}, 3*4*Dh, &args)
 	}}, nil
 }

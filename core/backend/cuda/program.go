@@ -65,15 +65,20 @@ const maxGraphs = 256
 
 // graphKey says whether a batch runs as a CUDA graph, and under which key:
 // graphs are on, the program reads only host lengths (a length read-back
-// is a sync, which a graph cannot hold), captures no hidden states, and
-// the batch is small (decode and small verify/extend). cuBLAS calls are
-// captured like kernels.
+// is a sync, which a graph cannot hold), captures no residual streams
+// (debugging; its final hidden rows, which the MTP draft steps read back,
+// are fine) and the batch is small (decode and small verify/extend).
+// cuBLAS calls are captured like kernels.
 func (p *Program) graphKey(pr *backend.Prepared) (graphKey, bool) {
 	max := p.b.opts.GraphMaxTokens
 	if max == 0 {
 		max = DefaultGraphMaxTokens
 	}
-	if max < 0 || p.b.opts.ProfileOps || !p.plan.HostLengths || len(p.plan.Hidden) > 0 || pr.T > max {
+	captures := false
+	for _, name := range p.plan.Hidden {
+		captures = captures || name != ir.OutputFinalHidden
+	}
+	if max < 0 || p.b.opts.ProfileOps || !p.plan.HostLengths || captures || pr.T > max {
 		return graphKey{}, false
 	}
 	k := graphKey{T: pr.T, S: len(pr.Spans), sample: pr.Sample != nil}
@@ -189,9 +194,24 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 	if err := pr.CheckPositions(); err != nil {
 		return nil, err
 	}
+	slots := make([]int, len(pr.Spans))
 	for i, s := range pr.Spans {
 		if s.Pos0+s.N > store.maxPos {
 			return nil, fmt.Errorf("cuda: batch sequence %d: %d cached + %d new tokens exceed the store's %d positions", i, s.Pos0, s.N, store.maxPos)
+		}
+		slots[i] = s.Slot
+	}
+	ckpt, share := store.spanState(slots)
+	for i, s := range pr.Spans {
+		if ckpt[i] >= 0 && s.Pos0+s.N-ckpt[i] > store.depth {
+			return nil, fmt.Errorf("cuda: batch sequence %d (slot %d): the rollback record from position %d holds %d positions; %d more from position %d would pass it", i, s.Slot, ckpt[i], store.depth, s.N, s.Pos0)
+		}
+	}
+	if k := p.shareReuse(); k > 0 {
+		for i, s := range pr.Spans {
+			if share[i] < 0 || s.Pos0 <= share[i] || s.Pos0+s.N-1-share[i] > k {
+				return nil, fmt.Errorf("cuda: batch sequence %d (slot %d): no saved indexer selection to share for positions %d…%d (saved at %d, at most %d steps after it)", i, s.Slot, s.Pos0, s.Pos0+s.N-1, share[i], k)
+			}
 		}
 	}
 	var res *backend.Result
@@ -199,7 +219,7 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 	err := dev.Do(func() error {
 		l0, s0 := dev.Launches(), dev.Syncs()
 		var err error
-		res, err = p.execute(pr, store)
+		res, err = p.execute(pr, store, ckpt, share)
 		p.launches.Add(dev.Launches() - l0)
 		p.syncs.Add(dev.Syncs() - s0)
 		return err
@@ -210,8 +230,37 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 	for _, s := range pr.Spans {
 		store.advance(s.Slot, s.N)
 	}
+	if p.shareSave() {
+		pos := make([]int, len(pr.Spans))
+		for i, s := range pr.Spans {
+			pos[i] = s.Pos0 + s.N - 1
+		}
+		store.setShare(slots, pos)
+	}
 	p.runs.Add(1)
 	return res, nil
+}
+
+// shareReuse is the extra width of the program's reusing indexer (0: it
+// does not reuse a shared selection).
+func (p *Program) shareReuse() int {
+	for _, st := range p.steps {
+		if st.node.Op == ir.OpDSATopK && st.node.Attrs.String("share", "") == ir.IndexShareReuse {
+			return st.node.Attrs.Int("share_extra", 0)
+		}
+	}
+	return 0
+}
+
+// shareSave reports whether the program saves its sequences' last
+// selections for sharing.
+func (p *Program) shareSave() bool {
+	for _, st := range p.steps {
+		if st.node.Op == ir.OpDSATopK && st.node.Attrs.String("share", "") == ir.IndexShareSave {
+			return true
+		}
+	}
+	return false
 }
 
 // runCtx is one execution's view: where every value lives.
@@ -221,11 +270,17 @@ type runCtx struct {
 	pr    *backend.Prepared
 	store *Store
 	T, S  int
+	R     int // rows a span-logits selection keeps
 	meta  kc.BatchMeta
-	toks  kc.DevicePtr
-	addr  map[*ir.Value]kc.DevicePtr
-	temps []kc.DevicePtr
-	host  map[*ir.Value]any
+	// per sequence: the open checkpoint's position and the saved
+	// selection's (−1: none); the rows a span-logits selection keeps
+	ckpt, sharePos, spanRows kc.DevicePtr
+	toks                     kc.DevicePtr
+	// hidden is the batch's hidden rows (MTP graphs), 0 without them.
+	hidden kc.DevicePtr
+	addr   map[*ir.Value]kc.DevicePtr
+	temps  []kc.DevicePtr
+	host   map[*ir.Value]any
 	// visible[kpool] = the largest number of pools any row sees.
 	maxVisible map[int]int
 	// profile collects each step's device events when op timing is on.
@@ -256,6 +311,8 @@ func (rc *runCtx) rows(v *ir.Value) int {
 		return rc.T
 	case ir.DimS:
 		return rc.S
+	case ir.DimR:
+		return rc.R
 	}
 	return v.Shape[0]
 }
@@ -392,9 +449,9 @@ func (p *Program) ensureKeep(buf *kc.DevicePtr, size *int64, n int64) (bool, err
 	return true, nil
 }
 
-func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, error) {
+func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int) (*backend.Result, error) {
 	dev := p.b.dev
-	rc := &runCtx{p: p, dev: dev, pr: pr, store: store, T: pr.T, S: len(pr.Spans), addr: map[*ir.Value]kc.DevicePtr{}, host: map[*ir.Value]any{}, maxVisible: map[int]int{}}
+	rc := &runCtx{p: p, dev: dev, pr: pr, store: store, T: pr.T, S: len(pr.Spans), R: pr.SpanRows(), addr: map[*ir.Value]kc.DevicePtr{}, host: map[*ir.Value]any{}, maxVisible: map[int]int{}}
 	if p.b.opts.ProfileOps {
 		rc.profile = []opEvents{}
 		defer p.collectProfile(rc)
@@ -410,8 +467,17 @@ func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, 
 		}
 	}
 	oTok := mb.i32(pr.Tokens)
+	var oHidden int64 = -1
+	if pr.Hidden != nil {
+		oHidden = mb.f32(pr.Hidden)
+	}
 	oSlot, oPos0, oN, oRow0 := mb.i32(slot), mb.i32(pos0), mb.i32(nn), mb.i32(row0)
 	oRowSeq, oRowPos, oLast := mb.i32(rowSeq), mb.i32(rowPos), mb.i32(last)
+	ck, sp := make([]int32, rc.S), make([]int32, rc.S)
+	for i := range ck {
+		ck[i], sp[i] = int32(ckpt[i]), int32(share[i])
+	}
+	oCkpt, oShare, oSpanRows := mb.i32(ck), mb.i32(sp), mb.i32(pr.SpanRowIndex())
 	nrows := pr.Rows()
 	var oSpec int64 = -1
 	if pr.Sample != nil {
@@ -429,6 +495,10 @@ func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, 
 	}
 	at := func(off int64) kc.DevicePtr { return p.meta + kc.DevicePtr(off) }
 	rc.toks = at(oTok)
+	if oHidden >= 0 {
+		rc.hidden = at(oHidden)
+	}
+	rc.ckpt, rc.sharePos, rc.spanRows = at(oCkpt), at(oShare), at(oSpanRows)
 	rc.meta = kc.BatchMeta{SeqSlot: at(oSlot), SeqPos0: at(oPos0), SeqN: at(oN), SeqRow0: at(oRow0), RowSeq: at(oRowSeq), RowPos: at(oRowPos), LastRow: at(oLast), S: int64(rc.S), T: int64(rc.T)}
 	gkey, graphed := p.graphKey(pr)
 	for _, kp := range p.kpools() {
@@ -594,6 +664,11 @@ func (p *Program) walkSteps(rc *runCtx, tempSize [][]int64, launch bool) error {
 		case ir.InputTokens:
 			rc.addr[in] = rc.toks
 		case ir.InputBatch:
+		case ir.InputHidden:
+			if rc.hidden == 0 {
+				return fmt.Errorf("cuda: the batch has no hidden rows for input %q", in.Name)
+			}
+			rc.addr[in] = rc.hidden
 		default:
 			return fmt.Errorf("cuda: graph input %q is not provided by the executor", in.Name)
 		}
@@ -733,6 +808,13 @@ func (m *metaBuilder) raw(p unsafe.Pointer, n int64) int64 {
 		m.buf = append(m.buf, unsafe.Slice((*byte)(p), n)...)
 	}
 	return off
+}
+
+func (m *metaBuilder) f32(v []float32) int64 {
+	if len(v) == 0 {
+		return m.raw(nil, 0)
+	}
+	return m.raw(unsafe.Pointer(unsafe.SliceData(v)), 4*int64(len(v)))
 }
 
 func (m *metaBuilder) i32(v []int32) int64 {

@@ -61,10 +61,17 @@ func Root(t testing.TB) string {
 }
 
 // Fixtures lists the directories of the checkout's transformers fixtures
-// (testdata/glm5next-tiny-*), sorted; the first is tiny-a.
+// of the trunk (testdata/glm5next-tiny-*, less the MTP fixture, whose
+// reference is of another format), sorted; the first is tiny-a.
 func Fixtures(t testing.TB) []string {
 	t.Helper()
-	dirs, err := filepath.Glob(filepath.Join(Root(t), "testdata", "glm5next-tiny-*"))
+	all, err := filepath.Glob(filepath.Join(Root(t), "testdata", "glm5next-tiny-*"))
+	var dirs []string
+	for _, d := range all {
+		if !eval.IsMTPReference(filepath.Join(d, "reference.json")) {
+			dirs = append(dirs, d)
+		}
+	}
 	if err != nil || len(dirs) == 0 {
 		t.Fatalf("passtest: no fixtures under %s/testdata (%v)", Root(t), err)
 	}
@@ -140,4 +147,92 @@ func Explain(t testing.TB, cfg *model.Config, mode graph.Mode, reqs []pass.Reque
 		t.Fatal(err)
 	}
 	return g, rep, before
+}
+
+// TinyMTP opens the checkpoint of the MTP fixture glm5next-tiny-mtp (the
+// tiny-a trunk plus an MTP layer): draft graphs are built for it.
+func TinyMTP(t testing.TB) *model.Checkpoint {
+	t.Helper()
+	ck, err := model.Open(filepath.Join(Root(t), "testdata", "glm5next-tiny-mtp", "checkpoint"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	return ck
+}
+
+// SpecGraphs builds speculative decoding's graphs for cfg (which must have
+// an MTP layer), by name: "verify" (the target's verify batch: span logits,
+// final hidden rows), "draft-extend" (the MTP layer after a prefill chunk),
+// "draft-extend-accepted" (after a verify step: lengths from acceptance)
+// and "draft-step" (a draft step reusing step 0's indexer selection).
+func SpecGraphs(t testing.TB, cfg *model.Config) map[string]*ir.Graph {
+	t.Helper()
+	out := map[string]*ir.Graph{}
+	var err error
+	if out["verify"], err = graph.Build(cfg, graph.Options{Mode: graph.Verify, Logits: graph.SpanLogits, FinalHidden: true}); err != nil {
+		t.Fatal(err)
+	}
+	for name, o := range map[string]graph.Options{
+		"draft-extend":          {Mode: graph.Extend, Logits: graph.LastLogits, IndexShare: 4},
+		"draft-extend-accepted": {Mode: graph.Verify, Logits: graph.LastLogits, IndexShare: 4},
+		"draft-step":            {Mode: graph.Decode, Logits: graph.LastLogits, IndexShare: 4},
+	} {
+		if out[name], err = graph.BuildMTP(cfg, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// RunOn runs the requested passes over g (verifying after each) in env
+// (pass.NewEnv(cfg, nil) when nil) and returns the report.
+func RunOn(t testing.TB, g *ir.Graph, cfg *model.Config, reqs []pass.Request, env *pass.Env) *pass.Report {
+	t.Helper()
+	pl, err := pass.NewPipeline(reqs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env == nil {
+		env = pass.NewEnv(cfg, nil)
+	}
+	rep, err := pl.Run(g, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// SpecStatement checks that the pass states how it treats verify and
+// draft graphs (pass.SpecAware), that running it on each of SpecGraphs
+// leaves a graph that verifies and does not fail, and that the report
+// shows the statement. It returns the pass's report per graph name.
+func SpecStatement(t testing.TB, name string, cfg *model.Config, opts map[string]any) map[string]*pass.PassReport {
+	t.Helper()
+	f, ok := pass.Lookup(name)
+	if !ok {
+		t.Fatalf("pass %s is not registered", name)
+	}
+	sa, ok := f().(pass.SpecAware)
+	if !ok {
+		t.Fatalf("pass %s does not state how it treats verify and draft graphs (pass.SpecAware)", name)
+	}
+	out := map[string]*pass.PassReport{}
+	for gname, g := range SpecGraphs(t, cfg) {
+		kind := pass.KindOf(g)
+		stmt := sa.Speculation(kind)
+		if strings.TrimSpace(stmt) == "" {
+			t.Fatalf("pass %s states nothing about %s graphs", name, kind)
+		}
+		rep := RunOn(t, g, cfg, []pass.Request{{Name: name, Options: opts}}, nil)
+		pr := rep.Find(name)
+		if pr.Error != "" {
+			t.Fatalf("pass %s failed on the %s graph: %s", name, gname, pr.Error)
+		}
+		if len(pr.Notes) == 0 || pr.Notes[0] != string(kind)+" graph: "+stmt {
+			t.Fatalf("the report of pass %s on the %s graph does not show its statement: %q", name, gname, pr.Notes)
+		}
+		out[gname] = pr
+	}
+	return out
 }

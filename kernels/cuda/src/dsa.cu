@@ -15,7 +15,9 @@ KERNEL(glmf_dsa_meta, DSAMetaArgs) {
 // indexer_append: per sequence (block) and channel (thread), in token
 // order: stage the key and gate in the slot's pending pool; a pool that
 // fills is pooled (per-channel softmax of gate+ape over its kpool rows,
-// weighted mean of the keys, in double) into the slot's pool keys.
+// weighted mean of the keys, in double) into the slot's pool keys. A
+// checkpointed sequence (ckpt[s] ≥ 0) also keeps every raw row in its
+// rollback record, row p − ⌊ckpt/kpool⌋·kpool for position p.
 struct IdxAppendArgs {
   BatchMeta m;
   const float* k; const float* gate;     // [T][D]
@@ -23,6 +25,8 @@ struct IdxAppendArgs {
   float* pools; i64 pools_stride;        // per slot [maxPools][D]
   float* pend_k; float* pend_g; i64 pend_stride;  // per slot [kpool][D]
   i64 D, kpool;
+  const int* ckpt;                       // [S] checkpoint position or −1 (0: no records)
+  float* rec_k; float* rec_g; i64 rec_stride;  // per slot [kpool−1+depth][D]
 };
 KERNEL(glmf_indexer_append, IdxAppendArgs) {
   i64 s = blockIdx.x, d = threadIdx.x;
@@ -31,10 +35,16 @@ KERNEL(glmf_indexer_append, IdxAppendArgs) {
   float* pk = a.pend_k + slot * a.pend_stride;
   float* pg = a.pend_g + slot * a.pend_stride;
   float* pools = a.pools + slot * a.pools_stride;
+  i64 ck = a.ckpt ? a.ckpt[s] : -1;
+  i64 rbase = ck >= 0 ? ck / a.kpool * a.kpool : 0;
   for (i64 j = 0; j < n; j++) {
     i64 pos = pos0 + j, sp = pos % a.kpool;
     pk[sp * a.D + d] = a.k[(row0 + j) * a.D + d];
     pg[sp * a.D + d] = a.gate[(row0 + j) * a.D + d];
+    if (ck >= 0) {
+      a.rec_k[slot * a.rec_stride + (pos - rbase) * a.D + d] = a.k[(row0 + j) * a.D + d];
+      a.rec_g[slot * a.rec_stride + (pos - rbase) * a.D + d] = a.gate[(row0 + j) * a.D + d];
+    }
     if (sp == a.kpool - 1) {
       double mx = -INFINITY;
       for (i64 jj = 0; jj < a.kpool; jj++) {
@@ -135,6 +145,39 @@ KERNEL(glmf_indexer_select, IdxSelectArgs) {
     i64 o = keep * a.kpool;
     for (i64 pos = n * a.kpool; pos <= a.m.row_pos[t]; pos++) row[o++] = (int)pos;
   }
+}
+
+// indexer_save: the slot's shared selection (index_share_for_mtp_iteration)
+// becomes its sequence's last selection row. Grid S.
+struct IdxSaveArgs { BatchMeta m; const int* sel; i64 width; int* saved; i64 saved_stride; };
+KERNEL(glmf_indexer_save, IdxSaveArgs) {
+  i64 s = blockIdx.x;
+  if (s >= a.m.S) return;
+  const int* row = a.sel + (i64)a.m.last_row[s] * a.width;
+  int* dst = a.saved + (i64)a.m.seq_slot[s] * a.saved_stride;
+  for (i64 i = threadIdx.x; i < a.width; i += blockDim.x) dst[i] = row[i];
+}
+
+// indexer_shared: a row without scoring: the slot's saved selection (its
+// positions, in order) then every position in (share_pos[s], pos], then −1
+// padding (the host checks that they fit). Grid T, one thread per row.
+struct IdxSharedArgs {
+  BatchMeta m;
+  const int* saved; i64 saved_stride, saved_width;
+  const int* share_pos;  // [S] position of the saved selection
+  int* sel; i64 width;
+};
+KERNEL(glmf_indexer_shared, IdxSharedArgs) {
+  i64 t = blockIdx.x;
+  if (t >= a.m.T || threadIdx.x != 0) return;
+  i64 s = a.m.row_seq[t];
+  const int* sv = a.saved + (i64)a.m.seq_slot[s] * a.saved_stride;
+  int* row = a.sel + t * a.width;
+  i64 o = 0;
+  for (i64 i = 0; i < a.saved_width && o < a.width; i++)
+    if (sv[i] >= 0) row[o++] = sv[i];
+  for (i64 p = (i64)a.share_pos[s] + 1; p <= a.m.row_pos[t] && o < a.width; p++) row[o++] = (int)p;
+  for (; o < a.width; o++) row[o] = -1;
 }
 
 // mla_append: cache[slot][pos] = c_kv[t] for every row.

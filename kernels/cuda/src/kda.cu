@@ -7,7 +7,10 @@
 
 // kda_conv: causal depthwise conv + SiLU over the 3P channels of q|k|v of
 // every sequence, continuing from and updating the slot's conv state
-// ([3P][K−1] raw inputs, oldest first). Grid (ceil(3P/256), S).
+// ([3P][K−1] raw inputs, oldest first). A sequence whose slot is
+// checkpointed (ckpt[s] ≥ 0: the checkpoint's position) also writes the
+// window after every position p into snap[slot][p − ckpt] (the rollback
+// record). Grid (ceil(3P/256), S).
 struct KDAConvArgs {
   BatchMeta m;
   const int* lens;  // device lengths (seq_lengths) when the graph reads them, else 0
@@ -16,6 +19,8 @@ struct KDAConvArgs {
   float* oq; float* ok; float* ov;
   float* state; i64 slot_stride;  // this layer's conv states, per slot
   i64 P, ksize;
+  const int* ckpt;                // [S] checkpoint position or −1 (0: no records)
+  float* snap; i64 snap_stride;   // per slot [depth][3P][K−1]
 };
 KERNEL(glmf_kda_conv, KDAConvArgs) {
   i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -30,6 +35,8 @@ KERNEL(glmf_kda_conv, KDAConvArgs) {
   i64 cc = c % a.P;
   float win[KDA_MAX_CONV];
   for (i64 j = 0; j < a.ksize - 1; j++) win[j] = st[j];
+  i64 ck = a.ckpt ? a.ckpt[s] : -1;
+  i64 pos0 = a.m.seq_pos0[s];
   for (i64 j = 0; j < n; j++) {
     i64 r = row0 + j;
     float u = src[r * a.P + cc];
@@ -39,6 +46,10 @@ KERNEL(glmf_kda_conv, KDAConvArgs) {
     dst[r * a.P + cc] = siluf_d(acc);
     for (i64 jj = 0; jj + 1 < a.ksize - 1; jj++) win[jj] = win[jj + 1];
     if (a.ksize > 1) win[a.ksize - 2] = u;
+    if (ck >= 0) {
+      float* sn = a.snap + (i64)a.m.seq_slot[s] * a.snap_stride + (pos0 + j - ck) * C * (a.ksize - 1) + c * (a.ksize - 1);
+      for (i64 jj = 0; jj < a.ksize - 1; jj++) sn[jj] = win[jj];
+    }
   }
   for (i64 j = 0; j < a.ksize - 1; j++) st[j] = win[j];
 }
@@ -68,6 +79,8 @@ KERNEL(glmf_kda_gate, KDAGateArgs) {
 // kda_recurrent: per (sequence, head), token by token:
 //   q,k ← L2-normalized (q also scaled by Dh^−½);
 //   S = diag(e^g)·S;  δ = β(v − Sᵀk);  S += k⊗δ;  o = Sᵀq.
+// A checkpointed sequence (ckpt[s] ≥ 0) also writes S after every
+// position p into snap[slot][p − ckpt] (the rollback record).
 // One block per (head, sequence); thread j owns column j of S.
 struct KDAAttnArgs {
   BatchMeta m;
@@ -77,6 +90,8 @@ struct KDAAttnArgs {
   float* state; i64 slot_stride;  // this layer's states [slot][H][Dh][Dh]
   i64 H, Dh;
   double qscale;
+  const int* ckpt;                // [S] checkpoint position or −1 (0: no records)
+  float* snap; i64 snap_stride;   // per slot [depth][H][Dh][Dh]
 };
 KERNEL(glmf_kda_recurrent, KDAAttnArgs) {
   DYN_SMEM(float, sm);
@@ -90,6 +105,8 @@ KERNEL(glmf_kda_recurrent, KDAAttnArgs) {
   i64 row0 = a.m.seq_row0[s];
   float* S = a.state + (i64)a.m.seq_slot[s] * a.slot_stride + h * D * D;
   i64 j = threadIdx.x;
+  i64 ck = a.ckpt ? a.ckpt[s] : -1;
+  i64 pos0 = a.m.seq_pos0[s];
   for (i64 t = 0; t < n; t++) {
     i64 r = row0 + t;
     float sq = 0, sk = 0;
@@ -120,9 +137,11 @@ KERNEL(glmf_kda_recurrent, KDAAttnArgs) {
       float b = a.beta[r * a.H + h];
       pred = b * (a.v[r * P + h * D + j] - pred);
       float out = 0;
+      float* sn = ck >= 0 ? a.snap + (i64)a.m.seq_slot[s] * a.snap_stride + (pos0 + t - ck) * a.H * D * D + h * D * D : 0;
       for (i64 c = 0; c < D; c++) {
         float x = S[c * D + j] + ks[c] * pred;
         S[c * D + j] = x;
+        if (sn) sn[c * D + j] = x;
         out += qs[c] * x;
       }
       a.o[r * P + h * D + j] = out;

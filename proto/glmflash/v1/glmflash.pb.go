@@ -206,9 +206,13 @@ type GenerateRequest struct {
 	// Stop strings (at most 16, each at most 256 bytes): matched on the
 	// generated text across token boundaries; the stop string and anything
 	// after it are not streamed, and generation ends.
-	Stop          []string `protobuf:"bytes,10,rep,name=stop,proto3" json:"stop,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Stop []string `protobuf:"bytes,10,rep,name=stop,proto3" json:"stop,omitempty"`
+	// Decode plainly even when the server speculates (speculative decoding
+	// never changes a greedy request's tokens; a sampled request's tokens
+	// follow the same distribution but another random stream).
+	DisableSpeculation bool `protobuf:"varint,11,opt,name=disable_speculation,json=disableSpeculation,proto3" json:"disable_speculation,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -309,6 +313,13 @@ func (x *GenerateRequest) GetStop() []string {
 		return x.Stop
 	}
 	return nil
+}
+
+func (x *GenerateRequest) GetDisableSpeculation() bool {
+	if x != nil {
+		return x.DisableSpeculation
+	}
+	return false
 }
 
 // ChatMessage is one turn of a conversation.
@@ -715,7 +726,9 @@ type Finish struct {
 	// a stop string that never completed).
 	Text string `protobuf:"bytes,7,opt,name=text,proto3" json:"text,omitempty"`
 	// The stop string that ended generation (reason STOP), if one did.
-	Stop          string `protobuf:"bytes,8,opt,name=stop,proto3" json:"stop,omitempty"`
+	Stop string `protobuf:"bytes,8,opt,name=stop,proto3" json:"stop,omitempty"`
+	// The request's speculative decoding, when the server speculated for it.
+	Speculative   *SpeculativeStats `protobuf:"bytes,9,opt,name=speculative,proto3" json:"speculative,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -806,6 +819,85 @@ func (x *Finish) GetStop() string {
 	return ""
 }
 
+func (x *Finish) GetSpeculative() *SpeculativeStats {
+	if x != nil {
+		return x.Speculative
+	}
+	return nil
+}
+
+// SpeculativeStats count one request's speculative decoding.
+type SpeculativeStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Verify passes that held drafts for the request.
+	VerifySteps uint32 `protobuf:"varint,1,opt,name=verify_steps,json=verifySteps,proto3" json:"verify_steps,omitempty"`
+	// Draft tokens proposed, and those the model accepted.
+	DraftTokens    uint32 `protobuf:"varint,2,opt,name=draft_tokens,json=draftTokens,proto3" json:"draft_tokens,omitempty"`
+	AcceptedTokens uint32 `protobuf:"varint,3,opt,name=accepted_tokens,json=acceptedTokens,proto3" json:"accepted_tokens,omitempty"`
+	// Tokens per verify pass: (accepted_tokens + verify_steps) / verify_steps.
+	AcceptanceLength float64 `protobuf:"fixed64,4,opt,name=acceptance_length,json=acceptanceLength,proto3" json:"acceptance_length,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *SpeculativeStats) Reset() {
+	*x = SpeculativeStats{}
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpeculativeStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpeculativeStats) ProtoMessage() {}
+
+func (x *SpeculativeStats) ProtoReflect() protoreflect.Message {
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpeculativeStats.ProtoReflect.Descriptor instead.
+func (*SpeculativeStats) Descriptor() ([]byte, []int) {
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SpeculativeStats) GetVerifySteps() uint32 {
+	if x != nil {
+		return x.VerifySteps
+	}
+	return 0
+}
+
+func (x *SpeculativeStats) GetDraftTokens() uint32 {
+	if x != nil {
+		return x.DraftTokens
+	}
+	return 0
+}
+
+func (x *SpeculativeStats) GetAcceptedTokens() uint32 {
+	if x != nil {
+		return x.AcceptedTokens
+	}
+	return 0
+}
+
+func (x *SpeculativeStats) GetAcceptanceLength() float64 {
+	if x != nil {
+		return x.AcceptanceLength
+	}
+	return 0
+}
+
 type AbortRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -815,7 +907,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[9]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +919,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[9]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +932,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{9}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AbortRequest) GetRequestId() string {
@@ -858,7 +950,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[10]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +962,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[10]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +975,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{10}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{11}
 }
 
 type GetModelInfoRequest struct {
@@ -894,7 +986,7 @@ type GetModelInfoRequest struct {
 
 func (x *GetModelInfoRequest) Reset() {
 	*x = GetModelInfoRequest{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[11]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +998,7 @@ func (x *GetModelInfoRequest) String() string {
 func (*GetModelInfoRequest) ProtoMessage() {}
 
 func (x *GetModelInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[11]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +1011,7 @@ func (x *GetModelInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetModelInfoRequest) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{11}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{12}
 }
 
 type GetModelInfoResponse struct {
@@ -938,7 +1030,7 @@ type GetModelInfoResponse struct {
 
 func (x *GetModelInfoResponse) Reset() {
 	*x = GetModelInfoResponse{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[12]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -950,7 +1042,7 @@ func (x *GetModelInfoResponse) String() string {
 func (*GetModelInfoResponse) ProtoMessage() {}
 
 func (x *GetModelInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[12]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -963,7 +1055,7 @@ func (x *GetModelInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetModelInfoResponse) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{12}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetModelInfoResponse) GetModel() *ModelInfo {
@@ -1014,14 +1106,21 @@ type ModelInfo struct {
 	// Bytes held by the loaded (float32) weights.
 	WeightBytes uint64 `protobuf:"varint,14,opt,name=weight_bytes,json=weightBytes,proto3" json:"weight_bytes,omitempty"`
 	// The full text configuration as Hugging Face JSON.
-	ConfigJson    string `protobuf:"bytes,15,opt,name=config_json,json=configJson,proto3" json:"config_json,omitempty"`
+	ConfigJson string `protobuf:"bytes,15,opt,name=config_json,json=configJson,proto3" json:"config_json,omitempty"`
+	// MTP (NextN) draft layers the model declares (num_nextn_predict_layers;
+	// the released model has 1, stored as layer num_layers). Not counted in
+	// num_layers, kda_layers, dsa_layers or moe_layers.
+	MtpLayers uint32 `protobuf:"varint,16,opt,name=mtp_layers,json=mtpLayers,proto3" json:"mtp_layers,omitempty"`
+	// The checkpoint holds every tensor of the MTP layers (speculative
+	// decoding with the MTP drafter needs them).
+	MtpWeights    bool `protobuf:"varint,17,opt,name=mtp_weights,json=mtpWeights,proto3" json:"mtp_weights,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ModelInfo) Reset() {
 	*x = ModelInfo{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[13]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1033,7 +1132,7 @@ func (x *ModelInfo) String() string {
 func (*ModelInfo) ProtoMessage() {}
 
 func (x *ModelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[13]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1145,7 @@ func (x *ModelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfo.ProtoReflect.Descriptor instead.
 func (*ModelInfo) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{13}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ModelInfo) GetModelType() string {
@@ -1154,6 +1253,20 @@ func (x *ModelInfo) GetConfigJson() string {
 	return ""
 }
 
+func (x *ModelInfo) GetMtpLayers() uint32 {
+	if x != nil {
+		return x.MtpLayers
+	}
+	return 0
+}
+
+func (x *ModelInfo) GetMtpWeights() bool {
+	if x != nil {
+		return x.MtpWeights
+	}
+	return false
+}
+
 type EngineInfo struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Slots          uint32                 `protobuf:"varint,1,opt,name=slots,proto3" json:"slots,omitempty"`
@@ -1165,15 +1278,19 @@ type EngineInfo struct {
 	ContextLimit     uint32 `protobuf:"varint,6,opt,name=context_limit,json=contextLimit,proto3" json:"context_limit,omitempty"`
 	DefaultMaxTokens uint32 `protobuf:"varint,7,opt,name=default_max_tokens,json=defaultMaxTokens,proto3" json:"default_max_tokens,omitempty"`
 	// The backend that runs the model ("cpu", "cuda") and its device.
-	Backend       string `protobuf:"bytes,8,opt,name=backend,proto3" json:"backend,omitempty"`
-	Device        string `protobuf:"bytes,9,opt,name=device,proto3" json:"device,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Backend string `protobuf:"bytes,8,opt,name=backend,proto3" json:"backend,omitempty"`
+	Device  string `protobuf:"bytes,9,opt,name=device,proto3" json:"device,omitempty"`
+	// Speculative decoding: "off", or the method and its chain ("mtp 5-1-6").
+	Speculative string `protobuf:"bytes,10,opt,name=speculative,proto3" json:"speculative,omitempty"`
+	// MTP draft steps ≥ 1 reuse step 0's indexer selection.
+	SpeculativeIndexShare bool `protobuf:"varint,11,opt,name=speculative_index_share,json=speculativeIndexShare,proto3" json:"speculative_index_share,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *EngineInfo) Reset() {
 	*x = EngineInfo{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[14]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1302,7 @@ func (x *EngineInfo) String() string {
 func (*EngineInfo) ProtoMessage() {}
 
 func (x *EngineInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[14]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1315,7 @@ func (x *EngineInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineInfo.ProtoReflect.Descriptor instead.
 func (*EngineInfo) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{14}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EngineInfo) GetSlots() uint32 {
@@ -1264,6 +1381,20 @@ func (x *EngineInfo) GetDevice() string {
 	return ""
 }
 
+func (x *EngineInfo) GetSpeculative() string {
+	if x != nil {
+		return x.Speculative
+	}
+	return ""
+}
+
+func (x *EngineInfo) GetSpeculativeIndexShare() bool {
+	if x != nil {
+		return x.SpeculativeIndexShare
+	}
+	return false
+}
+
 type ScoreRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Token ids, each in [0, vocab_size), not empty, within the context limit.
@@ -1276,7 +1407,7 @@ type ScoreRequest struct {
 
 func (x *ScoreRequest) Reset() {
 	*x = ScoreRequest{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[15]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1288,7 +1419,7 @@ func (x *ScoreRequest) String() string {
 func (*ScoreRequest) ProtoMessage() {}
 
 func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[15]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1301,7 +1432,7 @@ func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreRequest.ProtoReflect.Descriptor instead.
 func (*ScoreRequest) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{15}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ScoreRequest) GetTokenIds() []int32 {
@@ -1331,7 +1462,7 @@ type ScoreResponse struct {
 
 func (x *ScoreResponse) Reset() {
 	*x = ScoreResponse{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[16]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1474,7 @@ func (x *ScoreResponse) String() string {
 func (*ScoreResponse) ProtoMessage() {}
 
 func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[16]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1487,7 @@ func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreResponse.ProtoReflect.Descriptor instead.
 func (*ScoreResponse) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{16}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ScoreResponse) GetRows() uint32 {
@@ -1393,7 +1524,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x04seed\x18\x05 \x01(\x04H\x02R\x04seed\x88\x01\x01B\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\a\n" +
-	"\x05_seed\"\xfa\x02\n" +
+	"\x05_seed\"\xab\x03\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
@@ -1409,7 +1540,8 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x06prompt\x18\b \x01(\tR\x06prompt\x124\n" +
 	"\bmessages\x18\t \x03(\v2\x18.glmflash.v1.ChatMessageR\bmessages\x12\x12\n" +
 	"\x04stop\x18\n" +
-	" \x03(\tR\x04stopB\r\n" +
+	" \x03(\tR\x04stop\x12/\n" +
+	"\x13disable_speculation\x18\v \x01(\bR\x12disableSpeculationB\r\n" +
 	"\v_max_tokens\";\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
@@ -1433,7 +1565,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\aTimings\x12/\n" +
 	"\x05queue\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05queue\x12H\n" +
 	"\x13time_to_first_token\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x10timeToFirstToken\x12/\n" +
-	"\x05total\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05total\"\x8a\x02\n" +
+	"\x05total\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05total\"\xcb\x02\n" +
 	"\x06Finish\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x121\n" +
@@ -1443,7 +1575,13 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\atimings\x18\x05 \x01(\v2\x14.glmflash.v1.TimingsR\atimings\x12\x12\n" +
 	"\x04seed\x18\x06 \x01(\x04R\x04seed\x12\x12\n" +
 	"\x04text\x18\a \x01(\tR\x04text\x12\x12\n" +
-	"\x04stop\x18\b \x01(\tR\x04stop\"-\n" +
+	"\x04stop\x18\b \x01(\tR\x04stop\x12?\n" +
+	"\vspeculative\x18\t \x01(\v2\x1d.glmflash.v1.SpeculativeStatsR\vspeculative\"\xae\x01\n" +
+	"\x10SpeculativeStats\x12!\n" +
+	"\fverify_steps\x18\x01 \x01(\rR\vverifySteps\x12!\n" +
+	"\fdraft_tokens\x18\x02 \x01(\rR\vdraftTokens\x12'\n" +
+	"\x0faccepted_tokens\x18\x03 \x01(\rR\x0eacceptedTokens\x12+\n" +
+	"\x11acceptance_length\x18\x04 \x01(\x01R\x10acceptanceLength\"-\n" +
 	"\fAbortRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x0f\n" +
@@ -1454,7 +1592,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x06engine\x18\x02 \x01(\v2\x17.glmflash.v1.EngineInfoR\x06engine\x12(\n" +
 	"\x10pass_report_json\x18\x03 \x01(\tR\x0epassReportJson\x12\x1f\n" +
 	"\vconfig_hash\x18\x04 \x01(\tR\n" +
-	"configHash\"\x95\x04\n" +
+	"configHash\"\xd5\x04\n" +
 	"\tModelInfo\x12\x1d\n" +
 	"\n" +
 	"model_type\x18\x01 \x01(\tR\tmodelType\x12\x16\n" +
@@ -1479,7 +1617,11 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\fquantization\x18\r \x01(\tR\fquantization\x12!\n" +
 	"\fweight_bytes\x18\x0e \x01(\x04R\vweightBytes\x12\x1f\n" +
 	"\vconfig_json\x18\x0f \x01(\tR\n" +
-	"configJson\"\xb4\x02\n" +
+	"configJson\x12\x1d\n" +
+	"\n" +
+	"mtp_layers\x18\x10 \x01(\rR\tmtpLayers\x12\x1f\n" +
+	"\vmtp_weights\x18\x11 \x01(\bR\n" +
+	"mtpWeights\"\x8e\x03\n" +
 	"\n" +
 	"EngineInfo\x12\x14\n" +
 	"\x05slots\x18\x01 \x01(\rR\x05slots\x12\x1f\n" +
@@ -1491,7 +1633,10 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\rcontext_limit\x18\x06 \x01(\rR\fcontextLimit\x12,\n" +
 	"\x12default_max_tokens\x18\a \x01(\rR\x10defaultMaxTokens\x12\x18\n" +
 	"\abackend\x18\b \x01(\tR\abackend\x12\x16\n" +
-	"\x06device\x18\t \x01(\tR\x06device\"P\n" +
+	"\x06device\x18\t \x01(\tR\x06device\x12 \n" +
+	"\vspeculative\x18\n" +
+	" \x01(\tR\vspeculative\x126\n" +
+	"\x17speculative_index_share\x18\v \x01(\bR\x15speculativeIndexShare\"P\n" +
 	"\fScoreRequest\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\x05R\btokenIds\x12#\n" +
 	"\rall_positions\x18\x02 \x01(\bR\fallPositions\"Z\n" +
@@ -1525,7 +1670,7 @@ func file_glmflash_v1_glmflash_proto_rawDescGZIP() []byte {
 }
 
 var file_glmflash_v1_glmflash_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_glmflash_v1_glmflash_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_glmflash_v1_glmflash_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_glmflash_v1_glmflash_proto_goTypes = []any{
 	(FinishReason)(0),            // 0: glmflash.v1.FinishReason
 	(*SamplingParams)(nil),       // 1: glmflash.v1.SamplingParams
@@ -1537,15 +1682,16 @@ var file_glmflash_v1_glmflash_proto_goTypes = []any{
 	(*Usage)(nil),                // 7: glmflash.v1.Usage
 	(*Timings)(nil),              // 8: glmflash.v1.Timings
 	(*Finish)(nil),               // 9: glmflash.v1.Finish
-	(*AbortRequest)(nil),         // 10: glmflash.v1.AbortRequest
-	(*AbortResponse)(nil),        // 11: glmflash.v1.AbortResponse
-	(*GetModelInfoRequest)(nil),  // 12: glmflash.v1.GetModelInfoRequest
-	(*GetModelInfoResponse)(nil), // 13: glmflash.v1.GetModelInfoResponse
-	(*ModelInfo)(nil),            // 14: glmflash.v1.ModelInfo
-	(*EngineInfo)(nil),           // 15: glmflash.v1.EngineInfo
-	(*ScoreRequest)(nil),         // 16: glmflash.v1.ScoreRequest
-	(*ScoreResponse)(nil),        // 17: glmflash.v1.ScoreResponse
-	(*durationpb.Duration)(nil),  // 18: google.protobuf.Duration
+	(*SpeculativeStats)(nil),     // 10: glmflash.v1.SpeculativeStats
+	(*AbortRequest)(nil),         // 11: glmflash.v1.AbortRequest
+	(*AbortResponse)(nil),        // 12: glmflash.v1.AbortResponse
+	(*GetModelInfoRequest)(nil),  // 13: glmflash.v1.GetModelInfoRequest
+	(*GetModelInfoResponse)(nil), // 14: glmflash.v1.GetModelInfoResponse
+	(*ModelInfo)(nil),            // 15: glmflash.v1.ModelInfo
+	(*EngineInfo)(nil),           // 16: glmflash.v1.EngineInfo
+	(*ScoreRequest)(nil),         // 17: glmflash.v1.ScoreRequest
+	(*ScoreResponse)(nil),        // 18: glmflash.v1.ScoreResponse
+	(*durationpb.Duration)(nil),  // 19: google.protobuf.Duration
 }
 var file_glmflash_v1_glmflash_proto_depIdxs = []int32{
 	1,  // 0: glmflash.v1.GenerateRequest.sampling:type_name -> glmflash.v1.SamplingParams
@@ -1553,27 +1699,28 @@ var file_glmflash_v1_glmflash_proto_depIdxs = []int32{
 	5,  // 2: glmflash.v1.GenerateResponse.token:type_name -> glmflash.v1.Token
 	9,  // 3: glmflash.v1.GenerateResponse.finish:type_name -> glmflash.v1.Finish
 	6,  // 4: glmflash.v1.Token.top_logprobs:type_name -> glmflash.v1.TokenLogprob
-	18, // 5: glmflash.v1.Timings.queue:type_name -> google.protobuf.Duration
-	18, // 6: glmflash.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
-	18, // 7: glmflash.v1.Timings.total:type_name -> google.protobuf.Duration
+	19, // 5: glmflash.v1.Timings.queue:type_name -> google.protobuf.Duration
+	19, // 6: glmflash.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
+	19, // 7: glmflash.v1.Timings.total:type_name -> google.protobuf.Duration
 	0,  // 8: glmflash.v1.Finish.reason:type_name -> glmflash.v1.FinishReason
 	7,  // 9: glmflash.v1.Finish.usage:type_name -> glmflash.v1.Usage
 	8,  // 10: glmflash.v1.Finish.timings:type_name -> glmflash.v1.Timings
-	14, // 11: glmflash.v1.GetModelInfoResponse.model:type_name -> glmflash.v1.ModelInfo
-	15, // 12: glmflash.v1.GetModelInfoResponse.engine:type_name -> glmflash.v1.EngineInfo
-	2,  // 13: glmflash.v1.GLMFlash.Generate:input_type -> glmflash.v1.GenerateRequest
-	10, // 14: glmflash.v1.GLMFlash.Abort:input_type -> glmflash.v1.AbortRequest
-	12, // 15: glmflash.v1.GLMFlash.GetModelInfo:input_type -> glmflash.v1.GetModelInfoRequest
-	16, // 16: glmflash.v1.GLMFlash.Score:input_type -> glmflash.v1.ScoreRequest
-	4,  // 17: glmflash.v1.GLMFlash.Generate:output_type -> glmflash.v1.GenerateResponse
-	11, // 18: glmflash.v1.GLMFlash.Abort:output_type -> glmflash.v1.AbortResponse
-	13, // 19: glmflash.v1.GLMFlash.GetModelInfo:output_type -> glmflash.v1.GetModelInfoResponse
-	17, // 20: glmflash.v1.GLMFlash.Score:output_type -> glmflash.v1.ScoreResponse
-	17, // [17:21] is the sub-list for method output_type
-	13, // [13:17] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	10, // 11: glmflash.v1.Finish.speculative:type_name -> glmflash.v1.SpeculativeStats
+	15, // 12: glmflash.v1.GetModelInfoResponse.model:type_name -> glmflash.v1.ModelInfo
+	16, // 13: glmflash.v1.GetModelInfoResponse.engine:type_name -> glmflash.v1.EngineInfo
+	2,  // 14: glmflash.v1.GLMFlash.Generate:input_type -> glmflash.v1.GenerateRequest
+	11, // 15: glmflash.v1.GLMFlash.Abort:input_type -> glmflash.v1.AbortRequest
+	13, // 16: glmflash.v1.GLMFlash.GetModelInfo:input_type -> glmflash.v1.GetModelInfoRequest
+	17, // 17: glmflash.v1.GLMFlash.Score:input_type -> glmflash.v1.ScoreRequest
+	4,  // 18: glmflash.v1.GLMFlash.Generate:output_type -> glmflash.v1.GenerateResponse
+	12, // 19: glmflash.v1.GLMFlash.Abort:output_type -> glmflash.v1.AbortResponse
+	14, // 20: glmflash.v1.GLMFlash.GetModelInfo:output_type -> glmflash.v1.GetModelInfoResponse
+	18, // 21: glmflash.v1.GLMFlash.Score:output_type -> glmflash.v1.ScoreResponse
+	18, // [18:22] is the sub-list for method output_type
+	14, // [14:18] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_glmflash_v1_glmflash_proto_init() }
@@ -1593,7 +1740,7 @@ func file_glmflash_v1_glmflash_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_glmflash_v1_glmflash_proto_rawDesc), len(file_glmflash_v1_glmflash_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -155,7 +155,9 @@ type Value struct {
 	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	Kind  Kind                   `protobuf:"varint,3,opt,name=kind,proto3,enum=glmflash.plugin.v1.Kind" json:"kind,omitempty"`
 	Dtype DType                  `protobuf:"varint,4,opt,name=dtype,proto3,enum=glmflash.plugin.v1.DType" json:"dtype,omitempty"`
-	// Dimensions; -1 is the token dimension T, -2 the sequence dimension S.
+	// Dimensions; -1 is the token dimension T, -2 the sequence dimension S,
+	// -3 the selected rows R (each sequence's last rows, as many as its batch
+	// entry asks).
 	Shape []int64 `protobuf:"varint,5,rep,packed,name=shape,proto3" json:"shape,omitempty"`
 	// Checkpoint tensor name of a weight leaf; a stacked leaf uses "{e}" in
 	// ref and stack > 0 (tensors 0..stack-1 stacked along a new dim 0).

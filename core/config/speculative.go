@@ -1,0 +1,139 @@
+package config
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Speculative configures speculative decoding (core/spec, core/sched):
+// method off or mtp (the model's MTP layer drafts), the number of draft
+// steps directly or as a preset, and index sharing between draft steps.
+type Speculative struct {
+	// Method is "off" (plain decoding) or "mtp".
+	Method string `koanf:"method"`
+	// Preset is "num_steps-topk-num_draft_tokens": 5-1-6 (low latency),
+	// 1-1-2 (balanced) or any chain S-1-(S+1).
+	Preset string `koanf:"preset"`
+	// NumSteps is the drafts per verify span (0: the preset's; both given
+	// must agree).
+	NumSteps int `koanf:"num_steps"`
+	// IndexShare is index_share_for_mtp_iteration: draft steps ≥ 1 reuse
+	// step 0's indexer selection. Unset: the checkpoint's config.json value
+	// (true for GLM-5.3-Flash).
+	IndexShare *bool `koanf:"index_share"`
+}
+
+// On reports whether speculative decoding is on.
+func (s Speculative) On() bool { return s.Method != "" && s.Method != "off" }
+
+// Steps is the effective num_steps (after Validate; 0 when off).
+func (s Speculative) Steps() int {
+	if !s.On() {
+		return 0
+	}
+	if s.NumSteps > 0 {
+		return s.NumSteps
+	}
+	p, err := ParseSpecPreset(s.Preset)
+	if err != nil {
+		return 0
+	}
+	return p.Steps
+}
+
+// Share is the effective index sharing for a checkpoint whose config says
+// checkpoint.
+func (s Speculative) Share(checkpoint bool) bool {
+	if s.IndexShare != nil {
+		return *s.IndexShare
+	}
+	return checkpoint
+}
+
+// String describes the setting ("off", "mtp 5-1-6").
+func (s Speculative) String() string {
+	if !s.On() {
+		return "off"
+	}
+	n := s.Steps()
+	return fmt.Sprintf("%s %d-1-%d", s.Method, n, n+1)
+}
+
+func (s *Speculative) validate() error {
+	switch s.Method {
+	case "", "off":
+		s.Method = "off"
+		return nil
+	case "mtp":
+	default:
+		return keyErr("speculative.method", "must be off or mtp, got %q", s.Method)
+	}
+	if s.Preset == "" && s.NumSteps == 0 {
+		s.Preset = "5-1-6" // the model card's low-latency preset
+	}
+	if s.NumSteps < 0 || s.NumSteps > MaxSpecSteps {
+		return keyErr("speculative.num_steps", "must be in [1, %d] (0: the preset's), got %d", MaxSpecSteps, s.NumSteps)
+	}
+	if s.Preset != "" {
+		p, err := ParseSpecPreset(s.Preset)
+		if err != nil {
+			return keyErr("speculative.preset", "%v", err)
+		}
+		if s.NumSteps != 0 && s.NumSteps != p.Steps {
+			return keyErr("speculative.num_steps", "%d disagrees with speculative.preset %s (%d steps): give one of them", s.NumSteps, p.Name, p.Steps)
+		}
+	}
+	return nil
+}
+
+// SpecPreset is a named speculative configuration in SGLang's notation
+// "num_steps-topk-num_draft_tokens".
+type SpecPreset struct {
+	Name string
+	// Steps is the draft steps (drafts per verify span); TopK the drafts
+	// per step (1: a chain); DraftTokens the verify span's tokens
+	// (Steps+1 for a chain: the last accepted token and the drafts).
+	Steps, TopK, DraftTokens int
+}
+
+// SpecPresets are the named configurations of GLM-5.3-Flash's model card:
+// 5-1-6 (low latency) and 1-1-2 (balanced).
+var SpecPresets = []SpecPreset{
+	{Name: "5-1-6", Steps: 5, TopK: 1, DraftTokens: 6},
+	{Name: "1-1-2", Steps: 1, TopK: 1, DraftTokens: 2},
+}
+
+// MaxSpecSteps bounds num_steps (spec.MaxSteps is the same bound).
+const MaxSpecSteps = 32
+
+// ParseSpecPreset reads "S-K-N": a named preset or any chain S-1-(S+1).
+func ParseSpecPreset(s string) (SpecPreset, error) {
+	for _, p := range SpecPresets {
+		if p.Name == s {
+			return p, nil
+		}
+	}
+	f := strings.Split(s, "-")
+	if len(f) != 3 {
+		return SpecPreset{}, fmt.Errorf("%q is not num_steps-topk-num_draft_tokens (5-1-6, 1-1-2, …)", s)
+	}
+	var v [3]int
+	for i, x := range f {
+		n, err := strconv.Atoi(x)
+		if err != nil || n < 1 {
+			return SpecPreset{}, fmt.Errorf("%q: %q is not a positive integer", s, x)
+		}
+		v[i] = n
+	}
+	p := SpecPreset{Name: s, Steps: v[0], TopK: v[1], DraftTokens: v[2]}
+	switch {
+	case p.Steps > MaxSpecSteps:
+		return p, fmt.Errorf("%q: num_steps must be ≤ %d", s, MaxSpecSteps)
+	case p.TopK != 1:
+		return p, fmt.Errorf("%q: topk must be 1 (chain drafting; tree drafting is not implemented)", s)
+	case p.DraftTokens != p.Steps+1:
+		return p, fmt.Errorf("%q: num_draft_tokens must be num_steps+1 = %d for a chain", s, p.Steps+1)
+	}
+	return p, nil
+}

@@ -1,0 +1,52 @@
+package pass
+
+import "github.com/glmflash/glmflash/core/ir"
+
+// GraphKind says what a graph computes for speculative decoding.
+type GraphKind string
+
+// Graph kinds.
+const (
+	// PlainGraph: the target's prefill, decode, extend or mixed batches.
+	PlainGraph GraphKind = "plain"
+	// VerifyGraph: the target's continuous batch holding verify spans
+	// (mode verify): per-position KDA states are kept for rollback, and
+	// the positions it starts from came from the previous step's
+	// acceptance, so the host cannot prepare it ahead.
+	VerifyGraph GraphKind = "verify"
+	// DraftGraph: the MTP (NextN) layer's graph, in any mode: the draft
+	// extend over committed tokens (mode extend after a prefill chunk,
+	// mode verify after acceptance: its lengths are accept lengths) and
+	// the draft steps (mode decode, which may reuse step 0's indexer
+	// selection).
+	DraftGraph GraphKind = "draft"
+)
+
+// KindOf classifies a graph by the attributes the graph builder sets.
+func KindOf(g *ir.Graph) GraphKind {
+	if g.Attrs.Has("mtp_layer") {
+		return DraftGraph
+	}
+	if g.Attrs.String("mode", "") == "verify" {
+		return VerifyGraph
+	}
+	return PlainGraph
+}
+
+// LengthsFromAcceptance reports whether a graph's batch lengths or starting
+// positions are the output of the previous step's acceptance (a verify
+// graph, or a draft extend after a verify step): known to the host only
+// after that step's results, never ahead of it.
+func LengthsFromAcceptance(g *ir.Graph) bool {
+	return g.Attrs.String("mode", "") == "verify"
+}
+
+// SpecAware is a pass that states how it treats speculative decoding's
+// graphs: what it does on a verify graph and on a draft graph (eligible or
+// not, and why). The pipeline puts the statement in the report of every
+// verify and draft program, beside the sites; every built-in pass
+// implements it (a test checks), and a pass that does not (a plugin's) is
+// reported as stating nothing.
+type SpecAware interface {
+	Speculation(kind GraphKind) string
+}

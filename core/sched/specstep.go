@@ -1,0 +1,318 @@
+package sched
+
+import (
+	"time"
+
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/spec"
+)
+
+// SpecProgram is the program of a speculative step: a continuous batch
+// whose speculating sequences run verify spans (their pending token and its
+// drafts) beside decode tokens and prompt chunks, with logits for every row
+// of a verify span and one for the others (span logits), and the target's
+// final hidden rows when the drafter reads them.
+func SpecProgram(d spec.Drafter) engine.Key {
+	return engine.Key{Mode: graph.Verify, Logits: graph.SpanLogits, FinalHidden: d.Needs().FinalHidden}
+}
+
+// drafting reports whether a planned step holds a request the drafter
+// drafts for (its prompt chunks feed the drafter too).
+func drafting(batch []item) bool {
+	for _, it := range batch {
+		if it.r.drafting {
+			return true
+		}
+	}
+	return false
+}
+
+// specStep runs one speculative step: the drafter proposes drafts for the
+// decode tokens of its sequences, the target runs the whole batch once
+// (each drafted sequence's span under a checkpoint of its cache slot),
+// acceptance keeps a prefix of the drafts and adds the target's own token,
+// each slot is cut back to what it committed, and the drafter observes the
+// committed tokens (prompt chunks included). Called without mu.
+func (rt *Scheduler) specStep(batch []item) {
+	// 1. drafts (the drafter may run a model: outside the lock)
+	var props []spec.Proposal
+	var who []int
+	for i, it := range batch {
+		if it.maxDrafts > 0 && it.r.drafting {
+			props = append(props, spec.Proposal{Seq: it.r.ID, Max: it.maxDrafts})
+			who = append(who, i)
+		}
+	}
+	if len(props) > 0 {
+		if err := rt.draft.Propose(props); err != nil {
+			rt.dropDrafting(batch, who, err)
+		} else {
+			for j, i := range who {
+				p := props[j]
+				if len(p.Drafts) > batch[i].maxDrafts {
+					p.Drafts = p.Drafts[:batch[i].maxDrafts]
+				}
+				batch[i].drafts, batch[i].q = p.Drafts, p.Q
+				batch[i].tokens = append([]int32{batch[i].r.next}, p.Drafts...)
+			}
+		}
+	}
+
+	// 2. the batch: a verify span's every row gets logits, a scored
+	// prompt's every row when it asks all positions, the others their last
+	rt.mu.Lock()
+	key := SpecProgram(rt.draft)
+	b := &backend.Batch{SamplesOnly: true}
+	ntok, rows := 0, 0
+	var err error
+	for i := range batch {
+		it := &batch[i]
+		r := it.r
+		it.nrows = 1
+		switch {
+		case len(it.drafts) > 0:
+			it.nrows = len(it.tokens)
+			if err == nil {
+				err = rt.m.Store().Checkpoint(r.slot)
+			}
+			if r.Sampling.Temperature > 0 {
+				b.SamplesOnly = false // the acceptance rule reads the target's probabilities
+			}
+		case r.Score:
+			b.SamplesOnly = false
+			if r.AllPositions {
+				it.nrows = len(it.tokens)
+			}
+		}
+		it.row0, it.tok0 = rows, ntok
+		rows += it.nrows
+		ntok += len(it.tokens)
+		b.Seqs = append(b.Seqs, backend.Seq{Slot: r.slot, Tokens: it.tokens, LogitRows: it.nrows})
+		b.Sample = append(b.Sample, rt.specSamplesLocked(it)...)
+	}
+	rt.mu.Unlock()
+
+	// 3. the target's pass
+	t0 := time.Now()
+	var res *backend.Result
+	if err == nil {
+		res, err = rt.run(key, b)
+	}
+	rt.met.Step(len(batch), ntok, time.Since(t0))
+
+	// 4. acceptance, tokens, cut-backs
+	rt.mu.Lock()
+	obs := rt.collectSpecLocked(batch, res, err)
+	rt.mu.Unlock()
+
+	// 5. the drafter learns what was committed
+	if len(obs) > 0 {
+		if err := rt.draft.Observe(obs); err != nil {
+			var idx []int
+			for i, it := range batch {
+				for _, o := range obs {
+					if o.Seq == it.r.ID {
+						idx = append(idx, i)
+					}
+				}
+			}
+			rt.dropDrafting(batch, idx, err)
+		}
+	}
+}
+
+// dropDrafting turns speculation off for the given items' requests after a
+// drafter error: they go on decoding plainly (their outputs never depended
+// on the drafter).
+func (rt *Scheduler) dropDrafting(batch []item, idx []int, err error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for _, i := range idx {
+		r := batch[i].r
+		if r.drafting {
+			rt.log.Warn().Err(err).Str("request_id", r.ID).Msg("the drafter failed: speculative decoding is off for this request")
+			rt.draft.Stop(r.ID)
+			r.drafting = false
+		}
+		batch[i].drafts, batch[i].q = nil, nil
+		if !r.prefilling() {
+			batch[i].tokens = []int32{r.next}
+		}
+	}
+}
+
+// specSamplesLocked returns an item's sampling specs, one per logits row.
+// A verify span's rows carry greedy specs whose picks are the target's
+// argmax tokens (a sampled request's acceptance reads the logits instead
+// and draws its own randomness); a plain row that yields a token draws as
+// plain decoding does.
+func (rt *Scheduler) specSamplesLocked(it *item) []backend.SampleSpec {
+	r := it.r
+	specs := make([]backend.SampleSpec, 0, it.nrows)
+	if len(it.drafts) > 0 {
+		for range it.nrows {
+			specs = append(specs, backend.SampleSpec{Params: sample.Greedy(), TopLogprobs: r.TopLogprobs})
+		}
+		return specs
+	}
+	for range it.nrows - 1 {
+		specs = append(specs, backend.SampleSpec{Params: sample.Greedy()})
+	}
+	if r.Score || r.killed || r.fed+len(it.tokens) < len(r.Prompt) {
+		return append(specs, backend.SampleSpec{Params: sample.Greedy()})
+	}
+	return append(specs, backend.SampleSpec{Params: r.sampler.Params(), U: r.sampler.Draw(), TopLogprobs: r.TopLogprobs})
+}
+
+// collectSpecLocked turns a speculative step's results into tokens,
+// finals and cut-backs, and returns what the drafter must observe.
+func (rt *Scheduler) collectSpecLocked(batch []item, res *backend.Result, err error) []spec.Observation {
+	now := time.Now()
+	var promptToks, genToks int
+	var obs []spec.Observation
+	D := rt.m.Config().HiddenSize
+	var hidden []float32
+	if res != nil {
+		hidden = res.Hidden[ir.OutputFinalHidden]
+	}
+	for _, it := range batch {
+		r := it.r
+		if r.killed {
+			continue // finalized meanwhile; reaped below (Free closes a checkpoint)
+		}
+		if err != nil {
+			rt.completeLocked(r, FinishError, err.Error())
+			continue
+		}
+		pos0 := r.cached
+		o := spec.Observation{Seq: r.ID, Pos0: pos0}
+		if hidden != nil {
+			o.Hidden = hidden[it.tok0*D : (it.tok0+len(it.tokens))*D]
+		}
+		lastRow := it.row0 + it.nrows - 1
+		switch {
+		case r.prefilling():
+			r.cached += len(it.tokens)
+			r.fed += len(it.tokens)
+			promptToks += len(it.tokens)
+			if r.Score {
+				if r.AllPositions {
+					r.logits = append(r.logits, res.Logits[it.row0*res.Vocab:(lastRow+1)*res.Vocab]...)
+					r.rows += len(it.tokens)
+				}
+				if !r.prefilling() {
+					if !r.AllPositions {
+						r.logits = append(r.logits, res.Row(lastRow)...)
+						r.rows = 1
+					}
+					rt.completeLocked(r, FinishScored, "")
+				}
+				continue
+			}
+			o.Tokens = it.tokens
+			if r.prefilling() {
+				o.Next = r.Prompt[r.fed]
+				break
+			}
+			pick := res.Samples[lastRow]
+			if pick.Err != nil {
+				rt.completeLocked(r, FinishError, pick.Err.Error())
+				continue
+			}
+			genToks++
+			if !rt.emitLocked(r, Token{ID: pick.Token, Index: r.generated, Logprob: pick.Logprob, Top: pick.Top}, now) {
+				continue
+			}
+			o.Next = pick.Token
+		case len(it.drafts) == 0: // a decode token
+			r.cached++
+			pick := res.Samples[lastRow]
+			if pick.Err != nil {
+				rt.completeLocked(r, FinishError, pick.Err.Error())
+				continue
+			}
+			genToks++
+			if !rt.emitLocked(r, Token{ID: pick.Token, Index: r.generated, Logprob: pick.Logprob, Top: pick.Top}, now) {
+				continue
+			}
+			o.Tokens, o.Next = it.tokens, pick.Token
+		default: // a verify span
+			toks, accepted, ferr := rt.acceptLocked(it, res)
+			if ferr != nil {
+				rt.completeLocked(r, FinishError, ferr.Error())
+				continue
+			}
+			r.stats = r.stats.Add(spec.Stats{Steps: 1, Drafted: len(it.drafts), Accepted: accepted})
+			rt.met.Verified(len(it.drafts), accepted)
+			going := true
+			for _, t := range toks {
+				genToks++
+				if going = rt.emitLocked(r, t, now); !going {
+					break // a stop id or a limit inside the accepted run: plain decoding stops there too
+				}
+			}
+			if !going {
+				continue
+			}
+			r.cached += accepted + 1
+			if terr := rt.m.Store().Truncate(r.slot, r.cached); terr != nil {
+				rt.completeLocked(r, FinishError, terr.Error())
+				continue
+			}
+			o.Tokens, o.Next = it.tokens[:accepted+1], toks[len(toks)-1].ID
+			o.Drafted, o.Accepted, o.Verify = len(it.drafts), accepted, true
+			if o.Hidden != nil {
+				o.Hidden = o.Hidden[:(accepted+1)*D]
+			}
+		}
+		if r.drafting {
+			obs = append(obs, o)
+		}
+	}
+	rt.met.Tokens(promptToks, genToks)
+	rt.reapLocked()
+	return obs
+}
+
+// acceptLocked decides one verify span: the tokens it emits (the accepted
+// drafts, then the target's token) and how many drafts were accepted.
+func (rt *Scheduler) acceptLocked(it item, res *backend.Result) ([]Token, int, error) {
+	r := it.r
+	rows := res.Samples[it.row0 : it.row0+it.nrows]
+	for _, s := range rows {
+		if s.Err != nil {
+			return nil, 0, s.Err
+		}
+	}
+	var accepted int
+	var next int32
+	if r.Sampling.Temperature == 0 {
+		targets := make([]int32, len(rows))
+		for j, s := range rows {
+			targets[j] = s.Token
+		}
+		accepted, next = spec.AcceptGreedy(targets, it.drafts)
+	} else {
+		row := func(j int) []float32 { return res.Row(it.row0 + j) }
+		accepted, next = spec.Accept(row, it.drafts, it.q, r.sampler.Params(), r.sampler.Draw)
+	}
+	toks := make([]Token, 0, accepted+1)
+	for j := 0; j <= accepted; j++ {
+		id := next
+		if j < accepted {
+			id = it.drafts[j]
+		}
+		t := Token{ID: id, Index: r.generated + j}
+		if res.Logits != nil {
+			t.Logprob, t.Top = sample.Logprobs(res.Row(it.row0+j), id, r.TopLogprobs)
+		} else { // greedy on a device sampler: every emitted token is its row's pick
+			t.Logprob, t.Top = rows[j].Logprob, rows[j].Top
+		}
+		toks = append(toks, t)
+	}
+	return toks, accepted, nil
+}
