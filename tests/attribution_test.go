@@ -40,10 +40,10 @@ func TestQuickStudy(t *testing.T) {
 	out := t.TempDir()
 	files, sum, err := res.WriteAll(out)
 	require.NoError(t, err)
-	require.Len(t, files, 5) // jsonl, summary, report, two charts
+	require.Len(t, files, 7) // results and intervals (jsonl), summary, report, three charts
 
 	arms, _ := st.Expand()
-	require.Len(t, arms, 1+1+5+5+1)
+	require.Len(t, arms, 1+1+1+5+5+1) // baseline, A/A, all, leave-one-out, add-one-in, explicit
 	cells := st.Cells()
 	require.Len(t, cells, 4)
 	require.Len(t, res.Rows, len(arms)*len(cells)*st.Repetitions)
@@ -56,6 +56,11 @@ func TestQuickStudy(t *testing.T) {
 			require.Positive(t, cs.TTFTP50Ms.Median)
 			require.Positive(t, cs.E2EP50Ms.Median)
 			require.Positive(t, cs.Ratio.Median)
+			require.Equal(t, st.Repetitions, cs.Rounds)
+			if a.Kind != attrib.KindBaseline {
+				require.True(t, cs.Interval.Defined(), "%s %s: an interval from %d rounds", a.Name, c.Name(), cs.Rounds)
+				require.Contains(t, []string{attrib.VerdictGain, attrib.VerdictLoss, attrib.VerdictTie}, cs.Interval.Verdict)
+			}
 			require.Zero(t, cs.Errors)
 		}
 	}
@@ -87,5 +92,9 @@ func TestQuickStudy(t *testing.T) {
 	md, err := os.ReadFile(filepath.Join(out, "report.md"))
 	require.NoError(t, err)
 	require.Contains(t, string(md), "## Per-pass contributions")
+	require.Contains(t, string(md), "## Noise floor (A/A)")
 	require.Contains(t, string(md), "0 mismatches")
+	require.NotNil(t, sum.NoiseFloor)
+	require.FileExists(t, filepath.Join(out, "intervals.jsonl"))
+	require.FileExists(t, filepath.Join(out, "gaps.png"))
 }

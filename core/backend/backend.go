@@ -78,6 +78,20 @@ type Stats struct {
 	// GraphReplays counts batches run by replaying a captured CUDA graph;
 	// GraphCaptures the graphs captured.
 	GraphReplays, GraphCaptures int64
+	// Kernels counts kernels executed (device backends): eager launches
+	// plus the kernels every graph replay runs; a cuBLAS or cuBLASLt call
+	// counts as one.
+	Kernels int64
+	// DeviceNs is the device time of the executed batches, from CUDA
+	// events recorded before a batch's first upload and after its last
+	// kernel (device backends).
+	DeviceNs int64
+}
+
+// KernelCounter is a program that counts its kernels by name (device
+// backends): how many times each ran, graph replays included.
+type KernelCounter interface {
+	KernelRuns() map[string]int64
 }
 
 // OpTime is the device time one op took over a program's runs.
