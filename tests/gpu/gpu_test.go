@@ -397,3 +397,128 @@ func TestCUDABF16AgainstFixtures(t *testing.T) {
 		require.False(t, math.IsNaN(worst) || math.IsInf(worst, 0))
 	}
 }
+
+// passStat reads a statistic from a program's pass report.
+func passStat(t *testing.T, rep *pass.Report, name, stat string) int64 {
+	t.Helper()
+	require.NotNil(t, rep)
+	pr := rep.Find(name)
+	require.NotNil(t, pr, "pass %s in the report", name)
+	for _, s := range pr.Stats {
+		if s.Name == stat {
+			return s.Value
+		}
+	}
+	t.Fatalf("pass %s has no statistic %s", name, stat)
+	return 0
+}
+
+// decodeRun is what decode steps did on the device.
+type decodeRun struct {
+	stats   backend.Stats
+	kernels map[string]int64
+	rep     *pass.Report
+}
+
+// perStep is a kernel's executions per decode step.
+func (r decodeRun) perStep(kernels ...string) float64 {
+	var n int64
+	for _, k := range kernels {
+		n += r.kernels[k]
+	}
+	return float64(n) / float64(r.stats.Runs)
+}
+
+// decodeSteps prefills two sequences, then runs three greedy decode steps
+// of both on the device with the given passes (nil: none) and CUDA-graph
+// cap, and returns the decode program's counters and pass report.
+func decodeSteps(t *testing.T, ck *model.Checkpoint, reqs []pass.Request, graphMax int) decodeRun {
+	t.Helper()
+	o := engine.Options{Slots: 2, Backend: backend.Options{GraphMaxTokens: graphMax}}
+	if reqs != nil {
+		pl, err := pass.NewPipeline(reqs, true)
+		require.NoError(t, err)
+		o.Passes, o.PassEnv = pl, config.Default().PassEnv(ck.Config(), ck)
+	}
+	e := cudaEngine(t, ck, o)
+	var slots []int
+	for i := 0; i < 2; i++ {
+		s, err := e.Store().Alloc()
+		require.NoError(t, err)
+		slots = append(slots, s)
+		_, err = e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: seqTokens(5+i, i, 256)}}})
+		require.NoError(t, err)
+	}
+	key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
+	for step := 0; step < 3; step++ {
+		b := &backend.Batch{SamplesOnly: true}
+		for i, s := range slots {
+			b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: []int32{int32(7 + step + i)}})
+			b.Sample = append(b.Sample, backend.SampleSpec{Params: sample.Greedy()})
+		}
+		_, err := e.Run(key, b)
+		require.NoError(t, err)
+	}
+	p, err := e.Program(key)
+	require.NoError(t, err)
+	kc, ok := p.(backend.KernelCounter)
+	require.True(t, ok, "the CUDA program counts its kernels")
+	return decodeRun{stats: p.Stats(), kernels: kc.KernelRuns(), rep: e.Report(key)}
+}
+
+// Each pass does on the device what it claims, counted per decode step
+// against the same steps without it, and agreeing with its own report:
+// kda-projection-fusion removes as many GEMM launches as GEMM nodes;
+// mhc-post-pre-fusion runs one fused kernel per fused boundary instead of a
+// post and a pre; dsa-pooled-metadata runs the metadata kernel once per
+// step; host-length-reuse leaves no length read-back (and no seq_lengths
+// kernel). With every pass and graphs a step is one launch running the
+// same kernels as the eager steps, timed on the device.
+func TestCUDAPassMechanisms(t *testing.T) {
+	ck, _ := openFixture(t, fixtures[0])
+	cudaOptions(t, engine.Options{})
+	gemms := []string{"glmf_gemm_skinny", "glmf_gemm_tiled", "cublasSgemm", "cublasGemmEx", "cublasLtMatmul"}
+	off := decodeSteps(t, ck, nil, -1)
+	t.Logf("no passes: %.0f kernels per step (%.0f GEMMs), %.1f host syncs (%.1f length syncs), %.3f ms device time",
+		float64(off.stats.Kernels)/float64(off.stats.Runs), off.perStep(gemms...), float64(off.stats.HostSyncs)/float64(off.stats.Runs),
+		float64(off.stats.LengthSyncs)/float64(off.stats.Runs), float64(off.stats.DeviceNs)/1e6/float64(off.stats.Runs))
+	require.Positive(t, off.stats.DeviceNs)
+	require.Equal(t, off.stats.Launches, off.stats.Kernels, "eager: every kernel is a launch")
+
+	on := decodeSteps(t, ck, []pass.Request{{Name: "kda-projection-fusion"}}, -1)
+	removed := passStat(t, on.rep, "kda-projection-fusion", "gemms_removed")
+	require.Positive(t, removed)
+	require.InDelta(t, float64(removed), off.perStep(gemms...)-on.perStep(gemms...), 1e-9, "one GEMM launch fewer per GEMM node removed")
+	t.Logf("kda-projection-fusion: %.0f → %.0f GEMM launches per step", off.perStep(gemms...), on.perStep(gemms...))
+
+	on = decodeSteps(t, ck, []pass.Request{{Name: "mhc-post-pre-fusion"}}, -1)
+	fused := passStat(t, on.rep, "mhc-post-pre-fusion", "intra_layer_fused") + passStat(t, on.rep, "mhc-post-pre-fusion", "cross_layer_fused")
+	require.Positive(t, passStat(t, on.rep, "mhc-post-pre-fusion", "cross_layer_fused"), "fused across layers too")
+	require.InDelta(t, float64(fused), on.perStep("glmf_mhc_post_pre"), 1e-9)
+	require.InDelta(t, float64(2*fused), off.perStep("glmf_mhc_post", "glmf_mhc_pre")-on.perStep("glmf_mhc_post", "glmf_mhc_pre"), 1e-9)
+	norms := passStat(t, on.rep, "mhc-post-pre-fusion", "norms_fused")
+	require.InDelta(t, float64(norms), off.perStep("glmf_rmsnorm")-on.perStep("glmf_rmsnorm"), 1e-9, "the folded RMSNorms run inside the fused kernel")
+	require.EqualValues(t, fused*on.stats.Runs, on.stats.FusedMHCRuns)
+
+	on = decodeSteps(t, ck, []pass.Request{{Name: "dsa-pooled-metadata"}}, -1)
+	shared := passStat(t, on.rep, "dsa-pooled-metadata", "meta_nodes_removed")
+	require.InDelta(t, float64(shared+1), off.perStep("glmf_dsa_meta"), 1e-9, "without the pass: once per DSA layer")
+	require.InDelta(t, 1, on.perStep("glmf_dsa_meta"), 1e-9, "with it: once per step")
+
+	on = decodeSteps(t, ck, []pass.Request{{Name: "host-length-reuse"}}, -1)
+	rewired := passStat(t, on.rep, "host-length-reuse", "readers_rewired")
+	require.Zero(t, passStat(t, on.rep, "host-length-reuse", "length_syncs_left"))
+	require.EqualValues(t, rewired*off.stats.Runs, off.stats.LengthSyncs, "without the pass: one read-back per reader and step, as the report says")
+	require.Zero(t, on.stats.LengthSyncs)
+	require.Zero(t, on.kernels["glmf_seq_lengths"])
+	require.Equal(t, off.stats.HostSyncs-off.stats.LengthSyncs, on.stats.HostSyncs)
+
+	all := []pass.Request{{Name: "kda-projection-fusion"}, {Name: "mhc-post-pre-fusion"}, {Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}}
+	eager, graphed := decodeSteps(t, ck, all, -1), decodeSteps(t, ck, all, 0)
+	require.Equal(t, eager.kernels, graphed.kernels, "a replay runs the kernels the eager steps launch")
+	require.Equal(t, graphed.stats.Runs, graphed.stats.Launches, "one launch (the replay) per step")
+	require.Equal(t, graphed.stats.Runs, graphed.stats.HostSyncs, "one host sync (the sampled ids) per step")
+	require.Positive(t, graphed.stats.DeviceNs)
+	t.Logf("every pass: %.0f kernels per step, eager %d launches, graphed %d launches in %d steps",
+		float64(eager.stats.Kernels)/float64(eager.stats.Runs), eager.stats.Launches, graphed.stats.Launches, graphed.stats.Runs)
+}
