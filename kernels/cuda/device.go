@@ -47,6 +47,10 @@ type Device struct {
 	kernelIdx map[string]int
 	names     []string
 	runs      []int64
+
+	// cuBLASLt descriptors by GEMM spec, and the matmuls' workspace
+	lt   map[LtSpec]*ltDescs
+	ltWS DevicePtr
 }
 
 // kernelIndex returns the counter index of a kernel or library call,
@@ -186,6 +190,7 @@ func (d *Device) loadModule() error {
 
 // release frees what init made (called with the context current).
 func (d *Device) release() {
+	d.releaseLt()
 	if d.ltH != 0 {
 		d.blas.ltDestroy(d.ltH)
 	}

@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
+	cudabe "github.com/glmflash/glmflash/core/backend/cuda"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
@@ -24,9 +25,11 @@ import (
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
+	kc "github.com/glmflash/glmflash/kernels/cuda"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
 	_ "github.com/glmflash/glmflash/passes/all" // the built-in passes
+	"github.com/glmflash/glmflash/passes/autotune"
 	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
 	"github.com/stretchr/testify/require"
 )
@@ -112,9 +115,10 @@ func TestCUDATransformersParity(t *testing.T) {
 	all := func(extra ...pass.Request) []pass.Request {
 		var r []pass.Request
 		for _, p := range config.Default().Passes { // every built-in pass, enabled by default or not
-			if p.Name != "prefill-autotune" { // CPU tuning tables do not apply to the GPU
-				r = append(r, pass.Request{Name: p.Name, Options: p.Options})
+			if p.Name == "prefill-autotune" { // measured on the device, into a table of this test's own
+				p.Options = map[string]any{"tune_at_start": true, "table_dir": t.TempDir(), "reps": 1}
 			}
+			r = append(r, pass.Request{Name: p.Name, Options: p.Options})
 		}
 		return append(r, extra...)
 	}
@@ -521,4 +525,76 @@ func TestCUDAPassMechanisms(t *testing.T) {
 	require.Positive(t, graphed.stats.DeviceNs)
 	t.Logf("every pass: %.0f kernels per step, eager %d launches, graphed %d launches in %d steps",
 		float64(eager.stats.Kernels)/float64(eager.stats.Runs), eager.stats.Launches, graphed.stats.Launches, graphed.stats.Runs)
+}
+
+// prefill-autotune on the device: tuning at start measures the backend's
+// GEMM choices into the GPU model's table (cuda-<model>.json) and keeps
+// transformers parity; the next start loads the table without measuring;
+// and the binding runs what a table says: a table that puts a cuBLASLt
+// algorithm on the prefill bucket and the skinny kernel's widest blocks on
+// one-token decode runs cuBLASLt matmuls, within the parity tolerance.
+// fp32 weights (FP32Weights) make the library a candidate.
+func TestCUDAPrefillAutotune(t *testing.T) {
+	cudaOptions(t, engine.Options{})
+	ck, ref := openFixture(t, fixtures[0])
+	dir := t.TempDir()
+	key := engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits}
+	start := func(tune bool) (*engine.Engine, *pass.PassReport) {
+		pl, err := pass.NewPipeline([]pass.Request{{Name: autotune.Name, Options: map[string]any{"table_dir": dir, "reps": 1, "buckets": []int{1, 512}, "tune_at_start": tune}}}, true)
+		require.NoError(t, err)
+		e := cudaEngine(t, ck, engine.Options{Slots: 2, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck), Backend: backend.Options{FP32Weights: true}})
+		_, err = e.Program(key)
+		require.NoError(t, err)
+		return e, e.Report(key).Find(autotune.Name)
+	}
+	parity := func(e *engine.Engine) {
+		res, err := eval.RunAll(e, ref)
+		require.NoError(t, err)
+		for _, r := range res {
+			require.Less(t, r.MaxAbsDiff, 1e-4, r.Name)
+			require.True(t, r.GreedyMatch, r.Name)
+		}
+	}
+	e, pr := start(true)
+	require.NotEmpty(t, pr.Fired)
+	require.Positive(t, pr.Stats[0].Value, "measured at start")
+	for _, f := range pr.Fired {
+		t.Logf("%s: %s", f.Where, f.Note)
+	}
+	parity(e)
+	dev := e.Backend().(*cudabe.Backend).Device()
+	tb, err := autotune.LoadDeviceTable(dir, "cuda", dev.Name)
+	require.NoError(t, err)
+	require.NotEmpty(t, tb.Entries)
+	require.FileExists(t, autotune.DeviceTablePath(dir, "cuda", dev.Name))
+	_, pr = start(false)
+	require.Zero(t, pr.Stats[0].Value, "loaded, not measured")
+	require.Positive(t, pr.Stats[1].Value)
+
+	// a table of chosen choices: a cuBLASLt algorithm the device offers for
+	// each shape at prefill sizes, the widest skinny blocks for one token
+	for i, en := range tb.Entries {
+		switch en.Bucket {
+		case 512:
+			var algos []kc.LtAlgo
+			require.NoError(t, dev.Do(func() error {
+				var err error
+				algos, err = dev.LtAlgos(kc.LtSpec{M: 130, N: en.N, K: en.K, Lda: en.K, Ldw: en.K, Ldc: en.N}, 1)
+				return err
+			}))
+			require.NotEmpty(t, algos)
+			tb.Entries[i].Kernel = "lt:" + algos[0].String()
+		case 1:
+			tb.Entries[i].Kernel = "skinny:256"
+		}
+	}
+	require.NoError(t, tb.Save(dir))
+	e, _ = start(false)
+	parity(e)
+	p, err := e.Program(key)
+	require.NoError(t, err)
+	runs := p.(backend.KernelCounter).KernelRuns()
+	t.Logf("prefill kernels with the chosen table: %v", runs)
+	require.Positive(t, runs["cublasLtMatmul"], "the binding runs the table's cuBLASLt algorithms")
+	require.Zero(t, runs["cublasSgemm"], "every GEMM of the prefill shapes has its algorithm")
 }

@@ -51,6 +51,9 @@ type Program struct {
 	kernelRuns, snap []int64
 	// evStart, evEnd time every step on the device.
 	evStart, evEnd kc.Event
+	// usesLt: some GEMM runs a tuned cuBLASLt algorithm (its workspace is
+	// allocated before any graph capture).
+	usesLt bool
 }
 
 // graphKey is what a captured graph depends on: the batch's token and
@@ -558,6 +561,11 @@ func (p *Program) execute(pr *backend.Prepared, store *Store) (*backend.Result, 
 	if graphed {
 		g := p.graphs[gkey]
 		if g == nil {
+			if p.usesLt {
+				if err := dev.EnsureLtWorkspace(); err != nil {
+					return nil, err
+				}
+			}
 			var err error
 			if g, err = dev.Capture(launchAll); err != nil {
 				return nil, fmt.Errorf("cuda: capturing a graph for %d tokens in %d sequences: %w", pr.T, len(pr.Spans), err)
