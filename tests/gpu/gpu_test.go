@@ -13,9 +13,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/attrib"
 	"github.com/glmflash/glmflash/core/backend"
 	cudabe "github.com/glmflash/glmflash/core/backend/cuda"
 	"github.com/glmflash/glmflash/core/config"
@@ -597,4 +599,47 @@ func TestCUDAPrefillAutotune(t *testing.T) {
 	t.Logf("prefill kernels with the chosen table: %v", runs)
 	require.Positive(t, runs["cublasLtMatmul"], "the binding runs the table's cuBLASLt algorithms")
 	require.Zero(t, runs["cublasSgemm"], "every GEMM of the prefill shapes has its algorithm")
+}
+
+// The pass micro-benchmark on the device: per step, host-length-reuse
+// takes the length read-backs to zero, dsa-pooled-metadata and
+// kda-projection-fusion run fewer kernels, every phase is timed on the
+// device; against every pass, leaving host-length-reuse out costs the
+// graph replay (many launches instead of one).
+func TestCUDAPassBench(t *testing.T) {
+	cudaOptions(t, engine.Options{})
+	ck, _ := openFixture(t, fixtures[0])
+	pb := &attrib.PassBench{Model: ck.Config(), Weights: ck, Info: ck, Device: "cuda",
+		Passes: []config.PassConfig{{Name: "host-length-reuse"}, {Name: "dsa-pooled-metadata"}, {Name: "kda-projection-fusion"}},
+		Prompt: 4, Steps: 1, Rounds: 2, Batches: []int{2}}
+	res, err := pb.Run(context.Background())
+	require.NoError(t, err)
+	var b strings.Builder
+	require.NoError(t, attrib.WritePassBench(&b, res))
+	t.Log("\n" + b.String())
+	for _, r := range res {
+		require.True(t, r.Fired, r.Pass)
+		for _, row := range r.Rows {
+			require.NotNil(t, row.Off.DeviceMs, "%s %s", r.Pass, row.Phase)
+			require.Positive(t, *row.On.DeviceMs)
+			require.NotNil(t, row.DeviceSpeedup)
+			switch r.Pass {
+			case "host-length-reuse":
+				require.Positive(t, *row.Off.LengthSyncs, row.Phase)
+				require.Zero(t, *row.On.LengthSyncs, row.Phase)
+			default:
+				require.Less(t, *row.On.Kernels, *row.Off.Kernels, "%s %s", r.Pass, row.Phase)
+			}
+		}
+	}
+	pb.Against, pb.Passes, pb.Rounds, pb.Warmup = "all", []config.PassConfig{{Name: "host-length-reuse"}}, 1, 1
+	base := *config.Default()
+	base.Passes = []config.PassConfig{{Name: "host-length-reuse"}, {Name: "dsa-pooled-metadata"}, {Name: "kda-projection-fusion"}, {Name: "mhc-post-pre-fusion"}}
+	pb.Base = &base
+	res, err = pb.Run(context.Background())
+	require.NoError(t, err)
+	dec := res[0].Rows[1]
+	require.Equal(t, "decode b2", dec.Phase)
+	require.EqualValues(t, 1, *dec.On.Launches, "every pass: one graph replay per step")
+	require.Greater(t, *dec.Off.Launches, 100.0, "without host-length-reuse: eager launches")
 }
