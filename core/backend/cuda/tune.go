@@ -9,8 +9,8 @@ import (
 	"unsafe"
 
 	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/kernels/gemm"
 	kc "github.com/glmflash/glmflash/kernels/cuda"
+	"github.com/glmflash/glmflash/kernels/gemm"
 )
 
 // The CUDA backend is a backend.GEMMTuner: prefill-autotune measures its
