@@ -162,7 +162,7 @@ func FuzzParseStudy(f *testing.F) {
 	f.Add([]byte(strings.Replace(good, "arms: {baseline: true, all: true, leave_one_out: true, add_one_in: true}", "arms: {}", 1)))
 	f.Add([]byte(strings.Replace(good, "repetitions: 3", "adaptive: {target_half_width: 0.01, min_rounds: 3, max_rounds: 9, max_seconds: 60}", 1)))
 	f.Add([]byte(strings.Replace(good, "concurrency: [2, 1]", "concurrency: [2, 1], requests_per_level: [4, 1]", 1) + "device: cuda\nprecision: bf16\ncuda: {graph_max_tokens: 32}\n"))
-	for _, p := range []string{"../../configs/studies/quick.yaml", "../../configs/studies/campaign.yaml"} {
+	for _, p := range []string{"../../configs/studies/quick.yaml", "../../configs/studies/campaign.yaml", "../../configs/studies/campaign-h200.yaml"} {
 		b, err := os.ReadFile(p)
 		require.NoError(f, err)
 		f.Add(b)

@@ -643,3 +643,47 @@ func TestCUDAPassBench(t *testing.T) {
 	require.EqualValues(t, 1, *dec.On.Launches, "every pass: one graph replay per step")
 	require.Greater(t, *dec.Off.Launches, 100.0, "without host-length-reuse: eager launches")
 }
+
+// An attribution study on the device (the H200 campaign's file, shrunk to
+// two passes and one cell on the fixture): every row carries the device
+// time and per-step counters, the summary has intervals by device time,
+// and the report shows the counters.
+func TestCUDAStudy(t *testing.T) {
+	cudaOptions(t, engine.Options{})
+	ck, _ := openFixture(t, fixtures[0])
+	st, err := attrib.Load(filepath.Join("..", "..", "configs", "studies", "campaign-h200.yaml"), nil)
+	require.NoError(t, err)
+	st.Passes = []config.PassConfig{{Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}}
+	st.Workloads = st.Workloads[:1]
+	st.Workloads[0].InputLen, st.Workloads[0].OutputLen, st.Workloads[0].Requests = 4, 2, 2
+	st.Workloads[0].Concurrency, st.Workloads[0].RequestsPerLevel = []int{2}, nil
+	st.Adaptive, st.Repetitions = nil, 2
+	runner := attrib.NewEngineRunner(st, ck.Config(), ck, ck, nil)
+	runner.Device = "cuda"
+	defer runner.Close()
+	res, err := attrib.Run(context.Background(), st, attrib.Options{Runner: runner, Vocab: ck.Config().VocabSize, Provenance: attrib.Provenance{Commit: "test"}})
+	require.NoError(t, err)
+	for _, r := range res.Rows {
+		require.NotNil(t, r.PerStep, r.Arm)
+		require.Positive(t, r.DeviceS, r.Arm)
+		require.Positive(t, r.PerStep.Kernels, r.Arm)
+		if r.Arm == "all" || r.Arm == "+host-length-reuse" {
+			require.Zero(t, r.PerStep.LengthSyncs, r.Arm)
+		}
+		if r.Arm == "baseline" {
+			require.Positive(t, r.PerStep.LengthSyncs)
+		}
+	}
+	require.Contains(t, res.Rows[0].Device, "cuda: ")
+	out := t.TempDir()
+	_, sum, err := res.WriteAll(out)
+	require.NoError(t, err)
+	require.True(t, sum.Device)
+	require.NotNil(t, sum.PerCell["all"]["chat C2"].DeviceInterval)
+	require.True(t, sum.PerCell["all"]["chat C2"].DeviceInterval.Defined())
+	require.Zero(t, sum.ParityTotal)
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "## Device counters per step")
+	require.Contains(t, string(md), "## Gap to baseline by device time")
+}
