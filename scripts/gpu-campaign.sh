@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (about 6 minutes on an H200): the H200 attribution campaign
-# (configs/studies/campaign-h200.yaml: six cells, 13 arms with the A/A arm, adaptive rounds
-# within 200 s) and the per-pass micro-benchmarks (`glmflash passes bench`: each pass on and off,
-# launches, kernels, host syncs and device time per step), with the tuning table
-# prefill-autotune measured there. The binary comes built from this machine (`make build`:
-# bin/glmflash, pure Go; carry it); no Go, nvcc or network is needed there.
+# One call on the GPU machine (about 6 minutes on an H200): the CUDA tests of this issue's
+# pieces (cuBLASLt, the GEMM tuner, the passes' mechanisms on the device, the micro-benchmark,
+# a study on the device), the H200 attribution campaign (configs/studies/campaign-h200.yaml:
+# six cells, 13 arms with the A/A arm, adaptive rounds within 180 s) and the per-pass
+# micro-benchmarks (`glmflash passes bench`: each pass on and off, launches, kernels, host syncs
+# and device time per step), with the tuning table prefill-autotune measured there. The
+# binaries come built from this machine (`make gpu-campaign-bundle`: bin/gpu-campaign.tgz, pure
+# Go; carry it, or bin/glmflash alone without the tests); no Go, nvcc or network is needed there.
 #
 #   OUT=/tmp/out scripts/gpu-campaign.sh          # on the GPU machine, from the repository root
 #
 # Everything lands in $OUT (default /tmp/gpu-campaign):
+#   tests.txt           the CUDA tests' verbose log (step "tests")
 #   campaign/           the study's report.md, results.jsonl, intervals.jsonl, summary.json, charts
 #   campaign.txt        its console tables (intervals, A/A noise floor, counters per step)
 #   passes-baseline.*   each pass alone against no passes (.txt table, .json)
@@ -16,7 +19,7 @@
 #   tuning/             the tuning table(s) prefill-autotune measured (configs/tuning/cuda-*.json)
 #   summary.txt         what ran, how long, what failed
 # Knobs (for a dry run elsewhere, e.g. on the CUDA emulator with a shrunk study): STUDY, PRESET,
-# PB_BATCH, PB_STEPS, PB_ROUNDS, PB_PROMPT, STEPS (default "study passes"), GLMFLASH.
+# PB_BATCH, PB_STEPS, PB_ROUNDS, PB_PROMPT, STEPS (default "tests study passes"), GLMFLASH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-campaign}
@@ -27,15 +30,26 @@ PB_PROMPT=${PB_PROMPT:-512}
 PB_BATCH=${PB_BATCH:-1,8,64}
 PB_STEPS=${PB_STEPS:-8}
 PB_ROUNDS=${PB_ROUNDS:-5}
-STEPS=${STEPS:-study passes}
+STEPS=${STEPS:-tests study passes}
+GPU_TESTS=${GPU_TESTS:-'TestLt|TestTuneGEMM|TestGEMMChoices|TestCUDALengthSyncs|TestCUDAPassMechanisms|TestCUDAPrefillAutotune|TestCUDAPassBench|TestCUDAStudy|TestCUDATransformersParity/glm5next-tiny-a/all$'}
 mkdir -p "$OUT/tuning"
 log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
+[ -f bin/gpu-campaign.tgz ] && tar xzf bin/gpu-campaign.tgz -C bin
 [ -x "$GLMFLASH" ] || { log "no $GLMFLASH: build it with make build and carry it"; exit 1; }
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
 "$GLMFLASH" --version >>"$OUT/summary.txt" 2>&1
 status=0
 t0=$(date +%s)
 for s in $STEPS; do case $s in
+tests)
+	if [ -d bin/gpu-tests ]; then
+		log "CUDA tests: $GPU_TESTS"
+		GPU_TEST_RUN="$GPU_TESTS" timeout 120 scripts/test-gpu.sh >"$OUT/tests.txt" 2>&1 && log "tests ok" || { log "tests FAILED (see tests.txt)"; status=1; }
+		grep -E -- '^(--- |ok|FAIL|PASS)' "$OUT/tests.txt" >>"$OUT/summary.txt"
+	else
+		log "no bin/gpu-tests (make gpu-campaign-bundle): tests skipped"
+	fi
+	;;
 study)
 	log "attribute --study $STUDY"
 	timeout 360 "$GLMFLASH" attribute --study "$STUDY" --out "$OUT/campaign" --quiet >"$OUT/campaign.txt" 2>&1 \
