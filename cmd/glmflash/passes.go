@@ -176,6 +176,9 @@ func newPassesBenchCmd() *cobra.Command {
 					return fmt.Errorf("--batch values must be in [1, %d], got %d", maxBenchBatch, b)
 				}
 			}
+			if against != "baseline" && against != "all" {
+				return fmt.Errorf("--against must be baseline or all, got %q", against)
+			}
 			ec, err := mf.config()
 			if err != nil {
 				return err
@@ -185,6 +188,9 @@ func newPassesBenchCmd() *cobra.Command {
 				return err
 			}
 			defer ck.Close()
+			if limit := ck.Config().MaxPositionEmbeddings; prompt > limit || 32+steps > limit {
+				return fmt.Errorf("--prompt (%d) and 32 + --steps (%d) must fit max_position_embeddings (%d)", prompt, 32+steps, limit)
+			}
 			var passes []config.PassConfig
 			enabled := ec.Enabled()
 			for _, n := range names {

@@ -110,5 +110,5 @@ func TestPassesBenchCLI(t *testing.T) {
 	_, err = runCLI(t, "passes", "bench", "--model", absFixture(t)+"/checkpoint", "--rounds", "0")
 	require.ErrorContains(t, err, "--rounds must be ≥ 1")
 	_, err = runCLI(t, "passes", "bench", "--model", absFixture(t)+"/checkpoint", "--against", "nothing", "--rounds", "1", "--warmup", "0", "--prompt", "4", "--steps", "1", "--batch", "1", "--pass", "host-length-reuse")
-	require.ErrorContains(t, err, "against: baseline or all")
+	require.ErrorContains(t, err, "--against must be baseline or all")
 }

@@ -138,7 +138,8 @@ func (pb *PassBench) Run(ctx context.Context) ([]PassBenchResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		e, err := engine.New(pb.Model, weights, engine.Options{Slots: slots, Passes: pl, PassEnv: ec.PassEnv(pb.Model, pb.Info), Device: pb.Device, Backend: pb.Backend})
+		e, err := engine.New(pb.Model, weights, engine.Options{Slots: slots, Passes: pl, PassEnv: ec.PassEnv(pb.Model, pb.Info), Device: pb.Device, Backend: pb.Backend,
+			MaxPositions: max(pb.Prompt, 32+pb.Steps)}) // a device store holds every slot at full length
 		if err != nil {
 			return nil, err
 		}

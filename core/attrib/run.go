@@ -230,7 +230,10 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 		return fmt.Errorf("arm %s: %w", a.Name, err)
 	}
 	conc, reqs := maxConcurrency(r.Study)
-	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: ec.PassEnv(r.Model, r.Info_), Device: r.Device, Backend: r.Backend})
+	// a device store is allocated for every slot at its full length: size
+	// it for the study's longest request, not the model's context
+	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: ec.PassEnv(r.Model, r.Info_), Device: r.Device, Backend: r.Backend,
+		MaxPositions: r.Study.MaxPositions(r.Model.MaxPositionEmbeddings)})
 	if err != nil {
 		return err
 	}
@@ -239,7 +242,8 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 			return fmt.Errorf("arm %s: %w", a.Name, err)
 		}
 	}
-	rt, err := sched.New(eng, sched.Config{MaxRunning: conc, MaxQueue: reqs, MaxBatchTokens: r.Study.Runtime.MaxBatchTokens, PrefillChunk: r.Study.Runtime.PrefillChunk}, sched.Options{})
+	rt, err := sched.New(eng, sched.Config{MaxRunning: conc, MaxQueue: reqs, MaxBatchTokens: r.Study.Runtime.MaxBatchTokens, PrefillChunk: r.Study.Runtime.PrefillChunk,
+		ContextLimit: max(2, r.Study.MaxPositions(r.Model.MaxPositionEmbeddings))}, sched.Options{})
 	if err != nil {
 		return err
 	}

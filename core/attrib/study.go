@@ -488,3 +488,13 @@ func (s *Study) ApplyEngine(base *config.Config) *config.Config {
 	}
 	return &e
 }
+
+// MaxPositions is the longest sequence the study's requests make (input
+// plus output), at most limit: what an arm's cache needs to hold.
+func (s *Study) MaxPositions(limit int) int {
+	n := 1
+	for _, w := range s.Workloads {
+		n = max(n, w.InputLen+w.OutputLen)
+	}
+	return min(n, limit)
+}
