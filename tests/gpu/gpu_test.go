@@ -125,6 +125,9 @@ func TestCUDATransformersParity(t *testing.T) {
 		return append(r, extra...)
 	}
 	arms := []arm{{"baseline", nil, false}, {"all", all(), false}, {"all+sharedexpert", all(pass.Request{Name: fusion.Name}), false}, {"fp32-weights", nil, true}}
+	for _, r := range all() { // each pass alone: its on/off parity on the device
+		arms = append(arms, arm{"alone/" + r.Name, []pass.Request{r}, false})
+	}
 	for _, name := range fixtures {
 		for _, a := range arms {
 			if a.fp32 && name != fixtures[0] {
