@@ -155,7 +155,7 @@ CUDA_EMU  := bin/libglmflash-cudaemu.so
 # the CPU has them, so its numbers stay close to a GPU's.
 EMU_FMA   := $(shell grep -qw fma /proc/cpuinfo 2>/dev/null && echo -mfma -ffp-contract=fast)
 
-.PHONY: ptx cuda-args cudaemu test-gpu test-emu test-emu-quick gpu-test-bins gpu-bundle
+.PHONY: ptx cuda-args cudaemu test-gpu test-emu test-emu-quick gpu-test-bins gpu-bundle gpu-campaign-bundle
 
 ptx:
 	NVCC=$(NVCC) scripts/ptx.sh
@@ -194,15 +194,26 @@ test-emu: $(CUDA_EMU)
 # Part of `make test`: the CUDA kernels and backend on the CPU emulator
 # (kernel tests, the backend's unit tests, CPU agreement on the small
 # preset, the MTP graph, speculative decoding's rollback, greedy identity
-# and MTP drafting, length syncs, one fixture's parity without passes and
-# with every built-in pass). Skipped, saying so, where no C++ compiler
-# exists to build the emulator.
-EMU_QUICK_RUN := TestCUDAMatchesCPUOnSmallPreset|TestCUDAMTPMatchesCPU|TestCUDASpecRollback|TestCUDASpecGreedyIdentity|TestCUDAMTPDrafterMatchesCPU|TestCUDASpecSampling|TestCUDALengthSyncs|TestCUDATransformersParity/glm5next-tiny-a/(baseline|all)$$
+# and MTP drafting, length syncs, the passes' mechanisms, prefill-autotune,
+# the pass micro-benchmark and a device study, one fixture's parity without
+# passes and with every built-in pass). Skipped, saying so, where no C++
+# compiler exists to build the emulator.
+EMU_QUICK_RUN := TestCUDAMatchesCPUOnSmallPreset|TestCUDAMTPMatchesCPU|TestCUDASpecRollback|TestCUDASpecGreedyIdentity|TestCUDAMTPDrafterMatchesCPU|TestCUDASpecSampling|TestCUDALengthSyncs|TestCUDAPassMechanisms|TestCUDAPrefillAutotune|TestCUDAPassBench|TestCUDAStudy|TestCUDATransformersParity/glm5next-tiny-a/(baseline|all)$$
 test-emu-quick:
 	@if ! command -v $(CXX) >/dev/null || [ "$$(uname -m)" != x86_64 ]; then echo "SKIPPED: the emulated CUDA tests need an x86-64 machine with a C++ compiler ($(CXX)) to build $(CUDA_EMU)"; exit 0; fi; \
 	$(MAKE) --no-print-directory $(CUDA_EMU) && \
 	GLMFLASH_CUDA_EMULATOR=$(CURDIR)/$(CUDA_EMU) GLMFLASH_REQUIRE_GPU=1 $(GO) test -count=1 ./kernels/cuda/ ./core/backend/cuda/ && \
 	GLMFLASH_CUDA_EMULATOR=$(CURDIR)/$(CUDA_EMU) GLMFLASH_REQUIRE_GPU=1 $(GO) test -count=1 -run '$(EMU_QUICK_RUN)' ./tests/gpu/
+
+# What scripts/gpu-campaign.sh needs on the GPU machine, in one file to carry
+# (bin/gpu-campaign.tgz: the stripped binary and the CUDA test binaries; the
+# script unpacks it).
+gpu-campaign-bundle: gpu-test-bins
+	@rm -rf bin/campaign && mkdir -p bin/campaign/gpu-tests
+	CGO_ENABLED=0 $(GO) build -ldflags "-s -w -X main.revision=$$(git describe --always --dirty 2>/dev/null)" -o bin/campaign/glmflash ./cmd/glmflash
+	cp bin/gpu-tests/*.test bin/campaign/gpu-tests/
+	tar czf bin/gpu-campaign.tgz -C bin/campaign glmflash gpu-tests
+	@ls -l bin/gpu-campaign.tgz
 
 # Everything a GPU machine without Go needs, in one file to carry
 # (bin/gpu-bundle.tgz: the binary, the CUDA test binaries, ghz and the

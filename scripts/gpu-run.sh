@@ -3,14 +3,14 @@
 # with that machine's nvcc, run every CUDA test, the transformers fixtures
 # through `glmflash eval --device cuda` (no passes, every pass, every pass +
 # the example plugin), the GEMM kernels' micro-benchmark (step kbench), a
-# bench, and a bounded load test against
+# bench, speculative decoding's bench (step spec), and a bounded load test against
 # `glmflash serve --device cuda`. Binaries come prebuilt from this machine in
 # bin/ (make gpu-bundle). Everything lands in $OUT (default /tmp/gpu-run),
 # the PTX and the logs also packed in $OUT/gpu-run.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-run}
-STEPS=${STEPS:-ptx tests kbench eval bench load}
+STEPS=${STEPS:-ptx tests kbench eval bench spec load}
 DEST=${DEST:-$OUT}
 LIMIT=${STEP_LIMIT:-240}
 mkdir -p "$OUT/logs" "$OUT/ptx"
@@ -68,6 +68,12 @@ bench)
 			--json "$OUT/logs/bench-$prec.json" >>"$OUT/logs/bench.log" 2>&1 || log "bench FAILED"
 	done
 	grep -E "tokens/s|per step|device  " "$OUT/logs/bench.log" | tail -n 40 >>"$OUT/logs/summary.txt"
+	;;
+spec)
+	log "bench --device cuda --preset bench-mtp --speculative mtp:5 --spec-accept 0.6,0.8,1.0 (and the MTP drafter)"
+	timeout "$LIMIT" bin/glmflash bench --device cuda --preset bench-mtp --speculative mtp:5 --spec-accept 0.6,0.8,1.0 --prompt 128 --decode-steps 48 --batch 1,4 --reps 3 \
+		--json "$OUT/logs/bench-spec.json" >"$OUT/logs/bench-spec.log" 2>&1 || log "bench --speculative FAILED"
+	grep -E "tokens/s|acceptance" "$OUT/logs/bench-spec.log" | tail -n 20 >>"$OUT/logs/summary.txt"
 	;;
 load)
 	log "load test (ghz) against serve --device cuda"

@@ -48,7 +48,6 @@ func newAttributeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			dev := base.Device
 			exitOnSignal = false // the first signal stops the study, a second forces the exit
 			ctx, stop := withSignals(cmd.Context())
 			defer stop()
@@ -56,6 +55,13 @@ func newAttributeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// a study records what it runs on: its device settings win, and
+			// a flag that says otherwise is an error, not an override
+			if f := cmd.Flags().Lookup("device"); f != nil && f.Changed && st.Device != "" && f.Value.String() != st.Device {
+				return fmt.Errorf("--device %s: the study %s says device: %s", f.Value.String(), studyPath, st.Device)
+			}
+			base = st.ApplyEngine(base)
+			dev := base.Device
 			// the destination is checked (and a staging folder made) before
 			// anything is loaded or measured
 			if outDir == "" {
@@ -88,7 +94,7 @@ func newAttributeCmd() *cobra.Command {
 			switch st.Level {
 			case attrib.LevelEngine:
 				er := attrib.NewEngineRunner(st, ck.Config(), ck, ck, pf)
-				er.Device, er.Base = dev, base
+				er.Device, er.Base, er.Backend = dev, base, backendOptions(base)
 				runner = er
 			case attrib.LevelServing:
 				sr, err := newServingRunner(st, ck.Dir(), dev, mf.files)

@@ -48,6 +48,10 @@ type benchResult struct {
 	AcceptRate       float64 `json:"draft_acceptance_rate,omitempty"`
 	SpeedUp          float64 `json:"speedup_over_plain,omitempty"`
 	spec             bool
+	// KernelsPerStep counts the kernels a step ran (those inside a graph
+	// replay too); DeviceMsPerStep its device time from CUDA events.
+	KernelsPerStep  float64 `json:"kernels_per_step,omitempty"`
+	DeviceMsPerStep float64 `json:"device_ms_per_step,omitempty"`
 }
 
 func newBenchCmd() *cobra.Command {
@@ -159,8 +163,9 @@ func newBenchCmd() *cobra.Command {
 				sorted := append([]float64(nil), tps...)
 				sort.Float64s(sorted)
 				r := benchResult{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps}
-				if len(counters) == 4 {
+				if len(counters) == 6 {
 					r.LaunchesPerStep, r.SyncsPerStep, r.LengthSyncs, r.ReplaysPerStep = counters[0], counters[1], counters[2], counters[3]
+					r.KernelsPerStep, r.DeviceMsPerStep = counters[4], counters[5]
 				}
 				results = append(results, r)
 				return nil
@@ -232,7 +237,8 @@ func newBenchCmd() *cobra.Command {
 					secs := time.Since(t0).Seconds()
 					s1 := prog.Stats()
 					n := float64(decodeSteps)
-					counters = []float64{float64(s1.Launches-s0.Launches) / n, float64(s1.HostSyncs-s0.HostSyncs) / n, float64(s1.LengthSyncs-s0.LengthSyncs) / n, float64(s1.GraphReplays-s0.GraphReplays) / n}
+					counters = []float64{float64(s1.Launches-s0.Launches) / n, float64(s1.HostSyncs-s0.HostSyncs) / n, float64(s1.LengthSyncs-s0.LengthSyncs) / n,
+						float64(s1.GraphReplays-s0.GraphReplays) / n, float64(s1.Kernels-s0.Kernels) / n, float64(s1.DeviceNs-s0.DeviceNs) / 1e6 / n}
 					return B * decodeSteps, secs, nil
 				})
 				if err != nil {
@@ -367,7 +373,8 @@ func newBenchCmd() *cobra.Command {
 			for _, r := range results {
 				fmt.Printf("%-22s %10.1f tokens/s  (median of %d; runs %s)", r.Name, r.TokensPerSec, len(r.Runs), fmtRuns(r.Runs))
 				if r.LaunchesPerStep > 0 || r.SyncsPerStep > 0 {
-					fmt.Printf("  per step: %.0f launches (%.1f graph replays), %.1f host syncs (%.1f length read-backs)", r.LaunchesPerStep, r.ReplaysPerStep, r.SyncsPerStep, r.LengthSyncs)
+					fmt.Printf("  per step: %.0f launches (%.1f graph replays) running %.0f kernels, %.1f host syncs (%.1f length read-backs), %.3f ms device time",
+						r.LaunchesPerStep, r.ReplaysPerStep, r.KernelsPerStep, r.SyncsPerStep, r.LengthSyncs, r.DeviceMsPerStep)
 				}
 				if r.spec {
 					fmt.Printf("  acceptance length %.2f", r.AcceptanceLength)

@@ -40,6 +40,7 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 	gen := []string{"generate", "--model", m, "--prompt-ids", "1,2,3", "--max-tokens", "2"}
 	bench := []string{"bench", "--model", m, "--prompt", "4", "--decode-steps", "1", "--reps", "1", "--warmup", "0", "--batch", "1"}
 	explain := []string{"passes", "explain", "--model", m}
+	pbench := []string{"passes", "bench", "--model", m, "--prompt", "4", "--steps", "1", "--rounds", "1", "--warmup", "0", "--batch", "1", "--pass", "host-length-reuse"}
 	graph := []string{"graph", "--model", m}
 	args := func(base []string, more ...string) []string { return append(append([]string(nil), base...), more...) }
 	probes := map[string]func(dir string) probe{
@@ -280,6 +281,50 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 			return probe{args: args(explain, "--seed", "2"), want: "--seed applies to --preset only"}
 		},
 
+		"passes bench --against": func(string) probe {
+			return probe{args: args(pbench, "--against", "some"), want: "--against must be baseline or all"}
+		},
+		"passes bench --batch": func(string) probe { return probe{args: args(pbench, "--batch", "0"), want: "--batch"} },
+		"passes bench --cache-dir": func(string) probe {
+			return probe{args: args(pbench, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
+		},
+		"passes bench --config": func(d string) probe {
+			return probe{args: args(pbench, "--config", d+"/none.yaml"), want: "none.yaml"}
+		},
+		"passes bench --device": func(string) probe {
+			return probe{args: args(pbench, "--device", "tpu"), want: `--device: unknown device "tpu"`}
+		},
+		"passes bench --fp8": func(string) probe { return probe{args: args(pbench, "--fp8"), want: "--fp8 applies to --preset only"} },
+		"passes bench --json": func(d string) probe {
+			return probe{args: args(pbench, "--json", d+"/pb.json"), check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				b, err := os.ReadFile(d + "/pb.json")
+				require.NoError(t, err)
+				require.Contains(t, string(b), `"speedup"`)
+			}}
+		},
+		"passes bench --model": func(d string) probe {
+			return probe{args: []string{"passes", "bench", "--model", d + "/none"}, want: d + "/none"}
+		},
+		"passes bench --pass": func(string) probe {
+			return probe{args: args(pbench, "--pass", "warp-drive"), want: "--pass warp-drive: no such pass"}
+		},
+		"passes bench --precision": func(string) probe {
+			return probe{args: args(pbench, "--precision", "bf16"), want: `cpu backend: precision "bf16" is not implemented`}
+		},
+		"passes bench --preset": func(string) probe {
+			return probe{args: []string{"passes", "bench", "--preset", "huge"}, want: `unknown preset "huge"`}
+		},
+		"passes bench --prompt": func(string) probe {
+			return probe{args: args(pbench, "--prompt", "1000000000"), want: "--prompt (1000000000) and 32 + --steps (33) must fit max_position_embeddings (4096)"}
+		},
+		"passes bench --rounds": func(string) probe { return probe{args: args(pbench, "--rounds", "0"), want: "--rounds must be ≥ 1"} },
+		"passes bench --seed": func(string) probe {
+			return probe{args: args(pbench, "--seed", "2"), want: "--seed applies to --preset only"}
+		},
+		"passes bench --steps":  func(string) probe { return probe{args: args(pbench, "--steps", "0"), want: "--steps"} },
+		"passes bench --warmup": func(string) probe { return probe{args: args(pbench, "--warmup", "-1"), want: "--warmup"} },
+
 		"serve --config": func(d string) probe {
 			return probe{args: []string{"serve", "--config", d + "/none.yaml"}, want: "none.yaml"}
 		},
@@ -369,7 +414,7 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 			return probe{args: []string{"plugin", "new", "--dir", d}, want: "accepts 1 arg(s), received 0"}
 		},
 	}
-	for _, c := range []string{"attribute", "bench", "eval", "generate", "graph", "init-random", "passes list", "passes explain"} {
+	for _, c := range []string{"attribute", "bench", "eval", "generate", "graph", "init-random", "passes list", "passes explain", "passes bench"} {
 		probes[c+" ARGS"] = func(string) probe {
 			return probe{args: append(strings.Fields(c), "stray"), want: `unknown command "stray"`}
 		}

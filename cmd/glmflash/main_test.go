@@ -227,7 +227,7 @@ warmup: 0
 	require.Contains(t, res, "kda-projection-fusion")
 	b, err := os.ReadFile(filepath.Join(dir, "out", "results.jsonl"))
 	require.NoError(t, err)
-	require.Equal(t, 4, strings.Count(string(b), "\n")) // 2 arms × 2 cells × 1 round
+	require.Equal(t, 6, strings.Count(string(b), "\n")) // 3 arms (baseline, A/A, all) × 2 cells × 1 round
 	require.Contains(t, string(b), `"level":"serving"`)
 }
 

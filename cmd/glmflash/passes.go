@@ -1,12 +1,15 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/glmflash/glmflash/core/attrib"
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
@@ -171,6 +174,95 @@ func newPassesCmd() *cobra.Command {
 	explain.Flags().StringVar(&dump, "dump", "", "print the IR around each pass: before, after or both")
 	explain.Flags().StringVar(&format, "format", "text", "text or json")
 	cmd.AddCommand(explain)
+	cmd.AddCommand(newPassesBenchCmd())
+	return cmd
+}
+
+// newPassesBenchCmd is `glmflash passes bench`: each pass on and off,
+// interleaved, per step.
+func newPassesBenchCmd() *cobra.Command {
+	var mf modelFlags
+	var names []string
+	var against, jsonOut string
+	var prompt, steps, rounds, warmup int
+	var batches []int
+	cmd := &cobra.Command{
+		Use:   "bench (--model DIR | --preset NAME) [--pass NAME]...",
+		Args:  cobra.NoArgs,
+		Short: "Micro-benchmark every pass on and off, interleaved: wall and device time, launches, kernels and host syncs per prefill and decode step, with 95% intervals",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if prompt < 1 || steps < 1 || rounds < 1 || warmup < 0 || rounds+warmup > maxBenchRuns {
+				return fmt.Errorf("--prompt, --steps and --rounds must be ≥ 1, --warmup ≥ 0, --rounds + --warmup at most %d", maxBenchRuns)
+			}
+			for _, b := range batches {
+				if b < 1 || b > maxBenchBatch {
+					return fmt.Errorf("--batch values must be in [1, %d], got %d", maxBenchBatch, b)
+				}
+			}
+			if against != "baseline" && against != "all" {
+				return fmt.Errorf("--against must be baseline or all, got %q", against)
+			}
+			ec, err := mf.config()
+			if err != nil {
+				return err
+			}
+			ck, err := mf.open()
+			if err != nil {
+				return err
+			}
+			defer ck.Close()
+			if limit := ck.Config().MaxPositionEmbeddings; prompt > limit || 32+steps > limit {
+				return fmt.Errorf("--prompt (%d) and 32 + --steps (%d) must fit max_position_embeddings (%d)", prompt, 32+steps, limit)
+			}
+			var passes []config.PassConfig
+			enabled := ec.Enabled()
+			for _, n := range names {
+				i := slices.IndexFunc(enabled, func(p config.PassConfig) bool { return p.Name == n })
+				switch {
+				case i >= 0:
+					passes = append(passes, enabled[i])
+				default:
+					if _, ok := pass.Lookup(n); !ok {
+						return fmt.Errorf("--pass %s: no such pass", n)
+					}
+					passes = append(passes, config.PassConfig{Name: n})
+				}
+			}
+			pb := &attrib.PassBench{Model: ck.Config(), Weights: ck, Info: ck, Device: ec.Device, Backend: backendOptions(ec), Base: ec,
+				Pipeline: func(e *config.Config) (*pass.Pipeline, error) { return pipelineWithPlugins(e) },
+				Passes:   passes, Against: against, Prompt: prompt, Steps: steps, Rounds: rounds, Warmup: warmup, Batches: batches,
+				Progress: func(s string) { log.Info().Str("at", s).Msg("passes bench") }}
+			res, err := pb.Run(cmd.Context())
+			if err != nil {
+				return err
+			}
+			cfg := ck.Config()
+			fmt.Printf("model %s (hidden %d, %d layers); device %s; prompt %d, decode batches %v, %d steps per measurement\n", ck.Dir(), cfg.HiddenSize, cfg.NumHiddenLayers, ec.Device, prompt, batches, steps)
+			if err := attrib.WritePassBench(os.Stdout, res); err != nil {
+				return err
+			}
+			if jsonOut != "" {
+				b, err := json.MarshalIndent(map[string]any{"model": ck.Dir(), "device": ec.Device, "precision": ec.Precision, "results": res}, "", "  ")
+				if err != nil {
+					return err
+				}
+				return os.WriteFile(jsonOut, b, 0o644)
+			}
+			return nil
+		},
+	}
+	mf.addConfig(cmd)
+	mf.addDevice(cmd)
+	mf.addPrecision(cmd)
+	mf.add(cmd, true)
+	cmd.Flags().StringSliceVar(&names, "pass", nil, "passes to measure (repeatable; default: every pass the configuration enables)")
+	cmd.Flags().StringVar(&against, "against", "baseline", "baseline: each pass alone against no passes; all: every pass against every pass but one")
+	cmd.Flags().IntVar(&prompt, "prompt", 512, "prefill prompt length")
+	cmd.Flags().IntSliceVar(&batches, "batch", []int{1, 8}, "decode batch sizes")
+	cmd.Flags().IntVar(&steps, "steps", 16, "decode steps per measurement")
+	cmd.Flags().IntVar(&rounds, "rounds", 5, "measured rounds (paired, interleaved)")
+	cmd.Flags().IntVar(&warmup, "warmup", 1, "warm-up rounds (not counted)")
+	cmd.Flags().StringVar(&jsonOut, "json", "", "also write the results as JSON to this file")
 	return cmd
 }
 

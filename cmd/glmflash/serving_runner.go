@@ -107,6 +107,12 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 	if r.st.Plugins.Dir != "" {
 		ac["plugins"] = r.st.Plugins
 	}
+	if r.st.Precision != "" {
+		ac["precision"] = r.st.Precision
+	}
+	if r.st.CUDA != nil {
+		ac["cuda"] = map[string]any{"graph_max_tokens": r.st.CUDA.GraphMaxTokens}
+	}
 	path := filepath.Join(r.tmp, safe+".yaml")
 	if err := writeJSON(path, passConfigsAsYAML(ac)); err != nil {
 		return err

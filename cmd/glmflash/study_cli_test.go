@@ -90,3 +90,25 @@ func TestStudyThatCannotRunIsRefusedFirst(t *testing.T) {
 	ents, _ := os.ReadDir(d)
 	require.Len(t, ents, 1, "no staging folder is left: only the study file")
 }
+
+// `passes bench` measures the passes it is given on and off and writes
+// its JSON; an unknown pass or a bad flag is refused first.
+func TestPassesBenchCLI(t *testing.T) {
+	d := t.TempDir()
+	js := filepath.Join(d, "pb.json")
+	out, err := runCLI(t, "passes", "bench", "--model", absFixture(t)+"/checkpoint", "--pass", "host-length-reuse", "--pass", "dsa-pooled-metadata",
+		"--prompt", "8", "--batch", "1", "--steps", "1", "--rounds", "2", "--warmup", "0", "--json", js)
+	require.NoError(t, err)
+	require.Contains(t, out, "host-length-reuse (off: no passes; 2 paired rounds)")
+	require.Contains(t, out, "dsa-pooled-metadata (off: no passes; 2 paired rounds)")
+	require.Contains(t, out, "decode b1")
+	b, err := os.ReadFile(js)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"speedup"`)
+	_, err = runCLI(t, "passes", "bench", "--model", absFixture(t)+"/checkpoint", "--pass", "warp-drive")
+	require.ErrorContains(t, err, "--pass warp-drive: no such pass")
+	_, err = runCLI(t, "passes", "bench", "--model", absFixture(t)+"/checkpoint", "--rounds", "0")
+	require.ErrorContains(t, err, "--rounds must be ≥ 1")
+	_, err = runCLI(t, "passes", "bench", "--model", absFixture(t)+"/checkpoint", "--against", "nothing", "--rounds", "1", "--warmup", "0", "--prompt", "4", "--steps", "1", "--batch", "1", "--pass", "host-length-reuse")
+	require.ErrorContains(t, err, "--against must be baseline or all")
+}

@@ -55,7 +55,7 @@ func TestStudyErrorsNameFileAndField(t *testing.T) {
 	for _, a := range arms {
 		names = append(names, a.Name)
 	}
-	require.Equal(t, []string{"baseline", "all", "-p1", "-p2", "+p1", "+p2"}, names)
+	require.Equal(t, []string{"baseline", AAName, "all", "-p1", "-p2", "+p1", "+p2"}, names)
 	require.Equal(t, []string{"w C1", "w C2"}, []string{s.Cells()[0].Name(), s.Cells()[1].Name()})
 }
 
@@ -117,18 +117,26 @@ func TestRunPairsRoundsAndSummarizes(t *testing.T) {
 	var progress []string
 	res, err := Run(context.Background(), s, Options{Runner: fr, Vocab: 50, Progress: func(d, tot int, l string) { progress = append(progress, fmt.Sprint(d, "/", tot)) }})
 	require.NoError(t, err)
-	require.Len(t, progress, 4*2*6)
+	require.Len(t, progress, 4*2*7)
 	// interleaving: round 0 forward, round 1 reversed
 	require.Equal(t, "baseline", fr.order[0])
-	require.Equal(t, "+p2", fr.order[12])
-	require.Len(t, res.Rows, 3*2*6)
+	require.Equal(t, AAName, fr.order[1])
+	require.Equal(t, "+p2", fr.order[14])
+	require.Len(t, res.Rows, 3*2*7)
+	require.Equal(t, StopFixed, res.Stop)
+	require.Equal(t, map[string]int{"w C1": 3, "w C2": 3}, res.CellRounds)
 	sum := res.Summarize()
 	require.InDelta(t, 1.0, sum.PerCell["+p1"]["w C1"].Gap, 1e-9)
+	require.Equal(t, VerdictGain, sum.PerCell["+p1"]["w C1"].Interval.Verdict)
 	require.InDelta(t, 0.0, sum.PerCell["+p2"]["w C2"].Gap, 1e-9)
+	require.Equal(t, VerdictTie, sum.PerCell["+p2"]["w C2"].Interval.Verdict)
+	require.NotNil(t, sum.NoiseFloor)
+	require.Empty(t, sum.NoiseFloor.Excluded)
+	require.True(t, sum.NoiseFloor.Geo.Tie())
 	for _, c := range sum.Contributions {
 		if c.Pass == "p1" {
-			require.InDelta(t, 1.0, c.GeoAddOneIn, 1e-9)
-			require.InDelta(t, 1.0, c.GeoLeaveOneOut, 1e-9) // all (fast) over all-without-p1 (slow)
+			require.InDelta(t, 1.0, c.GeoAddOneIn.Effect(), 1e-9)
+			require.InDelta(t, 1.0, c.GeoLeaveOneOut.Effect(), 1e-9) // all (fast) over all-without-p1 (slow)
 		}
 	}
 	require.Positive(t, sum.ParityTotal)
@@ -144,7 +152,7 @@ func TestRunPairsRoundsAndSummarizes(t *testing.T) {
 	require.Contains(t, b.String(), "PARITY FAILURE")
 	files, _, err := res.WriteAll(t.TempDir())
 	require.NoError(t, err)
-	require.Len(t, files, 5)
+	require.Len(t, files, 7) // results, intervals, summary, report, three charts
 }
 
 // Study files come from users: parsing (and expanding what parses) never
@@ -152,7 +160,9 @@ func TestRunPairsRoundsAndSummarizes(t *testing.T) {
 func FuzzParseStudy(f *testing.F) {
 	f.Add([]byte(good))
 	f.Add([]byte(strings.Replace(good, "arms: {baseline: true, all: true, leave_one_out: true, add_one_in: true}", "arms: {}", 1)))
-	for _, p := range []string{"../../configs/studies/quick.yaml", "../../configs/studies/campaign.yaml"} {
+	f.Add([]byte(strings.Replace(good, "repetitions: 3", "adaptive: {target_half_width: 0.01, min_rounds: 3, max_rounds: 9, max_seconds: 60}", 1)))
+	f.Add([]byte(strings.Replace(good, "concurrency: [2, 1]", "concurrency: [2, 1], requests_per_level: [4, 1]", 1) + "device: cuda\nprecision: bf16\ncuda: {graph_max_tokens: 32}\n"))
+	for _, p := range []string{"../../configs/studies/quick.yaml", "../../configs/studies/campaign.yaml", "../../configs/studies/campaign-h200.yaml"} {
 		b, err := os.ReadFile(p)
 		require.NoError(f, err)
 		f.Add(b)
@@ -244,7 +254,7 @@ func TestOutputIsCheckedFirstAndWrittenAtomically(t *testing.T) {
 	require.True(t, os.IsNotExist(err), "nothing appears before the commit")
 	files, _, err := o.Commit(res)
 	require.NoError(t, err)
-	require.Len(t, files, 5)
+	require.Len(t, files, 7)
 	for _, f := range files {
 		require.FileExists(t, f)
 	}

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"image/color"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,61 +16,85 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 )
 
-func pct(x float64) string {
-	if x > -0.01 && x < 0.01 {
-		return fmt.Sprintf("%+.1f%% (tie)", 100*x)
+// roundsLine says how many rounds were measured and what stopped them.
+func (r *Result) roundsLine(s *Summary) string {
+	st := r.Study
+	lo, hi := math.MaxInt, 0
+	for _, cn := range s.Cells {
+		lo, hi = min(lo, s.CellRounds[cn]), max(hi, s.CellRounds[cn])
 	}
-	return fmt.Sprintf("%+.1f%%", 100*x)
+	n := fmt.Sprint(lo)
+	if hi != lo {
+		n = fmt.Sprintf("%d–%d", lo, hi)
+	}
+	mode := "fixed"
+	if a := st.Adaptive; a != nil {
+		mode = fmt.Sprintf("adaptive: target ±%.2g%%, %d–%d rounds", 100*a.TargetHalfWidth, a.MinRounds, a.MaxRounds)
+		if a.MaxSeconds > 0 {
+			mode += fmt.Sprintf(", at most %gs", a.MaxSeconds)
+		}
+		mode += "; stopped by the " + s.Stop
+	}
+	return fmt.Sprintf("%s measured rounds per cell (%s), %d warm-up", n, mode, st.Warmup)
 }
 
-// Console writes the campaign-shaped tables: per arm, cell | baseline | arm
-// | gap; then the gap matrix with geometric means, the per-pass
-// contributions, and parity (loudly when any request changed).
+func (r *Result) deviceName() string {
+	if len(r.Rows) > 0 && r.Rows[0].Device != "" {
+		return r.Rows[0].Device
+	}
+	if r.Study.Device != "" {
+		return r.Study.Device
+	}
+	return "the configured device"
+}
+
+// Console writes the campaign-shaped tables: the gap of every arm to the
+// baseline per cell with 95% intervals and the geometric mean, the noise
+// floor (A/A), the per-pass contributions, device time and counters when
+// measured, and parity (loudly when any request changed).
 func (r *Result) Console(w io.Writer, s *Summary) {
-	fmt.Fprintf(w, "study %s (%s level, %d measured rounds, %d warm-up)\n", r.Study.Name, r.Study.Level, r.Study.Repetitions, r.Study.Warmup)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	for _, a := range r.Arms {
-		if a.Kind == "baseline" {
-			continue
-		}
-		fmt.Fprintf(tw, "\narm %s\t\t\t\t\n", a.Name)
-		fmt.Fprintln(tw, "cell\tbaseline tok/s\tarm tok/s\tgap\tspread (arm)")
-		for _, cn := range s.Cells {
-			b, x := s.PerCell["baseline"][cn], s.PerCell[a.Name][cn]
-			fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%s\t±%.0f%%\n", cn, b.TokensPerS.Median, x.TokensPerS.Median, pct(x.Gap), 50*x.TokensPerS.Spread)
-		}
+	fmt.Fprintf(w, "study %s (%s level on %s, %s)\n", r.Study.Name, r.Study.Level, r.deviceName(), r.roundsLine(s))
+	for _, cn := range s.Cells {
+		fmt.Fprintf(w, "  %s: %d rounds (%s)\n", cn, s.CellRounds[cn], s.CellStop[cn])
 	}
-	tw.Flush()
-	fmt.Fprintln(w, "\ngap to baseline (paired per round, median), geometric mean across cells:")
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "arm\t%s\tgeomean\tparity\tfired\n", strings.Join(s.Cells, "\t"))
-	for _, as := range s.Arms {
-		var cols []string
-		for _, cn := range s.Cells {
-			cols = append(cols, pct(s.PerCell[as.Arm][cn].Gap))
-		}
-		par := "0"
-		if as.Parity > 0 {
-			par = fmt.Sprintf("%d MISMATCHES", as.Parity)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", as.Arm, strings.Join(cols, "\t"), pct(as.GeoGap), par, strings.Join(as.Fired, ","))
-	}
-	tw.Flush()
+	fmt.Fprintln(w, "\ngap to baseline: output tokens/s by wall clock, geometric mean of the paired per-round ratios and its 95% interval; a tie is an interval that contains 0:")
+	r.gapTable(w, s, MetricWall)
+	r.noiseLine(w, s)
 	if len(s.Contributions) > 0 {
-		fmt.Fprintln(w, "\nper-pass contribution (leave-one-out = all/(all−p)−1, add-one-in = (baseline+p)/baseline−1), geomean over cells:")
-		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(w, "\nper-pass contribution, geometric mean over cells (leave-one-out = all / (all − p), add-one-in = (baseline + p) / baseline):")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "pass\tleave-one-out\tadd-one-in")
 		for _, c := range s.Contributions {
 			l, a := "n/a", "n/a"
 			if c.HasLOO {
-				l = pct(c.GeoLeaveOneOut)
+				l = c.GeoLeaveOneOut.String()
 			}
 			if c.HasAOI {
-				a = pct(c.GeoAddOneIn)
+				a = c.GeoAddOneIn.String()
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Pass, l, a)
+		}
+		tw.Flush()
+	}
+	if s.Device {
+		fmt.Fprintln(w, "\ngap to baseline by device time (CUDA events around every step):")
+		r.gapTable(w, s, MetricDevice)
+		fmt.Fprintln(w, "\nper step (median over rounds and cells): launches (host launch calls; a graph replay is one), kernels executed, host syncs, length read-backs, device ms:")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "arm\tlaunches\tkernels\thost syncs\tlength syncs\tdevice ms")
+		for _, as := range s.Arms {
+			var ps []*PerStep
+			for _, cn := range s.Cells {
+				if p := s.PerCell[as.Arm][cn].PerStep; p != nil {
+					ps = append(ps, p)
+				}
+			}
+			if m := medianPerStep(ps); m != nil {
+				fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.2f\t%.2f\t%.3f\n", as.Arm, m.Launches, m.Kernels, m.HostSyncs, m.LengthSyncs, m.DeviceMs)
+			}
 		}
 		tw.Flush()
 	}
@@ -79,16 +105,73 @@ func (r *Result) Console(w io.Writer, s *Summary) {
 	}
 }
 
+func (r *Result) gapTable(w io.Writer, s *Summary, metric string) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "arm\t%s\tgeomean\tparity\tfired\n", strings.Join(s.Cells, "\t"))
+	for _, as := range s.Arms {
+		if as.Kind == KindBaseline {
+			continue
+		}
+		var cols []string
+		for _, cn := range s.Cells {
+			cols = append(cols, cellInterval(s.PerCell[as.Arm][cn], metric).String())
+		}
+		geo := as.Geo
+		if metric == MetricDevice && as.DeviceGeo != nil {
+			geo = *as.DeviceGeo
+		}
+		par := "0"
+		if as.Parity > 0 {
+			par = fmt.Sprintf("%d MISMATCHES", as.Parity)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", as.Arm, strings.Join(cols, "\t"), geo, par, strings.Join(as.Fired, ","))
+	}
+	tw.Flush()
+}
+
+func cellInterval(cs *CellSummary, metric string) Interval {
+	if metric == MetricDevice {
+		if cs.DeviceInterval == nil {
+			return Interval{Verdict: VerdictNoSignal}
+		}
+		return *cs.DeviceInterval
+	}
+	return cs.Interval
+}
+
+func (r *Result) noiseLine(w io.Writer, s *Summary) {
+	nf := s.NoiseFloor
+	if nf == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nnoise floor (A/A: the baseline measured again as a separate arm): geomean %s", nf.Geo)
+	if len(nf.Excluded) > 0 {
+		fmt.Fprintf(w, "\n!!! the A/A interval excludes 0 on %s: the arms' rounds are not comparable there (drift, warm-up, a noisy neighbour); read effects of that size with suspicion !!!\n", strings.Join(nf.Excluded, ", "))
+	} else {
+		fmt.Fprintln(w, "; every A/A interval contains 0")
+	}
+}
+
 // WriteJSONL writes one row per measurement.
 func (r *Result) WriteJSONL(path string) error {
+	return writeLines(path, len(r.Rows), func(i int) any { return r.Rows[i] })
+}
+
+// WriteIntervals writes one line per interval (intervals.jsonl).
+func (r *Result) WriteIntervals(path string, s *Summary) error {
+	recs := r.IntervalRecords(s)
+	return writeLines(path, len(recs), func(i int) any { return recs[i] })
+}
+
+func writeLines(path string, n int, at func(int) any) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
 	bw := bufio.NewWriter(f)
 	enc := json.NewEncoder(bw)
-	for _, row := range r.Rows {
-		if err := enc.Encode(row); err != nil {
+	for i := range n {
+		if err := enc.Encode(at(i)); err != nil {
 			f.Close()
 			return err
 		}
@@ -110,55 +193,87 @@ func (r *Result) WriteMarkdown(path string, s *Summary, charts []string) error {
 	}
 	if len(r.Rows) > 0 {
 		p := r.Rows[0].Provenance
-		fmt.Fprintf(&b, "- level: %s; model: %s\n- commit %s, %s (%d CPUs), %s, %s\n- %d measured rounds (paired, interleaved; arm order alternates), %d warm-up\n\n",
-			st.Level, p.Model, p.Commit, p.CPU, p.CPUs, p.GoVersion, p.Date, st.Repetitions, st.Warmup)
+		fmt.Fprintf(&b, "- level: %s on %s; model: %s\n- commit %s, %s (%d CPUs), %s, %s\n- %s; arms interleaved per cell, arm order alternating between rounds; measurement took %s\n\n",
+			st.Level, r.deviceName(), p.Model, p.Commit, p.CPU, p.CPUs, p.GoVersion, p.Date, r.roundsLine(s), r.Elapsed.Round(1e9))
 	}
-	b.WriteString("## Workloads\n\n| workload | input | output | requests | concurrency |\n|---|---|---|---|---|\n")
+	b.WriteString("## Workloads\n\n| workload | input | output | requests | concurrency | requests per level |\n|---|---|---|---|---|---|\n")
 	for _, w := range st.Workloads {
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %v |\n", w.Name, w.InputLen, w.OutputLen, w.Requests, w.Concurrency)
-	}
-	b.WriteString("\n## Gap to baseline per cell\n\nOutput tokens/s; gap = median over rounds of the paired ratio arm/baseline, minus 1.\n\n")
-	fmt.Fprintf(&b, "| arm | %s | geomean | parity | passes fired |\n|---|%s---|---|---|\n", strings.Join(s.Cells, " | "), strings.Repeat("---|", len(s.Cells)))
-	for _, as := range s.Arms {
-		var cols []string
-		for _, cn := range s.Cells {
-			cs := s.PerCell[as.Arm][cn]
-			cols = append(cols, fmt.Sprintf("%.1f (%s)", cs.TokensPerS.Median, pct(cs.Gap)))
+		per := "all"
+		if w.RequestsPerLevel != nil {
+			per = fmt.Sprint(w.RequestsPerLevel)
 		}
-		par := "0"
-		if as.Parity > 0 {
-			par = fmt.Sprintf("**%d MISMATCHES**", as.Parity)
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", as.Arm, strings.Join(cols, " | "), pct(as.GeoGap), par, strings.Join(as.Fired, ", "))
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %v | %s |\n", w.Name, w.InputLen, w.OutputLen, w.Requests, w.Concurrency, per)
 	}
-	b.WriteString("\n## Latency (medians over rounds)\n\n| arm | cell | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | E2E p50 ms |\n|---|---|---|---|---|---|---|\n")
-	for _, as := range s.Arms {
-		for _, cn := range s.Cells {
-			cs := s.PerCell[as.Arm][cn]
-			fmt.Fprintf(&b, "| %s | %s | %.1f | %.1f | %.2f | %.2f | %.1f |\n", as.Arm, cn, cs.TTFTP50Ms.Median, cs.TTFTP90Ms.Median, cs.ITLP50Ms.Median, cs.ITLP90Ms.Median, cs.E2EP50Ms.Median)
+	b.WriteString("\n## Rounds\n\n| cell | measured rounds | why it stopped |\n|---|---|---|\n")
+	for _, cn := range s.Cells {
+		fmt.Fprintf(&b, "| %s | %d | %s |\n", cn, s.CellRounds[cn], s.CellStop[cn])
+	}
+	b.WriteString(readingIntervals)
+	r.mdGapTable(&b, s, MetricWall, "## Gap to baseline per cell (wall clock)\n\nOutput tokens/s: median over rounds; the gap is the geometric mean of the paired ratios arm/baseline minus 1, with its 95% interval.\n\n")
+	if nf := s.NoiseFloor; nf != nil {
+		b.WriteString("\n## Noise floor (A/A)\n\n")
+		fmt.Fprintf(&b, "`%s` is the baseline's configuration measured as a separate arm in the same interleaved rounds. Its geometric mean over cells: **%s**.", AAName, nf.Geo)
+		if len(nf.Excluded) > 0 {
+			fmt.Fprintf(&b, " **Its interval excludes 0 on %s**: there the arms' rounds were not comparable (drift, warm-up, interference), and effects of that size are not to be believed.\n", strings.Join(nf.Excluded, ", "))
+		} else {
+			b.WriteString(" Every A/A interval contains 0, as it must.\n")
 		}
 	}
 	if len(s.Contributions) > 0 {
-		b.WriteString("\n## Per-pass contributions\n\nleave-one-out = all / (all without the pass) − 1; add-one-in = (baseline + the pass) / baseline − 1.\n\n")
-		fmt.Fprintf(&b, "| pass | kind | %s | geomean |\n|---|---|%s---|\n", strings.Join(s.Cells, " | "), strings.Repeat("---|", len(s.Cells)))
+		b.WriteString("\n## Per-pass contributions\n\nleave-one-out = all / (all without the pass) − 1; add-one-in = (baseline + the pass) / baseline − 1; geometric means of paired ratios with 95% intervals (the geomean column: a joint bootstrap over rounds).\n\n")
+		fmt.Fprintf(&b, "| pass | kind | %s | geomean |", strings.Join(s.Cells, " | "))
+		if s.Device {
+			b.WriteString(" geomean by device time |")
+		}
+		fmt.Fprintf(&b, "\n|---|---|%s---|", strings.Repeat("---|", len(s.Cells)))
+		if s.Device {
+			b.WriteString("---|")
+		}
+		b.WriteString("\n")
 		for _, c := range s.Contributions {
-			for _, kind := range []string{"leave-one-out", "add-one-in"} {
-				m, g, ok := c.LeaveOneOut, c.GeoLeaveOneOut, c.HasLOO
-				if kind == "add-one-in" {
-					m, g, ok = c.AddOneIn, c.GeoAddOneIn, c.HasAOI
+			for _, kind := range []string{KindLeaveOneOut, KindAddOneIn} {
+				m, g, dg, ok := c.LeaveOneOut, c.GeoLeaveOneOut, c.DeviceGeoLeaveOneOut, c.HasLOO
+				if kind == KindAddOneIn {
+					m, g, dg, ok = c.AddOneIn, c.GeoAddOneIn, c.DeviceGeoAddOneIn, c.HasAOI
 				}
 				if !ok {
 					continue
 				}
 				var cols []string
 				for _, cn := range s.Cells {
-					cols = append(cols, pct(m[cn]))
+					cols = append(cols, m[cn].String())
 				}
-				fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Pass, kind, strings.Join(cols, " | "), pct(g))
+				fmt.Fprintf(&b, "| %s | %s | %s | %s |", c.Pass, kind, strings.Join(cols, " | "), g)
+				if s.Device {
+					dv := "n/a"
+					if dg != nil {
+						dv = dg.String()
+					}
+					fmt.Fprintf(&b, " %s |", dv)
+				}
+				b.WriteString("\n")
 			}
 		}
-		for _, c := range charts {
-			fmt.Fprintf(&b, "\n![%s](%s)\n", strings.TrimSuffix(filepath.Base(c), ".png"), filepath.Base(c))
+	}
+	for _, c := range charts {
+		fmt.Fprintf(&b, "\n![%s](%s)\n", strings.TrimSuffix(filepath.Base(c), ".png"), filepath.Base(c))
+	}
+	if s.Device {
+		r.mdGapTable(&b, s, MetricDevice, "\n## Gap to baseline by device time\n\nOutput tokens per second of device time (CUDA events recorded before each step's first upload and after its last kernel): what the GPU work itself gained, without the host's share.\n\n")
+		b.WriteString("\n## Device counters per step\n\nMedians over rounds: launch calls (a CUDA graph replay is one), kernels executed (those a replay runs included; a cuBLAS call counts one), host syncs, sequence-length read-backs, device ms. A step is one scheduler batch (decode tokens plus prompt chunks).\n\n| arm | cell | launches | kernels | host syncs | length syncs | device ms |\n|---|---|---|---|---|---|---|\n")
+		for _, as := range s.Arms {
+			for _, cn := range s.Cells {
+				if p := s.PerCell[as.Arm][cn].PerStep; p != nil {
+					fmt.Fprintf(&b, "| %s | %s | %.1f | %.1f | %.2f | %.2f | %.3f |\n", as.Arm, cn, p.Launches, p.Kernels, p.HostSyncs, p.LengthSyncs, p.DeviceMs)
+				}
+			}
+		}
+	}
+	b.WriteString("\n## Latency (medians over rounds)\n\n| arm | cell | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p90 ms | E2E p50 ms |\n|---|---|---|---|---|---|---|\n")
+	for _, as := range s.Arms {
+		for _, cn := range s.Cells {
+			cs := s.PerCell[as.Arm][cn]
+			fmt.Fprintf(&b, "| %s | %s | %.1f | %.1f | %.2f | %.2f | %.1f |\n", as.Arm, cn, cs.TTFTP50Ms.Median, cs.TTFTP90Ms.Median, cs.ITLP50Ms.Median, cs.ITLP90Ms.Median, cs.E2EP50Ms.Median)
 		}
 	}
 	b.WriteString("\n## Noise\n\nRound-to-round spread of the baseline ((max−min)/median of output tokens/s):\n\n")
@@ -173,85 +288,238 @@ func (r *Result) WriteMarkdown(path string, s *Summary, charts []string) error {
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
-// WriteChart draws one kind of per-pass contribution ("add-one-in" or
-// "leave-one-out") per cell as grouped bars; the format follows the file
-// extension (.png or .svg). It returns false when the study has no arms of
-// that kind.
-func (r *Result) WriteChart(path, kind string, s *Summary) (bool, error) {
-	type series struct {
-		name string
-		vals plotter.Values
-	}
-	var ss []series
-	lo, hi := 0.0, 0.0
-	for _, c := range s.Contributions {
-		m, ok := c.AddOneIn, c.HasAOI
-		if kind == "leave-one-out" {
-			m, ok = c.LeaveOneOut, c.HasLOO
+const readingIntervals = `
+## How to read the intervals
+
+Every number below compares two arms measured back to back in the same round. A round's ratio
+is arm/reference; the figure shown is the geometric mean of the rounds' ratios minus 1, and
+[lo, hi] its 95% confidence interval: a bootstrap over the paired rounds (expanded percentile)
+from 6 rounds on, Student's t on the log ratios with 2–5 rounds, none with 1 ("too few
+rounds"). **A tie is an interval that contains 0**; an effect whose interval excludes 0 is a
+gain or a loss at 95% confidence. The A/A arm (the baseline against itself) shows how large a
+difference the machine's noise alone produces.
+`
+
+func (r *Result) mdGapTable(b *strings.Builder, s *Summary, metric, head string) {
+	b.WriteString(head)
+	fmt.Fprintf(b, "| arm | %s | geomean | parity | passes fired |\n|---|%s---|---|---|\n", strings.Join(s.Cells, " | "), strings.Repeat("---|", len(s.Cells)))
+	for _, as := range s.Arms {
+		var cols []string
+		for _, cn := range s.Cells {
+			cs := s.PerCell[as.Arm][cn]
+			tps := cs.TokensPerS.Median
+			if metric == MetricDevice && cs.DeviceTokensPerS != nil {
+				tps = cs.DeviceTokensPerS.Median
+			}
+			if as.Kind == KindBaseline {
+				cols = append(cols, fmt.Sprintf("%.1f", tps))
+				continue
+			}
+			cols = append(cols, fmt.Sprintf("%.1f (%s)", tps, cellInterval(cs, metric)))
 		}
-		if !ok {
+		geo := as.Geo.String()
+		if metric == MetricDevice {
+			geo = "n/a"
+			if as.DeviceGeo != nil {
+				geo = as.DeviceGeo.String()
+			}
+		}
+		if as.Kind == KindBaseline {
+			geo = "(reference)"
+		}
+		par := "0"
+		if as.Parity > 0 {
+			par = fmt.Sprintf("**%d MISMATCHES**", as.Parity)
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", as.Arm, strings.Join(cols, " | "), geo, par, strings.Join(as.Fired, ", "))
+	}
+}
+
+// intervalBars draws one series of bars (effect in percent, from 0) with
+// their 95% intervals as whiskers, in data coordinates: group g's bar sits
+// at g + Offset.
+type intervalBars struct {
+	vals, lo, hi []float64 // percent; NaN: no interval
+	offset, w    float64
+	color        color.Color
+}
+
+func (ib *intervalBars) Plot(c draw.Canvas, p *plot.Plot) {
+	trX, trY := p.Transforms(&c)
+	line := draw.LineStyle{Color: color.Black, Width: vg.Points(1)}
+	for i, v := range ib.vals {
+		x0, x1 := float64(i)+ib.offset-ib.w/2, float64(i)+ib.offset+ib.w/2
+		pts := []vg.Point{{X: trX(x0), Y: trY(0)}, {X: trX(x1), Y: trY(0)}, {X: trX(x1), Y: trY(v)}, {X: trX(x0), Y: trY(v)}}
+		c.FillPolygon(ib.color, c.ClipPolygonXY(pts))
+		if math.IsNaN(ib.lo[i]) {
 			continue
 		}
-		vals := make(plotter.Values, len(s.Cells))
-		for j, cn := range s.Cells {
-			vals[j] = 100 * m[cn]
-			lo, hi = min(lo, vals[j]), max(hi, vals[j])
+		xm := trX(float64(i) + ib.offset)
+		cw := (trX(x1) - trX(x0)) / 3
+		c.StrokeLines(line, c.ClipLinesXY([]vg.Point{{X: xm, Y: trY(ib.lo[i])}, {X: xm, Y: trY(ib.hi[i])}})...)
+		c.StrokeLines(line, c.ClipLinesXY([]vg.Point{{X: xm - cw, Y: trY(ib.lo[i])}, {X: xm + cw, Y: trY(ib.lo[i])}})...)
+		c.StrokeLines(line, c.ClipLinesXY([]vg.Point{{X: xm - cw, Y: trY(ib.hi[i])}, {X: xm + cw, Y: trY(ib.hi[i])}})...)
+	}
+}
+
+func (ib *intervalBars) DataRange() (xmin, xmax, ymin, ymax float64) {
+	xmin, xmax = ib.offset-ib.w, float64(len(ib.vals)-1)+ib.offset+ib.w
+	for i, v := range ib.vals {
+		ymin, ymax = min(ymin, v), max(ymax, v)
+		if !math.IsNaN(ib.lo[i]) {
+			ymin, ymax = min(ymin, ib.lo[i]), max(ymax, ib.hi[i])
 		}
-		ss = append(ss, series{c.Pass, vals})
+	}
+	return
+}
+
+// chartSeries is one legend entry: per group an interval.
+type chartSeries struct {
+	name string
+	ivs  []Interval
+}
+
+// WriteChart draws one kind of comparison per cell and for the geometric
+// mean, as grouped bars with their 95% intervals as error bars: kind is
+// "add-one-in" or "leave-one-out" (per-pass contributions) or "arms"
+// (all, A/A and explicit arms against the baseline). The format follows
+// the file extension (.png or .svg). It returns false when the study has
+// nothing of that kind.
+func (r *Result) WriteChart(path, kind string, s *Summary) (bool, error) {
+	var ss []chartSeries
+	groups := append(append([]string(nil), s.Cells...), "geomean")
+	ref := "baseline"
+	switch kind {
+	case KindAddOneIn, KindLeaveOneOut:
+		if kind == KindLeaveOneOut {
+			ref = "all passes"
+		}
+		for _, c := range s.Contributions {
+			m, g, ok := c.AddOneIn, c.GeoAddOneIn, c.HasAOI
+			if kind == KindLeaveOneOut {
+				m, g, ok = c.LeaveOneOut, c.GeoLeaveOneOut, c.HasLOO
+			}
+			if !ok {
+				continue
+			}
+			se := chartSeries{name: c.Pass}
+			for _, cn := range s.Cells {
+				se.ivs = append(se.ivs, m[cn])
+			}
+			ss = append(ss, chartSeries{name: se.name, ivs: append(se.ivs, g)})
+		}
+	case "arms":
+		for _, as := range s.Arms {
+			if as.Kind != KindAll && as.Kind != KindAA && as.Kind != KindExplicit {
+				continue
+			}
+			se := chartSeries{name: as.Arm}
+			for _, cn := range s.Cells {
+				se.ivs = append(se.ivs, s.PerCell[as.Arm][cn].Interval)
+			}
+			ss = append(ss, chartSeries{name: se.name, ivs: append(se.ivs, as.Geo)})
+		}
+	default:
+		return false, fmt.Errorf("chart kind %q: add-one-in, leave-one-out or arms", kind)
 	}
 	if len(ss) == 0 {
 		return false, nil
 	}
 	p := plot.New()
-	ref := "baseline"
-	if kind == "leave-one-out" {
-		ref = "all passes"
+	what := kind + " contribution"
+	if kind == "arms" {
+		what = "gap"
 	}
-	p.Title.Text = fmt.Sprintf("%s: %s contribution to output tokens/s (vs %s)", r.Study.Name, kind, ref)
+	p.Title.Text = fmt.Sprintf("%s: %s to output tokens/s (vs %s), 95%% intervals", r.Study.Name, what, ref)
 	p.Y.Label.Text = "gain (%)"
-	widthIn := max(8.0, 1.6*float64(len(s.Cells)))
-	group := vg.Length(widthIn*72*0.75) / vg.Length(len(s.Cells))
-	w := group / vg.Length(len(ss)+1)
-	for i, se := range ss {
-		bc, err := plotter.NewBarChart(se.vals, w)
-		if err != nil {
-			return false, err
+	w := 0.8 / float64(len(ss))
+	// the axis fits the estimates and their intervals, except that whiskers
+	// longer than three times the largest estimate (or 5 points) run off
+	// the chart: a study of few rounds has intervals of hundreds of percent
+	maxAbs := 0.0
+	for _, se := range ss {
+		for _, iv := range se.ivs {
+			if iv.Rounds > 0 {
+				maxAbs = max(maxAbs, math.Abs(100*iv.Effect()))
+			}
 		}
-		bc.Color = plotutil.Color(i)
-		bc.LineStyle.Width = 0
-		bc.Offset = vg.Length(float64(i)-float64(len(ss)-1)/2) * w
-		p.Add(bc)
-		p.Legend.Add(se.name, bc)
+	}
+	limit := max(3*maxAbs, 5)
+	clipped := false
+	lo, hi := 0.0, 0.0
+	for i, se := range ss {
+		ib := &intervalBars{offset: (float64(i) - float64(len(ss)-1)/2) * w, w: w * 0.9, color: plotutil.Color(i)}
+		for _, iv := range se.ivs {
+			v := 100 * iv.Effect()
+			if iv.Rounds == 0 {
+				v = 0
+			}
+			ib.vals = append(ib.vals, v)
+			l, h := math.NaN(), math.NaN()
+			if iv.Defined() {
+				l, h = 100*(iv.Lo-1), 100*(iv.Hi-1)
+			}
+			ib.lo, ib.hi = append(ib.lo, l), append(ib.hi, h)
+		}
+		_, _, y0, y1 := ib.DataRange()
+		clipped = clipped || y0 < -limit || y1 > limit
+		lo, hi = min(lo, max(y0, -limit)), max(hi, min(y1, limit))
+		p.Add(ib)
+		p.Legend.Add(se.name, &legendBox{plotutil.Color(i)})
+	}
+	if clipped {
+		p.Title.Text += " (whiskers clipped)"
 	}
 	p.Add(plotter.NewGrid())
-	p.NominalX(s.Cells...)
+	p.NominalX(groups...)
 	span := hi - lo
 	if span == 0 {
 		span = 1
 	}
 	p.Y.Min, p.Y.Max = lo-0.05*span, hi+0.6*span // headroom for the legend
+	p.X.Min, p.X.Max = -0.5, float64(len(groups))-0.5
 	p.Legend.Top = true
+	widthIn := max(8.0, 1.4*float64(len(groups)))
 	return true, p.Save(vg.Length(widthIn)*vg.Inch, 5*vg.Inch, path)
 }
 
-// WriteAll writes results.jsonl, summary.json, report.md and the
-// contribution charts (contributions-*.png) into dir, returning the files written.
+// legendBox is a filled legend thumbnail.
+type legendBox struct{ c color.Color }
+
+func (l *legendBox) Thumbnail(c *draw.Canvas) {
+	c.FillPolygon(l.c, []vg.Point{{X: c.Min.X, Y: c.Min.Y}, {X: c.Max.X, Y: c.Min.Y}, {X: c.Max.X, Y: c.Max.Y}, {X: c.Min.X, Y: c.Max.Y}})
+}
+
+// WriteAll writes results.jsonl (one row per measurement), intervals.jsonl
+// (every interval), summary.json, report.md and the charts (gaps of the
+// arms and per-pass contributions, with error bars) into dir, returning
+// the files written.
 func (r *Result) WriteAll(dir string) ([]string, *Summary, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, nil, err
 	}
 	s := r.Summarize()
-	files := []string{filepath.Join(dir, "results.jsonl"), filepath.Join(dir, "summary.json"), filepath.Join(dir, "report.md")}
+	files := []string{filepath.Join(dir, "results.jsonl"), filepath.Join(dir, "intervals.jsonl"), filepath.Join(dir, "summary.json"), filepath.Join(dir, "report.md")}
 	if err := r.WriteJSONL(files[0]); err != nil {
 		return nil, s, err
 	}
-	b, _ := json.MarshalIndent(s, "", "  ")
-	if err := os.WriteFile(files[1], b, 0o644); err != nil {
+	if err := r.WriteIntervals(files[1], s); err != nil {
+		return nil, s, err
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return nil, s, err
+	}
+	if err := os.WriteFile(files[2], b, 0o644); err != nil {
 		return nil, s, err
 	}
 	var charts []string
-	for _, kind := range []string{"add-one-in", "leave-one-out"} {
-		path := filepath.Join(dir, "contributions-"+kind+".png")
+	for _, kind := range []string{"arms", KindAddOneIn, KindLeaveOneOut} {
+		name := "contributions-" + kind + ".png"
+		if kind == "arms" {
+			name = "gaps.png"
+		}
+		path := filepath.Join(dir, name)
 		ok, err := r.WriteChart(path, kind, s)
 		if err != nil {
 			return nil, s, err
@@ -261,7 +529,7 @@ func (r *Result) WriteAll(dir string) ([]string, *Summary, error) {
 			files = append(files, path)
 		}
 	}
-	if err := r.WriteMarkdown(files[2], s, charts); err != nil {
+	if err := r.WriteMarkdown(files[3], s, charts); err != nil {
 		return nil, s, err
 	}
 	return files, s, nil

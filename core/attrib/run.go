@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/pass"
@@ -34,6 +35,53 @@ type RequestResult struct {
 type CellResult struct {
 	Requests []RequestResult
 	Wall     time.Duration
+	// Counters is what the arm's programs did during the cell (device
+	// backends; nil elsewhere).
+	Counters *Counters
+}
+
+// Counters are a device backend's counters summed over an arm's programs.
+type Counters struct {
+	// Steps is the batches executed; DeviceNs their device time from CUDA
+	// events (first upload to last kernel of each step).
+	Steps    int64 `json:"steps"`
+	DeviceNs int64 `json:"device_ns"`
+	// Launches are the host's launch calls (a CUDA graph replay is one),
+	// Kernels the kernels executed (counting those a replay runs);
+	// HostSyncs the host's waits for the device, LengthSyncs those that were
+	// sequence-length read-backs.
+	Launches    int64 `json:"launches"`
+	Kernels     int64 `json:"kernels"`
+	HostSyncs   int64 `json:"host_syncs"`
+	LengthSyncs int64 `json:"length_syncs"`
+}
+
+// Sub is c − o.
+func (c Counters) Sub(o Counters) Counters {
+	return Counters{Steps: c.Steps - o.Steps, DeviceNs: c.DeviceNs - o.DeviceNs, Launches: c.Launches - o.Launches,
+		Kernels: c.Kernels - o.Kernels, HostSyncs: c.HostSyncs - o.HostSyncs, LengthSyncs: c.LengthSyncs - o.LengthSyncs}
+}
+
+// CounterRunner is a Runner whose arms run on a device backend that counts
+// launches, syncs and device time.
+type CounterRunner interface {
+	// Counters returns the arm's counters so far, or false where its
+	// backend has none (the CPU).
+	Counters(a Arm) (Counters, bool)
+}
+
+// CountersOf sums the counters of programs on a device backend.
+func CountersOf(stats []backend.Stats) Counters {
+	var c Counters
+	for _, s := range stats {
+		c.Steps += s.Runs
+		c.DeviceNs += s.DeviceNs
+		c.Launches += s.Launches
+		c.Kernels += s.Kernels
+		c.HostSyncs += s.HostSyncs
+		c.LengthSyncs += s.LengthSyncs
+	}
+	return c
 }
 
 // ArmInfo describes a prepared arm.
@@ -145,7 +193,9 @@ type EngineRunner struct {
 	// Base is the configuration every arm starts from (nil: the built-in
 	// one): the arm replaces its passes.
 	Base *config.Config
-	arms map[string]*engineArm
+	// Backend configures every arm's backend (precision, CUDA graphs).
+	Backend backend.Options
+	arms    map[string]*engineArm
 }
 
 type engineArm struct {
@@ -180,7 +230,10 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 		return fmt.Errorf("arm %s: %w", a.Name, err)
 	}
 	conc, reqs := maxConcurrency(r.Study)
-	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: ec.PassEnv(r.Model, r.Info_), Device: r.Device})
+	// a device store is allocated for every slot at its full length: size
+	// it for the study's longest request, not the model's context
+	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: ec.PassEnv(r.Model, r.Info_), Device: r.Device, Backend: r.Backend,
+		MaxPositions: r.Study.MaxPositions(r.Model.MaxPositionEmbeddings)})
 	if err != nil {
 		return err
 	}
@@ -189,7 +242,8 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 			return fmt.Errorf("arm %s: %w", a.Name, err)
 		}
 	}
-	rt, err := sched.New(eng, sched.Config{MaxRunning: conc, MaxQueue: reqs, MaxBatchTokens: r.Study.Runtime.MaxBatchTokens, PrefillChunk: r.Study.Runtime.PrefillChunk}, sched.Options{})
+	rt, err := sched.New(eng, sched.Config{MaxRunning: conc, MaxQueue: reqs, MaxBatchTokens: r.Study.Runtime.MaxBatchTokens, PrefillChunk: r.Study.Runtime.PrefillChunk,
+		ContextLimit: max(2, r.Study.MaxPositions(r.Model.MaxPositionEmbeddings))}, sched.Options{})
 	if err != nil {
 		return err
 	}
@@ -226,6 +280,29 @@ func (r *EngineRunner) RunCell(ctx context.Context, a Arm, c Cell, prompts [][]i
 		}
 	}
 	return Drive(ctx, gen, prompts, c.Workload.OutputLen, c.Concurrency), nil
+}
+
+// DeviceInfo names the arms' backend and device ("cuda: NVIDIA H200 (…)").
+func (r *EngineRunner) DeviceInfo() string {
+	for _, a := range r.arms {
+		in := a.eng.Backend().Info()
+		return in.Backend + ": " + in.Device
+	}
+	return ""
+}
+
+// Counters implements CounterRunner: the sums over the arm's programs,
+// on device backends.
+func (r *EngineRunner) Counters(a Arm) (Counters, bool) {
+	ea := r.arms[a.Name]
+	if ea == nil || ea.eng.Backend().Name() == "cpu" {
+		return Counters{}, false
+	}
+	var stats []backend.Stats
+	for _, p := range ea.eng.Programs() {
+		stats = append(stats, p.Stats())
+	}
+	return CountersOf(stats), true
 }
 
 // Info implements Runner.

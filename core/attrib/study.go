@@ -8,8 +8,12 @@ package attrib
 
 import (
 	"fmt"
+	"math"
+	"slices"
 	"sort"
+	"strings"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
 )
@@ -28,7 +32,11 @@ type Workload struct {
 	OutputLen   int    `koanf:"output_len"`
 	Requests    int    `koanf:"requests"`
 	Concurrency []int  `koanf:"concurrency"`
-	Seed        uint64 `koanf:"seed"`
+	// RequestsPerLevel, when given, is how many of the workload's requests
+	// (the first ones) each concurrency level runs, in the order of
+	// Concurrency: a scaled campaign keeps its sequential C1 cells short.
+	RequestsPerLevel []int  `koanf:"requests_per_level"`
+	Seed             uint64 `koanf:"seed"`
 }
 
 // ArmSpec is an explicitly listed arm.
@@ -61,17 +69,38 @@ type Serving struct {
 	StartTimeoutS int `koanf:"start_timeout_s"`
 }
 
+// Adaptive makes a study add paired rounds until every interval is narrow
+// enough.
+type Adaptive struct {
+	// TargetHalfWidth is the widest acceptable half-width of a ratio's 95%
+	// interval (0.01 = ±1%).
+	TargetHalfWidth float64 `koanf:"target_half_width"`
+	// MinRounds are always run (at least 2: an interval needs two rounds);
+	// MaxRounds bound the measured rounds.
+	MinRounds int `koanf:"min_rounds"`
+	MaxRounds int `koanf:"max_rounds"`
+	// MaxSeconds, when set, stops adding rounds once the next one would
+	// end past this many seconds of measurement (warm-up included).
+	MaxSeconds float64 `koanf:"max_seconds"`
+}
+
 // Study is a parsed study file.
 type Study struct {
-	Name        string              `koanf:"name"`
-	Description string              `koanf:"description"`
-	Model       ModelRef            `koanf:"model"`
+	Name        string   `koanf:"name"`
+	Description string   `koanf:"description"`
+	Model       ModelRef `koanf:"model"`
+	// Device, Precision and CUDA override the base configuration's engine
+	// settings when set (a study records what it ran on).
+	Device      string              `koanf:"device"`
+	Precision   string              `koanf:"precision"`
+	CUDA        *config.CUDA        `koanf:"cuda"`
 	Level       string              `koanf:"level"`
 	Passes      []config.PassConfig `koanf:"passes"`
 	Plugins     config.Plugins      `koanf:"plugins"`
 	Arms        Arms                `koanf:"arms"`
 	Workloads   []Workload          `koanf:"workloads"`
 	Repetitions int                 `koanf:"repetitions"`
+	Adaptive    *Adaptive           `koanf:"adaptive"`
 	Warmup      int                 `koanf:"warmup"`
 	Runtime     RuntimeLimits       `koanf:"runtime"`
 	Serving     Serving             `koanf:"serving"`
@@ -153,6 +182,21 @@ func (s *Study) validate(known func(string) bool) error {
 	if s.Level == "" {
 		s.Level = LevelEngine
 	}
+	if s.Device != "" && !slices.Contains(backend.Names(), s.Device) {
+		return fmt.Errorf("device: %q is not a backend (%s)", s.Device, strings.Join(backend.Names(), ", "))
+	}
+	switch s.Precision {
+	case "", "fp32":
+	case "bf16":
+		if s.Device != "cuda" {
+			return fmt.Errorf("precision: bf16 needs device: cuda")
+		}
+	default:
+		return fmt.Errorf("precision: must be fp32 or bf16, got %q", s.Precision)
+	}
+	if s.CUDA != nil && s.CUDA.GraphMaxTokens < -1 {
+		return fmt.Errorf("cuda.graph_max_tokens: must be ≥ -1 (-1: no graphs), got %d", s.CUDA.GraphMaxTokens)
+	}
 	if s.Level != LevelEngine && s.Level != LevelServing {
 		return fmt.Errorf("level: must be engine or serving, got %q", s.Level)
 	}
@@ -214,12 +258,48 @@ func (s *Study) validate(known func(string) bool) error {
 		case int64(w.Requests)*int64(w.InputLen) > MaxPromptTokens:
 			return fmt.Errorf("%s: requests × input_len = %d prompt tokens, more than %d", f, int64(w.Requests)*int64(w.InputLen), MaxPromptTokens)
 		}
+		seenC := map[int]bool{}
 		for j, c := range w.Concurrency {
 			if c < 1 || c > MaxConcurrency {
 				return fmt.Errorf("%s.concurrency[%d]: must be in [1, %d], got %d", f, j, MaxConcurrency, c)
 			}
+			if seenC[c] {
+				return fmt.Errorf("%s.concurrency[%d]: level %d listed twice", f, j, c)
+			}
+			seenC[c] = true
+		}
+		if w.RequestsPerLevel != nil {
+			if len(w.RequestsPerLevel) != len(w.Concurrency) {
+				return fmt.Errorf("%s.requests_per_level: %d entries for %d concurrency levels (one per level, in the same order)", f, len(w.RequestsPerLevel), len(w.Concurrency))
+			}
+			for j, n := range w.RequestsPerLevel {
+				if n < 1 || n > w.Requests {
+					return fmt.Errorf("%s.requests_per_level[%d]: must be in [1, requests = %d], got %d", f, j, w.Requests, n)
+				}
+			}
 		}
 		names[w.Name] = true
+	}
+	if a := s.Adaptive; a != nil {
+		if s.Repetitions != 0 {
+			return fmt.Errorf("repetitions: not with adaptive (adaptive.min_rounds and adaptive.max_rounds bound the rounds)")
+		}
+		if a.MinRounds == 0 {
+			a.MinRounds = 3
+		}
+		switch {
+		case !(a.TargetHalfWidth > 0 && a.TargetHalfWidth <= 1):
+			return fmt.Errorf("adaptive.target_half_width: must be in (0, 1] (0.01 = ±1%%), got %g", a.TargetHalfWidth)
+		case a.MinRounds < 2:
+			return fmt.Errorf("adaptive.min_rounds: must be ≥ 2 (an interval needs two paired rounds), got %d", a.MinRounds)
+		case a.MaxRounds < a.MinRounds:
+			return fmt.Errorf("adaptive.max_rounds: must be ≥ min_rounds (%d), got %d", a.MinRounds, a.MaxRounds)
+		case a.MaxRounds+s.Warmup > MaxRounds:
+			return fmt.Errorf("adaptive.max_rounds: %d + warmup %d is more than %d rounds", a.MaxRounds, s.Warmup, MaxRounds)
+		case a.MaxSeconds < 0 || math.IsNaN(a.MaxSeconds) || math.IsInf(a.MaxSeconds, 0):
+			return fmt.Errorf("adaptive.max_seconds: must be ≥ 0 (0: no time limit), got %g", a.MaxSeconds)
+		}
+		s.Repetitions = a.MaxRounds
 	}
 	if s.Repetitions == 0 {
 		s.Repetitions = 3
@@ -282,6 +362,19 @@ func (s *Study) requests(ps []config.PassConfig) ([]pass.Request, error) {
 	return reqs, nil
 }
 
+// Arm kinds.
+const (
+	KindBaseline    = "baseline"
+	KindAA          = "aa"
+	KindAll         = "all"
+	KindLeaveOneOut = "leave-one-out"
+	KindAddOneIn    = "add-one-in"
+	KindExplicit    = "explicit"
+)
+
+// AAName is the A/A arm's name: the baseline measured as a second arm.
+const AAName = "baseline-aa"
+
 // Arm is one configuration measured by a study.
 type Arm struct {
 	Name    string              // "baseline", "all", "-mhc-post-pre-fusion", "+dsa-pooled-metadata", explicit names
@@ -294,10 +387,13 @@ type Arm struct {
 func (s *Study) Expand() ([]Arm, error) {
 	var arms []Arm
 	if s.Arms.Baseline {
-		arms = append(arms, Arm{Name: "baseline", Kind: "baseline"})
+		// the A/A arm: the baseline again, a separate engine (or server)
+		// measured in the same interleaved rounds; its interval is the
+		// study's noise floor and must contain a ratio of 1
+		arms = append(arms, Arm{Name: "baseline", Kind: KindBaseline}, Arm{Name: AAName, Kind: KindAA})
 	}
 	if s.Arms.All {
-		arms = append(arms, Arm{Name: "all", Kind: "all", Passes: s.Passes})
+		arms = append(arms, Arm{Name: "all", Kind: KindAll, Passes: s.Passes})
 	}
 	if s.Arms.LeaveOneOut {
 		for _, p := range s.Passes {
@@ -307,12 +403,12 @@ func (s *Study) Expand() ([]Arm, error) {
 					ps = append(ps, q)
 				}
 			}
-			arms = append(arms, Arm{Name: "-" + p.Name, Kind: "leave-one-out", Subject: p.Name, Passes: ps})
+			arms = append(arms, Arm{Name: "-" + p.Name, Kind: KindLeaveOneOut, Subject: p.Name, Passes: ps})
 		}
 	}
 	if s.Arms.AddOneIn {
 		for _, p := range s.Passes {
-			arms = append(arms, Arm{Name: "+" + p.Name, Kind: "add-one-in", Subject: p.Name, Passes: []config.PassConfig{p}})
+			arms = append(arms, Arm{Name: "+" + p.Name, Kind: KindAddOneIn, Subject: p.Name, Passes: []config.PassConfig{p}})
 		}
 	}
 	names := map[string]bool{}
@@ -324,7 +420,7 @@ func (s *Study) Expand() ([]Arm, error) {
 			return nil, fmt.Errorf("arms.explicit[%d].name: %q collides with a generated arm", i, e.Name)
 		}
 		names[e.Name] = true
-		arms = append(arms, Arm{Name: e.Name, Kind: "explicit", Passes: e.Passes})
+		arms = append(arms, Arm{Name: e.Name, Kind: KindExplicit, Passes: e.Passes})
 	}
 	return arms, nil
 }
@@ -333,6 +429,8 @@ func (s *Study) Expand() ([]Arm, error) {
 type Cell struct {
 	Workload    Workload
 	Concurrency int
+	// Requests is how many of the workload's requests the cell runs.
+	Requests int
 }
 
 // Name is "chat C16".
@@ -342,11 +440,16 @@ func (c Cell) Name() string { return fmt.Sprintf("%s C%d", c.Workload.Name, c.Co
 func (s *Study) Cells() []Cell {
 	var out []Cell
 	for _, w := range s.Workloads {
-		cs := append([]int(nil), w.Concurrency...)
-		sort.Ints(cs)
-		for _, c := range cs {
-			out = append(out, Cell{Workload: w, Concurrency: c})
+		var cs []Cell
+		for i, c := range w.Concurrency {
+			n := w.Requests
+			if i < len(w.RequestsPerLevel) {
+				n = w.RequestsPerLevel[i]
+			}
+			cs = append(cs, Cell{Workload: w, Concurrency: c, Requests: n})
 		}
+		sort.SliceStable(cs, func(i, j int) bool { return cs[i].Concurrency < cs[j].Concurrency })
+		out = append(out, cs...)
 	}
 	return out
 }
@@ -358,11 +461,40 @@ func (s *Study) EngineConfig(base *config.Config, a Arm) *config.Config {
 	if base == nil {
 		base = config.Default()
 	}
-	e := *base
+	e := *s.ApplyEngine(base)
 	e.Passes = append([]config.PassConfig(nil), a.Passes...)
 	if s.Plugins.Dir != "" {
 		e.Plugins = s.Plugins
 	}
 	e.Source = s.Source + "#" + a.Name
 	return &e
+}
+
+// ApplyEngine returns base (the built-in configuration when nil) with the
+// study's device, precision and cuda settings where it sets them.
+func (s *Study) ApplyEngine(base *config.Config) *config.Config {
+	if base == nil {
+		base = config.Default()
+	}
+	e := *base
+	if s.Device != "" {
+		e.Device = s.Device
+	}
+	if s.Precision != "" {
+		e.Precision = s.Precision
+	}
+	if s.CUDA != nil {
+		e.CUDA = *s.CUDA
+	}
+	return &e
+}
+
+// MaxPositions is the longest sequence the study's requests make (input
+// plus output), at most limit: what an arm's cache needs to hold.
+func (s *Study) MaxPositions(limit int) int {
+	n := 1
+	for _, w := range s.Workloads {
+		n = max(n, w.InputLen+w.OutputLen)
+	}
+	return min(n, limit)
 }

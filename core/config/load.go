@@ -338,6 +338,9 @@ func collectKeys(t reflect.Type, prefix string, leaves, maps, sections map[strin
 		case f.Type.Kind() == reflect.Struct && f.Type != durationType:
 			sections[key] = true
 			collectKeys(f.Type, key+".", leaves, maps, sections)
+		case f.Type.Kind() == reflect.Pointer && f.Type.Elem().Kind() == reflect.Struct: // an optional section
+			sections[key] = true
+			collectKeys(f.Type.Elem(), key+".", leaves, maps, sections)
 		case f.Type.Kind() == reflect.Map:
 			maps[key] = true
 		default:
@@ -370,6 +373,10 @@ func resolvePaths(v reflect.Value, prefix string, src *Sources) {
 		switch {
 		case f.Type.Kind() == reflect.Struct && f.Type != durationType:
 			resolvePaths(fv, key+".", src)
+		case f.Type.Kind() == reflect.Pointer && f.Type.Elem().Kind() == reflect.Struct:
+			if !fv.IsNil() {
+				resolvePaths(fv.Elem(), key+".", src)
+			}
 		case f.Type.Kind() == reflect.String:
 			if _, isPath := f.Tag.Lookup("path"); isPath && fv.String() != "" && !filepath.IsAbs(fv.String()) {
 				if dir := src.Dir(key); dir != "" {

@@ -55,12 +55,16 @@ type GEMMShape struct {
 }
 
 // Attributes of the GEMM trait: per token-count bucket (ascending), the
-// kernel's column grain and row blocking. A batch of T rows uses the
-// smallest bucket ≥ T, else the largest.
+// CPU kernel's column grain and row blocking, or a device backend's kernel
+// choices (one string, ";" between buckets) and the GEMM kind they were
+// measured for. A batch of T rows uses the smallest bucket ≥ T, else the
+// largest.
 const (
 	AttrTuneBuckets  = "tune_buckets"
 	AttrTuneColGrain = "tune_col_grain"
 	AttrTuneRowBlock = "tune_row_block"
+	AttrTuneKernels  = "tune_kernels"
+	AttrTuneKind     = "tune_kind"
 )
 
 // Well-known graph input and output names, shared by the graph builder, the

@@ -41,7 +41,49 @@ type Device struct {
 	replays  atomic.Int64
 	syncs    atomic.Int64
 	live     atomic.Int64 // bytes allocated through Alloc
+
+	// runs counts executions by kernel (and cuBLAS call) index, graph
+	// replays included; only touched inside Do.
+	kernelIdx map[string]int
+	names     []string
+	runs      []int64
+
+	// cuBLASLt descriptors by GEMM spec, and the matmuls' workspace
+	lt   map[LtSpec]*ltDescs
+	ltWS DevicePtr
 }
+
+// kernelIndex returns the counter index of a kernel or library call,
+// adding it on first use (inside Do).
+func (d *Device) kernelIndex(name string) int {
+	if i, ok := d.kernelIdx[name]; ok {
+		return i
+	}
+	if d.kernelIdx == nil {
+		d.kernelIdx = map[string]int{}
+	}
+	i := len(d.names)
+	d.kernelIdx[name] = i
+	d.names = append(d.names, name)
+	d.runs = append(d.runs, 0)
+	return i
+}
+
+// counted records one launch call of a kernel or library routine.
+func (d *Device) counted(name string) {
+	d.launches.Add(1)
+	d.runs[d.kernelIndex(name)]++
+}
+
+// KernelRuns copies the executions by kernel index into dst (grown as
+// needed) and returns it; KernelName names an index. Inside Do.
+func (d *Device) KernelRuns(dst []int64) []int64 {
+	dst = append(dst[:0], d.runs...)
+	return dst
+}
+
+// KernelName names a kernel index of KernelRuns.
+func (d *Device) KernelName(i int) string { return d.names[i] }
 
 // Open initialises GPU index idx: it fails at once, naming what is missing
 // (driver, GPU, cuBLAS), when the machine cannot run CUDA.
@@ -148,6 +190,7 @@ func (d *Device) loadModule() error {
 
 // release frees what init made (called with the context current).
 func (d *Device) release() {
+	d.releaseLt()
 	if d.ltH != 0 {
 		d.blas.ltDestroy(d.ltH)
 	}
@@ -315,7 +358,7 @@ func (d *Device) launch(name string, grid, block Dim3, smem int, args unsafe.Poi
 	params := [1]unsafe.Pointer{args}
 	r := d.drv.cuLaunchKernel(f, grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z, uint32(smem), d.stream, unsafe.Pointer(&params[0]), nil)
 	runtime.KeepAlive(args)
-	d.launches.Add(1)
+	d.counted(name)
 	return d.drv.check("cuLaunchKernel("+name+")", r)
 }
 
@@ -333,6 +376,7 @@ func (d *Device) Sgemm(M, N, K int, A DevicePtr, lda int, W DevicePtr, C DeviceP
 		return fmt.Errorf("cuda: cublasSetMathMode failed with status %d", r)
 	}
 	// column-major view: Cᵀ[N][M] = W[N][K] · Aᵀ
+	d.counted("cublasSgemm")
 	r := d.blas.sgemm(d.blasH, 1, 0, int32(N), int32(M), int32(K), &one, uint64(W), int32(K), uint64(A), int32(lda), &zero, uint64(C), int32(ldc))
 	if r != 0 {
 		return fmt.Errorf("cuda: cublasSgemm(%d×%d×%d) failed with status %d", M, N, K, r)
@@ -354,6 +398,7 @@ func (d *Device) GemmBF16(M, N, K int, A DevicePtr, lda int, W DevicePtr, ldw in
 		return fmt.Errorf("cuda: cublasSetMathMode failed with status %d", r)
 	}
 	one, zero := float32(1), float32(0)
+	d.counted("cublasGemmEx")
 	r := d.blas.gemmEx(d.blasH, 1, 0, int32(N), int32(M), int32(K), &one, uint64(W), bf16, int32(ldw), uint64(A), bf16, int32(lda), &zero, uint64(C), f32, int32(ldc), compute32F, algoDefault)
 	if r != 0 {
 		return fmt.Errorf("cuda: cublasGemmEx(bf16, %d×%d×%d) failed with status %d", M, N, K, r)
@@ -378,6 +423,38 @@ func (d *Device) Record() (Event, error) {
 	return Event(e), d.drv.check("cuEventRecord", d.drv.cuEventRecord(e, d.stream))
 }
 
+// NewEvent creates an event to record again and again (RecordEvent,
+// ElapsedKeep); DestroyEvent frees it.
+func (d *Device) NewEvent() (Event, error) {
+	var e uintptr
+	err := d.drv.check("cuEventCreate", d.drv.cuEventCreate(&e, 0))
+	return Event(e), err
+}
+
+// RecordEvent records e on the stream (outside a capture).
+func (d *Device) RecordEvent(e Event) error {
+	return d.drv.check("cuEventRecord", d.drv.cuEventRecord(uintptr(e), d.stream))
+}
+
+// DestroyEvent frees an event from NewEvent.
+func (d *Device) DestroyEvent(e Event) {
+	if e != 0 {
+		d.drv.cuEventDestroy(uintptr(e))
+	}
+}
+
+// ElapsedKeep returns the milliseconds from a to b (waiting for b), keeping
+// both events. Not counted as a host sync: callers use it once the stream
+// has been synchronized anyway.
+func (d *Device) ElapsedKeep(a, b Event) (float64, error) {
+	if err := d.drv.check("cuEventSynchronize", d.drv.cuEventSynchronize(uintptr(b))); err != nil {
+		return 0, err
+	}
+	var ms float32
+	err := d.drv.check("cuEventElapsedTime", d.drv.cuEventElapsedTime(&ms, uintptr(a), uintptr(b)))
+	return float64(ms), err
+}
+
 // Elapsed waits for b and returns the milliseconds from a to b, then
 // destroys both events.
 func (d *Device) Elapsed(a, b Event) (float64, error) {
@@ -397,6 +474,8 @@ type Graph struct {
 	exec, g uintptr
 	// Kernels is how many kernel launches the graph replays.
 	Kernels int64
+	// perKernel is what one replay runs, by kernel index.
+	perKernel []int64
 }
 
 // Capture records the launches fn makes on the device's stream into a
@@ -409,11 +488,21 @@ func (d *Device) Capture(fn func() error) (*Graph, error) {
 		return nil, err
 	}
 	l0 := d.launches.Load()
+	r0 := append([]int64(nil), d.runs...)
 	ferr := fn()
 	var g uintptr
 	eerr := d.drv.check("cuStreamEndCapture", d.drv.cuStreamEndCapture(d.stream, &g))
 	kernels := d.launches.Load() - l0
 	d.launches.Add(-kernels) // recorded, not launched
+	per := make([]int64, len(d.runs))
+	for i := range d.runs {
+		if i < len(r0) {
+			per[i] = d.runs[i] - r0[i]
+			d.runs[i] = r0[i]
+		} else {
+			per[i], d.runs[i] = d.runs[i], 0
+		}
+	}
 	if ferr != nil || eerr != nil {
 		if g != 0 {
 			d.drv.cuGraphDestroy(g)
@@ -428,13 +517,16 @@ func (d *Device) Capture(fn func() error) (*Graph, error) {
 		d.drv.cuGraphDestroy(g)
 		return nil, err
 	}
-	return &Graph{exec: exec, g: g, Kernels: kernels}, nil
+	return &Graph{exec: exec, g: g, Kernels: kernels, perKernel: per}, nil
 }
 
 // Replay launches a graph on the stream.
 func (d *Device) Replay(gr *Graph) error {
 	d.replays.Add(1)
 	d.launches.Add(1)
+	for i, n := range gr.perKernel {
+		d.runs[i] += n
+	}
 	return d.drv.check("cuGraphLaunch", d.drv.cuGraphLaunch(gr.exec, d.stream))
 }
 

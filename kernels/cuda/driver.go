@@ -70,6 +70,20 @@ type cublasLib struct {
 	ltDestroy  func(h uintptr) int32
 	ltVersion  func() uint64
 	cublasName string
+
+	// cuBLASLt matmul (prefill-autotune chooses among its algorithms)
+	ltDescCreate       func(d *uintptr, compute int32, scale int32) int32
+	ltDescDestroy      func(d uintptr) int32
+	ltDescSetAttr      func(d uintptr, attr int32, buf unsafe.Pointer, size uint64) int32
+	ltLayoutCreate     func(l *uintptr, dtype int32, rows, cols uint64, ld int64) int32
+	ltLayoutDestroy    func(l uintptr) int32
+	ltPrefCreate       func(p *uintptr) int32
+	ltPrefDestroy      func(p uintptr) int32
+	ltPrefSetAttr      func(p uintptr, attr int32, buf unsafe.Pointer, size uint64) int32
+	ltHeuristic        func(h, desc, a, b, c, d, pref uintptr, requested int32, results unsafe.Pointer, returned *int32) int32
+	ltAlgoCheck        func(h, desc, a, b, c, d uintptr, algo unsafe.Pointer, result unsafe.Pointer) int32
+	ltAlgoConfigGetter func(algo unsafe.Pointer, attr int32, buf unsafe.Pointer, size uint64, written *uint64) int32
+	ltMatmul           func(h, desc uintptr, alpha unsafe.Pointer, a uint64, adesc uintptr, b uint64, bdesc uintptr, beta unsafe.Pointer, c uint64, cdesc uintptr, d uint64, ddesc uintptr, algo unsafe.Pointer, ws uint64, wsSize uint64, stream uintptr) int32
 }
 
 // Names of the libraries, in the order tried.
@@ -165,6 +179,12 @@ func loadCublas() (*cublasLib, error) {
 	}
 	if err := bind(lt, "cuBLASLt ("+ltName+")", map[string]any{
 		"cublasLtCreate": &c.ltCreate, "cublasLtDestroy": &c.ltDestroy, "cublasLtGetVersion": &c.ltVersion,
+		"cublasLtMatmulDescCreate": &c.ltDescCreate, "cublasLtMatmulDescDestroy": &c.ltDescDestroy,
+		"cublasLtMatmulDescSetAttribute": &c.ltDescSetAttr, "cublasLtMatrixLayoutCreate": &c.ltLayoutCreate,
+		"cublasLtMatrixLayoutDestroy": &c.ltLayoutDestroy, "cublasLtMatmulPreferenceCreate": &c.ltPrefCreate,
+		"cublasLtMatmulPreferenceDestroy": &c.ltPrefDestroy, "cublasLtMatmulPreferenceSetAttribute": &c.ltPrefSetAttr,
+		"cublasLtMatmulAlgoGetHeuristic": &c.ltHeuristic, "cublasLtMatmulAlgoCheck": &c.ltAlgoCheck,
+		"cublasLtMatmulAlgoConfigGetAttribute": &c.ltAlgoConfigGetter, "cublasLtMatmul": &c.ltMatmul,
 	}); err != nil {
 		return nil, err
 	}

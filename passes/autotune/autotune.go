@@ -4,6 +4,11 @@
 // under configs/tuning/ keyed by CPU model, op, dtype, shape and bucket, and
 // loads that table on later starts. A bucket with no entry keeps the default
 // parameters and is reported as skipped.
+//
+// On a device backend that measures its own GEMMs (pass.Env.Tuner: the
+// CUDA backend), the choices are the backend's kernels and library
+// algorithms (cuBLASLt), timed on the device with its events, and the
+// table is the device model's (configs/tuning/cuda-nvidia-h200.json).
 package autotune
 
 import (
@@ -34,6 +39,7 @@ type Options struct {
 	Reps        int       `option:"reps" default:"3" doc:"timed repetitions per candidate (median)"`
 	Tolerance   float64   `option:"tolerance" default:"1e-4" doc:"reject candidates whose outputs differ from the default by more (relative)"`
 	CPU         string    `option:"cpu" doc:"override the CPU model key (tests)"`
+	GPU         string    `option:"gpu" doc:"override the device model key of device tables (tests)"`
 }
 
 // Validate implements pass.Validator.
@@ -63,6 +69,8 @@ type Pass struct {
 	opts Options
 	// Tuned counts entries measured by this instance (for tests).
 	Tuned int
+	// saved is the table file the measurements went to.
+	saved string
 }
 
 // Options implements pass.WithOptions.
@@ -109,6 +117,9 @@ type shapeSite struct {
 // kernel ops. With tune_at_start, missing
 // entries are measured here (and persisted in Apply).
 func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site {
+	if env.Device != "" && env.Device != "cpu" {
+		return p.eligibleDevice(g, env)
+	}
 	table, err := LoadTable(p.dir(), p.cpu())
 	if err != nil {
 		return []pass.Site{pass.Skip("tuning table", -1, "%v", err)}
@@ -165,6 +176,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 		if err := table.Save(p.dir()); err != nil {
 			sites = append(sites, pass.Skip("tuning table", -1, "could not persist: %v", err))
 		}
+		p.saved = TablePath(p.dir(), p.cpu())
 	}
 	return sites
 }
@@ -187,18 +199,137 @@ func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 		list := per[n]
 		sort.Slice(list, func(i, j int) bool { return list[i].bucket < list[j].bucket })
 		var bs, cg, rb []int
+		var ks []string
 		for _, ss := range list {
 			bs = append(bs, ss.bucket)
 			cg = append(cg, ss.entry.ColGrain)
 			rb = append(rb, ss.entry.RowBlock)
+			ks = append(ks, ss.entry.Kernel)
 		}
-		n.Attrs[ir.AttrTuneBuckets], n.Attrs[ir.AttrTuneColGrain], n.Attrs[ir.AttrTuneRowBlock] = bs, cg, rb
+		n.Attrs[ir.AttrTuneBuckets] = bs
+		if list[0].entry.Kernel != "" { // a device table: the backend's kernel choices
+			n.Attrs[ir.AttrTuneKernels], n.Attrs[ir.AttrTuneKind] = strings.Join(ks, ";"), list[0].entry.DType
+			continue
+		}
+		n.Attrs[ir.AttrTuneColGrain], n.Attrs[ir.AttrTuneRowBlock] = cg, rb
 	}
 	res := pass.Result{Fired: len(sites), Stats: pass.Counters(&Stats{Measured: p.Tuned, Nodes: len(order)})}
 	if p.Tuned > 0 {
-		res.Notes = append(res.Notes, fmt.Sprintf("measured %d new entries, saved to %s", p.Tuned, TablePath(p.dir(), p.cpu())))
+		res.Notes = append(res.Notes, fmt.Sprintf("measured %d new entries, saved to %s", p.Tuned, p.saved))
 	}
 	return res, nil
+}
+
+// eligibleDevice is Eligible on a device backend: the choices are the
+// backend's, measured by env.Tuner on the device, in the device model's
+// table. Library choices (cuBLASLt algorithms) belong to the library
+// version that made them: a table from another version is re-measured
+// (tune_at_start) or its library entries skipped.
+func (p *Pass) eligibleDevice(g *ir.Graph, env *pass.Env) []pass.Site {
+	t := env.Tuner
+	if t == nil {
+		return []pass.Site{pass.Skip("device "+env.Device, -1, "no GEMM tuner for this device here (an engine on a device backend that measures its GEMMs provides one)")}
+	}
+	device, model, library := t.TunerInfo()
+	if p.opts.GPU != "" {
+		model = p.opts.GPU
+	}
+	table, err := LoadDeviceTable(p.dir(), device, model)
+	if err != nil {
+		return []pass.Site{pass.Skip("tuning table", -1, "%v", err)}
+	}
+	stale := table.Library != "" && table.Library != library
+	type shape struct {
+		N, K int
+		kind string
+	}
+	nodes := map[shape][]*ir.Node{}
+	var order []shape
+	for _, n := range g.Nodes {
+		if d := n.Def(); d.GEMM != nil {
+			gs := d.GEMM(n)
+			s := shape{gs.N, gs.K, t.GEMMKind(checkpointDType(gs.Weight, env))}
+			if _, seen := nodes[s]; !seen {
+				order = append(order, s)
+			}
+			nodes[s] = append(nodes[s], n)
+		}
+	}
+	var sites []pass.Site
+	for _, s := range order {
+		for _, b := range slices.Sorted(slices.Values(p.opts.Buckets)) {
+			where := fmt.Sprintf("gemm %dx%d %s @ %d tokens", s.N, s.K, s.kind, b)
+			if c := t.GEMMCandidates(s.kind, b); len(c) < 2 {
+				sites = append(sites, pass.Skip(where, -1, "only one kernel (%s) runs this on %s: nothing to choose", strings.Join(c, ""), model))
+				continue
+			}
+			e, ok := table.Get("gemm", s.kind, s.N, s.K, b)
+			if ok && stale && strings.HasPrefix(e.Kernel, "lt:") {
+				ok = false
+				if !p.opts.TuneAtStart {
+					sites = append(sites, pass.Skip(where, -1, "the entry's cuBLASLt algorithm was measured with %s, this is %s: re-tune (tune_at_start)", table.Library, library))
+					continue
+				}
+			}
+			if !ok && p.opts.TuneAtStart {
+				c, err := t.TuneGEMM(s.kind, s.N, s.K, b, p.opts.Reps, p.opts.Tolerance)
+				if err != nil {
+					sites = append(sites, pass.Skip(where, -1, "tuning failed: %v", err))
+					continue
+				}
+				e = Entry{Op: "gemm", DType: s.kind, N: s.N, K: s.K, Bucket: b, Kernel: c.Kernel, KernelName: c.Name,
+					DefaultNS: c.DefaultNs, TunedNS: c.TunedNs, Measured: c.Measured, Rejected: c.Rejected}
+				table.Put(e)
+				p.Tuned++
+				ok = true
+			}
+			if !ok {
+				sites = append(sites, pass.Skip(where, -1, "no tuning entry for this bucket and tune_at_start is off: default kernels"))
+				continue
+			}
+			sites = append(sites, pass.Site{Where: where, Layer: -1, OK: true, Data: &shapeSite{N: s.N, K: s.K, bucket: b, entry: e, nodes: nodes[s]},
+				Note: fmt.Sprintf("%s (%d ns, default %d ns; %d candidates, %d rejected)", kernelName(e), e.TunedNS, e.DefaultNS, e.Measured, e.Rejected)})
+		}
+	}
+	if p.Tuned > 0 {
+		table.Library = library
+		if err := table.Save(p.dir()); err != nil {
+			sites = append(sites, pass.Skip("tuning table", -1, "could not persist: %v", err))
+		}
+		p.saved = DeviceTablePath(p.dir(), device, model)
+	}
+	return sites
+}
+
+func kernelName(e Entry) string {
+	if e.KernelName != "" {
+		return e.KernelName
+	}
+	return e.Kernel
+}
+
+// checkpointDType is the checkpoint dtype of a GEMM's weight ("BF16",
+// "F32", "F8_E4M3"): a derived weight's when all its sources agree, else
+// "F32".
+func checkpointDType(w *ir.Value, env *pass.Env) string {
+	if w.Producer != nil {
+		dt := ""
+		for _, in := range w.Producer.Inputs {
+			d := checkpointDType(in, env)
+			if dt != "" && d != dt {
+				return safetensors.F32.String()
+			}
+			dt = d
+		}
+		if dt == "" {
+			return safetensors.F32.String()
+		}
+		return dt
+	}
+	if w.Ref == "" {
+		return safetensors.F32.String()
+	}
+	return env.WeightDType(w.Ref).String()
 }
 
 // Candidates are the parameter sets measured for each entry.

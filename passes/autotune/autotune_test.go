@@ -3,6 +3,7 @@ package autotune_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/glmflash/glmflash/core/graph"
@@ -126,4 +127,110 @@ func TestConformance(t *testing.T) {
 	f := passtest.TinyA(t)
 	passtest.Run(t, f, passtest.Subject{Name: autotune.Name, Options: map[string]any{"table_dir": fixedTable(t, f.Checkpoint.Config()), "cpu": "test-cpu"},
 		Ineligible: passtest.Ineligibility{Options: map[string]any{"table_dir": t.TempDir(), "tune_at_start": false}}})
+}
+
+// fakeTuner stands in for a device backend's GEMM tuner: two candidates up
+// to 64 rows, one beyond; "lt:…" choices at 8 rows, "tiled" elsewhere.
+type fakeTuner struct {
+	library string
+	calls   int
+}
+
+func (f *fakeTuner) TunerInfo() (string, string, string) { return "cuda", "Fake GPU 9000", f.library }
+func (f *fakeTuner) GEMMKind(dt string) string           { return "f32a-" + strings.ToLower(dt) + "w" }
+func (f *fakeTuner) GEMMCandidates(kind string, rows int) []string {
+	if rows > 64 {
+		return []string{"tiled"}
+	}
+	return []string{"tiled", "lt"}
+}
+func (f *fakeTuner) TuneGEMM(kind string, n, k, rows, reps int, tol float64) (pass.GEMMChoice, error) {
+	f.calls++
+	if rows == 8 {
+		return pass.GEMMChoice{Kernel: "lt:" + strings.Repeat("00", 64), Name: "cuBLASLt algo 0", DefaultNs: 10, TunedNs: 5, Measured: 3, Rejected: 1}, nil
+	}
+	return pass.GEMMChoice{Kernel: "tiled", Name: "tiled", DefaultNs: 10, TunedNs: 10, Measured: 2}, nil
+}
+
+// On a device backend the pass measures through the backend's tuner and
+// keeps the device model's table (cuda-fake-gpu-9000.json): buckets with
+// one candidate are skipped with the reason, measured choices become node
+// attributes the backend reads (kernel strings and the kind they were
+// measured for), a second start loads them, library choices from another
+// library version are re-measured or skipped, and without a tuner nothing
+// is chosen.
+func TestDeviceTuningTable(t *testing.T) {
+	cfg := passtest.TinyA(t).Checkpoint.Config()
+	dir := t.TempDir()
+	ft := &fakeTuner{library: "cuBLASLt 1"}
+	env := func() *pass.Env {
+		e := pass.NewEnv(cfg, nil)
+		e.Device, e.Tuner = "cuda", ft
+		return e
+	}
+	req := []pass.Request{{Name: autotune.Name, Options: map[string]any{"tune_at_start": true, "table_dir": dir, "buckets": []int{1, 8, 512}, "reps": 1}}}
+	g, rep, _ := passtest.Explain(t, cfg, graph.Prefill, req, env())
+	pr := rep.Find(autotune.Name)
+	require.NotEmpty(t, pr.Fired)
+	require.Equal(t, int64(len(pr.Fired)), pr.Stats[0].Value)
+	require.Equal(t, len(pr.Fired), ft.calls)
+	for _, s := range pr.Skipped {
+		require.Contains(t, s.Where, "@ 512 tokens")
+		require.Contains(t, s.Reason, "only one kernel (tiled) runs this on Fake GPU 9000: nothing to choose")
+	}
+	tuned := 0
+	for _, n := range g.Nodes {
+		if n.Def().GEMM != nil {
+			tuned++
+			require.Equal(t, []int{1, 8}, n.Attrs.Ints(ir.AttrTuneBuckets))
+			require.Equal(t, "tiled;lt:"+strings.Repeat("00", 64), n.Attrs.String(ir.AttrTuneKernels, ""))
+			require.Equal(t, "f32a-bf16w", n.Attrs.String(ir.AttrTuneKind, ""), "tiny-a's weights are BF16 as the env reports them")
+			require.False(t, n.Attrs.Has(ir.AttrTuneColGrain))
+		}
+	}
+	require.Equal(t, int64(tuned), pr.Stats[1].Value)
+	path := filepath.Join(dir, "cuda-fake-gpu-9000.json")
+	tb, err := autotune.LoadDeviceTable(dir, "cuda", "Fake GPU 9000")
+	require.NoError(t, err)
+	require.Equal(t, "cuBLASLt 1", tb.Library)
+	require.Len(t, tb.Entries, len(pr.Fired))
+	require.FileExists(t, path)
+
+	// the next start loads the table
+	ft.calls = 0
+	req[0].Options["tune_at_start"] = false
+	g2, rep2, _ := passtest.Explain(t, cfg, graph.Prefill, req, env())
+	require.Zero(t, ft.calls)
+	require.Zero(t, rep2.Find(autotune.Name).Stats[0].Value)
+	require.Equal(t, g.Text(), g2.Text())
+
+	// another cuBLASLt: its algorithm entries are not used as they are
+	ft.library = "cuBLASLt 2"
+	_, rep3, _ := passtest.Explain(t, cfg, graph.Prefill, req, env())
+	var stale int
+	for _, s := range rep3.Find(autotune.Name).Skipped {
+		if strings.Contains(s.Reason, "measured with cuBLASLt 1, this is cuBLASLt 2") {
+			stale++
+		}
+	}
+	require.Equal(t, len(pr.Fired)/2, stale, "the 8-token buckets' algorithms")
+	req[0].Options["tune_at_start"] = true
+	_, rep4, _ := passtest.Explain(t, cfg, graph.Prefill, req, env())
+	require.Equal(t, len(pr.Fired)/2, ft.calls, "re-measured")
+	require.Len(t, rep4.Find(autotune.Name).Fired, len(pr.Fired))
+	tb, err = autotune.LoadDeviceTable(dir, "cuda", "Fake GPU 9000")
+	require.NoError(t, err)
+	require.Equal(t, "cuBLASLt 2", tb.Library)
+
+	// no tuner: nothing chosen, said once
+	e := pass.NewEnv(cfg, nil)
+	e.Device = "cuda"
+	_, rep5, _ := passtest.Explain(t, cfg, graph.Prefill, req, e)
+	require.Empty(t, rep5.Find(autotune.Name).Fired)
+	require.Contains(t, rep5.Find(autotune.Name).Skipped[0].Reason, "no GEMM tuner for this device")
+
+	// a device table must name kernels
+	require.NoError(t, os.WriteFile(path, []byte(`{"device":"cuda","gpu":"Fake GPU 9000","entries":[{"op":"gemm","dtype":"x","n":1,"k":1,"bucket":1}]}`), 0o644))
+	_, err = autotune.LoadDeviceTable(dir, "cuda", "Fake GPU 9000")
+	require.ErrorContains(t, err, "names no kernel")
 }

@@ -13,18 +13,27 @@ import (
 	"github.com/glmflash/glmflash/internal/regular"
 )
 
-// Entry is one tuned kernel choice.
+// Entry is one tuned kernel choice. A CPU table's entries hold the Go
+// kernels' parameters (ColGrain, RowBlock); a device table's the backend's
+// kernel choice (Kernel: "col:128", "tiled", "lt:…"), with DType the
+// GEMM kind it was measured for ("f32a-bf16w", …).
 type Entry struct {
 	Op       string `json:"op"`
 	DType    string `json:"dtype"`
 	N        int    `json:"n"`
 	K        int    `json:"k"`
 	Bucket   int    `json:"bucket"`
-	ColGrain int    `json:"col_grain"`
-	RowBlock int    `json:"row_block"`
-	// measured medians, for the record
+	ColGrain int    `json:"col_grain,omitempty"`
+	RowBlock int    `json:"row_block,omitempty"`
+	Kernel   string `json:"kernel,omitempty"`
+	// KernelName describes Kernel ("cuBLASLt algo 21 tile 18 split-k 1").
+	KernelName string `json:"kernel_name,omitempty"`
+	// measured medians, for the record, and how many candidates were
+	// measured and rejected (outputs beyond the tolerance)
 	DefaultNS int64 `json:"default_ns"`
 	TunedNS   int64 `json:"tuned_ns"`
+	Measured  int   `json:"measured,omitempty"`
+	Rejected  int   `json:"rejected,omitempty"`
 }
 
 // Key identifies an entry within one CPU's table.
@@ -34,10 +43,15 @@ func key(op, dt string, n, k, bucket int) string {
 	return fmt.Sprintf("%s|%s|%dx%d|%d", op, dt, n, k, bucket)
 }
 
-// Table is the persisted tuning table of one CPU model.
+// Table is the persisted tuning table of one CPU model, or of one device
+// model (Device set: "cuda"; GPU names it, Library is the vendor library
+// its library choices belong to).
 type Table struct {
-	CPU     string  `json:"cpu"`
-	GOARCH  string  `json:"goarch"`
+	CPU     string  `json:"cpu,omitempty"`
+	GOARCH  string  `json:"goarch,omitempty"`
+	Device  string  `json:"device,omitempty"`
+	GPU     string  `json:"gpu,omitempty"`
+	Library string  `json:"library,omitempty"`
 	Entries []Entry `json:"entries"`
 	index   map[string]Entry
 }
@@ -111,11 +125,34 @@ func TablePath(dir, cpu string) string {
 	return filepath.Join(dir, slug(cpu)+"-"+runtime.GOARCH+".json")
 }
 
+// DeviceTablePath is where the table of a device model lives under dir
+// ("cuda-nvidia-h200.json").
+func DeviceTablePath(dir, device, model string) string {
+	return filepath.Join(dir, slug(device)+"-"+slug(model)+".json")
+}
+
+// path is where the table is saved.
+func (t *Table) path(dir string) string {
+	if t.Device != "" {
+		return DeviceTablePath(dir, t.Device, t.GPU)
+	}
+	return TablePath(dir, t.CPU)
+}
+
 // LoadTable reads the table for cpu from dir; a missing file is an empty
 // table, a malformed one an error naming the file.
 func LoadTable(dir, cpu string) (*Table, error) {
-	p := TablePath(dir, cpu)
-	t := &Table{CPU: cpu, GOARCH: runtime.GOARCH}
+	return load(TablePath(dir, cpu), &Table{CPU: cpu, GOARCH: runtime.GOARCH})
+}
+
+// LoadDeviceTable reads the table of a device model (a missing file is an
+// empty table).
+func LoadDeviceTable(dir, device, model string) (*Table, error) {
+	return load(DeviceTablePath(dir, device, model), &Table{Device: device, GPU: model})
+}
+
+func load(p string, t *Table) (*Table, error) {
+	dev, gpu := t.Device, t.GPU
 	b, err := regular.ReadFile(p, regular.ConfigLimit)
 	if os.IsNotExist(err) {
 		t.reindex()
@@ -127,9 +164,17 @@ func LoadTable(dir, cpu string) (*Table, error) {
 	if err := json.Unmarshal(b, t); err != nil {
 		return nil, fmt.Errorf("tuning table %s: %w", p, err)
 	}
+	if t.Device != dev || t.GPU != gpu {
+		return nil, fmt.Errorf("tuning table %s is for device %q (%q), not %q (%q)", p, t.Device, t.GPU, dev, gpu)
+	}
 	for i, e := range t.Entries {
-		if e.ColGrain < 1 || e.RowBlock < 1 || e.Bucket < 1 || e.N < 1 || e.K < 1 {
+		switch {
+		case e.Bucket < 1 || e.N < 1 || e.K < 1:
 			return nil, fmt.Errorf("tuning table %s: entry %d (%s) has non-positive fields", p, i, e.Key())
+		case dev == "" && (e.ColGrain < 1 || e.RowBlock < 1):
+			return nil, fmt.Errorf("tuning table %s: entry %d (%s) has non-positive fields", p, i, e.Key())
+		case dev != "" && e.Kernel == "":
+			return nil, fmt.Errorf("tuning table %s: entry %d (%s) names no kernel", p, i, e.Key())
 		}
 	}
 	t.reindex()
@@ -143,7 +188,7 @@ func (t *Table) Save(dir string) error {
 		return err
 	}
 	b, _ := json.MarshalIndent(t, "", "  ")
-	p := TablePath(dir, t.CPU)
+	p := t.path(dir)
 	tmp := p + ".tmp"
 	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
 		return err

@@ -42,10 +42,14 @@ func (*Pass) Describe() pass.Description {
 		Summary: "KDA/DSA nodes read host-side batch lengths instead of executor-produced ones"}
 }
 
-// Stats are the pass's statistics.
+// Stats are the pass's statistics. On a device backend every node that
+// reads the executor's lengths costs one device-to-host copy and host sync
+// per step (the CUDA backend counts them as length syncs): the first and
+// the last statistic are those syncs, removed and left.
 type Stats struct {
-	Rewired int `stat:"readers_rewired" doc:"nodes now reading the host lengths"`
+	Rewired int `stat:"readers_rewired" doc:"nodes now reading the host lengths: device length read-backs (host syncs) removed per step"`
 	Removed int `stat:"nodes_removed" doc:"nodes left dead: the executor's seq_lengths"`
+	Left    int `stat:"length_syncs_left" doc:"nodes still reading the executor's lengths: device length read-backs (host syncs) left per step"`
 }
 
 // Eligible implements pass.Pass: one site per node whose lengths source
@@ -81,5 +85,12 @@ func (*Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 		n.Attrs["lengths"] = "host"
 	}
 	removed := g.RemoveDead()
-	return pass.Result{Fired: len(sites), Stats: pass.Counters(&Stats{Rewired: len(sites), Removed: removed})}, nil
+	left := 0
+	for _, n := range g.Nodes {
+		if n.Def().ReadsLengths && n.Inputs[0].Producer != nil && n.Inputs[0].Producer.Op == ir.OpSeqLengths {
+			left++
+		}
+	}
+	return pass.Result{Fired: len(sites), Stats: pass.Counters(&Stats{Rewired: len(sites), Removed: removed, Left: left}),
+		Notes: []string{fmt.Sprintf("length syncs per step on a device backend: %d before, %d after", len(sites)+left, left)}}, nil
 }

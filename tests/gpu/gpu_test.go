@@ -13,10 +13,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/attrib"
 	"github.com/glmflash/glmflash/core/backend"
+	cudabe "github.com/glmflash/glmflash/core/backend/cuda"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
@@ -25,9 +28,11 @@ import (
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
+	kc "github.com/glmflash/glmflash/kernels/cuda"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
 	_ "github.com/glmflash/glmflash/passes/all" // the built-in passes
+	"github.com/glmflash/glmflash/passes/autotune"
 	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
 	"github.com/stretchr/testify/require"
 )
@@ -113,13 +118,17 @@ func TestCUDATransformersParity(t *testing.T) {
 	all := func(extra ...pass.Request) []pass.Request {
 		var r []pass.Request
 		for _, p := range config.Default().Passes { // every built-in pass, enabled by default or not
-			if p.Name != "prefill-autotune" { // CPU tuning tables do not apply to the GPU
-				r = append(r, pass.Request{Name: p.Name, Options: p.Options})
+			if p.Name == "prefill-autotune" { // measured on the device, into a table of this test's own
+				p.Options = map[string]any{"tune_at_start": true, "table_dir": t.TempDir(), "reps": 1}
 			}
+			r = append(r, pass.Request{Name: p.Name, Options: p.Options})
 		}
 		return append(r, extra...)
 	}
 	arms := []arm{{"baseline", nil, false}, {"all", all(), false}, {"all+sharedexpert", all(pass.Request{Name: fusion.Name}), false}, {"fp32-weights", nil, true}}
+	for _, r := range all() { // each pass alone: its on/off parity on the device
+		arms = append(arms, arm{"alone/" + r.Name, []pass.Request{r}, false})
+	}
 	for _, name := range fixtures {
 		for _, a := range arms {
 			if a.fp32 && name != fixtures[0] {
@@ -516,4 +525,288 @@ func TestCUDABF16AgainstFixtures(t *testing.T) {
 		require.Greater(t, worst, 1e-4, "bf16 rounding shows (else the bf16 path did not run)")
 		require.False(t, math.IsNaN(worst) || math.IsInf(worst, 0))
 	}
+}
+
+// passStat reads a statistic from a program's pass report.
+func passStat(t *testing.T, rep *pass.Report, name, stat string) int64 {
+	t.Helper()
+	require.NotNil(t, rep)
+	pr := rep.Find(name)
+	require.NotNil(t, pr, "pass %s in the report", name)
+	for _, s := range pr.Stats {
+		if s.Name == stat {
+			return s.Value
+		}
+	}
+	t.Fatalf("pass %s has no statistic %s", name, stat)
+	return 0
+}
+
+// decodeRun is what decode steps did on the device.
+type decodeRun struct {
+	stats   backend.Stats
+	kernels map[string]int64
+	rep     *pass.Report
+}
+
+// perStep is a kernel's executions per decode step.
+func (r decodeRun) perStep(kernels ...string) float64 {
+	var n int64
+	for _, k := range kernels {
+		n += r.kernels[k]
+	}
+	return float64(n) / float64(r.stats.Runs)
+}
+
+// decodeSteps prefills two sequences, then runs three greedy decode steps
+// of both on the device with the given passes (nil: none) and CUDA-graph
+// cap, and returns the decode program's counters and pass report.
+func decodeSteps(t *testing.T, ck *model.Checkpoint, reqs []pass.Request, graphMax int) decodeRun {
+	t.Helper()
+	o := engine.Options{Slots: 2, Backend: backend.Options{GraphMaxTokens: graphMax}}
+	if reqs != nil {
+		pl, err := pass.NewPipeline(reqs, true)
+		require.NoError(t, err)
+		o.Passes, o.PassEnv = pl, config.Default().PassEnv(ck.Config(), ck)
+	}
+	e := cudaEngine(t, ck, o)
+	var slots []int
+	for i := 0; i < 2; i++ {
+		s, err := e.Store().Alloc()
+		require.NoError(t, err)
+		slots = append(slots, s)
+		_, err = e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: seqTokens(5+i, i, 256)}}})
+		require.NoError(t, err)
+	}
+	key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
+	for step := 0; step < 3; step++ {
+		b := &backend.Batch{SamplesOnly: true}
+		for i, s := range slots {
+			b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: []int32{int32(7 + step + i)}})
+			b.Sample = append(b.Sample, backend.SampleSpec{Params: sample.Greedy()})
+		}
+		_, err := e.Run(key, b)
+		require.NoError(t, err)
+	}
+	p, err := e.Program(key)
+	require.NoError(t, err)
+	kc, ok := p.(backend.KernelCounter)
+	require.True(t, ok, "the CUDA program counts its kernels")
+	return decodeRun{stats: p.Stats(), kernels: kc.KernelRuns(), rep: e.Report(key)}
+}
+
+// Each pass does on the device what it claims, counted per decode step
+// against the same steps without it, and agreeing with its own report:
+// kda-projection-fusion removes as many GEMM launches as GEMM nodes;
+// mhc-post-pre-fusion runs one fused kernel per fused boundary instead of a
+// post and a pre; dsa-pooled-metadata runs the metadata kernel once per
+// step; host-length-reuse leaves no length read-back (and no seq_lengths
+// kernel). With every pass and graphs a step is one launch running the
+// same kernels as the eager steps, timed on the device.
+func TestCUDAPassMechanisms(t *testing.T) {
+	ck, _ := openFixture(t, fixtures[0])
+	cudaOptions(t, engine.Options{})
+	gemms := []string{"glmf_gemm_col", "glmf_gemm_skinny", "glmf_gemm_tiled", "cublasSgemm", "cublasGemmEx", "cublasLtMatmul"}
+	off := decodeSteps(t, ck, nil, -1)
+	t.Logf("no passes: %.0f kernels per step (%.0f GEMMs), %.1f host syncs (%.1f length syncs), %.3f ms device time",
+		float64(off.stats.Kernels)/float64(off.stats.Runs), off.perStep(gemms...), float64(off.stats.HostSyncs)/float64(off.stats.Runs),
+		float64(off.stats.LengthSyncs)/float64(off.stats.Runs), float64(off.stats.DeviceNs)/1e6/float64(off.stats.Runs))
+	require.Positive(t, off.stats.DeviceNs)
+	require.Equal(t, off.stats.Launches, off.stats.Kernels, "eager: every kernel is a launch")
+
+	on := decodeSteps(t, ck, []pass.Request{{Name: "kda-projection-fusion"}}, -1)
+	removed := passStat(t, on.rep, "kda-projection-fusion", "gemms_removed")
+	require.Positive(t, removed)
+	require.InDelta(t, float64(removed), off.perStep(gemms...)-on.perStep(gemms...), 1e-9, "one GEMM launch fewer per GEMM node removed")
+	t.Logf("kda-projection-fusion: %.0f → %.0f GEMM launches per step", off.perStep(gemms...), on.perStep(gemms...))
+
+	on = decodeSteps(t, ck, []pass.Request{{Name: "mhc-post-pre-fusion"}}, -1)
+	fused := passStat(t, on.rep, "mhc-post-pre-fusion", "intra_layer_fused") + passStat(t, on.rep, "mhc-post-pre-fusion", "cross_layer_fused")
+	require.Positive(t, passStat(t, on.rep, "mhc-post-pre-fusion", "cross_layer_fused"), "fused across layers too")
+	require.InDelta(t, float64(fused), on.perStep("glmf_mhc_post_pre"), 1e-9)
+	require.InDelta(t, float64(2*fused), off.perStep("glmf_mhc_post", "glmf_mhc_pre")-on.perStep("glmf_mhc_post", "glmf_mhc_pre"), 1e-9)
+	norms := passStat(t, on.rep, "mhc-post-pre-fusion", "norms_fused")
+	require.InDelta(t, float64(norms), off.perStep("glmf_rmsnorm")-on.perStep("glmf_rmsnorm"), 1e-9, "the folded RMSNorms run inside the fused kernel")
+	require.EqualValues(t, fused*on.stats.Runs, on.stats.FusedMHCRuns)
+
+	on = decodeSteps(t, ck, []pass.Request{{Name: "dsa-pooled-metadata"}}, -1)
+	shared := passStat(t, on.rep, "dsa-pooled-metadata", "meta_nodes_removed")
+	require.InDelta(t, float64(shared+1), off.perStep("glmf_dsa_meta"), 1e-9, "without the pass: once per DSA layer")
+	require.InDelta(t, 1, on.perStep("glmf_dsa_meta"), 1e-9, "with it: once per step")
+
+	on = decodeSteps(t, ck, []pass.Request{{Name: "host-length-reuse"}}, -1)
+	rewired := passStat(t, on.rep, "host-length-reuse", "readers_rewired")
+	require.Zero(t, passStat(t, on.rep, "host-length-reuse", "length_syncs_left"))
+	require.EqualValues(t, rewired*off.stats.Runs, off.stats.LengthSyncs, "without the pass: one read-back per reader and step, as the report says")
+	require.Zero(t, on.stats.LengthSyncs)
+	require.Zero(t, on.kernels["glmf_seq_lengths"])
+	require.Equal(t, off.stats.HostSyncs-off.stats.LengthSyncs, on.stats.HostSyncs)
+
+	all := []pass.Request{{Name: "kda-projection-fusion"}, {Name: "mhc-post-pre-fusion"}, {Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}}
+	eager, graphed := decodeSteps(t, ck, all, -1), decodeSteps(t, ck, all, 0)
+	require.Equal(t, eager.kernels, graphed.kernels, "a replay runs the kernels the eager steps launch")
+	require.Equal(t, graphed.stats.Runs, graphed.stats.Launches, "one launch (the replay) per step")
+	require.Equal(t, graphed.stats.Runs, graphed.stats.HostSyncs, "one host sync (the sampled ids) per step")
+	require.Positive(t, graphed.stats.DeviceNs)
+	t.Logf("every pass: %.0f kernels per step, eager %d launches, graphed %d launches in %d steps",
+		float64(eager.stats.Kernels)/float64(eager.stats.Runs), eager.stats.Launches, graphed.stats.Launches, graphed.stats.Runs)
+}
+
+// prefill-autotune on the device: tuning at start measures the backend's
+// GEMM choices into the GPU model's table (cuda-<model>.json) and keeps
+// transformers parity; the next start loads the table without measuring;
+// and the binding runs what a table says: a table that puts a cuBLASLt
+// algorithm on the prefill bucket and the skinny kernel's widest blocks on
+// one-token decode runs cuBLASLt matmuls, within the parity tolerance.
+// fp32 weights (FP32Weights) make the library a candidate.
+func TestCUDAPrefillAutotune(t *testing.T) {
+	cudaOptions(t, engine.Options{})
+	ck, ref := openFixture(t, fixtures[0])
+	dir := t.TempDir()
+	key := engine.Key{Mode: graph.Prefill, Logits: graph.AllLogits}
+	start := func(tune bool) (*engine.Engine, *pass.PassReport) {
+		pl, err := pass.NewPipeline([]pass.Request{{Name: autotune.Name, Options: map[string]any{"table_dir": dir, "reps": 1, "buckets": []int{1, 512}, "tune_at_start": tune}}}, true)
+		require.NoError(t, err)
+		e := cudaEngine(t, ck, engine.Options{Slots: 2, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck), Backend: backend.Options{FP32Weights: true}})
+		_, err = e.Program(key)
+		require.NoError(t, err)
+		return e, e.Report(key).Find(autotune.Name)
+	}
+	parity := func(e *engine.Engine) {
+		res, err := eval.RunAll(e, ref)
+		require.NoError(t, err)
+		for _, r := range res {
+			require.Less(t, r.MaxAbsDiff, 1e-4, r.Name)
+			require.True(t, r.GreedyMatch, r.Name)
+		}
+	}
+	e, pr := start(true)
+	require.NotEmpty(t, pr.Fired)
+	require.Positive(t, pr.Stats[0].Value, "measured at start")
+	for _, f := range pr.Fired {
+		t.Logf("%s: %s", f.Where, f.Note)
+	}
+	parity(e)
+	dev := e.Backend().(*cudabe.Backend).Device()
+	tb, err := autotune.LoadDeviceTable(dir, "cuda", dev.Name)
+	require.NoError(t, err)
+	require.NotEmpty(t, tb.Entries)
+	require.FileExists(t, autotune.DeviceTablePath(dir, "cuda", dev.Name))
+	_, pr = start(false)
+	require.Zero(t, pr.Stats[0].Value, "loaded, not measured")
+	require.Positive(t, pr.Stats[1].Value)
+
+	// a table of chosen choices: a cuBLASLt algorithm the device offers for
+	// each shape at prefill sizes, the widest column-kernel blocks for one token
+	for i, en := range tb.Entries {
+		switch en.Bucket {
+		case 512:
+			var algos []kc.LtAlgo
+			require.NoError(t, dev.Do(func() error {
+				var err error
+				algos, err = dev.LtAlgos(kc.LtSpec{M: 130, N: en.N, K: en.K, Lda: en.K, Ldw: en.K, Ldc: en.N}, 1)
+				return err
+			}))
+			require.NotEmpty(t, algos)
+			tb.Entries[i].Kernel = "lt:" + algos[0].String()
+		case 1:
+			tb.Entries[i].Kernel = "col:256"
+		}
+	}
+	require.NoError(t, tb.Save(dir))
+	e, _ = start(false)
+	parity(e)
+	p, err := e.Program(key)
+	require.NoError(t, err)
+	runs := p.(backend.KernelCounter).KernelRuns()
+	t.Logf("prefill kernels with the chosen table: %v", runs)
+	require.Positive(t, runs["cublasLtMatmul"], "the binding runs the table's cuBLASLt algorithms")
+	require.Zero(t, runs["cublasSgemm"], "every GEMM of the prefill shapes has its algorithm")
+}
+
+// The pass micro-benchmark on the device: per step, host-length-reuse
+// takes the length read-backs to zero, dsa-pooled-metadata and
+// kda-projection-fusion run fewer kernels, every phase is timed on the
+// device; against every pass, leaving host-length-reuse out costs the
+// graph replay (many launches instead of one).
+func TestCUDAPassBench(t *testing.T) {
+	cudaOptions(t, engine.Options{})
+	ck, _ := openFixture(t, fixtures[0])
+	pb := &attrib.PassBench{Model: ck.Config(), Weights: ck, Info: ck, Device: "cuda",
+		Passes: []config.PassConfig{{Name: "host-length-reuse"}, {Name: "dsa-pooled-metadata"}, {Name: "kda-projection-fusion"}},
+		Prompt: 4, Steps: 1, Rounds: 2, Batches: []int{2}}
+	res, err := pb.Run(context.Background())
+	require.NoError(t, err)
+	var b strings.Builder
+	require.NoError(t, attrib.WritePassBench(&b, res))
+	t.Log("\n" + b.String())
+	for _, r := range res {
+		require.True(t, r.Fired, r.Pass)
+		for _, row := range r.Rows {
+			require.NotNil(t, row.Off.DeviceMs, "%s %s", r.Pass, row.Phase)
+			require.Positive(t, *row.On.DeviceMs)
+			require.NotNil(t, row.DeviceSpeedup)
+			switch r.Pass {
+			case "host-length-reuse":
+				require.Positive(t, *row.Off.LengthSyncs, row.Phase)
+				require.Zero(t, *row.On.LengthSyncs, row.Phase)
+			default:
+				require.Less(t, *row.On.Kernels, *row.Off.Kernels, "%s %s", r.Pass, row.Phase)
+			}
+		}
+	}
+	pb.Against, pb.Passes, pb.Rounds, pb.Warmup = "all", []config.PassConfig{{Name: "host-length-reuse"}}, 1, 1
+	base := *config.Default()
+	base.Passes = []config.PassConfig{{Name: "host-length-reuse"}, {Name: "dsa-pooled-metadata"}, {Name: "kda-projection-fusion"}, {Name: "mhc-post-pre-fusion"}}
+	pb.Base = &base
+	res, err = pb.Run(context.Background())
+	require.NoError(t, err)
+	dec := res[0].Rows[1]
+	require.Equal(t, "decode b2", dec.Phase)
+	require.EqualValues(t, 1, *dec.On.Launches, "every pass: one graph replay per step")
+	require.Greater(t, *dec.Off.Launches, 100.0, "without host-length-reuse: eager launches")
+}
+
+// An attribution study on the device (the H200 campaign's file, shrunk to
+// two passes and one cell on the fixture): every row carries the device
+// time and per-step counters, the summary has intervals by device time,
+// and the report shows the counters.
+func TestCUDAStudy(t *testing.T) {
+	cudaOptions(t, engine.Options{})
+	ck, _ := openFixture(t, fixtures[0])
+	st, err := attrib.Load(filepath.Join("..", "..", "configs", "studies", "campaign-h200.yaml"), nil)
+	require.NoError(t, err)
+	st.Passes = []config.PassConfig{{Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}}
+	st.Workloads = st.Workloads[:1]
+	st.Workloads[0].InputLen, st.Workloads[0].OutputLen, st.Workloads[0].Requests = 4, 2, 2
+	st.Workloads[0].Concurrency, st.Workloads[0].RequestsPerLevel = []int{2}, nil
+	st.Adaptive, st.Repetitions = nil, 2
+	runner := attrib.NewEngineRunner(st, ck.Config(), ck, ck, nil)
+	runner.Device = "cuda"
+	defer runner.Close()
+	res, err := attrib.Run(context.Background(), st, attrib.Options{Runner: runner, Vocab: ck.Config().VocabSize, Provenance: attrib.Provenance{Commit: "test"}})
+	require.NoError(t, err)
+	for _, r := range res.Rows {
+		require.NotNil(t, r.PerStep, r.Arm)
+		require.Positive(t, r.DeviceS, r.Arm)
+		require.Positive(t, r.PerStep.Kernels, r.Arm)
+		if r.Arm == "all" || r.Arm == "+host-length-reuse" {
+			require.Zero(t, r.PerStep.LengthSyncs, r.Arm)
+		}
+		if r.Arm == "baseline" {
+			require.Positive(t, r.PerStep.LengthSyncs)
+		}
+	}
+	require.Contains(t, res.Rows[0].Device, "cuda: ")
+	out := t.TempDir()
+	_, sum, err := res.WriteAll(out)
+	require.NoError(t, err)
+	require.True(t, sum.Device)
+	require.NotNil(t, sum.PerCell["all"]["chat C2"].DeviceInterval)
+	require.True(t, sum.PerCell["all"]["chat C2"].DeviceInterval.Defined())
+	require.Zero(t, sum.ParityTotal)
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "## Device counters per step")
+	require.Contains(t, string(md), "## Gap to baseline by device time")
 }

@@ -122,15 +122,24 @@ func castBF16(rc *runCtx, x kc.DevicePtr, R, K, lda int, dst kc.DevicePtr) error
 // rows, does not promise that: batch invariance holds for bf16 weights.
 const skinnyMaxRows = kc.SkinnyMaxRows
 
-// gemm launches y = x·Wᵀ over M rows for weight W ([G][N][K] when batched)
-// writing through args' outputs; fp32 weights go to cuBLAS when the outputs
-// are one plain matrix.
-func gemm(rc *runCtx, a *kc.GemmArgs, G int) error {
-	if a.M == 0 {
-		return nil
+// gemmPlan is what a GEMM node runs for a batch of M rows: the library
+// (cuBLAS or a cuBLASLt algorithm) or one of the own kernels.
+type gemmPlan struct {
+	lib bool
+	ch  gemmChoice
+}
+
+// planGEMM decides for M rows: prefill-autotune's choice when it made one
+// for this kind and it can run M rows, else the default (the library for
+// more than skinnyMaxRows rows of fp32 weights or in bf16 precision).
+func planGEMM(t *tunedGEMM, kind string, M int) gemmPlan {
+	if ch := t.choose(kind, M); ch.kind != chDefault {
+		return gemmPlan{lib: ch.lib(), ch: ch}
 	}
-	name, grid, block := kc.GemmLaunch(int(a.M), int(a.N), G)
-	return kc.Launch(rc.dev, name, grid, block, 0, a)
+	if kind != kindF32BF16W && M > skinnyMaxRows {
+		return gemmPlan{lib: true, ch: gemmChoice{kind: chCublas}}
+	}
+	return gemmPlan{ch: gemmChoice{kind: chOwn}}
 }
 
 func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
@@ -141,24 +150,31 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	K, N := in[0].Shape[1], out.Shape[1]
 	bf := p.bf16Mode(W)
+	kind := p.gemmKind(W)
+	tuned, err := p.tuning(n, W)
+	if err != nil {
+		return nil, err
+	}
 	st := &kstep{}
 	if bf {
 		st.temps = func(rc *runCtx) []int64 { return []int64{2 * int64(rc.rows(in[0])*K)} }
 	}
 	st.run = func(rc *runCtx) error {
 		M := rc.rows(in[0])
-		if !W.bf16 && M > skinnyMaxRows {
-			return rc.dev.Sgemm(M, N, K, rc.ptr(in[0]), K, W.ptr, rc.ptr(out), N)
-		}
-		if bf && M > skinnyMaxRows {
-			if err := castBF16(rc, rc.ptr(in[0]), M, K, K, rc.temps[0]); err != nil {
-				return err
+		pl := planGEMM(tuned, kind, M)
+		if pl.lib {
+			A := rc.ptr(in[0])
+			if bf {
+				if err := castBF16(rc, A, M, K, K, rc.temps[0]); err != nil {
+					return err
+				}
+				A = rc.temps[0]
 			}
-			return rc.dev.GemmBF16(M, N, K, rc.temps[0], K, W.ptr, K, rc.ptr(out), N)
+			return libGemm(rc.dev, pl.ch, bf, M, N, K, A, K, W.ptr, rc.ptr(out), N)
 		}
 		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(K), W: W.ptr, WBf16: W.flag(), M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: b2i(bf)}
 		a.Out[0], a.Ow[0] = rc.ptr(out), int64(N)
-		return gemm(rc, &a, 1)
+		return launchOwn(rc.dev, &a, 1, pl.ch)
 	}
 	return st, nil
 }
@@ -175,8 +191,13 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 		return nil, fmt.Errorf("%d splits; the CUDA kernels write at most 8", len(splits))
 	}
 	bf := p.bf16Mode(W)
+	kind := p.gemmKind(W)
+	tuned, err := p.tuning(n, W)
+	if err != nil {
+		return nil, err
+	}
 	st := &kstep{}
-	if !W.bf16 || bf {
+	if kind != kindF32BF16W { // the library writes one matrix, split afterwards
 		st.temps = func(rc *runCtx) []int64 {
 			M := int64(rc.rows(in[0]))
 			return []int64{4 * M * int64(N), 2 * M * int64(K)}
@@ -188,18 +209,18 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 		for i, s := range splits {
 			a.Out[i], a.Ow[i] = rc.ptr(outs[i]), int64(s)
 		}
-		if M <= skinnyMaxRows || (W.bf16 && !bf) {
-			return gemm(rc, &a, 1)
+		pl := planGEMM(tuned, kind, M)
+		if !pl.lib {
+			return launchOwn(rc.dev, &a, 1, pl.ch)
 		}
-		tmp := rc.temps[0]
+		tmp, A := rc.temps[0], rc.ptr(in[0])
 		if bf {
-			if err := castBF16(rc, rc.ptr(in[0]), M, K, K, rc.temps[1]); err != nil {
+			if err := castBF16(rc, A, M, K, K, rc.temps[1]); err != nil {
 				return err
 			}
-			if err := rc.dev.GemmBF16(M, N, K, rc.temps[1], K, W.ptr, K, tmp, N); err != nil {
-				return err
-			}
-		} else if err := rc.dev.Sgemm(M, N, K, rc.ptr(in[0]), K, W.ptr, tmp, N); err != nil {
+			A = rc.temps[1]
+		}
+		if err := libGemm(rc.dev, pl.ch, bf, M, N, K, A, K, W.ptr, tmp, N); err != nil {
 			return err
 		}
 		sa := kc.SplitArgs{X: tmp, R: int64(M), N: int64(N), Nout: a.Nout, Out: a.Out, W: a.Ow}
@@ -219,26 +240,32 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 		return nil, fmt.Errorf("%d groups; the CUDA kernels write at most 8", G)
 	}
 	bf := p.bf16Mode(W)
+	kind := p.gemmKind(W)
+	tuned, err := p.tuning(n, W)
+	if err != nil {
+		return nil, err
+	}
 	st := &kstep{}
 	if bf {
 		st.temps = func(rc *runCtx) []int64 { return []int64{2 * int64(rc.rows(in[0])*G*K)} }
 	}
 	st.run = func(rc *runCtx) error {
 		M := rc.rows(in[0])
-		if bf && M > skinnyMaxRows {
-			if err := castBF16(rc, rc.ptr(in[0]), M, G*K, G*K, rc.temps[0]); err != nil {
-				return err
-			}
-			for g := 0; g < G; g++ {
-				if err := rc.dev.GemmBF16(M, N, K, rc.temps[0]+kc.DevicePtr(2*g*K), G*K, W.ptr+kc.DevicePtr(2*g*N*K), K, rc.ptr(outs[g]), N); err != nil {
+		pl := planGEMM(tuned, kind, M)
+		if pl.lib {
+			A, esz := rc.ptr(in[0]), 4
+			if bf {
+				if err := castBF16(rc, A, M, G*K, G*K, rc.temps[0]); err != nil {
 					return err
 				}
+				A, esz = rc.temps[0], 2
 			}
-			return nil
-		}
-		if !W.bf16 && M > skinnyMaxRows {
+			wsz := 4
+			if W.bf16 {
+				wsz = 2
+			}
 			for g := 0; g < G; g++ {
-				if err := rc.dev.Sgemm(M, N, K, rc.ptr(in[0])+kc.DevicePtr(4*g*K), G*K, W.ptr+kc.DevicePtr(4*g*N*K), rc.ptr(outs[g]), N); err != nil {
+				if err := libGemm(rc.dev, pl.ch, bf, M, N, K, A+kc.DevicePtr(esz*g*K), G*K, W.ptr+kc.DevicePtr(wsz*g*N*K), rc.ptr(outs[g]), N); err != nil {
 					return err
 				}
 			}
@@ -249,7 +276,7 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 		for g := 0; g < G; g++ {
 			a.Out[g], a.Ow[g] = rc.ptr(outs[g]), int64(N)
 		}
-		return gemm(rc, &a, G)
+		return launchOwn(rc.dev, &a, G, pl.ch)
 	}
 	return st, nil
 }

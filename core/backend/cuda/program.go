@@ -44,7 +44,16 @@ type Program struct {
 	// opTimes accumulates device time per op (Options.ProfileOps).
 	opTimes map[string]*backend.OpTime
 
-	runs, deviceReads, fusedMHC, launches, syncs, lengthSyncs, replays, captures atomic.Int64
+	runs, deviceReads, fusedMHC, launches, syncs, lengthSyncs, replays, captures, kernels, deviceNs atomic.Int64
+
+	// kernelRuns counts the program's kernel executions by the device's
+	// kernel index (graph replays included); snap is scratch for it.
+	kernelRuns, snap []int64
+	// evStart, evEnd time every step on the device.
+	evStart, evEnd kc.Event
+	// usesLt: some GEMM runs a tuned cuBLASLt algorithm (its workspace is
+	// allocated before any graph capture).
+	usesLt bool
 }
 
 // graphKey is what a captured graph depends on: the batch's token and
@@ -139,6 +148,9 @@ func (p *Program) Close() error {
 	defer p.mu.Unlock()
 	return p.b.dev.Do(func() error {
 		p.dropGraphs()
+		p.b.dev.DestroyEvent(p.evStart)
+		p.b.dev.DestroyEvent(p.evEnd)
+		p.evStart, p.evEnd = 0, 0
 		for _, b := range []struct {
 			p *kc.DevicePtr
 			n *int64
@@ -159,7 +171,24 @@ func (p *Program) Plan() *plan.Plan { return p.plan }
 func (p *Program) Stats() backend.Stats {
 	return backend.Stats{Runs: p.runs.Load(), DeviceLengthReads: p.deviceReads.Load(), FusedMHCRuns: p.fusedMHC.Load(),
 		Launches: p.launches.Load(), HostSyncs: p.syncs.Load(), LengthSyncs: p.lengthSyncs.Load(),
-		GraphReplays: p.replays.Load(), GraphCaptures: p.captures.Load()}
+		GraphReplays: p.replays.Load(), GraphCaptures: p.captures.Load(), Kernels: p.kernels.Load(), DeviceNs: p.deviceNs.Load()}
+}
+
+// KernelRuns implements backend.KernelCounter: how many times each kernel
+// (or cuBLAS routine) ran for this program, graph replays included.
+func (p *Program) KernelRuns() map[string]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]int64{}
+	_ = p.b.dev.Do(func() error { // names live with the device
+		for i, n := range p.kernelRuns {
+			if n > 0 {
+				out[p.b.dev.KernelName(i)] = n
+			}
+		}
+		return nil
+	})
+	return out
 }
 
 // w returns the device copy of a constant input.
@@ -218,10 +247,25 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 	dev := p.b.dev
 	err := dev.Do(func() error {
 		l0, s0 := dev.Launches(), dev.Syncs()
+		p.snap = dev.KernelRuns(p.snap)
 		var err error
 		res, err = p.execute(pr, store, ckpt, share)
 		p.launches.Add(dev.Launches() - l0)
 		p.syncs.Add(dev.Syncs() - s0)
+		now := dev.KernelRuns(nil)
+		for len(p.kernelRuns) < len(now) {
+			p.kernelRuns = append(p.kernelRuns, 0)
+		}
+		var k int64
+		for i, n := range now {
+			d := n
+			if i < len(p.snap) {
+				d -= p.snap[i]
+			}
+			p.kernelRuns[i] += d
+			k += d
+		}
+		p.kernels.Add(k)
 		return err
 	})
 	if err != nil {
@@ -456,6 +500,20 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 		rc.profile = []opEvents{}
 		defer p.collectProfile(rc)
 	}
+	// the step's device time: from before its first upload to after its
+	// last kernel, read once the results have come back
+	if p.evStart == 0 {
+		var err error
+		if p.evStart, err = dev.NewEvent(); err != nil {
+			return nil, err
+		}
+		if p.evEnd, err = dev.NewEvent(); err != nil {
+			return nil, err
+		}
+	}
+	if err := dev.RecordEvent(p.evStart); err != nil {
+		return nil, err
+	}
 	// 1. the step's metadata, in one upload
 	mb := newMetaBuilder()
 	rowSeq, rowPos := make([]int32, rc.T), make([]int32, rc.T)
@@ -573,6 +631,11 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 	if graphed {
 		g := p.graphs[gkey]
 		if g == nil {
+			if p.usesLt {
+				if err := dev.EnsureLtWorkspace(); err != nil {
+					return nil, err
+				}
+			}
 			var err error
 			if g, err = dev.Capture(launchAll); err != nil {
 				return nil, fmt.Errorf("cuda: capturing a graph for %d tokens in %d sequences: %w", pr.T, len(pr.Spans), err)
@@ -587,6 +650,9 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 		}
 		p.replays.Add(1)
 	} else if err := launchAll(); err != nil {
+		return nil, err
+	}
+	if err := dev.RecordEvent(p.evEnd); err != nil {
 		return nil, err
 	}
 	// 3. results: the samples (picked on the device), then what the caller reads
@@ -620,6 +686,11 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 			return nil, err
 		}
 	}
+	ms, err := dev.ElapsedKeep(p.evStart, p.evEnd) // the stream is done: no wait
+	if err != nil {
+		return nil, err
+	}
+	p.deviceNs.Add(int64(ms * 1e6))
 	return res, nil
 }
 

@@ -451,4 +451,116 @@ int cublasGemmEx(void* h, int ta, int tb, int m, int n, int k, const void* alpha
 int cublasLtCreate(void** h) { *h = (void*)0x5; return 0; }
 int cublasLtDestroy(void*) { return 0; }
 size_t cublasLtGetVersion() { return 130000; }
+
+// cuBLASLt matmul: descriptors, a heuristic that offers three algorithms
+// (four with GLMFLASH_CUDAEMU_LT_BAD_ALGO set, the fourth one wrong by 1%,
+// for tests of the tuner's rejection), and the matmul itself. The
+// algorithms differ as a GPU's do, in how they sum: 1 in double, 2 in
+// float, 3 in double over two halves of k (split-k) added at the end.
+struct LtDesc { int compute, scale, ta, tb; };
+struct LtLayout { int type; unsigned long long rows, cols; long long ld; };
+struct LtAlgo { unsigned long long data[8]; };
+struct LtHeur { LtAlgo algo; size_t ws; int state; float waves; int reserved[4]; };
+static const int lt_ids[4] = {1, 2, 3, 99};
+static int lt_count() { return getenv("GLMFLASH_CUDAEMU_LT_BAD_ALGO") ? 4 : 3; }
+static bool lt_valid(unsigned long long id) {
+  for (int i = 0; i < lt_count(); i++)
+    if ((unsigned long long)lt_ids[i] == id) return true;
+  return false;
+}
+int cublasLtMatmulDescCreate(void** d, int compute, int scale) { *d = new LtDesc{compute, scale, 0, 0}; return 0; }
+int cublasLtMatmulDescDestroy(void* d) { delete (LtDesc*)d; return 0; }
+int cublasLtMatmulDescSetAttribute(void* d, int attr, const void* buf, size_t n) {
+  LtDesc* x = (LtDesc*)d;
+  if (n != 4) return 7;  // CUBLAS_STATUS_INVALID_VALUE
+  int v = *(const int*)buf;
+  switch (attr) {
+  case 0: x->compute = v; break;
+  case 1: x->scale = v; break;
+  case 3: x->ta = v; break;
+  case 4: x->tb = v; break;
+  default: return 15;
+  }
+  return 0;
+}
+int cublasLtMatrixLayoutCreate(void** l, int type, unsigned long long rows, unsigned long long cols, long long ld) {
+  if (type != 0 && type != 14) return 15;
+  *l = new LtLayout{type, rows, cols, ld};
+  return 0;
+}
+int cublasLtMatrixLayoutDestroy(void* l) { delete (LtLayout*)l; return 0; }
+int cublasLtMatmulPreferenceCreate(void** p) { *p = new int(0); return 0; }
+int cublasLtMatmulPreferenceDestroy(void* p) { delete (int*)p; return 0; }
+int cublasLtMatmulPreferenceSetAttribute(void*, int, const void*, size_t) { return 0; }
+int cublasLtMatmulAlgoGetHeuristic(void*, void*, void*, void*, void*, void*, void*, int requested, LtHeur* res, int* returned) {
+  int n = requested < lt_count() ? requested : lt_count();
+  for (int i = 0; i < n; i++) {
+    memset(&res[i], 0, sizeof(LtHeur));
+    res[i].algo.data[0] = lt_ids[i];
+    res[i].waves = 1;
+  }
+  *returned = n;
+  return 0;
+}
+int cublasLtMatmulAlgoCheck(void*, void*, void*, void*, void*, void*, const LtAlgo* algo, LtHeur* result) {
+  if (!lt_valid(algo->data[0])) return 15;
+  memset(result, 0, sizeof(LtHeur));
+  result->algo = *algo;
+  return 0;
+}
+int cublasLtMatmulAlgoConfigGetAttribute(const LtAlgo* algo, int attr, void* buf, size_t n, size_t* written) {
+  if (n < 4) return 7;
+  int v;
+  switch (attr) {
+  case 0: v = (int)algo->data[0]; break;
+  case 1: v = 10 * (int)algo->data[0]; break;
+  case 2: v = algo->data[0] == 3 ? 2 : 1; break;
+  default: return 15;
+  }
+  *(int*)buf = v;
+  *written = 4;
+  return 0;
+}
+static double lt_elem(const void* p, int type, size_t i) {
+  return type == 14 ? (double)bf16_to_f(((const unsigned short*)p)[i]) : (double)((const float*)p)[i];
+}
+int cublasLtMatmul(void* h, void* desc, const void* alpha, const void* A, void* Adesc, const void* B, void* Bdesc, const void* beta,
+                   const void* C, void* Cdesc, void* D, void* Ddesc, const LtAlgo* algo, void* ws, size_t wsSize, void* stream) {
+  if (!lt_valid(algo->data[0])) return 15;
+  if (capturing) {  // recorded with its scalars and algorithm, run at replay
+    float al = *(const float*)alpha, be = *(const float*)beta;
+    LtAlgo ag = *algo;
+    Launch l{};
+    l.call = [=] {
+      cublasLtMatmul(h, desc, &al, A, Adesc, B, Bdesc, &be, C, Cdesc, D, Ddesc, &ag, ws, wsSize, stream);
+    };
+    capture->launches.push_back(l);
+    return 0;
+  }
+  const LtDesc* dd = (const LtDesc*)desc;
+  const LtLayout *la = (const LtLayout*)Adesc, *lb = (const LtLayout*)Bdesc, *lc = (const LtLayout*)Cdesc, *ld = (const LtLayout*)Ddesc;
+  long long m = dd->ta ? la->cols : la->rows, k = dd->ta ? la->rows : la->cols, n = dd->tb ? lb->rows : lb->cols;
+  if ((dd->tb ? lb->cols : lb->rows) != (unsigned long long)k || lc->rows != (unsigned long long)m || lc->cols != (unsigned long long)n) return 7;
+  if (lc->type != 0 || ld->type != 0) return 15;
+  float al = *(const float*)alpha, be = *(const float*)beta;
+  unsigned long long id = algo->data[0];
+  for (long long j = 0; j < n; j++)
+    for (long long i = 0; i < m; i++) {
+      double s = 0, s2 = 0;
+      float f = 0;
+      for (long long l = 0; l < k; l++) {
+        double a = lt_elem(A, la->type, dd->ta ? l + i * la->ld : i + l * la->ld);
+        double b = lt_elem(B, lb->type, dd->tb ? j + l * lb->ld : l + j * lb->ld);
+        if (id == 2) f += (float)a * (float)b;
+        else if (id == 3 && l >= k / 2) s2 += a * b;
+        else s += a * b;
+      }
+      double v = id == 2 ? (double)f : s + s2;
+      if (id == 99) v *= 1.01;
+      float& out = ((float*)D)[i + j * ld->ld];
+      float c = be == 0 ? 0 : ((const float*)C)[i + j * lc->ld];
+      out = al * (float)v + (be == 0 ? 0 : be * c);
+    }
+  return 0;
+}
 }

@@ -1,0 +1,281 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"unsafe"
+
+	"github.com/glmflash/glmflash/core/backend"
+	kc "github.com/glmflash/glmflash/kernels/cuda"
+	"github.com/glmflash/glmflash/kernels/gemm"
+)
+
+// The CUDA backend is a backend.GEMMTuner: prefill-autotune measures its
+// GEMM choices on the GPU with CUDA events.
+var _ backend.GEMMTuner = (*Backend)(nil)
+
+// TunerInfo implements backend.GEMMTuner: a table's choices belong to the
+// GPU model and, for cuBLASLt algorithms, to the library version.
+func (b *Backend) TunerInfo() backend.TunerInfo {
+	return backend.TunerInfo{Device: "cuda", Model: b.dev.Name, Library: fmt.Sprintf("cuBLASLt %d", b.dev.LtVersion())}
+}
+
+// GEMMKind implements backend.GEMMTuner: weights stored in BF16 or FP8
+// (dequantized: bf16-exact) stay bf16 on the device unless FP32Weights;
+// precision bf16 makes their GEMMs take bf16 activations.
+func (b *Backend) GEMMKind(weightDType string) string {
+	bf16 := !b.opts.FP32Weights && (weightDType == "BF16" || strings.HasPrefix(weightDType, "F8"))
+	switch {
+	case bf16 && b.opts.Precision == "bf16":
+		return kindBF16BF16W
+	case bf16:
+		return kindF32BF16W
+	}
+	return kindF32F32W
+}
+
+// GEMMCandidates implements backend.GEMMTuner.
+func (b *Backend) GEMMCandidates(kind string, rows int) []string {
+	var out []string
+	if rows <= kc.ColMaxRows {
+		for _, t := range colChoices {
+			out = append(out, fmt.Sprintf("col:%d", t))
+		}
+	}
+	if rows <= skinnyMaxRows {
+		out = append(out, "skinny")
+	}
+	out = append(out, "tiled")
+	if rows > skinnyMaxRows && rows <= skinny8MaxRows {
+		out = append(out, "skinny8")
+	}
+	if kind != kindF32BF16W {
+		out = append(out, "cublas", "lt")
+	}
+	return out
+}
+
+// tuneBufs are one measurement's device buffers.
+type tuneBufs struct {
+	A, Abf, W, C kc.DevicePtr
+	sizes        []int64
+	ptrs         []*kc.DevicePtr
+}
+
+// TuneGEMM implements backend.GEMMTuner: on random data of the shape, the
+// default choice's output is the reference; every candidate runs once
+// (rejected if it fails or differs by more than the tolerance, relative),
+// then reps times between CUDA events; the fastest median wins (the
+// default among them, so a choice is never slower than the default as
+// measured).
+func (b *Backend) TuneGEMM(t backend.GEMMTune) (backend.GEMMChoice, error) {
+	if t.Rows < 1 || t.N < 1 || t.K < 1 {
+		return backend.GEMMChoice{}, fmt.Errorf("cuda: tuning a %d×%d×%d GEMM", t.Rows, t.N, t.K)
+	}
+	switch t.Kind {
+	case kindF32BF16W, kindF32F32W, kindBF16BF16W:
+	default:
+		return backend.GEMMChoice{}, fmt.Errorf("cuda: no GEMM kind %q (%s, %s or %s)", t.Kind, kindF32BF16W, kindF32F32W, kindBF16BF16W)
+	}
+	if t.Reps < 1 {
+		t.Reps = 3
+	}
+	if t.MaxLibAlgos < 1 {
+		t.MaxLibAlgos = 8
+	}
+	var res backend.GEMMChoice
+	err := b.dev.Do(func() error {
+		var err error
+		res, err = b.tune(t)
+		return err
+	})
+	return res, err
+}
+
+func (b *Backend) tune(t backend.GEMMTune) (backend.GEMMChoice, error) {
+	dev := b.dev
+	M, N, K := t.Rows, t.N, t.K
+	bfW, bfA := t.Kind != kindF32F32W, t.Kind == kindBF16BF16W
+	r := rand.New(rand.NewPCG(uint64(N)*131+uint64(K), uint64(M)))
+	x := make([]float32, M*K)
+	w := make([]float32, N*K)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	for i := range w {
+		w[i] = float32(r.NormFloat64() / math.Sqrt(float64(K)))
+	}
+	var bufs tuneBufs
+	defer func() {
+		for i, p := range bufs.ptrs {
+			dev.Free(*p, bufs.sizes[i])
+		}
+	}()
+	alloc := func(p *kc.DevicePtr, n int64) error {
+		q, err := dev.Alloc(n)
+		if err != nil {
+			return err
+		}
+		*p = q
+		bufs.ptrs, bufs.sizes = append(bufs.ptrs, p), append(bufs.sizes, n)
+		return nil
+	}
+	wsz := int64(4)
+	if bfW {
+		wsz = 2
+	}
+	for _, a := range []struct {
+		p *kc.DevicePtr
+		n int64
+	}{{&bufs.A, 4 * int64(M*K)}, {&bufs.Abf, 2 * int64(M*K)}, {&bufs.W, wsz * int64(N*K)}, {&bufs.C, 4 * int64(M*N)}} {
+		if err := alloc(a.p, a.n); err != nil {
+			return backend.GEMMChoice{}, err
+		}
+	}
+	if err := dev.Upload(bufs.A, unsafe.Pointer(unsafe.SliceData(x)), 4*int64(len(x))); err != nil {
+		return backend.GEMMChoice{}, err
+	}
+	if bfW {
+		wb := make([]uint16, len(w))
+		gemm.Float32sToBF16(wb, w)
+		if err := dev.Upload(bufs.W, unsafe.Pointer(unsafe.SliceData(wb)), 2*int64(len(wb))); err != nil {
+			return backend.GEMMChoice{}, err
+		}
+	} else if err := dev.Upload(bufs.W, unsafe.Pointer(unsafe.SliceData(w)), 4*int64(len(w))); err != nil {
+		return backend.GEMMChoice{}, err
+	}
+	// what the binding runs for a choice, the activation cast included
+	run := func(ch gemmChoice) error {
+		if ch.lib() {
+			A := bufs.A
+			if bfA {
+				ca := kc.ToBF16Args{X: bufs.A, Out: bufs.Abf, N: int64(M * K)}
+				if err := kc.Launch(dev, "glmf_to_bf16", blocks(int64(M*K)), block256, 0, &ca); err != nil {
+					return err
+				}
+				A = bufs.Abf
+			}
+			return libGemm(dev, ch, bfA, M, N, K, A, K, bufs.W, bufs.C, N)
+		}
+		a := kc.GemmArgs{A: bufs.A, Lda: int64(K), W: bufs.W, WBf16: b2i(bfW), M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: b2i(bfA)}
+		a.Out[0], a.Ow[0] = bufs.C, int64(N)
+		return launchOwn(dev, &a, 1, ch)
+	}
+	out := make([]float32, M*N)
+	result := func() ([]float32, error) {
+		err := dev.Download(unsafe.Pointer(unsafe.SliceData(out)), bufs.C, 4*int64(len(out)))
+		return out, err
+	}
+	e0, err := dev.NewEvent()
+	if err != nil {
+		return backend.GEMMChoice{}, err
+	}
+	defer dev.DestroyEvent(e0)
+	e1, err := dev.NewEvent()
+	if err != nil {
+		return backend.GEMMChoice{}, err
+	}
+	defer dev.DestroyEvent(e1)
+	measure := func(ch gemmChoice) (int64, error) {
+		var ts []float64
+		for range t.Reps {
+			if err := dev.RecordEvent(e0); err != nil {
+				return 0, err
+			}
+			if err := run(ch); err != nil {
+				return 0, err
+			}
+			if err := dev.RecordEvent(e1); err != nil {
+				return 0, err
+			}
+			ms, err := dev.ElapsedKeep(e0, e1)
+			if err != nil {
+				return 0, err
+			}
+			ts = append(ts, ms)
+		}
+		sort.Float64s(ts)
+		return int64(ts[len(ts)/2] * 1e6), nil
+	}
+	// the reference: the default choice
+	def := planGEMM(nil, t.Kind, M).ch
+	if err := run(def); err != nil {
+		return backend.GEMMChoice{}, fmt.Errorf("the default GEMM (%s): %w", def, err)
+	}
+	got, err := result()
+	if err != nil {
+		return backend.GEMMChoice{}, err
+	}
+	ref := append([]float32(nil), got...)
+	defNs, err := measure(def)
+	if err != nil {
+		return backend.GEMMChoice{}, err
+	}
+	res := backend.GEMMChoice{Kernel: def.String(), Name: "default (" + def.String() + ")", DefaultNs: defNs, TunedNs: defNs, Measured: 1}
+	var cands []gemmChoice
+	for _, c := range b.GEMMCandidates(t.Kind, M) {
+		if c == "lt" {
+			algos, err := dev.LtAlgos(kc.LtSpec{M: M, N: N, K: K, Lda: K, Ldw: K, Ldc: N, BF16: bfA}, t.MaxLibAlgos)
+			if err != nil {
+				return backend.GEMMChoice{}, err
+			}
+			for _, a := range algos {
+				cands = append(cands, gemmChoice{kind: chLt, algo: a})
+			}
+			continue
+		}
+		ch, err := parseChoice(c)
+		if err != nil {
+			return backend.GEMMChoice{}, err
+		}
+		if ch != def {
+			cands = append(cands, ch)
+		}
+	}
+	for _, ch := range cands {
+		res.Measured++
+		if ch.kind == chLt && dev.LtCheck(kc.LtSpec{M: M, N: N, K: K, Lda: K, Ldw: K, Ldc: N, BF16: bfA}, ch.algo) != nil {
+			res.Rejected++ // libGemm would fall back to cuBLAS: not this candidate
+			continue
+		}
+		if err := run(ch); err != nil {
+			res.Rejected++
+			continue
+		}
+		got, err := result()
+		if err != nil {
+			return backend.GEMMChoice{}, err
+		}
+		if maxRel(got, ref) > t.Tolerance {
+			res.Rejected++
+			continue
+		}
+		ns, err := measure(ch)
+		if err != nil {
+			return backend.GEMMChoice{}, err
+		}
+		if ns < res.TunedNs {
+			res.TunedNs, res.Kernel, res.Name = ns, ch.String(), ch.String()
+			if ch.kind == chLt {
+				res.Name = "cuBLASLt " + dev.LtName(ch.algo)
+			}
+		}
+	}
+	return res, nil
+}
+
+// maxRel is the largest |a−b|/(1+|b|).
+func maxRel(a, b []float32) float64 {
+	m := 0.0
+	for i := range a {
+		d := math.Abs(float64(a[i])-float64(b[i])) / (1 + math.Abs(float64(b[i])))
+		if math.IsNaN(d) {
+			return math.Inf(1)
+		}
+		m = math.Max(m, d)
+	}
+	return m
+}
