@@ -49,6 +49,18 @@ func TestEvalFailsWhenToleranceIsTooTight(t *testing.T) {
 	require.ErrorContains(t, err, "exceed --tol")
 }
 
+// An MTP reference (the MTP fixture) runs the trunk and the MTP layer: the
+// table has the MTP columns, and a tolerance too tight fails naming them.
+func TestEvalRunsMTPReference(t *testing.T) {
+	const mtp = "../../testdata/glm5next-tiny-mtp"
+	out, err := runCLI(t, "eval", "--model", mtp+"/checkpoint", "--reference", mtp+"/reference.safetensors", "--tol", "1e-4")
+	require.NoError(t, err)
+	require.Contains(t, out, "mtp logits")
+	require.Contains(t, out, "all 3 MTP cases within")
+	_, err = runCLI(t, "eval", "--model", mtp+"/checkpoint", "--reference", mtp+"/reference.safetensors", "--tol", "1e-9")
+	require.ErrorContains(t, err, "MTP cases exceed --tol")
+}
+
 func TestGenerateIsDeterministic(t *testing.T) {
 	args := []string{"generate", "--model", fixture + "/checkpoint", "--prompt-ids", "5,6,7", "--max-tokens", "6", "--temperature", "0.8", "--sample-seed", "3"}
 	a, err := runCLI(t, args...)

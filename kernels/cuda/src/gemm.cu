@@ -172,27 +172,6 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
 // work grows and too few threads run: the skinny kernel below takes those.
 // grid = (ceil(N/COL_THREADS), 1, groups).
 #define COL_THREADS 64
-#define COL_GROUP 8
-
-// col_accum8 adds the products of 8 weights (one 16-byte load of bf16) at
-// k..k+7 to the rows' sums, in ascending k.
-DEVFN void col_accum8(const GemmArgs& a, const float* A, i64 M, i64 k, uint4 q, double* acc) {
-  float w[8];
-  unsigned u[4] = {q.x, q.y, q.z, q.w};
-  for (int j = 0; j < 4; j++) {
-    w[2 * j] = __uint_as_float(u[j] << 16);
-    w[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
-  }
-  for (int m = 0; m < 2; m++) {
-    if (m >= M) break;
-    const float* ar = A + m * a.lda + k;
-    for (int j = 0; j < 8; j++) {
-      float x = ar[j];
-      if (a.a_round) x = bf16_round(x);
-      acc[m] += (double)x * (double)w[j];
-    }
-  }
-}
 KERNEL(glmf_gemm_col, GemmArgs) {
   i64 g = blockIdx.z;
   i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -204,18 +183,25 @@ KERNEL(glmf_gemm_col, GemmArgs) {
   i64 M = a.M, K = a.K;
   i64 k = 0;
   if (a.w_bf16 && K % 8 == 0 && ((u64)(W + c * K * 2) & 15) == 0) {
-    // COL_GROUP 16-byte loads in flight while the previous group is summed
-    // (the sums are a serial chain per output; the loads must not be)
     const uint4* wr = (const uint4*)(W + c * K * 2);
-    i64 nv = K / 8, v = 0;
-    uint4 cur[COL_GROUP], nxt[COL_GROUP];
-    for (int j = 0; j < COL_GROUP; j++) cur[j] = j < nv ? wr[j] : make_uint4(0, 0, 0, 0);
-    for (; v < nv; v += COL_GROUP) {
-      for (int j = 0; j < COL_GROUP; j++) nxt[j] = v + COL_GROUP + j < nv ? wr[v + COL_GROUP + j] : make_uint4(0, 0, 0, 0);
-      for (int j = 0; j < COL_GROUP && v + j < nv; j++) col_accum8(a, A, M, (v + j) * 8, cur[j], acc);
-      for (int j = 0; j < COL_GROUP; j++) cur[j] = nxt[j];
+    for (; k < K; k += 8) {
+      uint4 q = wr[k / 8];
+      float w[8];
+      unsigned u[4] = {q.x, q.y, q.z, q.w};
+      for (int j = 0; j < 4; j++) {
+        w[2 * j] = __uint_as_float(u[j] << 16);
+        w[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+      }
+      for (int m = 0; m < 2; m++) {
+        if (m >= M) break;
+        const float* ar = A + m * a.lda + k;
+        for (int j = 0; j < 8; j++) {
+          float x = ar[j];
+          if (a.a_round) x = bf16_round(x);
+          acc[m] += (double)x * (double)w[j];
+        }
+      }
     }
-    k = K;
   }
   for (; k < K; k++) {
     float w = ldw(W, c * K + k, a.w_bf16);
