@@ -18,6 +18,7 @@
 #   passes-all.*        every pass against every pass but one (.txt, .json)
 #   tuning/             the tuning table(s) prefill-autotune measured (configs/tuning/cuda-*.json)
 #   summary.txt         what ran, how long, what failed
+# With DEST set, all of it is also packed into $DEST/gpu-campaign.tgz (one file to bring back).
 # Knobs (for a dry run elsewhere, e.g. on the CUDA emulator with a shrunk study): STUDY, PRESET,
 # PB_BATCH, PB_STEPS, PB_ROUNDS, PB_PROMPT, STEPS (default "tests study passes"), GLMFLASH.
 set -uo pipefail
@@ -71,5 +72,8 @@ cp configs/tuning/cuda-*.json "$OUT/tuning/" 2>/dev/null || log "no CUDA tuning 
 [ -f "$OUT/campaign.txt" ] && tail -n 60 "$OUT/campaign.txt" >>"$OUT/summary.txt"
 for f in "$OUT"/passes-*.txt; do [ -f "$f" ] && cat "$f" >>"$OUT/summary.txt"; done
 log "done in $(($(date +%s) - t0)) s (status $status)"
+if [ -n "${DEST:-}" ]; then # one file to bring back (the device tool returns few files)
+	mkdir -p "$DEST" && tar czf "$DEST/gpu-campaign.tgz" -C "$OUT" . && cp "$OUT/summary.txt" "$DEST/campaign-summary.txt"
+fi
 cat "$OUT/summary.txt"
 exit $status
