@@ -1,6 +1,7 @@
 package cuda_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -157,7 +158,14 @@ func TestNormsAndElementwiseMatchCPU(t *testing.T) {
 func TestMHCMatchesCPU(t *testing.T) {
 	d := openDevice(t)
 	r := rand.New(rand.NewPCG(13, 14))
-	T, H, D := 5, 4, 96
+	// hc_mult 4: one full group of 24 mixing rows; 5: a full group and a
+	// partial one (35 rows)
+	for _, c := range []struct{ T, H, D int }{{5, 4, 96}, {3, 5, 64}} {
+		t.Run(fmt.Sprintf("H%d", c.H), func(t *testing.T) { mhcMatchesCPU(t, d, r, c.T, c.H, c.D) })
+	}
+}
+
+func mhcMatchesCPU(t *testing.T, d *kc.Device, r *rand.Rand, T, H, D int) {
 	mix := (2 + H) * H
 	fn, base, scale := randn(r, mix*H*D, 0.05), randn(r, mix, 0.5), []float32{0.9, 1.1, 1.3}
 	fb, ff := toBF16(fn)

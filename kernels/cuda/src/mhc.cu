@@ -8,6 +8,12 @@
 // refuses larger hc_mult).
 #define MHC_MAX_H 16
 #define MHC_MAX_MIX ((2 + MHC_MAX_H) * MHC_MAX_H)
+// Mixing rows a block sums at once (hc_mult 4 has (2+4)·4 = 24), rows
+// reduced at once (MHC_ROWS is a multiple), and the most threads a block
+// has.
+#define MHC_ROWS 24
+#define MHC_RED 8
+#define MHC_MAX_THREADS 256
 
 struct MHCParams {
   const void* fn; i64 fn_bf16;        // [(2+H)·H][H·D]
@@ -65,7 +71,7 @@ DEVFN void mhc_mapping(const MHCParams& p, const float* m, float* pre, float* po
 }
 
 // mhc_pre_row: one token's pre over its streams x [H·D], by the block
-// (256 threads): h [D], post [H], comb [H·H].
+// (at most 256 threads): h [D], post [H], comb [H·H].
 DEVFN void mhc_pre_row(const MHCParams& p, const float* x, float* h, float* post, float* comb) {
   __shared__ float m_s[MHC_MAX_MIX];
   __shared__ float pre_s[MHC_MAX_H];
@@ -76,14 +82,49 @@ DEVFN void mhc_pre_row(const MHCParams& p, const float* x, float* h, float* post
   for (i64 i = threadIdx.x; i < HD; i += blockDim.x) ss += x[i] * x[i];
   ss = block_sum(ss);
   float r = (float)(1.0 / sqrt((double)(ss / (float)HD + (float)p.norm_eps)));
+  // The mixing logits m = fn·x: each thread sums its k (k ≡ tid mod the
+  // block) for MHC_ROWS rows at once, so MHC_ROWS independent weight loads
+  // are in flight per k (a row per warp kept every load on one serial
+  // chain: about 70 µs per token on an H200); the block then adds the
+  // threads' partial sums per row. Products are exact in double (float ×
+  // bf16), sums in double, rounded once.
+  __shared__ double part_s[MHC_RED][MHC_MAX_THREADS];
   int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-  for (i64 i = warp; i < mix; i += nw) {
-    double d = 0;
-    for (i64 k = lane; k < HD; k += 32) d += (double)x[k] * (double)ldw(p.fn, i * HD + k, p.fn_bf16);
-    d = warp_sum_d(d);
-    if (lane == 0) m_s[i] = (float)d * r;
+  for (i64 i0 = 0; i0 < mix; i0 += MHC_ROWS) {
+    i64 nr = mix - i0 < MHC_ROWS ? mix - i0 : MHC_ROWS;
+    double acc[MHC_ROWS];  // registers: every index below is a constant after unrolling
+#pragma unroll
+    for (int j = 0; j < MHC_ROWS; j++) acc[j] = 0;
+    if (nr == MHC_ROWS) {
+      for (i64 k = threadIdx.x; k < HD; k += blockDim.x) {
+        double xv = (double)x[k];
+#pragma unroll
+        for (int j = 0; j < MHC_ROWS; j++) acc[j] += xv * (double)ldw(p.fn, (i0 + j) * HD + k, p.fn_bf16);
+      }
+    } else {
+      for (i64 k = threadIdx.x; k < HD; k += blockDim.x) {
+        double xv = (double)x[k];
+#pragma unroll
+        for (int j = 0; j < MHC_ROWS; j++)
+          if (j < nr) acc[j] += xv * (double)ldw(p.fn, (i0 + j) * HD + k, p.fn_bf16);
+      }
+    }
+    // the threads' partial sums, MHC_RED rows at a time through shared
+    // memory, a warp per row
+#pragma unroll
+    for (int g = 0; g < MHC_ROWS; g += MHC_RED) {
+#pragma unroll
+      for (int j = 0; j < MHC_RED; j++) part_s[j][threadIdx.x] = acc[g + j];
+      __syncthreads();
+      for (int j = warp; j < MHC_RED; j += nw) {
+        double d = 0;
+        for (int l = lane; l < (int)blockDim.x; l += 32) d += part_s[j][l];
+        d = warp_sum_d(d);
+        if (lane == 0 && g + j < nr) m_s[i0 + g + j] = (float)d * r;
+      }
+      __syncthreads();
+    }
   }
-  __syncthreads();
   mhc_mapping(p, m_s, pre_s, post_s, comb_s);  // ends with a barrier
   for (i64 i = threadIdx.x; i < H; i += blockDim.x) post[i] = post_s[i];
   for (i64 i = threadIdx.x; i < H * H; i += blockDim.x) comb[i] = comb_s[i];
