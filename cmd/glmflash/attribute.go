@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -19,8 +20,30 @@ import (
 	"golang.org/x/term"
 )
 
-// gitCommit returns the checkout's short commit, or "unknown".
+// gitCommit is the commit the binary was built from (Go's VCS stamp, or
+// the Makefile's -X main.revision), else the checkout's short commit, else
+// "unknown". The binary's own stamp comes first: a binary carried to
+// another machine runs in a working tree whose git state may be another.
 func gitCommit() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		var rev, mod string
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value[:min(7, len(s.Value))]
+			case "vcs.modified":
+				if s.Value == "true" {
+					mod = "-dirty"
+				}
+			}
+		}
+		if rev != "" {
+			return rev + mod
+		}
+	}
+	if revision != "" {
+		return revision
+	}
 	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
 	if err != nil {
 		return "unknown"
