@@ -86,7 +86,23 @@ func Pick(logits []float32, p Params, u float64) int {
 	if p.Temperature == 0 {
 		return Argmax(logits)
 	}
-	idx := make([]int, len(logits))
+	idx, pr, total := kept(logits, p)
+	u *= total
+	for i, v := range pr {
+		u -= v
+		if u <= 0 {
+			return idx[i]
+		}
+	}
+	return idx[len(idx)-1]
+}
+
+// kept is the sampling rule's kept tokens for p (temperature > 0): ids by
+// logit (ties lower id first) cut to top_k, then by min_p and top_p, with
+// their probabilities at the temperature (normalised over the top_k tokens)
+// and the kept mass.
+func kept(logits []float32, p Params) (idx []int, pr []float64, total float64) {
+	idx = make([]int, len(logits))
 	for i := range idx {
 		idx[i] = i
 	}
@@ -96,7 +112,7 @@ func Pick(logits []float32, p Params, u float64) int {
 		n = p.TopK
 	}
 	mx := float64(logits[idx[0]])
-	pr := make([]float64, 0, n)
+	pr = make([]float64, 0, n)
 	var sum float64
 	for _, i := range idx[:n] {
 		e := math.Exp((float64(logits[i]) - mx) / p.Temperature)
@@ -122,18 +138,10 @@ func Pick(logits []float32, p Params, u float64) int {
 			}
 		}
 	}
-	var total float64
 	for _, v := range pr[:n] {
 		total += v
 	}
-	u *= total
-	for i, v := range pr[:n] {
-		u -= v
-		if u <= 0 {
-			return idx[i]
-		}
-	}
-	return idx[n-1]
+	return idx[:n], pr[:n], total
 }
 
 // Dist returns the distribution Pick draws from for p: the kept token ids
@@ -147,51 +155,12 @@ func Dist(logits []float32, p Params) ([]int, []float64) {
 	if p.Temperature == 0 {
 		return []int{Argmax(logits)}, []float64{1}
 	}
-	idx := make([]int, len(logits))
-	for i := range idx {
-		idx[i] = i
-	}
-	sort.SliceStable(idx, func(a, b int) bool { return logits[idx[a]] > logits[idx[b]] })
-	n := len(idx)
-	if p.TopK > 0 && p.TopK < n {
-		n = p.TopK
-	}
-	mx := float64(logits[idx[0]])
-	pr := make([]float64, 0, n)
-	var sum float64
-	for _, i := range idx[:n] {
-		e := math.Exp((float64(logits[i]) - mx) / p.Temperature)
-		pr = append(pr, e)
-		sum += e
-	}
-	for i := range pr {
-		pr[i] /= sum
-	}
-	if p.MinP > 0 {
-		cut := p.MinP * pr[0]
-		for n > 1 && pr[n-1] < cut {
-			n--
-		}
-	}
-	if p.TopP < 1 {
-		var c float64
-		for i := 0; i < n; i++ {
-			c += pr[i]
-			if c >= p.TopP {
-				n = i + 1
-				break
-			}
-		}
-	}
-	var total float64
-	for _, v := range pr[:n] {
-		total += v
-	}
-	out := make([]float64, n)
-	for i, v := range pr[:n] {
+	idx, pr, total := kept(logits, p)
+	out := make([]float64, len(pr))
+	for i, v := range pr {
 		out[i] = v / total
 	}
-	return idx[:n], out
+	return idx, out
 }
 
 // TokenLogprob is one alternative token and its log-probability.
