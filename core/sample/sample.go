@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"sync"
 )
 
 // Params choose the sampling rule. Temperature 0 means greedy.
@@ -86,7 +87,9 @@ func Pick(logits []float32, p Params, u float64) int {
 	if p.Temperature == 0 {
 		return Argmax(logits)
 	}
-	idx, pr, total := kept(logits, p)
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	idx, pr, total := kept(logits, p, sc)
 	u *= total
 	for i, v := range pr {
 		u -= v
@@ -97,12 +100,25 @@ func Pick(logits []float32, p Params, u float64) int {
 	return idx[len(idx)-1]
 }
 
+// scratch is kept's working memory (a vocabulary's ids and
+// probabilities), pooled so that sampling a row allocates nothing in the
+// steady state.
+type scratch struct {
+	idx []int
+	pr  []float64
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
 // kept is the sampling rule's kept tokens for p (temperature > 0): ids by
 // logit (ties lower id first) cut to top_k, then by min_p and top_p, with
 // their probabilities at the temperature (normalised over the top_k tokens)
-// and the kept mass.
-func kept(logits []float32, p Params) (idx []int, pr []float64, total float64) {
-	idx = make([]int, len(logits))
+// and the kept mass. The slices are sc's: valid until sc is reused.
+func kept(logits []float32, p Params, sc *scratch) (idx []int, pr []float64, total float64) {
+	if cap(sc.idx) < len(logits) {
+		sc.idx = make([]int, len(logits))
+	}
+	idx = sc.idx[:len(logits)]
 	for i := range idx {
 		idx[i] = i
 	}
@@ -112,7 +128,7 @@ func kept(logits []float32, p Params) (idx []int, pr []float64, total float64) {
 		n = p.TopK
 	}
 	mx := float64(logits[idx[0]])
-	pr = make([]float64, 0, n)
+	pr = sc.pr[:0]
 	var sum float64
 	for _, i := range idx[:n] {
 		e := math.Exp((float64(logits[i]) - mx) / p.Temperature)
@@ -141,6 +157,7 @@ func kept(logits []float32, p Params) (idx []int, pr []float64, total float64) {
 	for _, v := range pr[:n] {
 		total += v
 	}
+	sc.pr = pr
 	return idx[:n], pr[:n], total
 }
 
@@ -155,12 +172,12 @@ func Dist(logits []float32, p Params) ([]int, []float64) {
 	if p.Temperature == 0 {
 		return []int{Argmax(logits)}, []float64{1}
 	}
-	idx, pr, total := kept(logits, p)
-	out := make([]float64, len(pr))
-	for i, v := range pr {
-		out[i] = v / total
+	var sc scratch // the ids are returned: not pooled
+	idx, pr, total := kept(logits, p, &sc)
+	for i := range pr {
+		pr[i] /= total
 	}
-	return idx, out
+	return idx, pr
 }
 
 // TokenLogprob is one alternative token and its log-probability.
