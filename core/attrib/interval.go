@@ -81,7 +81,7 @@ func (iv Interval) Effect() float64 { return iv.Ratio - 1 }
 // HalfWidth is half the interval's width on the ratio scale (0.01 =
 // ±1 percentage point); +Inf when there is no interval.
 func (iv Interval) HalfWidth() float64 {
-	if iv.Method == MethodNone || iv.Method == "" {
+	if !iv.Defined() {
 		return math.Inf(1)
 	}
 	return (iv.Hi - iv.Lo) / 2

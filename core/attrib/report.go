@@ -288,17 +288,19 @@ func (r *Result) WriteMarkdown(path string, s *Summary, charts []string) error {
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
-const readingIntervals = `
+// readingIntervals explains the intervals; its round counts are the
+// method's (MinBootstrapRounds).
+var readingIntervals = fmt.Sprintf(`
 ## How to read the intervals
 
 Every number below compares two arms measured back to back in the same round. A round's ratio
 is arm/reference; the figure shown is the geometric mean of the rounds' ratios minus 1, and
-[lo, hi] its 95% confidence interval: a bootstrap over the paired rounds (expanded percentile)
-from 6 rounds on, Student's t on the log ratios with 2–5 rounds, none with 1 ("too few
+[lo, hi] its 95%% confidence interval: a bootstrap over the paired rounds (expanded percentile)
+from %d rounds on, Student's t on the log ratios with 2–%d rounds, none with 1 ("too few
 rounds"). **A tie is an interval that contains 0**; an effect whose interval excludes 0 is a
-gain or a loss at 95% confidence. The A/A arm (the baseline against itself) shows how large a
+gain or a loss at 95%% confidence. The A/A arm (the baseline against itself) shows how large a
 difference the machine's noise alone produces.
-`
+`, MinBootstrapRounds, MinBootstrapRounds-1)
 
 func (r *Result) mdGapTable(b *strings.Builder, s *Summary, metric, head string) {
 	b.WriteString(head)

@@ -127,6 +127,40 @@ type Summary struct {
 	Target     float64           `json:"target_half_width,omitempty"`
 	// Device says whether device counters and device time were measured.
 	Device bool `json:"device_measured"`
+	// ivs holds every interval computed for the summary (IntervalRecords
+	// reads them back instead of bootstrapping again).
+	ivs *intervals
+}
+
+// geomeanCell names the geometric mean over cells among intervals.
+const geomeanCell = "geomean"
+
+// intervals computes a study's paired intervals once each: a comparison
+// (num/den) on one cell or on geomeanCell, by one metric.
+type intervals struct {
+	r     *Result
+	ix    roundsOf
+	cells []string
+	memo  map[[4]string]Interval
+}
+
+func newIntervals(r *Result, cells []string) *intervals {
+	return &intervals{r: r, ix: index(r.Rows), cells: cells, memo: map[[4]string]Interval{}}
+}
+
+func (v *intervals) get(num, den, cell, metric string) Interval {
+	k := [4]string{num, den, cell, metric}
+	if iv, ok := v.memo[k]; ok {
+		return iv
+	}
+	var iv Interval
+	if cell == geomeanCell {
+		iv = v.r.geo(v.ix, num, den, metric, v.cells)
+	} else {
+		iv = v.r.interval(v.ix, num, den, cell, metric)
+	}
+	v.memo[k] = iv
+	return iv
 }
 
 // roundsOf indexes a study's rows: arm → cell → round → row.
@@ -251,7 +285,9 @@ func (r *Result) Summarize() *Summary {
 	for _, row := range r.Rows {
 		sum.Device = sum.Device || row.PerStep != nil
 	}
-	ix := index(r.Rows)
+	ivs := newIntervals(r, sum.Cells)
+	sum.ivs = ivs
+	ix := ivs.ix
 	for _, a := range r.Arms {
 		sum.PerCell[a.Name] = map[string]*CellSummary{}
 		as := ArmSummary{Arm: a.Name, Kind: a.Kind, Subject: a.Subject, Fired: r.Info[a.Name].Fired, Hash: r.Info[a.Name].ConfigHash}
@@ -288,12 +324,12 @@ func (r *Result) Summarize() *Summary {
 				ratios = append(ratios, math.Exp(d))
 			}
 			cs.Ratio = stat(ratios)
-			cs.Interval = r.interval(ix, a.Name, "baseline", cn, MetricWall)
+			cs.Interval = ivs.get(a.Name, "baseline", cn, MetricWall)
 			cs.Gap = cs.Interval.Effect()
 			if sum.Device && len(dtps) > 0 {
 				st := stat(dtps)
 				cs.DeviceTokensPerS = &st
-				iv := r.interval(ix, a.Name, "baseline", cn, MetricDevice)
+				iv := ivs.get(a.Name, "baseline", cn, MetricDevice)
 				cs.DeviceInterval = &iv
 			}
 			as.Parity += cs.Parity
@@ -303,10 +339,10 @@ func (r *Result) Summarize() *Summary {
 				sum.BaselineSpread[cn] = cs.TokensPerS.Spread
 			}
 		}
-		as.Geo = r.geo(ix, a.Name, "baseline", MetricWall, sum.Cells)
+		as.Geo = ivs.get(a.Name, "baseline", geomeanCell, MetricWall)
 		as.GeoGap = as.Geo.Effect()
 		if sum.Device {
-			iv := r.geo(ix, a.Name, "baseline", MetricDevice, sum.Cells)
+			iv := ivs.get(a.Name, "baseline", geomeanCell, MetricDevice)
 			as.DeviceGeo = &iv
 		}
 		if a.Kind == KindAA {
@@ -338,11 +374,11 @@ func (r *Result) Summarize() *Summary {
 		if c.HasLOO {
 			c.LeaveOneOut = map[string]Interval{}
 			for _, cn := range sum.Cells {
-				c.LeaveOneOut[cn] = r.interval(ix, "all", "-"+p.Name, cn, MetricWall)
+				c.LeaveOneOut[cn] = ivs.get("all", "-"+p.Name, cn, MetricWall)
 			}
-			c.GeoLeaveOneOut = r.geo(ix, "all", "-"+p.Name, MetricWall, sum.Cells)
+			c.GeoLeaveOneOut = ivs.get("all", "-"+p.Name, geomeanCell, MetricWall)
 			if sum.Device {
-				iv := r.geo(ix, "all", "-"+p.Name, MetricDevice, sum.Cells)
+				iv := ivs.get("all", "-"+p.Name, geomeanCell, MetricDevice)
 				c.DeviceGeoLeaveOneOut = &iv
 			}
 		}
@@ -351,9 +387,9 @@ func (r *Result) Summarize() *Summary {
 			for _, cn := range sum.Cells {
 				c.AddOneIn[cn] = sum.PerCell["+"+p.Name][cn].Interval
 			}
-			c.GeoAddOneIn = r.geo(ix, "+"+p.Name, "baseline", MetricWall, sum.Cells)
+			c.GeoAddOneIn = ivs.get("+"+p.Name, "baseline", geomeanCell, MetricWall)
 			if sum.Device {
-				iv := r.geo(ix, "+"+p.Name, "baseline", MetricDevice, sum.Cells)
+				iv := ivs.get("+"+p.Name, "baseline", geomeanCell, MetricDevice)
 				c.DeviceGeoAddOneIn = &iv
 			}
 		}
@@ -379,7 +415,10 @@ type IntervalRecord struct {
 
 // IntervalRecords lists every interval the summary holds.
 func (r *Result) IntervalRecords(s *Summary) []IntervalRecord {
-	ix := index(r.Rows)
+	ivs := s.ivs
+	if ivs == nil {
+		ivs = newIntervals(r, s.Cells)
+	}
 	kinds := map[string]string{}
 	for _, a := range r.Arms {
 		kinds[a.Name] = a.Kind
@@ -397,10 +436,10 @@ func (r *Result) IntervalRecords(s *Summary) []IntervalRecord {
 		for _, m := range metrics {
 			for _, cn := range s.Cells {
 				out = append(out, IntervalRecord{Study: r.Study.Name, Comparison: c[0], Kind: kind, Numerator: c[1], Denominator: c[2], Cell: cn, Metric: m,
-					Interval: r.interval(ix, c[1], c[2], cn, m)})
+					Interval: ivs.get(c[1], c[2], cn, m)})
 			}
-			out = append(out, IntervalRecord{Study: r.Study.Name, Comparison: c[0], Kind: kind, Numerator: c[1], Denominator: c[2], Cell: "geomean", Metric: m,
-				Interval: r.geo(ix, c[1], c[2], m, s.Cells)})
+			out = append(out, IntervalRecord{Study: r.Study.Name, Comparison: c[0], Kind: kind, Numerator: c[1], Denominator: c[2], Cell: geomeanCell, Metric: m,
+				Interval: ivs.get(c[1], c[2], geomeanCell, m)})
 		}
 	}
 	return out
