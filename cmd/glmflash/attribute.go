@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -25,21 +24,11 @@ import (
 // "unknown". The binary's own stamp comes first: a binary carried to
 // another machine runs in a working tree whose git state may be another.
 func gitCommit() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		var rev, mod string
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				rev = s.Value[:min(7, len(s.Value))]
-			case "vcs.modified":
-				if s.Value == "true" {
-					mod = "-dirty"
-				}
-			}
+	if rev, _, modified := buildRevision(); rev != "" {
+		if modified {
+			return rev[:min(7, len(rev))] + "-dirty"
 		}
-		if rev != "" {
-			return rev + mod
-		}
+		return rev[:min(7, len(rev))]
 	}
 	if revision != "" {
 		return revision

@@ -51,6 +51,26 @@ func newRoot() *cobra.Command {
 // VCS stamping is off (GOFLAGS=-buildvcs=false, git worktrees).
 var revision string
 
+// buildRevision is the VCS revision the binary was built from and whether
+// the tree had changes (Go's build stamp); rev is empty without a stamp.
+func buildRevision() (rev, when string, modified bool) {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "", "", false
+	}
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		case "vcs.time":
+			when = s.Value
+		}
+	}
+	return rev, when, modified
+}
+
 // version is the module version and VCS revision the binary was built
 // from (Go's build information).
 func version() string {
@@ -59,22 +79,14 @@ func version() string {
 		return "unknown"
 	}
 	v := bi.Main.Version
-	var rev, modified, when string
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				modified = "+modified"
-			}
-		case "vcs.time":
-			when = s.Value
-		}
-	}
+	rev, when, modified := buildRevision()
 	switch {
 	case rev != "":
-		v += fmt.Sprintf(" (%s%s, %s)", rev[:min(12, len(rev))], modified, when)
+		mod := ""
+		if modified {
+			mod = "+modified"
+		}
+		v += fmt.Sprintf(" (%s%s, %s)", rev[:min(12, len(rev))], mod, when)
 	case revision != "":
 		v += " (" + revision + ")"
 	}
