@@ -59,15 +59,6 @@ func (r *Rollback) Check(pos0, n int) error {
 	return nil
 }
 
-// RecordKDA stores layer l's conv window and recurrent state after the
-// token at position pos (≥ Base).
-func (r *Rollback) RecordKDA(l, pos int, conv, state []float32) {
-	i := pos - r.Base
-	nc, ns := len(conv), len(state)
-	copy(r.conv[l][i*nc:(i+1)*nc], conv)
-	copy(r.state[l][i*ns:(i+1)*ns], state)
-}
-
 // RecordKDAConv stores layer l's conv window after position pos.
 func (r *Rollback) RecordKDAConv(l, pos int, conv []float32) {
 	n := len(conv)
@@ -138,13 +129,6 @@ func (s *Store) SetRollbackDepth(depth int) error {
 	defer s.mu.Unlock()
 	s.depth = depth
 	return nil
-}
-
-// RollbackDepth is the most positions a checkpoint can take back.
-func (s *Store) RollbackDepth() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.depth
 }
 
 // NewStore makes a store with max slots holding the state of the given

@@ -25,7 +25,7 @@ type Device struct {
 	ctx    uintptr
 	stream uintptr
 	mod    uintptr
-	funcs  map[string]uintptr
+	funcs  map[string]kernelFn
 	blasH  uintptr
 	ltH    uintptr
 
@@ -38,7 +38,6 @@ type Device struct {
 	mu       sync.Mutex
 	closed   bool
 	launches atomic.Int64
-	replays  atomic.Int64
 	syncs    atomic.Int64
 	live     atomic.Int64 // bytes allocated through Alloc
 
@@ -109,7 +108,7 @@ func Open(idx int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{drv: drv, blas: blas, idx: int32(idx), funcs: map[string]uintptr{}, Emulated: drv.emulated}
+	d := &Device{drv: drv, blas: blas, idx: int32(idx), funcs: map[string]kernelFn{}, Emulated: drv.emulated}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := d.init(); err != nil {
@@ -183,9 +182,15 @@ func (d *Device) loadModule() error {
 		if err := d.drv.check("cuModuleGetFunction("+k+")", d.drv.cuModuleGetFunction(&f, d.mod, &name[0])); err != nil {
 			return err
 		}
-		d.funcs[k] = f
+		d.funcs[k] = kernelFn{f: f, idx: d.kernelIndex(k)}
 	}
 	return nil
+}
+
+// kernelFn is a loaded kernel and its counter index (one lookup a launch).
+type kernelFn struct {
+	f   uintptr
+	idx int
 }
 
 // release frees what init made (called with the context current).
@@ -247,21 +252,11 @@ func (d *Device) do(fn func() error, closing bool) error {
 // times the host waited for the device.
 func (d *Device) Launches() int64 { return d.launches.Load() }
 
-// Replays counts CUDA graph launches.
-func (d *Device) Replays() int64 { return d.replays.Load() }
-
 // Syncs counts host waits for the device.
 func (d *Device) Syncs() int64 { return d.syncs.Load() }
 
 // Live is the device memory currently allocated through Alloc.
 func (d *Device) Live() int64 { return d.live.Load() }
-
-// MemInfo returns the device's free and total memory.
-func (d *Device) MemInfo() (free, total int64, err error) {
-	var f, t uint64
-	err = d.drv.check("cuMemGetInfo", d.drv.cuMemGetInfo(&f, &t))
-	return int64(f), int64(t), err
-}
 
 // Alloc allocates n bytes of device memory (at least 1).
 func (d *Device) Alloc(n int64) (DevicePtr, error) {
@@ -336,7 +331,7 @@ type Dim3 struct{ X, Y, Z uint32 }
 
 // launch starts kernel name with the argument struct at args.
 func (d *Device) launch(name string, grid, block Dim3, smem int, args unsafe.Pointer) error {
-	f, ok := d.funcs[name]
+	k, ok := d.funcs[name]
 	if !ok {
 		return fmt.Errorf("cuda: no kernel %s in the module", name)
 	}
@@ -356,10 +351,14 @@ func (d *Device) launch(name string, grid, block Dim3, smem int, args unsafe.Poi
 		return nil // nothing to do
 	}
 	params := [1]unsafe.Pointer{args}
-	r := d.drv.cuLaunchKernel(f, grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z, uint32(smem), d.stream, unsafe.Pointer(&params[0]), nil)
+	r := d.drv.cuLaunchKernel(k.f, grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z, uint32(smem), d.stream, unsafe.Pointer(&params[0]), nil)
 	runtime.KeepAlive(args)
-	d.counted(name)
-	return d.drv.check("cuLaunchKernel("+name+")", r)
+	d.launches.Add(1)
+	d.runs[k.idx]++
+	if r != 0 {
+		return d.drv.check("cuLaunchKernel("+name+")", r)
+	}
+	return nil
 }
 
 // Launch starts kernel name with args (a pointer to one of the generated
@@ -472,8 +471,6 @@ func (d *Device) Elapsed(a, b Event) (float64, error) {
 // replayed with one call.
 type Graph struct {
 	exec, g uintptr
-	// Kernels is how many kernel launches the graph replays.
-	Kernels int64
 	// perKernel is what one replay runs, by kernel index.
 	perKernel []int64
 }
@@ -517,12 +514,11 @@ func (d *Device) Capture(fn func() error) (*Graph, error) {
 		d.drv.cuGraphDestroy(g)
 		return nil, err
 	}
-	return &Graph{exec: exec, g: g, Kernels: kernels, perKernel: per}, nil
+	return &Graph{exec: exec, g: g, perKernel: per}, nil
 }
 
 // Replay launches a graph on the stream.
 func (d *Device) Replay(gr *Graph) error {
-	d.replays.Add(1)
 	d.launches.Add(1)
 	for i, n := range gr.perKernel {
 		d.runs[i] += n

@@ -17,7 +17,6 @@ const EmulatorEnv = "GLMFLASH_CUDA_EMULATOR"
 // driver holds the CUDA driver API entry points glmflash calls.
 type driver struct {
 	cuInit                      func(flags uint32) int32
-	cuDriverGetVersion          func(v *int32) int32
 	cuDeviceGetCount            func(n *int32) int32
 	cuDeviceGet                 func(d *int32, ordinal int32) int32
 	cuDeviceGetName             func(name *byte, n int32, d int32) int32
@@ -26,14 +25,11 @@ type driver struct {
 	cuDevicePrimaryCtxRetain    func(ctx *uintptr, d int32) int32
 	cuDevicePrimaryCtxRelease   func(d int32) int32
 	cuCtxSetCurrent             func(ctx uintptr) int32
-	cuCtxSynchronize            func() int32
 	cuModuleLoadData            func(mod *uintptr, image *byte) int32
 	cuModuleUnload              func(mod uintptr) int32
 	cuModuleGetFunction         func(f *uintptr, mod uintptr, name *byte) int32
-	cuFuncSetAttribute          func(f uintptr, attr int32, v int32) int32
 	cuMemAlloc                  func(p *uint64, n uint64) int32
 	cuMemFree                   func(p uint64) int32
-	cuMemGetInfo                func(free, total *uint64) int32
 	cuMemcpyHtoDAsync           func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) int32
 	cuMemcpyDtoHAsync           func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) int32
 	cuMemcpyDtoDAsync           func(dst, src uint64, n uint64, s uintptr) int32
@@ -133,13 +129,13 @@ func loadDriver() (*driver, error) {
 		return nil, fmt.Errorf("no NVIDIA driver: libcuda.so.1 could not be loaded (%v); install the NVIDIA driver or use --device cpu", err)
 	}
 	err = bind(lib, "the NVIDIA driver (libcuda)", map[string]any{
-		"cuInit": &d.cuInit, "cuDriverGetVersion": &d.cuDriverGetVersion, "cuDeviceGetCount": &d.cuDeviceGetCount,
+		"cuInit": &d.cuInit, "cuDeviceGetCount": &d.cuDeviceGetCount,
 		"cuDeviceGet": &d.cuDeviceGet, "cuDeviceGetName": &d.cuDeviceGetName, "cuDeviceGetAttribute": &d.cuDeviceGetAttribute,
 		"cuDeviceTotalMem_v2": &d.cuDeviceTotalMem, "cuDevicePrimaryCtxRetain": &d.cuDevicePrimaryCtxRetain,
 		"cuDevicePrimaryCtxRelease_v2": &d.cuDevicePrimaryCtxRelease, "cuCtxSetCurrent": &d.cuCtxSetCurrent,
-		"cuCtxSynchronize": &d.cuCtxSynchronize, "cuModuleLoadData": &d.cuModuleLoadData, "cuModuleUnload": &d.cuModuleUnload,
-		"cuModuleGetFunction": &d.cuModuleGetFunction, "cuFuncSetAttribute": &d.cuFuncSetAttribute,
-		"cuMemAlloc_v2": &d.cuMemAlloc, "cuMemFree_v2": &d.cuMemFree, "cuMemGetInfo_v2": &d.cuMemGetInfo,
+		"cuModuleLoadData": &d.cuModuleLoadData, "cuModuleUnload": &d.cuModuleUnload,
+		"cuModuleGetFunction": &d.cuModuleGetFunction,
+		"cuMemAlloc_v2":       &d.cuMemAlloc, "cuMemFree_v2": &d.cuMemFree,
 		"cuMemcpyHtoDAsync_v2": &d.cuMemcpyHtoDAsync, "cuMemcpyDtoHAsync_v2": &d.cuMemcpyDtoHAsync,
 		"cuMemcpyDtoDAsync_v2": &d.cuMemcpyDtoDAsync, "cuMemsetD32Async": &d.cuMemsetD32Async,
 		"cuLaunchKernel": &d.cuLaunchKernel, "cuStreamCreate": &d.cuStreamCreate, "cuStreamDestroy_v2": &d.cuStreamDestroy,

@@ -98,7 +98,7 @@ func (b *Backend) Close() error { return nil }
 
 // Compile binds every step of p.
 func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
-	prog := &Program{plan: p, opts: b.opts, pool: map[int][][]float32{}, bf16s: map[*ir.Value][]uint16{}}
+	prog := &Program{plan: p, opts: b.opts, pool: map[int][][]float32{}}
 	for _, n := range p.Steps {
 		f, ok := bindings[n.Op]
 		if !ok {

@@ -18,7 +18,6 @@ type Program struct {
 	steps []step
 	mu    sync.Mutex
 	pool  map[int][][]float32 // free float buffers by capacity
-	bf16s map[*ir.Value][]uint16
 
 	runs, deviceReads, fusedMHC atomic.Int64
 }

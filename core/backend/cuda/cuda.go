@@ -394,9 +394,6 @@ func (s *Store) layer(l int) layerState {
 	return s.layers[l]
 }
 
-// MaxPositions is the tokens a slot can hold.
-func (s *Store) MaxPositions() int { return s.maxPos }
-
 // Alloc reserves a free slot and clears its KDA states on the device.
 func (s *Store) Alloc() (int, error) {
 	s.mu.Lock()
@@ -465,9 +462,6 @@ func (s *Store) advance(slot, n int) {
 	s.lens[slot] += n
 	s.mu.Unlock()
 }
-
-// RollbackDepth is the most positions a checkpoint can take back.
-func (s *Store) RollbackDepth() int { return s.depth }
 
 // spanState returns, for a batch's slots, their open checkpoints' positions
 // and saved selections' positions (−1: none).

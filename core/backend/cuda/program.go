@@ -47,8 +47,9 @@ type Program struct {
 	runs, deviceReads, fusedMHC, launches, syncs, lengthSyncs, replays, captures, kernels, deviceNs atomic.Int64
 
 	// kernelRuns counts the program's kernel executions by the device's
-	// kernel index (graph replays included); snap is scratch for it.
-	kernelRuns, snap []int64
+	// kernel index (graph replays included); snap and now are scratch for
+	// it (the device's counters before and after a run).
+	kernelRuns, snap, now []int64
 	// evStart, evEnd time every step on the device.
 	evStart, evEnd kc.Event
 	// usesLt: some GEMM runs a tuned cuBLASLt algorithm (its workspace is
@@ -56,12 +57,14 @@ type Program struct {
 	usesLt bool
 }
 
-// graphKey is what a captured graph depends on: the batch's token and
-// sequence counts and whether it samples. Positions, tokens, slots and
-// sampling parameters are read from device buffers at fixed addresses.
+// graphKey is what a captured graph depends on: the batch's token,
+// sequence and logits-row counts (R differs from T and S under span
+// logits: a verify span keeps all its rows, a prompt chunk beside it one)
+// and whether it samples. Positions, tokens, slots and sampling parameters
+// are read from device buffers at fixed addresses.
 type graphKey struct {
-	T, S   int
-	sample bool
+	T, S, R int
+	sample  bool
 }
 
 // DefaultGraphMaxTokens bounds the batches captured into CUDA graphs when
@@ -90,7 +93,7 @@ func (p *Program) graphKey(pr *backend.Prepared) (graphKey, bool) {
 	if max < 0 || p.b.opts.ProfileOps || !p.plan.HostLengths || captures || pr.T > max {
 		return graphKey{}, false
 	}
-	k := graphKey{T: pr.T, S: len(pr.Spans), sample: pr.Sample != nil}
+	k := graphKey{T: pr.T, S: len(pr.Spans), R: pr.Rows(), sample: pr.Sample != nil}
 	if _, ok := p.graphs[k]; !ok && len(p.graphs) >= maxGraphs {
 		return k, false
 	}
@@ -252,7 +255,8 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 		res, err = p.execute(pr, store, ckpt, share)
 		p.launches.Add(dev.Launches() - l0)
 		p.syncs.Add(dev.Syncs() - s0)
-		now := dev.KernelRuns(nil)
+		p.now = dev.KernelRuns(p.now)
+		now := p.now
 		for len(p.kernelRuns) < len(now) {
 			p.kernelRuns = append(p.kernelRuns, 0)
 		}
