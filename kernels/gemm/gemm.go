@@ -21,6 +21,7 @@
 package gemm
 
 import (
+	"math"
 	"unsafe"
 
 	"github.com/glmflash/glmflash/kernels/parallel"
@@ -298,4 +299,20 @@ func Axpy(y []float32, a float32, x []float32) {
 	for i := range y {
 		y[i] += a * x[i]
 	}
+}
+
+// MaxRelDiff is the largest |a[i]−b[i]| / (1+|b[i]|): how far a GEMM
+// candidate's output a is from the reference b (autotuning rejects a
+// candidate beyond its tolerance). A NaN anywhere gives +Inf, never a
+// pass.
+func MaxRelDiff(a, b []float32) float64 {
+	m := 0.0
+	for i := range a {
+		d := math.Abs(float64(a[i])-float64(b[i])) / (1 + math.Abs(float64(b[i])))
+		if math.IsNaN(d) {
+			return math.Inf(1)
+		}
+		m = math.Max(m, d)
+	}
+	return m
 }

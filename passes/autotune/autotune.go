@@ -13,7 +13,6 @@ package autotune
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -382,7 +381,7 @@ func (p *Pass) tune(N, K, T int, dt string) (Entry, error) {
 	best, bestNS := def, defNS
 	for _, c := range Candidates() {
 		ns := measure(c)
-		if maxRel(out, ref) > p.opts.Tolerance {
+		if gemm.MaxRelDiff(out, ref) > p.opts.Tolerance {
 			continue // rejected: differs from the default beyond tolerance
 		}
 		if ns < bestNS {
@@ -390,14 +389,6 @@ func (p *Pass) tune(N, K, T int, dt string) (Entry, error) {
 		}
 	}
 	return Entry{Op: "gemm", DType: dt, N: N, K: K, Bucket: T, ColGrain: best.ColGrain, RowBlock: best.RowBlock, DefaultNS: defNS, TunedNS: bestNS}, nil
-}
-
-func maxRel(a, b []float32) float64 {
-	m := 0.0
-	for i := range a {
-		m = math.Max(m, math.Abs(float64(a[i]-b[i]))/(1+math.Abs(float64(b[i]))))
-	}
-	return m
 }
 
 // weightDType is the GEMM flavour the executor will use for a weight:

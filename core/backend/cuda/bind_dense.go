@@ -99,20 +99,10 @@ func bindLayerNorm(p *Program, n *ir.Node) (*kstep, error) {
 // kernel rounding as it reads.
 func (p *Program) bf16Mode(W devTensor) bool { return p.b.opts.Precision == "bf16" && W.bf16 }
 
-// castBF16 rounds R rows of width K (row stride lda floats) to a bf16
-// buffer of R×K.
-func castBF16(rc *runCtx, x kc.DevicePtr, R, K, lda int, dst kc.DevicePtr) error {
-	if lda == K {
-		a := kc.ToBF16Args{X: x, Out: dst, N: int64(R * K)}
-		return kc.Launch(rc.dev, "glmf_to_bf16", blocks(int64(R*K)), block256, 0, &a)
-	}
-	for r := 0; r < R; r++ { // strided rows (never on the hot path: batched inputs are contiguous per group)
-		a := kc.ToBF16Args{X: x + kc.DevicePtr(4*r*lda), Out: dst + kc.DevicePtr(2*r*K), N: int64(K)}
-		if err := kc.Launch(rc.dev, "glmf_to_bf16", blocks(int64(K)), block256, 0, &a); err != nil {
-			return err
-		}
-	}
-	return nil
+// castBF16 rounds n contiguous floats at x to bf16 at dst.
+func castBF16(dev *kc.Device, x kc.DevicePtr, n int, dst kc.DevicePtr) error {
+	a := kc.ToBF16Args{X: x, Out: dst, N: int64(n)}
+	return kc.Launch(dev, "glmf_to_bf16", blocks(int64(n)), block256, 0, &a)
 }
 
 // skinnyMaxRows is the most rows the kernels for few rows take
@@ -165,7 +155,7 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 		if pl.lib {
 			A := rc.ptr(in[0])
 			if bf {
-				if err := castBF16(rc, A, M, K, K, rc.temps[0]); err != nil {
+				if err := castBF16(rc.dev, A, M*K, rc.temps[0]); err != nil {
 					return err
 				}
 				A = rc.temps[0]
@@ -215,7 +205,7 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 		}
 		tmp, A := rc.temps[0], rc.ptr(in[0])
 		if bf {
-			if err := castBF16(rc, A, M, K, K, rc.temps[1]); err != nil {
+			if err := castBF16(rc.dev, A, M*K, rc.temps[1]); err != nil {
 				return err
 			}
 			A = rc.temps[1]
@@ -255,7 +245,7 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 		if pl.lib {
 			A, esz := rc.ptr(in[0]), 4
 			if bf {
-				if err := castBF16(rc, A, M, G*K, G*K, rc.temps[0]); err != nil {
+				if err := castBF16(rc.dev, A, M*G*K, rc.temps[0]); err != nil {
 					return err
 				}
 				A, esz = rc.temps[0], 2

@@ -125,11 +125,15 @@ func (c gemmChoice) valid(kind string, rows int) bool {
 }
 
 // gemmKind is the kind of a GEMM over weight W in this program.
-func (p *Program) gemmKind(W devTensor) string {
+func (p *Program) gemmKind(W devTensor) string { return gemmKindOf(W.bf16, p.b.opts.Precision) }
+
+// gemmKindOf is the GEMM kind of weights kept in bf16 (or not) in a
+// precision.
+func gemmKindOf(bf16W bool, precision string) string {
 	switch {
-	case p.bf16Mode(W):
+	case bf16W && precision == "bf16":
 		return kindBF16BF16W
-	case W.bf16:
+	case bf16W:
 		return kindF32BF16W
 	}
 	return kindF32F32W

@@ -28,13 +28,7 @@ func (b *Backend) TunerInfo() backend.TunerInfo {
 // precision bf16 makes their GEMMs take bf16 activations.
 func (b *Backend) GEMMKind(weightDType string) string {
 	bf16 := !b.opts.FP32Weights && (weightDType == "BF16" || strings.HasPrefix(weightDType, "F8"))
-	switch {
-	case bf16 && b.opts.Precision == "bf16":
-		return kindBF16BF16W
-	case bf16:
-		return kindF32BF16W
-	}
-	return kindF32F32W
+	return gemmKindOf(bf16, b.opts.Precision)
 }
 
 // GEMMCandidates implements backend.GEMMTuner.
@@ -152,8 +146,7 @@ func (b *Backend) tune(t backend.GEMMTune) (backend.GEMMChoice, error) {
 		if ch.lib() {
 			A := bufs.A
 			if bfA {
-				ca := kc.ToBF16Args{X: bufs.A, Out: bufs.Abf, N: int64(M * K)}
-				if err := kc.Launch(dev, "glmf_to_bf16", blocks(int64(M*K)), block256, 0, &ca); err != nil {
+				if err := castBF16(dev, bufs.A, M*K, bufs.Abf); err != nil {
 					return err
 				}
 				A = bufs.Abf
@@ -249,7 +242,7 @@ func (b *Backend) tune(t backend.GEMMTune) (backend.GEMMChoice, error) {
 		if err != nil {
 			return backend.GEMMChoice{}, err
 		}
-		if maxRel(got, ref) > t.Tolerance {
+		if gemm.MaxRelDiff(got, ref) > t.Tolerance {
 			res.Rejected++
 			continue
 		}
@@ -265,17 +258,4 @@ func (b *Backend) tune(t backend.GEMMTune) (backend.GEMMChoice, error) {
 		}
 	}
 	return res, nil
-}
-
-// maxRel is the largest |a−b|/(1+|b|).
-func maxRel(a, b []float32) float64 {
-	m := 0.0
-	for i := range a {
-		d := math.Abs(float64(a[i])-float64(b[i])) / (1 + math.Abs(float64(b[i])))
-		if math.IsNaN(d) {
-			return math.Inf(1)
-		}
-		m = math.Max(m, d)
-	}
-	return m
 }
