@@ -33,11 +33,11 @@ func bindMoERoute(p *Program, n *ir.Node) (*kstep, error) {
 	if a.Bool("normalize") {
 		norm = 1
 	}
+	K, TG, scaling := int64(a.Int("topk", 0)), int64(a.Int("topk_group", 1)), float64(float32(a.Float("scaling", 1)))
 	return &kstep{run: func(rc *runCtx) error {
 		T := rc.rows(in[0])
 		args := kc.RouteArgs{Logits: rc.ptr(in[0]), Bias: bias.ptr, BiasBf16: bias.flag(), Idx: rc.ptr(outs[0]), W: rc.ptr(outs[1]),
-			T: int64(T), E: int64(E), K: int64(a.Int("topk", 0)), G: int64(G), TG: int64(a.Int("topk_group", 1)), Normalize: norm,
-			Scaling: float64(float32(a.Float("scaling", 1)))}
+			T: int64(T), E: int64(E), K: K, G: int64(G), TG: TG, Normalize: norm, Scaling: scaling}
 		return kc.Launch(rc.dev, "glmf_moe_route", kc.Dim3{X: uint32((T + 63) / 64)}, kc.Dim3{X: 64}, 0, &args)
 	}}, nil
 }

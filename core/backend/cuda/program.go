@@ -26,9 +26,10 @@ type kstep struct {
 // Program is a plan bound to CUDA kernels. Run calls are serialized (the
 // device lock serializes them with every other program on the GPU).
 type Program struct {
-	b      *Backend
-	plan   *plan.Plan
-	steps  []*kstep
+	b     *Backend
+	plan  *plan.Plan
+	steps []*kstep
+	stepFacts
 	consts map[*ir.Value]devTensor
 	mu     sync.Mutex
 
@@ -55,6 +56,14 @@ type Program struct {
 	// usesLt: some GEMM runs a tuned cuBLASLt algorithm (its workspace is
 	// allocated before any graph capture).
 	usesLt bool
+}
+
+// Facts of the program's steps, fixed at Compile (see shareReuse,
+// shareSave, kpools).
+type stepFacts struct {
+	shareExtra int
+	shareSaves bool
+	kpoolSizes []int
 }
 
 // graphKey is what a captured graph depends on: the batch's token,
@@ -142,6 +151,7 @@ func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
 		st.node = n
 		prog.steps = append(prog.steps, st)
 	}
+	prog.shareExtra, prog.shareSaves, prog.kpoolSizes = prog.shareReuse(), prog.shareSave(), prog.kpools()
 	return prog, nil
 }
 
@@ -239,7 +249,7 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 			return nil, fmt.Errorf("cuda: batch sequence %d (slot %d): the rollback record from position %d holds %d positions; %d more from position %d would pass it", i, s.Slot, ckpt[i], store.depth, s.N, s.Pos0)
 		}
 	}
-	if k := p.shareReuse(); k > 0 {
+	if k := p.shareExtra; k > 0 {
 		for i, s := range pr.Spans {
 			if share[i] < 0 || s.Pos0 <= share[i] || s.Pos0+s.N-1-share[i] > k {
 				return nil, fmt.Errorf("cuda: batch sequence %d (slot %d): no saved indexer selection to share for positions %d…%d (saved at %d, at most %d steps after it)", i, s.Slot, s.Pos0, s.Pos0+s.N-1, share[i], k)
@@ -278,7 +288,7 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 	for _, s := range pr.Spans {
 		store.advance(s.Slot, s.N)
 	}
-	if p.shareSave() {
+	if p.shareSaves {
 		pos := make([]int, len(pr.Spans))
 		for i, s := range pr.Spans {
 			pos[i] = s.Pos0 + s.N - 1
@@ -563,7 +573,7 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 	rc.ckpt, rc.sharePos, rc.spanRows = at(oCkpt), at(oShare), at(oSpanRows)
 	rc.meta = kc.BatchMeta{SeqSlot: at(oSlot), SeqPos0: at(oPos0), SeqN: at(oN), SeqRow0: at(oRow0), RowSeq: at(oRowSeq), RowPos: at(oRowPos), LastRow: at(oLast), S: int64(rc.S), T: int64(rc.T)}
 	gkey, graphed := p.graphKey(pr)
-	for _, kp := range p.kpools() {
+	for _, kp := range p.kpoolSizes {
 		if graphed { // a captured launch may not depend on positions: size by the store
 			rc.maxVisible[kp] = store.maxPos/kp + 1
 			continue
