@@ -408,6 +408,7 @@ func (c *Config) validateEngine() error {
 
 func (c *Config) validateServing() error {
 	m, s, r := c.Model, c.Server, c.Runtime
+	tlsErr := s.TLS.Validate("server.tls") // names its keys
 	switch {
 	case m.Dir != "" && m.Preset != "":
 		return keyErr("model", "model.dir and model.preset are mutually exclusive")
@@ -429,8 +430,8 @@ func (c *Config) validateServing() error {
 		return keyErr("server.max_connection_age", "must be ≥ 0, got %s", s.MaxConnectionAge)
 	case s.MaxConnectionAgeGrace < 0:
 		return keyErr("server.max_connection_age_grace", "must be ≥ 0, got %s", s.MaxConnectionAgeGrace)
-	case s.TLS.Validate("server.tls") != nil:
-		return s.TLS.Validate("server.tls") // names its keys
+	case tlsErr != nil:
+		return tlsErr
 	case r.Slots < 1:
 		return keyErr("runtime.slots", "must be ≥ 1, got %d", r.Slots)
 	case r.MaxRunning < 0:

@@ -24,6 +24,19 @@ type LoRATarget struct {
 	Layers  []int  // empty: all
 }
 
+// LoRAHit returns the first LoRA target that covers one of modules in
+// layer l.
+func (e *Env) LoRAHit(l int, modules ...string) (LoRATarget, bool) {
+	for _, t := range e.LoRA {
+		for _, m := range modules {
+			if t.Hits(m, l) {
+				return t, true
+			}
+		}
+	}
+	return LoRATarget{}, false
+}
+
 // Hits reports whether the target covers module name in layer l.
 func (t LoRATarget) Hits(module string, l int) bool {
 	if t.Module != module {

@@ -111,7 +111,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 			sites = append(sites, pass.Skip(where, l, "the gate or up projection has another reader"))
 		case quant(env, gate) != quant(env, up):
 			sites = append(sites, pass.Skip(where, l, "gate_proj is %s but up_proj is %s", quant(env, gate), quant(env, up)))
-		case loraHit(env, l, mod):
+		case hitsLoRA(env, l, "gate_proj", "up_proj", mod+".gate_proj", mod+".up_proj"):
 			sites = append(sites, pass.Skip(where, l, "a LoRA adapter targets gate_proj or up_proj"))
 		default:
 			sites = append(sites, pass.Site{Where: where, Layer: l, OK: true, Nodes: []*ir.Node{gate, up, n}, Data: &site{gate: gate, up: up, act: n}})
@@ -124,15 +124,9 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 // different kernels; a concatenation must not mix them).
 func quant(env *pass.Env, n *ir.Node) safetensors.DType { return env.WeightDType(n.Inputs[1].Ref) }
 
-func loraHit(env *pass.Env, l int, mod string) bool {
-	for _, t := range env.LoRA {
-		for _, p := range []string{"gate_proj", "up_proj", mod + ".gate_proj", mod + ".up_proj"} {
-			if t.Hits(p, l) {
-				return true
-			}
-		}
-	}
-	return false
+func hitsLoRA(env *pass.Env, l int, modules ...string) bool {
+	_, hit := env.LoRAHit(l, modules...)
+	return hit
 }
 
 // Apply implements pass.Pass.

@@ -58,7 +58,7 @@ func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site 
 	var sites []pass.Site
 	batch := g.Input(ir.InputBatch)
 	for _, n := range g.Nodes {
-		if !n.Def().ReadsLengths || n.Inputs[0].Producer == nil || n.Inputs[0].Producer.Op != ir.OpSeqLengths {
+		if !readsExecutorLengths(n) {
 			continue
 		}
 		where := fmt.Sprintf("layer %d %s", n.Layer, n.Op)
@@ -77,6 +77,12 @@ func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site 
 	return sites
 }
 
+// readsExecutorLengths says whether n's lengths (the ReadsLengths trait)
+// come from the executor's seq_lengths.
+func readsExecutorLengths(n *ir.Node) bool {
+	return n.Def().ReadsLengths && n.Inputs[0].Producer != nil && n.Inputs[0].Producer.Op == ir.OpSeqLengths
+}
+
 // Apply implements pass.Pass.
 func (*Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 	for _, s := range sites {
@@ -87,7 +93,7 @@ func (*Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 	removed := g.RemoveDead()
 	left := 0
 	for _, n := range g.Nodes {
-		if n.Def().ReadsLengths && n.Inputs[0].Producer != nil && n.Inputs[0].Producer.Op == ir.OpSeqLengths {
+		if readsExecutorLengths(n) {
 			left++
 		}
 	}

@@ -113,7 +113,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 			sites = append(sites, pass.Skip(where, l, "%d KDA heads not divisible by attention-TP size %d", heads, env.TP.Size))
 			continue
 		}
-		if t, hit := loraHit(env, l); hit {
+		if t, hit := env.LoRAHit(l, modules...); hit {
 			sites = append(sites, pass.Skip(where, l, "LoRA adapter %q targets %s", t.Adapter, t.Module))
 			continue
 		}
@@ -170,17 +170,6 @@ func mismatch(cls map[string]string, mods []string) string {
 		}
 	}
 	return "projections quantized differently"
-}
-
-func loraHit(env *pass.Env, l int) (pass.LoRATarget, bool) {
-	for _, t := range env.LoRA {
-		for _, m := range modules {
-			if t.Hits(m, l) {
-				return t, true
-			}
-		}
-	}
-	return pass.LoRATarget{}, false
 }
 
 // Apply implements pass.Pass.

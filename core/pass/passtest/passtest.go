@@ -135,18 +135,7 @@ func Explain(t testing.TB, cfg *model.Config, mode graph.Mode, reqs []pass.Reque
 		t.Fatal(err)
 	}
 	before := g.Text()
-	pl, err := pass.NewPipeline(reqs, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if env == nil {
-		env = pass.NewEnv(cfg, nil)
-	}
-	rep, err := pl.Run(g, env)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return g, rep, before
+	return g, RunOn(t, g, cfg, reqs, env), before
 }
 
 // TinyMTP opens the checkpoint of the MTP fixture glm5next-tiny-mtp (the
