@@ -67,6 +67,17 @@ const (
 	AttrTuneKind     = "tune_kind"
 )
 
+// TuneBucket is the index of the bucket a batch of rows rows uses: the
+// smallest bucket ≥ rows, else the largest (buckets ascending, not empty).
+func TuneBucket(buckets []int, rows int) int {
+	for j, b := range buckets {
+		if rows <= b {
+			return j
+		}
+	}
+	return len(buckets) - 1
+}
+
 // Well-known graph input and output names, shared by the graph builder, the
 // backends (which provide the inputs) and plugins.
 const (

@@ -179,13 +179,7 @@ func gemmParams(n *ir.Node) func(R int) gemm.Params {
 		return func(int) gemm.Params { return gemm.Default() }
 	}
 	return func(R int) gemm.Params {
-		i := len(bs) - 1
-		for j, b := range bs {
-			if R <= b {
-				i = j
-				break
-			}
-		}
+		i := ir.TuneBucket(bs, R)
 		return gemm.Params{ColGrain: cg[i], RowBlock: rb[i]}
 	}
 }

@@ -180,13 +180,7 @@ func (t *tunedGEMM) choose(kind string, rows int) gemmChoice {
 	if t == nil || len(t.buckets) == 0 {
 		return gemmChoice{}
 	}
-	i := len(t.buckets) - 1
-	for j, b := range t.buckets {
-		if rows <= b {
-			i = j
-			break
-		}
-	}
+	i := ir.TuneBucket(t.buckets, rows)
 	if t.choices[i].valid(kind, rows) {
 		return t.choices[i]
 	}
