@@ -149,8 +149,9 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 		sort.Strings(untunable)
 		sites = append(sites, pass.Skip("ops without the GEMM trait", -1, "no tunable kernel: %s", strings.Join(untunable, ", ")))
 	}
+	buckets := slices.Sorted(slices.Values(p.opts.Buckets))
 	for _, s := range order {
-		for _, b := range slices.Sorted(slices.Values(p.opts.Buckets)) {
+		for _, b := range buckets {
 			where := fmt.Sprintf("gemm %dx%d %s @ %d tokens", s.N, s.K, s.dt, b)
 			e, ok := table.Get("gemm", s.dt, s.N, s.K, b)
 			if !ok && p.opts.TuneAtStart {
@@ -255,8 +256,9 @@ func (p *Pass) eligibleDevice(g *ir.Graph, env *pass.Env) []pass.Site {
 		}
 	}
 	var sites []pass.Site
+	buckets := slices.Sorted(slices.Values(p.opts.Buckets))
 	for _, s := range order {
-		for _, b := range slices.Sorted(slices.Values(p.opts.Buckets)) {
+		for _, b := range buckets {
 			where := fmt.Sprintf("gemm %dx%d %s @ %d tokens", s.N, s.K, s.kind, b)
 			if c := t.GEMMCandidates(s.kind, b); len(c) < 2 {
 				sites = append(sites, pass.Skip(where, -1, "only one kernel (%s) runs this on %s: nothing to choose", strings.Join(c, ""), model))
@@ -395,15 +397,7 @@ func (p *Pass) tune(N, K, T int, dt string) (Entry, error) {
 // "bf16" when it comes from BF16 checkpoint tensors (stored as bf16 and
 // multiplied by the BF16 kernel), else "f32".
 func weightDType(w *ir.Value, env *pass.Env) string {
-	if w.Producer != nil {
-		for _, in := range w.Producer.Inputs {
-			if weightDType(in, env) != "bf16" {
-				return "f32"
-			}
-		}
-		return "bf16"
-	}
-	if w.Ref != "" && env.WeightDType(w.Ref) == safetensors.BF16 {
+	if checkpointDType(w, env) == safetensors.BF16.String() {
 		return "bf16"
 	}
 	return "f32"
