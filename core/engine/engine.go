@@ -244,8 +244,8 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 		}
 		env.Program = key.String()
 		env.Device = e.be.Name()
-		if t, ok := e.be.(backend.GEMMTuner); ok {
-			env.Tuner = tunerAdapter{t}
+		if t, ok := e.be.(ir.GEMMTuner); ok {
+			env.Tuner = t
 		}
 		rep, err := e.opts.Passes.Run(g, env)
 		if err != nil {
@@ -376,24 +376,4 @@ func (e *Engine) Execute(key Key, pr *backend.Prepared) (*backend.Result, error)
 func (e *Engine) HostLengths(key Key) bool {
 	p, err := e.Program(key)
 	return err == nil && p.Plan().HostLengths
-}
-
-// tunerAdapter hands a backend's GEMM tuner to the passes (which know no
-// backend types).
-type tunerAdapter struct{ t backend.GEMMTuner }
-
-func (a tunerAdapter) TunerInfo() (string, string, string) {
-	in := a.t.TunerInfo()
-	return in.Device, in.Model, in.Library
-}
-
-func (a tunerAdapter) GEMMKind(dt string) string { return a.t.GEMMKind(dt) }
-
-func (a tunerAdapter) GEMMCandidates(kind string, rows int) []string {
-	return a.t.GEMMCandidates(kind, rows)
-}
-
-func (a tunerAdapter) TuneGEMM(kind string, n, k, rows, reps int, tol float64) (pass.GEMMChoice, error) {
-	c, err := a.t.TuneGEMM(backend.GEMMTune{Kind: kind, N: n, K: k, Rows: rows, Reps: reps, Tolerance: tol})
-	return pass.GEMMChoice{Kernel: c.Kernel, Name: c.Name, DefaultNs: c.DefaultNs, TunedNs: c.TunedNs, Measured: c.Measured, Rejected: c.Rejected}, err
 }

@@ -71,32 +71,7 @@ type Env struct {
 	Device string
 	// Tuner measures GEMM kernel choices on Device when its backend can
 	// (nil elsewhere): prefill-autotune's measurements on a GPU.
-	Tuner GEMMTuner
-}
-
-// GEMMTuner measures a device backend's GEMM kernel choices (the engine
-// hands the backend's on; passes know no backend).
-type GEMMTuner interface {
-	// TunerInfo names the backend ("cuda"), the device model ("NVIDIA
-	// H200") and the library version choices depend on.
-	TunerInfo() (device, model, library string)
-	// GEMMKind names the GEMM flavour of a weight stored as weightDType
-	// ("BF16", "F32", "F8_E4M3").
-	GEMMKind(weightDType string) string
-	// GEMMCandidates lists the choices at rows rows ("lt" standing for the
-	// library's algorithms).
-	GEMMCandidates(kind string, rows int) []string
-	// TuneGEMM measures one shape and returns the fastest acceptable choice.
-	TuneGEMM(kind string, n, k, rows, reps int, tolerance float64) (GEMMChoice, error)
-}
-
-// GEMMChoice is a measured choice: the kernel string the backend reads
-// back, its description, the default's and its median times, candidates
-// measured and rejected (outputs beyond the tolerance).
-type GEMMChoice struct {
-	Kernel, Name       string
-	DefaultNs, TunedNs int64
-	Measured, Rejected int
+	Tuner ir.GEMMTuner
 }
 
 // NewEnv is the environment of a single-process engine for model m with

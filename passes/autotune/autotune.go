@@ -230,7 +230,8 @@ func (p *Pass) eligibleDevice(g *ir.Graph, env *pass.Env) []pass.Site {
 	if t == nil {
 		return []pass.Site{pass.Skip("device "+env.Device, -1, "no GEMM tuner for this device here (an engine on a device backend that measures its GEMMs provides one)")}
 	}
-	device, model, library := t.TunerInfo()
+	info := t.TunerInfo()
+	device, model, library := info.Device, info.Model, info.Library
 	if p.opts.GPU != "" {
 		model = p.opts.GPU
 	}
@@ -273,7 +274,7 @@ func (p *Pass) eligibleDevice(g *ir.Graph, env *pass.Env) []pass.Site {
 				}
 			}
 			if !ok && p.opts.TuneAtStart {
-				c, err := t.TuneGEMM(s.kind, s.N, s.K, b, p.opts.Reps, p.opts.Tolerance)
+				c, err := t.TuneGEMM(ir.GEMMTune{Kind: s.kind, N: s.N, K: s.K, Rows: b, Reps: p.opts.Reps, Tolerance: p.opts.Tolerance})
 				if err != nil {
 					sites = append(sites, pass.Skip(where, -1, "tuning failed: %v", err))
 					continue

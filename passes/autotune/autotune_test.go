@@ -136,20 +136,22 @@ type fakeTuner struct {
 	calls   int
 }
 
-func (f *fakeTuner) TunerInfo() (string, string, string) { return "cuda", "Fake GPU 9000", f.library }
-func (f *fakeTuner) GEMMKind(dt string) string           { return "f32a-" + strings.ToLower(dt) + "w" }
+func (f *fakeTuner) TunerInfo() ir.TunerInfo {
+	return ir.TunerInfo{Device: "cuda", Model: "Fake GPU 9000", Library: f.library}
+}
+func (f *fakeTuner) GEMMKind(dt string) string { return "f32a-" + strings.ToLower(dt) + "w" }
 func (f *fakeTuner) GEMMCandidates(kind string, rows int) []string {
 	if rows > 64 {
 		return []string{"tiled"}
 	}
 	return []string{"tiled", "lt"}
 }
-func (f *fakeTuner) TuneGEMM(kind string, n, k, rows, reps int, tol float64) (pass.GEMMChoice, error) {
+func (f *fakeTuner) TuneGEMM(t ir.GEMMTune) (ir.GEMMChoice, error) {
 	f.calls++
-	if rows == 8 {
-		return pass.GEMMChoice{Kernel: "lt:" + strings.Repeat("00", 64), Name: "cuBLASLt algo 0", DefaultNs: 10, TunedNs: 5, Measured: 3, Rejected: 1}, nil
+	if t.Rows == 8 {
+		return ir.GEMMChoice{Kernel: "lt:" + strings.Repeat("00", 64), Name: "cuBLASLt algo 0", DefaultNs: 10, TunedNs: 5, Measured: 3, Rejected: 1}, nil
 	}
-	return pass.GEMMChoice{Kernel: "tiled", Name: "tiled", DefaultNs: 10, TunedNs: 10, Measured: 2}, nil
+	return ir.GEMMChoice{Kernel: "tiled", Name: "tiled", DefaultNs: 10, TunedNs: 10, Measured: 2}, nil
 }
 
 // On a device backend the pass measures through the backend's tuner and

@@ -8,22 +8,22 @@ import (
 	"strings"
 	"unsafe"
 
-	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/ir"
 	kc "github.com/glmflash/glmflash/kernels/cuda"
 	"github.com/glmflash/glmflash/kernels/gemm"
 )
 
-// The CUDA backend is a backend.GEMMTuner: prefill-autotune measures its
+// The CUDA backend is a ir.GEMMTuner: prefill-autotune measures its
 // GEMM choices on the GPU with CUDA events.
-var _ backend.GEMMTuner = (*Backend)(nil)
+var _ ir.GEMMTuner = (*Backend)(nil)
 
-// TunerInfo implements backend.GEMMTuner: a table's choices belong to the
+// TunerInfo implements ir.GEMMTuner: a table's choices belong to the
 // GPU model and, for cuBLASLt algorithms, to the library version.
-func (b *Backend) TunerInfo() backend.TunerInfo {
-	return backend.TunerInfo{Device: "cuda", Model: b.dev.Name, Library: fmt.Sprintf("cuBLASLt %d", b.dev.LtVersion())}
+func (b *Backend) TunerInfo() ir.TunerInfo {
+	return ir.TunerInfo{Device: "cuda", Model: b.dev.Name, Library: fmt.Sprintf("cuBLASLt %d", b.dev.LtVersion())}
 }
 
-// GEMMKind implements backend.GEMMTuner: weights stored in BF16 or FP8
+// GEMMKind implements ir.GEMMTuner: weights stored in BF16 or FP8
 // (dequantized: bf16-exact) stay bf16 on the device unless FP32Weights;
 // precision bf16 makes their GEMMs take bf16 activations.
 func (b *Backend) GEMMKind(weightDType string) string {
@@ -31,7 +31,7 @@ func (b *Backend) GEMMKind(weightDType string) string {
 	return gemmKindOf(bf16, b.opts.Precision)
 }
 
-// GEMMCandidates implements backend.GEMMTuner.
+// GEMMCandidates implements ir.GEMMTuner.
 func (b *Backend) GEMMCandidates(kind string, rows int) []string {
 	var out []string
 	if rows <= kc.ColMaxRows {
@@ -59,20 +59,20 @@ type tuneBufs struct {
 	ptrs         []*kc.DevicePtr
 }
 
-// TuneGEMM implements backend.GEMMTuner: on random data of the shape, the
+// TuneGEMM implements ir.GEMMTuner: on random data of the shape, the
 // default choice's output is the reference; every candidate runs once
 // (rejected if it fails or differs by more than the tolerance, relative),
 // then reps times between CUDA events; the fastest median wins (the
 // default among them, so a choice is never slower than the default as
 // measured).
-func (b *Backend) TuneGEMM(t backend.GEMMTune) (backend.GEMMChoice, error) {
+func (b *Backend) TuneGEMM(t ir.GEMMTune) (ir.GEMMChoice, error) {
 	if t.Rows < 1 || t.N < 1 || t.K < 1 {
-		return backend.GEMMChoice{}, fmt.Errorf("cuda: tuning a %d×%d×%d GEMM", t.Rows, t.N, t.K)
+		return ir.GEMMChoice{}, fmt.Errorf("cuda: tuning a %d×%d×%d GEMM", t.Rows, t.N, t.K)
 	}
 	switch t.Kind {
 	case kindF32BF16W, kindF32F32W, kindBF16BF16W:
 	default:
-		return backend.GEMMChoice{}, fmt.Errorf("cuda: no GEMM kind %q (%s, %s or %s)", t.Kind, kindF32BF16W, kindF32F32W, kindBF16BF16W)
+		return ir.GEMMChoice{}, fmt.Errorf("cuda: no GEMM kind %q (%s, %s or %s)", t.Kind, kindF32BF16W, kindF32F32W, kindBF16BF16W)
 	}
 	if t.Reps < 1 {
 		t.Reps = 3
@@ -80,7 +80,7 @@ func (b *Backend) TuneGEMM(t backend.GEMMTune) (backend.GEMMChoice, error) {
 	if t.MaxLibAlgos < 1 {
 		t.MaxLibAlgos = 8
 	}
-	var res backend.GEMMChoice
+	var res ir.GEMMChoice
 	err := b.dev.Do(func() error {
 		var err error
 		res, err = b.tune(t)
@@ -89,7 +89,7 @@ func (b *Backend) TuneGEMM(t backend.GEMMTune) (backend.GEMMChoice, error) {
 	return res, err
 }
 
-func (b *Backend) tune(t backend.GEMMTune) (backend.GEMMChoice, error) {
+func (b *Backend) tune(t ir.GEMMTune) (ir.GEMMChoice, error) {
 	dev := b.dev
 	M, N, K := t.Rows, t.N, t.K
 	bfW, bfA := t.Kind != kindF32F32W, t.Kind == kindBF16BF16W
@@ -126,20 +126,20 @@ func (b *Backend) tune(t backend.GEMMTune) (backend.GEMMChoice, error) {
 		n int64
 	}{{&bufs.A, 4 * int64(M*K)}, {&bufs.Abf, 2 * int64(M*K)}, {&bufs.W, wsz * int64(N*K)}, {&bufs.C, 4 * int64(M*N)}} {
 		if err := alloc(a.p, a.n); err != nil {
-			return backend.GEMMChoice{}, err
+			return ir.GEMMChoice{}, err
 		}
 	}
 	if err := dev.Upload(bufs.A, unsafe.Pointer(unsafe.SliceData(x)), 4*int64(len(x))); err != nil {
-		return backend.GEMMChoice{}, err
+		return ir.GEMMChoice{}, err
 	}
 	if bfW {
 		wb := make([]uint16, len(w))
 		gemm.Float32sToBF16(wb, w)
 		if err := dev.Upload(bufs.W, unsafe.Pointer(unsafe.SliceData(wb)), 2*int64(len(wb))); err != nil {
-			return backend.GEMMChoice{}, err
+			return ir.GEMMChoice{}, err
 		}
 	} else if err := dev.Upload(bufs.W, unsafe.Pointer(unsafe.SliceData(w)), 4*int64(len(w))); err != nil {
-		return backend.GEMMChoice{}, err
+		return ir.GEMMChoice{}, err
 	}
 	// what the binding runs for a choice, the activation cast included
 	run := func(ch gemmChoice) error {
@@ -164,12 +164,12 @@ func (b *Backend) tune(t backend.GEMMTune) (backend.GEMMChoice, error) {
 	}
 	e0, err := dev.NewEvent()
 	if err != nil {
-		return backend.GEMMChoice{}, err
+		return ir.GEMMChoice{}, err
 	}
 	defer dev.DestroyEvent(e0)
 	e1, err := dev.NewEvent()
 	if err != nil {
-		return backend.GEMMChoice{}, err
+		return ir.GEMMChoice{}, err
 	}
 	defer dev.DestroyEvent(e1)
 	measure := func(ch gemmChoice) (int64, error) {
@@ -196,24 +196,24 @@ func (b *Backend) tune(t backend.GEMMTune) (backend.GEMMChoice, error) {
 	// the reference: the default choice
 	def := planGEMM(nil, t.Kind, M).ch
 	if err := run(def); err != nil {
-		return backend.GEMMChoice{}, fmt.Errorf("the default GEMM (%s): %w", def, err)
+		return ir.GEMMChoice{}, fmt.Errorf("the default GEMM (%s): %w", def, err)
 	}
 	got, err := result()
 	if err != nil {
-		return backend.GEMMChoice{}, err
+		return ir.GEMMChoice{}, err
 	}
 	ref := append([]float32(nil), got...)
 	defNs, err := measure(def)
 	if err != nil {
-		return backend.GEMMChoice{}, err
+		return ir.GEMMChoice{}, err
 	}
-	res := backend.GEMMChoice{Kernel: def.String(), Name: "default (" + def.String() + ")", DefaultNs: defNs, TunedNs: defNs, Measured: 1}
+	res := ir.GEMMChoice{Kernel: def.String(), Name: "default (" + def.String() + ")", DefaultNs: defNs, TunedNs: defNs, Measured: 1}
 	var cands []gemmChoice
 	for _, c := range b.GEMMCandidates(t.Kind, M) {
 		if c == "lt" {
 			algos, err := dev.LtAlgos(kc.LtSpec{M: M, N: N, K: K, Lda: K, Ldw: K, Ldc: N, BF16: bfA}, t.MaxLibAlgos)
 			if err != nil {
-				return backend.GEMMChoice{}, err
+				return ir.GEMMChoice{}, err
 			}
 			for _, a := range algos {
 				cands = append(cands, gemmChoice{kind: chLt, algo: a})
@@ -222,7 +222,7 @@ func (b *Backend) tune(t backend.GEMMTune) (backend.GEMMChoice, error) {
 		}
 		ch, err := parseChoice(c)
 		if err != nil {
-			return backend.GEMMChoice{}, err
+			return ir.GEMMChoice{}, err
 		}
 		if ch != def {
 			cands = append(cands, ch)
@@ -240,7 +240,7 @@ func (b *Backend) tune(t backend.GEMMTune) (backend.GEMMChoice, error) {
 		}
 		got, err := result()
 		if err != nil {
-			return backend.GEMMChoice{}, err
+			return ir.GEMMChoice{}, err
 		}
 		if gemm.MaxRelDiff(got, ref) > t.Tolerance {
 			res.Rejected++
@@ -248,7 +248,7 @@ func (b *Backend) tune(t backend.GEMMTune) (backend.GEMMChoice, error) {
 		}
 		ns, err := measure(ch)
 		if err != nil {
-			return backend.GEMMChoice{}, err
+			return ir.GEMMChoice{}, err
 		}
 		if ns < res.TunedNs {
 			res.TunedNs, res.Kernel, res.Name = ns, ch.String(), ch.String()

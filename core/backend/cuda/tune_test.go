@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/ir"
 	"github.com/stretchr/testify/require"
 )
 
@@ -45,7 +46,7 @@ func TestTuneGEMMChoosesAmongCandidates(t *testing.T) {
 		kind string
 		rows int
 	}{{kindF32F32W, 1}, {kindF32F32W, 16}, {kindF32BF16W, 1}, {kindF32BF16W, 24}} {
-		ch, err := b.TuneGEMM(backend.GEMMTune{Kind: c.kind, N: 40, K: 24, Rows: c.rows, Reps: 2, Tolerance: 1e-4})
+		ch, err := b.TuneGEMM(ir.GEMMTune{Kind: c.kind, N: 40, K: 24, Rows: c.rows, Reps: 2, Tolerance: 1e-4})
 		require.NoError(t, err)
 		t.Logf("%s at %d rows: %s (%s), %d ns against %d ns by default; %d measured, %d rejected", c.kind, c.rows, ch.Kernel, ch.Name, ch.TunedNs, ch.DefaultNs, ch.Measured, ch.Rejected)
 		_, err = parseChoice(ch.Kernel)
@@ -54,7 +55,7 @@ func TestTuneGEMMChoosesAmongCandidates(t *testing.T) {
 		require.Zero(t, ch.Rejected)
 		require.GreaterOrEqual(t, ch.Measured, 2)
 	}
-	_, err := b.TuneGEMM(backend.GEMMTune{Kind: "int8", N: 4, K: 4, Rows: 1})
+	_, err := b.TuneGEMM(ir.GEMMTune{Kind: "int8", N: 4, K: 4, Rows: 1})
 	require.ErrorContains(t, err, `no GEMM kind "int8"`)
 }
 
@@ -68,7 +69,7 @@ func TestTuneGEMMRejectsWrongCandidates(t *testing.T) {
 		t.Skip("the wrong algorithm is the emulator's")
 	}
 	for range 3 {
-		ch, err := b.TuneGEMM(backend.GEMMTune{Kind: kindF32F32W, N: 40, K: 24, Rows: 16, Reps: 1, Tolerance: 1e-4})
+		ch, err := b.TuneGEMM(ir.GEMMTune{Kind: kindF32F32W, N: 40, K: 24, Rows: 16, Reps: 1, Tolerance: 1e-4})
 		require.NoError(t, err)
 		require.Equal(t, 1, ch.Rejected)
 		c, err := parseChoice(ch.Kernel)
