@@ -663,21 +663,29 @@ func (rt *Scheduler) execute(pp Preparer, key engine.Key, pr *backend.Prepared) 
 // prompt this step completes, or a decode token); the others are greedy
 // placeholders the scheduler ignores.
 func (rt *Scheduler) sampleSpecsLocked(batch []item, all bool) []backend.SampleSpec {
-	var specs []backend.SampleSpec
+	specs := make([]backend.SampleSpec, 0, len(batch))
 	for _, it := range batch {
-		r := it.r
+		nrows := 1
 		if all {
-			for range len(it.tokens) - 1 {
-				specs = append(specs, backend.SampleSpec{Params: sample.Greedy()})
-			}
+			nrows = len(it.tokens)
 		}
-		if r.Score || r.killed || r.fed+len(it.tokens) < len(r.Prompt) {
-			specs = append(specs, backend.SampleSpec{Params: sample.Greedy()})
-			continue
-		}
-		specs = append(specs, backend.SampleSpec{Params: r.sampler.Params(), U: r.sampler.Draw(), TopLogprobs: r.TopLogprobs})
+		specs = appendSpecsLocked(specs, it.r, len(it.tokens), nrows)
 	}
 	return specs
+}
+
+// appendSpecsLocked appends the specs of one request's nrows logits rows
+// in a step that feeds it ntok tokens: greedy placeholders, then, for the
+// row that yields a token (the prompt's end or a decode token), the
+// request's sampling with a fresh draw.
+func appendSpecsLocked(specs []backend.SampleSpec, r *request, ntok, nrows int) []backend.SampleSpec {
+	for range nrows - 1 {
+		specs = append(specs, backend.SampleSpec{Params: sample.Greedy()})
+	}
+	if r.Score || r.killed || r.fed+ntok < len(r.Prompt) {
+		return append(specs, backend.SampleSpec{Params: sample.Greedy()})
+	}
+	return append(specs, backend.SampleSpec{Params: r.sampler.Params(), U: r.sampler.Draw(), TopLogprobs: r.TopLogprobs})
 }
 
 // positions are the batch's sequences' cached lengths as the scheduler
@@ -901,33 +909,47 @@ func (rt *Scheduler) collectLocked(batch []item, res *backend.Result, err error,
 			r.fed += len(it.tokens)
 			promptToks += len(it.tokens)
 			if r.Score {
-				if r.AllPositions {
-					r.logits = append(r.logits, res.Logits[it.row0*res.Vocab:(last+1)*res.Vocab]...)
-					r.rows += len(it.tokens)
-				}
-				if !r.prefilling() {
-					if !r.AllPositions {
-						r.logits = append(r.logits, res.Row(last)...)
-						r.rows = 1
-					}
-					rt.completeLocked(r, FinishScored, "")
-				}
+				rt.scoreChunkLocked(r, res, it.row0, last, len(it.tokens))
 				continue
 			}
 			if r.prefilling() {
 				continue // more prompt to run
 			}
 		}
-		pick := res.Samples[last]
-		if pick.Err != nil {
-			rt.completeLocked(r, FinishError, pick.Err.Error())
-			continue
+		if gen, _ := rt.emitPickLocked(r, res.Samples[last], now); gen {
+			genToks++
 		}
-		genToks++
-		rt.emitLocked(r, Token{ID: pick.Token, Index: r.generated, Logprob: pick.Logprob, Top: pick.Top}, now)
 	}
 	rt.met.Tokens(promptToks, genToks)
 	rt.reapLocked()
+}
+
+// scoreChunkLocked keeps what a Score request asked of a prompt chunk's
+// logits (rows row0..last for its n tokens: every row, or the prompt's
+// last) and finishes the request at the prompt's end.
+func (rt *Scheduler) scoreChunkLocked(r *request, res *backend.Result, row0, last, n int) {
+	if r.AllPositions {
+		r.logits = append(r.logits, res.Logits[row0*res.Vocab:(last+1)*res.Vocab]...)
+		r.rows += n
+	}
+	if !r.prefilling() {
+		if !r.AllPositions {
+			r.logits = append(r.logits, res.Row(last)...)
+			r.rows = 1
+		}
+		rt.completeLocked(r, FinishScored, "")
+	}
+}
+
+// emitPickLocked delivers the token a row's sample picked, or ends r with
+// the sampler's error: generated says whether a token was delivered, more
+// whether r goes on.
+func (rt *Scheduler) emitPickLocked(r *request, pick backend.Sample, now time.Time) (generated, more bool) {
+	if pick.Err != nil {
+		rt.completeLocked(r, FinishError, pick.Err.Error())
+		return false, false
+	}
+	return true, rt.emitLocked(r, Token{ID: pick.Token, Index: r.generated, Logprob: pick.Logprob, Top: pick.Top}, now)
 }
 
 // emitLocked delivers one generated token of r and ends r when the token

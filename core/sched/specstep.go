@@ -92,7 +92,7 @@ func (rt *Scheduler) specStep(batch []item) {
 		rows += it.nrows
 		ntok += len(it.tokens)
 		b.Seqs = append(b.Seqs, backend.Seq{Slot: r.slot, Tokens: it.tokens, LogitRows: it.nrows})
-		b.Sample = append(b.Sample, rt.specSamplesLocked(it)...)
+		b.Sample = appendSpecSamplesLocked(b.Sample, it)
 	}
 	rt.mu.Unlock()
 
@@ -145,27 +145,20 @@ func (rt *Scheduler) dropDrafting(batch []item, idx []int, err error) {
 	}
 }
 
-// specSamplesLocked returns an item's sampling specs, one per logits row.
+// appendSpecSamplesLocked appends an item's sampling specs, one per logits
+// row.
 // A verify span's rows carry greedy specs whose picks are the target's
 // argmax tokens (a sampled request's acceptance reads the logits instead
 // and draws its own randomness); a plain row that yields a token draws as
 // plain decoding does.
-func (rt *Scheduler) specSamplesLocked(it *item) []backend.SampleSpec {
-	r := it.r
-	specs := make([]backend.SampleSpec, 0, it.nrows)
+func appendSpecSamplesLocked(specs []backend.SampleSpec, it *item) []backend.SampleSpec {
 	if len(it.drafts) > 0 {
 		for range it.nrows {
-			specs = append(specs, backend.SampleSpec{Params: sample.Greedy(), TopLogprobs: r.TopLogprobs})
+			specs = append(specs, backend.SampleSpec{Params: sample.Greedy(), TopLogprobs: it.r.TopLogprobs})
 		}
 		return specs
 	}
-	for range it.nrows - 1 {
-		specs = append(specs, backend.SampleSpec{Params: sample.Greedy()})
-	}
-	if r.Score || r.killed || r.fed+len(it.tokens) < len(r.Prompt) {
-		return append(specs, backend.SampleSpec{Params: sample.Greedy()})
-	}
-	return append(specs, backend.SampleSpec{Params: r.sampler.Params(), U: r.sampler.Draw(), TopLogprobs: r.TopLogprobs})
+	return appendSpecsLocked(specs, it.r, len(it.tokens), it.nrows)
 }
 
 // collectSpecLocked turns a speculative step's results into tokens,
@@ -200,17 +193,7 @@ func (rt *Scheduler) collectSpecLocked(batch []item, res *backend.Result, err er
 			r.fed += len(it.tokens)
 			promptToks += len(it.tokens)
 			if r.Score {
-				if r.AllPositions {
-					r.logits = append(r.logits, res.Logits[it.row0*res.Vocab:(lastRow+1)*res.Vocab]...)
-					r.rows += len(it.tokens)
-				}
-				if !r.prefilling() {
-					if !r.AllPositions {
-						r.logits = append(r.logits, res.Row(lastRow)...)
-						r.rows = 1
-					}
-					rt.completeLocked(r, FinishScored, "")
-				}
+				rt.scoreChunkLocked(r, res, it.row0, lastRow, len(it.tokens))
 				continue
 			}
 			o.Tokens = it.tokens
@@ -219,24 +202,22 @@ func (rt *Scheduler) collectSpecLocked(batch []item, res *backend.Result, err er
 				break
 			}
 			pick := res.Samples[lastRow]
-			if pick.Err != nil {
-				rt.completeLocked(r, FinishError, pick.Err.Error())
-				continue
+			gen, more := rt.emitPickLocked(r, pick, now)
+			if gen {
+				genToks++
 			}
-			genToks++
-			if !rt.emitLocked(r, Token{ID: pick.Token, Index: r.generated, Logprob: pick.Logprob, Top: pick.Top}, now) {
+			if !more {
 				continue
 			}
 			o.Next = pick.Token
 		case len(it.drafts) == 0: // a decode token
 			r.cached++
 			pick := res.Samples[lastRow]
-			if pick.Err != nil {
-				rt.completeLocked(r, FinishError, pick.Err.Error())
-				continue
+			gen, more := rt.emitPickLocked(r, pick, now)
+			if gen {
+				genToks++
 			}
-			genToks++
-			if !rt.emitLocked(r, Token{ID: pick.Token, Index: r.generated, Logprob: pick.Logprob, Top: pick.Top}, now) {
+			if !more {
 				continue
 			}
 			o.Tokens, o.Next = it.tokens, pick.Token
