@@ -204,6 +204,14 @@ func (c *Config) QKHeadDim() int { return c.QKNopeHeadDim + c.QKRopeHeadDim }
 // KDAProjDim is the width of each KDA q/k/v projection, linear_num_heads × linear_head_dim.
 func (c *Config) KDAProjDim() int { return c.LinearNumHeads * c.LinearHeadDim }
 
+// KDAConvLen is the length of one KDA layer's short-conv window: the last
+// linear_conv_kernel_dim−1 positions of its q, k and v projections.
+func (c *Config) KDAConvLen() int { return 3 * c.KDAProjDim() * (c.LinearConvKernelDim - 1) }
+
+// KDAStateLen is the length of one KDA layer's recurrent state: a
+// linear_head_dim² matrix per head.
+func (c *Config) KDAStateLen() int { return c.LinearNumHeads * c.LinearHeadDim * c.LinearHeadDim }
+
 // HCMix is the length of the mHC mixing vector, (2+H)·H for H = hc_mult.
 func (c *Config) HCMix() int { return (2 + c.HCMult) * c.HCMult }
 

@@ -201,12 +201,20 @@ func (s *Store) Alloc() (int, error) {
 	return -1, fmt.Errorf("cache: all %d slots are in use", len(s.slots))
 }
 
+// allocatedLocked refuses a slot that is not allocated.
+func (s *Store) allocatedLocked(slot int) error {
+	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
+		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	return nil
+}
+
 // Free releases a slot.
 func (s *Store) Free(slot int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
-		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	if err := s.allocatedLocked(slot); err != nil {
+		return err
 	}
 	s.used[slot] = false
 	s.slots[slot].Rollback = nil
@@ -221,8 +229,8 @@ func (s *Store) Free(slot int) error {
 func (s *Store) Checkpoint(slot int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
-		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	if err := s.allocatedLocked(slot); err != nil {
+		return err
 	}
 	if s.depth < 1 {
 		return fmt.Errorf("cache: the store keeps no rollback records (its rollback depth is 0)")
@@ -265,8 +273,8 @@ func (s *Store) Checkpoint(slot int) error {
 func (s *Store) Truncate(slot, n int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
-		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	if err := s.allocatedLocked(slot); err != nil {
+		return err
 	}
 	q := s.slots[slot]
 	r := q.Rollback
@@ -316,8 +324,8 @@ func (s *Store) Truncate(slot, n int) error {
 func (s *Store) Len(slot int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
-		return 0, fmt.Errorf("cache: slot %d is not allocated", slot)
+	if err := s.allocatedLocked(slot); err != nil {
+		return 0, err
 	}
 	return s.slots[slot].Len, nil
 }
@@ -328,8 +336,8 @@ func (s *Store) Len(slot int) (int, error) {
 func (s *Store) Advance(slot, n int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
-		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	if err := s.allocatedLocked(slot); err != nil {
+		return err
 	}
 	s.slots[slot].Len += n
 	return nil
@@ -339,8 +347,8 @@ func (s *Store) Advance(slot, n int) error {
 func (s *Store) Seq(slot int) (*Seq, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
-		return nil, fmt.Errorf("cache: slot %d is not allocated", slot)
+	if err := s.allocatedLocked(slot); err != nil {
+		return nil, err
 	}
 	return s.slots[slot], nil
 }
@@ -352,9 +360,8 @@ func (s *Store) newSeq() *Seq {
 	for _, l := range s.layers {
 		switch {
 		case c.IsKDA(l):
-			P := c.KDAProjDim()
-			q.Conv[l] = make([]float32, 3*P*(c.LinearConvKernelDim-1))
-			q.State[l] = make([]float32, c.LinearNumHeads*c.LinearHeadDim*c.LinearHeadDim)
+			q.Conv[l] = make([]float32, c.KDAConvLen())
+			q.State[l] = make([]float32, c.KDAStateLen())
 		case c.IsDSA(l):
 			q.CKV[l] = []float32{}
 			if c.HasOwnIndexer(l) {
@@ -407,9 +414,7 @@ func LayerSlotBytes(cfg *model.Config, layers []int, tokens int) int64 {
 	var fixed, perToken int64
 	for _, l := range layers {
 		if cfg.IsKDA(l) {
-			P := int64(cfg.KDAProjDim())
-			fixed += 3 * P * int64(cfg.LinearConvKernelDim-1)
-			fixed += int64(cfg.LinearNumHeads) * int64(cfg.LinearHeadDim) * int64(cfg.LinearHeadDim)
+			fixed += int64(cfg.KDAConvLen() + cfg.KDAStateLen())
 			continue
 		}
 		perToken += int64(cfg.KVLoraRank)
@@ -425,8 +430,8 @@ func LayerSlotBytes(cfg *model.Config, layers []int, tokens int) int64 {
 func (s *Store) ReadState(slot int) (*Seq, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if slot < 0 || slot >= len(s.slots) || !s.used[slot] {
-		return nil, fmt.Errorf("cache: slot %d is not allocated", slot)
+	if err := s.allocatedLocked(slot); err != nil {
+		return nil, err
 	}
 	return s.slots[slot].Clone(), nil
 }
@@ -462,8 +467,7 @@ func RollbackSlotBytes(cfg *model.Config, layers []int, depth int) int64 {
 	var n int64
 	for _, l := range layers {
 		if cfg.IsKDA(l) {
-			P := int64(cfg.KDAProjDim())
-			n += int64(depth) * (3*P*int64(cfg.LinearConvKernelDim-1) + int64(cfg.LinearNumHeads)*int64(cfg.LinearHeadDim)*int64(cfg.LinearHeadDim))
+			n += int64(depth) * int64(cfg.KDAConvLen()+cfg.KDAStateLen())
 		} else if cfg.HasOwnIndexer(l) {
 			n += 2 * int64(cfg.IndexKPool-1+depth) * int64(cfg.IndexHeadDim)
 		}

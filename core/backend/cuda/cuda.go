@@ -296,9 +296,8 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 		for _, l := range layers {
 			ls := &s.layers[l]
 			if cfg.IsKDA(l) {
-				P := int64(cfg.KDAProjDim())
-				ls.convStride = 3 * P * int64(cfg.LinearConvKernelDim-1)
-				ls.stateStride = int64(cfg.LinearNumHeads) * int64(cfg.LinearHeadDim) * int64(cfg.LinearHeadDim)
+				ls.convStride = int64(cfg.KDAConvLen())
+				ls.stateStride = int64(cfg.KDAStateLen())
 				if ls.conv, err = alloc(max(ls.convStride, 1)); err != nil {
 					return err
 				}
