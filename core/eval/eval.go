@@ -79,16 +79,7 @@ func RunCase(e *engine.Engine, c *Case, V int) (Result, error) {
 		}
 		compare(out.Logits, c.Logits, V, &res)
 		for l := 0; l < len(c.Hidden); l++ {
-			got, want := out.Hidden[ir.HiddenOutput(l)], c.Hidden[l]
-			d := 0.0
-			if len(got) != len(want) {
-				d = math.Inf(1)
-			} else {
-				for i := range want {
-					d = math.Max(d, math.Abs(float64(got[i]-want[i])))
-				}
-			}
-			res.HiddenMaxDiff = append(res.HiddenMaxDiff, d)
+			res.HiddenMaxDiff = append(res.HiddenMaxDiff, maxAbs(out.Hidden[ir.HiddenOutput(l)], c.Hidden[l]))
 		}
 	case "decode":
 		out, err := run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, c.Tokens)

@@ -1,7 +1,6 @@
 package eval
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -80,32 +79,7 @@ func LoadMTP(path string) (*MTPReference, error) {
 	}
 	defer f.Close()
 	ref := &MTPReference{Path: path}
-	ints := func(name string) ([]int32, error) {
-		info, ok := f.Info(name)
-		if !ok {
-			return nil, fmt.Errorf("MTP reference %s: missing tensor %s", path, name)
-		}
-		raw, err := f.Bytes(name)
-		if err != nil {
-			return nil, err
-		}
-		out := make([]int32, info.NumElements())
-		for i := range out {
-			switch info.DType {
-			case safetensors.I64:
-				v := int64(binary.LittleEndian.Uint64(raw[8*i:]))
-				if v < math.MinInt32 || v > math.MaxInt32 {
-					return nil, fmt.Errorf("MTP reference %s: %s[%d] = %d is out of range", path, name, i, v)
-				}
-				out[i] = int32(v)
-			case safetensors.I32:
-				out[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
-			default:
-				return nil, fmt.Errorf("MTP reference %s: tensor %s is %s, want an integer type", path, name, info.DType)
-			}
-		}
-		return out, nil
-	}
+	ints := func(name string) ([]int32, error) { return readInts(f, "MTP reference "+path, name) }
 	// floats reads a [rows, width] tensor; width is the vocabulary or the
 	// hidden size, fixed by the first tensor of each kind.
 	floats := func(name string, rows int, width *int) ([]float32, error) {
@@ -202,6 +176,7 @@ func (r MTPResult) MaxDiff() float64 {
 // greedy tokens.
 func (r MTPResult) Pass(tol float64) bool { return r.MaxDiff() <= tol && r.Mismatches == 0 }
 
+// maxAbs is the largest |got−want| (+Inf when the lengths differ).
 func maxAbs(got, want []float32) float64 {
 	if len(got) != len(want) {
 		return math.Inf(1)

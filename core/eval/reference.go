@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"path/filepath"
 
 	"github.com/glmflash/glmflash/internal/regular"
@@ -62,30 +63,7 @@ func Load(path string) (*Reference, error) {
 	}
 	defer f.Close()
 	ref := &Reference{Path: path}
-	ints := func(name string) ([]int32, error) {
-		info, ok := f.Info(name)
-		if !ok {
-			return nil, fmt.Errorf("reference %s: missing tensor %s", path, name)
-		}
-		raw, err := f.Bytes(name)
-		if err != nil {
-			return nil, err
-		}
-		out := make([]int32, info.NumElements())
-		switch info.DType {
-		case safetensors.I64:
-			for i := range out {
-				out[i] = int32(int64(binary.LittleEndian.Uint64(raw[8*i:])))
-			}
-		case safetensors.I32:
-			for i := range out {
-				out[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
-			}
-		default:
-			return nil, fmt.Errorf("reference %s: tensor %s is %s, want an integer type", path, name, info.DType)
-		}
-		return out, nil
-	}
+	ints := func(name string) ([]int32, error) { return readInts(f, "reference "+path, name) }
 	floats := func(name string, rows int) ([]float32, error) {
 		info, ok := f.Info(name)
 		if !ok {
@@ -151,4 +129,36 @@ func Load(path string) (*Reference, error) {
 		return nil, fmt.Errorf("reference %s: no cases", jpath)
 	}
 	return ref, nil
+}
+
+// readInts reads an integer tensor (I64 or I32) of a reference file as
+// int32, refusing values out of int32's range; what names the file in
+// errors.
+func readInts(f *safetensors.File, what, name string) ([]int32, error) {
+	info, ok := f.Info(name)
+	if !ok {
+		return nil, fmt.Errorf("%s: missing tensor %s", what, name)
+	}
+	raw, err := f.Bytes(name)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int32, info.NumElements())
+	switch info.DType {
+	case safetensors.I64:
+		for i := range out {
+			v := int64(binary.LittleEndian.Uint64(raw[8*i:]))
+			if v < math.MinInt32 || v > math.MaxInt32 {
+				return nil, fmt.Errorf("%s: %s[%d] = %d is out of range", what, name, i, v)
+			}
+			out[i] = int32(v)
+		}
+	case safetensors.I32:
+		for i := range out {
+			out[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
+		}
+	default:
+		return nil, fmt.Errorf("%s: tensor %s is %s, want an integer type", what, name, info.DType)
+	}
+	return out, nil
 }
