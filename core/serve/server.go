@@ -458,9 +458,10 @@ func (s *Server) load(ctx context.Context) error {
 	}
 	programs := slices.Clone(sched.Programs)
 	var draft spec.Drafter
+	mtpErr, share := eng.MTPReady(), sp.Share(cfg.IndexShareForMTPIteration)
 	if sp.On() {
-		if err := eng.MTPReady(); err != nil {
-			return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.method", Err: fmt.Errorf("mtp: %w", err)})))
+		if mtpErr != nil {
+			return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.method", Err: fmt.Errorf("mtp: %w", mtpErr)})))
 		}
 		if s.opts.Drafter != nil {
 			if draft, err = s.opts.Drafter(eng, sp); err != nil {
@@ -468,16 +469,16 @@ func (s *Server) load(ctx context.Context) error {
 			}
 			programs = append(programs, sched.SpecProgram(draft))
 		} else {
-			d, err := spec.NewMTP(eng, spec.MTPOptions{Steps: sp.Steps(), IndexShare: sp.Share(cfg.IndexShareForMTPIteration)})
+			d, err := spec.NewMTP(eng, spec.MTPOptions{Steps: sp.Steps(), IndexShare: share})
 			if err != nil {
 				return fail(fmt.Errorf("serve: %w", err))
 			}
 			draft = d
 			programs = append(append(programs, sched.SpecProgram(d)), d.Keys()...)
 		}
-		s.log.Info().Str("speculative", sp.String()).Str("drafter", draft.Name()).Bool("index_share", sp.Share(cfg.IndexShareForMTPIteration)).Msg("speculative decoding")
-	} else if err := eng.MTPReady(); err != nil && cfg.HasMTP() {
-		s.log.Warn().Err(err).Msg("the config declares an MTP layer the checkpoint cannot run: no MTP drafting")
+		s.log.Info().Str("speculative", sp.String()).Str("drafter", draft.Name()).Bool("index_share", share).Msg("speculative decoding")
+	} else if mtpErr != nil && cfg.HasMTP() {
+		s.log.Warn().Err(mtpErr).Msg("the config declares an MTP layer the checkpoint cannot run: no MTP drafting")
 	}
 	// Compile every program the scheduler runs now, not inside a step.
 	for _, key := range programs {
@@ -487,9 +488,6 @@ func (s *Server) load(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return fail(err)
 		}
-	}
-	if err := ctx.Err(); err != nil {
-		return fail(err)
 	}
 	rt, err := sched.New(eng, eff, sched.Options{Metrics: s.metrics, Log: s.log, Drafter: draft})
 	if err != nil {
@@ -503,10 +501,10 @@ func (s *Server) load(ctx context.Context) error {
 	}
 	lv := &live{rt: rt, eng: eng, draft: draft, closeFn: closeFn, cfgJSON: hf, text: lm.Text,
 		lim:   limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes, text: lm.Text},
-		model: modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf, eng.MTPReady() == nil),
+		model: modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf, mtpErr == nil),
 		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens),
 			Backend: eng.Backend().Info().Backend, Device: eng.Backend().Info().Device, Speculative: sp.String(),
-			SpeculativeIndexShare: sp.On() && sp.Share(cfg.IndexShareForMTPIteration)},
+			SpeculativeIndexShare: sp.On() && share},
 	}
 	s.live.Store(lv)
 	s.log.Info().Str("took", time.Since(t0).Round(time.Millisecond).String()).Str("source", lm.Source).Msg("model loaded")
