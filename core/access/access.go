@@ -200,6 +200,17 @@ func FromContext(ctx context.Context) Principal {
 	return p
 }
 
+// CheckHeaders checks the key a request carries: the Authorization header
+// ("Bearer KEY"), else X-Api-Key; get reads a header by name (HTTP's
+// Header.Get, or gRPC metadata).
+func (k *Keys) CheckHeaders(get func(name string) string) (Principal, error) {
+	h := get("authorization")
+	if h == "" {
+		h = get("x-api-key")
+	}
+	return k.Check(h)
+}
+
 // HTTP wraps an HTTP handler with the key check: 401 without a valid key;
 // the handler finds the caller with FromContext.
 func (k *Keys) HTTP(next http.Handler) http.Handler { return k.HTTPRefusing(next, nil) }
@@ -208,11 +219,7 @@ func (k *Keys) HTTP(next http.Handler) http.Handler { return k.HTTPRefusing(next
 // error body, with status 401); nil refuse writes the error as plain text.
 func (k *Keys) HTTPRefusing(next http.Handler, refuse func(w http.ResponseWriter, err error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := r.Header.Get("Authorization")
-		if h == "" {
-			h = r.Header.Get("X-Api-Key")
-		}
-		p, err := k.Check(h)
+		p, err := k.CheckHeaders(r.Header.Get)
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="glmflash"`)
 			if refuse != nil {

@@ -188,11 +188,7 @@ func (s *Server) authenticate(ctx context.Context, method string) (context.Conte
 		return ctx, nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	h := first(md.Get("authorization"))
-	if h == "" {
-		h = first(md.Get("x-api-key"))
-	}
-	p, err := s.keys.Check(h)
+	p, err := s.keys.CheckHeaders(func(name string) string { return first(md.Get(name)) })
 	if err != nil {
 		s.metrics.Refused("unauthenticated")
 		return ctx, status.Error(codes.Unauthenticated, err.Error())
