@@ -293,13 +293,11 @@ func makeRow(s *Study, a Arm, c Cell, round int, cr, base *CellResult, info ArmI
 	}
 	r.TokensPerS = float64(r.OutputTokens) / cr.Wall.Seconds()
 	if k := cr.Counters; k != nil && k.Steps > 0 {
-		n := float64(k.Steps)
 		r.DeviceS = float64(k.DeviceNs) / 1e9
 		if r.DeviceS > 0 {
 			r.DeviceTokensPerS = float64(r.OutputTokens) / r.DeviceS
 		}
-		r.PerStep = &PerStep{Steps: k.Steps, DeviceMs: float64(k.DeviceNs) / 1e6 / n, Launches: float64(k.Launches) / n,
-			Kernels: float64(k.Kernels) / n, HostSyncs: float64(k.HostSyncs) / n, LengthSyncs: float64(k.LengthSyncs) / n}
+		r.PerStep = k.PerStep()
 	}
 	r.TTFTP50Ms, r.TTFTP90Ms = percentile(ttft, 0.5), percentile(ttft, 0.9)
 	r.ITLP50Ms, r.ITLP90Ms = percentile(itl, 0.5), percentile(itl, 0.9)

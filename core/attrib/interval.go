@@ -229,9 +229,7 @@ func GeoInterval(cells [][]float64, seed uint64) Interval {
 		est /= float64(len(cells))
 	}
 	if nmin < 2 {
-		iv := Interval{Rounds: nmin, Ratio: math.Exp(est), Lo: math.Exp(est), Hi: math.Exp(est), Method: MethodNone}
-		iv.Verdict = verdict(iv)
-		return iv
+		return fromLog(nmin, est, est, est, MethodNone)
 	}
 	if nmin < MinBootstrapRounds {
 		var se float64

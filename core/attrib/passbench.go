@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -118,7 +117,7 @@ func (pb *PassBench) Run(ctx context.Context) ([]PassBenchResult, error) {
 		passes = base.Enabled()
 	}
 	if pb.Pipeline == nil {
-		pb.Pipeline = func(e *config.Config) (*pass.Pipeline, error) { return e.Pipeline(nil) }
+		pb.Pipeline = builtinPipeline
 	}
 	slots := 1
 	for _, b := range pb.Batches {
@@ -269,16 +268,12 @@ func medians(ss [][2]phaseSample, side int) PhaseStats {
 			return ps
 		}
 	}
-	per := func(f func(*Counters) int64) *float64 {
-		v := pick(func(s phaseSample) float64 { return float64(f(s.c)) / float64(max(s.c.Steps, 1)) })
-		return &v
+	var per []*PerStep
+	for _, s := range ss {
+		per = append(per, s[side].c.PerStep())
 	}
-	dms := pick(func(s phaseSample) float64 { return float64(s.c.DeviceNs) / 1e6 / float64(max(s.c.Steps, 1)) })
-	ps.DeviceMs = &dms
-	ps.Launches = per(func(c *Counters) int64 { return c.Launches })
-	ps.Kernels = per(func(c *Counters) int64 { return c.Kernels })
-	ps.HostSyncs = per(func(c *Counters) int64 { return c.HostSyncs })
-	ps.LengthSyncs = per(func(c *Counters) int64 { return c.LengthSyncs })
+	m := medianPerStep(per)
+	ps.DeviceMs, ps.Launches, ps.Kernels, ps.HostSyncs, ps.LengthSyncs = &m.DeviceMs, &m.Launches, &m.Kernels, &m.HostSyncs, &m.LengthSyncs
 	return ps
 }
 
@@ -432,5 +427,5 @@ func ratioString(iv Interval) string {
 	if iv.Tie() {
 		s += " tie"
 	}
-	return strings.TrimSpace(s)
+	return s
 }

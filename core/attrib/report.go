@@ -116,10 +116,7 @@ func (r *Result) gapTable(w io.Writer, s *Summary, metric string) {
 		for _, cn := range s.Cells {
 			cols = append(cols, cellInterval(s.PerCell[as.Arm][cn], metric).String())
 		}
-		geo := as.Geo
-		if metric == MetricDevice && as.DeviceGeo != nil {
-			geo = *as.DeviceGeo
-		}
+		geo := armGeo(as, metric)
 		par := "0"
 		if as.Parity > 0 {
 			par = fmt.Sprintf("%d MISMATCHES", as.Parity)
@@ -127,6 +124,18 @@ func (r *Result) gapTable(w io.Writer, s *Summary, metric string) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", as.Arm, strings.Join(cols, "\t"), geo, par, strings.Join(as.Fired, ","))
 	}
 	tw.Flush()
+}
+
+// armGeo is an arm's geometric-mean interval by metric ("n/a" without
+// device time).
+func armGeo(as ArmSummary, metric string) Interval {
+	if metric == MetricDevice {
+		if as.DeviceGeo == nil {
+			return Interval{Verdict: VerdictNoSignal}
+		}
+		return *as.DeviceGeo
+	}
+	return as.Geo
 }
 
 func cellInterval(cs *CellSummary, metric string) Interval {
@@ -319,13 +328,7 @@ func (r *Result) mdGapTable(b *strings.Builder, s *Summary, metric, head string)
 			}
 			cols = append(cols, fmt.Sprintf("%.1f (%s)", tps, cellInterval(cs, metric)))
 		}
-		geo := as.Geo.String()
-		if metric == MetricDevice {
-			geo = "n/a"
-			if as.DeviceGeo != nil {
-				geo = as.DeviceGeo.String()
-			}
-		}
+		geo := armGeo(as, metric).String()
 		if as.Kind == KindBaseline {
 			geo = "(reference)"
 		}
@@ -408,7 +411,8 @@ func (r *Result) WriteChart(path, kind string, s *Summary) (bool, error) {
 			for _, cn := range s.Cells {
 				se.ivs = append(se.ivs, m[cn])
 			}
-			ss = append(ss, chartSeries{name: se.name, ivs: append(se.ivs, g)})
+			se.ivs = append(se.ivs, g)
+			ss = append(ss, se)
 		}
 	case "arms":
 		for _, as := range s.Arms {
@@ -419,7 +423,8 @@ func (r *Result) WriteChart(path, kind string, s *Summary) (bool, error) {
 			for _, cn := range s.Cells {
 				se.ivs = append(se.ivs, s.PerCell[as.Arm][cn].Interval)
 			}
-			ss = append(ss, chartSeries{name: se.name, ivs: append(se.ivs, as.Geo)})
+			se.ivs = append(se.ivs, as.Geo)
+			ss = append(ss, se)
 		}
 	default:
 		return false, fmt.Errorf("chart kind %q: add-one-in, leave-one-out or arms", kind)

@@ -56,6 +56,13 @@ type Counters struct {
 	LengthSyncs int64 `json:"length_syncs"`
 }
 
+// PerStep is c averaged over its steps (at least one).
+func (c Counters) PerStep() *PerStep {
+	n := float64(max(c.Steps, 1))
+	return &PerStep{Steps: c.Steps, DeviceMs: float64(c.DeviceNs) / 1e6 / n, Launches: float64(c.Launches) / n,
+		Kernels: float64(c.Kernels) / n, HostSyncs: float64(c.HostSyncs) / n, LengthSyncs: float64(c.LengthSyncs) / n}
+}
+
 // Sub is c − o.
 func (c Counters) Sub(o Counters) Counters {
 	return Counters{Steps: c.Steps - o.Steps, DeviceNs: c.DeviceNs - o.DeviceNs, Launches: c.Launches - o.Launches,
@@ -180,6 +187,9 @@ func ConfigHash(m ModelRef, ps []config.PassConfig) string {
 // PipelineFunc builds an arm's pass pipeline (the CLI adds plugin passes).
 type PipelineFunc func(e *config.Config) (*pass.Pipeline, error)
 
+// builtinPipeline is the default PipelineFunc: the built-in passes only.
+func builtinPipeline(e *config.Config) (*pass.Pipeline, error) { return e.Pipeline(nil) }
+
 // EngineRunner runs arms in process: one engine (sharing the weights) and
 // one continuous-batching runtime per arm.
 type EngineRunner struct {
@@ -207,7 +217,7 @@ type engineArm struct {
 // and shared by every arm.
 func NewEngineRunner(s *Study, cfg *model.Config, w plan.Weights, wi pass.WeightInfo, pf PipelineFunc) *EngineRunner {
 	if pf == nil {
-		pf = func(e *config.Config) (*pass.Pipeline, error) { return e.Pipeline(nil) }
+		pf = builtinPipeline
 	}
 	return &EngineRunner{Model: cfg, Weights: plan.NewWeightCache(w), Info_: wi, Study: s, Pipeline: pf, arms: map[string]*engineArm{}}
 }
