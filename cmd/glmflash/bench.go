@@ -10,11 +10,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/glmflash/glmflash/core/attrib"
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
-	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/spec"
 	"github.com/spf13/cobra"
 )
@@ -134,13 +134,6 @@ func newBenchCmd() *cobra.Command {
 			if profileOps && e.Backend().Name() == "cpu" {
 				return fmt.Errorf("--profile-ops: the cpu backend does not time its ops")
 			}
-			toks := func(n, seed int) []int32 {
-				t := make([]int32, n)
-				for i := range t {
-					t[i] = int32((seed*7919 + i*104729) % cfg.VocabSize)
-				}
-				return t
-			}
 			var results []benchResult
 			store := e.Store()
 			// series runs warm-up + measured repetitions of one workload; run
@@ -193,7 +186,7 @@ func newBenchCmd() *cobra.Command {
 				}
 				defer free(slots)
 				t0 := time.Now()
-				_, err = e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slots[0], Tokens: toks(prompt, 1)}}})
+				_, err = e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slots[0], Tokens: attrib.BenchTokens(prompt, 1, cfg.VocabSize)}}})
 				return prompt, time.Since(t0).Seconds(), err
 			})
 			if err != nil {
@@ -207,30 +200,18 @@ func newBenchCmd() *cobra.Command {
 						return 0, 0, err
 					}
 					defer free(slots)
-					pb := &backend.Batch{}
-					for i, s := range slots {
-						pb.Seqs = append(pb.Seqs, backend.Seq{Slot: s, Tokens: toks(32, i+2)})
-					}
-					if _, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, pb); err != nil {
+					if err := attrib.PrefillSlots(e, slots, cfg.VocabSize); err != nil {
 						return 0, 0, err
 					}
-					key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
-					prog, err := e.Program(key)
+					prog, err := e.Program(attrib.DecodeKey)
 					if err != nil {
 						return 0, 0, err
 					}
-					specs := make([]backend.SampleSpec, B) // greedy on the backend: only ids come back, as when serving
-					for i := range specs {
-						specs[i].Params = sample.Greedy()
-					}
+					specs := attrib.GreedySpecs(B)
 					s0 := prog.Stats()
 					t0 := time.Now()
 					for st := 0; st < decodeSteps; st++ {
-						db := &backend.Batch{Sample: specs, SamplesOnly: true}
-						for i, s := range slots {
-							db.Seqs = append(db.Seqs, backend.Seq{Slot: s, Tokens: []int32{int32((st*31 + i) % cfg.VocabSize)}})
-						}
-						if _, err := e.Run(key, db); err != nil {
+						if err := attrib.DecodeStep(e, slots, specs, st, cfg.VocabSize); err != nil {
 							return 0, 0, err
 						}
 					}
@@ -255,7 +236,7 @@ func newBenchCmd() *cobra.Command {
 					break
 				}
 				err = series(fmt.Sprintf("mtp draft batch %d", B), func() (int, float64, error) {
-					return benchMTP(e, B, decodeSteps, toks, alloc, free)
+					return benchMTP(e, B, decodeSteps, alloc, free)
 				})
 				if err != nil {
 					return err
@@ -269,7 +250,7 @@ func newBenchCmd() *cobra.Command {
 				for _, B := range batches {
 					prompts := make([][]int32, B)
 					for i := range prompts {
-						prompts[i] = toks(32, 100+i)
+						prompts[i] = attrib.BenchTokens(32, 100+i, cfg.VocabSize)
 					}
 					var plain *specRun
 					if err := series(fmt.Sprintf("sched decode batch %d plain", B), func() (int, float64, error) {
@@ -453,7 +434,7 @@ func fmtRuns(r []float64) string {
 // benchMTP times steps chained MTP draft steps for B sequences (after an
 // untimed 32-token trunk prefill and MTP prefill per sequence) and returns
 // the draft tokens made and the seconds they took.
-func benchMTP(e *engine.Engine, B, steps int, toks func(n, seed int) []int32, alloc func(int) ([]int, error), free func([]int)) (int, float64, error) {
+func benchMTP(e *engine.Engine, B, steps int, alloc func(int) ([]int, error), free func([]int)) (int, float64, error) {
 	mst, err := e.MTPStore()
 	if err != nil {
 		return 0, 0, err
@@ -470,13 +451,10 @@ func benchMTP(e *engine.Engine, B, steps int, toks func(n, seed int) []int32, al
 		}
 	}()
 	D := e.Config().HiddenSize
-	greedy := make([]backend.SampleSpec, B)
-	for i := range greedy {
-		greedy[i].Params = sample.Greedy()
-	}
+	greedy := attrib.GreedySpecs(B)
 	tb, mb := &backend.Batch{Sample: greedy, SamplesOnly: true}, &backend.Batch{Sample: greedy, SamplesOnly: true}
 	for i, s := range slots {
-		tb.Seqs = append(tb.Seqs, backend.Seq{Slot: s, Tokens: toks(32, i+2)})
+		tb.Seqs = append(tb.Seqs, backend.Seq{Slot: s, Tokens: attrib.BenchTokens(32, i+2, e.Config().VocabSize)})
 	}
 	tr, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits, FinalHidden: true}, tb)
 	if err != nil {

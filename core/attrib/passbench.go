@@ -15,7 +15,6 @@ import (
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/plan"
-	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/model"
 )
 
@@ -295,13 +294,6 @@ func counters(e *engine.Engine, key engine.Key) (*Counters, error) {
 // steps of one batch size (after an untimed prefill of every sequence).
 func (pb *PassBench) phase(e *engine.Engine, ph, round int) (phaseSample, error) {
 	V := pb.Model.VocabSize
-	toks := func(n, seed int) []int32 {
-		t := make([]int32, n)
-		for i := range t {
-			t[i] = int32((seed*7919 + i*104729) % V)
-		}
-		return t
-	}
 	store := e.Store()
 	var slots []int
 	defer func() {
@@ -347,7 +339,7 @@ func (pb *PassBench) phase(e *engine.Engine, ph, round int) (phaseSample, error)
 			return phaseSample{}, err
 		}
 		return measure(prefill, 1, func(int) error {
-			_, err := e.Run(prefill, &backend.Batch{Seqs: []backend.Seq{{Slot: slots[0], Tokens: toks(pb.Prompt, round+1)}}})
+			_, err := e.Run(prefill, &backend.Batch{Seqs: []backend.Seq{{Slot: slots[0], Tokens: BenchTokens(pb.Prompt, round+1, V)}}})
 			return err
 		})
 	}
@@ -355,26 +347,11 @@ func (pb *PassBench) phase(e *engine.Engine, ph, round int) (phaseSample, error)
 	if err := alloc(B); err != nil {
 		return phaseSample{}, err
 	}
-	pbatch := &backend.Batch{}
-	for i, s := range slots {
-		pbatch.Seqs = append(pbatch.Seqs, backend.Seq{Slot: s, Tokens: toks(32, i+2)})
-	}
-	if _, err := e.Run(prefill, pbatch); err != nil {
+	if err := PrefillSlots(e, slots, V); err != nil {
 		return phaseSample{}, err
 	}
-	decode := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
-	specs := make([]backend.SampleSpec, B) // greedy on the backend: only ids come back, as when serving
-	for i := range specs {
-		specs[i].Params = sample.Greedy()
-	}
-	return measure(decode, pb.Steps, func(st int) error {
-		db := &backend.Batch{Sample: specs, SamplesOnly: true}
-		for i, s := range slots {
-			db.Seqs = append(db.Seqs, backend.Seq{Slot: s, Tokens: []int32{int32((st*31 + i) % V)}})
-		}
-		_, err := e.Run(decode, db)
-		return err
-	})
+	specs := GreedySpecs(B)
+	return measure(DecodeKey, pb.Steps, func(st int) error { return DecodeStep(e, slots, specs, st, V) })
 }
 
 // WritePassBench prints the results: per pass and phase, off → on of the

@@ -1,0 +1,56 @@
+package attrib
+
+import (
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/sample"
+)
+
+// The engine-level workload `glmflash bench` and the pass micro-benchmark
+// share: the same token streams, prefills and greedy decode steps, so their
+// figures measure the same work.
+
+// BenchTokens are n deterministic token ids for seed within a vocabulary.
+func BenchTokens(n, seed, vocab int) []int32 {
+	t := make([]int32, n)
+	for i := range t {
+		t[i] = int32((seed*7919 + i*104729) % vocab)
+	}
+	return t
+}
+
+// PrefillSlots prefills 32 tokens in each slot (slot i's stream is seed
+// i+2), as one batch.
+func PrefillSlots(e *engine.Engine, slots []int, vocab int) error {
+	b := &backend.Batch{}
+	for i, s := range slots {
+		b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: BenchTokens(32, i+2, vocab)})
+	}
+	_, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, b)
+	return err
+}
+
+// DecodeKey is the program decode steps run.
+var DecodeKey = engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
+
+// GreedySpecs are the sampling specs of a decode step over n sequences:
+// greedy on the backend, only ids coming back (as when serving).
+func GreedySpecs(n int) []backend.SampleSpec {
+	specs := make([]backend.SampleSpec, n)
+	for i := range specs {
+		specs[i].Params = sample.Greedy()
+	}
+	return specs
+}
+
+// DecodeStep runs decode step st over slots with GreedySpecs specs: token
+// (st·31+i) mod vocab for slot i.
+func DecodeStep(e *engine.Engine, slots []int, specs []backend.SampleSpec, st, vocab int) error {
+	db := &backend.Batch{Sample: specs, SamplesOnly: true}
+	for i, s := range slots {
+		db.Seqs = append(db.Seqs, backend.Seq{Slot: s, Tokens: []int32{int32((st*31 + i) % vocab)}})
+	}
+	_, err := e.Run(DecodeKey, db)
+	return err
+}
