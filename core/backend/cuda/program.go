@@ -476,35 +476,27 @@ func (a *arenaPlan) release(off, n int64) {
 	}
 }
 
-// ensure grows a device buffer to at least n bytes.
+// ensure grows a device buffer to at least n bytes; captured graphs hold
+// the old address, so they are dropped when it moves.
 func (p *Program) ensure(buf *kc.DevicePtr, size *int64, n int64) error {
-	grown, err := p.ensureKeep(buf, size, n)
-	if grown {
-		p.dropGraphs()
-	}
-	return err
-}
-
-// ensureKeep grows a device buffer to at least n bytes and says whether
-// it moved.
-func (p *Program) ensureKeep(buf *kc.DevicePtr, size *int64, n int64) (bool, error) {
 	if n <= *size {
-		return false, nil
+		return nil
 	}
 	n = n + n/4 + align
 	if *buf != 0 {
 		if err := p.b.dev.Sync(); err != nil { // work in flight may still read it
-			return false, err
+			return err
 		}
 		p.b.dev.Free(*buf, *size)
 		*buf, *size = 0, 0
 	}
+	p.dropGraphs()
 	ptr, err := p.b.dev.Alloc(n)
 	if err != nil {
-		return true, err
+		return err
 	}
 	*buf, *size = ptr, n
-	return true, nil
+	return nil
 }
 
 func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int) (*backend.Result, error) {
@@ -618,10 +610,8 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 			}
 		}
 	}
-	if grown, err := p.ensureKeep(&p.arena, &p.arenaSize, ap.peak); err != nil {
+	if err := p.ensure(&p.arena, &p.arenaSize, ap.peak); err != nil {
 		return nil, err
-	} else if grown {
-		p.dropGraphs() // they hold the old addresses
 	}
 	lv := p.plan.Logits
 	var sampleArgs *kc.SampleArgs
@@ -823,10 +813,8 @@ func (p *Program) sampleArgs(rc *runCtx, specs kc.DevicePtr, rows int, graphed b
 	if anyTemp {
 		need += 8 * int64(rows) * V
 	}
-	if grown, err := p.ensureKeep(&p.out, &p.outSize, need); err != nil {
+	if err := p.ensure(&p.out, &p.outSize, need); err != nil {
 		return nil, err
-	} else if grown {
-		p.dropGraphs()
 	}
 	a := &kc.SampleArgs{Vocab: V, Rows: int64(rows), Specs: specs, Out: p.out}
 	if anyTemp {
