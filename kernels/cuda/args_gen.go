@@ -96,13 +96,6 @@ type SplitArgs struct {
 	W    [8]int64
 }
 
-// FillArgs mirrors the CUDA struct FillArgs.
-type FillArgs struct {
-	Out DevicePtr
-	N   int64
-	V   float64
-}
-
 // ToBF16Args mirrors the CUDA struct ToBF16Args.
 type ToBF16Args struct {
 	X   DevicePtr

@@ -413,12 +413,6 @@ int cublasSgemm_v2(void* h, int ta, int tb, int m, int n, int k, const float* al
     }
   return 0;
 }
-static float bf16_to_f(unsigned short b) {
-  unsigned u = (unsigned)b << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 // cublasGemmEx for bf16 A and B, fp32 C and compute (the bf16 precision
 // mode's only use); sums in double, like the Sgemm stand-in.
 int cublasGemmEx(void* h, int ta, int tb, int m, int n, int k, const void* alpha, const void* A, int atype, int lda,
@@ -440,8 +434,8 @@ int cublasGemmEx(void* h, int ta, int tb, int m, int n, int k, const void* alpha
     for (int i = 0; i < m; i++) {
       double s = 0;
       for (int l = 0; l < k; l++) {
-        float x = bf16_to_f(ta ? a[l + (size_t)i * lda] : a[i + (size_t)l * lda]);
-        float y = bf16_to_f(tb ? b[j + (size_t)l * ldb] : b[l + (size_t)j * ldb]);
+        float x = bf16f(ta ? a[l + (size_t)i * lda] : a[i + (size_t)l * lda]);
+        float y = bf16f(tb ? b[j + (size_t)l * ldb] : b[l + (size_t)j * ldb]);
         s += (double)x * (double)y;
       }
       c[i + (size_t)j * ldc] = *(const float*)alpha * (float)s;
@@ -522,7 +516,7 @@ int cublasLtMatmulAlgoConfigGetAttribute(const LtAlgo* algo, int attr, void* buf
   return 0;
 }
 static double lt_elem(const void* p, int type, size_t i) {
-  return type == 14 ? (double)bf16_to_f(((const unsigned short*)p)[i]) : (double)((const float*)p)[i];
+  return type == 14 ? (double)bf16f(((const unsigned short*)p)[i]) : (double)((const float*)p)[i];
 }
 int cublasLtMatmul(void* h, void* desc, const void* alpha, const void* A, void* Adesc, const void* B, void* Bdesc, const void* beta,
                    const void* C, void* Cdesc, void* D, void* Ddesc, const LtAlgo* algo, void* ws, size_t wsSize, void* stream) {

@@ -68,11 +68,6 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
   *p = o + v;
   return o;
 }
-inline float atomicAdd(float* p, float v) {
-  float o = *p;
-  *p = o + v;
-  return o;
-}
 
 template <class T>
 inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {

@@ -57,6 +57,17 @@ DEVFN float ldw(const void* w, i64 i, i64 isbf16) {
 DEVFN float sigmoidf_d(float x) { return (float)(1.0 / (1.0 + exp((double)(-x)))); }
 DEVFN float siluf_d(float x) { return x * sigmoidf_d(x); }
 
+// The clamped SwiGLU of one element: silu(min(g, limit)) · clamp(u, ±limit)
+// (limit ≤ 0 or infinite: no clamp).
+DEVFN float swiglu_clamped(float g, float u, double limit) {
+  float lim = (float)limit;
+  if (limit > 0 && !isinf(limit)) {
+    if (g > lim) g = lim;
+    if (u > lim) u = lim; else if (u < -lim) u = -lim;
+  }
+  return siluf_d(g) * u;
+}
+
 // Order-preserving map of a float to uint32 (larger float → larger key).
 DEVFN unsigned ordf(float f) {
   unsigned u = __float_as_uint(f);
@@ -67,63 +78,29 @@ DEVFN unsigned ordf(float f) {
 // the CPU's stable sorts do: ascending keys = the CPU's order.
 DEVFN u64 desc_key(float v, unsigned i) { return ((u64)(~ordf(v)) << 32) | (u64)i; }
 
-// Block-wide sum of one float per thread; blockDim.x must be a power of two
-// ≤ 1024. Every thread gets the result. Fixed tree: deterministic.
-DEVFN float block_sum(float v) {
-  __shared__ float red_f[1024];
+// block_reduce combines one value per thread over the block with op
+// (blockDim.x a power of two ≤ 1024) in a fixed tree: deterministic. Every
+// thread gets the result.
+template <class T, class Op>
+DEVFN T block_reduce(T v, Op op) {
+  __shared__ T red[1024];
   int t = threadIdx.x;
-  red_f[t] = v;
+  red[t] = v;
   __syncthreads();
   for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (t < s) red_f[t] += red_f[t + s];
+    if (t < s) red[t] = op(red[t], red[t + s]);
     __syncthreads();
   }
-  float r = red_f[0];
+  T r = red[0];
   __syncthreads();
   return r;
 }
 
-DEVFN double block_sum_d(double v) {
-  __shared__ double red_d[1024];
-  int t = threadIdx.x;
-  red_d[t] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (t < s) red_d[t] += red_d[t + s];
-    __syncthreads();
-  }
-  double r = red_d[0];
-  __syncthreads();
-  return r;
-}
-
-DEVFN float block_max(float v) {
-  __shared__ float red_m[1024];
-  int t = threadIdx.x;
-  red_m[t] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (t < s) red_m[t] = fmaxf(red_m[t], red_m[t + s]);
-    __syncthreads();
-  }
-  float r = red_m[0];
-  __syncthreads();
-  return r;
-}
-
-DEVFN u64 block_min_u64(u64 v) {
-  __shared__ u64 red_u[1024];
-  int t = threadIdx.x;
-  red_u[t] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (t < s && red_u[t + s] < red_u[t]) red_u[t] = red_u[t + s];
-    __syncthreads();
-  }
-  u64 r = red_u[0];
-  __syncthreads();
-  return r;
-}
+// Block-wide sum (float, double), max (float) and minimum (u64).
+DEVFN float block_sum(float v) { return block_reduce(v, [](float x, float y) { return x + y; }); }
+DEVFN double block_sum_d(double v) { return block_reduce(v, [](double x, double y) { return x + y; }); }
+DEVFN float block_max(float v) { return block_reduce(v, [](float x, float y) { return fmaxf(x, y); }); }
+DEVFN u64 block_min_u64(u64 v) { return block_reduce(v, [](u64 x, u64 y) { return y < x ? y : x; }); }
 
 // Sum over a warp (all 32 lanes active), fixed butterfly.
 DEVFN float warp_sum(float v) {
@@ -158,11 +135,18 @@ DEVFN int block_exscan(int v, int* total) {
 // rmsnorm_row: y = w ⊙ x / sqrt(mean(x²)+eps) for one row, by the whole
 // block (the CPU's order of float32 operations, with the square root in
 // double). x and y may alias.
-DEVFN void rmsnorm_row(float* y, const float* x, i64 D, const void* w, i64 w_bf16, float eps) {
+// rms_inv: 1/sqrt(mean(x²)+eps) of a row of n, by the whole block (the
+// CPU's float32 sum order per thread, a fixed tree across threads, the
+// square root in double).
+DEVFN float rms_inv(const float* x, i64 n, float eps) {
   float s = 0;
-  for (i64 i = threadIdx.x; i < D; i += blockDim.x) s += x[i] * x[i];
+  for (i64 i = threadIdx.x; i < n; i += blockDim.x) s += x[i] * x[i];
   s = block_sum(s);
-  float r = (float)(1.0 / sqrt((double)(s / (float)D + eps)));
+  return (float)(1.0 / sqrt((double)(s / (float)n + eps)));
+}
+
+DEVFN void rmsnorm_row(float* y, const float* x, i64 D, const void* w, i64 w_bf16, float eps) {
+  float r = rms_inv(x, D, eps);
   for (i64 i = threadIdx.x; i < D; i += blockDim.x) y[i] = ldw(w, i, w_bf16) * (x[i] * r);
   __syncthreads();
 }

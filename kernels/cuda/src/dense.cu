@@ -56,10 +56,7 @@ KERNEL(glmf_gated_rmsnorm, GatedNormArgs) {
   if (r >= a.rows) return;
   const float* o = a.o + r * a.Dh;
   const float* g = a.g + r * a.Dh;
-  float s = 0;
-  for (i64 i = threadIdx.x; i < a.Dh; i += blockDim.x) s += o[i] * o[i];
-  s = block_sum(s);
-  float inv = (float)(1.0 / sqrt((double)(s / (float)a.Dh + (float)a.eps)));
+  float inv = rms_inv(o, a.Dh, (float)a.eps);
   for (i64 i = threadIdx.x; i < a.Dh; i += blockDim.x)
     a.y[r * a.Dh + i] = ldw(a.w, i, a.w_bf16) * (o[i] * inv) * sigmoidf_d(g[i]);
 }
@@ -75,16 +72,7 @@ KERNEL(glmf_elementwise, EltArgs) {
   switch (a.op) {
   case 0: a.out[i] = sigmoidf_d(a.x[i]); break;
   case 1: a.out[i] = a.x[i] + a.y[i]; break;
-  case 2: {
-    float g = a.x[i], u = a.y[i];
-    float lim = (float)a.limit;
-    if (a.limit > 0 && !isinf(a.limit)) {
-      if (g > lim) g = lim;
-      if (u > lim) u = lim; else if (u < -lim) u = -lim;
-    }
-    a.out[i] = siluf_d(g) * u;
-    break;
-  }
+  case 2: a.out[i] = swiglu_clamped(a.x[i], a.y[i], a.limit); break;
   }
 }
 
@@ -134,13 +122,6 @@ KERNEL(glmf_split_cols, SplitArgs) {
     }
     off += a.w[j];
   }
-}
-
-// fill_f32: out[i] = v (tests poison buffers with NaN).
-struct FillArgs { float* out; i64 n; double v; };
-KERNEL(glmf_fill_f32, FillArgs) {
-  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < a.n) a.out[i] = (float)a.v;
 }
 
 // to_bf16: out[i] = bf16(x[i]) (round to nearest even): GEMM inputs of the

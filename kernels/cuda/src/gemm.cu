@@ -142,13 +142,7 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
       if (c >= a.N) continue;
       float v = (float)acc[i][j];
       if (W2) {  // MoE gate/up: clamped SwiGLU, written in permuted order
-        float gt = v, u = (float)acc2[i][j];
-        float lim = (float)a.limit;
-        if (a.limit > 0 && !isinf(a.limit)) {
-          if (gt > lim) gt = lim;
-          if (u > lim) u = lim; else if (u < -lim) u = -lim;
-        }
-        a.out[0][(p0 + r) * a.N + c] = siluf_d(gt) * u;
+        a.out[0][(p0 + r) * a.N + c] = swiglu_clamped(v, (float)acc2[i][j], a.limit);
       } else if (a.scatter) {  // MoE down: weighted, to the routing slot
         int s = rowP[r];
         a.scatter[(i64)s * a.N + c] = a.row_scale[s] * v;
@@ -189,8 +183,8 @@ KERNEL(glmf_gemm_col, GemmArgs) {
       float w[8];
       unsigned u[4] = {q.x, q.y, q.z, q.w};
       for (int j = 0; j < 4; j++) {
-        w[2 * j] = __uint_as_float(u[j] << 16);
-        w[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+        w[2 * j] = bf16f((u16)u[j]);
+        w[2 * j + 1] = bf16f((u16)(u[j] >> 16));
       }
       for (int m = 0; m < 2; m++) {
         if (m >= M) break;

@@ -78,10 +78,7 @@ DEVFN void mhc_pre_row(const MHCParams& p, const float* x, float* h, float* post
   __shared__ float post_s[MHC_MAX_H];
   __shared__ float comb_s[MHC_MAX_H * MHC_MAX_H];
   i64 H = p.H, D = p.D, HD = H * D, mix = (2 + H) * H;
-  float ss = 0;
-  for (i64 i = threadIdx.x; i < HD; i += blockDim.x) ss += x[i] * x[i];
-  ss = block_sum(ss);
-  float r = (float)(1.0 / sqrt((double)(ss / (float)HD + (float)p.norm_eps)));
+  float r = rms_inv(x, HD, (float)p.norm_eps);
   // The mixing logits m = fn·x: each thread sums its k (k ≡ tid mod the
   // block) for MHC_ROWS rows at once, so MHC_ROWS independent weight loads
   // are in flight per k (a row per warp kept every load on one serial
