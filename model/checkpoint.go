@@ -320,6 +320,21 @@ func (ck *Checkpoint) scaleFor(name string, info safetensors.TensorInfo) ([]floa
 	return s, want, nil
 }
 
+// FP8Scales returns the block scales of an F8_E4M3 weight as float32,
+// [ceil(rows/block[0])][ceil(cols/block[1])], and the block size (the
+// config's weight_block_size), validated as Float32 validates them.
+func (ck *Checkpoint) FP8Scales(name string) ([]float32, [2]int, error) {
+	loc, err := ck.lookup(name)
+	if err != nil {
+		return nil, [2]int{}, err
+	}
+	if loc.info.DType != safetensors.F8E4M3 {
+		return nil, [2]int{}, fmt.Errorf("tensor %s: dtype %s, not F8_E4M3", name, loc.info.DType)
+	}
+	s, _, err := ck.scaleFor(name, loc.info)
+	return s, ck.cfg.BlockSize(), err
+}
+
 func (ck *Checkpoint) dequantFP8(name string, info safetensors.TensorInfo, raw []byte, out []float32) error {
 	scale, sshape, err := ck.scaleFor(name, info)
 	if err != nil {

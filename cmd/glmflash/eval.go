@@ -7,6 +7,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/glmflash/glmflash/core/attrib"
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/eval"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/model"
@@ -15,15 +17,25 @@ import (
 
 func newEvalCmd() *cobra.Command {
 	var mf modelFlags
-	var refPath, dump string
+	var refPath, dump, versus string
 	var tol float64
+	var promptLen, prompts, steps int
 	cmd := &cobra.Command{
-		Use:   "eval --model DIR --reference FILE",
+		Use:   "eval (--model DIR | --preset NAME) (--reference FILE | --versus PRECISION)",
 		Args:  cobra.NoArgs,
-		Short: "Run every case of a transformers reference file and compare logits and greedy tokens",
+		Short: "Run every case of a transformers reference file (or of the engine in another precision) and compare logits and greedy tokens",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if refPath == "" {
-				return fmt.Errorf("--reference is required")
+			if (refPath == "") == (versus == "") {
+				return fmt.Errorf("give one of --reference (a transformers reference) or --versus (the engine in another precision)")
+			}
+			if versus != "" {
+				if versus != "fp32" && versus != "bf16" {
+					return fmt.Errorf("--versus must be fp32 or bf16, got %q", versus)
+				}
+				if promptLen < 1 || prompts < 1 || prompts > 16 || steps < 0 {
+					return fmt.Errorf("--prompt-len must be ≥ 1, --prompts in [1, 16], --steps ≥ 0")
+				}
+				return evalVersus(cmd, &mf, versus, promptLen, prompts, steps)
 			}
 			if tol <= 0 {
 				return fmt.Errorf("--tol must be > 0")
@@ -81,6 +93,10 @@ func newEvalCmd() *cobra.Command {
 	mf.addPrecision(cmd)
 	mf.add(cmd, false)
 	mf.addCheckTensors(cmd)
+	cmd.Flags().StringVar(&versus, "versus", "", "instead of --reference: compare with the same engine in this precision (fp32 or bf16) on deterministic prompts; figures are reported, not gated")
+	cmd.Flags().IntVar(&promptLen, "prompt-len", 128, "with --versus: tokens per prompt")
+	cmd.Flags().IntVar(&prompts, "prompts", 2, "with --versus: prompts (each a prefill case and a greedy decode case)")
+	cmd.Flags().IntVar(&steps, "steps", 16, "with --versus: greedy decode steps per prompt")
 	cmd.Flags().StringVar(&refPath, "reference", "", "reference.safetensors (with reference.json beside it; an MTP reference runs the trunk and the MTP layer)")
 	cmd.Flags().Float64Var(&tol, "tol", 1e-3, "largest allowed max |Δlogit| per case")
 	cmd.Flags().StringVar(&dump, "dump-graph", "", "print the prefill graph first: summary or text")
@@ -125,5 +141,58 @@ func evalMTP(ck *model.Checkpoint, mf *modelFlags, refPath string, tol float64) 
 		return fmt.Errorf("%d of %d MTP cases exceed --tol %g or change a greedy token", failed, len(ref.Cases), tol)
 	}
 	fmt.Printf("all %d MTP cases within %g, greedy tokens identical\n", len(ref.Cases), tol)
+	return nil
+}
+
+// evalVersus runs the engine of the flags against its own outputs in
+// precision versus (the reference), on deterministic prompts, and prints
+// max |Δlogit| and greedy agreement per case.
+func evalVersus(cmd *cobra.Command, mf *modelFlags, versus string, promptLen, prompts, steps int) error {
+	ck, err := mf.open()
+	if err != nil {
+		return err
+	}
+	defer ck.Close()
+	cfg := ck.Config()
+	if promptLen+steps+1 > cfg.MaxPositionEmbeddings {
+		return fmt.Errorf("--prompt-len + --steps (%d) must fit max_position_embeddings (%d)", promptLen+steps, cfg.MaxPositionEmbeddings)
+	}
+	refEng, err := newEngineWith(ck, mf, 2, 0, func(o *backend.Options) { o.Precision = versus })
+	if err != nil {
+		return err
+	}
+	defer refEng.Close()
+	e, err := newEngine(ck, mf, 2)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	got := e.Backend().Info().Precision
+	if got == versus {
+		return fmt.Errorf("--versus %s is the engine's own precision (set --precision)", versus)
+	}
+	var ps [][]int32
+	for i := 0; i < prompts; i++ {
+		ps = append(ps, attrib.BenchTokens(promptLen, i+1, cfg.VocabSize))
+	}
+	ref, err := eval.EngineReference(refEng, ps, steps)
+	if err != nil {
+		return fmt.Errorf("the %s reference: %w", versus, err)
+	}
+	res, err := eval.RunAll(e, ref)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "case\tkind\trows\tmax|Δlogit| (%s vs %s)\tgreedy agreement\n", got, versus)
+	worst, agree, total := 0.0, 0, 0
+	for _, r := range res {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3g\t%d/%d\n", r.Name, r.Kind, r.Rows, r.MaxAbsDiff, r.Rows-r.Mismatches, r.Rows)
+		worst = max(worst, r.MaxAbsDiff)
+		agree += r.Rows - r.Mismatches
+		total += r.Rows
+	}
+	tw.Flush()
+	fmt.Printf("%s against %s: worst max|Δlogit| %.3g, greedy agreement %d/%d rows (%.1f%%)\n", got, versus, worst, agree, total, 100*float64(agree)/float64(total))
 	return nil
 }

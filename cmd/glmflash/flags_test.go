@@ -79,6 +79,18 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"eval --reference": func(d string) probe {
 			return probe{args: []string{"eval", "--model", m, "--reference", d + "/none.safetensors"}, want: "none"}
 		},
+		"eval --versus": func(string) probe {
+			return probe{args: []string{"eval", "--model", m, "--versus", "fp16"}, want: "--versus must be fp32 or bf16"}
+		},
+		"eval --prompt-len": func(string) probe {
+			return probe{args: []string{"eval", "--model", m, "--versus", "bf16", "--prompt-len", "0"}, want: "--prompt-len must be ≥ 1"}
+		},
+		"eval --prompts": func(string) probe {
+			return probe{args: []string{"eval", "--model", m, "--versus", "bf16", "--prompts", "17"}, want: "--prompts in [1, 16]"}
+		},
+		"eval --steps": func(string) probe {
+			return probe{args: []string{"eval", "--model", m, "--versus", "bf16", "--steps", "-1"}, want: "--steps ≥ 0"}
+		},
 		"eval --tol": func(string) probe {
 			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--tol", "0"}, want: "--tol"}
 		},

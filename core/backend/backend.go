@@ -258,3 +258,11 @@ func Open(name string, opts Options) (Backend, error) {
 	}
 	return r.open(opts)
 }
+
+// LazyWeights is a backend that reads its constants through plan.Raw and
+// Plan.Const as it uploads them (the CUDA backend): the engine then compiles
+// lazy plans, so a large checkpoint's weights are never all held as float32
+// in host memory.
+type LazyWeights interface {
+	LazyWeights() bool
+}

@@ -258,7 +258,11 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 			return nil, fmt.Errorf("engine: graph hook: %w", err)
 		}
 	}
-	pl, err := plan.Compile(g, e.weights, plan.Options{MaxPositions: e.opts.MaxPositions})
+	lazy := false
+	if lw, ok := e.be.(backend.LazyWeights); ok {
+		lazy = lw.LazyWeights()
+	}
+	pl, err := plan.Compile(g, e.weights, plan.Options{MaxPositions: e.opts.MaxPositions, Lazy: lazy})
 	if err != nil {
 		return nil, err
 	}

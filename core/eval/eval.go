@@ -137,3 +137,50 @@ func RunAll(e *engine.Engine, ref *Reference) ([]Result, error) {
 	}
 	return out, nil
 }
+
+// EngineReference records engine e's own outputs as a reference: per prompt
+// a prefill case (every row's logits) and a decode case (the last prompt
+// row and steps greedy steps along e's own argmax). Running another engine
+// on it (RunAll) compares the two, e.g. precision bf16 against fp32 on a
+// model without a transformers reference.
+func EngineReference(e *engine.Engine, prompts [][]int32, steps int) (*Reference, error) {
+	ref := &Reference{Path: "engine", Vocab: 0}
+	for i, toks := range prompts {
+		slot, err := e.Store().Alloc()
+		if err != nil {
+			return nil, err
+		}
+		run := func(mode graph.Mode, logits graph.Logits, t []int32) ([]float32, error) {
+			res, err := e.Run(engine.Key{Mode: mode, Logits: logits}, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: t}}})
+			if err != nil {
+				return nil, err
+			}
+			ref.Vocab = res.Vocab
+			return append([]float32(nil), res.Logits...), nil
+		}
+		pre, err := run(graph.Prefill, graph.AllLogits, toks)
+		e.Store().Free(slot)
+		if err != nil {
+			return nil, err
+		}
+		ref.Cases = append(ref.Cases, Case{Name: fmt.Sprintf("prefill-%d", i), Kind: "prefill", Tokens: toks, Logits: pre})
+		if slot, err = e.Store().Alloc(); err != nil {
+			return nil, err
+		}
+		c := Case{Name: fmt.Sprintf("decode-%d", i), Kind: "decode", Tokens: toks}
+		last, err := run(graph.Prefill, graph.LastLogits, toks)
+		for s := 0; err == nil && s < steps; s++ {
+			c.StepLogits = append(c.StepLogits, last...)
+			tok := int32(Argmax(last))
+			c.Greedy = append(c.Greedy, tok)
+			last, err = run(graph.Decode, graph.LastLogits, []int32{tok})
+		}
+		e.Store().Free(slot)
+		if err != nil {
+			return nil, err
+		}
+		c.StepLogits = append(c.StepLogits, last...)
+		ref.Cases = append(ref.Cases, c)
+	}
+	return ref, nil
+}

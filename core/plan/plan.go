@@ -9,6 +9,7 @@ package plan
 import (
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/glmflash/glmflash/core/ir"
 )
@@ -24,6 +25,11 @@ type Options struct {
 	MaxPositions int
 	// Vocab bounds token ids; taken from the logits width when 0.
 	Vocab int
+	// Lazy leaves constants unloaded until Const asks for one (a device
+	// backend that uploads checkpoint bytes as stored, through Raw, never
+	// needs the float32 copy of its large weights). Consts is then empty:
+	// use IsConst and Const.
+	Lazy bool
 }
 
 // Plan is a verified graph with its constants loaded, ready for a backend.
@@ -46,8 +52,12 @@ type Plan struct {
 	// so a batch may be prepared while another executes.
 	HostLengths bool
 
-	cache *WeightCache
-	bf16s map[*ir.Value][]uint16
+	cache  *WeightCache
+	src    Weights
+	lazy   bool
+	consts map[*ir.Value]bool // every constant value (weights and folded)
+	mu     sync.Mutex         // guards Consts and bf16s in lazy mode
+	bf16s  map[*ir.Value][]uint16
 }
 
 // Compile verifies g, loads its weights from w (shared through w when it is
@@ -56,9 +66,14 @@ func Compile(g *ir.Graph, w Weights, opts Options) (*Plan, error) {
 	if err := g.Verify(); err != nil {
 		return nil, fmt.Errorf("plan: graph does not verify: %w", err)
 	}
-	p := &Plan{Graph: g, Consts: map[*ir.Value][]float32{}, LastUse: map[*ir.Value]int{}, Hidden: map[*ir.Value]string{}, bf16s: map[*ir.Value][]uint16{}}
+	p := &Plan{Graph: g, Consts: map[*ir.Value][]float32{}, LastUse: map[*ir.Value]int{}, Hidden: map[*ir.Value]string{},
+		bf16s: map[*ir.Value][]uint16{}, src: w, lazy: opts.Lazy, consts: map[*ir.Value]bool{}}
 	p.cache, _ = w.(*WeightCache)
 	for _, wv := range g.Weights {
+		p.consts[wv] = true
+		if opts.Lazy {
+			continue
+		}
 		data, err := loadWeight(w, wv)
 		if err != nil {
 			return nil, err
@@ -72,6 +87,17 @@ func Compile(g *ir.Graph, w Weights, opts Options) (*Plan, error) {
 			return nil, fmt.Errorf("plan: unknown op %q", n.Op)
 		}
 		if def.Const() {
+			for _, in := range n.Inputs {
+				if !p.consts[in] {
+					return nil, fmt.Errorf("plan: %s input %s is not constant", n.Op, in.Name)
+				}
+			}
+			for _, o := range n.Outputs {
+				p.consts[o] = true
+			}
+			if opts.Lazy {
+				continue
+			}
 			if err := p.fold(n); err != nil {
 				return nil, err
 			}
@@ -131,11 +157,19 @@ func stackWeights(w Weights, v *ir.Value) ([]float32, error) {
 	return out, nil
 }
 
-// fold computes a constant node's outputs with its op's Fold trait.
+// fold computes a constant node's outputs with its op's Fold trait (in
+// lazy mode loading its inputs first; p.mu held).
 func (p *Plan) fold(n *ir.Node) error {
 	in := make([][]float32, len(n.Inputs))
 	for i, v := range n.Inputs {
 		d, ok := p.Consts[v]
+		if !ok && p.lazy && p.consts[v] {
+			var err error
+			if d, err = p.loadLocked(v); err != nil {
+				return err
+			}
+			ok = true
+		}
 		if !ok {
 			return fmt.Errorf("plan: %s input %s is not constant", n.Op, v.Name)
 		}
@@ -163,18 +197,62 @@ func (p *Plan) Source() any {
 	return p
 }
 
-// Const returns a constant's values (nil when v is not constant).
-func (p *Plan) Const(v *ir.Value) []float32 { return p.Consts[v] }
+// IsConst says whether v is a constant (a weight or a folded derived
+// weight), loaded or not.
+func (p *Plan) IsConst(v *ir.Value) bool { return p.consts[v] }
+
+// Const returns a constant's values (nil when v is not constant), loading
+// (and folding) it on first use in lazy mode; ConstErr says why it could not.
+func (p *Plan) Const(v *ir.Value) []float32 {
+	d, _ := p.ConstErr(v)
+	return d
+}
+
+// ConstErr is Const with the loading error.
+func (p *Plan) ConstErr(v *ir.Value) ([]float32, error) {
+	if !p.lazy {
+		return p.Consts[v], nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.loadLocked(v)
+}
+
+// loadLocked loads or folds a constant of a lazy plan (p.mu held).
+func (p *Plan) loadLocked(v *ir.Value) ([]float32, error) {
+	if d, ok := p.Consts[v]; ok {
+		return d, nil
+	}
+	if !p.consts[v] {
+		return nil, nil
+	}
+	if v.Producer == nil {
+		d, err := loadWeight(p.src, v)
+		if err != nil {
+			return nil, err
+		}
+		p.Consts[v] = d
+		return d, nil
+	}
+	if err := p.fold(v.Producer); err != nil {
+		return nil, err
+	}
+	return p.Consts[v], nil
+}
 
 // BF16 returns a bfloat16 copy of a constant when every value is exactly
 // representable in bfloat16 (true of BF16 checkpoints and of FP8 weights
 // with power-of-two block scales), else nil. Copies of checkpoint weights
 // are shared by every plan of one WeightCache.
 func (p *Plan) BF16(v *ir.Value) []uint16 {
+	w := p.Const(v)
+	if p.lazy {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+	}
 	if b, ok := p.bf16s[v]; ok {
 		return b
 	}
-	w := p.Consts[v]
 	if w == nil {
 		return nil
 	}

@@ -235,8 +235,12 @@ type GemmArgs struct {
 	Lda      int64
 	AGoff    int64
 	W        DevicePtr
-	WBf16    int64
+	WType    int64
 	WGoff    int64
+	Ws       DevicePtr
+	WsLd     int64
+	WsGoff   int64
+	Ws2      DevicePtr
 	W2       DevicePtr
 	M        int64
 	N        int64
@@ -252,6 +256,16 @@ type GemmArgs struct {
 	Scatter  DevicePtr
 	Limit    float64
 	ARound   int64
+}
+
+// FP8ToBF16Args mirrors the CUDA struct FP8ToBF16Args.
+type FP8ToBF16Args struct {
+	W    DevicePtr
+	Ws   DevicePtr
+	WsLd int64
+	N    int64
+	K    int64
+	Out  DevicePtr
 }
 
 // KDAConvArgs mirrors the CUDA struct KDAConvArgs.

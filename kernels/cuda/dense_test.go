@@ -42,7 +42,7 @@ func TestGemmMatchesCPU(t *testing.T) {
 		}
 		a := kc.GemmArgs{A: X.p, Lda: int64(c.K), W: W.p, M: int64(c.M), N: int64(c.N), K: int64(c.K), Nout: int64(len(splits))}
 		if c.bf16 {
-			a.WBf16 = 1
+			a.WType = 1
 		}
 		outs := make([]buf, len(splits))
 		for i, s := range splits {
@@ -75,7 +75,7 @@ func TestGemmBatchedMatchesCPU(t *testing.T) {
 		gemm.BatchedMatMulT(ys, x, M, K, wf, N)
 		X, W := upload(t, d, x), upload(t, d, wb)
 		o0, o1 := poisoned[float32](t, d, M*N), poisoned[float32](t, d, M*N)
-		a := kc.GemmArgs{A: X.p, Lda: int64(G * K), AGoff: int64(K), W: W.p, WBf16: 1, WGoff: int64(N * K), M: int64(M), N: int64(N), K: int64(K), Nout: 2, Batched: 1}
+		a := kc.GemmArgs{A: X.p, Lda: int64(G * K), AGoff: int64(K), W: W.p, WType: 1, WGoff: int64(N * K), M: int64(M), N: int64(N), K: int64(K), Nout: 2, Batched: 1}
 		a.Out[0], a.Out[1], a.Ow[0], a.Ow[1] = o0.p, o1.p, int64(N), int64(N)
 		name, grid, block := kc.GemmLaunch(M, N, 2)
 		launch(t, d, name, grid, block, 0, &a)
@@ -224,7 +224,7 @@ func gemmKernelsAgree(t *testing.T, d *kc.Device, r *rand.Rand, M, N, K int) {
 	x := randn(r, M*K, 1)
 	wb, _ := toBF16(randn(r, N*K, 0.3))
 	X, W := upload(t, d, x), upload(t, d, wb)
-	a := kc.GemmArgs{A: X.p, Lda: int64(K), W: W.p, WBf16: 1, N: int64(N), K: int64(K), Nout: 1}
+	a := kc.GemmArgs{A: X.p, Lda: int64(K), W: W.p, WType: 1, N: int64(N), K: int64(K), Nout: 1}
 	run := func(rows int, want string) []float32 {
 		out := poisoned[float32](t, d, rows*N)
 		a.M, a.Out[0], a.Ow[0] = int64(rows), out.p, int64(N)
@@ -267,7 +267,7 @@ func TestBF16PrecisionPieces(t *testing.T) {
 	C := poisoned[float32](t, d, M*N)
 	require.NoError(t, d.Do(func() error { return d.GemmBF16(M, N, K, B.p, K, W.p, K, C.p, N) }))
 	require.Less(t, maxRelErr(t, download[float32](t, C), want), 1e-5, "cuBLAS bf16 GEMM")
-	a := kc.GemmArgs{A: X.p, Lda: int64(K), W: W.p, WBf16: 1, M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: 1}
+	a := kc.GemmArgs{A: X.p, Lda: int64(K), W: W.p, WType: 1, M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: 1}
 	a.Out[0], a.Ow[0] = C.p, int64(N)
 	launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64)}, kc.Dim3{X: 256}, 0, &a)
 	require.Less(t, maxRelErr(t, download[float32](t, C), want), 1e-6, "tiled, rounding as it reads")

@@ -25,3 +25,12 @@ func GemmLaunch(M, N, G int) (kernel string, grid, block Dim3) {
 	}
 	return "glmf_gemm_tiled", Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64), Z: uint32(G)}, Dim3{X: 256}
 }
+
+// GemvRows is the most rows (or MoE tile rows) glmf_gemv takes.
+const GemvRows = 8
+
+// GemvLaunch is glmf_gemv's launch shape for N columns (a warp each, 8
+// a block) over tiles (MoE tile mode, else 1) and G groups.
+func GemvLaunch(N, tiles, G int) (kernel string, grid, block Dim3) {
+	return "glmf_gemv", Dim3{X: uint32((N + 7) / 8), Y: uint32(tiles), Z: uint32(G)}, Dim3{X: 256}
+}

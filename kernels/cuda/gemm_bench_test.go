@@ -95,7 +95,7 @@ func BenchmarkGemmDecode(b *testing.B) {
 			timeIt(b, false, func() error { return d.Copy(dst.p, W.p, int64(wbytes)) })
 		})
 		for _, M := range []int{1, 2, 4, 8} {
-			a := kc.GemmArgs{A: X.p, Lda: int64(s.K), W: W.p, WBf16: 1, M: int64(M), N: int64(s.N), K: int64(s.K), Nout: 1}
+			a := kc.GemmArgs{A: X.p, Lda: int64(s.K), W: W.p, WType: 1, M: int64(M), N: int64(s.N), K: int64(s.K), Nout: 1}
 			a.Out[0], a.Ow[0] = out.p, int64(s.N)
 			for _, k := range []string{"glmf_gemm_col", "glmf_gemm_skinny", "glmf_gemm_tiled"} {
 				if k == "glmf_gemm_col" && M > kc.ColMaxRows {

@@ -54,11 +54,11 @@ func TestMoEExpertsMatchCPU(t *testing.T) {
 		act, contrib, y := poisoned[float32](t, d, TK*c.I), poisoned[float32](t, d, TK*c.D), poisoned[float32](t, d, c.T*c.D)
 		pa := kc.PlanArgs{Idx: Idx.p, TK: int64(TK), E: int64(c.E), Bm: 64, Perm: perm.p, Tiles: tiles.p}
 		launch(t, d, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
-		gu := kc.GemmArgs{A: X.p, Lda: int64(c.D), W: G.p, WBf16: 1, WGoff: int64(c.I * c.D), W2: U.p, M: int64(TK), N: int64(c.I), K: int64(c.D),
+		gu := kc.GemmArgs{A: X.p, Lda: int64(c.D), W: G.p, WType: 1, WGoff: int64(c.I * c.D), W2: U.p, M: int64(TK), N: int64(c.I), K: int64(c.D),
 			Nout: 1, Tiles: tiles.p, Perm: perm.p, ADiv: int64(c.K), Limit: 1.5}
 		gu.Out[0], gu.Ow[0] = act.p, int64(c.I)
 		launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((c.I + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}, 0, &gu)
-		dn := kc.GemmArgs{A: act.p, Lda: int64(c.I), W: Dn.p, WBf16: 1, WGoff: int64(c.D * c.I), M: int64(TK), N: int64(c.D), K: int64(c.I),
+		dn := kc.GemmArgs{A: act.p, Lda: int64(c.I), W: Dn.p, WType: 1, WGoff: int64(c.D * c.I), M: int64(TK), N: int64(c.D), K: int64(c.I),
 			Nout: 1, Tiles: tiles.p, Perm: perm.p, RowScale: Wt.p, Scatter: contrib.p}
 		launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((c.D + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}, 0, &dn)
 		ca := kc.CombineArgs{Contrib: contrib.p, Y: y.p, T: int64(c.T), K: int64(c.K), D: int64(c.D)}

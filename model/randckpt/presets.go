@@ -52,6 +52,30 @@ var presets = map[string]map[string]any{
 		"linear_num_heads": 8, "linear_head_dim": 128, "hc_mult": 4,
 		"max_position_embeddings": 65536, "pad_token_id": 0,
 	},
+	// gpu: the released model's per-layer sizes (architecture.md §1.1:
+	// hidden 4096, 288 routed experts top-8 of 2048, MLA 64 heads of 256
+	// with q_lora 1536 / kv_lora 512, the 32×128 indexer keeping 2048
+	// tokens in pools of 4, KDA 64 heads of 128, dense MLP 12288, the
+	// released vocabulary) over 8 of its 45 layers: the released schedule
+	// (KDA + dense MLP at 0–2, DSA + MoE at 3, KDA + MoE at 4–6, DSA + MoE
+	// at 7), about 41 GB in the FP8 layout. 8 layers is what both engines
+	// of the GPU benchmark hold comfortably on one H200 (139 GiB):
+	// transformers keeps the weights it cannot run in FP8 as bf16, twice
+	// that, and the FP8 checkpoint itself must fit the GPU machine's 64 GiB
+	// of disk. max_position_embeddings (1048576 released: with no RoPE only
+	// a context limit) is 8192, which sizes the per-sequence caches.
+	"gpu": {
+		"vocab_size": 154880, "hidden_size": 4096, "num_hidden_layers": 8, "intermediate_size": 12288,
+		"moe_intermediate_size": 2048, "n_routed_experts": 288, "num_experts_per_tok": 8, "n_shared_experts": 1,
+		"n_group": 1, "topk_group": 1, "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+		"num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
+		"qk_nope_head_dim": 256, "qk_rope_head_dim": 0, "v_head_dim": 256,
+		"index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048, "index_kpool": 4,
+		"index_kpool_always_select_tail": true,
+		"linear_num_heads":               64, "linear_head_dim": 128, "linear_conv_kernel_dim": 4, "linear_lower_bound": -5.0,
+		"hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-5, "swiglu_limit": 10.0,
+		"max_position_embeddings": 8192, "tie_word_embeddings": false, "pad_token_id": 154820,
+	},
 }
 
 // MTPSuffix names a preset's variant with one MTP (NextN) layer: "tiny-mtp"
@@ -71,7 +95,8 @@ func PresetNames() []string {
 }
 
 // Preset returns a validated configuration by name: "tiny" (the sizes of
-// the HF fixture testdata/glm5next-tiny-a), "small" or "bench", or one of
+// the HF fixture testdata/glm5next-tiny-a), "small", "bench" or "gpu" (the
+// released sizes over 8 layers: for the GPU, in FP8), or one of
 // them with MTPSuffix for the same model with an MTP layer. All presets
 // use the released layer schedule: DSA at layers i%4==3, KDA elsewhere, a
 // dense MLP on layers 0–2 and MoE after.

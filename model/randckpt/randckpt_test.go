@@ -20,7 +20,7 @@ import (
 const fixtureDir = "../../testdata/glm5next-tiny-a/checkpoint"
 
 func TestPresets(t *testing.T) {
-	assert.Equal(t, []string{"bench", "bench-mtp", "small", "small-mtp", "tiny", "tiny-mtp"}, PresetNames())
+	assert.Equal(t, []string{"bench", "bench-mtp", "gpu", "gpu-mtp", "small", "small-mtp", "tiny", "tiny-mtp"}, PresetNames())
 	for _, n := range PresetNames() {
 		c, err := Preset(n)
 		require.NoError(t, err, n)
@@ -78,6 +78,23 @@ func TestPresets(t *testing.T) {
 		params += n
 	}
 	assert.InDelta(t, 3.5e8, float64(params), 1e8, "bench is a few hundred million parameters")
+
+	// gpu: the released per-layer sizes (architecture.md §1.1) over 8 layers,
+	// about 41 GB in the FP8 layout
+	g, err := Preset("gpu")
+	require.NoError(t, err)
+	assert.Equal(t, []int{4096, 154880, 12288, 288, 8, 2048, 1, 154820}, []int{g.HiddenSize, g.VocabSize, g.IntermediateSize, g.NRoutedExperts, g.NumExpertsPerTok, g.MoEIntermediateSize, g.NSharedExperts, *g.PadTokenID})
+	assert.Equal(t, []int{64, 128, 64, 256, 256, 1536, 512}, []int{g.LinearNumHeads, g.LinearHeadDim, g.NumAttentionHeads, g.QKNopeHeadDim, g.VHeadDim, g.QLoraRank, g.KVLoraRank})
+	assert.Equal(t, []int{32, 128, 2048, 4}, []int{g.IndexNHeads, g.IndexHeadDim, g.IndexTopK, g.IndexKPool})
+	var fp8Bytes int64
+	for _, s := range g.WeightCatalog(true) {
+		n := int64(s.DType.Size())
+		for _, d := range s.Shape {
+			n *= int64(d)
+		}
+		fp8Bytes += n
+	}
+	assert.InDelta(t, 41e9, float64(fp8Bytes), 2e9, "gpu in FP8 is about 41 GB")
 }
 
 func writeTiny(t *testing.T, opts Options) (string, *model.Config) {

@@ -97,7 +97,41 @@ func bindLayerNorm(p *Program, n *ir.Node) (*kstep, error) {
 // their inputs are rounded to bfloat16, large batches run on cuBLAS's
 // tensor-core bf16 GEMM with fp32 accumulation, small ones on the skinny
 // kernel rounding as it reads.
-func (p *Program) bf16Mode(W devTensor) bool { return p.b.opts.Precision == "bf16" && W.bf16 }
+func (p *Program) bf16Mode(W devTensor) bool {
+	return p.b.opts.Precision == "bf16" && (W.bf16 || W.fp8)
+}
+
+// dequantBF16 writes the bf16 (nearest) of fp8 weight W's dequantized
+// values, all its matrices, at dst (the library GEMMs' weight in precision
+// bf16).
+func dequantBF16(dev *kc.Device, W devTensor, dst kc.DevicePtr) error {
+	n := W.rows * W.cols
+	for m := int64(0); m < W.matrixCount; m++ {
+		a := kc.FP8ToBF16Args{W: W.ptr + kc.DevicePtr(m*n), Ws: W.scale + kc.DevicePtr(4*m*W.sgoff), WsLd: W.sld, N: W.rows, K: W.cols, Out: dst + kc.DevicePtr(2*m*n)}
+		if err := kc.Launch(dev, "glmf_fp8_to_bf16", blocks(n), block256, 0, &a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// libWeight is the weight pointer a library GEMM reads: W's own (bf16 or
+// fp32), or its bf16 dequantization at tmp for fp8 (tmp: 2·n bytes).
+func libWeight(dev *kc.Device, W devTensor, tmp kc.DevicePtr) (kc.DevicePtr, error) {
+	if !W.fp8 {
+		return W.ptr, nil
+	}
+	return tmp, dequantBF16(dev, W, tmp)
+}
+
+// libWeightTemp is the bytes of the bf16 copy a library GEMM of M rows
+// needs of fp8 weight W (0 when it runs on W as stored).
+func libWeightTemp(W devTensor, kind string, M int) int64 {
+	if !W.fp8 || !planGEMM(nil, kind, M).lib {
+		return 0
+	}
+	return 2 * W.n
+}
 
 // castBF16 rounds n contiguous floats at x to bf16 at dst.
 func castBF16(dev *kc.Device, x kc.DevicePtr, n int, dst kc.DevicePtr) error {
@@ -126,7 +160,10 @@ func planGEMM(t *tunedGEMM, kind string, M int) gemmPlan {
 	if ch := t.choose(kind, M); ch.kind != chDefault {
 		return gemmPlan{lib: ch.lib(), ch: ch}
 	}
-	if kind != kindF32BF16W && M > skinnyMaxRows {
+	switch {
+	case M <= skinnyMaxRows && (kind == kindBF16BF16W || kind == kindF32FP8W || kind == kindBF16FP8W):
+		return gemmPlan{ch: gemmChoice{kind: chGemv}}
+	case kind != kindF32BF16W && kind != kindF32FP8W && M > skinnyMaxRows:
 		return gemmPlan{lib: true, ch: gemmChoice{kind: chCublas}}
 	}
 	return gemmPlan{ch: gemmChoice{kind: chOwn}}
@@ -147,7 +184,9 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	st := &kstep{}
 	if bf {
-		st.temps = func(rc *runCtx) []int64 { return []int64{2 * int64(rc.rows(in[0])*K)} }
+		st.temps = func(rc *runCtx) []int64 {
+			return []int64{2 * int64(rc.rows(in[0])*K), libWeightTemp(W, kind, rc.rows(in[0]))}
+		}
 	}
 	st.run = func(rc *runCtx) error {
 		M := rc.rows(in[0])
@@ -160,9 +199,14 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 				}
 				A = rc.temps[0]
 			}
-			return libGemm(rc.dev, pl.ch, bf, M, N, K, A, K, W.ptr, rc.ptr(out), N)
+			Wp, err := libWeight(rc.dev, W, rc.temps[1])
+			if err != nil {
+				return err
+			}
+			return libGemm(rc.dev, pl.ch, bf, M, N, K, A, K, Wp, rc.ptr(out), N)
 		}
-		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(K), W: W.ptr, WBf16: W.flag(), M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: b2i(bf)}
+		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(K), M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: b2i(bf)}
+		W.setW(&a)
 		a.Out[0], a.Ow[0] = rc.ptr(out), int64(N)
 		return launchOwn(rc.dev, &a, 1, pl.ch)
 	}
@@ -187,15 +231,16 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 		return nil, err
 	}
 	st := &kstep{}
-	if kind != kindF32BF16W { // the library writes one matrix, split afterwards
+	if kind != kindF32BF16W && kind != kindF32FP8W { // the library writes one matrix, split afterwards
 		st.temps = func(rc *runCtx) []int64 {
 			M := int64(rc.rows(in[0]))
-			return []int64{4 * M * int64(N), 2 * M * int64(K)}
+			return []int64{4 * M * int64(N), 2 * M * int64(K), libWeightTemp(W, kind, int(M))}
 		}
 	}
 	st.run = func(rc *runCtx) error {
 		M := rc.rows(in[0])
-		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(K), W: W.ptr, WBf16: W.flag(), M: int64(M), N: int64(N), K: int64(K), Nout: int64(len(splits)), ARound: b2i(bf)}
+		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(K), M: int64(M), N: int64(N), K: int64(K), Nout: int64(len(splits)), ARound: b2i(bf)}
+		W.setW(&a)
 		for i, s := range splits {
 			a.Out[i], a.Ow[i] = rc.ptr(outs[i]), int64(s)
 		}
@@ -210,7 +255,11 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 			}
 			A = rc.temps[1]
 		}
-		if err := libGemm(rc.dev, pl.ch, bf, M, N, K, A, K, W.ptr, tmp, N); err != nil {
+		Wp, err := libWeight(rc.dev, W, rc.temps[2])
+		if err != nil {
+			return err
+		}
+		if err := libGemm(rc.dev, pl.ch, bf, M, N, K, A, K, Wp, tmp, N); err != nil {
 			return err
 		}
 		sa := kc.SplitArgs{X: tmp, R: int64(M), N: int64(N), Nout: a.Nout, Out: a.Out, W: a.Ow}
@@ -237,7 +286,9 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	st := &kstep{}
 	if bf {
-		st.temps = func(rc *runCtx) []int64 { return []int64{2 * int64(rc.rows(in[0])*G*K)} }
+		st.temps = func(rc *runCtx) []int64 {
+			return []int64{2 * int64(rc.rows(in[0])*G*K), libWeightTemp(W, kind, rc.rows(in[0]))}
+		}
 	}
 	st.run = func(rc *runCtx) error {
 		M := rc.rows(in[0])
@@ -251,18 +302,23 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 				A, esz = rc.temps[0], 2
 			}
 			wsz := 4
-			if W.bf16 {
+			if W.bf16 || W.fp8 { // fp8: dequantized to bf16
 				wsz = 2
 			}
+			Wp, err := libWeight(rc.dev, W, rc.temps[1])
+			if err != nil {
+				return err
+			}
 			for g := 0; g < G; g++ {
-				if err := libGemm(rc.dev, pl.ch, bf, M, N, K, A+kc.DevicePtr(esz*g*K), G*K, W.ptr+kc.DevicePtr(wsz*g*N*K), rc.ptr(outs[g]), N); err != nil {
+				if err := libGemm(rc.dev, pl.ch, bf, M, N, K, A+kc.DevicePtr(esz*g*K), G*K, Wp+kc.DevicePtr(wsz*g*N*K), rc.ptr(outs[g]), N); err != nil {
 					return err
 				}
 			}
 			return nil
 		}
-		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(G * K), AGoff: int64(K), W: W.ptr, WBf16: W.flag(), WGoff: int64(N * K),
+		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(G * K), AGoff: int64(K), WGoff: int64(N * K),
 			M: int64(M), N: int64(N), K: int64(K), Nout: int64(G), Batched: 1, ARound: b2i(bf)}
+		W.setW(&a)
 		for g := 0; g < G; g++ {
 			a.Out[g], a.Ow[g] = rc.ptr(outs[g]), int64(N)
 		}

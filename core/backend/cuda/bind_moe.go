@@ -59,8 +59,8 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 	if err != nil {
 		return nil, err
 	}
-	if gate.bf16 != up.bf16 || gate.bf16 != down.bf16 {
-		return nil, fmt.Errorf("expert weights mix bf16 and fp32 (gate %v, up %v, down %v)", gate.bf16, up.bf16, down.bf16)
+	if gate.wtype() != up.wtype() || gate.wtype() != down.wtype() {
+		return nil, fmt.Errorf("expert weights mix storage types (gate %d, up %d, down %d: 0 fp32, 1 bf16, 2 fp8)", gate.wtype(), up.wtype(), down.wtype())
 	}
 	E, I, D := in[3].Shape[0], in[3].Shape[1], in[3].Shape[2]
 	if E > moeMaxExperts {
@@ -69,7 +69,19 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 	K := in[1].Shape[1]
 	limit := float64(float32(a.Float("limit", 0)))
 	round := b2i(p.bf16Mode(gate))
-	maxTiles := func(TK int) int { return (TK+moeTile-1)/moeTile + min(E, TK) }
+	// gemv: tiles of at most kc.GemvRows rows on the warp-per-column GEMV
+	// when the routing slots average at most that many per expert (decode),
+	// for fp8 experts and in precision bf16; else 64-row tiles on the tiled
+	// kernel (bf16/fp32 experts in fp32 precision always: its sums are the
+	// ascending-k ones every other kernel gives).
+	gemv := func(TK int) bool { return (gate.fp8 || round == 1) && TK <= kc.GemvRows*E }
+	tileRows := func(TK int) int {
+		if gemv(TK) {
+			return kc.GemvRows
+		}
+		return moeTile
+	}
+	maxTiles := func(TK int) int { bm := tileRows(TK); return (TK+bm-1)/bm + min(E, TK) }
 	return &kstep{
 		temps: func(rc *runCtx) []int64 {
 			TK := rc.rows(in[0]) * K
@@ -82,22 +94,28 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 				return nil
 			}
 			perm, tiles, act, contrib := rc.temps[0], rc.temps[1], rc.temps[2], rc.temps[3]
-			pa := kc.PlanArgs{Idx: rc.ptr(in[1]), TK: int64(TK), E: int64(E), Bm: moeTile, Perm: perm, Tiles: tiles}
+			pa := kc.PlanArgs{Idx: rc.ptr(in[1]), TK: int64(TK), E: int64(E), Bm: int64(tileRows(TK)), Perm: perm, Tiles: tiles}
 			if err := kc.Launch(rc.dev, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa); err != nil {
 				return err
 			}
-			nt := uint32(maxTiles(TK))
-			gu := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(D), W: gate.ptr, WBf16: gate.flag(), WGoff: int64(I * D), W2: up.ptr,
+			nt := maxTiles(TK)
+			gu := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(D), WGoff: int64(I * D), W2: up.ptr,
 				M: int64(TK), N: int64(I), K: int64(D), Nout: 1, Tiles: tiles, Perm: perm, ADiv: int64(K), Limit: limit, ARound: round}
+			gate.setW(&gu)
+			gu.Ws2 = up.scale
 			gu.Out[0], gu.Ow[0] = act, int64(I)
-			if err := kc.Launch(rc.dev, "glmf_gemm_tiled", kc.Dim3{X: uint32((I + 63) / 64), Y: nt}, block256, 0, &gu); err != nil {
-				return err
-			}
-			dn := kc.GemmArgs{A: act, Lda: int64(I), W: down.ptr, WBf16: down.flag(), WGoff: int64(D * I),
+			dn := kc.GemmArgs{A: act, Lda: int64(I), WGoff: int64(D * I),
 				M: int64(TK), N: int64(D), K: int64(I), Nout: 1, Tiles: tiles, Perm: perm, ADiv: 0, RowScale: rc.ptr(in[2]), Scatter: contrib, ARound: round}
+			down.setW(&dn)
 			dn.Out[0], dn.Ow[0] = contrib, int64(D)
-			if err := kc.Launch(rc.dev, "glmf_gemm_tiled", kc.Dim3{X: uint32((D + 63) / 64), Y: nt}, block256, 0, &dn); err != nil {
-				return err
+			for _, g := range []*kc.GemmArgs{&gu, &dn} {
+				name, grid, block := "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(nt)}, block256
+				if gemv(TK) {
+					name, grid, block = kc.GemvLaunch(int(g.N), nt, 1)
+				}
+				if err := kc.Launch(rc.dev, name, grid, block, 0, g); err != nil {
+					return err
+				}
 			}
 			ca := kc.CombineArgs{Contrib: contrib, Y: rc.ptr(out), T: int64(T), K: int64(K), D: int64(D)}
 			return kc.Launch(rc.dev, "glmf_moe_combine", blocks(int64(T*D)), block256, 0, &ca)

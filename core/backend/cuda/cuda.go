@@ -19,6 +19,7 @@ import (
 	kc "github.com/glmflash/glmflash/kernels/cuda"
 	"github.com/glmflash/glmflash/kernels/indexer"
 	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/safetensors"
 )
 
 func init() {
@@ -51,19 +52,46 @@ var (
 	devices  = map[int]*shared{}
 )
 
-// devTensor is a constant on the device.
+// devTensor is a constant on the device: fp32, bf16, or (GEMM weights
+// only) fp8 e4m3 with fp32 scales per 128×128 block.
 type devTensor struct {
 	ptr   kc.DevicePtr
 	bf16  bool
 	n     int64 // elements
 	bytes int64
+	// fp8: the codes at ptr, the block scales at scale, sld scales per row
+	// block (ceil(cols/128)) and sgoff scales per stacked matrix
+	fp8         bool
+	scale       kc.DevicePtr
+	scaleBytes  int64
+	sld, sgoff  int64
+	rows, cols  int64 // one matrix's shape (fp8)
+	matrixCount int64
 }
 
+// flag is the weight-storage flag of the kernels that take bf16 or fp32
+// (an fp8 tensor never reaches them: upload keeps fp8 only for GEMMs).
 func (t devTensor) flag() int64 {
 	if t.bf16 {
 		return 1
 	}
 	return 0
+}
+
+// wtype is GemmArgs.w_type: WT_F32, WT_BF16 or WT_FP8 of gemm.cu.
+func (t devTensor) wtype() int64 {
+	if t.fp8 {
+		return 2
+	}
+	return t.flag()
+}
+
+// setW points GEMM args at weight t (scales included).
+func (t devTensor) setW(a *kc.GemmArgs) {
+	a.W, a.WType = t.ptr, t.wtype()
+	if t.fp8 {
+		a.Ws, a.WsLd, a.WsGoff = t.scale, t.sld, t.sgoff
+	}
 }
 
 // Open initialises the GPU o.DeviceIndex; it fails at once, naming what is
@@ -97,6 +125,10 @@ func (b *Backend) Name() string { return "cuda" }
 // Device returns the GPU.
 func (b *Backend) Device() *kc.Device { return b.dev }
 
+// LazyWeights implements backend.LazyWeights: constants are read as they
+// are uploaded (stored BF16 and FP8 bytes through plan.Raw).
+func (b *Backend) LazyWeights() bool { return true }
+
 // Ops lists the bound ops.
 func (b *Backend) Ops() []string { return boundOps() }
 
@@ -129,6 +161,9 @@ func (b *Backend) Close() error {
 	err := sh.dev.Do(func() error {
 		for _, t := range sh.weights {
 			sh.dev.Free(t.ptr, t.bytes)
+			if t.scale != 0 {
+				sh.dev.Free(t.scale, t.scaleBytes)
+			}
 		}
 		return nil
 	})
@@ -165,10 +200,12 @@ func constKey(v *ir.Value) string {
 }
 
 // upload returns the device copy of constant v of plan p, uploading it on
-// first use: as bf16 when every value is bf16-exact (the checkpoint's
-// dtype for BF16 and FP8-dequantized weights) unless FP32Weights, else fp32.
-// Must run inside dev.Do.
-func (b *Backend) upload(p *plan.Plan, v *ir.Value) (devTensor, error) {
+// first use. Unless FP32Weights, a constant stored as BF16 is uploaded as
+// its bytes, and one stored as FP8 stays FP8 (codes and block scales) when
+// fp8OK (every reader is a GEMM that takes fp8): no float32 copy is made
+// (plan.Raw). Otherwise it goes through the plan's float32 values: as bf16
+// when every value is bf16-exact, else fp32. Must run inside dev.Do.
+func (b *Backend) upload(p *plan.Plan, v *ir.Value, fp8OK bool) (devTensor, error) {
 	sh := b.sh
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -177,11 +214,28 @@ func (b *Backend) upload(p *plan.Plan, v *ir.Value) (devTensor, error) {
 		id = len(sh.ids)
 		sh.ids[p.Source()] = id
 	}
-	key := fmt.Sprintf("%d|%v|%s", id, b.opts.FP32Weights, constKey(v))
+	key := fmt.Sprintf("%d|%v|%v|%s", id, b.opts.FP32Weights, fp8OK, constKey(v))
 	if t, ok := sh.weights[key]; ok {
 		return t, nil
 	}
-	data := p.Consts[v]
+	if !b.opts.FP32Weights {
+		raw, err := p.Raw(v)
+		if err != nil {
+			return devTensor{}, fmt.Errorf("reading %s: %w", v.Name, err)
+		}
+		if raw != nil && (raw.DType == safetensors.BF16 || fp8OK && raw.Block == [2]int{fp8Block, fp8Block}) {
+			t, err := b.uploadRaw(raw)
+			if err != nil {
+				return devTensor{}, fmt.Errorf("uploading %s: %w", v.Name, err)
+			}
+			sh.weights[key] = t
+			return t, nil
+		}
+	}
+	data, err := p.ConstErr(v)
+	if err != nil {
+		return devTensor{}, err
+	}
 	if data == nil {
 		return devTensor{}, fmt.Errorf("%s is not a constant", v.Name)
 	}
@@ -214,6 +268,58 @@ func (b *Backend) upload(p *plan.Plan, v *ir.Value) (devTensor, error) {
 		sh.wbytes["bf16"] += t.bytes
 	} else {
 		sh.wbytes["fp32"] += t.bytes
+	}
+	return t, nil
+}
+
+// fp8Block is the FP8 block size the kernels take (128×128, the released
+// checkpoint's).
+const fp8Block = 128
+
+// uploadRaw copies a stored constant to the device: BF16 parts end to end
+// as bf16, FP8 parts as their codes plus every part's block scales end to
+// end. sh.mu held, inside dev.Do.
+func (b *Backend) uploadRaw(raw *plan.RawTensor) (devTensor, error) {
+	sh := b.sh
+	t := devTensor{bytes: raw.Bytes(), n: raw.Bytes() / int64(raw.DType.Size())}
+	t.bf16 = raw.DType == safetensors.BF16
+	t.fp8 = raw.DType == safetensors.F8E4M3
+	ptr, err := b.dev.Alloc(t.bytes)
+	if err != nil {
+		return devTensor{}, err
+	}
+	t.ptr = ptr
+	off := int64(0)
+	var scales []float32
+	for _, pt := range raw.Parts {
+		if len(pt.Data) > 0 {
+			if err := b.dev.Upload(ptr+kc.DevicePtr(off), unsafe.Pointer(unsafe.SliceData(pt.Data)), int64(len(pt.Data))); err != nil {
+				return devTensor{}, err
+			}
+		}
+		off += int64(len(pt.Data))
+		scales = append(scales, pt.Scales...)
+	}
+	if t.fp8 {
+		p0 := raw.Parts[0]
+		t.rows, t.cols = int64(p0.Rows), int64(p0.Cols)
+		t.sld = (t.cols + fp8Block - 1) / fp8Block
+		t.sgoff = (t.rows + fp8Block - 1) / fp8Block * t.sld
+		t.matrixCount = int64(len(raw.Parts))
+		t.scaleBytes = 4 * int64(len(scales))
+		if t.scale, err = b.dev.Alloc(t.scaleBytes); err != nil {
+			return devTensor{}, err
+		}
+		if err := b.dev.Upload(t.scale, unsafe.Pointer(unsafe.SliceData(scales)), t.scaleBytes); err != nil {
+			return devTensor{}, err
+		}
+		sh.wbytes["fp8"] += t.bytes
+		sh.wbytes["fp8_scales"] += t.scaleBytes
+	} else {
+		sh.wbytes["bf16"] += t.bytes
+	}
+	if err := b.dev.Sync(); err != nil { // the mapped bytes may go once this returns
+		return devTensor{}, err
 	}
 	return t, nil
 }

@@ -22,6 +22,9 @@ import (
 //	skinny    the shared-memory skinny kernel (32 columns × 8 rows a block), ≤ 8 rows
 //	tiled     the 64×64 tiled kernel
 //	skinny8   the skinny kernel over chunks of 8 rows (one launch each), ≤ 64 rows
+//	gemv      the warp-per-column GEMV (≤ 8 rows; the default there for fp8
+//	          weights and in precision bf16: 16-byte weight loads, sums
+//	          split across the warp, so not bit-equal to the others)
 //	cublas    cuBLAS (Sgemm, or the bf16 GemmEx after the activation cast)
 //	lt:HEX    a cuBLASLt algorithm (the 64 bytes of its struct)
 //
@@ -43,6 +46,7 @@ const (
 	chSkinny8
 	chCublas
 	chLt
+	chGemv
 )
 
 // GEMM kinds: the activations and weights a GEMM's kernels see.
@@ -50,6 +54,8 @@ const (
 	kindF32BF16W  = "f32a-bf16w"  // fp32 precision, bf16 weights: own kernels only
 	kindF32F32W   = "f32a-f32w"   // fp32 weights (not bf16-exact, or FP32Weights): cuBLAS for many rows
 	kindBF16BF16W = "bf16a-bf16w" // precision bf16: bf16 activations, cuBLAS bf16 for many rows
+	kindF32FP8W   = "f32a-fp8w"   // fp8 weights with block scales, fp32 precision: gemv or tiled
+	kindBF16FP8W  = "bf16a-fp8w"  // fp8 weights, precision bf16: gemv, or cuBLAS bf16 on a dequantized copy
 )
 
 // skinny8MaxRows is the most rows skinny8 takes (eight launches).
@@ -70,6 +76,8 @@ func parseChoice(s string) (gemmChoice, error) {
 		return gemmChoice{kind: chSkinny8}, nil
 	case s == "cublas":
 		return gemmChoice{kind: chCublas}, nil
+	case s == "gemv":
+		return gemmChoice{kind: chGemv}, nil
 	case strings.HasPrefix(s, "col:"):
 		t, err := strconv.Atoi(strings.TrimPrefix(s, "col:"))
 		if err != nil || t < 32 || t > 1024 || t%32 != 0 {
@@ -83,7 +91,7 @@ func parseChoice(s string) (gemmChoice, error) {
 		}
 		return gemmChoice{kind: chLt, algo: a}, nil
 	}
-	return gemmChoice{}, fmt.Errorf("GEMM choice %q: own, col:T, skinny, tiled, skinny8, cublas or lt:HEX", s)
+	return gemmChoice{}, fmt.Errorf("GEMM choice %q: own, col:T, skinny, tiled, skinny8, gemv, cublas or lt:HEX", s)
 }
 
 func (c gemmChoice) String() string {
@@ -100,6 +108,8 @@ func (c gemmChoice) String() string {
 		return "skinny8"
 	case chCublas:
 		return "cublas"
+	case chGemv:
+		return "gemv"
 	case chLt:
 		return "lt:" + c.algo.String()
 	}
@@ -114,18 +124,31 @@ func (c gemmChoice) valid(kind string, rows int) bool {
 	switch c.kind {
 	case chCol:
 		return rows <= kc.ColMaxRows
-	case chSkinny:
+	case chSkinny, chGemv:
 		return rows <= skinnyMaxRows
 	case chSkinny8:
 		return rows <= skinny8MaxRows
 	case chCublas, chLt:
-		return kind != kindF32BF16W
+		return kind != kindF32BF16W && kind != kindF32FP8W
 	}
 	return true
 }
 
 // gemmKind is the kind of a GEMM over weight W in this program.
-func (p *Program) gemmKind(W devTensor) string { return gemmKindOf(W.bf16, p.b.opts.Precision) }
+func (p *Program) gemmKind(W devTensor) string {
+	if W.fp8 {
+		return fp8KindOf(p.b.opts.Precision)
+	}
+	return gemmKindOf(W.bf16, p.b.opts.Precision)
+}
+
+// fp8KindOf is the GEMM kind of fp8 weights in a precision.
+func fp8KindOf(precision string) string {
+	if precision == "bf16" {
+		return kindBF16FP8W
+	}
+	return kindF32FP8W
+}
 
 // gemmKindOf is the GEMM kind of weights kept in bf16 (or not) in a
 // precision.
@@ -224,6 +247,9 @@ func launchOwn(dev *kc.Device, a *kc.GemmArgs, G int, ch gemmChoice) error {
 	case chTiled:
 		grid.X, grid.Y = uint32((a.N+63)/64), uint32((a.M+63)/64)
 		return kc.Launch(dev, "glmf_gemm_tiled", grid, block256, 0, a)
+	case chGemv:
+		name, grid, block := kc.GemvLaunch(int(a.N), 1, G)
+		return kc.Launch(dev, name, grid, block, 0, a)
 	}
 	name, grid, block := kc.GemmLaunch(int(a.M), int(a.N), G)
 	return kc.Launch(dev, name, grid, block, 0, a)

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -117,15 +118,45 @@ func (p *Program) dropGraphs() {
 	}
 }
 
+// fp8Weight lists, per op, the inputs that may be an fp8 weight: the GEMM
+// weights the kernels read with their block scales (gemm.cu's w_type).
+var fp8Weight = map[string][]int{
+	ir.OpLinear:        {1},
+	ir.OpLinearSplit:   {1},
+	ir.OpLinearBatched: {1},
+	ir.OpMoEExperts:    {3, 4, 5},
+}
+
+// fp8Readers says, per constant, whether every step reading it takes it as
+// fp8 (so FP8 checkpoint weights can stay FP8 on the device).
+func fp8Readers(p *plan.Plan) map[*ir.Value]bool {
+	ok := map[*ir.Value]bool{}
+	for _, n := range p.Steps {
+		for i, in := range n.Inputs {
+			if !p.IsConst(in) {
+				continue
+			}
+			takes := slices.Contains(fp8Weight[n.Op], i)
+			if prev, seen := ok[in]; seen {
+				ok[in] = prev && takes
+			} else {
+				ok[in] = takes
+			}
+		}
+	}
+	return ok
+}
+
 // Compile binds every step of p and uploads the constants it reads.
 func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
 	prog := &Program{b: b, plan: p, consts: map[*ir.Value]devTensor{}, graphs: map[graphKey]*kc.Graph{}}
+	fp8OK := fp8Readers(p)
 	err := b.dev.Do(func() error {
 		for _, n := range p.Steps {
 			for _, in := range n.Inputs {
-				if _, isConst := p.Consts[in]; isConst {
+				if p.IsConst(in) {
 					if _, done := prog.consts[in]; !done {
-						t, err := b.upload(p, in)
+						t, err := b.upload(p, in, fp8OK[in])
 						if err != nil {
 							return err
 						}

@@ -27,13 +27,24 @@ func (b *Backend) TunerInfo() ir.TunerInfo {
 // (dequantized: bf16-exact) stay bf16 on the device unless FP32Weights;
 // precision bf16 makes their GEMMs take bf16 activations.
 func (b *Backend) GEMMKind(weightDType string) string {
+	if !b.opts.FP32Weights && weightDType == "F8_E4M3" {
+		return fp8KindOf(b.opts.Precision)
+	}
 	bf16 := !b.opts.FP32Weights && (weightDType == "BF16" || strings.HasPrefix(weightDType, "F8"))
 	return gemmKindOf(bf16, b.opts.Precision)
 }
 
-// GEMMCandidates implements ir.GEMMTuner.
+// GEMMCandidates implements ir.GEMMTuner. fp8 weights have one kernel per
+// row count (gemv, tiled, or cuBLAS on the dequantized copy): nothing to
+// choose, but TuneGEMM measures it.
 func (b *Backend) GEMMCandidates(kind string, rows int) []string {
+	if kind == kindF32FP8W || kind == kindBF16FP8W {
+		return []string{planGEMM(nil, kind, rows).ch.String()}
+	}
 	var out []string
+	if kind == kindBF16BF16W && rows <= skinnyMaxRows {
+		out = append(out, "gemv")
+	}
 	if rows <= kc.ColMaxRows {
 		for _, t := range colChoices {
 			out = append(out, fmt.Sprintf("col:%d", t))
@@ -55,6 +66,7 @@ func (b *Backend) GEMMCandidates(kind string, rows int) []string {
 // tuneBufs are one measurement's device buffers.
 type tuneBufs struct {
 	A, Abf, W, C kc.DevicePtr
+	S, Wbf       kc.DevicePtr // fp8: block scales, bf16 copy for the library
 	sizes        []int64
 	ptrs         []*kc.DevicePtr
 }
@@ -70,9 +82,9 @@ func (b *Backend) TuneGEMM(t ir.GEMMTune) (ir.GEMMChoice, error) {
 		return ir.GEMMChoice{}, fmt.Errorf("cuda: tuning a %d×%d×%d GEMM", t.Rows, t.N, t.K)
 	}
 	switch t.Kind {
-	case kindF32BF16W, kindF32F32W, kindBF16BF16W:
+	case kindF32BF16W, kindF32F32W, kindBF16BF16W, kindF32FP8W, kindBF16FP8W:
 	default:
-		return ir.GEMMChoice{}, fmt.Errorf("cuda: no GEMM kind %q (%s, %s or %s)", t.Kind, kindF32BF16W, kindF32F32W, kindBF16BF16W)
+		return ir.GEMMChoice{}, fmt.Errorf("cuda: no GEMM kind %q (%s, %s, %s, %s or %s)", t.Kind, kindF32BF16W, kindF32F32W, kindBF16BF16W, kindF32FP8W, kindBF16FP8W)
 	}
 	if t.Reps < 1 {
 		t.Reps = 3
@@ -92,7 +104,8 @@ func (b *Backend) TuneGEMM(t ir.GEMMTune) (ir.GEMMChoice, error) {
 func (b *Backend) tune(t ir.GEMMTune) (ir.GEMMChoice, error) {
 	dev := b.dev
 	M, N, K := t.Rows, t.N, t.K
-	bfW, bfA := t.Kind != kindF32F32W, t.Kind == kindBF16BF16W
+	fp8W := t.Kind == kindF32FP8W || t.Kind == kindBF16FP8W
+	bfW, bfA := t.Kind != kindF32F32W && !fp8W, t.Kind == kindBF16BF16W || t.Kind == kindBF16FP8W
 	r := rand.New(rand.NewPCG(uint64(N)*131+uint64(K), uint64(M)))
 	x := make([]float32, M*K)
 	w := make([]float32, N*K)
@@ -118,21 +131,42 @@ func (b *Backend) tune(t ir.GEMMTune) (ir.GEMMChoice, error) {
 		return nil
 	}
 	wsz := int64(4)
-	if bfW {
+	switch {
+	case fp8W:
+		wsz = 1
+	case bfW:
 		wsz = 2
 	}
+	sld, srows := int64((K+fp8Block-1)/fp8Block), int64((N+fp8Block-1)/fp8Block)
 	for _, a := range []struct {
 		p *kc.DevicePtr
 		n int64
-	}{{&bufs.A, 4 * int64(M*K)}, {&bufs.Abf, 2 * int64(M*K)}, {&bufs.W, wsz * int64(N*K)}, {&bufs.C, 4 * int64(M*N)}} {
+	}{{&bufs.A, 4 * int64(M*K)}, {&bufs.Abf, 2 * int64(M*K)}, {&bufs.W, wsz * int64(N*K)}, {&bufs.C, 4 * int64(M*N)},
+		{&bufs.S, 4 * sld * srows}, {&bufs.Wbf, 2 * int64(N*K)}} {
 		if err := alloc(a.p, a.n); err != nil {
 			return ir.GEMMChoice{}, err
 		}
 	}
+	W := devTensor{ptr: bufs.W, bf16: bfW, n: int64(N * K), fp8: fp8W, scale: bufs.S, sld: sld, sgoff: sld * srows, rows: int64(N), cols: int64(K), matrixCount: 1}
 	if err := dev.Upload(bufs.A, unsafe.Pointer(unsafe.SliceData(x)), 4*int64(len(x))); err != nil {
 		return ir.GEMMChoice{}, err
 	}
-	if bfW {
+	if fp8W { // codes of about unit size (never the NaN codes), scales 1/sqrt(K)
+		codes := make([]byte, len(w))
+		for i := range codes {
+			codes[i] = byte(0x30+r.IntN(0x10)) | byte(r.IntN(2)<<7)
+		}
+		sc := make([]float32, sld*srows)
+		for i := range sc {
+			sc[i] = float32(1 / math.Sqrt(float64(K)))
+		}
+		if err := dev.Upload(bufs.W, unsafe.Pointer(unsafe.SliceData(codes)), int64(len(codes))); err != nil {
+			return ir.GEMMChoice{}, err
+		}
+		if err := dev.Upload(bufs.S, unsafe.Pointer(unsafe.SliceData(sc)), 4*int64(len(sc))); err != nil {
+			return ir.GEMMChoice{}, err
+		}
+	} else if bfW {
 		wb := make([]uint16, len(w))
 		gemm.Float32sToBF16(wb, w)
 		if err := dev.Upload(bufs.W, unsafe.Pointer(unsafe.SliceData(wb)), 2*int64(len(wb))); err != nil {
@@ -151,9 +185,14 @@ func (b *Backend) tune(t ir.GEMMTune) (ir.GEMMChoice, error) {
 				}
 				A = bufs.Abf
 			}
-			return libGemm(dev, ch, bfA, M, N, K, A, K, bufs.W, bufs.C, N)
+			Wp, err := libWeight(dev, W, bufs.Wbf)
+			if err != nil {
+				return err
+			}
+			return libGemm(dev, ch, bfA, M, N, K, A, K, Wp, bufs.C, N)
 		}
-		a := kc.GemmArgs{A: bufs.A, Lda: int64(K), W: bufs.W, WBf16: b2i(bfW), M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: b2i(bfA)}
+		a := kc.GemmArgs{A: bufs.A, Lda: int64(K), M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: b2i(bfA)}
+		W.setW(&a)
 		a.Out[0], a.Ow[0] = bufs.C, int64(N)
 		return launchOwn(dev, &a, 1, ch)
 	}

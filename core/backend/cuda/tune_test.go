@@ -30,7 +30,9 @@ func openGPU(t *testing.T, o backend.Options) *Backend {
 func TestTuneGEMMChoosesAmongCandidates(t *testing.T) {
 	b := openGPU(t, backend.Options{})
 	require.Equal(t, kindF32BF16W, b.GEMMKind("BF16"))
-	require.Equal(t, kindF32BF16W, b.GEMMKind("F8_E4M3"))
+	require.Equal(t, kindF32FP8W, b.GEMMKind("F8_E4M3"), "FP8 weights stay FP8")
+	require.Equal(t, []string{"gemv"}, b.GEMMCandidates(kindF32FP8W, 4), "one kernel per row count for fp8 weights")
+	require.Equal(t, []string{"own"}, b.GEMMCandidates(kindF32FP8W, 40))
 	require.Equal(t, kindF32F32W, b.GEMMKind("F32"))
 	require.Equal(t, []string{"tiled"}, b.GEMMCandidates(kindF32BF16W, 512), "nothing to choose for many rows of bf16 weights in fp32")
 	require.Contains(t, b.GEMMCandidates(kindF32F32W, 512), "lt")
@@ -54,6 +56,17 @@ func TestTuneGEMMChoosesAmongCandidates(t *testing.T) {
 		require.LessOrEqual(t, ch.TunedNs, ch.DefaultNs)
 		require.Zero(t, ch.Rejected)
 		require.GreaterOrEqual(t, ch.Measured, 2)
+	}
+	// fp8 kinds: the one kernel is measured (the bench's GEMM report)
+	for _, c := range []struct {
+		kind string
+		rows int
+	}{{kindF32FP8W, 3}, {kindF32FP8W, 40}, {kindBF16FP8W, 3}, {kindBF16FP8W, 40}} {
+		ch, err := b.TuneGEMM(ir.GEMMTune{Kind: c.kind, N: 200, K: 256, Rows: c.rows, Reps: 2, Tolerance: 1e-4})
+		require.NoError(t, err)
+		require.Equal(t, 1, ch.Measured)
+		require.Positive(t, ch.DefaultNs)
+		t.Logf("%s at %d rows: %s, %d ns", c.kind, c.rows, ch.Kernel, ch.DefaultNs)
 	}
 	_, err := b.TuneGEMM(ir.GEMMTune{Kind: "int8", N: 4, K: 4, Rows: 1})
 	require.ErrorContains(t, err, `no GEMM kind "int8"`)

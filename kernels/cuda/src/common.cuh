@@ -5,7 +5,8 @@
 //    fields are all 8 bytes wide (pointers, long long, double), so that the
 //    Go mirror in kernels/cuda has the same layout with no padding rules;
 //  - activations are fp32; weights are bf16 or fp32, chosen per weight by a
-//    `*_bf16` flag, read through ldw();
+//    `*_bf16` flag, read through ldw(); GEMM weights may also be fp8 e4m3
+//    with block scales (GemmArgs.w_type, ldwt());
 //  - where the CPU kernels evaluate exp/log/sqrt in double, these do too, so
 //    both backends round the same way;
 //  - reductions use fixed trees (no float atomics), so results do not
@@ -35,6 +36,7 @@
 typedef long long i64;
 typedef unsigned long long u64;
 typedef unsigned short u16;
+typedef unsigned char u8;
 
 // bf16 bits → float.
 DEVFN float bf16f(unsigned short b) { return __uint_as_float(((unsigned)b) << 16); }
@@ -51,6 +53,33 @@ DEVFN float bf16_round(float x) {
 // ldw reads element i of a weight stored as bf16 (isbf16 != 0) or fp32.
 DEVFN float ldw(const void* w, i64 i, i64 isbf16) {
   return isbf16 ? bf16f(((const unsigned short*)w)[i]) : ((const float*)w)[i];
+}
+
+// fp8f decodes a float8 e4m3fn code exactly (the CPU's
+// safetensors.F8E4M3ToFloat32): the code's exponent and mantissa bits placed
+// in a float's, rescaled by 2^(127−7); subnormal codes become subnormal
+// floats first, which the product makes exact again (no flush to zero:
+// nvcc's default). 0x7f/0xff are NaN in e4m3fn.
+DEVFN float fp8f(unsigned c) {
+  if ((c & 0x7fu) == 0x7fu) return __uint_as_float(0x7fc00000u);
+  return __uint_as_float(((c & 0x80u) << 24) | ((c & 0x7fu) << 20)) * 0x1p120f;
+}
+
+// Weight storage of GEMM weights (GemmArgs.w_type): fp32, bf16, or fp8
+// e4m3 with one fp32 scale per 128×128 block.
+#define WT_F32 0
+#define WT_BF16 1
+#define WT_FP8 2
+
+// wt_size is the bytes of one element of storage t.
+DEVFN i64 wt_size(i64 t) { return t == WT_FP8 ? 1 : t == WT_BF16 ? 2 : 4; }
+
+// ldwt reads W[n][k] (row length K) of a weight stored as t; fp8 weights
+// are dequantized with their block scale ws[(n/128)·ws_ld + k/128], in fp32
+// as the CPU does.
+DEVFN float ldwt(const void* W, i64 t, const float* ws, i64 ws_ld, i64 n, i64 K, i64 k) {
+  if (t == WT_FP8) return fp8f(((const unsigned char*)W)[n * K + k]) * ws[(n >> 7) * ws_ld + (k >> 7)];
+  return ldw(W, n * K + k, t);
 }
 
 // The CPU's float32(1/(1+exp(-x))) with exp in double.

@@ -1,4 +1,5 @@
-// GEMMs y = x·Wᵀ with fp32 activations and bf16 or fp32 weights: a 64×64
+// GEMMs y = x·Wᵀ with fp32 activations and bf16, fp32 or block-scaled fp8
+// weights: a 64×64
 // tiled kernel for many rows and a skinny kernel for few. This is the fp32
 // parity mode: products and sums are formed in double and rounded once, so
 // the result is the exactly rounded dot product whatever the GPU's FMA
@@ -16,8 +17,11 @@
 struct GemmArgs {
   const float* A; i64 lda;      // A rows; row r at A + r*lda (+ g*a_goff)
   i64 a_goff;                   // column offset of group g's input
-  const void* W; i64 w_bf16;    // W [N][K] (+ g*w_goff elements)
+  const void* W; i64 w_type;    // W [N][K] (+ g*w_goff elements), stored as WT_F32/BF16/FP8
   i64 w_goff;
+  const float* ws; i64 ws_ld;   // fp8: block scales [ceil(N/128)][ws_ld] (+ g*ws_goff)
+  i64 ws_goff;
+  const float* ws2;             // fp8: W2's block scales (same layout)
   const void* W2;               // second weight (MoE up); dual mode when set
   i64 M, N, K;
   i64 nout;                     // outputs: split by column, or per group
@@ -91,9 +95,11 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
   i64 wg = a.tiles ? e : g;
   const char* Wb = (const char*)a.W;
   const char* W2b = (const char*)a.W2;
-  i64 wsz = a.w_bf16 ? 2 : 4;
+  i64 wsz = wt_size(a.w_type);
   const void* W = Wb + wg * a.w_goff * wsz;
   const void* W2 = a.W2 ? (const void*)(W2b + wg * a.w_goff * wsz) : 0;
+  const float* ws = a.ws ? a.ws + wg * a.ws_goff : 0;
+  const float* ws2 = a.ws2 ? a.ws2 + wg * a.ws_goff : 0;
   __syncthreads();
   double acc[4][4], acc2[4][4];
   for (int i = 0; i < 4; i++)
@@ -112,9 +118,8 @@ KERNEL(glmf_gemm_tiled, GemmArgs) {
       int c = idx / BK, kk = idx % BK;
       float v = 0, v2 = 0;
       if (n0 + c < a.N && k0 + kk < a.K) {
-        i64 wi = (n0 + c) * a.K + k0 + kk;
-        v = ldw(W, wi, a.w_bf16);
-        if (W2) v2 = ldw(W2, wi, a.w_bf16);
+        v = ldwt(W, a.w_type, ws, a.ws_ld, n0 + c, a.K, k0 + kk);
+        if (W2) v2 = ldwt(W2, a.w_type, ws2, a.ws_ld, n0 + c, a.K, k0 + kk);
       }
       Ws[kk][c] = v;
       W2s[kk][c] = v2;
@@ -171,12 +176,13 @@ KERNEL(glmf_gemm_col, GemmArgs) {
   i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= a.N) return;
   const float* A = a.A + g * a.a_goff;
-  i64 wsz = a.w_bf16 ? 2 : 4;
+  i64 wsz = wt_size(a.w_type);
   const char* W = (const char*)a.W + g * a.w_goff * wsz;
+  const float* ws = a.ws ? a.ws + g * a.ws_goff : 0;
   double acc[2] = {0, 0};
   i64 M = a.M, K = a.K;
   i64 k = 0;
-  if (a.w_bf16 && K % 8 == 0 && ((u64)(W + c * K * 2) & 15) == 0) {
+  if (a.w_type == WT_BF16 && K % 8 == 0 && ((u64)(W + c * K * 2) & 15) == 0) {
     const uint4* wr = (const uint4*)(W + c * K * 2);
     for (; k < K; k += 8) {
       uint4 q = wr[k / 8];
@@ -198,7 +204,7 @@ KERNEL(glmf_gemm_col, GemmArgs) {
     }
   }
   for (; k < K; k++) {
-    float w = ldw(W, c * K + k, a.w_bf16);
+    float w = ldwt(W, a.w_type, ws, a.ws_ld, c, K, k);
     for (int m = 0; m < 2; m++) {
       if (m >= M) break;
       float x = A[m * a.lda + k];
@@ -228,8 +234,9 @@ KERNEL(glmf_gemm_skinny, GemmArgs) {
   i64 g = blockIdx.z;
   i64 n0 = (i64)blockIdx.x * SK_BN;
   const float* A = a.A + g * a.a_goff;
-  i64 wsz = a.w_bf16 ? 2 : 4;
+  i64 wsz = wt_size(a.w_type);
   const void* W = (const char*)a.W + g * a.w_goff * wsz;
+  const float* ws = a.ws ? a.ws + g * a.ws_goff : 0;
   // each thread stages SK_W weights and SK_A activations of a tile; the
   // next tile's are loaded into registers while this one is summed
   const int SK_W = SK_BN * SK_BK / 256, SK_A = 8 * SK_BK / 256;
@@ -237,7 +244,7 @@ KERNEL(glmf_gemm_skinny, GemmArgs) {
   auto load = [&](i64 k0) {
     for (int i = 0; i < SK_W; i++) {
       int l = tid + i * 256, cc = l / SK_BK, kk = l % SK_BK;
-      wn[i] = (n0 + cc < a.N && k0 + kk < a.K) ? ldw(W, (n0 + cc) * a.K + k0 + kk, a.w_bf16) : 0;
+      wn[i] = (n0 + cc < a.N && k0 + kk < a.K) ? ldwt(W, a.w_type, ws, a.ws_ld, n0 + cc, a.K, k0 + kk) : 0;
     }
     for (int i = 0; i < SK_A; i++) {
       int l = tid + i * 256, mm = l / SK_BK, kk = l % SK_BK;
@@ -266,4 +273,163 @@ KERNEL(glmf_gemm_skinny, GemmArgs) {
     float* o = out_ptr(a, g, m, n0 + c);
     if (o) *o = (float)acc;
   }
+}
+
+// GEMV for few rows (≤ 8: decode, and MoE tiles of ≤ 8 rows): one warp per
+// output column, its 32 lanes streaming the weight row in 16-byte loads
+// (8 bf16 or 16 fp8 weights, one block scale per fp8 load) and reading the
+// rows' activations through the cache; each lane sums its share of k and a
+// butterfly of shuffles adds the 32 partial sums. Sums are in double in
+// fp32 precision (the products are exact; only the order differs from the
+// other kernels' ascending k, so results may differ from theirs in the
+// last bit where a double sum lands on a float rounding boundary) and in
+// fp32 with bf16-rounded activations in bf16 precision. The epilogues are
+// the tiled kernel's: split or batched outputs, or a MoE tile's (dual
+// gate/up with the clamped SwiGLU, or down scaled and scattered).
+// grid = (ceil(N/GV_WARPS), tiles or 1, groups), GV_WARPS·32 threads.
+#define GV_WARPS 8
+#define GV_ROWS 8
+template <typename ACC>
+DEVFN void gemv_body(const GemmArgs& a) {
+  int lane = threadIdx.x & 31;
+  i64 c = (i64)blockIdx.x * GV_WARPS + (threadIdx.x >> 5);
+  if (c >= a.N) return;  // the whole warp: lanes share the column
+  i64 g = blockIdx.z, rows, p0 = 0, e = 0;
+  if (a.tiles) {
+    if ((i64)blockIdx.y >= (i64)a.tiles[0]) return;
+    const int* tl = a.tiles + 1 + 3 * blockIdx.y;
+    e = tl[0];
+    p0 = tl[1];
+    rows = tl[2];
+  } else {
+    rows = a.M;
+  }
+  if (rows > GV_ROWS) rows = GV_ROWS;
+  const float* A = a.A + g * a.a_goff;
+  const float* Ar[GV_ROWS];
+  int rp[GV_ROWS];
+  #pragma unroll
+  for (int m = 0; m < GV_ROWS; m++) {
+    rp[m] = 0;
+    Ar[m] = A;
+    if (m >= rows) continue;
+    if (a.tiles) {
+      rp[m] = a.perm[p0 + m];
+      Ar[m] = A + (a.a_div > 0 ? (i64)(rp[m] / a.a_div) : p0 + m) * a.lda;
+    } else {
+      Ar[m] = A + m * a.lda;
+    }
+  }
+  i64 wg = a.tiles ? e : g, K = a.K, t = a.w_type;
+  i64 wsz = wt_size(t);
+  const char* W = (const char*)a.W + (wg * a.w_goff + c * K) * wsz;
+  const char* W2 = a.W2 ? (const char*)a.W2 + (wg * a.w_goff + c * K) * wsz : 0;
+  const float* ws = a.ws ? a.ws + wg * a.ws_goff + (c >> 7) * a.ws_ld : 0;
+  const float* ws2 = a.ws2 ? a.ws2 + wg * a.ws_goff + (c >> 7) * a.ws_ld : 0;
+  bool round = a.a_round != 0;
+  ACC acc[GV_ROWS], acc2[GV_ROWS];
+  #pragma unroll
+  for (int m = 0; m < GV_ROWS; m++) acc[m] = 0, acc2[m] = 0;
+  // per = weights a lane takes from one 16-byte load
+  i64 per = t == WT_FP8 ? 16 : t == WT_BF16 ? 8 : 4;
+  bool vec = K % per == 0 && ((u64)W & 15) == 0 && (!W2 || ((u64)W2 & 15) == 0);
+  i64 k0 = 0;
+  if (vec) {
+    for (k0 = lane * per; k0 < K; k0 += 32 * per) {
+      float w[16], w2[16];
+      uint4 q = *(const uint4*)(W + k0 * wsz);
+      uint4 q2 = W2 ? *(const uint4*)(W2 + k0 * wsz) : q;
+      unsigned u[4] = {q.x, q.y, q.z, q.w}, u2[4] = {q2.x, q2.y, q2.z, q2.w};
+      if (t == WT_FP8) {
+        float s = ws[k0 >> 7];
+        #pragma unroll
+        for (int j = 0; j < 16; j++) w[j] = fp8f((u[j / 4] >> (8 * (j % 4))) & 0xffu) * s;
+        if (W2) {
+          float s2 = ws2[k0 >> 7];
+          #pragma unroll
+          for (int j = 0; j < 16; j++) w2[j] = fp8f((u2[j / 4] >> (8 * (j % 4))) & 0xffu) * s2;
+        }
+      } else if (t == WT_BF16) {
+        #pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = bf16f((u16)(u[j / 2] >> (16 * (j % 2))));
+        if (W2)
+          #pragma unroll
+          for (int j = 0; j < 8; j++) w2[j] = bf16f((u16)(u2[j / 2] >> (16 * (j % 2))));
+      } else {
+        #pragma unroll
+        for (int j = 0; j < 4; j++) w[j] = __uint_as_float(u[j]), w2[j] = __uint_as_float(u2[j]);
+      }
+      #pragma unroll
+      for (int m = 0; m < GV_ROWS; m++) {
+        if (m >= rows) break;
+        const float* x = Ar[m] + k0;
+        #pragma unroll
+        for (int j = 0; j < 16; j++) {
+          if (j >= per) break;
+          float xv = round ? bf16_round(x[j]) : x[j];
+          acc[m] += (ACC)xv * (ACC)w[j];
+          if (W2) acc2[m] += (ACC)xv * (ACC)w2[j];
+        }
+      }
+    }
+  } else {
+    const float* wsb = a.ws ? a.ws + wg * a.ws_goff : 0;
+    const float* wsb2 = a.ws2 ? a.ws2 + wg * a.ws_goff : 0;
+    const char* Wg = (const char*)a.W + wg * a.w_goff * wsz;
+    const char* W2g = a.W2 ? (const char*)a.W2 + wg * a.w_goff * wsz : 0;
+    for (i64 k = lane; k < K; k += 32) {
+      float w = ldwt(Wg, t, wsb, a.ws_ld, c, K, k);
+      float w2 = W2g ? ldwt(W2g, t, wsb2, a.ws_ld, c, K, k) : 0;
+      #pragma unroll
+      for (int m = 0; m < GV_ROWS; m++) {
+        if (m >= rows) break;
+        float xv = round ? bf16_round(Ar[m][k]) : Ar[m][k];
+        acc[m] += (ACC)xv * (ACC)w;
+        if (W2g) acc2[m] += (ACC)xv * (ACC)w2;
+      }
+    }
+  }
+  #pragma unroll
+  for (int m = 0; m < GV_ROWS; m++) {
+    if (m >= rows) break;
+    for (int off = 16; off > 0; off >>= 1) {
+      acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], off);
+      if (W2) acc2[m] += __shfl_xor_sync(0xffffffffu, acc2[m], off);
+    }
+  }
+  if (lane != 0) return;
+  #pragma unroll
+  for (int m = 0; m < GV_ROWS; m++) {
+    if (m >= rows) break;
+    float v = (float)acc[m];
+    if (W2) {
+      a.out[0][(p0 + m) * a.N + c] = swiglu_clamped(v, (float)acc2[m], a.limit);
+    } else if (a.scatter) {
+      int s = rp[m];
+      a.scatter[(i64)s * a.N + c] = a.row_scale[s] * v;
+    } else if (a.tiles) {
+      a.out[0][(p0 + m) * a.N + c] = v;
+    } else {
+      float* o = out_ptr(a, g, m, c);
+      if (o) *o = v;
+    }
+  }
+}
+KERNEL(glmf_gemv, GemmArgs) {
+  if (a.a_round)
+    gemv_body<float>(a);
+  else
+    gemv_body<double>(a);
+}
+
+// fp8_to_bf16: the bfloat16 (nearest even) of every dequantized weight of
+// an fp8 matrix [N][K] (exact for power-of-two block scales), for the
+// library GEMMs of precision bf16.
+struct FP8ToBF16Args { const u8* W; const float* ws; i64 ws_ld; i64 N, K; u16* out; };
+KERNEL(glmf_fp8_to_bf16, FP8ToBF16Args) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.N * a.K) return;
+  i64 n = i / a.K, k = i % a.K;
+  float v = fp8f(a.W[i]) * a.ws[(n >> 7) * a.ws_ld + (k >> 7)];
+  a.out[i] = (u16)(__float_as_uint(bf16_round(v)) >> 16);
 }
