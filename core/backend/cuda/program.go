@@ -170,6 +170,7 @@ func (p *Program) Close() error {
 		}{{&p.arena, &p.arenaSize}, {&p.meta, &p.metaSize}, {&p.out, &p.outSize}} {
 			if *b.p != 0 {
 				p.b.dev.Free(*b.p, *b.n)
+				p.b.sh.work.Add(-*b.n)
 				*b.p, *b.n = 0, 0
 			}
 		}
@@ -488,6 +489,7 @@ func (p *Program) ensure(buf *kc.DevicePtr, size *int64, n int64) error {
 			return err
 		}
 		p.b.dev.Free(*buf, *size)
+		p.b.sh.work.Add(-*size)
 		*buf, *size = 0, 0
 	}
 	p.dropGraphs()
@@ -495,6 +497,7 @@ func (p *Program) ensure(buf *kc.DevicePtr, size *int64, n int64) error {
 	if err != nil {
 		return err
 	}
+	p.b.sh.work.Add(n)
 	*buf, *size = ptr, n
 	return nil
 }
