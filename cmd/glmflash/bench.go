@@ -15,6 +15,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/roofline"
 	"github.com/glmflash/glmflash/core/spec"
 	"github.com/spf13/cobra"
 )
@@ -52,6 +53,18 @@ type benchResult struct {
 	// replay too); DeviceMsPerStep its device time from CUDA events.
 	KernelsPerStep  float64 `json:"kernels_per_step,omitempty"`
 	DeviceMsPerStep float64 `json:"device_ms_per_step,omitempty"`
+	// Decode series: the roofline (core/roofline) of a step at the series'
+	// mean context, its bytes by term and the expected distinct experts per
+	// MoE layer; its time at --bandwidth-gbs; the measured time per step
+	// (clock "device": DeviceMsPerStep, else "wall") and its ratio to it.
+	RooflineBytes   float64            `json:"roofline_bytes_per_step,omitempty"`
+	RooflineTerms   map[string]float64 `json:"roofline_bytes_by_term,omitempty"`
+	RooflineContext int                `json:"roofline_context,omitempty"`
+	RooflineExperts float64            `json:"roofline_experts_per_moe_layer,omitempty"`
+	RooflineMs      float64            `json:"roofline_ms_per_step,omitempty"`
+	MeasuredMs      float64            `json:"measured_ms_per_step,omitempty"`
+	MeasuredClock   string             `json:"measured_clock,omitempty"`
+	RooflineRatio   float64            `json:"roofline_ratio,omitempty"`
 }
 
 func newBenchCmd() *cobra.Command {
@@ -61,6 +74,8 @@ func newBenchCmd() *cobra.Command {
 	var batches []int
 	var specAccept []float64
 	var jsonOut, dump, cpuProfile string
+	var bandwidth, peakTFLOPs float64
+	var gemmReportOn bool
 	cmd := &cobra.Command{
 		Use:   "bench (--model DIR | --preset NAME)",
 		Args:  cobra.NoArgs,
@@ -68,6 +83,9 @@ func newBenchCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if prompt < 1 || decodeSteps < 1 || reps < 1 || warmup < 0 {
 				return fmt.Errorf("--prompt, --decode-steps and --reps must be ≥ 1, --warmup ≥ 0")
+			}
+			if !(bandwidth >= 0) || !(peakTFLOPs > 0) {
+				return fmt.Errorf("--bandwidth-gbs must be ≥ 0 (0: the device's default) and --peak-tflops > 0, got %v and %v", bandwidth, peakTFLOPs)
 			}
 			if reps+warmup > maxBenchRuns {
 				return fmt.Errorf("--reps + --warmup must be at most %d, got %d", maxBenchRuns, reps+warmup)
@@ -126,13 +144,27 @@ func newBenchCmd() *cobra.Command {
 			if specSteps > 0 {
 				rollback = specSteps + 1
 			}
-			e, err := newEngineWith(ck, &mf, maxB+1, rollback, func(o *backend.Options) { o.ProfileOps = profileOps })
+			var bo backend.Options
+			e, err := newEngineWith(ck, &mf, maxB+1, rollback, func(o *backend.Options) { o.ProfileOps = profileOps; bo = *o })
 			if err != nil {
 				return err
 			}
 			defer e.Close()
 			if profileOps && e.Backend().Name() == "cpu" {
 				return fmt.Errorf("--profile-ops: the cpu backend does not time its ops")
+			}
+			tuner, _ := e.Backend().(ir.GEMMTuner)
+			if !cmd.Flags().Changed("gemm-report") {
+				gemmReportOn = e.Backend().Name() == "cuda"
+			}
+			if gemmReportOn && tuner == nil {
+				return fmt.Errorf("--gemm-report: the %s backend does not measure its GEMMs (it is no ir.GEMMTuner)", e.Backend().Name())
+			}
+			if bandwidth == 0 {
+				bandwidth = defaultCPUBandwidthGBs
+				if e.Backend().Name() == "cuda" {
+					bandwidth = defaultCUDABandwidthGBs
+				}
 			}
 			var results []benchResult
 			store := e.Store()
@@ -192,7 +224,19 @@ func newBenchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			// decode at each batch size, after a 32-token prefill per sequence (not timed)
+			// the prefill program's GEMMs, measured by the backend's tuner
+			var gemms *gemmReport
+			if gemmReportOn {
+				prog, err := e.Program(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits})
+				if err != nil {
+					return err
+				}
+				gemms = measureGEMMs(tuner, prefillGEMMs(prog.Plan(), tuner, ck.DType), prompt, peakTFLOPs)
+			}
+			// decode at each batch size, after a 32-token prefill per sequence
+			// (not timed); the roofline at the steps' mean context
+			held := roofline.Held(e.Backend().Info().Memory["weights_fp8"] > 0, bo.FP32Weights)
+			decodeContext := 32 + (decodeSteps+1)/2
 			for _, B := range batches {
 				err = series(fmt.Sprintf("decode batch %d", B), func() (int, float64, error) {
 					slots, err := alloc(B)
@@ -223,6 +267,9 @@ func newBenchCmd() *cobra.Command {
 					return B * decodeSteps, secs, nil
 				})
 				if err != nil {
+					return err
+				}
+				if err := rooflineFor(&results[len(results)-1], cfg, held, B, decodeContext, bandwidth); err != nil {
 					return err
 				}
 			}
@@ -365,6 +412,13 @@ func newBenchCmd() *cobra.Command {
 					fmt.Printf(", drafts accepted %.0f%%, %.2f tokens/trunk pass, %.2f× plain", 100*r.AcceptRate, r.TokensPerPass, r.SpeedUp)
 				}
 				fmt.Println()
+				if r.RooflineBytes > 0 {
+					fmt.Printf("  roofline: %.4g GB per step (context %d, %.2f experts per MoE layer) ÷ %g GB/s = %.4g ms; measured %.4g ms per step (%s time) = %.2f× the roofline\n",
+						r.RooflineBytes/1e9, r.RooflineContext, r.RooflineExperts, bandwidth, r.RooflineMs, r.MeasuredMs, r.MeasuredClock, r.RooflineRatio)
+				}
+			}
+			if gemms != nil {
+				gemms.print(os.Stdout)
 			}
 			fmt.Printf("peak RSS %.1f MiB\n", peak)
 			if profileOps {
@@ -393,7 +447,11 @@ func newBenchCmd() *cobra.Command {
 				if mtpErr != nil && cfg.HasMTP() {
 					mtp["why_not"] = mtpErr.Error()
 				}
-				b, _ := json.MarshalIndent(map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU(), "device": info, "mtp": mtp}, "", "  ")
+				out := map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU(), "device": info, "mtp": mtp, "bandwidth_gbs": bandwidth}
+				if gemms != nil {
+					out["gemm_report"] = gemms
+				}
+				b, _ := json.MarshalIndent(out, "", "  ")
 				if err := os.WriteFile(jsonOut, b, 0o644); err != nil {
 					return err
 				}
@@ -417,6 +475,9 @@ func newBenchCmd() *cobra.Command {
 	cmd.Flags().StringVar(&jsonOut, "json", "", "also write the results as JSON to this file")
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) to this file")
 	cmd.Flags().StringVar(&dump, "dump-graph", "", "print the prefill graph first: summary or text")
+	cmd.Flags().Float64Var(&bandwidth, "bandwidth-gbs", 0, fmt.Sprintf("memory bandwidth (GB/s) of the decode roofline: bytes a step must read ÷ this (default: %d on cuda, the H200's device-to-device copy in docs/results/cuda-h200, 65.5 MB read and written in 33.84 µs; %d on cpu, the read bandwidth given for the development machine, not measured there: pass yours)", defaultCUDABandwidthGBs, defaultCPUBandwidthGBs))
+	cmd.Flags().Float64Var(&peakTFLOPs, "peak-tflops", defaultPeakTFLOPs, "peak TFLOP/s the GEMM report compares with (the default is the H200's dense BF16 tensor-core peak)")
+	cmd.Flags().BoolVar(&gemmReportOn, "gemm-report", false, "after the prefill series, time each GEMM weight shape of the prefill program at the prompt's rows with the backend's tuner and print TFLOP/s, default kernel and best candidate (default: on for cuda, off otherwise; backends that measure their GEMMs only)")
 	return cmd
 }
 

@@ -176,6 +176,21 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 			}}
 		},
 		"bench --model": func(d string) probe { return probe{args: []string{"bench", "--model", d + "/none"}, want: d + "/none"} },
+		"bench --bandwidth-gbs": func(d string) probe {
+			return probe{args: args(bench, "--bandwidth-gbs", "1000", "--json", d+"/b.json"), check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "÷ 1000 GB/s")
+				b, err := os.ReadFile(d + "/b.json")
+				require.NoError(t, err)
+				require.Contains(t, string(b), `"bandwidth_gbs": 1000`)
+			}}
+		},
+		"bench --gemm-report": func(string) probe {
+			return probe{args: args(bench, "--gemm-report"), want: "--gemm-report: the cpu backend does not measure its GEMMs"}
+		},
+		"bench --peak-tflops": func(string) probe {
+			return probe{args: args(bench, "--peak-tflops", "0"), want: "--peak-tflops > 0"}
+		},
 		"bench --preset": func(string) probe {
 			return probe{args: []string{"bench", "--preset", "huge"}, want: `unknown preset "huge"`}
 		},

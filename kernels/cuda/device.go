@@ -50,6 +50,8 @@ type Device struct {
 	// cuBLASLt descriptors by GEMM spec, and the matmuls' workspace
 	lt   map[LtSpec]*ltDescs
 	ltWS DevicePtr
+	// ltWSBytes mirrors ltWS's size for readers outside Do.
+	ltWSBytes atomic.Int64
 }
 
 // kernelIndex returns the counter index of a kernel or library call,

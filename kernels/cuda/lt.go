@@ -123,6 +123,10 @@ func (d *Device) EnsureLtWorkspace() error {
 	return err
 }
 
+// LtWorkspaceBytes is the size of the cuBLASLt workspace while it is
+// allocated, else 0 (safe outside Do: memory reports).
+func (d *Device) LtWorkspaceBytes() int64 { return d.ltWSBytes.Load() }
+
 // ltWorkspace allocates the shared cuBLASLt workspace once.
 func (d *Device) ltWorkspace() (DevicePtr, error) {
 	if d.ltWS == 0 {
@@ -131,6 +135,7 @@ func (d *Device) ltWorkspace() (DevicePtr, error) {
 			return 0, err
 		}
 		d.ltWS = p
+		d.ltWSBytes.Store(LtWorkspace)
 	}
 	return d.ltWS, nil
 }
@@ -240,5 +245,6 @@ func (d *Device) releaseLt() {
 	if d.ltWS != 0 {
 		d.Free(d.ltWS, LtWorkspace)
 		d.ltWS = 0
+		d.ltWSBytes.Store(0)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/glmflash/glmflash/core/backend"
@@ -45,6 +46,10 @@ type shared struct {
 	weights map[string]devTensor // device copies of constants, by source and canonical key
 	wbytes  map[string]int64     // weight bytes by dtype
 	ids     map[any]int          // weight sources seen (for keys)
+	// caches counts the bytes of the stores' device buffers, work those of
+	// the programs' arenas, metadata and sampling buffers and the tuner's
+	// scratch (Info's "caches" and "workspace").
+	caches, work atomic.Int64
 }
 
 var (
@@ -132,7 +137,15 @@ func (b *Backend) LazyWeights() bool { return true }
 // Ops lists the bound ops.
 func (b *Backend) Ops() []string { return boundOps() }
 
-// Info describes the GPU and the device memory in use.
+// Info describes the GPU and the device memory in use, in bytes by
+// category: "weights_<dtype>" (the uploaded constants by the dtype they
+// are held in), "caches" (every store's sequence state: KDA windows and
+// states, MLA latents, indexer pools, rollback records), "workspace" (the
+// programs' activation arenas, which hold the ops' temporaries too, their
+// metadata and sampling buffers, the tuner's scratch while it measures, and
+// the cuBLASLt workspace once allocated) and "total_allocated" (everything
+// allocated on the device through this process's Device, which the other
+// categories sum to at most).
 func (b *Backend) Info() backend.Info {
 	b.sh.mu.Lock()
 	defer b.sh.mu.Unlock()
@@ -140,6 +153,8 @@ func (b *Backend) Info() backend.Info {
 	for k, v := range b.sh.wbytes {
 		mem["weights_"+k] = v
 	}
+	mem["caches"] = b.sh.caches.Load()
+	mem["workspace"] = b.sh.work.Load() + b.dev.LtWorkspaceBytes()
 	mem["total_allocated"] = b.dev.Live()
 	return backend.Info{Backend: "cuda", Device: fmt.Sprintf("%s (compute %d.%d, %d SMs, %s)", b.dev.Name, b.dev.CC[0], b.dev.CC[1], b.dev.SMs, b.dev.BlasVersion()), Precision: b.opts.Precision, Memory: mem}
 }
@@ -396,6 +411,7 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 				return 0, fmt.Errorf("cuda: allocating the cache (%d slots × %d positions): %w", slots, maxPositions, err)
 			}
 			s.bufs = append(s.bufs, sized{p, n})
+			b.sh.caches.Add(n)
 			return p, nil
 		}
 		var err error
@@ -468,6 +484,7 @@ func (s *Store) Close() error {
 	return s.b.dev.Do(func() error {
 		for _, b := range s.bufs {
 			s.b.dev.Free(b.p, b.n)
+			s.b.sh.caches.Add(-b.n)
 		}
 		s.bufs = nil
 		return nil

@@ -201,6 +201,7 @@ func (p *Program) Close() error {
 		}{{&p.arena, &p.arenaSize}, {&p.meta, &p.metaSize}, {&p.out, &p.outSize}} {
 			if *b.p != 0 {
 				p.b.dev.Free(*b.p, *b.n)
+				p.b.sh.work.Add(-*b.n)
 				*b.p, *b.n = 0, 0
 			}
 		}
@@ -519,6 +520,7 @@ func (p *Program) ensure(buf *kc.DevicePtr, size *int64, n int64) error {
 			return err
 		}
 		p.b.dev.Free(*buf, *size)
+		p.b.sh.work.Add(-*size)
 		*buf, *size = 0, 0
 	}
 	p.dropGraphs()
@@ -526,6 +528,7 @@ func (p *Program) ensure(buf *kc.DevicePtr, size *int64, n int64) error {
 	if err != nil {
 		return err
 	}
+	p.b.sh.work.Add(n)
 	*buf, *size = ptr, n
 	return nil
 }

@@ -119,6 +119,7 @@ func (b *Backend) tune(t ir.GEMMTune) (ir.GEMMChoice, error) {
 	defer func() {
 		for i, p := range bufs.ptrs {
 			dev.Free(*p, bufs.sizes[i])
+			b.sh.work.Add(-bufs.sizes[i])
 		}
 	}()
 	alloc := func(p *kc.DevicePtr, n int64) error {
@@ -127,6 +128,7 @@ func (b *Backend) tune(t ir.GEMMTune) (ir.GEMMChoice, error) {
 			return err
 		}
 		*p = q
+		b.sh.work.Add(n)
 		bufs.ptrs, bufs.sizes = append(bufs.ptrs, p), append(bufs.sizes, n)
 		return nil
 	}

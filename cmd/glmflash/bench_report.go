@@ -1,0 +1,201 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/plan"
+	"github.com/glmflash/glmflash/core/roofline"
+	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/safetensors"
+)
+
+// Defaults of bench's --bandwidth-gbs and --peak-tflops.
+const (
+	// defaultCUDABandwidthGBs: the H200's device-to-device copy in
+	// docs/results/cuda-h200 (kbench: the 32000×1024 bf16 lm_head, 65.5 MB,
+	// copied in 33.84 µs: read at 1,937 GB/s and written, 3,874 GB/s of
+	// memory traffic).
+	defaultCUDABandwidthGBs = 3874
+	// defaultCPUBandwidthGBs: the read bandwidth given for the
+	// development machine (not measured in docs/results: pass yours).
+	defaultCPUBandwidthGBs = 49
+	// defaultPeakTFLOPs: the H200's dense BF16 tensor-core peak.
+	defaultPeakTFLOPs = 790
+	// gemmReportReps are the timed runs per candidate of the GEMM report.
+	gemmReportReps = 3
+	// gemmReportTolerance is prefill-autotune's default: candidates whose
+	// output differs more from the default kernel's are not counted.
+	gemmReportTolerance = 1e-4
+)
+
+// rooflineFor fills a decode series' roofline fields: the bytes a step of
+// B sequences at context tokens reads, its time at bw GB/s, and the
+// measured time per step (device time when the backend reports it, else
+// wall-clock from the median tokens/s) over it.
+func rooflineFor(r *benchResult, cfg *model.Config, held roofline.Holding, B, context int, bw float64) error {
+	s, err := roofline.Decode(cfg, held, B, context)
+	if err != nil {
+		return err
+	}
+	r.RooflineBytes = s.Total()
+	r.RooflineContext = context
+	r.RooflineTerms = map[string]float64{}
+	for _, t := range s.Terms() {
+		r.RooflineTerms[t.Name] = t.Bytes
+	}
+	r.RooflineExperts = s.ExpertsPerLayer
+	r.RooflineMs = s.Seconds(bw*1e9) * 1e3
+	r.MeasuredClock, r.MeasuredMs = "wall", 1e3*float64(B)/r.TokensPerSec
+	if r.DeviceMsPerStep > 0 {
+		r.MeasuredClock, r.MeasuredMs = "device", r.DeviceMsPerStep
+	}
+	if r.RooflineMs > 0 {
+		r.RooflineRatio = r.MeasuredMs / r.RooflineMs
+	}
+	return nil
+}
+
+// gemmRow is one weight shape of the GEMM report.
+type gemmRow struct {
+	N           int     `json:"n"`
+	K           int     `json:"k"`
+	Kind        string  `json:"kind"`
+	Count       int     `json:"count"`
+	Rows        int     `json:"rows"`
+	DefaultUs   float64 `json:"default_us,omitempty"`
+	DefaultTF   float64 `json:"default_tflops,omitempty"`
+	BestUs      float64 `json:"best_us,omitempty"`
+	BestTF      float64 `json:"best_tflops,omitempty"`
+	BestKernel  string  `json:"best_kernel,omitempty"`
+	Measured    int     `json:"candidates_measured,omitempty"`
+	Rejected    int     `json:"candidates_rejected,omitempty"`
+	Error       string  `json:"error,omitempty"`
+	flopsPerRun float64
+}
+
+// gemmReport is the prefill program's GEMMs measured by the backend.
+type gemmReport struct {
+	Rows       int       `json:"rows"`
+	PeakTFLOPs float64   `json:"peak_tflops"`
+	Shapes     []gemmRow `json:"shapes"`
+	// FLOP-weighted totals over the measured shapes: the graph's GEMM
+	// FLOPs (each shape × its count) over the time they take.
+	DefaultTF float64 `json:"default_tflops"`
+	BestTF    float64 `json:"best_tflops"`
+	// NotCovered names what the report leaves out.
+	NotCovered string `json:"not_covered"`
+}
+
+// prefillGEMMs lists the distinct GEMM weight shapes of a plan's linear,
+// linear_split and linear_batched nodes with their kinds (from the
+// weights' checkpoint dtypes) and how many GEMMs of each the plan runs (a
+// linear_batched node counts its groups).
+func prefillGEMMs(p *plan.Plan, t ir.GEMMTuner, dtype func(string) (safetensors.DType, bool)) []gemmRow {
+	type key struct {
+		N, K int
+		kind string
+	}
+	idx := map[key]int{}
+	var rows []gemmRow
+	for _, n := range p.Steps {
+		var N, K, count int
+		switch n.Op {
+		case ir.OpLinear, ir.OpLinearSplit:
+			w := n.Inputs[1].Shape
+			N, K, count = w[0], w[1], 1
+		case ir.OpLinearBatched:
+			w := n.Inputs[1].Shape
+			N, K, count = w[1], w[2], w[0]
+		default:
+			continue
+		}
+		k := key{N, K, t.GEMMKind(weightDType(n.Inputs[1], dtype))}
+		i, ok := idx[k]
+		if !ok {
+			i = len(rows)
+			idx[k] = i
+			rows = append(rows, gemmRow{N: N, K: K, Kind: k.kind})
+		}
+		rows[i].Count += count
+	}
+	return rows
+}
+
+// weightDType is a GEMM weight's checkpoint dtype ("BF16", "F32",
+// "F8_E4M3"): a derived weight's when its sources agree, else F32 (as
+// prefill-autotune decides).
+func weightDType(w *ir.Value, dtype func(string) (safetensors.DType, bool)) string {
+	if w.Producer != nil {
+		dt := ""
+		for _, in := range w.Producer.Inputs {
+			d := weightDType(in, dtype)
+			if dt != "" && d != dt {
+				return safetensors.F32.String()
+			}
+			dt = d
+		}
+		if dt == "" {
+			return safetensors.F32.String()
+		}
+		return dt
+	}
+	if d, ok := dtype(w.Ref); ok && w.Ref != "" {
+		return d.String()
+	}
+	return safetensors.F32.String()
+}
+
+// measureGEMMs times every shape at rows rows with the backend's tuner: the
+// default kernel's and the best candidate's median times and TFLOP/s
+// (2·rows·N·K over the time). A shape the tuner refuses keeps its error.
+func measureGEMMs(t ir.GEMMTuner, shapes []gemmRow, rows int, peak float64) *gemmReport {
+	rep := &gemmReport{Rows: rows, PeakTFLOPs: peak, Shapes: shapes,
+		NotCovered: "the MoE grouped expert GEMM (moe_experts: gate/up and down over the routed tokens) is not measured: TuneGEMM covers linear, linear_split and linear_batched weights only"}
+	var flops, defNs, bestNs float64
+	for i := range rep.Shapes {
+		s := &rep.Shapes[i]
+		s.Rows = rows
+		s.flopsPerRun = 2 * float64(rows) * float64(s.N) * float64(s.K)
+		c, err := t.TuneGEMM(ir.GEMMTune{Kind: s.Kind, N: s.N, K: s.K, Rows: rows, Reps: gemmReportReps, Tolerance: gemmReportTolerance})
+		if err != nil {
+			s.Error = err.Error()
+			continue
+		}
+		if c.DefaultNs <= 0 || c.TunedNs <= 0 {
+			s.Error = fmt.Sprintf("no time measured (default %d ns, best %d ns)", c.DefaultNs, c.TunedNs)
+			continue
+		}
+		s.DefaultUs, s.BestUs = float64(c.DefaultNs)/1e3, float64(c.TunedNs)/1e3
+		s.DefaultTF, s.BestTF = s.flopsPerRun/float64(c.DefaultNs)/1e3, s.flopsPerRun/float64(c.TunedNs)/1e3
+		s.BestKernel, s.Measured, s.Rejected = c.Name, c.Measured, c.Rejected
+		n := float64(s.Count)
+		flops += n * s.flopsPerRun
+		defNs += n * float64(c.DefaultNs)
+		bestNs += n * float64(c.TunedNs)
+	}
+	if defNs > 0 {
+		rep.DefaultTF, rep.BestTF = flops/defNs/1e3, flops/bestNs/1e3
+	}
+	return rep
+}
+
+// print writes the report as a table.
+func (r *gemmReport) print(w io.Writer) {
+	pct := func(tf float64) float64 { return 100 * tf / r.PeakTFLOPs }
+	fmt.Fprintf(w, "prefill GEMMs at %d rows (TuneGEMM: median of %d runs; %% of a %.0f TFLOP/s peak):\n", r.Rows, gemmReportReps, r.PeakTFLOPs)
+	fmt.Fprintf(w, "  %-13s %-11s %5s  %10s %9s %7s  %10s %9s %7s  %s\n", "shape N×K", "kind", "count", "default µs", "TFLOP/s", "% peak", "best µs", "TFLOP/s", "% peak", "best kernel")
+	for _, s := range r.Shapes {
+		shape := fmt.Sprintf("%d×%d", s.N, s.K)
+		if s.Error != "" {
+			fmt.Fprintf(w, "  %-13s %-11s %5d  not measured: %s\n", shape, s.Kind, s.Count, s.Error)
+			continue
+		}
+		fmt.Fprintf(w, "  %-13s %-11s %5d  %10.1f %9.4g %6.3g%%  %10.1f %9.4g %6.3g%%  %s\n", shape, s.Kind, s.Count,
+			s.DefaultUs, s.DefaultTF, pct(s.DefaultTF), s.BestUs, s.BestTF, pct(s.BestTF), s.BestKernel)
+	}
+	fmt.Fprintf(w, "  FLOP-weighted total (each shape × its count): default %.4g TFLOP/s (%.3g%%), best %.4g TFLOP/s (%.3g%%)\n",
+		r.DefaultTF, pct(r.DefaultTF), r.BestTF, pct(r.BestTF))
+	fmt.Fprintf(w, "  not covered: %s\n", r.NotCovered)
+}
