@@ -13,13 +13,14 @@ import (
 
 // Defaults of bench's --bandwidth-gbs and --peak-tflops.
 const (
-	// defaultCUDABandwidthGBs: the H200's device-to-device copy in
-	// docs/results/cuda-h200 (kbench: the 32000×1024 bf16 lm_head, 65.5 MB,
-	// copied in 33.84 µs: read at 1,937 GB/s and written, 3,874 GB/s of
-	// memory traffic).
-	defaultCUDABandwidthGBs = 3874
-	// defaultCPUBandwidthGBs: the read bandwidth given for the
-	// development machine (not measured in docs/results: pass yours).
+	// defaultCUDABandwidthGBs: the H200's HBM roofline the issue and
+	// shared/docs/gpu.md state: a large device-to-device copy moved about
+	// 4.3 TB/s (read + written). (A small copy measured by kbench, the
+	// 65.5 MB lm_head in 33.84 µs, moves 3.9 TB/s: pass
+	// --bandwidth-gbs to use another figure.)
+	defaultCUDABandwidthGBs = 4300
+	// defaultCPUBandwidthGBs: the development machine's measured read
+	// bandwidth (2 threads), as the project's brief states it.
 	defaultCPUBandwidthGBs = 49
 	// defaultPeakTFLOPs: the H200's dense BF16 tensor-core peak.
 	defaultPeakTFLOPs = 790

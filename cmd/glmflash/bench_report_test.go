@@ -41,7 +41,7 @@ func TestBenchReportsCUDA(t *testing.T) {
 	for _, k := range []string{"weights_bf16", "caches", "workspace", "total_allocated"} {
 		require.Regexp(t, `device memory `+k+` +[0-9.]+ MiB`, out)
 	}
-	require.Regexp(t, `roofline: .* ÷ 3874 GB/s = .* \(device time\)`, out)
+	require.Regexp(t, `roofline: .* ÷ 4300 GB/s = .* \(device time\)`, out)
 	require.Contains(t, out, "prefill GEMMs at 4 rows")
 	require.Contains(t, out, "FLOP-weighted total")
 	require.Contains(t, out, "not covered: the MoE grouped expert GEMM")
