@@ -4,7 +4,8 @@
 # through `glmflash eval --device cuda` (no passes, every pass, every pass +
 # the example plugin), the GEMM kernels' micro-benchmark (step kbench), a
 # bench, speculative decoding's bench (step spec), and a bounded load test against
-# `glmflash serve --device cuda`. Binaries come prebuilt from this machine in
+# `glmflash serve --device cuda`, and (step gpupreset, not in the default
+# steps) the gpu preset's bench, eval and the transformers benchmark. Binaries come prebuilt from this machine in
 # bin/ (make gpu-bundle). Everything lands in $OUT (default /tmp/gpu-run),
 # the PTX and the logs also packed in $OUT/gpu-run.tgz.
 set -uo pipefail
@@ -74,6 +75,47 @@ spec)
 	timeout "$LIMIT" bin/glmflash bench --device cuda --preset bench-mtp --speculative mtp:5 --spec-accept 0.6,0.8,1.0 --prompt 128 --decode-steps 48 --batch 1,4 --reps 3 \
 		--json "$OUT/logs/bench-spec.json" >"$OUT/logs/bench-spec.log" 2>&1 || log "bench --speculative FAILED"
 	grep -E "tokens/s|acceptance" "$OUT/logs/bench-spec.log" | tail -n 20 >>"$OUT/logs/summary.txt"
+	;;
+gpupreset)
+	# the gpu preset (released per-layer sizes, 8 layers, FP8): written where
+	# it fits (tmpfs first), then bench in fp32 and bf16, eval bf16 against
+	# fp32, and transformers on the same checkpoint (tools/hf_bench.py)
+	CK=${GPU_CKPT:-}
+	if [ -z "$CK" ]; then
+		if [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 50000000 ] 2>/dev/null; then CK=/dev/shm/glmflash-gpu; else CK=/tmp/glmflash-gpu; fi
+	fi
+	df -h /dev/shm /tmp >>"$OUT/logs/summary.txt" 2>&1
+	if [ ! -f "$CK/config.json" ]; then
+		log "init-random --preset gpu --fp8 --out $CK"
+		/usr/bin/time -v bin/glmflash init-random --preset gpu --fp8 --shard-mib 4096 --out "$CK" --force >"$OUT/logs/gpu-init.log" 2>&1 || log "init-random FAILED"
+		grep -E 'wrote|Elapsed|Maximum resident' "$OUT/logs/gpu-init.log" >>"$OUT/logs/summary.txt"
+		du -sh "$CK" >>"$OUT/logs/summary.txt"
+	fi
+	for run in ${GPU_BENCH:-"fp32 512" "fp32 4096" "bf16 512" "bf16 4096"}; do
+		set -- $run
+		log "bench --device cuda --model gpu-preset --precision $1 --prompt $2"
+		timeout "$LIMIT" bin/glmflash bench --device cuda --model "$CK" --precision "$1" --prompt "$2" --batch 1,8,64 --reps ${GPU_REPS:-3} --decode-steps 16 \
+			--json "$OUT/logs/gpu-bench-$1-$2.json" >"$OUT/logs/gpu-bench-$1-$2.log" 2>&1 || log "bench FAILED"
+		grep -vE '^\S+ +(DBG|INF) ' "$OUT/logs/gpu-bench-$1-$2.log" | tail -n 60 >>"$OUT/logs/summary.txt"
+	done
+	if [ -n "${GPU_PROFILE:-}" ]; then
+		log "bench --profile-ops (gpu preset, $GPU_PROFILE)"
+		timeout "$LIMIT" bin/glmflash bench --device cuda --model "$CK" --precision "$GPU_PROFILE" --profile-ops --prompt 512 --batch 1 --reps 1 --decode-steps 8 \
+			>"$OUT/logs/gpu-profile.log" 2>&1 || log "profile FAILED"
+		grep -vE '^\S+ +(DBG|INF) ' "$OUT/logs/gpu-profile.log" | head -n 80 >>"$OUT/logs/summary.txt"
+	fi
+	if [ -z "${GPU_NO_EVAL:-}" ]; then
+		log "eval --precision bf16 --versus fp32 (gpu preset)"
+		timeout "$LIMIT" bin/glmflash eval --device cuda --model "$CK" --precision bf16 --versus fp32 --prompt-len 128 --prompts 2 --steps 16 \
+			>"$OUT/logs/gpu-eval-bf16.log" 2>&1 || log "eval --versus FAILED"
+		grep -vE '^\S+ +(DBG|INF) ' "$OUT/logs/gpu-eval-bf16.log" | tail -n 12 >>"$OUT/logs/summary.txt"
+	fi
+	if [ -z "${GPU_NO_HF:-}" ] && [ -f tools/hf_bench.py ]; then
+		log "transformers on the same checkpoint (tools/hf_bench.py)"
+		timeout "${HF_LIMIT:-$LIMIT}" python3 tools/hf_bench.py --model "$CK" --prompts 512,4096 --batches 1,8,64 --decode-steps 16 --reps 3 \
+			--json "$OUT/logs/hf-bench.json" >"$OUT/logs/hf-bench.log" 2>&1 || log "hf_bench FAILED"
+		tail -n 40 "$OUT/logs/hf-bench.log" >>"$OUT/logs/summary.txt"
+	fi
 	;;
 load)
 	log "load test (ghz) against serve --device cuda"

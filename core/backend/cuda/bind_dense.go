@@ -116,12 +116,14 @@ func dequantBF16(dev *kc.Device, W devTensor, dst kc.DevicePtr) error {
 }
 
 // libWeight is the weight pointer a library GEMM reads: W's own (bf16 or
-// fp32), or its bf16 dequantization at tmp for fp8 (tmp: 2·n bytes).
-func libWeight(dev *kc.Device, W devTensor, tmp kc.DevicePtr) (kc.DevicePtr, error) {
+// fp32), or its bf16 dequantization into tmp() for fp8 (2·n bytes; asked
+// for only then: only fp8 GEMMs have that temporary).
+func libWeight(dev *kc.Device, W devTensor, tmp func() kc.DevicePtr) (kc.DevicePtr, error) {
 	if !W.fp8 {
 		return W.ptr, nil
 	}
-	return tmp, dequantBF16(dev, W, tmp)
+	t := tmp()
+	return t, dequantBF16(dev, W, t)
 }
 
 // libWeightTemp is the bytes of the bf16 copy a library GEMM of M rows
@@ -199,7 +201,7 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 				}
 				A = rc.temps[0]
 			}
-			Wp, err := libWeight(rc.dev, W, rc.temps[1])
+			Wp, err := libWeight(rc.dev, W, func() kc.DevicePtr { return rc.temps[1] })
 			if err != nil {
 				return err
 			}
@@ -255,7 +257,7 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 			}
 			A = rc.temps[1]
 		}
-		Wp, err := libWeight(rc.dev, W, rc.temps[2])
+		Wp, err := libWeight(rc.dev, W, func() kc.DevicePtr { return rc.temps[2] })
 		if err != nil {
 			return err
 		}
@@ -305,7 +307,7 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 			if W.bf16 || W.fp8 { // fp8: dequantized to bf16
 				wsz = 2
 			}
-			Wp, err := libWeight(rc.dev, W, rc.temps[1])
+			Wp, err := libWeight(rc.dev, W, func() kc.DevicePtr { return rc.temps[1] })
 			if err != nil {
 				return err
 			}

@@ -187,7 +187,7 @@ func (b *Backend) tune(t ir.GEMMTune) (ir.GEMMChoice, error) {
 				}
 				A = bufs.Abf
 			}
-			Wp, err := libWeight(dev, W, bufs.Wbf)
+			Wp, err := libWeight(dev, W, func() kc.DevicePtr { return bufs.Wbf })
 			if err != nil {
 				return err
 			}
