@@ -49,6 +49,7 @@ Standard library, torch, transformers and safetensors only.
 """
 import argparse
 import gc
+import importlib.util
 import inspect
 import json
 import math
@@ -155,13 +156,37 @@ def weight_files(model_dir):
     return sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors"))
 
 
-def checkpoint_names(model_dir):
-    from safetensors import safe_open
-    names = set()
+def checkpoint_dtypes(model_dir):
+    """{tensor name: safetensors dtype string (e.g. "BF16", "F8_E4M3")}, read from the headers."""
+    out = {}
     for fn in weight_files(model_dir):
-        with safe_open(os.path.join(model_dir, fn), framework="pt") as f:
-            names.update(f.keys())
-    return names
+        with open(os.path.join(model_dir, fn), "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        for k, v in header.items():
+            if k != "__metadata__":
+                out[k] = v.get("dtype")
+    return out
+
+
+def bf16_linear_modules(model_dir, cfg, ckpt_dtypes):
+    """The nn.Linear modules of the model (built on the meta device) that have no FP8 weight in
+    the checkpoint. transformers' FP8 integration converts every nn.Linear not listed in
+    quantization_config.modules_to_not_convert; glmflash's FP8 layout (like the released one)
+    keeps the KDA, indexer, kv_b_proj, lm_head and other projections in bf16 without scales, so
+    they must be listed for the FP8 weights to be kept as transformers keeps them."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.models.glm5_next import modeling_glm5_next as M
+    fp8 = {k[: -len(".weight")] for k, d in ckpt_dtypes.items() if d == "F8_E4M3" and k.endswith(".weight")}
+    config = AutoConfig.from_pretrained(model_dir)
+    arch = (cfg.get("architectures") or ["Glm5NextForConditionalGeneration"])[0]
+    cls = getattr(M, arch, M.Glm5NextForConditionalGeneration)
+    with torch.device("meta"):
+        meta = cls(config)
+    names = [n for n, m in meta.named_modules() if isinstance(m, torch.nn.Linear) and n not in fp8]
+    del meta
+    return config, names
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,7 +344,7 @@ def describe_weights(model):
         cn = type(m).__name__
         if experts_cls is None and n.endswith("mlp.experts"):
             experts_cls = cn
-        if "Linear" in cn and not is_vision_key("." + n):
+        if cn.endswith("Linear") and not is_vision_key("." + n):
             linear_classes[cn] = linear_classes.get(cn, 0) + 1
     return {"bytes_by_dtype": by_dtype, "vision_bytes": vision, "experts_module": experts_cls,
             "linear_modules": linear_classes}
@@ -349,7 +374,8 @@ def load_model(args, cfg, vocab):
     load = {"checkpoint_fp8": q is not None, "fp8_option": args.fp8, "attn_implementation": args.attn,
             "experts_implementation_option": args.experts, "notes": []}
     notes = load["notes"]
-    ckpt_names = checkpoint_names(args.model)
+    ckpt_dtypes = checkpoint_dtypes(args.model)
+    ckpt_names = set(ckpt_dtypes)
 
     def finish(model, info, label, secs, path):
         load.update(model_class=label, load_seconds=round(secs, 3), path=path,
@@ -358,7 +384,17 @@ def load_model(args, cfg, vocab):
         return model
 
     def keep():
-        model, info, label, secs = load_with_classes(cfg, args.model, args, {}, notes)
+        extra = {}
+        if q is not None:
+            # list the bf16 linears (and the vision tower) as modules_to_not_convert in the
+            # config the model is built from; the checkpoint's own list is kept too
+            config, names = bf16_linear_modules(args.model, cfg, ckpt_dtypes)
+            qd = dict(q)
+            qd["modules_to_not_convert"] = sorted(set((q.get("modules_to_not_convert") or []) + names + ["model.visual"]))
+            config.quantization_config = qd
+            extra["config"] = config
+            load["fp8_modules_to_not_convert"] = len(qd["modules_to_not_convert"])
+        model, info, label, secs = load_with_classes(cfg, args.model, args, extra, notes)
         return finish(model, info, label, secs, "fp8-keep" if q else "bf16")
 
     def dequantize():
@@ -413,6 +449,7 @@ def load_model(args, cfg, vocab):
     load["weights"] = describe_weights(model)
     c = getattr(model, "config", None)
     tc = getattr(c, "text_config", None) or c
+    load["fp8_weights_in_model"] = load["weights"]["bytes_by_dtype"].get("float8_e4m3fn", 0)
     load["config_attn_implementation"] = getattr(tc, "_attn_implementation", None)
     load["config_experts_implementation"] = getattr(tc, "_experts_implementation", getattr(c, "_experts_implementation", None))
     try:
@@ -459,6 +496,8 @@ def main(argv=None):
                  "float32_matmul_precision": torch.get_float32_matmul_precision(),
                  "note": "left at PyTorch's defaults"},
         "config": summary,
+        "optional_kernels": {m: importlib.util.find_spec(m) is not None
+                             for m in ("fla", "causal_conv1d", "deep_gemm", "kernels", "triton")},
         "settings": {"prompts": args.prompts, "batches": args.batches, "decode_steps": args.decode_steps,
                      "reps": args.reps, "warmup": args.warmup, "decode_prompt_tokens": 32},
         "results": [],
