@@ -31,7 +31,12 @@ transformers' own default where the model supports it; the fixtures use eager). 
 unexpected keys are reported in the JSON, not fatal, unless trunk (text) weights are missing.
 An FP8 checkpoint (quantization_config quant_method "fp8"):
   --fp8 keep        transformers' fine-grained FP8 integration keeps the e4m3 weights and
-                    their block scales (FP8Linear / FP8 experts modules);
+                    their block scales (FP8Linear / FP8Experts modules); the checkpoint's bf16
+                    linears (KDA, indexer, kv_b_proj, lm_head, ...) and the vision tower are
+                    listed in modules_to_not_convert, else transformers converts every nn.Linear.
+                    Its forward needs transformers' finegrained-fp8 kernel, which comes through
+                    the `kernels` package (0.16.x) from the Hub: where that is missing every row
+                    records the ImportError;
   --fp8 dequantize  FineGrainedFP8Config(dequantize=True) loads them as bf16; if transformers
                     refuses, the script writes a bf16 copy (code x block scale, exact for glmflash's
                     power-of-two scales) to a temporary directory and loads that ("manual");
