@@ -91,8 +91,8 @@ gpupreset)
 		grep -E 'wrote|Elapsed|Maximum resident' "$OUT/logs/gpu-init.log" >>"$OUT/logs/summary.txt"
 		du -sh "$CK" >>"$OUT/logs/summary.txt"
 	fi
-	for run in ${GPU_BENCH:-"fp32 512" "fp32 4096" "bf16 512" "bf16 4096"}; do
-		set -- $run
+	for run in ${GPU_BENCH:-fp32:512 fp32:4096 bf16:512 bf16:4096}; do
+		set -- ${run/:/ }
 		log "bench --device cuda --model gpu-preset --precision $1 --prompt $2"
 		timeout "$LIMIT" bin/glmflash bench --device cuda --model "$CK" --precision "$1" --prompt "$2" --batch 1,8,64 --reps ${GPU_REPS:-3} --decode-steps 16 \
 			--json "$OUT/logs/gpu-bench-$1-$2.json" >"$OUT/logs/gpu-bench-$1-$2.log" 2>&1 || log "bench FAILED"

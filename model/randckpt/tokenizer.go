@@ -39,7 +39,8 @@ const qwenSplit = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| 
 
 // TokenizerFiles returns a valid byte-level BPE tokenizer.json with exactly
 // vocab ids, and its tokenizer_config.json: the 256 bytes, then a real
-// vocabulary (Qwen3's) cut by merge rank, then the GLM-style added tokens
+// vocabulary (Qwen3's) cut by merge rank (past its 32,000 merges: synthetic
+// merges of its tokens with a letter), then the GLM-style added tokens
 // and the chat template when there is room for them (vocab ≥ 256 + 12).
 func TokenizerFiles(vocab int) (tokJSON, cfgJSON []byte, err error) {
 	if vocab < 256 {
@@ -72,6 +73,31 @@ func TokenizerFiles(vocab int) (tokJSON, cfgJSON []byte, err error) {
 	}
 	if err := sc.Err(); err != nil {
 		return nil, nil, err
+	}
+	// Past the base vocabulary (the released 154,880 ids): synthetic merges
+	// of every base token with a letter, in id order, ranked after the real
+	// ones, so the vocabulary is a valid BPE of the size asked for.
+	if len(merges) < nMerges {
+		base := make([]string, len(ids))
+		for tok, id := range ids {
+			base[id] = tok
+		}
+		var letters []string
+		for c := 'a'; c <= 'z'; c++ {
+			letters = append(letters, string(c), strings.ToUpper(string(c)))
+		}
+		for _, a := range base[256:] {
+			for _, b := range letters {
+				if len(merges) == nMerges {
+					break
+				}
+				if _, dup := ids[a+b]; dup {
+					continue
+				}
+				ids[a+b] = len(ids)
+				merges = append(merges, [2]string{a, b})
+			}
+		}
 	}
 	if len(merges) < nMerges {
 		return nil, nil, fmt.Errorf("randckpt: the base vocabulary has %d usable merges, %d wanted (vocab_size %d)", len(merges), nMerges, vocab)
