@@ -2,6 +2,7 @@ package model
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -384,4 +385,28 @@ func TestClone(t *testing.T) {
 	assert.Equal(t, LayerKDA, c.LayerTypes[0])
 	assert.Equal(t, -5.0, *c.LinearLowerBound)
 	assert.Equal(t, "a", c.Quant.ModulesToNotConvert[0])
+}
+
+// Float fields are written as JSON floats (transformers' strict config
+// classes refuse swiglu_limit: 10).
+func TestMarshalHFWritesFloatsAsFloats(t *testing.T) {
+	b, err := os.ReadFile("../testdata/glm5next-tiny-a/checkpoint/config.json")
+	require.NoError(t, err)
+	c, err := ParseConfig(b, "x")
+	require.NoError(t, err)
+	out, err := c.MarshalHF()
+	require.NoError(t, err)
+	require.Contains(t, string(out), `"swiglu_limit": 10.0`)
+	require.Contains(t, string(out), `"linear_lower_bound": -5.0`)
+	require.Contains(t, string(out), `"routed_scaling_factor": 2.5`)
+	for _, f := range []float64{10, -5, 2.5, 1e-5, 1e300} {
+		j, err := json.Marshal(hfFloat(f))
+		require.NoError(t, err)
+		var back float64
+		require.NoError(t, json.Unmarshal(j, &back))
+		require.Equal(t, f, back)
+		require.Regexp(t, `[.eE]`, string(j))
+	}
+	_, err = json.Marshal(hfFloat(math.NaN()))
+	require.Error(t, err)
 }

@@ -1,6 +1,36 @@
 package model
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+)
+
+// hfFloat is a float field of config.json, always written as a JSON float
+// (10.0, not 10): transformers' strict config classes refuse an int where a
+// float is declared (swiglu_limit, linear_lower_bound, …).
+type hfFloat float64
+
+// MarshalJSON writes the shortest exact form with a decimal point or an
+// exponent.
+func (f hfFloat) MarshalJSON() ([]byte, error) {
+	s := strconv.FormatFloat(float64(f), 'g', -1, 64)
+	if !strings.ContainsAny(s, ".eEn") { // n: NaN, Inf (refused by json below)
+		s += ".0"
+	}
+	if strings.ContainsAny(s, "nN") {
+		return json.Marshal(float64(f)) // the encoder's error for NaN/Inf
+	}
+	return []byte(s), nil
+}
+
+// hfFloatPtr is p as an hfFloat, nil (JSON null) when p is nil.
+func hfFloatPtr(p *float64) any {
+	if p == nil {
+		return nil
+	}
+	return hfFloat(*p)
+}
 
 // TextConfigMap returns the text configuration as a Hugging Face text_config
 // object (model_type "glm5_next_text") holding every field, including the
@@ -19,7 +49,7 @@ func (c *Config) TextConfigMap() map[string]any {
 		"n_group":                        c.NGroup,
 		"topk_group":                     c.TopKGroup,
 		"norm_topk_prob":                 c.NormTopKProb,
-		"routed_scaling_factor":          c.RoutedScalingFactor,
+		"routed_scaling_factor":          hfFloat(c.RoutedScalingFactor),
 		"first_k_dense_replace":          c.FirstKDenseReplace,
 		"num_attention_heads":            c.NumAttentionHeads,
 		"num_key_value_heads":            c.NumKeyValueHeads,
@@ -40,13 +70,13 @@ func (c *Config) TextConfigMap() map[string]any {
 		"linear_num_heads":               c.LinearNumHeads,
 		"linear_head_dim":                c.LinearHeadDim,
 		"linear_conv_kernel_dim":         c.LinearConvKernelDim,
-		"linear_lower_bound":             c.LinearLowerBound, // nil → null
+		"linear_lower_bound":             hfFloatPtr(c.LinearLowerBound), // nil → null
 		"safe_gate":                      c.LinearLowerBound != nil,
 		"hc_mult":                        c.HCMult,
 		"hc_sinkhorn_iters":              c.HCSinkhornIters,
-		"hc_eps":                         c.HCEps,
-		"rms_norm_eps":                   c.RMSNormEps,
-		"swiglu_limit":                   c.SwiGLULimit, // nil → null
+		"hc_eps":                         hfFloat(c.HCEps),
+		"rms_norm_eps":                   hfFloat(c.RMSNormEps),
+		"swiglu_limit":                   hfFloatPtr(c.SwiGLULimit), // nil → null
 		"max_position_embeddings":        c.MaxPositionEmbeddings,
 		"tie_word_embeddings":            c.TieWordEmbeddings,
 		"num_nextn_predict_layers":       c.NumNextNPredictLayers,

@@ -85,7 +85,7 @@ gpupreset)
 		if [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 50000000 ] 2>/dev/null; then CK=/dev/shm/glmflash-gpu; else CK=/tmp/glmflash-gpu; fi
 	fi
 	df -h /dev/shm /tmp >>"$OUT/logs/summary.txt" 2>&1
-	if [ ! -f "$CK/config.json" ]; then
+	if [ ! -f "$CK/model.safetensors.index.json" ] && [ ! -f "$CK/model.safetensors" ]; then
 		log "init-random --preset gpu --fp8 --out $CK"
 		/usr/bin/time -v bin/glmflash init-random --preset gpu --fp8 --shard-mib 4096 --out "$CK" --force >"$OUT/logs/gpu-init.log" 2>&1 || log "init-random FAILED"
 		grep -E 'wrote|Elapsed|Maximum resident' "$OUT/logs/gpu-init.log" >>"$OUT/logs/summary.txt"
