@@ -225,5 +225,5 @@ gpu-bundle: gpu-test-bins
 	CGO_ENABLED=0 $(GO) build -ldflags "-s -w" -o bin/bundle/plugins/glmflash-pass-shared-expert-fusion ./plugins/examples/sharedexpert
 	cd bin/bundle/plugins && sha256sum glmflash-pass-* > SHA256SUMS
 	cp bin/gpu-tests/*.test bin/bundle/gpu-tests/
-	tar czf bin/gpu-bundle.tgz -C bin/bundle glmflash ghz gpu-tests plugins
+	tar czf bin/gpu-bundle.tgz -C bin/bundle glmflash $(if $(NO_GHZ),,ghz) gpu-tests plugins
 	@ls -l bin/gpu-bundle.tgz

@@ -91,7 +91,7 @@ gpupreset)
 		grep -E 'wrote|Elapsed|Maximum resident' "$OUT/logs/gpu-init.log" >>"$OUT/logs/summary.txt"
 		du -sh "$CK" >>"$OUT/logs/summary.txt"
 	fi
-	for run in ${GPU_BENCH:-fp32:512 fp32:4096 bf16:512 bf16:4096}; do
+	for run in ${GPU_BENCH-fp32:512 fp32:4096 bf16:512 bf16:4096}; do
 		set -- ${run/:/ }
 		log "bench --device cuda --model gpu-preset --precision $1 --prompt $2"
 		timeout "$LIMIT" bin/glmflash bench --device cuda --model "$CK" --precision "$1" --prompt "$2" --batch 1,8,64 --reps ${GPU_REPS:-3} --decode-steps 16 \
@@ -112,7 +112,7 @@ gpupreset)
 	fi
 	if [ -z "${GPU_NO_HF:-}" ] && [ -f tools/hf_bench.py ]; then
 		log "transformers on the same checkpoint (tools/hf_bench.py)"
-		timeout "${HF_LIMIT:-$LIMIT}" python3 tools/hf_bench.py --model "$CK" --prompts 512,4096 --batches 1,8,64 --decode-steps 16 --reps 3 \
+		timeout "${HF_LIMIT:-$LIMIT}" python3 tools/hf_bench.py --model "$CK" --fp8 ${HF_FP8:-auto} --prompts 512,4096 --batches 1,8,64 --decode-steps 16 --reps ${GPU_REPS:-3} \
 			--json "$OUT/logs/hf-bench.json" >"$OUT/logs/hf-bench.log" 2>&1 || log "hf_bench FAILED"
 		tail -n 40 "$OUT/logs/hf-bench.log" >>"$OUT/logs/summary.txt"
 	fi

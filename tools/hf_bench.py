@@ -435,6 +435,7 @@ def load_model(args, cfg, vocab):
     elif args.fp8 == "dequantize":
         model = dequantize()
     else:
+        model = None
         try:
             model = keep()
             smoke(model, vocab)
@@ -443,6 +444,9 @@ def load_model(args, cfg, vocab):
             notes.append(f"fp8 keep failed, falling back to dequantize: {short_err(e, 800)}")
             traceback.print_exc()
             model = None
+        if model is None:
+            # outside the except block: its traceback holds keep()'s frames, and
+            # with them the FP8 model, until the block ends
             free_cuda()
             model = dequantize()
     model.eval()
