@@ -226,6 +226,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 			}}
 		},
 		"init-random --out": func(string) probe { return probe{args: []string{"init-random"}, want: "--out is required"} },
+		"init-random --set": func(d string) probe {
+			return probe{args: []string{"init-random", "--out", d + "/s", "--set", "no_such_field=1"}, want: "--set no_such_field: not a text_config field"}
+		},
 		"init-random --preset": func(d string) probe {
 			return probe{args: []string{"init-random", "--out", d + "/ck", "--preset", "huge"}, want: `unknown preset "huge"`}
 		},

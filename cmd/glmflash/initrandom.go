@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -17,6 +18,7 @@ func newInitRandomCmd() *cobra.Command {
 	var seed int64
 	var fp8, force bool
 	var shardMiB int
+	var set []string
 	cmd := &cobra.Command{
 		Use:   "init-random --preset NAME --out DIR",
 		Args:  cobra.NoArgs,
@@ -28,14 +30,22 @@ func newInitRandomCmd() *cobra.Command {
 			if shardMiB < 0 {
 				return fmt.Errorf("--shard-mib must be ≥ 0 (0 = one file), got %d", shardMiB)
 			}
-			cfg, err := randckpt.Preset(preset)
+			overrides := map[string]json.RawMessage{}
+			for _, kv := range set {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return fmt.Errorf("--set %q: want FIELD=VALUE (a text_config field, a JSON value)", kv)
+				}
+				overrides[k] = json.RawMessage(v)
+			}
+			cfg, err := randckpt.PresetWith(preset, overrides)
 			if err != nil {
 				return err
 			}
 			if err := checkOut(out, force); err != nil {
 				return err
 			}
-			log.Info().Str("preset", preset).Int64("seed", seed).Bool("fp8", fp8).Str("out", out).Msg("writing checkpoint")
+			log.Info().Str("preset", preset).Strs("set", set).Int64("seed", seed).Bool("fp8", fp8).Str("out", out).Msg("writing checkpoint")
 			if err := randckpt.Write(out, cfg, randckpt.Options{Seed: seed, FP8: fp8, ShardBytes: int64(shardMiB) << 20}); err != nil {
 				return err
 			}
@@ -63,6 +73,7 @@ func newInitRandomCmd() *cobra.Command {
 	cmd.Flags().Int64Var(&seed, "seed", 1, "random seed")
 	cmd.Flags().BoolVar(&fp8, "fp8", false, "native FP8 layout (block-scaled e4m3 where the real checkpoint has it)")
 	cmd.Flags().IntVar(&shardMiB, "shard-mib", 0, "split into shards of about this many MiB (0 = one file)")
+	cmd.Flags().StringArrayVar(&set, "set", nil, "FIELD=VALUE: a text_config field of the preset set to a JSON value (repeatable), e.g. --set n_routed_experts=16 for a scaled variant")
 	cmd.Flags().BoolVar(&force, "force", false, "replace the checkpoint (or other files) already in --out")
 	return cmd
 }

@@ -100,7 +100,12 @@ func PresetNames() []string {
 // them with MTPSuffix for the same model with an MTP layer. All presets
 // use the released layer schedule: DSA at layers i%4==3, KDA elsewhere, a
 // dense MLP on layers 0–2 and MoE after.
-func Preset(name string) (*model.Config, error) {
+func Preset(name string) (*model.Config, error) { return PresetWith(name, nil) }
+
+// PresetWith is Preset with some text_config fields set to other values
+// (JSON), e.g. {"n_routed_experts": 16} for a scaled variant; every key must
+// be a text_config field, and the result must validate.
+func PresetWith(name string, set map[string]json.RawMessage) (*model.Config, error) {
 	base, mtp := strings.CutSuffix(name, MTPSuffix)
 	fields, ok := presets[base]
 	if !ok {
@@ -109,6 +114,23 @@ func Preset(name string) (*model.Config, error) {
 	m := map[string]any{"model_type": "glm5_next_text"}
 	for k, v := range fields {
 		m[k] = v
+	}
+	if len(set) > 0 {
+		known, err := Preset(name)
+		if err != nil {
+			return nil, err
+		}
+		fieldsOf := known.TextConfigMap()
+		for k, raw := range set {
+			if _, ok := fieldsOf[k]; !ok || k == "model_type" {
+				return nil, fmt.Errorf("randckpt: --set %s: not a text_config field", k)
+			}
+			var v any
+			if err := json.Unmarshal(raw, &v); err != nil {
+				return nil, fmt.Errorf("randckpt: --set %s: the value is not JSON: %w", k, err)
+			}
+			m[k] = v
+		}
 	}
 	if mtp {
 		m["num_nextn_predict_layers"] = 1

@@ -494,3 +494,19 @@ func TestMTPPresetCheckpoint(t *testing.T) {
 		}
 	}
 }
+
+// PresetWith sets text_config fields of a preset (a scaled variant) and
+// refuses unknown fields, non-JSON values and invalid results.
+func TestPresetWith(t *testing.T) {
+	c, err := PresetWith("gpu", map[string]json.RawMessage{"n_routed_experts": json.RawMessage("16"), "num_hidden_layers": json.RawMessage("4")})
+	require.NoError(t, err)
+	assert.Equal(t, 16, c.NRoutedExperts)
+	assert.Equal(t, 4, c.NumHiddenLayers)
+	assert.Equal(t, 4096, c.HiddenSize, "the rest stays the preset's")
+	_, err = PresetWith("gpu", map[string]json.RawMessage{"nope": json.RawMessage("1")})
+	assert.ErrorContains(t, err, "--set nope: not a text_config field")
+	_, err = PresetWith("gpu", map[string]json.RawMessage{"hidden_size": json.RawMessage("x")})
+	assert.ErrorContains(t, err, "--set hidden_size: the value is not JSON")
+	_, err = PresetWith("gpu", map[string]json.RawMessage{"num_experts_per_tok": json.RawMessage("400")})
+	assert.Error(t, err, "more experts per token than experts does not validate")
+}
