@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/backend/cpu"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
 	"github.com/stretchr/testify/require"
@@ -106,4 +108,48 @@ func TestBF16WeightsAreNotCopied(t *testing.T) {
 		require.Less(t, fp32, mapped/2, "%s: %d float32 bytes for %d mapped", f, fp32, mapped)
 		require.Equal(t, fp32, e.WeightBytes(), "%s: the weight cache holds more than the float32 constants", f)
 	}
+}
+
+// Programs of lazy plans over one weight cache, compiled by several
+// goroutines at once on one backend, bind each weight once and share it
+// (run with -race: the plans' lazy loads and the backend's bound weights
+// are mutex-guarded).
+func TestConcurrentLazyCompileSharesWeights(t *testing.T) {
+	ck, err := model.Open(filepath.Join("..", "..", "..", "testdata", "glm5next-tiny-a", "checkpoint"))
+	require.NoError(t, err)
+	defer ck.Close()
+	be := cpu.New(backend.Options{})
+	require.True(t, be.LazyWeights())
+	cache := plan.NewWeightCache(ck)
+	modes := []graph.Options{{Mode: graph.Prefill, Logits: graph.AllLogits}, {Mode: graph.Decode, Logits: graph.LastLogits}}
+	var wg sync.WaitGroup
+	errs := make([]error, 4*len(modes))
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g, err := graph.Build(ck.Config(), modes[i%len(modes)])
+			if err == nil {
+				var pl *plan.Plan
+				if pl, err = plan.Compile(g, cache, plan.Options{Lazy: true}); err == nil {
+					_, err = be.Compile(pl)
+				}
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	once := be.Info().Memory
+	for _, m := range modes {
+		g, err := graph.Build(ck.Config(), m)
+		require.NoError(t, err)
+		pl, err := plan.Compile(g, cache, plan.Options{Lazy: true})
+		require.NoError(t, err)
+		_, err = be.Compile(pl)
+		require.NoError(t, err)
+	}
+	require.Equal(t, once, be.Info().Memory, "compiling again bound new copies")
 }
