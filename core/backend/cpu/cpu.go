@@ -102,8 +102,9 @@ func (b *Backend) Info() backend.Info {
 		Memory: b.w.memory()}
 }
 
-// Close does nothing.
-func (b *Backend) Close() error { return nil }
+// Close releases the weight copies the backend made (its programs become
+// unusable).
+func (b *Backend) Close() error { return b.w.close() }
 
 // Compile binds every step of p.
 func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {

@@ -18,9 +18,11 @@ const (
 	// MemBF16Mapped is bf16 GEMM weights read in place from the checkpoint's
 	// read-only mapping (no copy: the pages are the file's).
 	MemBF16Mapped = "weights_bf16_mapped"
-	// MemBF16 is bf16 weights copied to the heap: parts of a concat/stack
+	// MemBF16 is bf16 weights copied once at load, off the Go heap (an
+	// anonymous read-only mapping, see allocBF16): parts of a concat/stack
 	// that are not one contiguous mapping, slice_cols, FP8 weights
-	// dequantized once, and weights that had to go through float32.
+	// dequantized once; and, on the heap, the rare weights that had to go
+	// through float32.
 	MemBF16 = "weights_bf16"
 	// MemFP32 is float32 constants: small vectors (norms, biases, conv and
 	// mHC parameters), the weights of fp32 kernels and GEMM weights that
@@ -36,6 +38,7 @@ type weights struct {
 	ids   map[any]int
 	m     map[string]*boundWeight
 	bytes map[string]int64
+	anon  [][]uint16 // bf16 copies in anonymous mappings (allocBF16)
 }
 
 // boundWeight is one bound constant: bf16 bits (bf, a GEMM weight that is
@@ -49,6 +52,40 @@ type boundWeight struct {
 
 func newWeights() *weights {
 	return &weights{ids: map[any]int{}, m: map[string]*boundWeight{}, bytes: map[string]int64{}}
+}
+
+// close unmaps the bf16 copies; the bound weights are gone.
+func (w *weights) close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var err error
+	for _, a := range w.anon {
+		if e := freeBF16(a); err == nil {
+			err = e
+		}
+	}
+	w.anon = nil
+	w.m = map[string]*boundWeight{}
+	w.bytes = map[string]int64{}
+	return err
+}
+
+// copyBF16 returns n bf16 values off the heap filled by fill, read-only
+// afterwards; nil (and no error) when fill reports false.
+func (w *weights) copyBF16(n int, fill func([]uint16) bool) ([]uint16, error) {
+	b, err := allocBF16(n)
+	if err != nil {
+		return nil, err
+	}
+	if !fill(b) {
+		return nil, freeBF16(b)
+	}
+	if err := sealBF16(b); err != nil {
+		freeBF16(b)
+		return nil, err
+	}
+	w.anon = append(w.anon, b)
+	return b, nil
 }
 
 // memory returns a copy of the bytes held by category.
@@ -158,7 +195,9 @@ func (w *weights) stacked(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeigh
 				if ok {
 					w.bytes[MemBF16Mapped] += int64(len(pt.Data))
 				} else {
-					bf = packBF16(one)
+					if bf, err = w.copyBF16(per, func(b []uint16) bool { packBF16(b, one); return true }); err != nil {
+						return nil, err
+					}
 					w.bytes[MemBF16] += int64(len(pt.Data))
 				}
 				b.parts = append(b.parts, bf)
@@ -194,11 +233,18 @@ func (w *weights) bind(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeight, 
 					w.bytes[MemBF16Mapped] += 2 * int64(len(bf))
 					return &boundWeight{bf: bf}, nil
 				}
-				bf := packBF16(raw)
+				bf, err := w.copyBF16(int(raw.Bytes()/2), func(b []uint16) bool { packBF16(b, raw); return true })
+				if err != nil {
+					return nil, err
+				}
 				w.bytes[MemBF16] += 2 * int64(len(bf))
 				return &boundWeight{bf: bf}, nil
 			case safetensors.F8E4M3:
-				if bf := dequantFP8BF16(raw); bf != nil {
+				bf, err := w.copyBF16(int(raw.Bytes()), func(b []uint16) bool { return dequantFP8BF16(b, raw) })
+				if err != nil {
+					return nil, err
+				}
+				if bf != nil {
 					w.bytes[MemBF16] += 2 * int64(len(bf))
 					return &boundWeight{bf: bf}, nil
 				}
@@ -210,7 +256,11 @@ func (w *weights) bind(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeight, 
 				return nil, err
 			}
 			if in.bf != nil {
-				bf := sliceColsBF16(in.bf, n.Inputs[0].Shape[1], n.Attrs.Int("start", 0), n.Attrs.Int("end", 0))
+				K, lo, hi := n.Inputs[0].Shape[1], n.Attrs.Int("start", 0), n.Attrs.Int("end", 0)
+				bf, err := w.copyBF16(len(in.bf)/K*(hi-lo), func(b []uint16) bool { sliceColsBF16(b, in.bf, K, lo, hi); return true })
+				if err != nil {
+					return nil, err
+				}
 				w.bytes[MemBF16] += 2 * int64(len(bf))
 				return &boundWeight{bf: bf}, nil
 			}
@@ -256,9 +306,8 @@ func aliasBF16(raw *plan.RawTensor) ([]uint16, bool) {
 	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(raw.Parts[0].Data))), n/2), true
 }
 
-// packBF16 copies a BF16 tensor's parts end to end into one slice.
-func packBF16(raw *plan.RawTensor) []uint16 {
-	out := make([]uint16, raw.Bytes()/2)
+// packBF16 copies a BF16 tensor's parts end to end into out.
+func packBF16(out []uint16, raw *plan.RawTensor) {
 	o := 0
 	for _, pt := range raw.Parts {
 		for i := 0; i+1 < len(pt.Data); i += 2 {
@@ -266,25 +315,23 @@ func packBF16(raw *plan.RawTensor) []uint16 {
 			o++
 		}
 	}
-	return out
 }
 
-// dequantFP8BF16 dequantizes an FP8 tensor into bf16 bits: each value is
-// code·scale computed in float32 as the checkpoint's Float32 computes it,
-// so the result equals Const's values. It returns nil as soon as one value
-// is not exactly bf16 (the caller then keeps float32).
-func dequantFP8BF16(raw *plan.RawTensor) []uint16 {
-	out := make([]uint16, raw.Bytes())
+// dequantFP8BF16 dequantizes an FP8 tensor into out as bf16 bits: each
+// value is code·scale computed in float32 as the checkpoint's Float32
+// computes it, so the result equals Const's values. It reports false as
+// soon as one value is not exactly bf16 (the caller then keeps float32).
+func dequantFP8BF16(out []uint16, raw *plan.RawTensor) bool {
 	bs := raw.Block
 	if bs[0] <= 0 || bs[1] <= 0 {
-		return nil
+		return false
 	}
 	o := 0
 	for _, pt := range raw.Parts {
 		R, C := pt.Rows, pt.Cols
 		sk := (C + bs[1] - 1) / bs[1]
 		if len(pt.Data) != R*C || len(pt.Scales) != (R+bs[0]-1)/bs[0]*sk {
-			return nil
+			return false
 		}
 		dst := out[o : o+R*C]
 		var mu sync.Mutex
@@ -306,20 +353,17 @@ func dequantFP8BF16(raw *plan.RawTensor) []uint16 {
 			}
 		})
 		if inexact {
-			return nil
+			return false
 		}
 		o += R * C
 	}
-	return out
+	return true
 }
 
-// sliceColsBF16 copies columns [lo, hi) of a row-major bf16 matrix with K
-// columns (slice_cols' fold, on bf16 bits).
-func sliceColsBF16(w []uint16, K, lo, hi int) []uint16 {
-	N := len(w) / K
-	out := make([]uint16, 0, N*(hi-lo))
-	for r := 0; r < N; r++ {
-		out = append(out, w[r*K+lo:r*K+hi]...)
+// sliceColsBF16 copies columns [lo, hi) of a row-major bf16 matrix w with
+// K columns into out (slice_cols' fold, on bf16 bits).
+func sliceColsBF16(out, w []uint16, K, lo, hi int) {
+	for r := range len(w) / K {
+		copy(out[r*(hi-lo):(r+1)*(hi-lo)], w[r*K+lo:r*K+hi])
 	}
-	return out
 }

@@ -29,6 +29,7 @@ func logitsHash(t *testing.T, dir string, o engine.Options) (string, *engine.Eng
 	o.Slots = 2
 	e, err := engine.New(ck.Config(), ck, o)
 	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
 	V := ck.Config().VocabSize
 	h := sha256.New()
 	add := func(l []float32) {
