@@ -183,13 +183,13 @@ func (w *weights) stacked(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeigh
 			return nil, fmt.Errorf("reading %s: %w", v.Name, err)
 		}
 		E, per := v.Shape[0], v.Shape[1]*v.Shape[2]
-		if raw != nil && raw.DType == safetensors.BF16 && len(raw.Parts) == E {
+		whole := raw != nil && raw.DType == safetensors.BF16 && len(raw.Parts) == E
+		for i := 0; whole && i < E; i++ {
+			whole = len(raw.Parts[i].Data) == 2*per
+		}
+		if whole {
 			b := &boundWeight{}
 			for _, pt := range raw.Parts {
-				if len(pt.Data) != 2*per {
-					b = nil
-					break
-				}
 				one := &plan.RawTensor{DType: raw.DType, Parts: []plan.RawPart{pt}}
 				bf, ok := aliasBF16(one)
 				if ok {
@@ -202,10 +202,8 @@ func (w *weights) stacked(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeigh
 				}
 				b.parts = append(b.parts, bf)
 			}
-			if b != nil {
-				w.m[k] = b
-				return b, nil
-			}
+			w.m[k] = b
+			return b, nil
 		}
 	}
 	b, err := w.gemmLocked(p, v, fp32Only)
