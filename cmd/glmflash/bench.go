@@ -387,15 +387,19 @@ func newBenchCmd() *cobra.Command {
 			fmt.Printf("machine  %d CPUs (GOMAXPROCS %d), %s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
 			info := e.Backend().Info()
 			fmt.Printf("device   %s: %s\n", info.Backend, info.Device)
-			fmt.Printf("weights  %.1f MiB in host memory (fp32, plus bf16 copies of bf16-exact GEMM weights)\n", float64(e.WeightBytes())/(1<<20))
+			fmt.Printf("weights  %.1f MiB in the engine's host weight cache (float32 tensors and bf16 copies loaded through the plans)\n", float64(e.WeightBytes())/(1<<20))
 			if len(info.Memory) > 0 {
 				var keys []string
 				for k := range info.Memory {
 					keys = append(keys, k)
 				}
 				sort.Strings(keys)
+				where := "device memory"
+				if info.Backend == "cpu" { // the CPU backend's bound weights by dtype (weights_bf16_mapped: the checkpoint's pages, read in place)
+					where = "host memory  "
+				}
 				for _, k := range keys {
-					fmt.Printf("device memory %-16s %10.1f MiB\n", k, float64(info.Memory[k])/(1<<20))
+					fmt.Printf("%s %-20s %10.1f MiB\n", where, k, float64(info.Memory[k])/(1<<20))
 				}
 			}
 			for _, r := range results {

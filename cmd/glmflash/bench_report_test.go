@@ -12,13 +12,19 @@ import (
 )
 
 // On the CPU, bench prints the decode roofline per batch (no GEMM report:
-// the cpu backend does not measure its GEMMs) and writes it to the JSON.
+// the cpu backend does not measure its GEMMs) and writes it to the JSON,
+// and the weights the backend holds by dtype: the preset's bf16 GEMM
+// weights read in place from the checkpoint's mapping.
 func TestBenchRooflineCPU(t *testing.T) {
 	j := filepath.Join(t.TempDir(), "b.json")
 	out, err := runCLI(t, "bench", "--preset", "tiny", "--cache-dir", t.TempDir(), "--prompt", "4", "--decode-steps", "2", "--reps", "1", "--warmup", "0", "--batch", "1,2", "--json", j)
 	require.NoError(t, err)
 	require.Regexp(t, `roofline: [0-9.e+-]+ GB per step \(context 33, 2\.00 experts per MoE layer\) ÷ 49 GB/s = [0-9.e+-]+ ms; measured [0-9.e+-]+ ms per step \(wall time\)`, out)
 	require.NotContains(t, out, "prefill GEMMs")
+	for _, k := range []string{"weights_bf16_mapped", "weights_fp32"} {
+		require.Regexp(t, `host memory +`+k+` +[0-9.]+ MiB`, out)
+	}
+	require.Regexp(t, `peak RSS [0-9.]+ MiB`, out)
 	var rep benchJSON
 	b, err := os.ReadFile(j)
 	require.NoError(t, err)
@@ -26,6 +32,7 @@ func TestBenchRooflineCPU(t *testing.T) {
 	require.Equal(t, 49.0, rep.Bandwidth)
 	require.Nil(t, rep.GEMM)
 	checkRoofline(t, rep, "wall")
+	require.Positive(t, rep.Device.Memory["weights_bf16_mapped"])
 }
 
 // On the CUDA emulator, bench also reports device memory by category, the

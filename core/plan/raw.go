@@ -148,3 +148,30 @@ func rawLeaf(rw RawWeights, name string, want []int) (*RawTensor, error) {
 	t.Parts = []RawPart{part}
 	return t, nil
 }
+
+// ConstKey names a constant independently of the plan it came from: the
+// checkpoint reference for weights, the folding op with its attributes
+// (slice_cols' columns) over its inputs' keys for derived weights. Plans of
+// one Source give equal keys to equal constants, so a backend can share one
+// bound copy between them.
+func ConstKey(v *ir.Value) string {
+	if v.Producer == nil {
+		return fmt.Sprintf("%s#%d", v.Ref, v.Stack)
+	}
+	k := v.Producer.Op + v.Producer.Attrs.Format()
+	if len(v.Producer.Outputs) > 1 {
+		for i, o := range v.Producer.Outputs {
+			if o == v {
+				k += fmt.Sprintf("#%d", i)
+			}
+		}
+	}
+	k += "("
+	for i, in := range v.Producer.Inputs {
+		if i > 0 {
+			k += ","
+		}
+		k += ConstKey(in)
+	}
+	return k + ")"
+}

@@ -45,11 +45,14 @@ func bindSpanRows(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	}, nil
 }
 
+// bindEmbed binds the embedding lookup. The table is bound like a GEMM
+// weight (bf16 in place when the checkpoint stores it so): a row is widened
+// to float32 as it is copied, which is exact.
 func bindEmbed(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
-	W := p.constant(in[1])
-	if W == nil {
-		return nil, fmt.Errorf("embedding %s is not a constant", in[1].Name)
+	Wb, W, err := p.gemmWeight(in[1])
+	if err != nil {
+		return nil, fmt.Errorf("embedding: %w", err)
 	}
 	H, D := 1, outs[0].Shape[1]  // plain rows [T,D]
 	if len(outs[0].Shape) == 3 { // streams [T,H,D]
@@ -59,9 +62,14 @@ func bindEmbed(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		ids := rc.i[in[0]]
 		x := rc.out(outs[0])
 		for t, id := range ids {
-			row := W[int(id)*D : int(id)*D+D]
-			for s := 0; s < H; s++ {
-				copy(x[(t*H+s)*D:(t*H+s+1)*D], row)
+			first := x[t*H*D : t*H*D+D]
+			if Wb != nil {
+				gemm.BF16ToFloat32s(first, Wb[int(id)*D:int(id)*D+D])
+			} else {
+				copy(first, W[int(id)*D:int(id)*D+D])
+			}
+			for s := 1; s < H; s++ {
+				copy(x[(t*H+s)*D:(t*H+s+1)*D], first)
 			}
 		}
 		return nil
@@ -95,12 +103,12 @@ func bindLayerNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 
 func bindLinear(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
-	W := p.constant(in[1])
-	if W == nil {
-		return nil, fmt.Errorf("linear weight %s is not a constant", in[1].Name)
+	Wb, W, err := p.gemmWeight(in[1])
+	if err != nil {
+		return nil, fmt.Errorf("linear: %w", err)
 	}
 	K, N := in[0].Shape[1], outs[0].Shape[1]
-	if Wb := p.bf16(in[1]); Wb != nil {
+	if Wb != nil {
 		return func(rc *runCtx) error {
 			y := rc.out(outs[0])
 			R := rc.rows(in[0])
@@ -118,13 +126,12 @@ func bindLinear(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(rc *r
 
 func bindLinearSplit(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
-	W := p.constant(in[1])
-	if W == nil {
-		return nil, fmt.Errorf("linear_split weight %s is not a constant", in[1].Name)
+	Wb, W, err := p.gemmWeight(in[1]) // the fused weight of bf16-exact parts is bf16-exact
+	if err != nil {
+		return nil, fmt.Errorf("linear_split: %w", err)
 	}
 	K, N := in[0].Shape[1], in[1].Shape[0]
 	splits := n.Attrs.Ints("splits")
-	Wb := p.bf16(in[1]) // the fused weight of bf16-exact parts is bf16-exact
 	return func(rc *runCtx) error {
 		R := rc.rows(in[0])
 		tmp := rc.p.alloc(R * N)
@@ -148,12 +155,11 @@ func bindLinearSplit(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(
 
 func bindLinearBatched(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
-	W := p.constant(in[1])
-	if W == nil {
-		return nil, fmt.Errorf("linear_batched weight %s is not a constant", in[1].Name)
+	Wb, W, err := p.gemmWeight(in[1])
+	if err != nil {
+		return nil, fmt.Errorf("linear_batched: %w", err)
 	}
 	G, N, K := in[1].Shape[0], in[1].Shape[1], in[1].Shape[2]
-	Wb := p.bf16(in[1])
 	return func(rc *runCtx) error {
 		R := rc.rows(in[0])
 		x := rc.in(in[0])

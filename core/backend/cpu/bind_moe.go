@@ -1,6 +1,8 @@
 package cpu
 
 import (
+	"fmt"
+
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/kernels/moe"
 )
@@ -27,20 +29,34 @@ func bindMoERoute(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 
 func bindMoEExperts(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs, a := n.Inputs, n.Outputs, n.Attrs
-	g, u, d := p.constant(in[3]), p.constant(in[4]), p.constant(in[5])
 	E, I, D := in[3].Shape[0], in[3].Shape[1], in[3].Shape[2]
 	ex := &moe.Experts{N: E, D: D, I: I, Limit: float32(a.Float("limit", 0))}
-	gb, ub, db := p.bf16(in[3]), p.bf16(in[4]), p.bf16(in[5])
-	for e := 0; e < E; e++ {
-		if gb != nil && ub != nil && db != nil {
-			ex.GateB = append(ex.GateB, gb[e*I*D:(e+1)*I*D])
-			ex.UpB = append(ex.UpB, ub[e*I*D:(e+1)*I*D])
-			ex.DownB = append(ex.DownB, db[e*D*I:(e+1)*D*I])
-			continue
+	var bf [3][][]uint16
+	var f [3][]float32
+	for i := range 3 {
+		b, err := p.stackedWeight(in[3+i])
+		if err != nil {
+			return nil, fmt.Errorf("moe_experts: %w", err)
 		}
-		ex.Gate = append(ex.Gate, g[e*I*D:(e+1)*I*D])
-		ex.Up = append(ex.Up, u[e*I*D:(e+1)*I*D])
-		ex.Down = append(ex.Down, d[e*D*I:(e+1)*D*I])
+		bf[i], f[i] = b.parts, b.f
+	}
+	if bf[0] != nil && bf[1] != nil && bf[2] != nil {
+		ex.GateB, ex.UpB, ex.DownB = bf[0], bf[1], bf[2]
+	} else {
+		// not all bf16: every projection in float32, as one kernel path
+		for i := range 3 {
+			if f[i] == nil {
+				var err error
+				if f[i], err = p.w.float32(p.plan, in[3+i]); err != nil {
+					return nil, fmt.Errorf("moe_experts: %w", err)
+				}
+			}
+		}
+		for e := 0; e < E; e++ {
+			ex.Gate = append(ex.Gate, f[0][e*I*D:(e+1)*I*D])
+			ex.Up = append(ex.Up, f[1][e*I*D:(e+1)*I*D])
+			ex.Down = append(ex.Down, f[2][e*D*I:(e+1)*D*I])
+		}
 	}
 	K := in[1].Shape[1]
 	return func(rc *runCtx) error {

@@ -21,17 +21,24 @@ func init() {
 		if o.Precision != "" && o.Precision != "fp32" {
 			return nil, fmt.Errorf("cpu backend: precision %q is not implemented (only fp32)", o.Precision)
 		}
-		return &Backend{opts: o}, nil
+		return New(o), nil
 	}, boundOps)
 }
 
 // Backend is the CPU backend.
 type Backend struct {
 	opts backend.Options
+	w    *weights
 }
 
 // New returns a CPU backend with options o.
-func New(o backend.Options) *Backend { return &Backend{opts: o} }
+func New(o backend.Options) *Backend { return &Backend{opts: o, w: newWeights()} }
+
+// LazyWeights is true: the engine compiles lazy plans, and the backend
+// loads each constant as its binder asks — GEMM weights as the
+// checkpoint's bf16 bytes in place (or one bf16 copy), never as float32
+// (plan.Raw), other constants as float32 (plan.Const).
+func (b *Backend) LazyWeights() bool { return true }
 
 // Name is "cpu".
 func (b *Backend) Name() string { return "cpu" }
@@ -88,17 +95,20 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 	return st, nil
 }
 
-// Info describes the CPU.
+// Info describes the CPU; Memory is the bytes of the weights bound so far
+// by dtype and place (MemBF16Mapped, MemBF16, MemFP32).
 func (b *Backend) Info() backend.Info {
-	return backend.Info{Backend: "cpu", Device: fmt.Sprintf("%s/%s, %d threads", runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0)), Precision: "fp32"}
+	return backend.Info{Backend: "cpu", Device: fmt.Sprintf("%s/%s, %d threads", runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0)), Precision: "fp32",
+		Memory: b.w.memory()}
 }
 
-// Close does nothing.
-func (b *Backend) Close() error { return nil }
+// Close releases the weight copies the backend made (its programs become
+// unusable).
+func (b *Backend) Close() error { return b.w.close() }
 
 // Compile binds every step of p.
 func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
-	prog := &Program{plan: p, opts: b.opts, pool: map[int][][]float32{}}
+	prog := &Program{plan: p, opts: b.opts, w: b.w, pool: map[int][][]float32{}, consts: map[*ir.Value][]float32{}, gemmBound: map[*ir.Value]bool{}}
 	for _, n := range p.Steps {
 		f, ok := bindings[n.Op]
 		if !ok {
@@ -109,6 +119,17 @@ func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
 			return nil, fmt.Errorf("cpu: %s (layer %d): %w", n.Op, n.Layer, err)
 		}
 		prog.steps = append(prog.steps, step{node: n, run: fn})
+	}
+	// constants a kernel reads through runCtx.in, not asked for by a binder
+	for _, n := range p.Steps {
+		for _, in := range n.Inputs {
+			if _, ok := prog.consts[in]; ok || prog.gemmBound[in] || !p.IsConst(in) {
+				continue
+			}
+			if _, err := prog.constErr(in); err != nil {
+				return nil, fmt.Errorf("cpu: %s (layer %d): %w", n.Op, n.Layer, err)
+			}
+		}
 	}
 	return prog, nil
 }

@@ -13,11 +13,17 @@ import (
 
 // Program is a plan bound to CPU kernels. Run calls are serialized.
 type Program struct {
-	plan  *plan.Plan
-	opts  backend.Options
-	steps []step
-	mu    sync.Mutex
-	pool  map[int][][]float32 // free float buffers by capacity
+	plan *plan.Plan
+	opts backend.Options
+	w    *weights
+	// consts are the float32 constants bound (read by runCtx.in);
+	// gemmBound the GEMM weights bound through gemmWeight (no float32).
+	// Both are written while compiling only.
+	consts    map[*ir.Value][]float32
+	gemmBound map[*ir.Value]bool
+	steps     []step
+	mu        sync.Mutex
+	pool      map[int][][]float32 // free float buffers by capacity
 
 	runs, deviceReads, fusedMHC atomic.Int64
 }
@@ -35,16 +41,58 @@ func (p *Program) Stats() backend.Stats {
 	return backend.Stats{Runs: p.runs.Load(), DeviceLengthReads: p.deviceReads.Load(), FusedMHCRuns: p.fusedMHC.Load()}
 }
 
-// bf16 returns the bfloat16 copy of a constant (nil when not exact or when
-// FP32Weights is set).
-func (p *Program) bf16(v *ir.Value) []uint16 {
-	if p.opts.FP32Weights {
-		return nil
+// gemmWeight binds a GEMM weight: bf16 bits (bf) when every value is
+// exactly bf16 and FP32Weights is not set, else float32 (f). A BF16
+// checkpoint's weight is read in place from its mapping (see weights.gemm).
+func (p *Program) gemmWeight(v *ir.Value) (bf []uint16, f []float32, err error) {
+	if !p.plan.IsConst(v) {
+		return nil, nil, fmt.Errorf("weight %s is not a constant", v.Name)
 	}
-	return p.plan.BF16(v)
+	b, err := p.w.gemm(p.plan, v, p.opts.FP32Weights)
+	if err != nil {
+		return nil, nil, err
+	}
+	p.gemmBound[v] = true
+	return b.bf, b.f, nil
 }
 
-func (p *Program) constant(v *ir.Value) []float32 { return p.plan.Consts[v] }
+// stackedWeight binds a stacked GEMM weight [E][rows][cols] (MoE experts)
+// as one bf16 slice per matrix (parts) when exact and FP32Weights is not
+// set, else float32 (f); see weights.stacked.
+func (p *Program) stackedWeight(v *ir.Value) (*boundWeight, error) {
+	if !p.plan.IsConst(v) {
+		return nil, fmt.Errorf("weight %s is not a constant", v.Name)
+	}
+	b, err := p.w.stacked(p.plan, v, p.opts.FP32Weights)
+	if err != nil {
+		return nil, err
+	}
+	p.gemmBound[v] = true
+	return b, nil
+}
+
+// constant returns a constant's float32 values (nil when v is not
+// constant or cannot be loaded: constErr says why).
+func (p *Program) constant(v *ir.Value) []float32 {
+	d, _ := p.constErr(v)
+	return d
+}
+
+// constErr binds a float32 constant (shared by the backend's programs).
+func (p *Program) constErr(v *ir.Value) ([]float32, error) {
+	if d, ok := p.consts[v]; ok {
+		return d, nil
+	}
+	if !p.plan.IsConst(v) {
+		return nil, nil
+	}
+	d, err := p.w.float32(p.plan, v)
+	if err != nil {
+		return nil, err
+	}
+	p.consts[v] = d
+	return d, nil
+}
 
 // alloc returns a buffer of exactly n floats from the pool.
 func (p *Program) alloc(n int) []float32 {
@@ -173,7 +221,7 @@ func (rc *runCtx) size(v *ir.Value) int {
 
 // in returns a float input (activation or constant).
 func (rc *runCtx) in(v *ir.Value) []float32 {
-	if c, ok := rc.p.plan.Consts[v]; ok {
+	if c, ok := rc.p.consts[v]; ok {
 		return c
 	}
 	if x, ok := rc.ext[v]; ok {
