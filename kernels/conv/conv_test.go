@@ -1,6 +1,7 @@
 package conv
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -66,3 +67,78 @@ func TestCausalSiLUSplitCallsMatchOneCall(t *testing.T) {
 		}
 	}
 }
+
+// causalSiLUScalar is the channel-by-channel implementation with the
+// float64 SiLU that CausalSiLU replaced (kept for the before/after
+// benchmark and as a second reference).
+func causalSiLUScalar(dst, u []float32, T, C int, w []float32, K int, state []float32) {
+	S := K - 1
+	win := make([]float32, S+T)
+	for c := 0; c < C; c++ {
+		copy(win[:S], state[c*S:c*S+S])
+		for t := 0; t < T; t++ {
+			win[S+t] = u[t*C+c]
+		}
+		wc := w[c*K : c*K+K]
+		for t := 0; t < T; t++ {
+			var s float32
+			for j, wv := range wc {
+				s += wv * win[t+j]
+			}
+			dst[t*C+c] = act.SiLU(s)
+		}
+		copy(state[c*S:c*S+S], win[T:T+S])
+	}
+}
+
+func TestCausalSiLUParallelMatchesSerialAndScalar(t *testing.T) {
+	r := rand.New(rand.NewPCG(6, 6))
+	for _, sh := range [][3]int{{64, 1027, 4}, {300, 256, 4}, {70, 999, 3}, {2, 40000, 4}} {
+		T, C, K := sh[0], sh[1], sh[2]
+		u := make([]float32, T*C)
+		w := make([]float32, C*K)
+		st0 := make([]float32, C*(K-1))
+		for i := range u {
+			u[i] = float32(r.NormFloat64())
+		}
+		for i := range w {
+			w[i] = float32(r.NormFloat64())
+		}
+		for i := range st0 {
+			st0[i] = float32(r.NormFloat64())
+		}
+		require.GreaterOrEqual(t, T*C, ParallelMin)
+		stP, stS, stR := append([]float32(nil), st0...), append([]float32(nil), st0...), append([]float32(nil), st0...)
+		par, ser, ref := make([]float32, T*C), make([]float32, T*C), make([]float32, T*C)
+		CausalSiLU(par, u, T, C, w, K, stP)
+		CausalSiLUSerial(ser, u, T, C, w, K, stS)
+		causalSiLUScalar(ref, u, T, C, w, K, stR)
+		require.Equal(t, ser, par, "shape %v", sh)
+		require.Equal(t, stS, stP)
+		require.Equal(t, stR, stS, "state")
+		for i := range ref { // float32 SIMD SiLU vs the float64 one
+			require.InDelta(t, ref[i], ser[i], 4e-7*math.Abs(float64(ref[i]))+1e-30, "shape %v i %d", sh, i)
+		}
+	}
+}
+
+// The KDA short conv of a 512-token prefill of the bench preset: C = 3·8·128.
+func benchConv(b *testing.B, f func(dst, u []float32, T, C int, w []float32, K int, state []float32)) {
+	T, C, K := 512, 3072, 4
+	r := rand.New(rand.NewPCG(1, 1))
+	u, w, dst, st := make([]float32, T*C), make([]float32, C*K), make([]float32, T*C), make([]float32, C*(K-1))
+	for i := range u {
+		u[i] = float32(r.NormFloat64())
+	}
+	for i := range w {
+		w[i] = float32(r.NormFloat64())
+	}
+	for b.Loop() {
+		f(dst, u, T, C, w, K, st)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(T*C), "ns/elem")
+}
+
+func BenchmarkCausalSiLUScalar(b *testing.B) { benchConv(b, causalSiLUScalar) }
+func BenchmarkCausalSiLUSerial(b *testing.B) { benchConv(b, CausalSiLUSerial) }
+func BenchmarkCausalSiLU(b *testing.B)       { benchConv(b, CausalSiLU) }

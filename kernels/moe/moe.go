@@ -136,12 +136,12 @@ func (ex *Experts) Forward(dst, x []float32, idx []int32, w []float32, T, K int)
 		if ex.GateB != nil {
 			gemm.MatMulTBF16Serial(g, xs, n, D, ex.GateB[e], I)
 			gemm.MatMulTBF16Serial(u, xs, n, D, ex.UpB[e], I)
-			act.SwiGLU(g, g, u, ex.Limit)
+			act.SwiGLUSerial(g, g, u, ex.Limit)
 			gemm.MatMulTBF16Serial(y, g, n, I, ex.DownB[e], D)
 		} else {
 			serialMatMulT(g, xs, n, D, ex.Gate[e], I)
 			serialMatMulT(u, xs, n, D, ex.Up[e], I)
-			act.SwiGLU(g, g, u, ex.Limit)
+			act.SwiGLUSerial(g, g, u, ex.Limit)
 			serialMatMulT(y, g, n, I, ex.Down[e], D)
 		}
 		for i, s := range slots {

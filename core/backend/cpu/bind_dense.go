@@ -224,11 +224,7 @@ func bindSwiGLUPacked(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	I := outs[0].Shape[1]
 	limit := float32(n.Attrs.Float("limit", 0))
 	return func(rc *runCtx) error {
-		x, y := rc.in(in[0]), rc.out(outs[0])
-		for r := range rc.rows(in[0]) {
-			row := x[2*r*I : 2*(r+1)*I]
-			act.SwiGLU(y[r*I:(r+1)*I], row[:I], row[I:], limit)
-		}
+		act.SwiGLUPacked(rc.out(outs[0]), rc.in(in[0]), rc.rows(in[0]), I, limit)
 		return nil
 	}, nil
 }

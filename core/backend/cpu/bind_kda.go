@@ -52,7 +52,11 @@ func bindKDAConv(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			if rb != nil {
 				prev = append([]float32(nil), s.seq.Conv[layer]...)
 			}
-			conv.CausalSiLU(y, u, s.n, C, W, K, s.seq.Conv[layer])
+			if len(seqs) == 1 { // the only region: split channels across cores
+				conv.CausalSiLU(y, u, s.n, C, W, K, s.seq.Conv[layer])
+			} else {
+				conv.CausalSiLUSerial(y, u, s.n, C, W, K, s.seq.Conv[layer])
+			}
 			if rb != nil { // the window after every position, for a rollback
 				S := K - 1
 				win := make([]float32, C*S)
