@@ -59,22 +59,13 @@ func logitsHash(t *testing.T, dir string, o engine.Options) (string, *engine.Eng
 	return fmt.Sprintf("%x", h.Sum(nil)[:12]), e
 }
 
-// goldenLogits are the logits' hashes the CPU backend gave before it read
-// weights in place (commit b7a0492, every weight loaded as float32 plus a
-// bf16 copy): binding weights differently must not change one bit.
-var goldenLogits = map[string]string{
-	"glm5next-tiny-a fp32=false": "3be0383accc87b11e4d82060",
-	"glm5next-tiny-a fp32=true":  "3be0383accc87b11e4d82060",
-	"glm5next-tiny-b fp32=false": "9725da6df8c8e81644731331",
-	"glm5next-tiny-b fp32=true":  "9725da6df8c8e81644731331",
-	"glm5next-tiny-c fp32=false": "19560bcce462350497ded5d2",
-	"glm5next-tiny-c fp32=true":  "19560bcce462350497ded5d2",
-	"small-fp8 fp32=false":       "3bf85b73b4eb1a95d34a0026",
-	"small-fp8 fp32=true":        "3bf85b73b4eb1a95d34a0026",
-}
-
-// The CPU backend's logits are bit-identical to those of the float32-loading
-// backend on the transformers fixtures and on an FP8 checkpoint.
+// The CPU backend's logits are bit-identical whether its weights are read in
+// place (bf16 from the mapping, FP8 dequantized once) or loaded as float32
+// through the plan (FP32Weights: the path every weight took before weights
+// were read in place), on the transformers fixtures and on an FP8
+// checkpoint. (When the weight binding changed, both also equalled the
+// logits of the commit before it, b7a0492: recorded hashes, dropped once
+// the vector activation kernels changed the bits of both paths alike.)
 func TestLogitsUnchangedByWeightBinding(t *testing.T) {
 	dirs := map[string]string{}
 	for _, f := range []string{"glm5next-tiny-a", "glm5next-tiny-b", "glm5next-tiny-c"} {
@@ -86,12 +77,10 @@ func TestLogitsUnchangedByWeightBinding(t *testing.T) {
 	require.NoError(t, randckpt.Write(fp8, cfg, randckpt.Options{Seed: 5, FP8: true}))
 	dirs["small-fp8"] = fp8
 	for name, dir := range dirs {
-		for _, fp32 := range []bool{false, true} {
-			key := fmt.Sprintf("%s fp32=%v", name, fp32)
-			got, e := logitsHash(t, dir, engine.Options{Backend: backend.Options{FP32Weights: fp32}})
-			t.Logf("%q: %q, memory %v, weight cache %d", key, got, e.Backend().Info().Memory, e.WeightBytes())
-			require.Equal(t, goldenLogits[key], got, key)
-		}
+		mapped, e := logitsHash(t, dir, engine.Options{})
+		loaded, _ := logitsHash(t, dir, engine.Options{Backend: backend.Options{FP32Weights: true}})
+		t.Logf("%s: %s (in place, memory %v, weight cache %d), %s (float32)", name, mapped, e.Backend().Info().Memory, e.WeightBytes(), loaded)
+		require.Equal(t, loaded, mapped, name)
 	}
 }
 
