@@ -5,7 +5,7 @@ PKGS    := ./...
 # packages whose state is shared across goroutines: always run under -race
 RACE_PKGS := ./core/... ./kernels/parallel/... ./tests/...
 
-.PHONY: all build run test vet fmt-check lint race fuzz bench eval tools clean
+.PHONY: all build run test vet fmt-check lint race fuzz bench limits eval tools clean
 
 all: build
 
@@ -63,6 +63,11 @@ fuzz:
 # Baseline throughput on the `bench` preset (several minutes on 2 cores).
 bench: build
 	$(BIN) bench --preset bench
+
+# The CPU's limits (fp32 FMA and vdpbf16ps peaks, read bandwidth) that
+# bench --limits compares with: configs/limits/<cpu>-<threads>t.json.
+limits:
+	$(GO) run ./tools/limits
 
 # The transformers parity check on every shipped fixture.
 eval: build

@@ -17,6 +17,7 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/roofline"
 	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/internal/cpulimits"
 	"github.com/spf13/cobra"
 )
 
@@ -65,6 +66,18 @@ type benchResult struct {
 	MeasuredMs      float64            `json:"measured_ms_per_step,omitempty"`
 	MeasuredClock   string             `json:"measured_clock,omitempty"`
 	RooflineRatio   float64            `json:"roofline_ratio,omitempty"`
+	// RooflineFraction is RooflineMs over MeasuredMs: the fraction of the
+	// bandwidth roofline the step reaches (1: at the measured bandwidth).
+	RooflineFraction float64 `json:"roofline_fraction,omitempty"`
+	// Prefill series on the cpu backend: the run's GEMM FLOPs
+	// (prefillFLOPs), the rate at the median run, and the compute peak of
+	// the limits it is compared with (the fp32 FMA peak in fp32, the
+	// vdpbf16ps peak in bf16) with the fraction reached.
+	GEMMFLOPs      float64 `json:"gemm_flops_per_run,omitempty"`
+	AchievedGFLOPs float64 `json:"achieved_gflops,omitempty"`
+	PeakGFLOPs     float64 `json:"peak_gflops,omitempty"`
+	PeakName       string  `json:"peak,omitempty"`
+	PeakFraction   float64 `json:"peak_fraction,omitempty"`
 }
 
 func newBenchCmd() *cobra.Command {
@@ -73,7 +86,7 @@ func newBenchCmd() *cobra.Command {
 	var prompt, decodeSteps, reps, warmup int
 	var batches []int
 	var specAccept []float64
-	var jsonOut, dump, cpuProfile string
+	var jsonOut, dump, cpuProfile, limitsPath string
 	var bandwidth, peakTFLOPs float64
 	var gemmReportOn bool
 	cmd := &cobra.Command{
@@ -153,6 +166,15 @@ func newBenchCmd() *cobra.Command {
 			if profileOps && e.Backend().Name() == "cpu" {
 				return fmt.Errorf("--profile-ops: the cpu backend does not time its ops")
 			}
+			onCPU := e.Backend().Name() == "cpu"
+			if limitsPath != "" && !onCPU {
+				return fmt.Errorf("--limits: the CPU's limits apply to the cpu backend, not %s", e.Backend().Name())
+			}
+			if limitsPath != "" { // refused before anything is measured
+				if _, err := cpulimits.Load(limitsPath); err != nil {
+					return fmt.Errorf("--limits: %w", err)
+				}
+			}
 			tuner, _ := e.Backend().(ir.GEMMTuner)
 			if !cmd.Flags().Changed("gemm-report") {
 				gemmReportOn = e.Backend().Name() == "cuda"
@@ -160,10 +182,11 @@ func newBenchCmd() *cobra.Command {
 			if gemmReportOn && tuner == nil {
 				return fmt.Errorf("--gemm-report: the %s backend does not measure its GEMMs (it is no ir.GEMMTuner)", e.Backend().Name())
 			}
-			if bandwidth == 0 {
-				bandwidth = defaultCPUBandwidthGBs
-				if e.Backend().Name() == "cuda" {
-					bandwidth = defaultCUDABandwidthGBs
+			bandwidthFrom := "--bandwidth-gbs"
+			if bandwidth == 0 && !onCPU {
+				bandwidth, bandwidthFrom = defaultCUDABandwidthGBs, "the default"
+				if e.Backend().Name() != "cuda" {
+					bandwidth = defaultCPUBandwidthGBs
 				}
 			}
 			var results []benchResult
@@ -224,6 +247,7 @@ func newBenchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			prefillIdx := len(results) - 1
 			// the prefill program's GEMMs, measured by the backend's tuner
 			var gemms *gemmReport
 			if gemmReportOn {
@@ -237,6 +261,7 @@ func newBenchCmd() *cobra.Command {
 			// (not timed); the roofline at the steps' mean context
 			held := roofline.Held(e.Backend().Info().Memory["weights_fp8"] > 0, bo.FP32Weights)
 			decodeContext := 32 + (decodeSteps+1)/2
+			decodeIdx := map[int]int{} // result index → batch
 			for _, B := range batches {
 				err = series(fmt.Sprintf("decode batch %d", B), func() (int, float64, error) {
 					slots, err := alloc(B)
@@ -269,9 +294,7 @@ func newBenchCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if err := rooflineFor(&results[len(results)-1], cfg, held, B, decodeContext, bandwidth); err != nil {
-					return err
-				}
+				decodeIdx[len(results)-1] = B
 			}
 			// MTP draft steps at each batch size, when the checkpoint has the
 			// MTP layer: a 32-token trunk prefill (FinalHidden) and the MTP
@@ -372,6 +395,30 @@ func newBenchCmd() *cobra.Command {
 			var ru syscall.Rusage
 			syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 			peak := float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
+			// the CPU's limits, read or measured after the peak RSS is taken
+			// (the probe's read buffer is not the model's memory)
+			var lim benchLimits
+			info := e.Backend().Info()
+			if onCPU {
+				lim = cpuLimits(limitsPath)
+				if bandwidth == 0 {
+					bandwidth, bandwidthFrom = defaultCPUBandwidthGBs, "the default (the limits have no read bandwidth)"
+					if lim.Limits != nil && lim.Limits.ReadBandwidth != nil {
+						bandwidth, bandwidthFrom = lim.Limits.ReadBandwidth.Median, "the limits' read bandwidth"
+					}
+				}
+				prog, err := e.Program(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits})
+				if err != nil {
+					return err
+				}
+				pk, name, _ := lim.peakFor(info.Precision)
+				prefillAgainstPeak(&results[prefillIdx], prefillFLOPs(prog.Plan(), prompt, 1), prompt, pk, name)
+			}
+			for i, B := range decodeIdx {
+				if err := rooflineFor(&results[i], cfg, held, B, decodeContext, bandwidth); err != nil {
+					return err
+				}
+			}
 			fmt.Printf("model    %s (hidden %d, %d layers, vocab %d)\n", ck.Dir(), cfg.HiddenSize, cfg.NumHiddenLayers, cfg.VocabSize)
 			switch {
 			case mtpErr == nil:
@@ -385,8 +432,17 @@ func newBenchCmd() *cobra.Command {
 				fmt.Printf("mtp      none (num_nextn_predict_layers 0)\n")
 			}
 			fmt.Printf("machine  %d CPUs (GOMAXPROCS %d), %s\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
-			info := e.Backend().Info()
-			fmt.Printf("device   %s: %s\n", info.Backend, info.Device)
+			fmt.Printf("device   %s: %s (precision %s)\n", info.Backend, info.Device, info.Precision)
+			if onCPU {
+				fmt.Printf("limits   %s\n", lim.Source)
+				if lim.Limits != nil {
+					fmt.Printf("         %s\n", lim.Limits)
+				}
+				if lim.Error != "" {
+					fmt.Printf("         not measured: %s\n", lim.Error)
+				}
+			}
+			fmt.Printf("roofline bandwidth %.4g GB/s (%s)\n", bandwidth, bandwidthFrom)
 			fmt.Printf("weights  %.1f MiB in the engine's host weight cache (float32 tensors and bf16 copies loaded through the plans)\n", float64(e.WeightBytes())/(1<<20))
 			if len(info.Memory) > 0 {
 				var keys []string
@@ -417,8 +473,18 @@ func newBenchCmd() *cobra.Command {
 				}
 				fmt.Println()
 				if r.RooflineBytes > 0 {
-					fmt.Printf("  roofline: %.4g GB per step (context %d, %.2f experts per MoE layer) ÷ %g GB/s = %.4g ms; measured %.4g ms per step (%s time) = %.2f× the roofline\n",
-						r.RooflineBytes/1e9, r.RooflineContext, r.RooflineExperts, bandwidth, r.RooflineMs, r.MeasuredMs, r.MeasuredClock, r.RooflineRatio)
+					fmt.Printf("  roofline: %.4g GB per step (context %d, %.2f experts per MoE layer) ÷ %.4g GB/s = %.4g ms; measured %.4g ms per step (%s time) = %.2f× the roofline = %.1f%% of the bandwidth roofline\n",
+						r.RooflineBytes/1e9, r.RooflineContext, r.RooflineExperts, bandwidth, r.RooflineMs, r.MeasuredMs, r.MeasuredClock, r.RooflineRatio, 100*r.RooflineFraction)
+				}
+				if r.GEMMFLOPs > 0 {
+					fmt.Printf("  compute: %.4g GFLOP of weight GEMMs per run (2 × multiply-adds of linear, linear_batched and moe_experts; attention not counted) at the median run = %.4g GFLOP/s",
+						r.GEMMFLOPs/1e9, r.AchievedGFLOPs)
+					if r.PeakGFLOPs > 0 {
+						fmt.Printf(" = %.1f%% of the %s (%.1f GFLOP/s)\n", 100*r.PeakFraction, r.PeakName, r.PeakGFLOPs)
+					} else {
+						_, _, why := lim.peakFor(info.Precision)
+						fmt.Printf("; %s\n", why)
+					}
 				}
 			}
 			if gemms != nil {
@@ -451,7 +517,10 @@ func newBenchCmd() *cobra.Command {
 				if mtpErr != nil && cfg.HasMTP() {
 					mtp["why_not"] = mtpErr.Error()
 				}
-				out := map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU(), "device": info, "mtp": mtp, "bandwidth_gbs": bandwidth}
+				out := map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU(), "device": info, "mtp": mtp, "bandwidth_gbs": bandwidth, "bandwidth_from": bandwidthFrom}
+				if onCPU {
+					out["limits"] = lim
+				}
 				if gemms != nil {
 					out["gemm_report"] = gemms
 				}
@@ -477,9 +546,10 @@ func newBenchCmd() *cobra.Command {
 	cmd.Flags().IntVar(&reps, "reps", 3, "measured repetitions")
 	cmd.Flags().IntVar(&warmup, "warmup", 1, "warm-up repetitions (not counted)")
 	cmd.Flags().StringVar(&jsonOut, "json", "", "also write the results as JSON to this file")
+	cmd.Flags().StringVar(&limitsPath, "limits", "", "the CPU's limits (the JSON of go run ./tools/limits) that the cpu backend's prefill GFLOP/s (against the fp32 FMA or vdpbf16ps peak) and decode roofline (read bandwidth) are compared with (default: a quick measurement by bench itself, about a second, after the series)")
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) to this file")
 	cmd.Flags().StringVar(&dump, "dump-graph", "", "print the prefill graph first: summary or text")
-	cmd.Flags().Float64Var(&bandwidth, "bandwidth-gbs", 0, fmt.Sprintf("memory bandwidth (GB/s) of the decode roofline: bytes a step must read ÷ this (default: %d on cuda, the H200's device-to-device copy in docs/results/cuda-h200, 65.5 MB read and written in 33.84 µs; %d on cpu, the read bandwidth given for the development machine, not measured there: pass yours)", defaultCUDABandwidthGBs, defaultCPUBandwidthGBs))
+	cmd.Flags().Float64Var(&bandwidth, "bandwidth-gbs", 0, fmt.Sprintf("memory bandwidth (GB/s) of the decode roofline: bytes a step must read ÷ this (default: %d on cuda, the H200's device-to-device copy in docs/results/cuda-h200, 65.5 MB read and written in 33.84 µs; on cpu the limits' read bandwidth (--limits or the quick probe), else %d, the read bandwidth given for the development machine)", defaultCUDABandwidthGBs, defaultCPUBandwidthGBs))
 	cmd.Flags().Float64Var(&peakTFLOPs, "peak-tflops", defaultPeakTFLOPs, "peak TFLOP/s the GEMM report compares with (the default is the H200's dense BF16 tensor-core peak)")
 	cmd.Flags().BoolVar(&gemmReportOn, "gemm-report", false, "after the prefill series, time each GEMM weight shape of the prefill program at the prompt's rows with the backend's tuner and print TFLOP/s, default kernel and best candidate (default: on for cuda, off otherwise; backends that measure their GEMMs only)")
 	return cmd

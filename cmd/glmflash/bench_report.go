@@ -3,10 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
+	"sync"
 
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/roofline"
+	"github.com/glmflash/glmflash/internal/cpulimits"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/safetensors"
 )
@@ -20,7 +22,8 @@ const (
 	// --bandwidth-gbs to use another figure.)
 	defaultCUDABandwidthGBs = 4300
 	// defaultCPUBandwidthGBs: the development machine's measured read
-	// bandwidth (2 threads), as the project's brief states it.
+	// bandwidth (2 threads), as the project's brief states it; used on cpu
+	// only when the limits (--limits or the quick probe) have none.
 	defaultCPUBandwidthGBs = 49
 	// defaultPeakTFLOPs: the H200's dense BF16 tensor-core peak.
 	defaultPeakTFLOPs = 790
@@ -54,6 +57,7 @@ func rooflineFor(r *benchResult, cfg *model.Config, held roofline.Holding, B, co
 	}
 	if r.RooflineMs > 0 {
 		r.RooflineRatio = r.MeasuredMs / r.RooflineMs
+		r.RooflineFraction = r.RooflineMs / r.MeasuredMs
 	}
 	return nil
 }
@@ -199,4 +203,102 @@ func (r *gemmReport) print(w io.Writer) {
 	fmt.Fprintf(w, "  FLOP-weighted total (each shape × its count): default %.4g TFLOP/s (%.3g%%), best %.4g TFLOP/s (%.3g%%)\n",
 		r.DefaultTF, pct(r.DefaultTF), r.BestTF, pct(r.BestTF))
 	fmt.Fprintf(w, "  not covered: %s\n", r.NotCovered)
+}
+
+// prefillFLOPs counts the FLOPs of one prefill run of a plan over tokens
+// tokens in seqs sequences: 2 × the multiply-adds of its weight GEMMs —
+// linear and linear_split (rows × N × K), linear_batched (rows × G × N ×
+// K) and moe_experts (rows × the experts each token runs, routed and
+// appended, × gate, up and down: 3 × I × D) — where rows are the node's
+// input rows (the batch's tokens, or one row a sequence after last_rows:
+// lm_head). Attention's score and value products, the KDA recurrence,
+// norms and elementwise ops are not counted: the figure is the GEMM work
+// the peak compares with, and the achieved rate over it a lower bound.
+func prefillFLOPs(p *plan.Plan, tokens, seqs int) float64 {
+	rows := func(v *ir.Value) float64 {
+		switch r := v.Shape[0]; {
+		case r == ir.DimT:
+			return float64(tokens)
+		case r == ir.DimS:
+			return float64(seqs)
+		case r > 0:
+			return float64(r)
+		}
+		return 0
+	}
+	var flops float64
+	for _, n := range p.Steps {
+		switch n.Op {
+		case ir.OpLinear, ir.OpLinearSplit:
+			w := n.Inputs[1].Shape
+			flops += 2 * rows(n.Inputs[0]) * float64(w[0]) * float64(w[1])
+		case ir.OpLinearBatched:
+			w := n.Inputs[1].Shape
+			flops += 2 * rows(n.Inputs[0]) * float64(w[0]) * float64(w[1]) * float64(w[2])
+		case ir.OpMoEExperts:
+			k := float64(n.Inputs[1].Shape[1])
+			g := n.Inputs[3].Shape // [E, I, D]
+			flops += 2 * rows(n.Inputs[0]) * k * 3 * float64(g[1]) * float64(g[2])
+		}
+	}
+	return flops
+}
+
+// benchLimits are the CPU limits bench compares its figures with and
+// where they came from.
+type benchLimits struct {
+	Source string            `json:"source"`
+	Limits *cpulimits.Limits `json:"limits,omitempty"`
+	Error  string            `json:"error,omitempty"`
+}
+
+// quickLimits measures the CPU's limits once a process (cpulimits.Quick:
+// about a second), for bench runs without --limits.
+var quickLimits = sync.OnceValues(func() (*cpulimits.Limits, error) { return cpulimits.Measure(cpulimits.Quick()) })
+
+// cpuLimits loads --limits or, without it, measures quickly.
+func cpuLimits(path string) benchLimits {
+	if path != "" {
+		l, err := cpulimits.Load(path)
+		if err != nil {
+			return benchLimits{Source: "from " + path, Error: err.Error()}
+		}
+		return benchLimits{Source: fmt.Sprintf("from %s (tools/limits, measured %s on %s, %d threads)", path, l.MeasuredAt, l.CPUModel, l.Threads), Limits: l}
+	}
+	l, err := quickLimits()
+	b := benchLimits{Source: "measured now by bench's quick probe (internal/cpulimits.Quick, " +
+		"after the series; pass --limits FILE from go run ./tools/limits for a careful measurement)", Limits: l}
+	if err != nil {
+		b.Error = err.Error()
+	}
+	return b
+}
+
+// peakFor is the compute peak (GFLOP/s) a prefill in precision compares
+// with: vdpbf16ps's in bf16, the FP32 FMA's otherwise; its name, or why
+// there is none.
+func (b benchLimits) peakFor(precision string) (float64, string, string) {
+	if b.Limits == nil {
+		return 0, "", "no limits: " + b.Error
+	}
+	if precision == "bf16" {
+		if b.Limits.BF16Dot == nil {
+			return 0, "", "no vdpbf16ps peak: " + b.Limits.BF16DotSkipped
+		}
+		return b.Limits.BF16Dot.Median, "vdpbf16ps peak", ""
+	}
+	if b.Limits.FP32FMA == nil {
+		return 0, "", "no fp32 FMA peak: " + b.Limits.FP32FMASkipped
+	}
+	return b.Limits.FP32FMA.Median, "fp32 FMA peak", ""
+}
+
+// prefillAgainstPeak fills a prefill series' compute fields: its GEMM
+// FLOPs per run over the median run's time, against peak GFLOP/s.
+func prefillAgainstPeak(r *benchResult, flops float64, tokens int, peak float64, name string) {
+	r.GEMMFLOPs = flops
+	r.AchievedGFLOPs = flops * r.TokensPerSec / float64(tokens) / 1e9
+	if peak > 0 {
+		r.PeakGFLOPs, r.PeakName, r.PeakFraction = peak, name, r.AchievedGFLOPs/peak
+	}
 }

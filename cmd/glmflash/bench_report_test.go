@@ -5,21 +5,43 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/plan"
+	"github.com/glmflash/glmflash/internal/cpulimits"
 	"github.com/stretchr/testify/require"
 )
 
-// On the CPU, bench prints the decode roofline per batch (no GEMM report:
-// the cpu backend does not measure its GEMMs) and writes it to the JSON,
-// and the weights the backend holds by dtype: the preset's bf16 GEMM
-// weights read in place from the checkpoint's mapping.
+// writeLimits writes a limits file (tools/limits' JSON) with these
+// medians: fp32 FMA and vdpbf16ps GFLOP/s and read GB/s.
+func writeLimits(t *testing.T, fp32, bf16, read float64) string {
+	t.Helper()
+	st := func(v float64) *cpulimits.Stat { return &cpulimits.Stat{Median: v, Min: v, Max: v, Runs: []float64{v}} }
+	l := &cpulimits.Limits{Format: cpulimits.Format, CPUModel: "Test CPU", Threads: 2, MeasuredAt: "2026-01-02T03:04:05Z",
+		FP32FMA: st(fp32), BF16Dot: st(bf16), ReadBandwidth: st(read)}
+	p := filepath.Join(t.TempDir(), "limits.json")
+	require.NoError(t, l.Save(p))
+	return p
+}
+
+// On the CPU, bench prints the decode roofline per batch at the limits'
+// read bandwidth (no GEMM report: the cpu backend does not measure its
+// GEMMs) with the fraction of it reached, the prefill's GEMM GFLOP/s as a
+// fraction of the fp32 FMA peak, and writes them to the JSON; and the
+// weights the backend holds by dtype: the preset's bf16 GEMM weights read
+// in place from the checkpoint's mapping.
 func TestBenchRooflineCPU(t *testing.T) {
 	j := filepath.Join(t.TempDir(), "b.json")
-	out, err := runCLI(t, "bench", "--preset", "tiny", "--cache-dir", t.TempDir(), "--prompt", "4", "--decode-steps", "2", "--reps", "1", "--warmup", "0", "--batch", "1,2", "--json", j)
+	lim := writeLimits(t, 100, 200, 49)
+	out, err := runCLI(t, "bench", "--preset", "tiny", "--cache-dir", t.TempDir(), "--prompt", "4", "--decode-steps", "2", "--reps", "1", "--warmup", "0", "--batch", "1,2", "--json", j, "--limits", lim)
 	require.NoError(t, err)
-	require.Regexp(t, `roofline: [0-9.e+-]+ GB per step \(context 33, 2\.00 experts per MoE layer\) ÷ 49 GB/s = [0-9.e+-]+ ms; measured [0-9.e+-]+ ms per step \(wall time\)`, out)
+	require.Contains(t, out, "limits   from "+lim+" (tools/limits, measured 2026-01-02T03:04:05Z on Test CPU, 2 threads)")
+	require.Contains(t, out, "roofline bandwidth 49 GB/s (the limits' read bandwidth)")
+	require.Regexp(t, `roofline: [0-9.e+-]+ GB per step \(context 33, 2\.00 experts per MoE layer\) ÷ 49 GB/s = [0-9.e+-]+ ms; measured [0-9.e+-]+ ms per step \(wall time\) = [0-9.]+× the roofline = [0-9.]+% of the bandwidth roofline`, out)
+	require.Regexp(t, `compute: [0-9.e+-]+ GFLOP of weight GEMMs per run .* = [0-9.e+-]+ GFLOP/s = [0-9.]+% of the fp32 FMA peak \(100\.0 GFLOP/s\)`, out)
 	require.NotContains(t, out, "prefill GEMMs")
 	for _, k := range []string{"weights_bf16_mapped", "weights_fp32"} {
 		require.Regexp(t, `host memory +`+k+` +[0-9.]+ MiB`, out)
@@ -33,6 +55,51 @@ func TestBenchRooflineCPU(t *testing.T) {
 	require.Nil(t, rep.GEMM)
 	checkRoofline(t, rep, "wall")
 	require.Positive(t, rep.Device.Memory["weights_bf16_mapped"])
+	require.NotNil(t, rep.Limits)
+	require.Equal(t, 100.0, rep.Limits.Limits.FP32FMA.Median)
+	pre := rep.Results[0]
+	require.Equal(t, "prefill 4 tokens", pre.Name)
+	require.Positive(t, pre.GEMMFLOPs)
+	require.InDelta(t, pre.GEMMFLOPs*pre.TokensPerSec/4/1e9, pre.AchievedGFLOPs, 1e-9*pre.AchievedGFLOPs)
+	require.Equal(t, "fp32 FMA peak", pre.PeakName)
+	require.InDelta(t, pre.AchievedGFLOPs/100, pre.PeakFraction, 1e-12)
+}
+
+// Without --limits, bench measures the limits itself and says so; an
+// explicit --bandwidth-gbs still sets the roofline's bandwidth.
+func TestBenchQuickLimits(t *testing.T) {
+	j := filepath.Join(t.TempDir(), "b.json")
+	out, err := runCLI(t, "bench", "--model", fixture+"/checkpoint", "--prompt", "4", "--decode-steps", "1", "--reps", "1", "--warmup", "0", "--batch", "1", "--json", j)
+	require.NoError(t, err)
+	require.Contains(t, out, "limits   measured now by bench's quick probe")
+	var rep benchJSON
+	b, err := os.ReadFile(j)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &rep))
+	require.NotNil(t, rep.Limits)
+	if runtime.GOARCH == "amd64" && rep.Limits.Limits.ReadBandwidth != nil {
+		require.Equal(t, rep.Limits.Limits.ReadBandwidth.Median, rep.Bandwidth)
+		require.Contains(t, out, "of the bandwidth roofline")
+		require.Contains(t, out, "of the fp32 FMA peak")
+	}
+}
+
+// prefillFLOPs counts 2 × the multiply-adds of the weight GEMMs: token
+// rows for linear and linear_batched, one row a sequence after last_rows,
+// and the experts each token runs for moe_experts.
+func TestPrefillFLOPs(t *testing.T) {
+	v := func(shape ...int) *ir.Value { return &ir.Value{Shape: shape} }
+	p := &plan.Plan{Steps: []*ir.Node{
+		{Op: ir.OpLinear, Inputs: []*ir.Value{v(ir.DimT, 8), v(16, 8)}},                                                             // 2·T·16·8
+		{Op: ir.OpLinearSplit, Inputs: []*ir.Value{v(ir.DimT, 8), v(4, 8)}},                                                         // 2·T·4·8
+		{Op: ir.OpLinearBatched, Inputs: []*ir.Value{v(ir.DimT, 12), v(3, 5, 4)}},                                                   // 2·T·3·5·4
+		{Op: ir.OpMoEExperts, Inputs: []*ir.Value{v(ir.DimT, 8), v(ir.DimT, 3), v(ir.DimT, 3), v(6, 2, 8), v(6, 2, 8), v(6, 8, 2)}}, // 2·T·3·3·2·8
+		{Op: ir.OpLinear, Inputs: []*ir.Value{v(ir.DimS, 8), v(32, 8)}},                                                             // 2·S·32·8 (lm_head)
+		{Op: ir.OpSwiGLU, Inputs: []*ir.Value{v(ir.DimT, 8)}},                                                                       // not a GEMM
+	}}
+	T, S := 10.0, 2.0
+	want := 2*T*16*8 + 2*T*4*8 + 2*T*3*5*4 + 2*T*3*3*2*8 + 2*S*32*8
+	require.Equal(t, want, prefillFLOPs(p, 10, 2))
 }
 
 // On the CUDA emulator, bench also reports device memory by category, the
@@ -97,7 +164,8 @@ type benchJSON struct {
 	Device    struct {
 		Memory map[string]int64
 	} `json:"device"`
-	GEMM *gemmReport `json:"gemm_report"`
+	GEMM   *gemmReport  `json:"gemm_report"`
+	Limits *benchLimits `json:"limits"`
 }
 
 func checkRoofline(t *testing.T, rep benchJSON, clock string) {

@@ -185,6 +185,16 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 				require.Contains(t, string(b), `"bandwidth_gbs": 1000`)
 			}}
 		},
+		"bench --limits": func(d string) probe {
+			lim := writeLimits(t, 100, 200, 7)
+			return probe{args: args(bench, "--limits", lim), check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "limits   from "+lim)
+				require.Contains(t, out, "÷ 7 GB/s")
+				_, err = runCLI(t, args(bench, "--limits", d+"/none.json")...)
+				require.ErrorContains(t, err, "--limits: open "+d+"/none.json")
+			}}
+		},
 		"bench --gemm-report": func(string) probe {
 			return probe{args: args(bench, "--gemm-report"), want: "--gemm-report: the cpu backend does not measure its GEMMs"}
 		},
