@@ -17,6 +17,7 @@ package mla
 
 import (
 	"math"
+	"sync"
 
 	"github.com/glmflash/glmflash/kernels/gemm"
 	"github.com/glmflash/glmflash/kernels/parallel"
@@ -238,12 +239,14 @@ func (c *Config) AttendAbsorbed(o, q, ckv []float32, sel []int32, T, width int) 
 			for t := lo; t < hi; t++ {
 				c.attendLatent(b, ol, qa, ckv, sel[t*width:(t+1)*width], t, T, false)
 			}
+			putLatentBuf(b)
 		})
 	} else {
 		b := newLatentBuf(H, R, width)
 		for t := 0; t < T; t++ {
 			c.attendLatent(b, ol, qa, ckv, sel[t*width:(t+1)*width], t, T, true)
 		}
+		putLatentBuf(b)
 	}
 	// 3. W_UV ([dv][R] per head, already in MatMulT form) on the latent outputs
 	parallel.For(H, 1, func(lo, hi int) {
@@ -263,9 +266,28 @@ type latentBuf struct {
 	logits []float32 // [H][width]
 }
 
+// latentBufs recycles latentBufs between calls (a decode step would
+// otherwise allocate and clear width·Rank floats per layer).
+var latentBufs sync.Pool
+
+// newLatentBuf takes a latentBuf from latentBufs, grown to the geometry;
+// putLatentBuf returns it.
 func newLatentBuf(H, R, width int) *latentBuf {
-	return &latentBuf{lat: make([]float32, width*R), logits: make([]float32, H*width)}
+	b, _ := latentBufs.Get().(*latentBuf)
+	if b == nil {
+		b = &latentBuf{}
+	}
+	if cap(b.lat) < width*R {
+		b.lat = make([]float32, width*R)
+	}
+	if cap(b.logits) < H*width {
+		b.logits = make([]float32, H*width)
+	}
+	b.lat, b.logits = b.lat[:width*R], b.logits[:H*width]
+	return b
 }
+
+func putLatentBuf(b *latentBuf) { latentBufs.Put(b) }
 
 // attendLatent runs step 2 of AttendAbsorbed for query t, whose selection
 // row is srow, writing ol[h][t] for every head; inner spreads the work over
