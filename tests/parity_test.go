@@ -6,6 +6,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
+	"github.com/glmflash/glmflash/kernels/mla"
 	"github.com/glmflash/glmflash/model"
 	"github.com/stretchr/testify/require"
 )
@@ -27,21 +28,33 @@ func openFixture(t testing.TB, name string) (*model.Checkpoint, *eval.Reference)
 
 // TestTransformersParity is the engine's correctness oracle: every case of
 // every fixture within 1e-4 max |Δlogit| with identical greedy tokens.
+//
+// The MLA kernel's cost rule picks the absorbed path for decode and the
+// expand path for prefill; the -mla-expand and -mla-absorb variants force
+// one path for every call so that each is checked on every case.
 func TestTransformersParity(t *testing.T) {
-	for _, name := range fixtures {
-		t.Run(name, func(t *testing.T) {
-			ck, ref := openFixture(t, name)
-			e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2})
-			require.NoError(t, err)
-			res, err := eval.RunAll(e, ref)
-			require.NoError(t, err)
-			require.Len(t, res, len(ref.Cases))
-			for _, r := range res {
-				t.Logf("%s %-10s rows=%3d max|Δ|=%.2e greedy=%v hidden=%v", name, r.Name, r.Rows, r.MaxAbsDiff, r.GreedyMatch, fmtDiffs(r.HiddenMaxDiff))
-				require.Less(t, r.MaxAbsDiff, 1e-4, "%s %s", name, r.Name)
-				require.True(t, r.GreedyMatch, "%s %s: %d greedy mismatches", name, r.Name, r.Mismatches)
+	for _, path := range []mla.Path{mla.PathAuto, mla.PathExpand, mla.PathAbsorb} {
+		for _, name := range fixtures {
+			sub := name
+			if path != mla.PathAuto {
+				sub += "-mla-" + path.String()
 			}
-		})
+			t.Run(sub, func(t *testing.T) {
+				mla.Force = path
+				defer func() { mla.Force = mla.PathAuto }()
+				ck, ref := openFixture(t, name)
+				e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2})
+				require.NoError(t, err)
+				res, err := eval.RunAll(e, ref)
+				require.NoError(t, err)
+				require.Len(t, res, len(ref.Cases))
+				for _, r := range res {
+					t.Logf("%s %-10s rows=%3d max|Δ|=%.2e greedy=%v hidden=%v", sub, r.Name, r.Rows, r.MaxAbsDiff, r.GreedyMatch, fmtDiffs(r.HiddenMaxDiff))
+					require.Less(t, r.MaxAbsDiff, 1e-4, "%s %s", sub, r.Name)
+					require.True(t, r.GreedyMatch, "%s %s: %d greedy mismatches", sub, r.Name, r.Mismatches)
+				}
+			})
+		}
 	}
 }
 

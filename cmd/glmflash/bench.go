@@ -83,7 +83,7 @@ type benchResult struct {
 func newBenchCmd() *cobra.Command {
 	var mf modelFlags
 	var profileOps bool
-	var prompt, decodeSteps, reps, warmup int
+	var prompt, decodeCtx, decodeSteps, reps, warmup int
 	var batches []int
 	var specAccept []float64
 	var jsonOut, dump, cpuProfile, limitsPath string
@@ -94,8 +94,8 @@ func newBenchCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		Short: "Measure prefill and decode throughput and peak memory",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if prompt < 1 || decodeSteps < 1 || reps < 1 || warmup < 0 {
-				return fmt.Errorf("--prompt, --decode-steps and --reps must be ≥ 1, --warmup ≥ 0")
+			if prompt < 1 || decodeCtx < 1 || decodeSteps < 1 || reps < 1 || warmup < 0 {
+				return fmt.Errorf("--prompt, --decode-context, --decode-steps and --reps must be ≥ 1, --warmup ≥ 0")
 			}
 			if !(bandwidth >= 0) || !(peakTFLOPs > 0) {
 				return fmt.Errorf("--bandwidth-gbs must be ≥ 0 (0: the device's default) and --peak-tflops > 0, got %v and %v", bandwidth, peakTFLOPs)
@@ -131,8 +131,8 @@ func newBenchCmd() *cobra.Command {
 				maxB = max(maxB, b)
 			}
 			// every sequence must fit the model's positions
-			if limit := cfg.MaxPositionEmbeddings; prompt > limit || 32+decodeSteps > limit {
-				return fmt.Errorf("--prompt (%d) and 32 + --decode-steps (%d) must fit max_position_embeddings (%d)", prompt, 32+decodeSteps, limit)
+			if limit := cfg.MaxPositionEmbeddings; prompt > limit || decodeCtx+decodeSteps > limit {
+				return fmt.Errorf("--prompt (%d) and --decode-context + --decode-steps (%d) must fit max_position_embeddings (%d)", prompt, decodeCtx+decodeSteps, limit)
 			}
 			ec, err := mf.config()
 			if err != nil {
@@ -257,10 +257,11 @@ func newBenchCmd() *cobra.Command {
 				}
 				gemms = measureGEMMs(tuner, prefillGEMMs(prog.Plan(), tuner, ck.DType), prompt, peakTFLOPs)
 			}
-			// decode at each batch size, after a 32-token prefill per sequence
-			// (not timed); the roofline at the steps' mean context
+			// decode at each batch size, after a --decode-context-token
+			// prefill per sequence (not timed); the roofline at the steps'
+			// mean context
 			held := roofline.Held(e.Backend().Info().Memory["weights_fp8"] > 0, bo.FP32Weights)
-			decodeContext := 32 + (decodeSteps+1)/2
+			decodeContext := decodeCtx + (decodeSteps+1)/2
 			decodeIdx := map[int]int{} // result index → batch
 			for _, B := range batches {
 				err = series(fmt.Sprintf("decode batch %d", B), func() (int, float64, error) {
@@ -269,7 +270,7 @@ func newBenchCmd() *cobra.Command {
 						return 0, 0, err
 					}
 					defer free(slots)
-					if err := attrib.PrefillSlots(e, slots, cfg.VocabSize); err != nil {
+					if err := attrib.PrefillSlotsN(e, slots, cfg.VocabSize, decodeCtx); err != nil {
 						return 0, 0, err
 					}
 					prog, err := e.Program(attrib.DecodeKey)
@@ -541,6 +542,7 @@ func newBenchCmd() *cobra.Command {
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().IntVar(&prompt, "prompt", 512, "prefill prompt length")
+	cmd.Flags().IntVar(&decodeCtx, "decode-context", 32, "tokens prefilled per sequence (untimed) before the decode series' steps: the context they attend (--prompt sizes the prefill series only)")
 	cmd.Flags().IntVar(&decodeSteps, "decode-steps", 16, "decode steps per measured run")
 	cmd.Flags().IntSliceVar(&batches, "batch", []int{1, 8}, "decode batch sizes")
 	cmd.Flags().IntVar(&reps, "reps", 3, "measured repetitions")

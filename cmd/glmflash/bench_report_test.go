@@ -102,6 +102,16 @@ func TestPrefillFLOPs(t *testing.T) {
 	require.Equal(t, want, prefillFLOPs(p, 10, 2))
 }
 
+// --decode-context sets the prefill before the decode series, so the
+// roofline is taken at that context.
+func TestBenchDecodeContext(t *testing.T) {
+	out, err := runCLI(t, "bench", "--preset", "tiny", "--cache-dir", t.TempDir(), "--prompt", "4", "--decode-context", "40", "--decode-steps", "2", "--reps", "1", "--warmup", "0", "--batch", "1")
+	require.NoError(t, err)
+	require.Regexp(t, `roofline: [0-9.e+-]+ GB per step \(context 41, `, out)
+	_, err = runCLI(t, "bench", "--preset", "tiny", "--cache-dir", t.TempDir(), "--decode-context", "0")
+	require.ErrorContains(t, err, "--decode-context")
+}
+
 // On the CUDA emulator, bench also reports device memory by category, the
 // roofline against device time, and the prefill GEMMs' TFLOP/s.
 func TestBenchReportsCUDA(t *testing.T) {

@@ -205,7 +205,10 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 			return probe{args: []string{"bench", "--preset", "huge"}, want: `unknown preset "huge"`}
 		},
 		"bench --prompt": func(string) probe {
-			return probe{args: args(bench, "--prompt", "1000000000"), want: "--prompt (1000000000) and 32 + --decode-steps (33) must fit max_position_embeddings (4096)"}
+			return probe{args: args(bench, "--prompt", "1000000000"), want: "--prompt (1000000000) and --decode-context + --decode-steps (33) must fit max_position_embeddings (4096)"}
+		},
+		"bench --decode-context": func(string) probe {
+			return probe{args: args(bench, "--decode-context", "5000"), want: "--decode-context + --decode-steps (5001) must fit max_position_embeddings (4096)"}
 		},
 		"bench --reps": func(string) probe {
 			return probe{args: args(bench, "--reps", "100000"), want: "--reps + --warmup must be at most 1000"}

@@ -23,9 +23,15 @@ func BenchTokens(n, seed, vocab int) []int32 {
 // PrefillSlots prefills 32 tokens in each slot (slot i's stream is seed
 // i+2), as one batch.
 func PrefillSlots(e *engine.Engine, slots []int, vocab int) error {
+	return PrefillSlotsN(e, slots, vocab, 32)
+}
+
+// PrefillSlotsN is PrefillSlots with n tokens per slot (the context later
+// decode steps attend).
+func PrefillSlotsN(e *engine.Engine, slots []int, vocab, n int) error {
 	b := &backend.Batch{}
 	for i, s := range slots {
-		b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: BenchTokens(32, i+2, vocab)})
+		b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: BenchTokens(n, i+2, vocab)})
 	}
 	_, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, b)
 	return err

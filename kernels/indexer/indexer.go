@@ -7,8 +7,9 @@ package indexer
 import (
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 
+	"github.com/glmflash/glmflash/kernels/gemm"
 	"github.com/glmflash/glmflash/kernels/parallel"
 )
 
@@ -136,61 +137,83 @@ func (c *Config) Append(st *State, pos0 int, k, gate []float32, T int, visible [
 	}
 }
 
+// queryBlock is the number of queries Select scores with one GEMM.
+const queryBlock = 8
+
 // Select fills sel ([T][Width]) for T queries of one sequence: q is
 // [T][Heads·Dim], w ([T][Heads]) the per-head weights already multiplied by
 // Heads^−½, visible from Append, pos0 the first query's position. Each row
 // lists the positions of the best min(TopK/KPool, visible) pools by
-// Σ_h w[h]·ReLU(q_h·key·Dim^−½) (ties: lower pool first), then the tail
-// positions [KPool·visible, pos].
+// Σ_h w[h]·ReLU(q_h·key·Dim^−½) (ties: lower pool first; a NaN score ranks
+// last), in ascending pool order, then the tail positions
+// [KPool·visible, pos].
+//
+// A query that sees no more pools than it keeps takes them all without
+// scoring. The others are scored in blocks of queryBlock queries: one GEMM
+// of the block's Heads·queryBlock query heads against the cached pooled
+// keys the block can see (gemm.MatMulT; its dot products are those of every
+// other GEMM in the engine), then the head reduction in head order, then a
+// partial selection (TopPools) instead of a full sort.
 func (c *Config) Select(sel []int32, st *State, pos0 int, q, w []float32, T int, visible []int) {
 	H, D, W := c.Heads, c.Dim, c.Width()
 	scale := float32(1 / math.Sqrt(float64(D)))
 	keep := c.TopK / c.KPool
-	parallel.For(T, 4, func(lo, hi int) {
-		var scores []float32
-		var order []int
-		for j := lo; j < hi; j++ {
+	nb := (T + queryBlock - 1) / queryBlock
+	inner := nb < parallel.Workers // few blocks (decode): parallelise each GEMM instead
+	block := func(b int) {
+		var dots, scores []float32
+		var order []int32
+		j0, j1 := b*queryBlock, min((b+1)*queryBlock, T)
+		// the pools the block's scored queries can see
+		nMax := 0
+		for j := j0; j < j1; j++ {
+			if visible[j] > keep {
+				nMax = max(nMax, visible[j])
+			}
+		}
+		if nMax > 0 {
+			rows := (j1 - j0) * H
+			dots = make([]float32, rows*nMax)
+			x, keys := q[j0*H*D:j1*H*D], st.Pools[:nMax*D]
+			if inner {
+				gemm.MatMulT(dots, x, rows, D, keys, nMax)
+			} else {
+				gemm.MatMulTSerial(dots, x, rows, D, keys, nMax)
+			}
+		}
+		for j := j0; j < j1; j++ {
 			row := sel[j*W : (j+1)*W]
 			for i := range row {
 				row[i] = -1
 			}
 			n := visible[j]
-			scores = scores[:0]
-			qj, wj := q[j*H*D:(j+1)*H*D], w[j*H:(j+1)*H]
-			for p := 0; p < n; p++ {
-				key := st.Pools[p*D : (p+1)*D]
-				var s float32
+			o := 0
+			if n <= keep {
+				for pos := 0; pos < n*c.KPool; pos++ {
+					row[o] = int32(pos)
+					o++
+				}
+			} else {
+				if cap(scores) < n {
+					scores = make([]float32, n)
+				}
+				scores = scores[:n]
+				clear(scores)
+				wj := w[j*H : (j+1)*H]
 				for h := 0; h < H; h++ {
-					qh := qj[h*D : (h+1)*D]
-					var dot float32
-					for x, v := range qh {
-						dot += v * key[x]
-					}
-					dot *= scale
-					if dot > 0 {
-						s += wj[h] * dot
+					d := dots[((j-j0)*H+h)*nMax:]
+					for p := 0; p < n; p++ {
+						if v := d[p] * scale; v > 0 {
+							scores[p] += wj[h] * v
+						}
 					}
 				}
-				scores = append(scores, s)
-			}
-			k := keep
-			if k > n {
-				k = n
-			}
-			order = order[:0]
-			for p := 0; p < n; p++ {
-				order = append(order, p)
-			}
-			if k < n {
-				sort.SliceStable(order, func(a, b int) bool { return scores[order[a]] > scores[order[b]] })
-			}
-			chosen := order[:k]
-			sort.Ints(chosen)
-			o := 0
-			for _, p := range chosen {
-				for x := 0; x < c.KPool; x++ {
-					row[o] = int32(p*c.KPool + x)
-					o++
+				order = TopPools(order, scores, keep)
+				for _, p := range order {
+					for x := 0; x < c.KPool; x++ {
+						row[o] = int32(int(p)*c.KPool + x)
+						o++
+					}
 				}
 			}
 			if c.SelectTail {
@@ -200,5 +223,88 @@ func (c *Config) Select(sel []int32, st *State, pos0 int, q, w []float32, T int,
 				}
 			}
 		}
+	}
+	if inner {
+		for b := 0; b < nb; b++ {
+			block(b)
+		}
+		return
+	}
+	parallel.For(nb, 1, func(lo, hi int) {
+		for b := lo; b < hi; b++ {
+			block(b)
+		}
 	})
+}
+
+// better reports whether pool a ranks before pool b: the higher score, ties
+// to the lower pool, a NaN score below every number.
+func better(scores []float32, a, b int32) bool {
+	sa, sb := scores[a], scores[b]
+	if sa != sb {
+		if sb != sb { // NaN
+			return sa == sa || a < b
+		}
+		if sa != sa {
+			return false
+		}
+		return sa > sb
+	}
+	return a < b
+}
+
+// TopPools returns (in buf's storage) the k best pools of scores in
+// ascending pool order, the same set a stable sort by descending score
+// would put first (ties to the lower pool), found by quickselect in
+// expected O(len(scores)) time without sorting the rest; k ≥ len(scores)
+// returns every pool.
+func TopPools(buf []int32, scores []float32, k int) []int32 {
+	n := len(scores)
+	buf = buf[:0]
+	for p := 0; p < n; p++ {
+		buf = append(buf, int32(p))
+	}
+	if k >= n {
+		return buf
+	}
+	if k <= 0 {
+		return buf[:0]
+	}
+	// quickselect: afterwards buf[:k] holds the k best. better is a strict
+	// total order (ties broken by pool), so there are no equal elements.
+	lo, hi := 0, n-1
+	for lo < hi {
+		// median of three as the pivot, moved to hi
+		mid := lo + (hi-lo)/2
+		if better(scores, buf[mid], buf[lo]) {
+			buf[mid], buf[lo] = buf[lo], buf[mid]
+		}
+		if better(scores, buf[hi], buf[lo]) {
+			buf[hi], buf[lo] = buf[lo], buf[hi]
+		}
+		if better(scores, buf[mid], buf[hi]) {
+			buf[mid], buf[hi] = buf[hi], buf[mid]
+		}
+		piv := buf[hi]
+		i := lo
+		for j := lo; j < hi; j++ {
+			if better(scores, buf[j], piv) {
+				buf[i], buf[j] = buf[j], buf[i]
+				i++
+			}
+		}
+		buf[i], buf[hi] = buf[hi], buf[i]
+		// buf[lo:i] rank before the pivot, buf[i+1:hi+1] after it
+		switch {
+		case i == k || i == k-1:
+			lo = hi // done: buf[:k] are the best
+		case i > k:
+			hi = i - 1
+		default:
+			lo = i + 1
+		}
+	}
+	top := buf[:k]
+	slices.Sort(top)
+	return top
 }

@@ -1,16 +1,54 @@
 // Package mla implements sparse NoPE multi-head latent attention over a
-// cache of compressed c_kv latents: the selected positions are expanded to
-// per-head keys and values through kv_b_proj, then each query attends only
-// its selected positions.
+// cache of compressed c_kv latents. Each query attends only its selected
+// positions, by one of two algebraically identical paths (architecture.md
+// §5):
+//
+//   - expand: the union of the selected positions is expanded to per-head
+//     keys and values through kv_b_proj (one GEMM), then every (query, head)
+//     attends its positions in the expanded space;
+//   - absorbed: the key half of kv_b_proj is absorbed into each query head
+//     (q_lat[h] = W_UK[h]ᵀ·q_h, a Rank-dim query), the query attends the
+//     cached latents themselves (MQA over one Rank-dim head with V = K =
+//     c_kv), and the value half maps the latent output back per head
+//     (o_h = W_UV[h]·o_lat[h]).
+//
+// Attend picks the cheaper path per call with the cost rule of Costs.
 package mla
 
 import (
 	"math"
-	"sort"
+	"sync"
 
 	"github.com/glmflash/glmflash/kernels/gemm"
 	"github.com/glmflash/glmflash/kernels/parallel"
 )
+
+// Path selects how Attend computes attention.
+type Path int
+
+const (
+	// PathAuto picks the path with fewer multiply-adds (Costs).
+	PathAuto Path = iota
+	// PathExpand always expands the selected latents through kv_b_proj.
+	PathExpand
+	// PathAbsorb always attends in the latent space.
+	PathAbsorb
+)
+
+// String names the path.
+func (p Path) String() string {
+	switch p {
+	case PathExpand:
+		return "expand"
+	case PathAbsorb:
+		return "absorb"
+	}
+	return "auto"
+}
+
+// Force, when not PathAuto, overrides every Config's Path (tests and
+// benchmarks use it to run one path through a whole model).
+var Force = PathAuto
 
 // Config is the attention geometry.
 type Config struct {
@@ -21,33 +59,99 @@ type Config struct {
 	Scale  float32
 	KVBW   []float32 // kv_b_proj [Heads·(QKDim+VDim)][Rank]
 	Params gemm.Params
+	Path   Path // PathAuto (the zero value) applies the cost rule
+}
+
+// Costs returns the multiply-adds each path spends on T queries whose
+// selection rows list sel positions in all over union distinct positions:
+//
+//	expand = union·Rank·Heads·(QKDim+VDim)   expand K and V of the union
+//	       + sel·Heads·(QKDim+VDim)          logits and weighted sum per head
+//	absorb = T·Heads·QKDim·Rank              absorb W_UK into the queries
+//	       + sel·Heads·2·Rank                logits and weighted sum of latents
+//	       + T·Heads·VDim·Rank               W_UV on the latent outputs
+//
+// Decode (T = 1, union = sel) always favours absorb, by about
+// union·(QKDim+VDim)/(2·Rank)× less work once the context is a few tokens
+// long; a long prefill chunk, whose union is about T and whose rows hold many
+// positions each, favours expand whenever QKDim+VDim < 2·Rank (it expands
+// each key once instead of attending Rank-wide latents).
+func (c *Config) Costs(T, sel, union int) (expand, absorb int) {
+	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
+	expand = union*R*H*(dq+dv) + sel*H*(dq+dv)
+	absorb = T*H*(dq+dv)*R + sel*H*2*R
+	return expand, absorb
+}
+
+// Choose returns the path Attend takes for these counts (see Costs): Force
+// or Path when set, else absorb when it is strictly cheaper.
+func (c *Config) Choose(T, sel, union int) Path {
+	if Force != PathAuto {
+		return Force
+	}
+	if c.Path != PathAuto {
+		return c.Path
+	}
+	if e, a := c.Costs(T, sel, union); a < e {
+		return PathAbsorb
+	}
+	return PathExpand
 }
 
 // Attend computes o ([T][Heads·VDim]) for T queries q ([T][Heads·QKDim]) of
 // one sequence whose latents are ckv ([L][Rank], the whole cache including
 // the new tokens). sel ([T][width]) lists each query's positions (−1 =
-// unused). A query with no position gets a zero output.
+// unused). A query with no position gets a zero output. The path follows
+// Choose.
 func (c *Config) Attend(o, q, ckv []float32, sel []int32, T, width int) {
-	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
-	// union of the selected positions
-	seen := map[int32]int{}
-	var pos []int
+	L := len(ckv) / c.Rank
+	mark := make([]bool, L)
+	s, u := 0, 0
 	for _, p := range sel[:T*width] {
 		if p >= 0 {
-			if _, ok := seen[p]; !ok {
-				seen[p] = 0
-				pos = append(pos, int(p))
+			s++
+			if !mark[p] {
+				mark[p] = true
+				u++
 			}
 		}
 	}
-	sort.Ints(pos)
-	for i, p := range pos {
-		seen[int32(p)] = i
+	if c.Choose(T, s, u) == PathAbsorb {
+		c.AttendAbsorbed(o, q, ckv, sel, T, width)
+		return
 	}
-	n := len(pos)
+	c.AttendExpand(o, q, ckv, sel, T, width)
+}
+
+// AttendExpand is Attend by the expand path: the union of the selected
+// positions is expanded through kv_b_proj once, then each (query, head)
+// attends its positions.
+func (c *Config) AttendExpand(o, q, ckv []float32, sel []int32, T, width int) {
+	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
+	L := len(ckv) / R
+	// rowOf[p] = the row of position p among the expanded union (ascending
+	// positions), −1 when no query selects p
+	rowOf := make([]int32, L)
+	for i := range rowOf {
+		rowOf[i] = -1
+	}
+	for _, p := range sel[:T*width] {
+		if p >= 0 {
+			rowOf[p] = 0
+		}
+	}
+	n := 0
+	for p, r := range rowOf {
+		if r == 0 {
+			rowOf[p] = int32(n)
+			n++
+		}
+	}
 	lat := make([]float32, n*R)
-	for i, p := range pos {
-		copy(lat[i*R:(i+1)*R], ckv[p*R:(p+1)*R])
+	for p, r := range rowOf {
+		if r >= 0 {
+			copy(lat[int(r)*R:int(r+1)*R], ckv[p*R:(p+1)*R])
+		}
 	}
 	row := H * (dq + dv)
 	kv := make([]float32, n*row)
@@ -68,7 +172,7 @@ func (c *Config) Attend(o, q, ckv []float32, sel []int32, T, width int) {
 				if p < 0 {
 					continue
 				}
-				r := seen[p]
+				r := int(rowOf[p])
 				k := kv[r*row+h*(dq+dv) : r*row+h*(dq+dv)+dq]
 				l := gemm.Dot(qh, k) * c.Scale
 				logits = append(logits, l)
@@ -90,11 +194,170 @@ func (c *Config) Attend(o, q, ckv []float32, sel []int32, T, width int) {
 				if p < 0 {
 					continue
 				}
-				r := seen[p]
+				r := int(rowOf[p])
 				v := kv[r*row+h*(dq+dv)+dq : r*row+(h+1)*(dq+dv)]
 				gemm.Axpy(oh, logits[i]/s, v)
 				i++
 			}
 		}
 	})
+}
+
+// AttendAbsorbed is Attend by the absorbed path, in three steps:
+//
+//  1. qa[t][h] = W_UK[h]ᵀ·q[t][h] ([Rank]; per head, a GEMM over the T
+//     queries, parallel over heads);
+//  2. per query, the logits of all heads against the gathered latents of
+//     its positions (one GEMM [Heads×Rank]·[n×Rank]ᵀ), softmax per head,
+//     and the latent outputs ol[t][h] = Σ_p a_p·c_p (parallel over queries,
+//     or within the query over positions and heads when there are fewer
+//     queries than workers, as at decode);
+//  3. o[t][h] = W_UV[h]·ol[t][h] (per head, a GEMM over the T queries).
+func (c *Config) AttendAbsorbed(o, q, ckv []float32, sel []int32, T, width int) {
+	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
+	stride := (dq + dv) * R // one head's rows of kv_b_proj
+	// 1. absorb W_UK ([dq][R] per head) into the queries: qa is [T][H][R]
+	qa := make([]float32, T*H*R)
+	parallel.For(H, 1, func(lo, hi int) {
+		qh := make([]float32, T*dq)
+		tmp := make([]float32, T*R)
+		for h := lo; h < hi; h++ {
+			for t := 0; t < T; t++ {
+				copy(qh[t*dq:(t+1)*dq], q[t*H*dq+h*dq:t*H*dq+(h+1)*dq])
+			}
+			gemm.MatMul(tmp, qh, T, dq, c.KVBW[h*stride:h*stride+dq*R], R)
+			for t := 0; t < T; t++ {
+				copy(qa[(t*H+h)*R:(t*H+h+1)*R], tmp[t*R:(t+1)*R])
+			}
+		}
+	})
+	// 2. attend the latents: ol is [H][T][R]
+	ol := make([]float32, H*T*R)
+	if T >= parallel.Workers {
+		parallel.For(T, 1, func(lo, hi int) {
+			b := newLatentBuf(H, R, width)
+			for t := lo; t < hi; t++ {
+				c.attendLatent(b, ol, qa, ckv, sel[t*width:(t+1)*width], t, T, false)
+			}
+			putLatentBuf(b)
+		})
+	} else {
+		b := newLatentBuf(H, R, width)
+		for t := 0; t < T; t++ {
+			c.attendLatent(b, ol, qa, ckv, sel[t*width:(t+1)*width], t, T, true)
+		}
+		putLatentBuf(b)
+	}
+	// 3. W_UV ([dv][R] per head, already in MatMulT form) on the latent outputs
+	parallel.For(H, 1, func(lo, hi int) {
+		tmp := make([]float32, T*dv)
+		for h := lo; h < hi; h++ {
+			gemm.MatMulTSerial(tmp, ol[h*T*R:(h+1)*T*R], T, R, c.KVBW[h*stride+dq*R:(h+1)*stride], dv)
+			for t := 0; t < T; t++ {
+				copy(o[t*H*dv+h*dv:t*H*dv+(h+1)*dv], tmp[t*dv:(t+1)*dv])
+			}
+		}
+	})
+}
+
+// latentBuf is one worker's scratch for attendLatent.
+type latentBuf struct {
+	lat    []float32 // [width][R] gathered latents
+	logits []float32 // [H][width]
+}
+
+// latentBufs recycles latentBufs between calls (a decode step would
+// otherwise allocate and clear width·Rank floats per layer).
+var latentBufs sync.Pool
+
+// newLatentBuf takes a latentBuf from latentBufs, grown to the geometry;
+// putLatentBuf returns it.
+func newLatentBuf(H, R, width int) *latentBuf {
+	b, _ := latentBufs.Get().(*latentBuf)
+	if b == nil {
+		b = &latentBuf{}
+	}
+	if cap(b.lat) < width*R {
+		b.lat = make([]float32, width*R)
+	}
+	if cap(b.logits) < H*width {
+		b.logits = make([]float32, H*width)
+	}
+	b.lat, b.logits = b.lat[:width*R], b.logits[:H*width]
+	return b
+}
+
+func putLatentBuf(b *latentBuf) { latentBufs.Put(b) }
+
+// attendLatent runs step 2 of AttendAbsorbed for query t, whose selection
+// row is srow, writing ol[h][t] for every head; inner spreads the work over
+// the workers.
+func (c *Config) attendLatent(b *latentBuf, ol, qa, ckv []float32, srow []int32, t, T int, inner bool) {
+	H, R := c.Heads, c.Rank
+	// the query's latents, in row order: a contiguous ascending run (the
+	// dense causal case) is used in place, anything else is gathered
+	n, p0, run := 0, int32(0), true
+	for _, p := range srow {
+		if p >= 0 {
+			if n == 0 {
+				p0 = p
+			} else if p != p0+int32(n) {
+				run = false
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		for h := 0; h < H; h++ {
+			clear(ol[(h*T+t)*R : (h*T+t+1)*R])
+		}
+		return
+	}
+	var lat []float32
+	if run {
+		lat = ckv[int(p0)*R : (int(p0)+n)*R]
+	} else {
+		lat = b.lat[:n*R]
+		i := 0
+		for _, p := range srow {
+			if p >= 0 {
+				copy(lat[i*R:(i+1)*R], ckv[int(p)*R:int(p+1)*R])
+				i++
+			}
+		}
+	}
+	lg := b.logits[:H*n]
+	qt := qa[t*H*R : (t+1)*H*R]
+	if inner {
+		gemm.MatMulTWith(c.Params, lg, qt, H, R, lat, n)
+	} else {
+		gemm.MatMulTSerial(lg, qt, H, R, lat, n)
+	}
+	heads := func(lo, hi int) {
+		for h := lo; h < hi; h++ {
+			l := lg[h*n : (h+1)*n]
+			mx := float32(math.Inf(-1))
+			for i := range l {
+				l[i] *= c.Scale
+				if l[i] > mx {
+					mx = l[i]
+				}
+			}
+			var s float32
+			for i, v := range l {
+				e := float32(math.Exp(float64(v - mx)))
+				l[i] = e
+				s += e
+			}
+			for i := range l {
+				l[i] /= s
+			}
+			gemm.MatMul(ol[(h*T+t)*R:(h*T+t+1)*R], l, 1, n, lat, R)
+		}
+	}
+	if inner {
+		parallel.For(H, 1, heads)
+	} else {
+		heads(0, H)
+	}
 }
