@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -81,8 +82,7 @@ func (w *weights) copyBF16(n int, fill func([]uint16) bool) ([]uint16, error) {
 		return nil, freeBF16(b)
 	}
 	if err := sealBF16(b); err != nil {
-		freeBF16(b)
-		return nil, err
+		return nil, errors.Join(err, freeBF16(b))
 	}
 	w.anon = append(w.anon, b)
 	return b, nil

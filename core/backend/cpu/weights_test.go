@@ -34,7 +34,7 @@ func logitsHash(t *testing.T, dir string, o engine.Options) (string, *engine.Eng
 	h := sha256.New()
 	add := func(l []float32) {
 		for _, x := range l {
-			binary.Write(h, binary.LittleEndian, math.Float32bits(x))
+			require.NoError(t, binary.Write(h, binary.LittleEndian, math.Float32bits(x)))
 		}
 	}
 	b := &backend.Batch{}
