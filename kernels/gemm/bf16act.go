@@ -64,7 +64,7 @@ func matMulTBF16Act(p Params, serial bool, dst, x []float32, T, K int, w []uint1
 		defer buf16Pool.Put(xb)
 		for t := 0; t < T; t++ {
 			row := (*xb)[t*kp : t*kp+kp]
-			Float32sToBF16(row, x[t*K:t*K+K])
+			roundRowBF16(row, x[t*K:t*K+K])
 			clear(row[K:])
 		}
 		body := func(t0, t1, n0, n1 int) {

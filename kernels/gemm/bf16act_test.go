@@ -137,3 +137,22 @@ func BenchmarkBF16Act(b *testing.B) {
 		b.Log(fmt.Sprintf("impl %s, VDPBF16PS %v: bf16 act %v, fp32 act %v", Impl(), BF16Dot(), act, wgt))
 	}
 }
+
+// The vector rounding equals Float32ToBF16 bit for bit: random bit
+// patterns (NaNs, infinities, subnormals, ties) and the edge cases.
+func TestRoundRowBF16(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	src := []float32{0, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()),
+		math.Float32frombits(0x7f800001), math.Float32frombits(0xff800001), math.Float32frombits(0x7fffffff),
+		math.Float32frombits(0x3f808000), math.Float32frombits(0x3f818000), math.Float32frombits(0x7f7fffff), math.Float32frombits(1)}
+	for len(src) < 1003 {
+		src = append(src, math.Float32frombits(r.Uint32()))
+	}
+	got, want := make([]uint16, len(src)), make([]uint16, len(src))
+	Float32sToBF16(want, src)
+	for _, n := range []int{0, 1, 15, 16, 17, 100, len(src)} {
+		clear(got)
+		roundRowBF16(got[:n], src[:n])
+		require.Equal(t, want[:n], got[:n], "n=%d", n)
+	}
+}
