@@ -61,19 +61,27 @@ func newEvalCmd() *cobra.Command {
 				return err
 			}
 			defer e.Close()
+			// precision bf16 (the fast mode) is measured, not gated: bf16
+			// activations flip close router and indexer decisions, so the
+			// figures are reported against the fp32 reference.
+			bf16 := e.Backend().Info().Precision == "bf16"
 			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "case\tkind\trows\tmax|Δlogit|\tgreedy\tresult")
-			failed := 0
+			failed, maxDiff, differ, rows := 0, 0.0, 0, 0
 			for i := range ref.Cases {
 				r, err := eval.RunCase(e, &ref.Cases[i], ref.Vocab)
 				if err != nil {
 					return fmt.Errorf("case %s: %w", ref.Cases[i].Name, err)
 				}
 				verdict := "ok"
-				if !r.Pass(tol) {
+				switch {
+				case bf16:
+					verdict = "reported"
+				case !r.Pass(tol):
 					verdict = "FAIL"
 					failed++
 				}
+				maxDiff, differ, rows = max(maxDiff, r.MaxAbsDiff), differ+r.Mismatches, rows+r.Rows
 				greedy := "match"
 				if !r.GreedyMatch {
 					greedy = fmt.Sprintf("%d differ", r.Mismatches)
@@ -81,6 +89,11 @@ func newEvalCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%.2e\t%s\t%s\n", r.Name, r.Kind, r.Rows, r.MaxAbsDiff, greedy, verdict)
 			}
 			tw.Flush()
+			if bf16 {
+				fmt.Printf("precision bf16 (reported, not gated): max |Δlogit| %.3g over %d cases, %d of %d greedy argmaxes differ\n",
+					maxDiff, len(ref.Cases), differ, rows)
+				return nil
+			}
 			if failed > 0 {
 				return fmt.Errorf("%d of %d cases exceed --tol %g or change a greedy token", failed, len(ref.Cases), tol)
 			}

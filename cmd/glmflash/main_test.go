@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,6 +49,26 @@ func TestEvalPassesOnFixture(t *testing.T) {
 func TestEvalFailsWhenToleranceIsTooTight(t *testing.T) {
 	_, err := runCLI(t, "eval", "--model", fixture+"/checkpoint", "--reference", fixture+"/reference.safetensors", "--tol", "1e-9")
 	require.ErrorContains(t, err, "exceed --tol")
+}
+
+// eval --precision bf16 on the cpu runs the GEMMs on bf16 activations:
+// the figures differ from the fp32 reference (the bf16 path really ran) but
+// stay finite, and they are reported, not gated.
+func TestEvalPrecisionBF16OnCPU(t *testing.T) {
+	out, err := runCLI(t, "eval", "--model", fixture+"/checkpoint", "--reference", fixture+"/reference.safetensors", "--precision", "bf16")
+	require.NoError(t, err, "bf16 figures are reported, not gated")
+	t.Log("\n" + out)
+	require.Contains(t, out, "reported")
+	i := strings.Index(out, "max |Δlogit| ")
+	require.GreaterOrEqual(t, i, 0, out)
+	var d float64
+	var cases, differ, rows int
+	_, err = fmt.Sscanf(out[i:], "max |Δlogit| %g over %d cases, %d of %d greedy argmaxes differ", &d, &cases, &differ, &rows)
+	require.NoError(t, err, out)
+	require.Greater(t, d, 1e-4, "bf16 activations must move the logits")
+	require.False(t, math.IsInf(d, 0) || math.IsNaN(d), "max |Δlogit| %v", d)
+	require.Equal(t, 7, cases)
+	require.Less(t, differ, rows, "greedy agreement is reported and not nil")
 }
 
 // An MTP reference (the MTP fixture) runs the trunk and the MTP layer: the

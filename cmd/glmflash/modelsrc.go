@@ -105,7 +105,7 @@ func speculativeFlags(v string) ([]config.Flag, error) {
 func (m *modelFlags) addPrecision(cmd *cobra.Command) {
 	m.cmd = cmd
 	m.registered("precision")
-	cmd.Flags().StringVar(&m.precision, "precision", "", "fp32 (the parity mode) or bf16 (GEMMs take bf16 activations, fp32 accumulation; cuda only) (default: the configuration's precision, fp32)")
+	cmd.Flags().StringVar(&m.precision, "precision", "", "fp32 (the parity mode) or bf16 (GEMMs take bf16 activations, fp32 accumulation) (default: the configuration's precision, fp32)")
 }
 
 // add adds --model and, with allowPreset, --preset, --seed, --cache-dir and

@@ -186,11 +186,7 @@ func (s *Study) validate(known func(string) bool) error {
 		return fmt.Errorf("device: %q is not a backend (%s)", s.Device, strings.Join(backend.Names(), ", "))
 	}
 	switch s.Precision {
-	case "", "fp32":
-	case "bf16":
-		if s.Device != "cuda" {
-			return fmt.Errorf("precision: bf16 needs device: cuda")
-		}
+	case "", "fp32", "bf16": // bf16 runs on the cpu and cuda backends
 	default:
 		return fmt.Errorf("precision: must be fp32 or bf16, got %q", s.Precision)
 	}

@@ -20,6 +20,14 @@ func BatchedMatMulTBF16(ys [][]float32, x []float32, T, K int, w []uint16, N int
 	})
 }
 
+// BatchedMatMulTBF16Act is BatchedMatMulTBF16 with the activations
+// rounded to bfloat16 (MatMulTBF16Act).
+func BatchedMatMulTBF16Act(ys [][]float32, x []float32, T, K int, w []uint16, N int) {
+	batched(ys, x, T, K, N, func(dst, xg []float32, g, n0, n1 int) {
+		MatMulTBF16ActSerial(dst, xg, T, K, w[(g*N+n0)*K:(g*N+n1)*K], n1-n0)
+	})
+}
+
 // batched runs the G groups' column chunks in one parallel region; mm
 // computes group g's columns [n0, n1) into dst ([T][n1-n0]).
 func batched(ys [][]float32, x []float32, T, K, N int, mm func(dst, xg []float32, g, n0, n1 int)) {

@@ -1,7 +1,9 @@
 // Package gemm multiplies activations by weight matrices stored PyTorch-style
 // ([out_features, in_features], row-major): y[t][n] = Σ_k x[t][k]·w[n][k],
 // with fp32 weights (MatMulT) or bfloat16 weights widened exactly to fp32
-// (MatMulTBF16), accumulating in fp32.
+// (MatMulTBF16), accumulating in fp32; MatMulTBF16Act (precision bf16)
+// also rounds the activations to bfloat16 and, with AVX-512 BF16, multiplies
+// with VDPBF16PS.
 //
 // Implementations: pure Go ("go"), and register-blocked SIMD microkernels in
 // Go assembly ("avx2": AVX2+FMA, "avx512": AVX-512 F/BW/DQ/VL) chosen at

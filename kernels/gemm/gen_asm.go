@@ -296,6 +296,141 @@ func (g *gen) kernel(is isa, dt string, R, C int) {
 	g.i("RET")
 }
 
+// vdpbf16ps encodes VDPBF16PS zmm(src3), zmm(src2), zmm(dst) (Go operand
+// order: dst += pairwise bf16 products of src2 and src3) as bytes: the Go
+// assembler does not know the instruction. EVEX.512.F3.0F38.W0 52 /r with
+// register operands: P0 = R̄ X̄ B̄ R̄' 0 0 1 0, P1 = 0 v̄v̄v̄v̄ 1 1 0,
+// P2 = 0 1 0 0 V̄' 0 0 0, ModRM = 11 reg rm.
+func vdpbf16ps(src3, src2, dst int) string {
+	bit := func(v, b int) int { return (v >> b) & 1 }
+	p0 := (1-bit(dst, 3))<<7 | (1-bit(src3, 4))<<6 | (1-bit(src3, 3))<<5 | (1-bit(dst, 4))<<4 | 0x2
+	p1 := (^src2&15)<<3 | 0x6
+	p2 := 0x40 | (1-bit(src2, 4))<<3
+	modrm := 0xc0 | (dst&7)<<3 | src3&7
+	return fmt.Sprintf("BYTE $0x62; BYTE $0x%02x; BYTE $0x%02x; BYTE $0x%02x; BYTE $0x52; BYTE $0x%02x // VDPBF16PS Z%d, Z%d, Z%d",
+		p0, p1, p2, modrm, src3, src2, dst)
+}
+
+// kernelBB emits one R×C AVX-512 BF16 microkernel: bf16 activations × bf16
+// weights with VDPBF16PS (each fp32 lane accumulates the products of a pair
+// of bf16 elements, so a vector covers 32 k). The activations are packed
+// bf16 vector by vector like the fp32 kernels' (x_i[v*32+l] at
+// x[(v*R+i)*32+l], zero past K, so they need no tail mask); the weights are
+// read in place, the K mod 32 tail with a 32-bit word mask (tail).
+func (g *gen) kernelBB(R, C int) {
+	is := avx512
+	name := kname(is, "bb", R, C)
+	const vb = 64 // bytes of one vector (32 bf16)
+	xres := R <= C
+	acc := func(i, j int) string { return fmt.Sprintf("Z%d", i*C+j) }
+	accN := func(i, j int) int { return i*C + j }
+	nacc := R * C
+	var xr, wr []int
+	next := nacc
+	if xres {
+		for i := 0; i < R; i++ {
+			xr = append(xr, next)
+			next++
+		}
+	} else {
+		for j := 0; j < C; j++ {
+			wr = append(wr, next)
+			next++
+		}
+	}
+	tmp := next
+	next++
+	if next > is.nreg {
+		panic(fmt.Sprintf("%s: needs %d vector registers", name, next))
+	}
+	z := func(n int) string { return fmt.Sprintf("Z%d", n) }
+	xm := func(i int) string { return fmt.Sprintf("%d(SI)", i*vb) }
+	wm := func(j int) string { return wrows.addr(j, 0) }
+
+	g.p("")
+	g.p("// func %s%s", name, sig)
+	g.p("TEXT ·%s(SB), NOSPLIT, $0-64", name)
+	g.i("MOVQ x+0(FP), SI")
+	g.setup(wrows, C, "w+8(FP)", "ldw+24(FP)")
+	for k := 0; k < nacc; k++ {
+		g.i("VPXORD Z%d, Z%d, Z%d", k, k, k)
+	}
+	g.i("MOVQ nvec+40(FP), CX")
+	g.i("TESTQ CX, CX")
+	g.i("JZ tail")
+	g.i("MOVQ flags+56(FP), AX")
+	g.i("TESTQ $1, AX")
+	g.i("JNZ pstart")
+	g.p("loop:")
+	loadW := func(j, r int, masked bool) {
+		if masked {
+			g.i("VMOVDQU16.Z %s, K1, %s", wm(j), z(r))
+		} else {
+			g.i("VMOVDQU32 %s, %s", wm(j), z(r))
+		}
+	}
+	body := func(masked bool) {
+		if xres {
+			for i := 0; i < R; i++ {
+				g.i("VMOVDQU32 %s, %s", xm(i), z(xr[i]))
+			}
+			for j := 0; j < C; j++ {
+				loadW(j, tmp, masked)
+				for i := 0; i < R; i++ {
+					g.i(vdpbf16ps(tmp, xr[i], accN(i, j)))
+				}
+			}
+		} else {
+			for j := 0; j < C; j++ {
+				loadW(j, wr[j], masked)
+			}
+			for i := 0; i < R; i++ {
+				g.i("VMOVDQU32 %s, %s", xm(i), z(tmp))
+				for j := 0; j < C; j++ {
+					g.i(vdpbf16ps(wr[j], tmp, accN(i, j)))
+				}
+			}
+		}
+	}
+	bump := func() {
+		g.i("ADDQ $%d, SI", R*vb)
+		g.i("ADDQ $%d, %s", vb, wrows.b0)
+		if C > 4 {
+			g.i("ADDQ $%d, %s", vb, wrows.b4)
+		}
+	}
+	body(false)
+	bump()
+	g.i("DECQ CX")
+	g.i("JNZ loop")
+	g.i("JMP tail")
+	g.p("pstart:")
+	g.i("MOVQ ldw+24(FP), DI")
+	g.i("IMULQ $%d, DI", C)
+	g.i("ADDQ %s, DI", wrows.b0)
+	g.p("ploop:")
+	body(false)
+	for m := 0; m < C; m++ {
+		g.i("PREFETCHT1 %d(DI)", 64*m)
+	}
+	bump()
+	g.i("ADDQ $%d, DI", C*vb)
+	g.i("DECQ CX")
+	g.i("JNZ ploop")
+	g.p("tail:")
+	g.i("MOVQ tail+48(FP), AX")
+	g.i("TESTQ AX, AX")
+	g.i("JZ done")
+	g.i("KMOVD AX, K1")
+	body(true)
+	g.p("done:")
+	g.i("MOVQ dst+16(FP), AX")
+	g.i("MOVQ ldd+32(FP), R12")
+	g.reduce(is, R, C, acc, nacc)
+	g.i("VZEROUPPER")
+	g.i("RET")
+}
+
 // reduce sums each accumulator horizontally and stores row i's C results at
 // AX + i*R12. Free vector registers start at index free.
 func (g *gen) reduce(is isa, R, C int, acc func(i, j int) string, free int) {
@@ -551,6 +686,28 @@ func main() {
 					d.p("")
 					d.p("//go:noescape")
 					d.p("func %s%s", kname(is, dt, rc[0], c), sig)
+				}
+			}
+		}
+		if is.name == "avx512" {
+			d.p("")
+			d.p("// bb_avx512 are the AVX-512 BF16 kernels (bf16 activations × bf16")
+			d.p("// weights, VDPBF16PS).")
+			d.p("var bb_avx512 = kernelSet{")
+			for _, rc := range shapes[is.name] {
+				d.p("\t%d: {", rc[0])
+				for c := 1; c <= rc[1]; c++ {
+					d.p("\t\t%d: %s,", c, kname(is, "bb", rc[0], c))
+				}
+				d.p("\t},")
+			}
+			d.p("}")
+			for _, rc := range shapes[is.name] {
+				for c := 1; c <= rc[1]; c++ {
+					s.kernelBB(rc[0], c)
+					d.p("")
+					d.p("//go:noescape")
+					d.p("func %s%s", kname(is, "bb", rc[0], c), sig)
 				}
 			}
 		}

@@ -89,6 +89,7 @@ type simdImpl struct {
 	maskTail bool // tail argument is a lane mask (else a count)
 	f32      *kernelSet
 	bf16     *kernelSet
+	bb       *kernelSet // VDPBF16PS kernels (bf16 activations); nil without AVX-512 BF16
 	// rows are the row-tile heights, descending, ending with 1; cTile[r] is
 	// the main tile width (weight rows) for row-tile height r.
 	rows  []int

@@ -352,6 +352,105 @@ func bf16_avx512_r4c5(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uint
 //go:noescape
 func bf16_avx512_r4c6(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
 
+// bb_avx512 are the AVX-512 BF16 kernels (bf16 activations × bf16
+// weights, VDPBF16PS).
+var bb_avx512 = kernelSet{
+	1: {
+		1: bb_avx512_r1c1,
+		2: bb_avx512_r1c2,
+		3: bb_avx512_r1c3,
+		4: bb_avx512_r1c4,
+		5: bb_avx512_r1c5,
+		6: bb_avx512_r1c6,
+		7: bb_avx512_r1c7,
+		8: bb_avx512_r1c8,
+	},
+	2: {
+		1: bb_avx512_r2c1,
+		2: bb_avx512_r2c2,
+		3: bb_avx512_r2c3,
+		4: bb_avx512_r2c4,
+		5: bb_avx512_r2c5,
+		6: bb_avx512_r2c6,
+		7: bb_avx512_r2c7,
+		8: bb_avx512_r2c8,
+	},
+	4: {
+		1: bb_avx512_r4c1,
+		2: bb_avx512_r4c2,
+		3: bb_avx512_r4c3,
+		4: bb_avx512_r4c4,
+		5: bb_avx512_r4c5,
+		6: bb_avx512_r4c6,
+	},
+}
+
+//go:noescape
+func bb_avx512_r1c1(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r1c2(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r1c3(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r1c4(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r1c5(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r1c6(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r1c7(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r1c8(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r2c1(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r2c2(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r2c3(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r2c4(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r2c5(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r2c6(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r2c7(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r2c8(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r4c1(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r4c2(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r4c3(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r4c4(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r4c5(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
+//go:noescape
+func bb_avx512_r4c6(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
+
 //go:noescape
 func pack_avx512(dst, x unsafe.Pointer, ldx, nv, r uintptr)
 

@@ -29,7 +29,12 @@ func simdImpls() []*impl {
 	}
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL &&
 		cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ {
+		var bb *kernelSet
+		if cpu.X86.HasAVX512BF16 {
+			bb = &bb_avx512
+		}
 		ims = append(ims, &impl{name: "avx512", simd: &simdImpl{
+			bb:       bb,
 			vw:       16,
 			maskTail: true,
 			f32:      &f32_avx512,

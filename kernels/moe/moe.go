@@ -100,8 +100,12 @@ type Experts struct {
 	// GateB/UpB/DownB, when set, hold the same weights as bfloat16 bits
 	// (used instead of Gate/Up/Down).
 	GateB, UpB, DownB [][]uint16
-	Limit             float32
-	GEMM              gemm.Params
+	// BF16Act rounds the activations of the bf16-weight GEMMs to bfloat16
+	// (gemm.MatMulTBF16Act: the precision bf16 mode); fp32 weights are
+	// unaffected.
+	BF16Act bool
+	Limit   float32
+	GEMM    gemm.Params
 }
 
 // Forward computes dst[t] = Σ_k w[t][k]·Expert_{idx[t][k]}(x[t]) for T tokens
@@ -134,10 +138,14 @@ func (ex *Experts) Forward(dst, x []float32, idx []int32, w []float32, T, K int)
 		u := make([]float32, n*I)
 		y := make([]float32, n*D)
 		if ex.GateB != nil {
-			gemm.MatMulTBF16Serial(g, xs, n, D, ex.GateB[e], I)
-			gemm.MatMulTBF16Serial(u, xs, n, D, ex.UpB[e], I)
+			mm := gemm.MatMulTBF16Serial
+			if ex.BF16Act {
+				mm = gemm.MatMulTBF16ActSerial
+			}
+			mm(g, xs, n, D, ex.GateB[e], I)
+			mm(u, xs, n, D, ex.UpB[e], I)
 			act.SwiGLUSerial(g, g, u, ex.Limit)
-			gemm.MatMulTBF16Serial(y, g, n, I, ex.DownB[e], D)
+			mm(y, g, n, I, ex.DownB[e], D)
 		} else {
 			serialMatMulT(g, xs, n, D, ex.Gate[e], I)
 			serialMatMulT(u, xs, n, D, ex.Up[e], I)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/kernels/act"
+	"github.com/glmflash/glmflash/kernels/gemm"
 	"github.com/stretchr/testify/require"
 )
 
@@ -88,4 +89,58 @@ func TestExpertsMatchPerTokenReference(t *testing.T) {
 			require.InDelta(t, want, got[t0*D+d], 1e-4*(1+math.Abs(want)))
 		}
 	}
+}
+
+// BF16Act runs the bf16-weight experts on bf16-rounded activations: the
+// output equals the fp32-activation one with the rounding applied to each
+// GEMM's input (a reference built here), and differs from the unrounded.
+func TestExpertsBF16Act(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	const N, D, I, T, K = 3, 40, 24, 5, 2
+	bf := func(n int) []uint16 {
+		s := make([]uint16, n)
+		for i := range s {
+			s[i] = gemm.Float32ToBF16(float32(r.NormFloat64() * 0.3))
+		}
+		return s
+	}
+	ex := &Experts{N: N, D: D, I: I, Limit: 10}
+	for range N {
+		ex.GateB, ex.UpB, ex.DownB = append(ex.GateB, bf(I*D)), append(ex.UpB, bf(I*D)), append(ex.DownB, bf(D*I))
+	}
+	x := make([]float32, T*D)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	idx := []int32{0, 1, 1, 2, 0, 2, 2, 1, 0, 1}
+	w := []float32{0.5, 0.5, 0.3, 0.7, 1, 0.2, 0.6, 0.4, 0.9, 0.1}
+	plain, rounded := make([]float32, T*D), make([]float32, T*D)
+	ex.Forward(plain, x, idx, w, T, K)
+	ex.BF16Act = true
+	ex.Forward(rounded, x, idx, w, T, K)
+	require.Greater(t, gemm.MaxRelDiff(rounded, plain), 1e-4)
+	require.Less(t, gemm.MaxRelDiff(rounded, plain), 5e-2)
+	// reference: token by token, each GEMM input rounded, products widened
+	rnd := func(v []float32) []float32 {
+		o := make([]float32, len(v))
+		for i, f := range v {
+			o[i] = gemm.BF16ToFloat32(gemm.Float32ToBF16(f))
+		}
+		return o
+	}
+	want := make([]float32, T*D)
+	for t0 := 0; t0 < T; t0++ {
+		for k := 0; k < K; k++ {
+			e, xs := idx[t0*K+k], rnd(x[t0*D:(t0+1)*D])
+			g, u, y := make([]float32, I), make([]float32, I), make([]float32, D)
+			gemm.MatMulTBF16Naive(g, xs, 1, D, ex.GateB[e], I)
+			gemm.MatMulTBF16Naive(u, xs, 1, D, ex.UpB[e], I)
+			act.SwiGLUSerial(g, g, u, ex.Limit)
+			gemm.MatMulTBF16Naive(y, rnd(g), 1, I, ex.DownB[e], D)
+			for d := range y {
+				want[t0*D+d] += w[t0*K+k] * y[d]
+			}
+		}
+	}
+	require.Less(t, gemm.MaxRelDiff(rounded, want), 1e-4)
 }

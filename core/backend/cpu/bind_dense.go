@@ -109,10 +109,11 @@ func bindLinear(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(rc *r
 	}
 	K, N := in[0].Shape[1], outs[0].Shape[1]
 	if Wb != nil {
+		mm := p.bf16MatMul()
 		return func(rc *runCtx) error {
 			y := rc.out(outs[0])
 			R := rc.rows(in[0])
-			gemm.MatMulTBF16With(prm(R), y, rc.in(in[0]), R, K, Wb, N)
+			mm(prm(R), y, rc.in(in[0]), R, K, Wb, N)
 			return nil
 		}, nil
 	}
@@ -132,11 +133,12 @@ func bindLinearSplit(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(
 	}
 	K, N := in[0].Shape[1], in[1].Shape[0]
 	splits := n.Attrs.Ints("splits")
+	mm := p.bf16MatMul()
 	return func(rc *runCtx) error {
 		R := rc.rows(in[0])
 		tmp := rc.p.alloc(R * N)
 		if Wb != nil {
-			gemm.MatMulTBF16With(prm(R), tmp, rc.in(in[0]), R, K, Wb, N)
+			mm(prm(R), tmp, rc.in(in[0]), R, K, Wb, N)
 		} else {
 			gemm.MatMulTWith(prm(R), tmp, rc.in(in[0]), R, K, W, N)
 		}
@@ -160,6 +162,10 @@ func bindLinearBatched(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		return nil, fmt.Errorf("linear_batched: %w", err)
 	}
 	G, N, K := in[1].Shape[0], in[1].Shape[1], in[1].Shape[2]
+	bmm := gemm.BatchedMatMulTBF16
+	if p.bf16Act() {
+		bmm = gemm.BatchedMatMulTBF16Act
+	}
 	return func(rc *runCtx) error {
 		R := rc.rows(in[0])
 		x := rc.in(in[0])
@@ -168,7 +174,7 @@ func bindLinearBatched(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			ys[g] = rc.out(outs[g])
 		}
 		if Wb != nil {
-			gemm.BatchedMatMulTBF16(ys, x, R, K, Wb, N)
+			bmm(ys, x, R, K, Wb, N)
 		} else {
 			gemm.BatchedMatMulT(ys, x, R, K, W, N)
 		}

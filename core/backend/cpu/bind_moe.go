@@ -30,7 +30,7 @@ func bindMoERoute(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 func bindMoEExperts(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs, a := n.Inputs, n.Outputs, n.Attrs
 	E, I, D := in[3].Shape[0], in[3].Shape[1], in[3].Shape[2]
-	ex := &moe.Experts{N: E, D: D, I: I, Limit: float32(a.Float("limit", 0))}
+	ex := &moe.Experts{N: E, D: D, I: I, Limit: float32(a.Float("limit", 0)), BF16Act: p.bf16Act()}
 	var bf [3][][]uint16
 	var f [3][]float32
 	for i := range 3 {

@@ -18,8 +18,10 @@ import (
 
 func init() {
 	backend.Register("cpu", func(o backend.Options) (backend.Backend, error) {
-		if o.Precision != "" && o.Precision != "fp32" {
-			return nil, fmt.Errorf("cpu backend: precision %q is not implemented (only fp32)", o.Precision)
+		switch o.Precision {
+		case "", "fp32", "bf16":
+		default:
+			return nil, fmt.Errorf("cpu backend: precision %q is not implemented (fp32 or bf16)", o.Precision)
 		}
 		return New(o), nil
 	}, boundOps)
@@ -97,8 +99,13 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 
 // Info describes the CPU; Memory is the bytes of the weights bound so far
 // by dtype and place (MemBF16Mapped, MemBF16, MemFP32).
+// Precision is the option's ("fp32" when unset).
 func (b *Backend) Info() backend.Info {
-	return backend.Info{Backend: "cpu", Device: fmt.Sprintf("%s/%s, %d threads", runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0)), Precision: "fp32",
+	prec := b.opts.Precision
+	if prec == "" {
+		prec = "fp32"
+	}
+	return backend.Info{Backend: "cpu", Device: fmt.Sprintf("%s/%s, %d threads", runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0)), Precision: prec,
 		Memory: b.w.memory()}
 }
 

@@ -3,6 +3,7 @@ package cpu
 import (
 	"testing"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/kernels/gemm"
@@ -60,4 +61,20 @@ func TestFP8DequantIsExactOrRefused(t *testing.T) {
 	require.Nil(t, b, "1/3 scales are not bf16-exact")
 	require.Len(t, w.anon, 3)
 	require.NoError(t, w.close())
+}
+
+// The cpu backend opens in both precisions and says which; programs in
+// bf16 pick the bf16-activation product for bf16 weights.
+func TestPrecisionBF16IsAccepted(t *testing.T) {
+	for _, prec := range []string{"", "fp32", "bf16"} {
+		b, err := backend.Open("cpu", backend.Options{Precision: prec})
+		require.NoError(t, err, prec)
+		want := prec
+		if want == "" {
+			want = "fp32"
+		}
+		require.Equal(t, want, b.Info().Precision)
+		require.Equal(t, prec == "bf16", (&Program{opts: b.(*Backend).opts}).bf16Act())
+		require.NoError(t, b.Close())
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
+	"github.com/glmflash/glmflash/kernels/gemm"
 )
 
 // Program is a plan bound to CPU kernels. Run calls are serialized.
@@ -54,6 +55,21 @@ func (p *Program) gemmWeight(v *ir.Value) (bf []uint16, f []float32, err error) 
 	}
 	p.gemmBound[v] = true
 	return b.bf, b.f, nil
+}
+
+// bf16Act reports precision bf16: GEMMs with bf16 weights take their
+// activations rounded to bfloat16 (gemm.MatMulTBF16Act, VDPBF16PS where
+// the CPU has AVX-512 BF16) and accumulate in fp32. GEMMs whose weights are
+// bound as float32 (not bf16-exact, or FP32Weights) and every other op stay
+// fp32.
+func (p *Program) bf16Act() bool { return p.opts.Precision == "bf16" }
+
+// bf16MatMul is the product of bf16 weights in this program's precision.
+func (p *Program) bf16MatMul() func(gemm.Params, []float32, []float32, int, int, []uint16, int) {
+	if p.bf16Act() {
+		return gemm.MatMulTBF16ActWith
+	}
+	return gemm.MatMulTBF16With
 }
 
 // stackedWeight binds a stacked GEMM weight [E][rows][cols] (MoE experts)

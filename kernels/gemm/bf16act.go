@@ -1,0 +1,176 @@
+package gemm
+
+import (
+	"sync"
+	"unsafe"
+)
+
+// BF16 activations (the precision bf16 mode): the activations are rounded
+// to bfloat16 (nearest even, Float32ToBF16) once per product and multiplied
+// by bfloat16 weights with fp32 accumulation. With AVX-512 BF16 (and the
+// avx512 implementation in use) the microkernels use VDPBF16PS, which
+// multiplies pairs of bf16 exactly and adds them into fp32 lanes; elsewhere
+// the rounded activations are widened back to fp32 and multiplied with the
+// bf16-weight kernels (same products, different fp32 summation order).
+
+// bf16Lanes is the number of bf16 elements in one VDPBF16PS vector.
+const bf16Lanes = 32
+
+// MatMulTBF16Act computes dst[T×N] = bf16(x)[T×K] · w[N×K]ᵀ: the
+// activations rounded to bfloat16, bfloat16 weights, fp32 accumulation.
+func MatMulTBF16Act(dst, x []float32, T, K int, w []uint16, N int) {
+	MatMulTBF16ActWith(Default(), dst, x, T, K, w, N)
+}
+
+// MatMulTBF16ActWith is MatMulTBF16Act with explicit tuning parameters
+// (results do not depend on them).
+func MatMulTBF16ActWith(p Params, dst, x []float32, T, K int, w []uint16, N int) {
+	matMulTBF16Act(p.norm(), false, dst, x, T, K, w, N)
+}
+
+// MatMulTBF16ActSerial is MatMulTBF16Act on the calling goroutine only.
+func MatMulTBF16ActSerial(dst, x []float32, T, K int, w []uint16, N int) {
+	matMulTBF16Act(Default(), true, dst, x, T, K, w, N)
+}
+
+// BF16Dot reports whether MatMulTBF16Act runs on the VDPBF16PS kernels
+// (AVX-512 BF16 present and the avx512 implementation in use); otherwise
+// it widens the rounded activations and uses the fp32 FMA kernels.
+func BF16Dot() bool {
+	s := cur.Load().simd
+	return s != nil && s.bb != nil
+}
+
+var buf16Pool = sync.Pool{New: func() any { return new([]uint16) }}
+
+func getBuf16(n int) *[]uint16 {
+	b := buf16Pool.Get().(*[]uint16)
+	if cap(*b) < n {
+		*b = make([]uint16, n)
+	}
+	*b = (*b)[:n]
+	return b
+}
+
+func matMulTBF16Act(p Params, serial bool, dst, x []float32, T, K int, w []uint16, N int) {
+	if !checkShapes(dst, x, T, K, N, len(w)) {
+		return
+	}
+	im := cur.Load()
+	if s := im.simd; s != nil && s.bb != nil {
+		// Round once into rows padded to whole vectors (zeros past K).
+		kp := (K + bf16Lanes - 1) / bf16Lanes * bf16Lanes
+		xb := getBuf16(T * kp)
+		defer buf16Pool.Put(xb)
+		for t := 0; t < T; t++ {
+			row := (*xb)[t*kp : t*kp+kp]
+			roundRowBF16(row, x[t*K:t*K+K])
+			clear(row[K:])
+		}
+		body := func(t0, t1, n0, n1 int) {
+			s.runBB(p, unsafe.Pointer(&dst[0]), *xb, kp, unsafe.Pointer(&w[0]), K, N, t0, t1, n0, n1)
+		}
+		if serial {
+			body(0, T, 0, N)
+		} else {
+			forTiles(p, T, N, body)
+		}
+		return
+	}
+	// Fallback: the rounded activations widened back to fp32.
+	xr := getBuf(T * K)
+	defer bufPool.Put(xr)
+	for i, v := range x[:T*K] {
+		(*xr)[i] = BF16ToFloat32(Float32ToBF16(v))
+	}
+	matMulTBF16(p, serial, dst, *xr, T, K, w, N)
+}
+
+// runBB is run for the VDPBF16PS kernels: rows [t0,t1) × columns [n0,n1)
+// of dst on the calling goroutine. xb holds the rounded activations, rows
+// of kp (K padded to whole vectors) bf16 values. Strips of r > 1 rows are
+// repacked vector by vector (the layout of packStrip, in bf16).
+func (s *simdImpl) runBB(p Params, dst unsafe.Pointer, xb []uint16, kp int, w unsafe.Pointer, K, N, t0, t1, n0, n1 int) {
+	var sb [32]strip
+	var bb [8]int
+	strips := sb[:0]
+	blocks := bb[:0]
+	var packed int
+	nv := kp / bf16Lanes
+	rb := min(p.RowBlock, max(8, blockBytes/(kp*2)/8*8))
+	for tb := t0; tb < t1; tb += rb {
+		blocks = append(blocks, len(strips))
+		te := min(tb+rb, t1)
+		for t := tb; t < te; {
+			r := 1
+			for _, h := range s.rows {
+				if h <= te-t {
+					r = h
+					break
+				}
+			}
+			strips = append(strips, strip{t: t, r: r})
+			if r > 1 {
+				packed += nv * r * bf16Lanes
+			}
+			t += r
+		}
+	}
+	blocks = append(blocks, len(strips))
+	var pb *[]uint16
+	if packed > 0 {
+		pb = getBuf16(packed)
+		defer buf16Pool.Put(pb)
+	}
+	off := 0
+	for i := range strips {
+		st := &strips[i]
+		if st.r == 1 {
+			st.x = unsafe.Pointer(&xb[st.t*kp])
+			continue
+		}
+		buf := (*pb)[off : off+nv*st.r*bf16Lanes]
+		off += len(buf)
+		for v := 0; v < nv; v++ {
+			for i := 0; i < st.r; i++ {
+				o := (st.t+i)*kp + v*bf16Lanes
+				copy(buf[(v*st.r+i)*bf16Lanes:], xb[o:o+bf16Lanes])
+			}
+		}
+		st.x = unsafe.Pointer(&buf[0])
+	}
+
+	nc := n1 - n0
+	if len(blocks) > 2 {
+		nc = max(1, panelBytes/(K*2*24)) * 24
+	}
+	ldw, ldd := uintptr(K)*2, uintptr(N)*4
+	nvec, tail := uintptr(K/bf16Lanes), uintptr(1)<<(K%bf16Lanes)-1
+	for np := n0; np < n1; np += nc {
+		ne := min(np+nc, n1)
+		for b := 0; b+1 < len(blocks); b++ {
+			blk := strips[blocks[b]:blocks[b+1]]
+			for len(blk) > 0 {
+				r := blk[0].r
+				g := 1
+				for g < len(blk) && blk[g].r == r {
+					g++
+				}
+				var flags uintptr
+				if r >= prefetchRows {
+					flags = kPrefetch
+				}
+				for n := np; n < ne; {
+					c := min(s.cTile[r], ne-n)
+					k := s.bb[r][c]
+					wp := unsafe.Add(w, uintptr(n)*ldw)
+					for _, st := range blk[:g] {
+						k(st.x, wp, unsafe.Add(dst, uintptr(st.t*N+n)*4), ldw, ldd, nvec, tail, flags)
+					}
+					n += c
+				}
+				blk = blk[g:]
+			}
+		}
+	}
+}
