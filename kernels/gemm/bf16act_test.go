@@ -1,7 +1,6 @@
 package gemm
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -134,7 +133,7 @@ func BenchmarkBF16Act(b *testing.B) {
 		b.ReportMetric(act[rounds/2], "bf16act_GFLOP/s")
 		b.ReportMetric(wgt[rounds/2], "fp32act_GFLOP/s")
 		b.ReportMetric(act[rounds/2]/wgt[rounds/2], "speedup")
-		b.Log(fmt.Sprintf("impl %s, VDPBF16PS %v: bf16 act %v, fp32 act %v", Impl(), BF16Dot(), act, wgt))
+		b.Logf("impl %s, VDPBF16PS %v: bf16 act %v, fp32 act %v", Impl(), BF16Dot(), act, wgt)
 	}
 }
 
