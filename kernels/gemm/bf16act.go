@@ -98,25 +98,7 @@ func (s *simdImpl) runBB(p Params, dst unsafe.Pointer, xb []uint16, kp int, w un
 	var packed int
 	nv := kp / bf16Lanes
 	rb := min(p.RowBlock, max(8, blockBytes/(kp*2)/8*8))
-	for tb := t0; tb < t1; tb += rb {
-		blocks = append(blocks, len(strips))
-		te := min(tb+rb, t1)
-		for t := tb; t < te; {
-			r := 1
-			for _, h := range s.rows {
-				if h <= te-t {
-					r = h
-					break
-				}
-			}
-			strips = append(strips, strip{t: t, r: r})
-			if r > 1 {
-				packed += nv * r * bf16Lanes
-			}
-			t += r
-		}
-	}
-	blocks = append(blocks, len(strips))
+	strips, blocks, packed = cutStrips(s.rows, t0, t1, rb, nv*bf16Lanes, strips, blocks)
 	var pb *[]uint16
 	if packed > 0 {
 		pb = getBuf16(packed)

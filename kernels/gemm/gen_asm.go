@@ -252,48 +252,17 @@ func (g *gen) kernel(is isa, dt string, R, C int) {
 			g.i("ADDQ $%d, %s", wstep, wrows.b4)
 		}
 	}
-	body(false)
-	bump()
-	g.i("DECQ CX")
-	g.i("JNZ loop")
-	g.i("JMP tail")
-	// With flags&1 (prefetch), the same loop also prefetches the next tile
-	// (the next C weight rows, C·ldw contiguous bytes) into L2, sweeping it
-	// linearly at the pace the current tile is consumed. (Every strip of a
-	// tile prefetches: measured better than only the first.)
-	g.p("pstart:")
-	g.i("MOVQ ldw+24(FP), DI")
-	g.i("IMULQ $%d, DI", C)
-	g.i("ADDQ %s, DI", wrows.b0)
-	g.p("ploop:")
-	body(false)
-	for m := 0; m < (C*wstep+63)/64; m++ {
-		g.i("PREFETCHT1 %d(DI)", 64*m)
+	mask512 := func() { g.i("KMOVW AX, K1") }
+	if is.name != "avx512" {
+		mask512 = func() {
+			// mask = first AX lanes set: 8 dwords at maskTab+32-4·AX.
+			g.i("LEAQ maskTab<>+32(SB), R13")
+			g.i("NEGQ AX")
+			g.i("VMOVDQU (R13)(AX*4), %s", mask)
+			g.i("NEGQ AX")
+		}
 	}
-	bump()
-	g.i("ADDQ $%d, DI", C*wstep)
-	g.i("DECQ CX")
-	g.i("JNZ ploop")
-	g.p("tail:")
-	g.i("MOVQ tail+48(FP), AX")
-	g.i("TESTQ AX, AX")
-	g.i("JZ done")
-	if is.name == "avx512" {
-		g.i("KMOVW AX, K1")
-	} else {
-		// mask = first AX lanes set: 8 dwords at maskTab+32-4·AX.
-		g.i("LEAQ maskTab<>+32(SB), R13")
-		g.i("NEGQ AX")
-		g.i("VMOVDQU (R13)(AX*4), %s", mask)
-		g.i("NEGQ AX")
-	}
-	body(true)
-	g.p("done:")
-	g.i("MOVQ dst+16(FP), AX")
-	g.i("MOVQ ldd+32(FP), R12")
-	g.reduce(is, R, C, acc, nacc)
-	g.i("VZEROUPPER")
-	g.i("RET")
+	g.loops(is, R, C, body, bump, C*wstep, mask512, acc, nacc)
 }
 
 // vdpbf16ps encodes VDPBF16PS zmm(src3), zmm(src2), zmm(dst) (Go operand
@@ -399,6 +368,17 @@ func (g *gen) kernelBB(R, C int) {
 			g.i("ADDQ $%d, %s", vb, wrows.b4)
 		}
 	}
+	g.loops(is, R, C, body, bump, C*vb, func() { g.i("KMOVD AX, K1") }, acc, nacc)
+}
+
+// loops emits what follows a kernel's "loop:" label once its k-step is
+// defined: the loop's end; its copy that also prefetches the next tile (the
+// next C weight rows, step contiguous bytes) into L2, sweeping it linearly
+// at the pace the current tile is consumed (every strip of a tile
+// prefetches: measured better than only the first); the masked tail
+// (setMask turns the tail count in AX into the mask); and the reduction.
+// body(masked) is one k-step, bump advances the pointers after it.
+func (g *gen) loops(is isa, R, C int, body func(masked bool), bump func(), step int, setMask func(), acc func(i, j int) string, nacc int) {
 	body(false)
 	bump()
 	g.i("DECQ CX")
@@ -410,18 +390,18 @@ func (g *gen) kernelBB(R, C int) {
 	g.i("ADDQ %s, DI", wrows.b0)
 	g.p("ploop:")
 	body(false)
-	for m := 0; m < C; m++ {
+	for m := 0; m < (step+63)/64; m++ {
 		g.i("PREFETCHT1 %d(DI)", 64*m)
 	}
 	bump()
-	g.i("ADDQ $%d, DI", C*vb)
+	g.i("ADDQ $%d, DI", step)
 	g.i("DECQ CX")
 	g.i("JNZ ploop")
 	g.p("tail:")
 	g.i("MOVQ tail+48(FP), AX")
 	g.i("TESTQ AX, AX")
 	g.i("JZ done")
-	g.i("KMOVD AX, K1")
+	setMask()
 	body(true)
 	g.p("done:")
 	g.i("MOVQ dst+16(FP), AX")

@@ -136,6 +136,33 @@ type strip struct {
 	x    unsafe.Pointer
 }
 
+// cutStrips cuts rows [t0,t1) into blocks of rb rows and each block into
+// strips of the tallest row tile of rows (tallest first) that fits,
+// appending them to strips and each block's first strip index, then the end
+// index, to blocks (strips[blocks[b]:blocks[b+1]] is block b). packed is the
+// elements the packed strips (r > 1) need, perRow per row.
+func cutStrips(rows []int, t0, t1, rb, perRow int, strips []strip, blocks []int) (_ []strip, _ []int, packed int) {
+	for tb := t0; tb < t1; tb += rb {
+		blocks = append(blocks, len(strips))
+		te := min(tb+rb, t1)
+		for t := tb; t < te; {
+			r := 1
+			for _, h := range rows {
+				if h <= te-t {
+					r = h
+					break
+				}
+			}
+			strips = append(strips, strip{t: t, r: r})
+			if r > 1 {
+				packed += perRow * r
+			}
+			t += r
+		}
+	}
+	return strips, append(blocks, len(strips)), packed
+}
+
 // run computes rows [t0,t1) × columns [n0,n1) of dst on the calling
 // goroutine with microkernels from ks; wsz is the byte size of a weight
 // element. Rows are taken RowBlock at a time, each block cut into strips of
@@ -152,25 +179,7 @@ func (s *simdImpl) run(ks *kernelSet, p Params, dst, x, w unsafe.Pointer, wsz ui
 	nv := (K + s.vw - 1) / s.vw
 	// Keep a row block of packed activations within about blockBytes.
 	rb := min(p.RowBlock, max(8, blockBytes/(K*4)/8*8))
-	for tb := t0; tb < t1; tb += rb {
-		blocks = append(blocks, len(strips))
-		te := min(tb+rb, t1)
-		for t := tb; t < te; {
-			r := 1
-			for _, h := range s.rows {
-				if h <= te-t {
-					r = h
-					break
-				}
-			}
-			strips = append(strips, strip{t: t, r: r})
-			if r > 1 {
-				packed += nv * r * s.vw
-			}
-			t += r
-		}
-	}
-	blocks = append(blocks, len(strips))
+	strips, blocks, packed = cutStrips(s.rows, t0, t1, rb, nv*s.vw, strips, blocks)
 	var pb *[]float32
 	if packed > 0 {
 		pb = getBuf(packed)

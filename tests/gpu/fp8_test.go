@@ -7,6 +7,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/eval"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
@@ -112,13 +113,7 @@ func TestCUDAFP8WeightsStayFP8(t *testing.T) {
 func argmaxRows(logits []float32, V int) []int {
 	var out []int
 	for r := 0; r+V <= len(logits); r += V {
-		best := 0
-		for j, v := range logits[r : r+V] {
-			if v > logits[r+best] {
-				best = j
-			}
-		}
-		out = append(out, best)
+		out = append(out, eval.Argmax(logits[r:r+V]))
 	}
 	return out
 }

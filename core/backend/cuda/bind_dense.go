@@ -126,6 +126,21 @@ func libWeight(dev *kc.Device, W devTensor, tmp func() kc.DevicePtr) (kc.DeviceP
 	return t, dequantBF16(dev, W, t)
 }
 
+// libOperands are a library GEMM's inputs: the n activations at A, rounded
+// to bf16 into temporary abf in precision bf16, and W's pointer, an fp8
+// weight's bf16 dequantization into temporary wtmp (asked for only then:
+// only fp8 GEMMs have that temporary).
+func libOperands(rc *runCtx, bf bool, A kc.DevicePtr, n, abf int, W devTensor, wtmp int) (kc.DevicePtr, kc.DevicePtr, error) {
+	if bf {
+		if err := castBF16(rc.dev, A, n, rc.temps[abf]); err != nil {
+			return 0, 0, err
+		}
+		A = rc.temps[abf]
+	}
+	Wp, err := libWeight(rc.dev, W, func() kc.DevicePtr { return rc.temps[wtmp] })
+	return A, Wp, err
+}
+
 // libWeightTemp is the bytes of the bf16 copy a library GEMM of M rows
 // needs of fp8 weight W (0 when it runs on W as stored).
 func libWeightTemp(W devTensor, kind string, M int) int64 {
@@ -194,14 +209,7 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 		M := rc.rows(in[0])
 		pl := planGEMM(tuned, kind, M)
 		if pl.lib {
-			A := rc.ptr(in[0])
-			if bf {
-				if err := castBF16(rc.dev, A, M*K, rc.temps[0]); err != nil {
-					return err
-				}
-				A = rc.temps[0]
-			}
-			Wp, err := libWeight(rc.dev, W, func() kc.DevicePtr { return rc.temps[1] })
+			A, Wp, err := libOperands(rc, bf, rc.ptr(in[0]), M*K, 0, W, 1)
 			if err != nil {
 				return err
 			}
@@ -250,14 +258,8 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 		if !pl.lib {
 			return launchOwn(rc.dev, &a, 1, pl.ch)
 		}
-		tmp, A := rc.temps[0], rc.ptr(in[0])
-		if bf {
-			if err := castBF16(rc.dev, A, M*K, rc.temps[1]); err != nil {
-				return err
-			}
-			A = rc.temps[1]
-		}
-		Wp, err := libWeight(rc.dev, W, func() kc.DevicePtr { return rc.temps[2] })
+		tmp := rc.temps[0]
+		A, Wp, err := libOperands(rc, bf, rc.ptr(in[0]), M*K, 1, W, 2)
 		if err != nil {
 			return err
 		}
@@ -296,18 +298,14 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 		M := rc.rows(in[0])
 		pl := planGEMM(tuned, kind, M)
 		if pl.lib {
-			A, esz := rc.ptr(in[0]), 4
+			esz, wsz := 4, 4
 			if bf {
-				if err := castBF16(rc.dev, A, M*G*K, rc.temps[0]); err != nil {
-					return err
-				}
-				A, esz = rc.temps[0], 2
+				esz = 2
 			}
-			wsz := 4
 			if W.bf16 || W.fp8 { // fp8: dequantized to bf16
 				wsz = 2
 			}
-			Wp, err := libWeight(rc.dev, W, func() kc.DevicePtr { return rc.temps[1] })
+			A, Wp, err := libOperands(rc, bf, rc.ptr(in[0]), M*G*K, 0, W, 1)
 			if err != nil {
 				return err
 			}

@@ -189,31 +189,6 @@ func (b *Backend) Close() error {
 	return err
 }
 
-// constKey names a constant independently of the plan it came from: the
-// checkpoint reference for weights, the folding op with its attributes
-// (slice_cols' columns) over its inputs' keys for derived weights.
-func constKey(v *ir.Value) string {
-	if v.Producer == nil {
-		return fmt.Sprintf("%s#%d", v.Ref, v.Stack)
-	}
-	k := v.Producer.Op + v.Producer.Attrs.Format()
-	if len(v.Producer.Outputs) > 1 {
-		for i, o := range v.Producer.Outputs {
-			if o == v {
-				k += fmt.Sprintf("#%d", i)
-			}
-		}
-	}
-	k += "("
-	for i, in := range v.Producer.Inputs {
-		if i > 0 {
-			k += ","
-		}
-		k += constKey(in)
-	}
-	return k + ")"
-}
-
 // upload returns the device copy of constant v of plan p, uploading it on
 // first use. Unless FP32Weights, a constant stored as BF16 is uploaded as
 // its bytes, and one stored as FP8 stays FP8 (codes and block scales) when
@@ -229,7 +204,7 @@ func (b *Backend) upload(p *plan.Plan, v *ir.Value, fp8OK bool) (devTensor, erro
 		id = len(sh.ids)
 		sh.ids[p.Source()] = id
 	}
-	key := fmt.Sprintf("%d|%v|%v|%s", id, b.opts.FP32Weights, fp8OK, constKey(v))
+	key := fmt.Sprintf("%d|%v|%v|%s", id, b.opts.FP32Weights, fp8OK, plan.ConstKey(v))
 	if t, ok := sh.weights[key]; ok {
 		return t, nil
 	}

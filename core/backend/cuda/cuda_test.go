@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"github.com/glmflash/glmflash/core/plan"
 	"math/rand/v2"
 	"os"
 	"testing"
@@ -47,14 +48,14 @@ func TestConstKeyNamesDerivedWeights(t *testing.T) {
 	a := g.AddWeight("a.weight", 2, 3)
 	b := g.AddWeight("b.weight", 2, 3)
 	c := g.Op1(ir.OpConcatRows, 0, nil, a, b)
-	require.Equal(t, "a.weight#0", constKey(a))
-	require.Equal(t, "concat_rows(a.weight#0,b.weight#0)", constKey(c))
+	require.Equal(t, "a.weight#0", plan.ConstKey(a))
+	require.Equal(t, "concat_rows(a.weight#0,b.weight#0)", plan.ConstKey(c))
 	// derived weights of one input that differ by attributes are different
 	// constants (the MTP's two halves of eh_proj)
 	lo := g.Op1(ir.OpSliceCols, 0, ir.Attrs{"start": 0, "end": 2}, a)
 	hi := g.Op1(ir.OpSliceCols, 0, ir.Attrs{"start": 2, "end": 3}, a)
-	require.Equal(t, `slice_cols{end=2, start=0}(a.weight#0)`, constKey(lo))
-	require.NotEqual(t, constKey(lo), constKey(hi))
+	require.Equal(t, `slice_cols{end=2, start=0}(a.weight#0)`, plan.ConstKey(lo))
+	require.NotEqual(t, plan.ConstKey(lo), plan.ConstKey(hi))
 }
 
 // Where CUDA cannot run, opening the backend fails at once and names what
