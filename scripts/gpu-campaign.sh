@@ -21,6 +21,11 @@
 # With DEST set, all of it is also packed into $DEST/gpu-campaign.tgz (one file to bring back).
 # Knobs (for a dry run elsewhere, e.g. on the CUDA emulator with a shrunk study): STUDY, PRESET,
 # PB_BATCH, PB_STEPS, PB_ROUNDS, PB_PROMPT, STEPS (default "tests study passes"), GLMFLASH.
+# The gpu preset's campaign (issue 11):
+#   STUDY=configs/studies/campaign-gpu.yaml PRESET=gpu PB_MODEL_FLAGS=--fp8 PB_PRECISION=bf16 \
+#     CACHE_DIR=/dev/shm/glmflash-cache scripts/gpu-campaign.sh
+# CACHE_DIR is where presets are written (the study writes its checkpoint there on first use;
+# passes bench then finds it); PB_MODEL_FLAGS are extra model flags of `passes bench`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-campaign}
@@ -32,6 +37,10 @@ PB_BATCH=${PB_BATCH:-1,8,64}
 PB_STEPS=${PB_STEPS:-8}
 PB_ROUNDS=${PB_ROUNDS:-5}
 STEPS=${STEPS:-tests study passes}
+PB_MODEL_FLAGS=${PB_MODEL_FLAGS:-}
+PB_PRECISION=${PB_PRECISION:-fp32}
+STUDY_TIMEOUT=${STUDY_TIMEOUT:-360}
+if [ -n "${CACHE_DIR:-}" ]; then export GLMFLASH_MODEL__CACHE_DIR=$CACHE_DIR; fi
 GPU_TESTS=${GPU_TESTS:-.}   # every CUDA test (about half a minute on an H200)
 mkdir -p "$OUT/tuning"
 log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
@@ -53,7 +62,7 @@ tests)
 	;;
 study)
 	log "attribute --study $STUDY"
-	timeout 360 "$GLMFLASH" attribute --study "$STUDY" --out "$OUT/campaign" --quiet >"$OUT/campaign.txt" 2>&1 \
+	timeout "$STUDY_TIMEOUT" "$GLMFLASH" attribute --study "$STUDY" --out "$OUT/campaign" --quiet >"$OUT/campaign.txt" 2>&1 \
 		&& log "study ok ($(($(date +%s) - t0)) s so far)" || { log "study FAILED (see campaign.txt)"; status=1; }
 	;;
 passes)
@@ -62,7 +71,7 @@ passes)
 		rounds=$PB_ROUNDS
 		[ "$against" = all ] && rounds=$((PB_ROUNDS > 3 ? PB_ROUNDS - 2 : PB_ROUNDS))
 		log "passes bench --against $against ($rounds rounds)"
-		timeout 200 "$GLMFLASH" passes bench --device cuda --preset "$PRESET" --against "$against" --prompt "$PB_PROMPT" --batch "$PB_BATCH" \
+		timeout 200 "$GLMFLASH" passes bench --device cuda --preset "$PRESET" $PB_MODEL_FLAGS --precision "$PB_PRECISION" --against "$against" --prompt "$PB_PROMPT" --batch "$PB_BATCH" \
 			--steps "$PB_STEPS" --rounds "$rounds" --warmup 1 --json "$OUT/passes-$against.json" --log-level warn >"$OUT/passes-$against.txt" 2>&1 \
 			&& log "passes bench $against ok ($(($(date +%s) - t0)) s so far)" || { log "passes bench $against FAILED"; status=1; }
 	done

@@ -89,7 +89,7 @@ func newAttributeCmd() *cobra.Command {
 			defer dest.Abort()
 			// the study names the model; the configuration says where
 			// presets are cached
-			mc := config.Model{Dir: st.Model.Dir, Preset: st.Model.Preset, Seed: st.Model.Seed, CacheDir: base.Model.CacheDir}
+			mc := config.Model{Dir: st.Model.Dir, Preset: st.Model.Preset, Seed: st.Model.Seed, FP8: st.Model.FP8, Set: st.Model.Set, CacheDir: base.Model.CacheDir}
 			if mc.Seed == 0 {
 				mc.Seed = 1
 			}

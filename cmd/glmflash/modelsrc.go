@@ -1,9 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -222,13 +224,20 @@ func openModel(mc config.Model) (*model.Checkpoint, error) {
 		}
 		return ck, nil
 	}
-	cfg, err := randckpt.Preset(mc.Preset)
+	set, setName, err := presetSet(mc.Set)
 	if err != nil {
 		return nil, err
 	}
-	suffix := ""
+	cfg, err := randckpt.PresetWith(mc.Preset, set)
+	if err != nil {
+		if len(set) > 0 {
+			return nil, fmt.Errorf("model.set: %w", err)
+		}
+		return nil, err
+	}
+	suffix := setName
 	if mc.FP8 {
-		suffix = "-fp8"
+		suffix += "-fp8"
 	}
 	dir := filepath.Join(mc.CacheDir, fmt.Sprintf("%s-seed%d%s", mc.Preset, mc.Seed, suffix))
 	if err := writePreset(dir, cfg, randckpt.Options{Seed: mc.Seed, FP8: mc.FP8}); err != nil {
@@ -238,6 +247,33 @@ func openModel(mc config.Model) (*model.Checkpoint, error) {
 		return nil, err
 	}
 	return model.Open(dir)
+}
+
+// presetSet turns model.set into the JSON values randckpt.PresetWith
+// takes, and a name for the cached checkpoint's folder that says them
+// ("-n_routed_experts64", keys sorted).
+func presetSet(m map[string]any) (map[string]json.RawMessage, string, error) {
+	if len(m) == 0 {
+		return nil, "", nil
+	}
+	keys := slices.Sorted(maps.Keys(m))
+	set := make(map[string]json.RawMessage, len(m))
+	var name strings.Builder
+	for _, k := range keys {
+		raw, err := json.Marshal(m[k])
+		if err != nil {
+			return nil, "", fmt.Errorf("model.set.%s: %w", k, err)
+		}
+		set[k] = raw
+		v := strings.Map(func(r rune) rune {
+			if r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == '.' || r == '-' {
+				return r
+			}
+			return -1
+		}, string(raw))
+		fmt.Fprintf(&name, "-%s%s", k, v)
+	}
+	return set, name.String(), nil
 }
 
 // source describes the model the configuration names, for logs and

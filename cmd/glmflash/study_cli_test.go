@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/stretchr/testify/require"
 )
 
@@ -111,4 +112,23 @@ func TestPassesBenchCLI(t *testing.T) {
 	require.ErrorContains(t, err, "--rounds must be ≥ 1")
 	_, err = runCLI(t, "passes", "bench", "--model", absFixture(t)+"/checkpoint", "--against", "nothing", "--rounds", "1", "--warmup", "0", "--prompt", "4", "--steps", "1", "--batch", "1", "--pass", "host-length-reuse")
 	require.ErrorContains(t, err, "--against must be baseline or all")
+}
+
+// model.set scales a preset: its values reach the generator and name the
+// cached checkpoint; a field that is not a text_config field is refused
+// with the key named.
+func TestPresetSetScalesAndNames(t *testing.T) {
+	set, name, err := presetSet(map[string]any{"n_routed_experts": 16, "num_hidden_layers": 4})
+	require.NoError(t, err)
+	require.Equal(t, "-n_routed_experts16-num_hidden_layers4", name)
+	require.JSONEq(t, "16", string(set["n_routed_experts"]))
+	d := t.TempDir()
+	ck, err := openModel(config.Model{Preset: "tiny", Seed: 1, CacheDir: d, Set: map[string]any{"n_routed_experts": 4}})
+	require.NoError(t, err)
+	defer ck.Close()
+	require.Equal(t, 4, ck.Config().NRoutedExperts)
+	require.DirExists(t, filepath.Join(d, "tiny-seed1-n_routed_experts4"))
+	_, err = openModel(config.Model{Preset: "tiny", Seed: 1, CacheDir: d, Set: map[string]any{"no_such_field": 4}})
+	require.ErrorContains(t, err, "model.set")
+	require.ErrorContains(t, err, "no_such_field")
 }

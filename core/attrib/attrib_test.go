@@ -267,3 +267,15 @@ func TestOutputIsCheckedFirstAndWrittenAtomically(t *testing.T) {
 	ents, _ = os.ReadDir(d)
 	require.Len(t, ents, 2, "an aborted run leaves nothing")
 }
+
+// A study can name a scaled preset in the FP8 layout (the gpu campaign's
+// model); fp8 and set apply to presets only.
+func TestStudyModelScaledPreset(t *testing.T) {
+	src := strings.Replace(good, "model: {preset: tiny}", "model: {preset: tiny, fp8: true, set: {n_routed_experts: 16}}", 1)
+	s, err := Parse([]byte(src), "s.yaml", known)
+	require.NoError(t, err)
+	require.True(t, s.Model.FP8)
+	require.EqualValues(t, 16, s.Model.Set["n_routed_experts"])
+	_, err = Parse([]byte(strings.Replace(good, "model: {preset: tiny}", "model: {dir: x, set: {n_routed_experts: 16}}", 1)), "s.yaml", known)
+	require.ErrorContains(t, err, "model: fp8 and set apply to a preset")
+}

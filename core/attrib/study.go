@@ -23,6 +23,10 @@ type ModelRef struct {
 	Dir    string `koanf:"dir" path:""`
 	Preset string `koanf:"preset"`
 	Seed   int64  `koanf:"seed"`
+	// FP8 writes the preset in the FP8 layout (as the released checkpoint
+	// is stored); Set scales it (text_config fields set to other values).
+	FP8 bool           `koanf:"fp8"`
+	Set map[string]any `koanf:"set"`
 }
 
 // Workload is a fixed set of random-token requests.
@@ -178,6 +182,9 @@ func (s *Study) validate(known func(string) bool) error {
 	}
 	if (s.Model.Dir == "") == (s.Model.Preset == "") {
 		return fmt.Errorf("model: give exactly one of dir or preset")
+	}
+	if s.Model.Dir != "" && (s.Model.FP8 || len(s.Model.Set) > 0) {
+		return fmt.Errorf("model: fp8 and set apply to a preset, not to model.dir")
 	}
 	if s.Level == "" {
 		s.Level = LevelEngine

@@ -126,6 +126,10 @@ type Model struct {
 	Seed     int64  `koanf:"seed"`
 	CacheDir string `koanf:"cache_dir" path:""`
 	FP8      bool   `koanf:"fp8"`
+	// Set scales a preset: text_config fields set to other values (e.g.
+	// {n_routed_experts: 64}); the checkpoint is cached under a name that
+	// includes them.
+	Set map[string]any `koanf:"set"`
 	// CheckTensors reads every weight at load and refuses NaN/Inf values.
 	CheckTensors bool `koanf:"check_tensors"`
 }
@@ -414,6 +418,8 @@ func (c *Config) validateServing() error {
 		return keyErr("model", "model.dir and model.preset are mutually exclusive")
 	case m.Dir == "" && m.Preset == "":
 		return keyErr("model", "name a model with model.dir or model.preset")
+	case m.Dir != "" && len(m.Set) > 0:
+		return keyErr("model.set", "scales a preset; model.dir names a checkpoint as it is")
 	case s.GRPCAddr == "":
 		return keyErr("server.grpc_addr", "is empty")
 	case s.DrainTimeout < 0:
