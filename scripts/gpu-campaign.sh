@@ -62,7 +62,7 @@ tests)
 	;;
 study)
 	log "attribute --study $STUDY"
-	timeout "$STUDY_TIMEOUT" "$GLMFLASH" attribute --study "$STUDY" --out "$OUT/campaign" --quiet >"$OUT/campaign.txt" 2>&1 \
+	timeout "$STUDY_TIMEOUT" "$GLMFLASH" attribute --study "$STUDY" --out "$OUT/campaign" >"$OUT/campaign.txt" 2>"$OUT/campaign-progress.log" \
 		&& log "study ok ($(($(date +%s) - t0)) s so far)" || { log "study FAILED (see campaign.txt)"; status=1; }
 	;;
 passes)
