@@ -12,8 +12,14 @@ import (
 func TestMoERouteMatchesCPU(t *testing.T) {
 	d := openDevice(t)
 	r := rand.New(rand.NewPCG(1, 2))
-	for _, c := range []struct{ T, E, K, G, TG int }{{1, 8, 2, 1, 1}, {37, 8, 2, 1, 1}, {70, 288, 8, 1, 1}, {33, 64, 6, 8, 3}} {
+	for _, c := range []struct{ T, E, K, G, TG int }{{1, 8, 2, 1, 1}, {37, 8, 2, 1, 1}, {70, 288, 8, 1, 1}, {33, 64, 6, 8, 3}, {9, 40, 8, 1, 1}, {3, 5, 5, 1, 1}} {
 		logits, bias := randn(r, c.T*c.E, 2), randn(r, c.E, 0.1)
+		if c.E == 40 { // ties: the lower index wins, as the serial scan
+			for i := range logits {
+				logits[i] = float32(i%3) * 0.5
+			}
+			clear(bias)
+		}
 		rt := &moe.Router{Experts: c.E, TopK: c.K, Groups: c.G, TopKGroup: c.TG, Normalize: true, Scaling: 2.5, Bias: bias}
 		wantIdx, wantW := make([]int32, c.T*c.K), make([]float32, c.T*c.K)
 		rt.Route(wantIdx, wantW, logits, c.T)
@@ -23,6 +29,13 @@ func TestMoERouteMatchesCPU(t *testing.T) {
 		launch(t, d, "glmf_moe_route", kc.Dim3{X: uint32((c.T + 63) / 64)}, kc.Dim3{X: 64}, 0, &a)
 		require.Equal(t, wantIdx, download[int32](t, I), "%+v", c)
 		require.Less(t, maxRelErr(t, download[float32](t, W), wantW), 1e-6, "%+v", c)
+		if c.G == 1 { // the warp-per-token kernel: the same experts and weights
+			I2, W2 := poisoned[int32](t, d, c.T*c.K), poisoned[float32](t, d, c.T*c.K)
+			a.Idx, a.W = I2.p, W2.p
+			launch(t, d, "glmf_moe_route_warp", kc.Dim3{X: uint32((c.T + 7) / 8)}, kc.Dim3{X: 256}, 0, &a)
+			require.Equal(t, wantIdx, download[int32](t, I2), "warp kernel %+v", c)
+			require.Equal(t, download[float32](t, W), download[float32](t, W2), "warp kernel %+v", c)
+		}
 	}
 }
 

@@ -74,6 +74,13 @@ func bindKDAGate(p *Program, n *ir.Node) (*kstep, error) {
 	}}, nil
 }
 
+// kdaRegDims are the head_dims glmf_kda_recurrent_regD holds the state of
+// in registers, kdaRegCols (KDA_COLS of kda.cu) the state columns one of
+// its blocks owns.
+var kdaRegDims = map[int]bool{8: true, 16: true, 32: true, 64: true, 128: true}
+
+const kdaRegCols = 32
+
 func bindKDAAttn(p *Program, n *ir.Node) (*kstep, error) {
 	in, out, a := n.Inputs, n.Outputs[0], n.Attrs
 	H, Dh := a.Int("heads", 0), a.Int("head_dim", 0)
@@ -99,6 +106,9 @@ func bindKDAAttn(p *Program, n *ir.Node) (*kstep, error) {
 			O: rc.ptr(out), State: ls.state, SlotStride: ls.stateStride, H: int64(H), Dh: int64(Dh), Qscale: qscale}
 		if ls.snapState != 0 {
 			args.Ckpt, args.Snap, args.SnapStride = rc.ckpt, ls.snapState, int64(rc.store.depth)*ls.stateStride
+		}
+		if kdaRegDims[Dh] { // the state in registers, columns split across blocks
+			return kc.Launch(rc.dev, fmt.Sprintf("glmf_kda_recurrent_reg%d", Dh), kc.Dim3{X: uint32(H), Y: uint32(rc.S), Z: uint32((Dh + kdaRegCols - 1) / kdaRegCols)}, kc.Dim3{X: kdaRegCols}, 0, &args)
 		}
 		return kc.Launch(rc.dev, "glmf_kda_recurrent", kc.Dim3{X: uint32(H), Y: uint32(rc.S)}, kc.Dim3{X: bs}, 3*4*Dh, &args)
 	}}, nil

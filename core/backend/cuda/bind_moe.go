@@ -38,9 +38,19 @@ func bindMoERoute(p *Program, n *ir.Node) (*kstep, error) {
 		T := rc.rows(in[0])
 		args := kc.RouteArgs{Logits: rc.ptr(in[0]), Bias: bias.ptr, BiasBf16: bias.flag(), Idx: rc.ptr(outs[0]), W: rc.ptr(outs[1]),
 			T: int64(T), E: int64(E), K: K, G: int64(G), TG: TG, Normalize: norm, Scaling: scaling}
+		if G == 1 && K <= routeWarpMaxK { // a warp per token
+			return kc.Launch(rc.dev, "glmf_moe_route_warp", kc.Dim3{X: uint32((T + routeWarps - 1) / routeWarps)}, kc.Dim3{X: 32 * routeWarps}, 0, &args)
+		}
 		return kc.Launch(rc.dev, "glmf_moe_route", kc.Dim3{X: uint32((T + 63) / 64)}, kc.Dim3{X: 64}, 0, &args)
 	}}, nil
 }
+
+// routeWarps is ROUTE_WARPS of moe.cu (tokens per block of
+// glmf_moe_route_warp), routeWarpMaxK the most experts a token it takes.
+const (
+	routeWarps    = 8
+	routeWarpMaxK = 64
+)
 
 // moeTile is the rows of one expert tile (BM of gemm.cu).
 const moeTile = 64

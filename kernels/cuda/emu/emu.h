@@ -75,6 +75,11 @@ inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   emu::warp_exchange(&v, &out, sizeof(T), -lane_mask - 1);
   return out;
 }
+// A warp barrier: every lane of the warp exchanges a dummy value.
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  int v = 0, o;
+  emu::warp_exchange(&v, &o, sizeof(int), 0);
+}
 template <class T>
 inline T __shfl_sync(unsigned, T v, int src_lane) {
   T out;

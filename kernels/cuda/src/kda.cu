@@ -149,3 +149,89 @@ KERNEL(glmf_kda_recurrent, KDAAttnArgs) {
     __syncthreads();
   }
 }
+
+// kda_recurrent_reg: the same recurrence with the state held in registers,
+// for head_dim D in {8, 16, 32, 64, 128} (a compile-time D keeps every
+// state address a constant offset). A state column j only meets other
+// columns through q, k and g, so a block of KDA_COLS threads owns KDA_COLS
+// columns of one (head, sequence): grid (H, S, ceil(D/KDA_COLS)). The state
+// is read once before the sequence's tokens and written once after them
+// (and to the rollback record per token when checkpointed), instead of
+// twice per token. Per column the sums run over c in ascending order as in
+// glmf_kda_recurrent.
+#define KDA_COLS 32
+template <int D>
+DEVFN void kda_recurrent_reg(const KDAAttnArgs& a) {
+  __shared__ float qs[D], ks[D], es[D];
+  i64 h = blockIdx.x, s = blockIdx.y;
+  if (s >= a.m.S) return;
+  i64 P = a.H * D;
+  i64 j = (i64)blockIdx.z * KDA_COLS + threadIdx.x;
+  bool col = j < D;
+  i64 n = a.lens ? a.lens[s] : a.m.seq_n[s];
+  i64 row0 = a.m.seq_row0[s];
+  float* S = a.state + (i64)a.m.seq_slot[s] * a.slot_stride + h * D * D + (col ? j : 0);
+  i64 ck = a.ckpt ? a.ckpt[s] : -1;
+  i64 pos0 = a.m.seq_pos0[s];
+  float st[D];
+  #pragma unroll
+  for (int c = 0; c < D; c++) st[c] = col ? S[c * D] : 0.f;
+  for (i64 t = 0; t < n; t++) {
+    i64 r = row0 + t;
+    const float* qr = a.q + r * P + h * D;
+    const float* kr = a.k + r * P + h * D;
+    const float* gr = a.g + r * P + h * D;
+    float sq = 0, sk = 0;
+    for (int c = threadIdx.x; c < D; c += KDA_COLS) {
+      float qv = qr[c], kv = kr[c];
+      qs[c] = qv;
+      ks[c] = kv;
+      es[c] = (float)exp((double)gr[c]);
+      sq += qv * qv;
+      sk += kv * kv;
+    }
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    float fq = (float)a.qscale / (float)sqrt((double)(sq + 1e-6f));
+    float fk = 1.0f / (float)sqrt((double)(sk + 1e-6f));
+    for (int c = threadIdx.x; c < D; c += KDA_COLS) {
+      qs[c] *= fq;
+      ks[c] *= fk;
+    }
+    __syncthreads();
+    if (col) {
+      float pred = 0;
+      #pragma unroll
+      for (int c = 0; c < D; c++) {
+        float x = st[c] * es[c];
+        st[c] = x;
+        pred += ks[c] * x;
+      }
+      float b = a.beta[r * a.H + h];
+      pred = b * (a.v[r * P + h * D + j] - pred);
+      float out = 0;
+      float* sn = ck >= 0 ? a.snap + (i64)a.m.seq_slot[s] * a.snap_stride + (pos0 + t - ck) * a.H * D * D + h * D * D + j : 0;
+      #pragma unroll
+      for (int c = 0; c < D; c++) {
+        float x = st[c] + ks[c] * pred;
+        st[c] = x;
+        out += qs[c] * x;
+      }
+      if (sn) {
+        #pragma unroll
+        for (int c = 0; c < D; c++) sn[c * D] = st[c];
+      }
+      a.o[r * P + h * D + j] = out;
+    }
+    __syncthreads();
+  }
+  if (col) {
+    #pragma unroll
+    for (int c = 0; c < D; c++) S[c * D] = st[c];
+  }
+}
+KERNEL(glmf_kda_recurrent_reg8, KDAAttnArgs) { kda_recurrent_reg<8>(a); }
+KERNEL(glmf_kda_recurrent_reg16, KDAAttnArgs) { kda_recurrent_reg<16>(a); }
+KERNEL(glmf_kda_recurrent_reg32, KDAAttnArgs) { kda_recurrent_reg<32>(a); }
+KERNEL(glmf_kda_recurrent_reg64, KDAAttnArgs) { kda_recurrent_reg<64>(a); }
+KERNEL(glmf_kda_recurrent_reg128, KDAAttnArgs) { kda_recurrent_reg<128>(a); }

@@ -74,6 +74,70 @@ KERNEL(glmf_moe_route, RouteArgs) {
   }
 }
 
+// moe_route_warp: moe_route without groups (G = 1), a warp per token
+// (ROUTE_WARPS tokens a block): the lanes score the experts, and each of the
+// K rounds picks the best untaken expert by a warp reduction (ties: lower
+// index, as the serial scan), then lane 0 lists the chosen experts in
+// ascending order and weights them as moe_route does (same sums, same order).
+#define ROUTE_WARPS 8
+KERNEL(glmf_moe_route_warp, RouteArgs) {
+  __shared__ float choice_s[ROUTE_WARPS][MOE_MAX_EXPERTS];
+  __shared__ unsigned char taken_s[ROUTE_WARPS][MOE_MAX_EXPERTS];
+  __shared__ int sel_s[ROUTE_WARPS][64];
+  int wid = threadIdx.x / 32, lane = threadIdx.x % 32;
+  i64 t = (i64)blockIdx.x * ROUTE_WARPS + wid;
+  if (t >= a.T) return;
+  const float* lt = a.logits + t * a.E;
+  float* choice = choice_s[wid];
+  unsigned char* taken = taken_s[wid];
+  int* sel = sel_s[wid];
+  for (i64 e = lane; e < a.E; e += 32) {
+    choice[e] = sigmoidf_d(lt[e]) + ldw(a.bias, e, a.bias_bf16);
+    taken[e] = 0;
+  }
+  __syncwarp();
+  i64 K = a.K < a.E ? a.K : a.E;
+  for (i64 k = 0; k < K; k++) {
+    // this lane's best untaken expert in ascending order, as the serial scan
+    i64 best = -1;
+    for (i64 e = lane; e < a.E; e += 32)
+      if (!taken[e] && (best < 0 || choice[e] > choice[best])) best = e;
+    float bv = best >= 0 ? choice[best] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) {
+      i64 ob = __shfl_xor_sync(0xffffffffu, best, o);
+      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      // the serial scan keeps the lower index unless a later one is strictly greater
+      bool take = ob >= 0 && (best < 0 || (ob < best ? !(bv > ov) : ov > bv));
+      if (take) best = ob, bv = ov;
+    }
+    if (lane == 0) {
+      sel[k] = (int)best;
+      taken[best] = 1;
+    }
+    __syncwarp();
+  }
+  if (lane != 0) return;
+  // ascending expert order (insertion sort of at most 64)
+  for (i64 i = 1; i < K; i++) {
+    int v = sel[i];
+    i64 j = i - 1;
+    for (; j >= 0 && sel[j] > v; j--) sel[j + 1] = sel[j];
+    sel[j + 1] = v;
+  }
+  float sum = 0;
+  for (i64 k = 0; k < K; k++) {
+    float s = sigmoidf_d(lt[sel[k]]);
+    a.idx[t * a.K + k] = sel[k];
+    a.w[t * a.K + k] = s;
+    sum += s;
+  }
+  for (i64 k = 0; k < K; k++) {
+    float v = a.w[t * a.K + k];
+    if (a.normalize) v /= sum + 1e-20f;
+    a.w[t * a.K + k] = v * (float)a.scaling;
+  }
+}
+
 // moe_plan: one block of 1024 threads. Counts the routing slots of each
 // expert, lays them out expert by expert (perm[p] = slot), and lists the
 // tiles of at most `bm` rows each: tiles[0] = count, then (expert, p0, rows).
