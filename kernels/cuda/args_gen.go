@@ -188,45 +188,60 @@ type MLAAppendArgs struct {
 	R          int64
 }
 
-// MLAQAbsArgs mirrors the CUDA struct MLAQAbsArgs.
-type MLAQAbsArgs struct {
-	Q     DevicePtr
+// MLAHeadMMArgs mirrors the CUDA struct MLAHeadMMArgs.
+type MLAHeadMMArgs struct {
+	A     DevicePtr
+	Lda   int64
+	AHead int64
 	W     DevicePtr
 	WBf16 int64
-	Qa    DevicePtr
-	T     int64
-	H     int64
-	Dq    int64
-	Dv    int64
-	R     int64
+	WHead int64
+	WOff  int64
+	WLd   int64
+	C     DevicePtr
+	Ldc   int64
+	CHead int64
+	M     int64
+	N     int64
+	K     int64
 }
 
-// MLAAttendArgs mirrors the CUDA struct MLAAttendArgs.
-type MLAAttendArgs struct {
+// MLALogitsArgs mirrors the CUDA struct MLALogitsArgs.
+type MLALogitsArgs struct {
 	M          BatchMeta
 	Qa         DevicePtr
 	Sel        DevicePtr
 	Width      int64
 	Cache      DevicePtr
 	SlotStride int64
-	Ol         DevicePtr
-	T          int64
+	Lg         DevicePtr
+	T0         int64
 	H          int64
 	R          int64
-	Scale      float64
 }
 
-// MLAExpandArgs mirrors the CUDA struct MLAExpandArgs.
-type MLAExpandArgs struct {
-	Ol    DevicePtr
-	W     DevicePtr
-	WBf16 int64
-	O     DevicePtr
-	T     int64
+// MLASoftmaxArgs mirrors the CUDA struct MLASoftmaxArgs.
+type MLASoftmaxArgs struct {
+	Sel   DevicePtr
+	Width int64
+	Lg    DevicePtr
+	T0    int64
 	H     int64
-	Dq    int64
-	Dv    int64
-	R     int64
+	Scale float64
+}
+
+// MLAAccumArgs mirrors the CUDA struct MLAAccumArgs.
+type MLAAccumArgs struct {
+	M          BatchMeta
+	Lg         DevicePtr
+	Sel        DevicePtr
+	Width      int64
+	Cache      DevicePtr
+	SlotStride int64
+	Ol         DevicePtr
+	T0         int64
+	H          int64
+	R          int64
 }
 
 // GemmArgs mirrors the CUDA struct GemmArgs.

@@ -133,6 +133,27 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 		}}, nil
 }
 
+// mlaLogitBudget bounds the logits scratch of one mla_attn launch group:
+// rows are attended in chunks of at most this many bytes of [H][width]
+// logits (the chunking changes no result).
+const mlaLogitBudget = 128 << 20
+
+// mlaSmallRows: below this many rows the MLA kernels use their small tiles
+// (more blocks for decode); both tile shapes give the same bits.
+const mlaSmallRows = 16
+
+// mlaRowChunk returns the rows per logits chunk for T rows of H heads over
+// width selection entries: the chunks as even as the budget allows.
+func mlaRowChunk(T, H, width int) int {
+	per := 4 * int64(H) * int64(max(width, 1))
+	maxRows := int(max(1, mlaLogitBudget/per))
+	if T <= maxRows {
+		return max(T, 1)
+	}
+	n := (T + maxRows - 1) / maxRows
+	return (T + n - 1) / n
+}
+
 func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 	in, out, a := n.Inputs, n.Outputs[0], n.Attrs
 	W, err := p.w(in[3])
@@ -143,8 +164,17 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 	scale := float64(float32(a.Float("scale", 0)))
 	width := in[4].Shape[1]
 	layer := n.Layer
+	// softmax threads: a power of two, about 8 entries each (a function of
+	// the geometry only, so its reduction tree is the same in every batch)
+	smThreads := uint32(32)
+	for smThreads < 256 && int(smThreads)*8 < width {
+		smThreads *= 2
+	}
 	return &kstep{
-		temps: func(rc *runCtx) []int64 { return []int64{4 * int64(rc.T*H*R), 4 * int64(rc.T*H*R)} },
+		temps: func(rc *runCtx) []int64 {
+			tc := mlaRowChunk(rc.T, H, width)
+			return []int64{4 * int64(rc.T*H*R), 4 * int64(rc.T*H*R), 4 * int64(tc) * int64(H) * int64(width)}
+		},
 		run: func(rc *runCtx) error {
 			if _, err := metaOf(rc, in[0]); err != nil {
 				return err
@@ -153,22 +183,44 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 			if ls.ckv == 0 {
 				return fmt.Errorf("slot state has no latent cache for layer %d", layer)
 			}
-			qa, ol := rc.temps[0], rc.temps[1]
+			qa, ol, lg := rc.temps[0], rc.temps[1], rc.temps[2]
+			T := rc.T
 			ap := kc.MLAAppendArgs{M: rc.meta, Ckv: rc.ptr(in[2]), Cache: ls.ckv, SlotStride: ls.ckvStride, R: int64(R)}
-			if err := kc.Launch(rc.dev, "glmf_mla_append", blocks(int64(rc.T*R)), block256, 0, &ap); err != nil {
+			if err := kc.Launch(rc.dev, "glmf_mla_append", blocks(int64(T*R)), block256, 0, &ap); err != nil {
 				return err
 			}
-			TH := uint32(rc.T * H)
-			qab := kc.MLAQAbsArgs{Q: rc.ptr(in[1]), W: W.ptr, WBf16: W.flag(), Qa: qa, T: int64(rc.T), H: int64(H), Dq: int64(dq), Dv: int64(dv), R: int64(R)}
-			if err := kc.Launch(rc.dev, "glmf_mla_qabs", kc.Dim3{X: TH}, block256, 4*dq, &qab); err != nil {
+			// tiles (TM rows × TN columns) and threads of the big and small variants
+			sfx, tm, tn, th := "", 64, 64, uint32(256)
+			if T < mlaSmallRows {
+				sfx, tm, tn, th = "_s", 16, 32, 128
+			}
+			cdiv := func(x, y int) uint32 { return uint32((x + y - 1) / y) }
+			stride := int64((dq + dv) * R)
+			qab := kc.MLAHeadMMArgs{A: rc.ptr(in[1]), Lda: int64(H * dq), AHead: int64(dq), W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: 0, WLd: int64(R),
+				C: qa, Ldc: int64(H * R), CHead: int64(R), M: int64(T), N: int64(R), K: int64(dq)}
+			if err := kc.Launch(rc.dev, "glmf_mla_qabs"+sfx, kc.Dim3{X: cdiv(R, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &qab); err != nil {
 				return err
 			}
-			at := kc.MLAAttendArgs{M: rc.meta, Qa: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
-				Ol: ol, T: int64(rc.T), H: int64(H), R: int64(R), Scale: scale}
-			if err := kc.Launch(rc.dev, "glmf_mla_attend", kc.Dim3{X: TH}, block256, 4*width, &at); err != nil {
-				return err
+			tc := mlaRowChunk(T, H, width)
+			for t0 := 0; t0 < T; t0 += tc {
+				nr := min(tc, T-t0)
+				lo := kc.MLALogitsArgs{M: rc.meta, Qa: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
+					Lg: lg, T0: int64(t0), H: int64(H), R: int64(R)}
+				if err := kc.Launch(rc.dev, "glmf_mla_logits"+sfx, kc.Dim3{X: cdiv(width, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &lo); err != nil {
+					return err
+				}
+				sm := kc.MLASoftmaxArgs{Sel: rc.ptr(in[4]), Width: int64(width), Lg: lg, T0: int64(t0), H: int64(H), Scale: scale}
+				if err := kc.Launch(rc.dev, "glmf_mla_softmax", kc.Dim3{X: uint32(H), Y: uint32(nr)}, kc.Dim3{X: smThreads}, 0, &sm); err != nil {
+					return err
+				}
+				ac := kc.MLAAccumArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
+					Ol: ol, T0: int64(t0), H: int64(H), R: int64(R)}
+				if err := kc.Launch(rc.dev, "glmf_mla_accum"+sfx, kc.Dim3{X: cdiv(R, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &ac); err != nil {
+					return err
+				}
 			}
-			ex := kc.MLAExpandArgs{Ol: ol, W: W.ptr, WBf16: W.flag(), O: rc.ptr(out), T: int64(rc.T), H: int64(H), Dq: int64(dq), Dv: int64(dv), R: int64(R)}
-			return kc.Launch(rc.dev, "glmf_mla_expand", kc.Dim3{X: TH}, block256, 4*R, &ex)
+			ex := kc.MLAHeadMMArgs{A: ol, Lda: int64(H * R), AHead: int64(R), W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: int64(dq * R), WLd: int64(R),
+				C: rc.ptr(out), Ldc: int64(H * dv), CHead: int64(dv), M: int64(T), N: int64(dv), K: int64(R)}
+			return kc.Launch(rc.dev, "glmf_mla_expand"+sfx, kc.Dim3{X: cdiv(dv, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &ex)
 		}}, nil
 }

@@ -190,99 +190,217 @@ KERNEL(glmf_mla_append, MLAAppendArgs) {
   a.cache[slot * a.slot_stride + (i64)a.m.row_pos[t] * a.R + r] = a.ckv[i];
 }
 
-// mla_qabs: qa[t][h][r] = Σ_d q[t][h][d]·W[h·(dq+dv)+d][r] (the key half of
-// kv_b_proj absorbed into the query). One block per (t, h).
-struct MLAQAbsArgs {
-  const float* q; const void* w; i64 w_bf16; float* qa; i64 T, H, dq, dv, R;
-};
-KERNEL(glmf_mla_qabs, MLAQAbsArgs) {
-  DYN_SMEM(float, qs);
-  i64 th = blockIdx.x;
-  if (th >= a.T * a.H) return;
-  i64 h = th % a.H;
-  for (i64 d = threadIdx.x; d < a.dq; d += blockDim.x) qs[d] = a.q[th * a.dq + d];
-  __syncthreads();
-  for (i64 r = threadIdx.x; r < a.R; r += blockDim.x) {
-    float acc = 0;
-    for (i64 d = 0; d < a.dq; d++) acc += qs[d] * ldw(a.w, (h * (a.dq + a.dv) + d) * a.R + r, a.w_bf16);
-    a.qa[th * a.R + r] = acc;
+// Absorbed MLA as small SIMT GEMMs (fp32 FMAs, register tiles of MT×NT
+// per thread over a TM×TN block tile, K staged through shared memory in
+// chunks of MLA_KT). Every output is one thread's fmaf chain over k in
+// ascending order, so it does not depend on the tile shape: the big (256
+// threads) and small (128 threads, for few rows) variants, and any batch,
+// give the same bits.
+//   mla_qabs:    qa[t][h] = q[t][h]·W_UK[h]          (per head, T×dq·dq×R)
+//   mla_logits:  lg[t][h][i] = qa[t][h]·c_sel[t][i]  (per row, H×R·R×width)
+//   mla_softmax: lg[t][h] ← softmax(scale·lg) over the selected entries
+//   mla_accum:   ol[t][h] = Σ_i lg[t][h][i]·c_sel[t][i]  (per row, H×width·width×R)
+//   mla_expand:  o[t][h] = W_UV[h]·ol[t][h]          (per head, T×R·R×dv)
+// The latent rows a block stages serve all TM heads of its tile (MQA).
+#define MLA_KT 32
+
+struct __align__(16) mla_f4 { float x, y, z, w; };
+struct __align__(8) mla_f2 { float x, y; };
+// mla_ld: 4 or 2 consecutive floats (16- or 8-byte aligned) in one load.
+DEVFN void mla_ld(float (&d)[4], const float* s) {
+  mla_f4 v = *(const mla_f4*)s;
+  d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
+}
+DEVFN void mla_ld(float (&d)[2], const float* s) {
+  mla_f2 v = *(const mla_f2*)s;
+  d[0] = v.x; d[1] = v.y;
+}
+
+// mla_mm: acc[i][j] = Σ_{k<K} A(m, k)·B(k, n) for the thread's rows
+// m = tm·MT+i and columns n = tn·NT+j of the block tile (tm, tn from
+// mla_tile). la(m, k) and lb(k, n) return the operands (0 outside);
+// kB says B is contiguous in k (loads then run along k).
+template <int TM, int TN, int MT, int NT, bool kB, class LA, class LB>
+DEVFN void mla_mm(i64 K, LA la, LB lb, float (&acc)[MT][NT]) {
+  constexpr int NTH = (TM / MT) * (TN / NT);
+  __shared__ __align__(16) float As[MLA_KT][TM + 4];
+  __shared__ __align__(16) float Bs[MLA_KT][TN + 4];
+  int tid = threadIdx.x, tn = tid % (TN / NT), tm = tid / (TN / NT);
+  for (int i = 0; i < MT; i++)
+    for (int j = 0; j < NT; j++) acc[i][j] = 0.f;
+  for (i64 k0 = 0; k0 < K; k0 += MLA_KT) {
+    for (int idx = tid; idx < TM * MLA_KT; idx += NTH) {
+      int k = idx % MLA_KT, m = idx / MLA_KT;
+      As[k][m] = k0 + k < K ? la(m, k0 + k) : 0.f;
+    }
+    for (int idx = tid; idx < TN * MLA_KT; idx += NTH) {
+      int k, n;
+      if (kB) { k = idx % MLA_KT; n = idx / MLA_KT; }
+      else { n = idx % TN; k = idx / TN; }
+      Bs[k][n] = k0 + k < K ? lb(k0 + k, n) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int k = 0; k < MLA_KT; k++) {
+      float av[MT], bv[NT];
+      mla_ld(av, &As[k][tm * MT]);
+      mla_ld(bv, &Bs[k][tn * NT]);
+      for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    __syncthreads();
   }
 }
 
-// mla_attend: per (t, h) block: logits = scale·qa·c_p over the selected
-// positions, softmax (float32 sums, exp in double, as the CPU), and the
-// latent output ol[t][h] = Σ_p a_p·c_p. No selected position: zeros.
-struct MLAAttendArgs {
+template <int TN, int NT> DEVFN int mla_tn() { return threadIdx.x % (TN / NT); }
+template <int TN, int NT> DEVFN int mla_tm() { return threadIdx.x / (TN / NT); }
+
+// mla_qabs / mla_expand: per head h (grid z) and tile of rows (y) and
+// columns (x): c[m·ldc + h·c_head + n] = Σ_k a[m·lda + h·a_head + k]·W(k, n)
+// with W(k, n) = w[h·w_head + w_off + k·w_ld + n] (qabs: W_UK is [dq][R])
+// or w[h·w_head + w_off + n·w_ld + k] (expand: W_UV is [dv][R]).
+struct MLAHeadMMArgs {
+  const float* a; i64 lda, a_head;
+  const void* w; i64 w_bf16, w_head, w_off, w_ld;
+  float* c; i64 ldc, c_head;
+  i64 M, N, K;
+};
+template <int TM, int TN, int MT, int NT, bool kB>
+DEVFN void mla_head_mm(const MLAHeadMMArgs& a) {
+  i64 h = blockIdx.z, m0 = (i64)blockIdx.y * TM, n0 = (i64)blockIdx.x * TN;
+  const float* A = a.a + h * a.a_head;
+  i64 wb = h * a.w_head + a.w_off;
+  float acc[MT][NT];
+  mla_mm<TM, TN, MT, NT, kB>(
+      a.K,
+      [&](int m, i64 k) { return m0 + m < a.M ? A[(m0 + m) * a.lda + k] : 0.f; },
+      [&](i64 k, int n) {
+        if (n0 + n >= a.N) return 0.f;
+        return ldw(a.w, wb + (kB ? (n0 + n) * a.w_ld + k : k * a.w_ld + n0 + n), a.w_bf16);
+      },
+      acc);
+  int tm = mla_tm<TN, NT>(), tn = mla_tn<TN, NT>();
+  for (int i = 0; i < MT; i++) {
+    i64 m = m0 + tm * MT + i;
+    if (m >= a.M) continue;
+    for (int j = 0; j < NT; j++) {
+      i64 n = n0 + tn * NT + j;
+      if (n < a.N) a.c[m * a.ldc + h * a.c_head + n] = acc[i][j];
+    }
+  }
+}
+KERNEL(glmf_mla_qabs, MLAHeadMMArgs) { mla_head_mm<64, 64, 4, 4, false>(a); }
+KERNEL(glmf_mla_qabs_s, MLAHeadMMArgs) { mla_head_mm<16, 32, 2, 2, false>(a); }
+KERNEL(glmf_mla_expand, MLAHeadMMArgs) { mla_head_mm<64, 64, 4, 4, true>(a); }
+KERNEL(glmf_mla_expand_s, MLAHeadMMArgs) { mla_head_mm<16, 32, 2, 2, true>(a); }
+
+// mla_logits: for row t = t0 + blockIdx.z, heads [y·TM, +TM) and selection
+// entries [x·TN, +TN): lg[z][h][i] = qa[t][h]·cache[sel[t][i]] (unscaled);
+// a tile with no selected entry writes nothing (softmax reads only selected
+// entries).
+struct MLALogitsArgs {
   BatchMeta m;
   const float* qa; const int* sel; i64 width;
   const float* cache; i64 slot_stride;
-  float* ol; i64 T, H, R; double scale;
+  float* lg; i64 t0, H, R;
 };
-KERNEL(glmf_mla_attend, MLAAttendArgs) {
-  DYN_SMEM(float, lg);  // [width] logits, then weights
-  i64 th = blockIdx.x;
-  if (th >= a.T * a.H) return;
-  i64 t = th / a.H;
+template <int TM, int TN, int MT, int NT>
+DEVFN void mla_logits(const MLALogitsArgs& a) {
+  __shared__ int ps[TN];
+  i64 t = a.t0 + blockIdx.z, h0 = (i64)blockIdx.y * TM, i0 = (i64)blockIdx.x * TN;
   const int* srow = a.sel + t * a.width;
+  int any = 0;
+  for (int n = threadIdx.x; n < TN; n += blockDim.x) {
+    int p = i0 + n < a.width ? srow[i0 + n] : -1;
+    ps[n] = p;
+    any |= p >= 0;
+  }
+  any = block_reduce(any, [](int x, int y) { return x | y; });
+  if (!any) return;
   const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
-  const float* q = a.qa + th * a.R;
-  int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+  const float* q = a.qa + (t * a.H + h0) * a.R;
+  float acc[MT][NT];
+  mla_mm<TM, TN, MT, NT, true>(
+      a.R,
+      [&](int m, i64 k) { return h0 + m < a.H ? q[m * a.R + k] : 0.f; },
+      [&](i64 k, int n) { return ps[n] >= 0 ? cache[(i64)ps[n] * a.R + k] : 0.f; },
+      acc);
+  int tm = mla_tm<TN, NT>(), tn = mla_tn<TN, NT>();
+  float* lg = a.lg + (i64)blockIdx.z * a.H * a.width;
+  for (int i = 0; i < MT; i++) {
+    i64 h = h0 + tm * MT + i;
+    if (h >= a.H) continue;
+    for (int j = 0; j < NT; j++) {
+      i64 n = i0 + tn * NT + j;
+      if (n < a.width) lg[h * a.width + n] = acc[i][j];
+    }
+  }
+}
+KERNEL(glmf_mla_logits, MLALogitsArgs) { mla_logits<64, 64, 4, 4>(a); }
+KERNEL(glmf_mla_logits_s, MLALogitsArgs) { mla_logits<16, 32, 2, 2>(a); }
+
+// mla_softmax: per (head x, row t0 + y), a power-of-two block: over the selected
+// entries, l = scale·lg, e = exp(l − max) in double rounded to float, the
+// weights e/Σe (float32 sum), as the CPU; unselected entries (and a row
+// with none) get 0.
+struct MLASoftmaxArgs { const int* sel; i64 width; float* lg; i64 t0, H; double scale; };
+KERNEL(glmf_mla_softmax, MLASoftmaxArgs) {
+  i64 z = blockIdx.y, t = a.t0 + z, h = blockIdx.x;
+  const int* srow = a.sel + t * a.width;
+  float* l = a.lg + (z * a.H + h) * a.width;
   float scale = (float)a.scale;
-  for (i64 i = warp; i < a.width; i += nw) {
-    int p = srow[i];
-    if (p < 0) continue;
-    float d = 0;
-    for (i64 r = lane; r < a.R; r += 32) d += q[r] * cache[(i64)p * a.R + r];
-    d = warp_sum(d);
-    if (lane == 0) lg[i] = d * scale;
+  float mx = -INFINITY;
+  for (i64 i = threadIdx.x; i < a.width; i += blockDim.x)
+    if (srow[i] >= 0) mx = fmaxf(mx, l[i] * scale);
+  mx = block_max(mx);
+  float s = 0;
+  for (i64 i = threadIdx.x; i < a.width; i += blockDim.x) {
+    float e = 0;
+    if (srow[i] >= 0) e = (float)exp((double)(l[i] * scale - mx));
+    l[i] = e;
+    s += e;
   }
-  __syncthreads();
-  __shared__ int any_s;
-  if (threadIdx.x == 0) {
-    float mx = -INFINITY;
-    int any = 0;
-    for (i64 i = 0; i < a.width; i++)
-      if (srow[i] >= 0) {
-        any = 1;
-        if (lg[i] > mx) mx = lg[i];
-      }
-    float s = 0;
-    for (i64 i = 0; i < a.width; i++)
-      if (srow[i] >= 0) {
-        lg[i] = (float)exp((double)(lg[i] - mx));
-        s += lg[i];
-      }
-    for (i64 i = 0; i < a.width; i++) lg[i] = srow[i] >= 0 ? lg[i] / s : 0;
-    any_s = any;
-  }
-  __syncthreads();
-  for (i64 r = threadIdx.x; r < a.R; r += blockDim.x) {
-    float acc = 0;
-    if (any_s)
-      for (i64 i = 0; i < a.width; i++) {
-        int p = srow[i];
-        if (p >= 0) acc += lg[i] * cache[(i64)p * a.R + r];
-      }
-    a.ol[th * a.R + r] = acc;
-  }
+  s = block_sum(s);
+  for (i64 i = threadIdx.x; i < a.width; i += blockDim.x) l[i] = srow[i] >= 0 ? l[i] / s : 0.f;
 }
 
-// mla_expand: o[t][h·dv+e] = Σ_r W[h·(dq+dv)+dq+e][r]·ol[t][h][r] (the value
-// half of kv_b_proj). One block per (t, h).
-struct MLAExpandArgs {
-  const float* ol; const void* w; i64 w_bf16; float* o; i64 T, H, dq, dv, R;
+// mla_accum: for row t = t0 + blockIdx.z, heads [y·TM, +TM) and latent
+// dims [x·TN, +TN): ol[t][h][r] = Σ_i w[z][h][i]·cache[sel[t][i]][r] over
+// the entries up to the row's last selected one (unselected: weight 0).
+struct MLAAccumArgs {
+  BatchMeta m;
+  const float* lg; const int* sel; i64 width;
+  const float* cache; i64 slot_stride;
+  float* ol; i64 t0, H, R;
 };
-KERNEL(glmf_mla_expand, MLAExpandArgs) {
-  DYN_SMEM(float, ls);
-  i64 th = blockIdx.x;
-  if (th >= a.T * a.H) return;
-  i64 h = th % a.H;
-  for (i64 r = threadIdx.x; r < a.R; r += blockDim.x) ls[r] = a.ol[th * a.R + r];
-  __syncthreads();
-  for (i64 e = threadIdx.x; e < a.dv; e += blockDim.x) {
-    float acc = 0;
-    i64 wrow = (h * (a.dq + a.dv) + a.dq + e) * a.R;
-    for (i64 r = 0; r < a.R; r++) acc += ldw(a.w, wrow + r, a.w_bf16) * ls[r];
-    a.o[th * a.dv + e] = acc;
+template <int TM, int TN, int MT, int NT>
+DEVFN void mla_accum(const MLAAccumArgs& a) {
+  i64 z = blockIdx.z, t = a.t0 + z, h0 = (i64)blockIdx.y * TM, r0 = (i64)blockIdx.x * TN;
+  const int* srow = a.sel + t * a.width;
+  int last = 0;
+  for (i64 i = threadIdx.x; i < a.width; i += blockDim.x)
+    if (srow[i] >= 0) last = (int)i + 1;
+  i64 K = block_reduce(last, [](int x, int y) { return x > y ? x : y; });
+  const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
+  const float* w = a.lg + (z * a.H + h0) * a.width;
+  float acc[MT][NT];
+  mla_mm<TM, TN, MT, NT, false>(
+      K,
+      [&](int m, i64 k) { return h0 + m < a.H ? w[m * a.width + k] : 0.f; },
+      [&](i64 k, int n) {
+        int p = srow[k];
+        return p >= 0 && r0 + n < a.R ? cache[(i64)p * a.R + r0 + n] : 0.f;
+      },
+      acc);
+  int tm = mla_tm<TN, NT>(), tn = mla_tn<TN, NT>();
+  for (int i = 0; i < MT; i++) {
+    i64 h = h0 + tm * MT + i;
+    if (h >= a.H) continue;
+    for (int j = 0; j < NT; j++) {
+      i64 r = r0 + tn * NT + j;
+      if (r < a.R) a.ol[(t * a.H + h) * a.R + r] = acc[i][j];
+    }
   }
 }
+KERNEL(glmf_mla_accum, MLAAccumArgs) { mla_accum<64, 64, 4, 4>(a); }
+KERNEL(glmf_mla_accum_s, MLAAccumArgs) { mla_accum<16, 32, 2, 2>(a); }

@@ -1,0 +1,163 @@
+package cuda_test
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	kc "github.com/glmflash/glmflash/kernels/cuda"
+	"github.com/glmflash/glmflash/kernels/gemm"
+	"github.com/glmflash/glmflash/kernels/mla"
+	"github.com/stretchr/testify/require"
+)
+
+// mlaCase is a batch of sequences for the absorbed-MLA kernels: each
+// sequence's latent cache (in its slot) and its rows' selections.
+type mlaCase struct {
+	H, dq, dv, R, width int
+	lens, news          []int // cached positions (including the new rows) and new rows per sequence
+}
+
+// runMLAKernels runs qabs, logits, softmax, accum and expand as the backend
+// does (the small or the big tiles) and returns o [T][H·dv].
+func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small bool, meta kc.BatchMeta, q, w, sel, cache buf, wbf16 int64, slotStride, T int) []float32 {
+	H, dq, dv, R, width := c.H, c.dq, c.dv, c.R, c.width
+	sfx, tm, tn, th := "", 64, 64, uint32(256)
+	if small {
+		sfx, tm, tn, th = "_s", 16, 32, 128
+	}
+	cdiv := func(x, y int) uint32 { return uint32((x + y - 1) / y) }
+	qa := poisoned[float32](t, d, T*H*R)
+	ol := poisoned[float32](t, d, T*H*R)
+	o := poisoned[float32](t, d, T*H*dv)
+	stride := int64((dq + dv) * R)
+	qab := kc.MLAHeadMMArgs{A: q.p, Lda: int64(H * dq), AHead: int64(dq), W: w.p, WBf16: wbf16, WHead: stride, WLd: int64(R),
+		C: qa.p, Ldc: int64(H * R), CHead: int64(R), M: int64(T), N: int64(R), K: int64(dq)}
+	launch(t, d, "glmf_mla_qabs"+sfx, kc.Dim3{X: cdiv(R, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &qab)
+	tc := 3 // row chunks of 3: the chunking must not matter
+	lg := poisoned[float32](t, d, tc*H*width)
+	for t0 := 0; t0 < T; t0 += tc {
+		nr := min(tc, T-t0)
+		lo := kc.MLALogitsArgs{M: meta, Qa: qa.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
+			Lg: lg.p, T0: int64(t0), H: int64(H), R: int64(R)}
+		launch(t, d, "glmf_mla_logits"+sfx, kc.Dim3{X: cdiv(width, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &lo)
+		sm := kc.MLASoftmaxArgs{Sel: sel.p, Width: int64(width), Lg: lg.p, T0: int64(t0), H: int64(H), Scale: float64(float32(1 / math.Sqrt(float64(dq))))}
+		launch(t, d, "glmf_mla_softmax", kc.Dim3{X: uint32(H), Y: uint32(nr)}, kc.Dim3{X: 256}, 0, &sm)
+		ac := kc.MLAAccumArgs{M: meta, Lg: lg.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
+			Ol: ol.p, T0: int64(t0), H: int64(H), R: int64(R)}
+		launch(t, d, "glmf_mla_accum"+sfx, kc.Dim3{X: cdiv(R, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &ac)
+	}
+	ex := kc.MLAHeadMMArgs{A: ol.p, Lda: int64(H * R), AHead: int64(R), W: w.p, WBf16: wbf16, WHead: stride, WOff: int64(dq * R), WLd: int64(R),
+		C: o.p, Ldc: int64(H * dv), CHead: int64(dv), M: int64(T), N: int64(dv), K: int64(R)}
+	launch(t, d, "glmf_mla_expand"+sfx, kc.Dim3{X: cdiv(dv, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &ex)
+	return download[float32](t, o)
+}
+
+// The absorbed-MLA kernels match the CPU's absorbed path (kernels/mla) with
+// fp32 and bf16 weights, at 1, 5 and 70 rows whose selections hold sparse
+// positions, −1 padding inside and at the end, and empty rows; the small
+// and big tiles give the same bits.
+func TestMLAKernelsMatchCPU(t *testing.T) {
+	d := openDevice(t)
+	cases := []mlaCase{
+		{H: 5, dq: 24, dv: 20, R: 40, width: 80, lens: []int{37}, news: []int{1}},
+		{H: 5, dq: 24, dv: 20, R: 40, width: 80, lens: []int{9, 130}, news: []int{2, 3}},
+		{H: 4, dq: 32, dv: 16, R: 68, width: 100, lens: []int{30, 140, 20}, news: []int{30, 25, 15}},
+		{H: 17, dq: 16, dv: 8, R: 36, width: 70, lens: []int{75}, news: []int{70}},
+	}
+	for ci, c := range cases {
+		for _, bf := range []bool{false, true} {
+			t.Run(fmt.Sprintf("case%d/bf16=%v", ci, bf), func(t *testing.T) {
+				r := rand.New(rand.NewPCG(uint64(ci), 7))
+				H, dq, dv, R, width := c.H, c.dq, c.dv, c.R, c.width
+				S := len(c.lens)
+				T := 0
+				for _, n := range c.news {
+					T += n
+				}
+				maxLen := 0
+				for _, l := range c.lens {
+					maxLen = max(maxLen, l)
+				}
+				slotStride := (maxLen + 3) * R
+				slots := make([]int32, S)
+				for s := range slots {
+					slots[s] = int32(S - 1 - s) // slots in another order than the sequences
+				}
+				cache := randn(r, S*slotStride, 1)
+				wf := randn(r, H*(dq+dv)*R, 0.2)
+				var wbuf buf
+				wbf16 := int64(0)
+				if bf {
+					var wb []uint16
+					wb, wf = toBF16(wf)
+					wbuf, wbf16 = upload(t, d, wb), 1
+				} else {
+					wbuf = upload(t, d, wf)
+				}
+				q := randn(r, T*H*dq, 1)
+				sel := make([]int32, T*width)
+				var seqSlot, seqPos0, seqN, seqRow0, rowSeq, rowPos, lastRow []int32
+				want := make([]float32, T*H*dv)
+				row := 0
+				for s := 0; s < S; s++ {
+					L, n := c.lens[s], c.news[s]
+					seqSlot = append(seqSlot, slots[s])
+					seqPos0 = append(seqPos0, int32(L-n))
+					seqN = append(seqN, int32(n))
+					seqRow0 = append(seqRow0, int32(row))
+					lastRow = append(lastRow, int32(row+n-1))
+					for j := 0; j < n; j++ {
+						tr := row + j
+						pos := L - n + j
+						rowSeq = append(rowSeq, int32(s))
+						rowPos = append(rowPos, int32(pos))
+						srow := sel[tr*width : (tr+1)*width]
+						for i := range srow {
+							srow[i] = -1
+						}
+						if (tr+ci)%11 == 4 {
+							continue // an empty selection
+						}
+						o := 0
+						for p := 0; p <= pos && o < width; p++ {
+							switch {
+							case p < pos-40 && r.IntN(3) != 0: // sparse far context
+							case r.IntN(9) == 0 && o < width-1:
+								o++ // −1 padding inside the row
+								srow[o] = int32(p)
+								o++
+							default:
+								srow[o] = int32(p)
+								o++
+							}
+						}
+					}
+					// the CPU reference for this sequence
+					ckv := cache[int(slots[s])*slotStride : int(slots[s])*slotStride+L*R]
+					cfg := &mla.Config{Heads: H, QKDim: dq, VDim: dv, Rank: R, Scale: float32(1 / math.Sqrt(float64(dq))), KVBW: wf, Params: gemm.Default()}
+					cfg.AttendAbsorbed(want[row*H*dv:(row+n)*H*dv], q[row*H*dq:(row+n)*H*dq], ckv, sel[row*width:(row+n)*width], n, width)
+					row += n
+				}
+				meta := kc.BatchMeta{SeqSlot: upload(t, d, seqSlot).p, SeqPos0: upload(t, d, seqPos0).p, SeqN: upload(t, d, seqN).p,
+					SeqRow0: upload(t, d, seqRow0).p, RowSeq: upload(t, d, rowSeq).p, RowPos: upload(t, d, rowPos).p,
+					LastRow: upload(t, d, lastRow).p, S: int64(S), T: int64(T)}
+				qb, selb, cb := upload(t, d, q), upload(t, d, sel), upload(t, d, cache)
+				big := runMLAKernels(t, d, c, false, meta, qb, wbuf, selb, cb, wbf16, slotStride, T)
+				smallOut := runMLAKernels(t, d, c, true, meta, qb, wbuf, selb, cb, wbf16, slotStride, T)
+				require.Less(t, maxRelErr(t, big, want), 2e-6)
+				for i := range big {
+					require.Equal(t, math.Float32bits(big[i]), math.Float32bits(smallOut[i]), "element %d: big and small tiles differ", i)
+				}
+				for tr := 0; tr < T; tr++ {
+					if (tr+ci)%11 == 4 {
+						for _, v := range big[tr*H*dv : (tr+1)*H*dv] {
+							require.Zero(t, v, "row %d has no selection", tr)
+						}
+					}
+				}
+			})
+		}
+	}
+}
