@@ -74,10 +74,19 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 	// for fp8 experts and in precision bf16; else 64-row tiles on the tiled
 	// kernel (bf16/fp32 experts in fp32 precision always: its sums are the
 	// ascending-k ones every other kernel gives).
+	//
+	// In precision bf16 (bf16 or fp8 experts) on compute 9.0+, tiles of
+	// more rows go to the tensor-core kernel glmf_moe_mma in 128-row tiles
+	// (bf16 products summed in fp32; fp8 weights rounded to bf16 as the
+	// library GEMMs of precision bf16 take them).
 	gemv := func(TK int) bool { return (gate.fp8 || round == 1) && TK <= kc.GemvRows*E }
+	mma := func(TK int) bool { return round == 1 && !gemv(TK) && kc.MoEMMA(p.b.dev) }
 	tileRows := func(TK int) int {
-		if gemv(TK) {
+		switch {
+		case gemv(TK):
 			return kc.GemvRows
+		case mma(TK):
+			return kc.MoEMMARows
 		}
 		return moeTile
 	}
@@ -110,8 +119,11 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 			dn.Out[0], dn.Ow[0] = contrib, int64(D)
 			for _, g := range []*kc.GemmArgs{&gu, &dn} {
 				name, grid, block := "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(nt)}, block256
-				if gemv(TK) {
+				switch {
+				case gemv(TK):
 					name, grid, block = kc.GemvLaunch(int(g.N), nt, 1)
+				case mma(TK):
+					name, grid, block = kc.MoEMMALaunch(int(g.N), nt, g.W2 != 0)
 				}
 				if err := kc.Launch(rc.dev, name, grid, block, 0, g); err != nil {
 					return err
