@@ -44,6 +44,35 @@
 // bf16 bits (nearest even) of a float.
 DEVFN unsigned mm_bf16_bits(float x) { return __float_as_uint(bf16_round(x)) >> 16; }
 
+// The bf16 (nearest even) of lo and hi packed (lo in the low half): one
+// cvt.rn.bf16x2.f32 on the GPU, which rounds finite values and infinities
+// exactly as bf16_round (NaN stays NaN).
+DEVFN unsigned mm_pack_bf16x2(float lo, float hi) {
+#ifdef GLMF_EMU
+  return mm_bf16_bits(lo) | (mm_bf16_bits(hi) << 16);
+#else
+  unsigned d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+#endif
+}
+
+// The values of two fp8 e4m3 codes (low byte → lo), exactly as fp8f: on
+// sm_89+ one cvt.rn.f16x2.e4m3x2 (every e4m3 value is an fp16 value, the
+// low byte converted into the low half) and two exact widenings.
+DEVFN void mm_fp8x2(unsigned c2, float& lo, float& hi) {
+#if defined(GLMF_EMU) || __CUDA_ARCH__ < 890
+  lo = fp8f(c2 & 0xffu);
+  hi = fp8f((c2 >> 8) & 0xffu);
+#else
+  unsigned h2;
+  unsigned short c = (unsigned short)c2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(c));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((unsigned short)(h2 & 0xffffu)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((unsigned short)(h2 >> 16)));
+#endif
+}
+
 DEVFN void moe_mma_body(const GemmArgs& a) {
   using namespace nvcuda;
   __shared__ __align__(128) u16 sm[2 * MM_STAGE];
@@ -149,12 +178,13 @@ DEVFN void moe_mma_body(const GemmArgs& a) {
     u16* Ws = As + MM_BM * MM_LD;
     unsigned pa[8], pw[8];
     #pragma unroll
-    for (int j = 0; j < 8; j++) pa[j] = mm_bf16_bits(av[2 * j]) | (mm_bf16_bits(av[2 * j + 1]) << 16);
+    for (int j = 0; j < 8; j++) pa[j] = mm_pack_bf16x2(av[2 * j], av[2 * j + 1]);
     if (fp8) {
       #pragma unroll
       for (int j = 0; j < 8; j++) {
-        unsigned c0 = (wq[j >> 1] >> (16 * (j & 1))) & 0xffu, c1 = (wq[j >> 1] >> (16 * (j & 1) + 8)) & 0xffu;
-        pw[j] = mm_bf16_bits(fp8f(c0) * wsc) | (mm_bf16_bits(fp8f(c1) * wsc) << 16);
+        float lo, hi;
+        mm_fp8x2(wq[j >> 1] >> (16 * (j & 1)), lo, hi);
+        pw[j] = mm_pack_bf16x2(lo * wsc, hi * wsc);
       }
     } else {
       #pragma unroll
