@@ -13,9 +13,11 @@ import (
 // of precision bf16 on the gpu preset's shapes (hidden 4096, expert
 // intermediate 2048) at 4096 and 32768 routed rows (512 and 4096 tokens at
 // top-8) over 16 and 288 experts, fp8 (128×128 block scales) and bf16
-// weights: glmf_moe_mma (tensor cores, 128-row tiles) against the SIMT
+// weights: glmf_moe_mma_bf16 (tensor cores, 128-row tiles, x cast to bf16
+// once and act kept in bf16: what bindMoEExperts runs; the cast is timed
+// with it), glmf_moe_mma (the same reading fp32 x and act) and the SIMT
 // glmf_gemm_tiled (64-row tiles, activations rounded to bf16) that ran
-// before it. Metrics: µs per layer (both GEMMs) and TFLOP/s of the routed
+// before them. Metrics: µs per layer (both GEMMs) and TFLOP/s of the routed
 // work 2·rows·3·D·I (padding of partial tiles not counted). Device time
 // from CUDA events around a captured graph of reps layers. Run on a GPU:
 //
@@ -85,30 +87,42 @@ func BenchmarkMoEExperts(b *testing.B) {
 				X := upload(b, d, randn(r, T*D, 1))
 				Idx, Wt := upload(b, d, idx), upload(b, d, w)
 				act, contrib := poisoned[float32](b, d, R*I), poisoned[float32](b, d, R*D)
-				for _, kernel := range []string{"mma", "tiled"} {
+				xb := poisoned[uint16](b, d, T*D)
+				for _, kernel := range []string{"mma-bf16", "mma", "tiled"} {
 					bm := kc.MoEMMARows
 					if kernel == "tiled" {
 						bm = 64
 					}
-					if kernel == "mma" && !kc.MoEMMA(d) {
+					if kernel != "tiled" && !kc.MoEMMA(d) {
 						continue
+					}
+					bf16A := kernel == "mma-bf16"
+					aRound, A := int64(1), X.p
+					if bf16A {
+						aRound, A = 2, xb.p
 					}
 					nt := (R+bm-1)/bm + min(E, R)
 					perm, tiles := poisoned[int32](b, d, R), poisoned[int32](b, d, 1+3*nt)
 					pa := kc.PlanArgs{Idx: Idx.p, TK: int64(R), E: int64(E), Bm: int64(bm), Perm: perm.p, Tiles: tiles.p}
-					gu := kc.GemmArgs{A: X.p, Lda: D, W: G.p, WType: wt, WGoff: I * D, W2: U.p, M: int64(R), N: I, K: D,
-						Nout: 1, Tiles: tiles.p, Perm: perm.p, ADiv: topK, Limit: 7, ARound: 1}
+					gu := kc.GemmArgs{A: A, Lda: D, W: G.p, WType: wt, WGoff: I * D, W2: U.p, M: int64(R), N: I, K: D,
+						Nout: 1, Tiles: tiles.p, Perm: perm.p, ADiv: topK, Limit: 7, ARound: aRound}
 					gu.Out[0], gu.Ow[0] = act.p, I
 					dn := kc.GemmArgs{A: act.p, Lda: I, W: Dn.p, WType: wt, WGoff: D * I, M: int64(R), N: D, K: I,
-						Nout: 1, Tiles: tiles.p, Perm: perm.p, RowScale: Wt.p, Scatter: contrib.p, ARound: 1}
+						Nout: 1, Tiles: tiles.p, Perm: perm.p, RowScale: Wt.p, Scatter: contrib.p, ARound: aRound}
 					dn.Out[0], dn.Ow[0] = contrib.p, D
 					if wt == 2 {
 						gu.Ws, gu.Ws2, gu.WsLd, gu.WsGoff = GS.p, US.p, int64(sldGU), int64((I/128)*sldGU)
 						dn.Ws, dn.WsLd, dn.WsGoff = DS.p, int64(sldD), int64((D/128)*sldD)
 					}
+					cast := kc.ToBF16Args{X: X.p, Out: xb.p, N: int64(T * D)}
 					layer := func() error {
+						if bf16A { // x to bf16 once, as bindMoEExperts does
+							if err := kc.Launch(d, "glmf_to_bf16", kc.Dim3{X: uint32((T*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &cast); err != nil {
+								return err
+							}
+						}
 						for _, g := range []*kc.GemmArgs{&gu, &dn} {
-							name, grid, block := kc.MoEMMALaunch(int(g.N), nt, g.W2 != 0)
+							name, grid, block := kc.MoEMMALaunch(int(g.N), nt, g.W2 != 0, bf16A)
 							if kernel == "tiled" {
 								name, grid, block = "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(nt)}, kc.Dim3{X: 256}
 							}

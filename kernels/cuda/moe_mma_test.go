@@ -85,11 +85,14 @@ func (c *moeCase) cpu() []float32 {
 	return want
 }
 
-// run computes the layer on the device in precision bf16: on glmf_moe_mma
-// (128-row tiles) or, with tiled, the existing path (64-row tiles on
-// glmf_gemm_tiled rounding A to bf16, fp8 weights turned into bf16 by
-// glmf_fp8_to_bf16 first).
-func (c *moeCase) run(t *testing.T, d *kc.Device, tiled bool) []float32 {
+// run computes the layer on the device in precision bf16: kernel "mma"
+// (glmf_moe_mma, 128-row tiles, fp32 x and act), "mma-bf16"
+// (glmf_moe_mma_bf16: x turned into bf16 by glmf_to_bf16 first, act kept
+// in bf16) or "tiled", the existing path (64-row tiles on glmf_gemm_tiled
+// rounding A to bf16, fp8 weights turned into bf16 by glmf_fp8_to_bf16
+// first).
+func (c *moeCase) run(t *testing.T, d *kc.Device, kernel string) []float32 {
+	tiled, bf16A := kernel == "tiled", kernel == "mma-bf16"
 	T, E, K, D, I := c.T, c.E, c.K, c.D, c.I
 	TK := T * K
 	bm := kc.MoEMMARows
@@ -116,23 +119,30 @@ func (c *moeCase) run(t *testing.T, d *kc.Device, tiled bool) []float32 {
 			wtype = 1
 		}
 	}
+	aRound := int64(1)
+	if bf16A {
+		xb := poisoned[uint16](t, d, T*D)
+		a := kc.ToBF16Args{X: X.p, Out: xb.p, N: int64(T * D)}
+		launch(t, d, "glmf_to_bf16", kc.Dim3{X: uint32((T*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &a)
+		X, aRound = xb, 2
+	}
 	Idx, Wt := upload(t, d, c.idx), upload(t, d, c.w)
 	perm, tiles := poisoned[int32](t, d, TK), poisoned[int32](t, d, 1+3*maxTiles)
 	act, contrib, y := poisoned[float32](t, d, TK*I), poisoned[float32](t, d, TK*D), poisoned[float32](t, d, T*D)
 	pa := kc.PlanArgs{Idx: Idx.p, TK: int64(TK), E: int64(E), Bm: int64(bm), Perm: perm.p, Tiles: tiles.p}
 	launch(t, d, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
 	gu := kc.GemmArgs{A: X.p, Lda: int64(D), W: G.p, WType: wtype, WGoff: int64(I * D), W2: U.p, M: int64(TK), N: int64(I), K: int64(D),
-		Nout: 1, Tiles: tiles.p, Perm: perm.p, ADiv: int64(K), Limit: 1.5, ARound: 1}
+		Nout: 1, Tiles: tiles.p, Perm: perm.p, ADiv: int64(K), Limit: 1.5, ARound: aRound}
 	gu.Out[0], gu.Ow[0] = act.p, int64(I)
 	dn := kc.GemmArgs{A: act.p, Lda: int64(I), W: Dn.p, WType: wtype, WGoff: int64(D * I), M: int64(TK), N: int64(D), K: int64(I),
-		Nout: 1, Tiles: tiles.p, Perm: perm.p, RowScale: Wt.p, Scatter: contrib.p, ARound: 1}
+		Nout: 1, Tiles: tiles.p, Perm: perm.p, RowScale: Wt.p, Scatter: contrib.p, ARound: aRound}
 	dn.Out[0], dn.Ow[0] = contrib.p, int64(D)
 	if wtype == 2 {
 		gu.Ws, gu.Ws2, gu.WsLd, gu.WsGoff = GS.p, US.p, int64(c.sldGU), int64(len(c.gs)/E)
 		dn.Ws, dn.WsLd, dn.WsGoff = DS.p, int64(c.sldD), int64(len(c.ds)/E)
 	}
 	for _, g := range []*kc.GemmArgs{&gu, &dn} {
-		name, grid, block := kc.MoEMMALaunch(int(g.N), maxTiles, g.W2 != 0)
+		name, grid, block := kc.MoEMMALaunch(int(g.N), maxTiles, g.W2 != 0, bf16A)
 		if tiled {
 			name, grid, block = "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}
 		}
@@ -144,6 +154,7 @@ func (c *moeCase) run(t *testing.T, d *kc.Device, tiled bool) []float32 {
 }
 
 // glmf_moe_mma (tensor cores, fp32 sums of bf16 products) agrees with the
+// bits of glmf_moe_mma_bf16 (the same on bf16 x and act), and with the
 // CPU's precision-bf16 experts and with the existing path (the tiled
 // kernel on glmf_fp8_to_bf16's weights) at shapes with row tails (experts
 // whose rows are not a multiple of 128, a tile of fewer than 64 rows), N
@@ -168,8 +179,9 @@ func TestMoEMMAMatchesCPU(t *testing.T) {
 	} {
 		c := newMoECase(r, k.T, k.E, k.K, k.D, k.I, k.fp8, k.odd, k.dead)
 		want := c.cpu()
-		got := c.run(t, d, false)
-		ref := c.run(t, d, true)
+		got := c.run(t, d, "mma")
+		ref := c.run(t, d, "tiled")
+		require.Equal(t, got, c.run(t, d, "mma-bf16"), "%+v: bf16 x and act give the same bits", k)
 		eCPU, eRef, eRefCPU := maxRelErr(t, got, want), maxRelErr(t, got, ref), maxRelErr(t, ref, want)
 		t.Logf("%+v: mma vs cpu %.3g, mma vs tiled %.3g, tiled vs cpu %.3g", k, eCPU, eRef, eRefCPU)
 		require.Less(t, eCPU, 1e-4, "%+v vs CPU", k)

@@ -24,6 +24,11 @@
 // The epilogue goes through shared memory (wmma's register layout is
 // opaque): each warp stores a 16×16 accumulator and its lanes write 8
 // outputs each. Row, column and K tails are zero-filled.
+// a_round = 2 says that A holds bf16 bits (rows of lda elements: the
+// activations rounded once, by glmf_to_bf16 or the gate+up epilogue,
+// instead of by every block that reads them: half the bytes) and that the
+// dual epilogue writes its output as bf16 bits (down reads them so); any
+// other a_round: A is fp32, rounded to bf16 as it is staged.
 // grid = (ceil(N/128) single or ceil(N/64) dual, max tiles), 256 threads.
 #include "common.cuh"
 
@@ -73,6 +78,7 @@ DEVFN void mm_fp8x2(unsigned c2, float& lo, float& hi) {
 #endif
 }
 
+template <bool abf>  // A holds bf16 bits (a_round == 2)
 DEVFN void moe_mma_body(const GemmArgs& a) {
   using namespace nvcuda;
   __shared__ __align__(128) u16 sm[2 * MM_STAGE];
@@ -102,7 +108,8 @@ DEVFN void moe_mma_body(const GemmArgs& a) {
   const int sr = tid >> 1, sh = (tid & 1) * 16;
   const bool arow = sr < rows;
   const float* Ar = a.A + (i64)rowA[sr] * a.lda;
-  const bool avec = ((a.lda | K) & 3) == 0 && ((u64)a.A & 15) == 0;
+  const u16* Ar16 = (const u16*)a.A + (i64)rowA[sr] * a.lda;
+  const bool avec = ((a.lda | K) & (abf ? 7 : 3)) == 0 && ((u64)a.A & 15) == 0;
   // its weight row: matrix (gate/up in dual mode) and column n
   i64 n;
   const void* Wm;
@@ -121,14 +128,29 @@ DEVFN void moe_mma_body(const GemmArgs& a) {
   const u16* W16 = (const u16*)Wm + n * K;
   const bool wvec = fp8 ? (K & 15) == 0 && ((u64)Wm & 15) == 0 : (K & 7) == 0 && ((u64)Wm & 15) == 0;
 
-  // registers of one step in flight: 16 A values, 16 weights (fp8: 16
-  // codes in wq[0..3] and their scale; bf16: bits in wq[0..7])
+  // registers of one step in flight: 16 A values (bf16 A: their bits,
+  // packed in av[0..7]), 16 weights (fp8: 16 codes in wq[0..3] and their
+  // scale; bf16: bits in wq[0..7])
   float av[16];
   unsigned wq[8];
   float wsc = 0;
   auto load = [&](i64 k0) {
     i64 k = k0 + sh;
-    if (arow && avec && k + 16 <= K) {
+    if (abf) {
+      if (arow && avec && k + 16 <= K) {
+        const uint4* p = (const uint4*)(Ar16 + k);
+        uint4 q0 = p[0], q1 = p[1];
+        av[0] = __uint_as_float(q0.x), av[1] = __uint_as_float(q0.y), av[2] = __uint_as_float(q0.z), av[3] = __uint_as_float(q0.w);
+        av[4] = __uint_as_float(q1.x), av[5] = __uint_as_float(q1.y), av[6] = __uint_as_float(q1.z), av[7] = __uint_as_float(q1.w);
+      } else {
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+          unsigned lo = arow && k + 2 * j < K ? Ar16[k + 2 * j] : 0u;
+          unsigned hi = arow && k + 2 * j + 1 < K ? Ar16[k + 2 * j + 1] : 0u;
+          av[j] = __uint_as_float(lo | (hi << 16));
+        }
+      }
+    } else if (arow && avec && k + 16 <= K) {
       const float4* p = (const float4*)(Ar + k);
       #pragma unroll
       for (int j = 0; j < 4; j++) {
@@ -178,7 +200,7 @@ DEVFN void moe_mma_body(const GemmArgs& a) {
     u16* Ws = As + MM_BM * MM_LD;
     unsigned pa[8], pw[8];
     #pragma unroll
-    for (int j = 0; j < 8; j++) pa[j] = mm_pack_bf16x2(av[2 * j], av[2 * j + 1]);
+    for (int j = 0; j < 8; j++) pa[j] = abf ? __float_as_uint(av[j]) : mm_pack_bf16x2(av[2 * j], av[2 * j + 1]);
     if (fp8) {
       #pragma unroll
       for (int j = 0; j < 8; j++) {
@@ -252,9 +274,16 @@ DEVFN void moe_mma_body(const GemmArgs& a) {
       if (r < rows) {
         i64 c0 = n0 + 16 * wn + ec;
         float* o = a.out[0] + (p0 + r) * N;
+        u16* o16 = (u16*)a.out[0] + (p0 + r) * N;
         #pragma unroll
-        for (int q = 0; q < 8; q++)
-          if (c0 + q < N) o[c0 + q] = swiglu_clamped(scr[er * 16 + ec + q], scr[256 + er * 16 + ec + q], a.limit);
+        for (int q = 0; q < 8; q++) {
+          if (c0 + q >= N) continue;
+          float v = swiglu_clamped(scr[er * 16 + ec + q], scr[256 + er * 16 + ec + q], a.limit);
+          if (abf)
+            o16[c0 + q] = (u16)mm_bf16_bits(v);
+          else
+            o[c0 + q] = v;
+        }
       }
       __syncwarp();
     } else {
@@ -278,15 +307,22 @@ DEVFN void moe_mma_body(const GemmArgs& a) {
 }
 #endif
 
-// The kernel: empty where bf16 tensor cores are missing (the portable
-// compute_75 PTX); the backend launches it only on compute 9.0 and later,
-// where the sm_90 PTX is loaded.
+// The kernels (glmf_moe_mma_bf16: A in bf16, a_round = 2; separate
+// kernels so that each gets its own registers): empty where bf16 tensor
+// cores are missing (the portable compute_75 PTX); the backend launches
+// them only on compute 9.0 and later, where the sm_90 PTX is loaded.
 #ifdef GLMF_EMU
-KERNEL(glmf_moe_mma, GemmArgs) { moe_mma_body(a); }
+KERNEL(glmf_moe_mma, GemmArgs) { moe_mma_body<false>(a); }
+KERNEL(glmf_moe_mma_bf16, GemmArgs) { moe_mma_body<true>(a); }
 #else
 extern "C" __global__ void __launch_bounds__(256, 2) glmf_moe_mma(const GemmArgs a) {
 #ifdef GLMF_MOE_MMA
-  moe_mma_body(a);
+  moe_mma_body<false>(a);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(256, 2) glmf_moe_mma_bf16(const GemmArgs a) {
+#ifdef GLMF_MOE_MMA
+  moe_mma_body<true>(a);
 #endif
 }
 #endif
