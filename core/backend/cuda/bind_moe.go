@@ -84,10 +84,21 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 	// for fp8 experts and in precision bf16; else 64-row tiles on the tiled
 	// kernel (bf16/fp32 experts in fp32 precision always: its sums are the
 	// ascending-k ones every other kernel gives).
+	//
+	// In precision bf16 (bf16 or fp8 experts) on compute 9.0+, tiles of
+	// more rows go to the tensor-core kernel glmf_moe_mma in 128-row tiles
+	// (bf16 products summed in fp32; fp8 weights rounded to bf16 as the
+	// library GEMMs of precision bf16 take them), on its bf16-activation
+	// variant: x cast to bf16 once (a fifth temporary), act kept in bf16
+	// (the same roundings as reading fp32 with a_round, half the bytes).
 	gemv := func(TK int) bool { return (gate.fp8 || round == 1) && TK <= kc.GemvRows*E }
+	mma := func(TK int) bool { return round == 1 && !gemv(TK) && kc.MoEMMA(p.b.dev) }
 	tileRows := func(TK int) int {
-		if gemv(TK) {
+		switch {
+		case gemv(TK):
 			return kc.GemvRows
+		case mma(TK):
+			return kc.MoEMMARows
 		}
 		return moeTile
 	}
@@ -95,7 +106,11 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 	return &kstep{
 		temps: func(rc *runCtx) []int64 {
 			TK := rc.rows(in[0]) * K
-			return []int64{4 * int64(TK), 4 * int64(1+3*maxTiles(TK)), 4 * int64(TK*I), 4 * int64(TK*D)}
+			xb := int64(0)
+			if mma(TK) {
+				xb = 2 * int64(rc.rows(in[0])*D)
+			}
+			return []int64{4 * int64(TK), 4 * int64(1+3*maxTiles(TK)), 4 * int64(TK*I), 4 * int64(TK*D), xb}
 		},
 		run: func(rc *runCtx) error {
 			T := rc.rows(in[0])
@@ -118,10 +133,20 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 				M: int64(TK), N: int64(D), K: int64(I), Nout: 1, Tiles: tiles, Perm: perm, ADiv: 0, RowScale: rc.ptr(in[2]), Scatter: contrib, ARound: round}
 			down.setW(&dn)
 			dn.Out[0], dn.Ow[0] = contrib, int64(D)
+			if mma(TK) {
+				xb := rc.temps[4]
+				if err := castBF16(rc.dev, rc.ptr(in[0]), T*D, xb); err != nil {
+					return err
+				}
+				gu.A, gu.ARound, dn.ARound = xb, 2, 2
+			}
 			for _, g := range []*kc.GemmArgs{&gu, &dn} {
 				name, grid, block := "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(nt)}, block256
-				if gemv(TK) {
+				switch {
+				case gemv(TK):
 					name, grid, block = kc.GemvLaunch(int(g.N), nt, 1)
+				case mma(TK):
+					name, grid, block = kc.MoEMMALaunch(int(g.N), nt, g.W2 != 0, true)
 				}
 				if err := kc.Launch(rc.dev, name, grid, block, 0, g); err != nil {
 					return err

@@ -5,4 +5,5 @@
 #include "kda.cu"
 #include "dsa.cu"
 #include "moe.cu"
+#include "moe_mma.cu"
 #include "sample.cu"
