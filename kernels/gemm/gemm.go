@@ -238,12 +238,12 @@ func block(dst, x, w []float32, K, N, t0, t1, n0, n1 int) {
 }
 
 // Dot returns Σ a[i]·b[i] (len(b) ≥ len(a)); the summation order is that of
-// MatMulT with the implementation in use.
+// MatMulT with the implementation in use. It does not allocate.
 func Dot(a, b []float32) float32 {
 	b = b[:len(a)]
 	if s := cur.Load().simd; s != nil && len(a) > 0 {
 		var r float32
-		s.f32[1][1](unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), unsafe.Pointer(&r), 0, 0, uintptr(len(a)/s.vw), s.tail(len(a)), 0)
+		s.dot(unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), unsafe.Pointer(&r), uintptr(len(a)/s.vw), s.tail(len(a)))
 		return r
 	}
 	return dotGo(a, b)

@@ -2,7 +2,11 @@
 
 package gemm
 
-import "golang.org/x/sys/cpu"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
 
 //go:generate go run gen_asm.go
 
@@ -46,4 +50,17 @@ func simdImpls() []*impl {
 		}})
 	}
 	return ims
+}
+
+// dot runs the 1×1 fp32 microkernel of s (a dot product of nvec vectors
+// plus the tail) into *r. It calls the assembly directly rather than
+// through the kernel table: a call through a function value makes the
+// compiler assume the arguments escape, so Dot's result would be
+// heap-allocated on every call; the assembly is go:noescape.
+func (s *simdImpl) dot(a, b, r unsafe.Pointer, nvec, tail uintptr) {
+	if s.maskTail { // AVX-512 (the only set with lane-mask tails)
+		f32_avx512_r1c1(a, b, r, 0, 0, nvec, tail, 0)
+		return
+	}
+	f32_avx2_r1c1(a, b, r, 0, 0, nvec, tail, 0)
 }
