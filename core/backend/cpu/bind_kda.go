@@ -26,6 +26,7 @@ func bindKDAConv(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	P := in[1].Shape[1]
 	K := in[4].Shape[2]
 	layer := n.Layer
+	var scr [][]float32 // per sequence, reused by every run (runs are serialized)
 	return func(rc *runCtx) error {
 		q, k, v := rc.in(in[1]), rc.in(in[2]), rc.in(in[3])
 		seqs, err := rc.spans(in[0])
@@ -36,17 +37,18 @@ func bindKDAConv(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			return err
 		}
 		oq, ok, ov := rc.out(outs[0]), rc.out(outs[1]), rc.out(outs[2])
+		scr = growScratch(scr, len(seqs))
 		parallel.Each(len(seqs), func(si int) {
 			s := seqs[si]
 			C := 3 * P
-			u := make([]float32, s.n*C)
+			buf := takeScratch(&scr[si], 2*s.n*C)
+			u, y := buf[:s.n*C], buf[s.n*C:]
 			for j := 0; j < s.n; j++ {
 				r := s.row0 + j
 				copy(u[j*C:j*C+P], q[r*P:(r+1)*P])
 				copy(u[j*C+P:j*C+2*P], k[r*P:(r+1)*P])
 				copy(u[j*C+2*P:j*C+3*P], v[r*P:(r+1)*P])
 			}
-			y := make([]float32, s.n*C)
 			var prev []float32
 			rb := s.seq.Rollback
 			if rb != nil {
@@ -108,6 +110,7 @@ func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	algo := a.String("algo", "auto")
 	layer := n.Layer
 	qscale := float32(1 / math.Sqrt(float64(Dh)))
+	var scr []kdaTask // per (sequence, head), reused by every run
 	return func(rc *runCtx) error {
 		q, k, v, g, beta := rc.in(in[1]), rc.in(in[2]), rc.in(in[3]), rc.in(in[4]), rc.in(in[5])
 		seqs, err := rc.spans(in[0])
@@ -118,11 +121,17 @@ func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			return err
 		}
 		o := rc.out(outs[0])
+		if len(scr) < len(seqs)*H {
+			scr = append(scr, make([]kdaTask, len(seqs)*H-len(scr))...)
+		}
 		parallel.Each(len(seqs)*H, func(task int) {
 			s, h := seqs[task/H], task%H
 			T := s.n
+			sc := &scr[task]
+			buf := takeScratch(&sc.buf, 5*T*Dh+T)
 			gather := func(src []float32) []float32 {
-				dst := make([]float32, T*Dh)
+				dst := buf[: T*Dh : T*Dh]
+				buf = buf[T*Dh:]
 				for j := 0; j < T; j++ {
 					r := s.row0 + j
 					copy(dst[j*Dh:(j+1)*Dh], src[r*P+h*Dh:r*P+(h+1)*Dh])
@@ -130,26 +139,25 @@ func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 				return dst
 			}
 			qh, kh, vh, gh := gather(q), gather(k), gather(v), gather(g)
-			bh := make([]float32, T)
+			oh, bh := buf[:T*Dh], buf[T*Dh:T*Dh+T]
 			for j := 0; j < T; j++ {
 				bh[j] = beta[(s.row0+j)*H+h]
 			}
 			kda.L2Normalize(qh, T, Dh, 1e-6, qscale)
 			kda.L2Normalize(kh, T, Dh, 1e-6, 1)
 			S := s.seq.State[layer][h*Dh*Dh : (h+1)*Dh*Dh]
-			oh := make([]float32, T*Dh)
 			if rb := s.seq.Rollback; rb != nil {
 				// a checkpointed span (a verify span): token by token, keeping
 				// the state after every position so that Truncate can restore it
 				n := len(s.seq.State[layer])
 				for j := 0; j < T; j++ {
-					kda.Recurrent(oh[j*Dh:(j+1)*Dh], qh[j*Dh:(j+1)*Dh], kh[j*Dh:(j+1)*Dh], vh[j*Dh:(j+1)*Dh], gh[j*Dh:(j+1)*Dh], bh[j:j+1], 1, Dh, Dh, S)
+					sc.ws.Recurrent(oh[j*Dh:(j+1)*Dh], qh[j*Dh:(j+1)*Dh], kh[j*Dh:(j+1)*Dh], vh[j*Dh:(j+1)*Dh], gh[j*Dh:(j+1)*Dh], bh[j:j+1], 1, Dh, Dh, S)
 					rb.RecordKDAState(layer, s.pos0+j, h*Dh*Dh, S, n)
 				}
 			} else if algo == "recurrent" || (algo == "auto" && T == 1) {
-				kda.Recurrent(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
+				sc.ws.Recurrent(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
 			} else {
-				kda.Chunked(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
+				sc.ws.Chunked(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
 			}
 			for j := 0; j < T; j++ {
 				r := s.row0 + j
@@ -180,4 +188,28 @@ func haveKDA(seqs []seqRun, layer int) error {
 		}
 	}
 	return nil
+}
+
+// kdaTask is the scratch of one (sequence, head) task of kda_attn: the
+// gathered q, k, v, g, β and output rows, and the kernel's workspace.
+type kdaTask struct {
+	buf []float32
+	ws  kda.Workspace
+}
+
+// growScratch returns s with at least n per-task buffers.
+func growScratch(s [][]float32, n int) [][]float32 {
+	if len(s) < n {
+		s = append(s, make([][]float32, n-len(s))...)
+	}
+	return s
+}
+
+// takeScratch returns n floats of *b, growing it when it is shorter
+// (contents undefined).
+func takeScratch(b *[]float32, n int) []float32 {
+	if cap(*b) < n {
+		*b = make([]float32, n)
+	}
+	return (*b)[:n]
 }
