@@ -29,11 +29,16 @@ type Router struct {
 // scaled. Ties go to the lower index. idx and w are [T][TopK]; idx is sorted
 // ascending within a token.
 func (r *Router) Route(idx []int32, w []float32, logits []float32, T int) {
+	r.RouteWith(new(Workspace), idx, w, logits, T)
+}
+
+// RouteWith is Route with its scratch taken from ws.
+func (r *Router) RouteWith(ws *Workspace, idx []int32, w []float32, logits []float32, T int) {
 	E, K := r.Experts, r.TopK
-	s := make([]float32, E)
-	choice := make([]float32, E)
+	s := grow(&ws.s, E)
+	choice := grow(&ws.choice, E)
 	per := E / r.Groups
-	gs := make([]float32, r.Groups)
+	gs := grow(&ws.gs, r.Groups)
 	for t := 0; t < T; t++ {
 		lt := logits[t*E : (t+1)*E]
 		for e, v := range lt {
@@ -52,8 +57,9 @@ func (r *Router) Route(idx []int32, w []float32, logits []float32, T int) {
 				}
 				gs[g] = a + b
 			}
-			keep := topK(gs, r.TopKGroup)
-			allowed := make([]bool, r.Groups)
+			keep := ws.topK(gs, r.TopKGroup)
+			allowed := grow(&ws.allowed, r.Groups)
+			clear(allowed)
 			for _, g := range keep {
 				allowed[g] = true
 			}
@@ -63,7 +69,7 @@ func (r *Router) Route(idx []int32, w []float32, logits []float32, T int) {
 				}
 			}
 		}
-		sel := topK(choice, K)
+		sel := ws.topK(choice, K)
 		sort.Ints(sel)
 		var sum float32
 		for k, e := range sel {
@@ -80,14 +86,58 @@ func (r *Router) Route(idx []int32, w []float32, logits []float32, T int) {
 	}
 }
 
-// topK returns the indices of the k largest values (ties: lower index first).
-func topK(v []float32, k int) []int {
-	idx := make([]int, len(v))
-	for i := range idx {
-		idx[i] = i
+// Workspace is the scratch memory of Router.RouteWith and
+// Experts.ForwardWith. Calls through one Workspace reuse its memory,
+// growing it only when a call needs more, so a steady stream of calls
+// allocates nothing. The zero value is ready to use; a Workspace serves one
+// call at a time.
+type Workspace struct {
+	// routing
+	s, choice, gs []float32
+	allowed       []bool
+	order         byDesc
+	// experts: slots per expert, the active experts, the weighted
+	// contributions and every active expert's x, gate, up and down rows
+	tokens      [][]int
+	active      []int
+	base        []int
+	contrib     []float32
+	xs, g, u, y []float32
+}
+
+// grow returns (*b)[:n], reallocating when the capacity is short (contents
+// undefined).
+func grow[E any](b *[]E, n int) []E {
+	if cap(*b) < n {
+		*b = make([]E, n)
 	}
-	sort.SliceStable(idx, func(a, b int) bool { return v[idx[a]] > v[idx[b]] })
-	return idx[:k]
+	return (*b)[:n]
+}
+
+// byDesc orders indices by descending value (sort.Stable keeps ties in
+// index order).
+type byDesc struct {
+	idx []int
+	v   []float32
+}
+
+func (b *byDesc) Len() int           { return len(b.idx) }
+func (b *byDesc) Less(i, j int) bool { return b.v[b.idx[i]] > b.v[b.idx[j]] }
+func (b *byDesc) Swap(i, j int)      { b.idx[i], b.idx[j] = b.idx[j], b.idx[i] }
+
+// topK returns the indices of the k largest values (ties: lower index
+// first), in ws's memory (valid until the next topK). sort.Stable runs the
+// same comparisons and swaps as sort.SliceStable did, so the choice is
+// unchanged even where comparisons are not a strict order (NaN).
+func (ws *Workspace) topK(v []float32, k int) []int {
+	o := &ws.order
+	o.idx, o.v = grow(&o.idx, len(v)), v
+	for i := range o.idx {
+		o.idx[i] = i
+	}
+	sort.Stable(o)
+	o.v = nil
+	return o.idx[:k]
 }
 
 // Experts are the routed experts' weights: per expert gate and up
@@ -113,30 +163,44 @@ type Experts struct {
 // one GEMM over its tokens; contributions are summed per token in ascending
 // expert order, so results do not depend on scheduling.
 func (ex *Experts) Forward(dst, x []float32, idx []int32, w []float32, T, K int) {
+	ex.ForwardWith(new(Workspace), dst, x, idx, w, T, K)
+}
+
+// ForwardWith is Forward with its scratch taken from ws.
+func (ex *Experts) ForwardWith(ws *Workspace, dst, x []float32, idx []int32, w []float32, T, K int) {
 	D, I := ex.D, ex.I
-	tokens := make([][]int, ex.N) // per expert: flat (t*K+k) slots
+	tokens := grow(&ws.tokens, ex.N) // per expert: flat (t*K+k) slots
+	for e := range tokens {
+		tokens[e] = tokens[e][:0]
+	}
 	for s := 0; s < T*K; s++ {
 		e := idx[s]
 		tokens[e] = append(tokens[e], s)
 	}
-	contrib := make([]float32, T*K*D)
-	active := make([]int, 0, ex.N)
+	contrib := grow(&ws.contrib, T*K*D)
+	active := grow(&ws.active, ex.N)[:0]
+	base := grow(&ws.base, ex.N)[:0] // first row of each active expert's blocks
+	rows := 0
 	for e := range tokens {
 		if len(tokens[e]) > 0 {
 			active = append(active, e)
+			base = append(base, rows)
+			rows += len(tokens[e])
 		}
 	}
+	xsAll, gAll := grow(&ws.xs, rows*D), grow(&ws.g, rows*I)
+	uAll, yAll := grow(&ws.u, rows*I), grow(&ws.y, rows*D)
 	parallel.Each(len(active), func(ai int) {
 		e := active[ai]
 		slots := tokens[e]
-		n := len(slots)
-		xs := make([]float32, n*D)
+		n, b := len(slots), base[ai]
+		xs := xsAll[b*D : (b+n)*D]
 		for i, s := range slots {
 			copy(xs[i*D:(i+1)*D], x[(s/K)*D:(s/K+1)*D])
 		}
-		g := make([]float32, n*I)
-		u := make([]float32, n*I)
-		y := make([]float32, n*D)
+		g := gAll[b*I : (b+n)*I]
+		u := uAll[b*I : (b+n)*I]
+		y := yAll[b*D : (b+n)*D]
 		if ex.GateB != nil {
 			mm := gemm.MatMulTBF16Serial
 			if ex.BF16Act {
