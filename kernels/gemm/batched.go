@@ -35,19 +35,22 @@ func batched(ys [][]float32, x []float32, T, K, N int, mm func(dst, xg []float32
 	if T == 0 || N == 0 || G == 0 {
 		return
 	}
-	// gather each group's input block contiguously once
-	xg := make([][]float32, G)
-	for g := range xg {
-		b := make([]float32, T*K)
+	// gather each group's input block contiguously once (in a pooled
+	// buffer, like the packing buffers: no allocation in the steady state)
+	xb := getBuf(G * T * K)
+	defer bufPool.Put(xb)
+	xg := *xb
+	for g := 0; g < G; g++ {
+		b := xg[g*T*K : (g+1)*T*K]
 		for t := 0; t < T; t++ {
 			copy(b[t*K:(t+1)*K], x[t*G*K+g*K:t*G*K+(g+1)*K])
 		}
-		xg[g] = b
 	}
 	const grain = 32
 	per := (N + grain - 1) / grain
 	parallel.For(G*per, 1, func(lo, hi int) {
-		var tmp []float32
+		tb := getBuf(T * grain)
+		defer bufPool.Put(tb)
 		for task := lo; task < hi; task++ {
 			g, c := task/per, task%per
 			n0, n1 := c*grain, (c+1)*grain
@@ -55,11 +58,8 @@ func batched(ys [][]float32, x []float32, T, K, N int, mm func(dst, xg []float32
 				n1 = N
 			}
 			cols := n1 - n0
-			if cap(tmp) < T*cols {
-				tmp = make([]float32, T*cols)
-			}
-			tmp = tmp[:T*cols]
-			mm(tmp, xg[g], g, n0, n1)
+			tmp := (*tb)[:T*cols]
+			mm(tmp, xg[g*T*K:(g+1)*T*K], g, n0, n1)
 			y := ys[g]
 			for t := 0; t < T; t++ {
 				copy(y[t*N+n0:t*N+n1], tmp[t*cols:(t+1)*cols])

@@ -165,10 +165,10 @@ func bindLinearBatched(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	if p.bf16Act() {
 		bmm = gemm.BatchedMatMulTBF16Act
 	}
+	ys := make([][]float32, G) // reused by every run (runs are serialized)
 	return func(rc *runCtx) error {
 		R := rc.rows(in[0])
 		x := rc.in(in[0])
-		ys := make([][]float32, G)
 		for g := range ys {
 			ys[g] = rc.out(outs[g])
 		}
