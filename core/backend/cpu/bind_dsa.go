@@ -35,12 +35,18 @@ func bindSeqLengths(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 func bindDSAMeta(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
 	kp, topk := n.Attrs.Int("kpool", 0), n.Attrs.Int("topk", 0)
+	m := &dsaMeta{kpool: kp, topk: topk} // rebuilt by every run (runs are serialized)
 	return func(rc *runCtx) error {
 		seqs, err := rc.spans(in[0])
 		if err != nil {
 			return err
 		}
-		m := &dsaMeta{seqs: seqs, kpool: kp, topk: topk, visible: make([]int, rc.batch.T)}
+		m.seqs = seqs
+		if cap(m.visible) < rc.batch.T {
+			m.visible = make([]int, rc.batch.T)
+		}
+		m.visible = m.visible[:rc.batch.T]
+		m.keyLen, m.closed = m.keyLen[:0], m.closed[:0]
 		for _, s := range seqs {
 			for j := 0; j < s.n; j++ {
 				m.visible[s.row0+j] = (s.pos0 + j + 1) / kp
@@ -64,6 +70,7 @@ func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	W := outs[0].Shape[1] // the selection width (wider when it reuses a shared selection)
 	share := a.String("share", "")
 	wscale := float32(1 / math.Sqrt(float64(Hi)))
+	var wbuf []float32 // reused by every run (runs are serialized)
 	return func(rc *runCtx) error {
 		meta, ok := rc.host[in[0]].(*dsaMeta)
 		if !ok || meta.kpool != cfg.KPool {
@@ -88,7 +95,7 @@ func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 				}
 				continue
 			}
-			ws := make([]float32, s.n*Hi)
+			ws := takeScratch(&wbuf, s.n*Hi)
 			for i := range ws {
 				ws[i] = w[r0*Hi+i] * wscale
 			}
