@@ -103,6 +103,11 @@ type Workspace struct {
 	base        []int
 	contrib     []float32
 	xs, g, u, y []float32
+	// the call in progress, read by expert (each is ws.expert, made once)
+	ex   *Experts
+	x, w []float32
+	K    int
+	each func(int)
 }
 
 // grow returns (*b)[:n], reallocating when the capacity is short (contents
@@ -188,42 +193,17 @@ func (ex *Experts) ForwardWith(ws *Workspace, dst, x []float32, idx []int32, w [
 			rows += len(tokens[e])
 		}
 	}
-	xsAll, gAll := grow(&ws.xs, rows*D), grow(&ws.g, rows*I)
-	uAll, yAll := grow(&ws.u, rows*I), grow(&ws.y, rows*D)
-	parallel.Each(len(active), func(ai int) {
-		e := active[ai]
-		slots := tokens[e]
-		n, b := len(slots), base[ai]
-		xs := xsAll[b*D : (b+n)*D]
-		for i, s := range slots {
-			copy(xs[i*D:(i+1)*D], x[(s/K)*D:(s/K+1)*D])
-		}
-		g := gAll[b*I : (b+n)*I]
-		u := uAll[b*I : (b+n)*I]
-		y := yAll[b*D : (b+n)*D]
-		if ex.GateB != nil {
-			mm := gemm.MatMulTBF16Serial
-			if ex.BF16Act {
-				mm = gemm.MatMulTBF16ActSerial
-			}
-			mm(g, xs, n, D, ex.GateB[e], I)
-			mm(u, xs, n, D, ex.UpB[e], I)
-			act.SwiGLUSerial(g, g, u, ex.Limit)
-			mm(y, g, n, I, ex.DownB[e], D)
-		} else {
-			serialMatMulT(g, xs, n, D, ex.Gate[e], I)
-			serialMatMulT(u, xs, n, D, ex.Up[e], I)
-			act.SwiGLUSerial(g, g, u, ex.Limit)
-			serialMatMulT(y, g, n, I, ex.Down[e], D)
-		}
-		for i, s := range slots {
-			c := contrib[s*D : (s+1)*D]
-			ws := w[s]
-			for d, v := range y[i*D : (i+1)*D] {
-				c[d] = ws * v
-			}
-		}
-	})
+	ws.active, ws.base = active, base
+	grow(&ws.xs, rows*D)
+	grow(&ws.g, rows*I)
+	grow(&ws.u, rows*I)
+	grow(&ws.y, rows*D)
+	ws.ex, ws.x, ws.w, ws.K = ex, x, w, K
+	if ws.each == nil { // made once: a run allocates no closure
+		ws.each = ws.expert
+	}
+	parallel.Each(len(active), ws.each)
+	ws.ex, ws.x, ws.w = nil, nil, nil
 	for t := 0; t < T; t++ {
 		dt := dst[t*D : (t+1)*D]
 		for d := range dt {
@@ -232,6 +212,45 @@ func (ex *Experts) ForwardWith(ws *Workspace, dst, x []float32, idx []int32, w [
 		for k := 0; k < K; k++ { // idx is ascending within a token
 			s := t*K + k
 			gemm.Axpy(dt, 1, contrib[s*D:(s+1)*D])
+		}
+	}
+}
+
+// expert runs the ai-th active expert of the call in progress over its
+// tokens and writes their weighted contributions.
+func (ws *Workspace) expert(ai int) {
+	ex, x, w, K := ws.ex, ws.x, ws.w, ws.K
+	D, I := ex.D, ex.I
+	e := ws.active[ai]
+	slots := ws.tokens[e]
+	n, b := len(slots), ws.base[ai]
+	xs := ws.xs[b*D : (b+n)*D]
+	for i, s := range slots {
+		copy(xs[i*D:(i+1)*D], x[(s/K)*D:(s/K+1)*D])
+	}
+	g := ws.g[b*I : (b+n)*I]
+	u := ws.u[b*I : (b+n)*I]
+	y := ws.y[b*D : (b+n)*D]
+	if ex.GateB != nil {
+		mm := gemm.MatMulTBF16Serial
+		if ex.BF16Act {
+			mm = gemm.MatMulTBF16ActSerial
+		}
+		mm(g, xs, n, D, ex.GateB[e], I)
+		mm(u, xs, n, D, ex.UpB[e], I)
+		act.SwiGLUSerial(g, g, u, ex.Limit)
+		mm(y, g, n, I, ex.DownB[e], D)
+	} else {
+		serialMatMulT(g, xs, n, D, ex.Gate[e], I)
+		serialMatMulT(u, xs, n, D, ex.Up[e], I)
+		act.SwiGLUSerial(g, g, u, ex.Limit)
+		serialMatMulT(y, g, n, I, ex.Down[e], D)
+	}
+	for i, s := range slots {
+		c := ws.contrib[s*D : (s+1)*D]
+		ws := w[s]
+		for d, v := range y[i*D : (i+1)*D] {
+			c[d] = ws * v
 		}
 	}
 }
