@@ -132,9 +132,9 @@ const bookkeeping = 256
 //
 // Bounds (tiny fixture, 8 layers), outside allowedSite: a decode step
 // allocates at most decodeBound objects (measured: 346 at batch 1, 430 at
-// batch 4, against 2,100 and 3,700 before the arena and workspaces), a
-// 19-token prefill at most prefillBound (measured 469), and either at most
-// maxBytes bytes (measured 29–42 KB). What remains is one job per parallel
+// batch 4; 797 and 1,888 before the arena and workspaces), a 19-token
+// prefill at most prefillBound (measured 469; 3,855 before), and either at
+// most maxBytes bytes (measured 29–42 KB; 73 KB to 951 KB before). What remains is one job per parallel
 // region and the closures GEMM tiling hands to it; it is not zero.
 func TestSteadyStateAllocations(t *testing.T) {
 	const decodeBound, prefillBound, maxBytes = 450, 600, 64 << 10
