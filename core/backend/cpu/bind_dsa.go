@@ -70,7 +70,6 @@ func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	W := outs[0].Shape[1] // the selection width (wider when it reuses a shared selection)
 	share := a.String("share", "")
 	wscale := float32(1 / math.Sqrt(float64(Hi)))
-	var wbuf []float32 // reused by every run (runs are serialized)
 	return func(rc *runCtx) error {
 		meta, ok := rc.host[in[0]].(*dsaMeta)
 		if !ok || meta.kpool != cfg.KPool {
@@ -95,7 +94,7 @@ func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 				}
 				continue
 			}
-			ws := takeScratch(&wbuf, s.n*Hi)
+			ws := takeScratch(&rc.p.topkW, s.n*Hi)
 			for i := range ws {
 				ws[i] = w[r0*Hi+i] * wscale
 			}

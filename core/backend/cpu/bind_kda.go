@@ -26,7 +26,6 @@ func bindKDAConv(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	P := in[1].Shape[1]
 	K := in[4].Shape[2]
 	layer := n.Layer
-	var scr [][]float32 // per sequence, reused by every run (runs are serialized)
 	return func(rc *runCtx) error {
 		q, k, v := rc.in(in[1]), rc.in(in[2]), rc.in(in[3])
 		seqs, err := rc.spans(in[0])
@@ -37,7 +36,8 @@ func bindKDAConv(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			return err
 		}
 		oq, ok, ov := rc.out(outs[0]), rc.out(outs[1]), rc.out(outs[2])
-		scr = growScratch(scr, len(seqs))
+		rc.p.convScr = growScratch(rc.p.convScr, len(seqs))
+		scr := rc.p.convScr
 		parallel.Each(len(seqs), func(si int) {
 			s := seqs[si]
 			C := 3 * P
@@ -110,7 +110,6 @@ func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	algo := a.String("algo", "auto")
 	layer := n.Layer
 	qscale := float32(1 / math.Sqrt(float64(Dh)))
-	var scr []kdaTask // per (sequence, head), reused by every run
 	return func(rc *runCtx) error {
 		q, k, v, g, beta := rc.in(in[1]), rc.in(in[2]), rc.in(in[3]), rc.in(in[4]), rc.in(in[5])
 		seqs, err := rc.spans(in[0])
@@ -121,9 +120,10 @@ func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			return err
 		}
 		o := rc.out(outs[0])
-		if len(scr) < len(seqs)*H {
-			scr = append(scr, make([]kdaTask, len(seqs)*H-len(scr))...)
+		if len(rc.p.kdaTasks) < len(seqs)*H {
+			rc.p.kdaTasks = append(rc.p.kdaTasks, make([]kdaTask, len(seqs)*H-len(rc.p.kdaTasks))...)
 		}
+		scr := rc.p.kdaTasks
 		parallel.Each(len(seqs)*H, func(task int) {
 			s, h := seqs[task/H], task%H
 			T := s.n

@@ -19,11 +19,10 @@ func bindMoERoute(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs, a := n.Inputs, n.Outputs, n.Attrs
 	r := &moe.Router{Experts: in[0].Shape[1], TopK: a.Int("topk", 0), Groups: a.Int("groups", 1), TopKGroup: a.Int("topk_group", 1),
 		Normalize: a.Bool("normalize"), Scaling: float32(a.Float("scaling", 1)), Bias: p.constant(in[1])}
-	ws := new(moe.Workspace) // reused by every run (runs are serialized)
 	return func(rc *runCtx) error {
 		T := rc.rows(in[0])
 		idx, w := rc.outI(outs[0]), rc.out(outs[1])
-		r.RouteWith(ws, idx, w, rc.in(in[0]), T)
+		r.RouteWith(&rc.p.moeWS, idx, w, rc.in(in[0]), T)
 		return nil
 	}, nil
 }
@@ -60,10 +59,9 @@ func bindMoEExperts(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		}
 	}
 	K := in[1].Shape[1]
-	ws := new(moe.Workspace) // reused by every run (runs are serialized)
 	return func(rc *runCtx) error {
 		T := rc.rows(in[0])
-		ex.ForwardWith(ws, rc.out(outs[0]), rc.in(in[0]), rc.i[in[1]], rc.in(in[2]), T, K)
+		ex.ForwardWith(&rc.p.moeWS, rc.out(outs[0]), rc.in(in[0]), rc.i[in[1]], rc.in(in[2]), T, K)
 		return nil
 	}, nil
 }

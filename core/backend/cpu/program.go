@@ -10,6 +10,7 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/kernels/gemm"
+	"github.com/glmflash/glmflash/kernels/moe"
 )
 
 // Program is a plan bound to CPU kernels. Run calls are serialized.
@@ -32,6 +33,13 @@ type Program struct {
 	rc      runCtx
 	bi      batchInfo
 	spanBuf []seqRun
+	// Kernel scratch shared by the program's nodes (steps run one at a
+	// time): MoE routing and experts, KDA conv per sequence and attention
+	// per (sequence, head), the indexer's head weights.
+	moeWS    moe.Workspace
+	convScr  [][]float32
+	kdaTasks []kdaTask
+	topkW    []float32
 
 	runs, deviceReads, fusedMHC atomic.Int64
 }
