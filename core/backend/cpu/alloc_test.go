@@ -135,9 +135,11 @@ const bookkeeping = 256
 // batch 4; 797 and 1,888 before the arena and workspaces), a 19-token
 // prefill at most prefillBound (measured 469; 3,855 before), and either at
 // most maxBytes bytes (measured 29–42 KB; 73 KB to 951 KB before). What remains is one job per parallel
-// region and the closures GEMM tiling hands to it; it is not zero.
+// region and the closures GEMM tiling hands to it; it is not zero, and it
+// varies with scheduling (a region that finds the helper pool busy starts
+// goroutines), hence the headroom.
 func TestSteadyStateAllocations(t *testing.T) {
-	const decodeBound, prefillBound, maxBytes = 450, 600, 64 << 10
+	const decodeBound, prefillBound, maxBytes = 600, 800, 64 << 10
 	check := func(t *testing.T, what string, steps int, sites map[string]site, bound int64) {
 		var objects, bytes int64
 		for name, s := range sites {
