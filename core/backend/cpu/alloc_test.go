@@ -17,7 +17,7 @@ import (
 // allocEngine opens an engine on the tiny fixture and prefills n sequences
 // of 9 + i tokens each; it returns the engine and a decode batch over them
 // whose token slices the caller may rewrite between steps.
-func allocEngine(t *testing.T, n int) (*engine.Engine, *backend.Batch) {
+func allocEngine(t testing.TB, n int) (*engine.Engine, *backend.Batch) {
 	t.Helper()
 	ck, err := model.Open(filepath.Join("..", "..", "..", "testdata", "glm5next-tiny-a", "checkpoint"))
 	require.NoError(t, err)
@@ -201,3 +201,28 @@ func TestSteadyStateAllocations(t *testing.T) {
 		}
 	}), prefillBound)
 }
+
+func BenchmarkDecodeStep(b *testing.B) {
+	t := &testing.T{}
+	_ = t
+	for _, n := range []int{1, 8} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			e, dec := allocEngineB(b, n)
+			key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
+			for range 3 {
+				if _, err := e.Run(key, dec); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := e.Run(key, dec); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func allocEngineB(b *testing.B, n int) (*engine.Engine, *backend.Batch) { return allocEngine(b, n) }
