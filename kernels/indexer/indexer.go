@@ -134,7 +134,10 @@ func (c *Config) Append(st *State, pos0 int, k, gate []float32, T int, visible [
 		st.PendG = append(st.PendG, gate[j*D:(j+1)*D]...)
 		if len(st.PendK) == c.KPool*D {
 			n := len(st.Pools)
-			st.Pools = slices.Grow(st.Pools, D)[:n+D]
+			if n+D > cap(st.Pools) { // double: a pool completes every KPool steps
+				st.Pools = slices.Grow(st.Pools, max(D, n))
+			}
+			st.Pools = st.Pools[:n+D]
 			c.PoolKey(st.Pools[n:], st.PendK, st.PendG)
 			st.PendK, st.PendG = st.PendK[:0], st.PendG[:0]
 		}
@@ -221,7 +224,7 @@ func (a *selectArgs) block(sc *selectScratch, b int) {
 	if nMax > 0 {
 		rows := (j1 - j0) * H
 		if cap(sc.dots) < rows*nMax {
-			sc.dots = make([]float32, rows*nMax)
+			sc.dots = make([]float32, 2*rows*nMax) // headroom: nMax grows with the context
 		}
 		dots = sc.dots[:rows*nMax]
 		x, keys := q[j0*H*D:j1*H*D], st.Pools[:nMax*D]
@@ -245,7 +248,7 @@ func (a *selectArgs) block(sc *selectScratch, b int) {
 			}
 		} else {
 			if cap(scores) < n {
-				scores = make([]float32, n)
+				scores = make([]float32, 2*n)
 			}
 			scores = scores[:n]
 			clear(scores)

@@ -105,7 +105,13 @@ func (c *Config) Choose(T, sel, union int) Path {
 // Choose.
 func (c *Config) Attend(o, q, ckv []float32, sel []int32, T, width int) {
 	L := len(ckv) / c.Rank
-	mark := make([]bool, L)
+	mb := marks.Get().(*[]bool)
+	defer marks.Put(mb)
+	if cap(*mb) < L {
+		*mb = make([]bool, 2*L) // headroom: L grows by a token per step
+	}
+	mark := (*mb)[:L]
+	clear(mark)
 	s, u := 0, 0
 	for _, p := range sel[:T*width] {
 		if p >= 0 {
@@ -257,6 +263,9 @@ type absorbed struct {
 }
 
 var absorbedPool sync.Pool
+
+// marks holds Attend's position marks.
+var marks = sync.Pool{New: func() any { return new([]bool) }}
 
 // scratch holds the workers' per-call temporaries.
 var scratch = sync.Pool{New: func() any { return new([]float32) }}

@@ -131,10 +131,22 @@ func bindMLA(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			if err != nil {
 				return fmt.Errorf("slot %d: %w", s.slot, err)
 			}
-			cache := append(prev, ckv[r0*R:r1*R]...)
+			cache := appendDoubling(prev, ckv[r0*R:r1*R])
 			s.seq.CKV[layer] = cache
 			c.Attend(o[r0*H*dv:r1*H*dv], q[r0*H*dq:r1*H*dq], cache, sel[r0*width:r1*width], s.n, width)
 		}
 		return nil
 	}, nil
+}
+
+// appendDoubling appends add to s, at least doubling the capacity when it
+// grows (plain append grows large slices by 1.25×: a latent cache growing a
+// token per step would reallocate every few steps).
+func appendDoubling(s, add []float32) []float32 {
+	if n := len(s) + len(add); n > cap(s) {
+		g := make([]float32, len(s), max(n, 2*cap(s), 256))
+		copy(g, s)
+		s = g
+	}
+	return append(s, add...)
 }

@@ -32,6 +32,8 @@ type Program struct {
 	tmp     []float32
 	rc      runCtx
 	bi      batchInfo
+	runMu   sync.Mutex       // held by Run while it uses prep
+	prep    backend.Prepared // Run's batch, prepared into the same storage
 	spanBuf []seqRun
 	// Kernel scratch shared by the program's nodes (steps run one at a
 	// time): MoE routing and experts, KDA conv per sequence and attention
@@ -257,16 +259,22 @@ func (rc *runCtx) outI(v *ir.Value) []int32 {
 
 // Run validates and executes a batch.
 func (p *Program) Run(b *backend.Batch, st backend.Store) (*backend.Result, error) {
-	pr, err := backend.Prepare(p, b, st, nil)
-	if err != nil {
+	p.runMu.Lock() // the prepared batch is reused by every Run
+	defer p.runMu.Unlock()
+	if err := backend.PrepareInto(&p.prep, p, b, st, nil); err != nil {
 		return nil, err
 	}
-	return p.Execute(pr)
+	return p.execute1(&p.prep, b.Into)
 }
 
 // Execute runs a prepared batch after checking that every sequence's cache
 // length equals the position it was prepared with.
 func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
+	return p.execute1(pr, nil)
+}
+
+// execute1 is Execute writing the result into into when it is not nil.
+func (p *Program) execute1(pr *backend.Prepared, into *backend.Result) (*backend.Result, error) {
 	if pr == nil || pr.Prog != p {
 		return nil, fmt.Errorf("cpu: batch was prepared for another program")
 	}
@@ -293,10 +301,10 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 		}
 		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, seq: seq, pos0: s.Pos0, n: s.N, row0: s.Row0, rows: s.Rows})
 	}
-	return p.execute(bi, pr, store)
+	return p.execute(bi, pr, store, into)
 }
 
-func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Store) (*backend.Result, error) {
+func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Store, into *backend.Result) (*backend.Result, error) {
 	rc := &p.rc
 	if rc.p == nil {
 		*rc = runCtx{p: p, f: map[*ir.Value][]float32{}, ext: map[*ir.Value][]float32{}, i: map[*ir.Value][]int32{}, host: map[*ir.Value]any{}}
@@ -333,14 +341,23 @@ func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Stor
 	p.runs.Add(1)
 	// the arena is overwritten by the next run: results are copies
 	lv := p.plan.Logits
-	res := &backend.Result{Vocab: p.plan.Vocab, Rows: rc.rows(lv)}
-	res.Logits = append([]float32(nil), rc.f[lv]...)
+	res := into
+	if res == nil {
+		res = &backend.Result{}
+	}
+	// a reused result keeps its storage (the caller asked for that)
+	res.Vocab, res.Rows = p.plan.Vocab, rc.rows(lv)
+	res.Logits = append(res.Logits[:0], rc.f[lv]...)
+	if len(p.plan.Hidden) == 0 {
+		res.Hidden = nil
+	}
 	for v, name := range p.plan.Hidden {
 		if res.Hidden == nil {
 			res.Hidden = map[string][]float32{}
 		}
-		res.Hidden[name] = append([]float32(nil), rc.f[v]...)
+		res.Hidden[name] = append(res.Hidden[name][:0], rc.f[v]...)
 	}
+	res.Samples = nil
 	if pr.Sample != nil {
 		res.Samples = backend.SampleHost(res.Logits, res.Vocab, pr.Sample)
 	}
