@@ -64,3 +64,24 @@ func (s *simdImpl) dot(a, b, r unsafe.Pointer, nvec, tail uintptr) {
 	}
 	f32_avx2_r1c1(a, b, r, 0, 0, nvec, tail, 0)
 }
+
+// dequantFP8AVX512 is dequantFP8Go over n codes, n a multiple of 16.
+//
+//go:noescape
+func dequantFP8AVX512(dst *float32, src *byte, n uintptr, s float32)
+
+var fp8AVX512 = cpu.X86.HasAVX512F
+
+// dequantFP8 writes dst[i] = e4m3(src[i]) · s (exact value, one float32
+// multiplication), 16 codes per AVX-512 step where available.
+func dequantFP8(dst []float32, src []byte, s float32) {
+	n := 0
+	if fp8AVX512 {
+		n = len(src) &^ 15
+		if n > 0 {
+			_ = dst[n-1]
+			dequantFP8AVX512(&dst[0], &src[0], uintptr(n), s)
+		}
+	}
+	dequantFP8Go(dst[n:], src[n:], s)
+}

@@ -10,3 +10,5 @@ func simdImpls() []*impl { return nil }
 func (s *simdImpl) dot(a, b, r unsafe.Pointer, nvec, tail uintptr) {
 	panic("gemm: no SIMD kernels in this build")
 }
+
+func dequantFP8(dst []float32, src []byte, s float32) { dequantFP8Go(dst, src, s) }
