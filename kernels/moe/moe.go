@@ -155,6 +155,11 @@ type Experts struct {
 	// GateB/UpB/DownB, when set, hold the same weights as bfloat16 bits
 	// (used instead of Gate/Up/Down).
 	GateB, UpB, DownB [][]uint16
+	// GateF8/UpF8/DownF8, when set (and GateB nil), hold the weights as
+	// FP8 e4m3 codes with block scales, dequantized a tile at a time
+	// inside the GEMMs (gemm.MatMulTFP8Serial): the results are those of
+	// the dequantized weights.
+	GateF8, UpF8, DownF8 []*gemm.FP8
 	// BF16Act rounds the activations of the bf16-weight GEMMs to bfloat16
 	// (gemm.MatMulTBF16Act: the precision bf16 mode); fp32 weights are
 	// unaffected.
@@ -231,7 +236,16 @@ func (ws *Workspace) expert(ai int) {
 	g := ws.g[b*I : (b+n)*I]
 	u := ws.u[b*I : (b+n)*I]
 	y := ws.y[b*D : (b+n)*D]
-	if ex.GateB != nil {
+	if ex.GateB == nil && ex.GateF8 != nil {
+		mm := gemm.MatMulTFP8Serial
+		if ex.BF16Act {
+			mm = gemm.MatMulTFP8ActSerial
+		}
+		mm(g, xs, n, D, ex.GateF8[e], I)
+		mm(u, xs, n, D, ex.UpF8[e], I)
+		act.SwiGLUSerial(g, g, u, ex.Limit)
+		mm(y, g, n, I, ex.DownF8[e], D)
+	} else if ex.GateB != nil {
 		mm := gemm.MatMulTBF16Serial
 		if ex.BF16Act {
 			mm = gemm.MatMulTBF16ActSerial

@@ -179,6 +179,9 @@ func TestSteadyStateAllocations(t *testing.T) {
 		reserveCaches(t, e, slots, steps+2)
 		got := testing.AllocsPerRun(steps, step)
 		t.Logf("batch %d: %v allocations per decode step (testing.AllocsPerRun over %d steps, cache room reserved)", n, got, steps)
+		if raceEnabled {
+			continue // sync.Pool drops items at random under the race detector
+		}
 		if got != 0 {
 			// name the sites (the profile's garbage collections empty the
 			// sync.Pools, whose refills are listed too)
@@ -218,6 +221,9 @@ func TestSteadyStateAllocations(t *testing.T) {
 	}
 	got := testing.AllocsPerRun(5, prefill)
 	t.Logf("prefill of 19 tokens: %v allocations (testing.AllocsPerRun)", got)
+	if raceEnabled {
+		return
+	}
 	require.LessOrEqual(t, got, float64(prefillBound))
 }
 
