@@ -307,7 +307,15 @@ func (pr *Prepared) CheckPositions() error {
 // SampleHost picks every spec's token from host logits (the CPU backend's
 // sampler, and the reference for device samplers).
 func SampleHost(logits []float32, vocab int, specs []SampleSpec) []Sample {
-	out := make([]Sample, len(specs))
+	return SampleHostInto(nil, logits, vocab, specs)
+}
+
+// SampleHostInto is SampleHost appending to out[:0] (reusing its storage).
+func SampleHostInto(out []Sample, logits []float32, vocab int, specs []SampleSpec) []Sample {
+	if cap(out) < len(specs) {
+		out = make([]Sample, len(specs))
+	}
+	out = out[:len(specs)]
 	for i, s := range specs {
 		row := logits[i*vocab : (i+1)*vocab]
 		if err := sample.CheckFinite(row); err != nil {

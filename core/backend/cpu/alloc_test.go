@@ -12,6 +12,7 @@ import (
 	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/model"
 	"github.com/stretchr/testify/require"
 )
@@ -143,8 +144,8 @@ func reserveCaches(t testing.TB, e *engine.Engine, slots []int, n int) {
 	}
 }
 
-// In the steady state a decode step (batch 1 and batch 8) allocates
-// nothing: activations come from the program's arena, scratch from
+// In the steady state a decode step (batch 1 and batch 8, and batch 8
+// with greedy samples only, as glmflash bench runs it) allocates nothing: activations come from the program's arena, scratch from
 // workspaces and pools kept across runs, the prepared batch and the result
 // (Batch.Into) are reused, and parallel regions run from bodies made once.
 // The only allocations left are the sequence caches' geometric growth
@@ -154,8 +155,18 @@ func reserveCaches(t testing.TB, e *engine.Engine, slots []int, n int) {
 // (the result it returns, and cache growth).
 func TestSteadyStateAllocations(t *testing.T) {
 	const steps, prefillBound = 20, 32
-	for _, n := range []int{1, 8} {
+	for _, c := range []struct {
+		n      int
+		sample bool
+	}{{1, false}, {8, false}, {8, true}} {
+		n := c.n
 		e, dec := allocEngine(t, n)
+		if c.sample { // greedy picks only, as glmflash bench decodes
+			dec.Sample, dec.SamplesOnly = make([]backend.SampleSpec, n), true
+			for i := range dec.Sample {
+				dec.Sample[i].Params = sample.Greedy()
+			}
+		}
 		key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
 		step := func() {
 			if _, err := e.Run(key, dec); err != nil {
@@ -178,7 +189,7 @@ func TestSteadyStateAllocations(t *testing.T) {
 		t.Logf("batch %d: %d allocations in %d decode steps with the caches and context-sized scratch growing (doubling)", n, ms1.Mallocs-ms0.Mallocs, 4*steps)
 		reserveCaches(t, e, slots, steps+2)
 		got := testing.AllocsPerRun(steps, step)
-		t.Logf("batch %d: %v allocations per decode step (testing.AllocsPerRun over %d steps, cache room reserved)", n, got, steps)
+		t.Logf("batch %d (greedy samples only: %v): %v allocations per decode step (testing.AllocsPerRun over %d steps, cache room reserved)", n, c.sample, got, steps)
 		if raceEnabled {
 			continue // sync.Pool drops items at random under the race detector
 		}

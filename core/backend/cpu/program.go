@@ -347,7 +347,12 @@ func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Stor
 	}
 	// a reused result keeps its storage (the caller asked for that)
 	res.Vocab, res.Rows = p.plan.Vocab, rc.rows(lv)
-	res.Logits = append(res.Logits[:0], rc.f[lv]...)
+	logits := rc.f[lv]
+	if pr.SamplesOnly {
+		res.Logits = nil // the caller reads only the samples: no copy
+	} else {
+		res.Logits = append(res.Logits[:0], logits...)
+	}
 	if len(p.plan.Hidden) == 0 {
 		res.Hidden = nil
 	}
@@ -357,9 +362,10 @@ func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Stor
 		}
 		res.Hidden[name] = append(res.Hidden[name][:0], rc.f[v]...)
 	}
-	res.Samples = nil
 	if pr.Sample != nil {
-		res.Samples = backend.SampleHost(res.Logits, res.Vocab, pr.Sample)
+		res.Samples = backend.SampleHostInto(res.Samples[:0], logits, res.Vocab, pr.Sample)
+	} else {
+		res.Samples = nil
 	}
 	return res, nil
 }
