@@ -96,13 +96,14 @@ type Workspace struct {
 	s, choice, gs []float32
 	allowed       []bool
 	order         byDesc
-	// experts: slots per expert, the active experts, the weighted
-	// contributions and every active expert's x, gate, up and down rows
+	// experts: slots per expert, the active experts, each slot's row in
+	// the blocks, and every active expert's x rows (then its weighted down
+	// rows, which overwrite them), gate and up rows
 	tokens      [][]int
 	active      []int
 	base        []int
-	contrib     []float32
-	xs, g, u, y []float32
+	slotRow     []int
+	xs, g, u    []float32
 	// the call in progress, read by expert (each is ws.expert, made once)
 	ex   *Experts
 	x, w []float32
@@ -187,7 +188,7 @@ func (ex *Experts) ForwardWith(ws *Workspace, dst, x []float32, idx []int32, w [
 		e := idx[s]
 		tokens[e] = append(tokens[e], s)
 	}
-	contrib := grow(&ws.contrib, T*K*D)
+	slotRow := grow(&ws.slotRow, T*K) // each slot's row in its expert's block
 	active := grow(&ws.active, ex.N)[:0]
 	base := grow(&ws.base, ex.N)[:0] // first row of each active expert's blocks
 	rows := 0
@@ -199,10 +200,14 @@ func (ex *Experts) ForwardWith(ws *Workspace, dst, x []float32, idx []int32, w [
 		}
 	}
 	ws.active, ws.base = active, base
-	grow(&ws.xs, rows*D)
+	for ai, e := range active {
+		for i, s := range tokens[e] {
+			slotRow[s] = base[ai] + i
+		}
+	}
+	grow(&ws.xs, rows*D) // the gathered inputs, then the weighted outputs
 	grow(&ws.g, rows*I)
 	grow(&ws.u, rows*I)
-	grow(&ws.y, rows*D)
 	ws.ex, ws.x, ws.w, ws.K = ex, x, w, K
 	if ws.each == nil { // made once: a run allocates no closure
 		ws.each = ws.expert
@@ -215,8 +220,8 @@ func (ex *Experts) ForwardWith(ws *Workspace, dst, x []float32, idx []int32, w [
 			dt[d] = 0
 		}
 		for k := 0; k < K; k++ { // idx is ascending within a token
-			s := t*K + k
-			gemm.Axpy(dt, 1, contrib[s*D:(s+1)*D])
+			r := slotRow[t*K+k]
+			gemm.Axpy(dt, 1, ws.xs[r*D:(r+1)*D])
 		}
 	}
 }
@@ -235,7 +240,7 @@ func (ws *Workspace) expert(ai int) {
 	}
 	g := ws.g[b*I : (b+n)*I]
 	u := ws.u[b*I : (b+n)*I]
-	y := ws.y[b*D : (b+n)*D]
+	y := xs // the inputs are dead once gate and up have run
 	if ex.GateB == nil && ex.GateF8 != nil {
 		mm := gemm.MatMulTFP8Serial
 		if ex.BF16Act {
@@ -260,10 +265,10 @@ func (ws *Workspace) expert(ai int) {
 		act.SwiGLUSerial(g, g, u, ex.Limit)
 		serialMatMulT(y, g, n, I, ex.Down[e], D)
 	}
-	for i, s := range slots {
-		c := ws.contrib[s*D : (s+1)*D]
+	for i, s := range slots { // weighted in place: the reduction adds them
 		ws := w[s]
-		for d, v := range y[i*D : (i+1)*D] {
+		c := y[i*D : (i+1)*D]
+		for d, v := range c {
 			c[d] = ws * v
 		}
 	}
