@@ -99,11 +99,11 @@ type Workspace struct {
 	// experts: slots per expert, the active experts, each slot's row in
 	// the blocks, and every active expert's x rows (then its weighted down
 	// rows, which overwrite them), gate and up rows
-	tokens      [][]int
-	active      []int
-	base        []int
-	slotRow     []int
-	xs, g, u    []float32
+	tokens   [][]int
+	active   []int
+	base     []int
+	slotRow  []int
+	xs, g, u []float32
 	// the call in progress, read by expert (each is ws.expert, made once)
 	ex   *Experts
 	x, w []float32
