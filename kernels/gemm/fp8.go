@@ -82,6 +82,9 @@ func (w *FP8) Dequant(N, K int) []float32 {
 // L2 while the microkernels sweep it).
 var fp8TileBytes = 128 << 10
 
+// fp8GEMVTileBytes is the tile bound for products of at most 2 rows.
+var fp8GEMVTileBytes = 32 << 10
+
 var tilePool = sync.Pool{New: func() any { return new([]float32) }}
 
 // MatMulTFP8Serial computes dst[T×N] = x[T×K] · wᵀ for an FP8 weight on the
@@ -92,7 +95,13 @@ func MatMulTFP8Serial(dst, x []float32, T, K int, w *FP8, N int) {
 		return
 	}
 	im := cur.Load()
-	nb := max(8, fp8TileBytes/(4*K)/8*8)
+	tb0 := fp8TileBytes
+	if T <= 2 {
+		// a GEMV re-reads nothing: a tile in L1 (one 8-row microkernel
+		// call at K = 1024) is written and read back without going to L2
+		tb0 = fp8GEMVTileBytes
+	}
+	nb := max(8, tb0/(4*K)/8*8)
 	nb = min(nb, N)
 	tb := tilePool.Get().(*[]float32)
 	defer tilePool.Put(tb)

@@ -1,6 +1,7 @@
 package gemm
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -117,5 +118,35 @@ func TestDequantFP8EveryCode(t *testing.T) {
 			}
 			require.Equal(t, math.Float32bits(want[i]), math.Float32bits(dst[i]), "code %#x scale %v", src[i], s)
 		}
+	}
+}
+
+// BenchmarkExpertFP8 compares an expert-shaped product (K=1024, N=512) on
+// FP8 weights with the same weights in bf16, at decode (T=1) and prefill
+// (T=64) heights, on one goroutine.
+func BenchmarkExpertFP8(b *testing.B) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const K, N = 1024, 512
+	w := randFP8(r, N, K, 128, 128, true)
+	deq := w.Dequant(N, K)
+	bf := make([]uint16, len(deq))
+	Float32sToBF16(bf, deq)
+	for _, T := range []int{1, 64} {
+		x, dst := make([]float32, T*K), make([]float32, T*N)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		b.Run(fmt.Sprintf("fp8/T=%d", T), func(b *testing.B) {
+			b.SetBytes(int64(N * K))
+			for range b.N {
+				MatMulTFP8Serial(dst, x, T, K, w, N)
+			}
+		})
+		b.Run(fmt.Sprintf("bf16/T=%d", T), func(b *testing.B) {
+			b.SetBytes(int64(2 * N * K))
+			for range b.N {
+				MatMulTBF16Serial(dst, x, T, K, bf, N)
+			}
+		})
 	}
 }
