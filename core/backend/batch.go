@@ -32,6 +32,12 @@ type Batch struct {
 	// SamplesOnly says the caller reads only Result.Samples: a device
 	// backend then leaves the logits on the device (Result.Logits is nil).
 	SamplesOnly bool
+	// Into, when set, lets the backend write the result into *Into,
+	// reusing its Logits, Hidden and Samples storage, and return Into (the
+	// CPU backend does; others may return a new Result): a caller that
+	// reads each step's result before the next step runs allocates nothing
+	// for it. The previous contents are overwritten.
+	Into *Result
 }
 
 // SampleSpec is how to pick one row's token.
@@ -188,56 +194,75 @@ func (pr *Prepared) SetSample(specs []SampleSpec, samplesOnly bool) error {
 // otherwise the store's are used. Execution checks pos against the store
 // and fails loudly if they disagree.
 func Prepare(prog Program, b *Batch, st Store, pos []int) (*Prepared, error) {
+	pr := &Prepared{}
+	if err := PrepareInto(pr, prog, b, st, pos); err != nil {
+		return nil, err
+	}
+	return pr, nil
+}
+
+// PrepareInto is Prepare into pr, reusing its slices' storage (a backend
+// that runs one batch at a time prepares every batch into one Prepared and
+// allocates nothing in the steady state). pr is overwritten, also on error.
+func PrepareInto(pr *Prepared, prog Program, b *Batch, st Store, pos []int) error {
+	*pr = Prepared{Prog: prog, Store: st, Spans: pr.Spans[:0], Tokens: pr.Tokens[:0], Hidden: pr.Hidden[:0]}
+	err := prepareInto(pr, prog, b, st, pos)
+	if len(pr.Hidden) == 0 {
+		pr.Hidden = nil // as Prepare leaves it
+	}
+	return err
+}
+
+func prepareInto(pr *Prepared, prog Program, b *Batch, st Store, pos []int) (err error) {
 	p := prog.Plan()
 	if b == nil || len(b.Seqs) == 0 {
-		return nil, fmt.Errorf("backend: empty batch")
+		return fmt.Errorf("backend: empty batch")
 	}
 	if st == nil {
-		return nil, fmt.Errorf("backend: no cache store")
+		return fmt.Errorf("backend: no cache store")
 	}
 	if pos != nil && len(pos) != len(b.Seqs) {
-		return nil, fmt.Errorf("backend: %d positions for %d sequences", len(pos), len(b.Seqs))
+		return fmt.Errorf("backend: %d positions for %d sequences", len(pos), len(b.Seqs))
 	}
-	pr := &Prepared{Prog: prog, Store: st}
 	if in := p.Graph.Input(ir.InputHidden); in != nil {
 		pr.HiddenWidth = in.Shape[1]
 	}
 	seen := map[int]bool{}
 	for i, s := range b.Seqs {
 		if len(s.Tokens) == 0 {
-			return nil, fmt.Errorf("backend: batch sequence %d (slot %d) has no tokens", i, s.Slot)
+			return fmt.Errorf("backend: batch sequence %d (slot %d) has no tokens", i, s.Slot)
 		}
 		if seen[s.Slot] {
-			return nil, fmt.Errorf("backend: slot %d appears twice in the batch", s.Slot)
+			return fmt.Errorf("backend: slot %d appears twice in the batch", s.Slot)
 		}
 		seen[s.Slot] = true
 		cached, err := st.Len(s.Slot)
 		if err != nil {
-			return nil, fmt.Errorf("backend: batch sequence %d: %w", i, err)
+			return fmt.Errorf("backend: batch sequence %d: %w", i, err)
 		}
 		if pos != nil {
 			cached = pos[i]
 		}
 		for j, t := range s.Tokens {
 			if t < 0 || int(t) >= p.Vocab {
-				return nil, fmt.Errorf("backend: batch sequence %d token %d: id %d out of range [0, %d)", i, j, t, p.Vocab)
+				return fmt.Errorf("backend: batch sequence %d token %d: id %d out of range [0, %d)", i, j, t, p.Vocab)
 			}
 		}
 		if p.MaxPositions > 0 && cached+len(s.Tokens) > p.MaxPositions {
-			return nil, fmt.Errorf("backend: batch sequence %d: %d cached + %d new tokens exceed the context limit %d", i, cached, len(s.Tokens), p.MaxPositions)
+			return fmt.Errorf("backend: batch sequence %d: %d cached + %d new tokens exceed the context limit %d", i, cached, len(s.Tokens), p.MaxPositions)
 		}
 		rows := max(s.LogitRows, 1)
 		switch {
 		case s.LogitRows < 0 || s.LogitRows > len(s.Tokens):
-			return nil, fmt.Errorf("backend: batch sequence %d: %d logits rows for %d tokens", i, s.LogitRows, len(s.Tokens))
+			return fmt.Errorf("backend: batch sequence %d: %d logits rows for %d tokens", i, s.LogitRows, len(s.Tokens))
 		case rows > 1 && p.Logits.Shape[0] != ir.DimR:
-			return nil, fmt.Errorf("backend: batch sequence %d asks %d logits rows, but the program does not select rows per sequence (span logits)", i, rows)
+			return fmt.Errorf("backend: batch sequence %d asks %d logits rows, but the program does not select rows per sequence (span logits)", i, rows)
 		}
 		switch D := pr.HiddenWidth; {
 		case D == 0 && len(s.Hidden) > 0:
-			return nil, fmt.Errorf("backend: batch sequence %d has hidden rows, but the program takes no %s input", i, ir.InputHidden)
+			return fmt.Errorf("backend: batch sequence %d has hidden rows, but the program takes no %s input", i, ir.InputHidden)
 		case D > 0 && len(s.Hidden) != len(s.Tokens)*D:
-			return nil, fmt.Errorf("backend: batch sequence %d: %d tokens need %d×%d hidden values, got %d", i, len(s.Tokens), len(s.Tokens), D, len(s.Hidden))
+			return fmt.Errorf("backend: batch sequence %d: %d tokens need %d×%d hidden values, got %d", i, len(s.Tokens), len(s.Tokens), D, len(s.Hidden))
 		}
 		pr.Spans = append(pr.Spans, Span{Slot: s.Slot, Pos0: cached, N: len(s.Tokens), Row0: len(pr.Tokens), Rows: rows})
 		pr.Tokens = append(pr.Tokens, s.Tokens...)
@@ -245,20 +270,20 @@ func Prepare(prog Program, b *Batch, st Store, pos []int) (*Prepared, error) {
 	}
 	pr.T = len(pr.Tokens)
 	if err := pr.SetSample(b.Sample, b.SamplesOnly); err != nil {
-		return nil, err
+		return err
 	}
 	for i, s := range pr.Sample {
 		if err := s.Params.Validate(); err != nil {
-			return nil, fmt.Errorf("backend: sampling spec %d: %w", i, err)
+			return fmt.Errorf("backend: sampling spec %d: %w", i, err)
 		}
 		if !(s.U >= 0 && s.U < 1) {
-			return nil, fmt.Errorf("backend: sampling spec %d: draw %v is outside [0, 1)", i, s.U)
+			return fmt.Errorf("backend: sampling spec %d: draw %v is outside [0, 1)", i, s.U)
 		}
 		if s.TopLogprobs < 0 || s.TopLogprobs > MaxTopLogprobs {
-			return nil, fmt.Errorf("backend: sampling spec %d: top_logprobs %d outside [0, %d]", i, s.TopLogprobs, MaxTopLogprobs)
+			return fmt.Errorf("backend: sampling spec %d: top_logprobs %d outside [0, %d]", i, s.TopLogprobs, MaxTopLogprobs)
 		}
 	}
-	return pr, nil
+	return nil
 }
 
 // MaxTopLogprobs bounds the alternatives a sample reports.
@@ -282,7 +307,15 @@ func (pr *Prepared) CheckPositions() error {
 // SampleHost picks every spec's token from host logits (the CPU backend's
 // sampler, and the reference for device samplers).
 func SampleHost(logits []float32, vocab int, specs []SampleSpec) []Sample {
-	out := make([]Sample, len(specs))
+	return SampleHostInto(nil, logits, vocab, specs)
+}
+
+// SampleHostInto is SampleHost appending to out[:0] (reusing its storage).
+func SampleHostInto(out []Sample, logits []float32, vocab int, specs []SampleSpec) []Sample {
+	if cap(out) < len(specs) {
+		out = make([]Sample, len(specs))
+	}
+	out = out[:len(specs)]
 	for i, s := range specs {
 		row := logits[i*vocab : (i+1)*vocab]
 		if err := sample.CheckFinite(row); err != nil {

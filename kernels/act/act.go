@@ -65,9 +65,18 @@ func unaryPar(pick func(*vecImpl) func(dst, src unsafe.Pointer, n uintptr), dst,
 		unary(k, im.vw, dst, src)
 		return
 	}
-	dst = dst[:n]
-	parallel.For(n, grain(), func(lo, hi int) { unary(k, im.vw, dst[lo:hi], src[lo:hi]) })
+	parallel.ForArgs(&unaryPool, n, grain(), unaryArgs{k, im.vw, dst[:n], src})
 }
+
+type unaryArgs struct {
+	k        func(dst, src unsafe.Pointer, n uintptr)
+	vw       int
+	dst, src []float32
+}
+
+var unaryPool parallel.Pool[unaryArgs]
+
+func (a *unaryArgs) Run(lo, hi int) { unary(a.k, a.vw, a.dst[lo:hi], a.src[lo:hi]) }
 
 // ExpSlice writes dst[i] = e^src[i] (float32, ≤ 2 ulp). dst may be src.
 func ExpSlice(dst, src []float32) {
@@ -116,9 +125,17 @@ func SwiGLU(dst, g, u []float32, limit float32) {
 		SwiGLUSerial(dst, g, u, limit)
 		return
 	}
-	dst, u = dst[:n], u[:n]
-	parallel.For(n, grain(), func(lo, hi int) { SwiGLUSerial(dst[lo:hi], g[lo:hi], u[lo:hi], limit) })
+	parallel.ForArgs(&swigluPool, n, grain(), swigluArgs{dst[:n], g, u[:n], limit})
 }
+
+type swigluArgs struct {
+	dst, g, u []float32
+	limit     float32
+}
+
+var swigluPool parallel.Pool[swigluArgs]
+
+func (a *swigluArgs) Run(lo, hi int) { SwiGLUSerial(a.dst[lo:hi], a.g[lo:hi], a.u[lo:hi], a.limit) }
 
 // SwiGLUSerial is SwiGLU on the calling goroutine only (for callers that
 // are already inside a parallel region, such as MoE experts).
@@ -130,17 +147,28 @@ func SwiGLUSerial(dst, g, u []float32, limit float32) {
 // SwiGLUPacked applies SwiGLU to R rows of x ([R][2·I]: gate then up, per
 // row), writing y ([R][I]); rows are split across cores when large.
 func SwiGLUPacked(y, x []float32, R, I int, limit float32) {
-	rows := func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			row := x[2*r*I : 2*(r+1)*I]
-			SwiGLUSerial(y[r*I:(r+1)*I], row[:I], row[I:], limit)
-		}
-	}
+	a := packedArgs{y, x, I, limit}
 	if R*I < ParallelMin || R < 2 {
-		rows(0, R)
+		a.Run(0, R)
 		return
 	}
-	parallel.For(R, max(grain()/max(I, 1), 1), rows)
+	parallel.ForArgs(&packedPool, R, max(grain()/max(I, 1), 1), a)
+}
+
+type packedArgs struct {
+	y, x  []float32
+	I     int
+	limit float32
+}
+
+var packedPool parallel.Pool[packedArgs]
+
+func (a *packedArgs) Run(lo, hi int) {
+	I := a.I
+	for r := lo; r < hi; r++ {
+		row := a.x[2*r*I : 2*(r+1)*I]
+		SwiGLUSerial(a.y[r*I:(r+1)*I], row[:I], row[I:], a.limit)
+	}
 }
 
 // SwiGLUExact is the float64-sigmoid SwiGLU (SiLU per element): the
@@ -177,29 +205,39 @@ func KDAGate(dst, z []float32, T, H, Dh int, aLog, dtBias []float32, lb *float64
 	if T*H*Dh == 0 {
 		return
 	}
-	im := cur
-	rates := make([]float32, H)
-	for h := range rates {
-		rates[h] = float32(math.Exp(float64(aLog[h])))
-	}
-	rows := func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			h := r % H
-			d, zr, b := dst[r*Dh:(r+1)*Dh], z[r*Dh:(r+1)*Dh], dtBias[h*Dh:(h+1)*Dh]
-			if lb != nil {
-				rate, l := rates[h], float32(*lb)
-				binary(func(d, a, b unsafe.Pointer, nv uintptr) { im.gatesig(d, a, b, nv, rate, l) }, im.vw, d, zr, b)
-			} else {
-				nr := -rates[h]
-				binary(func(d, a, b unsafe.Pointer, nv uintptr) { im.gatesp(d, a, b, nv, nr) }, im.vw, d, zr, b)
-			}
-		}
-	}
+	a := gateArgs{cur, dst, z, dtBias, aLog, H, Dh, lb}
 	if T*H*Dh < ParallelMin {
-		rows(0, T*H)
+		a.Run(0, T*H)
 		return
 	}
-	parallel.For(T*H, max(grain()/Dh, 1), rows)
+	parallel.ForArgs(&gatePool, T*H, max(grain()/Dh, 1), a)
+}
+
+type gateArgs struct {
+	im                   *vecImpl
+	dst, z, dtBias, aLog []float32
+	H, Dh                int
+	lb                   *float64
+}
+
+var gatePool parallel.Pool[gateArgs]
+
+// Run computes rows [lo, hi) (a row is one token's head); the head's rate
+// exp(A_log[h]) is computed in float64 per row.
+func (a *gateArgs) Run(lo, hi int) {
+	im, H, Dh := a.im, a.H, a.Dh
+	for r := lo; r < hi; r++ {
+		h := r % H
+		d, zr, b := a.dst[r*Dh:(r+1)*Dh], a.z[r*Dh:(r+1)*Dh], a.dtBias[h*Dh:(h+1)*Dh]
+		rate := float32(math.Exp(float64(a.aLog[h])))
+		if a.lb != nil {
+			l := float32(*a.lb)
+			binary(func(d, a, b unsafe.Pointer, nv uintptr) { im.gatesig(d, a, b, nv, rate, l) }, im.vw, d, zr, b)
+		} else {
+			nr := -rate
+			binary(func(d, a, b unsafe.Pointer, nv uintptr) { im.gatesp(d, a, b, nv, nr) }, im.vw, d, zr, b)
+		}
+	}
 }
 
 // KDAGateExact is KDAGate computed in float64 per element: the reference

@@ -2,6 +2,7 @@ package act
 
 import (
 	"math"
+	"sync"
 	"unsafe"
 )
 
@@ -145,6 +146,9 @@ func abs32(x float32) float32 { return math.Float32frombits(math.Float32bits(x) 
 
 // unary runs a one-input kernel over len(src) elements: whole vectors in
 // place, a partial last vector through a padded buffer.
+// tailPool holds the padded tail buffers of unary and binary.
+var tailPool = sync.Pool{New: func() any { return new([2][16]float32) }}
+
 func unary(k func(dst, src unsafe.Pointer, nvec uintptr), vw int, dst, src []float32) {
 	n := len(src)
 	dst = dst[:n]
@@ -153,10 +157,12 @@ func unary(k func(dst, src unsafe.Pointer, nvec uintptr), vw int, dst, src []flo
 		k(unsafe.Pointer(&dst[0]), unsafe.Pointer(&src[0]), uintptr(nv))
 	}
 	if r := n - nv*vw; r > 0 {
-		var buf [16]float32
+		tb := tailPool.Get().(*[2][16]float32) // a stack array would escape through k
+		buf := &tb[0]
 		copy(buf[:], src[nv*vw:])
 		k(unsafe.Pointer(&buf[0]), unsafe.Pointer(&buf[0]), 1)
 		copy(dst[nv*vw:], buf[:r])
+		tailPool.Put(tb)
 	}
 }
 
@@ -169,10 +175,12 @@ func binary(k func(dst, a, b unsafe.Pointer, nvec uintptr), vw int, dst, a, b []
 		k(unsafe.Pointer(&dst[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), uintptr(nv))
 	}
 	if r := n - nv*vw; r > 0 {
-		var ba, bb [16]float32
+		tb := tailPool.Get().(*[2][16]float32) // stack arrays would escape through k
+		ba, bb := &tb[0], &tb[1]
 		copy(ba[:], a[nv*vw:])
 		copy(bb[:], b[nv*vw:])
 		k(unsafe.Pointer(&ba[0]), unsafe.Pointer(&ba[0]), unsafe.Pointer(&bb[0]), 1)
 		copy(dst[nv*vw:], ba[:r])
+		tailPool.Put(tb)
 	}
 }

@@ -2,6 +2,8 @@
 package conv
 
 import (
+	"sync"
+
 	"github.com/glmflash/glmflash/kernels/act"
 	"github.com/glmflash/glmflash/kernels/parallel"
 )
@@ -30,8 +32,23 @@ func CausalSiLU(dst, u []float32, T, C int, w []float32, K int, state []float32)
 	// chunks of whole cache lines of channels
 	grain := max((ParallelMin/2)/max(T, 1), 16)
 	grain = (grain + 15) &^ 15
-	parallel.For(C, grain, func(c0, c1 int) { causalSiLU(dst, u, T, C, w, K, state, c0, c1) })
+	parallel.ForArgs(&convPool, C, grain, convArgs{dst, u, T, C, w, K, state})
 }
+
+type convArgs struct {
+	dst, u []float32
+	T, C   int
+	w      []float32
+	K      int
+	state  []float32
+}
+
+var convPool parallel.Pool[convArgs]
+
+func (a *convArgs) Run(c0, c1 int) { causalSiLU(a.dst, a.u, a.T, a.C, a.w, a.K, a.state, c0, c1) }
+
+// scratchPool holds causalSiLU's transposed weights and state.
+var scratchPool = sync.Pool{New: func() any { return new([]float32) }}
 
 // CausalSiLUSerial is CausalSiLU on the calling goroutine only (for callers
 // already inside a parallel region).
@@ -45,8 +62,13 @@ func CausalSiLUSerial(dst, u []float32, T, C int, w []float32, K int, state []fl
 // products in j order, as the channel-by-channel loop did.
 func causalSiLU(dst, u []float32, T, C int, w []float32, K int, state []float32, c0, c1 int) {
 	S, n := K-1, c1-c0
-	wT := make([]float32, K*n)
-	old := make([]float32, S*n) // the state, transposed to [S][n]
+	sb := scratchPool.Get().(*[]float32)
+	defer scratchPool.Put(sb)
+	if cap(*sb) < (K+S)*n {
+		*sb = make([]float32, (K+S)*n)
+	}
+	wT := (*sb)[: K*n : K*n]
+	old := (*sb)[K*n : (K+S)*n] // the state, transposed to [S][n]
 	for c := c0; c < c1; c++ {
 		for j := 0; j < K; j++ {
 			wT[j*n+c-c0] = w[c*K+j]

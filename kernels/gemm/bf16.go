@@ -62,12 +62,9 @@ func matMulTBF16(p Params, serial bool, dst, x []float32, T, K int, w []uint16, 
 	if !checkShapes(dst, x, T, K, N, len(w)) {
 		return
 	}
-	im := cur.Load()
-	var goBlock func(t0, t1, n0, n1 int)
-	if im.simd == nil {
-		goBlock = func(t0, t1, n0, n1 int) { blockBF16(dst, x, w, K, N, t0, t1, n0, n1) }
-	}
-	product(im, p, serial, dst, x, T, K, N, unsafe.Pointer(&w[0]), 2, true, goBlock)
+	o := getOp(p, dst, x, T, K, N, unsafe.Pointer(&w[0]), 2, opBF16)
+	o.wb = w
+	o.start(serial)
 }
 
 // MatMulTBF16Naive is the reference for MatMulTBF16: widen, then a plain

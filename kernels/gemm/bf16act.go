@@ -67,14 +67,9 @@ func matMulTBF16Act(p Params, serial bool, dst, x []float32, T, K int, w []uint1
 			roundRowBF16(row, x[t*K:t*K+K])
 			clear(row[K:])
 		}
-		body := func(t0, t1, n0, n1 int) {
-			s.runBB(p, unsafe.Pointer(&dst[0]), *xb, kp, unsafe.Pointer(&w[0]), K, N, t0, t1, n0, n1)
-		}
-		if serial {
-			body(0, T, 0, N)
-		} else {
-			forTiles(p, T, N, body)
-		}
+		o := getOp(p, dst, x, T, K, N, unsafe.Pointer(&w[0]), 2, opBB)
+		o.im, o.xb, o.kp = im, *xb, kp
+		o.start(serial)
 		return
 	}
 	// Fallback: the rounded activations widened back to fp32.

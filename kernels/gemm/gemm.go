@@ -24,6 +24,7 @@ package gemm
 
 import (
 	"math"
+	"sync"
 	"unsafe"
 
 	"github.com/glmflash/glmflash/kernels/parallel"
@@ -76,12 +77,9 @@ func matMulTF32(p Params, serial bool, dst, x []float32, T, K int, w []float32, 
 	if !checkShapes(dst, x, T, K, N, len(w)) {
 		return
 	}
-	im := cur.Load()
-	var goBlock func(t0, t1, n0, n1 int)
-	if im.simd == nil {
-		goBlock = func(t0, t1, n0, n1 int) { block(dst, x, w, K, N, t0, t1, n0, n1) }
-	}
-	product(im, p, serial, dst, x, T, K, N, unsafe.Pointer(&w[0]), 4, false, goBlock)
+	o := getOp(p, dst, x, T, K, N, unsafe.Pointer(&w[0]), 4, opF32)
+	o.wf = w
+	o.start(serial)
 }
 
 // checkShapes validates operand lengths (panicking like an index out of
@@ -103,26 +101,82 @@ func checkShapes(dst, x []float32, T, K, N, nw int) bool {
 	return true
 }
 
-// product runs one product with implementation im: serially or spread over
-// the workers, with the SIMD microkernels (bf16 picks the bfloat16 set) or
-// with goBlock, the pure-Go block. w points at the weights, wsz bytes each.
-func product(im *impl, p Params, serial bool, dst, x []float32, T, K, N int, w unsafe.Pointer, wsz int, bf16 bool, goBlock func(t0, t1, n0, n1 int)) {
-	body := func(t0, t1, n0, n1 int) {
-		if s := im.simd; s != nil {
-			ks := s.f32
-			if bf16 {
-				ks = s.bf16
-			}
-			s.run(ks, p, unsafe.Pointer(&dst[0]), unsafe.Pointer(&x[0]), w, uintptr(wsz), K, N, t0, t1, n0, n1)
-			return
-		}
-		walk(p, t0, t1, n0, n1, wsz*K, goBlock)
-	}
+// Kinds of product an op runs.
+const (
+	opF32  = iota // fp32 weights
+	opBF16        // bf16 weights, fp32 activations
+	opBB          // bf16 weights and activations (VDPBF16PS)
+)
+
+// op is one product in flight: its operands and the func values handed to
+// parallel.For, made once per pooled op so that a product allocates nothing.
+type op struct {
+	im           *impl
+	p            Params
+	kind         int
+	dst, x       []float32
+	T, K, N      int
+	w            unsafe.Pointer
+	wsz          int
+	wf           []float32 // fp32 weights (pure-Go block)
+	wb           []uint16  // bf16 weights (pure-Go block)
+	xb           []uint16  // rounded activations (opBB), rows of kp
+	kp           int
+	nTasks, rows int
+	cols, tiles  func(lo, hi int)         // forTiles' bodies (method values)
+	goBlock      func(t0, t1, n0, n1 int) // o.block (method value)
+}
+
+var opPool = sync.Pool{New: func() any {
+	o := new(op)
+	o.cols, o.tiles, o.goBlock = o.colRange, o.tileRange, o.block
+	return o
+}}
+
+func getOp(p Params, dst, x []float32, T, K, N int, w unsafe.Pointer, wsz, kind int) *op {
+	o := opPool.Get().(*op)
+	o.im, o.p, o.kind = cur.Load(), p, kind
+	o.dst, o.x, o.T, o.K, o.N, o.w, o.wsz = dst, x, T, K, N, w, wsz
+	return o
+}
+
+// start runs o serially or spread over the workers, then returns it to the
+// pool.
+func (o *op) start(serial bool) {
 	if serial {
-		body(0, T, 0, N)
+		o.body(0, o.T, 0, o.N)
+	} else {
+		o.forTiles()
+	}
+	o.dst, o.x, o.w, o.wf, o.wb, o.xb = nil, nil, nil, nil, nil, nil
+	opPool.Put(o)
+}
+
+// body computes rows [t0,t1) × columns [n0,n1) on the calling goroutine:
+// the SIMD microkernels (the set of o.kind) or the pure-Go block.
+func (o *op) body(t0, t1, n0, n1 int) {
+	s := o.im.simd
+	switch {
+	case o.kind == opBB:
+		s.runBB(o.p, unsafe.Pointer(&o.dst[0]), o.xb, o.kp, o.w, o.K, o.N, t0, t1, n0, n1)
+	case s != nil:
+		ks := s.f32
+		if o.kind == opBF16 {
+			ks = s.bf16
+		}
+		s.run(ks, o.p, unsafe.Pointer(&o.dst[0]), unsafe.Pointer(&o.x[0]), o.w, uintptr(o.wsz), o.K, o.N, t0, t1, n0, n1)
+	default:
+		walk(o.p, t0, t1, n0, n1, o.wsz*o.K, o.goBlock)
+	}
+}
+
+// block is the pure-Go block of o's weight type.
+func (o *op) block(t0, t1, n0, n1 int) {
+	if o.kind == opBF16 {
+		blockBF16(o.dst, o.x, o.wb, o.K, o.N, t0, t1, n0, n1)
 		return
 	}
-	forTiles(p, T, N, body)
+	block(o.dst, o.x, o.wf, o.K, o.N, t0, t1, n0, n1)
 }
 
 // forTiles splits rows [0,T) × columns [0,N) into work items of ColGrain
@@ -130,25 +184,31 @@ func product(im *impl, p Params, serial bool, dst, x []float32, T, K, N int, w u
 // gets one call for its contiguous range of columns and all rows (so a
 // GEMV splits over N). When there are fewer column items than workers
 // (narrow outputs), items are RowBlock rows × ColGrain columns instead.
-func forTiles(p Params, T, N int, fn func(t0, t1, n0, n1 int)) {
-	grain := p.ColGrain
-	nTasks := (N + grain - 1) / grain
-	rowTasks := 1
-	if nTasks < parallel.Workers {
-		rowTasks = (T + p.RowBlock - 1) / p.RowBlock
+func (o *op) forTiles() {
+	grain := o.p.ColGrain
+	o.nTasks = (o.N + grain - 1) / grain
+	o.rows = 1
+	if o.nTasks < parallel.Workers {
+		o.rows = (o.T + o.p.RowBlock - 1) / o.p.RowBlock
 	}
-	if rowTasks == 1 {
-		parallel.For(nTasks, 1, func(lo, hi int) {
-			fn(0, T, lo*grain, min(hi*grain, N))
-		})
+	if o.rows == 1 {
+		parallel.For(o.nTasks, 1, o.cols)
 		return
 	}
-	parallel.For(nTasks*rowTasks, 1, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			t0, n0 := (i/nTasks)*p.RowBlock, (i%nTasks)*grain
-			fn(t0, min(t0+p.RowBlock, T), n0, min(n0+grain, N))
-		}
-	})
+	parallel.For(o.nTasks*o.rows, 1, o.tiles)
+}
+
+func (o *op) colRange(lo, hi int) {
+	grain := o.p.ColGrain
+	o.body(0, o.T, lo*grain, min(hi*grain, o.N))
+}
+
+func (o *op) tileRange(lo, hi int) {
+	grain := o.p.ColGrain
+	for i := lo; i < hi; i++ {
+		t0, n0 := (i/o.nTasks)*o.p.RowBlock, (i%o.nTasks)*grain
+		o.body(t0, min(t0+o.p.RowBlock, o.T), n0, min(n0+grain, o.N))
+	}
 }
 
 // walk calls fn over rows [t0,t1) × columns [n0,n1) for the pure-Go
@@ -238,12 +298,12 @@ func block(dst, x, w []float32, K, N, t0, t1, n0, n1 int) {
 }
 
 // Dot returns Σ a[i]·b[i] (len(b) ≥ len(a)); the summation order is that of
-// MatMulT with the implementation in use.
+// MatMulT with the implementation in use. It does not allocate.
 func Dot(a, b []float32) float32 {
 	b = b[:len(a)]
 	if s := cur.Load().simd; s != nil && len(a) > 0 {
 		var r float32
-		s.f32[1][1](unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), unsafe.Pointer(&r), 0, 0, uintptr(len(a)/s.vw), s.tail(len(a)), 0)
+		s.dot(unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), unsafe.Pointer(&r), uintptr(len(a)/s.vw), s.tail(len(a)))
 		return r
 	}
 	return dotGo(a, b)

@@ -404,3 +404,18 @@ func BenchmarkDotAxpy(b *testing.B) {
 		}
 	}
 }
+
+// Dot sums in MatMulT's order (bit-identical to a one-row, one-column
+// product) and does not allocate, with every implementation.
+func TestDotMatchesMatMulTAndDoesNotAllocate(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	eachImpl(t, func(t *testing.T) {
+		for _, n := range []int{1, 7, 16, 17, 64, 100, 257} {
+			a, b := randSlice(r, n), randSlice(r, n)
+			got := make([]float32, 1)
+			MatMulT(got, a, 1, n, b, 1)
+			require.Equal(t, math.Float32bits(got[0]), math.Float32bits(Dot(a, b)), "n=%d", n)
+			require.Zero(t, testing.AllocsPerRun(20, func() { Dot(a, b) }), "n=%d", n)
+		}
+	})
+}

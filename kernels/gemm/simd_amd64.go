@@ -2,7 +2,11 @@
 
 package gemm
 
-import "golang.org/x/sys/cpu"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
 
 //go:generate go run gen_asm.go
 
@@ -46,4 +50,38 @@ func simdImpls() []*impl {
 		}})
 	}
 	return ims
+}
+
+// dot runs the 1×1 fp32 microkernel of s (a dot product of nvec vectors
+// plus the tail) into *r. It calls the assembly directly rather than
+// through the kernel table: a call through a function value makes the
+// compiler assume the arguments escape, so Dot's result would be
+// heap-allocated on every call; the assembly is go:noescape.
+func (s *simdImpl) dot(a, b, r unsafe.Pointer, nvec, tail uintptr) {
+	if s.maskTail { // AVX-512 (the only set with lane-mask tails)
+		f32_avx512_r1c1(a, b, r, 0, 0, nvec, tail, 0)
+		return
+	}
+	f32_avx2_r1c1(a, b, r, 0, 0, nvec, tail, 0)
+}
+
+// dequantFP8AVX512 is dequantFP8Go over n codes, n a multiple of 16.
+//
+//go:noescape
+func dequantFP8AVX512(dst *float32, src *byte, n uintptr, s float32)
+
+var fp8AVX512 = cpu.X86.HasAVX512F
+
+// dequantFP8 writes dst[i] = e4m3(src[i]) · s (exact value, one float32
+// multiplication), 16 codes per AVX-512 step where available.
+func dequantFP8(dst []float32, src []byte, s float32) {
+	n := 0
+	if fp8AVX512 {
+		n = len(src) &^ 15
+		if n > 0 {
+			_ = dst[n-1]
+			dequantFP8AVX512(&dst[0], &src[0], uintptr(n), s)
+		}
+	}
+	dequantFP8Go(dst[n:], src[n:], s)
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 
 	"github.com/glmflash/glmflash/kernels/gemm"
 	"github.com/glmflash/glmflash/kernels/parallel"
@@ -98,7 +99,13 @@ func SelectShared(sel []int32, width int, st *State, pos0, T int) error {
 // PoolKey writes key[c] = Σ_j softmax_j(gate[j][c]+ape[j][c])·k[j][c].
 func (c *Config) PoolKey(key, k, gate []float32) {
 	D, P := c.Dim, c.KPool
-	l := make([]float64, P)
+	var lb [16]float64
+	l := lb[:0]
+	if P <= len(lb) {
+		l = lb[:P]
+	} else {
+		l = make([]float64, P)
+	}
 	for ch := 0; ch < D; ch++ {
 		mx := math.Inf(-1)
 		for j := 0; j < P; j++ {
@@ -126,9 +133,12 @@ func (c *Config) Append(st *State, pos0 int, k, gate []float32, T int, visible [
 		st.PendK = append(st.PendK, k[j*D:(j+1)*D]...)
 		st.PendG = append(st.PendG, gate[j*D:(j+1)*D]...)
 		if len(st.PendK) == c.KPool*D {
-			key := make([]float32, D)
-			c.PoolKey(key, st.PendK, st.PendG)
-			st.Pools = append(st.Pools, key...)
+			n := len(st.Pools)
+			if n+D > cap(st.Pools) { // double: a pool completes every KPool steps
+				st.Pools = slices.Grow(st.Pools, max(D, n))
+			}
+			st.Pools = st.Pools[:n+D]
+			c.PoolKey(st.Pools[n:], st.PendK, st.PendG)
 			st.PendK, st.PendG = st.PendK[:0], st.PendG[:0]
 		}
 		if visible != nil {
@@ -155,86 +165,117 @@ const queryBlock = 8
 // other GEMM in the engine), then the head reduction in head order, then a
 // partial selection (TopPools) instead of a full sort.
 func (c *Config) Select(sel []int32, st *State, pos0 int, q, w []float32, T int, visible []int) {
+	nb := (T + queryBlock - 1) / queryBlock
+	inner := nb < parallel.Workers // few blocks (decode): parallelise each GEMM instead
+	a := selectArgs{c, sel, st, pos0, q, w, T, visible, inner}
+	if inner {
+		a.Run(0, nb)
+		return
+	}
+	parallel.ForArgs(&selectPool, nb, 1, a)
+}
+
+// selectArgs is one Select call; Run scores query blocks [lo, hi).
+type selectArgs struct {
+	c       *Config
+	sel     []int32
+	st      *State
+	pos0    int
+	q, w    []float32
+	T       int
+	visible []int
+	inner   bool
+}
+
+var selectPool parallel.Pool[selectArgs]
+
+// selectScratch is a worker's scratch for Select's blocks.
+type selectScratch struct {
+	dots, scores []float32
+	order        []int32
+}
+
+var selectScratches = sync.Pool{New: func() any { return new(selectScratch) }}
+
+func (a *selectArgs) Run(lo, hi int) {
+	sc := selectScratches.Get().(*selectScratch)
+	defer selectScratches.Put(sc)
+	for b := lo; b < hi; b++ {
+		a.block(sc, b)
+	}
+}
+
+func (a *selectArgs) block(sc *selectScratch, b int) {
+	c, sel, st, pos0, q, w, T, visible, inner := a.c, a.sel, a.st, a.pos0, a.q, a.w, a.T, a.visible, a.inner
 	H, D, W := c.Heads, c.Dim, c.Width()
 	scale := float32(1 / math.Sqrt(float64(D)))
 	keep := c.TopK / c.KPool
-	nb := (T + queryBlock - 1) / queryBlock
-	inner := nb < parallel.Workers // few blocks (decode): parallelise each GEMM instead
-	block := func(b int) {
-		var dots, scores []float32
-		var order []int32
-		j0, j1 := b*queryBlock, min((b+1)*queryBlock, T)
-		// the pools the block's scored queries can see
-		nMax := 0
-		for j := j0; j < j1; j++ {
-			if visible[j] > keep {
-				nMax = max(nMax, visible[j])
-			}
+	var dots []float32
+	scores, order := sc.scores, sc.order
+	defer func() { sc.scores, sc.order = scores, order }()
+	j0, j1 := b*queryBlock, min((b+1)*queryBlock, T)
+	// the pools the block's scored queries can see
+	nMax := 0
+	for j := j0; j < j1; j++ {
+		if visible[j] > keep {
+			nMax = max(nMax, visible[j])
 		}
-		if nMax > 0 {
-			rows := (j1 - j0) * H
-			dots = make([]float32, rows*nMax)
-			x, keys := q[j0*H*D:j1*H*D], st.Pools[:nMax*D]
-			if inner {
-				gemm.MatMulT(dots, x, rows, D, keys, nMax)
-			} else {
-				gemm.MatMulTSerial(dots, x, rows, D, keys, nMax)
-			}
+	}
+	if nMax > 0 {
+		rows := (j1 - j0) * H
+		if cap(sc.dots) < rows*nMax {
+			sc.dots = make([]float32, 2*rows*nMax) // headroom: nMax grows with the context
 		}
-		for j := j0; j < j1; j++ {
-			row := sel[j*W : (j+1)*W]
-			for i := range row {
-				row[i] = -1
+		dots = sc.dots[:rows*nMax]
+		x, keys := q[j0*H*D:j1*H*D], st.Pools[:nMax*D]
+		if inner {
+			gemm.MatMulT(dots, x, rows, D, keys, nMax)
+		} else {
+			gemm.MatMulTSerial(dots, x, rows, D, keys, nMax)
+		}
+	}
+	for j := j0; j < j1; j++ {
+		row := sel[j*W : (j+1)*W]
+		for i := range row {
+			row[i] = -1
+		}
+		n := visible[j]
+		o := 0
+		if n <= keep {
+			for pos := 0; pos < n*c.KPool; pos++ {
+				row[o] = int32(pos)
+				o++
 			}
-			n := visible[j]
-			o := 0
-			if n <= keep {
-				for pos := 0; pos < n*c.KPool; pos++ {
-					row[o] = int32(pos)
-					o++
-				}
-			} else {
-				if cap(scores) < n {
-					scores = make([]float32, n)
-				}
-				scores = scores[:n]
-				clear(scores)
-				wj := w[j*H : (j+1)*H]
-				for h := 0; h < H; h++ {
-					d := dots[((j-j0)*H+h)*nMax:]
-					for p := 0; p < n; p++ {
-						if v := d[p] * scale; v > 0 {
-							scores[p] += wj[h] * v
-						}
-					}
-				}
-				order = TopPools(order, scores, keep)
-				for _, p := range order {
-					for x := 0; x < c.KPool; x++ {
-						row[o] = int32(int(p)*c.KPool + x)
-						o++
+		} else {
+			if cap(scores) < n {
+				scores = make([]float32, 2*n)
+			}
+			scores = scores[:n]
+			clear(scores)
+			wj := w[j*H : (j+1)*H]
+			for h := 0; h < H; h++ {
+				d := dots[((j-j0)*H+h)*nMax:]
+				for p := 0; p < n; p++ {
+					if v := d[p] * scale; v > 0 {
+						scores[p] += wj[h] * v
 					}
 				}
 			}
-			if c.SelectTail {
-				for pos := n * c.KPool; pos <= pos0+j; pos++ {
-					row[o] = int32(pos)
+			order = TopPools(order, scores, keep)
+			for _, p := range order {
+				for x := 0; x < c.KPool; x++ {
+					row[o] = int32(int(p)*c.KPool + x)
 					o++
 				}
 			}
 		}
-	}
-	if inner {
-		for b := 0; b < nb; b++ {
-			block(b)
+		if c.SelectTail {
+			for pos := n * c.KPool; pos <= pos0+j; pos++ {
+				row[o] = int32(pos)
+				o++
+			}
 		}
-		return
 	}
-	parallel.For(nb, 1, func(lo, hi int) {
-		for b := lo; b < hi; b++ {
-			block(b)
-		}
-	})
 }
 
 // better reports whether pool a ranks before pool b: the higher score, ties

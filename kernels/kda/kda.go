@@ -31,13 +31,39 @@ func L2Normalize(x []float32, T, D int, eps, scale float32) {
 	}
 }
 
+// Workspace is the scratch memory of Recurrent and Chunked. Calls through
+// one Workspace reuse its memory, growing it only when a call needs more,
+// so a steady stream of calls allocates nothing. The zero value is ready to
+// use; a Workspace serves one call at a time.
+type Workspace struct{ buf []float32 }
+
+// take returns n floats of scratch (contents undefined).
+func (ws *Workspace) take(n int) []float32 {
+	if cap(ws.buf) < n {
+		ws.buf = make([]float32, n)
+	}
+	return ws.buf[:n]
+}
+
+// Recurrent runs Workspace.Recurrent with a fresh workspace (it allocates
+// the scratch).
+func Recurrent(o, q, k, v, g, beta []float32, T, Dk, Dv int, S []float32) {
+	new(Workspace).Recurrent(o, q, k, v, g, beta, T, Dk, Dv, S)
+}
+
+// Chunked runs Workspace.Chunked with a fresh workspace (it allocates the
+// scratch).
+func Chunked(o, q, k, v, g, beta []float32, T, Dk, Dv int, S []float32) {
+	new(Workspace).Chunked(o, q, k, v, g, beta, T, Dk, Dv, S)
+}
+
 // Recurrent runs the delta rule token by token (the definition of KDA):
 //
 //	S = diag(exp(g_t))·S;  δ = β_t·(v_t − Sᵀk_t);  S += k_t⊗δ;  o_t = Sᵀq_t
 //
 // q and k must already be L2-normalized (q also scaled). o is [T][Dv].
-func Recurrent(o, q, k, v, g, beta []float32, T, Dk, Dv int, S []float32) {
-	pred := make([]float32, Dv)
+func (ws *Workspace) Recurrent(o, q, k, v, g, beta []float32, T, Dk, Dv int, S []float32) {
+	pred := ws.take(Dv)
 	for t := 0; t < T; t++ {
 		qt, kt := q[t*Dk:t*Dk+Dk], k[t*Dk:t*Dk+Dk]
 		vt, gt := v[t*Dv:t*Dv+Dv], g[t*Dk:t*Dk+Dk]
@@ -78,21 +104,22 @@ func Recurrent(o, q, k, v, g, beta []float32, T, Dk, Dv int, S []float32) {
 //	S ← diag(e^{G_n}) S + Σ_j (k_j⊙e^{G_n−G_j}) ⊗ Vn_j
 //
 // Only j ≤ i terms are ever formed, so no exponential overflows.
-func Chunked(o, q, k, v, g, beta []float32, T, Dk, Dv int, S []float32) {
+func (ws *Workspace) Chunked(o, q, k, v, g, beta []float32, T, Dk, Dv int, S []float32) {
 	C := ChunkSize
 	if T < C {
 		C = T
 	}
-	G := make([]float32, C*Dk)
-	eG := make([]float32, C*Dk)
-	M := make([]float32, C*C)
-	P := make([]float32, C*C)
-	U := make([]float32, C*Dv)
-	Kc := make([]float32, C*Dk)
-	tmp := make([]float32, C*Dv)
-	qe := make([]float32, C*Dk)
-	d := make([]float32, Dk)
-	eg := make([]float32, C*Dk)
+	// one scratch block: every element read below is written first in its
+	// chunk (M and P only below and on the diagonal)
+	buf := ws.take(5*C*Dk + 2*C*C + 2*C*Dv + Dk)
+	cut := func(n int) []float32 {
+		b := buf[:n:n]
+		buf = buf[n:]
+		return b
+	}
+	G, eG, M, P := cut(C*Dk), cut(C*Dk), cut(C*C), cut(C*C)
+	U, Kc, tmp, qe := cut(C*Dv), cut(C*Dk), cut(C*Dv), cut(C*Dk)
+	d, eg := cut(Dk), cut(C*Dk)
 	for t0 := 0; t0 < T; t0 += ChunkSize {
 		n := T - t0
 		if n > ChunkSize {

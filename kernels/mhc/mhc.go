@@ -27,8 +27,15 @@ type Params struct {
 func Pre(p *Params, h, post, comb, X []float32, T int) {
 	H, D := p.H, p.D
 	mix := (2 + H) * H
-	m := make([]float32, mix)
-	pre := make([]float32, H)
+	// scratch on the stack for the usual stream counts (H ≤ 6)
+	var mb [48]float32
+	var pb [6]float32
+	var m, pre []float32
+	if mix <= len(mb) { // then H ≤ 6
+		m, pre = mb[:mix], pb[:H]
+	} else {
+		m, pre = make([]float32, mix), make([]float32, H)
+	}
 	for t := 0; t < T; t++ {
 		x := X[t*H*D : (t+1)*H*D]
 		var ss float32

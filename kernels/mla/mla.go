@@ -105,7 +105,13 @@ func (c *Config) Choose(T, sel, union int) Path {
 // Choose.
 func (c *Config) Attend(o, q, ckv []float32, sel []int32, T, width int) {
 	L := len(ckv) / c.Rank
-	mark := make([]bool, L)
+	mb := marks.Get().(*[]bool)
+	defer marks.Put(mb)
+	if cap(*mb) < L {
+		*mb = make([]bool, 2*L) // headroom: L grows by a token per step
+	}
+	mark := (*mb)[:L]
+	clear(mark)
 	s, u := 0, 0
 	for _, p := range sel[:T*width] {
 		if p >= 0 {
@@ -214,50 +220,108 @@ func (c *Config) AttendExpand(o, q, ckv []float32, sel []int32, T, width int) {
 //     queries than workers, as at decode);
 //  3. o[t][h] = W_UV[h]·ol[t][h] (per head, a GEMM over the T queries).
 func (c *Config) AttendAbsorbed(o, q, ckv []float32, sel []int32, T, width int) {
-	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
-	stride := (dq + dv) * R // one head's rows of kv_b_proj
+	H, R := c.Heads, c.Rank
+	ab, _ := absorbedPool.Get().(*absorbed)
+	if ab == nil {
+		ab = new(absorbed)
+		ab.absorbFn, ab.queriesFn, ab.outFn = ab.absorb, ab.queries, ab.out
+	}
+	defer func() {
+		ab.c, ab.o, ab.q, ab.ckv, ab.sel = nil, nil, nil, nil, nil
+		absorbedPool.Put(ab)
+	}()
+	ab.c, ab.o, ab.q, ab.ckv, ab.sel, ab.T, ab.width = c, o, q, ckv, sel, T, width
 	// 1. absorb W_UK ([dq][R] per head) into the queries: qa is [T][H][R]
-	qa := make([]float32, T*H*R)
-	parallel.For(H, 1, func(lo, hi int) {
-		qh := make([]float32, T*dq)
-		tmp := make([]float32, T*R)
-		for h := lo; h < hi; h++ {
-			for t := 0; t < T; t++ {
-				copy(qh[t*dq:(t+1)*dq], q[t*H*dq+h*dq:t*H*dq+(h+1)*dq])
-			}
-			gemm.MatMul(tmp, qh, T, dq, c.KVBW[h*stride:h*stride+dq*R], R)
-			for t := 0; t < T; t++ {
-				copy(qa[(t*H+h)*R:(t*H+h+1)*R], tmp[t*R:(t+1)*R])
-			}
-		}
-	})
+	ab.qa = grow(&ab.qaBuf, T*H*R)
+	parallel.For(H, 1, ab.absorbFn)
 	// 2. attend the latents: ol is [H][T][R]
-	ol := make([]float32, H*T*R)
+	ab.ol = grow(&ab.olBuf, H*T*R)
 	if T >= parallel.Workers {
-		parallel.For(T, 1, func(lo, hi int) {
-			b := newLatentBuf(H, R, width)
-			for t := lo; t < hi; t++ {
-				c.attendLatent(b, ol, qa, ckv, sel[t*width:(t+1)*width], t, T, false)
-			}
-			putLatentBuf(b)
-		})
+		parallel.For(T, 1, ab.queriesFn)
 	} else {
 		b := newLatentBuf(H, R, width)
 		for t := 0; t < T; t++ {
-			c.attendLatent(b, ol, qa, ckv, sel[t*width:(t+1)*width], t, T, true)
+			c.attendLatent(b, ab.ol, ab.qa, ckv, sel[t*width:(t+1)*width], t, T, true)
 		}
 		putLatentBuf(b)
 	}
 	// 3. W_UV ([dv][R] per head, already in MatMulT form) on the latent outputs
-	parallel.For(H, 1, func(lo, hi int) {
-		tmp := make([]float32, T*dv)
-		for h := lo; h < hi; h++ {
-			gemm.MatMulTSerial(tmp, ol[h*T*R:(h+1)*T*R], T, R, c.KVBW[h*stride+dq*R:(h+1)*stride], dv)
-			for t := 0; t < T; t++ {
-				copy(o[t*H*dv+h*dv:t*H*dv+(h+1)*dv], tmp[t*dv:(t+1)*dv])
-			}
+	parallel.For(H, 1, ab.outFn)
+}
+
+// absorbed is one AttendAbsorbed call's operands and scratch, pooled with
+// its parallel bodies (method values made once): a call allocates nothing
+// in the steady state.
+type absorbed struct {
+	c                          *Config
+	o, q, ckv                  []float32
+	sel                        []int32
+	T, width                   int
+	qa, ol                     []float32
+	qaBuf, olBuf               []float32
+	absorbFn, queriesFn, outFn func(lo, hi int)
+}
+
+var absorbedPool sync.Pool
+
+// marks holds Attend's position marks.
+var marks = sync.Pool{New: func() any { return new([]bool) }}
+
+// scratch holds the workers' per-call temporaries.
+var scratch = sync.Pool{New: func() any { return new([]float32) }}
+
+func grow(b *[]float32, n int) []float32 {
+	if cap(*b) < n {
+		*b = make([]float32, n)
+	}
+	*b = (*b)[:n]
+	return *b
+}
+
+// absorb is step 1 for heads [lo, hi).
+func (ab *absorbed) absorb(lo, hi int) {
+	c, T, q, qa := ab.c, ab.T, ab.q, ab.qa
+	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
+	stride := (dq + dv) * R
+	sb := scratch.Get().(*[]float32)
+	defer scratch.Put(sb)
+	buf := grow(sb, T*dq+T*R)
+	qh, tmp := buf[:T*dq], buf[T*dq:]
+	for h := lo; h < hi; h++ {
+		for t := 0; t < T; t++ {
+			copy(qh[t*dq:(t+1)*dq], q[t*H*dq+h*dq:t*H*dq+(h+1)*dq])
 		}
-	})
+		gemm.MatMul(tmp, qh, T, dq, c.KVBW[h*stride:h*stride+dq*R], R)
+		for t := 0; t < T; t++ {
+			copy(qa[(t*H+h)*R:(t*H+h+1)*R], tmp[t*R:(t+1)*R])
+		}
+	}
+}
+
+// queries is step 2 for queries [lo, hi), one query per worker.
+func (ab *absorbed) queries(lo, hi int) {
+	c := ab.c
+	b := newLatentBuf(c.Heads, c.Rank, ab.width)
+	for t := lo; t < hi; t++ {
+		c.attendLatent(b, ab.ol, ab.qa, ab.ckv, ab.sel[t*ab.width:(t+1)*ab.width], t, ab.T, false)
+	}
+	putLatentBuf(b)
+}
+
+// out is step 3 for heads [lo, hi).
+func (ab *absorbed) out(lo, hi int) {
+	c, T, o, ol := ab.c, ab.T, ab.o, ab.ol
+	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
+	stride := (dq + dv) * R
+	sb := scratch.Get().(*[]float32)
+	defer scratch.Put(sb)
+	tmp := grow(sb, T*dv)
+	for h := lo; h < hi; h++ {
+		gemm.MatMulTSerial(tmp, ol[h*T*R:(h+1)*T*R], T, R, c.KVBW[h*stride+dq*R:(h+1)*stride], dv)
+		for t := 0; t < T; t++ {
+			copy(o[t*H*dv+h*dv:t*H*dv+(h+1)*dv], tmp[t*dv:(t+1)*dv])
+		}
+	}
 }
 
 // latentBuf is one worker's scratch for attendLatent.
@@ -333,31 +397,44 @@ func (c *Config) attendLatent(b *latentBuf, ol, qa, ckv []float32, srow []int32,
 	} else {
 		gemm.MatMulTSerial(lg, qt, H, R, lat, n)
 	}
-	heads := func(lo, hi int) {
-		for h := lo; h < hi; h++ {
-			l := lg[h*n : (h+1)*n]
-			mx := float32(math.Inf(-1))
-			for i := range l {
-				l[i] *= c.Scale
-				if l[i] > mx {
-					mx = l[i]
-				}
-			}
-			var s float32
-			for i, v := range l {
-				e := float32(math.Exp(float64(v - mx)))
-				l[i] = e
-				s += e
-			}
-			for i := range l {
-				l[i] /= s
-			}
-			gemm.MatMul(ol[(h*T+t)*R:(h*T+t+1)*R], l, 1, n, lat, R)
-		}
-	}
+	ha := headArgs{c, lg, lat, ol, n, t, T}
 	if inner {
-		parallel.For(H, 1, heads)
+		parallel.ForArgs(&headPool, H, 1, ha)
 	} else {
-		heads(0, H)
+		ha.Run(0, H)
+	}
+}
+
+// headArgs is attendLatent's softmax and value sum for one query.
+type headArgs struct {
+	c           *Config
+	lg, lat, ol []float32
+	n, t, T     int
+}
+
+var headPool parallel.Pool[headArgs]
+
+// Run does heads [lo, hi).
+func (a *headArgs) Run(lo, hi int) {
+	c, lg, n, R := a.c, a.lg, a.n, a.c.Rank
+	for h := lo; h < hi; h++ {
+		l := lg[h*n : (h+1)*n]
+		mx := float32(math.Inf(-1))
+		for i := range l {
+			l[i] *= c.Scale
+			if l[i] > mx {
+				mx = l[i]
+			}
+		}
+		var s float32
+		for i, v := range l {
+			e := float32(math.Exp(float64(v - mx)))
+			l[i] = e
+			s += e
+		}
+		for i := range l {
+			l[i] /= s
+		}
+		gemm.MatMul(a.ol[(h*a.T+a.t)*R:(h*a.T+a.t+1)*R], l, 1, n, a.lat, R)
 	}
 }

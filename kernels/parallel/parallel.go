@@ -37,7 +37,9 @@ func SetSpin(d time.Duration) time.Duration { return time.Duration(spinNS.Swap(i
 
 // For calls fn(lo, hi) over disjoint sub-ranges covering [0, n). Ranges have
 // at least grain elements so that tiny loops are not split. It returns when
-// every call has returned.
+// every call has returned. A region run on the helper pool allocates
+// nothing (pass a func value made once, such as a method value kept in a
+// workspace, to keep the caller from allocating a closure per call).
 func For(n, grain int, fn func(lo, hi int)) {
 	if n <= 0 {
 		return
@@ -54,7 +56,7 @@ func For(n, grain int, fn func(lo, hi int)) {
 		return
 	}
 	chunk := (n + w - 1) / w
-	run(&job{fn: fn, n: n, chunk: chunk, chunks: int64((n + chunk - 1) / chunk)})
+	run(fn, nil, n, chunk, (n+chunk-1)/chunk)
 }
 
 // Each calls fn(i) for every i in [0, n), spreading the calls over the
@@ -69,50 +71,88 @@ func Each(n int, fn func(i int)) {
 		}
 		return
 	}
-	run(&job{fn: func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			fn(i)
-		}
-	}, n: n, chunk: 1, chunks: int64(n)})
+	run(nil, fn, n, 1, n)
 }
 
-// job is one parallel region: chunks of [0, n), taken one at a time.
+// genShift splits a job's state words: the region's generation above it,
+// a chunk index (or count) below.
+const (
+	genShift  = 24
+	chunkMask = 1<<genShift - 1
+)
+
+// job is one parallel region: chunks of [0, n), taken one at a time. The
+// pool's job is reused by every region it runs: state and lim carry the
+// region's generation beside the next chunk and the chunk count, so a
+// helper still holding a finished region's generation takes nothing from
+// the next one (it reads fn, n and chunk only after a successful
+// compare-and-swap of its own generation, and the owner rewrites them only
+// once every chunk of the previous region is done).
 type job struct {
 	fn     func(lo, hi int)
+	each   func(i int)
 	n      int
 	chunk  int
-	chunks int64
-	next   atomic.Int64 // next chunk to take
-	done   atomic.Int64 // chunks finished
+	state  atomic.Uint64 // gen<<genShift | next chunk to take
+	lim    atomic.Uint64 // gen<<genShift | chunks
+	done   atomic.Int64  // chunks finished in this generation
+	chunks int64         // owner's copy of the chunk count
 }
 
-// work takes and runs chunks until none is left.
-func (j *job) work() {
+// set prepares j for generation gen (before it is published).
+func (j *job) set(fn func(lo, hi int), each func(i int), n, chunk, chunks int, gen uint64) {
+	j.fn, j.each, j.n, j.chunk, j.chunks = fn, each, n, chunk, int64(chunks)
+	j.done.Store(0)
+	j.lim.Store(gen<<genShift | uint64(chunks))
+	j.state.Store(gen << genShift)
+}
+
+// work takes and runs generation gen's chunks until none is left.
+func (j *job) work(gen uint64) {
 	for {
-		c := j.next.Add(1) - 1
-		if c >= j.chunks {
+		v := j.state.Load()
+		if v>>genShift != gen {
 			return
 		}
-		lo := int(c) * j.chunk
-		j.fn(lo, min(lo+j.chunk, j.n))
+		l := j.lim.Load()
+		if l>>genShift != gen || v&chunkMask >= l&chunkMask {
+			return
+		}
+		if !j.state.CompareAndSwap(v, v+1) {
+			continue
+		}
+		lo := int(v&chunkMask) * j.chunk
+		hi := min(lo+j.chunk, j.n)
+		if j.fn != nil {
+			j.fn(lo, hi)
+		} else {
+			for i := lo; i < hi; i++ {
+				j.each(i)
+			}
+		}
 		j.done.Add(1)
 	}
 }
 
-// run executes j on the calling goroutine and the pool's helpers, or on
-// fresh goroutines when the pool is busy.
-func run(j *job) {
+// run executes a region on the calling goroutine and the pool's helpers, or
+// on fresh goroutines when the pool is busy.
+func run(fn func(lo, hi int), each func(i int), n, chunk, chunks int) {
 	p := thePool()
-	if p == nil || !p.mu.TryLock() {
-		spawn(j)
+	if p == nil || chunks > chunkMask || !p.mu.TryLock() {
+		j := new(job)
+		j.set(fn, each, n, chunk, chunks, 1)
+		spawn(j, 1)
 		return
 	}
 	defer p.mu.Unlock()
-	p.cur.Store(j)
-	p.gen.Add(1)
+	j := &p.job
+	p.seq++
+	gen := p.seq & (1<<(64-genShift) - 1)
+	j.set(fn, each, n, chunk, chunks, gen)
+	p.gen.Store(gen)
 	// wake no more parked helpers than there are chunks for (on a many-core
 	// machine a small region must not pay for waking every core)
-	need := int(j.chunks) - 1
+	need := chunks - 1
 	for _, h := range p.helpers {
 		if need == 0 {
 			break
@@ -125,15 +165,16 @@ func run(j *job) {
 		}
 		need--
 	}
-	j.work()
+	j.work(gen)
 	for j.done.Load() < j.chunks {
 		runtime.Gosched() // a helper is finishing its last chunk
 	}
+	j.fn, j.each = nil, nil
 }
 
-// spawn runs j with one goroutine per chunk beyond the first, which the
-// caller runs.
-func spawn(j *job) {
+// spawn runs j (generation gen) with one goroutine per chunk beyond the
+// first, which the caller runs.
+func spawn(j *job, gen uint64) {
 	w := int(j.chunks)
 	if w > Workers {
 		w = Workers
@@ -143,10 +184,10 @@ func spawn(j *job) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			j.work()
+			j.work(gen)
 		}()
 	}
-	j.work()
+	j.work(gen)
 	wg.Wait()
 }
 
@@ -154,8 +195,9 @@ func spawn(j *job) {
 // owns them.
 type pool struct {
 	mu      sync.Mutex
-	gen     atomic.Uint64       // bumped when a region is published
-	cur     atomic.Pointer[job] // the latest region
+	gen     atomic.Uint64 // the latest region's generation
+	seq     uint64        // generations handed out (owned by mu's holder)
+	job     job           // the region being run (reused)
 	helpers []*helper
 }
 
@@ -199,9 +241,7 @@ func (p *pool) serve(h *helper) {
 	for {
 		if g := p.gen.Load(); g != seen {
 			seen = g
-			if j := p.cur.Load(); j != nil {
-				j.work()
-			}
+			p.job.work(g)
 			continue
 		}
 		if spin := time.Duration(spinNS.Load()); spin > 0 {
@@ -226,3 +266,38 @@ func (p *pool) serve(h *helper) {
 // HelperFunc names the helpers' loop function, for goroutine leak checkers
 // (goleak.IgnoreAnyFunction): the helpers live as long as the process.
 const HelperFunc = "github.com/glmflash/glmflash/kernels/parallel.(*pool).serve"
+
+// Body is a parallel region's arguments with the loop body over them.
+type Body interface{ Run(lo, hi int) }
+
+// Pool keeps the boxes ForArgs copies a region's arguments into: declare
+// one per argument type (a package variable); its zero value is ready.
+type Pool[A any] struct{ p sync.Pool }
+
+type box[A any, PA interface {
+	*A
+	Body
+}] struct {
+	a  A
+	fn func(lo, hi int)
+}
+
+// ForArgs is For over a body given by value: args is copied into a box
+// from pool (made once, with its func value), so that the call allocates
+// nothing in the steady state, unlike a closure handed to For, which
+// escapes to the heap with every variable it captures.
+func ForArgs[A any, PA interface {
+	*A
+	Body
+}](pool *Pool[A], n, grain int, args A) {
+	b, _ := pool.p.Get().(*box[A, PA])
+	if b == nil {
+		b = new(box[A, PA])
+		b.fn = func(lo, hi int) { PA(&b.a).Run(lo, hi) }
+	}
+	b.a = args
+	For(n, grain, b.fn)
+	var zero A
+	b.a = zero
+	pool.p.Put(b)
+}

@@ -146,3 +146,39 @@ func TestManyHelpers(t *testing.T) {
 	require.Contains(t, string(out), "--- PASS: TestManyHelpers")
 	require.Contains(t, string(out), "--- PASS: TestConcurrentNestedAndParkedRegions")
 }
+
+type sumArgs struct {
+	out []int64
+}
+
+func (a *sumArgs) Run(lo, hi int) {
+	for i := lo; i < hi; i++ {
+		a.out[i] += int64(i)
+	}
+}
+
+var sumPool Pool[sumArgs]
+
+// Regions on the helper pool allocate nothing: For with a func value made
+// once, Each, and ForArgs (whose box is pooled); every index is visited
+// once per region.
+func TestRegionsDoNotAllocate(t *testing.T) {
+	out := make([]int64, 1000)
+	a := &sumArgs{out: out}
+	fn := a.Run
+	each := func(i int) { out[i]++ }
+	run := func() {
+		For(len(out), 1, fn)
+		Each(len(out), each)
+		ForArgs(&sumPool, len(out), 1, sumArgs{out: out})
+	}
+	run()
+	if n := testing.AllocsPerRun(50, run); n != 0 && !raceOn {
+		t.Fatalf("%v allocations per round", n)
+	}
+	for i, v := range out {
+		if want := int64(52 * (2*i + 1)); v != want {
+			t.Fatalf("out[%d] = %d, want %d", i, v, want)
+		}
+	}
+}

@@ -136,7 +136,7 @@ func bindLinearSplit(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(
 	mm := p.bf16MatMul()
 	return func(rc *runCtx) error {
 		R := rc.rows(in[0])
-		tmp := rc.p.alloc(R * N)
+		tmp := rc.p.scratch(R * N)
 		if Wb != nil {
 			mm(prm(R), tmp, rc.in(in[0]), R, K, Wb, N)
 		} else {
@@ -150,7 +150,6 @@ func bindLinearSplit(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(
 			}
 			off += s
 		}
-		rc.p.release(tmp)
 		return nil
 	}, nil
 }
@@ -166,10 +165,10 @@ func bindLinearBatched(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	if p.bf16Act() {
 		bmm = gemm.BatchedMatMulTBF16Act
 	}
+	ys := make([][]float32, G) // reused by every run (runs are serialized)
 	return func(rc *runCtx) error {
 		R := rc.rows(in[0])
 		x := rc.in(in[0])
-		ys := make([][]float32, G)
 		for g := range ys {
 			ys[g] = rc.out(outs[g])
 		}

@@ -35,12 +35,18 @@ func bindSeqLengths(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 func bindDSAMeta(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
 	kp, topk := n.Attrs.Int("kpool", 0), n.Attrs.Int("topk", 0)
+	m := &dsaMeta{kpool: kp, topk: topk} // rebuilt by every run (runs are serialized)
 	return func(rc *runCtx) error {
 		seqs, err := rc.spans(in[0])
 		if err != nil {
 			return err
 		}
-		m := &dsaMeta{seqs: seqs, kpool: kp, topk: topk, visible: make([]int, rc.batch.T)}
+		m.seqs = seqs
+		if cap(m.visible) < rc.batch.T {
+			m.visible = make([]int, rc.batch.T)
+		}
+		m.visible = m.visible[:rc.batch.T]
+		m.keyLen, m.closed = m.keyLen[:0], m.closed[:0]
 		for _, s := range seqs {
 			for j := 0; j < s.n; j++ {
 				m.visible[s.row0+j] = (s.pos0 + j + 1) / kp
@@ -88,7 +94,7 @@ func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 				}
 				continue
 			}
-			ws := make([]float32, s.n*Hi)
+			ws := takeScratch(&rc.p.topkW, s.n*Hi)
 			for i := range ws {
 				ws[i] = w[r0*Hi+i] * wscale
 			}
@@ -125,10 +131,22 @@ func bindMLA(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			if err != nil {
 				return fmt.Errorf("slot %d: %w", s.slot, err)
 			}
-			cache := append(prev, ckv[r0*R:r1*R]...)
+			cache := appendDoubling(prev, ckv[r0*R:r1*R])
 			s.seq.CKV[layer] = cache
 			c.Attend(o[r0*H*dv:r1*H*dv], q[r0*H*dq:r1*H*dq], cache, sel[r0*width:r1*width], s.n, width)
 		}
 		return nil
 	}, nil
+}
+
+// appendDoubling appends add to s, at least doubling the capacity when it
+// grows (plain append grows large slices by 1.25×: a latent cache growing a
+// token per step would reallocate every few steps).
+func appendDoubling(s, add []float32) []float32 {
+	if n := len(s) + len(add); n > cap(s) {
+		g := make([]float32, len(s), max(n, 2*cap(s), 256))
+		copy(g, s)
+		s = g
+	}
+	return append(s, add...)
 }

@@ -26,6 +26,8 @@ func bindKDAConv(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	P := in[1].Shape[1]
 	K := in[4].Shape[2]
 	layer := n.Layer
+	cr := &convRun{W: W, P: P, K: K, layer: layer}
+	cr.fn = cr.seq // made once: a run allocates no closure
 	return func(rc *runCtx) error {
 		q, k, v := rc.in(in[1]), rc.in(in[2]), rc.in(in[3])
 		seqs, err := rc.spans(in[0])
@@ -36,53 +38,72 @@ func bindKDAConv(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			return err
 		}
 		oq, ok, ov := rc.out(outs[0]), rc.out(outs[1]), rc.out(outs[2])
-		parallel.Each(len(seqs), func(si int) {
-			s := seqs[si]
-			C := 3 * P
-			u := make([]float32, s.n*C)
-			for j := 0; j < s.n; j++ {
-				r := s.row0 + j
-				copy(u[j*C:j*C+P], q[r*P:(r+1)*P])
-				copy(u[j*C+P:j*C+2*P], k[r*P:(r+1)*P])
-				copy(u[j*C+2*P:j*C+3*P], v[r*P:(r+1)*P])
-			}
-			y := make([]float32, s.n*C)
-			var prev []float32
-			rb := s.seq.Rollback
-			if rb != nil {
-				prev = append([]float32(nil), s.seq.Conv[layer]...)
-			}
-			if len(seqs) == 1 { // the only region: split channels across cores
-				conv.CausalSiLU(y, u, s.n, C, W, K, s.seq.Conv[layer])
-			} else {
-				conv.CausalSiLUSerial(y, u, s.n, C, W, K, s.seq.Conv[layer])
-			}
-			if rb != nil { // the window after every position, for a rollback
-				S := K - 1
-				win := make([]float32, C*S)
-				for j := 0; j < s.n; j++ {
-					for c := 0; c < C; c++ {
-						for x := 0; x < S; x++ {
-							// position j−S+1+x of the span: from u, or the window before it
-							if t := j - S + 1 + x; t >= 0 {
-								win[c*S+x] = u[t*C+c]
-							} else {
-								win[c*S+x] = prev[c*S+S+t]
-							}
-						}
-					}
-					rb.RecordKDAConv(layer, s.pos0+j, win)
-				}
-			}
-			for j := 0; j < s.n; j++ {
-				r := s.row0 + j
-				copy(oq[r*P:(r+1)*P], y[j*C:j*C+P])
-				copy(ok[r*P:(r+1)*P], y[j*C+P:j*C+2*P])
-				copy(ov[r*P:(r+1)*P], y[j*C+2*P:j*C+3*P])
-			}
-		})
+		rc.p.convScr = growScratch(rc.p.convScr, len(seqs))
+		cr.q, cr.k, cr.v, cr.oq, cr.ok, cr.ov, cr.seqs, cr.scr = q, k, v, oq, ok, ov, seqs, rc.p.convScr
+		parallel.Each(len(seqs), cr.fn)
+		cr.q, cr.k, cr.v, cr.oq, cr.ok, cr.ov, cr.seqs, cr.scr = nil, nil, nil, nil, nil, nil, nil, nil
 		return nil
 	}, nil
+}
+
+// convRun is one kda_conv node's run: its constants, the current run's
+// operands and the per-sequence body (one method value made at bind time).
+type convRun struct {
+	W                   []float32
+	P, K, layer         int
+	q, k, v, oq, ok, ov []float32
+	seqs                []seqRun
+	scr                 [][]float32
+	fn                  func(si int)
+}
+
+// seq runs sequence si.
+func (cr *convRun) seq(si int) {
+	W, P, K, layer, seqs, scr := cr.W, cr.P, cr.K, cr.layer, cr.seqs, cr.scr
+	q, k, v, oq, ok, ov := cr.q, cr.k, cr.v, cr.oq, cr.ok, cr.ov
+	s := seqs[si]
+	C := 3 * P
+	buf := takeScratch(&scr[si], 2*s.n*C)
+	u, y := buf[:s.n*C], buf[s.n*C:]
+	for j := 0; j < s.n; j++ {
+		r := s.row0 + j
+		copy(u[j*C:j*C+P], q[r*P:(r+1)*P])
+		copy(u[j*C+P:j*C+2*P], k[r*P:(r+1)*P])
+		copy(u[j*C+2*P:j*C+3*P], v[r*P:(r+1)*P])
+	}
+	var prev []float32
+	rb := s.seq.Rollback
+	if rb != nil {
+		prev = append([]float32(nil), s.seq.Conv[layer]...)
+	}
+	if len(seqs) == 1 { // the only region: split channels across cores
+		conv.CausalSiLU(y, u, s.n, C, W, K, s.seq.Conv[layer])
+	} else {
+		conv.CausalSiLUSerial(y, u, s.n, C, W, K, s.seq.Conv[layer])
+	}
+	if rb != nil { // the window after every position, for a rollback
+		S := K - 1
+		win := make([]float32, C*S)
+		for j := 0; j < s.n; j++ {
+			for c := 0; c < C; c++ {
+				for x := 0; x < S; x++ {
+					// position j−S+1+x of the span: from u, or the window before it
+					if t := j - S + 1 + x; t >= 0 {
+						win[c*S+x] = u[t*C+c]
+					} else {
+						win[c*S+x] = prev[c*S+S+t]
+					}
+				}
+			}
+			rb.RecordKDAConv(layer, s.pos0+j, win)
+		}
+	}
+	for j := 0; j < s.n; j++ {
+		r := s.row0 + j
+		copy(oq[r*P:(r+1)*P], y[j*C:j*C+P])
+		copy(ok[r*P:(r+1)*P], y[j*C+P:j*C+2*P])
+		copy(ov[r*P:(r+1)*P], y[j*C+2*P:j*C+3*P])
+	}
 }
 
 func bindKDAGate(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
@@ -108,6 +129,8 @@ func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	algo := a.String("algo", "auto")
 	layer := n.Layer
 	qscale := float32(1 / math.Sqrt(float64(Dh)))
+	ar := &attnRun{H: H, Dh: Dh, P: P, algo: algo, layer: layer, qscale: qscale}
+	ar.fn = ar.task // made once: a run allocates no closure
 	return func(rc *runCtx) error {
 		q, k, v, g, beta := rc.in(in[1]), rc.in(in[2]), rc.in(in[3]), rc.in(in[4]), rc.in(in[5])
 		seqs, err := rc.spans(in[0])
@@ -118,46 +141,71 @@ func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			return err
 		}
 		o := rc.out(outs[0])
-		parallel.Each(len(seqs)*H, func(task int) {
-			s, h := seqs[task/H], task%H
-			T := s.n
-			gather := func(src []float32) []float32 {
-				dst := make([]float32, T*Dh)
-				for j := 0; j < T; j++ {
-					r := s.row0 + j
-					copy(dst[j*Dh:(j+1)*Dh], src[r*P+h*Dh:r*P+(h+1)*Dh])
-				}
-				return dst
-			}
-			qh, kh, vh, gh := gather(q), gather(k), gather(v), gather(g)
-			bh := make([]float32, T)
-			for j := 0; j < T; j++ {
-				bh[j] = beta[(s.row0+j)*H+h]
-			}
-			kda.L2Normalize(qh, T, Dh, 1e-6, qscale)
-			kda.L2Normalize(kh, T, Dh, 1e-6, 1)
-			S := s.seq.State[layer][h*Dh*Dh : (h+1)*Dh*Dh]
-			oh := make([]float32, T*Dh)
-			if rb := s.seq.Rollback; rb != nil {
-				// a checkpointed span (a verify span): token by token, keeping
-				// the state after every position so that Truncate can restore it
-				n := len(s.seq.State[layer])
-				for j := 0; j < T; j++ {
-					kda.Recurrent(oh[j*Dh:(j+1)*Dh], qh[j*Dh:(j+1)*Dh], kh[j*Dh:(j+1)*Dh], vh[j*Dh:(j+1)*Dh], gh[j*Dh:(j+1)*Dh], bh[j:j+1], 1, Dh, Dh, S)
-					rb.RecordKDAState(layer, s.pos0+j, h*Dh*Dh, S, n)
-				}
-			} else if algo == "recurrent" || (algo == "auto" && T == 1) {
-				kda.Recurrent(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
-			} else {
-				kda.Chunked(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
-			}
-			for j := 0; j < T; j++ {
-				r := s.row0 + j
-				copy(o[r*P+h*Dh:r*P+(h+1)*Dh], oh[j*Dh:(j+1)*Dh])
-			}
-		})
+		if len(rc.p.kdaTasks) < len(seqs)*H {
+			rc.p.kdaTasks = append(rc.p.kdaTasks, make([]kdaTask, len(seqs)*H-len(rc.p.kdaTasks))...)
+		}
+		ar.q, ar.k, ar.v, ar.g, ar.beta, ar.o, ar.seqs, ar.scr = q, k, v, g, beta, o, seqs, rc.p.kdaTasks
+		parallel.Each(len(seqs)*H, ar.fn)
+		ar.q, ar.k, ar.v, ar.g, ar.beta, ar.o, ar.seqs, ar.scr = nil, nil, nil, nil, nil, nil, nil, nil
 		return nil
 	}, nil
+}
+
+// attnRun is one kda_attn node's run: its constants, the current run's
+// operands and the (sequence, head) body (one method value made at bind
+// time).
+type attnRun struct {
+	H, Dh, P, layer     int
+	algo                string
+	qscale              float32
+	q, k, v, g, beta, o []float32
+	seqs                []seqRun
+	scr                 []kdaTask
+	fn                  func(task int)
+}
+
+// task runs (sequence, head) task.
+func (ar *attnRun) task(task int) {
+	H, Dh, P, layer, algo, qscale, seqs, scr := ar.H, ar.Dh, ar.P, ar.layer, ar.algo, ar.qscale, ar.seqs, ar.scr
+	q, k, v, g, beta, o := ar.q, ar.k, ar.v, ar.g, ar.beta, ar.o
+	s, h := seqs[task/H], task%H
+	T := s.n
+	sc := &scr[task]
+	buf := takeScratch(&sc.buf, 5*T*Dh+T)
+	gather := func(src []float32) []float32 {
+		dst := buf[: T*Dh : T*Dh]
+		buf = buf[T*Dh:]
+		for j := 0; j < T; j++ {
+			r := s.row0 + j
+			copy(dst[j*Dh:(j+1)*Dh], src[r*P+h*Dh:r*P+(h+1)*Dh])
+		}
+		return dst
+	}
+	qh, kh, vh, gh := gather(q), gather(k), gather(v), gather(g)
+	oh, bh := buf[:T*Dh], buf[T*Dh:T*Dh+T]
+	for j := 0; j < T; j++ {
+		bh[j] = beta[(s.row0+j)*H+h]
+	}
+	kda.L2Normalize(qh, T, Dh, 1e-6, qscale)
+	kda.L2Normalize(kh, T, Dh, 1e-6, 1)
+	S := s.seq.State[layer][h*Dh*Dh : (h+1)*Dh*Dh]
+	if rb := s.seq.Rollback; rb != nil {
+		// a checkpointed span (a verify span): token by token, keeping
+		// the state after every position so that Truncate can restore it
+		n := len(s.seq.State[layer])
+		for j := 0; j < T; j++ {
+			sc.ws.Recurrent(oh[j*Dh:(j+1)*Dh], qh[j*Dh:(j+1)*Dh], kh[j*Dh:(j+1)*Dh], vh[j*Dh:(j+1)*Dh], gh[j*Dh:(j+1)*Dh], bh[j:j+1], 1, Dh, Dh, S)
+			rb.RecordKDAState(layer, s.pos0+j, h*Dh*Dh, S, n)
+		}
+	} else if algo == "recurrent" || (algo == "auto" && T == 1) {
+		sc.ws.Recurrent(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
+	} else {
+		sc.ws.Chunked(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
+	}
+	for j := 0; j < T; j++ {
+		r := s.row0 + j
+		copy(o[r*P+h*Dh:r*P+(h+1)*Dh], oh[j*Dh:(j+1)*Dh])
+	}
 }
 
 func bindGatedRMSNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
@@ -180,4 +228,28 @@ func haveKDA(seqs []seqRun, layer int) error {
 		}
 	}
 	return nil
+}
+
+// kdaTask is the scratch of one (sequence, head) task of kda_attn: the
+// gathered q, k, v, g, β and output rows, and the kernel's workspace.
+type kdaTask struct {
+	buf []float32
+	ws  kda.Workspace
+}
+
+// growScratch returns s with at least n per-task buffers.
+func growScratch(s [][]float32, n int) [][]float32 {
+	if len(s) < n {
+		s = append(s, make([][]float32, n-len(s))...)
+	}
+	return s
+}
+
+// takeScratch returns n floats of *b, growing it when it is shorter
+// (contents undefined).
+func takeScratch(b *[]float32, n int) []float32 {
+	if cap(*b) < n {
+		*b = make([]float32, n)
+	}
+	return (*b)[:n]
 }

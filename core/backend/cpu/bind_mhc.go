@@ -32,13 +32,16 @@ func bindMHCPre(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		return nil, err
 	}
 	H, D := prm.H, prm.D
+	// The parallel body is made once and reads the run's buffers from
+	// these variables (runs are serialized), so a run allocates no closure.
+	var X, h, post, comb []float32
+	body := func(lo, hi int) {
+		mhc.Pre(prm, h[lo*D:hi*D], post[lo*H:hi*H], comb[lo*H*H:hi*H*H], X[lo*H*D:hi*H*D], hi-lo)
+	}
 	return func(rc *runCtx) error {
-		X := rc.in(in[0])
-		T := rc.batch.T
-		h, post, comb := rc.out(outs[0]), rc.out(outs[1]), rc.out(outs[2])
-		parallel.For(T, 8, func(lo, hi int) {
-			mhc.Pre(prm, h[lo*D:hi*D], post[lo*H:hi*H], comb[lo*H*H:hi*H*H], X[lo*H*D:hi*H*D], hi-lo)
-		})
+		X = rc.in(in[0])
+		h, post, comb = rc.out(outs[0]), rc.out(outs[1]), rc.out(outs[2])
+		parallel.For(rc.batch.T, 8, body)
 		return nil
 	}, nil
 }
@@ -46,13 +49,14 @@ func bindMHCPre(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 func bindMHCPost(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
 	H, D := in[1].Shape[1], in[1].Shape[2]
+	var o, R, post, comb, x []float32 // the run's buffers (see bindMHCPre)
+	body := func(lo, hi int) {
+		mhc.Post(x[lo*H*D:hi*H*D], o[lo*D:hi*D], R[lo*H*D:hi*H*D], post[lo*H:hi*H], comb[lo*H*H:hi*H*H], hi-lo, H, D)
+	}
 	return func(rc *runCtx) error {
-		o, R, post, comb := rc.in(in[0]), rc.in(in[1]), rc.in(in[2]), rc.in(in[3])
-		x := rc.out(outs[0])
-		T := rc.batch.T
-		parallel.For(T, 16, func(lo, hi int) {
-			mhc.Post(x[lo*H*D:hi*H*D], o[lo*D:hi*D], R[lo*H*D:hi*H*D], post[lo*H:hi*H], comb[lo*H*H:hi*H*H], hi-lo, H, D)
-		})
+		o, R, post, comb = rc.in(in[0]), rc.in(in[1]), rc.in(in[2]), rc.in(in[3])
+		x = rc.out(outs[0])
+		parallel.For(rc.batch.T, 16, body)
 		return nil
 	}, nil
 }
@@ -70,23 +74,26 @@ func bindMHCPostPre(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	}
 	normEps := float32(a.Float("norm_eps", 1e-5))
 	maxTokens := a.Int("max_tokens", 0)
+	var o, R, post, comb, X, h, post2, comb2 []float32 // the run's buffers (see bindMHCPre)
+	var fused bool
+	body := func(lo, hi int) {
+		args := mhc.PostPreArgs{Out: X[lo*H*D : hi*H*D], H2: h[lo*D : hi*D], Post2: post2[lo*H : hi*H], Comb2: comb2[lo*H*H : hi*H*H],
+			O: o[lo*D : hi*D], R: R[lo*H*D : hi*H*D], Post: post[lo*H : hi*H], Comb: comb[lo*H*H : hi*H*H], NormW: normW, NormEps: normEps}
+		if fused {
+			mhc.PostPre(prm, &args, hi-lo)
+		} else {
+			mhc.PostPreUnfused(prm, &args, hi-lo)
+		}
+	}
 	return func(rc *runCtx) error {
-		o, R, post, comb := rc.in(in[0]), rc.in(in[1]), rc.in(in[2]), rc.in(in[3])
+		o, R, post, comb = rc.in(in[0]), rc.in(in[1]), rc.in(in[2]), rc.in(in[3])
 		T := rc.batch.T
-		X, h, post2, comb2 := rc.out(outs[0]), rc.out(outs[1]), rc.out(outs[2]), rc.out(outs[3])
-		fused := maxTokens == 0 || T <= maxTokens
+		X, h, post2, comb2 = rc.out(outs[0]), rc.out(outs[1]), rc.out(outs[2]), rc.out(outs[3])
+		fused = maxTokens == 0 || T <= maxTokens
 		if fused {
 			rc.p.fusedMHC.Add(1)
 		}
-		parallel.For(T, 8, func(lo, hi int) {
-			args := mhc.PostPreArgs{Out: X[lo*H*D : hi*H*D], H2: h[lo*D : hi*D], Post2: post2[lo*H : hi*H], Comb2: comb2[lo*H*H : hi*H*H],
-				O: o[lo*D : hi*D], R: R[lo*H*D : hi*H*D], Post: post[lo*H : hi*H], Comb: comb[lo*H*H : hi*H*H], NormW: normW, NormEps: normEps}
-			if fused {
-				mhc.PostPre(prm, &args, hi-lo)
-			} else {
-				mhc.PostPreUnfused(prm, &args, hi-lo)
-			}
-		})
+		parallel.For(T, 8, body)
 		return nil
 	}, nil
 }

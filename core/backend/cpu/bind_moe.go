@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/kernels/gemm"
 	"github.com/glmflash/glmflash/kernels/moe"
 )
 
@@ -22,7 +23,7 @@ func bindMoERoute(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	return func(rc *runCtx) error {
 		T := rc.rows(in[0])
 		idx, w := rc.outI(outs[0]), rc.out(outs[1])
-		r.Route(idx, w, rc.in(in[0]), T)
+		r.RouteWith(&rc.p.moeWS, idx, w, rc.in(in[0]), T)
 		return nil
 	}, nil
 }
@@ -33,16 +34,20 @@ func bindMoEExperts(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	ex := &moe.Experts{N: E, D: D, I: I, Limit: float32(a.Float("limit", 0)), BF16Act: p.bf16Act()}
 	var bf [3][][]uint16
 	var f [3][]float32
+	var f8 [3][]*gemm.FP8
 	for i := range 3 {
 		b, err := p.stackedWeight(in[3+i])
 		if err != nil {
 			return nil, fmt.Errorf("moe_experts: %w", err)
 		}
-		bf[i], f[i] = b.parts, b.f
+		bf[i], f[i], f8[i] = b.parts, b.f, b.fp8
 	}
-	if bf[0] != nil && bf[1] != nil && bf[2] != nil {
+	switch {
+	case f8[0] != nil && f8[1] != nil && f8[2] != nil:
+		ex.GateF8, ex.UpF8, ex.DownF8 = f8[0], f8[1], f8[2]
+	case bf[0] != nil && bf[1] != nil && bf[2] != nil:
 		ex.GateB, ex.UpB, ex.DownB = bf[0], bf[1], bf[2]
-	} else {
+	default:
 		// not all bf16: every projection in float32, as one kernel path
 		for i := range 3 {
 			if f[i] == nil {
@@ -61,7 +66,7 @@ func bindMoEExperts(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	K := in[1].Shape[1]
 	return func(rc *runCtx) error {
 		T := rc.rows(in[0])
-		ex.Forward(rc.out(outs[0]), rc.in(in[0]), rc.i[in[1]], rc.in(in[2]), T, K)
+		ex.ForwardWith(&rc.p.moeWS, rc.out(outs[0]), rc.in(in[0]), rc.i[in[1]], rc.in(in[2]), T, K)
 		return nil
 	}, nil
 }

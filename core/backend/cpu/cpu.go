@@ -115,7 +115,7 @@ func (b *Backend) Close() error { return b.w.close() }
 
 // Compile binds every step of p.
 func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
-	prog := &Program{plan: p, opts: b.opts, w: b.w, pool: map[int][][]float32{}, consts: map[*ir.Value][]float32{}, gemmBound: map[*ir.Value]bool{}}
+	prog := &Program{plan: p, opts: b.opts, w: b.w, consts: map[*ir.Value][]float32{}, gemmBound: map[*ir.Value]bool{}}
 	for _, n := range p.Steps {
 		f, ok := bindings[n.Op]
 		if !ok {

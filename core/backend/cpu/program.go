@@ -10,6 +10,7 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/kernels/gemm"
+	"github.com/glmflash/glmflash/kernels/moe"
 )
 
 // Program is a plan bound to CPU kernels. Run calls are serialized.
@@ -24,7 +25,23 @@ type Program struct {
 	gemmBound map[*ir.Value]bool
 	steps     []step
 	mu        sync.Mutex
-	pool      map[int][][]float32 // free float buffers by capacity
+	// Reused by every run (under mu): the activations' arena, a step's
+	// temporary (scratch), the run context and the batch metadata, so that
+	// a run allocates only when its batch is larger than any before.
+	arena   *arena
+	tmp     []float32
+	rc      runCtx
+	bi      batchInfo
+	runMu   sync.Mutex       // held by Run while it uses prep
+	prep    backend.Prepared // Run's batch, prepared into the same storage
+	spanBuf []seqRun
+	// Kernel scratch shared by the program's nodes (steps run one at a
+	// time): MoE routing and experts, KDA conv per sequence and attention
+	// per (sequence, head), the indexer's head weights.
+	moeWS    moe.Workspace
+	convScr  [][]float32
+	kdaTasks []kdaTask
+	topkW    []float32
 
 	runs, deviceReads, fusedMHC atomic.Int64
 }
@@ -110,31 +127,6 @@ func (p *Program) constErr(v *ir.Value) ([]float32, error) {
 	return d, nil
 }
 
-// alloc returns a buffer of exactly n floats from the pool.
-func (p *Program) alloc(n int) []float32 {
-	best := -1
-	for c, list := range p.pool {
-		if c >= n && len(list) > 0 && (best < 0 || c < best) {
-			best = c
-		}
-	}
-	if best >= 0 {
-		list := p.pool[best]
-		bi := len(list) - 1
-		b := list[bi]
-		p.pool[best] = list[:bi]
-		return b[:n]
-	}
-	return make([]float32, n)
-}
-
-func (p *Program) release(b []float32) {
-	if cap(b) == 0 {
-		return
-	}
-	p.pool[cap(b)] = append(p.pool[cap(b)], b[:cap(b)])
-}
-
 // seqRun is one sequence's place in a running batch.
 type seqRun struct {
 	slot int
@@ -192,7 +184,10 @@ func (rc *runCtx) spans(v *ir.Value) ([]seqRun, error) {
 	if len(lens) != len(rc.batch.seqs) {
 		return nil, fmt.Errorf("device lengths have %d entries for %d sequences", len(lens), len(rc.batch.seqs))
 	}
-	out := make([]seqRun, len(lens))
+	if cap(rc.p.spanBuf) < len(lens) {
+		rc.p.spanBuf = make([]seqRun, len(lens))
+	}
+	out := rc.p.spanBuf[:len(lens)] // every call of a run computes the same spans
 	row := 0
 	for i, n := range lens {
 		s := rc.batch.seqs[i]
@@ -209,7 +204,7 @@ func (rc *runCtx) spans(v *ir.Value) ([]seqRun, error) {
 type runCtx struct {
 	p     *Program
 	batch *batchInfo
-	f     map[*ir.Value][]float32 // activations (buffers of the program's pool)
+	f     map[*ir.Value][]float32 // activations (ranges of the program's arena)
 	ext   map[*ir.Value][]float32 // float graph inputs (the caller's memory, never pooled)
 	i     map[*ir.Value][]int32
 	host  map[*ir.Value]any
@@ -246,31 +241,40 @@ func (rc *runCtx) in(v *ir.Value) []float32 {
 	return rc.f[v]
 }
 
-// out allocates a float output buffer.
+// out returns a float output's range of the arena (not cleared: every
+// kernel writes all of its output).
 func (rc *runCtx) out(v *ir.Value) []float32 {
-	b := rc.p.alloc(rc.size(v))
+	b := rc.p.arena.floats(v)
 	rc.f[v] = b
 	return b
 }
 
+// outI returns an int output's range of the arena, zeroed.
 func (rc *runCtx) outI(v *ir.Value) []int32 {
-	b := make([]int32, rc.size(v))
+	b := rc.p.arena.ints(v)
+	clear(b)
 	rc.i[v] = b
 	return b
 }
 
 // Run validates and executes a batch.
 func (p *Program) Run(b *backend.Batch, st backend.Store) (*backend.Result, error) {
-	pr, err := backend.Prepare(p, b, st, nil)
-	if err != nil {
+	p.runMu.Lock() // the prepared batch is reused by every Run
+	defer p.runMu.Unlock()
+	if err := backend.PrepareInto(&p.prep, p, b, st, nil); err != nil {
 		return nil, err
 	}
-	return p.Execute(pr)
+	return p.execute1(&p.prep, b.Into)
 }
 
 // Execute runs a prepared batch after checking that every sequence's cache
 // length equals the position it was prepared with.
 func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
+	return p.execute1(pr, nil)
+}
+
+// execute1 is Execute writing the result into into when it is not nil.
+func (p *Program) execute1(pr *backend.Prepared, into *backend.Result) (*backend.Result, error) {
 	if pr == nil || pr.Prog != p {
 		return nil, fmt.Errorf("cpu: batch was prepared for another program")
 	}
@@ -283,7 +287,8 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 	if err := pr.CheckPositions(); err != nil {
 		return nil, err
 	}
-	bi := &batchInfo{T: pr.T, R: pr.SpanRows()}
+	bi := &p.bi
+	*bi = batchInfo{seqs: bi.seqs[:0], T: pr.T, R: pr.SpanRows()}
 	for i, s := range pr.Spans {
 		seq, err := store.Seq(s.Slot)
 		if err != nil {
@@ -296,11 +301,17 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 		}
 		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, seq: seq, pos0: s.Pos0, n: s.N, row0: s.Row0, rows: s.Rows})
 	}
-	return p.execute(bi, pr, store)
+	return p.execute(bi, pr, store, into)
 }
 
-func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Store) (*backend.Result, error) {
-	rc := &runCtx{p: p, batch: bi, f: map[*ir.Value][]float32{}, ext: map[*ir.Value][]float32{}, i: map[*ir.Value][]int32{}, host: map[*ir.Value]any{}}
+func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Store, into *backend.Result) (*backend.Result, error) {
+	rc := &p.rc
+	if rc.p == nil {
+		*rc = runCtx{p: p, f: map[*ir.Value][]float32{}, ext: map[*ir.Value][]float32{}, i: map[*ir.Value][]int32{}, host: map[*ir.Value]any{}}
+	}
+	rc.batch = bi
+	// clear keeps the maps' memory: a run writes the same keys again
+	defer func() { clear(rc.f); clear(rc.ext); clear(rc.i); clear(rc.host) }()
 	for _, in := range p.plan.Graph.Inputs {
 		switch in.Name {
 		case ir.InputTokens:
@@ -313,26 +324,13 @@ func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Stor
 			return nil, fmt.Errorf("cpu: graph input %q is not provided by the executor", in.Name)
 		}
 	}
-	lastUse := p.plan.LastUse
-	for si, st := range p.steps {
+	if p.arena == nil {
+		p.arena = newArena(p.steps)
+	}
+	p.arena.layout(p, rc)
+	for _, st := range p.steps {
 		if err := st.run(rc); err != nil {
 			return nil, fmt.Errorf("cpu: %s (layer %d): %w", st.node.Op, st.node.Layer, err)
-		}
-		for _, in := range st.node.Inputs {
-			if lastUse[in] == si {
-				if buf, ok := rc.f[in]; ok {
-					p.release(buf)
-					delete(rc.f, in)
-				}
-			}
-		}
-		for _, o := range st.node.Outputs {
-			if _, used := lastUse[o]; !used {
-				if buf, ok := rc.f[o]; ok {
-					p.release(buf)
-					delete(rc.f, o)
-				}
-			}
 		}
 	}
 	for _, s := range bi.seqs {
@@ -341,20 +339,33 @@ func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Stor
 		}
 	}
 	p.runs.Add(1)
+	// the arena is overwritten by the next run: results are copies
 	lv := p.plan.Logits
-	res := &backend.Result{Vocab: p.plan.Vocab, Rows: rc.rows(lv)}
-	res.Logits = append([]float32(nil), rc.f[lv]...)
+	res := into
+	if res == nil {
+		res = &backend.Result{}
+	}
+	// a reused result keeps its storage (the caller asked for that)
+	res.Vocab, res.Rows = p.plan.Vocab, rc.rows(lv)
+	logits := rc.f[lv]
+	if pr.SamplesOnly {
+		res.Logits = nil // the caller reads only the samples: no copy
+	} else {
+		res.Logits = append(res.Logits[:0], logits...)
+	}
+	if len(p.plan.Hidden) == 0 {
+		res.Hidden = nil
+	}
 	for v, name := range p.plan.Hidden {
 		if res.Hidden == nil {
 			res.Hidden = map[string][]float32{}
 		}
-		res.Hidden[name] = append([]float32(nil), rc.f[v]...)
-	}
-	for _, buf := range rc.f {
-		p.release(buf)
+		res.Hidden[name] = append(res.Hidden[name][:0], rc.f[v]...)
 	}
 	if pr.Sample != nil {
-		res.Samples = backend.SampleHost(res.Logits, res.Vocab, pr.Sample)
+		res.Samples = backend.SampleHostInto(res.Samples[:0], logits, res.Vocab, pr.Sample)
+	} else {
+		res.Samples = nil
 	}
 	return res, nil
 }

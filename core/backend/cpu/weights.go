@@ -10,6 +10,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
+	"github.com/glmflash/glmflash/kernels/gemm"
 	"github.com/glmflash/glmflash/kernels/parallel"
 	"github.com/glmflash/glmflash/model/safetensors"
 )
@@ -29,6 +30,11 @@ const (
 	// mHC parameters), the weights of fp32 kernels and GEMM weights that
 	// are not bf16-exact (or all of them under FP32Weights).
 	MemFP32 = "weights_fp32"
+	// MemFP8 is FP8 e4m3 weights (MoE experts) used as stored, in the
+	// checkpoint's mapping, dequantized a tile at a time inside the GEMMs;
+	// MemFP8Scales is their float32 block scales (on the heap).
+	MemFP8       = "weights_fp8"
+	MemFP8Scales = "weights_fp8_scales"
 )
 
 // weights is the constants the CPU backend has bound, shared by every
@@ -49,6 +55,7 @@ type boundWeight struct {
 	bf    []uint16
 	parts [][]uint16
 	f     []float32
+	fp8   []*gemm.FP8 // one per matrix of a stacked FP8 weight, as stored
 }
 
 func newWeights() *weights {
@@ -183,6 +190,10 @@ func (w *weights) stacked(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeigh
 			return nil, fmt.Errorf("reading %s: %w", v.Name, err)
 		}
 		E, per := v.Shape[0], v.Shape[1]*v.Shape[2]
+		if b := w.stackedFP8(raw, v); b != nil {
+			w.m[k] = b
+			return b, nil
+		}
 		whole := raw != nil && raw.DType == safetensors.BF16 && len(raw.Parts) == E
 		for i := 0; whole && i < E; i++ {
 			whole = len(raw.Parts[i].Data) == 2*per
@@ -216,6 +227,30 @@ func (w *weights) stacked(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeigh
 		out.parts = append(out.parts, b.bf[e*per:(e+1)*per])
 	}
 	return out, nil
+}
+
+// stackedFP8 binds a stacked FP8 weight stored as one F8_E4M3 matrix per
+// expert with its block scales: the codes stay where they are (the
+// checkpoint's mapping), the scales are the plan's float32 copy. nil when
+// raw is not that.
+func (w *weights) stackedFP8(raw *plan.RawTensor, v *ir.Value) *boundWeight {
+	if raw == nil || raw.DType != safetensors.F8E4M3 || len(raw.Parts) != v.Shape[0] || raw.Block[0] <= 0 || raw.Block[1] <= 0 {
+		return nil
+	}
+	R, C := v.Shape[1], v.Shape[2]
+	sc := (C + raw.Block[1] - 1) / raw.Block[1]
+	for _, pt := range raw.Parts {
+		if pt.Rows != R || pt.Cols != C || len(pt.Data) != R*C || len(pt.Scales) != (R+raw.Block[0]-1)/raw.Block[0]*sc {
+			return nil
+		}
+	}
+	b := &boundWeight{}
+	for _, pt := range raw.Parts {
+		b.fp8 = append(b.fp8, &gemm.FP8{Codes: pt.Data, Scales: pt.Scales, BlockRows: raw.Block[0], BlockCols: raw.Block[1], ScaleCols: sc})
+		w.bytes[MemFP8] += int64(len(pt.Data))
+		w.bytes[MemFP8Scales] += 4 * int64(len(pt.Scales))
+	}
+	return b
 }
 
 func (w *weights) bind(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeight, error) {

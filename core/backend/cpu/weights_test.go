@@ -143,3 +143,24 @@ func TestConcurrentLazyCompileSharesWeights(t *testing.T) {
 	}
 	require.Equal(t, once, be.Info().Memory, "compiling again bound new copies")
 }
+
+// An FP8 checkpoint's routed experts stay FP8 (codes in the mapping, block
+// scales on the heap: weights_fp8, weights_fp8_scales), not dequantized to
+// bf16 or float32 copies, and give the logits of the float32 path
+// (TestLogitsUnchangedByWeightBinding checks the bits).
+func TestFP8ExpertsKeptFP8(t *testing.T) {
+	cfg, err := randckpt.Preset("small")
+	require.NoError(t, err)
+	dir := filepath.Join(t.TempDir(), "fp8")
+	require.NoError(t, randckpt.Write(dir, cfg, randckpt.Options{Seed: 5, FP8: true}))
+	_, e := logitsHash(t, dir, engine.Options{})
+	mem := e.Backend().Info().Memory
+	t.Logf("memory: %v", mem)
+	experts := mem[cpu.MemFP8]
+	require.Positive(t, experts, "FP8 experts are kept as FP8")
+	require.Positive(t, mem[cpu.MemFP8Scales])
+	require.Less(t, mem[cpu.MemFP8Scales], experts/1000, "128×128 blocks: one scale per 16384 codes")
+	// the experts are the bulk of the weights: what is copied to bf16 is
+	// less than what stays FP8
+	require.Less(t, mem[cpu.MemBF16], experts, "bf16 copies: %v", mem)
+}

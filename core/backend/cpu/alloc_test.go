@@ -1,0 +1,260 @@
+package cpu_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/model"
+	"github.com/stretchr/testify/require"
+)
+
+// allocEngine opens an engine on the tiny fixture and prefills n sequences
+// of 9 + i tokens each; it returns the engine and a decode batch over them
+// whose token slices the caller may rewrite between steps.
+func allocEngine(t testing.TB, n int) (*engine.Engine, *backend.Batch) {
+	t.Helper()
+	ck, err := model.Open(filepath.Join("..", "..", "..", "testdata", "glm5next-tiny-a", "checkpoint"))
+	require.NoError(t, err)
+	t.Cleanup(func() { ck.Close() })
+	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: n})
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	V := ck.Config().VocabSize
+	pre := &backend.Batch{}
+	dec := &backend.Batch{}
+	for i := range n {
+		s, err := e.Store().Alloc()
+		require.NoError(t, err)
+		toks := make([]int32, 9+i)
+		for j := range toks {
+			toks[j] = int32((j*31 + i*7 + 1) % V)
+		}
+		pre.Seqs = append(pre.Seqs, backend.Seq{Slot: s, Tokens: toks})
+		dec.Seqs = append(dec.Seqs, backend.Seq{Slot: s, Tokens: []int32{int32(5 + i)}})
+		dec.Into = &backend.Result{}
+	}
+	_, err = e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, pre)
+	require.NoError(t, err)
+	return e, dec
+}
+
+// site is what a calling site allocated.
+type site struct{ objects, bytes int64 }
+
+// allocSites runs f with every allocation profiled and returns what was
+// allocated per calling site, keyed by the innermost frame of this module.
+func allocSites(f func()) map[string]site {
+	old := runtime.MemProfileRate
+	runtime.MemProfileRate = 1
+	defer func() { runtime.MemProfileRate = old }()
+	snap := func() map[[32]uintptr]site {
+		runtime.GC()
+		runtime.GC() // the profile is published a cycle late
+		var recs []runtime.MemProfileRecord
+		n, _ := runtime.MemProfile(nil, true)
+		for {
+			recs = make([]runtime.MemProfileRecord, n+64)
+			var ok bool
+			if n, ok = runtime.MemProfile(recs, true); ok {
+				recs = recs[:n]
+				break
+			}
+		}
+		m := map[[32]uintptr]site{}
+		for _, r := range recs {
+			s := m[r.Stack0]
+			s.objects += r.AllocObjects
+			s.bytes += r.AllocBytes
+			m[r.Stack0] = s
+		}
+		return m
+	}
+	before := snap()
+	f()
+	after := snap()
+	sites := map[string]site{}
+	for stk, n := range after {
+		if d := n.objects - before[stk].objects; d > 0 {
+			s := sites[allocSite(stk[:])]
+			s.objects += d
+			s.bytes += n.bytes - before[stk].bytes
+			sites[allocSite(stk[:])] = s
+		}
+	}
+	return sites
+}
+
+// allocSite names the innermost frame of this module in a stack.
+func allocSite(stk []uintptr) string {
+	frames := runtime.CallersFrames(stk)
+	for {
+		fr, more := frames.Next()
+		if strings.Contains(fr.Function, "glmflash/glmflash/") {
+			return fmt.Sprintf("%s (%s:%d)", fr.Function, filepath.Base(fr.File), fr.Line)
+		}
+		if !more {
+			return "runtime"
+		}
+	}
+}
+
+// cacheGrowth reports whether a site is a sequence cache growing with the
+// context (the MLA latents appended per token, the indexer's pooled keys
+// appended per pool): Go's append grows them geometrically, so they
+// allocate once per doubling, not per step.
+func cacheGrowth(name string) bool {
+	for _, s := range []string{"cpu.bindMLA.func1", "indexer.(*Config).Append", "allocSites"} {
+		if strings.Contains(name, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// reserveCaches gives every held sequence's growing caches room for n more
+// tokens, so that a measurement over n steps does not depend on where the
+// caches' doublings fall.
+func reserveCaches(t testing.TB, e *engine.Engine, slots []int, n int) {
+	t.Helper()
+	st, ok := e.Store().(*cache.Store)
+	require.True(t, ok)
+	for _, slot := range slots {
+		seq, err := st.Seq(slot)
+		require.NoError(t, err)
+		for l, c := range seq.CKV {
+			if c != nil && len(c) > 0 {
+				R := len(c) / seq.Len
+				seq.CKV[l] = slices.Grow(c, n*R)
+			}
+		}
+		for _, ix := range seq.Index {
+			if ix != nil && len(ix.Pools) > 0 {
+				ix.Pools = slices.Grow(ix.Pools, n*len(ix.Pools))
+			}
+		}
+	}
+}
+
+// In the steady state a decode step (batch 1 and batch 8, and batch 8
+// with greedy samples only, as glmflash bench runs it) allocates nothing: activations come from the program's arena, scratch from
+// workspaces and pools kept across runs, the prepared batch and the result
+// (Batch.Into) are reused, and parallel regions run from bodies made once.
+// The only allocations left are the sequence caches' geometric growth
+// (cacheGrowth: a few per doubling of the context), which reserveCaches
+// takes out of the measurement; the count with them is logged.
+// A prefill of a repeated shape allocates at most prefillBound objects
+// (the result it returns, and cache growth).
+func TestSteadyStateAllocations(t *testing.T) {
+	const steps, prefillBound = 20, 32
+	for _, c := range []struct {
+		n      int
+		sample bool
+	}{{1, false}, {8, false}, {8, true}} {
+		n := c.n
+		e, dec := allocEngine(t, n)
+		if c.sample { // greedy picks only, as glmflash bench decodes
+			dec.Sample, dec.SamplesOnly = make([]backend.SampleSpec, n), true
+			for i := range dec.Sample {
+				dec.Sample[i].Params = sample.Greedy()
+			}
+		}
+		key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
+		step := func() {
+			if _, err := e.Run(key, dec); err != nil {
+				panic(err)
+			}
+		}
+		for range 3 {
+			step()
+		}
+		var slots []int
+		for _, s := range dec.Seqs {
+			slots = append(slots, s.Slot)
+		}
+		var ms0, ms1 runtime.MemStats
+		runtime.ReadMemStats(&ms0)
+		for range 4 * steps {
+			step()
+		}
+		runtime.ReadMemStats(&ms1)
+		t.Logf("batch %d: %d allocations in %d decode steps with the caches and context-sized scratch growing (doubling)", n, ms1.Mallocs-ms0.Mallocs, 4*steps)
+		reserveCaches(t, e, slots, steps+2)
+		got := testing.AllocsPerRun(steps, step)
+		t.Logf("batch %d (greedy samples only: %v): %v allocations per decode step (testing.AllocsPerRun over %d steps, cache room reserved)", n, c.sample, got, steps)
+		if raceEnabled {
+			continue // sync.Pool drops items at random under the race detector
+		}
+		if got != 0 {
+			// name the sites (the profile's garbage collections empty the
+			// sync.Pools, whose refills are listed too)
+			for name, s := range allocSites(func() {
+				for range steps {
+					step()
+				}
+			}) {
+				if !cacheGrowth(name) {
+					t.Logf("%s: %d objects, %d bytes in %d steps", name, s.objects, s.bytes, steps)
+				}
+			}
+		}
+		require.Zero(t, got, "decode batch %d", n)
+	}
+	e, _ := allocEngine(t, 1)
+	toks := make([]int32, 19)
+	for j := range toks {
+		toks[j] = int32(j*13%200 + 1)
+	}
+	key := engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}
+	prefill := func() {
+		s, err := e.Store().Alloc()
+		if err == nil {
+			_, err = e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: toks}}})
+		}
+		if err == nil {
+			err = e.Store().Free(s)
+		}
+		if err != nil {
+			panic(err)
+		}
+	}
+	require.NoError(t, e.Store().Free(0))
+	for range 3 {
+		prefill()
+	}
+	got := testing.AllocsPerRun(5, prefill)
+	t.Logf("prefill of 19 tokens: %v allocations (testing.AllocsPerRun)", got)
+	if raceEnabled {
+		return
+	}
+	require.LessOrEqual(t, got, float64(prefillBound))
+}
+
+func BenchmarkDecodeStep(b *testing.B) {
+	for _, n := range []int{1, 8} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			e, dec := allocEngine(b, n)
+			key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
+			for range 3 {
+				if _, err := e.Run(key, dec); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := e.Run(key, dec); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

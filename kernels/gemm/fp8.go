@@ -1,0 +1,151 @@
+package gemm
+
+import (
+	"math"
+	"sync"
+	"unsafe"
+)
+
+// FP8 is an [N][K] weight matrix stored as FP8 e4m3 codes (row-major, one
+// byte per value) with float32 block scales: value (n, k) is
+// e4m3(Codes[n*K+k]) · Scales[(n/BlockRows)*ScaleCols + k/BlockCols]. The
+// codes are used where they are (e.g. the checkpoint's mapping): the
+// products dequantize a tile of weight rows at a time into a small float32
+// buffer and run the fp32 microkernels on it, so their results equal
+// MatMulT on the dequantized matrix bit for bit (and MatMulTBF16 on it
+// when every value is bf16-exact).
+type FP8 struct {
+	Codes                []byte
+	Scales               []float32
+	BlockRows, BlockCols int
+	ScaleCols            int // ceil(K / BlockCols)
+}
+
+// fp8Table maps an e4m3 code to its value (0x7f and 0xff are NaN).
+var fp8Table = func() (t [256]float32) {
+	for i := range t {
+		b := uint8(i)
+		e, m := int(b>>3)&0xf, float64(b&7)
+		var v float64
+		switch {
+		case e == 0xf && m == 7:
+			v = math.NaN()
+		case e == 0:
+			v = math.Ldexp(m, -9)
+		default:
+			v = math.Ldexp(8+m, e-10)
+		}
+		if b&0x80 != 0 {
+			v = -v
+		}
+		t[i] = float32(v)
+	}
+	return
+}()
+
+// FP8ToFloat32 returns the value of e4m3 code b.
+func FP8ToFloat32(b byte) float32 { return fp8Table[b] }
+
+// DequantRow writes row n of w (K values) into dst: code value × block
+// scale, one float32 multiplication each (as Dequant does).
+func (w *FP8) DequantRow(dst []float32, n, K int) {
+	src := w.Codes[n*K : n*K+K]
+	srow := w.Scales[(n/w.BlockRows)*w.ScaleCols:]
+	dst = dst[:K]
+	bc := w.BlockCols
+	for k0 := 0; k0 < K; k0 += bc {
+		k1 := min(k0+bc, K)
+		s := srow[k0/bc]
+		dequantFP8(dst[k0:k1], src[k0:k1], s)
+	}
+}
+
+// dequantFP8Go is the pure-Go dequantization of a run of codes sharing one
+// scale.
+func dequantFP8Go(dst []float32, src []byte, s float32) {
+	dst = dst[:len(src)]
+	for i, b := range src {
+		dst[i] = fp8Table[b] * s
+	}
+}
+
+// Dequant returns w as float32 ([N][K]).
+func (w *FP8) Dequant(N, K int) []float32 {
+	out := make([]float32, N*K)
+	for n := 0; n < N; n++ {
+		w.DequantRow(out[n*K:(n+1)*K], n, K)
+	}
+	return out
+}
+
+// fp8TileBytes bounds the float32 tile of dequantized weight rows (kept in
+// L2 while the microkernels sweep it).
+var fp8TileBytes = 128 << 10
+
+// fp8GEMVTileBytes is the tile bound for products of at most 2 rows.
+var fp8GEMVTileBytes = 32 << 10
+
+var tilePool = sync.Pool{New: func() any { return new([]float32) }}
+
+// MatMulTFP8Serial computes dst[T×N] = x[T×K] · wᵀ for an FP8 weight on the
+// calling goroutine (for callers that parallelize at a coarser level, such
+// as MoE experts): weight rows are dequantized a tile at a time.
+func MatMulTFP8Serial(dst, x []float32, T, K int, w *FP8, N int) {
+	if !checkShapes(dst, x, T, K, N, len(w.Codes)) {
+		return
+	}
+	im := cur.Load()
+	tb0 := fp8TileBytes
+	if T <= 2 {
+		// a GEMV re-reads nothing: a tile in L1 (one 8-row microkernel
+		// call at K = 1024) is written and read back without going to L2
+		tb0 = fp8GEMVTileBytes
+	}
+	nb := max(8, tb0/(4*K)/8*8)
+	nb = min(nb, N)
+	tb := tilePool.Get().(*[]float32)
+	defer tilePool.Put(tb)
+	need := nb * K
+	if im.simd == nil {
+		need += T * nb
+	}
+	tile := grow32(tb, need)
+	p := Default()
+	for n0 := 0; n0 < N; n0 += nb {
+		n1 := min(n0+nb, N)
+		for n := n0; n < n1; n++ {
+			w.DequantRow(tile[(n-n0)*K:(n-n0+1)*K], n, K)
+		}
+		if s := im.simd; s != nil {
+			// the tile's columns [0, n1−n0) land at dst columns n0…
+			s.run(s.f32, p, unsafe.Pointer(&dst[n0]), unsafe.Pointer(&x[0]), unsafe.Pointer(&tile[0]), 4, K, N, 0, T, 0, n1-n0)
+			continue
+		}
+		c := n1 - n0
+		tmp := tile[nb*K : nb*K+T*c]
+		block(tmp, x, tile, K, c, 0, T, 0, c)
+		for t := 0; t < T; t++ {
+			copy(dst[t*N+n0:t*N+n1], tmp[t*c:(t+1)*c])
+		}
+	}
+}
+
+// MatMulTFP8ActSerial is MatMulTFP8Serial with the activations rounded to
+// bfloat16 first (precision bf16); the products are then fp32 FMAs of the
+// rounded activations and the exact weights.
+func MatMulTFP8ActSerial(dst, x []float32, T, K int, w *FP8, N int) {
+	xr := getBuf(T * K)
+	defer bufPool.Put(xr)
+	for i, v := range x[:T*K] {
+		(*xr)[i] = BF16ToFloat32(Float32ToBF16(v))
+	}
+	MatMulTFP8Serial(dst, *xr, T, K, w, N)
+}
+
+func grow32(b *[]float32, n int) []float32 {
+	if cap(*b) < n {
+		*b = make([]float32, n)
+	}
+	*b = (*b)[:n]
+	return *b
+}

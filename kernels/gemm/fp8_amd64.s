@@ -1,0 +1,57 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// func dequantFP8AVX512(dst *float32, src *byte, n uintptr, s float32)
+//
+// dst[i] = e4m3(src[i]) · s for i < n (n a multiple of 16), without
+// arithmetic on subnormal floats (which would take microcode assists): a
+// normal code's exponent and mantissa bits go to float32 bits 20…26 and
+// its exponent is rebased by adding 120 to the exponent field (exact); a
+// subnormal code (exponent 0) is its mantissa converted to float32 times
+// 2^−9 (exact); the sign is ORed in, then one multiplication by s gives
+// the product Go computes. Codes 0x7f and 0xff (NaN) become NaN.
+TEXT ·dequantFP8AVX512(SB), NOSPLIT, $0-28
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $4, CX
+	JZ   done
+	VBROADCASTSS s+24(FP), Z31
+	MOVL $0x80000000, AX
+	VPBROADCASTD AX, Z29
+	MOVL $0x7f, AX
+	VPBROADCASTD AX, Z28
+	MOVL $0x7fc00000, AX
+	VPBROADCASTD AX, Z26
+	MOVL $8, AX
+	VPBROADCASTD AX, Z24
+	MOVL $0x3c000000, AX // 120 << 23
+	VPBROADCASTD AX, Z23
+	MOVL $0x3b000000, AX // 2^-9
+	VPBROADCASTD AX, Z22
+
+loop:
+	VPMOVZXBD (SI), Z0
+	VPANDD    Z28, Z0, Z2
+	VPCMPEQD  Z28, Z2, K1
+	VPCMPUD   $1, Z24, Z2, K2
+	VPSLLD    $20, Z2, Z3
+	VPADDD    Z23, Z3, Z3
+	VCVTDQ2PS Z2, Z4
+	VMULPS    Z22, Z4, Z4
+	VMOVAPS   Z4, K2, Z3
+	VPSLLD    $24, Z0, Z1
+	VPANDD    Z29, Z1, Z1
+	VPORD     Z1, Z3, Z3
+	VMULPS    Z31, Z3, Z3
+	VMOVDQU32 Z26, K1, Z3
+	VMOVUPS   Z3, (DI)
+	ADDQ      $16, SI
+	ADDQ      $64, DI
+	DECQ      CX
+	JNZ       loop
+
+done:
+	VZEROUPPER
+	RET
