@@ -69,7 +69,7 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 	K := in[1].Shape[1]
 	limit := float64(float32(a.Float("limit", 0)))
 	round := b2i(p.bf16Mode(gate))
-	// gemv: tiles of at most kc.GemvRows rows on the warp-per-column GEMV
+	// gemv: tiles of at most kc.GemvRows rows on the GEMV (glmf_gemv_*)
 	// when the routing slots average at most that many per expert (decode),
 	// for fp8 experts and in precision bf16; else 64-row tiles on the tiled
 	// kernel (bf16/fp32 experts in fp32 precision always: its sums are the
@@ -111,7 +111,7 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 			for _, g := range []*kc.GemmArgs{&gu, &dn} {
 				name, grid, block := "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(nt)}, block256
 				if gemv(TK) {
-					name, grid, block = kc.GemvLaunch(int(g.N), nt, 1)
+					name, grid, block = kc.GemvLaunch(g, T, nt, 1) // a tile has at most T rows (one slot a token)
 				}
 				if err := kc.Launch(rc.dev, name, grid, block, 0, g); err != nil {
 					return err
