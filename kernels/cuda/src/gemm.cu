@@ -569,15 +569,23 @@ DEVFN void gemv_kernel(const GemmArgs& a) {
 }
 
 // glmf_gemv_{f,d}{1,2,4,8}: float sums (bf16 precision, a.a_round) or
-// double sums (fp32 precision), up to 1, 2, 4 or 8 rows a pass.
-KERNEL(glmf_gemv_f1, GemmArgs) { gemv_kernel<float, 1>(a); }
-KERNEL(glmf_gemv_f2, GemmArgs) { gemv_kernel<float, 2>(a); }
-KERNEL(glmf_gemv_f4, GemmArgs) { gemv_kernel<float, 4>(a); }
-KERNEL(glmf_gemv_f8, GemmArgs) { gemv_kernel<float, 8>(a); }
-KERNEL(glmf_gemv_d1, GemmArgs) { gemv_kernel<double, 1>(a); }
-KERNEL(glmf_gemv_d2, GemmArgs) { gemv_kernel<double, 2>(a); }
-KERNEL(glmf_gemv_d4, GemmArgs) { gemv_kernel<double, 4>(a); }
-KERNEL(glmf_gemv_d8, GemmArgs) { gemv_kernel<double, 8>(a); }
+// double sums (fp32 precision), up to 1, 2, 4 or 8 rows a pass. The
+// launch bounds cap the registers so that 4 (1–2 rows), 3 (4 rows) or 2
+// (8 rows) blocks of 128 threads share an SM: enough weight loads in
+// flight (each thread has one 16-byte load a slot outstanding).
+#ifdef GLMF_EMU
+#define GV_KERNEL(name, minb) KERNEL(name, GemmArgs)
+#else
+#define GV_KERNEL(name, minb) extern "C" __global__ void __launch_bounds__(GV_WARPS * 32, minb) name(const GemmArgs a)
+#endif
+GV_KERNEL(glmf_gemv_f1, 4) { gemv_kernel<float, 1>(a); }
+GV_KERNEL(glmf_gemv_f2, 4) { gemv_kernel<float, 2>(a); }
+GV_KERNEL(glmf_gemv_f4, 3) { gemv_kernel<float, 4>(a); }
+GV_KERNEL(glmf_gemv_f8, 2) { gemv_kernel<float, 8>(a); }
+GV_KERNEL(glmf_gemv_d1, 4) { gemv_kernel<double, 1>(a); }
+GV_KERNEL(glmf_gemv_d2, 3) { gemv_kernel<double, 2>(a); }
+GV_KERNEL(glmf_gemv_d4, 2) { gemv_kernel<double, 4>(a); }
+GV_KERNEL(glmf_gemv_d8, 2) { gemv_kernel<double, 8>(a); }
 
 // fp8_to_bf16: the bfloat16 (nearest even) of every dequantized weight of
 // an fp8 matrix [N][K] (exact for power-of-two block scales), for the
