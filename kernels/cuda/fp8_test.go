@@ -76,7 +76,7 @@ func TestGemmFP8MatchesCPU(t *testing.T) {
 			}
 			name, grid, block := launchShape(kernel, c.M, c.N)
 			if kernel == "glmf_gemv" {
-				name, grid, block = kc.GemvLaunch(c.N, 1, 1)
+				name, grid, block = kc.GemvLaunch(&a, c.M, 1, 1)
 			}
 			launch(t, d, name, grid, block, 0, &a)
 			got := make([]float32, c.M*c.N)
@@ -161,7 +161,7 @@ func TestMoEExpertsFP8MatchCPU(t *testing.T) {
 		for _, g := range []*kc.GemmArgs{&gu, &dn} {
 			name, grid, block := "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}
 			if c.bm == kc.GemvRows {
-				name, grid, block = kc.GemvLaunch(int(g.N), maxTiles, 1)
+				name, grid, block = kc.GemvLaunch(g, c.T, maxTiles, 1)
 			}
 			launch(t, d, name, grid, block, 0, g)
 		}

@@ -36,59 +36,8 @@ func BenchmarkGemmDecode(b *testing.B) {
 		X, XB := upload(b, d, x), upload(b, d, xb)
 		out := poisoned[float32](b, d, 8*s.N)
 		wbytes := float64(2 * s.N * s.K)
-		// timeIt times reps launches, captured in a graph when graph is set
-		// (kernels: no host launch overhead), else issued in a row (copies,
-		// whose size hides it).
 		timeIt := func(b *testing.B, graph bool, launch func() error) {
-			all := func() error {
-				for i := 0; i < reps; i++ {
-					if err := launch(); err != nil {
-						return err
-					}
-				}
-				return nil
-			}
-			var g *kc.Graph
-			if err := d.Do(func() error {
-				if !graph {
-					return nil
-				}
-				var err error
-				g, err = d.Capture(all)
-				return err
-			}); err != nil {
-				b.Fatal(err)
-			}
-			defer d.Do(func() error { d.Destroy(g); return nil }) //nolint:errcheck // cannot fail
-			var total float64
-			for i := 0; i < b.N; i++ {
-				if err := d.Do(func() error {
-					e0, err := d.Record()
-					if err != nil {
-						return err
-					}
-					if graph {
-						err = d.Replay(g)
-					} else {
-						err = all()
-					}
-					if err != nil {
-						return err
-					}
-					e1, err := d.Record()
-					if err != nil {
-						return err
-					}
-					ms, err := d.Elapsed(e0, e1)
-					total += ms
-					return err
-				}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			us := 1e3 * total / float64(b.N*reps)
-			b.ReportMetric(us, "us/launch")
-			b.ReportMetric(wbytes/us/1e3, "weightGB/s")
+			timeLaunches(b, d, reps, graph, wbytes, launch)
 		}
 		dst := poisoned[uint16](b, d, s.N*s.K)
 		b.Run(fmt.Sprintf("%s_%dx%d/copy", s.name, s.N, s.K), func(b *testing.B) {
@@ -125,4 +74,134 @@ func launchShape(kernel string, M, N int) (string, kc.Dim3, kc.Dim3) {
 		return kernel, kc.Dim3{X: uint32((N + 31) / 32)}, kc.Dim3{X: 256}
 	}
 	return kernel, kc.Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64)}, kc.Dim3{X: 256}
+}
+
+// timeLaunches reports the device time per launch of reps launches,
+// captured in a graph when graph is set (kernels: no host launch
+// overhead), else issued in a row (copies, whose size hides it), and the
+// weight bytes (wbytes a launch) streamed per second.
+func timeLaunches(b *testing.B, d *kc.Device, reps int, graph bool, wbytes float64, launch func() error) {
+	all := func() error {
+		for i := 0; i < reps; i++ {
+			if err := launch(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var g *kc.Graph
+	if err := d.Do(func() error {
+		if !graph {
+			return nil
+		}
+		var err error
+		g, err = d.Capture(all)
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	defer d.Do(func() error { d.Destroy(g); return nil }) //nolint:errcheck // cannot fail
+	var total float64
+	for i := 0; i < b.N; i++ {
+		if err := d.Do(func() error {
+			e0, err := d.Record()
+			if err != nil {
+				return err
+			}
+			if graph {
+				err = d.Replay(g)
+			} else {
+				err = all()
+			}
+			if err != nil {
+				return err
+			}
+			e1, err := d.Record()
+			if err != nil {
+				return err
+			}
+			ms, err := d.Elapsed(e0, e1)
+			total += ms
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	us := 1e3 * total / float64(b.N*reps)
+	b.ReportMetric(us, "us/launch")
+	b.ReportMetric(wbytes/us/1e3, "weightGB/s")
+}
+
+// BenchmarkGemvDecode times glmf_gemv on the gpu preset's decode shapes
+// (N×K) at 1 and 8 rows, bf16 and fp8 weights (block scales), in precision
+// bf16 (float sums) and fp32 (double sums), beside a device copy of the
+// bf16 weight's bytes (the roofline) and cuBLAS's bf16 GEMM. weightGB/s
+// counts the weight's bytes as stored (fp8: one a weight, scales apart).
+//
+//	go test -run - -bench GemvDecode ./kernels/cuda
+func BenchmarkGemvDecode(b *testing.B) {
+	d := openDevice(b)
+	if d.Emulated {
+		b.Skip("the emulator's timings mean nothing")
+	}
+	const reps = 20
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, s := range []struct{ N, K int }{
+		{24896, 4096}, {12288, 4096}, {4096, 12288}, {4096, 4096}, {4096, 8192}, {2048, 4096}, {4096, 2048},
+		{1536, 4096}, {16384, 1536}, {154880, 4096}, {512, 4096}, {128, 4096}, {32, 4096},
+	} {
+		// weights: a bf16 and an fp8 matrix, scales of one
+		wb, _ := toBF16(randn(r, 1<<20, 0.3))
+		wfull := make([]uint16, s.N*s.K)
+		for i := 0; i < len(wfull); i += len(wb) {
+			copy(wfull[i:], wb)
+		}
+		codes := make([]byte, s.N*s.K)
+		for i := range codes {
+			c := byte(i*131 + i>>9)
+			if c&0x7f == 0x7f {
+				c ^= 1 // no NaN codes (their fix-up is the slow path)
+			}
+			codes[i] = c
+		}
+		sld := (s.K + 127) / 128
+		scales := make([]float32, (s.N+127)/128*sld)
+		for i := range scales {
+			scales[i] = 1
+		}
+		W, W8, S := upload(b, d, wfull), upload(b, d, codes), upload(b, d, scales)
+		x := randn(r, 8*s.K, 1)
+		xb, _ := toBF16(x)
+		X, XB := upload(b, d, x), upload(b, d, xb)
+		out := poisoned[float32](b, d, 8*s.N)
+		bbytes := float64(2 * s.N * s.K)
+		dst := poisoned[uint16](b, d, s.N*s.K)
+		shape := fmt.Sprintf("%dx%d", s.N, s.K)
+		b.Run(shape+"/copy", func(b *testing.B) {
+			timeLaunches(b, d, reps, false, bbytes, func() error { return d.Copy(dst.p, W.p, int64(bbytes)) })
+		})
+		for _, M := range []int{1, 8} {
+			for _, w := range []struct {
+				name  string
+				wt    int64
+				bytes float64
+			}{{"bf16", 1, bbytes}, {"fp8", 2, bbytes / 2}} {
+				for _, round := range []int64{1, 0} {
+					a := kc.GemmArgs{A: X.p, Lda: int64(s.K), W: W.p, WType: w.wt, M: int64(M), N: int64(s.N), K: int64(s.K), Nout: 1, ARound: round}
+					if w.wt == 2 {
+						a.W, a.Ws, a.WsLd = W8.p, S.p, int64(sld)
+					}
+					a.Out[0], a.Ow[0] = out.p, int64(s.N)
+					name, grid, block := kc.GemvLaunch(&a, M, 1, 1)
+					prec := map[int64]string{1: "bf16", 0: "fp32"}[round]
+					b.Run(fmt.Sprintf("%s/M%d/gemv-%sw-%sprec", shape, M, w.name, prec), func(b *testing.B) {
+						timeLaunches(b, d, reps, true, w.bytes, func() error { return kc.Launch(d, name, grid, block, 0, &a) })
+					})
+				}
+			}
+			b.Run(fmt.Sprintf("%s/M%d/cublas-bf16", shape, M), func(b *testing.B) {
+				timeLaunches(b, d, reps, true, bbytes, func() error { return d.GemmBF16(M, s.N, s.K, XB.p, s.K, W.p, s.K, out.p, s.N) })
+			})
+		}
+	}
 }

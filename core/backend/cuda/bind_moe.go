@@ -79,7 +79,7 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 	K := in[1].Shape[1]
 	limit := float64(float32(a.Float("limit", 0)))
 	round := b2i(p.bf16Mode(gate))
-	// gemv: tiles of at most kc.GemvRows rows on the warp-per-column GEMV
+	// gemv: tiles of at most kc.GemvRows rows on the GEMV (glmf_gemv_*)
 	// when the routing slots average at most that many per expert (decode),
 	// for fp8 experts and in precision bf16; else 64-row tiles on the tiled
 	// kernel (bf16/fp32 experts in fp32 precision always: its sums are the
@@ -144,7 +144,7 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 				name, grid, block := "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(nt)}, block256
 				switch {
 				case gemv(TK):
-					name, grid, block = kc.GemvLaunch(int(g.N), nt, 1)
+					name, grid, block = kc.GemvLaunch(g, T, nt, 1) // a tile has at most T rows (one slot a token)
 				case mma(TK):
 					name, grid, block = kc.MoEMMALaunch(int(g.N), nt, g.W2 != 0, true)
 				}

@@ -22,9 +22,10 @@ import (
 //	skinny    the shared-memory skinny kernel (32 columns × 8 rows a block), ≤ 8 rows
 //	tiled     the 64×64 tiled kernel
 //	skinny8   the skinny kernel over chunks of 8 rows (one launch each), ≤ 64 rows
-//	gemv      the warp-per-column GEMV (≤ 8 rows; the default there for fp8
-//	          weights and in precision bf16: 16-byte weight loads, sums
-//	          split across the warp, so not bit-equal to the others)
+//	gemv      the GEMV (≤ 8 rows; the default there for fp8 weights and in
+//	          precision bf16: 16-byte weight loads, 4–8 columns a block,
+//	          sums split across lanes and warps, so not bit-equal to the
+//	          others, but the same whatever the row count)
 //	cublas    cuBLAS (Sgemm, or the bf16 GemmEx after the activation cast)
 //	lt:HEX    a cuBLASLt algorithm (the 64 bytes of its struct)
 //
@@ -248,7 +249,7 @@ func launchOwn(dev *kc.Device, a *kc.GemmArgs, G int, ch gemmChoice) error {
 		grid.X, grid.Y = uint32((a.N+63)/64), uint32((a.M+63)/64)
 		return kc.Launch(dev, "glmf_gemm_tiled", grid, block256, 0, a)
 	case chGemv:
-		name, grid, block := kc.GemvLaunch(int(a.N), 1, G)
+		name, grid, block := kc.GemvLaunch(a, int(a.M), 1, G)
 		return kc.Launch(dev, name, grid, block, 0, a)
 	}
 	name, grid, block := kc.GemmLaunch(int(a.M), int(a.N), G)

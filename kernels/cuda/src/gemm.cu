@@ -275,26 +275,278 @@ KERNEL(glmf_gemm_skinny, GemmArgs) {
   }
 }
 
-// GEMV for few rows (≤ 8: decode, and MoE tiles of ≤ 8 rows): one warp per
-// output column, its 32 lanes streaming the weight row in 16-byte loads
-// (8 bf16 or 16 fp8 weights, one block scale per fp8 load) and reading the
-// rows' activations through the cache; each lane sums its share of k and a
-// butterfly of shuffles adds the 32 partial sums. Sums are in double in
-// fp32 precision (the products are exact; only the order differs from the
-// other kernels' ascending k, so results may differ from theirs in the
-// last bit where a double sum lands on a float rounding boundary) and in
-// fp32 with bf16-rounded activations in bf16 precision. The epilogues are
-// the tiled kernel's: split or batched outputs, or a MoE tile's (dual
-// gate/up with the clamped SwiGLU, or down scaled and scattered).
-// grid = (ceil(N/GV_WARPS), tiles or 1, groups), GV_WARPS·32 threads.
-#define GV_WARPS 8
+// GEMV for few rows (≤ 8: decode, and MoE tiles of ≤ 8 rows), built to
+// stream the weights at the memory roofline. A block of GV_WARPS warps
+// computes GV_SLOTS weight rows ("slots": GV_SLOTS columns, or in dual mode
+// GV_SLOTS/2 columns of W and the same of W2) for all the rows; its warps
+// split K: lane l of warp w takes the chunks q = w·32 + l + i·GV_WARPS·32
+// of PER consecutive k (one 16-byte load of a weight row: 8 bf16, 16 fp8,
+// 4 fp32), streamed past L1, for every slot, and the rows' activations of
+// that chunk in 16-byte loads through L1, so one activation load feeds
+// every slot. Each lane sums its chunks in ascending k; the 32 lanes' sums
+// are added by a fixed butterfly (xor 16, 8, 4, 2, 1; done as a
+// reduce-scatter over the slots: the same sums), the warps' in ascending
+// warp order through shared memory. So an output's bits depend on K and
+// its own row and column only: not on the other rows (batch invariance),
+// the row count's template, or whether the 16-byte or the scalar path
+// (K not a multiple of PER, unaligned pointers: the same chunks, element
+// by element) read it. Sums are in double in fp32 precision (the products
+// are exact; only the order differs from the other kernels' ascending k)
+// and in fp32 with bf16-rounded activations in bf16 precision. The
+// epilogues are the tiled kernel's: split or batched outputs, or a MoE
+// tile's (dual gate/up with the clamped SwiGLU, or down scaled and
+// scattered). grid = (ceil(N/columns), tiles or 1, groups), GV_WARPS·32
+// threads; columns = GV_SLOTS (/2 in dual mode), GV_SLOTS = 8 in bf16
+// precision (float sums), 4 in fp32 precision (double sums) — see
+// kc.GemvLaunch.
+#define GV_WARPS 4
 #define GV_ROWS 8
-template <typename ACC>
-DEVFN void gemv_body(const GemmArgs& a) {
-  int lane = threadIdx.x & 31;
-  i64 c = (i64)blockIdx.x * GV_WARPS + (threadIdx.x >> 5);
-  if (c >= a.N) return;  // the whole warp: lanes share the column
-  i64 g = blockIdx.z, rows, p0 = 0, e = 0;
+
+// 16 bytes of a weight row, read once: not kept in L1 (the activations
+// are), with a 256-byte L2 prefetch (a warp reads 512 contiguous bytes).
+DEVFN uint4 gv_ldw(const char* p) {
+#if defined(GLMF_EMU) || __CUDA_ARCH__ < 800
+  return *(const uint4*)p;
+#else
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+#endif
+}
+
+// 16 bytes of activations (read-only for the kernel), through L1.
+DEVFN uint4 gv_lda(const float* p) {
+#ifdef GLMF_EMU
+  return *(const uint4*)p;
+#else
+  uint4 r;
+  asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+#endif
+}
+
+// bf16_round of two floats (one cvt.rn.bf16x2 on the GPU: the same
+// nearest-even rounding; a NaN stays a NaN).
+DEVFN void gv_round2(float& x, float& y) {
+#if defined(GLMF_EMU) || __CUDA_ARCH__ < 800
+  x = bf16_round(x);
+  y = bf16_round(y);
+#else
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));  // y → high half
+  x = __uint_as_float(r << 16);
+  y = __uint_as_float(r & 0xffff0000u);
+#endif
+}
+
+// The four fp8 codes of word u dequantized with scale s: fp8f(code)·s,
+// bit for bit. Code j's sign, exponent and mantissa are moved to a float's
+// (an arithmetic shift puts the sign at bit 31 and the 7 other bits at
+// 20–26), which is the value × 2^-120 exactly (subnormal codes too); one
+// product with sf = s·2^120 (exact when s < 2^7) rounds as fp8f(code)·s
+// does, else two products. NaN codes (0x7f, 0xff) are found per word.
+DEVFN void gv_fp8x4(unsigned u, float s, float sf, bool fold, float* w) {
+  #pragma unroll
+  for (int j = 0; j < 4; j++) {
+    float f = __uint_as_float((unsigned)((int)(u << (24 - 8 * j)) >> 4) & 0x87f00000u);
+    w[j] = fold ? f * sf : (f * 0x1p120f) * s;
+  }
+  if (((u & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) {
+    #pragma unroll
+    for (int j = 0; j < 4; j++)
+      if (((u >> (8 * j)) & 0x7fu) == 0x7fu) w[j] = __uint_as_float(0x7fc00000u);
+  }
+}
+
+// acc + x·w: a fused multiply-add in float sums, always (so that no
+// compiler's contraction choices make one row-count's template round
+// differently from another's); in double sums the product is exact.
+DEVFN float gv_fma(float x, float w, float acc) { return fmaf(x, w, acc); }
+DEVFN double gv_fma(float x, float w, double acc) { return acc + (double)x * (double)w; }
+
+template <typename ACC, int WT, int R>
+DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
+  const int S = sizeof(ACC) == 4 ? 8 : 4;  // slots (weight rows) a block
+  const int WSZ = WT == WT_FP8 ? 1 : WT == WT_BF16 ? 2 : 4;
+  const int PER = 16 / WSZ;                // k a chunk
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  bool dual = a.W2 != 0;
+  int ncol = dual ? S / 2 : S;
+  i64 c0 = (i64)blockIdx.x * ncol, g = blockIdx.z, K = a.K;
+  const float* A = a.A + g * a.a_goff;
+  const float* Ar[R];
+  int rp[R];
+  #pragma unroll
+  for (int m = 0; m < R; m++) {
+    rp[m] = 0;
+    Ar[m] = A;
+    if (m >= rows) continue;
+    if (a.tiles) {
+      rp[m] = a.perm[p0 + m];
+      Ar[m] = A + (a.a_div > 0 ? (i64)(rp[m] / a.a_div) : p0 + m) * a.lda;
+    } else {
+      Ar[m] = A + (r0 + m) * a.lda;
+    }
+  }
+  i64 wg = a.tiles ? e : g;
+  const char* W = (const char*)a.W + wg * a.w_goff * WSZ;
+  const char* W2 = dual ? (const char*)a.W2 + wg * a.w_goff * WSZ : 0;
+  // slot j's weight row (a column past N reads column N-1; not written)
+  const char* wr[S];
+  #pragma unroll
+  for (int j = 0; j < S; j++) {
+    i64 c = c0 + (dual ? j / 2 : j);
+    if (c >= a.N) c = a.N - 1;
+    wr[j] = (dual && (j & 1) ? W2 : W) + c * K * WSZ;
+  }
+  // fp8: every column of the block is in block row c0/128 (ncol | 128)
+  const float* ws = WT == WT_FP8 ? a.ws + wg * a.ws_goff + (c0 >> 7) * a.ws_ld : 0;
+  const float* ws2 = WT == WT_FP8 && dual ? a.ws2 + wg * a.ws_goff + (c0 >> 7) * a.ws_ld : ws;
+  bool vec = K % PER == 0 && ((u64)W & 15) == 0 && (!dual || ((u64)W2 & 15) == 0);
+  #pragma unroll
+  for (int m = 0; m < R; m++) vec = vec && ((u64)Ar[m] & 15) == 0;
+  ACC acc[R][S];
+  #pragma unroll
+  for (int m = 0; m < R; m++)
+    #pragma unroll
+    for (int j = 0; j < S; j++) acc[m][j] = 0;
+  for (i64 q = warp * 32 + lane; q * PER < K; q += GV_WARPS * 32) {
+    i64 k0 = q * PER;
+    uint4 raw[S];
+    if (vec) {
+      #pragma unroll
+      for (int j = 0; j < S; j++) raw[j] = gv_ldw(wr[j] + k0 * WSZ);
+    } else {
+      #pragma unroll
+      for (int j = 0; j < S; j++) {
+        unsigned u[4] = {0, 0, 0, 0};
+        for (int i = 0; i < PER; i++) {
+          if (k0 + i >= K) break;
+          unsigned v = WT == WT_FP8 ? (unsigned)((const u8*)wr[j])[k0 + i]
+                     : WT == WT_BF16 ? (unsigned)((const u16*)wr[j])[k0 + i]
+                                     : ((const unsigned*)wr[j])[k0 + i];
+          u[i * WSZ / 4] |= v << (8 * ((i * WSZ) & 3));
+        }
+        raw[j] = make_uint4(u[0], u[1], u[2], u[3]);
+      }
+    }
+    float s1 = 1, s2 = 1, sf1 = 1, sf2 = 1;
+    bool f1 = true, f2 = true;
+    if (WT == WT_FP8) {
+      s1 = ws[k0 >> 7];
+      s2 = dual ? ws2[k0 >> 7] : s1;
+      sf1 = s1 * 0x1p120f, sf2 = s2 * 0x1p120f;
+      f1 = s1 < 0x1p7f, f2 = s2 < 0x1p7f;
+    }
+    #pragma unroll
+    for (int h = 0; h < PER / 4; h++) {
+      float x[R][4];
+      #pragma unroll
+      for (int m = 0; m < R; m++) {
+        if (vec) {
+          uint4 v = gv_lda(Ar[m] + k0 + 4 * h);
+          x[m][0] = __uint_as_float(v.x), x[m][1] = __uint_as_float(v.y);
+          x[m][2] = __uint_as_float(v.z), x[m][3] = __uint_as_float(v.w);
+        } else {
+          #pragma unroll
+          for (int i = 0; i < 4; i++) x[m][i] = k0 + 4 * h + i < K ? Ar[m][k0 + 4 * h + i] : 0.f;
+        }
+        if (sizeof(ACC) == 4) {  // bf16 precision
+          gv_round2(x[m][0], x[m][1]);
+          gv_round2(x[m][2], x[m][3]);
+        }
+      }
+      #pragma unroll
+      for (int j = 0; j < S; j++) {
+        float w[4];
+        unsigned u[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+        if (WT == WT_FP8) {
+          bool second = dual && (j & 1);
+          gv_fp8x4(u[h], second ? s2 : s1, second ? sf2 : sf1, second ? f2 : f1, w);
+        } else if (WT == WT_BF16) {
+          w[0] = __uint_as_float(u[2 * h] << 16), w[1] = __uint_as_float(u[2 * h] & 0xffff0000u);
+          w[2] = __uint_as_float(u[2 * h + 1] << 16), w[3] = __uint_as_float(u[2 * h + 1] & 0xffff0000u);
+        } else {
+          #pragma unroll
+          for (int i = 0; i < 4; i++) w[i] = __uint_as_float(u[i]);
+        }
+        #pragma unroll
+        for (int m = 0; m < R; m++)
+          #pragma unroll
+          for (int i = 0; i < 4; i++) acc[m][j] = gv_fma(x[m][i], w[i], acc[m][j]);
+      }
+    }
+  }
+  // lanes: the butterfly as a reduce-scatter; lane l then holds slot
+  // (l >> (5 - log2 S)) of each row's sum
+  __shared__ ACC red[GV_WARPS][R][S];
+  #pragma unroll
+  for (int m = 0; m < R; m++) {
+    int n = S;
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      if (n > 1) {
+        bool up = (lane & off) != 0;
+        #pragma unroll
+        for (int i = 0; i < n / 2; i++) {
+          ACC keep = up ? acc[m][n / 2 + i] : acc[m][i];
+          ACC send = up ? acc[m][i] : acc[m][n / 2 + i];
+          acc[m][i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+        n /= 2;
+      } else {
+        acc[m][0] += __shfl_xor_sync(0xffffffffu, acc[m][0], off);
+      }
+    }
+    const int sh = S == 8 ? 2 : 3;  // 32/S lanes hold each slot
+    if ((lane & ((1 << sh) - 1)) == 0) red[warp][m][lane >> sh] = acc[m][0];
+  }
+  __syncthreads();
+  // warps, in order; then the epilogue, a thread per (row, column)
+  __shared__ float tot[R][S];
+  int t = threadIdx.x;
+  if (t < R * S) {
+    int m = t / S, j = t % S;
+    ACC v = red[0][m][j];
+    #pragma unroll
+    for (int w = 1; w < GV_WARPS; w++) v += red[w][m][j];
+    tot[m][j] = (float)v;
+  }
+  __syncthreads();
+  if (t < R * ncol) {
+    int m = t / ncol;
+    i64 c = c0 + t % ncol;
+    if (m < rows && c < a.N) {
+      if (dual) {
+        int j = 2 * (t % ncol);
+        a.out[0][(p0 + m) * a.N + c] = swiglu_clamped(tot[m][j], tot[m][j + 1], a.limit);
+      } else {
+        float v = tot[m][t % ncol];
+        if (a.scatter) {
+          int s = rp[0];
+          #pragma unroll
+          for (int i = 1; i < R; i++)
+            if (i == m) s = rp[i];
+          a.scatter[(i64)s * a.N + c] = a.row_scale[s] * v;
+        } else if (a.tiles) {
+          a.out[0][(p0 + m) * a.N + c] = v;
+        } else {
+          float* o = out_ptr(a, g, r0 + m, c);
+          if (o) *o = v;
+        }
+      }
+    }
+  }
+}
+
+// One glmf_gemv kernel: sums in ACC, R rows at a time (more rows, as a
+// MoE tile may have, take several passes over the weight). A kernel per
+// (precision, R) keeps the registers, so the occupancy, of the few-row
+// kernels low; fp32 weights run on the 8-row kernels only.
+template <typename ACC, int R>
+DEVFN void gemv_kernel(const GemmArgs& a) {
+  i64 rows, p0 = 0, e = 0;
   if (a.tiles) {
     if ((i64)blockIdx.y >= (i64)a.tiles[0]) return;
     const int* tl = a.tiles + 1 + 3 * blockIdx.y;
@@ -304,123 +556,36 @@ DEVFN void gemv_body(const GemmArgs& a) {
   } else {
     rows = a.M;
   }
-  if (rows > GV_ROWS) rows = GV_ROWS;
-  const float* A = a.A + g * a.a_goff;
-  const float* Ar[GV_ROWS];
-  int rp[GV_ROWS];
-  #pragma unroll
-  for (int m = 0; m < GV_ROWS; m++) {
-    rp[m] = 0;
-    Ar[m] = A;
-    if (m >= rows) continue;
-    if (a.tiles) {
-      rp[m] = a.perm[p0 + m];
-      Ar[m] = A + (a.a_div > 0 ? (i64)(rp[m] / a.a_div) : p0 + m) * a.lda;
-    } else {
-      Ar[m] = A + m * a.lda;
-    }
-  }
-  i64 wg = a.tiles ? e : g, K = a.K, t = a.w_type;
-  i64 wsz = wt_size(t);
-  const char* W = (const char*)a.W + (wg * a.w_goff + c * K) * wsz;
-  const char* W2 = a.W2 ? (const char*)a.W2 + (wg * a.w_goff + c * K) * wsz : 0;
-  const float* ws = a.ws ? a.ws + wg * a.ws_goff + (c >> 7) * a.ws_ld : 0;
-  const float* ws2 = a.ws2 ? a.ws2 + wg * a.ws_goff + (c >> 7) * a.ws_ld : 0;
-  bool round = a.a_round != 0;
-  ACC acc[GV_ROWS], acc2[GV_ROWS];
-  #pragma unroll
-  for (int m = 0; m < GV_ROWS; m++) acc[m] = 0, acc2[m] = 0;
-  // per = weights a lane takes from one 16-byte load
-  i64 per = t == WT_FP8 ? 16 : t == WT_BF16 ? 8 : 4;
-  bool vec = K % per == 0 && ((u64)W & 15) == 0 && (!W2 || ((u64)W2 & 15) == 0);
-  i64 k0 = 0;
-  if (vec) {
-    for (k0 = lane * per; k0 < K; k0 += 32 * per) {
-      float w[16], w2[16];
-      uint4 q = *(const uint4*)(W + k0 * wsz);
-      uint4 q2 = W2 ? *(const uint4*)(W2 + k0 * wsz) : q;
-      unsigned u[4] = {q.x, q.y, q.z, q.w}, u2[4] = {q2.x, q2.y, q2.z, q2.w};
-      if (t == WT_FP8) {
-        float s = ws[k0 >> 7];
-        #pragma unroll
-        for (int j = 0; j < 16; j++) w[j] = fp8f((u[j / 4] >> (8 * (j % 4))) & 0xffu) * s;
-        if (W2) {
-          float s2 = ws2[k0 >> 7];
-          #pragma unroll
-          for (int j = 0; j < 16; j++) w2[j] = fp8f((u2[j / 4] >> (8 * (j % 4))) & 0xffu) * s2;
-        }
-      } else if (t == WT_BF16) {
-        #pragma unroll
-        for (int j = 0; j < 8; j++) w[j] = bf16f((u16)(u[j / 2] >> (16 * (j % 2))));
-        if (W2)
-          #pragma unroll
-          for (int j = 0; j < 8; j++) w2[j] = bf16f((u16)(u2[j / 2] >> (16 * (j % 2))));
-      } else {
-        #pragma unroll
-        for (int j = 0; j < 4; j++) w[j] = __uint_as_float(u[j]), w2[j] = __uint_as_float(u2[j]);
-      }
-      #pragma unroll
-      for (int m = 0; m < GV_ROWS; m++) {
-        if (m >= rows) break;
-        const float* x = Ar[m] + k0;
-        #pragma unroll
-        for (int j = 0; j < 16; j++) {
-          if (j >= per) break;
-          float xv = round ? bf16_round(x[j]) : x[j];
-          acc[m] += (ACC)xv * (ACC)w[j];
-          if (W2) acc2[m] += (ACC)xv * (ACC)w2[j];
-        }
-      }
-    }
-  } else {
-    const float* wsb = a.ws ? a.ws + wg * a.ws_goff : 0;
-    const float* wsb2 = a.ws2 ? a.ws2 + wg * a.ws_goff : 0;
-    const char* Wg = (const char*)a.W + wg * a.w_goff * wsz;
-    const char* W2g = a.W2 ? (const char*)a.W2 + wg * a.w_goff * wsz : 0;
-    for (i64 k = lane; k < K; k += 32) {
-      float w = ldwt(Wg, t, wsb, a.ws_ld, c, K, k);
-      float w2 = W2g ? ldwt(W2g, t, wsb2, a.ws_ld, c, K, k) : 0;
-      #pragma unroll
-      for (int m = 0; m < GV_ROWS; m++) {
-        if (m >= rows) break;
-        float xv = round ? bf16_round(Ar[m][k]) : Ar[m][k];
-        acc[m] += (ACC)xv * (ACC)w;
-        if (W2g) acc2[m] += (ACC)xv * (ACC)w2;
-      }
-    }
-  }
-  #pragma unroll
-  for (int m = 0; m < GV_ROWS; m++) {
-    if (m >= rows) break;
-    for (int off = 16; off > 0; off >>= 1) {
-      acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], off);
-      if (W2) acc2[m] += __shfl_xor_sync(0xffffffffu, acc2[m], off);
-    }
-  }
-  if (lane != 0) return;
-  #pragma unroll
-  for (int m = 0; m < GV_ROWS; m++) {
-    if (m >= rows) break;
-    float v = (float)acc[m];
-    if (W2) {
-      a.out[0][(p0 + m) * a.N + c] = swiglu_clamped(v, (float)acc2[m], a.limit);
-    } else if (a.scatter) {
-      int s = rp[m];
-      a.scatter[(i64)s * a.N + c] = a.row_scale[s] * v;
-    } else if (a.tiles) {
-      a.out[0][(p0 + m) * a.N + c] = v;
-    } else {
-      float* o = out_ptr(a, g, m, c);
-      if (o) *o = v;
-    }
+  for (i64 r0 = 0; r0 < rows; r0 += R) {
+    i64 n = rows - r0 < R ? rows - r0 : R;
+    i64 p = a.tiles ? p0 + r0 : 0;
+    if (a.w_type == WT_FP8)
+      gemv_body<ACC, WT_FP8, R>(a, n, p, e, r0);
+    else if (a.w_type == WT_BF16)
+      gemv_body<ACC, WT_BF16, R>(a, n, p, e, r0);
+    else if (R == GV_ROWS)
+      gemv_body<ACC, WT_F32, GV_ROWS>(a, n, p, e, r0);
   }
 }
-KERNEL(glmf_gemv, GemmArgs) {
-  if (a.a_round)
-    gemv_body<float>(a);
-  else
-    gemv_body<double>(a);
-}
+
+// glmf_gemv_{f,d}{1,2,4,8}: float sums (bf16 precision, a.a_round) or
+// double sums (fp32 precision), up to 1, 2, 4 or 8 rows a pass. The
+// launch bounds cap the registers so that 4 (1–2 rows), 3 (4 rows) or 2
+// (8 rows) blocks of 128 threads share an SM: enough weight loads in
+// flight (each thread has one 16-byte load a slot outstanding).
+#ifdef GLMF_EMU
+#define GV_KERNEL(name, minb) KERNEL(name, GemmArgs)
+#else
+#define GV_KERNEL(name, minb) extern "C" __global__ void __launch_bounds__(GV_WARPS * 32, minb) name(const GemmArgs a)
+#endif
+GV_KERNEL(glmf_gemv_f1, 4) { gemv_kernel<float, 1>(a); }
+GV_KERNEL(glmf_gemv_f2, 4) { gemv_kernel<float, 2>(a); }
+GV_KERNEL(glmf_gemv_f4, 3) { gemv_kernel<float, 4>(a); }
+GV_KERNEL(glmf_gemv_f8, 2) { gemv_kernel<float, 8>(a); }
+GV_KERNEL(glmf_gemv_d1, 4) { gemv_kernel<double, 1>(a); }
+GV_KERNEL(glmf_gemv_d2, 3) { gemv_kernel<double, 2>(a); }
+GV_KERNEL(glmf_gemv_d4, 2) { gemv_kernel<double, 4>(a); }
+GV_KERNEL(glmf_gemv_d8, 2) { gemv_kernel<double, 8>(a); }
 
 // fp8_to_bf16: the bfloat16 (nearest even) of every dequantized weight of
 // an fp8 matrix [N][K] (exact for power-of-two block scales), for the
