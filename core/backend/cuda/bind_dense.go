@@ -178,6 +178,11 @@ func planGEMM(t *tunedGEMM, kind string, M int) gemmPlan {
 		return gemmPlan{lib: ch.lib(), ch: ch}
 	}
 	switch {
+	case kind == kindBF16BF16W && M > 1:
+		// measured on the H200 (BenchmarkGemvDecode): at 2–8 rows cuBLAS
+		// streams bf16 weights at ~3.6 TB/s, glmf_gemv at 0.8–1.5 TB/s;
+		// at one row both are at the roofline
+		return gemmPlan{lib: true, ch: gemmChoice{kind: chCublas}}
 	case M <= skinnyMaxRows && (kind == kindBF16BF16W || kind == kindF32FP8W || kind == kindBF16FP8W):
 		return gemmPlan{ch: gemmChoice{kind: chGemv}}
 	case kind != kindF32BF16W && kind != kindF32FP8W && M > skinnyMaxRows:
