@@ -1,19 +1,39 @@
 // mHC (manifold-constrained hyper-connections): pre (mixing logits,
 // Sinkhorn-projected combiner, stream collapse), post (expand), and the
-// fused post + next pre (+ RMSNorm). The fused kernel runs the same device
-// functions as the unfused kernels, so both paths give identical bits.
+// fused post + next pre (+ RMSNorm).
+//
+// The pre runs as two kernels that spread a token over the GPU:
+//  1. glmf_mhc_pre (or glmf_mhc_post_pre, which first computes the streams
+//     by the post and writes them): a split-K projection. Block (c, g) takes
+//     chunk c of the flattened streams (MHC_CK values: d in
+//     [c·dc, c·dc+dc) of all H streams, dc = MHC_CK/H) for MHC_TT tokens
+//     and writes, per token, the chunk's partial mixing dots and its sum of
+//     squares (doubles) to a scratch buffer part [T][nch][mix+1].
+//  2. glmf_mhc_mix: a block per token adds the chunks' partials in chunk
+//     order, scales by the RMS, runs the sigmoid gates and the Sinkhorn
+//     projection, collapses the streams into h and applies the optional
+//     RMSNorm of h.
+// The chunking does not depend on T, and every partial sums in a fixed
+// order, so a token's bits do not depend on the batch; the fused and
+// unfused paths run the same device functions and give identical bits.
 #include "common.cuh"
 
 // Largest stream count the kernels hold in shared memory (the backend
 // refuses larger hc_mult).
 #define MHC_MAX_H 16
 #define MHC_MAX_MIX ((2 + MHC_MAX_H) * MHC_MAX_H)
-// Mixing rows a block sums at once (hc_mult 4 has (2+4)·4 = 24), rows
-// reduced at once (MHC_ROWS is a multiple), and the most threads a block
-// has.
-#define MHC_ROWS 24
-#define MHC_RED 8
-#define MHC_MAX_THREADS 256
+// Split-K geometry of the projection (block of 256 threads): a chunk holds
+// MHC_CK flattened stream values (MHC_NS slices of MHC_SL, slice rows
+// padded to MHC_SP in shared memory), a block MHC_TT tokens and MHC_RG
+// mixing rows at a time (hc_mult 4 has (2+4)·4 = 24). Thread (s, rg, tg):
+// slice s, rows 3·rg..3·rg+2, tokens 4·tg..4·tg+3.
+#define MHC_CK 256
+#define MHC_SL 16
+#define MHC_NS 16
+#define MHC_SP 17
+#define MHC_TT 8
+#define MHC_RG 24
+#define MHC_THREADS 256
 
 struct MHCParams {
   const void* fn; i64 fn_bf16;        // [(2+H)·H][H·D]
@@ -70,69 +90,6 @@ DEVFN void mhc_mapping(const MHCParams& p, const float* m, float* pre, float* po
   }
 }
 
-// mhc_pre_row: one token's pre over its streams x [H·D], by the block
-// (at most 256 threads): h [D], post [H], comb [H·H].
-DEVFN void mhc_pre_row(const MHCParams& p, const float* x, float* h, float* post, float* comb) {
-  __shared__ float m_s[MHC_MAX_MIX];
-  __shared__ float pre_s[MHC_MAX_H];
-  __shared__ float post_s[MHC_MAX_H];
-  __shared__ float comb_s[MHC_MAX_H * MHC_MAX_H];
-  i64 H = p.H, D = p.D, HD = H * D, mix = (2 + H) * H;
-  float r = rms_inv(x, HD, (float)p.norm_eps);
-  // The mixing logits m = fn·x: each thread sums its k (k ≡ tid mod the
-  // block) for MHC_ROWS rows at once, so MHC_ROWS independent weight loads
-  // are in flight per k (a row per warp kept every load on one serial
-  // chain: about 70 µs per token on an H200); the block then adds the
-  // threads' partial sums per row. Products are exact in double (float ×
-  // bf16), sums in double, rounded once.
-  __shared__ double part_s[MHC_RED][MHC_MAX_THREADS];
-  int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-  for (i64 i0 = 0; i0 < mix; i0 += MHC_ROWS) {
-    i64 nr = mix - i0 < MHC_ROWS ? mix - i0 : MHC_ROWS;
-    double acc[MHC_ROWS];  // registers: every index below is a constant after unrolling
-#pragma unroll
-    for (int j = 0; j < MHC_ROWS; j++) acc[j] = 0;
-    if (nr == MHC_ROWS) {
-      for (i64 k = threadIdx.x; k < HD; k += blockDim.x) {
-        double xv = (double)x[k];
-#pragma unroll
-        for (int j = 0; j < MHC_ROWS; j++) acc[j] += xv * (double)ldw(p.fn, (i0 + j) * HD + k, p.fn_bf16);
-      }
-    } else {
-      for (i64 k = threadIdx.x; k < HD; k += blockDim.x) {
-        double xv = (double)x[k];
-#pragma unroll
-        for (int j = 0; j < MHC_ROWS; j++)
-          if (j < nr) acc[j] += xv * (double)ldw(p.fn, (i0 + j) * HD + k, p.fn_bf16);
-      }
-    }
-    // the threads' partial sums, MHC_RED rows at a time through shared
-    // memory, a warp per row
-#pragma unroll
-    for (int g = 0; g < MHC_ROWS; g += MHC_RED) {
-#pragma unroll
-      for (int j = 0; j < MHC_RED; j++) part_s[j][threadIdx.x] = acc[g + j];
-      __syncthreads();
-      for (int j = warp; j < MHC_RED; j += nw) {
-        double d = 0;
-        for (int l = lane; l < (int)blockDim.x; l += 32) d += part_s[j][l];
-        d = warp_sum_d(d);
-        if (lane == 0 && g + j < nr) m_s[i0 + g + j] = (float)d * r;
-      }
-      __syncthreads();
-    }
-  }
-  mhc_mapping(p, m_s, pre_s, post_s, comb_s);  // ends with a barrier
-  for (i64 i = threadIdx.x; i < H; i += blockDim.x) post[i] = post_s[i];
-  for (i64 i = threadIdx.x; i < H * H; i += blockDim.x) comb[i] = comb_s[i];
-  for (i64 d = threadIdx.x; d < D; d += blockDim.x) {
-    float v = 0;
-    for (i64 i = 0; i < H; i++) v += pre_s[i] * x[i * D + d];
-    h[d] = v;
-  }
-  __syncthreads();
-}
-
 // mhc_post_elem: one element of the expanded streams:
 // out[j][d] = post[j]·o[d] + Σ_i comb[i][j]·R[i][d].
 DEVFN float mhc_post_elem(i64 H, i64 D, i64 j, i64 d, const float* o, const float* R, const float* post, const float* comb) {
@@ -141,16 +98,6 @@ DEVFN float mhc_post_elem(i64 H, i64 D, i64 j, i64 d, const float* o, const floa
   return v;
 }
 
-struct MHCPreArgs {
-  MHCParams p; const float* x; float* h; float* post; float* comb; i64 T;
-};
-// One block (256 threads) per token.
-KERNEL(glmf_mhc_pre, MHCPreArgs) {
-  i64 t = blockIdx.x;
-  if (t >= a.T) return;
-  i64 H = a.p.H, D = a.p.D;
-  mhc_pre_row(a.p, a.x + t * H * D, a.h + t * D, a.post + t * H, a.comb + t * H * H);
-}
 
 struct MHCPostArgs {
   const float* o; const float* R; const float* post; const float* comb; float* out; i64 T, H, D;
@@ -163,24 +110,153 @@ KERNEL(glmf_mhc_post, MHCPostArgs) {
   a.out[i] = mhc_post_elem(a.H, a.D, j, d, a.o + t * a.D, a.R + t * HD, a.post + t * a.H, a.comb + t * a.H * a.H);
 }
 
+// mhc_dc: the d values of a chunk (a chunk covers them in all H streams).
+DEVFN i64 mhc_dc(i64 H) { return MHC_CK / H; }
+
+// mhc_proj: stage 1 of the pre over chunk blockIdx.x and tokens
+// MHC_TT·blockIdx.y...: the tokens' stream values of the chunk come from
+// xval(t, k) (k the flattened index j·D + d, t < T), which may also write
+// them (the fused post). part[t][c][i] (i < mix) = Σ_k x[k]·fn[i][k] over
+// the chunk, part[t][c][mix] = Σ_k x[k]², in double: products of a float
+// and a bf16/fp32 weight are exact; each thread sums its slice of MHC_SL
+// values in ascending k, the slices add in a fixed butterfly.
+template <class XVal>
+DEVFN void mhc_proj(const MHCParams& p, double* part, i64 T, XVal xval) {
+  __shared__ double x_s[MHC_TT * MHC_NS * MHC_SP];
+  __shared__ float w_s[MHC_RG * MHC_NS * MHC_SP];
+  i64 H = p.H, D = p.D, HD = H * D, mix = (2 + H) * H, PW = mix + 1;
+  i64 dc = mhc_dc(H), nch = (D + dc - 1) / dc, c = blockIdx.x, t0 = (i64)blockIdx.y * MHC_TT;
+  int tid = threadIdx.x;
+  // the chunk's stream values of the tile's tokens (zero past the chunk,
+  // D or T: they add exact zeros)
+  for (int e = tid; e < MHC_TT * MHC_CK; e += MHC_THREADS) {
+    int tt = e / MHC_CK, kk = e % MHC_CK;
+    i64 j = kk / dc, d = c * dc + kk % dc;
+    float v = 0;
+    if (j < H && d < D && t0 + tt < T) v = xval(t0 + tt, j * D + d);
+    x_s[tt * (MHC_NS * MHC_SP) + (kk / MHC_SL) * MHC_SP + kk % MHC_SL] = (double)v;
+  }
+  int s = tid % MHC_NS, rg = (tid / MHC_NS) % 8, tg = tid / (MHC_NS * 8);
+  for (i64 g0 = 0; g0 < mix; g0 += MHC_RG) {
+    __syncthreads();  // x_s written; w_s free
+    for (int e = tid; e < MHC_RG * MHC_CK; e += MHC_THREADS) {
+      int r = e / MHC_CK, kk = e % MHC_CK;
+      i64 j = kk / dc, d = c * dc + kk % dc;
+      float w = 0;
+      if (g0 + r < mix && j < H && d < D) w = ldw(p.fn, (g0 + r) * HD + j * D + d, p.fn_bf16);
+      w_s[r * (MHC_NS * MHC_SP) + (kk / MHC_SL) * MHC_SP + kk % MHC_SL] = w;
+    }
+    __syncthreads();
+    double acc[4][3];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+      for (int v = 0; v < 3; v++) acc[u][v] = 0;
+    const double* xs = x_s + (tg * 4) * (MHC_NS * MHC_SP) + s * MHC_SP;
+    const float* ws = w_s + (rg * 3) * (MHC_NS * MHC_SP) + s * MHC_SP;
+#pragma unroll 4
+    for (int k = 0; k < MHC_SL; k++) {
+      double xv[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) xv[u] = xs[u * (MHC_NS * MHC_SP) + k];
+#pragma unroll
+      for (int v = 0; v < 3; v++) {
+        double wv = (double)ws[v * (MHC_NS * MHC_SP) + k];
+#pragma unroll
+        for (int u = 0; u < 4; u++) acc[u][v] += xv[u] * wv;
+      }
+    }
+    // the slices' sums: a butterfly over the MHC_NS lanes of a row group
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+      for (int v = 0; v < 3; v++) {
+        double a = acc[u][v];
+        for (int o = MHC_NS / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        i64 t = t0 + tg * 4 + u, i = g0 + rg * 3 + v;
+        if (s == 0 && t < T && i < mix) part[(t * nch + c) * PW + i] = a;
+      }
+  }
+  // the sums of squares: warp tt for token tt, lane l over slice l/2's
+  // half l%2, then a butterfly
+  {
+    int warp = tid / 32, lane = tid % 32;
+    const double* xs = x_s + warp * (MHC_NS * MHC_SP) + (lane / 2) * MHC_SP + (lane % 2) * (MHC_SL / 2);
+    double q = 0;
+    for (int k = 0; k < MHC_SL / 2; k++) q += xs[k] * xs[k];
+    q = warp_sum_d(q);
+    i64 t = t0 + warp;
+    if (lane == 0 && t < T) part[(t * nch + c) * PW + mix] = q;
+  }
+}
+
+struct MHCPreArgs {
+  MHCParams p; const float* x; double* part; i64 T;
+};
+// Stage 1 of the pre on given streams x [T][H·D]: grid (nch, ⌈T/MHC_TT⌉),
+// MHC_THREADS threads.
+KERNEL(glmf_mhc_pre, MHCPreArgs) {
+  i64 HD = a.p.H * a.p.D;
+  const float* x = a.x;
+  mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 k) { return x[t * HD + k]; });
+}
+
 struct MHCPostPreArgs {
   MHCParams p;
   const float* o; const float* R; const float* post; const float* comb;  // this site
-  float* out; float* h; float* post2; float* comb2;                       // next site
-  const void* norm_w; i64 norm_bf16; double norm_eps;                     // optional
+  float* out; double* part;                                               // next site's streams, stage-1 sums
   i64 T;
 };
-// One block (256 threads) per token: post, then the next pre on the streams
-// just written, then the optional RMSNorm of h.
+// The post of this site (out = the new streams) and stage 1 of the next
+// site's pre on them: grid (nch, ⌈T/MHC_TT⌉), MHC_THREADS threads.
 KERNEL(glmf_mhc_post_pre, MHCPostPreArgs) {
+  i64 H = a.p.H, D = a.p.D, HD = H * D;
+  mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 k) {
+    float v = mhc_post_elem(H, D, k / D, k % D, a.o + t * D, a.R + t * HD, a.post + t * H, a.comb + t * H * H);
+    a.out[t * HD + k] = v;
+    return v;
+  });
+}
+
+struct MHCMixArgs {
+  MHCParams p; const float* x; const double* part;  // streams [T][H·D], stage-1 sums
+  float* h; float* post; float* comb;               // outputs
+  const void* norm_w; i64 norm_bf16; double norm_eps;  // optional RMSNorm of h
+  i64 T;
+};
+// Stage 2 of the pre: a block (MHC_THREADS threads) per token.
+KERNEL(glmf_mhc_mix, MHCMixArgs) {
+  __shared__ double dot_s[MHC_MAX_MIX + 1];
+  __shared__ float m_s[MHC_MAX_MIX];
+  __shared__ float pre_s[MHC_MAX_H];
+  __shared__ float post_s[MHC_MAX_H];
+  __shared__ float comb_s[MHC_MAX_H * MHC_MAX_H];
   i64 t = blockIdx.x;
   if (t >= a.T) return;
-  i64 H = a.p.H, D = a.p.D, HD = H * D;
-  float* out = a.out + t * HD;
-  for (i64 i = threadIdx.x; i < HD; i += blockDim.x)
-    out[i] = mhc_post_elem(H, D, i / D, i % D, a.o + t * D, a.R + t * HD, a.post + t * H, a.comb + t * H * H);
+  const MHCParams& p = a.p;
+  i64 H = p.H, D = p.D, HD = H * D, mix = (2 + H) * H, PW = mix + 1;
+  i64 dc = mhc_dc(H), nch = (D + dc - 1) / dc;
+  const double* P = a.part + t * nch * PW;
+  for (i64 i = threadIdx.x; i < PW; i += blockDim.x) {
+    double acc = 0;
+    for (i64 c = 0; c < nch; c++) acc += P[c * PW + i];
+    dot_s[i] = acc;
+  }
   __syncthreads();
+  // the CPU's float32 mean of squares, the square root in double
+  float r = (float)(1.0 / sqrt((double)((float)dot_s[mix] / (float)HD + (float)p.norm_eps)));
+  for (i64 i = threadIdx.x; i < mix; i += blockDim.x) m_s[i] = (float)dot_s[i] * r;
+  __syncthreads();
+  mhc_mapping(p, m_s, pre_s, post_s, comb_s);  // ends with a barrier
+  for (i64 i = threadIdx.x; i < H; i += blockDim.x) a.post[t * H + i] = post_s[i];
+  for (i64 i = threadIdx.x; i < H * H; i += blockDim.x) a.comb[t * H * H + i] = comb_s[i];
+  const float* x = a.x + t * HD;
   float* h = a.h + t * D;
-  mhc_pre_row(a.p, out, h, a.post2 + t * H, a.comb2 + t * H * H);
+  for (i64 d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = 0;
+    for (i64 i = 0; i < H; i++) v += pre_s[i] * x[i * D + d];
+    h[d] = v;
+  }
+  __syncthreads();
   if (a.norm_w) rmsnorm_row(h, h, D, a.norm_w, a.norm_bf16, (float)a.norm_eps);
 }
