@@ -164,10 +164,11 @@ func TestMHCMatchesCPU(t *testing.T) {
 	d := openDevice(t)
 	r := rand.New(rand.NewPCG(13, 14))
 	// hc_mult 4: one full group of 24 mixing rows, chunks of 64 d (96 and
-	// 200: a partial last chunk; 4096 the model's); 5: a full group and a
+	// 200: a partial last chunk; 4096 the model's, 4200 past the h values
+	// glmf_mhc_mix holds in registers); 5: a full group and a
 	// partial one (35 rows), chunks of 51 d; 16: twelve groups, 16 d. T
 	// from 1 to past a tile of 8 tokens, and partial tiles.
-	for _, c := range []struct{ T, H, D int }{{5, 4, 96}, {3, 5, 64}, {1, 4, 96}, {64, 4, 200}, {1, 4, 4096}, {11, 16, 40}, {2, 1, 300}} {
+	for _, c := range []struct{ T, H, D int }{{5, 4, 96}, {3, 5, 64}, {1, 4, 96}, {64, 4, 200}, {1, 4, 4096}, {2, 4, 4200}, {11, 16, 40}, {2, 1, 300}} {
 		t.Run(fmt.Sprintf("T%d_H%d_D%d", c.T, c.H, c.D), func(t *testing.T) { mhcMatchesCPU(t, d, r, c.T, c.H, c.D) })
 	}
 }

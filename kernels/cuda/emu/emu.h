@@ -25,6 +25,7 @@ extern emu_dim3 block_idx, block_dim, grid_dim;
 const emu_dim3& thread_idx();
 void sync();
 void warp_exchange(const void* in, void* out, int size, int src_lane);
+void warp_barrier();
 void* dyn_smem();
 typedef void (*Trampoline)(void**);
 struct Reg {
@@ -45,6 +46,8 @@ struct Reg {
 #define gridDim (emu::grid_dim)
 
 inline void __syncthreads() { emu::sync(); }
+// The whole warp must call it (the kernels pass the full mask).
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barrier(); }
 
 inline float __uint_as_float(unsigned u) {
   float f;

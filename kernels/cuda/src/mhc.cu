@@ -34,6 +34,9 @@
 #define MHC_TT 8
 #define MHC_RG 24
 #define MHC_THREADS 256
+// h values a thread of glmf_mhc_mix holds at once (D up to 16·256 = 4096
+// stays in registers for the RMSNorm).
+#define MHC_HD 16
 
 struct MHCParams {
   const void* fn; i64 fn_bf16;        // [(2+H)·H][H·D]
@@ -88,6 +91,61 @@ DEVFN void mhc_mapping(const MHCParams& p, const float* m, float* pre, float* po
     }
     __syncthreads();
   }
+}
+
+// mhc_mapping_warp: mhc_mapping by warp 0 alone where H·H ≤ 32, with no
+// block barriers: lane l = i·H + j owns comb[i][j]; each pass reads the
+// row's or column's values from one shared buffer, adds them in the CPU's
+// order (so the bits are mhc_mapping's) and writes the other buffer, one
+// __syncwarp per pass. The whole warp calls it; the caller synchronizes
+// the block before reading pre, post and comb.
+DEVFN void mhc_mapping_warp(const MHCParams& p, const float* m, float* pre, float* post, float* comb) {
+  __shared__ float cb_s[2][MHC_MAX_H * MHC_MAX_H];
+  int H = (int)p.H, l = threadIdx.x;
+  bool own = l < H * H;
+  int i = own ? l / H : 0, j = own ? l % H : 0;
+  float eps = (float)p.hc_eps;
+  if (l < H) {
+    float s0 = ldw(p.scale, 0, p.scale_bf16), s1 = ldw(p.scale, 1, p.scale_bf16);
+    pre[l] = sigmoidf_d(s0 * m[l] + ldw(p.base, l, p.base_bf16)) + eps;
+    post[l] = 2 * sigmoidf_d(s1 * m[H + l] + ldw(p.base, H + l, p.base_bf16));
+  }
+  float s2 = ldw(p.scale, 2, p.scale_bf16);
+  float c = 0;
+  if (own) cb_s[0][l] = c = s2 * m[2 * H + l] + ldw(p.base, 2 * H + l, p.base_bf16);
+  __syncwarp();
+  float mx = -INFINITY;
+  for (int jj = 0; jj < H; jj++) {
+    float v = cb_s[0][i * H + jj];
+    if (v > mx) mx = v;
+  }
+  c = (float)exp((double)(c - mx));
+  if (own) cb_s[1][l] = c;
+  __syncwarp();
+  float s = 0;
+  for (int jj = 0; jj < H; jj++) s += cb_s[1][i * H + jj];
+  c = c / s + eps;
+  int b = 0;  // the buffer c goes to
+  if (own) cb_s[b][l] = c;
+  __syncwarp();
+  i64 iters = p.iters < 1 ? 1 : p.iters;  // the first column pass always runs
+  for (i64 it = 0; it < iters; it++) {
+    if (it > 0) {
+      s = 0;
+      for (int jj = 0; jj < H; jj++) s += cb_s[b][i * H + jj];
+      c /= s + eps;
+      b ^= 1;
+      if (own) cb_s[b][l] = c;
+      __syncwarp();
+    }
+    s = 0;
+    for (int ii = 0; ii < H; ii++) s += cb_s[b][ii * H + j];
+    c /= s + eps;
+    b ^= 1;
+    if (own) cb_s[b][l] = c;
+    __syncwarp();
+  }
+  if (own) comb[l] = c;
 }
 
 // mhc_post_elem: one element of the expanded streams:
@@ -247,16 +305,54 @@ KERNEL(glmf_mhc_mix, MHCMixArgs) {
   float r = (float)(1.0 / sqrt((double)((float)dot_s[mix] / (float)HD + (float)p.norm_eps)));
   for (i64 i = threadIdx.x; i < mix; i += blockDim.x) m_s[i] = (float)dot_s[i] * r;
   __syncthreads();
-  mhc_mapping(p, m_s, pre_s, post_s, comb_s);  // ends with a barrier
+  if (H * H <= 32) {
+    if (threadIdx.x < 32) mhc_mapping_warp(p, m_s, pre_s, post_s, comb_s);
+    __syncthreads();
+  } else {
+    mhc_mapping(p, m_s, pre_s, post_s, comb_s);  // ends with a barrier
+  }
   for (i64 i = threadIdx.x; i < H; i += blockDim.x) a.post[t * H + i] = post_s[i];
   for (i64 i = threadIdx.x; i < H * H; i += blockDim.x) a.comb[t * H * H + i] = comb_s[i];
+  // h = Σ_i pre[i]·x[i] (ascending i, as the CPU), MHC_HD values of d
+  // per thread at a time so that their loads are in flight together; the
+  // optional RMSNorm is rmsnorm_row's arithmetic (per-thread squares in
+  // ascending d, block_sum's tree) on the values in registers.
   const float* x = a.x + t * HD;
   float* h = a.h + t * D;
-  for (i64 d = threadIdx.x; d < D; d += blockDim.x) {
-    float v = 0;
-    for (i64 i = 0; i < H; i++) v += pre_s[i] * x[i * D + d];
-    h[d] = v;
+  int tid = threadIdx.x;
+  float ss = 0;
+  float hv[MHC_HD];
+  bool regs = D <= MHC_HD * MHC_THREADS;  // every h value stays in a register
+  for (i64 d0 = 0; d0 < D; d0 += MHC_HD * MHC_THREADS) {
+#pragma unroll
+    for (int q = 0; q < MHC_HD; q++) hv[q] = 0;
+    for (i64 i = 0; i < H; i++) {
+      float pw = pre_s[i];
+      const float* xi = x + i * D + d0 + tid;
+#pragma unroll
+      for (int q = 0; q < MHC_HD; q++)
+        if (d0 + tid + q * MHC_THREADS < D) hv[q] += pw * xi[q * MHC_THREADS];
+    }
+#pragma unroll
+    for (int q = 0; q < MHC_HD; q++) {
+      i64 d = d0 + tid + q * MHC_THREADS;
+      if (d < D) {
+        if (!a.norm_w || !regs) h[d] = hv[q];
+        ss += hv[q] * hv[q];
+      }
+    }
   }
-  __syncthreads();
-  if (a.norm_w) rmsnorm_row(h, h, D, a.norm_w, a.norm_bf16, (float)a.norm_eps);
+  if (!a.norm_w) return;
+  if (!regs) {
+    __syncthreads();
+    rmsnorm_row(h, h, D, a.norm_w, a.norm_bf16, (float)a.norm_eps);
+    return;
+  }
+  ss = block_sum(ss);
+  float rn = (float)(1.0 / sqrt((double)(ss / (float)D + (float)a.norm_eps)));
+#pragma unroll
+  for (int q = 0; q < MHC_HD; q++) {
+    i64 d = tid + q * MHC_THREADS;
+    if (d < D) h[d] = ldw(a.norm_w, d, a.norm_bf16) * (hv[q] * rn);
+  }
 }
