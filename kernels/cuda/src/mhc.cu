@@ -37,6 +37,8 @@
 // h values a thread of glmf_mhc_mix holds at once (D up to 16·256 = 4096
 // stays in registers for the RMSNorm).
 #define MHC_HD 16
+// Streams glmf_mhc_mix prefetches into registers (hc_mult ≤ 4).
+#define MHC_PF_H 4
 
 struct MHCParams {
   const void* fn; i64 fn_bf16;        // [(2+H)·H][H·D]
@@ -253,7 +255,7 @@ struct MHCPreArgs {
 };
 // Stage 1 of the pre on given streams x [T][H·D]: grid (nch, ⌈T/MHC_TT⌉),
 // MHC_THREADS threads.
-KERNEL(glmf_mhc_pre, MHCPreArgs) {
+KERNEL_BOUNDS(glmf_mhc_pre, MHCPreArgs, MHC_THREADS, 3) {
   i64 HD = a.p.H * a.p.D;
   const float* x = a.x;
   mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 k) { return x[t * HD + k]; });
@@ -267,7 +269,7 @@ struct MHCPostPreArgs {
 };
 // The post of this site (out = the new streams) and stage 1 of the next
 // site's pre on them: grid (nch, ⌈T/MHC_TT⌉), MHC_THREADS threads.
-KERNEL(glmf_mhc_post_pre, MHCPostPreArgs) {
+KERNEL_BOUNDS(glmf_mhc_post_pre, MHCPostPreArgs, MHC_THREADS, 3) {
   i64 H = a.p.H, D = a.p.D, HD = H * D;
   mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 k) {
     float v = mhc_post_elem(H, D, k / D, k % D, a.o + t * D, a.R + t * HD, a.post + t * H, a.comb + t * H * H);
@@ -283,7 +285,7 @@ struct MHCMixArgs {
   i64 T;
 };
 // Stage 2 of the pre: a block (MHC_THREADS threads) per token.
-KERNEL(glmf_mhc_mix, MHCMixArgs) {
+KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 2) {
   __shared__ double dot_s[MHC_MAX_MIX + 1];
   __shared__ float m_s[MHC_MAX_MIX];
   __shared__ float pre_s[MHC_MAX_H];
@@ -295,12 +297,39 @@ KERNEL(glmf_mhc_mix, MHCMixArgs) {
   i64 H = p.H, D = p.D, HD = H * D, mix = (2 + H) * H, PW = mix + 1;
   i64 dc = mhc_dc(H), nch = (D + dc - 1) / dc;
   const double* P = a.part + t * nch * PW;
-  for (i64 i = threadIdx.x; i < PW; i += blockDim.x) {
-    double acc = 0;
-    for (i64 c = 0; c < nch; c++) acc += P[c * PW + i];
-    dot_s[i] = acc;
+  int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const float* x = a.x + t * HD;
+  float* h = a.h + t * D;
+  // the streams (H ≤ MHC_PF_H, D ≤ MHC_HD·MHC_THREADS) are loaded into
+  // registers now, their latency hidden behind the sums and the mapping
+  bool regs = D <= MHC_HD * MHC_THREADS;  // every h value stays in a register
+  bool pf = regs && H <= MHC_PF_H;
+  float xr[MHC_PF_H][MHC_HD];
+  if (pf) {
+#pragma unroll
+    for (int i = 0; i < MHC_PF_H; i++)
+#pragma unroll
+      for (int q = 0; q < MHC_HD; q++) {
+        i64 d = tid + q * MHC_THREADS;
+        xr[i][q] = i < H && d < D ? x[i * D + d] : 0.f;
+      }
   }
-  __syncthreads();
+  // the chunks' partial sums: warp w adds chunks w, w+8, ... (lane = row),
+  // then the 8 warps' sums in a fixed tree
+  __shared__ double red_s[MHC_THREADS / 32][32];
+  for (i64 i0 = 0; i0 < PW; i0 += 32) {
+    i64 i = i0 + lane;
+    double acc = 0;
+    if (i < PW)
+      for (i64 c = warp; c < nch; c += MHC_THREADS / 32) acc += P[c * PW + i];
+    red_s[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && i < PW) {
+      double (*q)[32] = red_s;
+      dot_s[i] = ((q[0][lane] + q[1][lane]) + (q[2][lane] + q[3][lane])) + ((q[4][lane] + q[5][lane]) + (q[6][lane] + q[7][lane]));
+    }
+    __syncthreads();
+  }
   // the CPU's float32 mean of squares, the square root in double
   float r = (float)(1.0 / sqrt((double)((float)dot_s[mix] / (float)HD + (float)p.norm_eps)));
   for (i64 i = threadIdx.x; i < mix; i += blockDim.x) m_s[i] = (float)dot_s[i] * r;
@@ -317,21 +346,28 @@ KERNEL(glmf_mhc_mix, MHCMixArgs) {
   // per thread at a time so that their loads are in flight together; the
   // optional RMSNorm is rmsnorm_row's arithmetic (per-thread squares in
   // ascending d, block_sum's tree) on the values in registers.
-  const float* x = a.x + t * HD;
-  float* h = a.h + t * D;
-  int tid = threadIdx.x;
   float ss = 0;
   float hv[MHC_HD];
-  bool regs = D <= MHC_HD * MHC_THREADS;  // every h value stays in a register
   for (i64 d0 = 0; d0 < D; d0 += MHC_HD * MHC_THREADS) {
 #pragma unroll
     for (int q = 0; q < MHC_HD; q++) hv[q] = 0;
-    for (i64 i = 0; i < H; i++) {
-      float pw = pre_s[i];
-      const float* xi = x + i * D + d0 + tid;
+    if (pf) {
 #pragma unroll
-      for (int q = 0; q < MHC_HD; q++)
-        if (d0 + tid + q * MHC_THREADS < D) hv[q] += pw * xi[q * MHC_THREADS];
+      for (int i = 0; i < MHC_PF_H; i++) {
+        if (i >= H) break;
+        float pw = pre_s[i];
+#pragma unroll
+        for (int q = 0; q < MHC_HD; q++) hv[q] += pw * xr[i][q];
+      }
+    } else {
+#pragma unroll 4
+      for (i64 i = 0; i < H; i++) {
+        float pw = pre_s[i];
+        const float* xi = x + i * D + d0 + tid;
+#pragma unroll
+        for (int q = 0; q < MHC_HD; q++)
+          if (d0 + tid + q * MHC_THREADS < D) hv[q] += pw * xi[q * MHC_THREADS];
+      }
     }
 #pragma unroll
     for (int q = 0; q < MHC_HD; q++) {
