@@ -34,6 +34,9 @@
 #define MHC_TT 8
 #define MHC_RG 24
 #define MHC_THREADS 256
+#if MHC_CK != MHC_THREADS || MHC_NS * MHC_SL != MHC_CK || MHC_TT * 32 != MHC_THREADS || MHC_RG != 3 * 8
+#error "mhc_proj assumes a thread per chunk value, a warp per tile token and 8 groups of 3 rows"
+#endif
 // h values a thread of glmf_mhc_mix holds at once (D up to 16·256 = 4096
 // stays in registers for the RMSNorm).
 #define MHC_HD 16
@@ -187,25 +190,31 @@ DEVFN void mhc_proj(const MHCParams& p, double* part, i64 T, XVal xval) {
   i64 H = p.H, D = p.D, HD = H * D, mix = (2 + H) * H, PW = mix + 1;
   i64 dc = mhc_dc(H), nch = (D + dc - 1) / dc, c = blockIdx.x, t0 = (i64)blockIdx.y * MHC_TT;
   int tid = threadIdx.x;
-  // the chunk's stream values of the tile's tokens (zero past the chunk,
-  // D or T: they add exact zeros)
-  for (int e = tid; e < MHC_TT * MHC_CK; e += MHC_THREADS) {
-    int tt = e / MHC_CK, kk = e % MHC_CK;
-    i64 j = kk / dc, d = c * dc + kk % dc;
-    float v = 0;
-    if (j < H && d < D && t0 + tt < T) v = xval(t0 + tt, j * D + d);
-    x_s[tt * (MHC_NS * MHC_SP) + (kk / MHC_SL) * MHC_SP + kk % MHC_SL] = (double)v;
+  // thread tid stages the chunk's flattened value kk = tid (stream j, d)
+  // of every token and weight row: loads of the first weight group are
+  // in flight with the streams'; values past the chunk, D or T are zeros
+  // (they add exact zeros)
+  int kk = tid;
+  i64 j = kk / dc, d = c * dc + kk % dc;
+  bool kin = j < H && d < D;
+  int so = (kk / MHC_SL) * MHC_SP + kk % MHC_SL;  // its place in a row of slices
+  float wr[MHC_RG];
+#pragma unroll
+  for (int r = 0; r < MHC_RG; r++) wr[r] = kin && r < mix ? ldw(p.fn, r * HD + j * D + d, p.fn_bf16) : 0.f;
+#pragma unroll
+  for (int tt = 0; tt < MHC_TT; tt++) {
+    float v = kin && t0 + tt < T ? xval(t0 + tt, j * D + d) : 0.f;
+    x_s[tt * (MHC_NS * MHC_SP) + so] = (double)v;
   }
   int s = tid % MHC_NS, rg = (tid / MHC_NS) % 8, tg = tid / (MHC_NS * 8);
   for (i64 g0 = 0; g0 < mix; g0 += MHC_RG) {
-    __syncthreads();  // x_s written; w_s free
-    for (int e = tid; e < MHC_RG * MHC_CK; e += MHC_THREADS) {
-      int r = e / MHC_CK, kk = e % MHC_CK;
-      i64 j = kk / dc, d = c * dc + kk % dc;
-      float w = 0;
-      if (g0 + r < mix && j < H && d < D) w = ldw(p.fn, (g0 + r) * HD + j * D + d, p.fn_bf16);
-      w_s[r * (MHC_NS * MHC_SP) + (kk / MHC_SL) * MHC_SP + kk % MHC_SL] = w;
+    if (g0 > 0) {
+#pragma unroll
+      for (int r = 0; r < MHC_RG; r++) wr[r] = kin && g0 + r < mix ? ldw(p.fn, (g0 + r) * HD + j * D + d, p.fn_bf16) : 0.f;
     }
+    __syncthreads();  // x_s written; the last group's reads of w_s done
+#pragma unroll
+    for (int r = 0; r < MHC_RG; r++) w_s[r * (MHC_NS * MHC_SP) + so] = wr[r];
     __syncthreads();
     double acc[4][3];
 #pragma unroll
@@ -255,7 +264,7 @@ struct MHCPreArgs {
 };
 // Stage 1 of the pre on given streams x [T][H·D]: grid (nch, ⌈T/MHC_TT⌉),
 // MHC_THREADS threads.
-KERNEL_BOUNDS(glmf_mhc_pre, MHCPreArgs, MHC_THREADS, 3) {
+KERNEL_BOUNDS(glmf_mhc_pre, MHCPreArgs, MHC_THREADS, 2) {
   i64 HD = a.p.H * a.p.D;
   const float* x = a.x;
   mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 k) { return x[t * HD + k]; });
@@ -269,7 +278,7 @@ struct MHCPostPreArgs {
 };
 // The post of this site (out = the new streams) and stage 1 of the next
 // site's pre on them: grid (nch, ⌈T/MHC_TT⌉), MHC_THREADS threads.
-KERNEL_BOUNDS(glmf_mhc_post_pre, MHCPostPreArgs, MHC_THREADS, 3) {
+KERNEL_BOUNDS(glmf_mhc_post_pre, MHCPostPreArgs, MHC_THREADS, 2) {
   i64 H = a.p.H, D = a.p.D, HD = H * D;
   mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 k) {
     float v = mhc_post_elem(H, D, k / D, k % D, a.o + t * D, a.R + t * HD, a.post + t * H, a.comb + t * H * H);
