@@ -12,6 +12,9 @@
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
+struct double2 {
+  double x, y;
+};
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 
 struct emu_dim3 {

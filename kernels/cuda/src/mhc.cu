@@ -22,20 +22,22 @@
 // refuses larger hc_mult).
 #define MHC_MAX_H 16
 #define MHC_MAX_MIX ((2 + MHC_MAX_H) * MHC_MAX_H)
-// Split-K geometry of the projection (block of 256 threads): a chunk holds
-// MHC_CK flattened stream values (MHC_NS slices of MHC_SL, slice rows
-// padded to MHC_SP in shared memory), a block MHC_TT tokens and MHC_RG
-// mixing rows at a time (hc_mult 4 has (2+4)·4 = 24). Thread (s, rg, tg):
-// slice s, rows 3·rg..3·rg+2, tokens 4·tg..4·tg+3.
+// Split-K geometry of the projection (MHC_THREADS threads a block): a
+// chunk holds MHC_CK flattened stream values, a block MHC_TT tokens. Lane
+// l of warp w holds token l / MHC_SLW's values of slice w·MHC_SLW + l %
+// MHC_SLW (MHC_KT values) in registers; the weights of MHC_RG mixing rows
+// at a time sit in shared memory as doubles (slices padded to MHC_WS), and
+// a warp's load of two of them is a broadcast of MHC_SLW addresses.
 #define MHC_CK 256
-#define MHC_SL 16
-#define MHC_NS 16
-#define MHC_SP 17
+#define MHC_KT 8
+#define MHC_SLW 4
 #define MHC_TT 8
-#define MHC_RG 24
+#define MHC_RG 12
+#define MHC_WS 10
+#define MHC_WROW (MHC_CK / MHC_KT * MHC_WS)
 #define MHC_THREADS 256
-#if MHC_CK != MHC_THREADS || MHC_NS * MHC_SL != MHC_CK || MHC_TT * 32 != MHC_THREADS || MHC_RG != 3 * 8
-#error "mhc_proj assumes a thread per chunk value, a warp per tile token and 8 groups of 3 rows"
+#if MHC_CK != MHC_THREADS || MHC_CK / MHC_KT != MHC_THREADS / 32 * MHC_SLW || MHC_TT * MHC_SLW != 32
+#error "mhc_proj assumes a thread per chunk value when staging, and a warp per slice group of every tile token"
 #endif
 // h values a thread of glmf_mhc_mix holds at once (D up to 16·256 = 4096
 // stays in registers for the RMSNorm).
@@ -178,84 +180,84 @@ DEVFN i64 mhc_dc(i64 H) { return MHC_CK / H; }
 
 // mhc_proj: stage 1 of the pre over chunk blockIdx.x and tokens
 // MHC_TT·blockIdx.y...: the tokens' stream values of the chunk come from
-// xval(t, k) (k the flattened index j·D + d, t < T), which may also write
+// xval(t, j, d) (stream j, t < T), which may also write
 // them (the fused post). part[t][c][i] (i < mix) = Σ_k x[k]·fn[i][k] over
 // the chunk, part[t][c][mix] = Σ_k x[k]², in double: products of a float
-// and a bf16/fp32 weight are exact; each thread sums its slice of MHC_SL
-// values in ascending k, the slices add in a fixed butterfly.
+// and a bf16/fp32 weight are exact; each thread sums its slice of MHC_KT
+// values in ascending k, the MHC_SLW slices of a warp add in a butterfly,
+// the warps' sums in a fixed tree.
 template <class XVal>
 DEVFN void mhc_proj(const MHCParams& p, double* part, i64 T, XVal xval) {
-  __shared__ double x_s[MHC_TT * MHC_NS * MHC_SP];
-  __shared__ float w_s[MHC_RG * MHC_NS * MHC_SP];
+  __shared__ __align__(16) double w_s[MHC_RG * MHC_WROW];
+  __shared__ double red_s[MHC_THREADS / 32][MHC_TT][MHC_RG + 1];
   i64 H = p.H, D = p.D, HD = H * D, mix = (2 + H) * H, PW = mix + 1;
   i64 dc = mhc_dc(H), nch = (D + dc - 1) / dc, c = blockIdx.x, t0 = (i64)blockIdx.y * MHC_TT;
-  int tid = threadIdx.x;
-  // thread tid stages the chunk's flattened value kk = tid (stream j, d)
-  // of every token and weight row: loads of the first weight group are
-  // in flight with the streams'; values past the chunk, D or T are zeros
-  // (they add exact zeros)
-  int kk = tid;
-  i64 j = kk / dc, d = c * dc + kk % dc;
-  bool kin = j < H && d < D;
-  int so = (kk / MHC_SL) * MHC_SP + kk % MHC_SL;  // its place in a row of slices
+  int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  // staging: thread tid loads the chunk's value kk = tid (stream j, d) of
+  // every weight row of a group; values past the chunk or D are zeros
+  int dci = (int)dc;
+  i64 js = tid / dci, ds = c * dc + tid % dci;
+  bool kin = js < H && ds < D;
+  int so = (tid / MHC_KT) * MHC_WS + tid % MHC_KT;  // its place in a row of w_s
   float wr[MHC_RG];
 #pragma unroll
-  for (int r = 0; r < MHC_RG; r++) wr[r] = kin && r < mix ? ldw(p.fn, r * HD + j * D + d, p.fn_bf16) : 0.f;
+  for (int r = 0; r < MHC_RG; r++) wr[r] = kin && r < mix ? ldw(p.fn, r * HD + js * D + ds, p.fn_bf16) : 0.f;
+  // this thread's values (zeros past the chunk, D or T: they add exact
+  // zeros) and their sum of squares
+  int tt = lane / MHC_SLW, sl = warp * MHC_SLW + lane % MHC_SLW;
+  i64 t = t0 + tt;
+  double xv[MHC_KT];
+  double q = 0;
 #pragma unroll
-  for (int tt = 0; tt < MHC_TT; tt++) {
-    float v = kin && t0 + tt < T ? xval(t0 + tt, j * D + d) : 0.f;
-    x_s[tt * (MHC_NS * MHC_SP) + so] = (double)v;
+  for (int e = 0; e < MHC_KT; e++) {
+    int kk = sl * MHC_KT + e, j = kk / dci;
+    i64 d = c * dc + kk % dci;
+    float v = t < T && j < H && d < D ? xval(t, j, d) : 0.f;
+    xv[e] = v;
+    q += xv[e] * xv[e];
   }
-  int s = tid % MHC_NS, rg = (tid / MHC_NS) % 8, tg = tid / (MHC_NS * 8);
+  q += __shfl_xor_sync(0xffffffffu, q, 1);
+  q += __shfl_xor_sync(0xffffffffu, q, 2);
   for (i64 g0 = 0; g0 < mix; g0 += MHC_RG) {
     if (g0 > 0) {
 #pragma unroll
-      for (int r = 0; r < MHC_RG; r++) wr[r] = kin && g0 + r < mix ? ldw(p.fn, (g0 + r) * HD + j * D + d, p.fn_bf16) : 0.f;
+      for (int r = 0; r < MHC_RG; r++) wr[r] = kin && g0 + r < mix ? ldw(p.fn, (g0 + r) * HD + js * D + ds, p.fn_bf16) : 0.f;
     }
-    __syncthreads();  // x_s written; the last group's reads of w_s done
+    __syncthreads();  // the last group's reads of w_s and red_s done
 #pragma unroll
-    for (int r = 0; r < MHC_RG; r++) w_s[r * (MHC_NS * MHC_SP) + so] = wr[r];
+    for (int r = 0; r < MHC_RG; r++) w_s[r * MHC_WROW + so] = (double)wr[r];
     __syncthreads();
-    double acc[4][3];
+    double acc[MHC_RG];
 #pragma unroll
-    for (int u = 0; u < 4; u++)
+    for (int r = 0; r < MHC_RG; r++) acc[r] = 0;
+    const double* wb = w_s + sl * MHC_WS;
 #pragma unroll
-      for (int v = 0; v < 3; v++) acc[u][v] = 0;
-    const double* xs = x_s + (tg * 4) * (MHC_NS * MHC_SP) + s * MHC_SP;
-    const float* ws = w_s + (rg * 3) * (MHC_NS * MHC_SP) + s * MHC_SP;
-#pragma unroll 4
-    for (int k = 0; k < MHC_SL; k++) {
-      double xv[4];
+    for (int e = 0; e < MHC_KT; e += 2) {
 #pragma unroll
-      for (int u = 0; u < 4; u++) xv[u] = xs[u * (MHC_NS * MHC_SP) + k];
-#pragma unroll
-      for (int v = 0; v < 3; v++) {
-        double wv = (double)ws[v * (MHC_NS * MHC_SP) + k];
-#pragma unroll
-        for (int u = 0; u < 4; u++) acc[u][v] += xv[u] * wv;
+      for (int r = 0; r < MHC_RG; r++) {
+        double2 w2 = *(const double2*)(wb + r * MHC_WROW + e);
+        acc[r] += xv[e] * w2.x;
+        acc[r] += xv[e + 1] * w2.y;
       }
     }
-    // the slices' sums: a butterfly over the MHC_NS lanes of a row group
 #pragma unroll
-    for (int u = 0; u < 4; u++)
-#pragma unroll
-      for (int v = 0; v < 3; v++) {
-        double a = acc[u][v];
-        for (int o = MHC_NS / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-        i64 t = t0 + tg * 4 + u, i = g0 + rg * 3 + v;
-        if (s == 0 && t < T && i < mix) part[(t * nch + c) * PW + i] = a;
-      }
-  }
-  // the sums of squares: warp tt for token tt, lane l over slice l/2's
-  // half l%2, then a butterfly
-  {
-    int warp = tid / 32, lane = tid % 32;
-    const double* xs = x_s + warp * (MHC_NS * MHC_SP) + (lane / 2) * MHC_SP + (lane % 2) * (MHC_SL / 2);
-    double q = 0;
-    for (int k = 0; k < MHC_SL / 2; k++) q += xs[k] * xs[k];
-    q = warp_sum_d(q);
-    i64 t = t0 + warp;
-    if (lane == 0 && t < T) part[(t * nch + c) * PW + mix] = q;
+    for (int r = 0; r < MHC_RG; r++) {
+      double a = acc[r];
+      a += __shfl_xor_sync(0xffffffffu, a, 1);
+      a += __shfl_xor_sync(0xffffffffu, a, 2);
+      if (lane % MHC_SLW == 0) red_s[warp][tt][r] = a;
+    }
+    if (g0 == 0 && lane % MHC_SLW == 0) red_s[warp][tt][MHC_RG] = q;
+    __syncthreads();
+    // the 8 warps' sums, (token u, row r) by thread u·(MHC_RG+1) + r; r =
+    // MHC_RG: the sum of squares, in the first group
+    if (tid < MHC_TT * (MHC_RG + 1)) {
+      int u = tid / (MHC_RG + 1), r = tid % (MHC_RG + 1);
+      double(*R)[MHC_TT][MHC_RG + 1] = red_s;
+      double v = ((R[0][u][r] + R[1][u][r]) + (R[2][u][r] + R[3][u][r])) + ((R[4][u][r] + R[5][u][r]) + (R[6][u][r] + R[7][u][r]));
+      i64 tu = t0 + u, i = r < MHC_RG ? g0 + r : mix;
+      if (tu < T && (r < MHC_RG ? g0 + r < mix : g0 == 0)) part[(tu * nch + c) * PW + i] = v;
+    }
   }
 }
 
@@ -267,7 +269,8 @@ struct MHCPreArgs {
 KERNEL_BOUNDS(glmf_mhc_pre, MHCPreArgs, MHC_THREADS, 2) {
   i64 HD = a.p.H * a.p.D;
   const float* x = a.x;
-  mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 k) { return x[t * HD + k]; });
+  i64 D = a.p.D;
+  mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 j, i64 d) { return x[t * HD + j * D + d]; });
 }
 
 struct MHCPostPreArgs {
@@ -280,9 +283,9 @@ struct MHCPostPreArgs {
 // site's pre on them: grid (nch, ⌈T/MHC_TT⌉), MHC_THREADS threads.
 KERNEL_BOUNDS(glmf_mhc_post_pre, MHCPostPreArgs, MHC_THREADS, 2) {
   i64 H = a.p.H, D = a.p.D, HD = H * D;
-  mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 k) {
-    float v = mhc_post_elem(H, D, k / D, k % D, a.o + t * D, a.R + t * HD, a.post + t * H, a.comb + t * H * H);
-    a.out[t * HD + k] = v;
+  mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 j, i64 d) {
+    float v = mhc_post_elem(H, D, j, d, a.o + t * D, a.R + t * HD, a.post + t * H, a.comb + t * H * H);
+    a.out[t * HD + j * D + d] = v;
     return v;
   });
 }
