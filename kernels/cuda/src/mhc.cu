@@ -9,8 +9,8 @@
 //     [c·dc, c·dc+dc) of all H streams, dc = MHC_CK/H) for MHC_TT tokens
 //     and writes, per token, the chunk's partial mixing dots and its sum of
 //     squares (doubles) to a scratch buffer part [T][nch][mix+1].
-//  2. glmf_mhc_mix: a block per token adds the chunks' partials in chunk
-//     order, scales by the RMS, runs the sigmoid gates and the Sinkhorn
+//  2. glmf_mhc_mix: a block per token adds the chunks' partials (warp w
+//     the chunks ≡ w mod 8, then a fixed tree), scales by the RMS, runs the sigmoid gates and the Sinkhorn
 //     projection, collapses the streams into h and applies the optional
 //     RMSNorm of h.
 // The chunking does not depend on T, and every partial sums in a fixed
@@ -36,8 +36,8 @@
 #define MHC_WS 10
 #define MHC_WROW (MHC_CK / MHC_KT * MHC_WS)
 #define MHC_THREADS 256
-#if MHC_CK != MHC_THREADS || MHC_CK / MHC_KT != MHC_THREADS / 32 * MHC_SLW || MHC_TT * MHC_SLW != 32
-#error "mhc_proj assumes a thread per chunk value when staging, and a warp per slice group of every tile token"
+#if MHC_THREADS != 256 || MHC_CK != MHC_THREADS || MHC_CK / MHC_KT != MHC_THREADS / 32 * MHC_SLW || MHC_TT * MHC_SLW != 32
+#error "mhc_proj and glmf_mhc_mix assume 8 warps, a thread per chunk value when staging, and a warp per slice group of every tile token"
 #endif
 // h values a thread of glmf_mhc_mix holds at once (D up to 16·256 = 4096
 // stays in registers for the RMSNorm).
