@@ -219,14 +219,16 @@ DEVFN void mhc_proj(const MHCParams& p, double* part, i64 T, XVal xval) {
   q += __shfl_xor_sync(0xffffffffu, q, 1);
   q += __shfl_xor_sync(0xffffffffu, q, 2);
   for (i64 g0 = 0; g0 < mix; g0 += MHC_RG) {
-    if (g0 > 0) {
-#pragma unroll
-      for (int r = 0; r < MHC_RG; r++) wr[r] = kin && g0 + r < mix ? ldw(p.fn, (g0 + r) * HD + js * D + ds, p.fn_bf16) : 0.f;
-    }
     __syncthreads();  // the last group's reads of w_s and red_s done
 #pragma unroll
     for (int r = 0; r < MHC_RG; r++) w_s[r * MHC_WROW + so] = (double)wr[r];
     __syncthreads();
+    // the next group's weights load while this one computes
+    i64 g1 = g0 + MHC_RG;
+    if (g1 < mix) {
+#pragma unroll
+      for (int r = 0; r < MHC_RG; r++) wr[r] = kin && g1 + r < mix ? ldw(p.fn, (g1 + r) * HD + js * D + ds, p.fn_bf16) : 0.f;
+    }
     double acc[MHC_RG];
 #pragma unroll
     for (int r = 0; r < MHC_RG; r++) acc[r] = 0;
