@@ -354,16 +354,6 @@ type MHCParams struct {
 	HcEps     float64
 }
 
-// MHCPreArgs mirrors the CUDA struct MHCPreArgs.
-type MHCPreArgs struct {
-	P    MHCParams
-	X    DevicePtr
-	H    DevicePtr
-	Post DevicePtr
-	Comb DevicePtr
-	T    int64
-}
-
 // MHCPostArgs mirrors the CUDA struct MHCPostArgs.
 type MHCPostArgs struct {
 	O    DevicePtr
@@ -376,17 +366,34 @@ type MHCPostArgs struct {
 	D    int64
 }
 
+// MHCPreArgs mirrors the CUDA struct MHCPreArgs.
+type MHCPreArgs struct {
+	P    MHCParams
+	X    DevicePtr
+	Part DevicePtr
+	T    int64
+}
+
 // MHCPostPreArgs mirrors the CUDA struct MHCPostPreArgs.
 type MHCPostPreArgs struct {
+	P    MHCParams
+	O    DevicePtr
+	R    DevicePtr
+	Post DevicePtr
+	Comb DevicePtr
+	Out  DevicePtr
+	Part DevicePtr
+	T    int64
+}
+
+// MHCMixArgs mirrors the CUDA struct MHCMixArgs.
+type MHCMixArgs struct {
 	P        MHCParams
-	O        DevicePtr
-	R        DevicePtr
+	X        DevicePtr
+	Part     DevicePtr
+	H        DevicePtr
 	Post     DevicePtr
 	Comb     DevicePtr
-	Out      DevicePtr
-	H        DevicePtr
-	Post2    DevicePtr
-	Comb2    DevicePtr
 	NormW    DevicePtr
 	NormBf16 int64
 	NormEps  float64

@@ -157,16 +157,44 @@ func TestNormsAndElementwiseMatchCPU(t *testing.T) {
 	}
 }
 
-// mHC pre, post and the fused post+pre against kernels/mhc, and the fused
-// kernel bit-equal to the unfused kernels.
+// mHC pre, post and the fused post+pre against kernels/mhc, the fused
+// kernels bit-equal to the unfused ones, and a token's bits independent of
+// the batch.
 func TestMHCMatchesCPU(t *testing.T) {
 	d := openDevice(t)
 	r := rand.New(rand.NewPCG(13, 14))
-	// hc_mult 4: one full group of 24 mixing rows; 5: a full group and a
-	// partial one (35 rows)
-	for _, c := range []struct{ T, H, D int }{{5, 4, 96}, {3, 5, 64}} {
-		t.Run(fmt.Sprintf("H%d", c.H), func(t *testing.T) { mhcMatchesCPU(t, d, r, c.T, c.H, c.D) })
+	// hc_mult 4: one full group of 24 mixing rows, chunks of 64 d (96 and
+	// 200: a partial last chunk; 4096 the model's, 4200 past the h values
+	// glmf_mhc_mix holds in registers); 5: a full group and a
+	// partial one (35 rows), chunks of 51 d; 16: twelve groups, 16 d. T
+	// from 1 to past a tile of 8 tokens, and partial tiles.
+	for _, c := range []struct{ T, H, D int }{{5, 4, 96}, {3, 5, 64}, {1, 4, 96}, {64, 4, 200}, {1, 4, 4096}, {2, 4, 4200}, {11, 16, 40}, {2, 1, 300}} {
+		t.Run(fmt.Sprintf("T%d_H%d_D%d", c.T, c.H, c.D), func(t *testing.T) { mhcMatchesCPU(t, d, r, c.T, c.H, c.D) })
 	}
+}
+
+// mhcChunks mirrors core/backend/cuda's: chunks of 256/H d values.
+func mhcChunks(H, D int) int { dc := 256 / H; return (D + dc - 1) / dc }
+
+func mhcStage1Grid(T, H, D int) kc.Dim3 {
+	return kc.Dim3{X: uint32(mhcChunks(H, D)), Y: uint32((T + 7) / 8)}
+}
+
+// mhcPre runs the pre (stage 1 on X, stage 2) over T tokens, with the
+// optional norm weight nw (0: none).
+func mhcPre(t *testing.T, d *kc.Device, dp kc.MHCParams, T int, X kc.DevicePtr, nw kc.DevicePtr) (h, post, comb []float32) {
+	H, D := int(dp.H), int(dp.D)
+	part := poisoned[float64](t, d, T*mhcChunks(H, D)*((2+H)*H+1))
+	launch(t, d, "glmf_mhc_pre", mhcStage1Grid(T, H, D), kc.Dim3{X: 256}, 0, &kc.MHCPreArgs{P: dp, X: X, Part: part.p, T: int64(T)})
+	return mhcMix(t, d, dp, T, X, part.p, nw)
+}
+
+func mhcMix(t *testing.T, d *kc.Device, dp kc.MHCParams, T int, X, part, nw kc.DevicePtr) (h, post, comb []float32) {
+	H, D := int(dp.H), int(dp.D)
+	Hd, Pd, Cd := poisoned[float32](t, d, T*D), poisoned[float32](t, d, T*H), poisoned[float32](t, d, T*H*H)
+	ma := kc.MHCMixArgs{P: dp, X: X, Part: part, H: Hd.p, Post: Pd.p, Comb: Cd.p, NormW: nw, NormEps: float64(float32(1e-5)), T: int64(T)}
+	launch(t, d, "glmf_mhc_mix", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &ma)
+	return download[float32](t, Hd), download[float32](t, Pd), download[float32](t, Cd)
 }
 
 func mhcMatchesCPU(t *testing.T, d *kc.Device, r *rand.Rand, T, H, D int) {
@@ -179,12 +207,16 @@ func mhcMatchesCPU(t *testing.T, d *kc.Device, r *rand.Rand, T, H, D int) {
 	mhc.Pre(prm, h, post, comb, X, T)
 	Fn, Base, Scale, Xd := upload(t, d, fb), upload(t, d, base), upload(t, d, scale), upload(t, d, X)
 	dp := kc.MHCParams{Fn: Fn.p, FnBf16: 1, Base: Base.p, Scale: Scale.p, H: int64(H), D: int64(D), Iters: 20, NormEps: float64(float32(1e-5)), HcEps: float64(float32(1e-6))}
-	Hd, Pd, Cd := poisoned[float32](t, d, T*D), poisoned[float32](t, d, T*H), poisoned[float32](t, d, T*H*H)
-	pa := kc.MHCPreArgs{P: dp, X: Xd.p, H: Hd.p, Post: Pd.p, Comb: Cd.p, T: int64(T)}
-	launch(t, d, "glmf_mhc_pre", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &pa)
-	require.Less(t, maxRelErr(t, download[float32](t, Hd), h), 1e-5, "pre h")
-	require.Less(t, maxRelErr(t, download[float32](t, Pd), post), 1e-5, "pre post")
-	require.Less(t, maxRelErr(t, download[float32](t, Cd), comb), 1e-5, "pre comb")
+	gh, gp, gc := mhcPre(t, d, dp, T, Xd.p, 0)
+	require.Less(t, maxRelErr(t, gh, h), 1e-5, "pre h")
+	require.Less(t, maxRelErr(t, gp, post), 1e-5, "pre post")
+	require.Less(t, maxRelErr(t, gc, comb), 1e-5, "pre comb")
+	// batch invariance: the last token alone gives its bits in the batch
+	last := upload(t, d, X[(T-1)*H*D:])
+	lh, lp, lc := mhcPre(t, d, dp, 1, last.p, 0)
+	require.Equal(t, gh[(T-1)*D:], lh, "h of the last token alone")
+	require.Equal(t, gp[(T-1)*H:], lp)
+	require.Equal(t, gc[(T-1)*H*H:], lc)
 
 	o := randn(r, T*D, 1)
 	out := make([]float32, T*H*D)
@@ -200,17 +232,28 @@ func mhcMatchesCPU(t *testing.T, d *kc.Device, r *rand.Rand, T, H, D int) {
 	// fused post+pre (+norm) = post, pre, rmsnorm kernels, bit for bit
 	nw := randn(r, D, 1)
 	NW := upload(t, d, nw)
-	launch(t, d, "glmf_mhc_pre", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &kc.MHCPreArgs{P: dp, X: Outd.p, H: Hd.p, Post: Pd.p, Comb: Cd.p, T: int64(T)})
-	na := kc.NormArgs{X: Hd.p, W: NW.p, Y: Hd.p, Rows: int64(T), D: int64(D), Eps: float64(float32(1e-5))}
+	uh0, up, uc := mhcPre(t, d, dp, T, Outd.p, 0)
+	Hn := upload(t, d, uh0)
+	na := kc.NormArgs{X: Hn.p, W: NW.p, Y: Hn.p, Rows: int64(T), D: int64(D), Eps: float64(float32(1e-5))}
 	launch(t, d, "glmf_rmsnorm", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &na)
-	uh, up, uc := download[float32](t, Hd), download[float32](t, Pd), download[float32](t, Cd)
-	F, Fh, Fp, Fc := poisoned[float32](t, d, T*H*D), poisoned[float32](t, d, T*D), poisoned[float32](t, d, T*H), poisoned[float32](t, d, T*H*H)
-	fa := kc.MHCPostPreArgs{P: dp, O: Od.p, R: Xd.p, Post: Pin.p, Comb: Cin.p, Out: F.p, H: Fh.p, Post2: Fp.p, Comb2: Fc.p, NormW: NW.p, NormEps: float64(float32(1e-5)), T: int64(T)}
-	launch(t, d, "glmf_mhc_post_pre", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &fa)
+	uh := download[float32](t, Hn)
+	// against the CPU's fused post+pre+norm
+	want := mhc.PostPreArgs{Out: make([]float32, T*H*D), H2: make([]float32, T*D), Post2: make([]float32, T*H), Comb2: make([]float32, T*H*H),
+		O: o, R: X, Post: post, Comb: comb, NormW: nw, NormEps: 1e-5}
+	mhc.PostPre(prm, &want, T)
+	require.Less(t, maxRelErr(t, uh, want.H2), 1e-5, "post+pre+norm h")
+	require.Less(t, maxRelErr(t, up, want.Post2), 1e-5, "post+pre post")
+	require.Less(t, maxRelErr(t, uc, want.Comb2), 1e-5, "post+pre comb")
+
+	F := poisoned[float32](t, d, T*H*D)
+	part := poisoned[float64](t, d, T*mhcChunks(H, D)*(mix+1))
+	fa := kc.MHCPostPreArgs{P: dp, O: Od.p, R: Xd.p, Post: Pin.p, Comb: Cin.p, Out: F.p, Part: part.p, T: int64(T)}
+	launch(t, d, "glmf_mhc_post_pre", mhcStage1Grid(T, H, D), kc.Dim3{X: 256}, 0, &fa)
+	fh, fp, fc := mhcMix(t, d, dp, T, F.p, part.p, NW.p)
 	require.Equal(t, unfusedOut, download[float32](t, F))
-	require.Equal(t, uh, download[float32](t, Fh))
-	require.Equal(t, up, download[float32](t, Fp))
-	require.Equal(t, uc, download[float32](t, Fc))
+	require.Equal(t, uh, fh)
+	require.Equal(t, up, fp)
+	require.Equal(t, uc, fc)
 	require.False(t, math.IsNaN(float64(uh[0])))
 }
 

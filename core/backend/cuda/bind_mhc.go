@@ -18,6 +18,50 @@ func init() {
 // mhcMaxStreams is MHC_MAX_H of mhc.cu.
 const mhcMaxStreams = 16
 
+// The pre's first stage (glmf_mhc_pre, glmf_mhc_post_pre) runs a block per
+// chunk of the flattened streams and MHC_TT tokens; its partial sums go to
+// a scratch buffer of doubles [T][chunks][mix+1] that glmf_mhc_mix (a block
+// per token) reduces.
+const (
+	mhcChunkValues = 256 // MHC_CK
+	mhcTileTokens  = 8   // MHC_TT
+)
+
+// mhcChunks is the number of chunks of a token's H·D stream values.
+func mhcChunks(H, D int) int {
+	dc := mhcChunkValues / H
+	return (D + dc - 1) / dc
+}
+
+// mhcPartBytes is the size of the first stage's scratch for T tokens.
+func mhcPartBytes(T, H, D int) int64 {
+	return 8 * int64(T) * int64(mhcChunks(H, D)) * int64((2+H)*H+1)
+}
+
+// mhcStage1Grid is the grid of glmf_mhc_pre and glmf_mhc_post_pre.
+func mhcStage1Grid(T, H, D int) kc.Dim3 {
+	return kc.Dim3{X: uint32(mhcChunks(H, D)), Y: uint32((T + mhcTileTokens - 1) / mhcTileTokens)}
+}
+
+// launchPre runs the pre on streams X: the split-K projection, then the
+// per-token mixing, collapse and optional RMSNorm (normW.ptr 0: none).
+func launchPre(rc *runCtx, prm kc.MHCParams, X, part, h, post, comb kc.DevicePtr, normW devTensor, normEps float64) error {
+	H, D := int(prm.H), int(prm.D)
+	if rc.T == 0 {
+		return nil
+	}
+	pa := kc.MHCPreArgs{P: prm, X: X, Part: part, T: int64(rc.T)}
+	if err := kc.Launch(rc.dev, "glmf_mhc_pre", mhcStage1Grid(rc.T, H, D), block256, 0, &pa); err != nil {
+		return err
+	}
+	return launchMix(rc, prm, X, part, h, post, comb, normW, normEps)
+}
+
+func launchMix(rc *runCtx, prm kc.MHCParams, X, part, h, post, comb kc.DevicePtr, normW devTensor, normEps float64) error {
+	ma := kc.MHCMixArgs{P: prm, X: X, Part: part, H: h, Post: post, Comb: comb, NormW: normW.ptr, NormBf16: normW.flag(), NormEps: normEps, T: int64(rc.T)}
+	return kc.Launch(rc.dev, "glmf_mhc_mix", kc.Dim3{X: uint32(rc.T)}, block256, 0, &ma)
+}
+
 func mhcParams(p *Program, n *ir.Node, x, fn, base, scale *ir.Value) (kc.MHCParams, error) {
 	H, D := x.Shape[1], x.Shape[2]
 	if H > mhcMaxStreams {
@@ -47,10 +91,12 @@ func bindMHCPre(p *Program, n *ir.Node) (*kstep, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &kstep{run: func(rc *runCtx) error {
-		a := kc.MHCPreArgs{P: prm, X: rc.ptr(in[0]), H: rc.ptr(outs[0]), Post: rc.ptr(outs[1]), Comb: rc.ptr(outs[2]), T: int64(rc.T)}
-		return kc.Launch(rc.dev, "glmf_mhc_pre", kc.Dim3{X: uint32(rc.T)}, block256, 0, &a)
-	}}, nil
+	H, D := int(prm.H), int(prm.D)
+	return &kstep{
+		temps: func(rc *runCtx) []int64 { return []int64{mhcPartBytes(rc.T, H, D)} },
+		run: func(rc *runCtx) error {
+			return launchPre(rc, prm, rc.ptr(in[0]), rc.temps[0], rc.ptr(outs[0]), rc.ptr(outs[1]), rc.ptr(outs[2]), devTensor{}, 0)
+		}}, nil
 }
 
 func launchPost(rc *runCtx, o, R, post, comb, out kc.DevicePtr, H, D int) error {
@@ -81,27 +127,36 @@ func bindMHCPostPre(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	normEps := float64(float32(a.Float("norm_eps", 1e-5)))
 	maxTokens := a.Int("max_tokens", 0)
-	return &kstep{run: func(rc *runCtx) error {
-		o, R, post, comb := rc.ptr(in[0]), rc.ptr(in[1]), rc.ptr(in[2]), rc.ptr(in[3])
-		X, h, post2, comb2 := rc.ptr(outs[0]), rc.ptr(outs[1]), rc.ptr(outs[2]), rc.ptr(outs[3])
-		if maxTokens == 0 || rc.T <= maxTokens {
-			rc.p.fusedMHC.Add(1)
-			args := kc.MHCPostPreArgs{P: prm, O: o, R: R, Post: post, Comb: comb, Out: X, H: h, Post2: post2, Comb2: comb2,
-				NormW: normW.ptr, NormBf16: normW.flag(), NormEps: normEps, T: int64(rc.T)}
-			return kc.Launch(rc.dev, "glmf_mhc_post_pre", kc.Dim3{X: uint32(rc.T)}, block256, 0, &args)
-		}
-		// declined: the unfused sequence, same kernels' arithmetic
-		if err := launchPost(rc, o, R, post, comb, X, H, D); err != nil {
-			return err
-		}
-		pre := kc.MHCPreArgs{P: prm, X: X, H: h, Post: post2, Comb: comb2, T: int64(rc.T)}
-		if err := kc.Launch(rc.dev, "glmf_mhc_pre", kc.Dim3{X: uint32(rc.T)}, block256, 0, &pre); err != nil {
-			return err
-		}
-		if normW.ptr == 0 {
-			return nil
-		}
-		na := kc.NormArgs{X: h, W: normW.ptr, WBf16: normW.flag(), Y: h, Rows: int64(rc.T), D: int64(D), Eps: normEps}
-		return kc.Launch(rc.dev, "glmf_rmsnorm", kc.Dim3{X: uint32(rc.T)}, block256, 0, &na)
-	}}, nil
+	return &kstep{
+		temps: func(rc *runCtx) []int64 { return []int64{mhcPartBytes(rc.T, H, D)} },
+		run: func(rc *runCtx) error {
+			o, R, post, comb := rc.ptr(in[0]), rc.ptr(in[1]), rc.ptr(in[2]), rc.ptr(in[3])
+			X, h, post2, comb2 := rc.ptr(outs[0]), rc.ptr(outs[1]), rc.ptr(outs[2]), rc.ptr(outs[3])
+			part := rc.temps[0]
+			if rc.T == 0 {
+				return nil
+			}
+			if maxTokens == 0 || rc.T <= maxTokens {
+				// two launches: post + the projection, then the mixing,
+				// collapse and norm (unfused: post, pre's two, rmsnorm)
+				rc.p.fusedMHC.Add(1)
+				args := kc.MHCPostPreArgs{P: prm, O: o, R: R, Post: post, Comb: comb, Out: X, Part: part, T: int64(rc.T)}
+				if err := kc.Launch(rc.dev, "glmf_mhc_post_pre", mhcStage1Grid(rc.T, H, D), block256, 0, &args); err != nil {
+					return err
+				}
+				return launchMix(rc, prm, X, part, h, post2, comb2, normW, normEps)
+			}
+			// declined: the unfused sequence, same kernels' arithmetic
+			if err := launchPost(rc, o, R, post, comb, X, H, D); err != nil {
+				return err
+			}
+			if err := launchPre(rc, prm, X, part, h, post2, comb2, devTensor{}, 0); err != nil {
+				return err
+			}
+			if normW.ptr == 0 {
+				return nil
+			}
+			na := kc.NormArgs{X: h, W: normW.ptr, WBf16: normW.flag(), Y: h, Rows: int64(rc.T), D: int64(D), Eps: normEps}
+			return kc.Launch(rc.dev, "glmf_rmsnorm", kc.Dim3{X: uint32(rc.T)}, block256, 0, &na)
+		}}, nil
 }

@@ -108,6 +108,8 @@ static void warp_sync() {
   }
 }
 
+void warp_barrier() { warp_sync(); }
+
 // src_lane ≥ 0: read that lane; src_lane < 0: xor with (−src_lane − 1).
 void warp_exchange(const void* in, void* out, int size, int src_lane) {
   memcpy(xbuf[cur->lin], in, size);

@@ -12,6 +12,9 @@
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
+struct double2 {
+  double x, y;
+};
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 
 struct emu_dim3 {
@@ -25,6 +28,7 @@ extern emu_dim3 block_idx, block_dim, grid_dim;
 const emu_dim3& thread_idx();
 void sync();
 void warp_exchange(const void* in, void* out, int size, int src_lane);
+void warp_barrier();
 void* dyn_smem();
 typedef void (*Trampoline)(void**);
 struct Reg {
@@ -45,6 +49,8 @@ struct Reg {
 #define gridDim (emu::grid_dim)
 
 inline void __syncthreads() { emu::sync(); }
+// The whole warp must call it (the kernels pass the full mask).
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barrier(); }
 
 inline float __uint_as_float(unsigned u) {
   float f;
@@ -85,11 +91,6 @@ inline T __shfl_sync(unsigned, T v, int src_lane) {
 using std::isinf;
 using std::isnan;
 
-// __syncwarp: a barrier among the warp's lanes (all 32 must reach it).
-inline void __syncwarp(unsigned = 0xffffffffu) {
-  int d = 0, o;
-  emu::warp_exchange(&d, &o, sizeof(int), 0);
-}
 
 // bfloat16 storage type (cuda_bf16.h): its bits only.
 struct __nv_bfloat16 {

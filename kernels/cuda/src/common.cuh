@@ -25,8 +25,13 @@
   static void name##_impl(const T a)
 #define DYN_SMEM(type, name) type* name = (type*)emu::dyn_smem()
 #define DEVFN static inline
+#define KERNEL_BOUNDS(name, T, threads, blocks) KERNEL(name, T)
 #else
 #define KERNEL(name, T) extern "C" __global__ void name(const T a)
+// KERNEL with __launch_bounds__: at most threads per block, registers for
+// at least blocks resident per SM.
+#define KERNEL_BOUNDS(name, T, threads, blocks) \
+  extern "C" __global__ void __launch_bounds__(threads, blocks) name(const T a)
 #define DYN_SMEM(type, name)                                                   \
   extern __shared__ __align__(16) unsigned char glmf_dyn_smem[];               \
   type* name = (type*)glmf_dyn_smem
