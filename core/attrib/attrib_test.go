@@ -153,6 +153,19 @@ func TestRunPairsRoundsAndSummarizes(t *testing.T) {
 	files, _, err := res.WriteAll(t.TempDir())
 	require.NoError(t, err)
 	require.Len(t, files, 7) // results, intervals, summary, report, three charts
+
+	// parity: report counts the differences beside the A/A arm's instead
+	// of failing
+	s.Parity = ParityReport
+	sum = res.Summarize()
+	require.Equal(t, 3*2, sum.ParityTotal)
+	require.Zero(t, sum.ParityAA)
+	require.Equal(t, 3*2*5*(len(res.Arms)-1), sum.ParityRequests) // 5 requests per cell, 2 cells, 3 rounds
+	b.Reset()
+	res.Console(&b, sum)
+	require.NotContains(t, b.String(), "PARITY FAILURE")
+	require.Contains(t, b.String(), "6 of ")
+	require.Contains(t, b.String(), "the A/A arm, the baseline's own configuration, 0 of 30")
 }
 
 // Study files come from users: parsing (and expanding what parses) never
@@ -278,4 +291,6 @@ func TestStudyModelScaledPreset(t *testing.T) {
 	require.EqualValues(t, 16, s.Model.Set["n_routed_experts"])
 	_, err = Parse([]byte(strings.Replace(good, "model: {preset: tiny}", "model: {dir: x, set: {n_routed_experts: 16}}", 1)), "s.yaml", known)
 	require.ErrorContains(t, err, "model: fp8 and set apply to a preset")
+	_, err = Parse([]byte(good+"parity: loose\n"), "s.yaml", known)
+	require.ErrorContains(t, err, "parity: must be exact or report")
 }

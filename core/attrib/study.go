@@ -109,6 +109,15 @@ type Study struct {
 	Runtime     RuntimeLimits       `koanf:"runtime"`
 	Serving     Serving             `koanf:"serving"`
 	OutputDir   string              `koanf:"output_dir" path:""`
+	// Parity is how greedy tokens that differ from the baseline's count:
+	// "exact" (the default: any difference fails the study; the fp32
+	// parity mode promises identical tokens whatever the passes and the
+	// batch) or "report" (differences are counted and reported beside the
+	// A/A arm's, which has the same configuration: in precision bf16 the
+	// library GEMMs' sums depend on the batch's rows and the passes' GEMM
+	// shapes, so greedy tokens of random weights are not reproducible
+	// under continuous batching).
+	Parity string `koanf:"parity"`
 
 	Source string `koanf:"-"`
 }
@@ -121,6 +130,12 @@ const (
 	MaxPromptTokens = 1 << 26 // requests × input_len, held in memory
 	MaxConcurrency  = 1024    // per level (cache slots of an arm's engine)
 	MaxRounds       = 1000    // repetitions + warmup
+)
+
+// Parity modes.
+const (
+	ParityExact  = "exact"
+	ParityReport = "report"
 )
 
 // Levels.
@@ -188,6 +203,13 @@ func (s *Study) validate(known func(string) bool) error {
 	}
 	if s.Level == "" {
 		s.Level = LevelEngine
+	}
+	switch s.Parity {
+	case "":
+		s.Parity = ParityExact
+	case ParityExact, ParityReport:
+	default:
+		return fmt.Errorf("parity: must be %s or %s, got %q", ParityExact, ParityReport, s.Parity)
 	}
 	if s.Device != "" && !slices.Contains(backend.Names(), s.Device) {
 		return fmt.Errorf("device: %q is not a backend (%s)", s.Device, strings.Join(backend.Names(), ", "))

@@ -118,6 +118,13 @@ type Summary struct {
 	// BaselineSpread[cell] is the baseline's round-to-round spread.
 	BaselineSpread map[string]float64 `json:"baseline_spread"`
 	ParityTotal    int                `json:"parity_mismatches_total"`
+	// ParityMode is the study's parity rule; ParityRequests the requests
+	// compared with the baseline's (every arm but the baseline, every
+	// round), ParityAA the A/A arm's mismatches among its AARequests.
+	ParityMode     string `json:"parity_mode"`
+	ParityRequests int    `json:"parity_requests"`
+	ParityAA       int    `json:"parity_mismatches_aa"`
+	AARequests     int    `json:"aa_requests"`
 	// Stop, CellRounds and CellStop: what ended the study, and per cell
 	// the measured rounds and why it got no more; Target is the adaptive
 	// mode's half-width (0: fixed rounds).
@@ -275,7 +282,7 @@ func medianPerStep(ps []*PerStep) *PerStep {
 // contributions and the noise floor.
 func (r *Result) Summarize() *Summary {
 	sum := &Summary{PerCell: map[string]map[string]*CellSummary{}, BaselineSpread: map[string]float64{},
-		Stop: r.Stop, CellRounds: r.CellRounds, CellStop: r.CellStop}
+		Stop: r.Stop, CellRounds: r.CellRounds, CellStop: r.CellStop, ParityMode: r.Study.Parity}
 	if r.Study.Adaptive != nil {
 		sum.Target = r.Study.Adaptive.TargetHalfWidth
 	}
@@ -358,6 +365,19 @@ func (r *Result) Summarize() *Summary {
 			sum.NoiseFloor = nf
 		}
 		sum.ParityTotal += as.Parity
+		if a.Kind == "aa" {
+			sum.ParityAA += as.Parity
+		}
+		if a.Name != "baseline" {
+			for _, row := range r.Rows {
+				if row.Arm == a.Name {
+					sum.ParityRequests += row.Requests
+					if a.Kind == "aa" {
+						sum.AARequests += row.Requests
+					}
+				}
+			}
+		}
 		sum.Arms = append(sum.Arms, as)
 	}
 	// per-pass contributions
