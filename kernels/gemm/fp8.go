@@ -1,8 +1,10 @@
 package gemm
 
 import (
+	"encoding/binary"
 	"math"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -19,6 +21,40 @@ type FP8 struct {
 	Scales               []float32
 	BlockRows, BlockCols int
 	ScaleCols            int // ceil(K / BlockCols)
+
+	// fast caches whether the codes and scales suit the fast paths (no
+	// NaN code, no scale so large that scale·2^8 overflows): 0 not yet
+	// checked, fp8Fast or fp8Slow (read and written atomically).
+	fast uint32
+}
+
+const (
+	fp8Fast = 1
+	fp8Slow = 2
+)
+
+// fastOK reports whether w has no NaN code and every scale s has s·2^8
+// finite where s is (checked once, then cached): then a code widened to
+// its value·2^−8 (exact) times s·2^8 (exact) is code value × s rounded
+// once, as the table gives it.
+func (w *FP8) fastOK() bool {
+	switch atomic.LoadUint32(&w.fast) {
+	case fp8Fast:
+		return true
+	case fp8Slow:
+		return false
+	}
+	st := uint32(fp8Fast)
+	if fp8HasNaN(w.Codes) {
+		st = fp8Slow
+	}
+	for _, sc := range w.Scales {
+		if a := math.Abs(float64(sc)); a > math.MaxFloat32/256 && !math.IsInf(a, 0) {
+			st = fp8Slow
+		}
+	}
+	atomic.StoreUint32(&w.fast, st)
+	return st == fp8Fast
 }
 
 // fp8Table maps an e4m3 code to its value (0x7f and 0xff are NaN).
@@ -48,7 +84,10 @@ func FP8ToFloat32(b byte) float32 { return fp8Table[b] }
 
 // DequantRow writes row n of w (K values) into dst: code value × block
 // scale, one float32 multiplication each (as Dequant does).
-func (w *FP8) DequantRow(dst []float32, n, K int) {
+func (w *FP8) DequantRow(dst []float32, n, K int) { w.dequantRow(dst, n, K, false) }
+
+// dequantRow is DequantRow, through the fp16 widening when fast (w.fastOK).
+func (w *FP8) dequantRow(dst []float32, n, K int, fast bool) {
 	src := w.Codes[n*K : n*K+K]
 	srow := w.Scales[(n/w.BlockRows)*w.ScaleCols:]
 	dst = dst[:K]
@@ -56,7 +95,11 @@ func (w *FP8) DequantRow(dst []float32, n, K int) {
 	for k0 := 0; k0 < K; k0 += bc {
 		k1 := min(k0+bc, K)
 		s := srow[k0/bc]
-		dequantFP8(dst[k0:k1], src[k0:k1], s)
+		if fast {
+			dequantFP8Fast(dst[k0:k1], src[k0:k1], s)
+		} else {
+			dequantFP8(dst[k0:k1], src[k0:k1], s)
+		}
 	}
 }
 
@@ -85,6 +128,88 @@ var fp8TileBytes = 128 << 10
 // fp8GEMVTileBytes is the tile bound for products of at most 2 rows.
 var fp8GEMVTileBytes = 32 << 10
 
+// fp8HasNaN reports whether some code is 0x7f or 0xff, 8 codes at a time:
+// a byte b&0x7f plus 1 has its top bit set only when b&0x7f is 0x7f (no
+// carry leaves a byte).
+func fp8HasNaN(codes []byte) bool {
+	const lo, hi = 0x7f7f7f7f7f7f7f7f, 0x8080808080808080
+	n := len(codes) &^ 7
+	for i := 0; i < n; i += 8 {
+		v := binary.LittleEndian.Uint64(codes[i:])
+		if (v&lo+0x0101010101010101)&hi != 0 {
+			return true
+		}
+	}
+	for _, b := range codes[n:] {
+		if b&0x7f == 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
+// fp8FusedRows is the most rows a product runs through the FP8 kernels,
+// which dequantize each weight vector in registers per strip of rows;
+// taller products dequantize a tile of weights once for all rows.
+var fp8FusedRows = 8
+
+var fp8Flags uintptr = kPrefetch
+
+// runF8 computes dst = x·wᵀ (T rows) with the FP8 kernels on the calling
+// goroutine: rows cut into strips (packed as run packs them); columns go
+// by row block of scales, in chunks of 24 weight rows (kept in L1 while
+// every strip passes over them) cut into the strip height's column tiles.
+func (s *simdImpl) runF8(dst, x []float32, T, K int, w *FP8, N int) {
+	var sb [32]strip
+	var bb [8]int
+	nv := (K + s.vw - 1) / s.vw
+	strips, _, packed := cutStrips(s.rows, 0, T, T, nv*s.vw, sb[:0], bb[:0])
+	var pb *[]float32
+	if packed > 0 {
+		pb = getBuf(packed)
+		defer bufPool.Put(pb)
+	}
+	xp := unsafe.Pointer(&x[0])
+	off := 0
+	for i := range strips {
+		st := &strips[i]
+		xr := unsafe.Add(xp, uintptr(st.t*K)*4)
+		if st.r == 1 {
+			st.x = xr
+			continue
+		}
+		buf := (*pb)[off : off+nv*st.r*s.vw]
+		off += len(buf)
+		s.packStrip(buf, xr, K, st.r)
+		st.x = unsafe.Pointer(&buf[0])
+	}
+	nvec, tail := uintptr(K/s.vw), s.tail(K)
+	vpb := w.BlockCols / s.vw
+	ldw, ldd := uintptr(K), uintptr(N)*4
+	codes, dp := unsafe.Pointer(&w.Codes[0]), unsafe.Pointer(&dst[0])
+	br := w.BlockRows
+	for nb := 0; nb < N; nb += br {
+		srow := w.Scales[(nb/br)*w.ScaleCols:]
+		sc, tsc := unsafe.Pointer(&srow[0]), unsafe.Pointer(&srow[0])
+		if tail != 0 {
+			tsc = unsafe.Pointer(&srow[int(nvec)/vpb])
+		}
+		ne := min(nb+br, N)
+		for n0 := nb; n0 < ne; n0 += 24 {
+			n1 := min(n0+24, ne)
+			for _, st := range strips {
+				cm := s.cTile[st.r]
+				ks := &s.f8[st.r]
+				for n := n0; n < n1; {
+					c := min(cm, n1-n)
+					ks[c](st.x, unsafe.Add(codes, uintptr(n)*ldw), unsafe.Add(dp, uintptr(st.t*N+n)*4), sc, tsc, ldw, ldd, nvec, tail, uintptr(vpb), fp8Flags)
+					n += c
+				}
+			}
+		}
+	}
+}
+
 var tilePool = sync.Pool{New: func() any { return new([]float32) }}
 
 // MatMulTFP8Serial computes dst[T×N] = x[T×K] · wᵀ for an FP8 weight on the
@@ -95,6 +220,11 @@ func MatMulTFP8Serial(dst, x []float32, T, K int, w *FP8, N int) {
 		return
 	}
 	im := cur.Load()
+	fast := w.fastOK()
+	if s := im.simd; s != nil && s.f8 != nil && fast && T <= fp8FusedRows && w.BlockCols%s.vw == 0 {
+		s.runF8(dst, x, T, K, w, N)
+		return
+	}
 	tb0 := fp8TileBytes
 	if T <= 2 {
 		// a GEMV re-reads nothing: a tile in L1 (one 8-row microkernel
@@ -114,7 +244,7 @@ func MatMulTFP8Serial(dst, x []float32, T, K int, w *FP8, N int) {
 	for n0 := 0; n0 < N; n0 += nb {
 		n1 := min(n0+nb, N)
 		for n := n0; n < n1; n++ {
-			w.DequantRow(tile[(n-n0)*K:(n-n0+1)*K], n, K)
+			w.dequantRow(tile[(n-n0)*K:(n-n0+1)*K], n, K, fast)
 		}
 		if s := im.simd; s != nil {
 			// the tile's columns [0, n1−n0) land at dst columns n0…
