@@ -92,14 +92,19 @@ func (w *FP8) dequantRow(dst []float32, n, K int, fast bool) {
 	srow := w.Scales[(n/w.BlockRows)*w.ScaleCols:]
 	dst = dst[:K]
 	bc := w.BlockCols
-	for k0 := 0; k0 < K; k0 += bc {
-		k1 := min(k0+bc, K)
-		s := srow[k0/bc]
-		if fast {
-			dequantFP8Fast(dst[k0:k1], src[k0:k1], s)
-		} else {
-			dequantFP8(dst[k0:k1], src[k0:k1], s)
+	if !fast {
+		for k0 := 0; k0 < K; k0 += bc {
+			k1 := min(k0+bc, K)
+			dequantFP8(dst[k0:k1], src[k0:k1], srow[k0/bc])
 		}
+		return
+	}
+	// whole vectors in one call where the blocks allow, then the rest
+	// block by block
+	for k := dequantFP8RowFast(dst, src, srow, bc); k < K; {
+		k1 := min((k/bc+1)*bc, K)
+		dequantFP8Fast(dst[k:k1], src[k:k1], srow[k/bc])
+		k = k1
 	}
 }
 
@@ -124,9 +129,6 @@ func (w *FP8) Dequant(N, K int) []float32 {
 // fp8TileBytes bounds the float32 tile of dequantized weight rows (kept in
 // L2 while the microkernels sweep it).
 var fp8TileBytes = 128 << 10
-
-// fp8GEMVTileBytes is the tile bound for products of at most 2 rows.
-var fp8GEMVTileBytes = 32 << 10
 
 // fp8HasNaN reports whether some code is 0x7f or 0xff, 8 codes at a time:
 // a byte b&0x7f plus 1 has its top bit set only when b&0x7f is 0x7f (no
@@ -164,24 +166,8 @@ func (s *simdImpl) runF8(dst, x []float32, T, K int, w *FP8, N int) {
 	var bb [8]int
 	nv := (K + s.vw - 1) / s.vw
 	strips, _, packed := cutStrips(s.rows, 0, T, T, nv*s.vw, sb[:0], bb[:0])
-	var pb *[]float32
-	if packed > 0 {
-		pb = getBuf(packed)
+	if pb := s.packStrips(strips, packed, x, K); pb != nil {
 		defer bufPool.Put(pb)
-	}
-	xp := unsafe.Pointer(&x[0])
-	off := 0
-	for i := range strips {
-		st := &strips[i]
-		xr := unsafe.Add(xp, uintptr(st.t*K)*4)
-		if st.r == 1 {
-			st.x = xr
-			continue
-		}
-		buf := (*pb)[off : off+nv*st.r*s.vw]
-		off += len(buf)
-		s.packStrip(buf, xr, K, st.r)
-		st.x = unsafe.Pointer(&buf[0])
 	}
 	nvec, tail := uintptr(K/s.vw), s.tail(K)
 	vpb := w.BlockCols / s.vw
@@ -210,6 +196,73 @@ func (s *simdImpl) runF8(dst, x []float32, T, K int, w *FP8, N int) {
 	}
 }
 
+// packStrips points each strip at its activation rows: row t itself for
+// a strip of one row, else a packed copy (as run packs them) in a pooled
+// buffer of packed floats, returned (nil if none) for the caller to put
+// back.
+func (s *simdImpl) packStrips(strips []strip, packed int, x []float32, K int) *[]float32 {
+	var pb *[]float32
+	if packed > 0 {
+		pb = getBuf(packed)
+	}
+	nv := (K + s.vw - 1) / s.vw
+	xp := unsafe.Pointer(&x[0])
+	off := 0
+	for i := range strips {
+		st := &strips[i]
+		xr := unsafe.Add(xp, uintptr(st.t*K)*4)
+		if st.r == 1 {
+			st.x = xr
+			continue
+		}
+		buf := (*pb)[off : off+nv*st.r*s.vw]
+		off += len(buf)
+		s.packStrip(buf, xr, K, st.r)
+		st.x = unsafe.Pointer(&buf[0])
+	}
+	return pb
+}
+
+// runF8Tiles computes dst = x·wᵀ (T rows) on the calling goroutine with
+// the fp32 kernels on tiles of dequantized weight rows: rows go in blocks
+// of about blockBytes of activations, packed once per block; for each
+// block every tile of weight rows is dequantized once and swept by every
+// strip (as group sweeps a panel).
+func (s *simdImpl) runF8Tiles(dst, x []float32, T, K int, w *FP8, N int, fast bool) {
+	nv := (K + s.vw - 1) / s.vw
+	rb := max(8, blockBytes/(K*4)/8*8)
+	nb := min(N, max(24, fp8TileBytes/(4*K)/24*24))
+	tb := tilePool.Get().(*[]float32)
+	defer tilePool.Put(tb)
+	tile := grow32(tb, nb*K)
+	ldw, ldd := uintptr(K)*4, uintptr(N)*4
+	for t0 := 0; t0 < T; t0 += rb {
+		var sb [32]strip
+		var bb [8]int
+		strips, _, packed := cutStrips(s.rows, t0, min(t0+rb, T), rb, nv*s.vw, sb[:0], bb[:0])
+		pb := s.packStrips(strips, packed, x, K)
+		for n0 := 0; n0 < N; n0 += nb {
+			n1 := min(n0+nb, N)
+			for n := n0; n < n1; n++ {
+				w.dequantRow(tile[(n-n0)*K:(n-n0+1)*K], n, K, fast)
+			}
+			// the tile's columns [0, n1−n0) land at dst columns n0…
+			d := unsafe.Pointer(&dst[n0])
+			for blk := strips; len(blk) > 0; {
+				g := 1
+				for g < len(blk) && blk[g].r == blk[0].r {
+					g++
+				}
+				s.group(s.f32, blk[:g], d, unsafe.Pointer(&tile[0]), 4, ldw, ldd, K, N, 0, n1-n0)
+				blk = blk[g:]
+			}
+		}
+		if pb != nil {
+			bufPool.Put(pb)
+		}
+	}
+}
+
 var tilePool = sync.Pool{New: func() any { return new([]float32) }}
 
 // MatMulTFP8Serial computes dst[T×N] = x[T×K] · wᵀ for an FP8 weight on the
@@ -225,31 +278,18 @@ func MatMulTFP8Serial(dst, x []float32, T, K int, w *FP8, N int) {
 		s.runF8(dst, x, T, K, w, N)
 		return
 	}
-	tb0 := fp8TileBytes
-	if T <= 2 {
-		// a GEMV re-reads nothing: a tile in L1 (one 8-row microkernel
-		// call at K = 1024) is written and read back without going to L2
-		tb0 = fp8GEMVTileBytes
+	if s := im.simd; s != nil {
+		s.runF8Tiles(dst, x, T, K, w, N, fast)
+		return
 	}
-	nb := max(8, tb0/(4*K)/8*8)
-	nb = min(nb, N)
+	nb := min(N, max(8, fp8TileBytes/(4*K)/8*8))
 	tb := tilePool.Get().(*[]float32)
 	defer tilePool.Put(tb)
-	need := nb * K
-	if im.simd == nil {
-		need += T * nb
-	}
-	tile := grow32(tb, need)
-	p := Default()
+	tile := grow32(tb, nb*K+T*nb)
 	for n0 := 0; n0 < N; n0 += nb {
 		n1 := min(n0+nb, N)
 		for n := n0; n < n1; n++ {
 			w.dequantRow(tile[(n-n0)*K:(n-n0+1)*K], n, K, fast)
-		}
-		if s := im.simd; s != nil {
-			// the tile's columns [0, n1−n0) land at dst columns n0…
-			s.run(s.f32, p, unsafe.Pointer(&dst[n0]), unsafe.Pointer(&x[0]), unsafe.Pointer(&tile[0]), 4, K, N, 0, T, 0, n1-n0)
-			continue
 		}
 		c := n1 - n0
 		tmp := tile[nb*K : nb*K+T*c]

@@ -113,3 +113,47 @@ fone:
 fdone:
 	VZEROUPPER
 	RET
+
+// func dequantFP8RowAVX512(dst *float32, src *byte, sc *float32, nvec, vpb uintptr)
+//
+// dequantFP8FastAVX512 over nvec vectors of 16 codes whose scales change
+// every vpb vectors: vector v is scaled by sc[v/vpb] (a row of an FP8
+// weight whose BlockCols is 16·vpb), in one call.
+TEXT ·dequantFP8RowAVX512(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ sc+16(FP), DX
+	MOVQ nvec+24(FP), CX
+	MOVQ vpb+32(FP), BX
+	MOVL $0x43800000, AX // 2^8
+	VMOVD AX, X30
+	MOVL $0xbf80, AX
+	VPBROADCASTW AX, Y29
+
+rblock:
+	TESTQ CX, CX
+	JZ    rdone
+	VMULSS (DX), X30, X31
+	VBROADCASTSS X31, Z31
+	ADDQ  $4, DX
+	MOVQ  BX, R8
+	CMPQ  CX, BX
+	CMOVQLT CX, R8
+	SUBQ  R8, CX
+
+rloop:
+	VPMOVSXBW (SI), Y0
+	VPSLLW    $7, Y0, Y0
+	VPANDD    Y29, Y0, Y0
+	VCVTPH2PS Y0, Z0
+	VMULPS    Z31, Z0, Z0
+	VMOVUPS   Z0, (DI)
+	ADDQ      $16, SI
+	ADDQ      $64, DI
+	DECQ      R8
+	JNZ       rloop
+	JMP       rblock
+
+rdone:
+	VZEROUPPER
+	RET

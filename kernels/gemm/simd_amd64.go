@@ -110,3 +110,22 @@ func dequantFP8Fast(dst []float32, src []byte, s float32) {
 	}
 	dequantFP8Go(dst[n:], src[n:], s)
 }
+
+// dequantFP8RowAVX512 dequantizes nvec vectors of 16 codes, vector v
+// scaled by sc[v/vpb], for codes and scales that FP8.fastOK admits.
+//
+//go:noescape
+func dequantFP8RowAVX512(dst *float32, src *byte, sc *float32, nvec, vpb uintptr)
+
+// dequantFP8RowFast dequantizes the first len(src)&^15 codes of a row
+// whose scale blocks are bc codes wide (sc[b] for block b) when bc is a
+// multiple of 16 and AVX-512 is there, returning how many it did.
+func dequantFP8RowFast(dst []float32, src []byte, sc []float32, bc int) int {
+	n := len(src) &^ 15
+	if !fp8FastAVX512 || bc%16 != 0 || n == 0 {
+		return 0
+	}
+	_, _ = dst[n-1], sc[(n-1)/bc]
+	dequantFP8RowAVX512(&dst[0], &src[0], &sc[0], uintptr(n/16), uintptr(bc/16))
+	return n
+}
