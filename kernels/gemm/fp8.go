@@ -157,6 +157,13 @@ var fp8FusedRows = 8
 
 var fp8Flags uintptr = kPrefetch
 
+// fp8Rows are the FP8 kernels' strip heights (tallest first) and fp8CTile
+// their column tiles (see f8Shapes in gen_asm.go).
+var (
+	fp8Rows  = [...]int{8, 4, 2, 1}
+	fp8CTile = [9]int{1: 8, 2: 8, 4: 6, 8: 3}
+)
+
 // runF8 computes dst = x·wᵀ (T rows) with the FP8 kernels on the calling
 // goroutine: rows cut into strips (packed as run packs them); columns go
 // by row block of scales, in chunks of 24 weight rows (kept in L1 while
@@ -165,7 +172,7 @@ func (s *simdImpl) runF8(dst, x []float32, T, K int, w *FP8, N int) {
 	var sb [32]strip
 	var bb [8]int
 	nv := (K + s.vw - 1) / s.vw
-	strips, _, packed := cutStrips(s.rows, 0, T, T, nv*s.vw, sb[:0], bb[:0])
+	strips, _, packed := cutStrips(fp8Rows[:], 0, T, T, nv*s.vw, sb[:0], bb[:0])
 	if pb := s.packStrips(strips, packed, x, K); pb != nil {
 		defer bufPool.Put(pb)
 	}
@@ -184,7 +191,7 @@ func (s *simdImpl) runF8(dst, x []float32, T, K int, w *FP8, N int) {
 		for n0 := nb; n0 < ne; n0 += 24 {
 			n1 := min(n0+24, ne)
 			for _, st := range strips {
-				cm := s.cTile[st.r]
+				cm := fp8CTile[st.r]
 				ks := &s.f8[st.r]
 				for n := n0; n < n1; {
 					c := min(cm, n1-n)

@@ -265,6 +265,11 @@ func (g *gen) kernel(is isa, dt string, R, C int) {
 	g.loops(is, R, C, body, bump, C*wstep, mask512, acc, nacc)
 }
 
+// f8Shapes are the FP8 kernels' row-tile heights with their widest C:
+// those of the fp32 kernels and 8×3, so that 8 rows (a decode batch) take
+// one strip and dequantize each weight vector once.
+var f8Shapes = [][2]int{{1, 8}, {2, 8}, {4, 6}, {8, 3}}
+
 const sigF8 = "(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)"
 
 // kernelF8 emits one R×C AVX-512 microkernel on FP8 e4m3 weights (one byte
@@ -860,7 +865,7 @@ func main() {
 			d.p("// f8_avx512 are the FP8 e4m3 weight kernels (see kernelF8 in")
 			d.p("// gen_asm.go).")
 			d.p("var f8_avx512 = f8KernelSet{")
-			for _, rc := range shapes[is.name] {
+			for _, rc := range f8Shapes {
 				d.p("\t%d: {", rc[0])
 				for c := 1; c <= rc[1]; c++ {
 					d.p("\t\t%d: %s,", c, kname(is, "f8", rc[0], c))
@@ -868,7 +873,7 @@ func main() {
 				d.p("\t},")
 			}
 			d.p("}")
-			for _, rc := range shapes[is.name] {
+			for _, rc := range f8Shapes {
 				for c := 1; c <= rc[1]; c++ {
 					s.kernelF8(rc[0], c)
 					d.p("")

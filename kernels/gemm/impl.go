@@ -89,7 +89,7 @@ type kernelSet [5][9]ukernel
 type f8kernel func(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
 
 // f8KernelSet[r][c] is the r×c FP8 microkernel (nil where absent).
-type f8KernelSet [5][9]f8kernel
+type f8KernelSet [9][9]f8kernel
 
 // simdImpl describes one set of SIMD microkernels.
 type simdImpl struct {

@@ -482,6 +482,11 @@ var f8_avx512 = f8KernelSet{
 		5: f8_avx512_r4c5,
 		6: f8_avx512_r4c6,
 	},
+	8: {
+		1: f8_avx512_r8c1,
+		2: f8_avx512_r8c2,
+		3: f8_avx512_r8c3,
+	},
 }
 
 //go:noescape
@@ -549,6 +554,15 @@ func f8_avx512_r4c5(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb
 
 //go:noescape
 func f8_avx512_r4c6(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r8c1(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r8c2(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r8c3(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
 
 //go:noescape
 func pack_avx512(dst, x unsafe.Pointer, ldx, nv, r uintptr)
