@@ -36,7 +36,7 @@ func randFP8(r *rand.Rand, N, K, br, bc int, pow2 bool) *FP8 {
 // implementation, at shapes with tails (K past the vector width and the
 // block, N past the tile, partial scale blocks).
 func TestMatMulTFP8MatchesDequantized(t *testing.T) {
-	defer SetImpl("")
+	defer func() { _ = SetImpl("") }()
 	r := rand.New(rand.NewPCG(3, 4))
 	old := fp8TileBytes
 	defer func() { fp8TileBytes = old }()
@@ -130,7 +130,7 @@ func TestDequantFP8EveryCode(t *testing.T) {
 // (BlockRows 20, 7), scale column blocks of 16 and 48, and scales whose
 // products underflow to subnormals or come near the float32 limit.
 func TestMatMulTFP8KernelsMatchDequantized(t *testing.T) {
-	defer SetImpl("")
+	defer func() { _ = SetImpl("") }()
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, name := range Impls() {
 		require.NoError(t, SetImpl(name))
