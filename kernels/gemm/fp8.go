@@ -1,8 +1,10 @@
 package gemm
 
 import (
+	"encoding/binary"
 	"math"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -19,6 +21,40 @@ type FP8 struct {
 	Scales               []float32
 	BlockRows, BlockCols int
 	ScaleCols            int // ceil(K / BlockCols)
+
+	// fast caches whether the codes and scales suit the fast paths (no
+	// NaN code, no scale so large that scale·2^8 overflows): 0 not yet
+	// checked, fp8Fast or fp8Slow (read and written atomically).
+	fast uint32
+}
+
+const (
+	fp8Fast = 1
+	fp8Slow = 2
+)
+
+// fastOK reports whether w has no NaN code and every scale s has s·2^8
+// finite where s is (checked once, then cached): then a code widened to
+// its value·2^−8 (exact) times s·2^8 (exact) is code value × s rounded
+// once, as the table gives it.
+func (w *FP8) fastOK() bool {
+	switch atomic.LoadUint32(&w.fast) {
+	case fp8Fast:
+		return true
+	case fp8Slow:
+		return false
+	}
+	st := uint32(fp8Fast)
+	if fp8HasNaN(w.Codes) {
+		st = fp8Slow
+	}
+	for _, sc := range w.Scales {
+		if a := math.Abs(float64(sc)); a > math.MaxFloat32/256 && !math.IsInf(a, 0) {
+			st = fp8Slow
+		}
+	}
+	atomic.StoreUint32(&w.fast, st)
+	return st == fp8Fast
 }
 
 // fp8Table maps an e4m3 code to its value (0x7f and 0xff are NaN).
@@ -48,15 +84,27 @@ func FP8ToFloat32(b byte) float32 { return fp8Table[b] }
 
 // DequantRow writes row n of w (K values) into dst: code value × block
 // scale, one float32 multiplication each (as Dequant does).
-func (w *FP8) DequantRow(dst []float32, n, K int) {
+func (w *FP8) DequantRow(dst []float32, n, K int) { w.dequantRow(dst, n, K, false) }
+
+// dequantRow is DequantRow, through the fp16 widening when fast (w.fastOK).
+func (w *FP8) dequantRow(dst []float32, n, K int, fast bool) {
 	src := w.Codes[n*K : n*K+K]
 	srow := w.Scales[(n/w.BlockRows)*w.ScaleCols:]
 	dst = dst[:K]
 	bc := w.BlockCols
-	for k0 := 0; k0 < K; k0 += bc {
-		k1 := min(k0+bc, K)
-		s := srow[k0/bc]
-		dequantFP8(dst[k0:k1], src[k0:k1], s)
+	if !fast {
+		for k0 := 0; k0 < K; k0 += bc {
+			k1 := min(k0+bc, K)
+			dequantFP8(dst[k0:k1], src[k0:k1], srow[k0/bc])
+		}
+		return
+	}
+	// whole vectors in one call where the blocks allow, then the rest
+	// block by block
+	for k := dequantFP8RowFast(dst, src, srow, bc); k < K; {
+		k1 := min((k/bc+1)*bc, K)
+		dequantFP8Fast(dst[k:k1], src[k:k1], srow[k/bc])
+		k = k1
 	}
 }
 
@@ -82,8 +130,145 @@ func (w *FP8) Dequant(N, K int) []float32 {
 // L2 while the microkernels sweep it).
 var fp8TileBytes = 128 << 10
 
-// fp8GEMVTileBytes is the tile bound for products of at most 2 rows.
-var fp8GEMVTileBytes = 32 << 10
+// fp8HasNaN reports whether some code is 0x7f or 0xff, 8 codes at a time:
+// a byte b&0x7f plus 1 has its top bit set only when b&0x7f is 0x7f (no
+// carry leaves a byte).
+func fp8HasNaN(codes []byte) bool {
+	const lo, hi = 0x7f7f7f7f7f7f7f7f, 0x8080808080808080
+	n := len(codes) &^ 7
+	for i := 0; i < n; i += 8 {
+		v := binary.LittleEndian.Uint64(codes[i:])
+		if (v&lo+0x0101010101010101)&hi != 0 {
+			return true
+		}
+	}
+	for _, b := range codes[n:] {
+		if b&0x7f == 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
+// fp8FusedRows is the most rows a product runs through the FP8 kernels,
+// which dequantize each weight vector in registers per strip of rows;
+// taller products dequantize a tile of weights once for all rows.
+var fp8FusedRows = 8
+
+var fp8Flags uintptr = kPrefetch
+
+// fp8Rows are the FP8 kernels' strip heights (tallest first) and fp8CTile
+// their column tiles (see f8Shapes in gen_asm.go).
+var (
+	fp8Rows  = [...]int{8, 4, 2, 1}
+	fp8CTile = [9]int{1: 8, 2: 8, 4: 6, 8: 3}
+)
+
+// runF8 computes dst = x·wᵀ (T rows) with the FP8 kernels on the calling
+// goroutine: rows cut into strips (packed as run packs them); columns go
+// by row block of scales, in chunks of 24 weight rows (kept in L1 while
+// every strip passes over them) cut into the strip height's column tiles.
+func (s *simdImpl) runF8(dst, x []float32, T, K int, w *FP8, N int) {
+	var sb [32]strip
+	var bb [8]int
+	nv := (K + s.vw - 1) / s.vw
+	strips, _, packed := cutStrips(fp8Rows[:], 0, T, T, nv*s.vw, sb[:0], bb[:0])
+	if pb := s.packStrips(strips, packed, x, K); pb != nil {
+		defer bufPool.Put(pb)
+	}
+	nvec, tail := uintptr(K/s.vw), s.tail(K)
+	vpb := w.BlockCols / s.vw
+	ldw, ldd := uintptr(K), uintptr(N)*4
+	codes, dp := unsafe.Pointer(&w.Codes[0]), unsafe.Pointer(&dst[0])
+	br := w.BlockRows
+	for nb := 0; nb < N; nb += br {
+		srow := w.Scales[(nb/br)*w.ScaleCols:]
+		sc, tsc := unsafe.Pointer(&srow[0]), unsafe.Pointer(&srow[0])
+		if tail != 0 {
+			tsc = unsafe.Pointer(&srow[int(nvec)/vpb])
+		}
+		ne := min(nb+br, N)
+		for n0 := nb; n0 < ne; n0 += 24 {
+			n1 := min(n0+24, ne)
+			for _, st := range strips {
+				cm := fp8CTile[st.r]
+				ks := &s.f8[st.r]
+				for n := n0; n < n1; {
+					c := min(cm, n1-n)
+					ks[c](st.x, unsafe.Add(codes, uintptr(n)*ldw), unsafe.Add(dp, uintptr(st.t*N+n)*4), sc, tsc, ldw, ldd, nvec, tail, uintptr(vpb), fp8Flags)
+					n += c
+				}
+			}
+		}
+	}
+}
+
+// packStrips points each strip at its activation rows: row t itself for
+// a strip of one row, else a packed copy (as run packs them) in a pooled
+// buffer of packed floats, returned (nil if none) for the caller to put
+// back.
+func (s *simdImpl) packStrips(strips []strip, packed int, x []float32, K int) *[]float32 {
+	var pb *[]float32
+	if packed > 0 {
+		pb = getBuf(packed)
+	}
+	nv := (K + s.vw - 1) / s.vw
+	xp := unsafe.Pointer(&x[0])
+	off := 0
+	for i := range strips {
+		st := &strips[i]
+		xr := unsafe.Add(xp, uintptr(st.t*K)*4)
+		if st.r == 1 {
+			st.x = xr
+			continue
+		}
+		buf := (*pb)[off : off+nv*st.r*s.vw]
+		off += len(buf)
+		s.packStrip(buf, xr, K, st.r)
+		st.x = unsafe.Pointer(&buf[0])
+	}
+	return pb
+}
+
+// runF8Tiles computes dst = x·wᵀ (T rows) on the calling goroutine with
+// the fp32 kernels on tiles of dequantized weight rows: rows go in blocks
+// of about blockBytes of activations, packed once per block; for each
+// block every tile of weight rows is dequantized once and swept by every
+// strip (as group sweeps a panel).
+func (s *simdImpl) runF8Tiles(dst, x []float32, T, K int, w *FP8, N int, fast bool) {
+	nv := (K + s.vw - 1) / s.vw
+	rb := max(8, blockBytes/(K*4)/8*8)
+	nb := min(N, max(24, fp8TileBytes/(4*K)/24*24))
+	tb := tilePool.Get().(*[]float32)
+	defer tilePool.Put(tb)
+	tile := grow32(tb, nb*K)
+	ldw, ldd := uintptr(K)*4, uintptr(N)*4
+	for t0 := 0; t0 < T; t0 += rb {
+		var sb [32]strip
+		var bb [8]int
+		strips, _, packed := cutStrips(s.rows, t0, min(t0+rb, T), rb, nv*s.vw, sb[:0], bb[:0])
+		pb := s.packStrips(strips, packed, x, K)
+		for n0 := 0; n0 < N; n0 += nb {
+			n1 := min(n0+nb, N)
+			for n := n0; n < n1; n++ {
+				w.dequantRow(tile[(n-n0)*K:(n-n0+1)*K], n, K, fast)
+			}
+			// the tile's columns [0, n1−n0) land at dst columns n0…
+			d := unsafe.Pointer(&dst[n0])
+			for blk := strips; len(blk) > 0; {
+				g := 1
+				for g < len(blk) && blk[g].r == blk[0].r {
+					g++
+				}
+				s.group(s.f32, blk[:g], d, unsafe.Pointer(&tile[0]), 4, ldw, ldd, K, N, 0, n1-n0)
+				blk = blk[g:]
+			}
+		}
+		if pb != nil {
+			bufPool.Put(pb)
+		}
+	}
+}
 
 var tilePool = sync.Pool{New: func() any { return new([]float32) }}
 
@@ -95,31 +280,23 @@ func MatMulTFP8Serial(dst, x []float32, T, K int, w *FP8, N int) {
 		return
 	}
 	im := cur.Load()
-	tb0 := fp8TileBytes
-	if T <= 2 {
-		// a GEMV re-reads nothing: a tile in L1 (one 8-row microkernel
-		// call at K = 1024) is written and read back without going to L2
-		tb0 = fp8GEMVTileBytes
+	fast := w.fastOK()
+	if s := im.simd; s != nil && s.f8 != nil && fast && T <= fp8FusedRows && w.BlockCols%s.vw == 0 {
+		s.runF8(dst, x, T, K, w, N)
+		return
 	}
-	nb := max(8, tb0/(4*K)/8*8)
-	nb = min(nb, N)
+	if s := im.simd; s != nil {
+		s.runF8Tiles(dst, x, T, K, w, N, fast)
+		return
+	}
+	nb := min(N, max(8, fp8TileBytes/(4*K)/8*8))
 	tb := tilePool.Get().(*[]float32)
 	defer tilePool.Put(tb)
-	need := nb * K
-	if im.simd == nil {
-		need += T * nb
-	}
-	tile := grow32(tb, need)
-	p := Default()
+	tile := grow32(tb, nb*K+T*nb)
 	for n0 := 0; n0 < N; n0 += nb {
 		n1 := min(n0+nb, N)
 		for n := n0; n < n1; n++ {
-			w.DequantRow(tile[(n-n0)*K:(n-n0+1)*K], n, K)
-		}
-		if s := im.simd; s != nil {
-			// the tile's columns [0, n1−n0) land at dst columns n0…
-			s.run(s.f32, p, unsafe.Pointer(&dst[n0]), unsafe.Pointer(&x[0]), unsafe.Pointer(&tile[0]), 4, K, N, 0, T, 0, n1-n0)
-			continue
+			w.dequantRow(tile[(n-n0)*K:(n-n0+1)*K], n, K, fast)
 		}
 		c := n1 - n0
 		tmp := tile[nb*K : nb*K+T*c]

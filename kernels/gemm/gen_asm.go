@@ -265,6 +265,173 @@ func (g *gen) kernel(is isa, dt string, R, C int) {
 	g.loops(is, R, C, body, bump, C*wstep, mask512, acc, nacc)
 }
 
+// f8Shapes are the FP8 kernels' row-tile heights with their widest C:
+// those of the fp32 kernels and 8×3, so that 8 rows (a decode batch) take
+// one strip and dequantize each weight vector once.
+var f8Shapes = [][2]int{{1, 8}, {2, 8}, {4, 6}, {8, 3}}
+
+const sigF8 = "(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)"
+
+// kernelF8 emits one R×C AVX-512 microkernel on FP8 e4m3 weights (one byte
+// per value, rows ldw bytes apart) whose C rows share one row of block
+// scales: the K vectors go in blocks of vpb (BlockCols/16), block b scaled
+// by sc[b] (tsc is the scale of the masked tail vector). It is the fp32
+// kernel with each weight vector dequantized in registers: the codes are
+// sign-extended to 16 bits and shifted so that exponent and mantissa land
+// in an fp16's (sign kept in bit 15), VCVTPH2PS widens them exactly (fp16
+// subnormals included: e4m3 subnormals map to them) to the code's value
+// times 2^−8, and one multiplication by scale·2^8 (exact: a power of two)
+// rounds the same real product as code value × scale. The accumulation and
+// reduction are the fp32 kernel's, so results equal it on the dequantized
+// weights bit for bit. NaN codes (0x7f, 0xff) come out finite: callers
+// keep weights with NaN codes off these kernels.
+func (g *gen) kernelF8(R, C int) {
+	is := avx512
+	name := kname(is, "f8", R, C)
+	const vb = 64
+	const wstep = 16
+	xres := R <= C
+	z := func(n int) string { return fmt.Sprintf("Z%d", n) }
+	y := func(n int) string { return fmt.Sprintf("Y%d", n) }
+	acc := func(i, j int) string { return z(i*C + j) }
+	nacc := R * C
+	var xr, wr []int
+	next := nacc
+	if xres {
+		for i := 0; i < R; i++ {
+			xr = append(xr, next)
+			next++
+		}
+	} else {
+		for j := 0; j < C; j++ {
+			wr = append(wr, next)
+			next++
+		}
+	}
+	tmp, sreg, mreg := next, next+1, next+2
+	next += 3
+	if next > is.nreg {
+		panic(fmt.Sprintf("%s: needs %d vector registers", name, next))
+	}
+	xm := func(i int) string { return fmt.Sprintf("%d(SI)", i*vb) }
+	wm := func(j int) string { return wrows.addr(j, 0) }
+
+	g.p("")
+	g.p("// func %s%s", name, sigF8)
+	g.p("TEXT ·%s(SB), NOSPLIT, $0-88", name)
+	g.i("MOVQ x+0(FP), SI")
+	g.setup(wrows, C, "w+8(FP)", "ldw+40(FP)")
+	for k := 0; k < nacc; k++ {
+		g.i("VPXORD Z%d, Z%d, Z%d", k, k, k)
+	}
+	g.i("MOVL $0xbf80, AX")
+	g.i("VPBROADCASTW AX, %s", y(mreg))
+	g.i("MOVQ sc+24(FP), DX")
+	g.i("MOVQ nvec+56(FP), CX")
+	g.i("MOVQ vpb+72(FP), BX")
+	loadS := func(m string) {
+		g.i("VMOVSS %s, X%d", m, sreg)
+		g.i("VMULSS f8scale<>(SB), X%d, X%d", sreg, sreg)
+		g.i("VBROADCASTSS X%d, %s", sreg, z(sreg))
+	}
+	loadW := func(j, r int, masked bool) {
+		if masked {
+			g.i("VPMOVSXBW.Z %s, K1, %s", wm(j), y(r))
+		} else {
+			g.i("VPMOVSXBW %s, %s", wm(j), y(r))
+		}
+		g.i("VPSLLW $7, %s, %s", y(r), y(r))
+		g.i("VPANDD %s, %s, %s", y(mreg), y(r), y(r))
+		g.i("VCVTPH2PS %s, %s", y(r), z(r))
+		g.i("VMULPS %s, %s, %s", z(sreg), z(r), z(r))
+	}
+	loadX := func(i, r int, masked bool) {
+		if masked {
+			g.i("VMOVUPS.Z %s, K1, %s", xm(i), z(r))
+		} else {
+			g.i("VMOVUPS %s, %s", xm(i), z(r))
+		}
+	}
+	body := func(masked bool) {
+		if xres {
+			for i := 0; i < R; i++ {
+				loadX(i, xr[i], masked)
+			}
+			for j := 0; j < C; j++ {
+				loadW(j, tmp, masked)
+				for i := 0; i < R; i++ {
+					g.i("VFMADD231PS %s, %s, %s", z(tmp), z(xr[i]), acc(i, j))
+				}
+			}
+		} else {
+			for j := 0; j < C; j++ {
+				loadW(j, wr[j], masked)
+			}
+			for i := 0; i < R; i++ {
+				loadX(i, tmp, masked)
+				for j := 0; j < C; j++ {
+					g.i("VFMADD231PS %s, %s, %s", z(tmp), z(wr[j]), acc(i, j))
+				}
+			}
+		}
+	}
+	bump := func() {
+		g.i("ADDQ $%d, SI", R*vb)
+		g.i("ADDQ $%d, %s", wstep, wrows.b0)
+		if C > 4 {
+			g.i("ADDQ $%d, %s", wstep, wrows.b4)
+		}
+	}
+	// blocks emits the block loop (label prefix p); pf adds the prefetch of
+	// the next tile (the next C rows: C·16 contiguous bytes per step).
+	blocks := func(p string, pf bool) {
+		g.p("%sblock:", p)
+		g.i("TESTQ CX, CX")
+		g.i("JZ tail")
+		loadS("(DX)")
+		g.i("ADDQ $4, DX")
+		g.i("MOVQ BX, R13")
+		g.i("CMPQ CX, BX")
+		g.i("CMOVQLT CX, R13")
+		g.i("SUBQ R13, CX")
+		g.p("%sloop:", p)
+		body(false)
+		if pf {
+			for m := 0; m < (C*wstep+63)/64; m++ {
+				g.i("PREFETCHT1 %d(DI)", 64*m)
+			}
+			g.i("ADDQ $%d, DI", C*wstep)
+		}
+		bump()
+		g.i("DECQ R13")
+		g.i("JNZ %sloop", p)
+		g.i("JMP %sblock", p)
+	}
+	g.i("MOVQ flags+80(FP), AX")
+	g.i("TESTQ $1, AX")
+	g.i("JNZ pstart")
+	blocks("", false)
+	g.p("pstart:")
+	g.i("MOVQ ldw+40(FP), DI")
+	g.i("IMULQ $%d, DI", C)
+	g.i("ADDQ %s, DI", wrows.b0)
+	blocks("p", true)
+	g.p("tail:")
+	g.i("MOVQ tail+64(FP), AX")
+	g.i("TESTQ AX, AX")
+	g.i("JZ done")
+	g.i("MOVQ tsc+32(FP), DX")
+	loadS("(DX)")
+	g.i("KMOVW AX, K1")
+	body(true)
+	g.p("done:")
+	g.i("MOVQ dst+16(FP), AX")
+	g.i("MOVQ ldd+48(FP), R12")
+	g.reduce(is, R, C, acc, nacc)
+	g.i("VZEROUPPER")
+	g.i("RET")
+}
+
 // vdpbf16ps encodes VDPBF16PS zmm(src3), zmm(src2), zmm(dst) (Go operand
 // order: dst += pairwise bf16 products of src2 and src3) as bytes: the Go
 // assembler does not know the instruction. EVEX.512.F3.0F38.W0 52 /r with
@@ -639,6 +806,10 @@ func main() {
 		s.p("DATA maskTab<>+%d(SB)/8, $0", 8*k)
 	}
 	s.p("GLOBL maskTab<>(SB), RODATA|NOPTR, $64")
+	s.p("")
+	s.p("// f8scale is 2^8 (float32): FP8 kernels widen codes to value·2^−8.")
+	s.p("DATA f8scale<>+0(SB)/4, $0x43800000")
+	s.p("GLOBL f8scale<>(SB), RODATA|NOPTR, $4")
 
 	d.p("// Code generated by gen_asm.go; DO NOT EDIT.")
 	d.p("")
@@ -688,6 +859,26 @@ func main() {
 					d.p("")
 					d.p("//go:noescape")
 					d.p("func %s%s", kname(is, "bb", rc[0], c), sig)
+				}
+			}
+			d.p("")
+			d.p("// f8_avx512 are the FP8 e4m3 weight kernels (see kernelF8 in")
+			d.p("// gen_asm.go).")
+			d.p("var f8_avx512 = f8KernelSet{")
+			for _, rc := range f8Shapes {
+				d.p("\t%d: {", rc[0])
+				for c := 1; c <= rc[1]; c++ {
+					d.p("\t\t%d: %s,", c, kname(is, "f8", rc[0], c))
+				}
+				d.p("\t},")
+			}
+			d.p("}")
+			for _, rc := range f8Shapes {
+				for c := 1; c <= rc[1]; c++ {
+					s.kernelF8(rc[0], c)
+					d.p("")
+					d.p("//go:noescape")
+					d.p("func %s%s", kname(is, "f8", rc[0], c), sigF8)
 				}
 			}
 		}

@@ -83,13 +83,22 @@ const kPrefetch = 1
 // kernelSet[r][c] is the r×c microkernel (nil where absent).
 type kernelSet [5][9]ukernel
 
+// f8kernel is ukernel on FP8 e4m3 weights (bytes, ldw bytes apart) whose
+// rows share one row of block scales: k-vectors in blocks of vpb, block b
+// scaled by sc[b], the tail vector by *tsc (see kernelF8 in gen_asm.go).
+type f8kernel func(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+// f8KernelSet[r][c] is the r×c FP8 microkernel (nil where absent).
+type f8KernelSet [9][9]f8kernel
+
 // simdImpl describes one set of SIMD microkernels.
 type simdImpl struct {
 	vw       int  // fp32 lanes per vector
 	maskTail bool // tail argument is a lane mask (else a count)
 	f32      *kernelSet
 	bf16     *kernelSet
-	bb       *kernelSet // VDPBF16PS kernels (bf16 activations); nil without AVX-512 BF16
+	bb       *kernelSet   // VDPBF16PS kernels (bf16 activations); nil without AVX-512 BF16
+	f8       *f8KernelSet // FP8-weight kernels; nil where absent
 	// rows are the row-tile heights, descending, ending with 1; cTile[r] is
 	// the main tile width (weight rows) for row-tile height r.
 	rows  []int

@@ -451,6 +451,119 @@ func bb_avx512_r4c5(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintpt
 //go:noescape
 func bb_avx512_r4c6(x, w, dst unsafe.Pointer, ldw, ldd, nvec, tail, flags uintptr)
 
+// f8_avx512 are the FP8 e4m3 weight kernels (see kernelF8 in
+// gen_asm.go).
+var f8_avx512 = f8KernelSet{
+	1: {
+		1: f8_avx512_r1c1,
+		2: f8_avx512_r1c2,
+		3: f8_avx512_r1c3,
+		4: f8_avx512_r1c4,
+		5: f8_avx512_r1c5,
+		6: f8_avx512_r1c6,
+		7: f8_avx512_r1c7,
+		8: f8_avx512_r1c8,
+	},
+	2: {
+		1: f8_avx512_r2c1,
+		2: f8_avx512_r2c2,
+		3: f8_avx512_r2c3,
+		4: f8_avx512_r2c4,
+		5: f8_avx512_r2c5,
+		6: f8_avx512_r2c6,
+		7: f8_avx512_r2c7,
+		8: f8_avx512_r2c8,
+	},
+	4: {
+		1: f8_avx512_r4c1,
+		2: f8_avx512_r4c2,
+		3: f8_avx512_r4c3,
+		4: f8_avx512_r4c4,
+		5: f8_avx512_r4c5,
+		6: f8_avx512_r4c6,
+	},
+	8: {
+		1: f8_avx512_r8c1,
+		2: f8_avx512_r8c2,
+		3: f8_avx512_r8c3,
+	},
+}
+
+//go:noescape
+func f8_avx512_r1c1(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r1c2(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r1c3(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r1c4(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r1c5(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r1c6(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r1c7(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r1c8(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r2c1(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r2c2(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r2c3(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r2c4(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r2c5(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r2c6(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r2c7(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r2c8(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r4c1(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r4c2(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r4c3(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r4c4(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r4c5(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r4c6(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r8c1(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r8c2(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
+//go:noescape
+func f8_avx512_r8c3(x, w, dst, sc, tsc unsafe.Pointer, ldw, ldd, nvec, tail, vpb, flags uintptr)
+
 //go:noescape
 func pack_avx512(dst, x unsafe.Pointer, ldx, nv, r uintptr)
 

@@ -39,6 +39,7 @@ func simdImpls() []*impl {
 		}
 		ims = append(ims, &impl{name: "avx512", simd: &simdImpl{
 			bb:       bb,
+			f8:       &f8_avx512,
 			vw:       16,
 			maskTail: true,
 			f32:      &f32_avx512,
@@ -72,6 +73,10 @@ func dequantFP8AVX512(dst *float32, src *byte, n uintptr, s float32)
 
 var fp8AVX512 = cpu.X86.HasAVX512F
 
+// fp8FastAVX512: dequantFP8FastAVX512 needs AVX-512 BW and VL (VPMOVSXBW to
+// a ymm with EVEX).
+var fp8FastAVX512 = cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL
+
 // dequantFP8 writes dst[i] = e4m3(src[i]) · s (exact value, one float32
 // multiplication), 16 codes per AVX-512 step where available.
 func dequantFP8(dst []float32, src []byte, s float32) {
@@ -84,4 +89,43 @@ func dequantFP8(dst []float32, src []byte, s float32) {
 		}
 	}
 	dequantFP8Go(dst[n:], src[n:], s)
+}
+
+// dequantFP8FastAVX512 is dequantFP8Go over n codes, n a multiple of 16,
+// for codes and a scale that FP8.fastOK admits.
+//
+//go:noescape
+func dequantFP8FastAVX512(dst *float32, src *byte, n uintptr, s float32)
+
+// dequantFP8Fast is dequantFP8 for codes and a scale that FP8.fastOK
+// admits (no NaN code, s·2^8 finite where s is).
+func dequantFP8Fast(dst []float32, src []byte, s float32) {
+	n := 0
+	if fp8FastAVX512 {
+		n = len(src) &^ 15
+		if n > 0 {
+			_ = dst[n-1]
+			dequantFP8FastAVX512(&dst[0], &src[0], uintptr(n), s)
+		}
+	}
+	dequantFP8Go(dst[n:], src[n:], s)
+}
+
+// dequantFP8RowAVX512 dequantizes nvec vectors of 16 codes, vector v
+// scaled by sc[v/vpb], for codes and scales that FP8.fastOK admits.
+//
+//go:noescape
+func dequantFP8RowAVX512(dst *float32, src *byte, sc *float32, nvec, vpb uintptr)
+
+// dequantFP8RowFast dequantizes the first len(src)&^15 codes of a row
+// whose scale blocks are bc codes wide (sc[b] for block b) when bc is a
+// multiple of 16 and AVX-512 is there, returning how many it did.
+func dequantFP8RowFast(dst []float32, src []byte, sc []float32, bc int) int {
+	n := len(src) &^ 15
+	if !fp8FastAVX512 || bc%16 != 0 || n == 0 {
+		return 0
+	}
+	_, _ = dst[n-1], sc[(n-1)/bc]
+	dequantFP8RowAVX512(&dst[0], &src[0], &sc[0], uintptr(n/16), uintptr(bc/16))
+	return n
 }
