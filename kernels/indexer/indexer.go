@@ -100,7 +100,7 @@ func SelectShared(sel []int32, width int, st *State, pos0, T int) error {
 func (c *Config) PoolKey(key, k, gate []float32) {
 	D, P := c.Dim, c.KPool
 	var lb [16]float64
-	l := lb[:0]
+	var l []float64
 	if P <= len(lb) {
 		l = lb[:P]
 	} else {

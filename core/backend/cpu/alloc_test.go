@@ -131,7 +131,7 @@ func reserveCaches(t testing.TB, e *engine.Engine, slots []int, n int) {
 		seq, err := st.Seq(slot)
 		require.NoError(t, err)
 		for l, c := range seq.CKV {
-			if c != nil && len(c) > 0 {
+			if len(c) > 0 {
 				R := len(c) / seq.Len
 				seq.CKV[l] = slices.Grow(c, n*R)
 			}
