@@ -289,8 +289,10 @@ func (r *Result) Summarize() *Summary {
 	for _, c := range r.Cells {
 		sum.Cells = append(sum.Cells, c.Name())
 	}
+	requests := map[string]int{} // requests measured per arm (the parity counts' denominators)
 	for _, row := range r.Rows {
 		sum.Device = sum.Device || row.PerStep != nil
+		requests[row.Arm] += row.Requests
 	}
 	ivs := newIntervals(r, sum.Cells)
 	sum.ivs = ivs
@@ -365,18 +367,12 @@ func (r *Result) Summarize() *Summary {
 			sum.NoiseFloor = nf
 		}
 		sum.ParityTotal += as.Parity
+		if a.Name != "baseline" {
+			sum.ParityRequests += requests[a.Name]
+		}
 		if a.Kind == "aa" {
 			sum.ParityAA += as.Parity
-		}
-		if a.Name != "baseline" {
-			for _, row := range r.Rows {
-				if row.Arm == a.Name {
-					sum.ParityRequests += row.Requests
-					if a.Kind == "aa" {
-						sum.AARequests += row.Requests
-					}
-				}
-			}
+			sum.AARequests += requests[a.Name]
 		}
 		sum.Arms = append(sum.Arms, as)
 	}

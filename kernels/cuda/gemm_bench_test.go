@@ -81,6 +81,15 @@ func launchShape(kernel string, M, N int) (string, kc.Dim3, kc.Dim3) {
 // overhead), else issued in a row (copies, whose size hides it), and the
 // weight bytes (wbytes a launch) streamed per second.
 func timeLaunches(b *testing.B, d *kc.Device, reps int, graph bool, wbytes float64, launch func() error) {
+	us := deviceMicros(b, d, reps, graph, launch)
+	b.ReportMetric(us, "us/launch")
+	b.ReportMetric(wbytes/us/1e3, "weightGB/s")
+}
+
+// deviceMicros returns the device µs of one call of launch, from CUDA
+// events around reps calls (a captured graph of them when graph is set),
+// averaged over b.N runs.
+func deviceMicros(b *testing.B, d *kc.Device, reps int, graph bool, launch func() error) float64 {
 	all := func() error {
 		for i := 0; i < reps; i++ {
 			if err := launch(); err != nil {
@@ -127,9 +136,7 @@ func timeLaunches(b *testing.B, d *kc.Device, reps int, graph bool, wbytes float
 			b.Fatal(err)
 		}
 	}
-	us := 1e3 * total / float64(b.N*reps)
-	b.ReportMetric(us, "us/launch")
-	b.ReportMetric(wbytes/us/1e3, "weightGB/s")
+	return 1e3 * total / float64(b.N*reps)
 }
 
 // BenchmarkGemvDecode times glmf_gemv on the gpu preset's decode shapes

@@ -142,7 +142,7 @@ func BenchmarkMoEExperts(b *testing.B) {
 						reps = 1
 					}
 					b.Run(fmt.Sprintf("%s/E%d/rows%d/%s", wname, E, R, kernel), func(b *testing.B) {
-						us := timeGraph(b, d, reps, layer)
+						us := deviceMicros(b, d, reps, true, layer)
 						b.ReportMetric(us, "us/layer")
 						b.ReportMetric(2*float64(R)*3*D*I/us/1e6, "TFLOP/s")
 					})
@@ -150,47 +150,4 @@ func BenchmarkMoEExperts(b *testing.B) {
 			}
 		}
 	}
-}
-
-// timeGraph returns the device µs of one call of launch, from CUDA events
-// around a captured graph of reps calls, averaged over b.N replays.
-func timeGraph(b *testing.B, d *kc.Device, reps int, launch func() error) float64 {
-	var g *kc.Graph
-	if err := d.Do(func() error {
-		var err error
-		g, err = d.Capture(func() error {
-			for i := 0; i < reps; i++ {
-				if err := launch(); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		return err
-	}); err != nil {
-		b.Fatal(err)
-	}
-	defer d.Do(func() error { d.Destroy(g); return nil }) //nolint:errcheck // cannot fail
-	var total float64
-	for i := 0; i < b.N; i++ {
-		if err := d.Do(func() error {
-			e0, err := d.Record()
-			if err != nil {
-				return err
-			}
-			if err := d.Replay(g); err != nil {
-				return err
-			}
-			e1, err := d.Record()
-			if err != nil {
-				return err
-			}
-			ms, err := d.Elapsed(e0, e1)
-			total += ms
-			return err
-		}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return 1e3 * total / float64(b.N*reps)
 }

@@ -127,19 +127,14 @@ func (g *gen) kernel(is isa, dt string, R, C int) {
 	xres := R <= C // x rows resident in registers, w streamed
 	acc := func(i, j int) string { return fmt.Sprintf("%s%d", V, i*C+j) }
 	nacc := R * C
-	var xr, wr []string
-	next := nacc
-	if xres {
-		for i := 0; i < R; i++ {
-			xr = append(xr, fmt.Sprintf("%s%d", V, next))
-			next++
+	xn, wn, next := residentRegs(R, C, xres)
+	vreg := func(ns []int) (r []string) {
+		for _, n := range ns {
+			r = append(r, fmt.Sprintf("%s%d", V, n))
 		}
-	} else {
-		for j := 0; j < C; j++ {
-			wr = append(wr, fmt.Sprintf("%s%d", V, next))
-			next++
-		}
+		return r
 	}
+	xr, wr := vreg(xn), vreg(wn)
 	tmp := fmt.Sprintf("%s%d", V, next)
 	next++
 	mask := fmt.Sprintf("%s%d", V, next) // AVX2 tail mask
@@ -295,19 +290,7 @@ func (g *gen) kernelF8(R, C int) {
 	y := func(n int) string { return fmt.Sprintf("Y%d", n) }
 	acc := func(i, j int) string { return z(i*C + j) }
 	nacc := R * C
-	var xr, wr []int
-	next := nacc
-	if xres {
-		for i := 0; i < R; i++ {
-			xr = append(xr, next)
-			next++
-		}
-	} else {
-		for j := 0; j < C; j++ {
-			wr = append(wr, next)
-			next++
-		}
-	}
+	xr, wr, next := residentRegs(R, C, xres)
 	tmp, sreg, mreg := next, next+1, next+2
 	next += 3
 	if next > is.nreg {
@@ -447,6 +430,26 @@ func vdpbf16ps(src3, src2, dst int) string {
 		p0, p1, p2, modrm, src3, src2, dst)
 }
 
+// residentRegs numbers the vector registers an R×C microkernel keeps
+// after its R·C accumulators: one per x row when x rows stay resident
+// (xres), else one per streamed w column; next is the first free one.
+func residentRegs(R, C int, xres bool) (xr, wr []int, next int) {
+	next = R * C
+	n := C
+	if xres {
+		n = R
+	}
+	for k := 0; k < n; k++ {
+		if xres {
+			xr = append(xr, next)
+		} else {
+			wr = append(wr, next)
+		}
+		next++
+	}
+	return xr, wr, next
+}
+
 // kernelBB emits one R×C AVX-512 BF16 microkernel: bf16 activations × bf16
 // weights with VDPBF16PS (each fp32 lane accumulates the products of a pair
 // of bf16 elements, so a vector covers 32 k). The activations are packed
@@ -461,19 +464,7 @@ func (g *gen) kernelBB(R, C int) {
 	acc := func(i, j int) string { return fmt.Sprintf("Z%d", i*C+j) }
 	accN := func(i, j int) int { return i*C + j }
 	nacc := R * C
-	var xr, wr []int
-	next := nacc
-	if xres {
-		for i := 0; i < R; i++ {
-			xr = append(xr, next)
-			next++
-		}
-	} else {
-		for j := 0; j < C; j++ {
-			wr = append(wr, next)
-			next++
-		}
-	}
+	xr, wr, next := residentRegs(R, C, xres)
 	tmp := next
 	next++
 	if next > is.nreg {
