@@ -469,12 +469,35 @@ type SampleOut struct {
 	TopLogit  [32]float64
 }
 
+// SamplePart mirrors the CUDA struct SamplePart.
+type SamplePart struct {
+	Bad      float64
+	FirstBad int64
+	Se       float64
+	Mx       float64
+	Nt       int64
+	Top      [32]uint64
+}
+
 // SampleArgs mirrors the CUDA struct SampleArgs.
 type SampleArgs struct {
-	Logits DevicePtr
-	Vocab  int64
-	Rows   int64
-	Specs  DevicePtr
-	Out    DevicePtr
-	Mass   DevicePtr
+	Logits  DevicePtr
+	Vocab   int64
+	Rows    int64
+	Specs   DevicePtr
+	Out     DevicePtr
+	Mass    DevicePtr
+	Parts   DevicePtr
+	Nchunks int64
+}
+
+// SamplePartArgs mirrors the CUDA struct SamplePartArgs.
+type SamplePartArgs struct {
+	Logits  DevicePtr
+	Vocab   int64
+	Rows    int64
+	Chunk   int64
+	Nchunks int64
+	Specs   DevicePtr
+	Parts   DevicePtr
 }

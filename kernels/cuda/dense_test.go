@@ -169,23 +169,34 @@ func TestMHCMatchesCPU(t *testing.T) {
 	// partial one (35 rows), chunks of 51 d; 16: twelve groups, 16 d. T
 	// from 1 to past a tile of 8 tokens, and partial tiles.
 	for _, c := range []struct{ T, H, D int }{{5, 4, 96}, {3, 5, 64}, {1, 4, 96}, {64, 4, 200}, {1, 4, 4096}, {2, 4, 4200}, {11, 16, 40}, {2, 1, 300}} {
-		t.Run(fmt.Sprintf("T%d_H%d_D%d", c.T, c.H, c.D), func(t *testing.T) { mhcMatchesCPU(t, d, r, c.T, c.H, c.D) })
+		t.Run(fmt.Sprintf("T%d_H%d_D%d", c.T, c.H, c.D), func(t *testing.T) { mhcMatchesCPU(t, d, r, c.T, c.H, c.D, false) })
+	}
+	// the projection weights in fp32 (the kernels' vector loads of them)
+	for _, c := range []struct{ T, H, D int }{{1, 4, 4096}, {5, 4, 96}, {3, 5, 64}} {
+		t.Run(fmt.Sprintf("T%d_H%d_D%d_fp32", c.T, c.H, c.D), func(t *testing.T) { mhcMatchesCPU(t, d, r, c.T, c.H, c.D, true) })
 	}
 }
 
 // mhcChunks mirrors core/backend/cuda's: chunks of 256/H d values.
 func mhcChunks(H, D int) int { dc := 256 / H; return (D + dc - 1) / dc }
 
-func mhcStage1Grid(T, H, D int) kc.Dim3 {
-	return kc.Dim3{X: uint32(mhcChunks(H, D)), Y: uint32((T + 7) / 8)}
+// mhcStage1 is the pre's first stage, kernel (glmf_mhc_pre or
+// glmf_mhc_post_pre) or its few-token variant (tok: kernel_tok, T < 8),
+// with its grid.
+func mhcStage1(kernel string, tok bool, T, H, D int) (string, kc.Dim3) {
+	if tok {
+		return kernel + "_tok", kc.Dim3{X: uint32((mhcChunks(H, D) + 7) / 8), Y: uint32(((2+H)*H + 7) / 8), Z: uint32(T)}
+	}
+	return kernel, kc.Dim3{X: uint32(mhcChunks(H, D)), Y: uint32((T + 7) / 8)}
 }
 
 // mhcPre runs the pre (stage 1 on X, stage 2) over T tokens, with the
-// optional norm weight nw (0: none).
-func mhcPre(t *testing.T, d *kc.Device, dp kc.MHCParams, T int, X kc.DevicePtr, nw kc.DevicePtr) (h, post, comb []float32) {
+// optional norm weight nw (0: none), stage 1 by the few-token variant if tok.
+func mhcPre(t *testing.T, d *kc.Device, dp kc.MHCParams, T int, X kc.DevicePtr, nw kc.DevicePtr, tok bool) (h, post, comb []float32) {
 	H, D := int(dp.H), int(dp.D)
 	part := poisoned[float64](t, d, T*mhcChunks(H, D)*((2+H)*H+1))
-	launch(t, d, "glmf_mhc_pre", mhcStage1Grid(T, H, D), kc.Dim3{X: 256}, 0, &kc.MHCPreArgs{P: dp, X: X, Part: part.p, T: int64(T)})
+	name, grid := mhcStage1("glmf_mhc_pre", tok, T, H, D)
+	launch(t, d, name, grid, kc.Dim3{X: 256}, 0, &kc.MHCPreArgs{P: dp, X: X, Part: part.p, T: int64(T)})
 	return mhcMix(t, d, dp, T, X, part.p, nw)
 }
 
@@ -197,7 +208,7 @@ func mhcMix(t *testing.T, d *kc.Device, dp kc.MHCParams, T int, X, part, nw kc.D
 	return download[float32](t, Hd), download[float32](t, Pd), download[float32](t, Cd)
 }
 
-func mhcMatchesCPU(t *testing.T, d *kc.Device, r *rand.Rand, T, H, D int) {
+func mhcMatchesCPU(t *testing.T, d *kc.Device, r *rand.Rand, T, H, D int, fp32Fn bool) {
 	mix := (2 + H) * H
 	fn, base, scale := randn(r, mix*H*D, 0.05), randn(r, mix, 0.5), []float32{0.9, 1.1, 1.3}
 	fb, ff := toBF16(fn)
@@ -205,18 +216,33 @@ func mhcMatchesCPU(t *testing.T, d *kc.Device, r *rand.Rand, T, H, D int) {
 	X := randn(r, T*H*D, 1)
 	h, post, comb := make([]float32, T*D), make([]float32, T*H), make([]float32, T*H*H)
 	mhc.Pre(prm, h, post, comb, X, T)
-	Fn, Base, Scale, Xd := upload(t, d, fb), upload(t, d, base), upload(t, d, scale), upload(t, d, X)
-	dp := kc.MHCParams{Fn: Fn.p, FnBf16: 1, Base: Base.p, Scale: Scale.p, H: int64(H), D: int64(D), Iters: 20, NormEps: float64(float32(1e-5)), HcEps: float64(float32(1e-6))}
-	gh, gp, gc := mhcPre(t, d, dp, T, Xd.p, 0)
+	Base, Scale, Xd := upload(t, d, base), upload(t, d, scale), upload(t, d, X)
+	dp := kc.MHCParams{FnBf16: 1, Base: Base.p, Scale: Scale.p, H: int64(H), D: int64(D), Iters: 20, NormEps: float64(float32(1e-5)), HcEps: float64(float32(1e-6))}
+	if fp32Fn { // the same values (bf16-rounded) stored as fp32
+		dp.Fn, dp.FnBf16 = upload(t, d, ff).p, 0
+	} else {
+		dp.Fn = upload(t, d, fb).p
+	}
+	gh, gp, gc := mhcPre(t, d, dp, T, Xd.p, 0, false)
 	require.Less(t, maxRelErr(t, gh, h), 1e-5, "pre h")
 	require.Less(t, maxRelErr(t, gp, post), 1e-5, "pre post")
 	require.Less(t, maxRelErr(t, gc, comb), 1e-5, "pre comb")
-	// batch invariance: the last token alone gives its bits in the batch
+	// batch invariance: the last token alone gives its bits in the batch,
+	// by either variant of stage 1; below 8 tokens the few-token variant
+	// gives the whole batch's bits too
 	last := upload(t, d, X[(T-1)*H*D:])
-	lh, lp, lc := mhcPre(t, d, dp, 1, last.p, 0)
-	require.Equal(t, gh[(T-1)*D:], lh, "h of the last token alone")
-	require.Equal(t, gp[(T-1)*H:], lp)
-	require.Equal(t, gc[(T-1)*H*H:], lc)
+	for _, tok := range []bool{false, true} {
+		lh, lp, lc := mhcPre(t, d, dp, 1, last.p, 0, tok)
+		require.Equal(t, gh[(T-1)*D:], lh, "h of the last token alone (few-token variant: %v)", tok)
+		require.Equal(t, gp[(T-1)*H:], lp)
+		require.Equal(t, gc[(T-1)*H*H:], lc)
+	}
+	if T < 8 {
+		th, tp, tc := mhcPre(t, d, dp, T, Xd.p, 0, true)
+		require.Equal(t, gh, th, "few-token variant")
+		require.Equal(t, gp, tp)
+		require.Equal(t, gc, tc)
+	}
 
 	o := randn(r, T*D, 1)
 	out := make([]float32, T*H*D)
@@ -232,7 +258,7 @@ func mhcMatchesCPU(t *testing.T, d *kc.Device, r *rand.Rand, T, H, D int) {
 	// fused post+pre (+norm) = post, pre, rmsnorm kernels, bit for bit
 	nw := randn(r, D, 1)
 	NW := upload(t, d, nw)
-	uh0, up, uc := mhcPre(t, d, dp, T, Outd.p, 0)
+	uh0, up, uc := mhcPre(t, d, dp, T, Outd.p, 0, false)
 	Hn := upload(t, d, uh0)
 	na := kc.NormArgs{X: Hn.p, W: NW.p, Y: Hn.p, Rows: int64(T), D: int64(D), Eps: float64(float32(1e-5))}
 	launch(t, d, "glmf_rmsnorm", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &na)
@@ -245,15 +271,21 @@ func mhcMatchesCPU(t *testing.T, d *kc.Device, r *rand.Rand, T, H, D int) {
 	require.Less(t, maxRelErr(t, up, want.Post2), 1e-5, "post+pre post")
 	require.Less(t, maxRelErr(t, uc, want.Comb2), 1e-5, "post+pre comb")
 
-	F := poisoned[float32](t, d, T*H*D)
-	part := poisoned[float64](t, d, T*mhcChunks(H, D)*(mix+1))
-	fa := kc.MHCPostPreArgs{P: dp, O: Od.p, R: Xd.p, Post: Pin.p, Comb: Cin.p, Out: F.p, Part: part.p, T: int64(T)}
-	launch(t, d, "glmf_mhc_post_pre", mhcStage1Grid(T, H, D), kc.Dim3{X: 256}, 0, &fa)
-	fh, fp, fc := mhcMix(t, d, dp, T, F.p, part.p, NW.p)
-	require.Equal(t, unfusedOut, download[float32](t, F))
-	require.Equal(t, uh, fh)
-	require.Equal(t, up, fp)
-	require.Equal(t, uc, fc)
+	for _, tok := range []bool{false, true} {
+		if tok && T >= 8 {
+			continue
+		}
+		F := poisoned[float32](t, d, T*H*D)
+		part := poisoned[float64](t, d, T*mhcChunks(H, D)*(mix+1))
+		fa := kc.MHCPostPreArgs{P: dp, O: Od.p, R: Xd.p, Post: Pin.p, Comb: Cin.p, Out: F.p, Part: part.p, T: int64(T)}
+		name, grid := mhcStage1("glmf_mhc_post_pre", tok, T, H, D)
+		launch(t, d, name, grid, kc.Dim3{X: 256}, 0, &fa)
+		fh, fp, fc := mhcMix(t, d, dp, T, F.p, part.p, NW.p)
+		require.Equal(t, unfusedOut, download[float32](t, F), "few-token variant: %v", tok)
+		require.Equal(t, uh, fh)
+		require.Equal(t, up, fp)
+		require.Equal(t, uc, fc)
+	}
 	require.False(t, math.IsNaN(float64(uh[0])))
 }
 

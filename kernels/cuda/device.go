@@ -7,6 +7,7 @@ package cuda
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,15 @@ type Device struct {
 	SMs         int
 	TotalMemory int64
 	Emulated    bool
+	// PDL: kernels launch with programmatic dependent launch (compute 9.0+,
+	// a driver with cuLaunchKernelEx, and PDLEnv not "0"): a kernel's
+	// launch and prologue overlap the end of the one before it, and every
+	// kernel waits for its predecessor before reading anything
+	// (griddepcontrol.wait), so results are unchanged.
+	PDL bool
+	// pdlCfg is the launch configuration PDL launches reuse.
+	pdlCfg  launchConfig
+	pdlAttr launchAttribute
 
 	mu       sync.Mutex
 	closed   bool
@@ -149,6 +159,10 @@ func (d *Device) init() error {
 	if err := drv.check("cuStreamCreate", drv.cuStreamCreate(&d.stream, 0)); err != nil {
 		return err
 	}
+	d.PDL = drv.cuLaunchKernelEx != nil && !drv.emulated && d.CC[0] >= 9 && os.Getenv(PDLEnv) != "0"
+	d.pdlAttr.id = attrProgrammaticStreamSerialization
+	d.pdlAttr.value[0] = 1 // programmaticStreamSerializationAllowed
+	d.pdlCfg.stream, d.pdlCfg.attrs, d.pdlCfg.numAttrs = d.stream, &d.pdlAttr, 1
 	if err := d.loadModule(); err != nil {
 		return err
 	}
@@ -353,7 +367,14 @@ func (d *Device) launch(name string, grid, block Dim3, smem int, args unsafe.Poi
 		return nil // nothing to do
 	}
 	params := [1]unsafe.Pointer{args}
-	r := d.drv.cuLaunchKernel(k.f, grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z, uint32(smem), d.stream, unsafe.Pointer(&params[0]), nil)
+	var r int32
+	if d.PDL {
+		c := &d.pdlCfg
+		c.gridX, c.gridY, c.gridZ, c.blockX, c.blockY, c.blockZ, c.smem = grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z, uint32(smem)
+		r = d.drv.cuLaunchKernelEx(c, k.f, unsafe.Pointer(&params[0]), nil)
+	} else {
+		r = d.drv.cuLaunchKernel(k.f, grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z, uint32(smem), d.stream, unsafe.Pointer(&params[0]), nil)
+	}
 	runtime.KeepAlive(args)
 	d.launches.Add(1)
 	d.runs[k.idx]++

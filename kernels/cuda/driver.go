@@ -14,27 +14,34 @@ import (
 // to run the CUDA backend where there is no GPU.
 const EmulatorEnv = "GLMFLASH_CUDA_EMULATOR"
 
+// PDLEnv set to "0" turns programmatic dependent launch off (Device.PDL),
+// e.g. to measure what it buys.
+const PDLEnv = "GLMFLASH_CUDA_PDL"
+
 // driver holds the CUDA driver API entry points glmflash calls.
 type driver struct {
-	cuInit                      func(flags uint32) int32
-	cuDeviceGetCount            func(n *int32) int32
-	cuDeviceGet                 func(d *int32, ordinal int32) int32
-	cuDeviceGetName             func(name *byte, n int32, d int32) int32
-	cuDeviceGetAttribute        func(v *int32, attr int32, d int32) int32
-	cuDeviceTotalMem            func(b *uint64, d int32) int32
-	cuDevicePrimaryCtxRetain    func(ctx *uintptr, d int32) int32
-	cuDevicePrimaryCtxRelease   func(d int32) int32
-	cuCtxSetCurrent             func(ctx uintptr) int32
-	cuModuleLoadData            func(mod *uintptr, image *byte) int32
-	cuModuleUnload              func(mod uintptr) int32
-	cuModuleGetFunction         func(f *uintptr, mod uintptr, name *byte) int32
-	cuMemAlloc                  func(p *uint64, n uint64) int32
-	cuMemFree                   func(p uint64) int32
-	cuMemcpyHtoDAsync           func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) int32
-	cuMemcpyDtoHAsync           func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) int32
-	cuMemcpyDtoDAsync           func(dst, src uint64, n uint64, s uintptr) int32
-	cuMemsetD32Async            func(dst uint64, v uint32, n uint64, s uintptr) int32
-	cuLaunchKernel              func(f uintptr, gx, gy, gz, bx, by, bz, smem uint32, s uintptr, params, extra unsafe.Pointer) int32
+	cuInit                    func(flags uint32) int32
+	cuDeviceGetCount          func(n *int32) int32
+	cuDeviceGet               func(d *int32, ordinal int32) int32
+	cuDeviceGetName           func(name *byte, n int32, d int32) int32
+	cuDeviceGetAttribute      func(v *int32, attr int32, d int32) int32
+	cuDeviceTotalMem          func(b *uint64, d int32) int32
+	cuDevicePrimaryCtxRetain  func(ctx *uintptr, d int32) int32
+	cuDevicePrimaryCtxRelease func(d int32) int32
+	cuCtxSetCurrent           func(ctx uintptr) int32
+	cuModuleLoadData          func(mod *uintptr, image *byte) int32
+	cuModuleUnload            func(mod uintptr) int32
+	cuModuleGetFunction       func(f *uintptr, mod uintptr, name *byte) int32
+	cuMemAlloc                func(p *uint64, n uint64) int32
+	cuMemFree                 func(p uint64) int32
+	cuMemcpyHtoDAsync         func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) int32
+	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) int32
+	cuMemcpyDtoDAsync         func(dst, src uint64, n uint64, s uintptr) int32
+	cuMemsetD32Async          func(dst uint64, v uint32, n uint64, s uintptr) int32
+	cuLaunchKernel            func(f uintptr, gx, gy, gz, bx, by, bz, smem uint32, s uintptr, params, extra unsafe.Pointer) int32
+	// cuLaunchKernelEx (CUDA 12+; nil where the library lacks it: the
+	// emulator) launches with attributes (programmatic dependent launch).
+	cuLaunchKernelEx            func(cfg *launchConfig, f uintptr, params, extra unsafe.Pointer) int32
 	cuStreamCreate              func(s *uintptr, flags uint32) int32
 	cuStreamDestroy             func(s uintptr) int32
 	cuStreamSynchronize         func(s uintptr) int32
@@ -149,8 +156,35 @@ func loadDriver() (*driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	if sym, err := purego.Dlsym(lib, "cuLaunchKernelEx"); err == nil {
+		purego.RegisterFunc(&d.cuLaunchKernelEx, sym)
+	}
 	return d, nil
 }
+
+// launchAttribute mirrors CUlaunchAttribute: an id, padding to 8 bytes, and
+// a 64-byte value union.
+type launchAttribute struct {
+	id    uint32
+	_     uint32
+	value [64]byte
+}
+
+// launchConfig mirrors CUlaunchConfig (cuda.h, CUDA 12+).
+type launchConfig struct {
+	gridX, gridY, gridZ, blockX, blockY, blockZ, smem uint32
+	_                                                 uint32
+	stream                                            uintptr
+	attrs                                             *launchAttribute
+	numAttrs                                          uint32
+	_                                                 uint32
+}
+
+// attrProgrammaticStreamSerialization is
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the launch may
+// begin before the previous kernel in the stream ends; the kernel waits for
+// it itself (griddepcontrol.wait, pdl_enter in common.cuh).
+const attrProgrammaticStreamSerialization = 6
 
 func loadCublas() (*cublasLib, error) {
 	c := &cublasLib{}

@@ -2,6 +2,8 @@ package cuda_test
 
 import (
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	kc "github.com/glmflash/glmflash/kernels/cuda"
@@ -31,4 +33,31 @@ func TestArgsUpToDate(t *testing.T) {
 	got, err := os.ReadFile("args_gen.go")
 	require.NoError(t, err)
 	require.Equal(t, string(want), string(got), "kernels/cuda/args_gen.go is stale: run `make cuda-args`")
+}
+
+// Every kernel enters through PDL_ENTER (common.cuh): with programmatic
+// dependent launch a kernel may start before its predecessor ends, and only
+// the wait there keeps it from reading unfinished results. So kernels are
+// defined with KERNEL or KERNEL_BOUNDS (whose entry waits) and nowhere else
+// is a __global__ function; the sm_90 PTX waits in every entry.
+func TestEveryKernelEntersPDL(t *testing.T) {
+	files, err := filepath.Glob("src/*.cu*")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for i, line := range strings.Split(string(b), "\n") {
+			if !strings.Contains(line, "__global__") || strings.HasPrefix(strings.TrimSpace(line), "//") {
+				continue
+			}
+			inMacro := filepath.Base(f) == "common.cuh" && strings.Contains(line, "extern \"C\" __global__ void") && strings.Contains(line, "name(const T a)")
+			require.True(t, inMacro, "%s:%d defines a kernel without KERNEL/KERNEL_BOUNDS (it would not wait for its predecessor): %s", f, i+1, line)
+		}
+	}
+	ptx := kc.PTXFiles()["ptx/glmflash.sm_90.ptx"]
+	require.NotEmpty(t, ptx)
+	entries := strings.Count(ptx, ".entry ")
+	require.Positive(t, entries)
+	require.GreaterOrEqual(t, strings.Count(ptx, "griddepcontrol.wait"), entries, "an sm_90 entry without griddepcontrol.wait")
 }

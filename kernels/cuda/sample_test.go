@@ -27,12 +27,7 @@ func TestSampleMatchesCPU(t *testing.T) {
 	}
 	var logits []float32
 	var specs []kc.SampleSpec
-	type want struct {
-		tok int32
-		lp  float32
-		top []sample.TokenLogprob
-	}
-	var wants []want
+	var wants []sampleWant
 	for i := 0; i < 120; i++ {
 		row := randn(r, V, 2)
 		if i%10 == 3 { // ties: repeated values must order by index
@@ -45,7 +40,7 @@ func TestSampleMatchesCPU(t *testing.T) {
 		ntop := i % 6
 		tok := int32(sample.Pick(row, p, u))
 		lp, top := sample.Logprobs(row, tok, ntop)
-		wants = append(wants, want{tok, lp, top})
+		wants = append(wants, sampleWant{tok, lp, top})
 		logits = append(logits, row...)
 		specs = append(specs, kc.SampleSpec{Temperature: p.Temperature, TopP: p.TopP, MinP: p.MinP, U: u, TopK: int64(p.TopK), NTop: int64(ntop)})
 	}
@@ -56,11 +51,38 @@ func TestSampleMatchesCPU(t *testing.T) {
 	specs = append(specs, kc.SampleSpec{Temperature: 1, TopP: 1})
 	rows := len(specs)
 	L, S := upload(t, d, logits), upload(t, d, specs)
-	O := poisoned[kc.SampleOut](t, d, rows)
-	M := poisoned[uint64](t, d, rows*V)
-	a := kc.SampleArgs{Logits: L.p, Vocab: int64(V), Rows: int64(rows), Specs: S.p, Out: O.p, Mass: M.p}
-	launch(t, d, "glmf_sample", kc.Dim3{X: uint32(rows)}, kc.Dim3{X: 256}, 0, &a)
-	outs := download[kc.SampleOut](t, O)
+	// the row in one block, and split into chunks by glmf_sample_part (one
+	// chunk; chunks of 2048 as the backend launches them would be one here,
+	// so smaller ones, with ties and bad values across their boundaries)
+	for _, tc := range []struct {
+		name           string
+		threads, chunk int64
+	}{{"one-block", 0, 0}, {"chunks-of-1000", 128, 1000}, {"chunks-of-128", 16, 128}, {"chunks-of-96", 32, 96}} {
+		t.Run(tc.name, func(t *testing.T) {
+			O := poisoned[kc.SampleOut](t, d, rows)
+			M := poisoned[uint64](t, d, rows*V)
+			a := kc.SampleArgs{Logits: L.p, Vocab: int64(V), Rows: int64(rows), Specs: S.p, Out: O.p, Mass: M.p}
+			if tc.chunk > 0 {
+				nc := (int64(V) + tc.chunk - 1) / tc.chunk
+				P := poisoned[kc.SamplePart](t, d, rows*int(nc))
+				pa := kc.SamplePartArgs{Logits: L.p, Vocab: int64(V), Rows: int64(rows), Chunk: tc.chunk, Nchunks: nc, Specs: S.p, Parts: P.p}
+				launch(t, d, "glmf_sample_part", kc.Dim3{X: uint32(nc), Y: uint32(rows)}, kc.Dim3{X: uint32(tc.threads)}, 0, &pa)
+				a.Parts, a.Nchunks = P.p, nc
+			}
+			launch(t, d, "glmf_sample", kc.Dim3{X: uint32(rows)}, kc.Dim3{X: 256}, 0, &a)
+			checkSamples(t, download[kc.SampleOut](t, O), wants, specs)
+		})
+	}
+}
+
+type sampleWant struct {
+	tok int32
+	lp  float32
+	top []sample.TokenLogprob
+}
+
+func checkSamples(t *testing.T, outs []kc.SampleOut, wants []sampleWant, specs []kc.SampleSpec) {
+	rows := len(outs)
 	for i, w := range wants {
 		o := outs[i]
 		require.Zero(t, o.Nonfinite, "row %d", i)

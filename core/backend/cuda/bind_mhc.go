@@ -38,9 +38,20 @@ func mhcPartBytes(T, H, D int) int64 {
 	return 8 * int64(T) * int64(mhcChunks(H, D)) * int64((2+H)*H+1)
 }
 
-// mhcStage1Grid is the grid of glmf_mhc_pre and glmf_mhc_post_pre.
-func mhcStage1Grid(T, H, D int) kc.Dim3 {
-	return kc.Dim3{X: uint32(mhcChunks(H, D)), Y: uint32((T + mhcTileTokens - 1) / mhcTileTokens)}
+// mhcTokRows is MHC_RS: the mixing rows a block of the few-token variants
+// (glmf_mhc_pre_tok, glmf_mhc_post_pre_tok) sums.
+const mhcTokRows = 8
+
+// mhcStage1 returns the kernel and grid of the pre's first stage (kernel
+// glmf_mhc_pre or glmf_mhc_post_pre): below MHC_TT tokens their few-token
+// variant, a block per MHC_TT chunks, row group and token, which computes
+// the same bits with all its lanes busy.
+func mhcStage1(kernel string, T, H, D int) (string, kc.Dim3) {
+	if T < mhcTileTokens {
+		mix := (2 + H) * H
+		return kernel + "_tok", kc.Dim3{X: uint32((mhcChunks(H, D) + mhcTileTokens - 1) / mhcTileTokens), Y: uint32((mix + mhcTokRows - 1) / mhcTokRows), Z: uint32(T)}
+	}
+	return kernel, kc.Dim3{X: uint32(mhcChunks(H, D)), Y: uint32((T + mhcTileTokens - 1) / mhcTileTokens)}
 }
 
 // launchPre runs the pre on streams X: the split-K projection, then the
@@ -51,7 +62,8 @@ func launchPre(rc *runCtx, prm kc.MHCParams, X, part, h, post, comb kc.DevicePtr
 		return nil
 	}
 	pa := kc.MHCPreArgs{P: prm, X: X, Part: part, T: int64(rc.T)}
-	if err := kc.Launch(rc.dev, "glmf_mhc_pre", mhcStage1Grid(rc.T, H, D), block256, 0, &pa); err != nil {
+	name, grid := mhcStage1("glmf_mhc_pre", rc.T, H, D)
+	if err := kc.Launch(rc.dev, name, grid, block256, 0, &pa); err != nil {
 		return err
 	}
 	return launchMix(rc, prm, X, part, h, post, comb, normW, normEps)
@@ -141,7 +153,8 @@ func bindMHCPostPre(p *Program, n *ir.Node) (*kstep, error) {
 				// collapse and norm (unfused: post, pre's two, rmsnorm)
 				rc.p.fusedMHC.Add(1)
 				args := kc.MHCPostPreArgs{P: prm, O: o, R: R, Post: post, Comb: comb, Out: X, Part: part, T: int64(rc.T)}
-				if err := kc.Launch(rc.dev, "glmf_mhc_post_pre", mhcStage1Grid(rc.T, H, D), block256, 0, &args); err != nil {
+				name, grid := mhcStage1("glmf_mhc_post_pre", rc.T, H, D)
+				if err := kc.Launch(rc.dev, name, grid, block256, 0, &args); err != nil {
 					return err
 				}
 				return launchMix(rc, prm, X, part, h, post2, comb2, normW, normEps)

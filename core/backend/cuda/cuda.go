@@ -156,7 +156,11 @@ func (b *Backend) Info() backend.Info {
 	mem["caches"] = b.sh.caches.Load()
 	mem["workspace"] = b.sh.work.Load() + b.dev.LtWorkspaceBytes()
 	mem["total_allocated"] = b.dev.Live()
-	return backend.Info{Backend: "cuda", Device: fmt.Sprintf("%s (compute %d.%d, %d SMs, %s)", b.dev.Name, b.dev.CC[0], b.dev.CC[1], b.dev.SMs, b.dev.BlasVersion()), Precision: b.opts.Precision, Memory: mem}
+	pdl := "programmatic dependent launch off"
+	if b.dev.PDL {
+		pdl = "programmatic dependent launch on"
+	}
+	return backend.Info{Backend: "cuda", Device: fmt.Sprintf("%s (compute %d.%d, %d SMs, %s, %s)", b.dev.Name, b.dev.CC[0], b.dev.CC[1], b.dev.SMs, b.dev.BlasVersion(), pdl), Precision: b.opts.Precision, Memory: mem}
 }
 
 // Close releases this backend; the last one on a GPU frees the weights and

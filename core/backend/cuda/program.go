@@ -648,7 +648,7 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 		return nil, err
 	}
 	lv := p.plan.Logits
-	var sampleArgs *kc.SampleArgs
+	var sampleArgs *sampleLaunch
 	if pr.Sample != nil {
 		var err error
 		if sampleArgs, err = p.sampleArgs(rc, at(oSpec), nrows, graphed); err != nil {
@@ -661,8 +661,7 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 			return err
 		}
 		if sampleArgs != nil {
-			sampleArgs.Logits = rc.addr[lv]
-			return kc.Launch(dev, "glmf_sample", kc.Dim3{X: uint32(nrows)}, kc.Dim3{X: 256}, 0, sampleArgs)
+			return sampleArgs.launch(dev, rc.addr[lv], nrows)
 		}
 		return nil
 	}
@@ -836,10 +835,12 @@ func (p *Program) walkSteps(rc *runCtx, tempSize [][]int64, launch bool) error {
 // sampleArgs prepares the device sampler's launch: outputs and, when some
 // row samples (or the launch is captured, when any later step may), the
 // per-row mass scratch.
-func (p *Program) sampleArgs(rc *runCtx, specs kc.DevicePtr, rows int, graphed bool) (*kc.SampleArgs, error) {
+func (p *Program) sampleArgs(rc *runCtx, specs kc.DevicePtr, rows int, graphed bool) (*sampleLaunch, error) {
 	V := int64(p.plan.Vocab)
 	outBytes := int64(rows) * int64(unsafe.Sizeof(kc.SampleOut{}))
-	need := roundUp(outBytes)
+	chunk, nchunks := sampleChunks(V)
+	partBytes := int64(rows) * nchunks * int64(unsafe.Sizeof(kc.SamplePart{}))
+	need := roundUp(outBytes) + roundUp(partBytes)
 	anyTemp := graphed
 	for _, s := range rc.pr.Sample {
 		anyTemp = anyTemp || s.Params.Temperature > 0
@@ -850,11 +851,42 @@ func (p *Program) sampleArgs(rc *runCtx, specs kc.DevicePtr, rows int, graphed b
 	if err := p.ensure(&p.out, &p.outSize, need); err != nil {
 		return nil, err
 	}
-	a := &kc.SampleArgs{Vocab: V, Rows: int64(rows), Specs: specs, Out: p.out}
+	parts := p.out + kc.DevicePtr(roundUp(outBytes))
+	a := &kc.SampleArgs{Vocab: V, Rows: int64(rows), Specs: specs, Out: p.out, Parts: parts, Nchunks: nchunks}
 	if anyTemp {
-		a.Mass = p.out + kc.DevicePtr(roundUp(outBytes))
+		a.Mass = parts + kc.DevicePtr(roundUp(partBytes))
 	}
-	return a, nil
+	part := &kc.SamplePartArgs{Vocab: V, Rows: int64(rows), Chunk: chunk, Nchunks: nchunks, Specs: specs, Parts: parts}
+	return &sampleLaunch{final: a, part: part}, nil
+}
+
+// sampleThreads is the block size of glmf_sample and glmf_sample_part;
+// samplePartPer is SAMPLE_PART_PER of sample.cu.
+const (
+	sampleThreads = 256
+	samplePartPer = 8
+)
+
+// sampleChunks splits a vocabulary of V logits into the chunks of
+// glmf_sample_part (a block each, its logits in registers).
+func sampleChunks(V int64) (chunk, n int64) {
+	chunk = sampleThreads * samplePartPer
+	return chunk, (V + chunk - 1) / chunk
+}
+
+// sampleLaunch is the sampler's two launches: the chunks of every row
+// (glmf_sample_part), then a block per row that combines them and picks.
+type sampleLaunch struct {
+	final *kc.SampleArgs
+	part  *kc.SamplePartArgs
+}
+
+func (l *sampleLaunch) launch(dev *kc.Device, logits kc.DevicePtr, rows int) error {
+	l.part.Logits, l.final.Logits = logits, logits
+	if err := kc.Launch(dev, "glmf_sample_part", kc.Dim3{X: uint32(l.part.Nchunks), Y: uint32(rows)}, kc.Dim3{X: sampleThreads}, 0, l.part); err != nil {
+		return err
+	}
+	return kc.Launch(dev, "glmf_sample", kc.Dim3{X: uint32(rows)}, kc.Dim3{X: sampleThreads}, 0, l.final)
 }
 
 // readSamples copies the sampler's outputs back and turns them into picks.

@@ -26,12 +26,36 @@
 #define DYN_SMEM(type, name) type* name = (type*)emu::dyn_smem()
 #define DEVFN static inline
 #define KERNEL_BOUNDS(name, T, threads, blocks) KERNEL(name, T)
+#define PDL_ENTER()
 #else
-#define KERNEL(name, T) extern "C" __global__ void name(const T a)
+// Programmatic dependent launch (Device.PDL): a kernel may start before
+// the one before it in the stream has finished, so every kernel first
+// waits for it (griddepcontrol.wait: its grid done, its writes visible;
+// a no-op without PDL), then lets the next kernel launch
+// (griddepcontrol.launch_dependents), which waits the same way. Every
+// kernel must begin with PDL_ENTER(): KERNEL and KERNEL_BOUNDS do it (their
+// body is a function the entry calls); TestEveryKernelEntersPDL checks the
+// others.
+#if __CUDA_ARCH__ >= 900
+#define PDL_ENTER()                                 \
+  asm volatile("griddepcontrol.wait;" ::: "memory"); \
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_ENTER()
+#endif
+#define KERNEL(name, T)                                                     \
+  static __device__ __forceinline__ void name##_body(const T& a);           \
+  extern "C" __global__ void name(const T a) { PDL_ENTER(); name##_body(a); } \
+  static __device__ __forceinline__ void name##_body(const T& a)
 // KERNEL with __launch_bounds__: at most threads per block, registers for
 // at least blocks resident per SM.
-#define KERNEL_BOUNDS(name, T, threads, blocks) \
-  extern "C" __global__ void __launch_bounds__(threads, blocks) name(const T a)
+#define KERNEL_BOUNDS(name, T, threads, blocks)                              \
+  static __device__ __forceinline__ void name##_body(const T& a);           \
+  extern "C" __global__ void __launch_bounds__(threads, blocks) name(const T a) { \
+    PDL_ENTER();                                                             \
+    name##_body(a);                                                          \
+  }                                                                          \
+  static __device__ __forceinline__ void name##_body(const T& a)
 #define DYN_SMEM(type, name)                                                   \
   extern __shared__ __align__(16) unsigned char glmf_dyn_smem[];               \
   type* name = (type*)glmf_dyn_smem
@@ -172,16 +196,41 @@ DEVFN int block_exscan(int v, int* total) {
 // rms_inv: 1/sqrt(mean(x²)+eps) of a row of n, by the whole block (the
 // CPU's float32 sum order per thread, a fixed tree across threads, the
 // square root in double).
+// A thread's values are loaded ROW_BATCH at a time, so that their loads
+// are in flight together (a row of a decode step is one block: latency,
+// not bandwidth, bounds it); the sums keep each thread's ascending order.
+#define ROW_BATCH 8
+
 DEVFN float rms_inv(const float* x, i64 n, float eps) {
   float s = 0;
-  for (i64 i = threadIdx.x; i < n; i += blockDim.x) s += x[i] * x[i];
+  i64 st = blockDim.x;
+  for (i64 i0 = threadIdx.x; i0 < n; i0 += ROW_BATCH * st) {
+    float v[ROW_BATCH];
+#pragma unroll
+    for (int q = 0; q < ROW_BATCH; q++) v[q] = i0 + q * st < n ? x[i0 + q * st] : 0.f;
+#pragma unroll
+    for (int q = 0; q < ROW_BATCH; q++)
+      if (i0 + q * st < n) s += v[q] * v[q];
+  }
   s = block_sum(s);
   return (float)(1.0 / sqrt((double)(s / (float)n + eps)));
 }
 
 DEVFN void rmsnorm_row(float* y, const float* x, i64 D, const void* w, i64 w_bf16, float eps) {
   float r = rms_inv(x, D, eps);
-  for (i64 i = threadIdx.x; i < D; i += blockDim.x) y[i] = ldw(w, i, w_bf16) * (x[i] * r);
+  i64 st = blockDim.x;
+  for (i64 i0 = threadIdx.x; i0 < D; i0 += ROW_BATCH * st) {
+    float v[ROW_BATCH], wv[ROW_BATCH];  // every load before any store (y may be x)
+#pragma unroll
+    for (int q = 0; q < ROW_BATCH; q++) {
+      bool in = i0 + q * st < D;
+      v[q] = in ? x[i0 + q * st] : 0.f;
+      wv[q] = in ? ldw(w, i0 + q * st, w_bf16) : 0.f;
+    }
+#pragma unroll
+    for (int q = 0; q < ROW_BATCH; q++)
+      if (i0 + q * st < D) y[i0 + q * st] = wv[q] * (v[q] * r);
+  }
   __syncthreads();
 }
 

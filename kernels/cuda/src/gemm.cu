@@ -576,7 +576,7 @@ DEVFN void gemv_kernel(const GemmArgs& a) {
 #ifdef GLMF_EMU
 #define GV_KERNEL(name, minb) KERNEL(name, GemmArgs)
 #else
-#define GV_KERNEL(name, minb) extern "C" __global__ void __launch_bounds__(GV_WARPS * 32, minb) name(const GemmArgs a)
+#define GV_KERNEL(name, minb) KERNEL_BOUNDS(name, GemmArgs, GV_WARPS * 32, minb)
 #endif
 GV_KERNEL(glmf_gemv_f1, 4) { gemv_kernel<float, 1>(a); }
 GV_KERNEL(glmf_gemv_f2, 4) { gemv_kernel<float, 2>(a); }

@@ -36,6 +36,8 @@
 #define MHC_WS 10
 #define MHC_WROW (MHC_CK / MHC_KT * MHC_WS)
 #define MHC_THREADS 256
+// Mixing rows a block of the few-token variant (mhc_proj_tok) sums.
+#define MHC_RS 8
 #if MHC_THREADS != 256 || MHC_CK != MHC_THREADS || MHC_CK / MHC_KT != MHC_THREADS / 32 * MHC_SLW || MHC_TT * MHC_SLW != 32
 #error "mhc_proj and glmf_mhc_mix assume 8 warps, a thread per chunk value when staging, and a warp per slice group of every tile token"
 #endif
@@ -44,6 +46,8 @@
 #define MHC_HD 16
 // Streams glmf_mhc_mix prefetches into registers (hc_mult ≤ 4).
 #define MHC_PF_H 4
+// Chunks' partial sums a lane of glmf_mhc_mix loads at once.
+#define MHC_MIX_BATCH 8
 
 struct MHCParams {
   const void* fn; i64 fn_bf16;        // [(2+H)·H][H·D]
@@ -53,23 +57,24 @@ struct MHCParams {
   double norm_eps, hc_eps;
 };
 
-// mhc_mapping turns the RMS-scaled mixing logits m into pre, post and the
+// mhc_mapping turns the RMS-scaled mixing logits m (with the scales sc[3]
+// and the bases bs[mix], as floats) into pre, post and the
 // Sinkhorn-projected comb (row i = source stream, column j = destination),
 // exactly as kernels/mhc.Mapping. Called by the whole block: thread i < H
 // owns stream i's pre and post, row i in the softmax and the row passes,
 // and column i in the column passes, each computed in the serial order of
 // the CPU kernel (so the bits are the one-thread result's).
-DEVFN void mhc_mapping(const MHCParams& p, const float* m, float* pre, float* post, float* comb) {
+DEVFN void mhc_mapping(const MHCParams& p, const float* sc, const float* bs, const float* m, float* pre, float* post, float* comb) {
   i64 H = p.H, i = threadIdx.x;
   float eps = (float)p.hc_eps;
   if (i < H) {
-    float s0 = ldw(p.scale, 0, p.scale_bf16), s1 = ldw(p.scale, 1, p.scale_bf16), s2 = ldw(p.scale, 2, p.scale_bf16);
-    pre[i] = sigmoidf_d(s0 * m[i] + ldw(p.base, i, p.base_bf16)) + eps;
-    post[i] = 2 * sigmoidf_d(s1 * m[H + i] + ldw(p.base, H + i, p.base_bf16));
+    float s0 = sc[0], s1 = sc[1], s2 = sc[2];
+    pre[i] = sigmoidf_d(s0 * m[i] + bs[i]) + eps;
+    post[i] = 2 * sigmoidf_d(s1 * m[H + i] + bs[H + i]);
     float* row = comb + i * H;
     float mx = -INFINITY;
     for (i64 j = 0; j < H; j++) {
-      row[j] = s2 * m[2 * H + i * H + j] + ldw(p.base, 2 * H + i * H + j, p.base_bf16);
+      row[j] = s2 * m[2 * H + i * H + j] + bs[2 * H + i * H + j];
       if (row[j] > mx) mx = row[j];
     }
     float s = 0;
@@ -101,56 +106,43 @@ DEVFN void mhc_mapping(const MHCParams& p, const float* m, float* pre, float* po
 }
 
 // mhc_mapping_warp: mhc_mapping by warp 0 alone where H·H ≤ 32, with no
-// block barriers: lane l = i·H + j owns comb[i][j]; each pass reads the
-// row's or column's values from one shared buffer, adds them in the CPU's
-// order (so the bits are mhc_mapping's) and writes the other buffer, one
-// __syncwarp per pass. The whole warp calls it; the caller synchronizes
-// the block before reading pre, post and comb.
-DEVFN void mhc_mapping_warp(const MHCParams& p, const float* m, float* pre, float* post, float* comb) {
-  __shared__ float cb_s[2][MHC_MAX_H * MHC_MAX_H];
+// block barriers and no shared memory: lane l = i·H + j holds comb[i][j]
+// in a register; each pass gathers the row's or column's values by
+// shuffles and adds them in the CPU's order (so the bits are
+// mhc_mapping's). The whole warp calls it (lanes past H·H compute values
+// nobody reads); the caller synchronizes the block before reading pre,
+// post and comb.
+DEVFN void mhc_mapping_warp(const MHCParams& p, const float* sc, const float* bs, const float* m, float* pre, float* post, float* comb) {
   int H = (int)p.H, l = threadIdx.x;
   bool own = l < H * H;
   int i = own ? l / H : 0, j = own ? l % H : 0;
   float eps = (float)p.hc_eps;
   if (l < H) {
-    float s0 = ldw(p.scale, 0, p.scale_bf16), s1 = ldw(p.scale, 1, p.scale_bf16);
-    pre[l] = sigmoidf_d(s0 * m[l] + ldw(p.base, l, p.base_bf16)) + eps;
-    post[l] = 2 * sigmoidf_d(s1 * m[H + l] + ldw(p.base, H + l, p.base_bf16));
+    float s0 = sc[0], s1 = sc[1];
+    pre[l] = sigmoidf_d(s0 * m[l] + bs[l]) + eps;
+    post[l] = 2 * sigmoidf_d(s1 * m[H + l] + bs[H + l]);
   }
-  float s2 = ldw(p.scale, 2, p.scale_bf16);
-  float c = 0;
-  if (own) cb_s[0][l] = c = s2 * m[2 * H + l] + ldw(p.base, 2 * H + l, p.base_bf16);
-  __syncwarp();
+  float s2 = sc[2];
+  float c = own ? s2 * m[2 * H + l] + bs[2 * H + l] : 0.f;
   float mx = -INFINITY;
   for (int jj = 0; jj < H; jj++) {
-    float v = cb_s[0][i * H + jj];
+    float v = __shfl_sync(0xffffffffu, c, i * H + jj);
     if (v > mx) mx = v;
   }
   c = (float)exp((double)(c - mx));
-  if (own) cb_s[1][l] = c;
-  __syncwarp();
   float s = 0;
-  for (int jj = 0; jj < H; jj++) s += cb_s[1][i * H + jj];
+  for (int jj = 0; jj < H; jj++) s += __shfl_sync(0xffffffffu, c, i * H + jj);
   c = c / s + eps;
-  int b = 0;  // the buffer c goes to
-  if (own) cb_s[b][l] = c;
-  __syncwarp();
   i64 iters = p.iters < 1 ? 1 : p.iters;  // the first column pass always runs
   for (i64 it = 0; it < iters; it++) {
     if (it > 0) {
       s = 0;
-      for (int jj = 0; jj < H; jj++) s += cb_s[b][i * H + jj];
+      for (int jj = 0; jj < H; jj++) s += __shfl_sync(0xffffffffu, c, i * H + jj);
       c /= s + eps;
-      b ^= 1;
-      if (own) cb_s[b][l] = c;
-      __syncwarp();
     }
     s = 0;
-    for (int ii = 0; ii < H; ii++) s += cb_s[b][ii * H + j];
+    for (int ii = 0; ii < H; ii++) s += __shfl_sync(0xffffffffu, c, ii * H + j);
     c /= s + eps;
-    b ^= 1;
-    if (own) cb_s[b][l] = c;
-    __syncwarp();
   }
   if (own) comb[l] = c;
 }
@@ -186,8 +178,8 @@ DEVFN i64 mhc_dc(i64 H) { return MHC_CK / H; }
 // and a bf16/fp32 weight are exact; each thread sums its slice of MHC_KT
 // values in ascending k, the MHC_SLW slices of a warp add in a butterfly,
 // the warps' sums in a fixed tree.
-template <class XVal>
-DEVFN void mhc_proj(const MHCParams& p, double* part, i64 T, XVal xval) {
+template <class XVal, class XStore>
+DEVFN void mhc_proj(const MHCParams& p, double* part, i64 T, XVal xval, XStore xstore) {
   __shared__ __align__(16) double w_s[MHC_RG * MHC_WROW];
   __shared__ double red_s[MHC_THREADS / 32][MHC_TT][MHC_RG + 1];
   i64 H = p.H, D = p.D, HD = H * D, mix = (2 + H) * H, PW = mix + 1;
@@ -206,14 +198,23 @@ DEVFN void mhc_proj(const MHCParams& p, double* part, i64 T, XVal xval) {
   // zeros) and their sum of squares
   int tt = lane / MHC_SLW, sl = warp * MHC_SLW + lane % MHC_SLW;
   i64 t = t0 + tt;
+  // every value's loads first, then its stores (xstore: the fused post's
+  // streams), so that no load waits behind a store it might alias
   double xv[MHC_KT];
+  float xf[MHC_KT];
   double q = 0;
 #pragma unroll
   for (int e = 0; e < MHC_KT; e++) {
     int kk = sl * MHC_KT + e, j = kk / dci;
     i64 d = c * dc + kk % dci;
-    float v = t < T && j < H && d < D ? xval(t, j, d) : 0.f;
-    xv[e] = v;
+    xf[e] = t < T && j < H && d < D ? xval(t, j, d) : 0.f;
+  }
+#pragma unroll
+  for (int e = 0; e < MHC_KT; e++) {
+    int kk = sl * MHC_KT + e, j = kk / dci;
+    i64 d = c * dc + kk % dci;
+    if (t < T && j < H && d < D) xstore(t, j, d, xf[e]);
+    xv[e] = xf[e];
     q += xv[e] * xv[e];
   }
   q += __shfl_xor_sync(0xffffffffu, q, 1);
@@ -263,6 +264,113 @@ DEVFN void mhc_proj(const MHCParams& p, double* part, i64 T, XVal xval) {
   }
 }
 
+// mhc_proj_tok: mhc_proj for few tokens (T < MHC_TT, decode), where a
+// block of MHC_TT token slots would leave most lanes idle. Block (g, rg,
+// t) takes token t and MHC_TT chunks g·MHC_TT…: lane group tt = lane /
+// MHC_SLW holds chunk g·MHC_TT + tt where mhc_proj holds a token, and
+// mixing rows [rg·MHC_RS, rg·MHC_RS + MHC_RS) (row group 0 also the sum of
+// squares and xstore). Each lane reads its weights straight from memory (no
+// token shares them). Every partial is mhc_proj's (same slices, same
+// ascending k, same butterfly, same warp tree), so the bits do not depend on
+// which variant ran: a token's result is the same in any batch.
+template <class XVal, class XStore, class XSlice>
+DEVFN void mhc_proj_tok(const MHCParams& p, double* part, XVal xval, XStore xstore, XSlice xslice) {
+  __shared__ double red_s[MHC_THREADS / 32][MHC_TT][MHC_RS + 1];
+  i64 H = p.H, D = p.D, HD = H * D, mix = (2 + H) * H, PW = mix + 1;
+  i64 dc = mhc_dc(H), nch = (D + dc - 1) / dc;
+  int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, rg = blockIdx.y;
+  i64 t = blockIdx.z;
+  int tt = lane / MHC_SLW, sl = warp * MHC_SLW + lane % MHC_SLW, dci = (int)dc;
+  i64 c = (i64)blockIdx.x * MHC_TT + tt;
+  // the slice: MHC_KT consecutive d of one stream j0 when dc is a multiple
+  // of MHC_KT; then (whole, aligned) it loads as vectors
+  int kk0 = sl * MHC_KT, j0 = kk0 / dci;
+  i64 d0 = c * dc + kk0 % dci;
+  const float* fnf = (const float*)p.fn;
+  const u16* fnb = (const u16*)p.fn;
+  i64 w0 = (i64)j0 * D + d0;  // the slice's offset in a weight row
+  bool fast = dci % MHC_KT == 0 && c < nch && j0 < H && d0 + MHC_KT <= D && HD % 8 == 0 &&
+              (p.fn_bf16 ? ((u64)(fnb + w0) & 15) == 0 : ((u64)(fnf + w0) & 15) == 0);
+  float xf[MHC_KT];
+  bool in[MHC_KT];
+  i64 off[MHC_KT];
+  if (fast) fast = xslice(t, (i64)j0, d0, xf);
+#pragma unroll
+  for (int e = 0; e < MHC_KT; e++) {
+    int kk = kk0 + e, j = kk / dci;
+    i64 d = c * dc + kk % dci;
+    in[e] = c < nch && j < H && d < D;
+    off[e] = (i64)j * D + d;
+    if (!fast) xf[e] = in[e] ? xval(t, (i64)j, d) : 0.f;
+  }
+  double wv[MHC_RS][MHC_KT];
+  if (fast && p.fn_bf16) {
+#pragma unroll
+    for (int r = 0; r < MHC_RS; r++) {
+      i64 i = (i64)rg * MHC_RS + r;
+      uint4 u = i < mix ? *(const uint4*)(fnb + i * HD + w0) : make_uint4(0, 0, 0, 0);
+      unsigned q[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int e = 0; e < MHC_KT; e += 2) {
+        wv[r][e] = (double)__uint_as_float(q[e / 2] << 16);
+        wv[r][e + 1] = (double)__uint_as_float(q[e / 2] & 0xffff0000u);
+      }
+    }
+  } else if (fast) {
+#pragma unroll
+    for (int r = 0; r < MHC_RS; r++) {
+      i64 i = (i64)rg * MHC_RS + r;
+      float4 u = {0, 0, 0, 0}, v = {0, 0, 0, 0};
+      if (i < mix) u = *(const float4*)(fnf + i * HD + w0), v = *(const float4*)(fnf + i * HD + w0 + 4);
+      wv[r][0] = u.x, wv[r][1] = u.y, wv[r][2] = u.z, wv[r][3] = u.w;
+      wv[r][4] = v.x, wv[r][5] = v.y, wv[r][6] = v.z, wv[r][7] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < MHC_RS; r++) {
+      i64 i = (i64)rg * MHC_RS + r;
+#pragma unroll
+      for (int e = 0; e < MHC_KT; e++) wv[r][e] = in[e] && i < mix ? (double)ldw(p.fn, i * HD + off[e], p.fn_bf16) : 0.0;
+    }
+  }
+  double xv[MHC_KT];
+  double q = 0;
+#pragma unroll
+  for (int e = 0; e < MHC_KT; e++) {
+    if (rg == 0 && in[e]) xstore(t, off[e] / D, off[e] % D, xf[e]);
+    xv[e] = xf[e];
+    q += xv[e] * xv[e];
+  }
+  q += __shfl_xor_sync(0xffffffffu, q, 1);
+  q += __shfl_xor_sync(0xffffffffu, q, 2);
+#pragma unroll
+  for (int r = 0; r < MHC_RS; r++) {
+    double a = 0;
+#pragma unroll
+    for (int e = 0; e < MHC_KT; e++) a += xv[e] * wv[r][e];
+    a += __shfl_xor_sync(0xffffffffu, a, 1);
+    a += __shfl_xor_sync(0xffffffffu, a, 2);
+    if (lane % MHC_SLW == 0) red_s[warp][tt][r] = a;
+  }
+  if (lane % MHC_SLW == 0) red_s[warp][tt][MHC_RS] = q;
+  __syncthreads();
+  if (tid < MHC_TT * (MHC_RS + 1)) {
+    int u = tid / (MHC_RS + 1), r = tid % (MHC_RS + 1);
+    double(*R)[MHC_TT][MHC_RS + 1] = red_s;
+    double v = ((R[0][u][r] + R[1][u][r]) + (R[2][u][r] + R[3][u][r])) + ((R[4][u][r] + R[5][u][r]) + (R[6][u][r] + R[7][u][r]));
+    i64 cu = (i64)blockIdx.x * MHC_TT + u, i = r < MHC_RS ? (i64)rg * MHC_RS + r : mix;
+    if (cu < nch && (r < MHC_RS ? i < mix : rg == 0)) part[(t * nch + cu) * PW + i] = v;
+  }
+}
+
+// ld8 loads 8 floats at p as two vectors when p is 16-byte aligned.
+DEVFN bool ld8(const float* p, float* v) {
+  if ((u64)p & 15) return false;
+  float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  return true;
+}
+
 struct MHCPreArgs {
   MHCParams p; const float* x; double* part; i64 T;
 };
@@ -272,7 +380,17 @@ KERNEL_BOUNDS(glmf_mhc_pre, MHCPreArgs, MHC_THREADS, 2) {
   i64 HD = a.p.H * a.p.D;
   const float* x = a.x;
   i64 D = a.p.D;
-  mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 j, i64 d) { return x[t * HD + j * D + d]; });
+  mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 j, i64 d) { return x[t * HD + j * D + d]; }, [](i64, i64, i64, float) {});
+}
+
+// glmf_mhc_pre for T < MHC_TT tokens: grid (⌈nch/MHC_TT⌉, ⌈mix/MHC_RS⌉, T).
+KERNEL_BOUNDS(glmf_mhc_pre_tok, MHCPreArgs, MHC_THREADS, 2) {
+  i64 HD = a.p.H * a.p.D;
+  const float* x = a.x;
+  i64 D = a.p.D;
+  mhc_proj_tok(
+      a.p, a.part, [&](i64 t, i64 j, i64 d) { return x[t * HD + j * D + d]; }, [](i64, i64, i64, float) {},
+      [&](i64 t, i64 j, i64 d0, float* v) { return ld8(x + t * HD + j * D + d0, v); });
 }
 
 struct MHCPostPreArgs {
@@ -285,11 +403,36 @@ struct MHCPostPreArgs {
 // site's pre on them: grid (nch, ⌈T/MHC_TT⌉), MHC_THREADS threads.
 KERNEL_BOUNDS(glmf_mhc_post_pre, MHCPostPreArgs, MHC_THREADS, 2) {
   i64 H = a.p.H, D = a.p.D, HD = H * D;
-  mhc_proj(a.p, a.part, a.T, [&](i64 t, i64 j, i64 d) {
-    float v = mhc_post_elem(H, D, j, d, a.o + t * D, a.R + t * HD, a.post + t * H, a.comb + t * H * H);
-    a.out[t * HD + j * D + d] = v;
-    return v;
-  });
+  mhc_proj(
+      a.p, a.part, a.T,
+      [&](i64 t, i64 j, i64 d) { return mhc_post_elem(H, D, j, d, a.o + t * D, a.R + t * HD, a.post + t * H, a.comb + t * H * H); },
+      [&](i64 t, i64 j, i64 d, float v) { a.out[t * HD + j * D + d] = v; });
+}
+
+// glmf_mhc_post_pre for T < MHC_TT tokens: grid (⌈nch/MHC_TT⌉,
+// ⌈mix/MHC_RS⌉, T); row group 0 writes the streams.
+KERNEL_BOUNDS(glmf_mhc_post_pre_tok, MHCPostPreArgs, MHC_THREADS, 2) {
+  i64 H = a.p.H, D = a.p.D, HD = H * D;
+  mhc_proj_tok(
+      a.p, a.part,
+      [&](i64 t, i64 j, i64 d) { return mhc_post_elem(H, D, j, d, a.o + t * D, a.R + t * HD, a.post + t * H, a.comb + t * H * H); },
+      [&](i64 t, i64 j, i64 d, float v) { a.out[t * HD + j * D + d] = v; },
+      [&](i64 t, i64 j, i64 d0, float* v) {
+        // mhc_post_elem over 8 consecutive d, its loads as vectors
+        float ov[8], rv[8];
+        if (!ld8(a.o + t * D + d0, ov)) return false;
+        float pj = a.post[t * H + j];
+        const float* cm = a.comb + t * H * H;
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = pj * ov[e];
+        for (i64 i = 0; i < H; i++) {
+          if (!ld8(a.R + t * HD + i * D + d0, rv)) return false;  // (uniform: D % 4 == 0)
+          float ci = cm[i * H + j];
+#pragma unroll
+          for (int e = 0; e < 8; e++) v[e] += ci * rv[e];
+        }
+        return true;
+      });
 }
 
 struct MHCMixArgs {
@@ -328,14 +471,30 @@ KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 2) {
         xr[i][q] = i < H && d < D ? x[i * D + d] : 0.f;
       }
   }
+  // the mapping's parameters (as floats), also loaded now (the partial
+  // sums' barriers publish sc_s and bs_s)
+  __shared__ float sc_s[3];
+  __shared__ float bs_s[MHC_MAX_MIX];
+  for (i64 i = tid; i < mix; i += MHC_THREADS) bs_s[i] = ldw(p.base, i, p.base_bf16);
+  if (tid < 3) sc_s[tid] = ldw(p.scale, tid, p.scale_bf16);
   // the chunks' partial sums: warp w adds chunks w, w+8, ... (lane = row),
   // then the 8 warps' sums in a fixed tree
   __shared__ double red_s[MHC_THREADS / 32][32];
   for (i64 i0 = 0; i0 < PW; i0 += 32) {
     i64 i = i0 + lane;
     double acc = 0;
-    if (i < PW)
-      for (i64 c = warp; c < nch; c += MHC_THREADS / 32) acc += P[c * PW + i];
+    if (i < PW) {
+      // MHC_MIX_BATCH chunks' loads in flight at once, added in order
+      const int W = MHC_THREADS / 32;
+      for (i64 c0 = warp; c0 < nch; c0 += MHC_MIX_BATCH * W) {
+        double v[MHC_MIX_BATCH];
+#pragma unroll
+        for (int b = 0; b < MHC_MIX_BATCH; b++) v[b] = c0 + b * W < nch ? P[(c0 + b * W) * PW + i] : 0.0;
+#pragma unroll
+        for (int b = 0; b < MHC_MIX_BATCH; b++)
+          if (c0 + b * W < nch) acc += v[b];
+      }
+    }
     red_s[warp][lane] = acc;
     __syncthreads();
     if (warp == 0 && i < PW) {
@@ -349,10 +508,10 @@ KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 2) {
   for (i64 i = threadIdx.x; i < mix; i += blockDim.x) m_s[i] = (float)dot_s[i] * r;
   __syncthreads();
   if (H * H <= 32) {
-    if (threadIdx.x < 32) mhc_mapping_warp(p, m_s, pre_s, post_s, comb_s);
+    if (threadIdx.x < 32) mhc_mapping_warp(p, sc_s, bs_s, m_s, pre_s, post_s, comb_s);
     __syncthreads();
   } else {
-    mhc_mapping(p, m_s, pre_s, post_s, comb_s);  // ends with a barrier
+    mhc_mapping(p, sc_s, bs_s, m_s, pre_s, post_s, comb_s);  // ends with a barrier
   }
   for (i64 i = threadIdx.x; i < H; i += blockDim.x) a.post[t * H + i] = post_s[i];
   for (i64 i = threadIdx.x; i < H * H; i += blockDim.x) a.comb[t * H * H + i] = comb_s[i];

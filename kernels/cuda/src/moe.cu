@@ -17,6 +17,22 @@ struct RouteArgs {
   i64 T, E, K, G, TG, normalize;
   double scaling;
 };
+// route_write: token t's chosen experts sel[0..n) (ascending) and their
+// scores sig(k) = sigmoid(logit of sel[k]): idx, and the weights — summed
+// in that order, renormalized (+1e−20) when asked, scaled — with no re-read
+// of w.
+template <class Sig>
+DEVFN void route_write(const RouteArgs& a, i64 t, const int* sel, i64 n, Sig sig) {
+  float sum = 0;
+  for (i64 k = 0; k < n; k++) sum += sig(k);
+  for (i64 k = 0; k < n; k++) {
+    float v = sig(k);
+    if (a.normalize) v /= sum + 1e-20f;
+    a.idx[t * a.K + k] = sel[k];
+    a.w[t * a.K + k] = v * (float)a.scaling;
+  }
+}
+
 KERNEL(glmf_moe_route, RouteArgs) {
   i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= a.T) return;
@@ -57,31 +73,23 @@ KERNEL(glmf_moe_route, RouteArgs) {
     if (best < 0) break;
     taken[best] = 1;
   }
-  float sum = 0;
+  int sel[MOE_MAX_EXPERTS];
   i64 k = 0;
-  for (i64 e = 0; e < a.E && k < a.K; e++) {
-    if (!taken[e]) continue;
-    float s = sigmoidf_d(lt[e]);
-    a.idx[t * a.K + k] = (int)e;
-    a.w[t * a.K + k] = s;
-    sum += s;
-    k++;
-  }
-  for (k = 0; k < a.K; k++) {
-    float v = a.w[t * a.K + k];
-    if (a.normalize) v /= sum + 1e-20f;
-    a.w[t * a.K + k] = v * (float)a.scaling;
-  }
+  for (i64 e = 0; e < a.E && k < a.K; e++)
+    if (taken[e]) sel[k++] = (int)e;
+  route_write(a, t, sel, k, [&](i64 j) { return sigmoidf_d(lt[sel[j]]); });
 }
 
 // moe_route_warp: moe_route without groups (G = 1), a warp per token
 // (ROUTE_WARPS tokens a block): the lanes score the experts, and each of the
 // K rounds picks the best untaken expert by a warp reduction (ties: lower
 // index, as the serial scan), then lane 0 lists the chosen experts in
-// ascending order and weights them as moe_route does (same sums, same order).
+// ascending order, the lanes read their scores, and lane 0 weights them as
+// moe_route does (route_write: same sums, same order).
 #define ROUTE_WARPS 8
 KERNEL(glmf_moe_route_warp, RouteArgs) {
   __shared__ float choice_s[ROUTE_WARPS][MOE_MAX_EXPERTS];
+  __shared__ float sig_s[ROUTE_WARPS][64];
   __shared__ unsigned char taken_s[ROUTE_WARPS][MOE_MAX_EXPERTS];
   __shared__ int sel_s[ROUTE_WARPS][64];
   int wid = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -89,6 +97,7 @@ KERNEL(glmf_moe_route_warp, RouteArgs) {
   if (t >= a.T) return;
   const float* lt = a.logits + t * a.E;
   float* choice = choice_s[wid];
+  float* sig = sig_s[wid];
   unsigned char* taken = taken_s[wid];
   int* sel = sel_s[wid];
   for (i64 e = lane; e < a.E; e += 32) {
@@ -116,26 +125,20 @@ KERNEL(glmf_moe_route_warp, RouteArgs) {
     }
     __syncwarp();
   }
-  if (lane != 0) return;
-  // ascending expert order (insertion sort of at most 64)
-  for (i64 i = 1; i < K; i++) {
-    int v = sel[i];
-    i64 j = i - 1;
-    for (; j >= 0 && sel[j] > v; j--) sel[j + 1] = sel[j];
-    sel[j + 1] = v;
+  if (lane == 0) {
+    // ascending expert order (insertion sort of at most 64)
+    for (i64 i = 1; i < K; i++) {
+      int v = sel[i];
+      i64 j = i - 1;
+      for (; j >= 0 && sel[j] > v; j--) sel[j + 1] = sel[j];
+      sel[j + 1] = v;
+    }
   }
-  float sum = 0;
-  for (i64 k = 0; k < K; k++) {
-    float s = sigmoidf_d(lt[sel[k]]);
-    a.idx[t * a.K + k] = sel[k];
-    a.w[t * a.K + k] = s;
-    sum += s;
-  }
-  for (i64 k = 0; k < K; k++) {
-    float v = a.w[t * a.K + k];
-    if (a.normalize) v /= sum + 1e-20f;
-    a.w[t * a.K + k] = v * (float)a.scaling;
-  }
+  __syncwarp();
+  // the chosen experts' scores, their logits read by the lanes together
+  for (i64 k = lane; k < K; k += 32) sig[k] = sigmoidf_d(lt[sel[k]]);
+  __syncwarp();
+  if (lane == 0) route_write(a, t, sel, K, [&](i64 j) { return sig[j]; });
 }
 
 // moe_plan: one block of 1024 threads. Counts the routing slots of each

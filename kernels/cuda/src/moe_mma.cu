@@ -315,12 +315,12 @@ DEVFN void moe_mma_body(const GemmArgs& a) {
 KERNEL(glmf_moe_mma, GemmArgs) { moe_mma_body<false>(a); }
 KERNEL(glmf_moe_mma_bf16, GemmArgs) { moe_mma_body<true>(a); }
 #else
-extern "C" __global__ void __launch_bounds__(256, 2) glmf_moe_mma(const GemmArgs a) {
+KERNEL_BOUNDS(glmf_moe_mma, GemmArgs, 256, 2) {
 #ifdef GLMF_MOE_MMA
   moe_mma_body<false>(a);
 #endif
 }
-extern "C" __global__ void __launch_bounds__(256, 2) glmf_moe_mma_bf16(const GemmArgs a) {
+KERNEL_BOUNDS(glmf_moe_mma_bf16, GemmArgs, 256, 2) {
 #ifdef GLMF_MOE_MMA
   moe_mma_body<true>(a);
 #endif

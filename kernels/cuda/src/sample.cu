@@ -26,12 +26,103 @@ struct SampleOut {
   double top_logit[SAMPLE_MAX_TOP];
 };
 
+// A chunk's share of a row (glmf_sample_part): its non-finite count and
+// first bad index, its largest logit, Σ exp(l − mx) over the chunk (in
+// double) and its nt smallest keys (the row's n_top, at least 1: top[0] is
+// the chunk's argmax; ~0 past the chunk's length).
+struct SamplePart {
+  double bad;
+  i64 first_bad;
+  double se;
+  double mx;  // a float
+  i64 nt;
+  u64 top[SAMPLE_MAX_TOP];
+};
+
 struct SampleArgs {
   const float* logits; i64 vocab, rows;
   const SampleSpec* specs;
   SampleOut* out;
-  u64* mass;  // scratch [rows][vocab]
+  u64* mass;          // scratch [rows][vocab]
+  const SamplePart* parts; i64 nchunks;  // glmf_sample_part's [rows][nchunks]
 };
+
+// Values a thread of glmf_sample_part holds: a chunk is at most
+// SAMPLE_PART_PER·blockDim.x logits.
+#define SAMPLE_PART_PER 8
+
+struct SamplePartArgs {
+  const float* logits; i64 vocab, rows, chunk, nchunks;
+  const SampleSpec* specs;
+  SamplePart* parts;
+};
+
+// glmf_sample_part: block (c, row) reduces chunk c (logits [c·chunk,
+// (c+1)·chunk)) of a row, its values in registers: a grid of blocks reads
+// the vocabulary at the bandwidth one block cannot reach. glmf_sample then
+// combines the chunks in a fixed order.
+KERNEL(glmf_sample_part, SamplePartArgs) {
+  i64 c = blockIdx.x, row = blockIdx.y;
+  if (row >= a.rows || c >= a.nchunks) return;
+  const float* l = a.logits + row * a.vocab;
+  i64 i0 = c * a.chunk, i1 = i0 + a.chunk < a.vocab ? i0 + a.chunk : a.vocab;
+  float v[SAMPLE_PART_PER];
+#pragma unroll
+  for (int q = 0; q < SAMPLE_PART_PER; q++) {
+    i64 i = i0 + threadIdx.x + (i64)q * blockDim.x;
+    v[q] = i < i1 ? l[i] : 0.f;
+  }
+  double bad = 0;
+  u64 firstb = ~0ull;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int q = 0; q < SAMPLE_PART_PER; q++) {
+    i64 i = i0 + threadIdx.x + (i64)q * blockDim.x;
+    if (i >= i1) continue;
+    if (!(fabsf(v[q]) <= 3.4028234663852886e38f)) {
+      bad += 1;
+      if ((u64)i < firstb) firstb = (u64)i;
+    } else {
+      mx = fmaxf(mx, v[q]);
+    }
+  }
+  bad = block_sum_d(bad);
+  firstb = block_min_u64(firstb);
+  mx = block_max(mx);
+  double se = 0;
+  if (bad == 0) {
+#pragma unroll
+    for (int q = 0; q < SAMPLE_PART_PER; q++) {
+      i64 i = i0 + threadIdx.x + (i64)q * blockDim.x;
+      if (i < i1) se += exp((double)(v[q] - mx));
+    }
+  }
+  se = block_sum_d(se);
+  i64 nt = a.specs[row].n_top;
+  nt = nt < 1 ? 1 : nt > SAMPLE_MAX_TOP ? SAMPLE_MAX_TOP : nt;
+  SamplePart* P = a.parts + row * a.nchunks + c;
+  u64 prev = 0;
+  for (i64 j = 0; j < nt; j++) {
+    u64 kmin = ~0ull;
+#pragma unroll
+    for (int q = 0; q < SAMPLE_PART_PER; q++) {
+      i64 i = i0 + threadIdx.x + (i64)q * blockDim.x;
+      if (i >= i1) continue;
+      u64 k = desc_key(v[q], (unsigned)i);
+      if ((j == 0 || k > prev) && k < kmin) kmin = k;
+    }
+    kmin = block_min_u64(kmin);
+    if (threadIdx.x == 0) P->top[j] = kmin;
+    prev = kmin;
+  }
+  if (threadIdx.x == 0) {
+    P->bad = bad;
+    P->first_bad = (i64)firstb;
+    P->se = se;
+    P->mx = (double)mx;
+    P->nt = nt;
+  }
+}
 
 #define FIX_ONE 4611686018427387904.0  // 2^62
 
@@ -42,14 +133,24 @@ KERNEL(glmf_sample, SampleArgs) {
   const SampleSpec sp = a.specs[row];
   SampleOut* o = a.out + row;
   i64 V = a.vocab;
+  // glmf_sample_part's chunks (a.parts), else the row itself
+  const SamplePart* P = a.parts ? a.parts + row * a.nchunks : 0;
+  i64 NC = a.nchunks;
   // non-finite logits end the request with an error, never a silent token
   double bad = 0;
   u64 firstb = ~0ull;
-  for (i64 i = threadIdx.x; i < V; i += blockDim.x)
-    if (!(fabsf(l[i]) <= 3.4028234663852886e38f)) {
-      bad += 1;
-      if ((u64)i < firstb) firstb = (u64)i;
+  if (P) {
+    for (i64 c = threadIdx.x; c < NC; c += blockDim.x) {
+      bad += P[c].bad;
+      if ((u64)P[c].first_bad < firstb) firstb = (u64)P[c].first_bad;
     }
+  } else {
+    for (i64 i = threadIdx.x; i < V; i += blockDim.x)
+      if (!(fabsf(l[i]) <= 3.4028234663852886e38f)) {
+        bad += 1;
+        if ((u64)i < firstb) firstb = (u64)i;
+      }
+  }
   bad = block_sum_d(bad);
   firstb = block_min_u64(firstb);
   if (bad > 0) {
@@ -63,16 +164,29 @@ KERNEL(glmf_sample, SampleArgs) {
   if (threadIdx.x == 0) o->nonfinite = 0;
   // max, argmax (lowest index), log-sum-exp
   float mx = -INFINITY;
-  for (i64 i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, l[i]);
+  if (P) {
+    for (i64 c = threadIdx.x; c < NC; c += blockDim.x) mx = fmaxf(mx, (float)P[c].mx);
+  } else {
+    for (i64 i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, l[i]);
+  }
   mx = block_max(mx);
   double se = 0;
-  for (i64 i = threadIdx.x; i < V; i += blockDim.x) se += exp((double)(l[i] - mx));
+  if (P) {  // a chunk's sum is relative to its own maximum
+    for (i64 c = threadIdx.x; c < NC; c += blockDim.x) se += P[c].se * exp(P[c].mx - (double)mx);
+  } else {
+    for (i64 i = threadIdx.x; i < V; i += blockDim.x) se += exp((double)(l[i] - mx));
+  }
   se = block_sum_d(se);
   double lse = (double)mx + log(se);
   u64 best = ~0ull;
-  for (i64 i = threadIdx.x; i < V; i += blockDim.x) {
-    u64 k = desc_key(l[i], (unsigned)i);
-    if (k < best) best = k;
+  if (P) {
+    for (i64 c = threadIdx.x; c < NC; c += blockDim.x)
+      if (P[c].top[0] < best) best = P[c].top[0];
+  } else {
+    for (i64 i = threadIdx.x; i < V; i += blockDim.x) {
+      u64 k = desc_key(l[i], (unsigned)i);
+      if (k < best) best = k;
+    }
   }
   best = block_min_u64(best);  // the argmax: largest logit, lowest index
   i64 tok = (i64)(best & 0xffffffffu);
@@ -138,9 +252,16 @@ KERNEL(glmf_sample, SampleArgs) {
   u64 prev = 0;
   for (i64 j = 0; j < nt; j++) {
     u64 kmin = ~0ull;
-    for (i64 i = threadIdx.x; i < V; i += blockDim.x) {
-      u64 k = desc_key(l[i], (unsigned)i);
-      if ((j == 0 || k > prev) && k < kmin) kmin = k;
+    if (P) {  // the row's j-th key is among the chunks' nt smallest
+      for (i64 e = threadIdx.x; e < NC * nt; e += blockDim.x) {
+        u64 k = P[e / nt].top[e % nt];
+        if ((j == 0 || k > prev) && k < kmin) kmin = k;
+      }
+    } else {
+      for (i64 i = threadIdx.x; i < V; i += blockDim.x) {
+        u64 k = desc_key(l[i], (unsigned)i);
+        if ((j == 0 || k > prev) && k < kmin) kmin = k;
+      }
     }
     kmin = block_min_u64(kmin);
     if (threadIdx.x == 0) {
