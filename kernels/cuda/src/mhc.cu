@@ -457,20 +457,8 @@ KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 2) {
   int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const float* x = a.x + t * HD;
   float* h = a.h + t * D;
-  // the streams (H ≤ MHC_PF_H, D ≤ MHC_HD·MHC_THREADS) are loaded into
-  // registers now, their latency hidden behind the sums and the mapping
   bool regs = D <= MHC_HD * MHC_THREADS;  // every h value stays in a register
   bool pf = regs && H <= MHC_PF_H;
-  float xr[MHC_PF_H][MHC_HD];
-  if (pf) {
-#pragma unroll
-    for (int i = 0; i < MHC_PF_H; i++)
-#pragma unroll
-      for (int q = 0; q < MHC_HD; q++) {
-        i64 d = tid + q * MHC_THREADS;
-        xr[i][q] = i < H && d < D ? x[i * D + d] : 0.f;
-      }
-  }
   // the mapping's parameters (as floats), also loaded now (the partial
   // sums' barriers publish sc_s and bs_s)
   __shared__ float sc_s[3];
@@ -512,6 +500,19 @@ KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 2) {
     __syncthreads();
   } else {
     mhc_mapping(p, sc_s, bs_s, m_s, pre_s, post_s, comb_s);  // ends with a barrier
+  }
+  // the streams (H ≤ MHC_PF_H, D ≤ MHC_HD·MHC_THREADS) into registers,
+  // every load in flight at once (loaded earlier, they would be held
+  // through the sums and the mapping, and spill)
+  float xr[MHC_PF_H][MHC_HD];
+  if (pf) {
+#pragma unroll
+    for (int i = 0; i < MHC_PF_H; i++)
+#pragma unroll
+      for (int q = 0; q < MHC_HD; q++) {
+        int d = tid + q * MHC_THREADS;
+        xr[i][q] = i < H && d < D ? x[i * D + d] : 0.f;
+      }
   }
   for (i64 i = threadIdx.x; i < H; i += blockDim.x) a.post[t * H + i] = post_s[i];
   for (i64 i = threadIdx.x; i < H * H; i += blockDim.x) a.comb[t * H * H + i] = comb_s[i];
