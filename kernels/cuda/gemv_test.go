@@ -96,7 +96,14 @@ func TestGemvMatchesCPU(t *testing.T) {
 			for m := 0; m < c.M; m++ {
 				copy(xu[m*lda:], x[m*c.G*c.K:(m+1)*c.G*c.K])
 			}
-			require.Equal(t, got, run(xu, lda, c.M), "%s: unaligned rows", name)
+			mmaArgs := kc.GemmArgs{A: 4096, Lda: int64(c.G * c.K), AGoff: int64(c.K), W: 4096, WType: int64(c.wt), WGoff: int64(c.N * c.K), N: int64(c.N), K: int64(c.K), ARound: round}
+			if kc.GemvMMAApplies(&mmaArgs) {
+				// aligned rows ran on the tensor-core GEMV, unaligned ones
+				// on glmf_gemv: both close to the CPU
+				require.Less(t, maxRelErr(t, run(xu, lda, c.M), want), tol, "%s: unaligned rows", name)
+			} else {
+				require.Equal(t, got, run(xu, lda, c.M), "%s: unaligned rows", name)
+			}
 		}
 	}
 }
