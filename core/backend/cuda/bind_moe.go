@@ -83,7 +83,10 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 	// when the routing slots average at most that many per expert (decode),
 	// for fp8 experts and in precision bf16; else 64-row tiles on the tiled
 	// kernel (bf16/fp32 experts in fp32 precision always: its sums are the
-	// ascending-k ones every other kernel gives).
+	// ascending-k ones every other kernel gives). In precision bf16 the
+	// GEMV is the tensor-core glmf_gemv_mma_* (kc.GemvLaunch: where K is
+	// a multiple of 64 and the rows are aligned; one kernel whatever the
+	// tile's rows, so a token's result does not depend on the batch).
 	//
 	// In precision bf16 (bf16 or fp8 experts) on compute 9.0+, tiles of
 	// more rows go to the tensor-core kernel glmf_moe_mma in 128-row tiles

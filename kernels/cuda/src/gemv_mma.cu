@@ -17,8 +17,9 @@
 // chunk for all the warp's column tiles). fp8 codes become bf16 exactly: a
 // word's codes 0 and 2 form one bf16x2 register, 1 and 3 the other (their
 // sign, exponent and mantissa moved to bf16 places, +120 on the exponent:
-// exact for normal codes); words with a zero-exponent code (zero,
-// subnormals) or a NaN code (0x7f/0xff) take a slower exact path. The
+// exact for normal codes); a lane's 32 codes of a chunk with a
+// zero-exponent code (zero, subnormals) or a NaN code (0x7f/0xff) among
+// them take a slower exact path. The
 // block scale is applied once a chunk: each chunk's four mmas sum into a
 // fresh fragment p, then acc = fmaf(scale, p, acc).
 //
@@ -41,13 +42,6 @@
 DEVFN unsigned gm_even(unsigned u) { return (((u << 4) & 0x07f007f0u) + 0x3c003c00u) | ((u << 8) & 0x80008000u); }
 DEVFN unsigned gm_odd(unsigned u) { return (((u >> 4) & 0x07f007f0u) + 0x3c003c00u) | (u & 0x80008000u); }
 
-// Whether a code of u has a zero exponent (zero, subnormal) or is NaN.
-DEVFN bool gm_special(unsigned u) {
-  unsigned e = (u & 0x78787878u) + 0x78787878u;  // a byte's bit 7: exponent ≠ 0
-  unsigned n = (u & 0x7f7f7f7fu) + 0x01010101u;  // a byte's bit 7: NaN
-  return ((~e | n) & 0x80808080u) != 0;
-}
-
 // The bf16 bits of fp8 code c (any code), exactly.
 DEVFN unsigned gm_bf16_of(unsigned c) {
   unsigned s = (c & 0x80u) << 8;
@@ -56,13 +50,33 @@ DEVFN unsigned gm_bf16_of(unsigned c) {
   return s | (((c & 0x7fu) << 4) + 0x3c00u);
 }
 
-DEVFN void gm_fp8_pairs(unsigned u, unsigned& ev, unsigned& od) {
-  if (gm_special(u)) {
-    ev = gm_bf16_of(u & 0xffu) | (gm_bf16_of((u >> 16) & 0xffu) << 16);
-    od = gm_bf16_of((u >> 8) & 0xffu) | (gm_bf16_of(u >> 24) << 16);
+// The A fragments of mmas s = 0..3 of a chunk from a lane's 16 codes of
+// rows g (lo) and g+8 (hi): a[s] = {even(lo.s), even(hi.s), odd(lo.s),
+// odd(hi.s)}. A zero exponent (zero, subnormals) or a NaN code among the
+// 32 sends all to the exact code-by-code path: with t a byte's low 7 bits,
+// t + 0x78 has bit 7 clear iff the exponent is 0, t + 1 has it set iff t
+// is 0x7f (no carry leaves a byte).
+DEVFN void gm_fp8_frags(const uint4& lo, const uint4& hi, unsigned av[4][4]) {
+  unsigned w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  unsigned sp = 0;
+  #pragma unroll
+  for (int i = 0; i < 8; i++) {
+    unsigned t = w[i] & 0x7f7f7f7fu;
+    sp |= ~(t + 0x78787878u) | (t + 0x01010101u);
+  }
+  if (sp & 0x80808080u) {
+    #pragma unroll
+    for (int i = 0; i < 8; i++) {
+      unsigned u = w[i];
+      av[i & 3][(i >> 2)] = gm_bf16_of(u & 0xffu) | (gm_bf16_of((u >> 16) & 0xffu) << 16);
+      av[i & 3][2 + (i >> 2)] = gm_bf16_of((u >> 8) & 0xffu) | (gm_bf16_of(u >> 24) << 16);
+    }
   } else {
-    ev = gm_even(u);
-    od = gm_odd(u);
+    #pragma unroll
+    for (int i = 0; i < 8; i++) {
+      av[i & 3][(i >> 2)] = gm_even(w[i]);
+      av[i & 3][2 + (i >> 2)] = gm_odd(w[i]);
+    }
   }
 }
 
@@ -186,13 +200,10 @@ DEVFN void gemv_mma_body(const GemmArgs& a) {
           for (int tt = 0; tt < T; tt++) {
             if (WT == WT_FP8) {
               float p[4] = {0.f, 0.f, 0.f, 0.f};
+              unsigned av[4][4];
+              gm_fp8_frags(raw[j][mt][tt][0][0], raw[j][mt][tt][1][0], av);
               #pragma unroll
-              for (int s = 0; s < 4; s++) {
-                unsigned av[4];
-                gm_fp8_pairs(gm_word(raw[j][mt][tt][0][0], s), av[0], av[2]);
-                gm_fp8_pairs(gm_word(raw[j][mt][tt][1][0], s), av[1], av[3]);
-                mma_bf16_16816(p, av, b[s], p);
-              }
+              for (int s = 0; s < 4; s++) mma_bf16_16816(p, av[s], b[s], p);
               float sc = wsr[mt][tt][(64 * q) >> 7];
               #pragma unroll
               for (int i = 0; i < 4; i++) acc[mt][tt][i] = fmaf(sc, p[i], acc[mt][tt][i]);
