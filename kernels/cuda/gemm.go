@@ -84,8 +84,12 @@ func GemvSIMTLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block
 	return fmt.Sprintf("glmf_gemv_%s%d", p, r), Dim3{X: uint32((a.N + c - 1) / c), Y: uint32(tiles), Z: uint32(G)}, Dim3{X: 32 * GemvWarps}
 }
 
-// GemvMMAWarps is the warps of a glmf_gemv_mma block (they split K).
-const GemvMMAWarps = 8
+// GemvMMAWarps is the warps of a glmf_gemv_mma block (they split K);
+// GemvMMAWarpsK those of the *_t1k kernels (grids of few blocks).
+const (
+	GemvMMAWarps  = 8
+	GemvMMAWarpsK = 16
+)
 
 // GemvMMABF16 says whether bf16 weights take the tensor-core GEMV too
 // (fp8 weights always do where it applies).
@@ -93,8 +97,13 @@ var GemvMMABF16 = true
 
 // gemvMMAWideBlocks: with at least this many blocks of 32 columns
 // (× tiles × groups) the kernels of two column tiles a warp run (half the
-// activation reads), else those of one (more blocks for the SMs).
-const gemvMMAWideBlocks = 264
+// activation reads), else those of one (more blocks for the SMs), with
+// GemvMMAWarpsK warps splitting K where even blocks of 16 columns are
+// fewer than gemvMMAFewBlocks (about the H200's 132 SMs).
+const (
+	gemvMMAWideBlocks = 264
+	gemvMMAFewBlocks  = 132
+)
 
 // GemvMMAApplies says whether the tensor-core GEMV (src/gemv_mma.cu) takes
 // args a: precision bf16 (a.ARound = 1: fp32 activations rounded to bf16),
@@ -117,8 +126,8 @@ func GemvMMAApplies(a *GemmArgs) bool {
 // GemvMMALaunch is the launch of glmf_gemv_mma_* for args a over tiles
 // (MoE tile mode, else 1) and G groups (ok false where GemvMMAApplies
 // does not hold): 16 columns a block in dual mode (a.W2: W and W2 rows),
-// else 32 or, with few blocks, 16; GemvMMAWarps warps splitting K. Any
-// row count (passes of 8).
+// else 32 or, with few blocks, 16; GemvMMAWarps warps splitting K
+// (GemvMMAWarpsK with very few blocks). Any row count (passes of 8).
 func GemvMMALaunch(a *GemmArgs, tiles, G int) (kernel string, grid, block Dim3, ok bool) {
 	if !GemvMMAApplies(a) {
 		return "", Dim3{}, Dim3{}, false
@@ -127,12 +136,14 @@ func GemvMMALaunch(a *GemmArgs, tiles, G int) (kernel string, grid, block Dim3, 
 	if a.WType == 1 {
 		w = "b16"
 	}
-	v, cols := "t1", int64(16)
+	v, cols, warps := "t1", int64(16), GemvMMAWarps
 	switch {
 	case a.W2 != 0:
 		v = "dual"
 	case (a.N+31)/32*int64(tiles*G) >= gemvMMAWideBlocks:
 		v, cols = "t2", 32
+	case (a.N+15)/16*int64(tiles*G) < gemvMMAFewBlocks:
+		v, warps = "t1k", GemvMMAWarpsK
 	}
-	return "glmf_gemv_mma_" + w + "_" + v, Dim3{X: uint32((a.N + cols - 1) / cols), Y: uint32(tiles), Z: uint32(G)}, Dim3{X: 32 * GemvMMAWarps}, true
+	return "glmf_gemv_mma_" + w + "_" + v, Dim3{X: uint32((a.N + cols - 1) / cols), Y: uint32(tiles), Z: uint32(G)}, Dim3{X: uint32(32 * warps)}, true
 }

@@ -146,7 +146,7 @@ func TestGemvMMAMatchesCPU(t *testing.T) {
 		if c.wt == 2 {
 			wgoff = (c.N + 127) / 128 * 128 * c.K
 		}
-		for _, v := range []string{"t1", "t2"} {
+		for _, v := range []string{"t1", "t2", "t1k"} {
 			name := fmt.Sprintf("%+v/%s", c, v)
 			run := func(x []float32, M int) []float32 {
 				X := upload(t, d, x)
@@ -167,9 +167,10 @@ func TestGemvMMAMatchesCPU(t *testing.T) {
 					}
 				}
 				require.True(t, kc.GemvMMAApplies(&a), name)
-				cols := map[string]int{"t1": 16, "t2": 32}[v]
+				cols := map[string]int{"t1": 16, "t2": 32, "t1k": 16}[v]
+				warps := map[string]int{"t1": kc.GemvMMAWarps, "t2": kc.GemvMMAWarps, "t1k": kc.GemvMMAWarpsK}[v]
 				w := map[int]string{1: "b16", 2: "f8"}[c.wt]
-				launch(t, d, "glmf_gemv_mma_"+w+"_"+v, kc.Dim3{X: uint32((c.N + cols - 1) / cols), Y: 1, Z: uint32(c.G)}, kc.Dim3{X: 32 * kc.GemvMMAWarps}, 0, &a)
+				launch(t, d, "glmf_gemv_mma_"+w+"_"+v, kc.Dim3{X: uint32((c.N + cols - 1) / cols), Y: 1, Z: uint32(c.G)}, kc.Dim3{X: uint32(32 * warps)}, 0, &a)
 				got := make([]float32, c.G*M*c.N)
 				if a.Batched == 1 {
 					for g := range outs {

@@ -23,19 +23,21 @@
 // block scale is applied once a chunk: each chunk's four mmas sum into a
 // fresh fragment p, then acc = fmaf(scale, p, acc).
 //
-// A block has GM_WARPS warps splitting K: warp w takes the runs of CH
-// consecutive chunks r = w, w + GM_WARPS, ...; the warps' sums are added in
+// A block has WARPS warps (GM_WARPS; GM_WARPS_K in the *_t1k kernels, for
+// grids too small to fill the SMs) splitting K: warp w takes the runs of CH
+// consecutive chunks r = w, w + WARPS, ...; the warps' sums are added in
 // ascending warp order through shared memory. So an output's bits depend
 // on K, its column's weights and its own row only: not on the other rows
 // of the batch or tile (batch invariance), nor on the grid. Needs K a
 // multiple of 64 and 16-byte aligned weights and activation rows
 // (kc.GemvMMALaunch checks; glmf_gemv takes the rest).
 //
-// Kernels glmf_gemv_mma_{f8,b16}_{t1,t2,dual}: T column tiles of 16 a warp
-// (t1, t2: 16 or 32 columns a block), dual: 16 columns of W and W2 (MoE
-// gate/up). Each lane keeps 8 weight loads (128 bytes) in flight an
+// Kernels glmf_gemv_mma_{f8,b16}_{t1,t2,dual,t1k}: T column tiles of 16 a
+// warp (t1, t2: 16 or 32 columns a block), dual: 16 columns of W and W2
+// (MoE gate/up); t1k: t1 with GM_WARPS_K warps. Each lane keeps 8 weight loads (128 bytes) in flight an
 // iteration: CH = 8 / (2·T·matrices·loads a row-chunk).
 #define GM_WARPS 8
+#define GM_WARPS_K 16
 
 // Codes 0 and 2 (even) or 1 and 3 (odd) of the fp8 word u as a bf16x2
 // (the lower-numbered code in the low half), exact for normal codes.
@@ -95,7 +97,7 @@ DEVFN unsigned gm_pack(float lo, float hi) {
 
 DEVFN unsigned gm_word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
-template <int WT, int T, bool DUAL>
+template <int WT, int T, bool DUAL, int WARPS>
 DEVFN void gemv_mma_body(const GemmArgs& a) {
   const int WSZ = WT == WT_FP8 ? 1 : 2;
   const int NM = DUAL ? 2 : 1;  // weight matrices
@@ -136,7 +138,7 @@ DEVFN void gemv_mma_body(const GemmArgs& a) {
   }
   const float* A = a.A + g * a.a_goff;
   i64 nc = K / 64;
-  __shared__ float red[GM_WARPS][NM * T * 4][32];
+  __shared__ float red[WARPS][NM * T * 4][32];
   for (i64 r0 = 0; r0 < rows; r0 += 8) {
     i64 n = rows - r0 < 8 ? rows - r0 : 8;
     // this lane's activation row (gid), from k 16·t4 of each chunk
@@ -158,7 +160,7 @@ DEVFN void gemv_mma_body(const GemmArgs& a) {
       for (int tt = 0; tt < T; tt++)
         #pragma unroll
         for (int i = 0; i < 4; i++) acc[mt][tt][i] = 0.f;
-    for (i64 q0 = (i64)warp * CH; q0 < nc; q0 += GM_WARPS * CH) {
+    for (i64 q0 = (i64)warp * CH; q0 < nc; q0 += WARPS * CH) {
       uint4 raw[CH][NM][T][2][NL];
       #pragma unroll
       for (int j = 0; j < CH; j++) {
@@ -230,17 +232,17 @@ DEVFN void gemv_mma_body(const GemmArgs& a) {
         #pragma unroll
         for (int i = 0; i < 4; i++) red[warp][(mt * T + tt) * 4 + i][lane] = acc[mt][tt][i];
     __syncthreads();
-    for (int f = threadIdx.x; f < T * 4 * 32; f += GM_WARPS * 32) {
+    for (int f = threadIdx.x; f < T * 4 * 32; f += WARPS * 32) {
       int ln = f & 31, v = f >> 5, tt = v >> 2, i = v & 3;
       int m = 2 * (ln & 3) + (i & 1);
       i64 c = c0 + 16 * tt + (ln >> 2) + 8 * (i >> 1);
       if (m >= n || c >= N) continue;
       float s0 = red[0][v][ln];
-      for (int w = 1; w < GM_WARPS; w++) s0 += red[w][v][ln];
+      for (int w = 1; w < WARPS; w++) s0 += red[w][v][ln];
       i64 p = p0 + r0 + m;
       if (DUAL) {
         float s1 = red[0][T * 4 + v][ln];
-        for (int w = 1; w < GM_WARPS; w++) s1 += red[w][T * 4 + v][ln];
+        for (int w = 1; w < WARPS; w++) s1 += red[w][T * 4 + v][ln];
         a.out[0][p * N + c] = swiglu_clamped(s0, s1, a.limit);
       } else if (a.scatter) {
         int sl = a.perm[p];
@@ -257,16 +259,18 @@ DEVFN void gemv_mma_body(const GemmArgs& a) {
 }
 
 #ifdef GLMF_EMU
-#define GM_KERNEL(name) KERNEL(name, GemmArgs)
+#define GM_KERNEL(name, warps, minb) KERNEL(name, GemmArgs)
 #else
-#define GM_KERNEL(name) extern "C" __global__ void __launch_bounds__(GM_WARPS * 32, 2) name(const GemmArgs a)
+#define GM_KERNEL(name, warps, minb) extern "C" __global__ void __launch_bounds__((warps) * 32, minb) name(const GemmArgs a)
 #endif
-GM_KERNEL(glmf_gemv_mma_f8_t1) { gemv_mma_body<WT_FP8, 1, false>(a); }
-GM_KERNEL(glmf_gemv_mma_f8_t2) { gemv_mma_body<WT_FP8, 2, false>(a); }
-GM_KERNEL(glmf_gemv_mma_f8_dual) { gemv_mma_body<WT_FP8, 1, true>(a); }
-GM_KERNEL(glmf_gemv_mma_b16_t1) { gemv_mma_body<WT_BF16, 1, false>(a); }
-GM_KERNEL(glmf_gemv_mma_b16_t2) { gemv_mma_body<WT_BF16, 2, false>(a); }
-GM_KERNEL(glmf_gemv_mma_b16_dual) { gemv_mma_body<WT_BF16, 1, true>(a); }
+GM_KERNEL(glmf_gemv_mma_f8_t1, GM_WARPS, 2) { gemv_mma_body<WT_FP8, 1, false, GM_WARPS>(a); }
+GM_KERNEL(glmf_gemv_mma_f8_t2, GM_WARPS, 2) { gemv_mma_body<WT_FP8, 2, false, GM_WARPS>(a); }
+GM_KERNEL(glmf_gemv_mma_f8_dual, GM_WARPS, 2) { gemv_mma_body<WT_FP8, 1, true, GM_WARPS>(a); }
+GM_KERNEL(glmf_gemv_mma_f8_t1k, GM_WARPS_K, 1) { gemv_mma_body<WT_FP8, 1, false, GM_WARPS_K>(a); }
+GM_KERNEL(glmf_gemv_mma_b16_t1, GM_WARPS, 2) { gemv_mma_body<WT_BF16, 1, false, GM_WARPS>(a); }
+GM_KERNEL(glmf_gemv_mma_b16_t2, GM_WARPS, 2) { gemv_mma_body<WT_BF16, 2, false, GM_WARPS>(a); }
+GM_KERNEL(glmf_gemv_mma_b16_dual, GM_WARPS, 2) { gemv_mma_body<WT_BF16, 1, true, GM_WARPS>(a); }
+GM_KERNEL(glmf_gemv_mma_b16_t1k, GM_WARPS_K, 1) { gemv_mma_body<WT_BF16, 1, false, GM_WARPS_K>(a); }
 
 // glmf_test_mma: mma_bf16_16816 (d) and mma_bf16_16816_shfl (d2) of one
 // warp's fragments a [32][4], b [32][2], c [32][4] (tests the layout).
