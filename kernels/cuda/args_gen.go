@@ -283,6 +283,15 @@ type FP8ToBF16Args struct {
 	Out  DevicePtr
 }
 
+// MMATestArgs mirrors the CUDA struct MMATestArgs.
+type MMATestArgs struct {
+	A  DevicePtr
+	B  DevicePtr
+	C  DevicePtr
+	D  DevicePtr
+	D2 DevicePtr
+}
+
 // KDAConvArgs mirrors the CUDA struct KDAConvArgs.
 type KDAConvArgs struct {
 	M          BatchMeta

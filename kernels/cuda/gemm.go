@@ -49,13 +49,53 @@ func GemvCols(a *GemmArgs) int {
 	return slots
 }
 
-// GemvLaunch is glmf_gemv's launch shape for args a (GemvCols(a) columns
+// GemvLaunch is the launch for the GEMV of args a (a.M rows, or MoE
+// tiles of at most rows rows, over tiles tiles, else 1, and G groups):
+// GemvLaunchFor with rows as the typical rows too.
+func GemvLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block Dim3) {
+	return GemvLaunchFor(a, rows, rows, tiles, G)
+}
+
+// GemvLaunchFor is the launch for the GEMV of args a over tiles of at most
+// rows rows, typically typRows (MoE: the routing slots per expert): the
+// tensor-core glmf_gemv_mma_* where it applies (GemvMMALaunch) and pays
+// (GemvMMAPays), else glmf_gemv_* (GemvSIMTLaunch). In precision fp32 the
+// tensor-core kernel never applies, so a row's bits do not depend on the
+// batch there; in precision bf16 they may (as cuBLAS's do).
+func GemvLaunchFor(a *GemmArgs, rows, typRows, tiles, G int) (kernel string, grid, block Dim3) {
+	if GemvMMAPays(a, typRows) {
+		if k, g, b, ok := GemvMMALaunch(a, tiles, G); ok {
+			return k, g, b
+		}
+	}
+	return GemvSIMTLaunch(a, rows, tiles, G)
+}
+
+// GemvMMAPays says whether the tensor-core GEMV beats glmf_gemv at rows
+// rows, as BenchmarkGemvDecode and BenchmarkMoEDecodeGemv measured them on
+// the H200 (docs/results/cuda-h200-gpu-preset/run-2314/): bf16 weights from
+// 2 rows (3.5–4.1 TB/s against 1.2–1.5 at 8 rows; at 1 row equal or
+// slower); fp8 weights from GemvMMAFP8Rows rows (its per-chunk activation
+// reads and packing bound it near 0.8 TB/s at any row count, where
+// glmf_gemv streams 1.6–1.9 TB/s at 1–2 rows and 0.6 at 8).
+func GemvMMAPays(a *GemmArgs, rows int) bool {
+	if a.WType == 2 {
+		return rows >= GemvMMAFP8Rows
+	}
+	return rows >= 2
+}
+
+// GemvMMAFP8Rows is the fewest rows at which fp8 weights take the
+// tensor-core GEMV.
+var GemvMMAFP8Rows = 6
+
+// GemvSIMTLaunch is glmf_gemv's launch shape for args a (GemvCols(a) columns
 // of a.N a block, GemvWarps warps splitting K) for at most rows rows (a.M,
 // or a MoE tile's most rows) over tiles (MoE tile mode, else 1) and G
 // groups. The kernel is the one for the precision (float or double sums)
 // and the fewest rows a pass (1, 2, 4 or 8; fp32 weights: 8) that take
 // rows: all give the same bits, fewer rows a pass need fewer registers.
-func GemvLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block Dim3) {
+func GemvSIMTLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block Dim3) {
 	c := int64(GemvCols(a))
 	r := 1
 	for r < rows && r < GemvRows {
@@ -69,4 +109,68 @@ func GemvLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block Dim
 		p = "f"
 	}
 	return fmt.Sprintf("glmf_gemv_%s%d", p, r), Dim3{X: uint32((a.N + c - 1) / c), Y: uint32(tiles), Z: uint32(G)}, Dim3{X: 32 * GemvWarps}
+}
+
+// GemvMMAWarps is the warps of a glmf_gemv_mma block (they split K);
+// GemvMMAWarpsK those of the *_t1k kernels (grids of few blocks).
+const (
+	GemvMMAWarps  = 8
+	GemvMMAWarpsK = 16
+)
+
+// GemvMMABF16 says whether bf16 weights take the tensor-core GEMV too
+// (fp8 weights always do where it applies).
+var GemvMMABF16 = true
+
+// gemvMMAWideBlocks: with at least this many blocks of 32 columns
+// (× tiles × groups) the kernels of two column tiles a warp run (half the
+// activation reads), else those of one (more blocks for the SMs), with
+// GemvMMAWarpsK warps splitting K where even blocks of 16 columns are
+// fewer than gemvMMAFewBlocks (about the H200's 132 SMs).
+const (
+	gemvMMAWideBlocks = 264
+	gemvMMAFewBlocks  = 132
+)
+
+// GemvMMAApplies says whether the tensor-core GEMV (src/gemv_mma.cu) takes
+// args a: precision bf16 (a.ARound = 1: fp32 activations rounded to bf16),
+// fp8 or (GemvMMABF16) bf16 weights, K a multiple of 64, 16-byte aligned
+// weights (and group offsets) and activation rows.
+func GemvMMAApplies(a *GemmArgs) bool {
+	wsz := int64(1)
+	switch {
+	case a.WType == 2:
+	case a.WType == 1 && GemvMMABF16:
+		wsz = 2
+	default:
+		return false
+	}
+	return a.ARound == 1 && a.K > 0 && a.K%64 == 0 && a.N > 0 &&
+		a.W%16 == 0 && a.W2%16 == 0 && (a.WGoff*wsz)%16 == 0 &&
+		a.A%16 == 0 && a.Lda%4 == 0 && a.AGoff%4 == 0
+}
+
+// GemvMMALaunch is the launch of glmf_gemv_mma_* for args a over tiles
+// (MoE tile mode, else 1) and G groups (ok false where GemvMMAApplies
+// does not hold): 16 columns a block in dual mode (a.W2: W and W2 rows),
+// else 32 or, with few blocks, 16; GemvMMAWarps warps splitting K
+// (GemvMMAWarpsK with very few blocks). Any row count (passes of 8).
+func GemvMMALaunch(a *GemmArgs, tiles, G int) (kernel string, grid, block Dim3, ok bool) {
+	if !GemvMMAApplies(a) {
+		return "", Dim3{}, Dim3{}, false
+	}
+	w := "f8"
+	if a.WType == 1 {
+		w = "b16"
+	}
+	v, cols, warps := "t1", int64(16), GemvMMAWarps
+	switch {
+	case a.W2 != 0:
+		v = "dual"
+	case (a.N+31)/32*int64(tiles*G) >= gemvMMAWideBlocks:
+		v, cols = "t2", 32
+	case (a.N+15)/16*int64(tiles*G) < gemvMMAFewBlocks:
+		v, warps = "t1k", GemvMMAWarpsK
+	}
+	return "glmf_gemv_mma_" + w + "_" + v, Dim3{X: uint32((a.N + cols - 1) / cols), Y: uint32(tiles), Z: uint32(G)}, Dim3{X: uint32(32 * warps)}, true
 }

@@ -140,9 +140,11 @@ func deviceMicros(b *testing.B, d *kc.Device, reps int, graph bool, launch func(
 }
 
 // BenchmarkGemvDecode times glmf_gemv on the gpu preset's decode shapes
-// (N×K) at 1 and 8 rows, bf16 and fp8 weights (block scales), in precision
-// bf16 (float sums) and fp32 (double sums), beside a device copy of the
-// bf16 weight's bytes (the roofline) and cuBLAS's bf16 GEMM. weightGB/s
+// (N×K) at 1, 2, 4 and 8 rows, bf16 and fp8 weights (block scales), in
+// precision bf16 (float sums) and fp32 (double sums), and in precision
+// bf16 the tensor-core glmf_gemv_mma_* (mma-t1, mma-t2, mma-t1k;
+// "-picked": the one kc.GemvLaunch takes), beside a device copy of the bf16 weight's
+// bytes (the roofline) and cuBLAS's bf16 GEMM. weightGB/s
 // counts the weight's bytes as stored (fp8: one a weight, scales apart).
 //
 //	go test -run - -bench GemvDecode ./kernels/cuda
@@ -187,7 +189,7 @@ func BenchmarkGemvDecode(b *testing.B) {
 		b.Run(shape+"/copy", func(b *testing.B) {
 			timeLaunches(b, d, reps, false, bbytes, func() error { return d.Copy(dst.p, W.p, int64(bbytes)) })
 		})
-		for _, M := range []int{1, 8} {
+		for _, M := range []int{1, 2, 4, 8} {
 			for _, w := range []struct {
 				name  string
 				wt    int64
@@ -199,11 +201,34 @@ func BenchmarkGemvDecode(b *testing.B) {
 						a.W, a.Ws, a.WsLd = W8.p, S.p, int64(sld)
 					}
 					a.Out[0], a.Ow[0] = out.p, int64(s.N)
-					name, grid, block := kc.GemvLaunch(&a, M, 1, 1)
+					name, grid, block := kc.GemvSIMTLaunch(&a, M, 1, 1)
 					prec := map[int64]string{1: "bf16", 0: "fp32"}[round]
 					b.Run(fmt.Sprintf("%s/M%d/gemv-%sw-%sprec", shape, M, w.name, prec), func(b *testing.B) {
 						timeLaunches(b, d, reps, true, w.bytes, func() error { return kc.Launch(d, name, grid, block, 0, &a) })
 					})
+					if round == 0 || !kc.GemvMMAApplies(&a) {
+						continue
+					}
+					// the tensor-core GEMV, every variant (kc.GemvLaunch picks
+					// t2 from 264 blocks of 32 columns on, t1k under 132 of 16)
+					pick, _, _ := kc.GemvLaunch(&a, M, 1, 1)
+					for _, v := range []struct {
+						name  string
+						cols  int64
+						warps int
+					}{{"t1", 16, kc.GemvMMAWarps}, {"t2", 32, kc.GemvMMAWarps}, {"t1k", 16, kc.GemvMMAWarpsK}} {
+						kn := "glmf_gemv_mma_" + map[int64]string{1: "b16", 2: "f8"}[w.wt] + "_" + v.name
+						grid, block := kc.Dim3{X: uint32((a.N + v.cols - 1) / v.cols), Y: 1, Z: 1}, kc.Dim3{X: uint32(32 * v.warps)}
+						mark := ""
+						if kn == pick {
+							mark = "-picked"
+						}
+						b.Run(fmt.Sprintf("%s/M%d/mma-%s-%sw%s", shape, M, v.name, w.name, mark), func(b *testing.B) {
+							timeLaunches(b, d, reps, true, w.bytes, func() error {
+								return kc.Launch(d, kn, grid, block, 0, &a)
+							})
+						})
+					}
 				}
 			}
 			b.Run(fmt.Sprintf("%s/M%d/cublas-bf16", shape, M), func(b *testing.B) {

@@ -62,6 +62,7 @@ func TestGemvMatchesCPU(t *testing.T) {
 				}
 				gemm.MatMulT(want[g*c.M*c.N:(g+1)*c.M*c.N], xg, c.M, c.K, deqAll[g*c.N*c.K:(g+1)*c.N*c.K], c.N)
 			}
+			var kernels []string // each run's kernel
 			run := func(x []float32, lda, M int) []float32 {
 				X := upload(t, d, x)
 				a := kc.GemmArgs{A: X.p, Lda: int64(lda), AGoff: int64(c.K), W: W.p, WType: int64(c.wt), Ws: S.p, WsLd: int64(sld),
@@ -72,6 +73,7 @@ func TestGemvMatchesCPU(t *testing.T) {
 					a.Out[g], a.Ow[g] = outs[g].p, int64(c.N)
 				}
 				kn, grid, block := kc.GemvLaunch(&a, M, 1, c.G)
+				kernels = append(kernels, kn)
 				launch(t, d, kn, grid, block, 0, &a)
 				var got []float32
 				for g := range outs {
@@ -85,10 +87,17 @@ func TestGemvMatchesCPU(t *testing.T) {
 				tol = 1e-4 // float sums
 			}
 			require.Less(t, maxRelErr(t, got, want), tol, name)
-			// the last row alone: the same bits
+			// the last row alone: the same bits on the same kernel (in
+			// precision bf16 one row may take glmf_gemv where the batch took
+			// the tensor-core GEMV: then both close to the CPU)
 			last := run(x[(c.M-1)*c.G*c.K:], c.G*c.K, 1)
+			sameKernel := kernels[len(kernels)-1] == kernels[len(kernels)-2]
 			for g := 0; g < c.G; g++ {
-				require.Equal(t, got[(g*c.M+c.M-1)*c.N:(g*c.M+c.M)*c.N], last[g*c.N:(g+1)*c.N], "%s: row %d alone", name, c.M-1)
+				if sameKernel {
+					require.Equal(t, got[(g*c.M+c.M-1)*c.N:(g*c.M+c.M)*c.N], last[g*c.N:(g+1)*c.N], "%s: row %d alone", name, c.M-1)
+				} else {
+					require.Less(t, maxRelErr(t, last[g*c.N:(g+1)*c.N], want[(g*c.M+c.M-1)*c.N:(g*c.M+c.M)*c.N]), tol, "%s: row %d alone on %s", name, c.M-1, kernels[len(kernels)-1])
+				}
 			}
 			// an odd row stride (unaligned rows: the scalar path): the same bits
 			lda := c.G*c.K + 1
@@ -96,7 +105,14 @@ func TestGemvMatchesCPU(t *testing.T) {
 			for m := 0; m < c.M; m++ {
 				copy(xu[m*lda:], x[m*c.G*c.K:(m+1)*c.G*c.K])
 			}
-			require.Equal(t, got, run(xu, lda, c.M), "%s: unaligned rows", name)
+			mmaArgs := kc.GemmArgs{A: 4096, Lda: int64(c.G * c.K), AGoff: int64(c.K), W: 4096, WType: int64(c.wt), WGoff: int64(c.N * c.K), N: int64(c.N), K: int64(c.K), ARound: round}
+			if kc.GemvMMAApplies(&mmaArgs) {
+				// aligned rows ran on the tensor-core GEMV, unaligned ones
+				// on glmf_gemv: both close to the CPU
+				require.Less(t, maxRelErr(t, run(xu, lda, c.M), want), tol, "%s: unaligned rows", name)
+			} else {
+				require.Equal(t, got, run(xu, lda, c.M), "%s: unaligned rows", name)
+			}
 		}
 	}
 }

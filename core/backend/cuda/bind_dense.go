@@ -181,9 +181,14 @@ func planGEMM(t *tunedGEMM, kind string, M int) gemmPlan {
 	case kind == kindBF16BF16W && M > 1:
 		// measured on the H200 (BenchmarkGemvDecode): at 2–8 rows cuBLAS
 		// streams bf16 weights at ~3.6 TB/s, glmf_gemv at 0.8–1.5 TB/s;
-		// at one row both are at the roofline
+		// at one row both are at the roofline (the tensor-core
+		// glmf_gemv_mma_b16_* is not measured yet: BenchmarkGemvDecode's
+		// mma-* lines say whether it should take 2–8 rows too)
 		return gemmPlan{lib: true, ch: gemmChoice{kind: chCublas}}
 	case M <= skinnyMaxRows && (kind == kindBF16BF16W || kind == kindF32FP8W || kind == kindBF16FP8W):
+		// the GEMV: in precision bf16 (fp8 weights, bf16 at one row) the
+		// tensor-core glmf_gemv_mma_* where it applies (kc.GemvLaunch:
+		// K a multiple of 64, aligned rows), else glmf_gemv_*
 		return gemmPlan{ch: gemmChoice{kind: chGemv}}
 	case kind != kindF32BF16W && kind != kindF32FP8W && M > skinnyMaxRows:
 		return gemmPlan{lib: true, ch: gemmChoice{kind: chCublas}}

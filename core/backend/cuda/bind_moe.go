@@ -83,7 +83,10 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 	// when the routing slots average at most that many per expert (decode),
 	// for fp8 experts and in precision bf16; else 64-row tiles on the tiled
 	// kernel (bf16/fp32 experts in fp32 precision always: its sums are the
-	// ascending-k ones every other kernel gives).
+	// ascending-k ones every other kernel gives). In precision bf16 the
+	// GEMV is the tensor-core glmf_gemv_mma_* (kc.GemvLaunch: where K is
+	// a multiple of 64 and the rows are aligned; one kernel whatever the
+	// tile's rows, so a token's result does not depend on the batch).
 	//
 	// In precision bf16 (bf16 or fp8 experts) on compute 9.0+, tiles of
 	// more rows go to the tensor-core kernel glmf_moe_mma in 128-row tiles
@@ -144,7 +147,9 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 				name, grid, block := "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(nt)}, block256
 				switch {
 				case gemv(TK):
-					name, grid, block = kc.GemvLaunch(g, T, nt, 1) // a tile has at most T rows (one slot a token)
+					// a tile has at most T rows (one slot a token), typically
+					// the slots per expert
+					name, grid, block = kc.GemvLaunchFor(g, T, (TK+E-1)/E, nt, 1)
 				case mma(TK):
 					name, grid, block = kc.MoEMMALaunch(int(g.N), nt, g.W2 != 0, true)
 				}

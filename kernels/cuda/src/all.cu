@@ -1,6 +1,7 @@
 // The one translation unit compiled to PTX: every kernel family.
 #include "dense.cu"
 #include "gemm.cu"
+#include "gemv_mma.cu"
 #include "mhc.cu"
 #include "kda.cu"
 #include "dsa.cu"

@@ -288,3 +288,78 @@ struct BatchMeta {
   const int* last_row;  // [S] last row of each sequence
   i64 S, T;
 };
+
+// mma_bf16_16816: d = a·b + c, one warp-wide mma.m16n8k16 with bf16 inputs
+// and fp32 accumulators (every lane of the warp calls it with its own
+// fragments, in the PTX ISA's layout "Matrix Fragments for mma.m16n8k16"
+// of .bf16: lane l, g = l/4, t = l%4, each register's low half first):
+//   a[0] = A[g][2t..2t+1]     a[1] = A[g+8][2t..2t+1]
+//   a[2] = A[g][2t+8..2t+9]   a[3] = A[g+8][2t+8..2t+9]
+//   b[0] = B[2t..2t+1][g]     b[1] = B[2t+8..2t+9][g]
+//   c[0..1] = C[g][2t..2t+1]  c[2..3] = C[g+8][2t..2t+1]   (d likewise)
+// The tensor cores on sm_80+; mma_bf16_16816_shfl (a lane gathers its
+// operands by shuffles, sums in ascending k) where they are missing (the
+// portable compute_75 PTX, never launched there by the backend) and, with
+// a per-warp scratch instead of shuffles, on the emulator.
+DEVFN float mma_bf16_lo(unsigned r) { return __uint_as_float(r << 16); }
+DEVFN float mma_bf16_hi(unsigned r) { return __uint_as_float(r & 0xffff0000u); }
+DEVFN float mma_bf16_half(unsigned r, int hi) { return hi ? mma_bf16_hi(r) : mma_bf16_lo(r); }
+
+DEVFN void mma_bf16_16816_shfl(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float s[4] = {c[0], c[1], c[2], c[3]};
+  // A[row][k] lives in lane (row%8)·4 + (k%8)/2, register (row ≥ 8) + 2(k ≥ 8);
+  // B[k][n] in lane n·4 + (k%8)/2, register (k ≥ 8)
+  for (int kb = 0; kb < 2; kb++)
+    for (int tt = 0; tt < 4; tt++) {
+      unsigned a0 = __shfl_sync(0xffffffffu, a[2 * kb], g * 4 + tt);
+      unsigned a1 = __shfl_sync(0xffffffffu, a[2 * kb + 1], g * 4 + tt);
+      unsigned b0 = __shfl_sync(0xffffffffu, b[kb], (2 * t) * 4 + tt);
+      unsigned b1 = __shfl_sync(0xffffffffu, b[kb], (2 * t + 1) * 4 + tt);
+      for (int h = 0; h < 2; h++) {  // k = 8kb + 2tt + h
+        float x0 = mma_bf16_half(a0, h), x1 = mma_bf16_half(a1, h);
+        float y0 = mma_bf16_half(b0, h), y1 = mma_bf16_half(b1, h);
+        s[0] += x0 * y0;
+        s[1] += x0 * y1;
+        s[2] += x1 * y0;
+        s[3] += x1 * y1;
+      }
+    }
+  for (int i = 0; i < 4; i++) d[i] = s[i];
+}
+
+#ifdef GLMF_EMU
+// The emulator: lanes publish their fragments in a per-warp scratch, then
+// each computes its four outputs, summing in ascending k.
+DEVFN void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
+  static unsigned sa[32][32][4], sb[32][32][2];
+  const emu_dim3& ti = threadIdx;
+  int lin = ti.x + ti.y * blockDim.x + ti.z * blockDim.x * blockDim.y;
+  int w = lin / 32, lane = lin % 32, g = lane >> 2, t = lane & 3;
+  for (int i = 0; i < 4; i++) sa[w][lane][i] = a[i];
+  for (int i = 0; i < 2; i++) sb[w][lane][i] = b[i];
+  emu::warp_barrier();
+  float s[4] = {c[0], c[1], c[2], c[3]};
+  for (int i = 0; i < 4; i++) {
+    int row = g + 8 * (i >> 1), n = 2 * t + (i & 1);
+    for (int k = 0; k < 16; k++) {
+      float x = mma_bf16_half(sa[w][(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k & 1);
+      float y = mma_bf16_half(sb[w][n * 4 + (k % 8) / 2][k >= 8], k & 1);
+      s[i] += x * y;
+    }
+  }
+  emu::warp_barrier();
+  for (int i = 0; i < 4; i++) d[i] = s[i];
+}
+#else
+DEVFN void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#else
+  mma_bf16_16816_shfl(d, a, b, c);
+#endif
+}
+#endif

@@ -1,0 +1,134 @@
+package cuda_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	kc "github.com/glmflash/glmflash/kernels/cuda"
+)
+
+// BenchmarkMoEDecodeGemv times one MoE expert layer of decode on the GEMV
+// path of precision bf16 (tiles of ≤ kc.GemvRows rows; D 4096, I 2048,
+// 288 experts, top-8 + the shared expert as a ninth slot) at 1, 8 and 64
+// tokens: the tensor-core glmf_gemv_mma_* ("mma", what bindMoEExperts
+// runs) against glmf_gemv_f* ("simt"), fp8 (block scales) and bf16
+// experts. weightGB/s counts the bytes of the experts the routing touches
+// (each read once a layer), the memory roofline's measure.
+//
+//	go test -run - -bench MoEDecodeGemv ./kernels/cuda
+func BenchmarkMoEDecodeGemv(b *testing.B) {
+	d := openDevice(b)
+	if d.Emulated {
+		b.Skip("the emulator's timings mean nothing")
+	}
+	const D, I, E, topK = 4096, 2048, 288, 9
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, wt := range []int64{2, 1} {
+		wname := map[int64]string{1: "bf16", 2: "fp8"}[wt]
+		esz := int64(I * D)
+		if wt == 1 {
+			esz *= 2
+		}
+		one := make([]byte, esz)
+		for i := range one {
+			c := byte(r.Uint32())
+			if wt == 2 && c&0x7f == 0x7f {
+				c = 0x3c
+			}
+			if wt == 1 && i%2 == 1 {
+				c = 0x3c + byte(r.IntN(4)) | c&0x80
+			}
+			one[i] = c
+		}
+		src := upload(b, d, one)
+		alloc := func() buf {
+			var p kc.DevicePtr
+			if err := d.Do(func() error {
+				var err error
+				if p, err = d.Alloc(int64(E) * esz); err != nil {
+					return err
+				}
+				for e := 0; e < E; e++ {
+					if err := d.Copy(p+kc.DevicePtr(int64(e)*esz), src.p, esz); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { d.Do(func() error { return d.Free(p, int64(E)*esz) }) }) //nolint:errcheck // cleanup
+			return buf{d, p, int64(E) * esz}
+		}
+		G, U, Dn := alloc(), alloc(), alloc()
+		sldGU, sldD := D/128, I/128
+		scales := func(n int) buf {
+			s := make([]float32, n)
+			for i := range s {
+				s[i] = 1.0 / 256
+			}
+			return upload(b, d, s)
+		}
+		GS, US, DS := scales(E*(I/128)*sldGU), scales(E*(I/128)*sldGU), scales(E*(D/128)*sldD)
+		for _, T := range []int{1, 8, 64} {
+			R := T * topK
+			idx, w := make([]int32, R), make([]float32, R)
+			touched := map[int32]bool{}
+			for t := 0; t < T; t++ {
+				perm := r.Perm(E - 1)
+				for k := 0; k < topK-1; k++ {
+					idx[t*topK+k] = int32(perm[k])
+				}
+				idx[t*topK+topK-1] = E - 1 // the shared expert
+				for k := 0; k < topK; k++ {
+					w[t*topK+k] = float32(r.Float64())
+					touched[idx[t*topK+k]] = true
+				}
+			}
+			X := upload(b, d, randn(r, T*D, 1))
+			Idx, Wt := upload(b, d, idx), upload(b, d, w)
+			act, contrib := poisoned[float32](b, d, R*I), poisoned[float32](b, d, R*D)
+			bm := kc.GemvRows
+			nt := (R+bm-1)/bm + min(E, R)
+			perm, tiles := poisoned[int32](b, d, R), poisoned[int32](b, d, 1+3*nt)
+			pa := kc.PlanArgs{Idx: Idx.p, TK: int64(R), E: E, Bm: int64(bm), Perm: perm.p, Tiles: tiles.p}
+			if err := d.Do(func() error { return kc.Launch(d, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa) }); err != nil {
+				b.Fatal(err)
+			}
+			gu := kc.GemmArgs{A: X.p, Lda: D, W: G.p, WType: wt, WGoff: I * D, W2: U.p, M: int64(R), N: I, K: D,
+				Nout: 1, Tiles: tiles.p, Perm: perm.p, ADiv: topK, Limit: 7, ARound: 1}
+			gu.Out[0], gu.Ow[0] = act.p, I
+			dn := kc.GemmArgs{A: act.p, Lda: I, W: Dn.p, WType: wt, WGoff: D * I, M: int64(R), N: D, K: I,
+				Nout: 1, Tiles: tiles.p, Perm: perm.p, RowScale: Wt.p, Scatter: contrib.p, ARound: 1}
+			dn.Out[0], dn.Ow[0] = contrib.p, D
+			if wt == 2 {
+				gu.Ws, gu.Ws2, gu.WsLd, gu.WsGoff = GS.p, US.p, int64(sldGU), int64((I/128)*sldGU)
+				dn.Ws, dn.WsLd, dn.WsGoff = DS.p, int64(sldD), int64((D/128)*sldD)
+			}
+			wbytes := float64(len(touched)) * 3 * float64(esz)
+			for _, kernel := range []string{"mma", "simt"} {
+				layer := func() error {
+					for _, g := range []*kc.GemmArgs{&gu, &dn} {
+						name, grid, block := kc.GemvSIMTLaunch(g, min(T, bm), nt, 1)
+						if kernel == "mma" {
+							var ok bool
+							if name, grid, block, ok = kc.GemvMMALaunch(g, nt, 1); !ok {
+								return fmt.Errorf("the tensor-core GEMV does not apply")
+							}
+						}
+						if err := kc.Launch(d, name, grid, block, 0, g); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				b.Run(fmt.Sprintf("%s/T%d/%s", wname, T, kernel), func(b *testing.B) {
+					us := deviceMicros(b, d, 10, true, layer)
+					b.ReportMetric(us, "us/layer")
+					b.ReportMetric(wbytes/us/1e3, "weightGB/s")
+				})
+			}
+		}
+	}
+}
