@@ -64,35 +64,62 @@ KERNEL(glmf_indexer_append, IdxAppendArgs) {
 }
 
 // indexer_score: scores[t][p] = Σ_h w[t][h]·wscale·ReLU(q_h·key_p·scale) for
-// the pools p < visible[t]. Grid (ceil(maxvis/128), T), 128 threads.
+// the pools p < visible[t] of the rows that see more than keep pools (the
+// others take every pool unscored). A warp per pool: its lanes split the
+// key's D channels (lane, lane+32, …), each head's dot is a fixed warp
+// tree, the heads are summed in order. Grid (ceil(maxvis/SCORE_PB), T),
+// 256 threads, 4·H·D bytes of dynamic shared memory.
+#define SCORE_PB 32
 struct IdxScoreArgs {
   BatchMeta m;
   const int* visible;
   const float* q; const float* w;   // [T][H·D], [T][H]
   const float* pools; i64 pools_stride;
   float* scores; i64 ld;            // [T][ld]
-  i64 H, D;
+  i64 H, D, keep;
   double scale, wscale;
 };
 KERNEL(glmf_indexer_score, IdxScoreArgs) {
   DYN_SMEM(float, qs);
   i64 t = blockIdx.y;
   if (t >= a.m.T) return;
+  i64 n = a.visible[t];
+  i64 p0 = (i64)blockIdx.x * SCORE_PB;
+  if (n <= a.keep || p0 >= n) return;
   i64 HD = a.H * a.D;
   for (i64 i = threadIdx.x; i < HD; i += blockDim.x) qs[i] = a.q[t * HD + i];
   __syncthreads();
-  i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (p >= a.visible[t]) return;
-  const float* key = a.pools + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.pools_stride + p * a.D;
+  const float* keys = a.pools + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.pools_stride;
+  const float* wr = a.w + t * a.H;
   float scale = (float)a.scale, wscale = (float)a.wscale;
-  float s = 0;
-  for (i64 h = 0; h < a.H; h++) {
-    float dot = 0;
-    for (i64 x = 0; x < a.D; x++) dot += qs[h * a.D + x] * key[x];
-    dot *= scale;
-    if (dot > 0) s += (a.w[t * a.H + h] * wscale) * dot;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (i64 p = p0 + warp; p < p0 + SCORE_PB && p < n; p += nw) {
+    const float* key = keys + p * a.D;
+    float s = 0;
+    if (a.D <= 256) {
+      float kv[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++) kv[j] = lane + 32 * j < a.D ? key[lane + 32 * j] : 0.f;
+      for (i64 h = 0; h < a.H; h++) {
+        const float* qh = qs + h * a.D;
+        float part = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+          if (lane + 32 * j < a.D) part = fmaf(qh[lane + 32 * j], kv[j], part);
+        float dot = warp_sum(part) * scale;
+        if (dot > 0) s += (wr[h] * wscale) * dot;
+      }
+    } else {
+      for (i64 h = 0; h < a.H; h++) {
+        const float* qh = qs + h * a.D;
+        float part = 0;
+        for (i64 x = lane; x < a.D; x += 32) part = fmaf(qh[x], key[x], part);
+        float dot = warp_sum(part) * scale;
+        if (dot > 0) s += (wr[h] * wscale) * dot;
+      }
+    }
+    if (lane == 0) a.scores[t * a.ld + p] = s;
   }
-  a.scores[t * a.ld + p] = s;
 }
 
 // indexer_select: per row (block of 256): the best min(topk/kpool,
@@ -111,7 +138,12 @@ KERNEL(glmf_indexer_select, IdxSelectArgs) {
   int* row = a.sel + t * a.width;
   const float* sc = a.scores + t * a.ld;
   i64 n = a.visible[t];
-  i64 keep = a.keep < n ? a.keep : n;
+  if (n <= a.keep) {  // every pool, then the tail: positions 0, 1, … in order
+    i64 end = a.tail ? (i64)a.m.row_pos[t] + 1 : n * a.kpool;
+    for (i64 i = threadIdx.x; i < a.width; i += blockDim.x) row[i] = i < end ? (int)i : -1;
+    return;
+  }
+  i64 keep = a.keep;
   u64 bound = ~0ull;
   if (keep < n && keep > 0) {
     bound = radix_select(n, (u64)keep, [&](i64 i, u64* key, u64* w) {
@@ -160,7 +192,8 @@ KERNEL(glmf_indexer_save, IdxSaveArgs) {
 
 // indexer_shared: a row without scoring: the slot's saved selection (its
 // positions, in order) then every position in (share_pos[s], pos], then −1
-// padding (the host checks that they fit). Grid T, one thread per row.
+// padding (the host checks that they fit). Grid T, a power-of-two block:
+// the saved entries are compacted in chunks of the block.
 struct IdxSharedArgs {
   BatchMeta m;
   const int* saved; i64 saved_stride, saved_width;
@@ -169,15 +202,25 @@ struct IdxSharedArgs {
 };
 KERNEL(glmf_indexer_shared, IdxSharedArgs) {
   i64 t = blockIdx.x;
-  if (t >= a.m.T || threadIdx.x != 0) return;
+  if (t >= a.m.T) return;
   i64 s = a.m.row_seq[t];
   const int* sv = a.saved + (i64)a.m.seq_slot[s] * a.saved_stride;
   int* row = a.sel + t * a.width;
-  i64 o = 0;
-  for (i64 i = 0; i < a.saved_width && o < a.width; i++)
-    if (sv[i] >= 0) row[o++] = sv[i];
-  for (i64 p = (i64)a.share_pos[s] + 1; p <= a.m.row_pos[t] && o < a.width; p++) row[o++] = (int)p;
-  for (; o < a.width; o++) row[o] = -1;
+  i64 o = 0;  // entries written so far (the same in every thread)
+  for (i64 c0 = 0; c0 < a.saved_width; c0 += blockDim.x) {
+    i64 i = c0 + threadIdx.x;
+    int v = i < a.saved_width ? sv[i] : -1;
+    int total;
+    int off = block_exscan(v >= 0, &total);
+    if (v >= 0 && o + off < a.width) row[o + off] = v;
+    o += total;
+  }
+  if (o > a.width) o = a.width;
+  i64 p0 = (i64)a.share_pos[s] + 1, p1 = a.m.row_pos[t];
+  for (i64 i = o + threadIdx.x; i < a.width; i += blockDim.x) {
+    i64 p = p0 + (i - o);
+    row[i] = p <= p1 ? (int)p : -1;
+  }
 }
 
 // mla_append: cache[slot][pos] = c_kv[t] for every row.
@@ -349,19 +392,25 @@ KERNEL(glmf_mla_softmax, MLASoftmaxArgs) {
   const int* srow = a.sel + t * a.width;
   float* l = a.lg + (z * a.H + h) * a.width;
   float scale = (float)a.scale;
-  float mx = -INFINITY;
+  // the entries up to the row's last selected one (past it: weight 0,
+  // which accum does not read and no partial sum below would change by)
+  int last = 0;
   for (i64 i = threadIdx.x; i < a.width; i += blockDim.x)
+    if (srow[i] >= 0) last = (int)i + 1;
+  i64 n = block_reduce(last, [](int x, int y) { return x > y ? x : y; });
+  float mx = -INFINITY;
+  for (i64 i = threadIdx.x; i < n; i += blockDim.x)
     if (srow[i] >= 0) mx = fmaxf(mx, l[i] * scale);
   mx = block_max(mx);
   float s = 0;
-  for (i64 i = threadIdx.x; i < a.width; i += blockDim.x) {
+  for (i64 i = threadIdx.x; i < n; i += blockDim.x) {
     float e = 0;
     if (srow[i] >= 0) e = (float)exp((double)(l[i] * scale - mx));
     l[i] = e;
     s += e;
   }
   s = block_sum(s);
-  for (i64 i = threadIdx.x; i < a.width; i += blockDim.x) l[i] = srow[i] >= 0 ? l[i] / s : 0.f;
+  for (i64 i = threadIdx.x; i < n; i += blockDim.x) l[i] = srow[i] >= 0 ? l[i] / s : 0.f;
 }
 
 // mla_accum: for row t = t0 + blockIdx.z, heads [y·TM, +TM) and latent
@@ -404,3 +453,229 @@ DEVFN void mla_accum(const MLAAccumArgs& a) {
 }
 KERNEL(glmf_mla_accum, MLAAccumArgs) { mla_accum<64, 64, 4, 4>(a); }
 KERNEL(glmf_mla_accum_s, MLAAccumArgs) { mla_accum<16, 32, 2, 2>(a); }
+
+// Decode-shaped absorbed MLA (few rows): the same outputs, bit for bit, as
+// the tiled kernels above (every output the same fmaf chain over k or over
+// the selection entries in ascending order; entries of −1 add nothing), in
+// shapes whose work follows the entries a row actually selects and whose
+// weight reads stream the kv_b slices.
+
+// mla_gemv: qabs / expand for M ≤ MLA_GV_MAXM rows: per head h (grid y) and
+// MLA_GV_NC columns (x): c[m·ldc + h·c_head + n·c_n] = Σ_k a[m·lda +
+// h·a_head + k]·W(k, n), W as in MLAHeadMMArgs (kB: W(k, n) contiguous in
+// k). The block stages MLA_GV_KC×MLA_GV_NC weight tiles through shared
+// memory with 16-byte loads (the next tile's loads in flight while the
+// current one is used); thread (n = tid % NC, g = tid / NC) keeps the rows
+// m ≡ g (mod 256/NC). 256 threads.
+#define MLA_GV_NC 32
+#define MLA_GV_KC 128
+#define MLA_GV_MAXM 16
+struct MLAGemvArgs {
+  const float* a; i64 lda, a_head;
+  const void* w; i64 w_bf16, w_head, w_off, w_ld;
+  float* c; i64 ldc, c_head, c_n;
+  i64 M, N, K;
+};
+template <bool kB>
+DEVFN void mla_gemv(const MLAGemvArgs& a) {
+  constexpr int NC = MLA_GV_NC, KC = MLA_GV_KC, NTH = 256, G = NTH / NC;
+  constexpr int MR = (MLA_GV_MAXM + G - 1) / G;  // rows per thread
+  constexpr int NV = KC * NC / 4 / NTH;           // 16-byte loads per thread (fp32; bf16: half)
+  __shared__ __align__(16) float Ws[KC][NC + 1];
+  __shared__ float As[MLA_GV_MAXM][KC];
+  i64 h = blockIdx.y, n0 = (i64)blockIdx.x * NC;
+  int tid = threadIdx.x, tn = tid % NC, tg = tid / NC;
+  const float* A = a.a + h * a.a_head;
+  i64 wb = h * a.w_head + a.w_off;
+  bool bf = a.w_bf16 != 0;
+  int per = bf ? 8 : 4;  // elements per 16-byte load
+  // vector loads: the contiguous dimension (k for kB, else n) in whole
+  // aligned groups
+  i64 cont = kB ? a.K : a.N;
+  bool vec = ((wb | a.w_ld | cont) % per) == 0 && ((u64)a.w & 15) == 0;
+  i64 nk = (a.K + KC - 1) / KC;
+  uint4 raw[NV];
+  // load tile kc into raw (vector) — element e of the tile is (k, n) with,
+  // for kB, n = e / KC, k = e % KC, else k = e / NC, n = e % NC
+  auto load = [&](i64 kc) {
+    i64 k0 = kc * KC;
+    int nv = bf ? NV / 2 : NV;
+    for (int j = 0; j < nv; j++) {
+      int e = (tid + j * NTH) * per;
+      int k, n;
+      if (kB) { n = e / KC; k = e % KC; } else { k = e / NC; n = e % NC; }
+      i64 gk = k0 + k, gn = n0 + n;
+      if (gk < a.K && gn < a.N) {
+        i64 off = wb + (kB ? gn * a.w_ld + gk : gk * a.w_ld + gn);
+        raw[j] = bf ? *(const uint4*)((const u16*)a.w + off) : *(const uint4*)((const float*)a.w + off);
+      } else {
+        raw[j] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  auto store = [&](i64 kc) {
+    i64 k0 = kc * KC;
+    if (vec) {
+      int nv = bf ? NV / 2 : NV;
+      for (int j = 0; j < nv; j++) {
+        int e = (tid + j * NTH) * per;
+        int k, n;
+        if (kB) { n = e / KC; k = e % KC; } else { k = e / NC; n = e % NC; }
+        unsigned u[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+        for (int x = 0; x < per; x++) {
+          float v = bf ? bf16f((u16)(x & 1 ? u[x >> 1] >> 16 : u[x >> 1] & 0xffffu)) : __uint_as_float(u[x]);
+          if (kB) Ws[k + x][n] = v; else Ws[k][n + x] = v;
+        }
+      }
+    } else {
+      for (int e = tid; e < KC * NC; e += NTH) {
+        int k = e / NC, n = e % NC;
+        i64 gk = k0 + k, gn = n0 + n;
+        Ws[k][n] = gk < a.K && gn < a.N ? ldw(a.w, wb + (kB ? gn * a.w_ld + gk : gk * a.w_ld + gn), a.w_bf16) : 0.f;
+      }
+    }
+    for (int e = tid; e < a.M * KC; e += NTH) {
+      int m = e / KC, k = e % KC;
+      As[m][k] = k0 + k < a.K ? A[m * a.lda + k0 + k] : 0.f;
+    }
+  };
+  float acc[MR];
+  for (int i = 0; i < MR; i++) acc[i] = 0.f;
+  if (vec) load(0);
+  for (i64 kc = 0; kc < nk; kc++) {
+    __syncthreads();
+    store(kc);
+    __syncthreads();
+    if (vec && kc + 1 < nk) load(kc + 1);
+    int kn = a.K - kc * KC < KC ? (int)(a.K - kc * KC) : KC;
+    for (int i = 0; i < MR; i++) {
+      int m = tg + i * G;
+      if (m >= a.M) break;
+      float s = acc[i];
+#pragma unroll 8
+      for (int k = 0; k < kn; k++) s = fmaf(As[m][k], Ws[k][tn], s);
+      acc[i] = s;
+    }
+  }
+  i64 n = n0 + tn;
+  if (n >= a.N) return;
+  for (int i = 0; i < MR; i++) {
+    int m = tg + i * G;
+    if (m >= a.M) break;
+    a.c[m * a.ldc + h * a.c_head + n * a.c_n] = acc[i];
+  }
+}
+KERNEL(glmf_mla_qabs_gv, MLAGemvArgs) { mla_gemv<false>(a); }
+KERNEL(glmf_mla_expand_gv, MLAGemvArgs) { mla_gemv<true>(a); }
+
+// mla_logits_d: for row t (grid y) and selection entries [x·MLA_LD_E, +E):
+// lg[t][h][i] = qt[t][·][h]·cache[sel[t][i]] (unscaled) for every head, with
+// the absorbed queries k-major (qt[t][k][h], coalesced over heads); a block
+// whose entries are all −1 (past the row's selection) exits at once. The E
+// latents are staged in shared memory (E·R floats, dynamic) and serve every
+// head; thread (h, g) runs the chains of entries g·4 … g·4+3. 256 threads.
+#define MLA_LD_E 16
+struct MLALogitsDArgs {
+  BatchMeta m;
+  const float* qt; const int* sel; i64 width;
+  const float* cache; i64 slot_stride;
+  float* lg; i64 H, R;
+};
+KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
+  DYN_SMEM(float, lat);
+  __shared__ int ps[MLA_LD_E];
+  i64 t = blockIdx.y, i0 = (i64)blockIdx.x * MLA_LD_E;
+  const int* srow = a.sel + t * a.width;
+  if (threadIdx.x < MLA_LD_E) ps[threadIdx.x] = i0 + threadIdx.x < a.width ? srow[i0 + threadIdx.x] : -1;
+  __syncthreads();
+  int any = 0;
+  for (int e = 0; e < MLA_LD_E; e++) any |= ps[e] >= 0;
+  if (!any) return;
+  const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
+  if ((a.R & 3) == 0 && ((u64)cache & 15) == 0) {
+    i64 R4 = a.R / 4;
+    for (i64 x = threadIdx.x; x < MLA_LD_E * R4; x += blockDim.x) {
+      int e = (int)(x / R4);
+      i64 r = x % R4;
+      mla_f4 v = {0.f, 0.f, 0.f, 0.f};
+      if (ps[e] >= 0) v = ((const mla_f4*)(cache + (i64)ps[e] * a.R))[r];
+      ((mla_f4*)(lat + e * a.R))[r] = v;
+    }
+  } else {
+    for (i64 x = threadIdx.x; x < MLA_LD_E * a.R; x += blockDim.x) {
+      int e = (int)(x / a.R);
+      lat[x] = ps[e] >= 0 ? cache[(i64)ps[e] * a.R + x % a.R] : 0.f;
+    }
+  }
+  __syncthreads();
+  const float* q = a.qt + t * a.R * a.H;
+  float* lg = a.lg + t * a.H * a.width;
+  constexpr int EG = 4;
+  for (i64 x = threadIdx.x; x < a.H * (MLA_LD_E / EG); x += blockDim.x) {
+    i64 h = x % a.H;
+    int e0 = (int)(x / a.H) * EG;
+    if (ps[e0] < 0 && ps[e0 + 1] < 0 && ps[e0 + 2] < 0 && ps[e0 + 3] < 0) continue;
+    float acc[EG] = {0.f, 0.f, 0.f, 0.f};
+    const float* l0 = lat + e0 * a.R;
+#pragma unroll 4
+    for (i64 k = 0; k < a.R; k++) {
+      float qv = q[k * a.H + h];
+      for (int e = 0; e < EG; e++) acc[e] = fmaf(qv, l0[e * a.R + k], acc[e]);
+    }
+    for (int e = 0; e < EG; e++)
+      if (ps[e0 + e] >= 0) lg[h * a.width + i0 + e0 + e] = acc[e];
+  }
+}
+
+// mla_accum_d: for row t (grid z), heads [y·MLA_AD_H, +MLA_AD_H) and latent
+// dims [x·32, +32): ol[t][h][r] = Σ_i w[t][h][i]·cache[sel[t][i]][r] over
+// the row's selected entries in order. Lane = r, warp w keeps heads h0 + w,
+// h0 + w + 8, …; the entries, in chunks of MLA_AD_C, and their weights are
+// staged in shared memory. 256 threads.
+#define MLA_AD_H 16
+#define MLA_AD_C 64
+struct MLAAccumDArgs {
+  BatchMeta m;
+  const float* lg; const int* sel; i64 width;
+  const float* cache; i64 slot_stride;
+  float* ol; i64 H, R;
+};
+KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
+  constexpr int HW = MLA_AD_H / 8;
+  __shared__ int ps[MLA_AD_C];
+  __shared__ float ws[MLA_AD_H][MLA_AD_C];
+  i64 t = blockIdx.z, h0 = (i64)blockIdx.y * MLA_AD_H, r = (i64)blockIdx.x * 32 + (threadIdx.x & 31);
+  int warp = threadIdx.x >> 5;
+  const int* srow = a.sel + t * a.width;
+  int last = 0;
+  for (i64 i = threadIdx.x; i < a.width; i += blockDim.x)
+    if (srow[i] >= 0) last = (int)i + 1;
+  i64 n = block_reduce(last, [](int x, int y) { return x > y ? x : y; });
+  const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
+  const float* w = a.lg + t * a.H * a.width;
+  float acc[HW];
+  for (int j = 0; j < HW; j++) acc[j] = 0.f;
+  for (i64 c0 = 0; c0 < n; c0 += MLA_AD_C) {
+    __syncthreads();
+    for (int x = threadIdx.x; x < MLA_AD_C; x += blockDim.x) ps[x] = c0 + x < n ? srow[c0 + x] : -1;
+    for (int x = threadIdx.x; x < MLA_AD_H * MLA_AD_C; x += blockDim.x) {
+      int hh = x / MLA_AD_C, i = x % MLA_AD_C;
+      ws[hh][i] = h0 + hh < a.H && c0 + i < n ? w[(h0 + hh) * a.width + c0 + i] : 0.f;
+    }
+    __syncthreads();
+    if (r >= a.R) continue;
+    int cn = n - c0 < MLA_AD_C ? (int)(n - c0) : MLA_AD_C;
+#pragma unroll 4
+    for (int i = 0; i < cn; i++) {
+      int p = ps[i];
+      if (p < 0) continue;
+      float c = cache[(i64)p * a.R + r];
+      for (int j = 0; j < HW; j++) acc[j] = fmaf(ws[warp + 8 * j][i], c, acc[j]);
+    }
+  }
+  if (r >= a.R) return;
+  for (int j = 0; j < HW; j++) {
+    i64 h = h0 + warp + 8 * j;
+    if (h < a.H) a.ol[(t * a.H + h) * a.R + r] = acc[j];
+  }
+}
