@@ -247,21 +247,23 @@ type MLAAccumArgs struct {
 
 // MLAGemvArgs mirrors the CUDA struct MLAGemvArgs.
 type MLAGemvArgs struct {
-	A     DevicePtr
-	Lda   int64
-	AHead int64
-	W     DevicePtr
-	WBf16 int64
-	WHead int64
-	WOff  int64
-	WLd   int64
-	C     DevicePtr
-	Ldc   int64
-	CHead int64
-	CN    int64
-	M     int64
-	N     int64
-	K     int64
+	A           DevicePtr
+	Lda         int64
+	AHead       int64
+	AParts      int64
+	APartStride int64
+	W           DevicePtr
+	WBf16       int64
+	WHead       int64
+	WOff        int64
+	WLd         int64
+	C           DevicePtr
+	Ldc         int64
+	CHead       int64
+	CN          int64
+	M           int64
+	N           int64
+	K           int64
 }
 
 // MLALogitsDArgs mirrors the CUDA struct MLALogitsDArgs.
@@ -285,7 +287,7 @@ type MLAAccumDArgs struct {
 	Width      int64
 	Cache      DevicePtr
 	SlotStride int64
-	Ol         DevicePtr
+	Part       DevicePtr
 	H          int64
 	R          int64
 }

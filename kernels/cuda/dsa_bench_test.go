@@ -63,16 +63,18 @@ func BenchmarkMLADecode(b *testing.B) {
 			S, Q := upload(b, d, sel), upload(b, d, randn(r, M*H*dq, 1))
 			qa, ol := poisoned[float32](b, d, M*H*R), poisoned[float32](b, d, M*H*R)
 			lg, o := poisoned[float32](b, d, M*H*width), poisoned[float32](b, d, M*H*dv)
+			const nch = (width + 255) / 256
+			part := poisoned[float32](b, d, M*nch*H*R)
 			scale := float64(float32(0.0625))
 			name := fmt.Sprintf("ctx%d/M%d", ctx, M)
 			if M <= 16 {
 				b.Run(name+"/decode", func(b *testing.B) {
-					qab := kc.MLAGemvArgs{A: Q.p, Lda: H * dq, AHead: dq, W: W.p, WBf16: 1, WHead: stride, WLd: R,
+					qab := kc.MLAGemvArgs{A: Q.p, Lda: H * dq, AHead: dq, AParts: 1, W: W.p, WBf16: 1, WHead: stride, WLd: R,
 						C: qa.p, Ldc: H * R, CHead: 1, CN: H, M: int64(M), N: R, K: dq}
 					lo := kc.MLALogitsDArgs{M: meta, Qt: qa.p, Sel: S.p, Width: width, Cache: cache.p, SlotStride: int64(ctx * R), Lg: lg.p, H: H, R: R}
 					sm := kc.MLASoftmaxArgs{Sel: S.p, Width: width, Lg: lg.p, H: H, Scale: scale}
-					ac := kc.MLAAccumDArgs{M: meta, Lg: lg.p, Sel: S.p, Width: width, Cache: cache.p, SlotStride: int64(ctx * R), Ol: ol.p, H: H, R: R}
-					ex := kc.MLAGemvArgs{A: ol.p, Lda: H * R, AHead: R, W: W.p, WBf16: 1, WHead: stride, WOff: dq * R, WLd: R,
+					ac := kc.MLAAccumDArgs{M: meta, Lg: lg.p, Sel: S.p, Width: width, Cache: cache.p, SlotStride: int64(ctx * R), Part: part.p, H: H, R: R}
+					ex := kc.MLAGemvArgs{A: part.p, Lda: nch * H * R, AHead: R, AParts: nch, APartStride: H * R, W: W.p, WBf16: 1, WHead: stride, WOff: dq * R, WLd: R,
 						C: o.p, Ldc: H * dv, CHead: dv, CN: 1, M: int64(M), N: dv, K: R}
 					timeLaunches(b, d, reps, true, wbytes, func() error {
 						for _, l := range []struct {
@@ -82,9 +84,9 @@ func BenchmarkMLADecode(b *testing.B) {
 							a     any
 						}{
 							{"glmf_mla_qabs_gv", kc.Dim3{X: cdiv(R, 32), Y: H}, kc.Dim3{X: 256}, 0, &qab},
-							{"glmf_mla_logits_d", kc.Dim3{X: cdiv(width, 16), Y: uint32(M)}, kc.Dim3{X: 256}, 4 * 16 * R, &lo},
+							{"glmf_mla_logits_d", kc.Dim3{X: cdiv(width, 16), Y: uint32(M)}, kc.Dim3{X: 256}, 4 * (16*R + 32*H), &lo},
 							{"glmf_mla_softmax", kc.Dim3{X: H, Y: uint32(M)}, kc.Dim3{X: 256}, 0, &sm},
-							{"glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: cdiv(H, 16), Z: uint32(M)}, kc.Dim3{X: 256}, 0, &ac},
+							{"glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: nch, Z: uint32(M) * cdiv(H, 8)}, kc.Dim3{X: 256}, 0, &ac},
 							{"glmf_mla_expand_gv", kc.Dim3{X: cdiv(dv, 32), Y: H}, kc.Dim3{X: 256}, 0, &ex},
 						} {
 							if err := launchAny(d, l.k, l.g, l.bl, l.smem, l.a); err != nil {

@@ -34,19 +34,21 @@ func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, me
 	o := poisoned[float32](t, d, T*H*dv)
 	stride := int64((dq + dv) * R)
 	if decode { // the decode kernels, as the backend runs them below 16 rows
-		qab := kc.MLAGemvArgs{A: q.p, Lda: int64(H * dq), AHead: int64(dq), W: w.p, WBf16: wbf16, WHead: stride, WLd: int64(R),
+		qab := kc.MLAGemvArgs{A: q.p, Lda: int64(H * dq), AHead: int64(dq), AParts: 1, W: w.p, WBf16: wbf16, WHead: stride, WLd: int64(R),
 			C: qa.p, Ldc: int64(H * R), CHead: 1, CN: int64(H), M: int64(T), N: int64(R), K: int64(dq)}
 		launch(t, d, "glmf_mla_qabs_gv", kc.Dim3{X: cdiv(R, 32), Y: uint32(H)}, kc.Dim3{X: 256}, 0, &qab)
 		lg := poisoned[float32](t, d, T*H*width)
 		lo := kc.MLALogitsDArgs{M: meta, Qt: qa.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
 			Lg: lg.p, H: int64(H), R: int64(R)}
-		launch(t, d, "glmf_mla_logits_d", kc.Dim3{X: cdiv(width, 16), Y: uint32(T)}, kc.Dim3{X: 256}, 4*16*R, &lo)
+		launch(t, d, "glmf_mla_logits_d", kc.Dim3{X: cdiv(width, 16), Y: uint32(T)}, kc.Dim3{X: 256}, 4*(16*R+32*H), &lo)
 		sm := kc.MLASoftmaxArgs{Sel: sel.p, Width: int64(width), Lg: lg.p, H: int64(H), Scale: float64(float32(1 / math.Sqrt(float64(dq))))}
 		launch(t, d, "glmf_mla_softmax", kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: 256}, 0, &sm)
+		nch := (width + 255) / 256
+		part := poisoned[float32](t, d, T*nch*H*R)
 		ac := kc.MLAAccumDArgs{M: meta, Lg: lg.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
-			Ol: ol.p, H: int64(H), R: int64(R)}
-		launch(t, d, "glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: cdiv(H, 16), Z: uint32(T)}, kc.Dim3{X: 256}, 0, &ac)
-		ex := kc.MLAGemvArgs{A: ol.p, Lda: int64(H * R), AHead: int64(R), W: w.p, WBf16: wbf16, WHead: stride, WOff: int64(dq * R), WLd: int64(R),
+			Part: part.p, H: int64(H), R: int64(R)}
+		launch(t, d, "glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, kc.Dim3{X: 256}, 0, &ac)
+		ex := kc.MLAGemvArgs{A: part.p, Lda: int64(nch * H * R), AHead: int64(R), AParts: int64(nch), APartStride: int64(H * R), W: w.p, WBf16: wbf16, WHead: stride, WOff: int64(dq * R), WLd: int64(R),
 			C: o.p, Ldc: int64(H * dv), CHead: int64(dv), CN: 1, M: int64(T), N: int64(dv), K: int64(R)}
 		launch(t, d, "glmf_mla_expand_gv", kc.Dim3{X: cdiv(dv, 32), Y: uint32(H)}, kc.Dim3{X: 256}, 0, &ex)
 		return download[float32](t, o)
@@ -92,6 +94,9 @@ func TestMLAKernelsMatchCPU(t *testing.T) {
 		{H: 3, dq: 24, dv: 20, R: 40, width: 160, lens: []int{5, 150, 1}, news: []int{1, 1, 1}},
 		{H: 7, dq: 20, dv: 12, R: 38, width: 90, lens: []int{60, 33}, news: []int{9, 7}},
 		{H: 5, dq: 136, dv: 24, R: 40, width: 64, lens: []int{17}, news: []int{17}},
+		// selections past one accumulation chunk (256 entries), 8+ heads
+		{H: 9, dq: 16, dv: 12, R: 36, width: 600, lens: []int{590, 300}, news: []int{2, 1}},
+		{H: 8, dq: 32, dv: 16, R: 64, width: 530, lens: []int{700}, news: []int{20}},
 	}
 	for ci, c := range cases {
 		for _, bf := range []bool{false, true} {

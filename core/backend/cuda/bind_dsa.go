@@ -147,17 +147,29 @@ const mlaLogitBudget = 128 << 20
 const mlaSmallRows = 16
 
 // The decode kernels' shapes (dsa.cu): entries per glmf_mla_logits_d block
-// (MLA_LD_E), columns per glmf_mla_*_gv block (MLA_GV_NC) and heads per
-// glmf_mla_accum_d block (MLA_AD_H).
+// (MLA_LD_E) and the k of its query chunks (MLA_LD_KQ), columns per
+// glmf_mla_*_gv block (MLA_GV_NC), entries per glmf_mla_accum_d chunk
+// (MLA_AD_CH).
 const (
 	mlaDecodeEntries = 16
+	mlaDecodeQK      = 32
 	mlaGemvCols      = 32
-	mlaAccumHeads    = 16
+	mlaAccumChunk    = 256
 )
 
-// mlaDecodeSmem bounds the latents glmf_mla_logits_d stages (R floats per
-// entry) to the default dynamic shared memory.
+// mlaDecodeSmem is the default dynamic shared memory, which bounds what
+// glmf_mla_logits_d stages (R floats per entry and a chunk of queries).
 const mlaDecodeSmem = 48 << 10
+
+// mlaDecodeOK reports whether the decode kernels take T rows of H heads,
+// rank R and a selection width (else the small tiles run): below 16 rows,
+// at most 64 heads (a thread per head and 4 entries), the staging within
+// the default shared memory and the logits in one chunk.
+func mlaDecodeOK(T, H, R, width int) bool {
+	return T < mlaSmallRows && H <= 64 && mlaDecodeSmemBytes(H, R) <= mlaDecodeSmem && mlaRowChunk(T, H, width) == T
+}
+
+func mlaDecodeSmemBytes(H, R int) int { return 4 * (mlaDecodeEntries*R + mlaDecodeQK*H) }
 
 // mlaRowChunk returns the rows per logits chunk for T rows of H heads over
 // width selection entries: the chunks as even as the budget allows.
@@ -190,7 +202,11 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 	return &kstep{
 		temps: func(rc *runCtx) []int64 {
 			tc := mlaRowChunk(rc.T, H, width)
-			return []int64{4 * int64(rc.T*H*R), 4 * int64(rc.T*H*R), 4 * int64(tc) * int64(H) * int64(width)}
+			olSize := 4 * int64(rc.T*H*R)
+			if mlaDecodeOK(rc.T, H, R, width) { // the accumulation's chunk partials
+				olSize *= int64((width + mlaAccumChunk - 1) / mlaAccumChunk)
+			}
+			return []int64{4 * int64(rc.T*H*R), olSize, 4 * int64(tc) * int64(H) * int64(width)}
 		},
 		run: func(rc *runCtx) error {
 			if _, err := metaOf(rc, in[0]); err != nil {
@@ -208,18 +224,20 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 			}
 			cdiv := func(x, y int) uint32 { return uint32((x + y - 1) / y) }
 			stride := int64((dq + dv) * R)
-			if T < mlaSmallRows && 4*mlaDecodeEntries*R <= mlaDecodeSmem && mlaRowChunk(T, H, width) == T {
+			if mlaDecodeOK(T, H, R, width) {
 				// decode: the absorbed queries k-major ([t][R][H]), logits of the
-				// selected entries only, softmax and accumulation up to the row's
-				// last selected entry (the same bits as the tiled kernels)
-				qab := kc.MLAGemvArgs{A: rc.ptr(in[1]), Lda: int64(H * dq), AHead: int64(dq), W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: 0, WLd: int64(R),
+				// selected entries only, softmax up to the row's last selected
+				// entry, the accumulation's chunks in parallel, added by the
+				// expand (the same bits as the tiled kernels)
+				nch := (width + mlaAccumChunk - 1) / mlaAccumChunk
+				qab := kc.MLAGemvArgs{A: rc.ptr(in[1]), Lda: int64(H * dq), AHead: int64(dq), AParts: 1, W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: 0, WLd: int64(R),
 					C: qa, Ldc: int64(H * R), CHead: 1, CN: int64(H), M: int64(T), N: int64(R), K: int64(dq)}
 				if err := kc.Launch(rc.dev, "glmf_mla_qabs_gv", kc.Dim3{X: cdiv(R, mlaGemvCols), Y: uint32(H)}, block256, 0, &qab); err != nil {
 					return err
 				}
 				lo := kc.MLALogitsDArgs{M: rc.meta, Qt: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
 					Lg: lg, H: int64(H), R: int64(R)}
-				if err := kc.Launch(rc.dev, "glmf_mla_logits_d", kc.Dim3{X: cdiv(width, mlaDecodeEntries), Y: uint32(T)}, block256, 4*mlaDecodeEntries*R, &lo); err != nil {
+				if err := kc.Launch(rc.dev, "glmf_mla_logits_d", kc.Dim3{X: cdiv(width, mlaDecodeEntries), Y: uint32(T)}, block256, mlaDecodeSmemBytes(H, R), &lo); err != nil {
 					return err
 				}
 				sm := kc.MLASoftmaxArgs{Sel: rc.ptr(in[4]), Width: int64(width), Lg: lg, H: int64(H), Scale: scale}
@@ -227,11 +245,11 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 					return err
 				}
 				ac := kc.MLAAccumDArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
-					Ol: ol, H: int64(H), R: int64(R)}
-				if err := kc.Launch(rc.dev, "glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: cdiv(H, mlaAccumHeads), Z: uint32(T)}, block256, 0, &ac); err != nil {
+					Part: ol, H: int64(H), R: int64(R)}
+				if err := kc.Launch(rc.dev, "glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, block256, 0, &ac); err != nil {
 					return err
 				}
-				ex := kc.MLAGemvArgs{A: ol, Lda: int64(H * R), AHead: int64(R), W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: int64(dq * R), WLd: int64(R),
+				ex := kc.MLAGemvArgs{A: ol, Lda: int64(nch * H * R), AHead: int64(R), AParts: int64(nch), APartStride: int64(H * R), W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: int64(dq * R), WLd: int64(R),
 					C: rc.ptr(out), Ldc: int64(H * dv), CHead: int64(dv), CN: 1, M: int64(T), N: int64(dv), K: int64(R)}
 				return kc.Launch(rc.dev, "glmf_mla_expand_gv", kc.Dim3{X: cdiv(dv, mlaGemvCols), Y: uint32(H)}, block256, 0, &ex)
 			}

@@ -262,15 +262,18 @@ DEVFN void mla_ld(float (&d)[2], const float* s) {
 // mla_mm: acc[i][j] = Σ_{k<K} A(m, k)·B(k, n) for the thread's rows
 // m = tm·MT+i and columns n = tn·NT+j of the block tile (tm, tn from
 // mla_tile). la(m, k) and lb(k, n) return the operands (0 outside);
-// kB says B is contiguous in k (loads then run along k).
-template <int TM, int TN, int MT, int NT, bool kB, class LA, class LB>
+// kB says B is contiguous in k (loads then run along k). FOLD > 0 (a
+// multiple of MLA_KT): the chain restarts every FOLD k and the chunks'
+// sums are added in order, ((0 + s0) + s1) + …
+template <int TM, int TN, int MT, int NT, bool kB, int FOLD = 0, class LA, class LB>
 DEVFN void mla_mm(i64 K, LA la, LB lb, float (&acc)[MT][NT]) {
   constexpr int NTH = (TM / MT) * (TN / NT);
   __shared__ __align__(16) float As[MLA_KT][TM + 4];
   __shared__ __align__(16) float Bs[MLA_KT][TN + 4];
   int tid = threadIdx.x, tn = tid % (TN / NT), tm = tid / (TN / NT);
+  float tot[MT][NT];  // FOLD: the chunks' sum (unused otherwise)
   for (int i = 0; i < MT; i++)
-    for (int j = 0; j < NT; j++) acc[i][j] = 0.f;
+    for (int j = 0; j < NT; j++) acc[i][j] = tot[i][j] = 0.f;
   for (i64 k0 = 0; k0 < K; k0 += MLA_KT) {
     for (int idx = tid; idx < TM * MLA_KT; idx += NTH) {
       int k = idx % MLA_KT, m = idx / MLA_KT;
@@ -292,7 +295,16 @@ DEVFN void mla_mm(i64 K, LA la, LB lb, float (&acc)[MT][NT]) {
         for (int j = 0; j < NT; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
     __syncthreads();
+    if (FOLD > 0 && ((k0 + MLA_KT) % (FOLD > 0 ? FOLD : 1) == 0 || k0 + MLA_KT >= K))
+      for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) {
+          tot[i][j] += acc[i][j];
+          acc[i][j] = 0.f;
+        }
   }
+  if (FOLD > 0)
+    for (int i = 0; i < MT; i++)
+      for (int j = 0; j < NT; j++) acc[i][j] = tot[i][j];
 }
 
 template <int TN, int NT> DEVFN int mla_tn() { return threadIdx.x % (TN / NT); }
@@ -415,7 +427,10 @@ KERNEL(glmf_mla_softmax, MLASoftmaxArgs) {
 
 // mla_accum: for row t = t0 + blockIdx.z, heads [y·TM, +TM) and latent
 // dims [x·TN, +TN): ol[t][h][r] = Σ_i w[z][h][i]·cache[sel[t][i]][r] over
-// the entries up to the row's last selected one (unselected: weight 0).
+// the entries up to the row's last selected one (unselected: weight 0), as
+// the sum in order of the chunks of MLA_AD_CH entries' chains (the decode
+// kernel computes the chunks in parallel).
+#define MLA_AD_CH 256
 struct MLAAccumArgs {
   BatchMeta m;
   const float* lg; const int* sel; i64 width;
@@ -433,7 +448,7 @@ DEVFN void mla_accum(const MLAAccumArgs& a) {
   const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
   const float* w = a.lg + (z * a.H + h0) * a.width;
   float acc[MT][NT];
-  mla_mm<TM, TN, MT, NT, false>(
+  mla_mm<TM, TN, MT, NT, false, MLA_AD_CH>(
       K,
       [&](int m, i64 k) { return h0 + m < a.H ? w[m * a.width + k] : 0.f; },
       [&](i64 k, int n) {
@@ -461,9 +476,10 @@ KERNEL(glmf_mla_accum_s, MLAAccumArgs) { mla_accum<16, 32, 2, 2>(a); }
 // weight reads stream the kv_b slices.
 
 // mla_gemv: qabs / expand for M ≤ MLA_GV_MAXM rows: per head h (grid y) and
-// MLA_GV_NC columns (x): c[m·ldc + h·c_head + n·c_n] = Σ_k a[m·lda +
-// h·a_head + k]·W(k, n), W as in MLAHeadMMArgs (kB: W(k, n) contiguous in
-// k). The block stages MLA_GV_KC×MLA_GV_NC weight tiles through shared
+// MLA_GV_NC columns (x): c[m·ldc + h·c_head + n·c_n] = Σ_k A(m, k)·W(k, n),
+// A(m, k) = Σ_p a[p·a_part_stride + m·lda + h·a_head + k] (0 + the parts in
+// order: mla_accum_d's chunks), W as in MLAHeadMMArgs (kB: W(k, n)
+// contiguous in k). The block stages MLA_GV_KC×MLA_GV_NC weight tiles through shared
 // memory with 16-byte loads (the next tile's loads in flight while the
 // current one is used); thread (n = tid % NC, g = tid / NC) keeps the rows
 // m ≡ g (mod 256/NC). 256 threads.
@@ -472,6 +488,7 @@ KERNEL(glmf_mla_accum_s, MLAAccumArgs) { mla_accum<16, 32, 2, 2>(a); }
 #define MLA_GV_MAXM 16
 struct MLAGemvArgs {
   const float* a; i64 lda, a_head;
+  i64 a_parts, a_part_stride;  // A is the sum, in order, of a_parts arrays (≥ 1)
   const void* w; i64 w_bf16, w_head, w_off, w_ld;
   float* c; i64 ldc, c_head, c_n;
   i64 M, N, K;
@@ -536,7 +553,10 @@ DEVFN void mla_gemv(const MLAGemvArgs& a) {
     }
     for (int e = tid; e < a.M * KC; e += NTH) {
       int m = e / KC, k = e % KC;
-      As[m][k] = k0 + k < a.K ? A[m * a.lda + k0 + k] : 0.f;
+      float v = 0.f;
+      if (k0 + k < a.K)
+        for (i64 pi = 0; pi < a.a_parts; pi++) v += A[pi * a.a_part_stride + m * a.lda + k0 + k];
+      As[m][k] = v;
     }
   };
   float acc[MR];
@@ -570,11 +590,15 @@ KERNEL(glmf_mla_expand_gv, MLAGemvArgs) { mla_gemv<true>(a); }
 
 // mla_logits_d: for row t (grid y) and selection entries [x·MLA_LD_E, +E):
 // lg[t][h][i] = qt[t][·][h]·cache[sel[t][i]] (unscaled) for every head, with
-// the absorbed queries k-major (qt[t][k][h], coalesced over heads); a block
-// whose entries are all −1 (past the row's selection) exits at once. The E
-// latents are staged in shared memory (E·R floats, dynamic) and serve every
-// head; thread (h, g) runs the chains of entries g·4 … g·4+3. 256 threads.
+// the absorbed queries k-major (qt[t][k][h]); a block whose entries are all
+// −1 (past the row's selection) exits at once. The E latents are staged in
+// shared memory once and serve every head; the queries pass through shared
+// memory in chunks of MLA_LD_KQ k (contiguous in qt), the next chunk's loads
+// in flight while the current one is used. Thread (h, g) runs the chains of
+// entries 4g … 4g+3. 256 threads; dynamic shared memory (E·R + KQ·H)
+// floats.
 #define MLA_LD_E 16
+#define MLA_LD_KQ 32
 struct MLALogitsDArgs {
   BatchMeta m;
   const float* qt; const int* sel; i64 width;
@@ -582,19 +606,22 @@ struct MLALogitsDArgs {
   float* lg; i64 H, R;
 };
 KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
+  constexpr int E = MLA_LD_E, KQ = MLA_LD_KQ, NTH = 256, EG = 4, QV = 2;  // QV: float4 query loads per thread
   DYN_SMEM(float, lat);
-  __shared__ int ps[MLA_LD_E];
-  i64 t = blockIdx.y, i0 = (i64)blockIdx.x * MLA_LD_E;
+  float* qs = lat + E * a.R;  // [KQ][H]
+  __shared__ int ps[E];
+  i64 t = blockIdx.y, i0 = (i64)blockIdx.x * E;
+  int tid = threadIdx.x;
   const int* srow = a.sel + t * a.width;
-  if (threadIdx.x < MLA_LD_E) ps[threadIdx.x] = i0 + threadIdx.x < a.width ? srow[i0 + threadIdx.x] : -1;
+  if (tid < E) ps[tid] = i0 + tid < a.width ? srow[i0 + tid] : -1;
   __syncthreads();
   int any = 0;
-  for (int e = 0; e < MLA_LD_E; e++) any |= ps[e] >= 0;
+  for (int e = 0; e < E; e++) any |= ps[e] >= 0;
   if (!any) return;
   const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
   if ((a.R & 3) == 0 && ((u64)cache & 15) == 0) {
     i64 R4 = a.R / 4;
-    for (i64 x = threadIdx.x; x < MLA_LD_E * R4; x += blockDim.x) {
+    for (i64 x = tid; x < E * R4; x += NTH) {
       int e = (int)(x / R4);
       i64 r = x % R4;
       mla_f4 v = {0.f, 0.f, 0.f, 0.f};
@@ -602,80 +629,126 @@ KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
       ((mla_f4*)(lat + e * a.R))[r] = v;
     }
   } else {
-    for (i64 x = threadIdx.x; x < MLA_LD_E * a.R; x += blockDim.x) {
+    for (i64 x = tid; x < E * a.R; x += NTH) {
       int e = (int)(x / a.R);
       lat[x] = ps[e] >= 0 ? cache[(i64)ps[e] * a.R + x % a.R] : 0.f;
     }
   }
-  __syncthreads();
   const float* q = a.qt + t * a.R * a.H;
-  float* lg = a.lg + t * a.H * a.width;
-  constexpr int EG = 4;
-  for (i64 x = threadIdx.x; x < a.H * (MLA_LD_E / EG); x += blockDim.x) {
-    i64 h = x % a.H;
-    int e0 = (int)(x / a.H) * EG;
-    if (ps[e0] < 0 && ps[e0 + 1] < 0 && ps[e0 + 2] < 0 && ps[e0 + 3] < 0) continue;
-    float acc[EG] = {0.f, 0.f, 0.f, 0.f};
-    const float* l0 = lat + e0 * a.R;
-#pragma unroll 4
-    for (i64 k = 0; k < a.R; k++) {
-      float qv = q[k * a.H + h];
+  // query chunk kc: qt[kc·KQ·H, +KQ·H) (contiguous), KQ·H ≤ NTH·QV·4 and
+  // aligned for the vector path
+  bool qvec = a.H * KQ <= NTH * QV * 4 && (a.H & 3) == 0 && ((u64)q & 15) == 0;
+  i64 nk = (a.R + KQ - 1) / KQ;
+  mla_f4 qr[QV];
+  auto qload = [&](i64 kc) {
+    i64 base = kc * KQ * a.H, lim = a.R * a.H;
+    for (int j = 0; j < QV; j++) {
+      i64 x = (i64)(tid + j * NTH) * 4;
+      qr[j] = mla_f4{0.f, 0.f, 0.f, 0.f};
+      if (x < KQ * a.H && base + x < lim) qr[j] = *(const mla_f4*)(q + base + x);
+    }
+  };
+  if (qvec) qload(0);
+  float acc[EG];
+  i64 h = tid % a.H;
+  int e0 = (int)(tid / a.H) * EG;
+  bool active = tid < a.H * (E / EG) && (ps[e0] >= 0 || ps[e0 + 1] >= 0 || ps[e0 + 2] >= 0 || ps[e0 + 3] >= 0);
+  for (int e = 0; e < EG; e++) acc[e] = 0.f;
+  for (i64 kc = 0; kc < nk; kc++) {
+    __syncthreads();
+    if (qvec) {
+      for (int j = 0; j < QV; j++) {
+        i64 x = (i64)(tid + j * NTH) * 4;
+        if (x < KQ * a.H) *(mla_f4*)(qs + x) = qr[j];
+      }
+    } else {
+      i64 base = kc * KQ * a.H, lim = a.R * a.H;
+      for (i64 x = tid; x < KQ * a.H; x += NTH) qs[x] = base + x < lim ? q[base + x] : 0.f;
+    }
+    __syncthreads();
+    if (qvec && kc + 1 < nk) qload(kc + 1);
+    if (!active) continue;
+    int kn = a.R - kc * KQ < KQ ? (int)(a.R - kc * KQ) : KQ;
+    const float* l0 = lat + e0 * a.R + kc * KQ;
+#pragma unroll 8
+    for (int k = 0; k < kn; k++) {
+      float qv = qs[k * a.H + h];
       for (int e = 0; e < EG; e++) acc[e] = fmaf(qv, l0[e * a.R + k], acc[e]);
     }
-    for (int e = 0; e < EG; e++)
-      if (ps[e0 + e] >= 0) lg[h * a.width + i0 + e0 + e] = acc[e];
   }
+  if (!active) return;
+  float* lg = a.lg + t * a.H * a.width;
+  for (int e = 0; e < EG; e++)
+    if (ps[e0 + e] >= 0) lg[h * a.width + i0 + e0 + e] = acc[e];
 }
 
-// mla_accum_d: for row t (grid z), heads [y·MLA_AD_H, +MLA_AD_H) and latent
-// dims [x·32, +32): ol[t][h][r] = Σ_i w[t][h][i]·cache[sel[t][i]][r] over
-// the row's selected entries in order. Lane = r, warp w keeps heads h0 + w,
-// h0 + w + 8, …; the entries, in chunks of MLA_AD_C, and their weights are
-// staged in shared memory. 256 threads.
-#define MLA_AD_H 16
-#define MLA_AD_C 64
+// mla_accum_d: the partial sums of mla_accum's chunks, all in parallel:
+// for row t, chunk c (entries [c·MLA_AD_CH, +MLA_AD_CH)), heads [h0, +8)
+// and latent dims [x·32, +32): part[t][c][h][r] = Σ_i w[t][h][i]·
+// cache[sel[t][i]][r] over the chunk's selected entries in order (+0 for a
+// chunk with none); the expand adds them in chunk order. Grid (ceil(R/32),
+// ceil(width/MLA_AD_CH), T·ceil(H/8)); lane = r, warp = head; the chunk's
+// entries, latents and weights are staged in shared memory at once.
 struct MLAAccumDArgs {
   BatchMeta m;
   const float* lg; const int* sel; i64 width;
   const float* cache; i64 slot_stride;
-  float* ol; i64 H, R;
+  float* part; i64 H, R;
 };
 KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
-  constexpr int HW = MLA_AD_H / 8;
-  __shared__ int ps[MLA_AD_C];
-  __shared__ float ws[MLA_AD_H][MLA_AD_C];
-  i64 t = blockIdx.z, h0 = (i64)blockIdx.y * MLA_AD_H, r = (i64)blockIdx.x * 32 + (threadIdx.x & 31);
-  int warp = threadIdx.x >> 5;
+  constexpr int CH = MLA_AD_CH, NTH = 256, LV = CH * 32 / 4 / NTH;  // float4 latent loads per thread
+  __shared__ int ps[CH];
+  __shared__ __align__(16) float lat[CH][32];
+  __shared__ float ws[8][CH];
+  __shared__ int any_s;
+  i64 hg = (a.H + 7) / 8, nch = (a.width + CH - 1) / CH;
+  i64 t = blockIdx.z / hg, h0 = (blockIdx.z % hg) * 8, c = blockIdx.y, c0 = c * CH, r0 = (i64)blockIdx.x * 32;
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  i64 h = h0 + warp, r = r0 + lane;
   const int* srow = a.sel + t * a.width;
-  int last = 0;
-  for (i64 i = threadIdx.x; i < a.width; i += blockDim.x)
-    if (srow[i] >= 0) last = (int)i + 1;
-  i64 n = block_reduce(last, [](int x, int y) { return x > y ? x : y; });
+  if (tid == 0) any_s = 0;
+  __syncthreads();
+  for (int i = tid; i < CH; i += NTH) {
+    int p = c0 + i < a.width ? srow[c0 + i] : -1;
+    ps[i] = p;
+    if (p >= 0) any_s = 1;
+  }
+  __syncthreads();
+  float* out = a.part + ((t * nch + c) * a.H + h) * a.R + r;
+  if (!any_s) {
+    if (h < a.H && r < a.R) *out = 0.f;
+    return;
+  }
   const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
   const float* w = a.lg + t * a.H * a.width;
-  float acc[HW];
-  for (int j = 0; j < HW; j++) acc[j] = 0.f;
-  for (i64 c0 = 0; c0 < n; c0 += MLA_AD_C) {
-    __syncthreads();
-    for (int x = threadIdx.x; x < MLA_AD_C; x += blockDim.x) ps[x] = c0 + x < n ? srow[c0 + x] : -1;
-    for (int x = threadIdx.x; x < MLA_AD_H * MLA_AD_C; x += blockDim.x) {
-      int hh = x / MLA_AD_C, i = x % MLA_AD_C;
-      ws[hh][i] = h0 + hh < a.H && c0 + i < n ? w[(h0 + hh) * a.width + c0 + i] : 0.f;
+  for (int x = tid; x < 8 * CH; x += NTH) {
+    int hh = x / CH, i = x % CH;
+    ws[hh][i] = h0 + hh < a.H && ps[i] >= 0 ? w[(h0 + hh) * a.width + c0 + i] : 0.f;
+  }
+  if ((a.R & 3) == 0 && r0 + 32 <= a.R && ((u64)cache & 15) == 0) {
+    mla_f4 v[LV];
+#pragma unroll
+    for (int j = 0; j < LV; j++) {
+      int x = tid + j * NTH, e = x / 8, q = x % 8;
+      v[j] = mla_f4{0.f, 0.f, 0.f, 0.f};
+      if (ps[e] >= 0) v[j] = *(const mla_f4*)(cache + (i64)ps[e] * a.R + r0 + 4 * q);
     }
-    __syncthreads();
-    if (r >= a.R) continue;
-    int cn = n - c0 < MLA_AD_C ? (int)(n - c0) : MLA_AD_C;
-#pragma unroll 4
-    for (int i = 0; i < cn; i++) {
-      int p = ps[i];
-      if (p < 0) continue;
-      float c = cache[(i64)p * a.R + r];
-      for (int j = 0; j < HW; j++) acc[j] = fmaf(ws[warp + 8 * j][i], c, acc[j]);
+#pragma unroll
+    for (int j = 0; j < LV; j++) {
+      int x = tid + j * NTH, e = x / 8, q = x % 8;
+      *(mla_f4*)&lat[e][4 * q] = v[j];
+    }
+  } else {
+    for (int x = tid; x < CH * 32; x += NTH) {
+      int e = x / 32, rr = x % 32;
+      lat[e][rr] = ps[e] >= 0 && r0 + rr < a.R ? cache[(i64)ps[e] * a.R + r0 + rr] : 0.f;
     }
   }
-  if (r >= a.R) return;
-  for (int j = 0; j < HW; j++) {
-    i64 h = h0 + warp + 8 * j;
-    if (h < a.H) a.ol[(t * a.H + h) * a.R + r] = acc[j];
-  }
+  __syncthreads();
+  if (h >= a.H || r >= a.R) return;
+  float acc = 0.f;
+#pragma unroll 8
+  for (int i = 0; i < CH; i++)
+    if (ps[i] >= 0) acc = fmaf(ws[warp][i], lat[i][lane], acc);
+  *out = acc;
 }
