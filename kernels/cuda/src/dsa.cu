@@ -493,54 +493,50 @@ struct MLAGemvArgs {
   float* c; i64 ldc, c_head, c_n;
   i64 M, N, K;
 };
-template <bool kB>
-DEVFN void mla_gemv(const MLAGemvArgs& a) {
+// (The shared tiles are the kernel's, one pair for both instantiations.)
+template <bool kB, bool BF>
+DEVFN void mla_gemv(const MLAGemvArgs& a, float (&Ws)[MLA_GV_KC][MLA_GV_NC + 1], float (&As)[MLA_GV_MAXM][MLA_GV_KC]) {
   constexpr int NC = MLA_GV_NC, KC = MLA_GV_KC, NTH = 256, G = NTH / NC;
   constexpr int MR = (MLA_GV_MAXM + G - 1) / G;  // rows per thread
-  constexpr int NV = KC * NC / 4 / NTH;           // 16-byte loads per thread (fp32; bf16: half)
-  __shared__ __align__(16) float Ws[KC][NC + 1];
-  __shared__ float As[MLA_GV_MAXM][KC];
+  constexpr int PER = BF ? 8 : 4;                 // elements per 16-byte load
+  constexpr int NV = KC * NC / PER / NTH;         // 16-byte loads per thread and tile
   i64 h = blockIdx.y, n0 = (i64)blockIdx.x * NC;
   int tid = threadIdx.x, tn = tid % NC, tg = tid / NC;
   const float* A = a.a + h * a.a_head;
   i64 wb = h * a.w_head + a.w_off;
-  bool bf = a.w_bf16 != 0;
-  int per = bf ? 8 : 4;  // elements per 16-byte load
   // vector loads: the contiguous dimension (k for kB, else n) in whole
   // aligned groups
   i64 cont = kB ? a.K : a.N;
-  bool vec = ((wb | a.w_ld | cont) % per) == 0 && ((u64)a.w & 15) == 0;
+  bool vec = ((wb | a.w_ld | cont) % PER) == 0 && ((u64)a.w & 15) == 0;
   i64 nk = (a.K + KC - 1) / KC;
   uint4 raw[NV];
-  // load tile kc into raw (vector) — element e of the tile is (k, n) with,
-  // for kB, n = e / KC, k = e % KC, else k = e / NC, n = e % NC
+  // element e of a tile is (k, n) with, for kB, n = e / KC, k = e % KC,
+  // else k = e / NC, n = e % NC
   auto load = [&](i64 kc) {
     i64 k0 = kc * KC;
-    int nv = bf ? NV / 2 : NV;
-    for (int j = 0; j < nv; j++) {
-      int e = (tid + j * NTH) * per;
-      int k, n;
-      if (kB) { n = e / KC; k = e % KC; } else { k = e / NC; n = e % NC; }
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      int e = (tid + j * NTH) * PER;
+      int k = kB ? e % KC : e / NC, n = kB ? e / KC : e % NC;
       i64 gk = k0 + k, gn = n0 + n;
+      raw[j] = make_uint4(0, 0, 0, 0);
       if (gk < a.K && gn < a.N) {
         i64 off = wb + (kB ? gn * a.w_ld + gk : gk * a.w_ld + gn);
-        raw[j] = bf ? *(const uint4*)((const u16*)a.w + off) : *(const uint4*)((const float*)a.w + off);
-      } else {
-        raw[j] = make_uint4(0, 0, 0, 0);
+        raw[j] = BF ? *(const uint4*)((const u16*)a.w + off) : *(const uint4*)((const float*)a.w + off);
       }
     }
   };
   auto store = [&](i64 kc) {
     i64 k0 = kc * KC;
     if (vec) {
-      int nv = bf ? NV / 2 : NV;
-      for (int j = 0; j < nv; j++) {
-        int e = (tid + j * NTH) * per;
-        int k, n;
-        if (kB) { n = e / KC; k = e % KC; } else { k = e / NC; n = e % NC; }
+#pragma unroll
+      for (int j = 0; j < NV; j++) {
+        int e = (tid + j * NTH) * PER;
+        int k = kB ? e % KC : e / NC, n = kB ? e / KC : e % NC;
         unsigned u[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
-        for (int x = 0; x < per; x++) {
-          float v = bf ? bf16f((u16)(x & 1 ? u[x >> 1] >> 16 : u[x >> 1] & 0xffffu)) : __uint_as_float(u[x]);
+#pragma unroll
+        for (int x = 0; x < PER; x++) {
+          float v = BF ? bf16f((u16)(x & 1 ? u[x >> 1] >> 16 : u[x >> 1] & 0xffffu)) : __uint_as_float(u[x]);
           if (kB) Ws[k + x][n] = v; else Ws[k][n + x] = v;
         }
       }
@@ -548,7 +544,7 @@ DEVFN void mla_gemv(const MLAGemvArgs& a) {
       for (int e = tid; e < KC * NC; e += NTH) {
         int k = e / NC, n = e % NC;
         i64 gk = k0 + k, gn = n0 + n;
-        Ws[k][n] = gk < a.K && gn < a.N ? ldw(a.w, wb + (kB ? gn * a.w_ld + gk : gk * a.w_ld + gn), a.w_bf16) : 0.f;
+        Ws[k][n] = gk < a.K && gn < a.N ? ldw(a.w, wb + (kB ? gn * a.w_ld + gk : gk * a.w_ld + gn), BF) : 0.f;
       }
     }
     for (int e = tid; e < a.M * KC; e += NTH) {
@@ -560,6 +556,7 @@ DEVFN void mla_gemv(const MLAGemvArgs& a) {
     }
   };
   float acc[MR];
+#pragma unroll
   for (int i = 0; i < MR; i++) acc[i] = 0.f;
   if (vec) load(0);
   for (i64 kc = 0; kc < nk; kc++) {
@@ -568,25 +565,37 @@ DEVFN void mla_gemv(const MLAGemvArgs& a) {
     __syncthreads();
     if (vec && kc + 1 < nk) load(kc + 1);
     int kn = a.K - kc * KC < KC ? (int)(a.K - kc * KC) : KC;
+#pragma unroll
     for (int i = 0; i < MR; i++) {
       int m = tg + i * G;
-      if (m >= a.M) break;
-      float s = acc[i];
+      if (m < a.M) {
+        float s = acc[i];
 #pragma unroll 8
-      for (int k = 0; k < kn; k++) s = fmaf(As[m][k], Ws[k][tn], s);
-      acc[i] = s;
+        for (int k = 0; k < kn; k++) s = fmaf(As[m][k], Ws[k][tn], s);
+        acc[i] = s;
+      }
     }
   }
   i64 n = n0 + tn;
   if (n >= a.N) return;
+#pragma unroll
   for (int i = 0; i < MR; i++) {
     int m = tg + i * G;
-    if (m >= a.M) break;
-    a.c[m * a.ldc + h * a.c_head + n * a.c_n] = acc[i];
+    if (m < a.M) a.c[m * a.ldc + h * a.c_head + n * a.c_n] = acc[i];
   }
 }
-KERNEL(glmf_mla_qabs_gv, MLAGemvArgs) { mla_gemv<false>(a); }
-KERNEL(glmf_mla_expand_gv, MLAGemvArgs) { mla_gemv<true>(a); }
+// at most 64 registers: four blocks resident per SM, their tile loads in
+// flight together
+KERNEL_BOUNDS(glmf_mla_qabs_gv, MLAGemvArgs, 256, 4) {
+  __shared__ __align__(16) float Ws[MLA_GV_KC][MLA_GV_NC + 1];
+  __shared__ float As[MLA_GV_MAXM][MLA_GV_KC];
+  if (a.w_bf16) mla_gemv<false, true>(a, Ws, As); else mla_gemv<false, false>(a, Ws, As);
+}
+KERNEL_BOUNDS(glmf_mla_expand_gv, MLAGemvArgs, 256, 4) {
+  __shared__ __align__(16) float Ws[MLA_GV_KC][MLA_GV_NC + 1];
+  __shared__ float As[MLA_GV_MAXM][MLA_GV_KC];
+  if (a.w_bf16) mla_gemv<true, true>(a, Ws, As); else mla_gemv<true, false>(a, Ws, As);
+}
 
 // mla_logits_d: for row t (grid y) and selection entries [x·MLA_LD_E, +E):
 // lg[t][h][i] = qt[t][·][h]·cache[sel[t][i]] (unscaled) for every head, with
