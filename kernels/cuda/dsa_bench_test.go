@@ -84,7 +84,7 @@ func BenchmarkMLADecode(b *testing.B) {
 							a     any
 						}{
 							{"glmf_mla_qabs_gv", kc.Dim3{X: cdiv(R, 32), Y: H}, kc.Dim3{X: 256}, 0, &qab},
-							{"glmf_mla_logits_d", kc.Dim3{X: cdiv(width, 16), Y: uint32(M)}, kc.Dim3{X: 256}, 4 * (16*R + 32*H), &lo},
+							{"glmf_mla_logits_d", kc.Dim3{X: cdiv(width, 12), Y: uint32(M)}, kc.Dim3{X: 256}, 4 * (12*R + 64*H), &lo},
 							{"glmf_mla_softmax", kc.Dim3{X: H, Y: uint32(M)}, kc.Dim3{X: 256}, 0, &sm},
 							{"glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: nch, Z: uint32(M) * cdiv(H, 8)}, kc.Dim3{X: 256}, 0, &ac},
 							{"glmf_mla_expand_gv", kc.Dim3{X: cdiv(dv, 32), Y: H}, kc.Dim3{X: 256}, 0, &ex},

@@ -40,7 +40,7 @@ func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, me
 		lg := poisoned[float32](t, d, T*H*width)
 		lo := kc.MLALogitsDArgs{M: meta, Qt: qa.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
 			Lg: lg.p, H: int64(H), R: int64(R)}
-		launch(t, d, "glmf_mla_logits_d", kc.Dim3{X: cdiv(width, 16), Y: uint32(T)}, kc.Dim3{X: 256}, 4*(16*R+32*H), &lo)
+		launch(t, d, "glmf_mla_logits_d", kc.Dim3{X: cdiv(width, 12), Y: uint32(T)}, kc.Dim3{X: 256}, 4*(12*R+64*H), &lo)
 		sm := kc.MLASoftmaxArgs{Sel: sel.p, Width: int64(width), Lg: lg.p, H: int64(H), Scale: float64(float32(1 / math.Sqrt(float64(dq))))}
 		launch(t, d, "glmf_mla_softmax", kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: 256}, 0, &sm)
 		nch := (width + 255) / 256

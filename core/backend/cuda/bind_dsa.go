@@ -151,8 +151,8 @@ const mlaSmallRows = 16
 // glmf_mla_*_gv block (MLA_GV_NC), entries per glmf_mla_accum_d chunk
 // (MLA_AD_CH).
 const (
-	mlaDecodeEntries = 16
-	mlaDecodeQK      = 32
+	mlaDecodeEntries = 12
+	mlaDecodeQK      = 64
 	mlaGemvCols      = 32
 	mlaAccumChunk    = 256
 )
@@ -163,7 +163,8 @@ const mlaDecodeSmem = 48 << 10
 
 // mlaDecodeOK reports whether the decode kernels take T rows of H heads,
 // rank R and a selection width (else the small tiles run): below 16 rows,
-// at most 64 heads (a thread per head and 4 entries), the staging within
+// at most 64 heads (a thread per head and 4 entries: 3·64 threads of 256),
+// the staging within
 // the default shared memory and the logits in one chunk.
 func mlaDecodeOK(T, H, R, width int) bool {
 	return T < mlaSmallRows && H <= 64 && mlaDecodeSmemBytes(H, R) <= mlaDecodeSmem && mlaRowChunk(T, H, width) == T

@@ -606,8 +606,8 @@ KERNEL_BOUNDS(glmf_mla_expand_gv, MLAGemvArgs, 256, 4) {
 // in flight while the current one is used. Thread (h, g) runs the chains of
 // entries 4g … 4g+3. 256 threads; dynamic shared memory (E·R + KQ·H)
 // floats.
-#define MLA_LD_E 16
-#define MLA_LD_KQ 32
+#define MLA_LD_E 12
+#define MLA_LD_KQ 64
 struct MLALogitsDArgs {
   BatchMeta m;
   const float* qt; const int* sel; i64 width;
@@ -615,7 +615,7 @@ struct MLALogitsDArgs {
   float* lg; i64 H, R;
 };
 KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
-  constexpr int E = MLA_LD_E, KQ = MLA_LD_KQ, NTH = 256, EG = 4, QV = 2;  // QV: float4 query loads per thread
+  constexpr int E = MLA_LD_E, KQ = MLA_LD_KQ, NTH = 256, EG = 4, QV = 4;  // QV: float4 query loads per thread
   DYN_SMEM(float, lat);
   float* qs = lat + E * a.R;  // [KQ][H]
   __shared__ int ps[E];
