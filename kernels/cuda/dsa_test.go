@@ -17,6 +17,7 @@ type idxCase struct {
 	H, D, kpool, topk int
 	tail              bool
 	pos0, news        []int
+	odd               bool // row 0: zero head weights (every score 0, all tied); row 1: a NaN head weight (NaN scores)
 }
 
 // stepMeta builds the batch metadata of one step (sequence s in slot S−1−s).
@@ -44,7 +45,7 @@ func stepMeta(t *testing.T, d *kc.Device, pos0, news []int) (kc.BatchMeta, []int
 // The indexer kernels (append, score, select, save, shared) match the
 // CPU's indexer (kernels/indexer) exactly: rows that see fewer pools than
 // they keep (no scoring), more (scored and selected), none, contexts past
-// pool boundaries, with and without the tail, the register and the
+// pool boundaries, with and without the tail, tied and NaN scores, the register and the
 // generic paths of the score (D ≤ 256 or not), a scores scratch wider than
 // the visible pools (as under graphs); then a shared selection for the
 // next step's rows.
@@ -56,6 +57,8 @@ func TestIndexerKernelsMatchCPU(t *testing.T) {
 		{H: 3, D: 288, kpool: 3, topk: 9, tail: true, pos0: []int{40, 8}, news: []int{2, 1}},
 		{H: 5, D: 64, kpool: 4, topk: 2048, tail: true, pos0: []int{39}, news: []int{1}},
 		{H: 2, D: 32, kpool: 4, topk: 8, tail: true, pos0: []int{300}, news: []int{1}},
+		// hundreds of pools (several per thread of the selection), ties, NaN scores
+		{H: 4, D: 40, kpool: 4, topk: 256, tail: true, pos0: []int{1200, 900, 2000}, news: []int{1, 2, 1}, odd: true},
 	}
 	for ci, c := range cases {
 		t.Run(fmt.Sprintf("case%d", ci), func(t *testing.T) {
@@ -111,6 +114,12 @@ func TestIndexerKernelsMatchCPU(t *testing.T) {
 			}
 			visb := upload(t, d, visible)
 			q, w := randn(r, T*H*D, 1), randn(r, T*H, 1)
+			if c.odd {
+				for h := 0; h < H; h++ {
+					w[h] = 0
+				}
+				w[H] = float32(math.NaN())
+			}
 			ld := mv + 5
 			scores := poisoned[float32](t, d, T*ld)
 			scale := float64(float32(1 / math.Sqrt(float64(D))))

@@ -123,8 +123,11 @@ KERNEL(glmf_indexer_score, IdxScoreArgs) {
 }
 
 // indexer_select: per row (block of 256): the best min(topk/kpool,
-// visible) pools by score (ties: lower pool), listed in pool order as
-// positions, then the tail positions [kpool·visible, pos]; −1 pads.
+// visible) pools by score (ties: lower pool; NaN last), listed in pool
+// order as positions, then the tail positions [kpool·visible, pos]; −1
+// pads. A row that sees no more pools than it keeps takes them all
+// unscored; the others find the threshold by a 4-pass radix select on the
+// scores and compact by per-thread segments (two block scans).
 struct IdxSelectArgs {
   BatchMeta m;
   const int* visible;
@@ -144,36 +147,61 @@ KERNEL(glmf_indexer_select, IdxSelectArgs) {
     return;
   }
   i64 keep = a.keep;
-  u64 bound = ~0ull;
-  if (keep < n && keep > 0) {
-    bound = radix_select(n, (u64)keep, [&](i64 i, u64* key, u64* w) {
-      *key = desc_key(sc[i], (unsigned)i);
-      *w = 1;
-      return true;
-    });
-  }
-  for (i64 i = threadIdx.x; i < a.width; i += blockDim.x) row[i] = -1;
-  __syncthreads();
-  // compaction in pool order
-  __shared__ int base_s;
-  if (threadIdx.x == 0) base_s = 0;
-  __syncthreads();
+  int tid = threadIdx.x, nth = blockDim.x;
+  for (i64 i = tid; i < a.width; i += nth) row[i] = -1;
   if (keep > 0) {
-    for (i64 c0 = 0; c0 < n; c0 += blockDim.x) {
-      i64 p = c0 + threadIdx.x;
-      int flag = p < n && desc_key(sc[p], (unsigned)p) <= bound;
-      int total;
-      int off = block_exscan(flag, &total);
-      if (flag) {
-        i64 o = (i64)(base_s + off) * a.kpool;
-        for (i64 x = 0; x < a.kpool; x++) row[o + x] = (int)(p * a.kpool + x);
+    // the keep-th smallest 32-bit key (descending score; a NaN after every
+    // number), by 8-bit digits: T, and r = how many pools of key T are
+    // kept (the lowest ones: the CPU's tie order)
+    __shared__ int hist[256];
+    __shared__ unsigned prefix_s, tgt_s;
+    auto key = [&](i64 p) {
+      float v = sc[p];
+      return v != v ? 0xffffffffu : ~ordf(v);
+    };
+    unsigned prefix = 0, mask = 0, tgt = (unsigned)keep;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int b = tid; b < 256; b += nth) hist[b] = 0;
+      __syncthreads();
+      for (i64 p = tid; p < n; p += nth) {
+        unsigned k = key(p);
+        if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255], 1);
       }
       __syncthreads();
-      if (threadIdx.x == 0) base_s += total;
+      // the digit whose cumulative count reaches tgt (blockDim = 256)
+      int c = tid < 256 ? hist[tid] : 0, total;
+      int ex = block_exscan(c, &total);
+      if (tid < 256 && (unsigned)ex < tgt && tgt <= (unsigned)(ex + c)) {
+        prefix_s = prefix | ((unsigned)tid << shift);
+        tgt_s = tgt - (unsigned)ex;
+      }
       __syncthreads();
+      prefix = prefix_s;
+      tgt = tgt_s;
+      mask |= 255u << shift;
+    }
+    // compaction in pool order: thread i takes the pools of its segment
+    // [i·seg, +seg): those below T, and the first tgt of those equal to T
+    i64 seg = (n + nth - 1) / nth, p0 = tid * seg, p1 = p0 + seg < n ? p0 + seg : n;
+    int ne = 0, total;
+    for (i64 p = p0; p < p1; p++) ne += key(p) == prefix;
+    int eq0 = block_exscan(ne, &total);
+    int nk = 0;
+    for (i64 p = p0, e = eq0; p < p1; p++) {
+      unsigned k = key(p);
+      if (k < prefix || (k == prefix && (unsigned)e++ < tgt)) nk++;
+    }
+    int o = block_exscan(nk, &total);
+    for (i64 p = p0, e = eq0; p < p1; p++) {
+      unsigned k = key(p);
+      if (k < prefix || (k == prefix && (unsigned)e++ < tgt)) {
+        for (i64 x = 0; x < a.kpool; x++) row[(i64)o * a.kpool + x] = (int)(p * a.kpool + x);
+        o++;
+      }
     }
   }
-  if (a.tail && threadIdx.x == 0) {
+  __syncthreads();
+  if (a.tail && tid == 0) {
     i64 o = keep * a.kpool;
     for (i64 pos = n * a.kpool; pos <= a.m.row_pos[t]; pos++) row[o++] = (int)pos;
   }
