@@ -196,7 +196,7 @@ func BenchmarkDSATopKDecode(b *testing.B) {
 					if err := kc.Launch(d, "glmf_indexer_append", kc.Dim3{X: uint32(M)}, kc.Dim3{X: D}, 0, &ap); err != nil {
 						return err
 					}
-					if err := kc.Launch(d, "glmf_indexer_score", kc.Dim3{X: (mv + 31) / 32, Y: uint32(M)}, kc.Dim3{X: 256}, 4*H*D, &sa); err != nil {
+					if err := kc.Launch(d, "glmf_indexer_score", kc.Dim3{X: (mv + 31) / 32, Y: uint32(M)}, kc.Dim3{X: 256}, 4*(H*(D+1)+32*D), &sa); err != nil {
 						return err
 					}
 					return kc.Launch(d, "glmf_indexer_select", kc.Dim3{X: uint32(M)}, kc.Dim3{X: 256}, 0, &se)

@@ -45,16 +45,16 @@ func stepMeta(t *testing.T, d *kc.Device, pos0, news []int) (kc.BatchMeta, []int
 // The indexer kernels (append, score, select, save, shared) match the
 // CPU's indexer (kernels/indexer) exactly: rows that see fewer pools than
 // they keep (no scoring), more (scored and selected), none, contexts past
-// pool boundaries, with and without the tail, tied and NaN scores, the register and the
-// generic paths of the score (D ≤ 256 or not), a scores scratch wider than
-// the visible pools (as under graphs); then a shared selection for the
-// next step's rows.
+// pool boundaries, with and without the tail, tied and NaN scores, more
+// heads than a warp's lanes, a scores scratch wider than the visible pools
+// (as under graphs); then a shared selection for the next step's rows.
 func TestIndexerKernelsMatchCPU(t *testing.T) {
 	d := openDevice(t)
 	cases := []idxCase{
 		{H: 4, D: 40, kpool: 4, topk: 16, tail: true, pos0: []int{0, 15, 60}, news: []int{3, 1, 1}},
 		{H: 4, D: 40, kpool: 4, topk: 16, tail: false, pos0: []int{16, 2, 37}, news: []int{1, 5, 9}},
 		{H: 3, D: 288, kpool: 3, topk: 9, tail: true, pos0: []int{40, 8}, news: []int{2, 1}},
+		{H: 37, D: 24, kpool: 2, topk: 10, tail: true, pos0: []int{45}, news: []int{3}},
 		{H: 5, D: 64, kpool: 4, topk: 2048, tail: true, pos0: []int{39}, news: []int{1}},
 		{H: 2, D: 32, kpool: 4, topk: 8, tail: true, pos0: []int{300}, news: []int{1}},
 		// hundreds of pools (several per thread of the selection), ties, NaN scores
@@ -126,7 +126,7 @@ func TestIndexerKernelsMatchCPU(t *testing.T) {
 			wscale := float32(1 / math.Sqrt(float64(H)))
 			sa := kc.IdxScoreArgs{M: meta, Visible: visb.p, Q: upload(t, d, q).p, W: upload(t, d, w).p, Pools: pools.p, PoolsStride: int64(poolsStride),
 				Scores: scores.p, Ld: int64(ld), H: int64(H), D: int64(D), Keep: int64(c.topk / kp), Scale: scale, Wscale: float64(wscale)}
-			launch(t, d, "glmf_indexer_score", kc.Dim3{X: uint32((ld + 31) / 32), Y: uint32(T)}, kc.Dim3{X: 256}, 4*H*D, &sa)
+			launch(t, d, "glmf_indexer_score", kc.Dim3{X: uint32((ld + 31) / 32), Y: uint32(T)}, kc.Dim3{X: 256}, 4*(H*(D+1)+32*D), &sa)
 			sel := poisoned[int32](t, d, T*W)
 			se := kc.IdxSelectArgs{M: meta, Visible: visb.p, Scores: scores.p, Ld: int64(ld), Sel: sel.p, Width: int64(W),
 				Kpool: int64(kp), Keep: int64(c.topk / kp), Tail: map[bool]int64{false: 0, true: 1}[c.tail]}

@@ -70,6 +70,9 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 	if D > 1024 {
 		return nil, fmt.Errorf("indexer head dim %d exceeds 1024 threads per block", D)
 	}
+	if sm := idxScoreSmem(H, D); sm > 48<<10 {
+		return nil, fmt.Errorf("indexer of %d heads × %d needs %d bytes of shared memory to score (at most 48 KiB)", H, D, sm)
+	}
 	width := out.Shape[1]
 	layer := n.Layer
 	share, extra := a.String("share", ""), a.Int("share_extra", 0)
@@ -116,7 +119,7 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 			if mv > 0 {
 				sa := kc.IdxScoreArgs{M: rc.meta, Visible: m.visible, Q: rc.ptr(in[1]), W: rc.ptr(in[4]), Pools: ls.pools, PoolsStride: ls.poolsStride,
 					Scores: scores, Ld: int64(mv), H: int64(H), D: int64(D), Keep: int64(topk / kp), Scale: scale, Wscale: wscale}
-				if err := kc.Launch(rc.dev, "glmf_indexer_score", kc.Dim3{X: uint32((mv + idxScorePools - 1) / idxScorePools), Y: uint32(rc.T)}, block256, 4*H*D, &sa); err != nil {
+				if err := kc.Launch(rc.dev, "glmf_indexer_score", kc.Dim3{X: uint32((mv + idxScorePools - 1) / idxScorePools), Y: uint32(rc.T)}, block256, idxScoreSmem(H, D), &sa); err != nil {
 					return err
 				}
 			}
@@ -134,8 +137,12 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 }
 
 // idxScorePools is the pools one glmf_indexer_score block scores
-// (SCORE_PB in dsa.cu).
+// (SCORE_PB in dsa.cu: 8 warps of SCORE_PW pools).
 const idxScorePools = 32
+
+// idxScoreSmem is glmf_indexer_score's dynamic shared memory: the row's
+// queries (rows of D+1 floats) and each warp's pool keys.
+func idxScoreSmem(H, D int) int { return 4 * (H*(D+1) + idxScorePools*D) }
 
 // mlaLogitBudget bounds the logits scratch of one mla_attn launch group:
 // rows are attended in chunks of at most this many bytes of [H][width]

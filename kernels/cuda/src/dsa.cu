@@ -65,11 +65,13 @@ KERNEL(glmf_indexer_append, IdxAppendArgs) {
 
 // indexer_score: scores[t][p] = Σ_h w[t][h]·wscale·ReLU(q_h·key_p·scale) for
 // the pools p < visible[t] of the rows that see more than keep pools (the
-// others take every pool unscored). A warp per pool: its lanes split the
-// key's D channels (lane, lane+32, …), each head's dot is a fixed warp
-// tree, the heads are summed in order. Grid (ceil(maxvis/SCORE_PB), T),
-// 256 threads, 4·H·D bytes of dynamic shared memory.
-#define SCORE_PB 32
+// others take every pool unscored). A warp per SCORE_PW pools: lane l runs
+// the dots of heads l, l+32, … (a chain over the D channels per pool, the
+// pools' keys in shared memory), sums its heads' terms in order, and the
+// warp adds the lanes in a fixed tree. Grid (ceil(maxvis/SCORE_PB), T), 256
+// threads, dynamic shared memory 4·(H·(D+1) + 8·SCORE_PW·D) bytes.
+#define SCORE_PW 4
+#define SCORE_PB (8 * SCORE_PW)
 struct IdxScoreArgs {
   BatchMeta m;
   const int* visible;
@@ -80,45 +82,44 @@ struct IdxScoreArgs {
   double scale, wscale;
 };
 KERNEL(glmf_indexer_score, IdxScoreArgs) {
-  DYN_SMEM(float, qs);
+  DYN_SMEM(float, qs);  // [H][D+1], then per warp [SCORE_PW][D] keys
   i64 t = blockIdx.y;
   if (t >= a.m.T) return;
   i64 n = a.visible[t];
   i64 p0 = (i64)blockIdx.x * SCORE_PB;
   if (n <= a.keep || p0 >= n) return;
-  i64 HD = a.H * a.D;
-  for (i64 i = threadIdx.x; i < HD; i += blockDim.x) qs[i] = a.q[t * HD + i];
+  i64 D = a.D, D1 = a.D + 1;
+  for (i64 i = threadIdx.x; i < a.H * D; i += blockDim.x) qs[(i / D) * D1 + i % D] = a.q[t * a.H * D + i];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* ks = qs + a.H * D1 + (i64)warp * SCORE_PW * D;
+  i64 pb = p0 + (i64)warp * SCORE_PW;
+  int np = pb >= n ? 0 : n - pb < SCORE_PW ? (int)(n - pb) : SCORE_PW;
+  const float* keys = a.pools + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.pools_stride + pb * D;
+  for (i64 i = lane; i < np * D; i += 32) ks[i] = keys[i];
   __syncthreads();
-  const float* keys = a.pools + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.pools_stride;
+  if (np == 0) return;
   const float* wr = a.w + t * a.H;
   float scale = (float)a.scale, wscale = (float)a.wscale;
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (i64 p = p0 + warp; p < p0 + SCORE_PB && p < n; p += nw) {
-    const float* key = keys + p * a.D;
-    float s = 0;
-    if (a.D <= 256) {
-      float kv[8];
-#pragma unroll
-      for (int j = 0; j < 8; j++) kv[j] = lane + 32 * j < a.D ? key[lane + 32 * j] : 0.f;
-      for (i64 h = 0; h < a.H; h++) {
-        const float* qh = qs + h * a.D;
-        float part = 0;
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-          if (lane + 32 * j < a.D) part = fmaf(qh[lane + 32 * j], kv[j], part);
-        float dot = warp_sum(part) * scale;
-        if (dot > 0) s += (wr[h] * wscale) * dot;
-      }
-    } else {
-      for (i64 h = 0; h < a.H; h++) {
-        const float* qh = qs + h * a.D;
-        float part = 0;
-        for (i64 x = lane; x < a.D; x += 32) part = fmaf(qh[x], key[x], part);
-        float dot = warp_sum(part) * scale;
-        if (dot > 0) s += (wr[h] * wscale) * dot;
-      }
+  float c[SCORE_PW];
+  for (int j = 0; j < SCORE_PW; j++) c[j] = 0.f;
+  for (i64 h = lane; h < a.H; h += 32) {
+    const float* qh = qs + h * D1;
+    float dot[SCORE_PW];
+    for (int j = 0; j < SCORE_PW; j++) dot[j] = 0.f;
+#pragma unroll 4
+    for (i64 x = 0; x < D; x++) {
+      float qv = qh[x];
+      for (int j = 0; j < SCORE_PW; j++) dot[j] = fmaf(qv, ks[j * D + x], dot[j]);
     }
-    if (lane == 0) a.scores[t * a.ld + p] = s;
+    float wt = wr[h] * wscale;
+    for (int j = 0; j < SCORE_PW; j++) {
+      float v = dot[j] * scale;
+      if (v > 0) c[j] += wt * v;
+    }
+  }
+  for (int j = 0; j < SCORE_PW; j++) {
+    float sj = warp_sum(c[j]);
+    if (lane == 0 && j < np) a.scores[t * a.ld + pb + j] = sj;
   }
 }
 
