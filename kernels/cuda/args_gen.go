@@ -252,6 +252,7 @@ type MLAGemvArgs struct {
 	AHead       int64
 	AParts      int64
 	APartStride int64
+	ALive       DevicePtr
 	W           DevicePtr
 	WBf16       int64
 	WHead       int64
@@ -288,6 +289,7 @@ type MLAAccumDArgs struct {
 	Cache      DevicePtr
 	SlotStride int64
 	Part       DevicePtr
+	Live       DevicePtr
 	H          int64
 	R          int64
 }

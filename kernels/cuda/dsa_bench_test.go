@@ -64,7 +64,7 @@ func BenchmarkMLADecode(b *testing.B) {
 			qa, ol := poisoned[float32](b, d, M*H*R), poisoned[float32](b, d, M*H*R)
 			lg, o := poisoned[float32](b, d, M*H*width), poisoned[float32](b, d, M*H*dv)
 			const nch = (width + 255) / 256
-			part := poisoned[float32](b, d, M*nch*H*R)
+			part, live := poisoned[float32](b, d, M*nch*H*R), poisoned[int32](b, d, M*nch)
 			scale := float64(float32(0.0625))
 			name := fmt.Sprintf("ctx%d/M%d", ctx, M)
 			if M <= 16 {
@@ -73,8 +73,8 @@ func BenchmarkMLADecode(b *testing.B) {
 						C: qa.p, Ldc: H * R, CHead: 1, CN: H, M: int64(M), N: R, K: dq}
 					lo := kc.MLALogitsDArgs{M: meta, Qt: qa.p, Sel: S.p, Width: width, Cache: cache.p, SlotStride: int64(ctx * R), Lg: lg.p, H: H, R: R}
 					sm := kc.MLASoftmaxArgs{Sel: S.p, Width: width, Lg: lg.p, H: H, Scale: scale}
-					ac := kc.MLAAccumDArgs{M: meta, Lg: lg.p, Sel: S.p, Width: width, Cache: cache.p, SlotStride: int64(ctx * R), Part: part.p, H: H, R: R}
-					ex := kc.MLAGemvArgs{A: part.p, Lda: nch * H * R, AHead: R, AParts: nch, APartStride: H * R, W: W.p, WBf16: 1, WHead: stride, WOff: dq * R, WLd: R,
+					ac := kc.MLAAccumDArgs{M: meta, Lg: lg.p, Sel: S.p, Width: width, Cache: cache.p, SlotStride: int64(ctx * R), Part: part.p, Live: live.p, H: H, R: R}
+					ex := kc.MLAGemvArgs{A: part.p, Lda: nch * H * R, AHead: R, AParts: nch, APartStride: H * R, ALive: live.p, W: W.p, WBf16: 1, WHead: stride, WOff: dq * R, WLd: R,
 						C: o.p, Ldc: H * dv, CHead: dv, CN: 1, M: int64(M), N: dv, K: R}
 					timeLaunches(b, d, reps, true, wbytes, func() error {
 						for _, l := range []struct {

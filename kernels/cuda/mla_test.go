@@ -44,11 +44,11 @@ func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, me
 		sm := kc.MLASoftmaxArgs{Sel: sel.p, Width: int64(width), Lg: lg.p, H: int64(H), Scale: float64(float32(1 / math.Sqrt(float64(dq))))}
 		launch(t, d, "glmf_mla_softmax", kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: 256}, 0, &sm)
 		nch := (width + 255) / 256
-		part := poisoned[float32](t, d, T*nch*H*R)
+		part, live := poisoned[float32](t, d, T*nch*H*R), poisoned[int32](t, d, T*nch)
 		ac := kc.MLAAccumDArgs{M: meta, Lg: lg.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
-			Part: part.p, H: int64(H), R: int64(R)}
+			Part: part.p, Live: live.p, H: int64(H), R: int64(R)}
 		launch(t, d, "glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, kc.Dim3{X: 256}, 0, &ac)
-		ex := kc.MLAGemvArgs{A: part.p, Lda: int64(nch * H * R), AHead: int64(R), AParts: int64(nch), APartStride: int64(H * R), W: w.p, WBf16: wbf16, WHead: stride, WOff: int64(dq * R), WLd: int64(R),
+		ex := kc.MLAGemvArgs{A: part.p, Lda: int64(nch * H * R), AHead: int64(R), AParts: int64(nch), APartStride: int64(H * R), ALive: live.p, W: w.p, WBf16: wbf16, WHead: stride, WOff: int64(dq * R), WLd: int64(R),
 			C: o.p, Ldc: int64(H * dv), CHead: int64(dv), CN: 1, M: int64(T), N: int64(dv), K: int64(R)}
 		launch(t, d, "glmf_mla_expand_gv", kc.Dim3{X: cdiv(dv, 32), Y: uint32(H)}, kc.Dim3{X: 256}, 0, &ex)
 		return download[float32](t, o)

@@ -211,8 +211,9 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 		temps: func(rc *runCtx) []int64 {
 			tc := mlaRowChunk(rc.T, H, width)
 			olSize := 4 * int64(rc.T*H*R)
-			if mlaDecodeOK(rc.T, H, R, width) { // the accumulation's chunk partials
-				olSize *= int64((width + mlaAccumChunk - 1) / mlaAccumChunk)
+			if mlaDecodeOK(rc.T, H, R, width) { // the accumulation's chunk partials and their live flags
+				nch := int64((width + mlaAccumChunk - 1) / mlaAccumChunk)
+				olSize = olSize*nch + 4*int64(rc.T)*nch
 			}
 			return []int64{4 * int64(rc.T*H*R), olSize, 4 * int64(tc) * int64(H) * int64(width)}
 		},
@@ -238,6 +239,7 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 				// entry, the accumulation's chunks in parallel, added by the
 				// expand (the same bits as the tiled kernels)
 				nch := (width + mlaAccumChunk - 1) / mlaAccumChunk
+				live := ol + kc.DevicePtr(4*T*nch*H*R)
 				qab := kc.MLAGemvArgs{A: rc.ptr(in[1]), Lda: int64(H * dq), AHead: int64(dq), AParts: 1, W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: 0, WLd: int64(R),
 					C: qa, Ldc: int64(H * R), CHead: 1, CN: int64(H), M: int64(T), N: int64(R), K: int64(dq)}
 				if err := kc.Launch(rc.dev, "glmf_mla_qabs_gv", kc.Dim3{X: cdiv(R, mlaGemvCols), Y: uint32(H)}, block256, 0, &qab); err != nil {
@@ -253,11 +255,11 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 					return err
 				}
 				ac := kc.MLAAccumDArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
-					Part: ol, H: int64(H), R: int64(R)}
+					Part: ol, Live: live, H: int64(H), R: int64(R)}
 				if err := kc.Launch(rc.dev, "glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, block256, 0, &ac); err != nil {
 					return err
 				}
-				ex := kc.MLAGemvArgs{A: ol, Lda: int64(nch * H * R), AHead: int64(R), AParts: int64(nch), APartStride: int64(H * R), W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: int64(dq * R), WLd: int64(R),
+				ex := kc.MLAGemvArgs{A: ol, Lda: int64(nch * H * R), AHead: int64(R), AParts: int64(nch), APartStride: int64(H * R), ALive: live, W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: int64(dq * R), WLd: int64(R),
 					C: rc.ptr(out), Ldc: int64(H * dv), CHead: int64(dv), CN: 1, M: int64(T), N: int64(dv), K: int64(R)}
 				return kc.Launch(rc.dev, "glmf_mla_expand_gv", kc.Dim3{X: cdiv(dv, mlaGemvCols), Y: uint32(H)}, block256, 0, &ex)
 			}

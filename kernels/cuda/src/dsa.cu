@@ -506,8 +506,8 @@ KERNEL(glmf_mla_accum_s, MLAAccumArgs) { mla_accum<16, 32, 2, 2>(a); }
 
 // mla_gemv: qabs / expand for M ≤ MLA_GV_MAXM rows: per head h (grid y) and
 // MLA_GV_NC columns (x): c[m·ldc + h·c_head + n·c_n] = Σ_k A(m, k)·W(k, n),
-// A(m, k) = Σ_p a[p·a_part_stride + m·lda + h·a_head + k] (0 + the parts in
-// order: mla_accum_d's chunks), W as in MLAHeadMMArgs (kB: W(k, n)
+// A(m, k) = Σ_p a[p·a_part_stride + m·lda + h·a_head + k] (0 + the live
+// parts in order: mla_accum_d's chunks), W as in MLAHeadMMArgs (kB: W(k, n)
 // contiguous in k). The block stages MLA_GV_KC×MLA_GV_NC weight tiles through shared
 // memory with 16-byte loads (the next tile's loads in flight while the
 // current one is used); thread (n = tid % NC, g = tid / NC) keeps the rows
@@ -518,6 +518,7 @@ KERNEL(glmf_mla_accum_s, MLAAccumArgs) { mla_accum<16, 32, 2, 2>(a); }
 struct MLAGemvArgs {
   const float* a; i64 lda, a_head;
   i64 a_parts, a_part_stride;  // A is the sum, in order, of a_parts arrays (≥ 1)
+  const int* a_live;           // [M][a_parts]: 0 where a part is all zeros (skipped); null: all live
   const void* w; i64 w_bf16, w_head, w_off, w_ld;
   float* c; i64 ldc, c_head, c_n;
   i64 M, N, K;
@@ -580,7 +581,8 @@ DEVFN void mla_gemv(const MLAGemvArgs& a, float (&Ws)[MLA_GV_KC][MLA_GV_NC + 1],
       int m = e / KC, k = e % KC;
       float v = 0.f;
       if (k0 + k < a.K)
-        for (i64 pi = 0; pi < a.a_parts; pi++) v += A[pi * a.a_part_stride + m * a.lda + k0 + k];
+        for (i64 pi = 0; pi < a.a_parts; pi++)
+          if (!a.a_live || a.a_live[m * a.a_parts + pi]) v += A[pi * a.a_part_stride + m * a.lda + k0 + k];
       As[m][k] = v;
     }
   };
@@ -724,14 +726,15 @@ KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
 // for row t, chunk c (entries [c·MLA_AD_CH, +MLA_AD_CH)), heads [h0, +8)
 // and latent dims [x·32, +32): part[t][c][h][r] = Σ_i w[t][h][i]·
 // cache[sel[t][i]][r] over the chunk's selected entries in order (+0 for a
-// chunk with none); the expand adds them in chunk order. Grid (ceil(R/32),
+// chunk with none, which writes only live[t][c] = 0, else 1); the expand
+// adds the live ones in chunk order. Grid (ceil(R/32),
 // ceil(width/MLA_AD_CH), T·ceil(H/8)); lane = r, warp = head; the chunk's
 // entries, latents and weights are staged in shared memory at once.
 struct MLAAccumDArgs {
   BatchMeta m;
   const float* lg; const int* sel; i64 width;
   const float* cache; i64 slot_stride;
-  float* part; i64 H, R;
+  float* part; int* live; i64 H, R;
 };
 KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
   constexpr int CH = MLA_AD_CH, NTH = 256, LV = CH * 32 / 4 / NTH;  // float4 latent loads per thread
@@ -753,10 +756,8 @@ KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
   }
   __syncthreads();
   float* out = a.part + ((t * nch + c) * a.H + h) * a.R + r;
-  if (!any_s) {
-    if (h < a.H && r < a.R) *out = 0.f;
-    return;
-  }
+  if (blockIdx.x == 0 && blockIdx.z % hg == 0 && tid == 0) a.live[t * nch + c] = any_s;
+  if (!any_s) return;
   const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
   const float* w = a.lg + t * a.H * a.width;
   for (int x = tid; x < 8 * CH; x += NTH) {
