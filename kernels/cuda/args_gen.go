@@ -142,6 +142,7 @@ type IdxScoreArgs struct {
 	Ld          int64
 	H           int64
 	D           int64
+	Keep        int64
 	Scale       float64
 	Wscale      float64
 }
@@ -240,6 +241,55 @@ type MLAAccumArgs struct {
 	SlotStride int64
 	Ol         DevicePtr
 	T0         int64
+	H          int64
+	R          int64
+}
+
+// MLAGemvArgs mirrors the CUDA struct MLAGemvArgs.
+type MLAGemvArgs struct {
+	A           DevicePtr
+	Lda         int64
+	AHead       int64
+	AParts      int64
+	APartStride int64
+	ALive       DevicePtr
+	W           DevicePtr
+	WBf16       int64
+	WHead       int64
+	WOff        int64
+	WLd         int64
+	C           DevicePtr
+	Ldc         int64
+	CHead       int64
+	CN          int64
+	M           int64
+	N           int64
+	K           int64
+}
+
+// MLALogitsDArgs mirrors the CUDA struct MLALogitsDArgs.
+type MLALogitsDArgs struct {
+	M          BatchMeta
+	Qt         DevicePtr
+	Sel        DevicePtr
+	Width      int64
+	Cache      DevicePtr
+	SlotStride int64
+	Lg         DevicePtr
+	H          int64
+	R          int64
+}
+
+// MLAAccumDArgs mirrors the CUDA struct MLAAccumDArgs.
+type MLAAccumDArgs struct {
+	M          BatchMeta
+	Lg         DevicePtr
+	Sel        DevicePtr
+	Width      int64
+	Cache      DevicePtr
+	SlotStride int64
+	Part       DevicePtr
+	Live       DevicePtr
 	H          int64
 	R          int64
 }

@@ -20,8 +20,9 @@ type mlaCase struct {
 }
 
 // runMLAKernels runs qabs, logits, softmax, accum and expand as the backend
-// does (the small or the big tiles) and returns o [T][H·dv].
-func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small bool, meta kc.BatchMeta, q, w, sel, cache buf, wbf16 int64, slotStride, T int) []float32 {
+// does (the small or the big tiles, or the decode kernels) and returns o
+// [T][H·dv].
+func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, meta kc.BatchMeta, q, w, sel, cache buf, wbf16 int64, slotStride, T int) []float32 {
 	H, dq, dv, R, width := c.H, c.dq, c.dv, c.R, c.width
 	sfx, tm, tn, th := "", 64, 64, uint32(256)
 	if small {
@@ -32,6 +33,26 @@ func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small bool, meta kc.Ba
 	ol := poisoned[float32](t, d, T*H*R)
 	o := poisoned[float32](t, d, T*H*dv)
 	stride := int64((dq + dv) * R)
+	if decode { // the decode kernels, as the backend runs them below 16 rows
+		qab := kc.MLAGemvArgs{A: q.p, Lda: int64(H * dq), AHead: int64(dq), AParts: 1, W: w.p, WBf16: wbf16, WHead: stride, WLd: int64(R),
+			C: qa.p, Ldc: int64(H * R), CHead: 1, CN: int64(H), M: int64(T), N: int64(R), K: int64(dq)}
+		launch(t, d, "glmf_mla_qabs_gv", kc.Dim3{X: cdiv(R, 32), Y: uint32(H)}, kc.Dim3{X: 256}, 0, &qab)
+		lg := poisoned[float32](t, d, T*H*width)
+		lo := kc.MLALogitsDArgs{M: meta, Qt: qa.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
+			Lg: lg.p, H: int64(H), R: int64(R)}
+		launch(t, d, "glmf_mla_logits_d", kc.Dim3{X: cdiv(width, 12), Y: uint32(T)}, kc.Dim3{X: 256}, 4*(12*R+64*H), &lo)
+		sm := kc.MLASoftmaxArgs{Sel: sel.p, Width: int64(width), Lg: lg.p, H: int64(H), Scale: float64(float32(1 / math.Sqrt(float64(dq))))}
+		launch(t, d, "glmf_mla_softmax", kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: 256}, 0, &sm)
+		nch := (width + 255) / 256
+		part, live := poisoned[float32](t, d, T*nch*H*R), poisoned[int32](t, d, T*nch)
+		ac := kc.MLAAccumDArgs{M: meta, Lg: lg.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
+			Part: part.p, Live: live.p, H: int64(H), R: int64(R)}
+		launch(t, d, "glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, kc.Dim3{X: 256}, 0, &ac)
+		ex := kc.MLAGemvArgs{A: part.p, Lda: int64(nch * H * R), AHead: int64(R), AParts: int64(nch), APartStride: int64(H * R), ALive: live.p, W: w.p, WBf16: wbf16, WHead: stride, WOff: int64(dq * R), WLd: int64(R),
+			C: o.p, Ldc: int64(H * dv), CHead: int64(dv), CN: 1, M: int64(T), N: int64(dv), K: int64(R)}
+		launch(t, d, "glmf_mla_expand_gv", kc.Dim3{X: cdiv(dv, 32), Y: uint32(H)}, kc.Dim3{X: 256}, 0, &ex)
+		return download[float32](t, o)
+	}
 	qab := kc.MLAHeadMMArgs{A: q.p, Lda: int64(H * dq), AHead: int64(dq), W: w.p, WBf16: wbf16, WHead: stride, WLd: int64(R),
 		C: qa.p, Ldc: int64(H * R), CHead: int64(R), M: int64(T), N: int64(R), K: int64(dq)}
 	launch(t, d, "glmf_mla_qabs"+sfx, kc.Dim3{X: cdiv(R, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &qab)
@@ -57,7 +78,8 @@ func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small bool, meta kc.Ba
 // The absorbed-MLA kernels match the CPU's absorbed path (kernels/mla) with
 // fp32 and bf16 weights, at 1, 5 and 70 rows whose selections hold sparse
 // positions, −1 padding inside and at the end, and empty rows; the small
-// and big tiles give the same bits.
+// and big tiles, and (up to 16 rows) the decode kernels, give the same
+// bits.
 func TestMLAKernelsMatchCPU(t *testing.T) {
 	d := openDevice(t)
 	cases := []mlaCase{
@@ -65,6 +87,16 @@ func TestMLAKernelsMatchCPU(t *testing.T) {
 		{H: 5, dq: 24, dv: 20, R: 40, width: 80, lens: []int{9, 130}, news: []int{2, 3}},
 		{H: 4, dq: 32, dv: 16, R: 68, width: 100, lens: []int{30, 140, 20}, news: []int{30, 25, 15}},
 		{H: 17, dq: 16, dv: 8, R: 36, width: 70, lens: []int{75}, news: []int{70}},
+		// decode shapes: 1, 3 and 16 rows, a full-size latent (R = 512,
+		// vector loads), odd sizes (scalar loads), a selection wider than
+		// the context
+		{H: 6, dq: 64, dv: 40, R: 512, width: 300, lens: []int{260}, news: []int{1}},
+		{H: 3, dq: 24, dv: 20, R: 40, width: 160, lens: []int{5, 150, 1}, news: []int{1, 1, 1}},
+		{H: 7, dq: 20, dv: 12, R: 38, width: 90, lens: []int{60, 33}, news: []int{9, 7}},
+		{H: 5, dq: 136, dv: 24, R: 40, width: 64, lens: []int{17}, news: []int{17}},
+		// selections past one accumulation chunk (256 entries), 8+ heads
+		{H: 9, dq: 16, dv: 12, R: 36, width: 600, lens: []int{590, 300}, news: []int{2, 1}},
+		{H: 8, dq: 32, dv: 16, R: 64, width: 530, lens: []int{700}, news: []int{20}},
 	}
 	for ci, c := range cases {
 		for _, bf := range []bool{false, true} {
@@ -144,11 +176,17 @@ func TestMLAKernelsMatchCPU(t *testing.T) {
 					SeqRow0: upload(t, d, seqRow0).p, RowSeq: upload(t, d, rowSeq).p, RowPos: upload(t, d, rowPos).p,
 					LastRow: upload(t, d, lastRow).p, S: int64(S), T: int64(T)}
 				qb, selb, cb := upload(t, d, q), upload(t, d, sel), upload(t, d, cache)
-				big := runMLAKernels(t, d, c, false, meta, qb, wbuf, selb, cb, wbf16, slotStride, T)
-				smallOut := runMLAKernels(t, d, c, true, meta, qb, wbuf, selb, cb, wbf16, slotStride, T)
+				big := runMLAKernels(t, d, c, false, false, meta, qb, wbuf, selb, cb, wbf16, slotStride, T)
+				smallOut := runMLAKernels(t, d, c, true, false, meta, qb, wbuf, selb, cb, wbf16, slotStride, T)
 				require.Less(t, maxRelErr(t, big, want), 2e-6)
 				for i := range big {
 					require.Equal(t, math.Float32bits(big[i]), math.Float32bits(smallOut[i]), "element %d: big and small tiles differ", i)
+				}
+				if T <= 16 {
+					dec := runMLAKernels(t, d, c, false, true, meta, qb, wbuf, selb, cb, wbf16, slotStride, T)
+					for i := range big {
+						require.Equal(t, math.Float32bits(big[i]), math.Float32bits(dec[i]), "element %d: big tiles and decode kernels differ", i)
+					}
 				}
 				for tr := 0; tr < T; tr++ {
 					if (tr+ci)%11 == 4 {

@@ -70,6 +70,9 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 	if D > 1024 {
 		return nil, fmt.Errorf("indexer head dim %d exceeds 1024 threads per block", D)
 	}
+	if sm := idxScoreSmem(H, D); sm > 48<<10 {
+		return nil, fmt.Errorf("indexer of %d heads × %d needs %d bytes of shared memory to score (at most 48 KiB)", H, D, sm)
+	}
 	width := out.Shape[1]
 	layer := n.Layer
 	share, extra := a.String("share", ""), a.Int("share_extra", 0)
@@ -109,14 +112,14 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 			if share == ir.IndexShareReuse { // the saved selection and the positions since, no scoring
 				sh := kc.IdxSharedArgs{M: rc.meta, Saved: ls.saved, SavedStride: ls.savedStride, SavedWidth: int64(width - extra),
 					SharePos: rc.sharePos, Sel: rc.ptr(out), Width: int64(width)}
-				return kc.Launch(rc.dev, "glmf_indexer_shared", kc.Dim3{X: uint32(rc.T)}, kc.Dim3{X: 32}, 0, &sh)
+				return kc.Launch(rc.dev, "glmf_indexer_shared", kc.Dim3{X: uint32(rc.T)}, block256, 0, &sh)
 			}
 			mv := rc.maxVisible[kp]
 			scores := rc.temps[0]
 			if mv > 0 {
 				sa := kc.IdxScoreArgs{M: rc.meta, Visible: m.visible, Q: rc.ptr(in[1]), W: rc.ptr(in[4]), Pools: ls.pools, PoolsStride: ls.poolsStride,
-					Scores: scores, Ld: int64(mv), H: int64(H), D: int64(D), Scale: scale, Wscale: wscale}
-				if err := kc.Launch(rc.dev, "glmf_indexer_score", kc.Dim3{X: uint32((mv + 127) / 128), Y: uint32(rc.T)}, kc.Dim3{X: 128}, 4*H*D, &sa); err != nil {
+					Scores: scores, Ld: int64(mv), H: int64(H), D: int64(D), Keep: int64(topk / kp), Scale: scale, Wscale: wscale}
+				if err := kc.Launch(rc.dev, "glmf_indexer_score", kc.Dim3{X: uint32((mv + idxScorePools - 1) / idxScorePools), Y: uint32(rc.T)}, block256, idxScoreSmem(H, D), &sa); err != nil {
 					return err
 				}
 			}
@@ -133,6 +136,14 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 		}}, nil
 }
 
+// idxScorePools is the pools one glmf_indexer_score block scores
+// (SCORE_PB in dsa.cu: 8 warps of SCORE_PW pools).
+const idxScorePools = 32
+
+// idxScoreSmem is glmf_indexer_score's dynamic shared memory: the row's
+// queries (rows of D+1 floats) and each warp's pool keys.
+func idxScoreSmem(H, D int) int { return 4 * (H*(D+1) + idxScorePools*D) }
+
 // mlaLogitBudget bounds the logits scratch of one mla_attn launch group:
 // rows are attended in chunks of at most this many bytes of [H][width]
 // logits (the chunking changes no result).
@@ -141,6 +152,32 @@ const mlaLogitBudget = 128 << 20
 // mlaSmallRows: below this many rows the MLA kernels use their small tiles
 // (more blocks for decode); both tile shapes give the same bits.
 const mlaSmallRows = 16
+
+// The decode kernels' shapes (dsa.cu): entries per glmf_mla_logits_d block
+// (MLA_LD_E) and the k of its query chunks (MLA_LD_KQ), columns per
+// glmf_mla_*_gv block (MLA_GV_NC), entries per glmf_mla_accum_d chunk
+// (MLA_AD_CH).
+const (
+	mlaDecodeEntries = 12
+	mlaDecodeQK      = 64
+	mlaGemvCols      = 32
+	mlaAccumChunk    = 256
+)
+
+// mlaDecodeSmem is the default dynamic shared memory, which bounds what
+// glmf_mla_logits_d stages (R floats per entry and a chunk of queries).
+const mlaDecodeSmem = 48 << 10
+
+// mlaDecodeOK reports whether the decode kernels take T rows of H heads,
+// rank R and a selection width (else the small tiles run): below 16 rows,
+// at most 64 heads (a thread per head and 4 entries: 3·64 threads of 256),
+// the staging within
+// the default shared memory and the logits in one chunk.
+func mlaDecodeOK(T, H, R, width int) bool {
+	return T < mlaSmallRows && H <= 64 && mlaDecodeSmemBytes(H, R) <= mlaDecodeSmem && mlaRowChunk(T, H, width) == T
+}
+
+func mlaDecodeSmemBytes(H, R int) int { return 4 * (mlaDecodeEntries*R + mlaDecodeQK*H) }
 
 // mlaRowChunk returns the rows per logits chunk for T rows of H heads over
 // width selection entries: the chunks as even as the budget allows.
@@ -173,7 +210,12 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 	return &kstep{
 		temps: func(rc *runCtx) []int64 {
 			tc := mlaRowChunk(rc.T, H, width)
-			return []int64{4 * int64(rc.T*H*R), 4 * int64(rc.T*H*R), 4 * int64(tc) * int64(H) * int64(width)}
+			olSize := 4 * int64(rc.T*H*R)
+			if mlaDecodeOK(rc.T, H, R, width) { // the accumulation's chunk partials and their live flags
+				nch := int64((width + mlaAccumChunk - 1) / mlaAccumChunk)
+				olSize = olSize*nch + 4*int64(rc.T)*nch
+			}
+			return []int64{4 * int64(rc.T*H*R), olSize, 4 * int64(tc) * int64(H) * int64(width)}
 		},
 		run: func(rc *runCtx) error {
 			if _, err := metaOf(rc, in[0]); err != nil {
@@ -189,13 +231,43 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 			if err := kc.Launch(rc.dev, "glmf_mla_append", blocks(int64(T*R)), block256, 0, &ap); err != nil {
 				return err
 			}
+			cdiv := func(x, y int) uint32 { return uint32((x + y - 1) / y) }
+			stride := int64((dq + dv) * R)
+			if mlaDecodeOK(T, H, R, width) {
+				// decode: the absorbed queries k-major ([t][R][H]), logits of the
+				// selected entries only, softmax up to the row's last selected
+				// entry, the accumulation's chunks in parallel, added by the
+				// expand (the same bits as the tiled kernels)
+				nch := (width + mlaAccumChunk - 1) / mlaAccumChunk
+				live := ol + kc.DevicePtr(4*T*nch*H*R)
+				qab := kc.MLAGemvArgs{A: rc.ptr(in[1]), Lda: int64(H * dq), AHead: int64(dq), AParts: 1, W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: 0, WLd: int64(R),
+					C: qa, Ldc: int64(H * R), CHead: 1, CN: int64(H), M: int64(T), N: int64(R), K: int64(dq)}
+				if err := kc.Launch(rc.dev, "glmf_mla_qabs_gv", kc.Dim3{X: cdiv(R, mlaGemvCols), Y: uint32(H)}, block256, 0, &qab); err != nil {
+					return err
+				}
+				lo := kc.MLALogitsDArgs{M: rc.meta, Qt: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
+					Lg: lg, H: int64(H), R: int64(R)}
+				if err := kc.Launch(rc.dev, "glmf_mla_logits_d", kc.Dim3{X: cdiv(width, mlaDecodeEntries), Y: uint32(T)}, block256, mlaDecodeSmemBytes(H, R), &lo); err != nil {
+					return err
+				}
+				sm := kc.MLASoftmaxArgs{Sel: rc.ptr(in[4]), Width: int64(width), Lg: lg, H: int64(H), Scale: scale}
+				if err := kc.Launch(rc.dev, "glmf_mla_softmax", kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: smThreads}, 0, &sm); err != nil {
+					return err
+				}
+				ac := kc.MLAAccumDArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
+					Part: ol, Live: live, H: int64(H), R: int64(R)}
+				if err := kc.Launch(rc.dev, "glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, block256, 0, &ac); err != nil {
+					return err
+				}
+				ex := kc.MLAGemvArgs{A: ol, Lda: int64(nch * H * R), AHead: int64(R), AParts: int64(nch), APartStride: int64(H * R), ALive: live, W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: int64(dq * R), WLd: int64(R),
+					C: rc.ptr(out), Ldc: int64(H * dv), CHead: int64(dv), CN: 1, M: int64(T), N: int64(dv), K: int64(R)}
+				return kc.Launch(rc.dev, "glmf_mla_expand_gv", kc.Dim3{X: cdiv(dv, mlaGemvCols), Y: uint32(H)}, block256, 0, &ex)
+			}
 			// tiles (TM rows × TN columns) and threads of the big and small variants
 			sfx, tm, tn, th := "", 64, 64, uint32(256)
 			if T < mlaSmallRows {
 				sfx, tm, tn, th = "_s", 16, 32, 128
 			}
-			cdiv := func(x, y int) uint32 { return uint32((x + y - 1) / y) }
-			stride := int64((dq + dv) * R)
 			qab := kc.MLAHeadMMArgs{A: rc.ptr(in[1]), Lda: int64(H * dq), AHead: int64(dq), W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: 0, WLd: int64(R),
 				C: qa, Ldc: int64(H * R), CHead: int64(R), M: int64(T), N: int64(R), K: int64(dq)}
 			if err := kc.Launch(rc.dev, "glmf_mla_qabs"+sfx, kc.Dim3{X: cdiv(R, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &qab); err != nil {
