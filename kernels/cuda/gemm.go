@@ -73,11 +73,12 @@ func GemvLaunchFor(a *GemmArgs, rows, typRows, tiles, G int) (kernel string, gri
 
 // GemvMMAPays says whether the tensor-core GEMV beats glmf_gemv at rows
 // rows, as BenchmarkGemvDecode and BenchmarkMoEDecodeGemv measured them on
-// the H200 (docs/results/cuda-h200-gpu-preset/run-2314/): bf16 weights from
-// 2 rows (3.5–4.1 TB/s against 1.2–1.5 at 8 rows; at 1 row equal or
-// slower); fp8 weights from GemvMMAFP8Rows rows (its per-chunk activation
-// reads and packing bound it near 0.8 TB/s at any row count, where
-// glmf_gemv streams 1.6–1.9 TB/s at 1–2 rows and 0.6 at 8).
+// the H200 (docs/results/cuda-h200-gpu-preset/run-2314/ and run-2322/):
+// bf16 weights from 2 rows (3.5–4.1 TB/s against 1.2–1.5 at 8 rows; at 1
+// row equal or slower); fp8 weights from GemvMMAFP8Rows rows (its
+// per-chunk activation reads and packing bound it near 0.7–0.8 TB/s at any
+// row count, where glmf_gemv streams 2.1–3.1 TB/s at 1–2 rows, 0.6–0.7 at
+// 8).
 func GemvMMAPays(a *GemmArgs, rows int) bool {
 	if a.WType == 2 {
 		return rows >= GemvMMAFP8Rows

@@ -147,9 +147,10 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 				name, grid, block := "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(nt)}, block256
 				switch {
 				case gemv(TK):
-					// a tile has at most T rows (one slot a token), typically
-					// the slots per expert
-					name, grid, block = kc.GemvLaunchFor(g, T, (TK+E-1)/E, nt, 1)
+					// a tile has at most T rows (one slot a token): the SIMT
+					// kernel's passes take that many, so it is the row count
+					// that decides (kc.GemvMMAPays)
+					name, grid, block = kc.GemvLaunch(g, T, nt, 1)
 				case mma(TK):
 					name, grid, block = kc.MoEMMALaunch(int(g.N), nt, g.W2 != 0, true)
 				}

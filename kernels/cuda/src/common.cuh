@@ -94,6 +94,23 @@ DEVFN float fp8f(unsigned c) {
   return __uint_as_float(((c & 0x80u) << 24) | ((c & 0x7fu) << 20)) * 0x1p120f;
 }
 
+// fp8x2f: the values of the two fp8 e4m3 codes in the low 16 bits of c2
+// (low byte → lo), exactly as fp8f: on sm_89+ one cvt.rn.f16x2.e4m3x2
+// (every e4m3 value is an fp16 value, NaN codes NaN) and two exact
+// widenings.
+DEVFN void fp8x2f(unsigned c2, float& lo, float& hi) {
+#if defined(GLMF_EMU) || __CUDA_ARCH__ < 890
+  lo = fp8f(c2 & 0xffu);
+  hi = fp8f((c2 >> 8) & 0xffu);
+#else
+  unsigned h2;
+  unsigned short c = (unsigned short)c2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(c));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((unsigned short)(h2 & 0xffffu)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((unsigned short)(h2 >> 16)));
+#endif
+}
+
 // Weight storage of GEMM weights (GemmArgs.w_type): fp32, bf16, or fp8
 // e4m3 with one fp32 scale per 128×128 block.
 #define WT_F32 0

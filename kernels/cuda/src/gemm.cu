@@ -431,6 +431,17 @@ DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
         raw[j] = make_uint4(u[0], u[1], u[2], u[3]);
       }
     }
+    // float sums on fp8 weights: each column's 16 products of the chunk
+    // (one 128-k scale block) summed unscaled, the codes' values by the
+    // hardware conversion (fp8x2f), then scaled once
+    const bool FP8F = WT == WT_FP8 && sizeof(ACC) == 4;
+    float pc[R][S];
+    if (FP8F) {
+      #pragma unroll
+      for (int m = 0; m < R; m++)
+        #pragma unroll
+        for (int j = 0; j < S; j++) pc[m][j] = 0;
+    }
     float s1 = 1, s2 = 1, sf1 = 1, sf2 = 1;
     bool f1 = true, f2 = true;
     if (WT == WT_FP8) {
@@ -461,7 +472,15 @@ DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
       for (int j = 0; j < S; j++) {
         float w[4];
         unsigned u[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
-        if (WT == WT_FP8) {
+        if (FP8F) {
+          fp8x2f(u[h], w[0], w[1]);
+          fp8x2f(u[h] >> 16, w[2], w[3]);
+          #pragma unroll
+          for (int m = 0; m < R; m++)
+            #pragma unroll
+            for (int i = 0; i < 4; i++) pc[m][j] = fmaf(x[m][i], w[i], pc[m][j]);
+          continue;
+        } else if (WT == WT_FP8) {
           bool second = dual && (j & 1);
           gv_fp8x4(u[h], second ? s2 : s1, second ? sf2 : sf1, second ? f2 : f1, w);
         } else if (WT == WT_BF16) {
@@ -475,6 +494,14 @@ DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
         for (int m = 0; m < R; m++)
           #pragma unroll
           for (int i = 0; i < 4; i++) acc[m][j] = gv_fma(x[m][i], w[i], acc[m][j]);
+      }
+    }
+    if (FP8F) {
+      #pragma unroll
+      for (int j = 0; j < S; j++) {
+        float sc = dual && (j & 1) ? s2 : s1;
+        #pragma unroll
+        for (int m = 0; m < R; m++) acc[m][j] = gv_fma(pc[m][j], sc, acc[m][j]);
       }
     }
   }

@@ -62,22 +62,6 @@ DEVFN unsigned mm_pack_bf16x2(float lo, float hi) {
 #endif
 }
 
-// The values of two fp8 e4m3 codes (low byte → lo), exactly as fp8f: on
-// sm_89+ one cvt.rn.f16x2.e4m3x2 (every e4m3 value is an fp16 value, the
-// low byte converted into the low half) and two exact widenings.
-DEVFN void mm_fp8x2(unsigned c2, float& lo, float& hi) {
-#if defined(GLMF_EMU) || __CUDA_ARCH__ < 890
-  lo = fp8f(c2 & 0xffu);
-  hi = fp8f((c2 >> 8) & 0xffu);
-#else
-  unsigned h2;
-  unsigned short c = (unsigned short)c2;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(c));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((unsigned short)(h2 & 0xffffu)));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((unsigned short)(h2 >> 16)));
-#endif
-}
-
 template <bool abf>  // A holds bf16 bits (a_round == 2)
 DEVFN void moe_mma_body(const GemmArgs& a) {
   using namespace nvcuda;
@@ -205,7 +189,7 @@ DEVFN void moe_mma_body(const GemmArgs& a) {
       #pragma unroll
       for (int j = 0; j < 8; j++) {
         float lo, hi;
-        mm_fp8x2(wq[j >> 1] >> (16 * (j & 1)), lo, hi);
+        fp8x2f(wq[j >> 1] >> (16 * (j & 1)), lo, hi);
         pw[j] = mm_pack_bf16x2(lo * wsc, hi * wsc);
       }
     } else {
