@@ -3,7 +3,11 @@
 // All compute in float32 over rows of length D.
 package norm
 
-import "math"
+import (
+	"math"
+
+	"github.com/glmflash/glmflash/kernels/act"
+)
 
 // RMSNorm writes dst[t] = w ⊙ x[t] / sqrt(mean(x[t]²) + eps) for T rows of
 // width D. dst may alias x.
@@ -56,14 +60,19 @@ func LayerNorm(dst, x []float32, T, D int, w, b []float32, eps float32) {
 // width Dh, y = o/sqrt(mean(o²)+eps) ⊙ w ⊙ sigmoid(gate), with one weight
 // vector w [Dh] shared by all heads. dst may alias o.
 func GatedRMSNorm(dst, o, gate []float32, T, H, Dh int, w []float32, eps float32) {
+	var sb [256]float32 // the gate's sigmoid (act's float32 SIMD kernel), a row piece at a time
 	for r := 0; r < T*H; r++ {
 		or := o[r*Dh : r*Dh+Dh]
 		gr := gate[r*Dh : r*Dh+Dh]
 		dr := dst[r*Dh : r*Dh+Dh]
 		inv := invRMS(or, eps)
-		for i, v := range or {
-			g := gr[i]
-			dr[i] = w[i] * (v * inv) * float32(1/(1+math.Exp(float64(-g))))
+		for i0 := 0; i0 < Dh; i0 += len(sb) {
+			i1 := min(i0+len(sb), Dh)
+			sg := sb[:i1-i0]
+			act.SigmoidSlice(sg, gr[i0:i1])
+			for i, s := range sg {
+				dr[i0+i] = w[i0+i] * (or[i0+i] * inv) * s
+			}
 		}
 	}
 }

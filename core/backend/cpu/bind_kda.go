@@ -214,8 +214,13 @@ func bindGatedRMSNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	H := a.Int("heads", 0)
 	P := in[0].Shape[1]
 	eps := float32(a.Float("eps", 1e-5))
+	var dst, o, gate []float32 // the run's buffers (see bindMHCPre)
+	body := func(lo, hi int) {
+		norm.GatedRMSNorm(dst[lo*P:hi*P], o[lo*P:hi*P], gate[lo*P:hi*P], hi-lo, H, P/H, W, eps)
+	}
 	return func(rc *runCtx) error {
-		norm.GatedRMSNorm(rc.out(outs[0]), rc.in(in[0]), rc.in(in[1]), rc.batch.T, H, P/H, W, eps)
+		dst, o, gate = rc.out(outs[0]), rc.in(in[0]), rc.in(in[1])
+		parallel.For(rc.batch.T, 16, body)
 		return nil
 	}, nil
 }
