@@ -92,6 +92,9 @@ func SigmoidSlice(dst, src []float32) {
 	unaryPar(func(im *vecImpl) func(dst, src unsafe.Pointer, n uintptr) { return im.sigmoid }, dst, src)
 }
 
+// SigmoidSerial is SigmoidSlice on the calling goroutine only.
+func SigmoidSerial(dst, src []float32) { unary(cur.sigmoid, cur.vw, dst, src) }
+
 // SigmoidInPlace applies the sigmoid to every element of src, writing dst
 // (SigmoidSlice; the name is historical: dst may be, but need not be, src).
 func SigmoidInPlace(dst, src []float32) { SigmoidSlice(dst, src) }

@@ -5,6 +5,7 @@ package mhc
 
 import (
 	"math"
+	"sync"
 
 	"github.com/glmflash/glmflash/kernels/gemm"
 )
@@ -27,28 +28,39 @@ type Params struct {
 func Pre(p *Params, h, post, comb, X []float32, T int) {
 	H, D := p.H, p.D
 	mix := (2 + H) * H
-	// scratch on the stack for the usual stream counts (H ≤ 6): the
-	// mixing logits of up to preRows tokens, one product with Fn (MatMulT
-	// sums each output in Dot's order, so a token's logits do not depend
-	// on the tokens beside it)
-	var mb [preRows * 48]float32
+	// scratch on the stack for the usual stream counts (H ≤ 6) and one
+	// token; blocks of up to preRows tokens take their mixing logits from
+	// one product with Fn (MatMulT sums each output in Dot's order, so a
+	// token's logits do not depend on the tokens beside it) into a pooled
+	// buffer (the product keeps its operands, so they live on the heap)
+	var mb [48]float32
 	var pb [6]float32
 	var m, pre []float32
-	rows := preRows
-	if mix <= 48 { // then H ≤ 6
-		m, pre = mb[:preRows*mix], pb[:H]
+	if mix <= len(mb) { // then H ≤ 6
+		m, pre = mb[:mix], pb[:H]
 	} else {
-		m, pre, rows = make([]float32, mix), make([]float32, H), 1
+		m, pre = make([]float32, mix), make([]float32, H)
 	}
-	for t0 := 0; t0 < T; t0 += rows {
-		n := min(T-t0, rows)
+	var blk *[]float32
+	for t0 := 0; t0 < T; t0 += preRows {
+		n := min(T-t0, preRows)
 		xs := X[t0*H*D : (t0+n)*H*D]
+		var ms []float32
 		if n == 1 {
 			for i := 0; i < mix; i++ {
 				m[i] = gemm.Dot(xs, p.Fn[i*H*D:(i+1)*H*D])
 			}
+			ms = m
 		} else {
-			gemm.MatMulTSerial(m[:n*mix], xs, n, H*D, p.Fn, mix)
+			if blk == nil {
+				blk = blockPool.Get().(*[]float32)
+				if cap(*blk) < preRows*mix {
+					*blk = make([]float32, preRows*mix)
+				}
+			}
+			bm := (*blk)[:n*mix]
+			gemm.MatMulTSerial(bm, xs, n, H*D, p.Fn, mix)
+			ms = bm
 		}
 		for u := 0; u < n; u++ {
 			t := t0 + u
@@ -58,7 +70,7 @@ func Pre(p *Params, h, post, comb, X []float32, T int) {
 				ss += v * v
 			}
 			r := float32(1 / math.Sqrt(float64(ss/float32(H*D)+p.NormEps)))
-			mt := m[u*mix : (u+1)*mix]
+			mt := ms[u*mix : (u+1)*mix]
 			for i := range mt {
 				mt[i] *= r
 			}
@@ -70,7 +82,13 @@ func Pre(p *Params, h, post, comb, X []float32, T int) {
 			}
 		}
 	}
+	if blk != nil {
+		blockPool.Put(blk)
+	}
 }
+
+// blockPool holds Pre's buffers of mixing logits for blocks of tokens.
+var blockPool = sync.Pool{New: func() any { return new([]float32) }}
 
 // preRows is the number of tokens whose mixing logits Pre computes in one
 // product (and PostPre's block of tokens).

@@ -5,6 +5,7 @@ package norm
 
 import (
 	"math"
+	"sync"
 
 	"github.com/glmflash/glmflash/kernels/act"
 )
@@ -60,19 +61,24 @@ func LayerNorm(dst, x []float32, T, D int, w, b []float32, eps float32) {
 // width Dh, y = o/sqrt(mean(o²)+eps) ⊙ w ⊙ sigmoid(gate), with one weight
 // vector w [Dh] shared by all heads. dst may alias o.
 func GatedRMSNorm(dst, o, gate []float32, T, H, Dh int, w []float32, eps float32) {
-	var sb [256]float32 // the gate's sigmoid (act's float32 SIMD kernel), a row piece at a time
+	// the gate's sigmoid (act's float32 SIMD kernel) a row at a time, in a
+	// pooled buffer (the kernel's operands live on the heap)
+	sb := sigPool.Get().(*[]float32)
+	if cap(*sb) < Dh {
+		*sb = make([]float32, Dh)
+	}
+	sg := (*sb)[:Dh]
 	for r := 0; r < T*H; r++ {
 		or := o[r*Dh : r*Dh+Dh]
 		gr := gate[r*Dh : r*Dh+Dh]
 		dr := dst[r*Dh : r*Dh+Dh]
 		inv := invRMS(or, eps)
-		for i0 := 0; i0 < Dh; i0 += len(sb) {
-			i1 := min(i0+len(sb), Dh)
-			sg := sb[:i1-i0]
-			act.SigmoidSlice(sg, gr[i0:i1])
-			for i, s := range sg {
-				dr[i0+i] = w[i0+i] * (or[i0+i] * inv) * s
-			}
+		act.SigmoidSerial(sg, gr)
+		for i, s := range sg {
+			dr[i] = w[i] * (or[i] * inv) * s
 		}
 	}
+	sigPool.Put(sb)
 }
+
+var sigPool = sync.Pool{New: func() any { return new([]float32) }}
