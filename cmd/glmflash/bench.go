@@ -396,6 +396,11 @@ func newBenchCmd() *cobra.Command {
 			var ru syscall.Rusage
 			syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 			peak := float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
+			var cacheBytes int64              // the host cache store's bytes (stores that can say)
+			if sb, ok := store.(interface{ Bytes() int64 }); ok {
+				cacheBytes = sb.Bytes()
+			}
+			mem := newMemReport(peak, checkpointBytes(ck.Dir()), cacheBytes)
 			// the CPU's limits, read or measured after the peak RSS is taken
 			// (the probe's read buffer is not the model's memory)
 			var lim benchLimits
@@ -491,7 +496,7 @@ func newBenchCmd() *cobra.Command {
 			if gemms != nil {
 				gemms.print(os.Stdout)
 			}
-			fmt.Printf("peak RSS %.1f MiB\n", peak)
+			fmt.Println(mem)
 			if profileOps {
 				for _, key := range []engine.Key{{Mode: graph.Prefill, Logits: graph.LastLogits}, {Mode: graph.Decode, Logits: graph.LastLogits}} {
 					prog, err := e.Program(key)
@@ -518,7 +523,7 @@ func newBenchCmd() *cobra.Command {
 				if mtpErr != nil && cfg.HasMTP() {
 					mtp["why_not"] = mtpErr.Error()
 				}
-				out := map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU(), "device": info, "mtp": mtp, "bandwidth_gbs": bandwidth, "bandwidth_from": bandwidthFrom}
+				out := map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "memory": mem, "cpus": runtime.NumCPU(), "device": info, "mtp": mtp, "bandwidth_gbs": bandwidth, "bandwidth_from": bandwidthFrom}
 				if onCPU {
 					out["limits"] = lim
 				}
