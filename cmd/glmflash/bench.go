@@ -86,7 +86,7 @@ func newBenchCmd() *cobra.Command {
 	var prompt, decodeCtx, decodeSteps, reps, warmup int
 	var batches []int
 	var specAccept []float64
-	var jsonOut, dump, cpuProfile, limitsPath string
+	var jsonOut, dump, cpuProfile, memProfile, limitsPath string
 	var bandwidth, peakTFLOPs float64
 	var gemmReportOn bool
 	cmd := &cobra.Command{
@@ -401,6 +401,11 @@ func newBenchCmd() *cobra.Command {
 				cacheBytes = sb.Bytes()
 			}
 			mem := newMemReport(peak, checkpointBytes(ck.Dir()), cacheBytes)
+			if memProfile != "" { // the heap as the measured runs left it
+				if err := writeHeapProfile(memProfile); err != nil {
+					return err
+				}
+			}
 			// the CPU's limits, read or measured after the peak RSS is taken
 			// (the probe's read buffer is not the model's memory)
 			var lim benchLimits
@@ -555,6 +560,7 @@ func newBenchCmd() *cobra.Command {
 	cmd.Flags().StringVar(&jsonOut, "json", "", "also write the results as JSON to this file")
 	cmd.Flags().StringVar(&limitsPath, "limits", "", "the CPU's limits (the JSON of go run ./tools/limits) that the cpu backend's prefill GFLOP/s (against the fp32 FMA or vdpbf16ps peak) and decode roofline (read bandwidth) are compared with (default: a quick measurement by bench itself, about a second, after the series)")
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) to this file")
+	cmd.Flags().StringVar(&memProfile, "memprofile", "", "after the series, write a heap profile (go tool pprof; in-use bytes by allocation site) to this file")
 	cmd.Flags().StringVar(&dump, "dump-graph", "", "print the prefill graph first: summary or text")
 	cmd.Flags().Float64Var(&bandwidth, "bandwidth-gbs", 0, fmt.Sprintf("memory bandwidth (GB/s) of the decode roofline: bytes a step must read ÷ this (default: %d on cuda, the H200's device-to-device copy in docs/results/cuda-h200, 65.5 MB read and written in 33.84 µs; on cpu the limits' read bandwidth (--limits or the quick probe), else %d, the read bandwidth given for the development machine)", defaultCUDABandwidthGBs, defaultCPUBandwidthGBs))
 	cmd.Flags().Float64Var(&peakTFLOPs, "peak-tflops", defaultPeakTFLOPs, "peak TFLOP/s the GEMM report compares with (the default is the H200's dense BF16 tensor-core peak)")

@@ -5,6 +5,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"sync"
 
 	"github.com/glmflash/glmflash/core/ir"
@@ -346,4 +348,19 @@ func checkpointBytes(dir string) int64 {
 		n += st.Size()
 	}
 	return n
+}
+
+// writeHeapProfile writes the heap profile (after a collection, so in-use
+// figures are current) to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
