@@ -153,14 +153,16 @@ func (c *Config) AttendExpand(o, q, ckv []float32, sel []int32, T, width int) {
 			n++
 		}
 	}
-	lat := make([]float32, n*R)
+	row := H * (dq + dv)
+	sb := scratch.Get().(*[]float32) // the expanded rows: pooled (prefill would otherwise allocate them per layer)
+	defer scratch.Put(sb)
+	buf := grow(sb, n*R+n*row)
+	lat, kv := buf[:n*R], buf[n*R:]
 	for p, r := range rowOf {
 		if r >= 0 {
 			copy(lat[int(r)*R:int(r+1)*R], ckv[p*R:(p+1)*R])
 		}
 	}
-	row := H * (dq + dv)
-	kv := make([]float32, n*row)
 	gemm.MatMulTWith(c.Params, kv, lat, n, R, c.KVBW, row)
 	parallel.For(T*H, 2, func(lo, hi int) {
 		var logits []float32
