@@ -143,10 +143,14 @@ func (s *simdImpl) runBB(p Params, dst unsafe.Pointer, xb []uint16, kp int, w un
 		}
 		buf := (*pb)[off : off+nv*st.r*bf16Lanes]
 		off += len(buf)
-		for v := 0; v < nv; v++ {
-			for i := 0; i < st.r; i++ {
-				o := (st.t+i)*kp + v*bf16Lanes
-				copy(buf[(v*st.r+i)*bf16Lanes:], xb[o:o+bf16Lanes])
+		if s.vw*4 == bf16Lanes*2 { // a vector of bf16 is one of fp32: the fp32 packer moves it
+			s.pack(unsafe.Pointer(&buf[0]), unsafe.Pointer(&xb[st.t*kp]), uintptr(kp)*2, uintptr(nv), uintptr(st.r))
+		} else {
+			for v := 0; v < nv; v++ {
+				for i := 0; i < st.r; i++ {
+					o := (st.t+i)*kp + v*bf16Lanes
+					copy(buf[(v*st.r+i)*bf16Lanes:], xb[o:o+bf16Lanes])
+				}
 			}
 		}
 		st.x = unsafe.Pointer(&buf[0])
