@@ -396,11 +396,14 @@ func newBenchCmd() *cobra.Command {
 			var ru syscall.Rusage
 			syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 			peak := float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
-			var cacheBytes int64              // the host cache store's bytes (stores that can say)
-			if sb, ok := store.(interface{ Bytes() int64 }); ok {
-				cacheBytes = sb.Bytes()
+			// on the cpu backend, peak RSS against the checkpoint plus the
+			// host caches (a device backend's weights and caches are not in
+			// the RSS: no ratio)
+			var ckBytes, cacheBytes int64
+			if sb, ok := store.(interface{ Bytes() int64 }); ok && onCPU {
+				ckBytes, cacheBytes = checkpointBytes(ck.Dir()), sb.Bytes()
 			}
-			mem := newMemReport(peak, checkpointBytes(ck.Dir()), cacheBytes)
+			mem := newMemReport(peak, ckBytes, cacheBytes)
 			if memProfile != "" { // the heap as the measured runs left it
 				if err := writeHeapProfile(memProfile); err != nil {
 					return err
