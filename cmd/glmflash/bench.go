@@ -109,6 +109,15 @@ func newBenchCmd() *cobra.Command {
 			}
 			defer ck.Close()
 			cfg := ck.Config()
+			var memFile *os.File // created now so that a bad path fails before any run
+			if memProfile != "" {
+				f, err := os.Create(memProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				memFile = f
+			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)
 				if err != nil {
@@ -404,8 +413,8 @@ func newBenchCmd() *cobra.Command {
 				ckBytes, cacheBytes = checkpointBytes(ck.Dir()), sb.Bytes()
 			}
 			mem := newMemReport(peak, ckBytes, cacheBytes)
-			if memProfile != "" { // the heap as the measured runs left it
-				if err := writeHeapProfile(memProfile); err != nil {
+			if memFile != nil { // the heap as the measured runs left it
+				if err := writeHeapProfile(memFile); err != nil {
 					return err
 				}
 			}

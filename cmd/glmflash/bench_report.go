@@ -351,12 +351,8 @@ func checkpointBytes(dir string) int64 {
 }
 
 // writeHeapProfile writes the heap profile (after a collection, so in-use
-// figures are current) to path.
-func writeHeapProfile(path string) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
+// figures are current) to f and closes it.
+func writeHeapProfile(f *os.File) error {
 	runtime.GC()
 	if err := pprof.WriteHeapProfile(f); err != nil {
 		f.Close()
