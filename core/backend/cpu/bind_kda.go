@@ -63,6 +63,24 @@ func (cr *convRun) seq(si int) {
 	q, k, v, oq, ok, ov := cr.q, cr.k, cr.v, cr.oq, cr.ok, cr.ov
 	s := seqs[si]
 	C := 3 * P
+	if s.seq.Rollback == nil {
+		// q, k and v in place: each is the span's rows [n][P], its weights
+		// and window are channels [i·P, (i+1)·P) of W ([C][K]) and the
+		// state ([C][K−1]); every channel is computed as in the gathered
+		// [n][C] form, so the results are the same bits
+		st, S := s.seq.Conv[layer], K-1
+		lo, hi := s.row0*P, (s.row0+s.n)*P
+		for i, pr := range [3][2][]float32{{oq, q}, {ok, k}, {ov, v}} {
+			dst, src := pr[0][lo:hi], pr[1][lo:hi]
+			w, win := W[i*P*K:(i+1)*P*K], st[i*P*S:(i+1)*P*S]
+			if len(seqs) == 1 { // the only region: split channels across cores
+				conv.CausalSiLU(dst, src, s.n, P, w, K, win)
+			} else {
+				conv.CausalSiLUSerial(dst, src, s.n, P, w, K, win)
+			}
+		}
+		return
+	}
 	buf := takeScratch(&scr[si], 2*s.n*C)
 	u, y := buf[:s.n*C], buf[s.n*C:]
 	for j := 0; j < s.n; j++ {
