@@ -444,6 +444,17 @@ func (ck *Checkpoint) Close() error {
 	return errors.Join(errs...)
 }
 
+// DropResident releases the mapped files' pages from the resident set
+// (safetensors.File.DropResident): tensors read in place since come back
+// from the page cache when touched; ones only copied out stay out.
+func (ck *Checkpoint) DropResident() error {
+	var errs []error
+	for _, f := range ck.files {
+		errs = append(errs, f.DropResident())
+	}
+	return errors.Join(errs...)
+}
+
 // CheckTensors reads every float tensor of the checkpoint (dequantized, as
 // the engine would see it) and reports those holding NaN or infinite
 // values, like llama.cpp's --check-tensors. It reads the whole checkpoint:

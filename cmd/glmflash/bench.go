@@ -86,7 +86,7 @@ func newBenchCmd() *cobra.Command {
 	var prompt, decodeCtx, decodeSteps, reps, warmup int
 	var batches []int
 	var specAccept []float64
-	var jsonOut, dump, cpuProfile, limitsPath string
+	var jsonOut, dump, cpuProfile, memProfile, limitsPath string
 	var bandwidth, peakTFLOPs float64
 	var gemmReportOn bool
 	cmd := &cobra.Command{
@@ -109,6 +109,15 @@ func newBenchCmd() *cobra.Command {
 			}
 			defer ck.Close()
 			cfg := ck.Config()
+			var memFile *os.File // created now so that a bad path fails before any run
+			if memProfile != "" {
+				f, err := os.Create(memProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				memFile = f
+			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)
 				if err != nil {
@@ -396,6 +405,19 @@ func newBenchCmd() *cobra.Command {
 			var ru syscall.Rusage
 			syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 			peak := float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
+			// on the cpu backend, peak RSS against the checkpoint plus the
+			// host caches (a device backend's weights and caches are not in
+			// the RSS: no ratio)
+			var ckBytes, cacheBytes int64
+			if sb, ok := store.(interface{ Bytes() int64 }); ok && onCPU {
+				ckBytes, cacheBytes = checkpointBytes(ck.Dir()), sb.Bytes()
+			}
+			mem := newMemReport(peak, ckBytes, cacheBytes)
+			if memFile != nil { // the heap as the measured runs left it
+				if err := writeHeapProfile(memFile); err != nil {
+					return err
+				}
+			}
 			// the CPU's limits, read or measured after the peak RSS is taken
 			// (the probe's read buffer is not the model's memory)
 			var lim benchLimits
@@ -491,7 +513,7 @@ func newBenchCmd() *cobra.Command {
 			if gemms != nil {
 				gemms.print(os.Stdout)
 			}
-			fmt.Printf("peak RSS %.1f MiB\n", peak)
+			fmt.Println(mem)
 			if profileOps {
 				for _, key := range []engine.Key{{Mode: graph.Prefill, Logits: graph.LastLogits}, {Mode: graph.Decode, Logits: graph.LastLogits}} {
 					prog, err := e.Program(key)
@@ -518,7 +540,7 @@ func newBenchCmd() *cobra.Command {
 				if mtpErr != nil && cfg.HasMTP() {
 					mtp["why_not"] = mtpErr.Error()
 				}
-				out := map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "cpus": runtime.NumCPU(), "device": info, "mtp": mtp, "bandwidth_gbs": bandwidth, "bandwidth_from": bandwidthFrom}
+				out := map[string]any{"model": ck.Dir(), "results": results, "peak_rss_mib": peak, "memory": mem, "cpus": runtime.NumCPU(), "device": info, "mtp": mtp, "bandwidth_gbs": bandwidth, "bandwidth_from": bandwidthFrom}
 				if onCPU {
 					out["limits"] = lim
 				}
@@ -550,6 +572,7 @@ func newBenchCmd() *cobra.Command {
 	cmd.Flags().StringVar(&jsonOut, "json", "", "also write the results as JSON to this file")
 	cmd.Flags().StringVar(&limitsPath, "limits", "", "the CPU's limits (the JSON of go run ./tools/limits) that the cpu backend's prefill GFLOP/s (against the fp32 FMA or vdpbf16ps peak) and decode roofline (read bandwidth) are compared with (default: a quick measurement by bench itself, about a second, after the series)")
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) to this file")
+	cmd.Flags().StringVar(&memProfile, "memprofile", "", "after the series, write a heap profile (go tool pprof; in-use bytes by allocation site) to this file")
 	cmd.Flags().StringVar(&dump, "dump-graph", "", "print the prefill graph first: summary or text")
 	cmd.Flags().Float64Var(&bandwidth, "bandwidth-gbs", 0, fmt.Sprintf("memory bandwidth (GB/s) of the decode roofline: bytes a step must read ÷ this (default: %d on cuda, the H200's device-to-device copy in docs/results/cuda-h200, 65.5 MB read and written in 33.84 µs; on cpu the limits' read bandwidth (--limits or the quick probe), else %d, the read bandwidth given for the development machine)", defaultCUDABandwidthGBs, defaultCPUBandwidthGBs))
 	cmd.Flags().Float64Var(&peakTFLOPs, "peak-tflops", defaultPeakTFLOPs, "peak TFLOP/s the GEMM report compares with (the default is the H200's dense BF16 tensor-core peak)")

@@ -3,6 +3,10 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"sync"
 
 	"github.com/glmflash/glmflash/core/ir"
@@ -301,4 +305,58 @@ func prefillAgainstPeak(r *benchResult, flops float64, tokens int, peak float64,
 	if peak > 0 {
 		r.PeakGFLOPs, r.PeakName, r.PeakFraction = peak, name, r.AchievedGFLOPs/peak
 	}
+}
+
+// memReport is bench's peak RSS against what must be resident: the
+// checkpoint's bytes (its .safetensors files) plus the caches' bytes (every
+// slot of the cache store), and their ratio (issue 15's target: ≤ 1.25).
+type memReport struct {
+	PeakRSSMiB      float64 `json:"peak_rss_mib"`
+	CheckpointBytes int64   `json:"checkpoint_bytes"`
+	CacheBytes      int64   `json:"cache_bytes"`
+	// Ratio is peak RSS ÷ (checkpoint + caches); 0 when the checkpoint's
+	// size is unknown.
+	Ratio float64 `json:"rss_ratio"`
+}
+
+func newMemReport(peakMiB float64, checkpoint, caches int64) memReport {
+	m := memReport{PeakRSSMiB: peakMiB, CheckpointBytes: checkpoint, CacheBytes: caches}
+	if base := checkpoint + caches; checkpoint > 0 && base > 0 {
+		m.Ratio = peakMiB * (1 << 20) / float64(base)
+	}
+	return m
+}
+
+func (m memReport) String() string {
+	s := fmt.Sprintf("peak RSS %.1f MiB", m.PeakRSSMiB)
+	if m.Ratio > 0 {
+		s += fmt.Sprintf(" = %.3f× (checkpoint %.1f MiB + caches %.1f MiB)", m.Ratio, float64(m.CheckpointBytes)/(1<<20), float64(m.CacheBytes)/(1<<20))
+	}
+	return s
+}
+
+// checkpointBytes sums the sizes of dir's .safetensors files (0 when there
+// are none or one cannot be read).
+func checkpointBytes(dir string) int64 {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
+	var n int64
+	for _, f := range files {
+		st, err := os.Stat(f)
+		if err != nil {
+			return 0
+		}
+		n += st.Size()
+	}
+	return n
+}
+
+// writeHeapProfile writes the heap profile (after a collection, so in-use
+// figures are current) to f and closes it.
+func writeHeapProfile(f *os.File) error {
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

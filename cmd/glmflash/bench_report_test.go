@@ -203,3 +203,20 @@ func checkRoofline(t *testing.T, rep benchJSON, clock string) {
 	}
 	require.Equal(t, 2, n)
 }
+
+// bench's peak RSS ratio is peak RSS ÷ (checkpoint + caches), printed with
+// both terms; without a checkpoint size there is no ratio.
+func TestMemReport(t *testing.T) {
+	m := newMemReport(1000, 700<<20, 100<<20)
+	require.InDelta(t, 1.25, m.Ratio, 1e-12)
+	require.Equal(t, "peak RSS 1000.0 MiB = 1.250× (checkpoint 700.0 MiB + caches 100.0 MiB)", m.String())
+	require.Zero(t, newMemReport(1000, 0, 100<<20).Ratio)
+	require.Equal(t, "peak RSS 5.0 MiB", newMemReport(5, 0, 0).String())
+
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a.safetensors"), make([]byte, 100), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "b.safetensors"), make([]byte, 23), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), make([]byte, 1000), 0o644))
+	require.Equal(t, int64(123), checkpointBytes(dir))
+	require.Zero(t, checkpointBytes(t.TempDir()))
+}

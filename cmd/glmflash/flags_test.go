@@ -164,6 +164,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"bench --cpuprofile": func(d string) probe {
 			return probe{args: args(bench, "--cpuprofile", d+"/no/such/dir/cpu.out"), want: "cpu.out"}
 		},
+		"bench --memprofile": func(d string) probe {
+			return probe{args: args(bench, "--memprofile", d+"/no/such/dir/mem.out"), want: "mem.out"}
+		},
 		"bench --decode-steps": func(string) probe { return probe{args: args(bench, "--decode-steps", "0"), want: "--decode-steps"} },
 		"bench --dump-graph":   func(string) probe { return probe{args: args(bench, "--dump-graph", "pretty"), want: "--dump-graph"} },
 		"bench --fp8":          func(string) probe { return probe{args: args(bench, "--fp8"), want: "--fp8 applies to --preset only"} },

@@ -399,6 +399,20 @@ func (q *Seq) Bytes() int {
 	return n
 }
 
+// Bytes is the memory the store's slots hold now (Seq.Bytes summed over
+// every slot, free ones too: their buffers are kept for reuse).
+func (s *Store) Bytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for _, q := range s.slots {
+		if q != nil {
+			n += int64(q.Bytes())
+		}
+	}
+	return n
+}
+
 // SlotBytes bounds the memory of one slot holding tokens tokens: the fixed
 // KDA state plus, per token, the MLA latents of every DSA layer and the
 // indexer keys of every layer with its own indexer (append growth may add

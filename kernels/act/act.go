@@ -83,10 +83,17 @@ func ExpSlice(dst, src []float32) {
 	unaryPar(func(im *vecImpl) func(dst, src unsafe.Pointer, n uintptr) { return im.exp }, dst, src)
 }
 
+// ExpSerial is ExpSlice on the calling goroutine only (for callers that
+// are already inside a parallel region).
+func ExpSerial(dst, src []float32) { unary(cur.exp, cur.vw, dst, src) }
+
 // SigmoidSlice writes dst[i] = 1/(1+e^−src[i]) (float32). dst may be src.
 func SigmoidSlice(dst, src []float32) {
 	unaryPar(func(im *vecImpl) func(dst, src unsafe.Pointer, n uintptr) { return im.sigmoid }, dst, src)
 }
+
+// SigmoidSerial is SigmoidSlice on the calling goroutine only.
+func SigmoidSerial(dst, src []float32) { unary(cur.sigmoid, cur.vw, dst, src) }
 
 // SigmoidInPlace applies the sigmoid to every element of src, writing dst
 // (SigmoidSlice; the name is historical: dst may be, but need not be, src).

@@ -3,6 +3,8 @@ package gemm
 import (
 	"sync"
 	"unsafe"
+
+	"github.com/glmflash/glmflash/kernels/parallel"
 )
 
 // BF16 activations (the precision bf16 mode): the activations are rounded
@@ -62,10 +64,14 @@ func matMulTBF16Act(p Params, serial bool, dst, x []float32, T, K int, w []uint1
 		kp := (K + bf16Lanes - 1) / bf16Lanes * bf16Lanes
 		xb := getBuf16(T * kp)
 		defer buf16Pool.Put(xb)
-		for t := 0; t < T; t++ {
-			row := (*xb)[t*kp : t*kp+kp]
-			roundRowBF16(row, x[t*K:t*K+K])
-			clear(row[K:])
+		if serial || T < roundParallelRows {
+			roundRows(*xb, x, K, kp, 0, T)
+		} else { // a prefill's rows: rounded on every core
+			r := roundPool.Get().(*rounder)
+			r.xb, r.x, r.K, r.kp = *xb, x, K, kp
+			parallel.For(T, roundParallelRows/2, r.fn)
+			r.xb, r.x = nil, nil
+			roundPool.Put(r)
 		}
 		o := getOp(p, dst, x, T, K, N, unsafe.Pointer(&w[0]), 2, opBB)
 		o.im, o.xb, o.kp = im, *xb, kp
@@ -80,6 +86,35 @@ func matMulTBF16Act(p Params, serial bool, dst, x []float32, T, K int, w []uint1
 	}
 	matMulTBF16(p, serial, dst, *xr, T, K, w, N)
 }
+
+// roundParallelRows is the row count from which matMulTBF16Act rounds the
+// activations on every core.
+const roundParallelRows = 64
+
+// roundRows rounds rows [t0,t1) of x (rows of K) into xb (rows of kp, zeros
+// past K).
+func roundRows(xb []uint16, x []float32, K, kp, t0, t1 int) {
+	for t := t0; t < t1; t++ {
+		row := xb[t*kp : t*kp+kp]
+		roundRowBF16(row, x[t*K:t*K+K])
+		clear(row[K:])
+	}
+}
+
+// rounder is one parallel rounding's operands; fn is made once per pooled
+// rounder so that a call allocates nothing.
+type rounder struct {
+	xb    []uint16
+	x     []float32
+	K, kp int
+	fn    func(lo, hi int)
+}
+
+var roundPool = sync.Pool{New: func() any {
+	r := new(rounder)
+	r.fn = func(lo, hi int) { roundRows(r.xb, r.x, r.K, r.kp, lo, hi) }
+	return r
+}}
 
 // runBB is run for the VDPBF16PS kernels: rows [t0,t1) × columns [n0,n1)
 // of dst on the calling goroutine. xb holds the rounded activations, rows
@@ -108,10 +143,14 @@ func (s *simdImpl) runBB(p Params, dst unsafe.Pointer, xb []uint16, kp int, w un
 		}
 		buf := (*pb)[off : off+nv*st.r*bf16Lanes]
 		off += len(buf)
-		for v := 0; v < nv; v++ {
-			for i := 0; i < st.r; i++ {
-				o := (st.t+i)*kp + v*bf16Lanes
-				copy(buf[(v*st.r+i)*bf16Lanes:], xb[o:o+bf16Lanes])
+		if s.vw*4 == bf16Lanes*2 { // a vector of bf16 is one of fp32: the fp32 packer moves it
+			s.pack(unsafe.Pointer(&buf[0]), unsafe.Pointer(&xb[st.t*kp]), uintptr(kp)*2, uintptr(nv), uintptr(st.r))
+		} else {
+			for v := 0; v < nv; v++ {
+				for i := 0; i < st.r; i++ {
+					o := (st.t+i)*kp + v*bf16Lanes
+					copy(buf[(v*st.r+i)*bf16Lanes:], xb[o:o+bf16Lanes])
+				}
 			}
 		}
 		st.x = unsafe.Pointer(&buf[0])

@@ -128,3 +128,58 @@ func BenchmarkChunked(b *testing.B) {
 		Chunked(o, in.q, in.k, in.v, in.g, in.beta, T, D, D, S)
 	}
 }
+
+// TestChunkedBlockedMatchesScalar checks the blocked form against the scalar
+// pairwise form at the model's head size with tails (T not a multiple of
+// the chunk or the sub-block), from a non-zero state, and that a gate
+// outside [BlockedMinG, 0] takes the scalar form and still matches the
+// recurrent definition.
+func TestChunkedBlockedMatchesScalar(t *testing.T) {
+	r := rand.New(rand.NewPCG(10, 10))
+	for _, sh := range [][3]int{{1, 128, 128}, {17, 128, 128}, {64, 128, 128}, {100, 128, 128}, {129, 32, 48}, {7, 5, 3}} {
+		T, Dk, Dv := sh[0], sh[1], sh[2]
+		in := makeInputs(r, T, Dk, Dv)
+		S0 := make([]float32, Dk*Dv)
+		for i := range S0 {
+			S0[i] = float32(r.NormFloat64() * 0.3)
+		}
+		require.True(t, blockedOK(in.g))
+		wantO, wantS := naive(in, T, Dk, Dv, S0)
+		S1, S2 := append([]float32(nil), S0...), append([]float32(nil), S0...)
+		o1, o2 := make([]float32, T*Dv), make([]float32, T*Dv)
+		var ws Workspace
+		ws.chunkedBlocked(o1, in.q, in.k, in.v, in.g, in.beta, T, Dk, Dv, S1)
+		ws.chunkedScalar(o2, in.q, in.k, in.v, in.g, in.beta, T, Dk, Dv, S2)
+		requireClose(t, wantO, o1, 1e-4, "blocked o")
+		requireClose(t, wantS, S1, 1e-4, "blocked S")
+		for i := range o1 {
+			require.InDelta(t, o2[i], o1[i], 1e-5*(1+math.Abs(float64(o2[i]))), "o at %d (T %d)", i, T)
+		}
+		for i := range S1 {
+			require.InDelta(t, S2[i], S1[i], 1e-5*(1+math.Abs(float64(S2[i]))), "S at %d (T %d)", i, T)
+		}
+	}
+	// a gate below the blocked range (the softplus gate is unbounded below)
+	T, Dk, Dv := 70, 16, 16
+	in := makeInputs(r, T, Dk, Dv)
+	in.g[5*Dk+3] = -30
+	require.False(t, blockedOK(in.g))
+	wantO, wantS := naive(in, T, Dk, Dv, make([]float32, Dk*Dv))
+	S := make([]float32, Dk*Dv)
+	o := make([]float32, T*Dv)
+	Chunked(o, in.q, in.k, in.v, in.g, in.beta, T, Dk, Dv, S)
+	requireClose(t, wantO, o, 1e-4, "scalar o")
+	requireClose(t, wantS, S, 1e-4, "scalar S")
+}
+
+func BenchmarkChunkedScalar(b *testing.B) {
+	r := rand.New(rand.NewPCG(9, 9))
+	T, D := 512, 128
+	in := makeInputs(r, T, D, D)
+	o := make([]float32, T*D)
+	S := make([]float32, D*D)
+	var ws Workspace
+	for i := 0; i < b.N; i++ {
+		ws.chunkedScalar(o, in.q, in.k, in.v, in.g, in.beta, T, D, D, S)
+	}
+}

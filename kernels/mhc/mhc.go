@@ -5,6 +5,7 @@ package mhc
 
 import (
 	"math"
+	"sync"
 
 	"github.com/glmflash/glmflash/kernels/gemm"
 )
@@ -27,7 +28,11 @@ type Params struct {
 func Pre(p *Params, h, post, comb, X []float32, T int) {
 	H, D := p.H, p.D
 	mix := (2 + H) * H
-	// scratch on the stack for the usual stream counts (H ≤ 6)
+	// scratch on the stack for the usual stream counts (H ≤ 6) and one
+	// token; blocks of up to preRows tokens take their mixing logits from
+	// one product with Fn (MatMulT sums each output in Dot's order, so a
+	// token's logits do not depend on the tokens beside it) into a pooled
+	// buffer (the product keeps its operands, so they live on the heap)
 	var mb [48]float32
 	var pb [6]float32
 	var m, pre []float32
@@ -36,26 +41,58 @@ func Pre(p *Params, h, post, comb, X []float32, T int) {
 	} else {
 		m, pre = make([]float32, mix), make([]float32, H)
 	}
-	for t := 0; t < T; t++ {
-		x := X[t*H*D : (t+1)*H*D]
-		var ss float32
-		for _, v := range x {
-			ss += v * v
+	var blk *[]float32
+	for t0 := 0; t0 < T; t0 += preRows {
+		n := min(T-t0, preRows)
+		xs := X[t0*H*D : (t0+n)*H*D]
+		var ms []float32
+		if n == 1 {
+			for i := 0; i < mix; i++ {
+				m[i] = gemm.Dot(xs, p.Fn[i*H*D:(i+1)*H*D])
+			}
+			ms = m
+		} else {
+			if blk == nil {
+				blk = blockPool.Get().(*[]float32)
+				if cap(*blk) < preRows*mix {
+					*blk = make([]float32, preRows*mix)
+				}
+			}
+			bm := (*blk)[:n*mix]
+			gemm.MatMulTSerial(bm, xs, n, H*D, p.Fn, mix)
+			ms = bm
 		}
-		r := float32(1 / math.Sqrt(float64(ss/float32(H*D)+p.NormEps)))
-		for i := 0; i < mix; i++ {
-			m[i] = gemm.Dot(x, p.Fn[i*H*D:(i+1)*H*D]) * r
-		}
-		Mapping(p, m, pre, post[t*H:(t+1)*H], comb[t*H*H:(t+1)*H*H])
-		ht := h[t*D : t*D+D]
-		for d := range ht {
-			ht[d] = 0
-		}
-		for i := 0; i < H; i++ {
-			gemm.Axpy(ht, pre[i], x[i*D:i*D+D])
+		for u := 0; u < n; u++ {
+			t := t0 + u
+			x := xs[u*H*D : (u+1)*H*D]
+			var ss float32
+			for _, v := range x {
+				ss += v * v
+			}
+			r := float32(1 / math.Sqrt(float64(ss/float32(H*D)+p.NormEps)))
+			mt := ms[u*mix : (u+1)*mix]
+			for i := range mt {
+				mt[i] *= r
+			}
+			Mapping(p, mt, pre, post[t*H:(t+1)*H], comb[t*H*H:(t+1)*H*H])
+			ht := h[t*D : t*D+D]
+			clear(ht)
+			for i := 0; i < H; i++ {
+				gemm.Axpy(ht, pre[i], x[i*D:i*D+D])
+			}
 		}
 	}
+	if blk != nil {
+		blockPool.Put(blk)
+	}
 }
+
+// blockPool holds Pre's buffers of mixing logits for blocks of tokens.
+var blockPool = sync.Pool{New: func() any { return new([]float32) }}
+
+// preRows is the number of tokens whose mixing logits Pre computes in one
+// product (and PostPre's block of tokens).
+const preRows = 16
 
 // Mapping turns the mixing logits m ([(2+H)·H], already RMS-scaled) into
 // pre, post and the Sinkhorn-projected comb.
@@ -122,10 +159,8 @@ func Post(out, o, R, post, comb []float32, T, H, D int) {
 		ot := o[t*D : t*D+D]
 		for j := 0; j < H; j++ {
 			dst := out[(t*H+j)*D : (t*H+j+1)*D]
-			pj := post[t*H+j]
-			for d, v := range ot {
-				dst[d] = pj * v
-			}
+			clear(dst)
+			gemm.Axpy(dst, post[t*H+j], ot) // 0 + pj·v: pj·v exactly rounded
 			for i := 0; i < H; i++ {
 				gemm.Axpy(dst, comb[t*H*H+i*H+j], R[(t*H+i)*D:(t*H+i+1)*D])
 			}
@@ -142,17 +177,20 @@ type PostPreArgs struct {
 }
 
 // PostPre expands a sub-layer output into new streams and, in the same
-// sweep over each token, runs the next site's pre (mixing, Sinkhorn,
+// sweep over each block of preRows tokens, runs the next site's pre (mixing, Sinkhorn,
 // collapse) and the optional RMSNorm on the streams it just wrote. Every
 // value is computed with the same operations in the same order as
 // Post followed by Pre (and norm), so results are bit-identical.
 func PostPre(p *Params, a *PostPreArgs, T int) {
 	H, D := p.H, p.D
-	for t := 0; t < T; t++ {
-		Post(a.Out[t*H*D:(t+1)*H*D], a.O[t*D:(t+1)*D], a.R[t*H*D:(t+1)*H*D], a.Post[t*H:(t+1)*H], a.Comb[t*H*H:(t+1)*H*H], 1, H, D)
-		Pre(p, a.H2[t*D:(t+1)*D], a.Post2[t*H:(t+1)*H], a.Comb2[t*H*H:(t+1)*H*H], a.Out[t*H*D:(t+1)*H*D], 1)
+	for t0 := 0; t0 < T; t0 += preRows {
+		t1 := min(t0+preRows, T)
+		Post(a.Out[t0*H*D:t1*H*D], a.O[t0*D:t1*D], a.R[t0*H*D:t1*H*D], a.Post[t0*H:t1*H], a.Comb[t0*H*H:t1*H*H], t1-t0, H, D)
+		Pre(p, a.H2[t0*D:t1*D], a.Post2[t0*H:t1*H], a.Comb2[t0*H*H:t1*H*H], a.Out[t0*H*D:t1*H*D], t1-t0)
 		if a.NormW != nil {
-			normRow(a.H2[t*D:(t+1)*D], a.NormW, a.NormEps)
+			for t := t0; t < t1; t++ {
+				normRow(a.H2[t*D:(t+1)*D], a.NormW, a.NormEps)
+			}
 		}
 	}
 }

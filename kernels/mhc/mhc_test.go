@@ -154,3 +154,29 @@ func TestPostPreFusedEqualsUnfusedBitForBit(t *testing.T) {
 	require.Equal(t, b.Post2, a.Post2)
 	require.Equal(t, b.Comb2, a.Comb2)
 }
+
+// Pre over T tokens (mixing logits from one product per block of preRows
+// tokens, with a tail) equals Pre token by token (Dot) bit for bit.
+func TestPreBlocksEqualTokenByToken(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	H, D, T := 4, 40, 2*preRows+3
+	mix := (2 + H) * H
+	f := func(n int, s float64) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(r.NormFloat64() * s)
+		}
+		return x
+	}
+	p := &Params{H: H, D: D, Fn: f(mix*H*D, 0.2), Base: f(mix, 0.5), Scale: []float32{1, 0.8, 1.1}, NormEps: 1e-5, HCEps: 1e-6, Iterations: 20}
+	X := f(T*H*D, 1)
+	h1, post1, comb1 := make([]float32, T*D), make([]float32, T*H), make([]float32, T*H*H)
+	h2, post2, comb2 := make([]float32, T*D), make([]float32, T*H), make([]float32, T*H*H)
+	Pre(p, h1, post1, comb1, X, T)
+	for tk := 0; tk < T; tk++ {
+		Pre(p, h2[tk*D:(tk+1)*D], post2[tk*H:(tk+1)*H], comb2[tk*H*H:(tk+1)*H*H], X[tk*H*D:(tk+1)*H*D], 1)
+	}
+	require.Equal(t, h2, h1)
+	require.Equal(t, post2, post1)
+	require.Equal(t, comb2, comb1)
+}

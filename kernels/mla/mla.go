@@ -153,60 +153,154 @@ func (c *Config) AttendExpand(o, q, ckv []float32, sel []int32, T, width int) {
 			n++
 		}
 	}
-	lat := make([]float32, n*R)
+	row := H * (dq + dv)
+	sb := scratch.Get().(*[]float32) // the expanded rows: pooled (prefill would otherwise allocate them per layer)
+	defer scratch.Put(sb)
+	buf := grow(sb, n*R+n*row)
+	lat, kv := buf[:n*R], buf[n*R:]
 	for p, r := range rowOf {
 		if r >= 0 {
 			copy(lat[int(r)*R:int(r+1)*R], ckv[p*R:(p+1)*R])
 		}
 	}
-	row := H * (dq + dv)
-	kv := make([]float32, n*row)
 	gemm.MatMulTWith(c.Params, kv, lat, n, R, c.KVBW, row)
-	parallel.For(T*H, 2, func(lo, hi int) {
-		var logits []float32
-		for th := lo; th < hi; th++ {
-			t, h := th/H, th%H
-			qh := q[t*H*dq+h*dq : t*H*dq+(h+1)*dq]
-			oh := o[t*H*dv+h*dv : t*H*dv+(h+1)*dv]
-			for i := range oh {
-				oh[i] = 0
-			}
-			srow := sel[t*width : (t+1)*width]
-			logits = logits[:0]
-			mx := float32(math.Inf(-1))
-			for _, p := range srow {
+	ex := expandPool.Get().(*expandRun)
+	ex.c, ex.o, ex.q, ex.kv, ex.sel, ex.rowOf, ex.T, ex.width, ex.n = c, o, q, kv, sel, rowOf, T, width, n
+	blocks := (T + expandRows - 1) / expandRows
+	parallel.For(blocks*H, 1, ex.fn)
+	ex.c, ex.o, ex.q, ex.kv, ex.sel, ex.rowOf = nil, nil, nil, nil, nil, nil
+	expandPool.Put(ex)
+}
+
+// expandRows is the number of queries AttendExpand takes together per head:
+// their logits against the union of their positions are one product, and
+// so is their weighted sum of values.
+const expandRows = 16
+
+// expandRun is one AttendExpand call's operands; fn (made once per pooled
+// run) computes tasks [lo, hi), task = head·blocks + query block.
+type expandRun struct {
+	c           *Config
+	o, q, kv    []float32
+	sel, rowOf  []int32
+	T, width, n int
+	fn          func(lo, hi int)
+}
+
+var expandPool = sync.Pool{New: func() any {
+	ex := new(expandRun)
+	ex.fn = ex.tasks
+	return ex
+}}
+
+// expandScratch holds a worker's temporaries for expandRun.tasks.
+type expandScratch struct {
+	col          []int32 // by expanded row: its column in the block's union, −1 when none
+	cols         []int32 // the union's expanded rows, in order of first use
+	kb, vb, s, p []float32
+	qb, ob       []float32
+}
+
+var expandScratches = sync.Pool{New: func() any { return new(expandScratch) }}
+
+func growI(b []int32, n int) []int32 {
+	if cap(b) < n {
+		return make([]int32, n)
+	}
+	return b[:n]
+}
+
+func (ex *expandRun) tasks(lo, hi int) {
+	c, T, width, kv := ex.c, ex.T, ex.width, ex.kv
+	H, dq, dv := c.Heads, c.QKDim, c.VDim
+	row := H * (dq + dv)
+	blocks := (T + expandRows - 1) / expandRows
+	sc := expandScratches.Get().(*expandScratch)
+	defer expandScratches.Put(sc)
+	col := growI(sc.col, ex.n)
+	sc.col = col
+	for i := range col {
+		col[i] = -1
+	}
+	for task := lo; task < hi; task++ {
+		h, b := task/blocks, task%blocks
+		t0 := b * expandRows
+		nb := min(expandRows, T-t0)
+		// the union of the block's positions (as expanded rows)
+		cols := sc.cols[:0]
+		for t := t0; t < t0+nb; t++ {
+			for _, p := range ex.sel[t*width : (t+1)*width] {
 				if p < 0 {
 					continue
 				}
-				r := int(rowOf[p])
-				k := kv[r*row+h*(dq+dv) : r*row+h*(dq+dv)+dq]
-				l := gemm.Dot(qh, k) * c.Scale
-				logits = append(logits, l)
-				if l > mx {
-					mx = l
+				if r := ex.rowOf[p]; col[r] < 0 {
+					col[r] = int32(len(cols))
+					cols = append(cols, r)
 				}
-			}
-			if len(logits) == 0 {
-				continue
-			}
-			var s float32
-			for i, l := range logits {
-				e := float32(math.Exp(float64(l - mx)))
-				logits[i] = e
-				s += e
-			}
-			i := 0
-			for _, p := range srow {
-				if p < 0 {
-					continue
-				}
-				r := int(rowOf[p])
-				v := kv[r*row+h*(dq+dv)+dq : r*row+(h+1)*(dq+dv)]
-				gemm.Axpy(oh, logits[i]/s, v)
-				i++
 			}
 		}
-	})
+		sc.cols = cols
+		U := len(cols)
+		kb, vb := grow(&sc.kb, U*dq), grow(&sc.vb, U*dv)
+		for u, r := range cols {
+			base := int(r)*row + h*(dq+dv)
+			copy(kb[u*dq:(u+1)*dq], kv[base:base+dq])
+			copy(vb[u*dv:(u+1)*dv], kv[base+dq:base+dq+dv])
+		}
+		qb, ob := grow(&sc.qb, nb*dq), grow(&sc.ob, nb*dv)
+		for i := 0; i < nb; i++ {
+			t := t0 + i
+			copy(qb[i*dq:(i+1)*dq], ex.q[t*H*dq+h*dq:t*H*dq+(h+1)*dq])
+		}
+		s, pm := grow(&sc.s, nb*U), grow(&sc.p, nb*U)
+		if U > 0 {
+			gemm.MatMulTSerial(s, qb, nb, dq, kb, U)
+		}
+		// softmax over each query's own positions; the others weigh 0
+		clear(pm)
+		for i := 0; i < nb; i++ {
+			t := t0 + i
+			si, pi := s[i*U:(i+1)*U], pm[i*U:(i+1)*U]
+			srow := ex.sel[t*width : (t+1)*width]
+			mx := float32(math.Inf(-1))
+			has := false
+			for _, p := range srow {
+				if p >= 0 {
+					has = true
+					if l := si[col[ex.rowOf[p]]] * c.Scale; l > mx {
+						mx = l
+					}
+				}
+			}
+			if !has {
+				continue
+			}
+			var sum float32
+			for _, p := range srow {
+				if p >= 0 {
+					u := col[ex.rowOf[p]]
+					e := float32(math.Exp(float64(si[u]*c.Scale - mx)))
+					pi[u] += e // a position listed twice weighs twice
+					sum += e
+				}
+			}
+			for u := range pi {
+				pi[u] /= sum
+			}
+		}
+		if U > 0 {
+			gemm.MatMul(ob, pm, nb, U, vb, dv) // skips the zero weights
+		} else {
+			clear(ob)
+		}
+		for i := 0; i < nb; i++ {
+			t := t0 + i
+			copy(ex.o[t*H*dv+h*dv:t*H*dv+(h+1)*dv], ob[i*dv:(i+1)*dv])
+		}
+		for _, r := range cols {
+			col[r] = -1
+		}
+	}
 }
 
 // AttendAbsorbed is Attend by the absorbed path, in three steps:

@@ -173,3 +173,26 @@ func BenchmarkDecode(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPrefillExpand is a 512-token prefill's attention by the expand
+// path at the bench preset's geometry, each query selecting its last 256
+// positions.
+func BenchmarkPrefillExpand(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 2))
+	H, dq, dv, R, T, width := 8, 128, 128, 256, 512, 256
+	c := &Config{Heads: H, QKDim: dq, VDim: dv, Rank: R, Scale: float32(1 / math.Sqrt(float64(dq))), KVBW: randVec(r, H*(dq+dv)*R)}
+	ckv, q := randVec(r, T*R), randVec(r, T*H*dq)
+	sel := make([]int32, T*width)
+	for t := 0; t < T; t++ {
+		for i := range width {
+			sel[t*width+i] = -1
+			if p := t - i; p >= 0 {
+				sel[t*width+i] = int32(p)
+			}
+		}
+	}
+	o := make([]float32, T*H*dv)
+	for b.Loop() {
+		c.AttendExpand(o, q, ckv, sel, T, width)
+	}
+}

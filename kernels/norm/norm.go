@@ -3,7 +3,12 @@
 // All compute in float32 over rows of length D.
 package norm
 
-import "math"
+import (
+	"math"
+	"sync"
+
+	"github.com/glmflash/glmflash/kernels/act"
+)
 
 // RMSNorm writes dst[t] = w ⊙ x[t] / sqrt(mean(x[t]²) + eps) for T rows of
 // width D. dst may alias x.
@@ -56,14 +61,24 @@ func LayerNorm(dst, x []float32, T, D int, w, b []float32, eps float32) {
 // width Dh, y = o/sqrt(mean(o²)+eps) ⊙ w ⊙ sigmoid(gate), with one weight
 // vector w [Dh] shared by all heads. dst may alias o.
 func GatedRMSNorm(dst, o, gate []float32, T, H, Dh int, w []float32, eps float32) {
+	// the gate's sigmoid (act's float32 SIMD kernel) a row at a time, in a
+	// pooled buffer (the kernel's operands live on the heap)
+	sb := sigPool.Get().(*[]float32)
+	if cap(*sb) < Dh {
+		*sb = make([]float32, Dh)
+	}
+	sg := (*sb)[:Dh]
 	for r := 0; r < T*H; r++ {
 		or := o[r*Dh : r*Dh+Dh]
 		gr := gate[r*Dh : r*Dh+Dh]
 		dr := dst[r*Dh : r*Dh+Dh]
 		inv := invRMS(or, eps)
-		for i, v := range or {
-			g := gr[i]
-			dr[i] = w[i] * (v * inv) * float32(1/(1+math.Exp(float64(-g))))
+		act.SigmoidSerial(sg, gr)
+		for i, s := range sg {
+			dr[i] = w[i] * (or[i] * inv) * s
 		}
 	}
+	sigPool.Put(sb)
 }
+
+var sigPool = sync.Pool{New: func() any { return new([]float32) }}

@@ -76,6 +76,19 @@ func Open(path string) (*File, error) {
 	return sf, nil
 }
 
+// DropResident releases the file's mapped pages from the process's resident
+// set (madvise MADV_DONTNEED on the read-only mapping): bytes handed out stay
+// valid and read the same, their pages coming back from the page cache when
+// touched. A reader that copied tensors (into its own layout) calls it so
+// the copied sources are not resident twice. Nothing happens when the file
+// was read into memory instead of mapped, or is closed.
+func (f *File) DropResident() error {
+	if f.unmap == nil || f.closed || len(f.data) == 0 {
+		return nil
+	}
+	return dropPages(f.data)
+}
+
 // maxDeclaredEnd returns the largest data offset a header declares, ignoring
 // all other validation, so that Open can tell a truncated file from a bad header.
 func maxDeclaredEnd(header []byte) int64 {

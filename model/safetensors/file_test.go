@@ -210,3 +210,27 @@ func TestOpenTruncatedAndMalformed(t *testing.T) {
 	assert.ErrorContains(t, err, `tensor w: unknown dtype "Q4"`)
 	assert.ErrorContains(t, err, p)
 }
+
+// DropResident leaves every tensor readable with the same bytes, mapped or
+// read into memory, and is a no-op once the file is closed.
+func TestDropResidentKeepsBytes(t *testing.T) {
+	for _, noMmap := range []bool{false, true} {
+		forceNoMmap = noMmap
+		f, err := Open(fixturePath)
+		forceNoMmap = false
+		require.NoError(t, err)
+		name := "model.language_model.embed_tokens.weight"
+		before, err := f.Float32(name)
+		require.NoError(t, err)
+		raw, err := f.Bytes(name)
+		require.NoError(t, err)
+		rawBefore := append([]byte(nil), raw...)
+		require.NoError(t, f.DropResident())
+		after, err := f.Float32(name)
+		require.NoError(t, err)
+		assert.Equal(t, before, after)
+		assert.Equal(t, rawBefore, raw) // the slice handed out before reads the same
+		require.NoError(t, f.Close())
+		require.NoError(t, f.DropResident())
+	}
+}

@@ -16,3 +16,8 @@ func mmapFile(f *os.File, size int64) ([]byte, error) {
 }
 
 func munmap(b []byte) error { return unix.Munmap(b) }
+
+// dropPages tells the kernel the mapped pages of b are not needed now: they
+// leave the resident set and are read again from the file (page cache) when
+// next touched. Only for read-only file mappings.
+func dropPages(b []byte) error { return unix.Madvise(b, unix.MADV_DONTNEED) }

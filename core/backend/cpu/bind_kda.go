@@ -63,6 +63,24 @@ func (cr *convRun) seq(si int) {
 	q, k, v, oq, ok, ov := cr.q, cr.k, cr.v, cr.oq, cr.ok, cr.ov
 	s := seqs[si]
 	C := 3 * P
+	if s.seq.Rollback == nil {
+		// q, k and v in place: each is the span's rows [n][P], its weights
+		// and window are channels [i·P, (i+1)·P) of W ([C][K]) and the
+		// state ([C][K−1]); every channel is computed as in the gathered
+		// [n][C] form, so the results are the same bits
+		st, S := s.seq.Conv[layer], K-1
+		lo, hi := s.row0*P, (s.row0+s.n)*P
+		for i, pr := range [3][2][]float32{{oq, q}, {ok, k}, {ov, v}} {
+			dst, src := pr[0][lo:hi], pr[1][lo:hi]
+			w, win := W[i*P*K:(i+1)*P*K], st[i*P*S:(i+1)*P*S]
+			if len(seqs) == 1 { // the only region: split channels across cores
+				conv.CausalSiLU(dst, src, s.n, P, w, K, win)
+			} else {
+				conv.CausalSiLUSerial(dst, src, s.n, P, w, K, win)
+			}
+		}
+		return
+	}
 	buf := takeScratch(&scr[si], 2*s.n*C)
 	u, y := buf[:s.n*C], buf[s.n*C:]
 	for j := 0; j < s.n; j++ {
@@ -214,8 +232,13 @@ func bindGatedRMSNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	H := a.Int("heads", 0)
 	P := in[0].Shape[1]
 	eps := float32(a.Float("eps", 1e-5))
+	var dst, o, gate []float32 // the run's buffers (see bindMHCPre)
+	body := func(lo, hi int) {
+		norm.GatedRMSNorm(dst[lo*P:hi*P], o[lo*P:hi*P], gate[lo*P:hi*P], hi-lo, H, P/H, W, eps)
+	}
 	return func(rc *runCtx) error {
-		norm.GatedRMSNorm(rc.out(outs[0]), rc.in(in[0]), rc.in(in[1]), rc.batch.T, H, P/H, W, eps)
+		dst, o, gate = rc.out(outs[0]), rc.in(in[0]), rc.in(in[1])
+		parallel.For(rc.batch.T, 16, body)
 		return nil
 	}, nil
 }

@@ -138,5 +138,22 @@ func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
 			}
 		}
 	}
+	dropResident(p)
 	return prog, nil
+}
+
+// dropResident releases the checkpoint's mapped pages from the resident set
+// once a program's weights are bound: binding read the tensors it copied
+// (into packed bf16 or float32 copies) from the mapping, and those pages
+// would otherwise stay resident beside the copies; the weights kernels read
+// in place come back from the page cache on the next run (the kernel maps
+// them back a batch of pages per fault).
+func dropResident(p *plan.Plan) {
+	src := p.Source()
+	if c, ok := src.(*plan.WeightCache); ok {
+		src = c.Source()
+	}
+	if d, ok := src.(interface{ DropResident() error }); ok {
+		_ = d.DropResident() // advice only: nothing to undo when refused
+	}
 }
