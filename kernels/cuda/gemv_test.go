@@ -29,7 +29,8 @@ func gemvWeight(t *testing.T, d *kc.Device, r *rand.Rand, wt, n, k int) (w, s bu
 
 // glmf_gemv against the CPU for every weight storage, both precisions
 // (double sums; float sums of bf16-rounded activations), 1–8 rows, N not a
-// multiple of the block's columns, K tails (the scalar path) and groups
+// multiple of the block's columns, K tails (the scalar path), K of several
+// passes of the block's lanes, and groups
 // with batched outputs; and its bits do not depend on the other rows (a
 // row alone gives the batch's bits), nor on the 16-byte or scalar path
 // (the same rows at an unaligned row stride).
@@ -40,6 +41,9 @@ func TestGemvMatchesCPU(t *testing.T) {
 		{1, 1, 13, 256, 1}, {1, 8, 130, 264, 1}, {1, 3, 9, 1000, 2}, {1, 5, 257, 40, 1},
 		{2, 1, 130, 512, 1}, {2, 7, 128, 1024, 2}, {2, 2, 5, 40, 1}, {2, 8, 260, 384, 1},
 		{0, 4, 21, 132, 1}, {0, 6, 17, 30, 1},
+		// K past one pass of the block's lanes (the next chunk's weights
+		// load during this one's: 1–2 rows), with a partial last pass
+		{2, 1, 70, 4608, 1}, {1, 2, 33, 3072, 1}, {2, 2, 20, 4200, 1}, {0, 1, 9, 1300, 1},
 	} {
 		for _, round := range []int64{0, 1} {
 			name := fmt.Sprintf("%+v/round%d", c, round)
