@@ -411,8 +411,9 @@ DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
   for (int m = 0; m < R; m++)
     #pragma unroll
     for (int j = 0; j < S; j++) acc[m][j] = 0;
-  // the weights of chunk k0 (16 bytes a slot)
-  auto ldraw = [&](i64 k0, uint4* raw) {
+  for (i64 q = warp * 32 + lane; q * PER < K; q += GV_WARPS * 32) {
+    i64 k0 = q * PER;
+    uint4 raw[S];
     if (vec) {
       #pragma unroll
       for (int j = 0; j < S; j++) raw[j] = gv_ldw(wr[j] + k0 * WSZ);
@@ -430,19 +431,6 @@ DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
         raw[j] = make_uint4(u[0], u[1], u[2], u[3]);
       }
     }
-  };
-  // with few rows (registers to spare) the next chunk's weights load
-  // while this one's are used: twice the bytes in flight
-  const bool PF = R <= 2;
-  const i64 QS = GV_WARPS * 32;
-  uint4 raw[S];
-  if (PF && (warp * 32 + lane) * PER < K) ldraw((warp * 32 + lane) * PER, raw);
-  for (i64 q = warp * 32 + lane; q * PER < K; q += QS) {
-    i64 k0 = q * PER;
-    uint4 nxt[S];
-    bool more = PF && (q + QS) * PER < K;
-    if (more) ldraw((q + QS) * PER, nxt);
-    if (!PF) ldraw(k0, raw);
     // float sums on fp8 weights: each column's 16 products of the chunk
     // (one 128-k scale block) summed unscaled, the codes' values by the
     // hardware conversion (fp8x2f), then scaled once
@@ -515,10 +503,6 @@ DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
         #pragma unroll
         for (int m = 0; m < R; m++) acc[m][j] = gv_fma(pc[m][j], sc, acc[m][j]);
       }
-    }
-    if (more) {
-      #pragma unroll
-      for (int j = 0; j < S; j++) raw[j] = nxt[j];
     }
   }
   // lanes: the butterfly as a reduce-scatter; lane l then holds slot
