@@ -26,15 +26,33 @@ func PrefillSlots(e *engine.Engine, slots []int, vocab int) error {
 	return PrefillSlotsN(e, slots, vocab, 32)
 }
 
+// ContextChunk is the most tokens per sequence PrefillSlotsN runs in one
+// step: a long context is prefilled in steps of this many tokens, as a
+// server runs long prompts in chunks, so its activations stay bounded.
+const ContextChunk = 512
+
 // PrefillSlotsN is PrefillSlots with n tokens per slot (the context later
-// decode steps attend).
+// decode steps attend), in steps of at most ContextChunk tokens a slot.
 func PrefillSlotsN(e *engine.Engine, slots []int, vocab, n int) error {
-	b := &backend.Batch{}
-	for i, s := range slots {
-		b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: BenchTokens(n, i+2, vocab)})
+	return prefillSlotsChunked(e, slots, vocab, n, ContextChunk)
+}
+
+func prefillSlotsChunked(e *engine.Engine, slots []int, vocab, n, chunk int) error {
+	streams := make([][]int32, len(slots))
+	for i := range slots {
+		streams[i] = BenchTokens(n, i+2, vocab)
 	}
-	_, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, b)
-	return err
+	for f := 0; f < n; f += chunk {
+		c := min(chunk, n-f)
+		b := &backend.Batch{}
+		for i, s := range slots {
+			b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: streams[i][f : f+c]})
+		}
+		if _, err := e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, b); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // DecodeKey is the program decode steps run.

@@ -1,0 +1,55 @@
+package attrib
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/randckpt"
+	"github.com/stretchr/testify/require"
+)
+
+// A context prefilled in chunks is the context prefilled at once: the next
+// decode step's logits agree (the KDA chunking of the two differs, so within
+// fp32 rounding), for a chunk that divides the context and one that does not.
+func TestPrefillSlotsInChunks(t *testing.T) {
+	cfg, err := randckpt.Preset("tiny")
+	require.NoError(t, err)
+	dir := filepath.Join(t.TempDir(), "ck")
+	require.NoError(t, randckpt.Write(dir, cfg, randckpt.Options{Seed: 3}))
+	ck, err := model.Open(dir)
+	require.NoError(t, err)
+	defer ck.Close()
+	const n = 70
+	next := func(chunk int) []float32 {
+		e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2})
+		require.NoError(t, err)
+		defer e.Close()
+		var slots []int
+		for range 2 {
+			s, err := e.Store().Alloc()
+			require.NoError(t, err)
+			slots = append(slots, s)
+		}
+		require.NoError(t, prefillSlotsChunked(e, slots, cfg.VocabSize, n, chunk))
+		b := &backend.Batch{}
+		for i, s := range slots {
+			b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: []int32{int32(5 + i)}})
+		}
+		r, err := e.Run(DecodeKey, b)
+		require.NoError(t, err)
+		return append([]float32(nil), r.Logits...)
+	}
+	whole := next(n)
+	require.NotEmpty(t, whole)
+	for _, chunk := range []int{32, 35} {
+		got := next(chunk)
+		require.Len(t, got, len(whole))
+		for i := range whole {
+			require.InDelta(t, whole[i], got[i], 1e-4, "chunk %d, logit %d", chunk, i)
+		}
+	}
+	require.Equal(t, 512, ContextChunk)
+}
