@@ -50,20 +50,14 @@ func GemvCols(a *GemmArgs) int {
 }
 
 // GemvLaunch is the launch for the GEMV of args a (a.M rows, or MoE
-// tiles of at most rows rows, over tiles tiles, else 1, and G groups):
-// GemvLaunchFor with rows as the typical rows too.
-func GemvLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block Dim3) {
-	return GemvLaunchFor(a, rows, rows, tiles, G)
-}
-
-// GemvLaunchFor is the launch for the GEMV of args a over tiles of at most
-// rows rows, typically typRows (MoE: the routing slots per expert): the
+// tiles of at most rows rows, over tiles tiles, else 1, and G groups): the
 // tensor-core glmf_gemv_mma_* where it applies (GemvMMALaunch) and pays
-// (GemvMMAPays), else glmf_gemv_* (GemvSIMTLaunch). In precision fp32 the
-// tensor-core kernel never applies, so a row's bits do not depend on the
-// batch there; in precision bf16 they may (as cuBLAS's do).
-func GemvLaunchFor(a *GemmArgs, rows, typRows, tiles, G int) (kernel string, grid, block Dim3) {
-	if GemvMMAPays(a, typRows) {
+// at rows rows (GemvMMAPays), else glmf_gemv_* (GemvSIMTLaunch). In
+// precision fp32 the tensor-core kernel never applies, so a row's bits do
+// not depend on the batch there; in precision bf16 they may (as cuBLAS's
+// do).
+func GemvLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block Dim3) {
+	if GemvMMAPays(a, rows) {
 		if k, g, b, ok := GemvMMALaunch(a, tiles, G); ok {
 			return k, g, b
 		}

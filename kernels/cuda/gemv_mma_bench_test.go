@@ -26,51 +26,8 @@ func BenchmarkMoEDecodeGemv(b *testing.B) {
 	r := rand.New(rand.NewPCG(7, 8))
 	for _, wt := range []int64{2, 1} {
 		wname := map[int64]string{1: "bf16", 2: "fp8"}[wt]
-		esz := int64(I * D)
-		if wt == 1 {
-			esz *= 2
-		}
-		one := make([]byte, esz)
-		for i := range one {
-			c := byte(r.Uint32())
-			if wt == 2 && c&0x7f == 0x7f {
-				c = 0x3c
-			}
-			if wt == 1 && i%2 == 1 {
-				c = 0x3c + byte(r.IntN(4)) | c&0x80
-			}
-			one[i] = c
-		}
-		src := upload(b, d, one)
-		alloc := func() buf {
-			var p kc.DevicePtr
-			if err := d.Do(func() error {
-				var err error
-				if p, err = d.Alloc(int64(E) * esz); err != nil {
-					return err
-				}
-				for e := 0; e < E; e++ {
-					if err := d.Copy(p+kc.DevicePtr(int64(e)*esz), src.p, esz); err != nil {
-						return err
-					}
-				}
-				return nil
-			}); err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { d.Do(func() error { return d.Free(p, int64(E)*esz) }) }) //nolint:errcheck // cleanup
-			return buf{d, p, int64(E) * esz}
-		}
-		G, U, Dn := alloc(), alloc(), alloc()
-		sldGU, sldD := D/128, I/128
-		scales := func(n int) buf {
-			s := make([]float32, n)
-			for i := range s {
-				s[i] = 1.0 / 256
-			}
-			return upload(b, d, s)
-		}
-		GS, US, DS := scales(E*(I/128)*sldGU), scales(E*(I/128)*sldGU), scales(E*(D/128)*sldD)
+		ex := benchExpertWeights(b, d, r, wt, E, I, D)
+		G, U, Dn, GS, US, DS, sldGU, sldD, esz := ex.G, ex.U, ex.Dn, ex.GS, ex.US, ex.DS, ex.sldGU, ex.sldD, ex.esz
 		for _, T := range []int{1, 8, 64} {
 			R := T * topK
 			idx, w := make([]int32, R), make([]float32, R)

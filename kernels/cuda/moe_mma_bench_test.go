@@ -32,52 +32,8 @@ func BenchmarkMoEExperts(b *testing.B) {
 	for _, wt := range []int64{2, 1} {
 		wname := map[int64]string{1: "bf16", 2: "fp8"}[wt]
 		for _, E := range []int{16, 288} {
-			// one expert's random weights, copied to every expert on the device
-			esz := int64(I * D)
-			if wt == 1 {
-				esz *= 2
-			}
-			one := make([]byte, esz)
-			for i := range one {
-				c := byte(r.Uint32())
-				if wt == 2 && c&0x7f == 0x7f {
-					c = 0x3c
-				}
-				if wt == 1 && i%2 == 1 { // bf16 high byte: |w| around 2^-7..2^0, either sign
-					c = 0x3c + byte(r.IntN(4)) | c&0x80
-				}
-				one[i] = c
-			}
-			src := upload(b, d, one)
-			alloc := func() buf {
-				var p kc.DevicePtr
-				if err := d.Do(func() error {
-					var err error
-					if p, err = d.Alloc(int64(E) * esz); err != nil {
-						return err
-					}
-					for e := 0; e < E; e++ {
-						if err := d.Copy(p+kc.DevicePtr(int64(e)*esz), src.p, esz); err != nil {
-							return err
-						}
-					}
-					return nil
-				}); err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { d.Do(func() error { return d.Free(p, int64(E)*esz) }) }) //nolint:errcheck // cleanup
-				return buf{d, p, int64(E) * esz}
-			}
-			G, U, Dn := alloc(), alloc(), alloc()
-			sldGU, sldD := (D+127)/128, (I+127)/128
-			scales := func(n int) buf {
-				s := make([]float32, n)
-				for i := range s {
-					s[i] = 1.0 / 256
-				}
-				return upload(b, d, s)
-			}
-			GS, US, DS := scales(E*(I/128)*sldGU), scales(E*(I/128)*sldGU), scales(E*(D/128)*sldD)
+			ex := benchExpertWeights(b, d, r, wt, E, I, D)
+			G, U, Dn, GS, US, DS, sldGU, sldD := ex.G, ex.U, ex.Dn, ex.GS, ex.US, ex.DS, ex.sldGU, ex.sldD
 			for _, R := range []int{4096, 32768} {
 				T := R / topK
 				idx, w := make([]int32, R), make([]float32, R)
@@ -150,4 +106,65 @@ func BenchmarkMoEExperts(b *testing.B) {
 			}
 		}
 	}
+}
+
+// benchExpertWeights puts E copies of one expert's random gate, up (I×D)
+// and down (D×I) weights of storage wt on the device (fp8 codes without
+// NaNs; bf16 values of magnitude about 2^-7..2^0, either sign), with fp8
+// block scales of 1/256: the weights of the MoE benchmarks.
+func benchExpertWeights(b *testing.B, d *kc.Device, r *rand.Rand, wt int64, E, I, D int) benchExperts {
+	esz := int64(I * D)
+	if wt == 1 {
+		esz *= 2
+	}
+	one := make([]byte, esz)
+	for i := range one {
+		c := byte(r.Uint32())
+		if wt == 2 && c&0x7f == 0x7f {
+			c = 0x3c
+		}
+		if wt == 1 && i%2 == 1 { // bf16 high byte
+			c = 0x3c + byte(r.IntN(4)) | c&0x80
+		}
+		one[i] = c
+	}
+	src := upload(b, d, one)
+	alloc := func() buf {
+		var p kc.DevicePtr
+		if err := d.Do(func() error {
+			var err error
+			if p, err = d.Alloc(int64(E) * esz); err != nil {
+				return err
+			}
+			for e := 0; e < E; e++ {
+				if err := d.Copy(p+kc.DevicePtr(int64(e)*esz), src.p, esz); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { d.Do(func() error { return d.Free(p, int64(E)*esz) }) }) //nolint:errcheck // cleanup
+		return buf{d, p, int64(E) * esz}
+	}
+	scales := func(n int) buf {
+		s := make([]float32, n)
+		for i := range s {
+			s[i] = 1.0 / 256
+		}
+		return upload(b, d, s)
+	}
+	ex := benchExperts{esz: esz, sldGU: (D + 127) / 128, sldD: (I + 127) / 128}
+	ex.G, ex.U, ex.Dn = alloc(), alloc(), alloc()
+	ex.GS, ex.US, ex.DS = scales(E*(I/128)*ex.sldGU), scales(E*(I/128)*ex.sldGU), scales(E*(D/128)*ex.sldD)
+	return ex
+}
+
+// benchExperts are benchExpertWeights' buffers: the weights, their block
+// scales, one expert's weight bytes and the scales' row lengths.
+type benchExperts struct {
+	G, U, Dn, GS, US, DS buf
+	esz                  int64
+	sldGU, sldD          int
 }

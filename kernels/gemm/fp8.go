@@ -173,7 +173,7 @@ func (s *simdImpl) runF8(dst, x []float32, T, K int, w *FP8, N int) {
 	var bb [8]int
 	nv := (K + s.vw - 1) / s.vw
 	strips, _, packed := cutStrips(fp8Rows[:], 0, T, T, nv*s.vw, sb[:0], bb[:0])
-	if pb := s.packStrips(strips, packed, x, K); pb != nil {
+	if pb := s.packStrips(strips, packed, unsafe.Pointer(&x[0]), K); pb != nil {
 		defer bufPool.Put(pb)
 	}
 	nvec, tail := uintptr(K/s.vw), s.tail(K)
@@ -203,21 +203,20 @@ func (s *simdImpl) runF8(dst, x []float32, T, K int, w *FP8, N int) {
 	}
 }
 
-// packStrips points each strip at its activation rows: row t itself for
-// a strip of one row, else a packed copy (as run packs them) in a pooled
+// packStrips points each strip at its activation rows (x: T rows of K
+// floats): row t itself for a strip of one row, else a packed copy in a pooled
 // buffer of packed floats, returned (nil if none) for the caller to put
 // back.
-func (s *simdImpl) packStrips(strips []strip, packed int, x []float32, K int) *[]float32 {
+func (s *simdImpl) packStrips(strips []strip, packed int, x unsafe.Pointer, K int) *[]float32 {
 	var pb *[]float32
 	if packed > 0 {
 		pb = getBuf(packed)
 	}
 	nv := (K + s.vw - 1) / s.vw
-	xp := unsafe.Pointer(&x[0])
 	off := 0
 	for i := range strips {
 		st := &strips[i]
-		xr := unsafe.Add(xp, uintptr(st.t*K)*4)
+		xr := unsafe.Add(x, uintptr(st.t*K)*4)
 		if st.r == 1 {
 			st.x = xr
 			continue
@@ -247,7 +246,7 @@ func (s *simdImpl) runF8Tiles(dst, x []float32, T, K int, w *FP8, N int, fast bo
 		var sb [32]strip
 		var bb [8]int
 		strips, _, packed := cutStrips(s.rows, t0, min(t0+rb, T), rb, nv*s.vw, sb[:0], bb[:0])
-		pb := s.packStrips(strips, packed, x, K)
+		pb := s.packStrips(strips, packed, unsafe.Pointer(&x[0]), K)
 		for n0 := 0; n0 < N; n0 += nb {
 			n1 := min(n0+nb, N)
 			for n := n0; n < n1; n++ {

@@ -189,23 +189,8 @@ func (s *simdImpl) run(ks *kernelSet, p Params, dst, x, w unsafe.Pointer, wsz ui
 	// Keep a row block of packed activations within about blockBytes.
 	rb := min(p.RowBlock, max(8, blockBytes/(K*4)/8*8))
 	strips, blocks, packed = cutStrips(s.rows, t0, t1, rb, nv*s.vw, strips, blocks)
-	var pb *[]float32
-	if packed > 0 {
-		pb = getBuf(packed)
+	if pb := s.packStrips(strips, packed, x, K); pb != nil {
 		defer bufPool.Put(pb)
-	}
-	off := 0
-	for i := range strips {
-		st := &strips[i]
-		xr := unsafe.Add(x, uintptr(st.t*K)*4)
-		if st.r == 1 {
-			st.x = xr
-			continue
-		}
-		buf := (*pb)[off : off+nv*st.r*s.vw]
-		off += len(buf)
-		s.packStrip(buf, xr, K, st.r)
-		st.x = unsafe.Pointer(&buf[0])
 	}
 
 	nc := n1 - n0

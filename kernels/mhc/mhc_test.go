@@ -37,13 +37,7 @@ func TestPreMatchesFloat64(t *testing.T) {
 	r := rand.New(rand.NewPCG(2, 3))
 	H, D, T := 3, 5, 2
 	mix := (2 + H) * H
-	f := func(n int, s float64) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(r.NormFloat64() * s)
-		}
-		return x
-	}
+	f := func(n int, s float64) []float32 { return randVec(r, n, s) }
 	p := &Params{H: H, D: D, Fn: f(mix*H*D, 0.3), Base: f(mix, 0.5), Scale: []float32{0.7, 1.2, 0.9}, NormEps: 1e-5, HCEps: 1e-6, Iterations: 20}
 	X := f(T*H*D, 1)
 	h, post, comb := make([]float32, T*D), make([]float32, T*H), make([]float32, T*H*H)
@@ -132,13 +126,7 @@ func TestPostPreFusedEqualsUnfusedBitForBit(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	H, D, T := 4, 12, 5
 	mix := (2 + H) * H
-	f := func(n int, s float64) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(r.NormFloat64() * s)
-		}
-		return x
-	}
+	f := func(n int, s float64) []float32 { return randVec(r, n, s) }
 	p := &Params{H: H, D: D, Fn: f(mix*H*D, 0.2), Base: f(mix, 0.5), Scale: []float32{1, 0.8, 1.1}, NormEps: 1e-5, HCEps: 1e-6, Iterations: 20}
 	o, R, post, comb := f(T*D, 1), f(T*H*D, 1), f(T*H, 1), f(T*H*H, 0.3)
 	normW := f(D, 1)
@@ -161,13 +149,7 @@ func TestPreBlocksEqualTokenByToken(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	H, D, T := 4, 40, 2*preRows+3
 	mix := (2 + H) * H
-	f := func(n int, s float64) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(r.NormFloat64() * s)
-		}
-		return x
-	}
+	f := func(n int, s float64) []float32 { return randVec(r, n, s) }
 	p := &Params{H: H, D: D, Fn: f(mix*H*D, 0.2), Base: f(mix, 0.5), Scale: []float32{1, 0.8, 1.1}, NormEps: 1e-5, HCEps: 1e-6, Iterations: 20}
 	X := f(T*H*D, 1)
 	h1, post1, comb1 := make([]float32, T*D), make([]float32, T*H), make([]float32, T*H*H)
@@ -179,4 +161,13 @@ func TestPreBlocksEqualTokenByToken(t *testing.T) {
 	require.Equal(t, h2, h1)
 	require.Equal(t, post2, post1)
 	require.Equal(t, comb2, comb1)
+}
+
+// randVec is n normal values of standard deviation s.
+func randVec(r *rand.Rand, n int, s float64) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(r.NormFloat64() * s)
+	}
+	return x
 }
