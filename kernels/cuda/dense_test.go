@@ -204,7 +204,7 @@ func mhcMix(t *testing.T, d *kc.Device, dp kc.MHCParams, T int, X, part, nw kc.D
 	H, D := int(dp.H), int(dp.D)
 	Hd, Pd, Cd := poisoned[float32](t, d, T*D), poisoned[float32](t, d, T*H), poisoned[float32](t, d, T*H*H)
 	ma := kc.MHCMixArgs{P: dp, X: X, Part: part, H: Hd.p, Post: Pd.p, Comb: Cd.p, NormW: nw, NormEps: float64(float32(1e-5)), T: int64(T)}
-	launch(t, d, "glmf_mhc_mix", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &ma)
+	launch(t, d, "glmf_mhc_mix", kc.MHCMixGrid(T), kc.Dim3{X: 256}, 0, &ma)
 	return download[float32](t, Hd), download[float32](t, Pd), download[float32](t, Cd)
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -165,6 +166,12 @@ func (d *Device) init() error {
 	d.pdlCfg.stream, d.pdlCfg.attrs, d.pdlCfg.numAttrs = d.stream, &d.pdlAttr, 1
 	if err := d.loadModule(); err != nil {
 		return err
+	}
+	if k := os.Getenv(GemvFP8Env); k != "" {
+		if !slices.Contains(GemvFP8Kernels, k) {
+			return fmt.Errorf("cuda: %s=%q: not one of the one-row fp8 GEMV kernels %v", GemvFP8Env, k, GemvFP8Kernels)
+		}
+		GemvFP8Kernel = k
 	}
 	if r := d.blas.create(&d.blasH); r != 0 {
 		return fmt.Errorf("cuda: cublasCreate failed with status %d", r)

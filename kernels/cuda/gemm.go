@@ -90,6 +90,10 @@ var GemvMMAFP8Rows = 6
 // groups. The kernel is the one for the precision (float or double sums)
 // and the fewest rows a pass (1, 2, 4 or 8; fp32 weights: 8) that take
 // rows: all give the same bits, fewer rows a pass need fewer registers.
+//
+// fp8 weights at one row in bf16 precision on grids of at least
+// GemvFP8Blocks blocks take GemvFP8Kernel: glmf_gemv_f1's bits, more blocks
+// an SM.
 func GemvSIMTLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block Dim3) {
 	c := int64(GemvCols(a))
 	r := 1
@@ -103,8 +107,29 @@ func GemvSIMTLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block
 	if a.ARound != 0 {
 		p = "f"
 	}
-	return fmt.Sprintf("glmf_gemv_%s%d", p, r), Dim3{X: uint32((a.N + c - 1) / c), Y: uint32(tiles), Z: uint32(G)}, Dim3{X: 32 * GemvWarps}
+	kernel = fmt.Sprintf("glmf_gemv_%s%d", p, r)
+	grid = Dim3{X: uint32((a.N + c - 1) / c), Y: uint32(tiles), Z: uint32(G)}
+	if kernel == "glmf_gemv_f1" && a.WType == 2 && int64(grid.X)*int64(tiles)*int64(G) >= GemvFP8Blocks {
+		kernel = GemvFP8Kernel
+	}
+	return kernel, grid, Dim3{X: 32 * GemvWarps}
 }
+
+// GemvFP8Kernel is the kernel of one-row fp8 GEMVs of at least
+// GemvFP8Blocks blocks (MoE expert tiles, the dense MLP's fused gate and
+// up): glmf_gemv_f1_fp8 (80 registers, 6 blocks an SM: on the H200 a
+// 288-expert decode layer's gate/up and down GEMVs 85.5 → 77.2 µs,
+// BenchmarkMoEDecodeGemv: 4,608 blocks each), or glmf_gemv_f1 (128
+// registers, 4 blocks an SM: as fast at 1,536 blocks, faster at 512,
+// BenchmarkGemvDecode's dense shapes). GemvFP8Env sets it.
+var GemvFP8Kernel = "glmf_gemv_f1_fp8"
+
+// GemvFP8Blocks is the fewest blocks a one-row fp8 GEMV takes
+// GemvFP8Kernel at.
+const GemvFP8Blocks = 2048
+
+// GemvFP8Kernels are the kernels GemvFP8Kernel may name.
+var GemvFP8Kernels = []string{"glmf_gemv_f1", "glmf_gemv_f1_fp8"}
 
 // GemvMMAWarps is the warps of a glmf_gemv_mma block (they split K);
 // GemvMMAWarpsK those of the *_t1k kernels (grids of few blocks).

@@ -201,11 +201,17 @@ func BenchmarkGemvDecode(b *testing.B) {
 						a.W, a.Ws, a.WsLd = W8.p, S.p, int64(sld)
 					}
 					a.Out[0], a.Ow[0] = out.p, int64(s.N)
-					name, grid, block := kc.GemvSIMTLaunch(&a, M, 1, 1)
 					prec := map[int64]string{1: "bf16", 0: "fp32"}[round]
-					b.Run(fmt.Sprintf("%s/M%d/gemv-%sw-%sprec", shape, M, w.name, prec), func(b *testing.B) {
-						timeLaunches(b, d, reps, true, w.bytes, func() error { return kc.Launch(d, name, grid, block, 0, &a) })
-					})
+					name, grid, block := kc.GemvSIMTLaunch(&a, M, 1, 1)
+					variants := []string{name}
+					if name == "glmf_gemv_f1" && w.wt == 2 { // the one-row fp8 kernels, each
+						variants = kc.GemvFP8Kernels
+					}
+					for _, v := range variants {
+						b.Run(fmt.Sprintf("%s/M%d/gemv-%sw-%sprec/%s", shape, M, w.name, prec, v), func(b *testing.B) {
+							timeLaunches(b, d, reps, true, w.bytes, func() error { return kc.Launch(d, v, grid, block, 0, &a) })
+						})
+					}
 					if round == 0 || !kc.GemvMMAApplies(&a) {
 						continue
 					}

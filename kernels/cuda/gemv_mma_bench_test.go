@@ -3,6 +3,7 @@ package cuda_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	kc "github.com/glmflash/glmflash/kernels/cuda"
@@ -23,6 +24,7 @@ func BenchmarkMoEDecodeGemv(b *testing.B) {
 		b.Skip("the emulator's timings mean nothing")
 	}
 	const D, I, E, topK = 4096, 2048, 288, 9
+	fp8Kernel := kc.GemvFP8Kernel
 	r := rand.New(rand.NewPCG(7, 8))
 	for _, wt := range []int64{2, 1} {
 		wname := map[int64]string{1: "bf16", 2: "fp8"}[wt]
@@ -64,7 +66,17 @@ func BenchmarkMoEDecodeGemv(b *testing.B) {
 				dn.Ws, dn.WsLd, dn.WsGoff = DS.p, int64(sldD), int64((D/128)*sldD)
 			}
 			wbytes := float64(len(touched)) * 3 * float64(esz)
-			for _, kernel := range []string{"mma", "simt"} {
+			kernels := []string{"mma", "simt"}
+			if wt == 2 && T == 1 { // the one-row fp8 kernels, each
+				kernels = []string{"mma"}
+				for _, k := range kc.GemvFP8Kernels {
+					kernels = append(kernels, "simt-"+k)
+				}
+			}
+			for _, kernel := range kernels {
+				if v, ok := strings.CutPrefix(kernel, "simt-"); ok {
+					kc.GemvFP8Kernel = v
+				}
 				layer := func() error {
 					for _, g := range []*kc.GemmArgs{&gu, &dn} {
 						name, grid, block := kc.GemvSIMTLaunch(g, min(T, bm), nt, 1)
@@ -85,6 +97,7 @@ func BenchmarkMoEDecodeGemv(b *testing.B) {
 					b.ReportMetric(us, "us/layer")
 					b.ReportMetric(wbytes/us/1e3, "weightGB/s")
 				})
+				kc.GemvFP8Kernel = fp8Kernel
 			}
 		}
 	}

@@ -154,3 +154,58 @@ func TestGemvFP8Codes(t *testing.T) {
 		}
 	}
 }
+
+// The one-row fp8 kernels (kc.GemvFP8Kernels) give the same bits: plain
+// and dual (MoE gate and up, SwiGLU) weights, groups (plain weights; dual
+// ones are MoE tiles' single group), N not a multiple of their columns, K
+// tails and K of several passes of a block's lanes; grids of
+// kc.GemvFP8Blocks blocks take kc.GemvFP8Kernel.
+func TestGemvFP8KernelsAgree(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(43, 44))
+	for _, c := range []struct {
+		N, K, G int
+		dual    bool
+	}{{130, 512, 1, false}, {128, 4608, 2, false}, {20, 4200, 1, false}, {256, 2048, 1, false}, {130, 512, 1, true}, {128, 4200, 1, true}} {
+		x := randn(r, c.G*c.K, 1)
+		for i, v := range x {
+			x[i] = roundBF16(v)
+		}
+		X := upload(t, d, x)
+		W, S, sld, _ := gemvWeight(t, d, r, 2, c.G*c.N, c.K)
+		a := kc.GemmArgs{A: X.p, Lda: int64(c.G * c.K), AGoff: int64(c.K), W: W.p, WType: 2, Ws: S.p, WsLd: int64(sld),
+			WGoff: int64(c.N * c.K), WsGoff: int64(((c.N + 127) / 128) * sld), M: 1, N: int64(c.N), K: int64(c.K), Nout: int64(c.G), Batched: 1, ARound: 1}
+		if c.dual {
+			W2, S2, _, _ := gemvWeight(t, d, r, 2, c.G*c.N, c.K)
+			a.W2, a.Ws2, a.Limit = W2.p, S2.p, 7
+		}
+		kn, grid, block := kc.GemvSIMTLaunch(&a, 1, 1, c.G)
+		require.Equal(t, "glmf_gemv_f1", kn, "no tiles")
+		var outs [][]uint32
+		for _, k := range kc.GemvFP8Kernels {
+			bufs := make([]buf, c.G)
+			for g := range bufs {
+				bufs[g] = poisoned[float32](t, d, c.N)
+				a.Out[g], a.Ow[g] = bufs[g].p, int64(c.N)
+			}
+			launch(t, d, k, grid, block, 0, &a)
+			var bits []uint32
+			for g := range bufs {
+				for _, v := range download[float32](t, bufs[g]) {
+					require.False(t, math.IsNaN(float64(v)), "%+v: %s", c, k)
+					bits = append(bits, math.Float32bits(v))
+				}
+			}
+			outs = append(outs, bits)
+		}
+		for i := range outs[1:] {
+			require.Equal(t, outs[0], outs[i+1], "%+v: %s against %s", c, kc.GemvFP8Kernels[i+1], kc.GemvFP8Kernels[0])
+		}
+	}
+	a := kc.GemmArgs{WType: 2, ARound: 1, Tiles: 4096, N: 4096, K: 2048}
+	kn, _, _ := kc.GemvSIMTLaunch(&a, 1, 9, 1)
+	require.Equal(t, kc.GemvFP8Kernel, kn, "one-row fp8 MoE tiles: 4,608 blocks")
+	a = kc.GemmArgs{WType: 2, ARound: 1, N: 4096, K: 12288}
+	kn, _, _ = kc.GemvSIMTLaunch(&a, 1, 1, 1)
+	require.Equal(t, "glmf_gemv_f1", kn, "512 blocks")
+}

@@ -1,7 +1,9 @@
 package cuda_test
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	kc "github.com/glmflash/glmflash/kernels/cuda"
@@ -77,5 +79,65 @@ func TestMoEExpertsMatchCPU(t *testing.T) {
 		ca := kc.CombineArgs{Contrib: contrib.p, Y: y.p, T: int64(c.T), K: int64(c.K), D: int64(c.D)}
 		launch(t, d, "glmf_moe_combine", kc.Dim3{X: uint32((c.T*c.D + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
 		require.Less(t, maxRelErr(t, download[float32](t, y), want), 1e-5, "%+v", c)
+	}
+}
+
+// glmf_moe_plan against a reference: tiles of at most bm rows in ascending
+// expert order (expert, first place, rows), and each expert's places
+// holding exactly its slots; invalid experts (-1, E) skipped. Up to 32
+// slots run the one-warp plan, more the block's.
+func TestMoEPlanMatchesReference(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(31, 32))
+	for _, TK := range []int{1, 9, 17, 32, 33, 100} {
+		for _, E := range []int{16, 288} {
+			for _, bm := range []int{8, 64} {
+				idx := make([]int32, TK)
+				for i := range idx {
+					idx[i] = int32(r.IntN(E))
+					if i%11 == 5 {
+						idx[i] = -1
+					} else if i%13 == 7 {
+						idx[i] = int32(E)
+					}
+				}
+				cnt := make([]int, E)
+				for _, e := range idx {
+					if e >= 0 && int(e) < E {
+						cnt[e]++
+					}
+				}
+				var want []int32
+				off := make([]int, E)
+				p := 0
+				for e := 0; e < E; e++ {
+					off[e] = p
+					for i := 0; i < cnt[e]; i += bm {
+						want = append(want, int32(e), int32(p+i), int32(min(bm, cnt[e]-i)))
+					}
+					p += cnt[e]
+				}
+				Idx := upload(t, d, idx)
+				perm, tiles := poisoned[int32](t, d, TK), poisoned[int32](t, d, 1+3*(TK+E))
+				pa := kc.PlanArgs{Idx: Idx.p, TK: int64(TK), E: int64(E), Bm: int64(bm), Perm: perm.p, Tiles: tiles.p}
+				launch(t, d, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
+				got := download[int32](t, tiles)
+				name := fmt.Sprintf("TK %d, E %d, bm %d", TK, E, bm)
+				require.EqualValues(t, len(want)/3, got[0], name)
+				require.Equal(t, want, got[1:1+len(want)], name)
+				pg := download[int32](t, perm)
+				for e := 0; e < E; e++ {
+					var slots, placed []int32
+					for s, x := range idx {
+						if int(x) == e {
+							slots = append(slots, int32(s))
+						}
+					}
+					placed = append(placed, pg[off[e]:off[e]+cnt[e]]...)
+					slices.Sort(placed)
+					require.Equal(t, slots, placed, "%s: expert %d's places", name, e)
+				}
+			}
+		}
 	}
 }

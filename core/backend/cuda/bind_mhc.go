@@ -20,8 +20,8 @@ const mhcMaxStreams = 16
 
 // The pre's first stage (glmf_mhc_pre, glmf_mhc_post_pre) runs a block per
 // chunk of the flattened streams and MHC_TT tokens; its partial sums go to
-// a scratch buffer of doubles [T][chunks][mix+1] that glmf_mhc_mix (a block
-// per token) reduces.
+// a scratch buffer of doubles [T][chunks][mix+1] that glmf_mhc_mix (two
+// blocks per token, kc.MHCMixGrid) reduces.
 const (
 	mhcChunkValues = 256 // MHC_CK
 	mhcTileTokens  = 8   // MHC_TT
@@ -71,7 +71,7 @@ func launchPre(rc *runCtx, prm kc.MHCParams, X, part, h, post, comb kc.DevicePtr
 
 func launchMix(rc *runCtx, prm kc.MHCParams, X, part, h, post, comb kc.DevicePtr, normW devTensor, normEps float64) error {
 	ma := kc.MHCMixArgs{P: prm, X: X, Part: part, H: h, Post: post, Comb: comb, NormW: normW.ptr, NormBf16: normW.flag(), NormEps: normEps, T: int64(rc.T)}
-	return kc.Launch(rc.dev, "glmf_mhc_mix", kc.Dim3{X: uint32(rc.T)}, block256, 0, &ma)
+	return kc.Launch(rc.dev, "glmf_mhc_mix", kc.MHCMixGrid(rc.T), block256, 0, &ma)
 }
 
 func mhcParams(p *Program, n *ir.Node, x, fn, base, scale *ir.Value) (kc.MHCParams, error) {

@@ -155,16 +155,36 @@ DEVFN u64 desc_key(float v, unsigned i) { return ((u64)(~ordf(v)) << 32) | (u64)
 
 // block_reduce combines one value per thread over the block with op
 // (blockDim.x a power of two ≤ 1024) in a fixed tree: deterministic. Every
-// thread gets the result.
+// thread gets the result. Step s combines value t with value t + s (t < s),
+// s = blockDim/2 … 1: through shared memory while s ≥ 32, then within warp
+// 0 by shuffles, the same pairs in the same order (so the same bits as
+// the all-shared-memory tree) with five fewer block barriers.
 template <class T, class Op>
 DEVFN T block_reduce(T v, Op op) {
   __shared__ T red[1024];
-  int t = threadIdx.x;
+  int t = threadIdx.x, n = blockDim.x;
   red[t] = v;
   __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+  int s = n / 2;
+  for (; s >= 32; s >>= 1) {
     if (t < s) red[t] = op(red[t], red[t + s]);
     __syncthreads();
+  }
+  if (n >= 32) {
+    if (t < 32) {
+      T x = red[t];
+      for (; s > 0; s >>= 1) {
+        T y = __shfl_sync(0xffffffffu, x, (t + s) & 31);
+        if (t < s) x = op(x, y);
+      }
+      if (t == 0) red[0] = x;
+    }
+    __syncthreads();
+  } else {
+    for (; s > 0; s >>= 1) {
+      if (t < s) red[t] = op(red[t], red[t + s]);
+      __syncthreads();
+    }
   }
   T r = red[0];
   __syncthreads();
@@ -233,17 +253,31 @@ DEVFN float rms_inv(const float* x, i64 n, float eps) {
   return (float)(1.0 / sqrt((double)(s / (float)n + eps)));
 }
 
+// ldw_n loads N weights w[i0 + q·st] (q < N; zeros at or past n) as
+// floats: every load issued before any conversion (a conversion next to its
+// load would wait for it, one load at a time).
+template <int N>
+DEVFN void ldw_n(const void* w, i64 bf16, i64 i0, i64 st, i64 n, float* out) {
+  if (bf16) {
+    unsigned short r[N];
+#pragma unroll
+    for (int q = 0; q < N; q++) r[q] = i0 + q * st < n ? ((const unsigned short*)w)[i0 + q * st] : (unsigned short)0;
+#pragma unroll
+    for (int q = 0; q < N; q++) out[q] = bf16f(r[q]);
+  } else {
+#pragma unroll
+    for (int q = 0; q < N; q++) out[q] = i0 + q * st < n ? ((const float*)w)[i0 + q * st] : 0.f;
+  }
+}
+
 DEVFN void rmsnorm_row(float* y, const float* x, i64 D, const void* w, i64 w_bf16, float eps) {
   float r = rms_inv(x, D, eps);
   i64 st = blockDim.x;
   for (i64 i0 = threadIdx.x; i0 < D; i0 += ROW_BATCH * st) {
     float v[ROW_BATCH], wv[ROW_BATCH];  // every load before any store (y may be x)
 #pragma unroll
-    for (int q = 0; q < ROW_BATCH; q++) {
-      bool in = i0 + q * st < D;
-      v[q] = in ? x[i0 + q * st] : 0.f;
-      wv[q] = in ? ldw(w, i0 + q * st, w_bf16) : 0.f;
-    }
+    for (int q = 0; q < ROW_BATCH; q++) v[q] = i0 + q * st < D ? x[i0 + q * st] : 0.f;
+    ldw_n<ROW_BATCH>(w, w_bf16, i0, st, D, wv);
 #pragma unroll
     for (int q = 0; q < ROW_BATCH; q++)
       if (i0 + q * st < D) y[i0 + q * st] = wv[q] * (v[q] * r);

@@ -365,9 +365,11 @@ DEVFN void gv_fp8x4(unsigned u, float s, float sf, bool fold, float* w) {
 DEVFN float gv_fma(float x, float w, float acc) { return fmaf(x, w, acc); }
 DEVFN double gv_fma(float x, float w, double acc) { return acc + (double)x * (double)w; }
 
-template <typename ACC, int WT, int R>
+// gemv_body: S slots (weight rows) a block; the bits of a column do not
+// depend on S (each slot's lanes add in the same butterfly, the warps in
+// order), only the block's share of the work does.
+template <typename ACC, int WT, int R, int S = sizeof(ACC) == 4 ? 8 : 4>
 DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
-  const int S = sizeof(ACC) == 4 ? 8 : 4;  // slots (weight rows) a block
   const int WSZ = WT == WT_FP8 ? 1 : WT == WT_BF16 ? 2 : 4;
   const int PER = 16 / WSZ;                // k a chunk
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -526,7 +528,7 @@ DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
         acc[m][0] += __shfl_xor_sync(0xffffffffu, acc[m][0], off);
       }
     }
-    const int sh = S == 8 ? 2 : 3;  // 32/S lanes hold each slot
+    const int sh = S == 32 ? 0 : S == 16 ? 1 : S == 8 ? 2 : 3;  // 32/S lanes hold each slot
     if ((lane & ((1 << sh) - 1)) == 0) red[warp][m][lane >> sh] = acc[m][0];
   }
   __syncthreads();
@@ -545,9 +547,9 @@ DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
     int m = t / ncol;
     i64 c = c0 + t % ncol;
     if (m < rows && c < a.N) {
-      if (dual) {
+      if (dual) {  // (MoE tiles: slot rows p0…; else rows r0…, stride N)
         int j = 2 * (t % ncol);
-        a.out[0][(p0 + m) * a.N + c] = swiglu_clamped(tot[m][j], tot[m][j + 1], a.limit);
+        a.out[0][(a.tiles ? p0 + m : r0 + m) * a.N + c] = swiglu_clamped(tot[m][j], tot[m][j + 1], a.limit);
       } else {
         float v = tot[m][t % ncol];
         if (a.scatter) {
@@ -606,6 +608,26 @@ DEVFN void gemv_kernel(const GemmArgs& a) {
 #define GV_KERNEL(name, minb) KERNEL_BOUNDS(name, GemmArgs, GV_WARPS * 32, minb)
 #endif
 GV_KERNEL(glmf_gemv_f1, 4) { gemv_kernel<float, 1>(a); }
+// glmf_gemv_f1_fp8: glmf_gemv_f1 for fp8 weights alone (one row a pass,
+// float sums), the same bits, with its own register budget (80): 6 blocks
+// an SM where glmf_gemv_f1 (128) fits 4. It pays on grids of many blocks
+// (MoE expert tiles), not on those of one or two waves
+// (kc.GemvSIMTLaunch).
+template <int S>
+DEVFN void gemv_f1_fp8(const GemmArgs& a) {
+  i64 rows, p0 = 0, e = 0;
+  if (a.tiles) {
+    if ((i64)blockIdx.y >= (i64)a.tiles[0]) return;
+    const int* tl = a.tiles + 1 + 3 * blockIdx.y;
+    e = tl[0];
+    p0 = tl[1];
+    rows = tl[2];
+  } else {
+    rows = a.M;
+  }
+  for (i64 r0 = 0; r0 < rows; r0++) gemv_body<float, WT_FP8, 1, S>(a, 1, a.tiles ? p0 + r0 : 0, e, r0);
+}
+GV_KERNEL(glmf_gemv_f1_fp8, 6) { gemv_f1_fp8<8>(a); }
 GV_KERNEL(glmf_gemv_f2, 4) { gemv_kernel<float, 2>(a); }
 GV_KERNEL(glmf_gemv_f4, 3) { gemv_kernel<float, 4>(a); }
 GV_KERNEL(glmf_gemv_f8, 2) { gemv_kernel<float, 8>(a); }

@@ -9,10 +9,11 @@
 //     [c·dc, c·dc+dc) of all H streams, dc = MHC_CK/H) for MHC_TT tokens
 //     and writes, per token, the chunk's partial mixing dots and its sum of
 //     squares (doubles) to a scratch buffer part [T][nch][mix+1].
-//  2. glmf_mhc_mix: a block per token adds the chunks' partials (warp w
-//     the chunks ≡ w mod 8, then a fixed tree), scales by the RMS, runs the sigmoid gates and the Sinkhorn
-//     projection, collapses the streams into h and applies the optional
-//     RMSNorm of h.
+//  2. glmf_mhc_mix: two blocks per token add the chunks' partials (warp w
+//     the chunks ≡ w mod 8, then a fixed tree) and scale them by the RMS;
+//     one runs the pre gates, collapses the streams into h and applies the
+//     optional RMSNorm of h, the other, beside it, runs the post gates and
+//     the Sinkhorn projection.
 // The chunking does not depend on T, and every partial sums in a fixed
 // order, so a token's bits do not depend on the batch; the fused and
 // unfused paths run the same device functions and give identical bits.
@@ -105,46 +106,126 @@ DEVFN void mhc_mapping(const MHCParams& p, const float* sc, const float* bs, con
   }
 }
 
-// mhc_mapping_warp: mhc_mapping by warp 0 alone where H·H ≤ 32, with no
-// block barriers and no shared memory: lane l = i·H + j holds comb[i][j]
-// in a register; each pass gathers the row's or column's values by
-// shuffles and adds them in the CPU's order (so the bits are
-// mhc_mapping's). The whole warp calls it (lanes past H·H compute values
-// nobody reads); the caller synchronizes the block before reading pre,
-// post and comb.
-DEVFN void mhc_mapping_warp(const MHCParams& p, const float* sc, const float* bs, const float* m, float* pre, float* post, float* comb) {
-  int H = (int)p.H, l = threadIdx.x;
-  bool own = l < H * H;
-  int i = own ? l / H : 0, j = own ? l % H : 0;
-  float eps = (float)p.hc_eps;
-  if (l < H) {
-    float s0 = sc[0], s1 = sc[1];
-    pre[l] = sigmoidf_d(s0 * m[l] + bs[l]) + eps;
-    post[l] = 2 * sigmoidf_d(s1 * m[H + l] + bs[H + l]);
+// div_rcp: a / d, the IEEE quotient, given r = rcp_refined(d): the
+// instructions nvcc emits for a / d on its fast path (an approximate
+// reciprocal refined by one Newton step, the product, its remainder by a
+// fused multiply-add, the corrected quotient), whose result is the correctly
+// rounded quotient wherever that path is taken. A row of the Sinkhorn shares
+// its divisor, so its reciprocal is computed once. The fast
+// path is certainly exact where a ≤ d and both are within [2^-57, 2^4],
+// far from overflow, subnormals and their remainders (mhc_pass).
+DEVFN float rcp_refined(float d) {
+#ifdef GLMF_EMU
+  return 1.f / d;
+#else
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  return fmaf(r, fmaf(-d, r, 1.f), r);
+#endif
+}
+DEVFN float div_rcp(float a, float d, float r) {
+#ifdef GLMF_EMU
+  return a / d;
+#else
+  float q = __fmul_rn(a, r);
+  return fmaf(fmaf(-d, q, a), r, q);
+#endif
+}
+
+// mhc_pass divides each of the H rows (rows) or columns of the H×H matrix
+// v by its sum + eps (summed in ascending index, as the CPU). FAST: by
+// the shared reciprocal (div_rcp), which the caller takes only where every
+// value is within [2^-57, 2] and eps in [0, 1] (a value never exceeds its
+// divisor, a divisor is at most H·2 + 1, so the quotients are ≤ 1); the
+// rows' sums and quotients are independent, so they interleave.
+template <int H, bool FAST, bool ROWS>
+DEVFN void mhc_pass(float* v, float eps) {
+  float d[H], r[H];
+#pragma unroll
+  for (int g = 0; g < H; g++) {
+    float s = 0;
+#pragma unroll
+    for (int k = 0; k < H; k++) s += v[ROWS ? g * H + k : k * H + g];
+    d[g] = s + eps;
+    r[g] = FAST ? rcp_refined(d[g]) : 0.f;
   }
+#pragma unroll
+  for (int g = 0; g < H; g++)
+#pragma unroll
+    for (int k = 0; k < H; k++) {
+      float& x = v[ROWS ? g * H + k : k * H + g];
+      x = FAST ? div_rcp(x, d[g], r[g]) : x / d[g];
+    }
+}
+
+// mhc_in_range: every value of v within [2^-50, 2] (min and max by trees,
+// so the check is short beside a pass; a NaN propagates through either
+// division alike).
+template <int N>
+DEVFN bool mhc_in_range(const float* v) {
+  float mn[N], mx[N];
+#pragma unroll
+  for (int q = 0; q < N; q++) mn[q] = mx[q] = v[q];
+#pragma unroll
+  for (int w = 1; w < N; w *= 2)
+#pragma unroll
+    for (int q = 0; q + w < N; q += 2 * w) mn[q] = fminf(mn[q], mn[q + w]), mx[q] = fmaxf(mx[q], mx[q + w]);
+  return mn[0] >= 0x1p-50f && mx[0] <= 2.f;
+}
+
+// mhc_comb_warp: the post gates and the Sinkhorn-projected comb of
+// mhc_mapping by one warp where H·H ≤ 32 (H = p.H fixed at compile time:
+// 1 to 5; the model's hc_mult is 4), with no block barriers and no shared
+// memory, written straight to post[H] and comb[H·H] in global memory. Lane
+// l = i·H + j computes comb[i][j]'s exponential and the softmax's
+// quotient; lane 0 then holds the whole matrix in registers for the
+// Sinkhorn passes, whose rows (or columns) are independent, so that a
+// pass's latency is one sum and one shared reciprocal (the 20 iterations'
+// serial chain bounded the whole pre at decode). Every value is computed in
+// the CPU's order with IEEE quotients, so the bits are mhc_mapping's. The
+// whole warp calls it.
+template <int H>
+DEVFN void mhc_comb_warp(const MHCParams& p, const float* sc, const float* bs, const float* m, float* post, float* comb) {
+  int l = threadIdx.x % 32;
+  bool own = l < H * H;
+  int i = own ? l / H : 0;
+  float eps = (float)p.hc_eps;
+  if (l < H) post[l] = 2 * sigmoidf_d(sc[1] * m[H + l] + bs[H + l]);
   float s2 = sc[2];
   float c = own ? s2 * m[2 * H + l] + bs[2 * H + l] : 0.f;
   float mx = -INFINITY;
+#pragma unroll
   for (int jj = 0; jj < H; jj++) {
     float v = __shfl_sync(0xffffffffu, c, i * H + jj);
     if (v > mx) mx = v;
   }
   c = (float)exp((double)(c - mx));
   float s = 0;
+#pragma unroll
   for (int jj = 0; jj < H; jj++) s += __shfl_sync(0xffffffffu, c, i * H + jj);
   c = c / s + eps;
+  float v[H * H];
+#pragma unroll
+  for (int q = 0; q < H * H; q++) v[q] = __shfl_sync(0xffffffffu, c, q);
+  if (l != 0) return;
+  // the shared reciprocals while the values at an iteration's start are
+  // within [2^-50, 2]: a pass divides by at most H·2 + 1 ≤ 11, so through
+  // the iteration's two passes they stay ≥ 2^-57 and every quotient is
+  // exact; from the first iteration that starts outside, IEEE divisions
+  bool fast = eps >= 0.f && eps <= 1.f && mhc_in_range<H * H>(v);
   i64 iters = p.iters < 1 ? 1 : p.iters;  // the first column pass always runs
   for (i64 it = 0; it < iters; it++) {
-    if (it > 0) {
-      s = 0;
-      for (int jj = 0; jj < H; jj++) s += __shfl_sync(0xffffffffu, c, i * H + jj);
-      c /= s + eps;
+    if (fast) {
+      if (it > 0) mhc_pass<H, true, true>(v, eps);
+      mhc_pass<H, true, false>(v, eps);
+      fast = mhc_in_range<H * H>(v);
+    } else {
+      if (it > 0) mhc_pass<H, false, true>(v, eps);
+      mhc_pass<H, false, false>(v, eps);
     }
-    s = 0;
-    for (int ii = 0; ii < H; ii++) s += __shfl_sync(0xffffffffu, c, ii * H + j);
-    c /= s + eps;
   }
-  if (own) comb[l] = c;
+#pragma unroll
+  for (int q = 0; q < H * H; q++) comb[q] = v[q];
 }
 
 // mhc_post_elem: one element of the expanded streams:
@@ -192,8 +273,7 @@ DEVFN void mhc_proj(const MHCParams& p, double* part, i64 T, XVal xval, XStore x
   bool kin = js < H && ds < D;
   int so = (tid / MHC_KT) * MHC_WS + tid % MHC_KT;  // its place in a row of w_s
   float wr[MHC_RG];
-#pragma unroll
-  for (int r = 0; r < MHC_RG; r++) wr[r] = kin && r < mix ? ldw(p.fn, r * HD + js * D + ds, p.fn_bf16) : 0.f;
+  ldw_n<MHC_RG>(p.fn, p.fn_bf16, js * D + ds, HD, kin ? mix * HD : 0, wr);
   // this thread's values (zeros past the chunk, D or T: they add exact
   // zeros) and their sum of squares
   int tt = lane / MHC_SLW, sl = warp * MHC_SLW + lane % MHC_SLW;
@@ -227,8 +307,7 @@ DEVFN void mhc_proj(const MHCParams& p, double* part, i64 T, XVal xval, XStore x
     // the next group's weights load while this one computes
     i64 g1 = g0 + MHC_RG;
     if (g1 < mix) {
-#pragma unroll
-      for (int r = 0; r < MHC_RG; r++) wr[r] = kin && g1 + r < mix ? ldw(p.fn, (g1 + r) * HD + js * D + ds, p.fn_bf16) : 0.f;
+      ldw_n<MHC_RG>(p.fn, p.fn_bf16, g1 * HD + js * D + ds, HD, kin ? mix * HD : 0, wr);
     }
     double acc[MHC_RG];
 #pragma unroll
@@ -303,7 +382,7 @@ DEVFN void mhc_proj_tok(const MHCParams& p, double* part, XVal xval, XStore xsto
     off[e] = (i64)j * D + d;
     if (!fast) xf[e] = in[e] ? xval(t, (i64)j, d) : 0.f;
   }
-  double wv[MHC_RS][MHC_KT];
+  float wv[MHC_RS][MHC_KT];  // (as floats: exact; doubles would spill)
   if (fast && p.fn_bf16) {
 #pragma unroll
     for (int r = 0; r < MHC_RS; r++) {
@@ -312,8 +391,8 @@ DEVFN void mhc_proj_tok(const MHCParams& p, double* part, XVal xval, XStore xsto
       unsigned q[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
       for (int e = 0; e < MHC_KT; e += 2) {
-        wv[r][e] = (double)__uint_as_float(q[e / 2] << 16);
-        wv[r][e + 1] = (double)__uint_as_float(q[e / 2] & 0xffff0000u);
+        wv[r][e] = __uint_as_float(q[e / 2] << 16);
+        wv[r][e + 1] = __uint_as_float(q[e / 2] & 0xffff0000u);
       }
     }
   } else if (fast) {
@@ -330,7 +409,7 @@ DEVFN void mhc_proj_tok(const MHCParams& p, double* part, XVal xval, XStore xsto
     for (int r = 0; r < MHC_RS; r++) {
       i64 i = (i64)rg * MHC_RS + r;
 #pragma unroll
-      for (int e = 0; e < MHC_KT; e++) wv[r][e] = in[e] && i < mix ? (double)ldw(p.fn, i * HD + off[e], p.fn_bf16) : 0.0;
+      for (int e = 0; e < MHC_KT; e++) wv[r][e] = in[e] && i < mix ? ldw(p.fn, i * HD + off[e], p.fn_bf16) : 0.f;
     }
   }
   double xv[MHC_KT];
@@ -347,7 +426,7 @@ DEVFN void mhc_proj_tok(const MHCParams& p, double* part, XVal xval, XStore xsto
   for (int r = 0; r < MHC_RS; r++) {
     double a = 0;
 #pragma unroll
-    for (int e = 0; e < MHC_KT; e++) a += xv[e] * wv[r][e];
+    for (int e = 0; e < MHC_KT; e++) a += xv[e] * (double)wv[r][e];
     a += __shfl_xor_sync(0xffffffffu, a, 1);
     a += __shfl_xor_sync(0xffffffffu, a, 2);
     if (lane % MHC_SLW == 0) red_s[warp][tt][r] = a;
@@ -441,8 +520,15 @@ struct MHCMixArgs {
   const void* norm_w; i64 norm_bf16; double norm_eps;  // optional RMSNorm of h
   i64 T;
 };
-// Stage 2 of the pre: a block (MHC_THREADS threads) per token.
-KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 2) {
+// Stage 2 of the pre: grid (T, 2), MHC_THREADS threads. Block (t, 0)
+// collapses token t's streams into h by the pre gates (then the optional
+// RMSNorm); block (t, 1) computes its post gates and the Sinkhorn-projected
+// comb. The two run side by side, so the Sinkhorn's serial iterations do
+// not delay h (the sub-layer waits for both; the comb is needed only by
+// the post). h's block holds a token's streams in registers from its
+// start (their loads arrive while the partial sums are added): about 160
+// registers a thread, so one block an SM.
+KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 1) {
   __shared__ double dot_s[MHC_MAX_MIX + 1];
   __shared__ float m_s[MHC_MAX_MIX];
   __shared__ float pre_s[MHC_MAX_H];
@@ -451,6 +537,7 @@ KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 2) {
   i64 t = blockIdx.x;
   if (t >= a.T) return;
   const MHCParams& p = a.p;
+  bool gates = blockIdx.y == 1;  // this block: post and comb, not h
   i64 H = p.H, D = p.D, HD = H * D, mix = (2 + H) * H, PW = mix + 1;
   i64 dc = mhc_dc(H), nch = (D + dc - 1) / dc;
   const double* P = a.part + t * nch * PW;
@@ -458,20 +545,42 @@ KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 2) {
   const float* x = a.x + t * HD;
   float* h = a.h + t * D;
   bool regs = D <= MHC_HD * MHC_THREADS;  // every h value stays in a register
-  bool pf = regs && H <= MHC_PF_H;
-  // the mapping's parameters (as floats), also loaded now (the partial
-  // sums' barriers publish sc_s and bs_s)
+  bool pf = !gates && regs && H <= MHC_PF_H;
+  // h's block: the streams (H ≤ MHC_PF_H, D ≤ MHC_HD·MHC_THREADS) into
+  // registers now, every load in flight at once; they arrive while the
+  // partial sums are added
+  float xr[MHC_PF_H][MHC_HD];
+  if (pf && H == MHC_PF_H && D == MHC_HD * MHC_THREADS) {  // the model's shape: no bounds
+#pragma unroll
+    for (int i = 0; i < MHC_PF_H; i++)
+#pragma unroll
+      for (int q = 0; q < MHC_HD; q++) xr[i][q] = x[i * (MHC_HD * MHC_THREADS) + tid + q * MHC_THREADS];
+  } else if (pf) {
+#pragma unroll
+    for (int i = 0; i < MHC_PF_H; i++)
+#pragma unroll
+      for (int q = 0; q < MHC_HD; q++) {
+        int d = tid + q * MHC_THREADS;
+        xr[i][q] = i < H && d < D ? x[i * D + d] : 0.f;
+      }
+  }
+  // the mapping's parameters (as floats), also loaded now into registers
+  // and stored to shared memory once the partial sums' loads are issued
+  // (the sums' barriers publish them)
   __shared__ float sc_s[3];
   __shared__ float bs_s[MHC_MAX_MIX];
-  for (i64 i = tid; i < mix; i += MHC_THREADS) bs_s[i] = ldw(p.base, i, p.base_bf16);
-  if (tid < 3) sc_s[tid] = ldw(p.scale, tid, p.scale_bf16);
+  float bsv = tid < mix ? ldw(p.base, tid, p.base_bf16) : 0.f, scv = tid < 3 ? ldw(p.scale, tid, p.scale_bf16) : 0.f;
+  for (i64 i = tid + MHC_THREADS; i < mix; i += MHC_THREADS) bs_s[i] = ldw(p.base, i, p.base_bf16);  // hc_mult > 15
+  // the rows this block needs: h's block the pre's H rows and the sum of
+  // squares (row mix), the gates' block every row (k = row)
+  i64 nr = gates ? PW : H + 1;
   // the chunks' partial sums: warp w adds chunks w, w+8, ... (lane = row),
   // then the 8 warps' sums in a fixed tree
   __shared__ double red_s[MHC_THREADS / 32][32];
-  for (i64 i0 = 0; i0 < PW; i0 += 32) {
-    i64 i = i0 + lane;
+  for (i64 k0 = 0; k0 < nr; k0 += 32) {
+    i64 k = k0 + lane, i = gates || k < H ? k : mix;
     double acc = 0;
-    if (i < PW) {
+    if (k < nr) {
       // MHC_MIX_BATCH chunks' loads in flight at once, added in order
       const int W = MHC_THREADS / 32;
       for (i64 c0 = warp; c0 < nch; c0 += MHC_MIX_BATCH * W) {
@@ -484,8 +593,12 @@ KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 2) {
       }
     }
     red_s[warp][lane] = acc;
+    if (k0 == 0) {
+      if (tid < mix) bs_s[tid] = bsv;
+      if (tid < 3) sc_s[tid] = scv;
+    }
     __syncthreads();
-    if (warp == 0 && i < PW) {
+    if (warp == 0 && k < nr) {
       double (*q)[32] = red_s;
       dot_s[i] = ((q[0][lane] + q[1][lane]) + (q[2][lane] + q[3][lane])) + ((q[4][lane] + q[5][lane]) + (q[6][lane] + q[7][lane]));
     }
@@ -493,29 +606,29 @@ KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 2) {
   }
   // the CPU's float32 mean of squares, the square root in double
   float r = (float)(1.0 / sqrt((double)((float)dot_s[mix] / (float)HD + (float)p.norm_eps)));
-  for (i64 i = threadIdx.x; i < mix; i += blockDim.x) m_s[i] = (float)dot_s[i] * r;
-  __syncthreads();
-  if (H * H <= 32) {
-    if (threadIdx.x < 32) mhc_mapping_warp(p, sc_s, bs_s, m_s, pre_s, post_s, comb_s);
+  if (gates) {
+    for (i64 i = tid; i < mix; i += MHC_THREADS) m_s[i] = (float)dot_s[i] * r;
     __syncthreads();
-  } else {
+    float* post = a.post + t * H;
+    float* comb = a.comb + t * H * H;
+    if (H * H <= 32) {
+      if (warp == 0) switch (H) {
+          case 1: mhc_comb_warp<1>(p, sc_s, bs_s, m_s, post, comb); break;
+          case 2: mhc_comb_warp<2>(p, sc_s, bs_s, m_s, post, comb); break;
+          case 3: mhc_comb_warp<3>(p, sc_s, bs_s, m_s, post, comb); break;
+          case 4: mhc_comb_warp<4>(p, sc_s, bs_s, m_s, post, comb); break;
+          default: mhc_comb_warp<5>(p, sc_s, bs_s, m_s, post, comb); break;
+        }
+      return;
+    }
     mhc_mapping(p, sc_s, bs_s, m_s, pre_s, post_s, comb_s);  // ends with a barrier
+    for (i64 i = tid; i < H; i += MHC_THREADS) post[i] = post_s[i];
+    for (i64 i = tid; i < H * H; i += MHC_THREADS) comb[i] = comb_s[i];
+    return;
   }
-  // the streams (H ≤ MHC_PF_H, D ≤ MHC_HD·MHC_THREADS) into registers,
-  // every load in flight at once (loaded earlier, they would be held
-  // through the sums and the mapping, and spill)
-  float xr[MHC_PF_H][MHC_HD];
-  if (pf) {
-#pragma unroll
-    for (int i = 0; i < MHC_PF_H; i++)
-#pragma unroll
-      for (int q = 0; q < MHC_HD; q++) {
-        int d = tid + q * MHC_THREADS;
-        xr[i][q] = i < H && d < D ? x[i * D + d] : 0.f;
-      }
-  }
-  for (i64 i = threadIdx.x; i < H; i += blockDim.x) a.post[t * H + i] = post_s[i];
-  for (i64 i = threadIdx.x; i < H * H; i += blockDim.x) a.comb[t * H * H + i] = comb_s[i];
+  // the pre gates (mhc_mapping's expression)
+  if (tid < H) pre_s[tid] = sigmoidf_d(sc_s[0] * ((float)dot_s[tid] * r) + bs_s[tid]) + (float)p.hc_eps;
+  __syncthreads();
   // h = Σ_i pre[i]·x[i] (ascending i, as the CPU), MHC_HD values of d
   // per thread at a time so that their loads are in flight together; the
   // optional RMSNorm is rmsnorm_row's arithmetic (per-thread squares in
@@ -558,11 +671,15 @@ KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 2) {
     rmsnorm_row(h, h, D, a.norm_w, a.norm_bf16, (float)a.norm_eps);
     return;
   }
+  // the norm's weights load during the block sum (and all before any store
+  // to h, which the compiler cannot tell from them)
+  float nw[MHC_HD];
+  ldw_n<MHC_HD>(a.norm_w, a.norm_bf16, tid, MHC_THREADS, D, nw);
   ss = block_sum(ss);
   float rn = (float)(1.0 / sqrt((double)(ss / (float)D + (float)a.norm_eps)));
 #pragma unroll
   for (int q = 0; q < MHC_HD; q++) {
     i64 d = tid + q * MHC_THREADS;
-    if (d < D) h[d] = ldw(a.norm_w, d, a.norm_bf16) * (hv[q] * rn);
+    if (d < D) h[d] = nw[q] * (hv[q] * rn);
   }
 }

@@ -144,8 +144,49 @@ KERNEL(glmf_moe_route_warp, RouteArgs) {
 // moe_plan: one block of 1024 threads. Counts the routing slots of each
 // expert, lays them out expert by expert (perm[p] = slot), and lists the
 // tiles of at most `bm` rows each: tiles[0] = count, then (expert, p0, rows).
+// At most 32 slots: warp 0 alone (moe_plan_warp).
 struct PlanArgs { const int* idx; i64 TK, E, bm; int* perm; int* tiles; };
+
+// moe_plan_warp: the plan of at most 32 routing slots (decode), by one warp
+// with no barriers: lane s holds slot s's expert; a slot's place is the
+// count of valid slots of lower experts plus that of its expert's lower
+// slots (so an expert's slots keep ascending order); each expert's first
+// slot lists its tiles after those of the lower experts. The same tiles as
+// the block's plan, which would spend ~20 barriers on its scans.
+DEVFN void moe_plan_warp(const PlanArgs& a) {
+  int l = threadIdx.x % 32, bm = (int)a.bm;
+  int e = l < a.TK ? a.idx[l] : -1;
+  int ok = e >= 0 && e < a.E;
+  int start = 0, cnt = 0, lower = 0;  // valid slots of lower experts; of this expert; of this expert before l
+  for (int j = 0; j < 32; j++) {
+    int ej = __shfl_sync(0xffffffffu, e, j), okj = __shfl_sync(0xffffffffu, ok, j);
+    if (ok && okj) {
+      if (ej < e) start++;
+      if (ej == e) cnt++, lower += j < l;
+    }
+  }
+  if (ok) a.perm[start + lower] = l;
+  int nt = ok && lower == 0 ? (cnt + bm - 1) / bm : 0;
+  int tb = 0, total = 0;  // tiles of lower experts; all
+  for (int j = 0; j < 32; j++) {
+    int ntj = __shfl_sync(0xffffffffu, nt, j), ej = __shfl_sync(0xffffffffu, e, j);
+    total += ntj;
+    if (ntj > 0 && ej < e) tb += ntj;
+  }
+  for (int i = 0; i < nt; i++) {
+    int* tl = a.tiles + 1 + 3 * (tb + i);
+    tl[0] = e;
+    tl[1] = start + i * bm;
+    tl[2] = cnt - i * bm < bm ? cnt - i * bm : bm;
+  }
+  if (l == 0) a.tiles[0] = total;
+}
+
 KERNEL(glmf_moe_plan, PlanArgs) {
+  if (a.TK <= 32) {  // (uniform)
+    if (threadIdx.x < 32) moe_plan_warp(a);
+    return;
+  }
   __shared__ int cnt[MOE_MAX_EXPERTS];
   __shared__ int cur[MOE_MAX_EXPERTS];
   i64 tid = threadIdx.x;
