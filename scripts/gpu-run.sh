@@ -8,7 +8,7 @@
 # steps) the gpu preset's bench, eval and the transformers benchmark. Binaries come prebuilt from this machine in
 # bin/ (make gpu-bundle). gpupreset's knobs: GPU_CKPT (where the checkpoint is), GPU_SET
 # ("FIELD=VALUE ..." scales it, e.g. n_routed_experts=16), GPU_BENCH ("prec:prompt ..."),
-# GPU_BATCH, GPU_GEMM_REPORT=0, GPU_PROFILE (a precision: a per-op profile; GPU_PROFILE_BATCH,
+# GPU_BATCH, GPU_CONFIG (the benches' --config; default configs/presets/cuda.yaml, none: GPU_CONFIG=), GPU_GEMM_REPORT=0, GPU_PROFILE (a precision: a per-op profile; GPU_PROFILE_BATCH,
 # GPU_PROFILE_PROMPT), GPU_NO_EVAL, GPU_NO_HF, HF_FP8, HF_LIMIT, GPU_REPS. Everything lands in $OUT (default /tmp/gpu-run),
 # the PTX and the logs also packed in $OUT/gpu-run.tgz.
 set -uo pipefail
@@ -95,16 +95,17 @@ gpupreset)
 		grep -E 'wrote|Elapsed|Maximum resident' "$OUT/logs/gpu-init.log" >>"$OUT/logs/summary.txt"
 		du -sh "$CK" >>"$OUT/logs/summary.txt"
 	fi
+	cfgf=""; [ -n "${GPU_CONFIG-configs/presets/cuda.yaml}" ] && cfgf="--config ${GPU_CONFIG-configs/presets/cuda.yaml}"
 	for run in ${GPU_BENCH-fp32:512 fp32:4096 bf16:512 bf16:4096}; do
 		set -- ${run/:/ }
-		log "bench --device cuda --model gpu-preset --precision $1 --prompt $2"
-		timeout "$LIMIT" bin/glmflash bench --device cuda --model "$CK" --precision "$1" --prompt "$2" --batch ${GPU_BATCH:-1,8,64} --reps ${GPU_REPS:-3} --decode-steps 16 \
+		log "bench --device cuda --model gpu-preset --precision $1 --prompt $2 $cfgf"
+		timeout "$LIMIT" bin/glmflash bench --device cuda --model "$CK" $cfgf --precision "$1" --prompt "$2" --batch ${GPU_BATCH:-1,8,64} --reps ${GPU_REPS:-3} --decode-steps 16 \
 			$( [ "${GPU_GEMM_REPORT:-1}" = 0 ] && echo --gemm-report=false ) --json "$OUT/logs/gpu-bench-$1-$2.json" >"$OUT/logs/gpu-bench-$1-$2.log" 2>&1 || log "bench FAILED"
 		grep -vE '^\S+ +(DBG|INF) ' "$OUT/logs/gpu-bench-$1-$2.log" | tail -n 60 >>"$OUT/logs/summary.txt"
 	done
 	if [ -n "${GPU_PROFILE:-}" ]; then
 		log "bench --profile-ops (gpu preset, $GPU_PROFILE)"
-		timeout "$LIMIT" bin/glmflash bench --device cuda --model "$CK" --precision "$GPU_PROFILE" --profile-ops --prompt ${GPU_PROFILE_PROMPT:-512} --batch ${GPU_PROFILE_BATCH:-1} --reps 1 --decode-steps 8 --gemm-report=false \
+		timeout "$LIMIT" bin/glmflash bench --device cuda --model "$CK" $cfgf --precision "$GPU_PROFILE" --profile-ops --prompt ${GPU_PROFILE_PROMPT:-512} --batch ${GPU_PROFILE_BATCH:-1} --reps 1 --decode-steps 8 --gemm-report=false \
 			>"$OUT/logs/gpu-profile.log" 2>&1 || log "profile FAILED"
 		grep -vE '^\S+ +(DBG|INF) ' "$OUT/logs/gpu-profile.log" | head -n 80 >>"$OUT/logs/summary.txt"
 	fi

@@ -196,6 +196,80 @@ func planGEMM(t *tunedGEMM, kind string, M int) gemmPlan {
 	return gemmPlan{ch: gemmChoice{kind: chOwn}}
 }
 
+// gateUpDual is how a linear whose output feeds only a swiglu_packed (the
+// mlp-gate-up-fusion pass's form: W's first I rows are the gate's, the last
+// I the up's) runs where its GEMM is the SIMT GEMV (decode): as one dual
+// GEMV with SwiGLU in its epilogue (glmf_gemv's W2 mode, as the MoE
+// experts'), gate and up streamed in one launch and no split or elementwise
+// kernel. Its [M, I] result lands in the linear's output buffer (row
+// stride I), which the swiglu_packed step copies to its output. The bits
+// are the unfused kernels': each column sums as in the single GEMV, and the
+// epilogue is the elementwise kernel's swiglu_clamped.
+type gateUpDual struct {
+	W     devTensor
+	kind  string
+	tuned *tunedGEMM
+	I, K  int
+	bf    bool
+	limit float64
+}
+
+// gateUpDualOf is lin's dual form, nil where it has none (not a linear
+// feeding one swiglu_packed; fp32 weights; fp8 weights whose up half does
+// not start a block of scales: the pass's concatenation of the gate's and
+// the up's fp8 matrices keeps each one's scales).
+func (p *Program) gateUpDualOf(lin *ir.Node) (*gateUpDual, error) {
+	if lin == nil || lin.Op != ir.OpLinear {
+		return nil, nil
+	}
+	users := p.plan.Graph.Users(lin.Outputs[0])
+	if len(users) != 1 || users[0].Op != ir.OpSwiGLUPacked {
+		return nil, nil
+	}
+	W, err := p.w(lin.Inputs[1])
+	if err != nil {
+		return nil, err
+	}
+	I := lin.Outputs[0].Shape[1] / 2
+	upScales := W.matrixCount == 2 && W.rows == int64(I) || W.matrixCount == 1 && I%128 == 0 // the up half's scales start a row block
+	if W.wtype() == 0 || W.fp8 && !upScales {
+		return nil, nil
+	}
+	tuned, err := p.tuning(lin, W)
+	if err != nil {
+		return nil, err
+	}
+	return &gateUpDual{W: W, kind: p.gemmKind(W), tuned: tuned, I: I, K: lin.Inputs[0].Shape[1], bf: p.bf16Mode(W),
+		limit: users[0].Attrs.Float("limit", 0)}, nil
+}
+
+// args are the dual GEMV's arguments for M rows of x into out, and whether
+// it runs at M: where the linear would run the SIMT GEMV (its epilogue
+// takes all M rows in one pass), not the library or the tensor-core GEMV.
+func (d *gateUpDual) args(M int, x, out kc.DevicePtr) (kc.GemmArgs, bool) {
+	if pl := planGEMM(d.tuned, d.kind, M); pl.lib || pl.ch.kind != chGemv || M < 1 || M > kc.GemvRows {
+		return kc.GemmArgs{}, false
+	}
+	a := kc.GemmArgs{A: x, Lda: int64(d.K), M: int64(M), N: int64(d.I), K: int64(d.K), Nout: 1, ARound: b2i(d.bf),
+		Limit: float64(float32(d.limit))}
+	d.W.setW(&a)
+	if kc.GemvMMAPays(&a, M) {
+		return kc.GemmArgs{}, false
+	}
+	wsz := int64(2)
+	if d.W.fp8 {
+		wsz = 1
+		if d.W.matrixCount == 2 { // the up matrix's own scales
+			a.Ws2, a.WsGoff = a.Ws+kc.DevicePtr(4*d.W.sgoff), 0
+		} else {
+			a.Ws2 = a.Ws + kc.DevicePtr(4*int64(d.I/128)*a.WsLd)
+		}
+	}
+	a.W2 = a.W + kc.DevicePtr(int64(d.I)*int64(d.K)*wsz)
+	a.Out[0], a.Ow[0] = out, int64(d.I)
+	return a, true
+}
+
 func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 	in, out := n.Inputs, n.Outputs[0]
 	W, err := p.w(in[1])
@@ -209,6 +283,10 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 	if err != nil {
 		return nil, err
 	}
+	dual, err := p.gateUpDualOf(n)
+	if err != nil {
+		return nil, err
+	}
 	st := &kstep{}
 	if bf {
 		st.temps = func(rc *runCtx) []int64 {
@@ -217,6 +295,12 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	st.run = func(rc *runCtx) error {
 		M := rc.rows(in[0])
+		if dual != nil {
+			if a, ok := dual.args(M, rc.ptr(in[0]), rc.ptr(out)); ok {
+				name, grid, block := kc.GemvSIMTLaunch(&a, M, 1, 1)
+				return kc.Launch(rc.dev, name, grid, block, 0, &a)
+			}
+		}
 		pl := planGEMM(tuned, kind, M)
 		if pl.lib {
 			A, Wp, err := libOperands(rc, bf, rc.ptr(in[0]), M*K, 0, W, 1)
@@ -353,11 +437,16 @@ func bindElementwise(op int64) binder {
 }
 
 // bindSwiGLUPacked splits the packed [T,2I] input into g and u (the
-// split_cols kernel) and applies the swiglu kernel to them.
+// split_cols kernel) and applies the swiglu kernel to them; where its
+// producer ran as a dual GEMV (gateUpDual), it copies that result.
 func bindSwiGLUPacked(p *Program, n *ir.Node) (*kstep, error) {
 	in, out := n.Inputs[0], n.Outputs[0]
 	I := int64(out.Shape[1])
 	limit := n.Attrs.Float("limit", 0)
+	dual, err := p.gateUpDualOf(in.Producer)
+	if err != nil {
+		return nil, err
+	}
 	st := &kstep{temps: func(rc *runCtx) []int64 {
 		b := 4 * int64(rc.rows(in)) * I
 		return []int64{b, b}
@@ -366,6 +455,11 @@ func bindSwiGLUPacked(p *Program, n *ir.Node) (*kstep, error) {
 		R := int64(rc.rows(in))
 		if R == 0 {
 			return nil
+		}
+		if dual != nil {
+			if _, ok := dual.args(int(R), 0, 0); ok {
+				return rc.dev.Copy(rc.ptr(out), rc.ptr(in), 4*R*I)
+			}
 		}
 		g, u := rc.temps[0], rc.temps[1]
 		sa := kc.SplitArgs{X: rc.ptr(in), R: R, N: 2 * I, Nout: 2}
