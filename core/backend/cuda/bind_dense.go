@@ -243,19 +243,19 @@ func (p *Program) gateUpDualOf(lin *ir.Node) (*gateUpDual, error) {
 		limit: users[0].Attrs.Float("limit", 0)}, nil
 }
 
-// args are the dual GEMV's arguments for M rows of x into out, and whether
-// it runs at M: where the linear would run the SIMT GEMV (its epilogue
-// takes all M rows in one pass), not the library or the tensor-core GEMV.
-func (d *gateUpDual) args(M int, x, out kc.DevicePtr) (kc.GemmArgs, bool) {
-	if pl := planGEMM(d.tuned, d.kind, M); pl.lib || pl.ch.kind != chGemv || M < 1 || M > kc.GemvRows {
-		return kc.GemmArgs{}, false
-	}
+// runs says whether the dual GEMV runs at M rows: where the linear would
+// run the SIMT GEMV (its epilogue takes all M rows in one pass), not the
+// library or the tensor-core GEMV.
+func (d *gateUpDual) runs(M int) bool {
+	pl := planGEMM(d.tuned, d.kind, M)
+	return !pl.lib && pl.ch.kind == chGemv && M >= 1 && M <= kc.GemvRows && !kc.GemvMMAPays(&kc.GemmArgs{WType: d.W.wtype()}, M)
+}
+
+// args are the dual GEMV's arguments for M rows of x into out.
+func (d *gateUpDual) args(M int, x, out kc.DevicePtr) kc.GemmArgs {
 	a := kc.GemmArgs{A: x, Lda: int64(d.K), M: int64(M), N: int64(d.I), K: int64(d.K), Nout: 1, ARound: b2i(d.bf),
 		Limit: float64(float32(d.limit))}
 	d.W.setW(&a)
-	if kc.GemvMMAPays(&a, M) {
-		return kc.GemmArgs{}, false
-	}
 	wsz := int64(2)
 	if d.W.fp8 {
 		wsz = 1
@@ -267,7 +267,7 @@ func (d *gateUpDual) args(M int, x, out kc.DevicePtr) (kc.GemmArgs, bool) {
 	}
 	a.W2 = a.W + kc.DevicePtr(int64(d.I)*int64(d.K)*wsz)
 	a.Out[0], a.Ow[0] = out, int64(d.I)
-	return a, true
+	return a
 }
 
 func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
@@ -295,11 +295,10 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	st.run = func(rc *runCtx) error {
 		M := rc.rows(in[0])
-		if dual != nil {
-			if a, ok := dual.args(M, rc.ptr(in[0]), rc.ptr(out)); ok {
-				name, grid, block := kc.GemvSIMTLaunch(&a, M, 1, 1)
-				return kc.Launch(rc.dev, name, grid, block, 0, &a)
-			}
+		if dual != nil && dual.runs(M) {
+			a := dual.args(M, rc.ptr(in[0]), rc.ptr(out))
+			name, grid, block := kc.GemvSIMTLaunch(&a, M, 1, 1)
+			return kc.Launch(rc.dev, name, grid, block, 0, &a)
 		}
 		pl := planGEMM(tuned, kind, M)
 		if pl.lib {
@@ -456,10 +455,8 @@ func bindSwiGLUPacked(p *Program, n *ir.Node) (*kstep, error) {
 		if R == 0 {
 			return nil
 		}
-		if dual != nil {
-			if _, ok := dual.args(int(R), 0, 0); ok {
-				return rc.dev.Copy(rc.ptr(out), rc.ptr(in), 4*R*I)
-			}
+		if dual != nil && dual.runs(int(R)) {
+			return rc.dev.Copy(rc.ptr(out), rc.ptr(in), 4*R*I)
 		}
 		g, u := rc.temps[0], rc.temps[1]
 		sa := kc.SplitArgs{X: rc.ptr(in), R: R, N: 2 * I, Nout: 2}
