@@ -97,6 +97,11 @@ func TestMLAKernelsMatchCPU(t *testing.T) {
 		// selections past one accumulation chunk (256 entries), 8+ heads
 		{H: 9, dq: 16, dv: 12, R: 36, width: 600, lens: []int{590, 300}, news: []int{2, 1}},
 		{H: 8, dq: 32, dv: 16, R: 64, width: 530, lens: []int{700}, news: []int{20}},
+		// rows × rank past the decode GEMV's whole-A buffer (A a chunk at a
+		// time), chunks of rows past their selection
+		{H: 3, dq: 24, dv: 20, R: 256, width: 600, lens: []int{560, 40, 300, 7, 590, 270, 1, 100, 520}, news: []int{1, 1, 1, 1, 1, 1, 1, 1, 1}},
+		// more than 16 accumulation chunks (the expand's parts in two groups)
+		{H: 2, dq: 16, dv: 8, R: 36, width: 4400, lens: []int{4390, 100}, news: []int{1, 1}},
 	}
 	for ci, c := range cases {
 		for _, bf := range []bool{false, true} {

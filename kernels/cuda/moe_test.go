@@ -14,7 +14,7 @@ import (
 func TestMoERouteMatchesCPU(t *testing.T) {
 	d := openDevice(t)
 	r := rand.New(rand.NewPCG(1, 2))
-	for _, c := range []struct{ T, E, K, G, TG int }{{1, 8, 2, 1, 1}, {37, 8, 2, 1, 1}, {70, 288, 8, 1, 1}, {33, 64, 6, 8, 3}, {9, 40, 8, 1, 1}, {3, 5, 5, 1, 1}} {
+	for _, c := range []struct{ T, E, K, G, TG int }{{1, 8, 2, 1, 1}, {37, 8, 2, 1, 1}, {70, 288, 8, 1, 1}, {33, 64, 6, 8, 3}, {9, 40, 8, 1, 1}, {3, 5, 5, 1, 1}, {6, 1024, 32, 1, 1}, {5, 33, 31, 1, 1}} {
 		logits, bias := randn(r, c.T*c.E, 2), randn(r, c.E, 0.1)
 		if c.E == 40 { // ties: the lower index wins, as the serial scan
 			for i := range logits {

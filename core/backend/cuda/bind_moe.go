@@ -49,7 +49,7 @@ func bindMoERoute(p *Program, n *ir.Node) (*kstep, error) {
 // glmf_moe_route_warp), routeWarpMaxK the most experts a token it takes.
 const (
 	routeWarps    = 8
-	routeWarpMaxK = 64
+	routeWarpMaxK = 32
 )
 
 // moeTile is the rows of one expert tile (BM of gemm.cu).

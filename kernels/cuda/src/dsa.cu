@@ -660,13 +660,22 @@ KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
   if (!any) return;
   const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
   if ((a.R & 3) == 0 && ((u64)cache & 15) == 0) {
-    i64 R4 = a.R / 4;
-    for (i64 x = tid; x < E * R4; x += NTH) {
-      int e = (int)(x / R4);
-      i64 r = x % R4;
-      mla_f4 v = {0.f, 0.f, 0.f, 0.f};
-      if (ps[e] >= 0) v = ((const mla_f4*)(cache + (i64)ps[e] * a.R))[r];
-      ((mla_f4*)(lat + e * a.R))[r] = v;
+    // LV float4 loads a thread in flight at once
+    constexpr int LV = 8;
+    int R4 = (int)(a.R / 4), n4 = E * R4;
+    for (int x0 = 0; x0 < n4; x0 += LV * NTH) {
+      mla_f4 v[LV];
+#pragma unroll
+      for (int j = 0; j < LV; j++) {
+        int x = x0 + tid + j * NTH, e = x / R4;
+        v[j] = mla_f4{0.f, 0.f, 0.f, 0.f};
+        if (x < n4 && ps[e] >= 0) v[j] = ((const mla_f4*)(cache + (i64)ps[e] * a.R))[x % R4];
+      }
+#pragma unroll
+      for (int j = 0; j < LV; j++) {
+        int x = x0 + tid + j * NTH;
+        if (x < n4) ((mla_f4*)lat)[x] = v[j];
+      }
     }
   } else {
     for (i64 x = tid; x < E * a.R; x += NTH) {
@@ -760,9 +769,19 @@ KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
   if (!any_s) return;
   const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
   const float* w = a.lg + t * a.H * a.width;
-  for (int x = tid; x < 8 * CH; x += NTH) {
-    int hh = x / CH, i = x % CH;
-    ws[hh][i] = h0 + hh < a.H && ps[i] >= 0 ? w[(h0 + hh) * a.width + c0 + i] : 0.f;
+  {  // the 8 heads' weights of the chunk, every load in flight at once
+    constexpr int WV = 8 * CH / NTH;
+    float v[WV];
+#pragma unroll
+    for (int j = 0; j < WV; j++) {
+      int x = tid + j * NTH, hh = x / CH, i = x % CH;
+      v[j] = h0 + hh < a.H && ps[i] >= 0 ? w[(h0 + hh) * a.width + c0 + i] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < WV; j++) {
+      int x = tid + j * NTH;
+      ws[x / CH][x % CH] = v[j];
+    }
   }
   if ((a.R & 3) == 0 && r0 + 32 <= a.R && ((u64)cache & 15) == 0) {
     mla_f4 v[LV];

@@ -365,11 +365,24 @@ DEVFN void gv_fp8x4(unsigned u, float s, float sf, bool fold, float* w) {
 DEVFN float gv_fma(float x, float w, float acc) { return fmaf(x, w, acc); }
 DEVFN double gv_fma(float x, float w, double acc) { return acc + (double)x * (double)w; }
 
-// gemv_body: S slots (weight rows) a block; the bits of a column do not
-// depend on S (each slot's lanes add in the same butterfly, the warps in
-// order), only the block's share of the work does.
-template <typename ACC, int WT, int R, int S = sizeof(ACC) == 4 ? 8 : 4>
+// gemv_rows: the rows of a GEMV block (glmf_gemv_*, glmf_gemv_mma_*):
+// a MoE tile's (a.tiles: tile blockIdx.y's expert e, first slot row p0
+// and row count) or all a.M rows (p0 = e = 0); false for a tile past the
+// plan's count (nothing to do).
+DEVFN bool gemv_rows(const GemmArgs& a, i64& rows, i64& p0, i64& e) {
+  p0 = 0, e = 0, rows = a.M;
+  if (!a.tiles) return true;
+  if ((i64)blockIdx.y >= (i64)a.tiles[0]) return false;
+  const int* tl = a.tiles + 1 + 3 * blockIdx.y;
+  e = tl[0], p0 = tl[1], rows = tl[2];
+  return true;
+}
+
+// gemv_body: the block's pass over rows [r0, r0+rows) (MoE tiles: slot
+// rows p0…, expert e) for its S = GV_SLOTS slots.
+template <typename ACC, int WT, int R>
 DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
+  const int S = sizeof(ACC) == 4 ? 8 : 4;  // GV_SLOTS
   const int WSZ = WT == WT_FP8 ? 1 : WT == WT_BF16 ? 2 : 4;
   const int PER = 16 / WSZ;                // k a chunk
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -528,7 +541,7 @@ DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
         acc[m][0] += __shfl_xor_sync(0xffffffffu, acc[m][0], off);
       }
     }
-    const int sh = S == 32 ? 0 : S == 16 ? 1 : S == 8 ? 2 : 3;  // 32/S lanes hold each slot
+    const int sh = S == 8 ? 2 : 3;  // 32/S lanes hold each slot
     if ((lane & ((1 << sh) - 1)) == 0) red[warp][m][lane >> sh] = acc[m][0];
   }
   __syncthreads();
@@ -573,22 +586,16 @@ DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
 // MoE tile may have, take several passes over the weight). A kernel per
 // (precision, R) keeps the registers, so the occupancy, of the few-row
 // kernels low; fp32 weights run on the 8-row kernels only.
-template <typename ACC, int R>
+// FP8 (glmf_gemv_f1_fp8): the fp8 weights' code alone, so that the
+// kernel's registers are that path's.
+template <typename ACC, int R, bool FP8 = false>
 DEVFN void gemv_kernel(const GemmArgs& a) {
-  i64 rows, p0 = 0, e = 0;
-  if (a.tiles) {
-    if ((i64)blockIdx.y >= (i64)a.tiles[0]) return;
-    const int* tl = a.tiles + 1 + 3 * blockIdx.y;
-    e = tl[0];
-    p0 = tl[1];
-    rows = tl[2];
-  } else {
-    rows = a.M;
-  }
+  i64 rows, p0, e;
+  if (!gemv_rows(a, rows, p0, e)) return;
   for (i64 r0 = 0; r0 < rows; r0 += R) {
     i64 n = rows - r0 < R ? rows - r0 : R;
     i64 p = a.tiles ? p0 + r0 : 0;
-    if (a.w_type == WT_FP8)
+    if (FP8 || a.w_type == WT_FP8)
       gemv_body<ACC, WT_FP8, R>(a, n, p, e, r0);
     else if (a.w_type == WT_BF16)
       gemv_body<ACC, WT_BF16, R>(a, n, p, e, r0);
@@ -613,21 +620,7 @@ GV_KERNEL(glmf_gemv_f1, 4) { gemv_kernel<float, 1>(a); }
 // an SM where glmf_gemv_f1 (128) fits 4. It pays on grids of many blocks
 // (MoE expert tiles), not on those of one or two waves
 // (kc.GemvSIMTLaunch).
-template <int S>
-DEVFN void gemv_f1_fp8(const GemmArgs& a) {
-  i64 rows, p0 = 0, e = 0;
-  if (a.tiles) {
-    if ((i64)blockIdx.y >= (i64)a.tiles[0]) return;
-    const int* tl = a.tiles + 1 + 3 * blockIdx.y;
-    e = tl[0];
-    p0 = tl[1];
-    rows = tl[2];
-  } else {
-    rows = a.M;
-  }
-  for (i64 r0 = 0; r0 < rows; r0++) gemv_body<float, WT_FP8, 1, S>(a, 1, a.tiles ? p0 + r0 : 0, e, r0);
-}
-GV_KERNEL(glmf_gemv_f1_fp8, 6) { gemv_f1_fp8<8>(a); }
+GV_KERNEL(glmf_gemv_f1_fp8, 6) { gemv_kernel<float, 1, true>(a); }
 GV_KERNEL(glmf_gemv_f2, 4) { gemv_kernel<float, 2>(a); }
 GV_KERNEL(glmf_gemv_f4, 3) { gemv_kernel<float, 4>(a); }
 GV_KERNEL(glmf_gemv_f8, 2) { gemv_kernel<float, 8>(a); }

@@ -104,16 +104,8 @@ DEVFN void gemv_mma_body(const GemmArgs& a) {
   const int NL = WSZ;           // 16-byte loads a row and chunk
   const int CH = 8 / (2 * T * NM * NL);
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, t4 = lane & 3;
-  i64 rows, p0 = 0, e = 0;
-  if (a.tiles) {
-    if ((i64)blockIdx.y >= (i64)a.tiles[0]) return;
-    const int* tl = a.tiles + 1 + 3 * blockIdx.y;
-    e = tl[0];
-    p0 = tl[1];
-    rows = tl[2];
-  } else {
-    rows = a.M;
-  }
+  i64 rows, p0, e;
+  if (!gemv_rows(a, rows, p0, e)) return;
   i64 g = blockIdx.z, K = a.K, N = a.N;
   i64 c0 = (i64)blockIdx.x * 16 * T;
   i64 wg = a.tiles ? e : g;

@@ -181,14 +181,28 @@ DEVFN void kda_recurrent_reg(const KDAAttnArgs& a) {
     const float* qr = a.q + r * P + h * D;
     const float* kr = a.k + r * P + h * D;
     const float* gr = a.g + r * P + h * D;
+    // the token's loads, all in flight at once: q, k, g (NC a thread),
+    // then beta and v of the thread's column
+    constexpr int NC = (D + KDA_COLS - 1) / KDA_COLS;
+    float qv[NC], kv[NC], gv[NC];
+    #pragma unroll
+    for (int i = 0; i < NC; i++) {
+      int c = threadIdx.x + i * KDA_COLS;
+      if (c < D) qv[i] = qr[c], kv[i] = kr[c], gv[i] = gr[c];
+    }
+    float b = 0, vj = 0;
+    if (col) b = a.beta[r * a.H + h], vj = a.v[r * P + h * D + j];
     float sq = 0, sk = 0;
-    for (int c = threadIdx.x; c < D; c += KDA_COLS) {
-      float qv = qr[c], kv = kr[c];
-      qs[c] = qv;
-      ks[c] = kv;
-      es[c] = (float)exp((double)gr[c]);
-      sq += qv * qv;
-      sk += kv * kv;
+    #pragma unroll
+    for (int i = 0; i < NC; i++) {
+      int c = threadIdx.x + i * KDA_COLS;
+      if (c < D) {
+        qs[c] = qv[i];
+        ks[c] = kv[i];
+        es[c] = (float)exp((double)gv[i]);
+        sq += qv[i] * qv[i];
+        sk += kv[i] * kv[i];
+      }
     }
     sq = warp_sum(sq);
     sk = warp_sum(sk);
@@ -207,8 +221,7 @@ DEVFN void kda_recurrent_reg(const KDAAttnArgs& a) {
         st[c] = x;
         pred += ks[c] * x;
       }
-      float b = a.beta[r * a.H + h];
-      pred = b * (a.v[r * P + h * D + j] - pred);
+      pred = b * (vj - pred);
       float out = 0;
       float* sn = ck >= 0 ? a.snap + (i64)a.m.seq_slot[s] * a.snap_stride + (pos0 + t - ck) * a.H * D * D + h * D * D + j : 0;
       #pragma unroll

@@ -370,6 +370,17 @@ DEVFN void mhc_proj_tok(const MHCParams& p, double* part, XVal xval, XStore xsto
   i64 w0 = (i64)j0 * D + d0;  // the slice's offset in a weight row
   bool fast = dci % MHC_KT == 0 && c < nch && j0 < H && d0 + MHC_KT <= D && HD % 8 == 0 &&
               (p.fn_bf16 ? ((u64)(fnb + w0) & 15) == 0 : ((u64)(fnf + w0) & 15) == 0);
+  // bf16 weights: their loads first, in flight with the slice's (kept as
+  // the raw 16 bytes until the slice is in: floats would spill)
+  const bool wfast = fast;
+  uint4 wraw[MHC_RS];
+  if (wfast && p.fn_bf16) {
+#pragma unroll
+    for (int r = 0; r < MHC_RS; r++) {
+      i64 i = (i64)rg * MHC_RS + r;
+      wraw[r] = i < mix ? *(const uint4*)(fnb + i * HD + w0) : make_uint4(0, 0, 0, 0);
+    }
+  }
   float xf[MHC_KT];
   bool in[MHC_KT];
   i64 off[MHC_KT];
@@ -383,11 +394,10 @@ DEVFN void mhc_proj_tok(const MHCParams& p, double* part, XVal xval, XStore xsto
     if (!fast) xf[e] = in[e] ? xval(t, (i64)j, d) : 0.f;
   }
   float wv[MHC_RS][MHC_KT];  // (as floats: exact; doubles would spill)
-  if (fast && p.fn_bf16) {
+  if (wfast && p.fn_bf16) {
 #pragma unroll
     for (int r = 0; r < MHC_RS; r++) {
-      i64 i = (i64)rg * MHC_RS + r;
-      uint4 u = i < mix ? *(const uint4*)(fnb + i * HD + w0) : make_uint4(0, 0, 0, 0);
+      uint4 u = wraw[r];
       unsigned q[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
       for (int e = 0; e < MHC_KT; e += 2) {
@@ -395,7 +405,7 @@ DEVFN void mhc_proj_tok(const MHCParams& p, double* part, XVal xval, XStore xsto
         wv[r][e + 1] = __uint_as_float(q[e / 2] & 0xffff0000u);
       }
     }
-  } else if (fast) {
+  } else if (wfast) {
 #pragma unroll
     for (int r = 0; r < MHC_RS; r++) {
       i64 i = (i64)rg * MHC_RS + r;
@@ -497,15 +507,35 @@ KERNEL_BOUNDS(glmf_mhc_post_pre_tok, MHCPostPreArgs, MHC_THREADS, 2) {
       [&](i64 t, i64 j, i64 d) { return mhc_post_elem(H, D, j, d, a.o + t * D, a.R + t * HD, a.post + t * H, a.comb + t * H * H); },
       [&](i64 t, i64 j, i64 d, float v) { a.out[t * HD + j * D + d] = v; },
       [&](i64 t, i64 j, i64 d0, float* v) {
-        // mhc_post_elem over 8 consecutive d, its loads as vectors
+        // mhc_post_elem over 8 consecutive d, its loads as vectors (for
+        // H ≤ MHC_PF_H every one in flight at once)
         float ov[8], rv[8];
-        if (!ld8(a.o + t * D + d0, ov)) return false;
-        float pj = a.post[t * H + j];
+        const float* Rt = a.R + t * HD + d0;
         const float* cm = a.comb + t * H * H;
+        if ((((u64)(a.o + t * D + d0) | (u64)Rt) & 15) || (D & 3)) return false;
+        if (H <= MHC_PF_H) {
+          float rs[MHC_PF_H][8], cs[MHC_PF_H];
+#pragma unroll
+          for (int i = 0; i < MHC_PF_H; i++)
+            if (i < H) ld8(Rt + i * D, rs[i]), cs[i] = cm[i * H + j];
+          ld8(a.o + t * D + d0, ov);
+          float pj = a.post[t * H + j];
+#pragma unroll
+          for (int e = 0; e < 8; e++) v[e] = pj * ov[e];
+#pragma unroll
+          for (int i = 0; i < MHC_PF_H; i++)
+            if (i < H) {
+#pragma unroll
+              for (int e = 0; e < 8; e++) v[e] += cs[i] * rs[i][e];
+            }
+          return true;
+        }
+        ld8(a.o + t * D + d0, ov);
+        float pj = a.post[t * H + j];
 #pragma unroll
         for (int e = 0; e < 8; e++) v[e] = pj * ov[e];
         for (i64 i = 0; i < H; i++) {
-          if (!ld8(a.R + t * HD + i * D + d0, rv)) return false;  // (uniform: D % 4 == 0)
+          ld8(Rt + i * D, rv);
           float ci = cm[i * H + j];
 #pragma unroll
           for (int e = 0; e < 8; e++) v[e] += ci * rv[e];

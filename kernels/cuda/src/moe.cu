@@ -80,65 +80,99 @@ KERNEL(glmf_moe_route, RouteArgs) {
   route_write(a, t, sel, k, [&](i64 j) { return sigmoidf_d(lt[sel[j]]); });
 }
 
-// moe_route_warp: moe_route without groups (G = 1), a warp per token
-// (ROUTE_WARPS tokens a block): the lanes score the experts, and each of the
-// K rounds picks the best untaken expert by a warp reduction (ties: lower
-// index, as the serial scan), then lane 0 lists the chosen experts in
-// ascending order, the lanes read their scores, and lane 0 weights them as
-// moe_route does (route_write: same sums, same order).
+// moe_route_warp: moe_route without groups (G = 1) for K ≤ 32: a block
+// routes ROUTE_WARPS tokens. Its threads first score every (token, expert)
+// together (sigmoid in double, into shared memory: at decode a token's
+// experts spread over the whole block, not one warp), then a warp per
+// token works in registers: lane l holds the choices (score + bias) of
+// experts l, l + 32, …; each of the K rounds picks the best untaken expert
+// by the lane's scan in ascending order and a warp reduction (ties: lower
+// index, as the serial scan; lane 0's pick is every lane's), and lane k
+// keeps round k's pick. A pick's rank among the K (its place in ascending
+// order) is counted over the lanes' picks; lane r then weights the r-th
+// pick as route_write does (the same sum of the scores in ascending expert
+// order, the same division and scaling). Every load of a phase is issued
+// before its results are used.
 #define ROUTE_WARPS 8
+#define ROUTE_PL (MOE_MAX_EXPERTS / 32)
+#define ROUTE_LD 8
 KERNEL(glmf_moe_route_warp, RouteArgs) {
-  __shared__ float choice_s[ROUTE_WARPS][MOE_MAX_EXPERTS];
-  __shared__ float sig_s[ROUTE_WARPS][64];
-  __shared__ unsigned char taken_s[ROUTE_WARPS][MOE_MAX_EXPERTS];
-  __shared__ int sel_s[ROUTE_WARPS][64];
+  __shared__ float sig_s[ROUTE_WARPS][MOE_MAX_EXPERTS];
+  __shared__ int sel_s[ROUTE_WARPS][32];
   int wid = threadIdx.x / 32, lane = threadIdx.x % 32;
-  i64 t = (i64)blockIdx.x * ROUTE_WARPS + wid;
-  if (t >= a.T) return;
-  const float* lt = a.logits + t * a.E;
-  float* choice = choice_s[wid];
-  float* sig = sig_s[wid];
-  unsigned char* taken = taken_s[wid];
-  int* sel = sel_s[wid];
-  for (i64 e = lane; e < a.E; e += 32) {
-    choice[e] = sigmoidf_d(lt[e]) + ldw(a.bias, e, a.bias_bf16);
-    taken[e] = 0;
+  i64 tb = (i64)blockIdx.x * ROUTE_WARPS, t = tb + wid;
+  const int E = (int)a.E, K = (int)(a.K < a.E ? a.K : a.E);
+  int nt = a.T - tb < ROUTE_WARPS ? (int)(a.T - tb) : ROUTE_WARPS;
+  // this lane's biases (its choices less the scores), loaded first
+  float c[ROUTE_PL];
+  #pragma unroll
+  for (int i = 0; i < ROUTE_PL; i++) {
+    if (i * 32 >= E) break;
+    int e = i * 32 + lane;
+    c[i] = e < E ? ldw(a.bias, e, a.bias_bf16) : 0.f;
   }
-  __syncwarp();
-  i64 K = a.K < a.E ? a.K : a.E;
-  for (i64 k = 0; k < K; k++) {
-    // this lane's best untaken expert in ascending order, as the serial scan
-    i64 best = -1;
-    for (i64 e = lane; e < a.E; e += 32)
-      if (!taken[e] && (best < 0 || choice[e] > choice[best])) best = e;
-    float bv = best >= 0 ? choice[best] : 0.f;
+  // the scores of the block's tokens, ROUTE_LD loads a thread at once
+  for (int x0 = 0; x0 < nt * E; x0 += ROUTE_LD * 32 * ROUTE_WARPS) {
+    float v[ROUTE_LD];
+    #pragma unroll
+    for (int j = 0; j < ROUTE_LD; j++) {
+      int x = x0 + threadIdx.x + j * 32 * ROUTE_WARPS;
+      v[j] = x < nt * E ? a.logits[(tb + x / E) * a.E + x % E] : 0.f;
+    }
+    #pragma unroll
+    for (int j = 0; j < ROUTE_LD; j++) {
+      int x = x0 + threadIdx.x + j * 32 * ROUTE_WARPS;
+      if (x < nt * E) sig_s[x / E][x % E] = sigmoidf_d(v[j]);
+    }
+  }
+  __syncthreads();
+  if (wid >= nt) return;
+  const float* sg = sig_s[wid];
+  unsigned taken = 0;  // bit i: expert i·32 + lane (or none there)
+  #pragma unroll
+  for (int i = 0; i < ROUTE_PL; i++) {
+    if (i * 32 >= E) break;
+    int e = i * 32 + lane;
+    if (e < E)
+      c[i] = sg[e] + c[i];
+    else
+      taken |= 1u << i;
+  }
+  int mine = -1;  // lane k: round k's pick
+  for (int k = 0; k < K; k++) {
+    int best = -1;
+    float bv = 0.f;
+    #pragma unroll
+    for (int i = 0; i < ROUTE_PL; i++) {
+      if (i * 32 >= E) break;
+      if (!((taken >> i) & 1u) && (best < 0 || c[i] > bv)) best = i * 32 + lane, bv = c[i];
+    }
     for (int o = 16; o > 0; o >>= 1) {
-      i64 ob = __shfl_xor_sync(0xffffffffu, best, o);
+      int ob = __shfl_xor_sync(0xffffffffu, best, o);
       float ov = __shfl_xor_sync(0xffffffffu, bv, o);
       // the serial scan keeps the lower index unless a later one is strictly greater
       bool take = ob >= 0 && (best < 0 || (ob < best ? !(bv > ov) : ov > bv));
       if (take) best = ob, bv = ov;
     }
-    if (lane == 0) {
-      sel[k] = (int)best;
-      taken[best] = 1;
-    }
-    __syncwarp();
+    best = __shfl_sync(0xffffffffu, best, 0);
+    if (best >= 0 && (best & 31) == lane) taken |= 1u << (best >> 5);
+    if (lane == k) mine = best;
   }
-  if (lane == 0) {
-    // ascending expert order (insertion sort of at most 64)
-    for (i64 i = 1; i < K; i++) {
-      int v = sel[i];
-      i64 j = i - 1;
-      for (; j >= 0 && sel[j] > v; j--) sel[j + 1] = sel[j];
-      sel[j + 1] = v;
-    }
+  // ascending expert order: a pick's rank is the count of smaller picks
+  int rank = 0;
+  for (int j = 0; j < K; j++) rank += __shfl_sync(0xffffffffu, mine, j) < mine;
+  if (lane < K) sel_s[wid][rank] = mine;
+  __syncwarp();
+  int pk = lane < K ? sel_s[wid][lane] : 0;
+  float sig = lane < K ? sg[pk] : 0.f;
+  float sum = 0;
+  for (int j = 0; j < K; j++) sum += __shfl_sync(0xffffffffu, sig, j);
+  if (lane < K) {
+    float v = sig;
+    if (a.normalize) v /= sum + 1e-20f;
+    a.idx[t * a.K + lane] = pk;
+    a.w[t * a.K + lane] = v * (float)a.scaling;
   }
-  __syncwarp();
-  // the chosen experts' scores, their logits read by the lanes together
-  for (i64 k = lane; k < K; k += 32) sig[k] = sigmoidf_d(lt[sel[k]]);
-  __syncwarp();
-  if (lane == 0) route_write(a, t, sel, K, [&](i64 j) { return sig[j]; });
 }
 
 // moe_plan: one block of 1024 threads. Counts the routing slots of each
