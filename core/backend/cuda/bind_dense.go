@@ -217,11 +217,25 @@ type gateUpDual struct {
 // gateUpDualOf is lin's dual form, nil where it has none (not a linear
 // feeding one swiglu_packed; fp32 weights; fp8 weights whose up half does
 // not start a block of scales: the pass's concatenation of the gate's and
-// the up's fp8 matrices keeps each one's scales).
+// the up's fp8 matrices keeps each one's scales). The linear's step and
+// its swiglu_packed's share the one value (p.gateUps), so they cannot
+// disagree on whether it runs.
 func (p *Program) gateUpDualOf(lin *ir.Node) (*gateUpDual, error) {
 	if lin == nil || lin.Op != ir.OpLinear {
 		return nil, nil
 	}
+	if d, ok := p.gateUps[lin]; ok {
+		return d, nil
+	}
+	d, err := p.newGateUpDual(lin)
+	if err != nil {
+		return nil, err
+	}
+	p.gateUps[lin] = d
+	return d, nil
+}
+
+func (p *Program) newGateUpDual(lin *ir.Node) (*gateUpDual, error) {
 	users := p.plan.Graph.Users(lin.Outputs[0])
 	if len(users) != 1 || users[0].Op != ir.OpSwiGLUPacked {
 		return nil, nil

@@ -32,7 +32,10 @@ type Program struct {
 	steps []*kstep
 	stepFacts
 	consts map[*ir.Value]devTensor
-	mu     sync.Mutex
+	// gateUps: each gate-up linear's dual GEMV form (nil: none), found
+	// once while binding (gateUpDualOf)
+	gateUps map[*ir.Node]*gateUpDual
+	mu      sync.Mutex
 
 	arena     kc.DevicePtr
 	arenaSize int64
@@ -149,7 +152,7 @@ func fp8Readers(p *plan.Plan) map[*ir.Value]bool {
 
 // Compile binds every step of p and uploads the constants it reads.
 func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
-	prog := &Program{b: b, plan: p, consts: map[*ir.Value]devTensor{}, graphs: map[graphKey]*kc.Graph{}}
+	prog := &Program{b: b, plan: p, consts: map[*ir.Value]devTensor{}, gateUps: map[*ir.Node]*gateUpDual{}, graphs: map[graphKey]*kc.Graph{}}
 	fp8OK := fp8Readers(p)
 	err := b.dev.Do(func() error {
 		for _, n := range p.Steps {
