@@ -17,13 +17,7 @@ import (
 // off and on medians and a paired interval; device counters are absent
 // (n/a), not zero; a pass that fires nowhere says so.
 func TestPassBenchOnCPU(t *testing.T) {
-	cfg, err := randckpt.Preset("tiny")
-	require.NoError(t, err)
-	dir := filepath.Join(t.TempDir(), "ck")
-	require.NoError(t, randckpt.Write(dir, cfg, randckpt.Options{Seed: 1}))
-	ck, err := model.Open(dir)
-	require.NoError(t, err)
-	defer ck.Close()
+	ck := tinyCheckpoint(t, 1)
 	pb := &PassBench{Model: ck.Config(), Weights: ck, Info: ck, Passes: []config.PassConfig{{Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}},
 		Prompt: 16, Steps: 2, Rounds: 3, Warmup: 1, Batches: []int{1, 3}}
 	res, err := pb.Run(context.Background())
@@ -58,4 +52,18 @@ func TestPassBenchOnCPU(t *testing.T) {
 	pb.Against = "some"
 	_, err = pb.Run(context.Background())
 	require.ErrorContains(t, err, "against: baseline or all")
+}
+
+// tinyCheckpoint writes a random `tiny` checkpoint (generator seed seed)
+// and opens it for the test.
+func tinyCheckpoint(t *testing.T, seed int64) *model.Checkpoint {
+	t.Helper()
+	cfg, err := randckpt.Preset("tiny")
+	require.NoError(t, err)
+	dir := filepath.Join(t.TempDir(), "ck")
+	require.NoError(t, randckpt.Write(dir, cfg, randckpt.Options{Seed: seed}))
+	ck, err := model.Open(dir)
+	require.NoError(t, err)
+	t.Cleanup(func() { ck.Close() })
+	return ck
 }

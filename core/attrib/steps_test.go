@@ -1,13 +1,10 @@
 package attrib
 
 import (
-	"path/filepath"
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/model"
-	"github.com/glmflash/glmflash/model/randckpt"
 	"github.com/stretchr/testify/require"
 )
 
@@ -15,13 +12,8 @@ import (
 // decode step's logits agree (the KDA chunking of the two differs, so within
 // fp32 rounding), for a chunk that divides the context and one that does not.
 func TestPrefillSlotsInChunks(t *testing.T) {
-	cfg, err := randckpt.Preset("tiny")
-	require.NoError(t, err)
-	dir := filepath.Join(t.TempDir(), "ck")
-	require.NoError(t, randckpt.Write(dir, cfg, randckpt.Options{Seed: 3}))
-	ck, err := model.Open(dir)
-	require.NoError(t, err)
-	defer ck.Close()
+	ck := tinyCheckpoint(t, 3)
+	V := ck.Config().VocabSize
 	const n = 70
 	next := func(chunk int) []float32 {
 		e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2})
@@ -33,7 +25,7 @@ func TestPrefillSlotsInChunks(t *testing.T) {
 			require.NoError(t, err)
 			slots = append(slots, s)
 		}
-		require.NoError(t, prefillSlotsChunked(e, slots, cfg.VocabSize, n, chunk))
+		require.NoError(t, prefillSlotsChunked(e, slots, V, n, chunk))
 		b := &backend.Batch{}
 		for i, s := range slots {
 			b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: []int32{int32(5 + i)}})

@@ -165,10 +165,16 @@ func TestCUDATransformersParity(t *testing.T) {
 // presetCheckpoint writes a random checkpoint of a preset once per test.
 func presetCheckpoint(t *testing.T, preset string) *model.Checkpoint {
 	t.Helper()
+	return presetCheckpointWith(t, preset, randckpt.Options{Seed: 3})
+}
+
+// presetCheckpointWith is presetCheckpoint with the generator's options.
+func presetCheckpointWith(t *testing.T, preset string, opts randckpt.Options) *model.Checkpoint {
+	t.Helper()
 	cfg, err := randckpt.Preset(preset)
 	require.NoError(t, err)
 	dir := t.TempDir()
-	require.NoError(t, randckpt.Write(dir, cfg, randckpt.Options{Seed: 3}))
+	require.NoError(t, randckpt.Write(dir, cfg, opts))
 	ck, err := model.Open(dir)
 	require.NoError(t, err)
 	t.Cleanup(func() { ck.Close() })
@@ -547,6 +553,7 @@ type decodeRun struct {
 	stats   backend.Stats
 	kernels map[string]int64
 	rep     *pass.Report
+	logits  [][]float32 // each step's (decodeSpec.logits)
 }
 
 // perStep is a kernel's executions per decode step.
@@ -558,41 +565,68 @@ func (r decodeRun) perStep(kernels ...string) float64 {
 	return float64(n) / float64(r.stats.Runs)
 }
 
+// decodeSpec is what decodeStepsWith runs.
+type decodeSpec struct {
+	reqs      []pass.Request // the passes (nil: none)
+	graphMax  int            // backend.Options.GraphMaxTokens
+	precision string         // backend.Options.Precision ("": the default)
+	seqs      int            // sequences (0: 2)
+	logits    bool           // keep each step's logits, else sample greedily on the device
+}
+
 // decodeSteps prefills two sequences, then runs three greedy decode steps
 // of both on the device with the given passes (nil: none) and CUDA-graph
 // cap, and returns the decode program's counters and pass report.
 func decodeSteps(t *testing.T, ck *model.Checkpoint, reqs []pass.Request, graphMax int) decodeRun {
 	t.Helper()
-	o := engine.Options{Slots: 2, Backend: backend.Options{GraphMaxTokens: graphMax}}
-	if reqs != nil {
-		pl, err := pass.NewPipeline(reqs, true)
+	return decodeStepsWith(t, ck, decodeSpec{reqs: reqs, graphMax: graphMax})
+}
+
+// decodeStepsWith prefills s.seqs sequences (5, 6, … tokens), then runs
+// three decode steps of all of them on the device.
+func decodeStepsWith(t *testing.T, ck *model.Checkpoint, s decodeSpec) decodeRun {
+	t.Helper()
+	seqs := s.seqs
+	if seqs == 0 {
+		seqs = 2
+	}
+	o := engine.Options{Slots: seqs, Backend: backend.Options{GraphMaxTokens: s.graphMax, Precision: s.precision}}
+	if s.reqs != nil {
+		pl, err := pass.NewPipeline(s.reqs, true)
 		require.NoError(t, err)
 		o.Passes, o.PassEnv = pl, config.Default().PassEnv(ck.Config(), ck)
 	}
 	e := cudaEngine(t, ck, o)
 	var slots []int
-	for i := 0; i < 2; i++ {
-		s, err := e.Store().Alloc()
+	for i := 0; i < seqs; i++ {
+		sl, err := e.Store().Alloc()
 		require.NoError(t, err)
-		slots = append(slots, s)
-		_, err = e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: seqTokens(5+i, i, 256)}}})
+		slots = append(slots, sl)
+		_, err = e.Run(engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}, &backend.Batch{Seqs: []backend.Seq{{Slot: sl, Tokens: seqTokens(5+i, i, 256)}}})
 		require.NoError(t, err)
 	}
 	key := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
+	var r decodeRun
 	for step := 0; step < 3; step++ {
-		b := &backend.Batch{SamplesOnly: true}
-		for i, s := range slots {
-			b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: []int32{int32(7 + step + i)}})
-			b.Sample = append(b.Sample, backend.SampleSpec{Params: sample.Greedy()})
+		b := &backend.Batch{SamplesOnly: !s.logits}
+		for i, sl := range slots {
+			b.Seqs = append(b.Seqs, backend.Seq{Slot: sl, Tokens: []int32{int32(7 + step + i)}})
+			if !s.logits {
+				b.Sample = append(b.Sample, backend.SampleSpec{Params: sample.Greedy()})
+			}
 		}
-		_, err := e.Run(key, b)
+		res, err := e.Run(key, b)
 		require.NoError(t, err)
+		if s.logits {
+			r.logits = append(r.logits, append([]float32(nil), res.Logits...))
+		}
 	}
 	p, err := e.Program(key)
 	require.NoError(t, err)
 	kc, ok := p.(backend.KernelCounter)
 	require.True(t, ok, "the CUDA program counts its kernels")
-	return decodeRun{stats: p.Stats(), kernels: kc.KernelRuns(), rep: e.Report(key)}
+	r.stats, r.kernels, r.rep = p.Stats(), kc.KernelRuns(), e.Report(key)
+	return r
 }
 
 // Each pass does on the device what it claims, counted per decode step
