@@ -199,7 +199,7 @@ func (d *Device) loadModule() error {
 		return fmt.Errorf("loading glmflash's PTX on %s (compute %d.%d): %w", d.Name, d.CC[0], d.CC[1], err)
 	}
 	runtime.KeepAlive(img)
-	for _, k := range KernelNames() {
+	for _, k := range EntryNames(ptx) { // the loaded PTX's kernels (a PTXDirEnv file may have more than the embedded)
 		name := append([]byte(k), 0)
 		var f uintptr
 		if err := d.drv.check("cuModuleGetFunction("+k+")", d.drv.cuModuleGetFunction(&f, d.mod, &name[0])); err != nil {

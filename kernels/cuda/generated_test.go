@@ -26,6 +26,14 @@ func TestPTXMatchesSources(t *testing.T) {
 	require.NotEmpty(t, kc.KernelNames())
 }
 
+// A module holds the kernels of the PTX it was loaded from: a
+// GLMFLASH_CUDA_PTX_DIR file's new kernels too, not only the embedded ones.
+func TestEntryNames(t *testing.T) {
+	ptx := ".version 8.0\n.visible .entry glmf_b(\n.param .u64 p)\n{}\n.entry glmf_a(\n)\n{}\n// .entry glmf_comment(\n.func glmf_helper(\n"
+	require.Equal(t, []string{"glmf_a", "glmf_b"}, kc.EntryNames(ptx))
+	require.Empty(t, kc.EntryNames(""))
+}
+
 // The Go mirrors of the kernels' argument structs are up to date.
 func TestArgsUpToDate(t *testing.T) {
 	want, err := argsgen.Generate("src", "cuda")

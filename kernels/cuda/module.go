@@ -75,7 +75,7 @@ func PTXFiles() map[string]string {
 }
 
 var (
-	entryRE   = regexp.MustCompile(`(?m)^\.(?:visible\s+)?\.entry\s+(\w+)\(`)
+	entryRE   = regexp.MustCompile(`(?m)^(?:\.(?:visible|weak)\s+)?\.entry\s+(\w+)\(`)
 	namesOnce sync.Once
 	names     []string
 )
@@ -87,12 +87,22 @@ func KernelNames() []string {
 		if err != nil {
 			return
 		}
-		for _, m := range entryRE.FindAllStringSubmatch(string(b), -1) {
-			names = append(names, m[1])
-		}
-		sort.Strings(names)
+		names = EntryNames(string(b))
 	})
 	return names
+}
+
+// EntryNames lists the kernels (.entry functions) of a PTX text, sorted:
+// what a module loaded from it holds (the embedded PTX's, or a
+// GLMFLASH_CUDA_PTX_DIR file's, which may add kernels the embedded one
+// lacks).
+func EntryNames(ptx string) []string {
+	var out []string
+	for _, m := range entryRE.FindAllStringSubmatch(ptx, -1) {
+		out = append(out, m[1])
+	}
+	sort.Strings(out)
+	return out
 }
 
 // SourcesHash is the SHA-256 that `make ptx` records: over the *.cu and
