@@ -98,16 +98,22 @@ func TestGemmFP8MatchesCPU(t *testing.T) {
 func TestFP8ToBF16(t *testing.T) {
 	d := openDevice(t)
 	r := rand.New(rand.NewPCG(23, 24))
-	for _, odd := range []bool{false, true} {
-		N, K := 150, 260
+	for _, c := range []struct {
+		odd    bool
+		K      int
+		kernel string
+		per    int // codes a thread
+	}{{false, 260, "glmf_fp8_to_bf16", 1}, {true, 260, "glmf_fp8_to_bf16", 1},
+		{false, 272, "glmf_fp8_to_bf16_v16", 16}, {true, 272, "glmf_fp8_to_bf16_v16", 16}} {
+		N, K, odd := 150, c.K, c.odd
 		codes, scales, sld, deq := fp8Matrix(r, N, K, odd)
 		W, S, out := upload(t, d, codes), upload(t, d, scales), poisoned[uint16](t, d, N*K)
 		a := kc.FP8ToBF16Args{W: W.p, Ws: S.p, WsLd: int64(sld), N: int64(N), K: int64(K), Out: out.p}
-		launch(t, d, "glmf_fp8_to_bf16", kc.Dim3{X: uint32((N*K + 255) / 256)}, kc.Dim3{X: 256}, 0, &a)
+		launch(t, d, c.kernel, kc.Dim3{X: uint32((N*K/c.per + 255) / 256)}, kc.Dim3{X: 256}, 0, &a)
 		got := download[uint16](t, out)
 		want := make([]uint16, N*K)
 		gemm.Float32sToBF16(want, deq)
-		require.Equal(t, want, got, "odd scales %v", odd)
+		require.Equal(t, want, got, "%+v", c)
 		if !odd {
 			for i, v := range deq {
 				require.Equal(t, v, math.Float32frombits(uint32(got[i])<<16), "element %d: a power-of-two scale keeps fp8 values exact in bf16", i)

@@ -108,7 +108,11 @@ func dequantBF16(dev *kc.Device, W devTensor, dst kc.DevicePtr) error {
 	n := W.rows * W.cols
 	for m := int64(0); m < W.matrixCount; m++ {
 		a := kc.FP8ToBF16Args{W: W.ptr + kc.DevicePtr(m*n), Ws: W.scale + kc.DevicePtr(4*m*W.sgoff), WsLd: W.sld, N: W.rows, K: W.cols, Out: dst + kc.DevicePtr(2*m*n)}
-		if err := kc.Launch(dev, "glmf_fp8_to_bf16", blocks(n), block256, 0, &a); err != nil {
+		name, work := "glmf_fp8_to_bf16", n
+		if W.cols%16 == 0 && a.W%16 == 0 && a.Out%16 == 0 { // 16 codes a thread
+			name, work = "glmf_fp8_to_bf16_v16", n/16
+		}
+		if err := kc.Launch(dev, name, blocks(work), block256, 0, &a); err != nil {
 			return err
 		}
 	}

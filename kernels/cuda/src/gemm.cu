@@ -640,3 +640,25 @@ KERNEL(glmf_fp8_to_bf16, FP8ToBF16Args) {
   float v = fp8f(a.W[i]) * a.ws[(n >> 7) * a.ws_ld + (k >> 7)];
   a.out[i] = (u16)(__float_as_uint(bf16_round(v)) >> 16);
 }
+
+// glmf_fp8_to_bf16_v16: glmf_fp8_to_bf16 (the same bits) where K is a
+// multiple of 16 and W and out are 16-byte aligned: a thread per 16 codes
+// of a row (one scale), one 16-byte load and two 16-byte stores, one
+// division per 16 codes instead of one per code.
+KERNEL(glmf_fp8_to_bf16_v16, FP8ToBF16Args) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x, kc = a.K >> 4;
+  if (i >= a.N * kc) return;
+  i64 n = i / kc, k0 = (i - n * kc) << 4;
+  float s = a.ws[(n >> 7) * a.ws_ld + (k0 >> 7)];
+  uint4 u = *(const uint4*)(a.W + n * a.K + k0);
+  unsigned w[4] = {u.x, u.y, u.z, u.w}, o[8];
+#pragma unroll
+  for (int j = 0; j < 16; j += 2) {
+    unsigned lo = __float_as_uint(bf16_round(fp8f((w[j >> 2] >> (8 * (j & 3))) & 0xffu) * s)) >> 16;
+    unsigned hi = __float_as_uint(bf16_round(fp8f((w[j >> 2] >> (8 * ((j + 1) & 3))) & 0xffu) * s)) >> 16;
+    o[j >> 1] = lo | (hi << 16);
+  }
+  uint4* out = (uint4*)(a.out + n * a.K + k0);
+  out[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  out[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
