@@ -7,6 +7,13 @@ import (
 	"strings"
 )
 
+// AttrStream is the attribute that places a node on a stream: 0 (absent)
+// the main one; 1 a side stream, where a backend with streams (cuda) may
+// run it beside the main-stream nodes that follow it, waiting only for the
+// values it reads (a pass sets it: moe-shared-overlap). It never changes a
+// result; backends without streams ignore it.
+const AttrStream = "stream"
+
 // Attrs are a node's attributes. Values are int, float64, string, bool or
 // []int; anything else is rejected by the verifier.
 type Attrs map[string]any

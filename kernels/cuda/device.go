@@ -6,6 +6,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -26,10 +27,17 @@ type Device struct {
 	dev    int32
 	ctx    uintptr
 	stream uintptr
-	mod    uintptr
-	funcs  map[string]kernelFn
-	blasH  uintptr
-	ltH    uintptr
+	// side is the second stream (Fork, OnSide, Join): work the graph
+	// marks as a side branch runs there beside the main stream's; cur is
+	// the stream launches, copies and library calls go to now; forked says
+	// the side stream has work the main stream has not joined.
+	side, cur      uintptr
+	evFork, evJoin uintptr
+	forked         bool
+	mod            uintptr
+	funcs          map[string]kernelFn
+	blasH          uintptr
+	ltH            uintptr
 
 	Name        string
 	CC          [2]int // compute capability
@@ -160,6 +168,16 @@ func (d *Device) init() error {
 	if err := drv.check("cuStreamCreate", drv.cuStreamCreate(&d.stream, 0)); err != nil {
 		return err
 	}
+	if err := drv.check("cuStreamCreate", drv.cuStreamCreate(&d.side, 0)); err != nil {
+		return err
+	}
+	d.cur = d.stream
+	// CU_EVENT_DISABLE_TIMING: ordering only
+	for _, e := range []*uintptr{&d.evFork, &d.evJoin} {
+		if err := drv.check("cuEventCreate", drv.cuEventCreate(e, 2)); err != nil {
+			return err
+		}
+	}
 	d.PDL = drv.cuLaunchKernelEx != nil && !drv.emulated && d.CC[0] >= 9 && os.Getenv(PDLEnv) != "0"
 	d.pdlAttr.id = attrProgrammaticStreamSerialization
 	d.pdlAttr.value[0] = 1 // programmaticStreamSerializationAllowed
@@ -227,6 +245,14 @@ func (d *Device) release() {
 	}
 	if d.mod != 0 {
 		d.drv.cuModuleUnload(d.mod)
+	}
+	for _, e := range []uintptr{d.evFork, d.evJoin} {
+		if e != 0 {
+			d.drv.cuEventDestroy(e)
+		}
+	}
+	if d.side != 0 {
+		d.drv.cuStreamDestroy(d.side)
 	}
 	if d.stream != 0 {
 		d.drv.cuStreamDestroy(d.stream)
@@ -312,7 +338,7 @@ func (d *Device) Upload(dst DevicePtr, src unsafe.Pointer, n int64) error {
 	if n == 0 {
 		return nil
 	}
-	err := d.drv.check("cuMemcpyHtoDAsync", d.drv.cuMemcpyHtoDAsync(uint64(dst), src, uint64(n), d.stream))
+	err := d.drv.check("cuMemcpyHtoDAsync", d.drv.cuMemcpyHtoDAsync(uint64(dst), src, uint64(n), d.cur))
 	return err
 }
 
@@ -332,7 +358,7 @@ func (d *Device) Copy(dst, src DevicePtr, n int64) error {
 	if n == 0 {
 		return nil
 	}
-	return d.drv.check("cuMemcpyDtoDAsync", d.drv.cuMemcpyDtoDAsync(uint64(dst), uint64(src), uint64(n), d.stream))
+	return d.drv.check("cuMemcpyDtoDAsync", d.drv.cuMemcpyDtoDAsync(uint64(dst), uint64(src), uint64(n), d.cur))
 }
 
 // Zero sets n 32-bit words at p to zero (stream-ordered).
@@ -340,13 +366,72 @@ func (d *Device) Zero(p DevicePtr, words int64) error {
 	if words == 0 {
 		return nil
 	}
-	return d.drv.check("cuMemsetD32Async", d.drv.cuMemsetD32Async(uint64(p), 0, uint64(words), d.stream))
+	return d.drv.check("cuMemsetD32Async", d.drv.cuMemsetD32Async(uint64(p), 0, uint64(words), d.cur))
 }
 
 // Sync waits until the stream's work is done (one host sync).
 func (d *Device) Sync() error {
 	d.syncs.Add(1)
+	if d.forked { // an open side branch finishes too
+		if err := d.drv.check("cuStreamSynchronize", d.drv.cuStreamSynchronize(d.side)); err != nil {
+			return err
+		}
+	}
 	return d.drv.check("cuStreamSynchronize", d.drv.cuStreamSynchronize(d.stream))
+}
+
+// Fork opens a side branch: the side stream waits for everything issued
+// on the main stream so far, and launches go to it (OnSide(true)) until
+// OnSide(false) or Join. Inside a Capture the side stream joins the
+// capture, and the branch becomes parallel nodes of the graph.
+func (d *Device) Fork() error {
+	if d.forked {
+		return fmt.Errorf("cuda: Fork: the side stream is already forked")
+	}
+	if err := d.drv.check("cuEventRecord", d.drv.cuEventRecord(d.evFork, d.stream)); err != nil {
+		return err
+	}
+	if err := d.drv.check("cuStreamWaitEvent", d.drv.cuStreamWaitEvent(d.side, d.evFork, 0)); err != nil {
+		return err
+	}
+	d.forked = true
+	return d.OnSide(true)
+}
+
+// OnSide sends the following launches to the side stream (true, only
+// while forked) or the main one.
+func (d *Device) OnSide(side bool) error {
+	if side && !d.forked {
+		return fmt.Errorf("cuda: OnSide: the side stream is not forked")
+	}
+	s := d.stream
+	if side {
+		s = d.side
+	}
+	if s == d.cur {
+		return nil
+	}
+	d.cur = s
+	if r := d.blas.setStream(d.blasH, s); r != 0 {
+		return fmt.Errorf("cuda: cublasSetStream failed with status %d", r)
+	}
+	return nil
+}
+
+// Join closes the side branch: the main stream waits for everything
+// issued on the side stream, and launches go to the main stream.
+func (d *Device) Join() error {
+	if !d.forked {
+		return d.OnSide(false)
+	}
+	if err := d.drv.check("cuEventRecord", d.drv.cuEventRecord(d.evJoin, d.side)); err != nil {
+		return err
+	}
+	if err := d.drv.check("cuStreamWaitEvent", d.drv.cuStreamWaitEvent(d.stream, d.evJoin, 0)); err != nil {
+		return err
+	}
+	d.forked = false
+	return d.OnSide(false)
 }
 
 // Dim3 is a launch dimension.
@@ -377,10 +462,11 @@ func (d *Device) launch(name string, grid, block Dim3, smem int, args unsafe.Poi
 	var r int32
 	if d.PDL {
 		c := &d.pdlCfg
+		c.stream = d.cur
 		c.gridX, c.gridY, c.gridZ, c.blockX, c.blockY, c.blockZ, c.smem = grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z, uint32(smem)
 		r = d.drv.cuLaunchKernelEx(c, k.f, unsafe.Pointer(&params[0]), nil)
 	} else {
-		r = d.drv.cuLaunchKernel(k.f, grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z, uint32(smem), d.stream, unsafe.Pointer(&params[0]), nil)
+		r = d.drv.cuLaunchKernel(k.f, grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z, uint32(smem), d.cur, unsafe.Pointer(&params[0]), nil)
 	}
 	runtime.KeepAlive(args)
 	d.launches.Add(1)
@@ -517,6 +603,12 @@ func (d *Device) Capture(fn func() error) (*Graph, error) {
 	l0 := d.launches.Load()
 	r0 := append([]int64(nil), d.runs...)
 	ferr := fn()
+	if d.forked && ferr == nil {
+		ferr = fmt.Errorf("cuda: Capture: the side stream was forked and never joined")
+	}
+	if d.forked {
+		ferr = errors.Join(ferr, d.Join())
+	}
 	var g uintptr
 	eerr := d.drv.check("cuStreamEndCapture", d.drv.cuStreamEndCapture(d.stream, &g))
 	kernels := d.launches.Load() - l0

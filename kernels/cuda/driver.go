@@ -49,6 +49,7 @@ type driver struct {
 	cuStreamCreate              func(s *uintptr, flags uint32) int32
 	cuStreamDestroy             func(s uintptr) int32
 	cuStreamSynchronize         func(s uintptr) int32
+	cuStreamWaitEvent           func(s, e uintptr, flags uint32) int32
 	cuEventCreate               func(e *uintptr, flags uint32) int32
 	cuEventDestroy              func(e uintptr) int32
 	cuEventRecord               func(e, s uintptr) int32
@@ -150,7 +151,7 @@ func loadDriver() (*driver, error) {
 		"cuMemcpyHtoDAsync_v2": &d.cuMemcpyHtoDAsync, "cuMemcpyDtoHAsync_v2": &d.cuMemcpyDtoHAsync,
 		"cuMemcpyDtoDAsync_v2": &d.cuMemcpyDtoDAsync, "cuMemsetD32Async": &d.cuMemsetD32Async,
 		"cuLaunchKernel": &d.cuLaunchKernel, "cuStreamCreate": &d.cuStreamCreate, "cuStreamDestroy_v2": &d.cuStreamDestroy,
-		"cuStreamSynchronize": &d.cuStreamSynchronize, "cuEventCreate": &d.cuEventCreate, "cuEventDestroy_v2": &d.cuEventDestroy,
+		"cuStreamSynchronize": &d.cuStreamSynchronize, "cuStreamWaitEvent": &d.cuStreamWaitEvent, "cuEventCreate": &d.cuEventCreate, "cuEventDestroy_v2": &d.cuEventDestroy,
 		"cuEventRecord": &d.cuEventRecord, "cuEventSynchronize": &d.cuEventSynchronize, "cuEventElapsedTime": &d.cuEventElapsedTime,
 		"cuGetErrorName": &d.cuGetErrorName, "cuGetErrorString": &d.cuGetErrorString,
 		"cuStreamBeginCapture_v2": &d.cuStreamBeginCapture, "cuStreamEndCapture": &d.cuStreamEndCapture,

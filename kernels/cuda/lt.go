@@ -222,7 +222,7 @@ func (d *Device) LtMatmul(s LtSpec, a LtAlgo, A, W, C DevicePtr) error {
 	one, zero := float32(1), float32(0)
 	d.counted("cublasLtMatmul")
 	r := d.blas.ltMatmul(d.ltH, l.desc, unsafe.Pointer(&one), uint64(W), l.w, uint64(A), l.a, unsafe.Pointer(&zero), uint64(C), l.c, uint64(C), l.c,
-		unsafe.Pointer(&a.Data[0]), uint64(ws), LtWorkspace, d.stream)
+		unsafe.Pointer(&a.Data[0]), uint64(ws), LtWorkspace, d.cur)
 	if r != 0 {
 		return fmt.Errorf("cuda: cublasLtMatmul(%d×%d×%d, %s) failed with status %d", s.M, s.N, s.K, d.LtName(a), r)
 	}

@@ -82,3 +82,54 @@ func TestOpenRefusesUnknownPrecision(t *testing.T) {
 	_, err := Open(backend.Options{Precision: "int4"})
 	require.ErrorContains(t, err, `precision "int4"`)
 }
+
+// While a side branch is open nothing released is reused: blocks freed
+// then come back only at the join.
+func TestArenaPlanHoldsReleases(t *testing.T) {
+	a := &arenaPlan{}
+	x := a.alloc(1000)
+	a.hold = true
+	a.release(x, 1000)
+	y := a.alloc(1000)
+	require.NotEqual(t, x, y, "a block released during the hold was reused")
+	a.flush()
+	require.Equal(t, x, a.alloc(1000), "the join releases what the hold deferred")
+}
+
+// streamPlan: side steps fork before the first of them; the first main
+// step reading a side output joins; a side step reading a main output
+// from after the fork joins and forks again; what is open at the end is
+// joined by the extra last entry.
+func TestStreamPlan(t *testing.T) {
+	g := ir.New("streams")
+	h := g.AddInput("h", ir.F32, ir.DimT, 4)
+	var steps []*kstep
+	add := func(side bool, in ...*ir.Value) *ir.Value {
+		var attrs ir.Attrs
+		if side {
+			attrs = ir.Attrs{ir.AttrStream: 1}
+		}
+		n, err := g.NewNode(ir.OpSigmoid, 0, attrs, in[0])
+		require.NoError(t, err)
+		n.Inputs = in
+		steps = append(steps, &kstep{node: n})
+		return n.Outputs[0]
+	}
+	s1 := add(true, h)      // 0: fork, side
+	m1 := add(false, h)     // 1: main, beside s1
+	s2 := add(true, s1)     // 2: side
+	m2 := add(false, m1)    // 3: main
+	j := add(false, m2, s2) // 4: join
+	s3 := add(true, j)      // 5: fork again
+	add(true, s3, m2)       // 6: side, reads a main value from before the fork
+	m3 := add(false, j)     // 7: main
+	add(true, m3)           // 8: reads main output from after the fork: join, fork
+	acts := streamPlan(steps)
+	want := []streamAct{
+		{fork: true, side: true}, {}, {side: true}, {}, {join: true},
+		{fork: true, side: true}, {side: true}, {}, {join: true, fork: true, side: true},
+		{join: true},
+	}
+	require.Equal(t, want, acts)
+	_ = m2
+}

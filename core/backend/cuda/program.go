@@ -30,6 +30,8 @@ type Program struct {
 	b     *Backend
 	plan  *plan.Plan
 	steps []*kstep
+	// streams: per step, what it does to the side stream (streamPlan)
+	streams []streamAct
 	stepFacts
 	consts map[*ir.Value]devTensor
 	// gateUps: each gate-up linear's dual GEMV form (nil: none), found
@@ -186,7 +188,94 @@ func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
 		prog.steps = append(prog.steps, st)
 	}
 	prog.shareExtra, prog.shareSaves, prog.kpoolSizes = prog.shareReuse(), prog.shareSave(), prog.kpools()
+	prog.streams = streamPlan(prog.steps)
 	return prog, nil
+}
+
+// streamAct is what a step does to the side stream before it runs: join
+// the open side branch (the main stream waits for it), then fork a new one
+// (the side stream waits for the main one), and whether the step runs on
+// the side stream.
+type streamAct struct{ join, fork, side bool }
+
+// streamPlan places the steps on the streams. A step whose node has
+// ir.AttrStream 1 (a pass marked it: moe-shared-overlap) runs on the side
+// stream, beside the main-stream steps issued after it; the first main
+// step that reads a side step's output joins the branch, and a side step
+// that reads a main step's output from after the fork joins and forks
+// again, so every read sees a finished value. The last entry (one past the
+// steps) joins what is still open.
+func streamPlan(steps []*kstep) []streamAct {
+	acts := make([]streamAct, len(steps)+1)
+	forked := false
+	sideVals, mainVals := map[*ir.Value]bool{}, map[*ir.Value]bool{}
+	reads := func(n *ir.Node, m map[*ir.Value]bool) bool {
+		for _, in := range n.Inputs {
+			if m[in] {
+				return true
+			}
+		}
+		return false
+	}
+	for i, st := range steps {
+		n := st.node
+		side := n.Attrs.Int(ir.AttrStream, 0) == 1
+		a := &acts[i]
+		a.side = side
+		switch {
+		case side:
+			if forked && reads(n, mainVals) {
+				a.join, forked = true, false
+			}
+			if !forked {
+				a.fork, forked = true, true
+				clear(sideVals)
+				clear(mainVals)
+			}
+			for _, o := range n.Outputs {
+				sideVals[o] = true
+			}
+		case forked && reads(n, sideVals):
+			a.join, forked = true, false
+		case forked:
+			for _, o := range n.Outputs {
+				mainVals[o] = true
+			}
+		}
+	}
+	acts[len(steps)].join = forked
+	return acts
+}
+
+// streamStep applies step si's stream action to the arena plan (while a
+// side branch is open no memory is reused: a released block may still be
+// read or written by the other stream) and, when dev is not nil, to the
+// device's streams.
+func (p *Program) streamStep(ap *arenaPlan, dev *kc.Device, si int) error {
+	if len(p.streams) == 0 {
+		return nil
+	}
+	a := p.streams[si]
+	if a.join {
+		ap.flush()
+		if dev != nil {
+			if err := dev.Join(); err != nil {
+				return err
+			}
+		}
+	}
+	if a.fork {
+		ap.hold = true
+		if dev != nil {
+			if err := dev.Fork(); err != nil {
+				return err
+			}
+		}
+	}
+	if dev != nil && si < len(p.steps) {
+		return dev.OnSide(a.side)
+	}
+	return nil
 }
 
 // Close frees the program's device buffers (arena, metadata, sampling).
@@ -466,6 +555,18 @@ type arenaPlan struct {
 	free []span // sorted by offset
 	top  int64  // end of the highest block in use
 	peak int64  // the high-water mark of top
+	// hold defers releases (held) until flush: while a side branch runs
+	hold bool
+	held []span
+}
+
+// flush ends a hold, releasing what it deferred.
+func (a *arenaPlan) flush() {
+	a.hold = false
+	for _, h := range a.held {
+		a.release(h.off, h.n)
+	}
+	a.held = a.held[:0]
 }
 
 type span struct{ off, n int64 }
@@ -490,6 +591,10 @@ func (a *arenaPlan) alloc(n int64) int64 {
 }
 
 func (a *arenaPlan) release(off, n int64) {
+	if a.hold {
+		a.held = append(a.held, span{off, n})
+		return
+	}
 	n = roundUp(max(n, 1))
 	i := sort.Search(len(a.free), func(i int) bool { return a.free[i].off > off })
 	a.free = append(a.free, span{})
@@ -618,6 +723,9 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 	tempSize := make([][]int64, len(p.steps))
 	lastUse := p.plan.LastUse
 	for si, st := range p.steps {
+		if err := p.streamStep(ap, nil, si); err != nil {
+			return nil, err
+		}
 		for _, o := range st.node.Outputs {
 			if n := rc.bytesOf(o); n > 0 {
 				off[o] = ap.alloc(n)
@@ -785,7 +893,16 @@ func (p *Program) walkSteps(rc *runCtx, tempSize [][]int64, launch bool) error {
 		}
 	}
 	lastUse := p.plan.LastUse
+	// the side stream is used where launching and not profiling (per-op
+	// events time the main stream)
+	var sdev *kc.Device
+	if launch && rc.profile == nil {
+		sdev = rc.dev
+	}
 	for si, st := range p.steps {
+		if err := p.streamStep(ap2, sdev, si); err != nil {
+			return err
+		}
 		for _, o := range st.node.Outputs {
 			if n := rc.bytesOf(o); n > 0 {
 				rc.addr[o] = p.arena + kc.DevicePtr(ap2.alloc(n))
@@ -832,7 +949,7 @@ func (p *Program) walkSteps(rc *runCtx, tempSize [][]int64, launch bool) error {
 			}
 		}
 	}
-	return nil
+	return p.streamStep(ap2, sdev, len(p.steps))
 }
 
 // sampleArgs prepares the device sampler's launch: outputs and, when some

@@ -378,6 +378,9 @@ CUresult cuEventRecord(void* e, void*) {
   return 0;
 }
 CUresult cuEventSynchronize(void*) { return 0; }
+// Every stream runs in order on the host, so a wait is already satisfied
+// (and, inside a capture, the launches are recorded in issue order).
+CUresult cuStreamWaitEvent(void*, void*, unsigned) { return 0; }
 CUresult cuEventElapsedTime(float* ms, void* a, void* b) { *ms = (float)(((Ev*)b)->ms - ((Ev*)a)->ms); return 0; }
 CUresult cuGetErrorString(CUresult, const char** s) { *s = "emulated CUDA error"; return 0; }
 CUresult cuGetErrorName(CUresult, const char** s) { *s = "CUDA_ERROR_EMULATED"; return 0; }
