@@ -9,4 +9,5 @@ import (
 	_ "github.com/glmflash/glmflash/passes/hostlen"
 	_ "github.com/glmflash/glmflash/passes/kdafusion"
 	_ "github.com/glmflash/glmflash/passes/mhcfusion"
+	_ "github.com/glmflash/glmflash/passes/sharedoverlap"
 )
