@@ -235,31 +235,33 @@ func (s *simdImpl) packStrips(strips []strip, packed int, x unsafe.Pointer, K in
 
 // runF8Tiles computes columns [n0,n1) of x·wᵀ (T rows) into dst (rows of
 // ldd floats, as runF8) on the calling goroutine with the fp32 kernels on
-// tiles of dequantized weight rows: rows go in blocks of about blockBytes
-// of activations, packed once per block; for each block every tile of
-// weight rows is dequantized once and swept by every strip (as group
-// sweeps a panel).
+// tiles of dequantized weight rows: the rows are cut into strips and
+// packed once, in blocks of about blockBytes of activations; each tile of
+// weight rows is dequantized once and swept by every block in turn (as run
+// sweeps a panel), so a weight is dequantized once whatever T.
 func (s *simdImpl) runF8Tiles(dst unsafe.Pointer, ldd int, x []float32, T, K int, w *FP8, n0, n1 int, fast bool) {
+	var sb [32]strip
+	var bb [8]int
 	nv := (K + s.vw - 1) / s.vw
 	rb := max(8, blockBytes/(K*4)/8*8)
+	strips, blocks, packed := cutStrips(s.rows, 0, T, rb, nv*s.vw, sb[:0], bb[:0])
+	if pb := s.packStrips(strips, packed, unsafe.Pointer(&x[0]), K); pb != nil {
+		defer bufPool.Put(pb)
+	}
 	nb := min(n1-n0, max(24, fp8TileBytes/(4*K)/24*24))
 	tb := tilePool.Get().(*[]float32)
 	defer tilePool.Put(tb)
 	tile := grow32(tb, nb*K)
 	ldw, lddb := uintptr(K)*4, uintptr(ldd)*4
-	for t0 := 0; t0 < T; t0 += rb {
-		var sb [32]strip
-		var bb [8]int
-		strips, _, packed := cutStrips(s.rows, t0, min(t0+rb, T), rb, nv*s.vw, sb[:0], bb[:0])
-		pb := s.packStrips(strips, packed, unsafe.Pointer(&x[0]), K)
-		for c0 := n0; c0 < n1; c0 += nb {
-			c1 := min(c0+nb, n1)
-			for n := c0; n < c1; n++ {
-				w.dequantRow(tile[(n-c0)*K:(n-c0+1)*K], n, K, fast)
-			}
-			// the tile's columns [0, c1−c0) land at dst columns c0…
-			d := unsafe.Add(dst, uintptr(c0)*4)
-			for blk := strips; len(blk) > 0; {
+	for c0 := n0; c0 < n1; c0 += nb {
+		c1 := min(c0+nb, n1)
+		for n := c0; n < c1; n++ {
+			w.dequantRow(tile[(n-c0)*K:(n-c0+1)*K], n, K, fast)
+		}
+		// the tile's columns [0, c1−c0) land at dst columns c0…
+		d := unsafe.Add(dst, uintptr(c0)*4)
+		for b := 0; b+1 < len(blocks); b++ {
+			for blk := strips[blocks[b]:blocks[b+1]]; len(blk) > 0; {
 				g := 1
 				for g < len(blk) && blk[g].r == blk[0].r {
 					g++
@@ -267,9 +269,6 @@ func (s *simdImpl) runF8Tiles(dst unsafe.Pointer, ldd int, x []float32, T, K int
 				s.group(s.f32, blk[:g], d, unsafe.Pointer(&tile[0]), 4, ldw, lddb, K, ldd, 0, c1-c0)
 				blk = blk[g:]
 			}
-		}
-		if pb != nil {
-			bufPool.Put(pb)
 		}
 	}
 }
