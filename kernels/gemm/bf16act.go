@@ -118,8 +118,7 @@ var roundPool = sync.Pool{New: func() any {
 
 // runBB is run for the VDPBF16PS kernels: rows [t0,t1) × columns [n0,n1)
 // of dst on the calling goroutine. xb holds the rounded activations, rows
-// of kp (K padded to whole vectors) bf16 values. Strips of r > 1 rows are
-// repacked vector by vector (the layout of packStrip, in bf16).
+// of kp (K padded to whole vectors) bf16 values.
 func (s *simdImpl) runBB(p Params, dst unsafe.Pointer, xb []uint16, kp int, w unsafe.Pointer, K, N, t0, t1, n0, n1 int) {
 	var sb [32]strip
 	var bb [8]int
@@ -129,11 +128,31 @@ func (s *simdImpl) runBB(p Params, dst unsafe.Pointer, xb []uint16, kp int, w un
 	nv := kp / bf16Lanes
 	rb := min(p.RowBlock, max(8, blockBytes/(kp*2)/8*8))
 	strips, blocks, packed = cutStrips(s.rows, t0, t1, rb, nv*bf16Lanes, strips, blocks)
+	if pb := s.packBB(strips, packed, xb, kp); pb != nil {
+		defer buf16Pool.Put(pb)
+	}
+	nc := n1 - n0
+	if len(blocks) > 2 {
+		nc = max(1, panelBytes/(K*2*24)) * 24
+	}
+	for np := n0; np < n1; np += nc {
+		ne := min(np+nc, n1)
+		for b := 0; b+1 < len(blocks); b++ {
+			s.sweepBB(strips[blocks[b]:blocks[b+1]], dst, N, w, K, np, ne)
+		}
+	}
+}
+
+// packBB points each strip at its rounded activation rows (xb: rows of kp
+// bf16 values): row t itself for a strip of one row, else a copy repacked
+// vector by vector (the layout of packStrip, in bf16) in a pooled buffer of
+// packed values, returned (nil if none) for the caller to put back.
+func (s *simdImpl) packBB(strips []strip, packed int, xb []uint16, kp int) *[]uint16 {
 	var pb *[]uint16
 	if packed > 0 {
 		pb = getBuf16(packed)
-		defer buf16Pool.Put(pb)
 	}
+	nv := kp / bf16Lanes
 	off := 0
 	for i := range strips {
 		st := &strips[i]
@@ -155,38 +174,35 @@ func (s *simdImpl) runBB(p Params, dst unsafe.Pointer, xb []uint16, kp int, w un
 		}
 		st.x = unsafe.Pointer(&buf[0])
 	}
+	return pb
+}
 
-	nc := n1 - n0
-	if len(blocks) > 2 {
-		nc = max(1, panelBytes/(K*2*24)) * 24
-	}
-	ldw, ldd := uintptr(K)*2, uintptr(N)*4
+// sweepBB runs the VDPBF16PS kernels of one row block's strips (packed by
+// packBB) against bf16 weight rows [n0,n1) of w (rows of K values): weight
+// row n lands in column n of dst, whose rows are ldd floats apart.
+// Consecutive strips of equal height share the column tiling.
+func (s *simdImpl) sweepBB(blk []strip, dst unsafe.Pointer, ldd int, w unsafe.Pointer, K, n0, n1 int) {
+	ldw, lddb := uintptr(K)*2, uintptr(ldd)*4
 	nvec, tail := uintptr(K/bf16Lanes), uintptr(1)<<(K%bf16Lanes)-1
-	for np := n0; np < n1; np += nc {
-		ne := min(np+nc, n1)
-		for b := 0; b+1 < len(blocks); b++ {
-			blk := strips[blocks[b]:blocks[b+1]]
-			for len(blk) > 0 {
-				r := blk[0].r
-				g := 1
-				for g < len(blk) && blk[g].r == r {
-					g++
-				}
-				var flags uintptr
-				if r >= prefetchRows {
-					flags = kPrefetch
-				}
-				for n := np; n < ne; {
-					c := min(s.cTile[r], ne-n)
-					k := s.bb[r][c]
-					wp := unsafe.Add(w, uintptr(n)*ldw)
-					for _, st := range blk[:g] {
-						k(st.x, wp, unsafe.Add(dst, uintptr(st.t*N+n)*4), ldw, ldd, nvec, tail, flags)
-					}
-					n += c
-				}
-				blk = blk[g:]
-			}
+	for len(blk) > 0 {
+		r := blk[0].r
+		g := 1
+		for g < len(blk) && blk[g].r == r {
+			g++
 		}
+		var flags uintptr
+		if r >= prefetchRows {
+			flags = kPrefetch
+		}
+		for n := n0; n < n1; {
+			c := min(s.cTile[r], n1-n)
+			k := s.bb[r][c]
+			wp := unsafe.Add(w, uintptr(n)*ldw)
+			for _, st := range blk[:g] {
+				k(st.x, wp, unsafe.Add(dst, uintptr(st.t*ldd+n)*4), ldw, lddb, nvec, tail, flags)
+			}
+			n += c
+		}
+		blk = blk[g:]
 	}
 }

@@ -26,6 +26,8 @@ type FP8 struct {
 	// NaN code, no scale so large that scale·2^8 overflows): 0 not yet
 	// checked, fp8Fast or fp8Slow (read and written atomically).
 	fast uint32
+	// bf16 caches BF16Exact the same way.
+	bf16 uint32
 }
 
 const (
@@ -164,11 +166,13 @@ var (
 	fp8CTile = [9]int{1: 8, 2: 8, 4: 6, 8: 3}
 )
 
-// runF8 computes dst = x·wᵀ (T rows) with the FP8 kernels on the calling
-// goroutine: rows cut into strips (packed as run packs them); columns go
-// by row block of scales, in chunks of 24 weight rows (kept in L1 while
-// every strip passes over them) cut into the strip height's column tiles.
-func (s *simdImpl) runF8(dst, x []float32, T, K int, w *FP8, N int) {
+// runF8 computes columns [n0,n1) of x·wᵀ (T rows) with the FP8 kernels on
+// the calling goroutine into dst, whose row t starts ldd floats after row
+// t−1 (weight row n lands in column n): rows cut into strips (packed as
+// run packs them); columns go by row block of scales, in chunks of 24
+// weight rows (kept in L1 while every strip passes over them) cut into the
+// strip height's column tiles.
+func (s *simdImpl) runF8(dst unsafe.Pointer, ldd int, x []float32, T, K int, w *FP8, n0, n1 int) {
 	var sb [32]strip
 	var bb [8]int
 	nv := (K + s.vw - 1) / s.vw
@@ -178,24 +182,24 @@ func (s *simdImpl) runF8(dst, x []float32, T, K int, w *FP8, N int) {
 	}
 	nvec, tail := uintptr(K/s.vw), s.tail(K)
 	vpb := w.BlockCols / s.vw
-	ldw, ldd := uintptr(K), uintptr(N)*4
-	codes, dp := unsafe.Pointer(&w.Codes[0]), unsafe.Pointer(&dst[0])
+	ldw, lddb := uintptr(K), uintptr(ldd)*4
+	codes := unsafe.Pointer(&w.Codes[0])
 	br := w.BlockRows
-	for nb := 0; nb < N; nb += br {
+	for nb := n0 - n0%br; nb < n1; nb += br {
 		srow := w.Scales[(nb/br)*w.ScaleCols:]
 		sc, tsc := unsafe.Pointer(&srow[0]), unsafe.Pointer(&srow[0])
 		if tail != 0 {
 			tsc = unsafe.Pointer(&srow[int(nvec)/vpb])
 		}
-		ne := min(nb+br, N)
-		for n0 := nb; n0 < ne; n0 += 24 {
-			n1 := min(n0+24, ne)
+		ne := min(nb+br, n1)
+		for c0 := max(nb, n0); c0 < ne; c0 += 24 {
+			c1 := min(c0+24, ne)
 			for _, st := range strips {
 				cm := fp8CTile[st.r]
 				ks := &s.f8[st.r]
-				for n := n0; n < n1; {
-					c := min(cm, n1-n)
-					ks[c](st.x, unsafe.Add(codes, uintptr(n)*ldw), unsafe.Add(dp, uintptr(st.t*N+n)*4), sc, tsc, ldw, ldd, nvec, tail, uintptr(vpb), fp8Flags)
+				for n := c0; n < c1; {
+					c := min(cm, c1-n)
+					ks[c](st.x, unsafe.Add(codes, uintptr(n)*ldw), unsafe.Add(dst, uintptr(st.t*ldd+n)*4), sc, tsc, ldw, lddb, nvec, tail, uintptr(vpb), fp8Flags)
 					n += c
 				}
 			}
@@ -229,42 +233,42 @@ func (s *simdImpl) packStrips(strips []strip, packed int, x unsafe.Pointer, K in
 	return pb
 }
 
-// runF8Tiles computes dst = x·wᵀ (T rows) on the calling goroutine with
-// the fp32 kernels on tiles of dequantized weight rows: rows go in blocks
-// of about blockBytes of activations, packed once per block; for each
-// block every tile of weight rows is dequantized once and swept by every
-// strip (as group sweeps a panel).
-func (s *simdImpl) runF8Tiles(dst, x []float32, T, K int, w *FP8, N int, fast bool) {
+// runF8Tiles computes columns [n0,n1) of x·wᵀ (T rows) into dst (rows of
+// ldd floats, as runF8) on the calling goroutine with the fp32 kernels on
+// tiles of dequantized weight rows: the rows are cut into strips and
+// packed once, in blocks of about blockBytes of activations; each tile of
+// weight rows is dequantized once and swept by every block in turn (as run
+// sweeps a panel), so a weight is dequantized once whatever T.
+func (s *simdImpl) runF8Tiles(dst unsafe.Pointer, ldd int, x []float32, T, K int, w *FP8, n0, n1 int, fast bool) {
+	var sb [32]strip
+	var bb [8]int
 	nv := (K + s.vw - 1) / s.vw
 	rb := max(8, blockBytes/(K*4)/8*8)
-	nb := min(N, max(24, fp8TileBytes/(4*K)/24*24))
+	strips, blocks, packed := cutStrips(s.rows, 0, T, rb, nv*s.vw, sb[:0], bb[:0])
+	if pb := s.packStrips(strips, packed, unsafe.Pointer(&x[0]), K); pb != nil {
+		defer bufPool.Put(pb)
+	}
+	nb := min(n1-n0, max(24, fp8TileBytes/(4*K)/24*24))
 	tb := tilePool.Get().(*[]float32)
 	defer tilePool.Put(tb)
 	tile := grow32(tb, nb*K)
-	ldw, ldd := uintptr(K)*4, uintptr(N)*4
-	for t0 := 0; t0 < T; t0 += rb {
-		var sb [32]strip
-		var bb [8]int
-		strips, _, packed := cutStrips(s.rows, t0, min(t0+rb, T), rb, nv*s.vw, sb[:0], bb[:0])
-		pb := s.packStrips(strips, packed, unsafe.Pointer(&x[0]), K)
-		for n0 := 0; n0 < N; n0 += nb {
-			n1 := min(n0+nb, N)
-			for n := n0; n < n1; n++ {
-				w.dequantRow(tile[(n-n0)*K:(n-n0+1)*K], n, K, fast)
-			}
-			// the tile's columns [0, n1−n0) land at dst columns n0…
-			d := unsafe.Pointer(&dst[n0])
-			for blk := strips; len(blk) > 0; {
+	ldw, lddb := uintptr(K)*4, uintptr(ldd)*4
+	for c0 := n0; c0 < n1; c0 += nb {
+		c1 := min(c0+nb, n1)
+		for n := c0; n < c1; n++ {
+			w.dequantRow(tile[(n-c0)*K:(n-c0+1)*K], n, K, fast)
+		}
+		// the tile's columns [0, c1−c0) land at dst columns c0…
+		d := unsafe.Add(dst, uintptr(c0)*4)
+		for b := 0; b+1 < len(blocks); b++ {
+			for blk := strips[blocks[b]:blocks[b+1]]; len(blk) > 0; {
 				g := 1
 				for g < len(blk) && blk[g].r == blk[0].r {
 					g++
 				}
-				s.group(s.f32, blk[:g], d, unsafe.Pointer(&tile[0]), 4, ldw, ldd, K, N, 0, n1-n0)
+				s.group(s.f32, blk[:g], d, unsafe.Pointer(&tile[0]), 4, ldw, lddb, K, ldd, 0, c1-c0)
 				blk = blk[g:]
 			}
-		}
-		if pb != nil {
-			bufPool.Put(pb)
 		}
 	}
 }
@@ -278,30 +282,40 @@ func MatMulTFP8Serial(dst, x []float32, T, K int, w *FP8, N int) {
 	if !checkShapes(dst, x, T, K, N, len(w.Codes)) {
 		return
 	}
-	im := cur.Load()
+	f8Cols(cur.Load(), unsafe.Pointer(&dst[0]), N, x, T, K, w, 0, N)
+}
+
+// f8Cols computes columns [n0,n1) of x[T×K]·wᵀ on the calling goroutine
+// into dst, whose row t starts t·ldd floats in (weight row n lands in
+// column n): the FP8 kernels for short products, else tiles of weight rows
+// dequantized to float32 for the fp32 kernels. Every output is the same
+// fixed-order sum whatever the column range, so a product split by columns
+// over several calls equals one call over all of them, bit for bit.
+func f8Cols(im *impl, dst unsafe.Pointer, ldd int, x []float32, T, K int, w *FP8, n0, n1 int) {
 	fast := w.fastOK()
 	if s := im.simd; s != nil && s.f8 != nil && fast && T <= fp8FusedRows && w.BlockCols%s.vw == 0 {
-		s.runF8(dst, x, T, K, w, N)
+		s.runF8(dst, ldd, x, T, K, w, n0, n1)
 		return
 	}
 	if s := im.simd; s != nil {
-		s.runF8Tiles(dst, x, T, K, w, N, fast)
+		s.runF8Tiles(dst, ldd, x, T, K, w, n0, n1, fast)
 		return
 	}
-	nb := min(N, max(8, fp8TileBytes/(4*K)/8*8))
+	nb := min(n1-n0, max(8, fp8TileBytes/(4*K)/8*8))
 	tb := tilePool.Get().(*[]float32)
 	defer tilePool.Put(tb)
 	tile := grow32(tb, nb*K+T*nb)
-	for n0 := 0; n0 < N; n0 += nb {
-		n1 := min(n0+nb, N)
-		for n := n0; n < n1; n++ {
-			w.dequantRow(tile[(n-n0)*K:(n-n0+1)*K], n, K, fast)
+	out := unsafe.Slice((*float32)(dst), (T-1)*ldd+n1)
+	for c0 := n0; c0 < n1; c0 += nb {
+		c1 := min(c0+nb, n1)
+		for n := c0; n < c1; n++ {
+			w.dequantRow(tile[(n-c0)*K:(n-c0+1)*K], n, K, fast)
 		}
-		c := n1 - n0
+		c := c1 - c0
 		tmp := tile[nb*K : nb*K+T*c]
 		block(tmp, x, tile, K, c, 0, T, 0, c)
 		for t := 0; t < T; t++ {
-			copy(dst[t*N+n0:t*N+n1], tmp[t*c:(t+1)*c])
+			copy(out[t*ldd+c0:t*ldd+c1], tmp[t*c:(t+1)*c])
 		}
 	}
 }

@@ -101,13 +101,25 @@ func bindLayerNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	}, nil
 }
 
+// bindLinear binds y = x·Wᵀ. An FP8 weight is used as stored (its
+// matrices in the checkpoint's mapping; the tuned parameters do not apply
+// to its products), a bf16 one with the bf16 kernels, else float32.
 func bindLinear(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
-	Wb, W, err := p.gemmWeight(in[1])
+	b, err := p.linearWeight(in[1])
 	if err != nil {
 		return nil, fmt.Errorf("linear: %w", err)
 	}
+	Wb, W := b.bf, b.f
 	K, N := in[0].Shape[1], outs[0].Shape[1]
+	if f8 := b.fp8; f8 != nil {
+		mm := p.fp8MatMul()
+		return func(rc *runCtx) error {
+			R := rc.rows(in[0])
+			mm(rc.out(outs[0]), rc.in(in[0]), R, K, f8, N)
+			return nil
+		}, nil
+	}
 	if Wb != nil {
 		mm := p.bf16MatMul()
 		return func(rc *runCtx) error {
@@ -127,17 +139,21 @@ func bindLinear(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(rc *r
 
 func bindLinearSplit(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
-	Wb, W, err := p.gemmWeight(in[1]) // the fused weight of bf16-exact parts is bf16-exact
+	b, err := p.linearWeight(in[1]) // the fused weight of bf16-exact parts is bf16-exact
 	if err != nil {
 		return nil, fmt.Errorf("linear_split: %w", err)
 	}
+	Wb, W, f8 := b.bf, b.f, b.fp8
 	K, N := in[0].Shape[1], in[1].Shape[0]
 	splits := n.Attrs.Ints("splits")
 	mm := p.bf16MatMul()
+	mm8 := p.fp8MatMul()
 	return func(rc *runCtx) error {
 		R := rc.rows(in[0])
 		tmp := rc.p.scratch(R * N)
-		if Wb != nil {
+		if f8 != nil {
+			mm8(tmp, rc.in(in[0]), R, K, f8, N)
+		} else if Wb != nil {
 			mm(prm(R), tmp, rc.in(in[0]), R, K, Wb, N)
 		} else {
 			gemm.MatMulTWith(prm(R), tmp, rc.in(in[0]), R, K, W, N)

@@ -38,7 +38,8 @@ func New(o backend.Options) *Backend { return &Backend{opts: o, w: newWeights()}
 
 // LazyWeights is true: the engine compiles lazy plans, and the backend
 // loads each constant as its binder asks — GEMM weights as the
-// checkpoint's bf16 bytes in place (or one bf16 copy), never as float32
+// checkpoint's bf16 bytes in place (or one bf16 copy), FP8 weights of
+// linears and experts as their codes in place, never as float32
 // (plan.Raw), other constants as float32 (plan.Const).
 func (b *Backend) LazyWeights() bool { return true }
 
@@ -98,7 +99,8 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 }
 
 // Info describes the CPU; Memory is the bytes of the weights bound so far
-// by dtype and place (MemBF16Mapped, MemBF16, MemFP32).
+// by dtype and place (MemBF16Mapped, MemBF16, MemFP32, MemFP8,
+// MemFP8Scales).
 // Precision is the option's ("fp32" when unset).
 func (b *Backend) Info() backend.Info {
 	prec := b.opts.Precision

@@ -74,6 +74,43 @@ func (p *Program) gemmWeight(v *ir.Value) (bf []uint16, f []float32, err error) 
 	return b.bf, b.f, nil
 }
 
+// linearWeight binds the weight of a linear or linear_split: FP8 matrices
+// as stored (fp8) when the checkpoint holds it as FP8 and FP32Weights is
+// not set, else as gemmWeight binds it (see weights.linear).
+func (p *Program) linearWeight(v *ir.Value) (*boundWeight, error) {
+	if !p.plan.IsConst(v) {
+		return nil, fmt.Errorf("weight %s is not a constant", v.Name)
+	}
+	b, err := p.w.linear(p.plan, v, p.opts.FP32Weights)
+	if err != nil {
+		return nil, err
+	}
+	p.gemmBound[v] = true
+	return b, nil
+}
+
+// fp8MatMul is the product of a dense FP8 weight (row-stacked parts) in
+// this program's precision. fp32: gemm.MatMulTFP8Parts, equal bit for bit
+// to the bf16 or float32 copy's product the weight used to be bound as.
+// bf16: gemm.MatMulTFP8PartsAct when every value is exactly bf16 (checked
+// on the first run, then cached), as the bf16 copy took
+// gemm.MatMulTBF16ActWith; a weight that is not bf16-exact was bound as
+// float32 and stays fp32 (gemm.MatMulTFP8Parts).
+func (p *Program) fp8MatMul() func(dst, x []float32, T, K int, parts []*gemm.FP8, N int) {
+	if !p.bf16Act() {
+		return gemm.MatMulTFP8Parts
+	}
+	return func(dst, x []float32, T, K int, parts []*gemm.FP8, N int) {
+		for _, w := range parts {
+			if !w.BF16Exact(K) {
+				gemm.MatMulTFP8Parts(dst, x, T, K, parts, N)
+				return
+			}
+		}
+		gemm.MatMulTFP8PartsAct(dst, x, T, K, parts, N)
+	}
+}
+
 // bf16Act reports precision bf16: GEMMs with bf16 weights take their
 // activations rounded to bfloat16 (gemm.MatMulTBF16Act, VDPBF16PS where
 // the CPU has AVX-512 BF16) and accumulate in fp32. GEMMs whose weights are

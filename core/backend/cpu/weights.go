@@ -22,7 +22,8 @@ const (
 	MemBF16Mapped = "weights_bf16_mapped"
 	// MemBF16 is bf16 weights copied once at load, off the Go heap (an
 	// anonymous read-only mapping, see allocBF16): parts of a concat/stack
-	// that are not one contiguous mapping, slice_cols, FP8 weights
+	// that are not one contiguous mapping, slice_cols, FP8 weights of the
+	// ops that take no FP8 (embedding, linear_batched, a slice_cols input)
 	// dequantized once; and, on the heap, the rare weights that had to go
 	// through float32.
 	MemBF16 = "weights_bf16"
@@ -30,9 +31,10 @@ const (
 	// mHC parameters), the weights of fp32 kernels and GEMM weights that
 	// are not bf16-exact (or all of them under FP32Weights).
 	MemFP32 = "weights_fp32"
-	// MemFP8 is FP8 e4m3 weights (MoE experts) used as stored, in the
-	// checkpoint's mapping, dequantized a tile at a time inside the GEMMs;
-	// MemFP8Scales is their float32 block scales (on the heap).
+	// MemFP8 is FP8 e4m3 weights (MoE experts, and the weights of linear
+	// and linear_split) used as stored, in the checkpoint's mapping,
+	// dequantized a tile at a time inside the GEMMs; MemFP8Scales is their
+	// float32 block scales (on the heap).
 	MemFP8       = "weights_fp8"
 	MemFP8Scales = "weights_fp8_scales"
 )
@@ -49,13 +51,16 @@ type weights struct {
 }
 
 // boundWeight is one bound constant: bf16 bits (bf, a GEMM weight that is
-// exactly bf16; or parts, one slice per matrix of a stacked weight) or
-// float32 values (f).
+// exactly bf16; or parts, one slice per matrix of a stacked weight),
+// float32 values (f) or FP8 matrices as stored (fp8).
 type boundWeight struct {
 	bf    []uint16
 	parts [][]uint16
 	f     []float32
-	fp8   []*gemm.FP8 // one per matrix of a stacked FP8 weight, as stored
+	// fp8 is one matrix per expert of a stacked FP8 weight (stacked), or
+	// the stored matrices of a 2-D one stacked by rows (linear: one
+	// checkpoint tensor, or the inputs of a concat_rows).
+	fp8 []*gemm.FP8
 }
 
 func newWeights() *weights {
@@ -144,8 +149,9 @@ func (w *weights) float32Locked(p *plan.Plan, v *ir.Value) ([]float32, error) {
 // gemm returns GEMM weight v: bf16 bits when every value is exactly
 // bf16 (and not fp32Only), else float32. A BF16 checkpoint's weight is its
 // mapped bytes in place when its parts lie end to end in one mapping, else
-// one packed copy; an FP8 weight is dequantized once into bf16 (exact: the
-// same float32 values Const would give, kept only when each is
+// one packed copy; an FP8 weight (of an op that cannot take FP8: linear
+// and linear_split bind through linear) is dequantized once into bf16
+// (exact: the same float32 values Const would give, kept only when each is
 // bf16-representable, which power-of-two block scales guarantee). Anything
 // else goes through the plan's float32 values (Const).
 func (w *weights) gemm(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeight, error) {
@@ -169,6 +175,59 @@ func (w *weights) gemmLocked(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWe
 	}
 	w.m[k] = b
 	return b, nil
+}
+
+// linear returns the weight of a linear or linear_split ([N][K]): FP8
+// matrices as stored when the checkpoint holds it as F8_E4M3 (one tensor,
+// or the concat_rows of several: one matrix per part, each read where it
+// is, with its own block scales), else as gemm binds it. An FP8 weight is
+// then never widened: the products dequantize it a tile at a time.
+func (w *weights) linear(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeight, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !fp32Only && len(v.Shape) == 2 {
+		k := w.key(p, v, "fp8")
+		if b, ok := w.m[k]; ok {
+			return b, nil
+		}
+		raw, err := p.Raw(v)
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", v.Name, err)
+		}
+		if b := w.denseFP8(raw, v.Shape[0], v.Shape[1]); b != nil {
+			w.m[k] = b
+			return b, nil
+		}
+	}
+	return w.gemmLocked(p, v, fp32Only)
+}
+
+// denseFP8 binds a 2-D FP8 weight [N][K] stored as F8_E4M3 matrices of K
+// columns stacked by rows, each with its block scales: the codes stay in
+// the checkpoint's mapping, the scales are the plan's float32 copy. nil
+// when raw is not that.
+func (w *weights) denseFP8(raw *plan.RawTensor, N, K int) *boundWeight {
+	if raw == nil || raw.DType != safetensors.F8E4M3 || raw.Block[0] <= 0 || raw.Block[1] <= 0 {
+		return nil
+	}
+	sc := (K + raw.Block[1] - 1) / raw.Block[1]
+	rows := 0
+	for _, pt := range raw.Parts {
+		if pt.Cols != K || pt.Rows <= 0 || len(pt.Data) != pt.Rows*K || len(pt.Scales) != (pt.Rows+raw.Block[0]-1)/raw.Block[0]*sc {
+			return nil
+		}
+		rows += pt.Rows
+	}
+	if rows != N {
+		return nil
+	}
+	b := &boundWeight{}
+	for _, pt := range raw.Parts {
+		b.fp8 = append(b.fp8, &gemm.FP8{Codes: pt.Data, Scales: pt.Scales, BlockRows: raw.Block[0], BlockCols: raw.Block[1], ScaleCols: sc})
+		w.bytes[MemFP8] += int64(len(pt.Data))
+		w.bytes[MemFP8Scales] += 4 * int64(len(pt.Scales))
+	}
+	return b
 }
 
 // stacked returns stacked GEMM weight v ([E][rows][cols], MoE experts) as
