@@ -169,10 +169,12 @@ var (
 // by row block of scales, in chunks of 24 weight rows (kept in L1 while
 // every strip passes over them) cut into the strip height's column tiles.
 func (s *simdImpl) runF8(dst, x []float32, T, K int, w *FP8, N int) {
-	var sb [32]strip
+	var sb [stripsOnStack]strip
 	var bb [8]int
+	sl := getStrips(T)
+	defer sl.put()
 	nv := (K + s.vw - 1) / s.vw
-	strips, _, packed := cutStrips(fp8Rows[:], 0, T, T, nv*s.vw, sb[:0], bb[:0])
+	strips, _, packed := cutInto(sl, fp8Rows[:], 0, T, T, nv*s.vw, sb[:0], bb[:0])
 	if pb := s.packStrips(strips, packed, unsafe.Pointer(&x[0]), K); pb != nil {
 		defer bufPool.Put(pb)
 	}
@@ -242,10 +244,12 @@ func (s *simdImpl) runF8Tiles(dst, x []float32, T, K int, w *FP8, N int, fast bo
 	defer tilePool.Put(tb)
 	tile := grow32(tb, nb*K)
 	ldw, ldd := uintptr(K)*4, uintptr(N)*4
+	var sb [stripsOnStack]strip
+	var bb [8]int
+	sl := getStrips(min(rb, T))
+	defer sl.put()
 	for t0 := 0; t0 < T; t0 += rb {
-		var sb [32]strip
-		var bb [8]int
-		strips, _, packed := cutStrips(s.rows, t0, min(t0+rb, T), rb, nv*s.vw, sb[:0], bb[:0])
+		strips, _, packed := cutInto(sl, s.rows, t0, min(t0+rb, T), rb, nv*s.vw, sb[:0], bb[:0])
 		pb := s.packStrips(strips, packed, unsafe.Pointer(&x[0]), K)
 		for n0 := 0; n0 < N; n0 += nb {
 			n1 := min(n0+nb, N)

@@ -419,3 +419,35 @@ func TestDotMatchesMatMulTAndDoesNotAllocate(t *testing.T) {
 		}
 	})
 }
+
+// A tall product (a prefill's rows: more strips than the callers' stack
+// arrays hold) allocates nothing once its pools are warm, by every kernel
+// kind: its strip lists are pooled with its packed activations.
+func TestTallProductsDoNotAllocate(t *testing.T) {
+	if raceOn {
+		t.Skip("sync.Pool drops items under the race detector")
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	const T, K, N = 300, 96, 64
+	x, dst := make([]float32, T*K), make([]float32, T*N)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	wf := make([]float32, N*K)
+	wb := make([]uint16, N*K)
+	for i := range wf {
+		wf[i] = float32(r.NormFloat64())
+		wb[i] = Float32ToBF16(wf[i])
+	}
+	w8 := randFP8(r, N, K, 32, 32, false)
+	for name, f := range map[string]func(){
+		"fp32":        func() { MatMulTSerial(dst, x, T, K, wf, N) },
+		"fp32 shared": func() { MatMulT(dst, x, T, K, wf, N) },
+		"bf16":        func() { MatMulTBF16Serial(dst, x, T, K, wb, N) },
+		"bf16 act":    func() { MatMulTBF16ActSerial(dst, x, T, K, wb, N) },
+		"fp8":         func() { MatMulTFP8Serial(dst, x, T, K, w8, N) },
+	} {
+		f()
+		require.Zero(t, testing.AllocsPerRun(10, f), name)
+	}
+}

@@ -145,6 +145,52 @@ type strip struct {
 	x    unsafe.Pointer
 }
 
+// stripBuf is the strip and block storage of a product too tall for its
+// caller's stack arrays (stripsOnStack rows): pooled, so that the GEMMs of
+// a prefill allocate nothing in the steady state.
+type stripBuf struct {
+	strips []strip
+	blocks []int
+}
+
+// stripsOnStack is the most rows whose strips (at most one a row) and row
+// blocks (RowBlock ≥ 8: at most five with the end) fit the callers' stack
+// arrays, [32]strip and [8]int.
+const stripsOnStack = 32
+
+var stripPool = sync.Pool{New: func() any { return new(stripBuf) }}
+
+// getStrips returns pooled strip storage for a product of rows rows, or nil
+// when the caller's stack arrays hold them (see cutInto); return it with put.
+func getStrips(rows int) *stripBuf {
+	if rows <= stripsOnStack {
+		return nil
+	}
+	return stripPool.Get().(*stripBuf)
+}
+
+// cutInto is cutStrips into the caller's stack arrays (strips, blocks) when
+// sl is nil, else into sl's storage, which keeps what it grew to. (The
+// pooled storage is never mixed with the stack arrays' slices, so that
+// these stay on the stack.)
+func cutInto(sl *stripBuf, rows []int, t0, t1, rb, perRow int, strips []strip, blocks []int) ([]strip, []int, int) {
+	if sl == nil {
+		return cutStrips(rows, t0, t1, rb, perRow, strips, blocks)
+	}
+	ps, pb, packed := cutStrips(rows, t0, t1, rb, perRow, sl.strips[:0], sl.blocks[:0])
+	sl.strips, sl.blocks = ps, pb
+	return ps, pb, packed
+}
+
+// put drops the strips' pointers into the packed activations and returns b
+// to the pool (nil receiver: nothing).
+func (b *stripBuf) put() {
+	if b != nil {
+		clear(b.strips)
+		stripPool.Put(b)
+	}
+}
+
 // cutStrips cuts rows [t0,t1) into blocks of rb rows and each block into
 // strips of the tallest row tile of rows (tallest first) that fits,
 // appending them to strips and each block's first strip index, then the end
@@ -180,15 +226,17 @@ func cutStrips(rows []int, t0, t1, rb, perRow int, strips []strip, blocks []int)
 // are streamed from memory once.
 func (s *simdImpl) run(ks *kernelSet, p Params, dst, x, w unsafe.Pointer, wsz uintptr, K, N, t0, t1, n0, n1 int) {
 	// Cut rows into strips and pack the activations once for all panels.
-	var sb [32]strip
+	var sb [stripsOnStack]strip
 	var bb [8]int
 	strips := sb[:0]
 	blocks := bb[:0] // strips[blocks[b]:blocks[b+1]] is row block b
+	sl := getStrips(t1 - t0)
+	defer sl.put()
 	var packed int
 	nv := (K + s.vw - 1) / s.vw
 	// Keep a row block of packed activations within about blockBytes.
 	rb := min(p.RowBlock, max(8, blockBytes/(K*4)/8*8))
-	strips, blocks, packed = cutStrips(s.rows, t0, t1, rb, nv*s.vw, strips, blocks)
+	strips, blocks, packed = cutInto(sl, s.rows, t0, t1, rb, nv*s.vw, strips, blocks)
 	if pb := s.packStrips(strips, packed, x, K); pb != nil {
 		defer bufPool.Put(pb)
 	}
