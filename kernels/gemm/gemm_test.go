@@ -451,3 +451,37 @@ func TestTallProductsDoNotAllocate(t *testing.T) {
 		require.Zero(t, testing.AllocsPerRun(10, f), name)
 	}
 }
+
+// A tall product split over columns packs its activations once for every
+// worker (prepack): its results are those of the same product on one
+// goroutine, which packs them itself, and of each row alone, bit for bit,
+// whatever the workers, K (tails, several row blocks) and Params.
+func TestSharedPackingMatchesSerial(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	old := parallel.Workers
+	defer func() { parallel.Workers = old }()
+	eachImpl(t, func(t *testing.T) {
+		for _, workers := range []int{2, 3} {
+			parallel.Workers = workers
+			for _, K := range []int{33, 100, 1500} {
+				for _, T := range []int{sharedPackRows, 150, 301} {
+					N := 70
+					x, wb := randSlice(r, T*K), randBF16(r, N*K)
+					w := make([]float32, N*K)
+					BF16ToFloat32s(w, wb)
+					shared, serial, bf := make([]float32, T*N), make([]float32, T*N), make([]float32, T*N)
+					MatMulTWith(Params{ColGrain: 8, RowBlock: 24}, shared, x, T, K, w, N)
+					MatMulTSerial(serial, x, T, K, w, N)
+					require.Equal(t, serial, shared, "workers %d K=%d T=%d", workers, K, T)
+					MatMulTBF16With(Params{ColGrain: 8}, bf, x, T, K, wb, N)
+					require.Equal(t, serial, bf, "bf16 weights: workers %d K=%d T=%d", workers, K, T)
+					row := make([]float32, N)
+					for _, tt := range []int{0, T / 2, T - 1} {
+						MatMulT(row, x[tt*K:(tt+1)*K], 1, K, w, N)
+						require.Equal(t, serial[tt*N:(tt+1)*N], row, "workers %d K=%d T=%d row %d", workers, K, T, tt)
+					}
+				}
+			}
+		}
+	})
+}
