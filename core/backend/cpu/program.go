@@ -10,6 +10,7 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/kernels/gemm"
+	"github.com/glmflash/glmflash/kernels/mla"
 	"github.com/glmflash/glmflash/kernels/moe"
 )
 
@@ -37,8 +38,10 @@ type Program struct {
 	spanBuf []seqRun
 	// Kernel scratch shared by the program's nodes (steps run one at a
 	// time): MoE routing and experts, KDA conv per sequence and attention
-	// per (sequence, head), the indexer's head weights.
+	// per (sequence, head), the indexer's head weights, sparse MLA (every
+	// DSA layer's attention, by either path: the largest call's scratch).
 	moeWS    moe.Workspace
+	mlaWS    mla.Workspace
 	convScr  [][]float32
 	kdaTasks []kdaTask
 	topkW    []float32
