@@ -339,8 +339,7 @@ func takePackBuf(n int) []float32 {
 	packSlot.buf = nil
 	packSlot.Unlock()
 	if cap(b) < n {
-		b = nil // let the old one go before the new one is made
-		b = make([]float32, n)
+		b = make([]float32, n) // the old one is dead here: the collector may take it
 	}
 	return b[:n]
 }
