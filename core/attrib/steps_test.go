@@ -5,6 +5,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/kernels/mla"
 	"github.com/stretchr/testify/require"
 )
 
@@ -44,4 +45,41 @@ func TestPrefillSlotsInChunks(t *testing.T) {
 		}
 	}
 	require.Equal(t, 512, ContextChunk)
+}
+
+// A long context (400 tokens: the tiny indexer keeps 4 pools of 4 and the
+// tail, so every query's selection is sparse and a chunk's union spans the
+// cache) prefilled in chunks gives the next decode step's logits of the
+// context prefilled at once by the expand path, within 1e-4, whichever MLA
+// path the chunks take: the cost and scratch rule's choice per chunk, or
+// either path forced.
+func TestPrefillLongContextInChunks(t *testing.T) {
+	ck := tinyCheckpoint(t, 4)
+	V := ck.Config().VocabSize
+	const n = 400
+	defer func() { mla.Force = mla.PathAuto }()
+	next := func(chunk int, p mla.Path) []float32 {
+		mla.Force = p
+		defer func() { mla.Force = mla.PathAuto }()
+		e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 1})
+		require.NoError(t, err)
+		defer e.Close()
+		s, err := e.Store().Alloc()
+		require.NoError(t, err)
+		require.NoError(t, prefillSlotsChunked(e, []int{s}, V, n, chunk))
+		r, err := e.Run(DecodeKey, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: []int32{7}}}})
+		require.NoError(t, err)
+		return append([]float32(nil), r.Logits...)
+	}
+	whole := next(n, mla.PathExpand)
+	require.NotEmpty(t, whole)
+	for _, chunk := range []int{64, 150} {
+		for _, p := range []mla.Path{mla.PathAuto, mla.PathExpand, mla.PathAbsorb} {
+			got := next(chunk, p)
+			require.Len(t, got, len(whole))
+			for i := range whole {
+				require.InDelta(t, whole[i], got[i], 1e-4, "chunk %d, %s, logit %d", chunk, p, i)
+			}
+		}
+	}
 }

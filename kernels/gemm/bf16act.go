@@ -120,14 +120,16 @@ var roundPool = sync.Pool{New: func() any {
 // of dst on the calling goroutine. xb holds the rounded activations, rows
 // of kp (K padded to whole vectors) bf16 values.
 func (s *simdImpl) runBB(p Params, dst unsafe.Pointer, xb []uint16, kp int, w unsafe.Pointer, K, N, t0, t1, n0, n1 int) {
-	var sb [32]strip
+	var sb [stripsOnStack]strip
 	var bb [8]int
 	strips := sb[:0]
 	blocks := bb[:0]
+	sl := getStrips(t1 - t0)
+	defer sl.put()
 	var packed int
 	nv := kp / bf16Lanes
 	rb := min(p.RowBlock, max(8, blockBytes/(kp*2)/8*8))
-	strips, blocks, packed = cutStrips(s.rows, t0, t1, rb, nv*bf16Lanes, strips, blocks)
+	strips, blocks, packed = cutInto(sl, s.rows, t0, t1, rb, nv*bf16Lanes, strips, blocks)
 	if pb := s.packBB(strips, packed, xb, kp); pb != nil {
 		defer buf16Pool.Put(pb)
 	}

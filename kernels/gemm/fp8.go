@@ -173,10 +173,12 @@ var (
 // weight rows (kept in L1 while every strip passes over them) cut into the
 // strip height's column tiles.
 func (s *simdImpl) runF8(dst unsafe.Pointer, ldd int, x []float32, T, K int, w *FP8, n0, n1 int) {
-	var sb [32]strip
+	var sb [stripsOnStack]strip
 	var bb [8]int
+	sl := getStrips(T)
+	defer sl.put()
 	nv := (K + s.vw - 1) / s.vw
-	strips, _, packed := cutStrips(fp8Rows[:], 0, T, T, nv*s.vw, sb[:0], bb[:0])
+	strips, _, packed := cutInto(sl, fp8Rows[:], 0, T, T, nv*s.vw, sb[:0], bb[:0])
 	if pb := s.packStrips(strips, packed, unsafe.Pointer(&x[0]), K); pb != nil {
 		defer bufPool.Put(pb)
 	}
@@ -240,11 +242,13 @@ func (s *simdImpl) packStrips(strips []strip, packed int, x unsafe.Pointer, K in
 // weight rows is dequantized once and swept by every block in turn (as run
 // sweeps a panel), so a weight is dequantized once whatever T.
 func (s *simdImpl) runF8Tiles(dst unsafe.Pointer, ldd int, x []float32, T, K int, w *FP8, n0, n1 int, fast bool) {
-	var sb [32]strip
+	var sb [stripsOnStack]strip
 	var bb [8]int
+	sl := getStrips(T)
+	defer sl.put()
 	nv := (K + s.vw - 1) / s.vw
 	rb := max(8, blockBytes/(K*4)/8*8)
-	strips, blocks, packed := cutStrips(s.rows, 0, T, rb, nv*s.vw, sb[:0], bb[:0])
+	strips, blocks, packed := cutInto(sl, s.rows, 0, T, rb, nv*s.vw, sb[:0], bb[:0])
 	if pb := s.packStrips(strips, packed, unsafe.Pointer(&x[0]), K); pb != nil {
 		defer bufPool.Put(pb)
 	}

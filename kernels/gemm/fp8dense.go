@@ -175,12 +175,14 @@ func (o *f8op) colRange(lo, hi int) {
 // block in turn (as runBB sweeps a panel). Each output is the one runBB
 // computes.
 func (s *simdImpl) runF8BB(dst unsafe.Pointer, ldd int, xb []uint16, kp, T, K int, w *FP8, n0, n1 int) {
-	var sb [32]strip
+	var sb [stripsOnStack]strip
 	var bb [8]int
 	fast := w.fastOK()
 	nv := kp / bf16Lanes
 	rb := max(8, blockBytes/(kp*2)/8*8)
-	strips, blocks, packed := cutStrips(s.rows, 0, T, rb, nv*bf16Lanes, sb[:0], bb[:0])
+	sl := getStrips(T)
+	defer sl.put()
+	strips, blocks, packed := cutInto(sl, s.rows, 0, T, rb, nv*bf16Lanes, sb[:0], bb[:0])
 	if pb := s.packBB(strips, packed, xb, kp); pb != nil {
 		defer buf16Pool.Put(pb)
 	}

@@ -123,6 +123,7 @@ type op struct {
 	xb           []uint16  // rounded activations (opBB), rows of kp
 	kp           int
 	nTasks, rows int
+	pre          *prepacked               // the activations packed once for every worker's columns, or nil
 	cols, tiles  func(lo, hi int)         // forTiles' bodies (method values)
 	goBlock      func(t0, t1, n0, n1 int) // o.block (method value)
 }
@@ -164,6 +165,10 @@ func (o *op) body(t0, t1, n0, n1 int) {
 		if o.kind == opBF16 {
 			ks = s.bf16
 		}
+		if o.pre != nil { // rows [0,T), packed once for every worker
+			s.sweep(ks, o.pre.strips, o.pre.blocks, unsafe.Pointer(&o.dst[0]), o.w, uintptr(o.wsz), o.K, o.N, n0, n1)
+			return
+		}
 		s.run(ks, o.p, unsafe.Pointer(&o.dst[0]), unsafe.Pointer(&o.x[0]), o.w, uintptr(o.wsz), o.K, o.N, t0, t1, n0, n1)
 	default:
 		walk(o.p, t0, t1, n0, n1, o.wsz*o.K, o.goBlock)
@@ -184,6 +189,10 @@ func (o *op) block(t0, t1, n0, n1 int) {
 // gets one call for its contiguous range of columns and all rows (so a
 // GEMV splits over N). When there are fewer column items than workers
 // (narrow outputs), items are RowBlock rows × ColGrain columns instead.
+// A product of at least sharedPackRows rows split over columns has its
+// activations packed once, over the workers, before the column region,
+// instead of by every worker for all rows (the same strips and packing:
+// the same results, with one packed copy instead of one per worker).
 func (o *op) forTiles() {
 	grain := o.p.ColGrain
 	o.nTasks = (o.N + grain - 1) / grain
@@ -192,6 +201,10 @@ func (o *op) forTiles() {
 		o.rows = (o.T + o.p.RowBlock - 1) / o.p.RowBlock
 	}
 	if o.rows == 1 {
+		if s := o.im.simd; s != nil && o.kind != opBB && o.T >= sharedPackRows && o.nTasks > 1 && parallel.Workers > 1 {
+			o.pre = s.prepack(o.p, unsafe.Pointer(&o.x[0]), o.K, o.T)
+			defer func() { o.pre.release(); o.pre = nil }()
+		}
 		parallel.For(o.nTasks, 1, o.cols)
 		return
 	}

@@ -419,3 +419,69 @@ func TestDotMatchesMatMulTAndDoesNotAllocate(t *testing.T) {
 		}
 	})
 }
+
+// A tall product (a prefill's rows: more strips than the callers' stack
+// arrays hold) allocates nothing once its pools are warm, by every kernel
+// kind: its strip lists are pooled with its packed activations.
+func TestTallProductsDoNotAllocate(t *testing.T) {
+	if raceOn {
+		t.Skip("sync.Pool drops items under the race detector")
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	const T, K, N = 300, 96, 64
+	x, dst := make([]float32, T*K), make([]float32, T*N)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	wf := make([]float32, N*K)
+	wb := make([]uint16, N*K)
+	for i := range wf {
+		wf[i] = float32(r.NormFloat64())
+		wb[i] = Float32ToBF16(wf[i])
+	}
+	w8 := randFP8(r, N, K, 32, 32, false)
+	for name, f := range map[string]func(){
+		"fp32":        func() { MatMulTSerial(dst, x, T, K, wf, N) },
+		"fp32 shared": func() { MatMulT(dst, x, T, K, wf, N) },
+		"bf16":        func() { MatMulTBF16Serial(dst, x, T, K, wb, N) },
+		"bf16 act":    func() { MatMulTBF16ActSerial(dst, x, T, K, wb, N) },
+		"fp8":         func() { MatMulTFP8Serial(dst, x, T, K, w8, N) },
+	} {
+		f()
+		require.Zero(t, testing.AllocsPerRun(10, f), name)
+	}
+}
+
+// A tall product split over columns packs its activations once for every
+// worker (prepack): its results are those of the same product on one
+// goroutine, which packs them itself, and of each row alone, bit for bit,
+// whatever the workers, K (tails, several row blocks) and Params.
+func TestSharedPackingMatchesSerial(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	old := parallel.Workers
+	defer func() { parallel.Workers = old }()
+	eachImpl(t, func(t *testing.T) {
+		for _, workers := range []int{2, 3} {
+			parallel.Workers = workers
+			for _, K := range []int{33, 100, 1500} {
+				for _, T := range []int{sharedPackRows, 150, 301} {
+					N := 70
+					x, wb := randSlice(r, T*K), randBF16(r, N*K)
+					w := make([]float32, N*K)
+					BF16ToFloat32s(w, wb)
+					shared, serial, bf := make([]float32, T*N), make([]float32, T*N), make([]float32, T*N)
+					MatMulTWith(Params{ColGrain: 8, RowBlock: 24}, shared, x, T, K, w, N)
+					MatMulTSerial(serial, x, T, K, w, N)
+					require.Equal(t, serial, shared, "workers %d K=%d T=%d", workers, K, T)
+					MatMulTBF16With(Params{ColGrain: 8}, bf, x, T, K, wb, N)
+					require.Equal(t, serial, bf, "bf16 weights: workers %d K=%d T=%d", workers, K, T)
+					row := make([]float32, N)
+					for _, tt := range []int{0, T / 2, T - 1} {
+						MatMulT(row, x[tt*K:(tt+1)*K], 1, K, w, N)
+						require.Equal(t, serial[tt*N:(tt+1)*N], row, "workers %d K=%d T=%d row %d", workers, K, T, tt)
+					}
+				}
+			}
+		}
+	})
+}

@@ -2,6 +2,7 @@ package gemm
 
 import (
 	"fmt"
+	"github.com/glmflash/glmflash/kernels/parallel"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -145,6 +146,52 @@ type strip struct {
 	x    unsafe.Pointer
 }
 
+// stripBuf is the strip and block storage of a product too tall for its
+// caller's stack arrays (stripsOnStack rows): pooled, so that the GEMMs of
+// a prefill allocate nothing in the steady state.
+type stripBuf struct {
+	strips []strip
+	blocks []int
+}
+
+// stripsOnStack is the most rows whose strips (at most one a row) and row
+// blocks (RowBlock ≥ 8: at most five with the end) fit the callers' stack
+// arrays, [32]strip and [8]int.
+const stripsOnStack = 32
+
+var stripPool = sync.Pool{New: func() any { return new(stripBuf) }}
+
+// getStrips returns pooled strip storage for a product of rows rows, or nil
+// when the caller's stack arrays hold them (see cutInto); return it with put.
+func getStrips(rows int) *stripBuf {
+	if rows <= stripsOnStack {
+		return nil
+	}
+	return stripPool.Get().(*stripBuf)
+}
+
+// cutInto is cutStrips into the caller's stack arrays (strips, blocks) when
+// sl is nil, else into sl's storage, which keeps what it grew to. (The
+// pooled storage is never mixed with the stack arrays' slices, so that
+// these stay on the stack.)
+func cutInto(sl *stripBuf, rows []int, t0, t1, rb, perRow int, strips []strip, blocks []int) ([]strip, []int, int) {
+	if sl == nil {
+		return cutStrips(rows, t0, t1, rb, perRow, strips, blocks)
+	}
+	ps, pb, packed := cutStrips(rows, t0, t1, rb, perRow, sl.strips[:0], sl.blocks[:0])
+	sl.strips, sl.blocks = ps, pb
+	return ps, pb, packed
+}
+
+// put drops the strips' pointers into the packed activations and returns b
+// to the pool (nil receiver: nothing).
+func (b *stripBuf) put() {
+	if b != nil {
+		clear(b.strips)
+		stripPool.Put(b)
+	}
+}
+
 // cutStrips cuts rows [t0,t1) into blocks of rb rows and each block into
 // strips of the tallest row tile of rows (tallest first) that fits,
 // appending them to strips and each block's first strip index, then the end
@@ -180,19 +227,30 @@ func cutStrips(rows []int, t0, t1, rb, perRow int, strips []strip, blocks []int)
 // are streamed from memory once.
 func (s *simdImpl) run(ks *kernelSet, p Params, dst, x, w unsafe.Pointer, wsz uintptr, K, N, t0, t1, n0, n1 int) {
 	// Cut rows into strips and pack the activations once for all panels.
-	var sb [32]strip
+	var sb [stripsOnStack]strip
 	var bb [8]int
 	strips := sb[:0]
 	blocks := bb[:0] // strips[blocks[b]:blocks[b+1]] is row block b
+	sl := getStrips(t1 - t0)
+	defer sl.put()
 	var packed int
 	nv := (K + s.vw - 1) / s.vw
-	// Keep a row block of packed activations within about blockBytes.
-	rb := min(p.RowBlock, max(8, blockBytes/(K*4)/8*8))
-	strips, blocks, packed = cutStrips(s.rows, t0, t1, rb, nv*s.vw, strips, blocks)
+	strips, blocks, packed = cutInto(sl, s.rows, t0, t1, s.rowBlock(p, K), nv*s.vw, strips, blocks)
 	if pb := s.packStrips(strips, packed, x, K); pb != nil {
 		defer bufPool.Put(pb)
 	}
+	s.sweep(ks, strips, blocks, dst, w, wsz, K, N, n0, n1)
+}
 
+// rowBlock is the rows of a row block: RowBlock, fewer when K is large, to
+// keep a row block of packed activations within about blockBytes.
+func (s *simdImpl) rowBlock(p Params, K int) int {
+	return min(p.RowBlock, max(8, blockBytes/(K*4)/8*8))
+}
+
+// sweep computes columns [n0,n1) of dst for the rows of strips, cut into
+// row blocks by blocks and packed (see run).
+func (s *simdImpl) sweep(ks *kernelSet, strips []strip, blocks []int, dst, w unsafe.Pointer, wsz uintptr, K, N, n0, n1 int) {
 	nc := n1 - n0
 	if len(blocks) > 2 {
 		nc = max(1, panelBytes/(K*int(wsz)*24)) * 24
@@ -235,6 +293,107 @@ func (s *simdImpl) group(ks *kernelSet, strips []strip, dst, w unsafe.Pointer, w
 		}
 		n += c
 	}
+}
+
+// sharedPackRows is the fewest rows whose activations a product split over
+// columns packs once for all workers (prepack) instead of once per worker
+// (run): a prefill's products. Below it (decode) packing is a few vectors.
+const sharedPackRows = 64
+
+// prepacked is the activations of a product of T rows cut into strips and
+// packed once, read by every worker's columns (op.forTiles). Pooled with
+// its packing body; its buffer comes from packSlot.
+type prepacked struct {
+	sl     stripBuf
+	strips []strip
+	blocks []int
+	buf    []float32
+	// the packing's operands, read by pack
+	s    *simdImpl
+	x    unsafe.Pointer
+	K    int
+	pack func(lo, hi int)
+}
+
+var prepackPool = sync.Pool{New: func() any {
+	pp := new(prepacked)
+	pp.pack = pp.packRange
+	return pp
+}}
+
+// packSlot keeps prepack's buffer between products: one slot, the largest
+// buffer given back, as a program's arena keeps its largest extent. (Not a
+// sync.Pool: its per-P caches would keep a copy of a prefill's largest
+// packing for every P its caller ran on; nor bufPool, whose small
+// per-worker buffers would be grown in its place.) Products running at once
+// take a buffer each.
+var packSlot struct {
+	sync.Mutex
+	buf []float32
+}
+
+// takePackBuf returns n floats (contents undefined).
+func takePackBuf(n int) []float32 {
+	packSlot.Lock()
+	b := packSlot.buf
+	packSlot.buf = nil
+	packSlot.Unlock()
+	if cap(b) < n {
+		b = make([]float32, n) // the old one is dead here: the collector may take it
+	}
+	return b[:n]
+}
+
+// givePackBuf keeps b for the next product unless a larger one is kept.
+func givePackBuf(b []float32) {
+	packSlot.Lock()
+	if cap(b) > cap(packSlot.buf) {
+		packSlot.buf = b
+	}
+	packSlot.Unlock()
+}
+
+// prepack cuts rows [0,T) as run would, lays the packed strips out in one
+// buffer and packs them over the workers (every strip is independent).
+func (s *simdImpl) prepack(p Params, x unsafe.Pointer, K, T int) *prepacked {
+	pp := prepackPool.Get().(*prepacked)
+	nv := (K + s.vw - 1) / s.vw
+	strips, blocks, packed := cutStrips(s.rows, 0, T, s.rowBlock(p, K), nv*s.vw, pp.sl.strips[:0], pp.sl.blocks[:0])
+	pp.sl.strips, pp.sl.blocks = strips, blocks
+	pp.strips, pp.blocks = strips, blocks
+	pp.buf = takePackBuf(packed)
+	buf := pp.buf
+	off := 0
+	for i := range strips {
+		st := &strips[i]
+		st.x = unsafe.Add(x, uintptr(st.t*K)*4)
+		if st.r > 1 {
+			st.x = unsafe.Pointer(&buf[off]) // packed by pack
+			off += nv * st.r * s.vw
+		}
+	}
+	pp.s, pp.x, pp.K = s, x, K
+	parallel.For(len(strips), 8, pp.pack)
+	return pp
+}
+
+// packRange packs strips [lo, hi) (those of r > 1 rows) into their places.
+func (pp *prepacked) packRange(lo, hi int) {
+	s, K, nv := pp.s, pp.K, (pp.K+pp.s.vw-1)/pp.s.vw
+	for _, st := range pp.strips[lo:hi] {
+		if st.r > 1 {
+			buf := unsafe.Slice((*float32)(st.x), nv*st.r*s.vw)
+			s.packStrip(buf, unsafe.Add(pp.x, uintptr(st.t*K)*4), K, st.r)
+		}
+	}
+}
+
+// release returns the buffer and pp to their pools.
+func (pp *prepacked) release() {
+	givePackBuf(pp.buf)
+	clear(pp.sl.strips)
+	pp.strips, pp.blocks, pp.buf, pp.s, pp.x = nil, nil, nil, nil, nil
+	prepackPool.Put(pp)
 }
 
 // packStrip stores r activation rows of length K (row i at x + i·K·4) into

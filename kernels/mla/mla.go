@@ -76,6 +76,10 @@ type Config struct {
 // long; a long prefill chunk, whose union is about T and whose rows hold many
 // positions each, favours expand whenever QKDim+VDim < 2·Rank (it expands
 // each key once instead of attending Rank-wide latents).
+//
+// A chunk of a long context is different: its queries select positions all
+// over the cache, so the union grows with the context (about the whole cache
+// once each query's pools are spread over it) while T and sel stay fixed.
 func (c *Config) Costs(T, sel, union int) (expand, absorb int) {
 	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
 	expand = union*R*H*(dq+dv) + sel*H*(dq+dv)
@@ -83,8 +87,25 @@ func (c *Config) Costs(T, sel, union int) (expand, absorb int) {
 	return expand, absorb
 }
 
+// Scratch returns the floats each path holds for one call, beyond the
+// per-worker temporaries (see Workspace):
+//
+//	expand = union·(Rank + Heads·(QKDim+VDim))   the gathered latents and their expansion
+//	absorb = 2·T·Heads·Rank                      the absorbed queries and the latent outputs
+//
+// Expand's grows with the union, which for a chunk of a long context grows
+// with the context; absorb's depends on T only.
+func (c *Config) Scratch(T, union int) (expand, absorb int) {
+	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
+	return union * (R + H*(dq+dv)), 2 * T * H * R
+}
+
 // Choose returns the path Attend takes for these counts (see Costs): Force
-// or Path when set, else absorb when it is strictly cheaper.
+// or Path when set, else expand when it is at most as costly as absorb
+// (Costs) and needs no more scratch than absorb (Scratch), else absorb.
+// The scratch condition bounds the attention's memory by the chunk's size
+// whatever the context: expand is kept for dense prefill chunks, whose
+// union is about T, and refused where a chunk's union spans a long context.
 func (c *Config) Choose(T, sel, union int) Path {
 	if Force != PathAuto {
 		return Force
@@ -95,22 +116,58 @@ func (c *Config) Choose(T, sel, union int) Path {
 	if e, a := c.Costs(T, sel, union); a < e {
 		return PathAbsorb
 	}
+	if e, a := c.Scratch(T, union); e > a {
+		return PathAbsorb
+	}
 	return PathExpand
+}
+
+// Workspace is the scratch of Attend calls made one at a time: the position
+// marks, the expand path's row map, gathered latents and expanded keys and
+// values, or the absorbed path's queries and latent outputs (one buffer:
+// a call takes one path). A caller that runs many attentions in turn (a
+// program's layers) keeps one Workspace for all of them, so their scratch
+// is the largest call's, held once, and a call of a size seen before
+// allocates nothing. The zero value is ready to use; a Workspace is not for
+// concurrent calls. The per-worker temporaries of the parallel steps stay
+// in pools.
+type Workspace struct {
+	mark  []bool
+	rowOf []int32
+	buf   []float32
+}
+
+// wsPool serves the calls that bring no Workspace.
+var wsPool = sync.Pool{New: func() any { return new(Workspace) }}
+
+// floats returns n floats of ws.buf (contents undefined), growing it to
+// exactly n when shorter: the largest call sets the size.
+func (ws *Workspace) floats(n int) []float32 {
+	if cap(ws.buf) < n {
+		ws.buf = nil // let the old one go before the new one is made
+		ws.buf = make([]float32, n)
+	}
+	return ws.buf[:n]
 }
 
 // Attend computes o ([T][Heads·VDim]) for T queries q ([T][Heads·QKDim]) of
 // one sequence whose latents are ckv ([L][Rank], the whole cache including
 // the new tokens). sel ([T][width]) lists each query's positions (−1 =
 // unused). A query with no position gets a zero output. The path follows
-// Choose.
+// Choose. Its scratch comes from a pooled Workspace (see AttendWith).
 func (c *Config) Attend(o, q, ckv []float32, sel []int32, T, width int) {
+	ws := wsPool.Get().(*Workspace)
+	defer wsPool.Put(ws)
+	c.AttendWith(ws, o, q, ckv, sel, T, width)
+}
+
+// AttendWith is Attend with its scratch in ws.
+func (c *Config) AttendWith(ws *Workspace, o, q, ckv []float32, sel []int32, T, width int) {
 	L := len(ckv) / c.Rank
-	mb := marks.Get().(*[]bool)
-	defer marks.Put(mb)
-	if cap(*mb) < L {
-		*mb = make([]bool, 2*L) // headroom: L grows by a token per step
+	if cap(ws.mark) < L {
+		ws.mark = make([]bool, 2*L) // headroom: L grows by a token per step
 	}
-	mark := (*mb)[:L]
+	mark := ws.mark[:L]
 	clear(mark)
 	s, u := 0, 0
 	for _, p := range sel[:T*width] {
@@ -123,21 +180,30 @@ func (c *Config) Attend(o, q, ckv []float32, sel []int32, T, width int) {
 		}
 	}
 	if c.Choose(T, s, u) == PathAbsorb {
-		c.AttendAbsorbed(o, q, ckv, sel, T, width)
+		c.attendAbsorbed(ws, o, q, ckv, sel, T, width)
 		return
 	}
-	c.AttendExpand(o, q, ckv, sel, T, width)
+	c.attendExpand(ws, o, q, ckv, sel, T, width)
 }
 
 // AttendExpand is Attend by the expand path: the union of the selected
 // positions is expanded through kv_b_proj once, then each (query, head)
 // attends its positions.
 func (c *Config) AttendExpand(o, q, ckv []float32, sel []int32, T, width int) {
+	ws := wsPool.Get().(*Workspace)
+	defer wsPool.Put(ws)
+	c.attendExpand(ws, o, q, ckv, sel, T, width)
+}
+
+func (c *Config) attendExpand(ws *Workspace, o, q, ckv []float32, sel []int32, T, width int) {
 	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
 	L := len(ckv) / R
 	// rowOf[p] = the row of position p among the expanded union (ascending
 	// positions), −1 when no query selects p
-	rowOf := make([]int32, L)
+	if cap(ws.rowOf) < L {
+		ws.rowOf = make([]int32, 2*L) // headroom, as for the marks
+	}
+	rowOf := ws.rowOf[:L]
 	for i := range rowOf {
 		rowOf[i] = -1
 	}
@@ -154,9 +220,7 @@ func (c *Config) AttendExpand(o, q, ckv []float32, sel []int32, T, width int) {
 		}
 	}
 	row := H * (dq + dv)
-	sb := scratch.Get().(*[]float32) // the expanded rows: pooled (prefill would otherwise allocate them per layer)
-	defer scratch.Put(sb)
-	buf := grow(sb, n*R+n*row)
+	buf := ws.floats(n*R + n*row)
 	lat, kv := buf[:n*R], buf[n*R:]
 	for p, r := range rowOf {
 		if r >= 0 {
@@ -314,6 +378,12 @@ func (ex *expandRun) tasks(lo, hi int) {
 //     queries than workers, as at decode);
 //  3. o[t][h] = W_UV[h]·ol[t][h] (per head, a GEMM over the T queries).
 func (c *Config) AttendAbsorbed(o, q, ckv []float32, sel []int32, T, width int) {
+	ws := wsPool.Get().(*Workspace)
+	defer wsPool.Put(ws)
+	c.attendAbsorbed(ws, o, q, ckv, sel, T, width)
+}
+
+func (c *Config) attendAbsorbed(ws *Workspace, o, q, ckv []float32, sel []int32, T, width int) {
 	H, R := c.Heads, c.Rank
 	ab, _ := absorbedPool.Get().(*absorbed)
 	if ab == nil {
@@ -321,15 +391,17 @@ func (c *Config) AttendAbsorbed(o, q, ckv []float32, sel []int32, T, width int) 
 		ab.absorbFn, ab.queriesFn, ab.outFn = ab.absorb, ab.queries, ab.out
 	}
 	defer func() {
-		ab.c, ab.o, ab.q, ab.ckv, ab.sel = nil, nil, nil, nil, nil
+		ab.c, ab.o, ab.q, ab.ckv, ab.sel, ab.qa, ab.ol = nil, nil, nil, nil, nil, nil, nil
 		absorbedPool.Put(ab)
 	}()
 	ab.c, ab.o, ab.q, ab.ckv, ab.sel, ab.T, ab.width = c, o, q, ckv, sel, T, width
-	// 1. absorb W_UK ([dq][R] per head) into the queries: qa is [T][H][R]
-	ab.qa = grow(&ab.qaBuf, T*H*R)
+	// qa ([T][H][R], the absorbed queries) and ol ([H][T][R], the latent
+	// outputs) share the workspace's buffer
+	buf := ws.floats(2 * T * H * R)
+	ab.qa, ab.ol = buf[:T*H*R], buf[T*H*R:]
+	// 1. absorb W_UK ([dq][R] per head) into the queries
 	parallel.For(H, 1, ab.absorbFn)
-	// 2. attend the latents: ol is [H][T][R]
-	ab.ol = grow(&ab.olBuf, H*T*R)
+	// 2. attend the latents
 	if T >= parallel.Workers {
 		parallel.For(T, 1, ab.queriesFn)
 	} else {
@@ -343,25 +415,22 @@ func (c *Config) AttendAbsorbed(o, q, ckv []float32, sel []int32, T, width int) 
 	parallel.For(H, 1, ab.outFn)
 }
 
-// absorbed is one AttendAbsorbed call's operands and scratch, pooled with
-// its parallel bodies (method values made once): a call allocates nothing
-// in the steady state.
+// absorbed is one AttendAbsorbed call's operands (qa and ol in the call's
+// Workspace), pooled with its parallel bodies (method values made once): a
+// call allocates nothing in the steady state.
 type absorbed struct {
 	c                          *Config
 	o, q, ckv                  []float32
 	sel                        []int32
 	T, width                   int
 	qa, ol                     []float32
-	qaBuf, olBuf               []float32
 	absorbFn, queriesFn, outFn func(lo, hi int)
 }
 
 var absorbedPool sync.Pool
 
-// marks holds Attend's position marks.
-var marks = sync.Pool{New: func() any { return new([]bool) }}
-
-// scratch holds the workers' per-call temporaries.
+// scratch holds the workers' per-call temporaries of the absorbed path
+// (steps 1 and 3).
 var scratch = sync.Pool{New: func() any { return new([]float32) }}
 
 func grow(b *[]float32, n int) []float32 {
@@ -372,6 +441,10 @@ func grow(b *[]float32, n int) []float32 {
 	return *b
 }
 
+// tempLen is the size of the absorbed path's per-worker temporaries: one
+// size for steps 1 and 3, so that a pooled buffer fits either.
+func (c *Config) tempLen(T int) int { return T * max(c.QKDim+c.Rank, c.VDim) }
+
 // absorb is step 1 for heads [lo, hi).
 func (ab *absorbed) absorb(lo, hi int) {
 	c, T, q, qa := ab.c, ab.T, ab.q, ab.qa
@@ -379,8 +452,8 @@ func (ab *absorbed) absorb(lo, hi int) {
 	stride := (dq + dv) * R
 	sb := scratch.Get().(*[]float32)
 	defer scratch.Put(sb)
-	buf := grow(sb, T*dq+T*R)
-	qh, tmp := buf[:T*dq], buf[T*dq:]
+	buf := grow(sb, c.tempLen(T))
+	qh, tmp := buf[:T*dq], buf[T*dq:T*dq+T*R]
 	for h := lo; h < hi; h++ {
 		for t := 0; t < T; t++ {
 			copy(qh[t*dq:(t+1)*dq], q[t*H*dq+h*dq:t*H*dq+(h+1)*dq])
@@ -409,7 +482,7 @@ func (ab *absorbed) out(lo, hi int) {
 	stride := (dq + dv) * R
 	sb := scratch.Get().(*[]float32)
 	defer scratch.Put(sb)
-	tmp := grow(sb, T*dv)
+	tmp := grow(sb, c.tempLen(T))[:T*dv]
 	for h := lo; h < hi; h++ {
 		gemm.MatMulTSerial(tmp, ol[h*T*R:(h+1)*T*R], T, R, c.KVBW[h*stride+dq*R:(h+1)*stride], dv)
 		for t := 0; t < T; t++ {

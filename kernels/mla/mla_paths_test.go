@@ -98,6 +98,32 @@ func TestAttendPathsMatchReference(t *testing.T) {
 	}
 }
 
+// One Workspace through calls of every size and both paths gives each call
+// the results of a fresh one, bit for bit (its marks, row map and buffer
+// hold the previous call's values: nothing may read them).
+func TestWorkspaceReuse(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	H, dq, dv, R, width := 4, 16, 12, 24, 19
+	c := &Config{Heads: H, QKDim: dq, VDim: dv, Rank: R, Scale: float32(1 / math.Sqrt(float64(dq))), KVBW: randVec(r, H*(dq+dv)*R)}
+	var ws Workspace
+	for i, s := range []struct {
+		T, L int
+		p    Path
+	}{{7, 40, PathExpand}, {3, 200, PathAbsorb}, {30, 60, PathExpand}, {1, 61, PathAuto}, {30, 90, PathAbsorb}, {5, 300, PathExpand}, {30, 120, PathAuto}, {2, 10, PathAbsorb}} {
+		c.Path = s.p
+		ckv, q := randVec(r, s.L*R), randVec(r, s.T*H*dq)
+		sel := sparseSel(r, s.T, width, s.L-s.T)
+		want, got := make([]float32, s.T*H*dv), make([]float32, s.T*H*dv)
+		c.AttendWith(new(Workspace), want, q, ckv, sel, s.T, width)
+		for j := range got {
+			got[j] = float32(math.NaN())
+		}
+		c.AttendWith(&ws, got, q, ckv, sel, s.T, width)
+		require.Equal(t, want, got, "call %d (T %d, L %d, %s)", i, s.T, s.L, s.p)
+	}
+	c.Path = PathAuto
+}
+
 func TestCostRule(t *testing.T) {
 	// the bench preset's geometry
 	c := &Config{Heads: 8, QKDim: 128, VDim: 128, Rank: 256}
@@ -112,6 +138,27 @@ func TestCostRule(t *testing.T) {
 	}
 	// a short chunk against a long sparse context: absorb
 	require.Equal(t, PathAbsorb, c.Choose(16, 16*259, 8192))
+	// scratch: expand's grows with the union, absorb's with T only
+	e, a := c.Scratch(512, 1024)
+	require.Equal(t, 1024*(256+8*256), e)
+	require.Equal(t, 2*512*8*256, a)
+	// narrow heads (QKDim+VDim ≪ 2·Rank): a chunk of 64 queries whose union
+	// is 400 positions is cheaper expanded (Costs), but its expansion would
+	// hold more than absorb's scratch: absorb; at a union of 300 both rules
+	// keep expand
+	n := &Config{Heads: 8, QKDim: 32, VDim: 32, Rank: 256}
+	ex, ab := n.Costs(64, 64*259, 400)
+	require.Less(t, ex, ab)
+	require.Equal(t, PathAbsorb, n.Choose(64, 64*259, 400))
+	require.Equal(t, PathExpand, n.Choose(64, 64*259, 300))
+	// the released geometry (64 heads of 256, kv_lora 512): a 512-token
+	// chunk whose selections span 2048 positions of a long context is 11%
+	// cheaper expanded, at twice absorb's scratch (260 vs 128 MiB)
+	g := &Config{Heads: 64, QKDim: 256, VDim: 256, Rank: 512}
+	ex, ab = g.Costs(512, 512*2051, 2048)
+	require.Less(t, ex, ab)
+	require.Equal(t, PathAbsorb, g.Choose(512, 512*2051, 2048))
+	require.Equal(t, PathExpand, g.Choose(512, 512*2051, 512))
 	// forcing
 	c.Path = PathExpand
 	require.Equal(t, PathExpand, c.Choose(1, 259, 259))

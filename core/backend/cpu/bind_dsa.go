@@ -133,7 +133,7 @@ func bindMLA(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			}
 			cache := appendDoubling(prev, ckv[r0*R:r1*R])
 			s.seq.CKV[layer] = cache
-			c.Attend(o[r0*H*dv:r1*H*dv], q[r0*H*dq:r1*H*dq], cache, sel[r0*width:r1*width], s.n, width)
+			c.AttendWith(&rc.p.mlaWS, o[r0*H*dv:r1*H*dv], q[r0*H*dq:r1*H*dq], cache, sel[r0*width:r1*width], s.n, width)
 		}
 		return nil
 	}, nil

@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/kernels/act"
@@ -159,10 +160,7 @@ func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			return err
 		}
 		o := rc.out(outs[0])
-		if len(rc.p.kdaTasks) < len(seqs)*H {
-			rc.p.kdaTasks = append(rc.p.kdaTasks, make([]kdaTask, len(seqs)*H-len(rc.p.kdaTasks))...)
-		}
-		ar.q, ar.k, ar.v, ar.g, ar.beta, ar.o, ar.seqs, ar.scr = q, k, v, g, beta, o, seqs, rc.p.kdaTasks
+		ar.q, ar.k, ar.v, ar.g, ar.beta, ar.o, ar.seqs, ar.scr = q, k, v, g, beta, o, seqs, &rc.p.kdaTasks
 		parallel.Each(len(seqs)*H, ar.fn)
 		ar.q, ar.k, ar.v, ar.g, ar.beta, ar.o, ar.seqs, ar.scr = nil, nil, nil, nil, nil, nil, nil, nil
 		return nil
@@ -178,7 +176,7 @@ type attnRun struct {
 	qscale              float32
 	q, k, v, g, beta, o []float32
 	seqs                []seqRun
-	scr                 []kdaTask
+	scr                 *kdaScratch
 	fn                  func(task int)
 }
 
@@ -188,7 +186,8 @@ func (ar *attnRun) task(task int) {
 	q, k, v, g, beta, o := ar.q, ar.k, ar.v, ar.g, ar.beta, ar.o
 	s, h := seqs[task/H], task%H
 	T := s.n
-	sc := &scr[task]
+	sc := scr.get()
+	defer scr.put(sc)
 	buf := takeScratch(&sc.buf, 5*T*Dh+T)
 	gather := func(src []float32) []float32 {
 		dst := buf[: T*Dh : T*Dh]
@@ -258,6 +257,32 @@ func haveKDA(seqs []seqRun, layer int) error {
 type kdaTask struct {
 	buf []float32
 	ws  kda.Workspace
+}
+
+// kdaScratch is a program's kdaTasks: a task takes one and gives it back
+// when done, so there are as many as tasks ever ran at once (the workers),
+// not one per (sequence, head) — a prefill of one sequence has a task per
+// head, each with [T] rows of scratch.
+type kdaScratch struct {
+	mu   sync.Mutex
+	free []*kdaTask
+}
+
+func (s *kdaScratch) get() *kdaTask {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.free); n > 0 {
+		t := s.free[n-1]
+		s.free = s.free[:n-1]
+		return t
+	}
+	return new(kdaTask)
+}
+
+func (s *kdaScratch) put(t *kdaTask) {
+	s.mu.Lock()
+	s.free = append(s.free, t)
+	s.mu.Unlock()
 }
 
 // growScratch returns s with at least n per-task buffers.

@@ -10,6 +10,7 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/kernels/gemm"
+	"github.com/glmflash/glmflash/kernels/mla"
 	"github.com/glmflash/glmflash/kernels/moe"
 )
 
@@ -36,11 +37,13 @@ type Program struct {
 	prep    backend.Prepared // Run's batch, prepared into the same storage
 	spanBuf []seqRun
 	// Kernel scratch shared by the program's nodes (steps run one at a
-	// time): MoE routing and experts, KDA conv per sequence and attention
-	// per (sequence, head), the indexer's head weights.
+	// time): MoE routing and experts, KDA conv per sequence, KDA attention
+	// per worker (kdaScratch), the indexer's head weights, sparse MLA (every
+	// DSA layer's attention, by either path: the largest call's scratch).
 	moeWS    moe.Workspace
+	mlaWS    mla.Workspace
 	convScr  [][]float32
-	kdaTasks []kdaTask
+	kdaTasks kdaScratch
 	topkW    []float32
 
 	runs, deviceReads, fusedMHC atomic.Int64
