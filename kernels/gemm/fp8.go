@@ -247,11 +247,20 @@ func (s *simdImpl) runF8Tiles(dst unsafe.Pointer, ldd int, x []float32, T, K int
 	sl := getStrips(T)
 	defer sl.put()
 	nv := (K + s.vw - 1) / s.vw
-	rb := max(8, blockBytes/(K*4)/8*8)
-	strips, blocks, packed := cutInto(sl, s.rows, 0, T, rb, nv*s.vw, sb[:0], bb[:0])
+	strips, blocks, packed := cutInto(sl, s.rows, 0, T, f8TileRowBlock(K), nv*s.vw, sb[:0], bb[:0])
 	if pb := s.packStrips(strips, packed, unsafe.Pointer(&x[0]), K); pb != nil {
 		defer bufPool.Put(pb)
 	}
+	s.sweepF8Tiles(dst, ldd, strips, blocks, K, w, n0, n1, fast)
+}
+
+// f8TileRowBlock is runF8Tiles's row block for rows of K floats: about
+// blockBytes of packed activations.
+func f8TileRowBlock(K int) int { return max(8, blockBytes/(K*4)/8*8) }
+
+// sweepF8Tiles is runF8Tiles on rows already cut into strips and row blocks
+// (strips[blocks[b]:blocks[b+1]]) and packed, as runF8Tiles cuts them.
+func (s *simdImpl) sweepF8Tiles(dst unsafe.Pointer, ldd int, strips []strip, blocks []int, K int, w *FP8, n0, n1 int, fast bool) {
 	nb := min(n1-n0, max(24, fp8TileBytes/(4*K)/24*24))
 	tb := tilePool.Get().(*[]float32)
 	defer tilePool.Put(tb)

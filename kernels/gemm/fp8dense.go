@@ -65,6 +65,9 @@ type f8op struct {
 	parts []*FP8
 	one   [1]*FP8
 	bb    bool
+	// pre is the activations packed once for every worker (a prefill's
+	// rows on the fp32 tiles), else nil: each column range packs its own.
+	pre   *prepacked
 	cols  func(lo, hi int)
 	round func(lo, hi int)
 }
@@ -123,7 +126,18 @@ func matMulTFP8Parts(act bool, dst, x []float32, T, K int, parts []*FP8, one *FP
 		}
 		o.xin = nil
 	}
-	parallel.For((N+f8Unit-1)/f8Unit, 1, o.cols)
+	units := (N + f8Unit - 1) / f8Unit
+	if s := o.im.simd; s != nil && !o.bb && T >= sharedPackRows && T > fp8FusedRows && units > 1 && parallel.Workers > 1 {
+		// Every worker's columns take all T rows: pack them once, over the
+		// workers, as runF8Tiles would cut them (the same strips, the same
+		// sums), instead of once per worker and part.
+		o.pre = s.prepackRows(unsafe.Pointer(&o.x[0]), K, T, f8TileRowBlock(K))
+	}
+	parallel.For(units, 1, o.cols)
+	if o.pre != nil {
+		o.pre.release()
+		o.pre = nil
+	}
 	if xr != nil {
 		bufPool.Put(xr)
 	}
@@ -157,9 +171,12 @@ func (o *f8op) colRange(lo, hi int) {
 		if c0, c1 := max(a, r0), min(b, r0+n); c0 < c1 {
 			// the part's row n lands in column r0+n
 			d := unsafe.Add(o.dst, uintptr(r0)*4)
-			if o.bb {
+			switch {
+			case o.bb:
 				o.im.simd.runF8BB(d, o.N, o.xb, o.kp, o.T, o.K, w, c0-r0, c1-r0)
-			} else {
+			case o.pre != nil:
+				o.im.simd.sweepF8Tiles(d, o.N, o.pre.strips, o.pre.blocks, o.K, w, c0-r0, c1-r0, w.fastOK())
+			default:
 				f8Cols(o.im, d, o.N, o.x, o.T, o.K, w, c0-r0, c1-r0)
 			}
 		}

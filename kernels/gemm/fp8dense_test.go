@@ -57,7 +57,7 @@ func TestMatMulTFP8PartsMatchesDequantized(t *testing.T) {
 		} {
 			for _, pow2 := range []bool{false, true} {
 				parts, deq, N := randParts(r, sh.rows, sh.K, sh.br, sh.bc, pow2)
-				for _, T := range []int{1, 3, 8, 9, 17, 70} {
+				for _, T := range []int{1, 3, 8, 9, 17, 70, 300} {
 					x := make([]float32, T*sh.K)
 					for i := range x {
 						x[i] = float32(r.NormFloat64())
@@ -167,11 +167,12 @@ func TestFP8BF16Exact(t *testing.T) {
 }
 
 // A warm dense FP8 product allocates nothing (decode and prefill heights,
+// the latter also with the rows packed once for all workers, T ≥ 64;
 // both precisions).
 func TestMatMulTFP8PartsNoAlloc(t *testing.T) {
 	r := rand.New(rand.NewPCG(25, 26))
 	parts, _, N := randParts(r, []int{128, 64}, 256, 128, 128, true)
-	for _, T := range []int{1, 20} {
+	for _, T := range []int{1, 20, 70} {
 		x, dst := make([]float32, T*256), make([]float32, T*N)
 		MatMulTFP8Parts(dst, x, T, 256, parts, N)
 		MatMulTFP8PartsAct(dst, x, T, 256, parts, N)

@@ -356,9 +356,14 @@ func givePackBuf(b []float32) {
 // prepack cuts rows [0,T) as run would, lays the packed strips out in one
 // buffer and packs them over the workers (every strip is independent).
 func (s *simdImpl) prepack(p Params, x unsafe.Pointer, K, T int) *prepacked {
+	return s.prepackRows(x, K, T, s.rowBlock(p, K))
+}
+
+// prepackRows is prepack with row blocks of rb rows.
+func (s *simdImpl) prepackRows(x unsafe.Pointer, K, T, rb int) *prepacked {
 	pp := prepackPool.Get().(*prepacked)
 	nv := (K + s.vw - 1) / s.vw
-	strips, blocks, packed := cutStrips(s.rows, 0, T, s.rowBlock(p, K), nv*s.vw, pp.sl.strips[:0], pp.sl.blocks[:0])
+	strips, blocks, packed := cutStrips(s.rows, 0, T, rb, nv*s.vw, pp.sl.strips[:0], pp.sl.blocks[:0])
 	pp.sl.strips, pp.sl.blocks = strips, blocks
 	pp.strips, pp.blocks = strips, blocks
 	pp.buf = takePackBuf(packed)
