@@ -151,9 +151,18 @@ func (s *simdImpl) runBB(p Params, dst unsafe.Pointer, xb []uint16, kp int, w un
 // packed values, returned (nil if none) for the caller to put back.
 func (s *simdImpl) packBB(strips []strip, packed int, xb []uint16, kp int) *[]uint16 {
 	var pb *[]uint16
+	var buf []uint16
 	if packed > 0 {
 		pb = getBuf16(packed)
+		buf = *pb
 	}
+	s.packBBInto(strips, buf, xb, kp)
+	return pb
+}
+
+// packBBInto is packBB with the packed strips laid out in buf (at least
+// their packed elements).
+func (s *simdImpl) packBBInto(strips []strip, pbuf []uint16, xb []uint16, kp int) {
 	nv := kp / bf16Lanes
 	off := 0
 	for i := range strips {
@@ -162,7 +171,7 @@ func (s *simdImpl) packBB(strips []strip, packed int, xb []uint16, kp int) *[]ui
 			st.x = unsafe.Pointer(&xb[st.t*kp])
 			continue
 		}
-		buf := (*pb)[off : off+nv*st.r*bf16Lanes]
+		buf := pbuf[off : off+nv*st.r*bf16Lanes]
 		off += len(buf)
 		if s.vw*4 == bf16Lanes*2 { // a vector of bf16 is one of fp32: the fp32 packer moves it
 			s.pack(unsafe.Pointer(&buf[0]), unsafe.Pointer(&xb[st.t*kp]), uintptr(kp)*2, uintptr(nv), uintptr(st.r))
@@ -176,7 +185,6 @@ func (s *simdImpl) packBB(strips []strip, packed int, xb []uint16, kp int) *[]ui
 		}
 		st.x = unsafe.Pointer(&buf[0])
 	}
-	return pb
 }
 
 // sweepBB runs the VDPBF16PS kernels of one row block's strips (packed by

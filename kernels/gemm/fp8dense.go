@@ -67,9 +67,15 @@ type f8op struct {
 	bb    bool
 	// pre is the activations packed once for every worker (a prefill's
 	// rows on the fp32 tiles), else nil: each column range packs its own.
-	pre   *prepacked
-	cols  func(lo, hi int)
-	round func(lo, hi int)
+	pre *prepacked
+	// bbPre: the same for the bf16 tiles (o.bb): the rounded rows cut and
+	// packed once (strips in bbSL, packed in bbBuf from the pack slot).
+	bbSL     *stripBuf
+	bbBuf    []float32
+	bbStrips []strip
+	bbBlocks []int
+	cols     func(lo, hi int)
+	round    func(lo, hi int)
 }
 
 var f8opPool = sync.Pool{New: func() any {
@@ -127,16 +133,34 @@ func matMulTFP8Parts(act bool, dst, x []float32, T, K int, parts []*FP8, one *FP
 		o.xin = nil
 	}
 	units := (N + f8Unit - 1) / f8Unit
-	if s := o.im.simd; s != nil && !o.bb && T >= sharedPackRows && T > fp8FusedRows && units > 1 && parallel.Workers > 1 {
-		// Every worker's columns take all T rows: pack them once, over the
-		// workers, as runF8Tiles would cut them (the same strips, the same
+	if s := o.im.simd; s != nil && T >= sharedPackRows && T > fp8FusedRows && units > 1 && parallel.Workers > 1 {
+		// Every worker's columns take all T rows: pack them once as
+		// runF8Tiles (runF8BB) would cut them (the same strips, the same
 		// sums), instead of once per worker and part.
-		o.pre = s.prepackRows(unsafe.Pointer(&o.x[0]), K, T, f8TileRowBlock(K))
+		if !o.bb {
+			o.pre = s.prepackRows(unsafe.Pointer(&o.x[0]), K, T, f8TileRowBlock(K))
+		} else {
+			nv := o.kp / bf16Lanes
+			o.bbSL = getStrips(T) // non-nil: T > stripsOnStack
+			var packed int
+			o.bbStrips, o.bbBlocks, packed = cutInto(o.bbSL, s.rows, 0, T, f8BBRowBlock(o.kp), nv*bf16Lanes, nil, nil)
+			o.bbBuf = takePackBuf((packed + 1) / 2)
+			var pb []uint16
+			if packed > 0 {
+				pb = unsafe.Slice((*uint16)(unsafe.Pointer(&o.bbBuf[0])), packed)
+			}
+			s.packBBInto(o.bbStrips, pb, o.xb, o.kp)
+		}
 	}
 	parallel.For(units, 1, o.cols)
 	if o.pre != nil {
 		o.pre.release()
 		o.pre = nil
+	}
+	if o.bbSL != nil {
+		givePackBuf(o.bbBuf)
+		o.bbSL.put()
+		o.bbSL, o.bbBuf, o.bbStrips, o.bbBlocks = nil, nil, nil, nil
 	}
 	if xr != nil {
 		bufPool.Put(xr)
@@ -172,6 +196,8 @@ func (o *f8op) colRange(lo, hi int) {
 			// the part's row n lands in column r0+n
 			d := unsafe.Add(o.dst, uintptr(r0)*4)
 			switch {
+			case o.bbSL != nil:
+				o.im.simd.sweepF8BB(d, o.N, o.bbStrips, o.bbBlocks, o.K, w, c0-r0, c1-r0, w.fastOK())
 			case o.bb:
 				o.im.simd.runF8BB(d, o.N, o.xb, o.kp, o.T, o.K, w, c0-r0, c1-r0)
 			case o.pre != nil:
@@ -196,13 +222,22 @@ func (s *simdImpl) runF8BB(dst unsafe.Pointer, ldd int, xb []uint16, kp, T, K in
 	var bb [8]int
 	fast := w.fastOK()
 	nv := kp / bf16Lanes
-	rb := max(8, blockBytes/(kp*2)/8*8)
 	sl := getStrips(T)
 	defer sl.put()
-	strips, blocks, packed := cutInto(sl, s.rows, 0, T, rb, nv*bf16Lanes, sb[:0], bb[:0])
+	strips, blocks, packed := cutInto(sl, s.rows, 0, T, f8BBRowBlock(kp), nv*bf16Lanes, sb[:0], bb[:0])
 	if pb := s.packBB(strips, packed, xb, kp); pb != nil {
 		defer buf16Pool.Put(pb)
 	}
+	s.sweepF8BB(dst, ldd, strips, blocks, K, w, n0, n1, fast)
+}
+
+// f8BBRowBlock is runF8BB's row block for rounded rows of kp: about
+// blockBytes of packed activations.
+func f8BBRowBlock(kp int) int { return max(8, blockBytes/(kp*2)/8*8) }
+
+// sweepF8BB is runF8BB on rows already cut into strips and row blocks and
+// packed, as runF8BB cuts and packs them.
+func (s *simdImpl) sweepF8BB(dst unsafe.Pointer, ldd int, strips []strip, blocks []int, K int, w *FP8, n0, n1 int, fast bool) {
 	nb := min(n1-n0, max(24, fp8TileBytes/(2*K)/24*24))
 	tb := tilePool.Get().(*[]float32)
 	defer tilePool.Put(tb)

@@ -166,6 +166,46 @@ func TestFP8BF16Exact(t *testing.T) {
 	}
 }
 
+// A prefill's rows (several row blocks, packed once for every worker) on
+// the bf16 tiles equal MatMulTBF16Act on the dequantized weights bit for
+// bit, and on the fp32 tiles (scales not powers of two) the product of
+// the rounded activations, whatever the workers.
+func TestMatMulTFP8PartsActPrefill(t *testing.T) {
+	defer func() { _ = SetImpl("") }()
+	oldW := parallel.Workers
+	defer func() { parallel.Workers = oldW }()
+	r := rand.New(rand.NewPCG(29, 30))
+	const T, K = 400, 384
+	for _, name := range Impls() {
+		require.NoError(t, SetImpl(name))
+		for _, pow2 := range []bool{false, true} {
+			parts, deq, N := randParts(r, []int{256, 200}, K, 128, 128, pow2)
+			bf := make([]uint16, len(deq))
+			Float32sToBF16(bf, deq)
+			x := make([]float32, T*K)
+			xr := make([]float32, len(x))
+			for i := range x {
+				x[i] = float32(r.NormFloat64())
+				xr[i] = BF16ToFloat32(Float32ToBF16(x[i]))
+			}
+			want := make([]float32, T*N)
+			parallel.Workers = 1
+			if pow2 && BF16Dot() {
+				MatMulTBF16Act(want, x, T, K, bf, N)
+			} else {
+				MatMulTFP8Parts(want, xr, T, K, parts, N)
+			}
+			for _, nw := range []int{1, 2, 5} {
+				parallel.Workers = nw
+				got := make([]float32, T*N)
+				MatMulTFP8PartsAct(got, x, T, K, parts, N)
+				bitsEqual(t, want, got, "%s pow2=%v workers=%d", name, pow2, nw)
+			}
+			parallel.Workers = oldW
+		}
+	}
+}
+
 // A warm dense FP8 product allocates nothing (decode and prefill heights,
 // the latter also with the rows packed once for all workers, T ≥ 64;
 // both precisions).
