@@ -163,6 +163,13 @@ func (s *simdImpl) packBB(strips []strip, packed int, xb []uint16, kp int) *[]ui
 // packBBInto is packBB with the packed strips laid out in buf (at least
 // their packed elements).
 func (s *simdImpl) packBBInto(strips []strip, pbuf []uint16, xb []uint16, kp int) {
+	s.placeBB(strips, pbuf, xb, kp)
+	s.packBBRange(strips, xb, kp)
+}
+
+// placeBB points each strip at its rounded rows: a row of xb for a strip
+// of one row, else its place in pbuf (packed by packBBRange).
+func (s *simdImpl) placeBB(strips []strip, pbuf []uint16, xb []uint16, kp int) {
 	nv := kp / bf16Lanes
 	off := 0
 	for i := range strips {
@@ -171,8 +178,20 @@ func (s *simdImpl) packBBInto(strips []strip, pbuf []uint16, xb []uint16, kp int
 			st.x = unsafe.Pointer(&xb[st.t*kp])
 			continue
 		}
-		buf := pbuf[off : off+nv*st.r*bf16Lanes]
-		off += len(buf)
+		st.x = unsafe.Pointer(&pbuf[off])
+		off += nv * st.r * bf16Lanes
+	}
+}
+
+// packBBRange packs the strips of more than one row (placed by placeBB)
+// from xb.
+func (s *simdImpl) packBBRange(strips []strip, xb []uint16, kp int) {
+	nv := kp / bf16Lanes
+	for _, st := range strips {
+		if st.r == 1 {
+			continue
+		}
+		buf := unsafe.Slice((*uint16)(st.x), nv*st.r*bf16Lanes)
 		if s.vw*4 == bf16Lanes*2 { // a vector of bf16 is one of fp32: the fp32 packer moves it
 			s.pack(unsafe.Pointer(&buf[0]), unsafe.Pointer(&xb[st.t*kp]), uintptr(kp)*2, uintptr(nv), uintptr(st.r))
 		} else {
@@ -183,7 +202,6 @@ func (s *simdImpl) packBBInto(strips []strip, pbuf []uint16, xb []uint16, kp int
 				}
 			}
 		}
-		st.x = unsafe.Pointer(&buf[0])
 	}
 }
 

@@ -75,12 +75,13 @@ type f8op struct {
 	bbStrips []strip
 	bbBlocks []int
 	cols     func(lo, hi int)
+	packBB   func(lo, hi int)
 	round    func(lo, hi int)
 }
 
 var f8opPool = sync.Pool{New: func() any {
 	o := new(f8op)
-	o.cols, o.round = o.colRange, o.roundRange
+	o.cols, o.round, o.packBB = o.colRange, o.roundRange, o.packBBRange
 	return o
 }}
 
@@ -138,7 +139,7 @@ func matMulTFP8Parts(act bool, dst, x []float32, T, K int, parts []*FP8, one *FP
 		// runF8Tiles (runF8BB) would cut them (the same strips, the same
 		// sums), instead of once per worker and part.
 		if !o.bb {
-			o.pre = s.prepackRows(unsafe.Pointer(&o.x[0]), K, T, f8TileRowBlock(K))
+			o.pre = s.prepackRows(unsafe.Pointer(&o.x[0]), K, T, f8TileRowBlock(K), 1)
 		} else {
 			nv := o.kp / bf16Lanes
 			o.bbSL = getStrips(T) // non-nil: T > stripsOnStack
@@ -149,7 +150,8 @@ func matMulTFP8Parts(act bool, dst, x []float32, T, K int, parts []*FP8, one *FP
 			if packed > 0 {
 				pb = unsafe.Slice((*uint16)(unsafe.Pointer(&o.bbBuf[0])), packed)
 			}
-			s.packBBInto(o.bbStrips, pb, o.xb, o.kp)
+			s.placeBB(o.bbStrips, pb, o.xb, o.kp)
+			parallel.For(len(o.bbStrips), 1, o.packBB) // over the workers
 		}
 	}
 	parallel.For(units, 1, o.cols)
@@ -183,6 +185,11 @@ func (o *f8op) roundRange(lo, hi int) {
 	for i := lo * K; i < hi*K; i++ {
 		o.x[i] = BF16ToFloat32(Float32ToBF16(o.xin[i]))
 	}
+}
+
+// packBBRange packs the rounded rows of strips [lo,hi) of bbStrips.
+func (o *f8op) packBBRange(lo, hi int) {
+	o.im.simd.packBBRange(o.bbStrips[lo:hi], o.xb, o.kp)
 }
 
 // colRange computes weight rows [lo·f8Unit, hi·f8Unit) of the whole (one

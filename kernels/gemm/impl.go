@@ -356,11 +356,12 @@ func givePackBuf(b []float32) {
 // prepack cuts rows [0,T) as run would, lays the packed strips out in one
 // buffer and packs them over the workers (every strip is independent).
 func (s *simdImpl) prepack(p Params, x unsafe.Pointer, K, T int) *prepacked {
-	return s.prepackRows(x, K, T, s.rowBlock(p, K))
+	return s.prepackRows(x, K, T, s.rowBlock(p, K), 8)
 }
 
-// prepackRows is prepack with row blocks of rb rows.
-func (s *simdImpl) prepackRows(x unsafe.Pointer, K, T, rb int) *prepacked {
+// prepackRows is prepack with row blocks of rb rows, the strips packed
+// grain at a time over the workers.
+func (s *simdImpl) prepackRows(x unsafe.Pointer, K, T, rb, grain int) *prepacked {
 	pp := prepackPool.Get().(*prepacked)
 	nv := (K + s.vw - 1) / s.vw
 	strips, blocks, packed := cutStrips(s.rows, 0, T, rb, nv*s.vw, pp.sl.strips[:0], pp.sl.blocks[:0])
@@ -378,7 +379,7 @@ func (s *simdImpl) prepackRows(x unsafe.Pointer, K, T, rb int) *prepacked {
 		}
 	}
 	pp.s, pp.x, pp.K = s, x, K
-	parallel.For(len(strips), 8, pp.pack)
+	parallel.For(len(strips), grain, pp.pack)
 	return pp
 }
 
