@@ -203,24 +203,40 @@ func (w *weights) linear(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeight
 }
 
 // denseFP8 binds a 2-D FP8 weight [N][K] stored as F8_E4M3 matrices of K
-// columns stacked by rows, each with its block scales: the codes stay in
-// the checkpoint's mapping, the scales are the plan's float32 copy. nil
-// when raw is not that.
+// columns stacked by rows (fp8Parts). nil when raw is not that.
 func (w *weights) denseFP8(raw *plan.RawTensor, N, K int) *boundWeight {
-	if raw == nil || raw.DType != safetensors.F8E4M3 || raw.Block[0] <= 0 || raw.Block[1] <= 0 {
+	if !fp8PartsOK(raw, K) {
 		return nil
 	}
-	sc := (K + raw.Block[1] - 1) / raw.Block[1]
 	rows := 0
 	for _, pt := range raw.Parts {
-		if pt.Cols != K || pt.Rows <= 0 || len(pt.Data) != pt.Rows*K || len(pt.Scales) != (pt.Rows+raw.Block[0]-1)/raw.Block[0]*sc {
-			return nil
-		}
 		rows += pt.Rows
 	}
 	if rows != N {
 		return nil
 	}
+	return w.fp8Parts(raw, K)
+}
+
+// fp8PartsOK reports whether raw is F8_E4M3 matrices of C columns, each
+// with its block scales.
+func fp8PartsOK(raw *plan.RawTensor, C int) bool {
+	if raw == nil || raw.DType != safetensors.F8E4M3 || raw.Block[0] <= 0 || raw.Block[1] <= 0 {
+		return false
+	}
+	sc := (C + raw.Block[1] - 1) / raw.Block[1]
+	for _, pt := range raw.Parts {
+		if pt.Cols != C || pt.Rows <= 0 || len(pt.Data) != pt.Rows*C || len(pt.Scales) != (pt.Rows+raw.Block[0]-1)/raw.Block[0]*sc {
+			return false
+		}
+	}
+	return true
+}
+
+// fp8Parts binds raw's parts (fp8PartsOK) as one gemm.FP8 each: the codes
+// stay in the checkpoint's mapping, the scales are the plan's float32 copy.
+func (w *weights) fp8Parts(raw *plan.RawTensor, C int) *boundWeight {
+	sc := (C + raw.Block[1] - 1) / raw.Block[1]
 	b := &boundWeight{}
 	for _, pt := range raw.Parts {
 		b.fp8 = append(b.fp8, &gemm.FP8{Codes: pt.Data, Scales: pt.Scales, BlockRows: raw.Block[0], BlockCols: raw.Block[1], ScaleCols: sc})
@@ -293,23 +309,16 @@ func (w *weights) stacked(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeigh
 // checkpoint's mapping), the scales are the plan's float32 copy. nil when
 // raw is not that.
 func (w *weights) stackedFP8(raw *plan.RawTensor, v *ir.Value) *boundWeight {
-	if raw == nil || raw.DType != safetensors.F8E4M3 || len(raw.Parts) != v.Shape[0] || raw.Block[0] <= 0 || raw.Block[1] <= 0 {
+	R, C := v.Shape[1], v.Shape[2]
+	if !fp8PartsOK(raw, C) || len(raw.Parts) != v.Shape[0] {
 		return nil
 	}
-	R, C := v.Shape[1], v.Shape[2]
-	sc := (C + raw.Block[1] - 1) / raw.Block[1]
 	for _, pt := range raw.Parts {
-		if pt.Rows != R || pt.Cols != C || len(pt.Data) != R*C || len(pt.Scales) != (R+raw.Block[0]-1)/raw.Block[0]*sc {
+		if pt.Rows != R {
 			return nil
 		}
 	}
-	b := &boundWeight{}
-	for _, pt := range raw.Parts {
-		b.fp8 = append(b.fp8, &gemm.FP8{Codes: pt.Data, Scales: pt.Scales, BlockRows: raw.Block[0], BlockCols: raw.Block[1], ScaleCols: sc})
-		w.bytes[MemFP8] += int64(len(pt.Data))
-		w.bytes[MemFP8Scales] += 4 * int64(len(pt.Scales))
-	}
-	return b
+	return w.fp8Parts(raw, C)
 }
 
 func (w *weights) bind(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeight, error) {
