@@ -40,22 +40,33 @@ const (
 // its value·2^−8 (exact) times s·2^8 (exact) is code value × s rounded
 // once, as the table gives it.
 func (w *FP8) fastOK() bool {
-	switch atomic.LoadUint32(&w.fast) {
+	return checkedOnce(&w.fast, func() bool {
+		if fp8HasNaN(w.Codes) {
+			return false
+		}
+		for _, sc := range w.Scales {
+			if a := math.Abs(float64(sc)); a > math.MaxFloat32/256 && !math.IsInf(a, 0) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// checkedOnce returns check's answer, cached in *flag (0 not yet checked,
+// fp8Fast true, fp8Slow false; read and written atomically).
+func checkedOnce(flag *uint32, check func() bool) bool {
+	switch atomic.LoadUint32(flag) {
 	case fp8Fast:
 		return true
 	case fp8Slow:
 		return false
 	}
-	st := uint32(fp8Fast)
-	if fp8HasNaN(w.Codes) {
-		st = fp8Slow
+	st := uint32(fp8Slow)
+	if check() {
+		st = fp8Fast
 	}
-	for _, sc := range w.Scales {
-		if a := math.Abs(float64(sc)); a > math.MaxFloat32/256 && !math.IsInf(a, 0) {
-			st = fp8Slow
-		}
-	}
-	atomic.StoreUint32(&w.fast, st)
+	atomic.StoreUint32(flag, st)
 	return st == fp8Fast
 }
 

@@ -3,7 +3,6 @@ package gemm
 import (
 	"math"
 	"sync"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/glmflash/glmflash/kernels/parallel"
@@ -272,18 +271,7 @@ func (s *simdImpl) sweepF8BB(dst unsafe.Pointer, ldd int, strips []strip, blocks
 // guarantee it (an e4m3 value has 4 significant bits); other scales are
 // checked code by code.
 func (w *FP8) BF16Exact(K int) bool {
-	switch atomic.LoadUint32(&w.bf16) {
-	case fp8Fast:
-		return true
-	case fp8Slow:
-		return false
-	}
-	st := uint32(fp8Fast)
-	if !w.bf16Exact(K) {
-		st = fp8Slow
-	}
-	atomic.StoreUint32(&w.bf16, st)
-	return st == fp8Fast
+	return checkedOnce(&w.bf16, func() bool { return w.bf16Exact(K) })
 }
 
 func (w *FP8) bf16Exact(K int) bool {
