@@ -54,6 +54,11 @@ type benchResult struct {
 	// replay too); DeviceMsPerStep its device time from CUDA events.
 	KernelsPerStep  float64 `json:"kernels_per_step,omitempty"`
 	DeviceMsPerStep float64 `json:"device_ms_per_step,omitempty"`
+	// PrepMsPerStep is the host's planning before a step's first device
+	// work (not in DeviceMsPerStep); WallMsPerStep the step's wall time at
+	// the median run (B sequences ÷ tokens/s).
+	PrepMsPerStep float64 `json:"host_prep_ms_per_step,omitempty"`
+	WallMsPerStep float64 `json:"wall_ms_per_step,omitempty"`
 	// Decode series: the roofline (core/roofline) of a step at the series'
 	// mean context, its bytes by term and the expected distinct experts per
 	// MoE layer; its time at --bandwidth-gbs; the measured time per step
@@ -220,9 +225,9 @@ func newBenchCmd() *cobra.Command {
 				sorted := append([]float64(nil), tps...)
 				sort.Float64s(sorted)
 				r := benchResult{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps}
-				if len(counters) == 6 {
+				if len(counters) == 7 {
 					r.LaunchesPerStep, r.SyncsPerStep, r.LengthSyncs, r.ReplaysPerStep = counters[0], counters[1], counters[2], counters[3]
-					r.KernelsPerStep, r.DeviceMsPerStep = counters[4], counters[5]
+					r.KernelsPerStep, r.DeviceMsPerStep, r.PrepMsPerStep = counters[4], counters[5], counters[6]
 				}
 				results = append(results, r)
 				return nil
@@ -298,7 +303,8 @@ func newBenchCmd() *cobra.Command {
 					s1 := prog.Stats()
 					n := float64(decodeSteps)
 					counters = []float64{float64(s1.Launches-s0.Launches) / n, float64(s1.HostSyncs-s0.HostSyncs) / n, float64(s1.LengthSyncs-s0.LengthSyncs) / n,
-						float64(s1.GraphReplays-s0.GraphReplays) / n, float64(s1.Kernels-s0.Kernels) / n, float64(s1.DeviceNs-s0.DeviceNs) / 1e6 / n}
+						float64(s1.GraphReplays-s0.GraphReplays) / n, float64(s1.Kernels-s0.Kernels) / n, float64(s1.DeviceNs-s0.DeviceNs) / 1e6 / n,
+						float64(s1.PrepNs-s0.PrepNs) / 1e6 / n}
 					return B * decodeSteps, secs, nil
 				})
 				if err != nil {
@@ -484,8 +490,8 @@ func newBenchCmd() *cobra.Command {
 			for _, r := range results {
 				fmt.Printf("%-22s %10.1f tokens/s  (median of %d; runs %s)", r.Name, r.TokensPerSec, len(r.Runs), fmtRuns(r.Runs))
 				if r.LaunchesPerStep > 0 || r.SyncsPerStep > 0 {
-					fmt.Printf("  per step: %.0f launches (%.1f graph replays) running %.0f kernels, %.1f host syncs (%.1f length read-backs), %.3f ms device time",
-						r.LaunchesPerStep, r.ReplaysPerStep, r.KernelsPerStep, r.SyncsPerStep, r.LengthSyncs, r.DeviceMsPerStep)
+					fmt.Printf("  per step: %.0f launches (%.1f graph replays) running %.0f kernels, %.1f host syncs (%.1f length read-backs), %.3f ms device time, %.3f ms host preparation",
+						r.LaunchesPerStep, r.ReplaysPerStep, r.KernelsPerStep, r.SyncsPerStep, r.LengthSyncs, r.DeviceMsPerStep, r.PrepMsPerStep)
 				}
 				if r.spec {
 					fmt.Printf("  acceptance length %.2f", r.AcceptanceLength)
@@ -498,6 +504,9 @@ func newBenchCmd() *cobra.Command {
 				if r.RooflineBytes > 0 {
 					fmt.Printf("  roofline: %.4g GB per step (context %d, %.2f experts per MoE layer) ÷ %.4g GB/s = %.4g ms; measured %.4g ms per step (%s time) = %.2f× the roofline = %.1f%% of the bandwidth roofline\n",
 						r.RooflineBytes/1e9, r.RooflineContext, r.RooflineExperts, bandwidth, r.RooflineMs, r.MeasuredMs, r.MeasuredClock, r.RooflineRatio, 100*r.RooflineFraction)
+					if r.MeasuredClock == "device" && r.WallMsPerStep > 0 {
+						fmt.Printf("  wall clock: %.4g ms per step (host preparation and the sampled tokens' read-back included) = %.2f× the roofline\n", r.WallMsPerStep, r.WallMsPerStep/r.RooflineMs)
+					}
 				}
 				if r.GEMMFLOPs > 0 {
 					fmt.Printf("  compute: %.4g GFLOP of weight GEMMs per run (2 × multiply-adds of linear, linear_batched and moe_experts; attention not counted) at the median run = %.4g GFLOP/s",

@@ -55,7 +55,8 @@ func rooflineFor(r *benchResult, cfg *model.Config, held roofline.Holding, B, co
 	}
 	r.RooflineExperts = s.ExpertsPerLayer
 	r.RooflineMs = s.Seconds(bw*1e9) * 1e3
-	r.MeasuredClock, r.MeasuredMs = "wall", 1e3*float64(B)/r.TokensPerSec
+	r.WallMsPerStep = 1e3 * float64(B) / r.TokensPerSec
+	r.MeasuredClock, r.MeasuredMs = "wall", r.WallMsPerStep
 	if r.DeviceMsPerStep > 0 {
 		r.MeasuredClock, r.MeasuredMs = "device", r.DeviceMsPerStep
 	}

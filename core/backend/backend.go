@@ -90,6 +90,10 @@ type Stats struct {
 	// events recorded before a batch's first upload and after its last
 	// kernel (device backends).
 	DeviceNs int64
+	// PrepNs is the host's time preparing the executed batches before their
+	// first device work (metadata, the arena plan, a graph capture); it is
+	// not in DeviceNs (device backends).
+	PrepNs int64
 }
 
 // KernelCounter is a program that counts its kernels by name (device

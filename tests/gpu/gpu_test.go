@@ -507,6 +507,57 @@ func graphsMatchEager(t *testing.T, ck *model.Checkpoint, precision string) {
 // digits per GEMM input, which flips the fixtures' close router and
 // indexer decisions: the figures are reported, not bounded. The test
 // checks that the bf16 path ran, that it is deterministic and finite.
+// Captured graphs hold a store's cache addresses, so each store gets its
+// own: two stores running interleaved same-shaped steps on one program give
+// the eager run's logits bit for bit, and every shape is captured once per
+// store. Replays also report the host's planning apart from device time.
+func TestCUDAGraphsPerStore(t *testing.T) {
+	cudaOptions(t, engine.Options{})
+	ck, _ := openFixture(t, fixtures[0])
+	do := func(graphMax int) ([][]float32, backend.Stats) {
+		pl, err := pass.NewPipeline([]pass.Request{{Name: "kda-projection-fusion"}, {Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}}, true)
+		require.NoError(t, err)
+		e := cudaEngine(t, ck, engine.Options{Slots: 1, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck), Backend: backend.Options{GraphMaxTokens: graphMax}})
+		key := engine.Key{Mode: graph.Mixed, Logits: graph.LastLogits}
+		prog, err := e.Program(key)
+		require.NoError(t, err)
+		other, err := e.Backend().NewStore(ck.Config(), ck.Config().TrunkLayers(), backend.StoreOptions{Slots: 1, MaxPositions: 64})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, other.(interface{ Close() error }).Close()) })
+		stores := []backend.Store{e.Store(), other}
+		slots := make([]int, 2)
+		for i, st := range stores {
+			slots[i], err = st.Alloc()
+			require.NoError(t, err)
+		}
+		var logits [][]float32
+		for step := 0; step < 4; step++ {
+			for i, st := range stores {
+				n := 1
+				if step == 0 {
+					n = 6
+				}
+				pr, err := backend.Prepare(prog, &backend.Batch{Seqs: []backend.Seq{{Slot: slots[i], Tokens: seqTokens(n, 11*step+5*i, 256)}}}, st, nil)
+				require.NoError(t, err)
+				r, err := prog.Execute(pr)
+				require.NoError(t, err)
+				logits = append(logits, r.Logits)
+			}
+		}
+		return logits, prog.Stats()
+	}
+	eager, es := do(-1)
+	graphed, gs := do(80)
+	for i := range eager {
+		require.Equal(t, eager[i], graphed[i], "step %d store %d", i/2, i%2)
+	}
+	require.Zero(t, es.GraphReplays)
+	require.EqualValues(t, 4, gs.GraphCaptures, "two shapes (6 tokens, 1 token) on each of two stores")
+	require.EqualValues(t, 8, gs.GraphReplays, "every step replays (a capture is replayed once captured)")
+	require.Positive(t, gs.PrepNs, "the host's planning is counted")
+	require.Positive(t, gs.DeviceNs)
+}
+
 func TestCUDABF16AgainstFixtures(t *testing.T) {
 	cudaOptions(t, engine.Options{})
 	for _, name := range fixtures {

@@ -327,6 +327,7 @@ func (b *Backend) uploadRaw(raw *plan.RawTensor) (devTensor, error) {
 // indexer a saved selection row (index sharing).
 type Store struct {
 	b      *Backend
+	id     uint64 // unique per process: the graphs captured on it are keyed by it
 	cfg    *model.Config
 	maxPos int
 	depth  int
@@ -360,6 +361,9 @@ type layerState struct {
 	savedStride         int64
 }
 
+// storeIDs numbers the stores (Store.id).
+var storeIDs atomic.Uint64
+
 // NewStore allocates slots slots holding the state of the given layers of
 // cfg on the GPU.
 func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptions) (backend.Store, error) {
@@ -376,7 +380,7 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 	if o.Rollback < 0 {
 		return nil, fmt.Errorf("cuda: rollback depth must be ≥ 0, got %d", o.Rollback)
 	}
-	s := &Store{b: b, cfg: cfg, maxPos: maxPositions, depth: o.Rollback, used: make([]bool, slots), lens: make([]int, slots),
+	s := &Store{b: b, id: storeIDs.Add(1), cfg: cfg, maxPos: maxPositions, depth: o.Rollback, used: make([]bool, slots), lens: make([]int, slots),
 		ckpt: make([]int, slots), share: make([]int, slots), layers: make([]layerState, cfg.NumHiddenLayers+cfg.NumNextNPredictLayers)}
 	for i := range s.ckpt {
 		s.ckpt[i], s.share[i] = -1, -1

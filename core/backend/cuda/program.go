@@ -6,6 +6,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/glmflash/glmflash/core/backend"
@@ -47,11 +48,11 @@ type Program struct {
 	outSize   int64
 	// graphs are the captured launches of batches of up to
 	// opts.GraphMaxTokens tokens, by shape.
-	graphs map[graphKey]*kc.Graph
+	graphs map[graphKey]*capturedGraph
 	// opTimes accumulates device time per op (Options.ProfileOps).
 	opTimes map[string]*backend.OpTime
 
-	runs, deviceReads, fusedMHC, launches, syncs, lengthSyncs, replays, captures, kernels, deviceNs atomic.Int64
+	runs, deviceReads, fusedMHC, launches, syncs, lengthSyncs, replays, captures, kernels, deviceNs, prepNs atomic.Int64
 
 	// kernelRuns counts the program's kernel executions by the device's
 	// kernel index (graph replays included); snap and now are scratch for
@@ -80,6 +81,15 @@ type stepFacts struct {
 type graphKey struct {
 	T, S, R int
 	sample  bool
+	// store is the store's id: the launches hold its cache addresses
+	store uint64
+}
+
+// capturedGraph is a captured batch and where its launches left every
+// value (the logits and hidden rows are read from there after a replay).
+type capturedGraph struct {
+	g    *kc.Graph
+	addr map[*ir.Value]kc.DevicePtr
 }
 
 // DefaultGraphMaxTokens bounds the batches captured into CUDA graphs when
@@ -96,7 +106,7 @@ const maxGraphs = 256
 // (debugging; its final hidden rows, which the MTP draft steps read back,
 // are fine) and the batch is small (decode and small verify/extend).
 // cuBLAS calls are captured like kernels.
-func (p *Program) graphKey(pr *backend.Prepared) (graphKey, bool) {
+func (p *Program) graphKey(pr *backend.Prepared, store *Store) (graphKey, bool) {
 	max := p.b.opts.GraphMaxTokens
 	if max == 0 {
 		max = DefaultGraphMaxTokens
@@ -108,7 +118,7 @@ func (p *Program) graphKey(pr *backend.Prepared) (graphKey, bool) {
 	if max < 0 || p.b.opts.ProfileOps || !p.plan.HostLengths || captures || pr.T > max {
 		return graphKey{}, false
 	}
-	k := graphKey{T: pr.T, S: len(pr.Spans), R: pr.Rows(), sample: pr.Sample != nil}
+	k := graphKey{T: pr.T, S: len(pr.Spans), R: pr.Rows(), sample: pr.Sample != nil, store: store.id}
 	if _, ok := p.graphs[k]; !ok && len(p.graphs) >= maxGraphs {
 		return k, false
 	}
@@ -118,7 +128,7 @@ func (p *Program) graphKey(pr *backend.Prepared) (graphKey, bool) {
 // dropGraphs destroys every captured graph (their addresses are stale).
 func (p *Program) dropGraphs() {
 	for k, g := range p.graphs {
-		p.b.dev.Destroy(g)
+		p.b.dev.Destroy(g.g)
 		delete(p.graphs, k)
 	}
 }
@@ -154,7 +164,7 @@ func fp8Readers(p *plan.Plan) map[*ir.Value]bool {
 
 // Compile binds every step of p and uploads the constants it reads.
 func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
-	prog := &Program{b: b, plan: p, consts: map[*ir.Value]devTensor{}, gateUps: map[*ir.Node]*gateUpDual{}, graphs: map[graphKey]*kc.Graph{}}
+	prog := &Program{b: b, plan: p, consts: map[*ir.Value]devTensor{}, gateUps: map[*ir.Node]*gateUpDual{}, graphs: map[graphKey]*capturedGraph{}}
 	fp8OK := fp8Readers(p)
 	err := b.dev.Do(func() error {
 		for _, n := range p.Steps {
@@ -308,7 +318,7 @@ func (p *Program) Plan() *plan.Plan { return p.plan }
 func (p *Program) Stats() backend.Stats {
 	return backend.Stats{Runs: p.runs.Load(), DeviceLengthReads: p.deviceReads.Load(), FusedMHCRuns: p.fusedMHC.Load(),
 		Launches: p.launches.Load(), HostSyncs: p.syncs.Load(), LengthSyncs: p.lengthSyncs.Load(),
-		GraphReplays: p.replays.Load(), GraphCaptures: p.captures.Load(), Kernels: p.kernels.Load(), DeviceNs: p.deviceNs.Load()}
+		GraphReplays: p.replays.Load(), GraphCaptures: p.captures.Load(), Kernels: p.kernels.Load(), DeviceNs: p.deviceNs.Load(), PrepNs: p.prepNs.Load()}
 }
 
 // KernelRuns implements backend.KernelCounter: how many times each kernel
@@ -642,14 +652,13 @@ func (p *Program) ensure(buf *kc.DevicePtr, size *int64, n int64) error {
 }
 
 func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int) (*backend.Result, error) {
+	t0 := time.Now()
 	dev := p.b.dev
 	rc := &runCtx{p: p, dev: dev, pr: pr, store: store, T: pr.T, S: len(pr.Spans), R: pr.SpanRows(), addr: map[*ir.Value]kc.DevicePtr{}, host: map[*ir.Value]any{}, maxVisible: map[int]int{}}
 	if p.b.opts.ProfileOps {
 		rc.profile = []opEvents{}
 		defer p.collectProfile(rc)
 	}
-	// the step's device time: from before its first upload to after its
-	// last kernel, read once the results have come back
 	if p.evStart == 0 {
 		var err error
 		if p.evStart, err = dev.NewEvent(); err != nil {
@@ -659,10 +668,8 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 			return nil, err
 		}
 	}
-	if err := dev.RecordEvent(p.evStart); err != nil {
-		return nil, err
-	}
-	// 1. the step's metadata, in one upload
+	// 1. the step's metadata, uploaded in one copy once the host has
+	// planned the step
 	mb := newMetaBuilder()
 	rowSeq, rowPos := make([]int32, rc.T), make([]int32, rc.T)
 	slot, pos0, nn, row0, last := make([]int32, rc.S), make([]int32, rc.S), make([]int32, rc.S), make([]int32, rc.S), make([]int32, rc.S)
@@ -696,9 +703,6 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 	if err := p.ensure(&p.meta, &p.metaSize, int64(len(mb.buf))); err != nil {
 		return nil, err
 	}
-	if err := dev.Upload(p.meta, unsafe.Pointer(unsafe.SliceData(mb.buf)), int64(len(mb.buf))); err != nil {
-		return nil, err
-	}
 	at := func(off int64) kc.DevicePtr { return p.meta + kc.DevicePtr(off) }
 	rc.toks = at(oTok)
 	if oHidden >= 0 {
@@ -706,63 +710,27 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 	}
 	rc.ckpt, rc.sharePos, rc.spanRows = at(oCkpt), at(oShare), at(oSpanRows)
 	rc.meta = kc.BatchMeta{SeqSlot: at(oSlot), SeqPos0: at(oPos0), SeqN: at(oN), SeqRow0: at(oRow0), RowSeq: at(oRowSeq), RowPos: at(oRowPos), LastRow: at(oLast), S: int64(rc.S), T: int64(rc.T)}
-	gkey, graphed := p.graphKey(pr)
-	for _, kp := range p.kpoolSizes {
-		if graphed { // a captured launch may not depend on positions: size by the store
-			rc.maxVisible[kp] = store.maxPos/kp + 1
-			continue
-		}
-		for _, s := range pr.Spans {
-			rc.maxVisible[kp] = max(rc.maxVisible[kp], (s.Pos0+s.N)/kp)
-		}
-	}
-	// 2. the arena plan
-	ap := &arenaPlan{}
-	off := map[*ir.Value]int64{}
-	tempOff := make([][]int64, len(p.steps))
-	tempSize := make([][]int64, len(p.steps))
-	lastUse := p.plan.LastUse
-	for si, st := range p.steps {
-		if err := p.streamStep(ap, nil, si); err != nil {
-			return nil, err
-		}
-		for _, o := range st.node.Outputs {
-			if n := rc.bytesOf(o); n > 0 {
-				off[o] = ap.alloc(n)
-			}
-		}
-		if st.temps != nil {
-			tempSize[si] = st.temps(rc)
-			for _, n := range tempSize[si] {
-				tempOff[si] = append(tempOff[si], ap.alloc(n))
-			}
-			for i, n := range tempSize[si] {
-				ap.release(tempOff[si][i], n)
-			}
-		}
-		for _, in := range st.node.Inputs {
-			if o, ok := off[in]; ok && lastUse[in] == si {
-				ap.release(o, rc.bytesOf(in))
-				delete(off, in)
-			}
-		}
-		for _, o := range st.node.Outputs {
-			if _, used := lastUse[o]; !used {
-				if oo, ok := off[o]; ok {
-					ap.release(oo, rc.bytesOf(o))
-					delete(off, o)
-				}
-			}
-		}
-	}
-	if err := p.ensure(&p.arena, &p.arenaSize, ap.peak); err != nil {
-		return nil, err
-	}
+	gkey, graphed := p.graphKey(pr, store)
 	lv := p.plan.Logits
 	var sampleArgs *sampleLaunch
-	if pr.Sample != nil {
+	if pr.Sample != nil { // (before the graph lookup: growing p.out drops the graphs)
 		var err error
 		if sampleArgs, err = p.sampleArgs(rc, at(oSpec), nrows, graphed); err != nil {
+			return nil, err
+		}
+	}
+	// 2. the arena plan: a captured graph's is kept with it (its launches
+	// hold the addresses), so a replay plans nothing
+	var ent *capturedGraph
+	if graphed {
+		ent = p.graphs[gkey]
+	}
+	var tempSize [][]int64
+	if ent != nil {
+		rc.addr = ent.addr
+	} else {
+		var err error
+		if tempSize, err = p.planArena(rc, graphed); err != nil {
 			return nil, err
 		}
 	}
@@ -776,24 +744,32 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 		}
 		return nil
 	}
-	if graphed {
-		g := p.graphs[gkey]
-		if g == nil {
-			if p.usesLt {
-				if err := dev.EnsureLtWorkspace(); err != nil {
-					return nil, err
-				}
+	if graphed && ent == nil {
+		if p.usesLt {
+			if err := dev.EnsureLtWorkspace(); err != nil {
+				return nil, err
 			}
-			var err error
-			if g, err = dev.Capture(launchAll); err != nil {
-				return nil, fmt.Errorf("cuda: capturing a graph for %d tokens in %d sequences: %w", pr.T, len(pr.Spans), err)
-			}
-			p.graphs[gkey] = g
-			p.captures.Add(1)
-		} else if err := p.restoreAddrs(rc, tempSize); err != nil { // where the captured launches left every value
-			return nil, err
 		}
-		if err := dev.Replay(g); err != nil {
+		g, err := dev.Capture(launchAll)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: capturing a graph for %d tokens in %d sequences: %w", pr.T, len(pr.Spans), err)
+		}
+		ent = &capturedGraph{g: g, addr: rc.addr}
+		p.graphs[gkey] = ent
+		p.captures.Add(1)
+	}
+	// the step's device time: from before its upload to after its last
+	// kernel (the host's planning above is not in it: PrepNs counts it),
+	// read once the results have come back
+	p.prepNs.Add(int64(time.Since(t0)))
+	if err := dev.RecordEvent(p.evStart); err != nil {
+		return nil, err
+	}
+	if err := dev.Upload(p.meta, unsafe.Pointer(unsafe.SliceData(mb.buf)), int64(len(mb.buf))); err != nil {
+		return nil, err
+	}
+	if ent != nil {
+		if err := dev.Replay(ent.g); err != nil {
 			return nil, err
 		}
 		p.replays.Add(1)
@@ -840,6 +816,64 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 	}
 	p.deviceNs.Add(int64(ms * 1e6))
 	return res, nil
+}
+
+// planArena sizes the arena for the batch of rc (the values' bytes and
+// every step's scratch, released after their last reader) and grows it; it
+// returns every step's scratch sizes. A captured launch (graphed) sizes the
+// DSA pools by the store, not by the batch's positions.
+func (p *Program) planArena(rc *runCtx, graphed bool) ([][]int64, error) {
+	for _, kp := range p.kpoolSizes {
+		if graphed { // a captured launch may not depend on positions: size by the store
+			rc.maxVisible[kp] = rc.store.maxPos/kp + 1
+			continue
+		}
+		for _, s := range rc.pr.Spans {
+			rc.maxVisible[kp] = max(rc.maxVisible[kp], (s.Pos0+s.N)/kp)
+		}
+	}
+	ap := &arenaPlan{}
+	off := map[*ir.Value]int64{}
+	tempOff := make([][]int64, len(p.steps))
+	tempSize := make([][]int64, len(p.steps))
+	lastUse := p.plan.LastUse
+	for si, st := range p.steps {
+		if err := p.streamStep(ap, nil, si); err != nil {
+			return nil, err
+		}
+		for _, o := range st.node.Outputs {
+			if n := rc.bytesOf(o); n > 0 {
+				off[o] = ap.alloc(n)
+			}
+		}
+		if st.temps != nil {
+			tempSize[si] = st.temps(rc)
+			for _, n := range tempSize[si] {
+				tempOff[si] = append(tempOff[si], ap.alloc(n))
+			}
+			for i, n := range tempSize[si] {
+				ap.release(tempOff[si][i], n)
+			}
+		}
+		for _, in := range st.node.Inputs {
+			if o, ok := off[in]; ok && lastUse[in] == si {
+				ap.release(o, rc.bytesOf(in))
+				delete(off, in)
+			}
+		}
+		for _, o := range st.node.Outputs {
+			if _, used := lastUse[o]; !used {
+				if oo, ok := off[o]; ok {
+					ap.release(oo, rc.bytesOf(o))
+					delete(off, o)
+				}
+			}
+		}
+	}
+	if err := p.ensure(&p.arena, &p.arenaSize, ap.peak); err != nil {
+		return nil, err
+	}
+	return tempSize, nil
 }
 
 // collectProfile turns a run's step events into per-op device time.
