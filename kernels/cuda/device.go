@@ -185,6 +185,7 @@ func (d *Device) init() error {
 	if err := d.loadModule(); err != nil {
 		return err
 	}
+	setGemvSMs(d.SMs)
 	if k := os.Getenv(GemvFP8Env); k != "" {
 		if !slices.Contains(GemvFP8Kernels, k) {
 			return fmt.Errorf("cuda: %s=%q: not one of the one-row fp8 GEMV kernels %v", GemvFP8Env, k, GemvFP8Kernels)

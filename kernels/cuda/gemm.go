@@ -1,6 +1,9 @@
 package cuda
 
-import "fmt"
+import (
+	"fmt"
+	"sync/atomic"
+)
 
 // The GEMM kernels of src/gemm.cu sum every output in ascending k, in
 // double, so which of them computes a row never changes its bits; they
@@ -92,8 +95,8 @@ var GemvMMAFP8Rows = 6
 // rows: all give the same bits, fewer rows a pass need fewer registers.
 //
 // fp8 weights at one row in bf16 precision on grids of at least
-// GemvFP8Blocks blocks take GemvFP8Kernel: glmf_gemv_f1's bits, more blocks
-// an SM.
+// GemvFP8Blocks blocks take GemvFP8Kernel (glmf_gemv_f1's bits) on its grid
+// (GemvGrid).
 func GemvSIMTLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block Dim3) {
 	c := int64(GemvCols(a))
 	r := 1
@@ -111,25 +114,57 @@ func GemvSIMTLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block
 	grid = Dim3{X: uint32((a.N + c - 1) / c), Y: uint32(tiles), Z: uint32(G)}
 	if kernel == "glmf_gemv_f1" && a.WType == 2 && int64(grid.X)*int64(tiles)*int64(G) >= GemvFP8Blocks {
 		kernel = GemvFP8Kernel
+		grid = GemvGrid(kernel, grid)
 	}
 	return kernel, grid, Dim3{X: 32 * GemvWarps}
 }
 
+// GemvGrid is kernel's grid for the column groups of grid (glmf_gemv's
+// grid: a block per group along X): grid itself, except for the persistent
+// glmf_gemv_f1_fp8p, whose blocks loop over the groups: then as many
+// blocks as fit on the GPU at once (4 an SM, over Y·Z), each
+// taking the same number of groups (give or take one).
+func GemvGrid(kernel string, grid Dim3) Dim3 {
+	if kernel != "glmf_gemv_f1_fp8p" {
+		return grid
+	}
+	n := int64(grid.X)
+	gx := max(1, gemvResident.Load()/(int64(grid.Y)*int64(grid.Z)))
+	if gx < n {
+		per := (n + gx - 1) / gx
+		grid.X = uint32((n + per - 1) / per)
+	}
+	return grid
+}
+
+// gemvResident is how many glmf_gemv_f1_fp8p blocks run at once on the
+// GPU: 4 an SM (its launch bounds) × the SMs (set when a device opens; the
+// H200's 132 before).
+var gemvResident = func() *atomic.Int64 { var v atomic.Int64; v.Store(4 * 132); return &v }()
+
+// setGemvSMs sets the SMs GemvGrid fills.
+func setGemvSMs(sms int) {
+	if sms > 0 {
+		gemvResident.Store(4 * int64(sms))
+	}
+}
+
 // GemvFP8Kernel is the kernel of one-row fp8 GEMVs of at least
 // GemvFP8Blocks blocks (MoE expert tiles, the dense MLP's fused gate and
-// up): glmf_gemv_f1_fp8 (80 registers, 6 blocks an SM: on the H200 a
-// 288-expert decode layer's gate/up and down GEMVs 85.5 → 77.2 µs,
-// BenchmarkMoEDecodeGemv: 4,608 blocks each), or glmf_gemv_f1 (128
-// registers, 4 blocks an SM: as fast at 1,536 blocks, faster at 512,
-// BenchmarkGemvDecode's dense shapes). GemvFP8Env sets it.
-var GemvFP8Kernel = "glmf_gemv_f1_fp8"
+// up): glmf_gemv_f1_fp8p (persistent blocks, each issuing its next chunk's
+// loads before computing the current one: on the H200 a 288-expert decode
+// layer's gate/up and down GEMVs 72.7 µs, BenchmarkMoEDecodeGemv),
+// glmf_gemv_f1_fp8 (80 registers, 6 blocks an SM: 78.2 µs) or
+// glmf_gemv_f1 (128 registers, 4 blocks an SM: 86.3 µs). All give the same
+// bits. GemvFP8Env sets it.
+var GemvFP8Kernel = "glmf_gemv_f1_fp8p"
 
 // GemvFP8Blocks is the fewest blocks a one-row fp8 GEMV takes
 // GemvFP8Kernel at.
 const GemvFP8Blocks = 2048
 
 // GemvFP8Kernels are the kernels GemvFP8Kernel may name.
-var GemvFP8Kernels = []string{"glmf_gemv_f1", "glmf_gemv_f1_fp8"}
+var GemvFP8Kernels = []string{"glmf_gemv_f1", "glmf_gemv_f1_fp8", "glmf_gemv_f1_fp8p"}
 
 // GemvMMAWarps is the warps of a glmf_gemv_mma block (they split K);
 // GemvMMAWarpsK those of the *_t1k kernels (grids of few blocks).

@@ -3,6 +3,7 @@ package cuda_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	kc "github.com/glmflash/glmflash/kernels/cuda"
@@ -204,12 +205,17 @@ func BenchmarkGemvDecode(b *testing.B) {
 					prec := map[int64]string{1: "bf16", 0: "fp32"}[round]
 					name, grid, block := kc.GemvSIMTLaunch(&a, M, 1, 1)
 					variants := []string{name}
-					if name == "glmf_gemv_f1" && w.wt == 2 { // the one-row fp8 kernels, each
+					if slices.Contains(kc.GemvFP8Kernels, name) && w.wt == 2 { // the one-row fp8 kernels, each
 						variants = kc.GemvFP8Kernels
 					}
 					for _, v := range variants {
 						b.Run(fmt.Sprintf("%s/M%d/gemv-%sw-%sprec/%s", shape, M, w.name, prec, v), func(b *testing.B) {
-							timeLaunches(b, d, reps, true, w.bytes, func() error { return kc.Launch(d, v, grid, block, 0, &a) })
+							vg := grid
+							if len(variants) > 1 { // a block a group, then the variant's grid
+								cols := int64(kc.GemvCols(&a))
+								vg = kc.GemvGrid(v, kc.Dim3{X: uint32((a.N + cols - 1) / cols), Y: 1, Z: 1})
+							}
+							timeLaunches(b, d, reps, true, w.bytes, func() error { return kc.Launch(d, v, vg, block, 0, &a) })
 						})
 					}
 					if round == 0 || !kc.GemvMMAApplies(&a) {

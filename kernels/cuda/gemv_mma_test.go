@@ -285,9 +285,51 @@ func TestMoEGemvMMAMatchesCPU(t *testing.T) {
 	}
 }
 
+// The one-row fp8 kernels (kc.GemvFP8Kernels) give the same bits on MoE
+// tiles too (the gate and up pair with SwiGLU, the down projection's
+// scaled scatter): one row a tile (the persistent kernel's pipelined path,
+// K of one and of two chunks a thread), several (its per-group path), and
+// the persistent kernel on grids of a few blocks, each taking many groups.
+func TestMoEGemvFP8KernelsAgree(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(63, 64))
+	for _, k := range []struct{ T, E, K, D, I int }{{1, 8, 2, 4096, 256}, {1, 6, 3, 128, 192}, {3, 5, 2, 128, 64}} {
+		c := newMoECase(r, k.T, k.E, k.K, k.D, k.I, true, false, 0)
+		want := c.runGemvWith(t, d, "glmf_gemv_f1", 0)
+		for _, kn := range kc.GemvFP8Kernels[1:] {
+			for _, gx := range []uint32{0, 1, 3} {
+				if gx > 0 && kn != "glmf_gemv_f1_fp8p" {
+					continue
+				}
+				got := c.runGemvWith(t, d, kn, gx)
+				require.Equal(t, bitsOf(want), bitsOf(got), "%+v: %s (grid x %d) against glmf_gemv_f1", k, kn, gx)
+			}
+		}
+	}
+}
+
+func bitsOf(v []float32) []uint32 {
+	b := make([]uint32, len(v))
+	for i, x := range v {
+		b[i] = math.Float32bits(x)
+	}
+	return b
+}
+
 // runGemv computes the layer on the GEMV path of precision bf16 (tiles of
 // kc.GemvRows rows): the tensor-core kernels (mma) or glmf_gemv_f*.
 func (c *moeCase) runGemv(t *testing.T, d *kc.Device, mma bool) []float32 {
+	if mma {
+		return c.runGemvWith(t, d, "mma", 0)
+	}
+	return c.runGemvWith(t, d, "", 0)
+}
+
+// runGemvWith is runGemv on kernel: "mma" (the tensor-core kernels), ""
+// (kc.GemvSIMTLaunch's pick) or a glmf_gemv_* kernel named, on its
+// kc.GemvGrid or, gridX > 0, that many blocks along X.
+func (c *moeCase) runGemvWith(t *testing.T, d *kc.Device, kernel string, gridX uint32) []float32 {
+	mma := kernel == "mma"
 	T, E, K, D, I := c.T, c.E, c.K, c.D, c.I
 	TK := T * K
 	bm := kc.GemvRows
@@ -311,6 +353,13 @@ func (c *moeCase) runGemv(t *testing.T, d *kc.Device, mma bool) []float32 {
 	}
 	for _, g := range []*kc.GemmArgs{&gu, &dn} {
 		name, grid, block := kc.GemvSIMTLaunch(g, min(T, bm), maxTiles, 1)
+		if kernel != "" && !mma {
+			cols := int64(kc.GemvCols(g)) // one group a block along X, then the kernel's grid
+			name, grid = kernel, kc.GemvGrid(kernel, kc.Dim3{X: uint32((g.N + cols - 1) / cols), Y: uint32(maxTiles), Z: 1})
+			if gridX > 0 {
+				grid.X = gridX
+			}
+		}
 		if mma {
 			var ok bool
 			name, grid, block, ok = kc.GemvMMALaunch(g, maxTiles, 1)

@@ -188,7 +188,7 @@ func TestGemvFP8KernelsAgree(t *testing.T) {
 				bufs[g] = poisoned[float32](t, d, c.N)
 				a.Out[g], a.Ow[g] = bufs[g].p, int64(c.N)
 			}
-			launch(t, d, k, grid, block, 0, &a)
+			launch(t, d, k, kc.GemvGrid(k, grid), block, 0, &a)
 			var bits []uint32
 			for g := range bufs {
 				for _, v := range download[float32](t, bufs[g]) {
@@ -201,10 +201,32 @@ func TestGemvFP8KernelsAgree(t *testing.T) {
 		for i := range outs[1:] {
 			require.Equal(t, outs[0], outs[i+1], "%+v: %s against %s", c, kc.GemvFP8Kernels[i+1], kc.GemvFP8Kernels[0])
 		}
+		// the persistent kernel with 2 blocks along X, each taking many
+		// groups (its loads run into the next group's)
+		few := grid
+		few.X = 2
+		bufs := make([]buf, c.G)
+		for g := range bufs {
+			bufs[g] = poisoned[float32](t, d, c.N)
+			a.Out[g], a.Ow[g] = bufs[g].p, int64(c.N)
+		}
+		launch(t, d, "glmf_gemv_f1_fp8p", few, block, 0, &a)
+		var bits []uint32
+		for g := range bufs {
+			for _, v := range download[float32](t, bufs[g]) {
+				bits = append(bits, math.Float32bits(v))
+			}
+		}
+		require.Equal(t, outs[0], bits, "%+v: glmf_gemv_f1_fp8p on 2 blocks", c)
 	}
 	a := kc.GemmArgs{WType: 2, ARound: 1, Tiles: 4096, N: 4096, K: 2048}
 	kn, _, _ := kc.GemvSIMTLaunch(&a, 1, 9, 1)
 	require.Equal(t, kc.GemvFP8Kernel, kn, "one-row fp8 MoE tiles: 4,608 blocks")
+	g := kc.GemvGrid("glmf_gemv_f1_fp8p", kc.Dim3{X: 512, Y: 9, Z: 1})
+	require.EqualValues(t, 9, g.Y)
+	require.LessOrEqual(t, int(g.X)*9, 4*d.SMs, "the persistent kernel's blocks all fit at once")
+	per := (512 + int(g.X) - 1) / int(g.X)
+	require.Less(t, (per-1)*int(g.X), 512, "every block takes %d or %d groups", per, per-1)
 	a = kc.GemmArgs{WType: 2, ARound: 1, N: 4096, K: 12288}
 	kn, _, _ = kc.GemvSIMTLaunch(&a, 1, 1, 1)
 	require.Equal(t, "glmf_gemv_f1", kn, "512 blocks")

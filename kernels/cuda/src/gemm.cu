@@ -381,14 +381,14 @@ DEVFN bool gemv_rows(const GemmArgs& a, i64& rows, i64& p0, i64& e) {
 // gemv_body: the block's pass over rows [r0, r0+rows) (MoE tiles: slot
 // rows p0…, expert e) for its S = GV_SLOTS slots.
 template <typename ACC, int WT, int R>
-DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0) {
+DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0, i64 cg) {
   const int S = sizeof(ACC) == 4 ? 8 : 4;  // GV_SLOTS
   const int WSZ = WT == WT_FP8 ? 1 : WT == WT_BF16 ? 2 : 4;
   const int PER = 16 / WSZ;                // k a chunk
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   bool dual = a.W2 != 0;
   int ncol = dual ? S / 2 : S;
-  i64 c0 = (i64)blockIdx.x * ncol, g = blockIdx.z, K = a.K;
+  i64 c0 = cg * ncol, g = blockIdx.z, K = a.K;
   const float* A = a.A + g * a.a_goff;
   const float* Ar[R];
   int rp[R];
@@ -596,11 +596,11 @@ DEVFN void gemv_kernel(const GemmArgs& a) {
     i64 n = rows - r0 < R ? rows - r0 : R;
     i64 p = a.tiles ? p0 + r0 : 0;
     if (FP8 || a.w_type == WT_FP8)
-      gemv_body<ACC, WT_FP8, R>(a, n, p, e, r0);
+      gemv_body<ACC, WT_FP8, R>(a, n, p, e, r0, blockIdx.x);
     else if (a.w_type == WT_BF16)
-      gemv_body<ACC, WT_BF16, R>(a, n, p, e, r0);
+      gemv_body<ACC, WT_BF16, R>(a, n, p, e, r0, blockIdx.x);
     else if (R == GV_ROWS)
-      gemv_body<ACC, WT_F32, GV_ROWS>(a, n, p, e, r0);
+      gemv_body<ACC, WT_F32, GV_ROWS>(a, n, p, e, r0, blockIdx.x);
   }
 }
 
@@ -622,6 +622,147 @@ GV_KERNEL(glmf_gemv_f1, 4) { gemv_kernel<float, 1>(a); }
 // (kc.GemvSIMTLaunch).
 GV_KERNEL(glmf_gemv_f1_fp8, 6) { gemv_kernel<float, 1, true>(a); }
 GV_KERNEL(glmf_gemv_f2, 4) { gemv_kernel<float, 2>(a); }
+// glmf_gemv_f1_fp8p: glmf_gemv_f1_fp8 with persistent blocks, the same
+// bits. Block x takes the column groups x, x + gridDim.x, ... (a group:
+// the GemvCols columns glmf_gemv_f1's block x takes) of its tile, and each
+// thread issues the weight loads of its next chunk (or of the next group's
+// first) before it computes the current one, so that a block's reduction
+// and epilogue run while its next loads are in flight: the one-wave blocks
+// of glmf_gemv_f1_fp8 each loaded their chunks (one at K = 2048) and then
+// waited, reduced and exited, so an SM's loads came in bursts. Every
+// column's arithmetic is gemv_body's (the same chunks a thread, the same
+// order, the same butterfly and warp tree); rows past one a tile, unaligned
+// weights or K not a multiple of 16 take gemv_body group by group.
+KERNEL_BOUNDS(glmf_gemv_f1_fp8p, GemmArgs, GV_WARPS * 32, 4) {
+  const int S = 8, PER = 16;
+  i64 rows, p0, e;
+  if (!gemv_rows(a, rows, p0, e)) return;
+  bool dual = a.W2 != 0;
+  int ncol = dual ? S / 2 : S;
+  i64 ngroups = (a.N + ncol - 1) / ncol, K = a.K, g = blockIdx.z;
+  i64 wg = a.tiles ? e : g;
+  const char* W = (const char*)a.W + wg * a.w_goff;
+  const char* W2 = dual ? (const char*)a.W2 + wg * a.w_goff : 0;
+  int rp0 = 0;
+  const float* Ar = a.A + g * a.a_goff;
+  if (rows >= 1) {
+    if (a.tiles) {
+      rp0 = a.perm[p0];
+      Ar += (a.a_div > 0 ? (i64)(rp0 / a.a_div) : p0) * a.lda;
+    }
+  }
+  bool vec = rows == 1 && K % PER == 0 && ((u64)W & 15) == 0 && (!dual || ((u64)W2 & 15) == 0) && ((u64)Ar & 15) == 0;
+  if (!vec) {
+    for (i64 cg = blockIdx.x; cg < ngroups; cg += gridDim.x)
+      for (i64 r0 = 0; r0 < rows; r0++) gemv_body<float, WT_FP8, 1>(a, 1, a.tiles ? p0 + r0 : 0, e, r0, cg);
+    return;
+  }
+  const float* wsb = a.ws + wg * a.ws_goff;
+  const float* ws2b = dual ? a.ws2 + wg * a.ws_goff : wsb;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
+  // this thread's chunks: q = t + i·GV_WARPS·32 (gemv_body's q loop), nq of
+  // them; its loads run one chunk ahead through the block's groups
+  i64 Q = K / PER;
+  int nq = Q > t ? (int)((Q - 1 - t) / (GV_WARPS * 32) + 1) : 0;
+  auto load = [&](i64 cg, int i, uint4* raw, float& s1, float& s2) {
+    i64 c0 = cg * ncol, k0 = ((i64)t + (i64)i * GV_WARPS * 32) * PER;
+#pragma unroll
+    for (int j = 0; j < S; j++) {
+      i64 c = c0 + (dual ? j / 2 : j);
+      if (c >= a.N) c = a.N - 1;
+      raw[j] = gv_ldw((dual && (j & 1) ? W2 : W) + c * K + k0);
+    }
+    s1 = wsb[(c0 >> 7) * a.ws_ld + (k0 >> 7)];
+    s2 = dual ? ws2b[(c0 >> 7) * a.ws_ld + (k0 >> 7)] : s1;
+  };
+  uint4 nraw[S];
+  float ns1 = 1, ns2 = 1;
+  i64 cg = blockIdx.x;
+  if (cg >= ngroups) return;
+  if (nq > 0) load(cg, 0, nraw, ns1, ns2);
+  __shared__ float red[GV_WARPS][S];
+  __shared__ float tot[S];
+  for (; cg < ngroups; cg += gridDim.x) {
+    float acc[S];
+#pragma unroll
+    for (int j = 0; j < S; j++) acc[j] = 0;
+    for (int i = 0; i < nq; i++) {
+      uint4 raw[S];
+#pragma unroll
+      for (int j = 0; j < S; j++) raw[j] = nraw[j];
+      float s1 = ns1, s2 = ns2;
+      // the next chunk's loads: this group's next, else the next group's first
+      if (i + 1 < nq) load(cg, i + 1, nraw, ns1, ns2);
+      else if (cg + gridDim.x < ngroups) load(cg + gridDim.x, 0, nraw, ns1, ns2);
+      i64 k0 = ((i64)t + (i64)i * GV_WARPS * 32) * PER;
+      float pc[S];
+#pragma unroll
+      for (int j = 0; j < S; j++) pc[j] = 0;
+#pragma unroll
+      for (int h = 0; h < PER / 4; h++) {
+        float x[4];
+        uint4 v = gv_lda(Ar + k0 + 4 * h);
+        x[0] = __uint_as_float(v.x), x[1] = __uint_as_float(v.y);
+        x[2] = __uint_as_float(v.z), x[3] = __uint_as_float(v.w);
+        gv_round2(x[0], x[1]);
+        gv_round2(x[2], x[3]);
+#pragma unroll
+        for (int j = 0; j < S; j++) {
+          float w[4];
+          unsigned u[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+          fp8x2f(u[h], w[0], w[1]);
+          fp8x2f(u[h] >> 16, w[2], w[3]);
+#pragma unroll
+          for (int q = 0; q < 4; q++) pc[j] = fmaf(x[q], w[q], pc[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < S; j++) acc[j] = gv_fma(pc[j], dual && (j & 1) ? s2 : s1, acc[j]);
+    }
+    // gemv_body's reduce-scatter over the lanes, then the warps in order
+    int n = S;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      if (n > 1) {
+        bool up = (lane & off) != 0;
+#pragma unroll
+        for (int i = 0; i < n / 2; i++) {
+          float keep = up ? acc[n / 2 + i] : acc[i];
+          float send = up ? acc[i] : acc[n / 2 + i];
+          acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+        n /= 2;
+      } else {
+        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], off);
+      }
+    }
+    if ((lane & 3) == 0) red[warp][lane >> 2] = acc[0];
+    __syncthreads();
+    if (t < S) {
+      float v = red[0][t];
+#pragma unroll
+      for (int w = 1; w < GV_WARPS; w++) v += red[w][t];
+      tot[t] = v;
+    }
+    __syncthreads();
+    if (t < ncol) {
+      i64 c = cg * ncol + t;
+      if (c < a.N) {
+        if (dual) {
+          a.out[0][(a.tiles ? p0 : 0) * a.N + c] = swiglu_clamped(tot[2 * t], tot[2 * t + 1], a.limit);
+        } else if (a.scatter) {
+          a.scatter[(i64)rp0 * a.N + c] = a.row_scale[rp0] * tot[t];
+        } else if (a.tiles) {
+          a.out[0][p0 * a.N + c] = tot[t];
+        } else {
+          float* o = out_ptr(a, g, 0, c);
+          if (o) *o = tot[t];
+        }
+      }
+    }
+  }
+}
+
 GV_KERNEL(glmf_gemv_f4, 3) { gemv_kernel<float, 4>(a); }
 GV_KERNEL(glmf_gemv_f8, 2) { gemv_kernel<float, 8>(a); }
 GV_KERNEL(glmf_gemv_d1, 4) { gemv_kernel<double, 1>(a); }
