@@ -106,84 +106,14 @@ DEVFN void mhc_mapping(const MHCParams& p, const float* sc, const float* bs, con
   }
 }
 
-// div_rcp: a / d, the IEEE quotient, given r = rcp_refined(d): the
-// instructions nvcc emits for a / d on its fast path (an approximate
-// reciprocal refined by one Newton step, the product, its remainder by a
-// fused multiply-add, the corrected quotient), whose result is the correctly
-// rounded quotient wherever that path is taken. A row of the Sinkhorn shares
-// its divisor, so its reciprocal is computed once. The fast
-// path is certainly exact where a ≤ d and both are within [2^-57, 2^4],
-// far from overflow, subnormals and their remainders (mhc_pass).
-DEVFN float rcp_refined(float d) {
-#ifdef GLMF_EMU
-  return 1.f / d;
-#else
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-  return fmaf(r, fmaf(-d, r, 1.f), r);
-#endif
-}
-DEVFN float div_rcp(float a, float d, float r) {
-#ifdef GLMF_EMU
-  return a / d;
-#else
-  float q = __fmul_rn(a, r);
-  return fmaf(fmaf(-d, q, a), r, q);
-#endif
-}
-
-// mhc_pass divides each of the H rows (rows) or columns of the H×H matrix
-// v by its sum + eps (summed in ascending index, as the CPU). FAST: by
-// the shared reciprocal (div_rcp), which the caller takes only where every
-// value is within [2^-57, 2] and eps in [0, 1] (a value never exceeds its
-// divisor, a divisor is at most H·2 + 1, so the quotients are ≤ 1); the
-// rows' sums and quotients are independent, so they interleave.
-template <int H, bool FAST, bool ROWS>
-DEVFN void mhc_pass(float* v, float eps) {
-  float d[H], r[H];
-#pragma unroll
-  for (int g = 0; g < H; g++) {
-    float s = 0;
-#pragma unroll
-    for (int k = 0; k < H; k++) s += v[ROWS ? g * H + k : k * H + g];
-    d[g] = s + eps;
-    r[g] = FAST ? rcp_refined(d[g]) : 0.f;
-  }
-#pragma unroll
-  for (int g = 0; g < H; g++)
-#pragma unroll
-    for (int k = 0; k < H; k++) {
-      float& x = v[ROWS ? g * H + k : k * H + g];
-      x = FAST ? div_rcp(x, d[g], r[g]) : x / d[g];
-    }
-}
-
-// mhc_in_range: every value of v within [2^-50, 2] (min and max by trees,
-// so the check is short beside a pass; a NaN propagates through either
-// division alike).
-template <int N>
-DEVFN bool mhc_in_range(const float* v) {
-  float mn[N], mx[N];
-#pragma unroll
-  for (int q = 0; q < N; q++) mn[q] = mx[q] = v[q];
-#pragma unroll
-  for (int w = 1; w < N; w *= 2)
-#pragma unroll
-    for (int q = 0; q + w < N; q += 2 * w) mn[q] = fminf(mn[q], mn[q + w]), mx[q] = fmaxf(mx[q], mx[q + w]);
-  return mn[0] >= 0x1p-50f && mx[0] <= 2.f;
-}
-
 // mhc_comb_warp: the post gates and the Sinkhorn-projected comb of
 // mhc_mapping by one warp where H·H ≤ 32 (H = p.H fixed at compile time:
 // 1 to 5; the model's hc_mult is 4), with no block barriers and no shared
 // memory, written straight to post[H] and comb[H·H] in global memory. Lane
-// l = i·H + j computes comb[i][j]'s exponential and the softmax's
-// quotient; lane 0 then holds the whole matrix in registers for the
-// Sinkhorn passes, whose rows (or columns) are independent, so that a
-// pass's latency is one sum and one shared reciprocal (the 20 iterations'
-// serial chain bounded the whole pre at decode). Every value is computed in
-// the CPU's order with IEEE quotients, so the bits are mhc_mapping's. The
-// whole warp calls it.
+// l = i·H + j holds comb[i][j] throughout: its exponential, the softmax's
+// quotient and every Sinkhorn pass. Every value is computed in the CPU's
+// order with IEEE quotients, so the bits are mhc_mapping's. The whole warp
+// calls it.
 template <int H>
 DEVFN void mhc_comb_warp(const MHCParams& p, const float* sc, const float* bs, const float* m, float* post, float* comb) {
   int l = threadIdx.x % 32;
@@ -204,28 +134,27 @@ DEVFN void mhc_comb_warp(const MHCParams& p, const float* sc, const float* bs, c
 #pragma unroll
   for (int jj = 0; jj < H; jj++) s += __shfl_sync(0xffffffffu, c, i * H + jj);
   c = c / s + eps;
-  float v[H * H];
-#pragma unroll
-  for (int q = 0; q < H * H; q++) v[q] = __shfl_sync(0xffffffffu, c, q);
-  if (l != 0) return;
-  // the shared reciprocals while the values at an iteration's start are
-  // within [2^-50, 2]: a pass divides by at most H·2 + 1 ≤ 11, so through
-  // the iteration's two passes they stay ≥ 2^-57 and every quotient is
-  // exact; from the first iteration that starts outside, IEEE divisions
-  bool fast = eps >= 0.f && eps <= 1.f && mhc_in_range<H * H>(v);
+  // the Sinkhorn passes, lane l holding comb[i][j]: a row's (column's) sum
+  // is gathered by shuffles in ascending index, as the CPU adds it, and
+  // every lane divides its own value (IEEE quotients). The passes' chain is
+  // a few shuffles, adds and one division, where one lane holding the
+  // matrix ran every quotient of a pass in turn (20 iterations of 2 passes:
+  // about 20,000 cycles, the whole of glmf_mhc_mix at decode).
+  int j = own ? l % H : 0;
   i64 iters = p.iters < 1 ? 1 : p.iters;  // the first column pass always runs
   for (i64 it = 0; it < iters; it++) {
-    if (fast) {
-      if (it > 0) mhc_pass<H, true, true>(v, eps);
-      mhc_pass<H, true, false>(v, eps);
-      fast = mhc_in_range<H * H>(v);
-    } else {
-      if (it > 0) mhc_pass<H, false, true>(v, eps);
-      mhc_pass<H, false, false>(v, eps);
-    }
-  }
+    if (it > 0) {
+      float rs = 0;
 #pragma unroll
-  for (int q = 0; q < H * H; q++) comb[q] = v[q];
+      for (int jj = 0; jj < H; jj++) rs += __shfl_sync(0xffffffffu, c, i * H + jj);
+      c = c / (rs + eps);
+    }
+    float cs = 0;
+#pragma unroll
+    for (int r = 0; r < H; r++) cs += __shfl_sync(0xffffffffu, c, r * H + j);
+    c = c / (cs + eps);
+  }
+  if (own) comb[l] = c;
 }
 
 // mhc_post_elem: one element of the expanded streams:
