@@ -899,18 +899,6 @@ func (p *Program) collectProfile(rc *runCtx) {
 // launchSteps runs the arena plan a second time with real addresses,
 // launching every step (or recording it, inside a capture).
 func (p *Program) launchSteps(rc *runCtx, tempSize [][]int64) error {
-	return p.walkSteps(rc, tempSize, true)
-}
-
-// restoreAddrs assigns every value the address a captured run gave it,
-// launching nothing (a graph replay runs the launches).
-func (p *Program) restoreAddrs(rc *runCtx, tempSize [][]int64) error {
-	return p.walkSteps(rc, tempSize, false)
-}
-
-// walkSteps replays the arena plan with real addresses and, when launch is
-// set, runs every step.
-func (p *Program) walkSteps(rc *runCtx, tempSize [][]int64, launch bool) error {
 	ap2 := &arenaPlan{}
 	for _, in := range p.plan.Graph.Inputs {
 		switch in.Name {
@@ -927,10 +915,10 @@ func (p *Program) walkSteps(rc *runCtx, tempSize [][]int64, launch bool) error {
 		}
 	}
 	lastUse := p.plan.LastUse
-	// the side stream is used where launching and not profiling (per-op
-	// events time the main stream)
+	// the side stream is used where not profiling (per-op events time the
+	// main stream)
 	var sdev *kc.Device
-	if launch && rc.profile == nil {
+	if rc.profile == nil {
 		sdev = rc.dev
 	}
 	for si, st := range p.steps {
@@ -946,24 +934,22 @@ func (p *Program) walkSteps(rc *runCtx, tempSize [][]int64, launch bool) error {
 		for _, n := range tempSize[si] {
 			rc.temps = append(rc.temps, p.arena+kc.DevicePtr(ap2.alloc(n)))
 		}
-		if launch {
-			var ev0 kc.Event
-			if rc.profile != nil {
-				var err error
-				if ev0, err = rc.dev.Record(); err != nil {
-					return err
-				}
+		var ev0 kc.Event
+		if rc.profile != nil {
+			var err error
+			if ev0, err = rc.dev.Record(); err != nil {
+				return err
 			}
-			if err := st.run(rc); err != nil {
-				return fmt.Errorf("cuda: %s (layer %d): %w", st.node.Op, st.node.Layer, err)
+		}
+		if err := st.run(rc); err != nil {
+			return fmt.Errorf("cuda: %s (layer %d): %w", st.node.Op, st.node.Layer, err)
+		}
+		if rc.profile != nil {
+			ev1, err := rc.dev.Record()
+			if err != nil {
+				return err
 			}
-			if rc.profile != nil {
-				ev1, err := rc.dev.Record()
-				if err != nil {
-					return err
-				}
-				rc.profile = append(rc.profile, opEvents{st.node.Op, ev0, ev1})
-			}
+			rc.profile = append(rc.profile, opEvents{st.node.Op, ev0, ev1})
 		}
 		for i, n := range tempSize[si] {
 			ap2.release(int64(rc.temps[i]-p.arena), n)
