@@ -378,6 +378,45 @@ DEVFN bool gemv_rows(const GemmArgs& a, i64& rows, i64& p0, i64& e) {
   return true;
 }
 
+// gv_lanes_sum: a warp's butterfly over its lanes' S sums as a
+// reduce-scatter; lane l then holds slot (l >> (5 - log2 S)) in acc[0].
+template <typename ACC, int S>
+DEVFN void gv_lanes_sum(ACC* acc, int lane) {
+  int n = S;
+  #pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    if (n > 1) {
+      bool up = (lane & off) != 0;
+      #pragma unroll
+      for (int i = 0; i < n / 2; i++) {
+        ACC keep = up ? acc[n / 2 + i] : acc[i];
+        ACC send = up ? acc[i] : acc[n / 2 + i];
+        acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+      }
+      n /= 2;
+    } else {
+      acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], off);
+    }
+  }
+}
+
+// gv_store writes a one-row GEMV's output column c of row row (MoE tiles:
+// slot row p0; else row 0): SwiGLU of (v, u) in dual mode, else v scaled
+// into routing slot s's row of the scatter, or v (gemv_body's epilogue,
+// for glmf_gemv_f1_fp8p).
+DEVFN void gv_store(const GemmArgs& a, i64 g, i64 row, int s, i64 c, float v, float u) {
+  if (a.W2) {
+    a.out[0][row * a.N + c] = swiglu_clamped(v, u, a.limit);
+  } else if (a.scatter) {
+    a.scatter[(i64)s * a.N + c] = a.row_scale[s] * v;
+  } else if (a.tiles) {
+    a.out[0][row * a.N + c] = v;
+  } else {
+    float* o = out_ptr(a, g, row, c);
+    if (o) *o = v;
+  }
+}
+
 // gemv_body: the block's pass over rows [r0, r0+rows) (MoE tiles: slot
 // rows p0…, expert e) for its S = GV_SLOTS slots.
 template <typename ACC, int WT, int R>
@@ -525,22 +564,7 @@ DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0, i64 cg)
   __shared__ ACC red[GV_WARPS][R][S];
   #pragma unroll
   for (int m = 0; m < R; m++) {
-    int n = S;
-    #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      if (n > 1) {
-        bool up = (lane & off) != 0;
-        #pragma unroll
-        for (int i = 0; i < n / 2; i++) {
-          ACC keep = up ? acc[m][n / 2 + i] : acc[m][i];
-          ACC send = up ? acc[m][i] : acc[m][n / 2 + i];
-          acc[m][i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
-        }
-        n /= 2;
-      } else {
-        acc[m][0] += __shfl_xor_sync(0xffffffffu, acc[m][0], off);
-      }
-    }
+    gv_lanes_sum<ACC, S>(acc[m], lane);
     const int sh = S == 8 ? 2 : 3;  // 32/S lanes hold each slot
     if ((lane & ((1 << sh) - 1)) == 0) red[warp][m][lane >> sh] = acc[m][0];
   }
@@ -560,6 +584,8 @@ DEVFN void gemv_body(const GemmArgs& a, i64 rows, i64 p0, i64 e, i64 r0, i64 cg)
     int m = t / ncol;
     i64 c = c0 + t % ncol;
     if (m < rows && c < a.N) {
+      // (gv_store's writes, inline: calling it here raises glmf_gemv_f1's
+      // spills at its 128-register bound)
       if (dual) {  // (MoE tiles: slot rows p0…; else rows r0…, stride N)
         int j = 2 * (t % ncol);
         a.out[0][(a.tiles ? p0 + m : r0 + m) * a.N + c] = swiglu_clamped(tot[m][j], tot[m][j + 1], a.limit);
@@ -720,22 +746,7 @@ KERNEL_BOUNDS(glmf_gemv_f1_fp8p, GemmArgs, GV_WARPS * 32, 4) {
       for (int j = 0; j < S; j++) acc[j] = gv_fma(pc[j], dual && (j & 1) ? s2 : s1, acc[j]);
     }
     // gemv_body's reduce-scatter over the lanes, then the warps in order
-    int n = S;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      if (n > 1) {
-        bool up = (lane & off) != 0;
-#pragma unroll
-        for (int i = 0; i < n / 2; i++) {
-          float keep = up ? acc[n / 2 + i] : acc[i];
-          float send = up ? acc[i] : acc[n / 2 + i];
-          acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
-        }
-        n /= 2;
-      } else {
-        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], off);
-      }
-    }
+    gv_lanes_sum<float, S>(acc, lane);
     if ((lane & 3) == 0) red[warp][lane >> 2] = acc[0];
     __syncthreads();
     if (t < S) {
@@ -747,18 +758,7 @@ KERNEL_BOUNDS(glmf_gemv_f1_fp8p, GemmArgs, GV_WARPS * 32, 4) {
     __syncthreads();
     if (t < ncol) {
       i64 c = cg * ncol + t;
-      if (c < a.N) {
-        if (dual) {
-          a.out[0][(a.tiles ? p0 : 0) * a.N + c] = swiglu_clamped(tot[2 * t], tot[2 * t + 1], a.limit);
-        } else if (a.scatter) {
-          a.scatter[(i64)rp0 * a.N + c] = a.row_scale[rp0] * tot[t];
-        } else if (a.tiles) {
-          a.out[0][p0 * a.N + c] = tot[t];
-        } else {
-          float* o = out_ptr(a, g, 0, c);
-          if (o) *o = tot[t];
-        }
-      }
+      if (c < a.N) gv_store(a, g, a.tiles ? p0 : 0, rp0, c, dual ? tot[2 * t] : tot[t], dual ? tot[2 * t + 1] : 0.f);
     }
   }
 }
