@@ -181,22 +181,27 @@ func TestGemvFP8KernelsAgree(t *testing.T) {
 		}
 		kn, grid, block := kc.GemvSIMTLaunch(&a, 1, 1, c.G)
 		require.Equal(t, "glmf_gemv_f1", kn, "no tiles")
+		// run launches kernel k on grid g and returns the outputs' bits
+		run := func(k string, g kc.Dim3) []uint32 {
+			bufs := make([]buf, c.G)
+			for i := range bufs {
+				bufs[i] = poisoned[float32](t, d, c.N)
+				a.Out[i], a.Ow[i] = bufs[i].p, int64(c.N)
+			}
+			launch(t, d, k, g, block, 0, &a)
+			var bits []uint32
+			for i := range bufs {
+				out := download[float32](t, bufs[i])
+				for _, v := range out {
+					require.False(t, math.IsNaN(float64(v)), "%+v: %s", c, k)
+				}
+				bits = append(bits, bitsOf(out)...)
+			}
+			return bits
+		}
 		var outs [][]uint32
 		for _, k := range kc.GemvFP8Kernels {
-			bufs := make([]buf, c.G)
-			for g := range bufs {
-				bufs[g] = poisoned[float32](t, d, c.N)
-				a.Out[g], a.Ow[g] = bufs[g].p, int64(c.N)
-			}
-			launch(t, d, k, kc.GemvGrid(k, grid), block, 0, &a)
-			var bits []uint32
-			for g := range bufs {
-				for _, v := range download[float32](t, bufs[g]) {
-					require.False(t, math.IsNaN(float64(v)), "%+v: %s", c, k)
-					bits = append(bits, math.Float32bits(v))
-				}
-			}
-			outs = append(outs, bits)
+			outs = append(outs, run(k, kc.GemvGrid(k, grid)))
 		}
 		for i := range outs[1:] {
 			require.Equal(t, outs[0], outs[i+1], "%+v: %s against %s", c, kc.GemvFP8Kernels[i+1], kc.GemvFP8Kernels[0])
@@ -205,19 +210,7 @@ func TestGemvFP8KernelsAgree(t *testing.T) {
 		// groups (its loads run into the next group's)
 		few := grid
 		few.X = 2
-		bufs := make([]buf, c.G)
-		for g := range bufs {
-			bufs[g] = poisoned[float32](t, d, c.N)
-			a.Out[g], a.Ow[g] = bufs[g].p, int64(c.N)
-		}
-		launch(t, d, "glmf_gemv_f1_fp8p", few, block, 0, &a)
-		var bits []uint32
-		for g := range bufs {
-			for _, v := range download[float32](t, bufs[g]) {
-				bits = append(bits, math.Float32bits(v))
-			}
-		}
-		require.Equal(t, outs[0], bits, "%+v: glmf_gemv_f1_fp8p on 2 blocks", c)
+		require.Equal(t, outs[0], run("glmf_gemv_f1_fp8p", few), "%+v: glmf_gemv_f1_fp8p on 2 blocks", c)
 	}
 	a := kc.GemmArgs{WType: 2, ARound: 1, Tiles: 4096, N: 4096, K: 2048}
 	kn, _, _ := kc.GemvSIMTLaunch(&a, 1, 9, 1)
