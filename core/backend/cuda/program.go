@@ -654,7 +654,7 @@ func (p *Program) ensure(buf *kc.DevicePtr, size *int64, n int64) error {
 func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int) (*backend.Result, error) {
 	t0 := time.Now()
 	dev := p.b.dev
-	rc := &runCtx{p: p, dev: dev, pr: pr, store: store, T: pr.T, S: len(pr.Spans), R: pr.SpanRows(), addr: map[*ir.Value]kc.DevicePtr{}, host: map[*ir.Value]any{}, maxVisible: map[int]int{}}
+	rc := &runCtx{p: p, dev: dev, pr: pr, store: store, T: pr.T, S: len(pr.Spans), R: pr.SpanRows(), host: map[*ir.Value]any{}, maxVisible: map[int]int{}}
 	if p.b.opts.ProfileOps {
 		rc.profile = []opEvents{}
 		defer p.collectProfile(rc)
@@ -729,6 +729,7 @@ func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int)
 	if ent != nil {
 		rc.addr = ent.addr
 	} else {
+		rc.addr = map[*ir.Value]kc.DevicePtr{}
 		var err error
 		if tempSize, err = p.planArena(rc, graphed); err != nil {
 			return nil, err
