@@ -21,11 +21,11 @@ const ChunkSize = 64
 func L2Normalize(x []float32, T, D int, eps, scale float32) {
 	for t := 0; t < T; t++ {
 		r := x[t*D : t*D+D]
-		var s float32
+		var s float64 // summed in float64, as norm's row reductions
 		for _, v := range r {
-			s += v * v
+			s += float64(v) * float64(v)
 		}
-		f := scale / float32(math.Sqrt(float64(s+eps)))
+		f := scale / float32(math.Sqrt(s+float64(eps)))
 		for i := range r {
 			r[i] *= f
 		}

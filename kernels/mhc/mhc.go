@@ -65,11 +65,11 @@ func Pre(p *Params, h, post, comb, X []float32, T int) {
 		for u := 0; u < n; u++ {
 			t := t0 + u
 			x := xs[u*H*D : (u+1)*H*D]
-			var ss float32
+			var ss float64 // the squares summed in float64, as kernels/norm's
 			for _, v := range x {
-				ss += v * v
+				ss += float64(v) * float64(v)
 			}
-			r := float32(1 / math.Sqrt(float64(ss/float32(H*D)+p.NormEps)))
+			r := float32(1 / math.Sqrt(ss/float64(H*D)+float64(p.NormEps)))
 			mt := ms[u*mix : (u+1)*mix]
 			for i := range mt {
 				mt[i] *= r
@@ -96,36 +96,48 @@ const preRows = 16
 
 // Mapping turns the mixing logits m ([(2+H)·H], already RMS-scaled) into
 // pre, post and the Sinkhorn-projected comb.
+//
+// The sigmoids and the Sinkhorn iterations run in float64 and round once.
+// In float32 the 2·Iterations normalizations (each row and column sum and
+// quotient rounded) leave comb a few ulp off, and comb mixes the residual
+// streams of every layer: that rounding, compounded over the layers, was
+// the largest source of the fixtures' max |Δlogit| and of its spread
+// between the GEMM implementations (docs/precision.md).
 func Mapping(p *Params, m, pre, post, comb []float32) {
 	H := p.H
-	eps := p.HCEps
+	eps := float64(p.HCEps)
 	for i := 0; i < H; i++ {
-		pre[i] = sigmoid(p.Scale[0]*m[i]+p.Base[i]) + eps
-		post[i] = 2 * sigmoid(p.Scale[1]*m[H+i]+p.Base[H+i])
+		pre[i] = float32(sig64(float64(p.Scale[0]*m[i]+p.Base[i])) + eps)
+		post[i] = float32(2 * sig64(float64(p.Scale[1]*m[H+i]+p.Base[H+i])))
+	}
+	var cb [64]float64 // H ≤ 8 on the stack
+	var c []float64
+	if H*H <= len(cb) {
+		c = cb[:H*H]
+	} else {
+		c = make([]float64, H*H)
 	}
 	for i := 0; i < H; i++ {
-		row := comb[i*H : i*H+H]
-		mx := float32(math.Inf(-1))
+		row := c[i*H : i*H+H]
+		mx := math.Inf(-1)
 		for j := range row {
-			row[j] = p.Scale[2]*m[2*H+i*H+j] + p.Base[2*H+i*H+j]
-			if row[j] > mx {
-				mx = row[j]
-			}
+			row[j] = float64(p.Scale[2]*m[2*H+i*H+j] + p.Base[2*H+i*H+j])
+			mx = math.Max(mx, row[j])
 		}
-		var s float32
+		var s float64
 		for j := range row {
-			row[j] = float32(math.Exp(float64(row[j] - mx)))
+			row[j] = math.Exp(row[j] - mx)
 			s += row[j]
 		}
 		for j := range row {
 			row[j] = row[j]/s + eps
 		}
 	}
-	colNorm(comb, H, eps)
+	colNorm64(c, H, eps)
 	for it := 1; it < p.Iterations; it++ {
 		for i := 0; i < H; i++ {
-			row := comb[i*H : i*H+H]
-			var s float32
+			row := c[i*H : i*H+H]
+			var s float64
 			for _, v := range row {
 				s += v
 			}
@@ -133,13 +145,19 @@ func Mapping(p *Params, m, pre, post, comb []float32) {
 				row[j] /= s + eps
 			}
 		}
-		colNorm(comb, H, eps)
+		colNorm64(c, H, eps)
+	}
+	for i := range c {
+		comb[i] = float32(c[i])
 	}
 }
 
-func colNorm(c []float32, H int, eps float32) {
+func sig64(x float64) float64 { return 1 / (1 + math.Exp(-x)) }
+
+// colNorm64 divides each column of the H×H matrix c by its sum (+ eps).
+func colNorm64(c []float64, H int, eps float64) {
 	for j := 0; j < H; j++ {
-		var s float32
+		var s float64
 		for i := 0; i < H; i++ {
 			s += c[i*H+j]
 		}
@@ -148,8 +166,6 @@ func colNorm(c []float32, H int, eps float32) {
 		}
 	}
 }
-
-func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(float64(-x)))) }
 
 // Post expands a sub-layer output o ([T][D]) into new streams:
 // out[j] = post[j]·o + Σ_i comb[i][j]·R[i], with R the streams the matching
@@ -211,11 +227,11 @@ func PostPreUnfused(p *Params, a *PostPreArgs, T int) {
 // normRow is the weighted RMSNorm of kernels/norm for one row (same order
 // of operations).
 func normRow(x, w []float32, eps float32) {
-	var s float32
+	var s float64
 	for _, v := range x {
-		s += v * v
+		s += float64(v) * float64(v)
 	}
-	r := float32(1 / math.Sqrt(float64(s/float32(len(x))+eps)))
+	r := float32(1 / math.Sqrt(s/float64(len(x))+float64(eps)))
 	for i, v := range x {
 		x[i] = w[i] * (v * r)
 	}

@@ -1,6 +1,7 @@
 // Package norm holds the normalizations of the model: weighted and
 // unweighted RMSNorm, LayerNorm with bias, and KDA's gated per-head RMSNorm.
-// All compute in float32 over rows of length D.
+// All compute in float32 over rows of length D, but for the row reductions
+// (sums of squares, mean and variance), which are summed in float64.
 package norm
 
 import (
@@ -23,12 +24,14 @@ func RMSNorm(dst, x []float32, T, D int, w []float32, eps float32) {
 	}
 }
 
+// invRMS sums the squares in float64 (a row's rounding errors would
+// otherwise grow with D and scale every output of the row alike).
 func invRMS(x []float32, eps float32) float32 {
-	var s float32
+	var s float64
 	for _, v := range x {
-		s += v * v
+		s += float64(v) * float64(v)
 	}
-	return float32(1 / math.Sqrt(float64(s/float32(len(x))+eps)))
+	return float32(1 / math.Sqrt(s/float64(len(x))+float64(eps)))
 }
 
 // InvRMS returns 1/sqrt(mean(x²)+eps).
@@ -40,17 +43,18 @@ func LayerNorm(dst, x []float32, T, D int, w, b []float32, eps float32) {
 	for t := 0; t < T; t++ {
 		xr := x[t*D : t*D+D]
 		dr := dst[t*D : t*D+D]
-		var mean float32
+		var m64 float64
 		for _, v := range xr {
-			mean += v
+			m64 += float64(v)
 		}
-		mean /= float32(D)
-		var vs float32
+		m64 /= float64(D)
+		var vs float64
 		for _, v := range xr {
-			d := v - mean
+			d := float64(v) - m64
 			vs += d * d
 		}
-		r := float32(1 / math.Sqrt(float64(vs/float32(D)+eps)))
+		mean := float32(m64)
+		r := float32(1 / math.Sqrt(vs/float64(D)+float64(eps)))
 		for i, v := range xr {
 			dr[i] = (v-mean)*r*w[i] + b[i]
 		}
