@@ -82,7 +82,8 @@ func MatMulTBF16Naive(dst, x []float32, T, K int, w []uint16, N int) {
 }
 
 // blockBF16 is the pure-Go block for bfloat16 weights: rows [t0,t1) ×
-// columns [n0,n1) with 4×2 register tiles, each output summed left to right.
+// columns [n0,n1) with 4×2 register tiles, each output summed left to right
+// in float64 and rounded once (as block).
 func blockBF16(dst, x []float32, w []uint16, K, N, t0, t1, n0, n1 int) {
 	n := n0
 	for ; n+2 <= n1; n += 2 {
@@ -94,47 +95,48 @@ func blockBF16(dst, x []float32, w []uint16, K, N, t0, t1, n0, n1 int) {
 			x1 := x[(t+1)*K : (t+1)*K+K]
 			x2 := x[(t+2)*K : (t+2)*K+K]
 			x3 := x[(t+3)*K : (t+3)*K+K]
-			var a00, a01, a10, a11, a20, a21, a30, a31 float32
+			var a00, a01, a10, a11, a20, a21, a30, a31 float64
 			for k := range w0 {
-				b0 := math.Float32frombits(uint32(w0[k]) << 16)
-				b1 := math.Float32frombits(uint32(w1[k]) << 16)
-				v := x0[k]
+				b0 := float64(math.Float32frombits(uint32(w0[k]) << 16))
+				b1 := float64(math.Float32frombits(uint32(w1[k]) << 16))
+				v := float64(x0[k])
 				a00 += v * b0
 				a01 += v * b1
-				v = x1[k]
+				v = float64(x1[k])
 				a10 += v * b0
 				a11 += v * b1
-				v = x2[k]
+				v = float64(x2[k])
 				a20 += v * b0
 				a21 += v * b1
-				v = x3[k]
+				v = float64(x3[k])
 				a30 += v * b0
 				a31 += v * b1
 			}
-			dst[t*N+n], dst[t*N+n+1] = a00, a01
-			dst[(t+1)*N+n], dst[(t+1)*N+n+1] = a10, a11
-			dst[(t+2)*N+n], dst[(t+2)*N+n+1] = a20, a21
-			dst[(t+3)*N+n], dst[(t+3)*N+n+1] = a30, a31
+			dst[t*N+n], dst[t*N+n+1] = float32(a00), float32(a01)
+			dst[(t+1)*N+n], dst[(t+1)*N+n+1] = float32(a10), float32(a11)
+			dst[(t+2)*N+n], dst[(t+2)*N+n+1] = float32(a20), float32(a21)
+			dst[(t+3)*N+n], dst[(t+3)*N+n+1] = float32(a30), float32(a31)
 		}
 		for ; t < t1; t++ {
 			x0 := x[t*K : t*K+K]
-			var a0, a1 float32
+			var a0, a1 float64
 			for k, v := range x0 {
-				a0 += v * math.Float32frombits(uint32(w0[k])<<16)
-				a1 += v * math.Float32frombits(uint32(w1[k])<<16)
+				v := float64(v)
+				a0 += v * float64(math.Float32frombits(uint32(w0[k])<<16))
+				a1 += v * float64(math.Float32frombits(uint32(w1[k])<<16))
 			}
-			dst[t*N+n], dst[t*N+n+1] = a0, a1
+			dst[t*N+n], dst[t*N+n+1] = float32(a0), float32(a1)
 		}
 	}
 	for ; n < n1; n++ {
 		wr := w[n*K : n*K+K]
 		for t := t0; t < t1; t++ {
 			xr := x[t*K : t*K+K]
-			var s float32
+			var s float64
 			for k, v := range xr {
-				s += v * math.Float32frombits(uint32(wr[k])<<16)
+				s += float64(v) * float64(math.Float32frombits(uint32(wr[k])<<16))
 			}
-			dst[t*N+n] = s
+			dst[t*N+n] = float32(s)
 		}
 	}
 }

@@ -241,7 +241,10 @@ func walk(p Params, t0, t1, n0, n1, wrow int, fn func(t0, t1, n0, n1 int)) {
 	}
 }
 
-// block computes rows [t0,t1) × columns [n0,n1) with 4×4 register tiles.
+// block computes rows [t0,t1) × columns [n0,n1) with 4×4 register tiles,
+// each output summed left to right in float64 and rounded once (pure Go has
+// no vector lanes to split a sum over: a float32 running sum's error would
+// grow with K, and the portable kernels are the ones every CPU can run).
 func block(dst, x, w []float32, K, N, t0, t1, n0, n1 int) {
 	n := n0
 	for ; n+4 <= n1; n += 4 {
@@ -255,51 +258,52 @@ func block(dst, x, w []float32, K, N, t0, t1, n0, n1 int) {
 			x1 := x[(t+1)*K : (t+1)*K+K]
 			x2 := x[(t+2)*K : (t+2)*K+K]
 			x3 := x[(t+3)*K : (t+3)*K+K]
-			var a00, a01, a02, a03, a10, a11, a12, a13 float32
-			var a20, a21, a22, a23, a30, a31, a32, a33 float32
+			var a00, a01, a02, a03, a10, a11, a12, a13 float64
+			var a20, a21, a22, a23, a30, a31, a32, a33 float64
 			for k := range w0 {
-				b0, b1, b2, b3 := w0[k], w1[k], w2[k], w3[k]
-				v := x0[k]
+				b0, b1, b2, b3 := float64(w0[k]), float64(w1[k]), float64(w2[k]), float64(w3[k])
+				v := float64(x0[k])
 				a00 += v * b0
 				a01 += v * b1
 				a02 += v * b2
 				a03 += v * b3
-				v = x1[k]
+				v = float64(x1[k])
 				a10 += v * b0
 				a11 += v * b1
 				a12 += v * b2
 				a13 += v * b3
-				v = x2[k]
+				v = float64(x2[k])
 				a20 += v * b0
 				a21 += v * b1
 				a22 += v * b2
 				a23 += v * b3
-				v = x3[k]
+				v = float64(x3[k])
 				a30 += v * b0
 				a31 += v * b1
 				a32 += v * b2
 				a33 += v * b3
 			}
 			d := dst[t*N+n : t*N+n+4]
-			d[0], d[1], d[2], d[3] = a00, a01, a02, a03
+			d[0], d[1], d[2], d[3] = float32(a00), float32(a01), float32(a02), float32(a03)
 			d = dst[(t+1)*N+n : (t+1)*N+n+4]
-			d[0], d[1], d[2], d[3] = a10, a11, a12, a13
+			d[0], d[1], d[2], d[3] = float32(a10), float32(a11), float32(a12), float32(a13)
 			d = dst[(t+2)*N+n : (t+2)*N+n+4]
-			d[0], d[1], d[2], d[3] = a20, a21, a22, a23
+			d[0], d[1], d[2], d[3] = float32(a20), float32(a21), float32(a22), float32(a23)
 			d = dst[(t+3)*N+n : (t+3)*N+n+4]
-			d[0], d[1], d[2], d[3] = a30, a31, a32, a33
+			d[0], d[1], d[2], d[3] = float32(a30), float32(a31), float32(a32), float32(a33)
 		}
 		for ; t < t1; t++ {
 			x0 := x[t*K : t*K+K]
-			var a0, a1, a2, a3 float32
+			var a0, a1, a2, a3 float64
 			for k, v := range x0 {
-				a0 += v * w0[k]
-				a1 += v * w1[k]
-				a2 += v * w2[k]
-				a3 += v * w3[k]
+				v := float64(v)
+				a0 += v * float64(w0[k])
+				a1 += v * float64(w1[k])
+				a2 += v * float64(w2[k])
+				a3 += v * float64(w3[k])
 			}
 			d := dst[t*N+n : t*N+n+4]
-			d[0], d[1], d[2], d[3] = a0, a1, a2, a3
+			d[0], d[1], d[2], d[3] = float32(a0), float32(a1), float32(a2), float32(a3)
 		}
 	}
 	for ; n < n1; n++ {
@@ -322,14 +326,14 @@ func Dot(a, b []float32) float32 {
 	return dotGo(a, b)
 }
 
-// dotGo is Dot summed left to right.
+// dotGo is Dot summed left to right in float64, rounded once (as block).
 func dotGo(a, b []float32) float32 {
 	b = b[:len(a)]
-	var s float32
+	var s float64
 	for i, v := range a {
-		s += v * b[i]
+		s += float64(v) * float64(b[i])
 	}
-	return s
+	return float32(s)
 }
 
 // MatMulTNaive is the reference for MatMulT: a plain triple loop.
