@@ -268,6 +268,9 @@ func cpuLimits(path string) benchLimits {
 		if err != nil {
 			return benchLimits{Source: "from " + path, Error: err.Error()}
 		}
+		if isa := cpulimits.ISA(); l.ISA != isa {
+			return benchLimits{Source: "from " + path, Error: fmt.Sprintf("%s was measured with isa %q, this CPU runs %q: its limits are not this machine's (measure them: go run ./tools/limits)", path, l.ISA, isa)}
+		}
 		return benchLimits{Source: fmt.Sprintf("from %s (tools/limits, measured %s on %s, %d threads)", path, l.MeasuredAt, l.CPUModel, l.Threads), Limits: l}
 	}
 	l, err := quickLimits()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -20,11 +21,30 @@ import (
 func writeLimits(t *testing.T, fp32, bf16, read float64) string {
 	t.Helper()
 	st := func(v float64) *cpulimits.Stat { return &cpulimits.Stat{Median: v, Min: v, Max: v, Runs: []float64{v}} }
-	l := &cpulimits.Limits{Format: cpulimits.Format, CPUModel: "Test CPU", Threads: 2, MeasuredAt: "2026-01-02T03:04:05Z",
+	l := &cpulimits.Limits{Format: cpulimits.Format, CPUModel: "Test CPU", Threads: 2, ISA: cmp.Or(cpulimits.ISA(), "none"), MeasuredAt: "2026-01-02T03:04:05Z",
 		FP32FMA: st(fp32), BF16Dot: st(bf16), ReadBandwidth: st(read)}
 	p := filepath.Join(t.TempDir(), "limits.json")
 	require.NoError(t, l.Save(p))
 	return p
+}
+
+// A limits file measured with another instruction set than this CPU's is
+// not applied: bench says why instead of comparing with its figures.
+func TestBenchLimitsOfAnotherISA(t *testing.T) {
+	if cpulimits.ISA() == "" {
+		t.Skip("no probe kernels here: every limits file is another ISA's")
+	}
+	p := writeLimits(t, 100, 200, 49)
+	require.NotNil(t, cpuLimits(p).Limits)
+	l, err := cpulimits.Load(p)
+	require.NoError(t, err)
+	l.ISA = "avx512-other"
+	require.NoError(t, l.Save(p))
+	b := cpuLimits(p)
+	require.Nil(t, b.Limits)
+	require.Contains(t, b.Error, `measured with isa "avx512-other", this CPU runs "`+cpulimits.ISA()+`"`)
+	_, _, why := b.peakFor("fp32")
+	require.Contains(t, why, "avx512-other")
 }
 
 // On the CPU, bench prints the decode roofline per batch at the limits'

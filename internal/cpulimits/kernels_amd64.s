@@ -230,3 +230,100 @@ readKernel_loop:
 	VMOVDQU64 Z0, (DI)
 	VZEROUPPER
 	RET
+
+// func fmaKernelAVX2(iters int, out *[accumulators * 16]float32)
+//
+// The AVX2 + FMA form of fmaKernel: 12 accumulators (Y0–Y11; AVX2 has 16
+// vector registers), each lane += 1.0 × 2⁻²⁰ per iteration with
+// VFMADD231PS on 256-bit registers, stored to out[0:96]. 12·8 lanes × 2
+// FLOPs per iteration.
+TEXT ·fmaKernelAVX2(SB), NOSPLIT, $0-16
+	MOVQ iters+0(FP), CX
+	MOVQ out+8(FP), DI
+	MOVQ $0x3f800000, AX
+	MOVQ AX, X12
+	VPBROADCASTD X12, Y12
+	MOVQ $0x35800000, AX
+	MOVQ AX, X13
+	VPBROADCASTD X13, Y13
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	VPXOR Y7, Y7, Y7
+	VPXOR Y8, Y8, Y8
+	VPXOR Y9, Y9, Y9
+	VPXOR Y10, Y10, Y10
+	VPXOR Y11, Y11, Y11
+fmaKernelAVX2_loop:
+	VFMADD231PS Y13, Y12, Y0
+	VFMADD231PS Y13, Y12, Y1
+	VFMADD231PS Y13, Y12, Y2
+	VFMADD231PS Y13, Y12, Y3
+	VFMADD231PS Y13, Y12, Y4
+	VFMADD231PS Y13, Y12, Y5
+	VFMADD231PS Y13, Y12, Y6
+	VFMADD231PS Y13, Y12, Y7
+	VFMADD231PS Y13, Y12, Y8
+	VFMADD231PS Y13, Y12, Y9
+	VFMADD231PS Y13, Y12, Y10
+	VFMADD231PS Y13, Y12, Y11
+	DECQ CX
+	JNZ fmaKernelAVX2_loop
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
+	VMOVUPS Y8, 256(DI)
+	VMOVUPS Y9, 288(DI)
+	VMOVUPS Y10, 320(DI)
+	VMOVUPS Y11, 352(DI)
+	VZEROUPPER
+	RET
+
+// func readKernelAVX2(p *uint64, n int, out *[8]uint64)
+//
+// The AVX2 form of readKernel: eight independent VPADDQ chains, each adding
+// a 32-byte load per 256-byte step (n a positive multiple of 512), folded
+// into two registers whose 8 lane sums are stored to out.
+TEXT ·readKernelAVX2(SB), NOSPLIT, $0-24
+	MOVQ p+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVQ out+16(FP), DI
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	VPXOR Y7, Y7, Y7
+readKernelAVX2_loop:
+	VPADDQ 0(SI), Y0, Y0
+	VPADDQ 32(SI), Y1, Y1
+	VPADDQ 64(SI), Y2, Y2
+	VPADDQ 96(SI), Y3, Y3
+	VPADDQ 128(SI), Y4, Y4
+	VPADDQ 160(SI), Y5, Y5
+	VPADDQ 192(SI), Y6, Y6
+	VPADDQ 224(SI), Y7, Y7
+	ADDQ $256, SI
+	SUBQ $256, CX
+	JNZ readKernelAVX2_loop
+	VPADDQ Y2, Y0, Y0
+	VPADDQ Y3, Y1, Y1
+	VPADDQ Y6, Y4, Y4
+	VPADDQ Y7, Y5, Y5
+	VPADDQ Y4, Y0, Y0
+	VPADDQ Y5, Y1, Y1
+	VMOVDQU Y0, (DI)
+	VMOVDQU Y1, 32(DI)
+	VZEROUPPER
+	RET

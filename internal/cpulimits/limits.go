@@ -1,6 +1,7 @@
 // Package cpulimits measures the limits of the CPU a benchmark runs on:
-// the FP32 FMA peak (AVX-512 VFMADD231PS), the VDPBF16PS peak (when the
-// CPU has AVX512_BF16) and the read bandwidth from memory, each on every
+// the FP32 FMA peak (VFMADD231PS on zmm registers with AVX-512, on ymm with
+// AVX2 + FMA), the VDPBF16PS peak (when the CPU has AVX512_BF16) and the
+// read bandwidth from memory (64- or 32-byte loads), each on every
 // CPU the process may run on, with one goroutine per CPU locked to its OS
 // thread and that thread pinned to the CPU.
 //
@@ -17,6 +18,7 @@
 package cpulimits
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -110,17 +112,22 @@ func newStat(runs, shares []float64) *Stat {
 // Limits is what the probe measured (the JSON tools/limits writes and
 // glmflash bench --limits reads).
 type Limits struct {
-	Format     string `json:"format"`
-	Host       string `json:"host"`
-	CPUModel   string `json:"cpu_model"`
-	GOARCH     string `json:"goarch"`
-	GoVersion  string `json:"go_version"`
-	Threads    int    `json:"threads"`
+	Format    string `json:"format"`
+	Host      string `json:"host"`
+	CPUModel  string `json:"cpu_model"`
+	GOARCH    string `json:"goarch"`
+	GoVersion string `json:"go_version"`
+	Threads   int    `json:"threads"`
+	// ISA is the vector instruction set the kernels ran ("avx512", "avx2"):
+	// part of the file's key (Slug), since one CPU model name can come with
+	// or without AVX-512 (virtual machines mask it).
+	ISA        string `json:"isa"`
 	MeasuredAt string `json:"measured_at"`
 	// Method says how each figure was measured.
 	Method string `json:"method"`
-	// FP32FMA is the AVX-512 VFMADD231PS peak in GFLOP/s (an FMA is 2
-	// FLOPs a lane); nil when it could not run (FP32FMASkipped says why).
+	// FP32FMA is the VFMADD231PS peak in GFLOP/s (an FMA is 2 FLOPs a
+	// lane) on the ISA's widest registers; nil when it could not run
+	// (FP32FMASkipped says why).
 	FP32FMA        *Stat  `json:"fp32_fma_gflops,omitempty"`
 	FP32FMASkipped string `json:"fp32_fma_skipped,omitempty"`
 	// BF16Dot is the VDPBF16PS peak in GFLOP/s (2 products and 2 adds a
@@ -152,40 +159,44 @@ func Measure(o Options) (*Limits, error) {
 		o.Threads = runtime.NumCPU()
 	}
 	host, _ := os.Hostname()
+	fma, fmaWhy := fmaProbe()
+	read, readWhat, readWhy := readProbe()
 	l := &Limits{Format: Format, Host: host, CPUModel: CPUModel(), GOARCH: runtime.GOARCH, GoVersion: runtime.Version(),
-		Threads: o.Threads, MeasuredAt: time.Now().UTC().Format(time.RFC3339),
-		Method: fmt.Sprintf("%d goroutines locked to OS threads pinned one per CPU; median of %d runs each. "+
-			"fp32: %d independent VFMADD231PS zmm chains (2 FLOPs a lane); bf16: %d independent VDPBF16PS zmm chains (4 FLOPs a fp32 lane); "+
-			"read: VPADDQ of 64-byte loads over a buffer of ≥ 4× the LLC split between the threads, %d pass(es) a run; every stored result checked",
-			o.Threads, o.Runs, accumulators, accumulators, o.ReadPasses)}
+		Threads: o.Threads, ISA: ISA(), MeasuredAt: time.Now().UTC().Format(time.RFC3339)}
+	method := []string{fmt.Sprintf("%d goroutines locked to OS threads pinned one per CPU; median of %d runs each; isa %q", o.Threads, o.Runs, l.ISA)}
 	var err error
-	if ok, why := haveFMA(); ok {
-		if l.FP32FMA, err = compute(o, fmaKernel, 2*16*accumulators, 1.0/(1<<20)); err != nil {
+	if fmaWhy == "" {
+		method = append(method, "fp32: "+fma.what)
+		if l.FP32FMA, err = compute(o, fma, 2, 1.0/(1<<20)); err != nil {
 			return nil, fmt.Errorf("fp32 FMA: %w", err)
 		}
 	} else {
-		l.FP32FMASkipped = why
+		l.FP32FMASkipped = fmaWhy
 	}
 	if ok, why := haveBF16(); ok {
-		if l.BF16Dot, err = compute(o, bf16Kernel, 4*16*accumulators, 2.0/(1<<20)); err != nil {
+		method = append(method, fmt.Sprintf("bf16: %d independent VDPBF16PS zmm chains (4 FLOPs a fp32 lane)", accumulators))
+		bf := probe{run: bf16Kernel, lanes: accumulators * 16, vw: 16}
+		if l.BF16Dot, err = compute(o, bf, 4, 2.0/(1<<20)); err != nil {
 			return nil, fmt.Errorf("bf16 dot: %w", err)
 		}
 	} else {
 		l.BF16DotSkipped = why
 	}
-	if ok, why := haveRead(); ok {
+	if readWhy == "" {
 		l.LLCBytes = LLCBytes()
 		size := o.BufferBytes
 		if size <= 0 {
 			size = max(4*l.LLCBytes, 128<<20)
 		}
 		l.ReadBufferBytes = size
-		if l.ReadBandwidth, err = bandwidth(o, size); err != nil {
+		method = append(method, fmt.Sprintf("read: %s over a buffer of ≥ 4× the LLC split between the threads, %d pass(es) a run", readWhat, o.ReadPasses))
+		if l.ReadBandwidth, err = bandwidth(o, read, size); err != nil {
 			return nil, fmt.Errorf("read bandwidth: %w", err)
 		}
 	} else {
-		l.ReadBandwidthSkipped = why
+		l.ReadBandwidthSkipped = readWhy
 	}
+	l.Method = strings.Join(method, "; ") + "; every stored result checked"
 	return l, nil
 }
 
@@ -193,21 +204,27 @@ func Measure(o Options) (*Limits, error) {
 // 2²³ increments of a power of two).
 const maxIters = 1 << 22
 
-// kernel is a compute kernel: iters iterations, every accumulator stored.
-type kernel func(iters int, out *[accumulators * 16]float32)
+// probe is a compute kernel (iters iterations, its first lanes elements of
+// out stored: accumulators of vw lanes) and what it runs.
+type probe struct {
+	run       func(iters int, out *[accumulators * 16]float32)
+	lanes, vw int
+	what      string
+}
 
-// compute measures a compute kernel doing flopsPerIter FLOPs an
+// compute measures a compute kernel doing flopsPerLane FLOPs per lane an
 // iteration, each lane growing by step an iteration: calibrates the
 // iterations of a RunTime run on one thread, then times o.Runs runs on
 // every thread at once (GFLOP/s of all threads' work over the wall time
 // from the common start to the last thread's end).
-func compute(o Options, k kernel, flopsPerIter int, step float64) (*Stat, error) {
+func compute(o Options, k probe, flopsPerLane int, step float64) (*Stat, error) {
+	flopsPerIter := flopsPerLane * k.lanes
 	call := func(iters int, out *[accumulators * 16]float32) error {
-		k(iters, out)
+		k.run(iters, out)
 		want := float32(float64(iters) * step)
-		for i, v := range out {
+		for i, v := range out[:k.lanes] {
 			if v != want {
-				return fmt.Errorf("accumulator %d lane %d holds %v after %d iterations, want %v: the kernel did not do its work", i/16, i%16, v, iters, want)
+				return fmt.Errorf("accumulator %d lane %d holds %v after %d iterations, want %v: the kernel did not do its work", i/k.vw, i%k.vw, v, iters, want)
 			}
 		}
 		return nil
@@ -252,7 +269,7 @@ func compute(o Options, k kernel, flopsPerIter int, step float64) (*Stat, error)
 // bandwidth measures reading a size-byte buffer, split in equal parts
 // between the threads (each fills its own part first, so its pages are
 // local), ReadPasses times a run: GB/s over the wall time.
-func bandwidth(o Options, size int64) (*Stat, error) {
+func bandwidth(o Options, readKernel func(p *uint64, n int, out *[8]uint64), size int64) (*Stat, error) {
 	part := size / int64(o.Threads) / 512 * 512
 	if part <= 0 {
 		return nil, fmt.Errorf("a %d-byte buffer cannot be split between %d threads", size, o.Threads)
@@ -397,6 +414,9 @@ func Load(path string) (*Limits, error) {
 	if l.Format != Format {
 		return nil, fmt.Errorf("%s: format %q, want %q (tools/limits' output)", path, l.Format, Format)
 	}
+	if l.ISA == "" {
+		return nil, fmt.Errorf("%s: isa is missing: the file predates the instruction set's key; measure again (go run ./tools/limits)", path)
+	}
 	for _, s := range []struct {
 		name string
 		st   *Stat
@@ -421,12 +441,16 @@ func (l *Limits) Save(path string) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-// Slug is a file name for l's machine: the CPU model (else the host) and
-// the thread count, lower case, runs of other characters as one '-'.
+// Slug is a file name for l's machine: the CPU model (else the host), the
+// ISA and the thread count, lower case, runs of other characters as one '-'
+// ("amd-epyc-avx2-2t").
 func (l *Limits) Slug() string {
 	name := l.CPUModel
 	if name == "" {
 		name = l.Host
+	}
+	if l.ISA != "" {
+		name += " " + l.ISA
 	}
 	var b strings.Builder
 	dash := false
@@ -454,6 +478,6 @@ func (l *Limits) String() string {
 		}
 		return fmt.Sprintf("%s %.1f %s (runs %.1f–%.1f, spread %.1f%%%s)", name, s.Median, unit, s.Min, s.Max, 100*s.Spread(), share)
 	}
-	return fmt.Sprintf("%s; %s; %s", f("fp32 FMA", "GFLOP/s", l.FP32FMA, l.FP32FMASkipped), f("vdpbf16ps", "GFLOP/s", l.BF16Dot, l.BF16DotSkipped),
+	return fmt.Sprintf("isa %s: %s; %s; %s", cmp.Or(l.ISA, "none"), f("fp32 FMA", "GFLOP/s", l.FP32FMA, l.FP32FMASkipped), f("vdpbf16ps", "GFLOP/s", l.BF16Dot, l.BF16DotSkipped),
 		f("read", "GB/s", l.ReadBandwidth, l.ReadBandwidthSkipped))
 }

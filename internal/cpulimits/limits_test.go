@@ -15,13 +15,15 @@ func TestMeasureBriefly(t *testing.T) {
 	if runtime.GOARCH != "amd64" {
 		t.Skip("the probe's kernels are amd64 assembly")
 	}
-	if ok, why := haveFMA(); !ok {
+	if _, why := fmaProbe(); why != "" {
 		t.Skip(why)
 	}
 	l, err := Measure(Options{Runs: 3, RunTime: 10 * time.Millisecond, ReadPasses: 1, BufferBytes: 64 << 20})
 	require.NoError(t, err)
 	t.Log(l)
 	require.Equal(t, Format, l.Format)
+	require.Equal(t, ISA(), l.ISA)
+	require.Contains(t, l.Method, "isa \""+l.ISA+"\"")
 	// between 1 GFLOP/s and 100 TFLOP/s a CPU: anything else is a broken count
 	require.NotNil(t, l.FP32FMA)
 	require.Greater(t, l.FP32FMA.Median, 1.0)
@@ -49,46 +51,21 @@ func TestMeasureBriefly(t *testing.T) {
 	require.Equal(t, l.FP32FMA.Median, back.FP32FMA.Median)
 }
 
-// The kernels' stored results are what the work gives, so a kernel that
-// skipped iterations would be caught.
-func TestKernelsStoreTheirWork(t *testing.T) {
-	if ok, why := haveFMA(); !ok {
-		t.Skip(why)
-	}
-	var out [accumulators * 16]float32
-	fmaKernel(1000, &out)
-	for _, v := range out {
-		require.Equal(t, float32(1000.0/(1<<20)), v)
-	}
-	if ok, _ := haveBF16(); ok {
-		bf16Kernel(1000, &out)
-		for _, v := range out {
-			require.Equal(t, float32(2000.0/(1<<20)), v)
-		}
-	}
-	buf := make([]uint64, 1024)
-	for i := range buf {
-		buf[i] = uint64(i) * 3
-	}
-	var sums [8]uint64
-	readKernel(&buf[0], 8*len(buf), &sums)
-	var got uint64
-	for _, v := range sums {
-		got += v
-	}
-	require.Equal(t, uint64(3*1023*1024/2), got)
-}
-
 // Load refuses files that are not the probe's or lack a limit.
 func TestLoadRefuses(t *testing.T) {
 	d := t.TempDir()
 	_, err := Load(filepath.Join(d, "none.json"))
 	require.Error(t, err)
-	l := &Limits{Format: Format, FP32FMA: &Stat{Median: 100}}
+	l := &Limits{Format: Format, ISA: "avx2", FP32FMA: &Stat{Median: 100}}
 	p := filepath.Join(d, "l.json")
 	require.NoError(t, l.Save(p))
 	_, err = Load(p)
 	require.ErrorContains(t, err, "read_bandwidth_gbs must be measured and positive")
+	l.ReadBandwidth = &Stat{Median: 10}
+	l.ISA = ""
+	require.NoError(t, l.Save(p))
+	_, err = Load(p)
+	require.ErrorContains(t, err, "isa")
 	l.Format = "other"
 	require.NoError(t, l.Save(p))
 	_, err = Load(p)
@@ -97,5 +74,7 @@ func TestLoadRefuses(t *testing.T) {
 
 func TestSlug(t *testing.T) {
 	require.Equal(t, "amd-epyc-9b45-2t", (&Limits{CPUModel: "AMD EPYC 9B45 ", Threads: 2}).Slug())
+	require.Equal(t, "amd-epyc-avx2-2t", (&Limits{CPUModel: "AMD EPYC", ISA: "avx2", Threads: 2}).Slug())
+	require.Equal(t, "amd-epyc-avx512-2t", (&Limits{CPUModel: "AMD EPYC", ISA: "avx512", Threads: 2}).Slug())
 	require.Equal(t, "box-1-4t", (&Limits{Host: "box_1", Threads: 4}).Slug())
 }
