@@ -1,8 +1,10 @@
 // Package autotune is the prefill-autotune pass: it chooses GEMM kernel
 // parameters (column grain, row blocking) per weight shape and token-count
 // bucket by measuring candidates, persists the winners in a tuning table
-// under configs/tuning/ keyed by CPU model, op, dtype, shape and bucket, and
-// loads that table on later starts. A bucket with no entry keeps the default
+// under configs/tuning/ keyed by CPU model, GEMM implementation (the
+// kernels measured: avx512, avx2 or go), op, dtype, shape and bucket, and
+// loads that table on later starts (another implementation's table is not
+// applied: one skipped site says so). A bucket with no entry keeps the default
 // parameters and is reported as skipped.
 //
 // On a device backend that measures its own GEMMs (pass.Env.Tuner: the
@@ -14,6 +16,7 @@ package autotune
 import (
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -38,6 +41,7 @@ type Options struct {
 	Reps        int       `option:"reps" default:"3" doc:"timed repetitions per candidate (median)"`
 	Tolerance   float64   `option:"tolerance" default:"1e-4" doc:"reject candidates whose outputs differ from the default by more (relative)"`
 	CPU         string    `option:"cpu" doc:"override the CPU model key (tests)"`
+	ISA         string    `option:"isa" doc:"override the GEMM implementation key (tests; default: the implementation in use, kernels/gemm.Impl)"`
 	GPU         string    `option:"gpu" doc:"override the device model key of device tables (tests)"`
 }
 
@@ -105,6 +109,14 @@ func (p *Pass) cpu() string {
 	return CPUModel()
 }
 
+// isa is the GEMM implementation key of the tables.
+func (p *Pass) isa() string {
+	if p.opts.ISA != "" {
+		return p.opts.ISA
+	}
+	return gemm.Impl()
+}
+
 type shapeSite struct {
 	N, K, bucket int
 	entry        Entry
@@ -119,9 +131,14 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 	if env.Device != "" && env.Device != "cpu" {
 		return p.eligibleDevice(g, env)
 	}
-	table, err := LoadTable(p.dir(), p.cpu())
+	table, err := LoadTable(p.dir(), p.cpu(), p.isa())
 	if err != nil {
 		return []pass.Site{pass.Skip("tuning table", -1, "%v", err)}
+	}
+	var sites []pass.Site
+	if others := OtherTables(p.dir(), p.cpu(), p.isa()); len(others) > 0 {
+		sites = append(sites, pass.Skip("tuning table", -1, "not applied: %s measured other GEMM kernels than the %q ones this process runs (%s)",
+			strings.Join(others, ", "), p.isa(), filepath.Base(TablePath(p.dir(), p.cpu(), p.isa()))+" is this CPU's and implementation's table"))
 	}
 	type shape struct {
 		N, K int
@@ -144,7 +161,6 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 			untunable = append(untunable, n.Op)
 		}
 	}
-	var sites []pass.Site
 	if len(untunable) > 0 {
 		sort.Strings(untunable)
 		sites = append(sites, pass.Skip("ops without the GEMM trait", -1, "no tunable kernel: %s", strings.Join(untunable, ", ")))
@@ -176,7 +192,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 		if err := table.Save(p.dir()); err != nil {
 			sites = append(sites, pass.Skip("tuning table", -1, "could not persist: %v", err))
 		}
-		p.saved = TablePath(p.dir(), p.cpu())
+		p.saved = TablePath(p.dir(), p.cpu(), p.isa())
 	}
 	return sites
 }

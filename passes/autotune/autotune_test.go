@@ -1,8 +1,10 @@
 package autotune_test
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/pass/passtest"
+	"github.com/glmflash/glmflash/kernels/gemm"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/passes/autotune"
 	"github.com/stretchr/testify/require"
@@ -22,7 +25,7 @@ func fixedTable(t *testing.T, cfg *model.Config) string {
 	dir := t.TempDir()
 	g, err := graph.Build(cfg, graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(t, err)
-	tb := &autotune.Table{CPU: "test-cpu"}
+	tb := &autotune.Table{CPU: "test-cpu", ISA: gemm.Impl()}
 	for _, n := range g.Nodes {
 		if gemm := n.Def().GEMM; gemm != nil {
 			s := gemm(n)
@@ -235,4 +238,54 @@ func TestDeviceTuningTable(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(`{"device":"cuda","gpu":"Fake GPU 9000","entries":[{"op":"gemm","dtype":"x","n":1,"k":1,"bucket":1}]}`), 0o644))
 	_, err = autotune.LoadDeviceTable(dir, "cuda", "Fake GPU 9000")
 	require.ErrorContains(t, err, "names no kernel")
+}
+
+// A table measured with other GEMM kernels (another implementation: an
+// AVX-512 machine's table on an AVX2 one) is not applied, and one skipped
+// site says so, naming the file; the implementation's own table applies.
+func TestOtherImplementationsTableIsNotApplied(t *testing.T) {
+	cfg := passtest.TinyA(t).Checkpoint.Config()
+	dir := fixedTable(t, cfg) // this process's implementation's table
+	own := autotune.TablePath(dir, "test-cpu", gemm.Impl())
+	other := autotune.TablePath(dir, "test-cpu", "avx512-elsewhere")
+	require.NoError(t, os.Rename(own, other))
+	b, err := os.ReadFile(other)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(other, []byte(strings.Replace(string(b), `"isa": "`+gemm.Impl()+`"`, `"isa": "avx512-elsewhere"`, 1)), 0o644))
+
+	g, rep, before := passtest.Explain(t, cfg, graph.Decode, request(dir), nil)
+	pr := rep.Find(autotune.Name)
+	require.Empty(t, pr.Fired, "another implementation's entries tune nothing")
+	require.Equal(t, before, g.Text())
+	var said []string
+	for _, s := range pr.Skipped {
+		if strings.Contains(s.Reason, "not applied") {
+			said = append(said, s.Reason)
+		}
+	}
+	require.Len(t, said, 1, "said once")
+	require.Contains(t, said[0], other)
+	require.Contains(t, said[0], `the "`+gemm.Impl()+`" ones this process runs`)
+
+	// the same entries under this implementation's key apply
+	_, rep, _ = passtest.Explain(t, cfg, graph.Decode, []pass.Request{{Name: autotune.Name, Options: map[string]any{"table_dir": dir, "cpu": "test-cpu", "isa": "avx512-elsewhere"}}}, nil)
+	require.NotEmpty(t, rep.Find(autotune.Name).Fired)
+}
+
+// The committed CPU tables are keyed by their GEMM implementation: each
+// file's name is its cpu, isa and goarch.
+func TestCommittedTablesAreKeyed(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "..", "configs", "tuning", "*.json"))
+	require.NoError(t, err)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		var tb autotune.Table
+		require.NoError(t, json.Unmarshal(b, &tb), f)
+		if tb.Device != "" {
+			continue
+		}
+		require.NotEmpty(t, tb.ISA, "%s names no GEMM implementation", f)
+		require.Equal(t, autotune.TablePath("", tb.CPU, tb.ISA), strings.Replace(filepath.Base(f), tb.GOARCH, runtime.GOARCH, 1), f)
+	}
 }

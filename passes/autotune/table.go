@@ -43,11 +43,15 @@ func key(op, dt string, n, k, bucket int) string {
 	return fmt.Sprintf("%s|%s|%dx%d|%d", op, dt, n, k, bucket)
 }
 
-// Table is the persisted tuning table of one CPU model, or of one device
-// model (Device set: "cuda"; GPU names it, Library is the vendor library
-// its library choices belong to).
+// Table is the persisted tuning table of one CPU model and GEMM
+// implementation (ISA: "avx512", "avx2", "go": the kernels whose
+// parameters were measured; one CPU model name can come with or without
+// AVX-512, and parameters tuned for one set of kernels say nothing of
+// another), or of one device model (Device set: "cuda"; GPU names it,
+// Library is the vendor library its library choices belong to).
 type Table struct {
 	CPU     string  `json:"cpu,omitempty"`
+	ISA     string  `json:"isa,omitempty"`
 	GOARCH  string  `json:"goarch,omitempty"`
 	Device  string  `json:"device,omitempty"`
 	GPU     string  `json:"gpu,omitempty"`
@@ -120,9 +124,29 @@ func slug(s string) string {
 	return strings.Trim(b.String(), "-")
 }
 
-// TablePath is where the table of cpu lives under dir.
-func TablePath(dir, cpu string) string {
-	return filepath.Join(dir, slug(cpu)+"-"+runtime.GOARCH+".json")
+// TablePath is where the table of cpu and GEMM implementation isa lives
+// under dir ("amd-epyc-avx512-amd64.json").
+func TablePath(dir, cpu, isa string) string {
+	return filepath.Join(dir, slug(cpu)+"-"+slug(isa)+"-"+runtime.GOARCH+".json")
+}
+
+// OtherTables lists the tables under dir of cpu that are not isa's: those
+// of other GEMM implementations, and one from before tables were keyed by
+// implementation (named without it).
+func OtherTables(dir, cpu, isa string) []string {
+	own := TablePath(dir, cpu, isa)
+	var out []string
+	if _, err := os.Stat(filepath.Join(dir, slug(cpu)+"-"+runtime.GOARCH+".json")); err == nil {
+		out = append(out, filepath.Join(dir, slug(cpu)+"-"+runtime.GOARCH+".json"))
+	}
+	m, _ := filepath.Glob(filepath.Join(dir, slug(cpu)+"-*-"+runtime.GOARCH+".json"))
+	for _, f := range m {
+		if f != own && !strings.HasSuffix(f, ".tmp") {
+			out = append(out, f)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // DeviceTablePath is where the table of a device model lives under dir
@@ -136,13 +160,19 @@ func (t *Table) path(dir string) string {
 	if t.Device != "" {
 		return DeviceTablePath(dir, t.Device, t.GPU)
 	}
-	return TablePath(dir, t.CPU)
+	return TablePath(dir, t.CPU, t.ISA)
 }
 
-// LoadTable reads the table for cpu from dir; a missing file is an empty
-// table, a malformed one an error naming the file.
-func LoadTable(dir, cpu string) (*Table, error) {
-	return load(TablePath(dir, cpu), &Table{CPU: cpu, GOARCH: runtime.GOARCH})
+// LoadTable reads the table for cpu and GEMM implementation isa from dir;
+// a missing file is an empty table, a malformed one (or one whose isa is
+// another's) an error naming the file.
+func LoadTable(dir, cpu, isa string) (*Table, error) {
+	p := TablePath(dir, cpu, isa)
+	t, err := load(p, &Table{CPU: cpu, ISA: isa, GOARCH: runtime.GOARCH})
+	if err == nil && t.ISA != isa {
+		return nil, fmt.Errorf("tuning table %s is for the %q GEMM kernels, not %q", p, t.ISA, isa)
+	}
+	return t, err
 }
 
 // LoadDeviceTable reads the table of a device model (a missing file is an
