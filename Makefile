@@ -45,7 +45,28 @@ lint: bin/golangci-lint
 test: fmt-check vet build
 	$(GO) test -count=1 $(PKGS)
 	$(MAKE) race
+	$(MAKE) --no-print-directory test-impls
 	$(MAKE) --no-print-directory test-emu-quick
+
+# Part of `make test`: the kernels and the fixture parity suite once per
+# other kernel implementation the CPU offers (AVX2 with AVX-512 masked,
+# pure Go with -tags purego) and the arm64 vet and build
+# (scripts/test-impls.sh says how).
+.PHONY: test-impls test-haswell
+test-impls:
+	GO=$(GO) scripts/test-impls.sh
+
+# The kernels' tests on an emulated AVX2-only CPU (qemu-user, -cpu Haswell:
+# an AVX-512 instruction there is SIGILL, as on such a machine), which no
+# GODEBUG mask can show. Slow (about 10 minutes on 2 cores): not part of
+# `make test`. Installs qemu-user where it is missing (Debian).
+test-haswell:
+	@command -v qemu-x86_64 >/dev/null || { apt-get update -qq && apt-get install -y -qq qemu-user; }
+	@mkdir -p bin/haswell
+	@for p in kernels/gemm kernels/act kernels/kda kernels/mhc kernels/norm kernels/mla kernels/moe kernels/indexer kernels/conv internal/cpulimits; do \
+		$(GO) test -c -o bin/haswell/$$(echo $$p | tr / _).test ./$$p || exit 1; done
+	@for p in kernels/gemm kernels/act kernels/kda kernels/mhc kernels/norm kernels/mla kernels/moe kernels/indexer kernels/conv internal/cpulimits; do \
+		echo "== qemu-x86_64 -cpu Haswell $$p"; (cd $$p && qemu-x86_64 -cpu Haswell $(CURDIR)/bin/haswell/$$(echo $$p | tr / _).test -test.count=1) || exit 1; done
 
 # Longer fuzzing of every outside-input parser (their seed corpora run in
 # `make test`): checkpoint headers and configs, engine YAML, serve YAML and

@@ -4,6 +4,7 @@ import (
 	le "encoding/binary"
 	"encoding/json"
 	"fmt"
+	"github.com/glmflash/glmflash/kernels/gemm"
 	"math"
 	"os"
 	"path/filepath"
@@ -427,13 +428,16 @@ func TestMTPTransformersParity(t *testing.T) {
 	require.NoError(t, ck.ValidateMTP())
 	ref, err := eval.LoadMTP(filepath.Join(dir, "reference.safetensors"))
 	require.NoError(t, err)
-	e := newEngine(t, ck, engine.Options{Slots: 2})
-	res, err := eval.RunMTP(e, ref)
-	require.NoError(t, err)
-	require.Len(t, res, len(ref.Cases))
-	for _, r := range res {
-		t.Logf("%s: trunk logits %.1e hidden %.1e; mtp logits %.1e hidden %.1e; draft logits %.1e hidden %.1e; chain logits %.1e hidden %.1e; mismatches %d",
-			r.Name, r.TrunkLogits, r.TrunkHidden, r.MTPLogits, r.MTPHidden, r.DraftLogits, r.DraftHidden, r.ChainLogits, r.ChainHidden, r.Mismatches)
-		require.True(t, r.Pass(1e-4), "%s: %+v", r.Name, r)
+	// with the passes off and with every built-in pass on
+	for arm, reqs := range map[string][]pass.Request{"off": nil, "every": everyPass(tuningDir(t))} {
+		e := engineWith(t, ck, reqs)
+		res, err := eval.RunMTP(e, ref)
+		require.NoError(t, err)
+		require.Len(t, res, len(ref.Cases))
+		for _, r := range res {
+			t.Logf("%s %s: trunk logits %.1e hidden %.1e; mtp logits %.1e hidden %.1e; draft logits %.1e hidden %.1e; chain logits %.1e hidden %.1e; mismatches %d",
+				arm, r.Name, r.TrunkLogits, r.TrunkHidden, r.MTPLogits, r.MTPHidden, r.DraftLogits, r.DraftHidden, r.ChainLogits, r.ChainHidden, r.Mismatches)
+			require.True(t, r.Pass(1e-4), "passes %s, kernels %s, %s: %+v", arm, gemm.Impl(), r.Name, r)
+		}
 	}
 }

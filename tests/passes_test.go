@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"github.com/glmflash/glmflash/kernels/gemm"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -54,7 +55,7 @@ func fixedTable(t *testing.T, cfg *model.Config) string {
 	dir := t.TempDir()
 	g, err := graph.Build(cfg, graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(t, err)
-	tb := &autotune.Table{CPU: "test-cpu"}
+	tb := &autotune.Table{CPU: "test-cpu", ISA: gemm.Impl()}
 	for _, n := range g.Nodes {
 		if gemm := n.Def().GEMM; gemm != nil {
 			s := gemm(n)

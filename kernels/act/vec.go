@@ -27,6 +27,10 @@ var (
 	cur   = impls[len(impls)-1]
 )
 
+// Impl names the implementation the slice kernels use ("go", "avx2",
+// "avx512"): the best this CPU (as x/sys/cpu sees it) runs.
+func Impl() string { return cur.name }
+
 var goImpl = &vecImpl{
 	name:     "go",
 	vw:       1,
