@@ -58,29 +58,38 @@ struct MHCParams {
   double norm_eps, hc_eps;
 };
 
+// sigmoid_dd is 1/(1+e^−x) in double.
+DEVFN double sigmoid_dd(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+// mhc_eps is hc_eps as the CPU kernel holds it: rounded to float, then
+// widened.
+DEVFN double mhc_eps(const MHCParams& p) { return (double)(float)p.hc_eps; }
+
 // mhc_mapping turns the RMS-scaled mixing logits m (with the scales sc[3]
 // and the bases bs[mix], as floats) into pre, post and the
 // Sinkhorn-projected comb (row i = source stream, column j = destination),
-// exactly as kernels/mhc.Mapping. Called by the whole block: thread i < H
+// exactly as kernels/mhc.Mapping: the sigmoids, the softmax and every
+// Sinkhorn pass in double (cw, H·H doubles of shared memory), each value
+// rounded to float once at the end. Called by the whole block: thread i < H
 // owns stream i's pre and post, row i in the softmax and the row passes,
 // and column i in the column passes, each computed in the serial order of
 // the CPU kernel (so the bits are the one-thread result's).
-DEVFN void mhc_mapping(const MHCParams& p, const float* sc, const float* bs, const float* m, float* pre, float* post, float* comb) {
+DEVFN void mhc_mapping(const MHCParams& p, const float* sc, const float* bs, const float* m, float* pre, float* post, double* cw, float* comb) {
   i64 H = p.H, i = threadIdx.x;
-  float eps = (float)p.hc_eps;
+  double eps = mhc_eps(p);
   if (i < H) {
     float s0 = sc[0], s1 = sc[1], s2 = sc[2];
-    pre[i] = sigmoidf_d(s0 * m[i] + bs[i]) + eps;
-    post[i] = 2 * sigmoidf_d(s1 * m[H + i] + bs[H + i]);
-    float* row = comb + i * H;
-    float mx = -INFINITY;
+    pre[i] = (float)(sigmoid_dd((double)(s0 * m[i] + bs[i])) + eps);
+    post[i] = (float)(2 * sigmoid_dd((double)(s1 * m[H + i] + bs[H + i])));
+    double* row = cw + i * H;
+    double mx = -INFINITY;
     for (i64 j = 0; j < H; j++) {
-      row[j] = s2 * m[2 * H + i * H + j] + bs[2 * H + i * H + j];
+      row[j] = (double)(s2 * m[2 * H + i * H + j] + bs[2 * H + i * H + j]);
       if (row[j] > mx) mx = row[j];
     }
-    float s = 0;
+    double s = 0;
     for (i64 j = 0; j < H; j++) {
-      row[j] = (float)exp((double)(row[j] - mx));
+      row[j] = exp(row[j] - mx);
       s += row[j];
     }
     for (i64 j = 0; j < H; j++) row[j] = row[j] / s + eps;
@@ -90,47 +99,49 @@ DEVFN void mhc_mapping(const MHCParams& p, const float* sc, const float* bs, con
   for (i64 it = 0; it < iters; it++) {
     if (it > 0) {
       if (i < H) {
-        float s = 0;
-        for (i64 j = 0; j < H; j++) s += comb[i * H + j];
-        for (i64 j = 0; j < H; j++) comb[i * H + j] /= s + eps;
+        double s = 0;
+        for (i64 j = 0; j < H; j++) s += cw[i * H + j];
+        for (i64 j = 0; j < H; j++) cw[i * H + j] /= s + eps;
       }
       __syncthreads();
     }
     if (i < H) {
       i64 j = i;
-      float s = 0;
-      for (i64 r = 0; r < H; r++) s += comb[r * H + j];
-      for (i64 r = 0; r < H; r++) comb[r * H + j] /= s + eps;
+      double s = 0;
+      for (i64 r = 0; r < H; r++) s += cw[r * H + j];
+      for (i64 r = 0; r < H; r++) cw[r * H + j] /= s + eps;
     }
     __syncthreads();
   }
+  for (i64 k = i; k < H * H; k += blockDim.x) comb[k] = (float)cw[k];
+  __syncthreads();
 }
 
 // mhc_comb_warp: the post gates and the Sinkhorn-projected comb of
 // mhc_mapping by one warp where H·H ≤ 32 (H = p.H fixed at compile time:
 // 1 to 5; the model's hc_mult is 4), with no block barriers and no shared
 // memory, written straight to post[H] and comb[H·H] in global memory. Lane
-// l = i·H + j holds comb[i][j] throughout: its exponential, the softmax's
-// quotient and every Sinkhorn pass. Every value is computed in the CPU's
-// order with IEEE quotients, so the bits are mhc_mapping's. The whole warp
-// calls it.
+// l = i·H + j holds comb[i][j] throughout, in double: its exponential, the
+// softmax's quotient and every Sinkhorn pass. Every value is computed in
+// the CPU's order with IEEE quotients, so the bits are mhc_mapping's. The
+// whole warp calls it.
 template <int H>
 DEVFN void mhc_comb_warp(const MHCParams& p, const float* sc, const float* bs, const float* m, float* post, float* comb) {
   int l = threadIdx.x % 32;
   bool own = l < H * H;
   int i = own ? l / H : 0;
-  float eps = (float)p.hc_eps;
-  if (l < H) post[l] = 2 * sigmoidf_d(sc[1] * m[H + l] + bs[H + l]);
+  double eps = mhc_eps(p);
+  if (l < H) post[l] = (float)(2 * sigmoid_dd((double)(sc[1] * m[H + l] + bs[H + l])));
   float s2 = sc[2];
-  float c = own ? s2 * m[2 * H + l] + bs[2 * H + l] : 0.f;
-  float mx = -INFINITY;
+  double c = own ? (double)(s2 * m[2 * H + l] + bs[2 * H + l]) : 0.0;
+  double mx = -INFINITY;
 #pragma unroll
   for (int jj = 0; jj < H; jj++) {
-    float v = __shfl_sync(0xffffffffu, c, i * H + jj);
+    double v = __shfl_sync(0xffffffffu, c, i * H + jj);
     if (v > mx) mx = v;
   }
-  c = (float)exp((double)(c - mx));
-  float s = 0;
+  c = exp(c - mx);
+  double s = 0;
 #pragma unroll
   for (int jj = 0; jj < H; jj++) s += __shfl_sync(0xffffffffu, c, i * H + jj);
   c = c / s + eps;
@@ -144,17 +155,17 @@ DEVFN void mhc_comb_warp(const MHCParams& p, const float* sc, const float* bs, c
   i64 iters = p.iters < 1 ? 1 : p.iters;  // the first column pass always runs
   for (i64 it = 0; it < iters; it++) {
     if (it > 0) {
-      float rs = 0;
+      double rs = 0;
 #pragma unroll
       for (int jj = 0; jj < H; jj++) rs += __shfl_sync(0xffffffffu, c, i * H + jj);
       c = c / (rs + eps);
     }
-    float cs = 0;
+    double cs = 0;
 #pragma unroll
     for (int r = 0; r < H; r++) cs += __shfl_sync(0xffffffffu, c, r * H + j);
     c = c / (cs + eps);
   }
-  if (own) comb[l] = c;
+  if (own) comb[l] = (float)c;
 }
 
 // mhc_post_elem: one element of the expanded streams:
@@ -493,6 +504,7 @@ KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 1) {
   __shared__ float pre_s[MHC_MAX_H];
   __shared__ float post_s[MHC_MAX_H];
   __shared__ float comb_s[MHC_MAX_H * MHC_MAX_H];
+  __shared__ double combw_s[MHC_MAX_H * MHC_MAX_H];  // mhc_mapping's double Sinkhorn
   i64 t = blockIdx.x;
   if (t >= a.T) return;
   const MHCParams& p = a.p;
@@ -563,8 +575,8 @@ KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 1) {
     }
     __syncthreads();
   }
-  // the CPU's float32 mean of squares, the square root in double
-  float r = (float)(1.0 / sqrt((double)((float)dot_s[mix] / (float)HD + (float)p.norm_eps)));
+  // the CPU's mean of squares and square root, in double
+  float r = (float)(1.0 / sqrt(dot_s[mix] / (double)HD + (double)(float)p.norm_eps));
   if (gates) {
     for (i64 i = tid; i < mix; i += MHC_THREADS) m_s[i] = (float)dot_s[i] * r;
     __syncthreads();
@@ -580,13 +592,13 @@ KERNEL_BOUNDS(glmf_mhc_mix, MHCMixArgs, MHC_THREADS, 1) {
         }
       return;
     }
-    mhc_mapping(p, sc_s, bs_s, m_s, pre_s, post_s, comb_s);  // ends with a barrier
+    mhc_mapping(p, sc_s, bs_s, m_s, pre_s, post_s, combw_s, comb_s);  // ends with a barrier
     for (i64 i = tid; i < H; i += MHC_THREADS) post[i] = post_s[i];
     for (i64 i = tid; i < H * H; i += MHC_THREADS) comb[i] = comb_s[i];
     return;
   }
   // the pre gates (mhc_mapping's expression)
-  if (tid < H) pre_s[tid] = sigmoidf_d(sc_s[0] * ((float)dot_s[tid] * r) + bs_s[tid]) + (float)p.hc_eps;
+  if (tid < H) pre_s[tid] = (float)(sigmoid_dd((double)(sc_s[0] * ((float)dot_s[tid] * r) + bs_s[tid])) + mhc_eps(p));
   __syncthreads();
   // h = Σ_i pre[i]·x[i] (ascending i, as the CPU), MHC_HD values of d
   // per thread at a time so that their loads are in flight together; the
