@@ -122,7 +122,9 @@ func Mapping(p *Params, m, pre, post, comb []float32) {
 		mx := math.Inf(-1)
 		for j := range row {
 			row[j] = float64(p.Scale[2]*m[2*H+i*H+j] + p.Base[2*H+i*H+j])
-			mx = math.Max(mx, row[j])
+			if row[j] > mx { // (not math.Max: a NaN is skipped here, as in the CUDA kernel)
+				mx = row[j]
+			}
 		}
 		var s float64
 		for j := range row {
