@@ -267,6 +267,16 @@ func TestOtherImplementationsTableIsNotApplied(t *testing.T) {
 	require.Contains(t, said[0], other)
 	require.Contains(t, said[0], `the "`+gemm.Impl()+`" ones this process runs`)
 
+	// a table of another CPU whose name starts like this one's is not
+	// this CPU's (counted by what it holds); a table from before the key
+	// (no isa, named without it) is
+	longer := &autotune.Table{CPU: "test-cpu-9000", ISA: "avx2"}
+	longer.Put(autotune.Entry{Op: "gemm", DType: "bf16", N: 1, K: 1, Bucket: 1, ColGrain: 1, RowBlock: 1})
+	require.NoError(t, longer.Save(dir))
+	legacy := filepath.Join(dir, "test-cpu-"+runtime.GOARCH+".json")
+	require.NoError(t, os.WriteFile(legacy, []byte(`{"cpu": "test-cpu", "entries": []}`), 0o644))
+	require.ElementsMatch(t, []string{other, legacy}, autotune.OtherTables(dir, "test-cpu", gemm.Impl()))
+
 	// the same entries under this implementation's key apply
 	_, rep, _ = passtest.Explain(t, cfg, graph.Decode, []pass.Request{{Name: autotune.Name, Options: map[string]any{"table_dir": dir, "cpu": "test-cpu", "isa": "avx512-elsewhere"}}}, nil)
 	require.NotEmpty(t, rep.Find(autotune.Name).Fired)

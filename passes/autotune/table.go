@@ -132,16 +132,18 @@ func TablePath(dir, cpu, isa string) string {
 
 // OtherTables lists the tables under dir of cpu that are not isa's: those
 // of other GEMM implementations, and one from before tables were keyed by
-// implementation (named without it).
+// implementation (named without it, holding no isa). A file is counted by
+// what it holds (its cpu), not only by its name.
 func OtherTables(dir, cpu, isa string) []string {
-	own := TablePath(dir, cpu, isa)
+	m, _ := filepath.Glob(filepath.Join(dir, slug(cpu)+"-*"+runtime.GOARCH+".json"))
 	var out []string
-	if _, err := os.Stat(filepath.Join(dir, slug(cpu)+"-"+runtime.GOARCH+".json")); err == nil {
-		out = append(out, filepath.Join(dir, slug(cpu)+"-"+runtime.GOARCH+".json"))
-	}
-	m, _ := filepath.Glob(filepath.Join(dir, slug(cpu)+"-*-"+runtime.GOARCH+".json"))
 	for _, f := range m {
-		if f != own && !strings.HasSuffix(f, ".tmp") {
+		b, err := regular.ReadFile(f, regular.ConfigLimit)
+		if err != nil {
+			continue
+		}
+		var t Table
+		if json.Unmarshal(b, &t) == nil && t.Device == "" && t.CPU == cpu && t.ISA != isa {
 			out = append(out, f)
 		}
 	}
