@@ -60,13 +60,22 @@ test-impls:
 # an AVX-512 instruction there is SIGILL, as on such a machine), which no
 # GODEBUG mask can show. Slow (about 10 minutes on 2 cores): not part of
 # `make test`. Installs qemu-user where it is missing (Debian).
+# TestNoOverread is skipped there: it puts operands just before a PROT_NONE
+# page, and QEMU 7.2's VMASKMOVPS faults on masked-out lanes past it, where
+# the hardware does not (the SDM: only lanes the mask selects can fault);
+# it runs natively in make test, per implementation.
+# Haswell without the system features TCG cannot emulate (qemu warns of each)
+HASWELL := Haswell,-pcid,-tsc-deadline,-x2apic,-hle,-invpcid,-rtm
+# every package with assembly or with code that picks it
+HASWELL_PKGS := kernels/gemm kernels/act kernels/kda kernels/mhc kernels/norm kernels/mla kernels/moe kernels/indexer kernels/conv internal/cpulimits
 test-haswell:
 	@command -v qemu-x86_64 >/dev/null || { apt-get update -qq && apt-get install -y -qq qemu-user; }
 	@mkdir -p bin/haswell
-	@for p in kernels/gemm kernels/act kernels/kda kernels/mhc kernels/norm kernels/mla kernels/moe kernels/indexer kernels/conv internal/cpulimits; do \
+	@for p in $(HASWELL_PKGS); do \
 		$(GO) test -c -o bin/haswell/$$(echo $$p | tr / _).test ./$$p || exit 1; done
-	@for p in kernels/gemm kernels/act kernels/kda kernels/mhc kernels/norm kernels/mla kernels/moe kernels/indexer kernels/conv internal/cpulimits; do \
-		echo "== qemu-x86_64 -cpu Haswell $$p"; (cd $$p && qemu-x86_64 -cpu Haswell $(CURDIR)/bin/haswell/$$(echo $$p | tr / _).test -test.count=1) || exit 1; done
+	@cd kernels/gemm && qemu-x86_64 -cpu $(HASWELL) $(CURDIR)/bin/haswell/kernels_gemm.test -test.run '^TestImpls$$' -test.v | grep implementations
+	@for p in $(HASWELL_PKGS); do \
+		echo "== qemu-x86_64 -cpu Haswell $$p"; (cd $$p && qemu-x86_64 -cpu $(HASWELL) $(CURDIR)/bin/haswell/$$(echo $$p | tr / _).test -test.count=1 -test.skip '^TestNoOverread$$') || exit 1; done
 
 # Longer fuzzing of every outside-input parser (their seed corpora run in
 # `make test`): checkpoint headers and configs, engine YAML, serve YAML and
