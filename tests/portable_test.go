@@ -4,6 +4,7 @@ import (
 	"go/build/constraint"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -41,14 +42,7 @@ func TestKernelAssemblyHasPortableFallback(t *testing.T) {
 		}
 		require.NotNil(t, expr, "%s has no //go:build line: it must exclude purego", p)
 		tags := func(set ...string) func(string) bool {
-			return func(tag string) bool {
-				for _, s := range set {
-					if s == tag {
-						return true
-					}
-				}
-				return false
-			}
+			return func(tag string) bool { return slices.Contains(set, tag) }
 		}
 		require.False(t, expr.Eval(tags("amd64", "linux", "purego")), "%s is built with -tags purego: the pure-Go build would still run assembly", p)
 		require.False(t, expr.Eval(tags("arm64", "linux")), "%s is built on arm64", p)
