@@ -116,8 +116,8 @@ func TestEveryPassIsRegisteredConfiguredAndTested(t *testing.T) {
 	require.ElementsMatch(t, pass.Names(), configured, "the registry and configs/engine.yaml disagree")
 	root := passtest.Root(t)
 	for _, name := range pass.Names() {
-		f, _ := pass.Lookup(name)
-		pkg := reflect.TypeOf(f()).Elem().PkgPath()
+		r, _ := pass.Lookup(name)
+		pkg := reflect.TypeOf(r.New()).Elem().PkgPath()
 		dir := filepath.Join(root, strings.TrimPrefix(pkg, "github.com/glmflash/glmflash/"))
 		tests, _ := filepath.Glob(filepath.Join(dir, "*_test.go"))
 		require.NotEmpty(t, tests, "pass %s (%s) has no tests of its own", name, pkg)
@@ -207,10 +207,9 @@ func TestPassesTogetherFireWhereExpected(t *testing.T) {
 func TestPassesOnSpeculativeDecoding(t *testing.T) {
 	root := passtest.Root(t)
 	for _, name := range pass.Names() {
-		f, _ := pass.Lookup(name)
-		_, ok := f().(pass.SpecAware)
-		require.True(t, ok, "pass %s does not state how it treats verify and draft graphs (pass.SpecAware)", name)
-		pkg := reflect.TypeOf(f()).Elem().PkgPath()
+		r, _ := pass.Lookup(name)
+		require.True(t, r.Verify != "" && r.Draft != "", "pass %s does not state how it treats verify and draft graphs (Description.Verify, Draft)", name)
+		pkg := reflect.TypeOf(r.New()).Elem().PkgPath()
 		tests, _ := filepath.Glob(filepath.Join(root, strings.TrimPrefix(pkg, "github.com/glmflash/glmflash/"), "*_test.go"))
 		tested := false
 		for _, f := range tests {

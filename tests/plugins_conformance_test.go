@@ -28,7 +28,7 @@ func TestPluginConformance(t *testing.T) {
 	})
 	t.Run(fusion.Name+" in process", func(t *testing.T) {
 		passtest.Run(t, f, passtest.Subject{Name: fusion.Name,
-			Resolver: passtest.InProcess(func() pass.Pass { return &fusion.Pass{} }), Ineligible: ineligible})
+			Resolver: passtest.InProcess(fusion.Description, fusion.New), Ineligible: ineligible})
 	})
 	pids := s.host.PIDs()
 	require.NoError(t, s.host.Close())

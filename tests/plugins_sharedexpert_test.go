@@ -171,7 +171,7 @@ func TestSharedExpertFusionMatchesUnfused(t *testing.T) {
 // in process, in every mode.
 func TestPluginInProcessGRPC(t *testing.T) {
 	client, server := plugin.TestPluginGRPCConn(t, false, map[string]plugin.Plugin{
-		protocol.PluginName: &protocol.GRPCPass{Impl: sdk.NewServer(&fusion.Pass{})},
+		protocol.PluginName: &protocol.GRPCPass{Impl: sdk.NewServer(fusion.Description, fusion.New())},
 	})
 	defer client.Close()
 	defer server.Stop()
@@ -180,10 +180,10 @@ func TestPluginInProcessGRPC(t *testing.T) {
 	p, err := host.Connect(raw.(pb.PassPluginClient), host.Options{Log: zerolog.Nop()})
 	require.NoError(t, err)
 	require.Equal(t, fusion.Name, p.Name)
-	want, err := pass.DescriptionOf(&fusion.Pass{})
+	want, err := pass.DescriptionOf(fusion.Description, fusion.New())
 	require.NoError(t, err)
 	require.Equal(t, want, p.Desc)
-	remote := resolver{fusion.Name: p.Factory()}
+	remote := resolver{fusion.Name: p.Registration()}
 	for _, mode := range []graph.Mode{graph.Prefill, graph.Decode, graph.Extend, graph.Mixed} {
 		for _, opts := range []map[string]any{nil, {"layers": []any{3, 7}}} {
 			gl, repl, _ := explainWith(t, inProcessFusion, fusion.Name, opts, nil, mode)

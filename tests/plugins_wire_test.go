@@ -17,9 +17,9 @@ import (
 )
 
 // resolver resolves in-process passes by name.
-type resolver map[string]pass.Factory
+type resolver map[string]pass.Registration
 
-func (r resolver) Lookup(n string) (pass.Factory, bool) { f, ok := r[n]; return f, ok }
+func (r resolver) Lookup(n string) (pass.Registration, bool) { f, ok := r[n]; return f, ok }
 func (r resolver) Names() []string {
 	var n []string
 	for k := range r {
@@ -28,7 +28,7 @@ func (r resolver) Names() []string {
 	return n
 }
 
-var inProcessFusion = resolver{fusion.Name: func() pass.Pass { return &fusion.Pass{} }}
+var inProcessFusion = resolver{fusion.Name: {Description: fusion.Description, New: fusion.New}}
 
 // roundTrip serializes g to protobuf bytes and back.
 func roundTrip(t *testing.T, g *ir.Graph) *ir.Graph {
@@ -123,7 +123,7 @@ func TestPluginWireEnvSitesDescription(t *testing.T) {
 	_, err = wire.DecodeSites(g, ws)
 	require.ErrorContains(t, err, "out of range")
 
-	d, err := pass.DescriptionOf(&fusion.Pass{})
+	d, err := pass.DescriptionOf(fusion.Description, fusion.New())
 	require.NoError(t, err)
 	md, err := wire.EncodeDescription(d)
 	require.NoError(t, err)
@@ -230,7 +230,7 @@ func FuzzPluginAnswers(f *testing.F) {
 	ck, _ := openFixture(f, fixtures[0])
 	g, err := graph.Build(ck.Config(), graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(f, err)
-	fd, err := pass.DescriptionOf(&fusion.Pass{})
+	fd, err := pass.DescriptionOf(fusion.Description, fusion.New())
 	require.NoError(f, err)
 	d, err := wire.EncodeDescription(fd)
 	require.NoError(f, err)

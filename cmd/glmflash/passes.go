@@ -41,8 +41,8 @@ func newPassesCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 			for _, name := range pass.Names() {
-				f, _ := pass.Lookup(name)
-				d, err := pass.DescriptionOf(f())
+				r, _ := pass.Lookup(name)
+				d, err := r.Describe()
 				if err != nil {
 					return err
 				}
@@ -132,11 +132,11 @@ func newPassesCmd() *cobra.Command {
 			}
 			env.Device = dev
 			if dump != "" {
-				pl.Dump = func(p, when, text string) {
+				pl.Instrument(pass.Dumps(func(p, when, text string) {
 					if dump == "both" || dump == when {
 						fmt.Printf("=== %s: graph %s\n%s", p, when, text)
 					}
-				}
+				}))
 			}
 			opts := graph.Options{Mode: m, Logits: graph.Logits(logits)}
 			build, prog := graph.Build, fmt.Sprintf("%s/%s", m, logits)

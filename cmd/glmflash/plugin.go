@@ -23,8 +23,8 @@ func newPluginCmd() *cobra.Command {
 		Use:   "new NAME [--dir DIR]",
 		Short: "Scaffold a pass plugin: a compilable skeleton of a pass served with plugins/sdk",
 		Long: `Scaffold a pass plugin named NAME (lower-case words joined by dashes): DIR/NAME/main.go
-holds a pass that implements the same pass.Pass interface as the built-in passes
-and serves it with sdk.Serve.
+holds a pass written as the built-in passes are (a pass.Description, and Eligible and
+Apply of the pass.Pass interface) and serves it with sdk.Serve.
 
 Inside a glmflash checkout (the default --dir plugins/local) the plugin is a package
 of this module and builds at once:
@@ -235,6 +235,11 @@ import (
 // Name is the pass's name in the configuration's passes: list.
 const Name = {{printf "%q" .Name}}
 
+// Description is what the pass says about itself, declared once: the
+// engine shows it (its options come from the Options struct's tags).
+var Description = pass.Description{Name: Name, Version: "0.1.0",
+	Summary: "TODO: one line on what this pass rewrites"}
+
 // Options are the pass's options, declared once: the engine shows and
 // checks the schema these tags give (name, default, doc; enum for strings).
 // Field types: bool, int, float64, string, []int, pass.Path.
@@ -253,15 +258,6 @@ type Pass struct{ opts Options }
 // Options implements pass.WithOptions: the engine decodes the configured
 // options (strictly, with the defaults of the tags) into it.
 func (p *Pass) Options() any { return &p.opts }
-
-// Name implements pass.Pass.
-func (*Pass) Name() string { return Name }
-
-// Describe implements pass.Pass: what the engine shows.
-func (*Pass) Describe() pass.Description {
-	return pass.Description{Name: Name, Version: "0.1.0",
-		Summary: "TODO: one line on what this pass rewrites"}
-}
 
 // Eligible implements pass.Pass: every candidate site, OK or skipped with a
 // human reason. It must not modify the graph, and must be a pure function of
@@ -308,5 +304,5 @@ func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 	return res, nil
 }
 
-func main() { sdk.Serve(&Pass{}) }
+func main() { sdk.Serve(Description, &Pass{}) }
 `))

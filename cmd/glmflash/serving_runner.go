@@ -187,11 +187,11 @@ func absolutePaths(ps []config.PassConfig) []config.PassConfig {
 	out := make([]config.PassConfig, len(ps))
 	for i, p := range ps {
 		out[i] = p
-		f, ok := pass.Lookup(p.Name)
+		r, ok := pass.Lookup(p.Name)
 		if !ok || p.Dir == "" {
 			continue
 		}
-		schema, _ := pass.Schema(f())
+		schema, _ := r.Schema()
 		for _, o := range schema {
 			if v, ok := p.Options[o.Name].(string); ok && o.Type == pass.PathType && v != "" && !filepath.IsAbs(v) {
 				out[i].Options = maps.Clone(out[i].Options)

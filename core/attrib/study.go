@@ -374,8 +374,8 @@ func (s *Study) requests(ps []config.PassConfig) ([]pass.Request, error) {
 		reqs = append(reqs, pass.Request{Name: p.Name, Options: p.Options, Dir: p.Dir})
 	}
 	for _, r := range reqs {
-		if f, ok := pass.Lookup(r.Name); ok {
-			schema, err := pass.Schema(f())
+		if reg, ok := pass.Lookup(r.Name); ok {
+			schema, err := reg.Schema()
 			if err != nil {
 				return nil, err
 			}

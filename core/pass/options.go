@@ -68,7 +68,7 @@ type WithOptions interface {
 }
 
 // Configurable is a pass whose options are known only at run time (a
-// plugin's pass as the engine sees it): Describe().Options declares them,
+// plugin's pass as the engine sees it): its Description.Options declares them,
 // and Configure receives them checked and defaulted. Write passes with an
 // options struct (WithOptions) instead.
 type Configurable interface {
@@ -194,31 +194,27 @@ func parseDefault(t OptionType, s string) (any, error) {
 	return s, nil
 }
 
-// Schema is the option declaration of p: derived from its options struct
-// (WithOptions), else Describe().Options.
-func Schema(p Pass) ([]Option, error) {
+// Schema is the option declaration of the pass d describes, p an instance
+// of it: derived from p's options struct (WithOptions), else d.Options.
+func Schema(d Description, p Pass) ([]Option, error) {
 	wo, ok := p.(WithOptions)
 	if !ok {
-		return p.Describe().Options, nil
+		return d.Options, nil
 	}
 	v := reflect.ValueOf(wo.Options())
 	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return nil, fmt.Errorf("pass %s: Options must return a non-nil pointer to a struct", p.Name())
+		return nil, fmt.Errorf("pass %s: Options must return a non-nil pointer to a struct", d.Name)
 	}
 	opts, _, err := optionFields(v.Elem().Type())
 	if err != nil {
-		return nil, fmt.Errorf("pass %s: %w", p.Name(), err)
+		return nil, fmt.Errorf("pass %s: %w", d.Name, err)
 	}
 	return opts, nil
 }
 
-// DescriptionOf is p.Describe() with the options of its schema.
-func DescriptionOf(p Pass) (Description, error) {
-	d := p.Describe()
-	if d.Name == "" {
-		d.Name = p.Name()
-	}
-	opts, err := Schema(p)
+// DescriptionOf is d with the options of its schema (Schema(d, p)).
+func DescriptionOf(d Description, p Pass) (Description, error) {
+	opts, err := Schema(d, p)
 	d.Options = opts
 	return d, err
 }
@@ -288,13 +284,14 @@ func decodeOption(o Option, v any) (any, error) {
 	return out, nil
 }
 
-// Configure gives p its options: checked against its schema and defaulted
+// Configure gives p, an instance of the pass d describes, its options:
+// checked against its schema (Schema(d, p)) and defaulted
 // (Normalize), then decoded into its options struct (WithOptions, whose
 // Validate runs if it has one) or handed to Configure (Configurable). A
 // pass with neither takes no options. Errors name the option, not the pass
 // (callers say which pass they configured).
-func Configure(p Pass, opts map[string]any, dir string) error {
-	schema, err := Schema(p)
+func Configure(d Description, p Pass, opts map[string]any, dir string) error {
+	schema, err := Schema(d, p)
 	if err != nil {
 		return err
 	}

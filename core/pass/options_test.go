@@ -34,15 +34,15 @@ type typed struct {
 	opts typedOptions
 }
 
-func (*typed) Name() string                               { return "t-typed" }
-func (*typed) Describe() Description                      { return Description{Name: "t-typed", Version: "1"} }
+var typedDesc = Description{Name: "t-typed", Version: "1"}
+
 func (p *typed) Options() any                             { return &p.opts }
 func (*typed) Eligible(*ir.Graph, *Analyses, *Env) []Site { return nil }
 func (*typed) Apply(*ir.Graph, []Site) (Result, error)    { return Result{}, nil }
 
 // The schema comes from the options struct's tags; defaults are typed.
 func TestSchemaIsDerivedFromTheOptionsStruct(t *testing.T) {
-	d, err := DescriptionOf(&typed{})
+	d, err := DescriptionOf(typedDesc, &typed{})
 	require.NoError(t, err)
 	require.Equal(t, []Option{
 		{Name: "on", Type: Bool, Default: true, Doc: "switch"},
@@ -59,12 +59,12 @@ func TestSchemaIsDerivedFromTheOptionsStruct(t *testing.T) {
 func TestConfigureDecodesStrictly(t *testing.T) {
 	p := &typed{}
 	p.opts.N = 99 // overwritten by the default
-	require.NoError(t, Configure(p, nil, "/etc/glmflash"))
+	require.NoError(t, Configure(typedDesc, p, nil, "/etc/glmflash"))
 	require.Equal(t, typedOptions{On: true, N: 3, Tol: 1e-4, Mode: "a", Xs: []int{1, 8}, Dir: "tables"}, p.opts, "defaults are not paths written in a file")
 
-	require.NoError(t, Configure(p, map[string]any{"on": false, "n": int64(7), "tol": 1, "mode": "b", "xs": []any{2, 4}, "dir": "t2"}, "/etc/glmflash"))
+	require.NoError(t, Configure(typedDesc, p, map[string]any{"on": false, "n": int64(7), "tol": 1, "mode": "b", "xs": []any{2, 4}, "dir": "t2"}, "/etc/glmflash"))
 	require.Equal(t, typedOptions{On: false, N: 7, Tol: 1, Mode: "b", Xs: []int{2, 4}, Dir: "/etc/glmflash/t2"}, p.opts)
-	require.NoError(t, Configure(p, map[string]any{"dir": "/abs"}, "/etc/glmflash"))
+	require.NoError(t, Configure(typedDesc, p, map[string]any{"dir": "/abs"}, "/etc/glmflash"))
 	require.Equal(t, Path("/abs"), p.opts.Dir)
 
 	for opts, want := range map[*map[string]any]string{
@@ -79,7 +79,7 @@ func TestConfigureDecodesStrictly(t *testing.T) {
 		{"n": 101}:            "n must be ≤ 100",
 		{"mode": nil}:         "option mode: want string, got nothing",
 	} {
-		require.ErrorContains(t, Configure(&typed{}, *opts, ""), want)
+		require.ErrorContains(t, Configure(typedDesc, &typed{}, *opts, ""), want)
 	}
 }
 
@@ -108,11 +108,30 @@ func TestSchemaRefusesBadDeclarations(t *testing.T) {
 		&badEnum{}:    `default "c" is not one of a, b`,
 		nil:           "non-nil pointer",
 	} {
-		_, err := Schema(&withOpts{o: o})
+		_, err := Schema(typedDesc, &withOpts{o: o})
 		require.ErrorContains(t, err, want)
 	}
-	require.Panics(t, func() { Register("t-bad-schema", func() Pass { return &withOpts{o: &badDefault{}} }) })
-	require.Panics(t, func() { Register("t-misnamed", func() Pass { return &typed{} }) })
+	stated := Description{Name: "t-bad-schema", Version: "1", Summary: "s", Verify: "v", Draft: "d"}
+	require.Panics(t, func() { Register(stated, func() Pass { return &withOpts{o: &badDefault{}} }) })
+}
+
+// A description that leaves out what every pass states is refused at
+// registration, by name.
+func TestRegisterRefusesIncompleteDescriptions(t *testing.T) {
+	ok := Description{Name: "t-incomplete", Version: "1", Summary: "s", Verify: "v", Draft: "d"}
+	for _, edit := range []func(*Description){
+		func(d *Description) { d.Name = "" },
+		func(d *Description) { d.Version = "" },
+		func(d *Description) { d.Summary = "" },
+		func(d *Description) { d.Verify = "" },
+		func(d *Description) { d.Draft = "" },
+	} {
+		d := ok
+		edit(&d)
+		require.Panics(t, func() { Register(d, func() Pass { return &typed{} }) })
+	}
+	_, registered := Lookup(ok.Name)
+	require.False(t, registered)
 }
 
 type plain struct{ typed }
@@ -121,8 +140,8 @@ func (*plain) Options() {} // not pass.WithOptions's signature: no options
 
 // A pass without options refuses every option.
 func TestPassWithoutOptions(t *testing.T) {
-	require.NoError(t, Configure(&plain{}, nil, ""))
-	require.ErrorContains(t, Configure(&plain{}, map[string]any{"x": 1}, ""), `unknown option "x" (the pass has no options)`)
+	require.NoError(t, Configure(typedDesc, &plain{}, nil, ""))
+	require.ErrorContains(t, Configure(typedDesc, &plain{}, map[string]any{"x": 1}, ""), `unknown option "x" (the pass has no options)`)
 }
 
 // Statistics are declared once, as a tagged struct.

@@ -19,10 +19,10 @@ type fake struct {
 	opts     map[string]any
 }
 
-func (f *fake) Name() string { return f.name }
-func (f *fake) Describe() Description {
-	return Description{Name: f.name, Version: "0", Requires: f.requires, Options: []Option{
-		{Name: "n", Type: Int, Default: 1}, {Name: "mode", Type: String, Default: "a", Enum: []string{"a", "b"}}, {Name: "xs", Type: Ints, Default: []int{}}}}
+func (f *fake) describe() Description {
+	return Description{Name: f.name, Version: "0", Summary: "a test pass", Requires: f.requires, Options: []Option{
+		{Name: "n", Type: Int, Default: 1}, {Name: "mode", Type: String, Default: "a", Enum: []string{"a", "b"}}, {Name: "xs", Type: Ints, Default: []int{}}},
+		Verify: "eligible on " + f.name, Draft: "not eligible"}
 }
 func (f *fake) Configure(o map[string]any) error { f.opts = o; return nil }
 func (f *fake) Eligible(g *ir.Graph, a *Analyses, env *Env) []Site {
@@ -40,7 +40,7 @@ var fakes = map[string]*fake{}
 func reg(f *fake) {
 	fakes[f.name] = f
 	if _, ok := Lookup(f.name); !ok {
-		Register(f.name, func() Pass { return fakes[f.name] })
+		Register(f.describe(), func() Pass { return fakes[f.name] })
 	}
 }
 
@@ -114,4 +114,52 @@ func TestFailingPassIsRolledBackAndReported(t *testing.T) {
 			require.False(t, pr.Requested)
 		}
 	}
+}
+
+// recorder is an instrumentation that logs its hooks.
+type recorder struct {
+	tag string
+	log *[]string
+}
+
+func (r recorder) BeforePass(p *PassRun) { *r.log = append(*r.log, r.tag+" before "+p.Pass.Name) }
+func (r recorder) AfterPass(p *PassRun) {
+	*r.log = append(*r.log, r.tag+" after "+p.Pass.Name)
+}
+func (r recorder) AfterPassFailed(p *PassRun) {
+	*r.log = append(*r.log, r.tag+" failed "+p.Pass.Name+": "+p.Err.Error())
+}
+
+// Instrumentations see every pass run: before hooks in the order they were
+// added, after hooks (or failed hooks, on the restored graph) in reverse;
+// timing, dumps and the speculation statements are instrumentations.
+func TestInstrumentation(t *testing.T) {
+	reg(&fake{name: "t-i-ok", sites: []Site{{Where: "here", OK: true}}})
+	reg(&fake{name: "t-i-err", sites: []Site{{Where: "x", OK: true}}, apply: func(g *ir.Graph) error {
+		g.Nodes = g.Nodes[:1]
+		return errors.New("boom")
+	}})
+	p, err := NewPipeline([]Request{{Name: "t-i-ok"}, {Name: "t-i-err"}}, true)
+	require.NoError(t, err)
+	var log []string
+	var dumped []string
+	p.Instrument(recorder{"a", &log}, recorder{"b", &log}, Dumps(func(pass, when, text string) {
+		dumped = append(dumped, pass+" "+when)
+	}))
+	g := tiny()
+	g.Attrs["mode"] = "verify"
+	before := g.Text()
+	rep, err := p.Run(g, &Env{Program: "test"})
+	require.NoError(t, err)
+	require.Equal(t, []string{
+		"a before t-i-ok", "b before t-i-ok", "b after t-i-ok", "a after t-i-ok",
+		"a before t-i-err", "b before t-i-err", "b failed t-i-err: boom", "a failed t-i-err: boom",
+	}, log)
+	require.Equal(t, []string{"t-i-ok before", "t-i-ok after", "t-i-err before"}, dumped, "no after dump of a failed pass")
+	require.Equal(t, before, g.Text())
+	ok, bad := rep.Find("t-i-ok"), rep.Find("t-i-err")
+	require.Positive(t, ok.Duration)
+	require.Positive(t, bad.Duration, "a failed pass is timed too")
+	require.Equal(t, []string{"verify graph: eligible on t-i-ok"}, ok.Notes, "the statement of the description")
+	require.Empty(t, bad.Notes)
 }

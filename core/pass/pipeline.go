@@ -21,14 +21,14 @@ type Request struct {
 	Dir string
 }
 
-// Pipeline runs configured passes in order.
+// Pipeline runs configured passes in order, each observed by the
+// pipeline's instrumentations (instrument.go).
 type Pipeline struct {
-	passes []Pass
+	passes []Instance
 	verify bool
 	// extra resolves passes beyond the built-in registry (plugins).
 	extra Resolver
-	// Dump, when set, receives the graph text before and after each pass.
-	Dump func(pass, when, text string)
+	instr []Instrumentation
 }
 
 // NewPipeline instantiates and configures the requested passes, in order.
@@ -41,10 +41,10 @@ func NewPipeline(reqs []Request, verify bool) (*Pipeline, error) {
 // NewPipelineWith is NewPipeline with names also resolved by extra (plugin
 // passes); built-in passes take precedence. extra may be nil.
 func NewPipelineWith(reqs []Request, verify bool, extra Resolver) (*Pipeline, error) {
-	p := &Pipeline{verify: verify, extra: extra}
+	p := &Pipeline{verify: verify, extra: extra, instr: []Instrumentation{Timing(), SpecStatements()}}
 	seen := map[string]bool{}
 	for i, r := range reqs {
-		f, ok := p.lookup(r.Name)
+		reg, ok := p.lookup(r.Name)
 		if !ok {
 			err := fmt.Errorf("passes[%d]: unknown pass %q (known: %s)", i, r.Name, strings.Join(p.names(), ", "))
 			if ex, ok := extra.(Explainer); ok {
@@ -54,26 +54,28 @@ func NewPipelineWith(reqs []Request, verify bool, extra Resolver) (*Pipeline, er
 			}
 			return nil, err
 		}
-		ps := f()
-		for _, req := range ps.Describe().Requires {
+		ps := reg.New()
+		for _, req := range reg.Requires {
 			if !seen[req] {
 				return nil, fmt.Errorf("passes[%d]: pass %s requires %s to run before it; list %s earlier", i, r.Name, req, req)
 			}
 		}
-		if err := Configure(ps, r.Options, r.Dir); err != nil {
+		if err := Configure(reg.Description, ps, r.Options, r.Dir); err != nil {
 			return nil, fmt.Errorf("passes[%d]: pass %s: %w", i, r.Name, err)
 		}
 		seen[r.Name] = true
-		p.passes = append(p.passes, ps)
+		p.passes = append(p.passes, Instance{Description: reg.Description, Pass: ps})
 	}
 	return p, nil
 }
 
-// Add appends an already configured pass (plugins use this).
-func (p *Pipeline) Add(ps Pass) { p.passes = append(p.passes, ps) }
+// Add appends an already configured pass.
+func (p *Pipeline) Add(d Description, ps Pass) {
+	p.passes = append(p.passes, Instance{Description: d, Pass: ps})
+}
 
 // Passes returns the pipeline's passes in order.
-func (p *Pipeline) Passes() []Pass { return p.passes }
+func (p *Pipeline) Passes() []Instance { return p.passes }
 
 // SiteReport is one site in a report.
 type SiteReport struct {
@@ -180,9 +182,9 @@ func (r *Report) String() string {
 func (p *Pipeline) Run(g *ir.Graph, env *Env) (*Report, error) {
 	rep := &Report{Program: env.Program}
 	requested := map[string]bool{}
-	for _, ps := range p.passes {
-		requested[ps.Name()] = true
-		rep.Passes = append(rep.Passes, p.runOne(g, env, ps))
+	for _, in := range p.passes {
+		requested[in.Name] = true
+		rep.Passes = append(rep.Passes, p.runOne(g, env, in))
 	}
 	for _, name := range p.names() {
 		if !requested[name] {
@@ -195,30 +197,41 @@ func (p *Pipeline) Run(g *ir.Graph, env *Env) (*Report, error) {
 	return rep, nil
 }
 
-func (p *Pipeline) runOne(g *ir.Graph, env *Env, ps Pass) (pr PassReport) {
-	start := time.Now()
-	pr = PassReport{Name: ps.Name(), Version: ps.Describe().Version, Requested: true}
-	defer func() { pr.Duration = time.Since(start) }()
-	snap := g.Snapshot()
-	fail := func(err error) PassReport {
-		g.Restore(snap)
-		pr.Error = err.Error()
-		pr.Fired = nil
-		return pr
+// runOne runs one pass between its instrumentations' hooks.
+func (p *Pipeline) runOne(g *ir.Graph, env *Env, in Instance) PassReport {
+	r := &PassRun{Pass: in.Description, Graph: g, Env: env,
+		Report: &PassReport{Name: in.Name, Version: in.Version, Requested: true}}
+	for _, i := range p.instr {
+		i.BeforePass(r)
 	}
+	snap := g.Snapshot()
+	if r.Err = p.apply(g, env, in.Pass, r.Report); r.Err != nil {
+		g.Restore(snap)
+		r.Report.Error = r.Err.Error()
+		r.Report.Fired = nil
+		for i := len(p.instr) - 1; i >= 0; i-- {
+			p.instr[i].AfterPassFailed(r)
+		}
+	} else {
+		for i := len(p.instr) - 1; i >= 0; i-- {
+			p.instr[i].AfterPass(r)
+		}
+	}
+	return *r.Report
+}
+
+// apply runs ps's Eligible and (on the OK sites) Apply, recording the
+// sites, notes and statistics in pr; a panic is an error.
+func (p *Pipeline) apply(g *ir.Graph, env *Env, ps Pass, pr *PassReport) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			pr = fail(fmt.Errorf("panic: %v", r))
+			err = fmt.Errorf("panic: %v", r)
 		}
 	}()
-	if p.Dump != nil {
-		p.Dump(ps.Name(), "before", g.Text())
-	}
 	var sites []Site
 	if fe, ok := ps.(FallibleEligibility); ok {
-		var err error
 		if sites, err = fe.EligibleE(g, NewAnalyses(g), env); err != nil {
-			return fail(err)
+			return err
 		}
 	} else {
 		sites = ps.Eligible(g, NewAnalyses(g), env)
@@ -233,27 +246,18 @@ func (p *Pipeline) runOne(g *ir.Graph, env *Env, ps Pass) (pr PassReport) {
 		}
 	}
 	sort.SliceStable(pr.Skipped, func(i, j int) bool { return pr.Skipped[i].Layer < pr.Skipped[j].Layer })
-	if len(ok) > 0 {
-		res, err := ps.Apply(g, ok)
-		if err != nil {
-			return fail(err)
-		}
-		pr.Notes, pr.Stats = res.Notes, res.Stats
-		if p.verify {
-			if err := g.Verify(); err != nil {
-				return fail(fmt.Errorf("output does not verify: %w", err))
-			}
+	if len(ok) == 0 {
+		return nil
+	}
+	res, err := ps.Apply(g, ok)
+	if err != nil {
+		return err
+	}
+	pr.Notes, pr.Stats = res.Notes, res.Stats
+	if p.verify {
+		if err := g.Verify(); err != nil {
+			return fmt.Errorf("output does not verify: %w", err)
 		}
 	}
-	if kind := KindOf(g); kind != PlainGraph {
-		note := "states nothing about " + string(kind) + " graphs"
-		if sa, ok := ps.(SpecAware); ok {
-			note = sa.Speculation(kind)
-		}
-		pr.Notes = append([]string{string(kind) + " graph: " + note}, pr.Notes...)
-	}
-	if p.Dump != nil {
-		p.Dump(ps.Name(), "after", g.Text())
-	}
-	return pr
+	return nil
 }

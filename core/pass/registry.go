@@ -6,39 +6,41 @@ import (
 	"sync"
 )
 
-// Factory makes a fresh pass instance.
-type Factory func() Pass
-
 var (
 	regMu    sync.RWMutex
-	registry = map[string]Factory{}
+	registry = map[string]Registration{}
 )
 
-// Register adds a pass factory under its name (built-in passes call it in
-// init). The pass's name and options declaration are checked at once: a
-// mismatch or a malformed options struct panics at start, not at use.
-func Register(name string, f Factory) {
-	p := f()
-	if p.Name() != name {
-		panic(fmt.Sprintf("pass: %q registered under the name %q", p.Name(), name))
+// Register adds a built-in pass (built-in passes call it in init) under its
+// description, which is checked at once: a missing name, version, summary
+// or speculation statement (Verify, Draft), or a malformed options struct,
+// panics at start, not at use.
+func Register(d Description, f Factory) {
+	switch {
+	case d.Name == "":
+		panic("pass: registered without a name")
+	case d.Version == "" || d.Summary == "":
+		panic(fmt.Sprintf("pass: %q registered without a version or a summary", d.Name))
+	case d.Verify == "" || d.Draft == "":
+		panic(fmt.Sprintf("pass: %q does not state how it treats verify and draft graphs (Description.Verify, Draft)", d.Name))
 	}
-	if _, err := Schema(p); err != nil {
+	if _, err := Schema(d, f()); err != nil {
 		panic(err)
 	}
 	regMu.Lock()
 	defer regMu.Unlock()
-	if _, dup := registry[name]; dup {
-		panic(fmt.Sprintf("pass: %q registered twice", name))
+	if _, dup := registry[d.Name]; dup {
+		panic(fmt.Sprintf("pass: %q registered twice", d.Name))
 	}
-	registry[name] = f
+	registry[d.Name] = Registration{Description: d, New: f}
 }
 
-// Lookup finds a registered pass factory.
-func Lookup(name string) (Factory, bool) {
+// Lookup finds a registered pass.
+func Lookup(name string) (Registration, bool) {
 	regMu.RLock()
 	defer regMu.RUnlock()
-	f, ok := registry[name]
-	return f, ok
+	r, ok := registry[name]
+	return r, ok
 }
 
 // Names lists registered passes, sorted.

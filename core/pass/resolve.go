@@ -6,10 +6,10 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 )
 
-// Resolver supplies pass factories beyond the built-in registry: a plugin
-// host resolves the names of the plugin passes it discovered.
+// Resolver supplies passes beyond the built-in registry: a plugin host
+// resolves the names of the plugin passes it discovered.
 type Resolver interface {
-	Lookup(name string) (Factory, bool)
+	Lookup(name string) (Registration, bool)
 	// Names lists the passes the resolver knows.
 	Names() []string
 }
@@ -29,14 +29,14 @@ type FallibleEligibility interface {
 	EligibleE(g *ir.Graph, a *Analyses, env *Env) ([]Site, error)
 }
 
-func (p *Pipeline) lookup(name string) (Factory, bool) {
-	if f, ok := Lookup(name); ok {
-		return f, true
+func (p *Pipeline) lookup(name string) (Registration, bool) {
+	if r, ok := Lookup(name); ok {
+		return r, true
 	}
 	if p.extra != nil {
 		return p.extra.Lookup(name)
 	}
-	return nil, false
+	return Registration{}, false
 }
 
 // names lists built-in and resolver passes, sorted, without duplicates.

@@ -40,13 +40,3 @@ func KindOf(g *ir.Graph) GraphKind {
 func LengthsFromAcceptance(g *ir.Graph) bool {
 	return g.Attrs.String("mode", "") == "verify"
 }
-
-// SpecAware is a pass that states how it treats speculative decoding's
-// graphs: what it does on a verify graph and on a draft graph (eligible or
-// not, and why). The pipeline puts the statement in the report of every
-// verify and draft program, beside the sites; every built-in pass
-// implements it (a test checks), and a pass that does not (a plugin's) is
-// reported as stating nothing.
-type SpecAware interface {
-	Speculation(kind GraphKind) string
-}

@@ -16,8 +16,8 @@ import (
 func TestEveryPassPackageIsRegistered(t *testing.T) {
 	registered := map[string]string{}
 	for _, name := range pass.Names() {
-		f, _ := pass.Lookup(name)
-		registered[filepath.Base(reflect.TypeOf(f()).Elem().PkgPath())] = name
+		r, _ := pass.Lookup(name)
+		registered[filepath.Base(reflect.TypeOf(r.New()).Elem().PkgPath())] = name
 	}
 	ents, err := os.ReadDir("..")
 	require.NoError(t, err)

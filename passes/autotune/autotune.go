@@ -31,7 +31,14 @@ import (
 // Name is the pass's YAML name.
 const Name = "prefill-autotune"
 
-func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
+// Description is the pass as the registry, the report and `glmflash passes list`
+// know it.
+var Description = pass.Description{Name: Name, Version: "1.0.0",
+	Summary: "measure GEMM kernel parameters per shape and token bucket; persist and reuse a tuning table",
+	Verify:  "eligible: verify spans are GEMM rows like any other; the bucket is the batch's token count (each speculating sequence's last token and drafts)",
+	Draft:   "eligible: the MTP layer's GEMMs are tuned like the trunk's (draft steps are one row per sequence, the draft extend one per committed token)"}
+
+func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 
 // Options are the pass's options.
 type Options struct {
@@ -78,26 +85,6 @@ type Pass struct {
 
 // Options implements pass.WithOptions.
 func (p *Pass) Options() any { return &p.opts }
-
-// Name implements pass.Pass.
-func (*Pass) Name() string { return Name }
-
-// Speculation implements pass.SpecAware.
-func (*Pass) Speculation(kind pass.GraphKind) string {
-	switch kind {
-	case pass.VerifyGraph:
-		return "eligible: verify spans are GEMM rows like any other; the bucket is the batch's token count (each speculating sequence's last token and drafts)"
-	case pass.DraftGraph:
-		return "eligible: the MTP layer's GEMMs are tuned like the trunk's (draft steps are one row per sequence, the draft extend one per committed token)"
-	}
-	return "eligible"
-}
-
-// Describe implements pass.Pass.
-func (*Pass) Describe() pass.Description {
-	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "measure GEMM kernel parameters per shape and token bucket; persist and reuse a tuning table"}
-}
 
 func (p *Pass) dir() string { return string(p.opts.TableDir) }
 

@@ -15,30 +15,17 @@ import (
 // Name is the pass's YAML name.
 const Name = "dsa-pooled-metadata"
 
-func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
+// Description is the pass as the registry, the report and `glmflash passes list`
+// know it.
+var Description = pass.Description{Name: Name, Version: "1.0.0",
+	Summary: "build the DSA/k-pool batch metadata once per batch and share it across DSA layers",
+	Verify:  "eligible: a verify span's keys and visible pools are the batch's like any span's (what its rejected drafts write is cut back by the store), so one metadata node serves every DSA layer",
+	Draft:   "eligible: the MTP layer is the graph's only DSA layer and attends over the MTP store's own lengths, which are its batch's; it never shares metadata with the trunk's layers"}
+
+func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 
 // Pass implements pass.Pass.
 type Pass struct{}
-
-// Name implements pass.Pass.
-func (*Pass) Name() string { return Name }
-
-// Speculation implements pass.SpecAware.
-func (*Pass) Speculation(kind pass.GraphKind) string {
-	switch kind {
-	case pass.VerifyGraph:
-		return "eligible: a verify span's keys and visible pools are the batch's like any span's (what its rejected drafts write is cut back by the store), so one metadata node serves every DSA layer"
-	case pass.DraftGraph:
-		return "eligible: the MTP layer is the graph's only DSA layer and attends over the MTP store's own lengths, which are its batch's; it never shares metadata with the trunk's layers"
-	}
-	return "eligible"
-}
-
-// Describe implements pass.Pass.
-func (*Pass) Describe() pass.Description {
-	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "build the DSA/k-pool batch metadata once per batch and share it across DSA layers"}
-}
 
 // Stats are the pass's statistics.
 type Stats struct {

@@ -22,7 +22,14 @@ import (
 // Name is the pass's YAML name.
 const Name = "mlp-gate-up-fusion"
 
-func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
+// Description is the pass as the registry, the report and `glmflash passes list`
+// know it.
+var Description = pass.Description{Name: Name, Version: "1.0.0",
+	Summary: "fuse each SwiGLU MLP's gate and up projections into one GEMM feeding swiglu_packed",
+	Verify:  "eligible as on any batch: gate and up read the same rows whatever the span",
+	Draft:   "eligible for the MTP layer's shared experts (with option shared_experts); the MTP layer has no dense MLP"}
+
+func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 
 // Options are the pass's options.
 type Options struct {
@@ -40,26 +47,6 @@ type Pass struct{ opts Options }
 
 // Options implements pass.WithOptions.
 func (p *Pass) Options() any { return &p.opts }
-
-// Name implements pass.Pass.
-func (*Pass) Name() string { return Name }
-
-// Speculation implements pass.SpecAware.
-func (*Pass) Speculation(kind pass.GraphKind) string {
-	switch kind {
-	case pass.VerifyGraph:
-		return "eligible as on any batch: gate and up read the same rows whatever the span"
-	case pass.DraftGraph:
-		return "eligible for the MTP layer's shared experts (with option shared_experts); the MTP layer has no dense MLP"
-	}
-	return "eligible"
-}
-
-// Describe implements pass.Pass.
-func (*Pass) Describe() pass.Description {
-	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "fuse each SwiGLU MLP's gate and up projections into one GEMM feeding swiglu_packed"}
-}
 
 // site is one MLP: its gate and up linear nodes and their swiglu.
 type site struct {

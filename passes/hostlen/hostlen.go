@@ -17,30 +17,17 @@ import (
 // Name is the pass's YAML name.
 const Name = "host-length-reuse"
 
-func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
+// Description is the pass as the registry, the report and `glmflash passes list`
+// know it.
+var Description = pass.Description{Name: Name, Version: "1.0.0",
+	Summary: "KDA/DSA nodes read host-side batch lengths instead of executor-produced ones",
+	Verify:  "not eligible: a verify batch starts from positions the previous step's acceptance produced, so the host cannot prepare it ahead; its nodes keep reading the executor's lengths",
+	Draft:   "eligible for draft steps (mode decode: one token per sequence at positions the drafter knows) and for the draft extend after a prefill chunk (mode extend); not for the draft extend after a verify step (mode verify: its lengths are accept lengths)"}
+
+func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 
 // Pass implements pass.Pass.
 type Pass struct{}
-
-// Name implements pass.Pass.
-func (*Pass) Name() string { return Name }
-
-// Speculation implements pass.SpecAware.
-func (*Pass) Speculation(kind pass.GraphKind) string {
-	switch kind {
-	case pass.VerifyGraph:
-		return "not eligible: a verify batch starts from positions the previous step's acceptance produced, so the host cannot prepare it ahead; its nodes keep reading the executor's lengths"
-	case pass.DraftGraph:
-		return "eligible for draft steps (mode decode: one token per sequence at positions the drafter knows) and for the draft extend after a prefill chunk (mode extend); not for the draft extend after a verify step (mode verify: its lengths are accept lengths)"
-	}
-	return "eligible"
-}
-
-// Describe implements pass.Pass.
-func (*Pass) Describe() pass.Description {
-	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "KDA/DSA nodes read host-side batch lengths instead of executor-produced ones"}
-}
 
 // Stats are the pass's statistics. On a device backend every node that
 // reads the executor's lengths costs one device-to-host copy and host sync

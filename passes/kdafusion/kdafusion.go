@@ -18,7 +18,14 @@ import (
 // Name is the pass's YAML name.
 const Name = "kda-projection-fusion"
 
-func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
+// Description is the pass as the registry, the report and `glmflash passes list`
+// know it.
+var Description = pass.Description{Name: Name, Version: "1.0.0",
+	Summary: "fuse each KDA layer's q/k/v/b/f_a/g_a projections into one split GEMM and f_b/g_b into one batched GEMM",
+	Verify:  "eligible as on any batch: the fused projections feed the same kda_conv and kda_attn nodes, which keep each verify position's conv window and recurrent state for the rollback",
+	Draft:   "no sites: the MTP layer has no KDA"}
+
+func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 
 // Options are the pass's options.
 type Options struct {
@@ -37,26 +44,6 @@ type Pass struct{ opts Options }
 
 // Options implements pass.WithOptions.
 func (p *Pass) Options() any { return &p.opts }
-
-// Name implements pass.Pass.
-func (*Pass) Name() string { return Name }
-
-// Speculation implements pass.SpecAware.
-func (*Pass) Speculation(kind pass.GraphKind) string {
-	switch kind {
-	case pass.VerifyGraph:
-		return "eligible as on any batch: the fused projections feed the same kda_conv and kda_attn nodes, which keep each verify position's conv window and recurrent state for the rollback"
-	case pass.DraftGraph:
-		return "no sites: the MTP layer has no KDA"
-	}
-	return "eligible"
-}
-
-// Describe implements pass.Pass.
-func (*Pass) Describe() pass.Description {
-	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "fuse each KDA layer's q/k/v/b/f_a/g_a projections into one split GEMM and f_b/g_b into one batched GEMM"}
-}
 
 // projections of one KDA layer, by module name.
 var modules = []string{"q_proj", "k_proj", "v_proj", "b_proj", "f_a_proj", "g_a_proj", "f_b_proj", "g_b_proj"}

@@ -17,7 +17,14 @@ import (
 // Name is the pass's YAML name.
 const Name = "mhc-post-pre-fusion"
 
-func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
+// Description is the pass as the registry, the report and `glmflash passes list`
+// know it.
+var Description = pass.Description{Name: Name, Version: "1.0.0",
+	Summary: "fuse each mHC post with the next mHC pre (and its RMSNorm) at sub-layer boundaries",
+	Verify:  "eligible as on any batch: the drafter reads the final hidden row (after the stream mean and the final norm), not a residual between sublayers, and the terminal layer stays unfused",
+	Draft:   "no sites: the MTP layer has no mHC"}
+
+func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 
 // Options are the pass's options.
 type Options struct {
@@ -47,26 +54,6 @@ type Pass struct{ opts Options }
 
 // Options implements pass.WithOptions.
 func (p *Pass) Options() any { return &p.opts }
-
-// Name implements pass.Pass.
-func (*Pass) Name() string { return Name }
-
-// Speculation implements pass.SpecAware.
-func (*Pass) Speculation(kind pass.GraphKind) string {
-	switch kind {
-	case pass.VerifyGraph:
-		return "eligible as on any batch: the drafter reads the final hidden row (after the stream mean and the final norm), not a residual between sublayers, and the terminal layer stays unfused"
-	case pass.DraftGraph:
-		return "no sites: the MTP layer has no mHC"
-	}
-	return "eligible"
-}
-
-// Describe implements pass.Pass.
-func (*Pass) Describe() pass.Description {
-	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "fuse each mHC post with the next mHC pre (and its RMSNorm) at sub-layer boundaries"}
-}
 
 type boundary struct {
 	post, pre, norm *ir.Node

@@ -26,7 +26,14 @@ import (
 // Name is the pass's YAML name.
 const Name = "moe-shared-overlap"
 
-func init() { pass.Register(Name, func() pass.Pass { return &Pass{} }) }
+// Description is the pass as the registry, the report and `glmflash passes list`
+// know it.
+var Description = pass.Description{Name: Name, Version: "1.0.0",
+	Summary: "run each MoE layer's shared expert on a side stream, beside the router and the routed experts (CUDA; same results)",
+	Verify:  "eligible as on any batch: the shared expert reads the same rows as the router whatever the span",
+	Draft:   "eligible for the MTP layer's MoE shared expert"}
+
+func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 
 // Stats are the pass's statistics.
 type Stats struct {
@@ -36,26 +43,6 @@ type Stats struct {
 
 // Pass implements pass.Pass.
 type Pass struct{}
-
-// Name implements pass.Pass.
-func (*Pass) Name() string { return Name }
-
-// Speculation implements pass.SpecAware.
-func (*Pass) Speculation(kind pass.GraphKind) string {
-	switch kind {
-	case pass.VerifyGraph:
-		return "eligible as on any batch: the shared expert reads the same rows as the router whatever the span"
-	case pass.DraftGraph:
-		return "eligible for the MTP layer's MoE shared expert"
-	}
-	return "eligible"
-}
-
-// Describe implements pass.Pass.
-func (*Pass) Describe() pass.Description {
-	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "run each MoE layer's shared expert on a side stream, beside the router and the routed experts (CUDA; same results)"}
-}
 
 // site is one MoE layer's shared expert: its nodes in graph order (the
 // projections reading h, the activation, the down projection) and the

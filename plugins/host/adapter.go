@@ -28,18 +28,16 @@ var (
 	_ pass.FallibleEligibility = (*Pass)(nil)
 )
 
-// Name implements pass.Pass.
-func (a *Pass) Name() string { return a.p.Name }
-
-// Describe implements pass.Pass. A plugin that could not be loaded
-// describes itself with its failure and accepts the options the
-// configuration gives it, so that the failure shows in the pass report.
-func (a *Pass) Describe() pass.Description {
-	if a.p.Desc.Name != "" {
-		return a.p.Desc
+// Description is the plugin's pass as the pipeline registers it: the
+// description it gave (Describe). A plugin that could not be loaded is
+// described by its failure and accepts the options the configuration gives
+// it, so that the failure shows in the pass report.
+func (p *Plugin) Description() pass.Description {
+	if p.Desc.Name != "" {
+		return p.Desc
 	}
-	d := pass.Description{Name: a.p.Name, Version: "unloaded", Summary: fmt.Sprintf("plugin %s (not loaded: %v)", a.p.File, a.p.Err())}
-	opts := a.p.host.opts.Requested[a.p.Name]
+	d := pass.Description{Name: p.Name, Version: "unloaded", Summary: fmt.Sprintf("plugin %s (not loaded: %v)", p.File, p.Err())}
+	opts := p.host.opts.Requested[p.Name]
 	keys := make([]string, 0, len(opts))
 	for k := range opts {
 		keys = append(keys, k)

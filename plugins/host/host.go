@@ -528,16 +528,19 @@ type callError struct {
 
 func (e *callError) Error() string { return fmt.Sprintf("plugin %s error: %s", e.method, e.msg) }
 
-// Factory makes fresh pass instances backed by this plugin.
-func (p *Plugin) Factory() pass.Factory { return func() pass.Pass { return &Pass{p: p} } }
+// Registration is the plugin's pass: its Description and a factory of
+// fresh instances backed by this plugin.
+func (p *Plugin) Registration() pass.Registration {
+	return pass.Registration{Description: p.Description(), New: func() pass.Pass { return &Pass{p: p} }}
+}
 
 // Lookup implements pass.Resolver.
-func (h *Host) Lookup(name string) (pass.Factory, bool) {
+func (h *Host) Lookup(name string) (pass.Registration, bool) {
 	p, ok := h.byName[name]
 	if !ok {
-		return nil, false
+		return pass.Registration{}, false
 	}
-	return p.Factory(), true
+	return p.Registration(), true
 }
 
 // Names implements pass.Resolver: every plugin pass, loaded or failed.

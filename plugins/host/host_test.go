@@ -52,8 +52,9 @@ func TestDiscoveryAndRefusal(t *testing.T) {
 	require.ErrorContains(t, p.Err(), "no expected SHA-256 for glmflash-pass-x")
 	require.Empty(t, h.PIDs())
 	// the placeholder pass accepts the configured options and fails at Eligible
-	ps := p.Factory()().(*Pass)
-	d := ps.Describe()
+	r := p.Registration()
+	ps := r.New().(*Pass)
+	d := r.Description
 	require.Equal(t, "x", d.Name)
 	require.Equal(t, "n", d.Options[0].Name)
 	_, err = ps.EligibleE(nil, nil, &pass.Env{})

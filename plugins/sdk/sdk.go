@@ -1,9 +1,14 @@
 // Package sdk is what a pass-plugin author imports. Write the pass exactly
-// as a built-in one (the pass.Pass interface of core/pass, over the IR of
-// core/ir; options declared once as a tagged struct, statistics as
-// another, see pass.WithOptions and pass.Counters) and serve it from main:
+// as a built-in one (a pass.Description, and Eligible and Apply of the
+// pass.Pass interface of core/pass, over the IR of core/ir; options declared
+// once as a tagged struct, statistics as another, see pass.WithOptions and
+// pass.Counters) and serve it from main:
 //
-//	func main() { sdk.Serve(&MyPass{}) }
+//	func main() { sdk.Serve(Description, &MyPass{}) }
+//
+// Describe answers with the description (name, version, summary, requires,
+// options; the protocol carries no speculation statements, so the engine
+// reports a plugin's pass as stating nothing about verify and draft graphs).
 //
 // Build the binary as glmflash-pass-<name>, put it in the engine's
 // plugins.dir with its SHA-256 in plugins.checksums (or plugins.sums_file)
@@ -68,33 +73,36 @@ type Options struct {
 	Versions []int
 }
 
-// Serve serves p to the engine and returns when the engine is done with
-// the plugin. Run by hand (not by the engine) it prints a notice and exits.
-func Serve(p pass.Pass) { ServeWith(p, Options{}) }
+// Serve serves p, the pass d describes, to the engine and returns when the
+// engine is done with the plugin. Run by hand (not by the engine) it prints
+// a notice and exits.
+func Serve(d pass.Description, p pass.Pass) { ServeWith(d, p, Options{}) }
 
 // ServeWith is Serve with options.
-func ServeWith(p pass.Pass, o Options) {
+func ServeWith(d pass.Description, p pass.Pass, o Options) {
 	if len(o.Versions) == 0 {
 		o.Versions = protocol.Versions
 	}
-	l := hclog.New(&hclog.LoggerOptions{Name: p.Name(), Output: os.Stderr, JSONFormat: true, Level: hclog.Debug})
+	l := hclog.New(&hclog.LoggerOptions{Name: d.Name, Output: os.Stderr, JSONFormat: true, Level: hclog.Debug})
 	logMu.Lock()
 	logger = l
 	logMu.Unlock()
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig:  protocol.Handshake,
-		VersionedPlugins: protocol.PluginSets(o.Versions, NewServer(p)),
+		VersionedPlugins: protocol.PluginSets(o.Versions, NewServer(d, p)),
 		GRPCServer:       plugin.DefaultGRPCServer,
 		Logger:           l,
 	})
 }
 
-// NewServer returns the PassPlugin service for p (Serve uses it; tests can
-// serve it over go-plugin's in-memory connections).
-func NewServer(p pass.Pass) pb.PassPluginServer { return &server{p: p} }
+// NewServer returns the PassPlugin service for p, the pass d describes
+// (Serve uses it; tests can serve it over go-plugin's in-memory
+// connections).
+func NewServer(d pass.Description, p pass.Pass) pb.PassPluginServer { return &server{d: d, p: p} }
 
 type server struct {
 	pb.UnimplementedPassPluginServer
+	d   pass.Description
 	p   pass.Pass
 	mu  sync.Mutex // one call at a time: a pass instance is not concurrent
 	cur string     // the options the pass was last configured with
@@ -112,7 +120,7 @@ func (s *server) Describe(context.Context, *pb.DescribeRequest) (resp *pb.Descri
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer guard("Describe", &err)
-	d, err := pass.DescriptionOf(s.p)
+	d, err := pass.DescriptionOf(s.d, s.p)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "describe: %v", err)
 	}
@@ -135,7 +143,7 @@ func (s *server) configure(opts []*pb.Attr) error {
 	if key == s.cur {
 		return nil
 	}
-	if err := pass.Configure(s.p, m, ""); err != nil {
+	if err := pass.Configure(s.d, s.p, m, ""); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	s.cur = key

@@ -51,9 +51,9 @@ func openFixture(t testing.TB, name string) (*model.Checkpoint, *eval.Reference)
 	return ck, ref
 }
 
-type resolver map[string]pass.Factory
+type resolver map[string]pass.Registration
 
-func (r resolver) Lookup(n string) (pass.Factory, bool) { f, ok := r[n]; return f, ok }
+func (r resolver) Lookup(n string) (pass.Registration, bool) { f, ok := r[n]; return f, ok }
 func (r resolver) Names() []string {
 	var n []string
 	for k := range r {
@@ -63,7 +63,7 @@ func (r resolver) Names() []string {
 }
 
 // inProcessFusion is the example plugin's pass, run in process.
-var inProcessFusion = resolver{fusion.Name: func() pass.Pass { return &fusion.Pass{} }}
+var inProcessFusion = resolver{fusion.Name: {Description: fusion.Description, New: fusion.New}}
 
 func maxDiff(a, b []float32) float64 {
 	d := 0.0

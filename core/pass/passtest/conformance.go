@@ -99,7 +99,7 @@ func Run(t *testing.T, f *Fixture, s Subject) {
 		for _, o := range graphs {
 			g := buildGraph(t, cfg, o)
 			before := g.Text()
-			ps := s.pipeline(t, s.Options).Passes()[0]
+			ps := s.pipeline(t, s.Options).Passes()[0].Pass
 			var sites []pass.Site
 			if fe, ok := ps.(pass.FallibleEligibility); ok {
 				var err error
@@ -280,21 +280,20 @@ func Compare(base, got [][]float32, vocab int) (float64, error) {
 	return worst, nil
 }
 
-// InProcess resolves one pass, made by f, by its name: a plugin author runs
-// the suite on the pass in process (without building the binary) with
-// Subject{Name: name, Resolver: passtest.InProcess(f)}.
-func InProcess(f pass.Factory) pass.Resolver { return inProcess{f: f, name: f().Name()} }
-
-type inProcess struct {
-	f    pass.Factory
-	name string
+// InProcess resolves one pass, described by d and made by f, by its name: a
+// plugin author runs the suite on the pass in process (without building the
+// binary) with Subject{Name: d.Name, Resolver: passtest.InProcess(d, f)}.
+func InProcess(d pass.Description, f pass.Factory) pass.Resolver {
+	return inProcess{pass.Registration{Description: d, New: f}}
 }
 
-func (r inProcess) Lookup(name string) (pass.Factory, bool) {
-	if name == r.name {
-		return r.f, true
+type inProcess struct{ r pass.Registration }
+
+func (r inProcess) Lookup(name string) (pass.Registration, bool) {
+	if name == r.r.Name {
+		return r.r, true
 	}
-	return nil, false
+	return pass.Registration{}, false
 }
 
-func (r inProcess) Names() []string { return []string{r.name} }
+func (r inProcess) Names() []string { return []string{r.r.Name} }

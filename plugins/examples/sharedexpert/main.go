@@ -9,4 +9,4 @@ import (
 	"github.com/glmflash/glmflash/plugins/sdk"
 )
 
-func main() { sdk.Serve(&fusion.Pass{}) }
+func main() { sdk.Serve(fusion.Description, fusion.New()) }

@@ -18,10 +18,8 @@ type options struct {
 
 type crash struct{ opts options }
 
-func (*crash) Name() string { return "crash-test" }
-func (*crash) Describe() pass.Description {
-	return pass.Description{Name: "crash-test", Version: "0.0.1", Summary: "dies mid-call"}
-}
+var description = pass.Description{Name: "crash-test", Version: "0.0.1", Summary: "dies mid-call"}
+
 func (c *crash) Options() any { return &c.opts }
 
 func (c *crash) die() {
@@ -45,4 +43,4 @@ func (c *crash) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 	return pass.Result{}, nil
 }
 
-func main() { sdk.Serve(&crash{}) }
+func main() { sdk.Serve(description, &crash{}) }

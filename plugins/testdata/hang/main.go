@@ -9,14 +9,12 @@ import (
 
 type hang struct{}
 
-func (hang) Name() string { return "hang-test" }
-func (hang) Describe() pass.Description {
-	return pass.Description{Name: "hang-test", Version: "0.0.1", Summary: "hangs in Eligible"}
-}
+var description = pass.Description{Name: "hang-test", Version: "0.0.1", Summary: "hangs in Eligible"}
+
 func (hang) Eligible(*ir.Graph, *pass.Analyses, *pass.Env) []pass.Site {
 	sdk.Log().Warn("hang-test: hanging in Eligible")
 	select {}
 }
 func (hang) Apply(*ir.Graph, []pass.Site) (pass.Result, error) { return pass.Result{}, nil }
 
-func main() { sdk.Serve(hang{}) }
+func main() { sdk.Serve(description, hang{}) }

@@ -5,24 +5,30 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
 
+	"github.com/hashicorp/go-plugin"
+
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/plugins/protocol"
 	"github.com/glmflash/glmflash/plugins/sdk"
+	pb "github.com/glmflash/glmflash/proto/glmflash/plugin/v1"
 )
 
 var at = os.Getenv("GLMFLASH_TEST_HANG_AT")
 
 type hang struct{}
 
-func (hang) Name() string { return "hang-at-test" }
-func (hang) Describe() pass.Description {
-	if at == "describe" {
-		select {}
-	}
-	return pass.Description{Name: "hang-at-test", Version: "0.0.1", Summary: "hangs where GLMFLASH_TEST_HANG_AT says"}
+var description = pass.Description{Name: "hang-at-test", Version: "0.0.1", Summary: "hangs where GLMFLASH_TEST_HANG_AT says"}
+
+// hangDescribe is the SDK's server but for Describe, which never answers.
+type hangDescribe struct{ pb.PassPluginServer }
+
+func (hangDescribe) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	select {}
 }
 func (hang) Eligible(*ir.Graph, *pass.Analyses, *pass.Env) []pass.Site {
 	if at == "eligible" {
@@ -44,5 +50,11 @@ func main() {
 		child.Start()
 		select {}
 	}
-	sdk.Serve(hang{})
+	if at == "describe" {
+		plugin.Serve(&plugin.ServeConfig{HandshakeConfig: protocol.Handshake,
+			VersionedPlugins: protocol.PluginSets(protocol.Versions, hangDescribe{sdk.NewServer(description, hang{})}),
+			GRPCServer:       plugin.DefaultGRPCServer})
+		return
+	}
+	sdk.Serve(description, hang{})
 }

@@ -14,10 +14,8 @@ import (
 
 type noop struct{}
 
-func (noop) Name() string { return "versions-test" }
-func (noop) Describe() pass.Description {
-	return pass.Description{Name: "versions-test", Version: "0.0.1", Summary: "does nothing"}
-}
+var description = pass.Description{Name: "versions-test", Version: "0.0.1", Summary: "does nothing"}
+
 func (noop) Eligible(*ir.Graph, *pass.Analyses, *pass.Env) []pass.Site {
 	return []pass.Site{pass.Skip("graph", -1, "this pass never fires")}
 }
@@ -30,5 +28,5 @@ func main() {
 			vs = append(vs, v)
 		}
 	}
-	sdk.ServeWith(noop{}, sdk.Options{Versions: vs})
+	sdk.ServeWith(description, noop{}, sdk.Options{Versions: vs})
 }

@@ -30,6 +30,13 @@ import (
 // Name is the pass's YAML name.
 const Name = "shared-expert-fusion"
 
+// Description is what the plugin answers Describe with (its options come
+// from the Options struct's tags). The protocol carries no speculation
+// statements (Verify, Draft): the engine reports a plugin's pass as stating
+// nothing about verify and draft graphs.
+var Description = pass.Description{Name: Name, Version: "1.0.0",
+	Summary: "fuse each MoE layer's shared expert into the routed experts as an always-selected expert with weight 1.0"}
+
 // Options are the pass's options (declared once: the schema the engine
 // shows and checks comes from the tags).
 type Options struct {
@@ -58,14 +65,8 @@ type Pass struct{ opts Options }
 // Options implements pass.WithOptions.
 func (p *Pass) Options() any { return &p.opts }
 
-// Name implements pass.Pass.
-func (*Pass) Name() string { return Name }
-
-// Describe implements pass.Pass.
-func (*Pass) Describe() pass.Description {
-	return pass.Description{Name: Name, Version: "1.0.0",
-		Summary: "fuse each MoE layer's shared expert into the routed experts as an always-selected expert with weight 1.0"}
-}
+// New makes a fresh instance.
+func New() pass.Pass { return &Pass{} }
 
 // layer reports whether option layers selects layer l.
 func (p *Pass) layer(l int) bool {
