@@ -18,7 +18,7 @@ var req = []pass.Request{{Name: dsameta.Name}}
 func TestGoldenIR(t *testing.T) {
 	f := passtest.TinyA(t)
 	g, _, _ := passtest.Explain(t, f.Checkpoint.Config(), graph.Decode, req, nil)
-	passtest.Golden(t, "testdata/tiny-a.decode.golden", g.Text())
+	passtest.Golden(t, "testdata/tiny-a.decode.golden", g.StableText())
 }
 
 // Every DSA layer reads the one hoisted metadata node.

@@ -17,7 +17,7 @@ var req = []pass.Request{{Name: kdafusion.Name}}
 func TestGoldenIR(t *testing.T) {
 	f := passtest.TinyA(t)
 	g, _, _ := passtest.Explain(t, f.Checkpoint.Config(), graph.Decode, req, nil)
-	passtest.Golden(t, "testdata/tiny-a.decode.golden", g.Text())
+	passtest.Golden(t, "testdata/tiny-a.decode.golden", g.StableText())
 }
 
 // Every KDA layer of every fixture fuses in the full form; the statistics
