@@ -31,14 +31,17 @@ func drafting(batch []item) bool {
 	return false
 }
 
-// specStep runs one speculative step: the drafter proposes drafts for the
-// decode tokens of its sequences, the target runs the whole batch once
-// (each drafted sequence's span under a checkpoint of its cache slot),
-// acceptance keeps a prefix of the drafts and adds the target's own token,
-// each slot is cut back to what it committed, and the drafter observes the
-// committed tokens (prompt chunks included). Called without mu.
-func (rt *Scheduler) specStep(batch []item) {
-	// 1. drafts (the drafter may run a model: outside the lock)
+// A speculative step's plan, beside a plain one's: the drafter proposes
+// drafts for the decode tokens of its sequences (propose), and the target
+// runs the whole batch once, each drafted sequence's span under a
+// checkpoint of its cache slot (buildSpecLocked). Its collection accepts a
+// prefix of each span's drafts and adds the target's own token, cuts each
+// slot back to what it committed (collectSpecLocked), and the drafter
+// observes the committed tokens, prompt chunks included (observe).
+
+// propose asks the drafter for the step's drafts. Called without mu.
+func (rt *Scheduler) propose(s *step) {
+	batch := s.batch
 	var props []spec.Proposal
 	var who []int
 	for i, it := range batch {
@@ -47,82 +50,76 @@ func (rt *Scheduler) specStep(batch []item) {
 			who = append(who, i)
 		}
 	}
-	if len(props) > 0 {
-		if err := rt.draft.Propose(props); err != nil {
-			rt.dropDrafting(batch, who, err)
-		} else {
-			for j, i := range who {
-				p := props[j]
-				if len(p.Drafts) > batch[i].maxDrafts {
-					p.Drafts = p.Drafts[:batch[i].maxDrafts]
-				}
-				batch[i].drafts, batch[i].q = p.Drafts, p.Q
-				batch[i].tokens = append([]int32{batch[i].r.next}, p.Drafts...)
-			}
-		}
+	if len(props) == 0 {
+		return
 	}
+	if err := rt.draft.Propose(props); err != nil {
+		rt.dropDrafting(batch, who, err)
+		return
+	}
+	for j, i := range who {
+		p := props[j]
+		if len(p.Drafts) > batch[i].maxDrafts {
+			p.Drafts = p.Drafts[:batch[i].maxDrafts]
+		}
+		batch[i].drafts, batch[i].q = p.Drafts, p.Q
+		batch[i].tokens = append([]int32{batch[i].r.next}, p.Drafts...)
+	}
+}
 
-	// 2. the batch: a verify span's every row gets logits, a scored
-	// prompt's every row when it asks all positions, the others their last
-	rt.mu.Lock()
-	key := SpecProgram(rt.draft)
-	b := &backend.Batch{SamplesOnly: true}
-	ntok, rows := 0, 0
-	var err error
-	for i := range batch {
-		it := &batch[i]
+// buildSpecLocked builds a speculative step's batch: a verify span's every
+// row gets logits, a scored prompt's every row when it asks all positions,
+// the others their last. A checkpoint that fails fails the step.
+func (rt *Scheduler) buildSpecLocked(s *step) {
+	s.key = SpecProgram(rt.draft)
+	s.b = &backend.Batch{SamplesOnly: true}
+	rows := 0
+	for i := range s.batch {
+		it := &s.batch[i]
 		r := it.r
 		it.nrows = 1
 		switch {
 		case len(it.drafts) > 0:
 			it.nrows = len(it.tokens)
-			if err == nil {
-				err = rt.m.Store().Checkpoint(r.slot)
+			if s.err == nil {
+				s.err = rt.m.Store().Checkpoint(r.slot)
 			}
 			if r.Sampling.Temperature > 0 {
-				b.SamplesOnly = false // the acceptance rule reads the target's probabilities
+				s.b.SamplesOnly = false // the acceptance rule reads the target's probabilities
 			}
 		case r.Score:
-			b.SamplesOnly = false
+			s.b.SamplesOnly = false
 			if r.AllPositions {
 				it.nrows = len(it.tokens)
 			}
 		}
-		it.row0, it.tok0 = rows, ntok
+		it.row0, it.tok0 = rows, s.ntok
 		rows += it.nrows
-		ntok += len(it.tokens)
-		b.Seqs = append(b.Seqs, backend.Seq{Slot: r.slot, Tokens: it.tokens, LogitRows: it.nrows})
-		b.Sample = appendSpecSamplesLocked(b.Sample, it)
+		s.ntok += len(it.tokens)
+		s.b.Seqs = append(s.b.Seqs, backend.Seq{Slot: r.slot, Tokens: it.tokens, LogitRows: it.nrows})
+		s.b.Sample = appendSpecSamplesLocked(s.b.Sample, it)
 	}
-	rt.mu.Unlock()
+}
 
-	// 3. the target's pass
-	t0 := time.Now()
-	var res *backend.Result
+// observe tells the drafter what a speculative step committed; a drafter
+// error turns speculation off for the observed requests. Called without mu.
+func (rt *Scheduler) observe(s *step) {
+	if len(s.obs) == 0 {
+		return
+	}
+	err := rt.draft.Observe(s.obs)
 	if err == nil {
-		res, err = rt.run(key, b)
+		return
 	}
-	rt.met.Step(len(batch), ntok, time.Since(t0))
-
-	// 4. acceptance, tokens, cut-backs
-	rt.mu.Lock()
-	obs := rt.collectSpecLocked(batch, res, err)
-	rt.mu.Unlock()
-
-	// 5. the drafter learns what was committed
-	if len(obs) > 0 {
-		if err := rt.draft.Observe(obs); err != nil {
-			var idx []int
-			for i, it := range batch {
-				for _, o := range obs {
-					if o.Seq == it.r.ID {
-						idx = append(idx, i)
-					}
-				}
+	var idx []int
+	for i, it := range s.batch {
+		for _, o := range s.obs {
+			if o.Seq == it.r.ID {
+				idx = append(idx, i)
 			}
-			rt.dropDrafting(batch, idx, err)
 		}
 	}
+	rt.dropDrafting(s.batch, idx, err)
 }
 
 // dropDrafting turns speculation off for the given items' requests after a
