@@ -111,6 +111,9 @@ func (rt *Scheduler) takeLookaheadLocked(s *step, la *lookahead) bool {
 	for i, it := range s.batch {
 		if !la.prefill[i] {
 			s.batch[i].tokens = []int32{it.r.next}
+			if s.prep == nil {
+				continue // an earlier item did not fit
+			}
 			if err := s.prep.SetTokens(i, s.batch[i].tokens); err != nil {
 				s.prep = nil // fall back to a fresh preparation
 			}

@@ -622,3 +622,37 @@ func TestSpecStepFailures(t *testing.T) {
 	require.Empty(t, d.obs, "no longer drafted: not observed")
 }
 
+// A lookahead whose preparation does not take this step's decode tokens
+// is still the step's plan; the step is prepared afresh.
+func TestStepFallsBackWhenTheLookaheadPreparationDoesNotFit(t *testing.T) {
+	m := &prepModel{fakeModel: newFakeModel(2), release: make(chan struct{})}
+	close(m.release)
+	rt := idle(t, m, Config{}, Options{})
+	a := submit(t, rt, Request{Prompt: []int32{1, 2}, MaxTokens: 5, Sampling: sample.Greedy()})
+	b := submit(t, rt, Request{Prompt: []int32{3}, MaxTokens: 5, Sampling: sample.Greedy()})
+	admit(t, rt)
+	decoding(a, 1, 6)
+	decoding(b, 1, 8)
+	var s step
+	take(rt, &s, nil)
+	rt.mu.Lock()
+	la := rt.lookaheadLocked(s.batch)
+	rt.mu.Unlock()
+	require.NotNil(t, la)
+	// prepared with two tokens per sequence: SetTokens refuses one
+	la.prep = &backend.Prepared{Prog: fakeProgram{}, Spans: []backend.Span{{N: 2}, {N: 2, Row0: 2}}, Tokens: make([]int32, 4), T: 4}
+	rt.executeStep(&s, skipPrepareNext)
+	rt.collectStep(&s)
+
+	take(rt, &s, la)
+	require.Equal(t, int64(1), rt.PreparedAhead(), "the lookahead's plan is used")
+	require.Nil(t, s.prep, "but not its preparation")
+	require.Equal(t, [][]int32{{7}, {7}}, toks(&s))
+	before := m.prepared
+	rt.executeStep(&s, skipPrepareNext)
+	require.NoError(t, s.err)
+	require.Equal(t, before+1, m.prepared, "prepared afresh")
+}
+
+// skipPrepareNext prepares nothing ahead.
+func skipPrepareNext(Preparer) {}
