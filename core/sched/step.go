@@ -15,12 +15,11 @@ import (
 type item struct {
 	r      *request
 	tokens []int32
-	row0   int // first logits row (AllLogits, SpanLogits) or the row (LastLogits)
-	// Speculative steps: the item's logits rows (its last nrows tokens),
-	// its first token's row in the batch (for hidden rows), the drafts it
-	// may get and the drafts it got (tokens = [next] + drafts) with their
-	// distributions.
-	nrows     int
+	row0   int // first logits row
+	nrows  int // logits rows: its last nrows tokens' (1, or every token's)
+	// Speculative steps: the item's first token's row in the batch (for
+	// hidden rows), the drafts it may get and the drafts it got (tokens =
+	// [next] + drafts) with their distributions.
 	tok0      int
 	maxDrafts int
 	drafts    []int32
@@ -160,12 +159,12 @@ func (s *step) buildPlain() {
 		it := &s.batch[i]
 		s.b.Seqs[i] = backend.Seq{Slot: it.r.slot, Tokens: it.tokens}
 		s.ntok += len(it.tokens)
+		it.nrows = 1
 		if s.all {
-			it.row0 = rows
-			rows += len(it.tokens)
-		} else {
-			it.row0 = i
+			it.nrows = len(it.tokens)
 		}
+		it.row0 = rows
+		rows += it.nrows
 	}
 }
 
@@ -203,16 +202,11 @@ func (rt *Scheduler) executeStep(s *step, prepareNext func(Preparer)) {
 	rt.met.Step(len(s.batch), s.ntok, time.Since(t0))
 }
 
-// collectStep applies the step's results under mu: tokens, finals and
-// freed slots (a speculative step's acceptance and cut-backs too); then,
+// collectStep applies the step's results under mu (collectLocked); then,
 // without mu, the drafter observes what a speculative step committed.
 func (rt *Scheduler) collectStep(s *step) {
 	rt.mu.Lock()
-	if s.spec {
-		s.obs = rt.collectSpecLocked(s.batch, s.res, s.err)
-	} else {
-		rt.collectLocked(s.batch, s.res, s.err, s.all)
-	}
+	rt.collectLocked(s)
 	rt.mu.Unlock()
 	if s.spec {
 		rt.observe(s)
@@ -284,41 +278,63 @@ func (rt *Scheduler) planLocked(batch []item) []item {
 	return batch
 }
 
-// collectLocked turns a step's logits into tokens, finals and freed slots.
-func (rt *Scheduler) collectLocked(batch []item, res *backend.Result, err error, all bool) {
+// collectLocked turns a step's results into tokens, finals and freed
+// slots: a failed step fails its requests; otherwise each item's prompt
+// chunk or decode token advances its request (collectItemLocked), and a
+// speculative step's verify spans are accepted and cut back, its commits
+// kept for the drafter (collectSpecItemLocked).
+func (rt *Scheduler) collectLocked(s *step) {
 	now := time.Now()
-	var promptToks, genToks int
-	for _, it := range batch {
+	var n tally
+	for _, it := range s.batch {
 		r := it.r
 		if r.killed {
-			continue // finalized meanwhile; reaped below
+			continue // finalized meanwhile; reaped below (Free closes a checkpoint)
 		}
-		if err != nil {
-			rt.completeLocked(r, FinishError, err.Error())
+		if s.err != nil {
+			rt.completeLocked(r, FinishError, s.err.Error())
 			continue
 		}
-		r.cached += len(it.tokens)
-		last := it.row0
-		if all {
-			last = it.row0 + len(it.tokens) - 1
-		}
-		if r.prefilling() {
-			r.fed += len(it.tokens)
-			promptToks += len(it.tokens)
-			if r.Score {
-				rt.scoreChunkLocked(r, res, it.row0, last, len(it.tokens))
-				continue
-			}
-			if r.prefilling() {
-				continue // more prompt to run
-			}
-		}
-		if gen, _ := rt.emitPickLocked(r, res.Samples[last], now); gen {
-			genToks++
+		if s.spec {
+			rt.collectSpecItemLocked(s, it, now, &n)
+		} else {
+			rt.collectItemLocked(it, s.res, now, &n)
 		}
 	}
-	rt.met.Tokens(promptToks, genToks)
+	rt.met.Tokens(n.prompt, n.generated)
 	rt.reapLocked()
+}
+
+// tally counts a step's prompt tokens run and tokens generated.
+type tally struct{ prompt, generated int }
+
+// collectItemLocked applies a prompt chunk's or a decode token's result:
+// r's cache (and prompt) advance, a Score request keeps its rows, and the
+// row that yields a token (the prompt's end, a decode token: the item's
+// last) delivers it. It returns the token that follows the item's in r's
+// sequence (the next prompt token, or the delivered one) and whether r
+// goes on.
+func (rt *Scheduler) collectItemLocked(it item, res *backend.Result, now time.Time, n *tally) (next int32, more bool) {
+	r := it.r
+	last := it.row0 + it.nrows - 1
+	r.cached += len(it.tokens)
+	if r.prefilling() {
+		r.fed += len(it.tokens)
+		n.prompt += len(it.tokens)
+		if r.Score {
+			rt.scoreChunkLocked(r, res, it.row0, last, len(it.tokens))
+			return 0, false
+		}
+		if r.prefilling() {
+			return r.Prompt[r.fed], true // more prompt to run
+		}
+	}
+	pick := res.Samples[last]
+	gen, more := rt.emitPickLocked(r, pick, now)
+	if gen {
+		n.generated++
+	}
+	return pick.Token, more
 }
 
 // sampleSpecsLocked draws this step's sampling specs: one per logits row
