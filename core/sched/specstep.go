@@ -31,14 +31,17 @@ func drafting(batch []item) bool {
 	return false
 }
 
-// specStep runs one speculative step: the drafter proposes drafts for the
-// decode tokens of its sequences, the target runs the whole batch once
-// (each drafted sequence's span under a checkpoint of its cache slot),
-// acceptance keeps a prefix of the drafts and adds the target's own token,
-// each slot is cut back to what it committed, and the drafter observes the
-// committed tokens (prompt chunks included). Called without mu.
-func (rt *Scheduler) specStep(batch []item) {
-	// 1. drafts (the drafter may run a model: outside the lock)
+// A speculative step's plan, beside a plain one's: the drafter proposes
+// drafts for the decode tokens of its sequences (propose), and the target
+// runs the whole batch once, each drafted sequence's span under a
+// checkpoint of its cache slot (buildSpecLocked). Its collection accepts a
+// prefix of each span's drafts and adds the target's own token, cuts each
+// slot back to what it committed (collectSpanLocked), and the drafter
+// observes the committed tokens, prompt chunks included (observe).
+
+// propose asks the drafter for the step's drafts. Called without mu.
+func (rt *Scheduler) propose(s *step) {
+	batch := s.batch
 	var props []spec.Proposal
 	var who []int
 	for i, it := range batch {
@@ -47,82 +50,76 @@ func (rt *Scheduler) specStep(batch []item) {
 			who = append(who, i)
 		}
 	}
-	if len(props) > 0 {
-		if err := rt.draft.Propose(props); err != nil {
-			rt.dropDrafting(batch, who, err)
-		} else {
-			for j, i := range who {
-				p := props[j]
-				if len(p.Drafts) > batch[i].maxDrafts {
-					p.Drafts = p.Drafts[:batch[i].maxDrafts]
-				}
-				batch[i].drafts, batch[i].q = p.Drafts, p.Q
-				batch[i].tokens = append([]int32{batch[i].r.next}, p.Drafts...)
-			}
-		}
+	if len(props) == 0 {
+		return
 	}
+	if err := rt.draft.Propose(props); err != nil {
+		rt.dropDrafting(batch, who, err)
+		return
+	}
+	for j, i := range who {
+		p := props[j]
+		if len(p.Drafts) > batch[i].maxDrafts {
+			p.Drafts = p.Drafts[:batch[i].maxDrafts]
+		}
+		batch[i].drafts, batch[i].q = p.Drafts, p.Q
+		batch[i].tokens = append([]int32{batch[i].r.next}, p.Drafts...)
+	}
+}
 
-	// 2. the batch: a verify span's every row gets logits, a scored
-	// prompt's every row when it asks all positions, the others their last
-	rt.mu.Lock()
-	key := SpecProgram(rt.draft)
-	b := &backend.Batch{SamplesOnly: true}
-	ntok, rows := 0, 0
-	var err error
-	for i := range batch {
-		it := &batch[i]
+// buildSpecLocked builds a speculative step's batch: a verify span's every
+// row gets logits, a scored prompt's every row when it asks all positions,
+// the others their last. A checkpoint that fails fails the step.
+func (rt *Scheduler) buildSpecLocked(s *step) {
+	s.key = SpecProgram(rt.draft)
+	s.b = &backend.Batch{SamplesOnly: true}
+	rows := 0
+	for i := range s.batch {
+		it := &s.batch[i]
 		r := it.r
 		it.nrows = 1
 		switch {
 		case len(it.drafts) > 0:
 			it.nrows = len(it.tokens)
-			if err == nil {
-				err = rt.m.Store().Checkpoint(r.slot)
+			if s.err == nil {
+				s.err = rt.m.Store().Checkpoint(r.slot)
 			}
 			if r.Sampling.Temperature > 0 {
-				b.SamplesOnly = false // the acceptance rule reads the target's probabilities
+				s.b.SamplesOnly = false // the acceptance rule reads the target's probabilities
 			}
 		case r.Score:
-			b.SamplesOnly = false
+			s.b.SamplesOnly = false
 			if r.AllPositions {
 				it.nrows = len(it.tokens)
 			}
 		}
-		it.row0, it.tok0 = rows, ntok
+		it.row0, it.tok0 = rows, s.ntok
 		rows += it.nrows
-		ntok += len(it.tokens)
-		b.Seqs = append(b.Seqs, backend.Seq{Slot: r.slot, Tokens: it.tokens, LogitRows: it.nrows})
-		b.Sample = appendSpecSamplesLocked(b.Sample, it)
+		s.ntok += len(it.tokens)
+		s.b.Seqs = append(s.b.Seqs, backend.Seq{Slot: r.slot, Tokens: it.tokens, LogitRows: it.nrows})
+		s.b.Sample = appendSpecSamplesLocked(s.b.Sample, it)
 	}
-	rt.mu.Unlock()
+}
 
-	// 3. the target's pass
-	t0 := time.Now()
-	var res *backend.Result
+// observe tells the drafter what a speculative step committed; a drafter
+// error turns speculation off for the observed requests. Called without mu.
+func (rt *Scheduler) observe(s *step) {
+	if len(s.obs) == 0 {
+		return
+	}
+	err := rt.draft.Observe(s.obs)
 	if err == nil {
-		res, err = rt.run(key, b)
+		return
 	}
-	rt.met.Step(len(batch), ntok, time.Since(t0))
-
-	// 4. acceptance, tokens, cut-backs
-	rt.mu.Lock()
-	obs := rt.collectSpecLocked(batch, res, err)
-	rt.mu.Unlock()
-
-	// 5. the drafter learns what was committed
-	if len(obs) > 0 {
-		if err := rt.draft.Observe(obs); err != nil {
-			var idx []int
-			for i, it := range batch {
-				for _, o := range obs {
-					if o.Seq == it.r.ID {
-						idx = append(idx, i)
-					}
-				}
+	var idx []int
+	for i, it := range s.batch {
+		for _, o := range s.obs {
+			if o.Seq == it.r.ID {
+				idx = append(idx, i)
 			}
-			rt.dropDrafting(batch, idx, err)
 		}
 	}
+	rt.dropDrafting(s.batch, idx, err)
 }
 
 // dropDrafting turns speculation off for the given items' requests after a
@@ -161,102 +158,58 @@ func appendSpecSamplesLocked(specs []backend.SampleSpec, it *item) []backend.Sam
 	return appendSpecsLocked(specs, it.r, len(it.tokens), it.nrows)
 }
 
-// collectSpecLocked turns a speculative step's results into tokens,
-// finals and cut-backs, and returns what the drafter must observe.
-func (rt *Scheduler) collectSpecLocked(batch []item, res *backend.Result, err error) []spec.Observation {
-	now := time.Now()
-	var promptToks, genToks int
-	var obs []spec.Observation
-	D := rt.m.Config().HiddenSize
-	var hidden []float32
-	if res != nil {
-		hidden = res.Hidden[ir.OutputFinalHidden]
+// collectSpecItemLocked applies one item of a speculative step: a verify
+// span's acceptance (collectSpanLocked), else a prompt chunk or decode
+// token as in a plain step; a drafted request that goes on keeps what it
+// committed for the drafter (s.obs).
+func (rt *Scheduler) collectSpecItemLocked(s *step, it item, now time.Time, n *tally) {
+	r := it.r
+	o := spec.Observation{Seq: r.ID, Pos0: r.cached, Tokens: it.tokens}
+	if hidden := s.res.Hidden[ir.OutputFinalHidden]; hidden != nil {
+		D := rt.m.Config().HiddenSize
+		o.Hidden = hidden[it.tok0*D : (it.tok0+len(it.tokens))*D]
 	}
-	for _, it := range batch {
-		r := it.r
-		if r.killed {
-			continue // finalized meanwhile; reaped below (Free closes a checkpoint)
-		}
-		if err != nil {
-			rt.completeLocked(r, FinishError, err.Error())
-			continue
-		}
-		pos0 := r.cached
-		o := spec.Observation{Seq: r.ID, Pos0: pos0}
-		if hidden != nil {
-			o.Hidden = hidden[it.tok0*D : (it.tok0+len(it.tokens))*D]
-		}
-		lastRow := it.row0 + it.nrows - 1
-		switch {
-		case r.prefilling():
-			r.cached += len(it.tokens)
-			r.fed += len(it.tokens)
-			promptToks += len(it.tokens)
-			if r.Score {
-				rt.scoreChunkLocked(r, res, it.row0, lastRow, len(it.tokens))
-				continue
-			}
-			o.Tokens = it.tokens
-			if r.prefilling() {
-				o.Next = r.Prompt[r.fed]
-				break
-			}
-			pick := res.Samples[lastRow]
-			gen, more := rt.emitPickLocked(r, pick, now)
-			if gen {
-				genToks++
-			}
-			if !more {
-				continue
-			}
-			o.Next = pick.Token
-		case len(it.drafts) == 0: // a decode token
-			r.cached++
-			pick := res.Samples[lastRow]
-			gen, more := rt.emitPickLocked(r, pick, now)
-			if gen {
-				genToks++
-			}
-			if !more {
-				continue
-			}
-			o.Tokens, o.Next = it.tokens, pick.Token
-		default: // a verify span
-			toks, accepted, ferr := rt.acceptLocked(it, res)
-			if ferr != nil {
-				rt.completeLocked(r, FinishError, ferr.Error())
-				continue
-			}
-			r.stats = r.stats.Add(spec.Stats{Steps: 1, Drafted: len(it.drafts), Accepted: accepted})
-			rt.met.Verified(len(it.drafts), accepted)
-			going := true
-			for _, t := range toks {
-				genToks++
-				if going = rt.emitLocked(r, t, now); !going {
-					break // a stop id or a limit inside the accepted run: plain decoding stops there too
-				}
-			}
-			if !going {
-				continue
-			}
-			r.cached += accepted + 1
-			if terr := rt.m.Store().Truncate(r.slot, r.cached); terr != nil {
-				rt.completeLocked(r, FinishError, terr.Error())
-				continue
-			}
-			o.Tokens, o.Next = it.tokens[:accepted+1], toks[len(toks)-1].ID
-			o.Drafted, o.Accepted, o.Verify = len(it.drafts), accepted, true
-			if o.Hidden != nil {
-				o.Hidden = o.Hidden[:(accepted+1)*D]
-			}
-		}
-		if r.drafting {
-			obs = append(obs, o)
+	more := false
+	if len(it.drafts) > 0 {
+		more = rt.collectSpanLocked(it, s.res, &o, now, n)
+	} else {
+		o.Next, more = rt.collectItemLocked(it, s.res, now, n)
+	}
+	if more && r.drafting {
+		s.obs = append(s.obs, o)
+	}
+}
+
+// collectSpanLocked applies a verify span: the accepted drafts and the
+// target's token are delivered (up to a stop id or a limit, where plain
+// decoding stops too), the slot is cut back to them and o records the
+// commit. It reports whether r goes on.
+func (rt *Scheduler) collectSpanLocked(it item, res *backend.Result, o *spec.Observation, now time.Time, n *tally) bool {
+	r := it.r
+	toks, accepted, err := rt.acceptLocked(it, res)
+	if err != nil {
+		rt.completeLocked(r, FinishError, err.Error())
+		return false
+	}
+	r.stats = r.stats.Add(spec.Stats{Steps: 1, Drafted: len(it.drafts), Accepted: accepted})
+	rt.met.Verified(len(it.drafts), accepted)
+	for _, t := range toks {
+		n.generated++
+		if !rt.emitLocked(r, t, now) {
+			return false // a stop id or a limit inside the accepted run
 		}
 	}
-	rt.met.Tokens(promptToks, genToks)
-	rt.reapLocked()
-	return obs
+	r.cached += accepted + 1
+	if err := rt.m.Store().Truncate(r.slot, r.cached); err != nil {
+		rt.completeLocked(r, FinishError, err.Error())
+		return false
+	}
+	o.Tokens, o.Next = it.tokens[:accepted+1], toks[len(toks)-1].ID
+	o.Drafted, o.Accepted, o.Verify = len(it.drafts), accepted, true
+	if o.Hidden != nil {
+		o.Hidden = o.Hidden[:(accepted+1)*rt.m.Config().HiddenSize]
+	}
+	return true
 }
 
 // acceptLocked decides one verify span: the tokens it emits (the accepted
