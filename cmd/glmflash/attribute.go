@@ -106,7 +106,7 @@ func newAttributeCmd() *cobra.Command {
 			switch st.Level {
 			case attrib.LevelEngine:
 				er := attrib.NewEngineRunner(st, ck.Config(), ck, ck, pf)
-				er.Device, er.Base, er.Backend = dev, base, backendOptions(base)
+				er.Base = base
 				runner = er
 			case attrib.LevelServing:
 				sr, err := newServingRunner(st, ck.Dir(), dev, mf.files)

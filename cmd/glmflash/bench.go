@@ -171,8 +171,7 @@ func newBenchCmd() *cobra.Command {
 			if specSteps > 0 {
 				rollback = specSteps + 1
 			}
-			var bo backend.Options
-			e, err := newEngineWith(ck, &mf, maxB+1, rollback, func(o *backend.Options) { o.ProfileOps = profileOps; bo = *o })
+			e, err := newEngineFrom(ec, ck, engine.Setup{Slots: maxB + 1, Rollback: rollback, ProfileOps: profileOps})
 			if err != nil {
 				return err
 			}
@@ -274,7 +273,7 @@ func newBenchCmd() *cobra.Command {
 			// decode at each batch size, after a --decode-context-token
 			// prefill per sequence (not timed); the roofline at the steps'
 			// mean context
-			held := roofline.Held(e.Backend().Info().Memory["weights_fp8"] > 0, bo.FP32Weights)
+			held := roofline.Held(e.Backend().Info().Memory["weights_fp8"] > 0, false) // no configuration keeps fp32 GEMM weights
 			decodeContext := decodeCtx + (decodeSteps+1)/2
 			decodeIdx := map[int]int{} // result index → batch
 			for _, B := range batches {

@@ -8,7 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/glmflash/glmflash/core/attrib"
-	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/model"
@@ -170,7 +170,13 @@ func evalVersus(cmd *cobra.Command, mf *modelFlags, versus string, promptLen, pr
 	if promptLen+steps+1 > cfg.MaxPositionEmbeddings {
 		return fmt.Errorf("--prompt-len + --steps (%d) must fit max_position_embeddings (%d)", promptLen+steps, cfg.MaxPositionEmbeddings)
 	}
-	refEng, err := newEngineWith(ck, mf, 2, 0, func(o *backend.Options) { o.Precision = versus })
+	ec, err := mf.config()
+	if err != nil {
+		return err
+	}
+	rc := *ec // the reference: the same configuration in precision versus
+	rc.Precision = versus
+	refEng, err := newEngineFrom(&rc, ck, engine.Setup{Slots: 2})
 	if err != nil {
 		return err
 	}

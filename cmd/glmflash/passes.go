@@ -21,14 +21,14 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// pipelineFor builds the pass pipeline and eligibility environment for a
-// checkpoint and configuration.
-func pipelineFor(ec *config.Config, ck *model.Checkpoint) (*pass.Pipeline, *pass.Env, error) {
+// pipelineFor builds the pass pipeline of a configuration (built-in and
+// plugin passes).
+func pipelineFor(ec *config.Config) (*pass.Pipeline, error) {
 	pl, err := pipelineWithPlugins(ec) // built-in and plugin passes (plugins_hook.go)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", ec.Source, err)
+		return nil, fmt.Errorf("%s: %w", ec.Source, err)
 	}
-	return pl, ec.PassEnv(ck.Config(), ck), nil
+	return pl, nil
 }
 
 func newPassesCmd() *cobra.Command {
@@ -126,11 +126,11 @@ func newPassesCmd() *cobra.Command {
 				return err
 			}
 			defer ck.Close()
-			pl, env, err := pipelineFor(ec, ck)
+			pl, err := pipelineFor(ec)
 			if err != nil {
 				return err
 			}
-			env.Device = dev
+			env := engine.FromConfig(ec, engine.Setup{Model: ck.Config(), Weights: ck, Pipeline: pl}).PassEnv // what an engine's passes see (its device too)
 			if dump != "" {
 				pl.Instrument(pass.Dumps(func(p, when, text string) {
 					if dump == "both" || dump == when {
@@ -228,7 +228,7 @@ func newPassesBenchCmd() *cobra.Command {
 					passes = append(passes, config.PassConfig{Name: n})
 				}
 			}
-			pb := &attrib.PassBench{Model: ck.Config(), Weights: ck, Info: ck, Device: ec.Device, Backend: backendOptions(ec), Base: ec,
+			pb := &attrib.PassBench{Model: ck.Config(), Weights: ck, Info: ck, Base: ec,
 				Pipeline: func(e *config.Config) (*pass.Pipeline, error) { return pipelineWithPlugins(e) },
 				Passes:   passes, Against: against, Prompt: prompt, Steps: steps, Rounds: rounds, Warmup: warmup, Batches: batches,
 				Progress: func(s string) { log.Info().Str("at", s).Msg("passes bench") }}
@@ -288,28 +288,20 @@ func describePass(w io.Writer, d pass.Description, source string) {
 // newEngine makes an engine over ck with the passes, device and precision
 // of the command's configuration.
 func newEngine(ck *model.Checkpoint, mf *modelFlags, slots int) (*engine.Engine, error) {
-	return newEngineWith(ck, mf, slots, 0, nil)
-}
-
-// newEngineWith is newEngine with stores that roll back rollback positions
-// (speculative decoding) and a last say on the backend options.
-func newEngineWith(ck *model.Checkpoint, mf *modelFlags, slots, rollback int, adjust func(*backend.Options)) (*engine.Engine, error) {
 	ec, err := mf.config()
 	if err != nil {
 		return nil, err
 	}
-	pl, env, err := pipelineFor(ec, ck)
+	return newEngineFrom(ec, ck, engine.Setup{Slots: slots})
+}
+
+// newEngineFrom makes an engine over ck as configuration ec and s say
+// (engine.FromConfig), with ec's pass pipeline (plugins included).
+func newEngineFrom(ec *config.Config, ck *model.Checkpoint, s engine.Setup) (*engine.Engine, error) {
+	pl, err := pipelineFor(ec)
 	if err != nil {
 		return nil, err
 	}
-	bo := backendOptions(ec)
-	if adjust != nil {
-		adjust(&bo)
-	}
-	return engine.New(ck.Config(), ck, engine.Options{Slots: slots, Rollback: rollback, Passes: pl, PassEnv: env, Device: ec.Device, Backend: bo})
-}
-
-// backendOptions are the backend settings of a configuration.
-func backendOptions(ec *config.Config) backend.Options {
-	return backend.Options{GraphMaxTokens: ec.CUDA.GraphMaxTokens, Precision: ec.Precision}
+	s.Model, s.Weights, s.Pipeline = ck.Config(), ck, pl
+	return engine.New(ck.Config(), ck, engine.FromConfig(ec, s))
 }

@@ -59,7 +59,6 @@ to gRPC and HTTP alike.`,
 			if ctx.Err() != nil {
 				return nil // stopped while plugins started
 			}
-			var env *pass.Env
 			srv, err := serve.New(cfg, serve.Options{
 				Log: log,
 				Load: func(context.Context) (*serve.LoadedModel, error) {
@@ -67,17 +66,14 @@ to gRPC and HTTP alike.`,
 					if err != nil {
 						return nil, err
 					}
-					env = cfg.PassEnv(ck.Config(), ck)
 					tm, err := mf.textModel(ck.Config().VocabSize)
 					if err != nil {
 						ck.Close()
 						return nil, err
 					}
-					return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Source: source(cfg.Model), Close: ck.Close, Text: tm}, nil
+					return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Info: ck, Source: source(cfg.Model), Close: ck.Close, Text: tm}, nil
 				},
-				Engine: func(o *engine.Options) {
-					o.Passes, o.PassEnv, o.Device, o.Backend = pipeline, env, cfg.Device, backendOptions(cfg)
-				},
+				Passes: pipeline,
 				PassReport: func(e *engine.Engine) any {
 					out := map[string]*pass.Report{}
 					for k, r := range e.Reports() {

@@ -31,11 +31,10 @@ type PassBench struct {
 	Model   *model.Config
 	Weights plan.Weights
 	Info    pass.WeightInfo
-	// Device and Backend choose the backend; Base is the configuration
-	// (its passes are "all"); Pipeline builds a pass list's pipeline (nil:
+	// Base is the configuration (nil: the built-in one): its device,
+	// precision and CUDA section choose the backend (engine.FromConfig),
+	// its passes are "all"; Pipeline builds a pass list's pipeline (nil:
 	// the built-in passes only).
-	Device   string
-	Backend  backend.Options
 	Base     *config.Config
 	Pipeline PipelineFunc
 	// Passes are measured one by one (nil: Base's enabled passes).
@@ -136,8 +135,8 @@ func (pb *PassBench) Run(ctx context.Context) ([]PassBenchResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		e, err := engine.New(pb.Model, weights, engine.Options{Slots: slots, Passes: pl, PassEnv: ec.PassEnv(pb.Model, pb.Info), Device: pb.Device, Backend: pb.Backend,
-			MaxPositions: max(pb.Prompt, 32+pb.Steps)}) // a device store holds every slot at full length
+		e, err := engine.New(pb.Model, weights, engine.FromConfig(&ec, engine.Setup{Model: pb.Model, Weights: pb.Info, Pipeline: pl, Slots: slots,
+			MaxPositions: max(pb.Prompt, 32+pb.Steps)})) // a device store holds every slot at full length
 		if err != nil {
 			return nil, err
 		}

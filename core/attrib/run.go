@@ -193,19 +193,17 @@ func builtinPipeline(e *config.Config) (*pass.Pipeline, error) { return e.Pipeli
 // EngineRunner runs arms in process: one engine (sharing the weights) and
 // one continuous-batching runtime per arm.
 type EngineRunner struct {
-	// Device is the backend every arm's engine runs on ("" = cpu).
-	Device   string
 	Model    *model.Config
 	Weights  plan.Weights
 	Info_    pass.WeightInfo
 	Study    *Study
 	Pipeline PipelineFunc
 	// Base is the configuration every arm starts from (nil: the built-in
-	// one): the arm replaces its passes.
+	// one): the arm replaces its passes, the study sets its device,
+	// precision and CUDA section (Study.EngineConfig); an arm's engine is
+	// what that configuration says (engine.FromConfig).
 	Base *config.Config
-	// Backend configures every arm's backend (precision, CUDA graphs).
-	Backend backend.Options
-	arms    map[string]*engineArm
+	arms map[string]*engineArm
 }
 
 type engineArm struct {
@@ -242,8 +240,8 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 	conc, reqs := maxConcurrency(r.Study)
 	// a device store is allocated for every slot at its full length: size
 	// it for the study's longest request, not the model's context
-	eng, err := engine.New(r.Model, r.Weights, engine.Options{Slots: conc, Passes: pl, PassEnv: ec.PassEnv(r.Model, r.Info_), Device: r.Device, Backend: r.Backend,
-		MaxPositions: r.Study.MaxPositions(r.Model.MaxPositionEmbeddings)})
+	eng, err := engine.New(r.Model, r.Weights, engine.FromConfig(ec, engine.Setup{Model: r.Model, Weights: r.Info_, Pipeline: pl, Slots: conc,
+		MaxPositions: r.Study.MaxPositions(r.Model.MaxPositionEmbeddings)}))
 	if err != nil {
 		return err
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/openai"
+	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/spec"
@@ -66,9 +67,12 @@ const RequestIDHeader = "x-request-id"
 type LoadedModel struct {
 	Config  *model.Config
 	Weights plan.Weights
-	Source  string       // shown in GetModelInfo: a directory or a preset
-	Text    *text.Model  // tokenizer and chat template (nil: token ids only)
-	Close   func() error // releases the weights (may be nil)
+	// Info is what pass eligibility reads of the weights (their dtypes;
+	// nil: unknown, taken as BF16).
+	Info   pass.WeightInfo
+	Source string       // shown in GetModelInfo: a directory or a preset
+	Text   *text.Model  // tokenizer and chat template (nil: token ids only)
+	Close  func() error // releases the weights (may be nil)
 }
 
 // Options are a server's collaborators.
@@ -77,9 +81,13 @@ type Options struct {
 	// Load opens the model. Serve calls it after the listeners are up,
 	// while health reports NOT_SERVING.
 	Load func(ctx context.Context) (*LoadedModel, error)
-	// Engine adjusts the engine's options before it is made (the pass
-	// pipeline and the device plug in here); Slots and MaxPositions come from the
-	// config. nil: the graphs as built.
+	// Passes rewrite every program's graph (nil: the graphs as built); the
+	// engine's options are the configuration's (engine.FromConfig: device,
+	// precision, CUDA section, pass eligibility; slots, rollback and
+	// context limit from the runtime and speculative sections).
+	Passes *pass.Pipeline
+	// Engine adjusts the engine's options before it is made (tests); nil:
+	// as the configuration says.
 	Engine func(*engine.Options)
 	// PassReport returns the pass pipeline's report (anything that
 	// marshals to JSON) for GetModelInfo; nil (or a nil result) until
@@ -436,10 +444,11 @@ func (s *Server) load(ctx context.Context) error {
 	if sp.On() && !cfg.HasMTP() {
 		return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.method", Err: fmt.Errorf("mtp needs the checkpoint's MTP layer, and its config declares none (num_nextn_predict_layers is %d)", cfg.NumNextNPredictLayers)})))
 	}
-	eo := engine.Options{Slots: rc.Slots, MaxPositions: eff.ContextLimit}
+	es := engine.Setup{Model: cfg, Weights: lm.Info, Pipeline: s.opts.Passes, Slots: rc.Slots, MaxPositions: eff.ContextLimit}
 	if sp.On() {
-		eo.Rollback = sp.Steps() + 1 // the longest verify span
+		es.Rollback = sp.Steps() + 1 // the longest verify span
 	}
+	eo := engine.FromConfig(s.cfg, es)
 	if s.opts.Engine != nil {
 		s.opts.Engine(&eo)
 	}

@@ -840,7 +840,9 @@ func TestCUDAPrefillAutotune(t *testing.T) {
 func TestCUDAPassBench(t *testing.T) {
 	cudaOptions(t, engine.Options{})
 	ck, _ := openFixture(t, fixtures[0])
-	pb := &attrib.PassBench{Model: ck.Config(), Weights: ck, Info: ck, Device: "cuda",
+	onCUDA := config.Default() // the built-in configuration on the device
+	onCUDA.Device = "cuda"
+	pb := &attrib.PassBench{Model: ck.Config(), Weights: ck, Info: ck, Base: onCUDA,
 		Passes: []config.PassConfig{{Name: "host-length-reuse"}, {Name: "dsa-pooled-metadata"}, {Name: "kda-projection-fusion"}},
 		Prompt: 4, Steps: 1, Rounds: 2, Batches: []int{2}}
 	res, err := pb.Run(context.Background())
@@ -864,7 +866,7 @@ func TestCUDAPassBench(t *testing.T) {
 		}
 	}
 	pb.Against, pb.Passes, pb.Rounds, pb.Warmup = "all", []config.PassConfig{{Name: "host-length-reuse"}}, 1, 1
-	base := *config.Default()
+	base := *onCUDA
 	base.Passes = []config.PassConfig{{Name: "host-length-reuse"}, {Name: "dsa-pooled-metadata"}, {Name: "kda-projection-fusion"}, {Name: "mhc-post-pre-fusion"}}
 	pb.Base = &base
 	res, err = pb.Run(context.Background())
@@ -889,8 +891,8 @@ func TestCUDAStudy(t *testing.T) {
 	st.Workloads[0].InputLen, st.Workloads[0].OutputLen, st.Workloads[0].Requests = 4, 2, 2
 	st.Workloads[0].Concurrency, st.Workloads[0].RequestsPerLevel = []int{2}, nil
 	st.Adaptive, st.Repetitions = nil, 2
-	runner := attrib.NewEngineRunner(st, ck.Config(), ck, ck, nil)
-	runner.Device = "cuda"
+	runner := attrib.NewEngineRunner(st, ck.Config(), ck, ck, nil) // on the study's device: cuda
+	require.Equal(t, "cuda", st.Device)
 	defer runner.Close()
 	res, err := attrib.Run(context.Background(), st, attrib.Options{Runner: runner, Vocab: ck.Config().VocabSize, Provenance: attrib.Provenance{Commit: "test"}})
 	require.NoError(t, err)

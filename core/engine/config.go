@@ -1,0 +1,44 @@
+package engine
+
+import (
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/model"
+)
+
+// Setup is what FromConfig takes beside the configuration: the model and
+// the dtypes of its weights (what pass eligibility reads), the pass
+// pipeline (built by the caller from the same configuration: plugin passes
+// run in processes started above the engine; nil: the graphs as built),
+// the sizes a command chooses, and what a command's own flags add to the
+// backend.
+type Setup struct {
+	Model    *model.Config
+	Weights  pass.WeightInfo
+	Pipeline *pass.Pipeline
+	// Slots, Rollback and MaxPositions are Options' (0: their defaults).
+	Slots, Rollback, MaxPositions int
+	// ProfileOps times every op on the device (bench --profile-ops).
+	ProfileOps bool
+}
+
+// FromConfig is the options of an engine as configuration c and s say:
+// c's device; the backend's options (c's precision and CUDA section, s's
+// flags); s's pass pipeline with c's eligibility environment (topology,
+// LoRA targets, hidden-state captures) for s's model and weights; s's
+// sizes. Every command that builds an engine from configuration builds its
+// options here.
+func FromConfig(c *config.Config, s Setup) Options {
+	o := Options{
+		Slots: s.Slots, Rollback: s.Rollback, MaxPositions: s.MaxPositions,
+		Device:  c.Device,
+		Backend: backend.Options{Precision: c.Precision, GraphMaxTokens: c.CUDA.GraphMaxTokens, ProfileOps: s.ProfileOps},
+	}
+	if s.Pipeline != nil {
+		o.Passes = s.Pipeline
+		o.PassEnv = c.PassEnv(s.Model, s.Weights)
+		o.PassEnv.Device = c.Device // the engine sets its backend's name per program
+	}
+	return o
+}
