@@ -28,7 +28,7 @@ var layers = []struct {
 	{"core/eval", 11}, {"core/spec", 11},
 	{"core/sched", 12}, {"core/pass/passtest", 13}, {"core/spec/spectest", 13},
 	{"core/text", 13}, {"core/attrib", 13},
-	{"core/openai", 14},
+	{"core/openai", 14}, {"core/bench", 14},
 	{"core/serve", 15},
 	{"cmd/", 16}, {"tools/", 16},
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/bench"
 	"github.com/stretchr/testify/require"
 )
 
@@ -44,10 +45,10 @@ func TestBenchSpeculative(t *testing.T) {
 	b, err := os.ReadFile(d + "/b.json")
 	require.NoError(t, err)
 	var res struct {
-		Results []benchResult `json:"results"`
+		Results []bench.Series `json:"results"`
 	}
 	require.NoError(t, json.Unmarshal(b, &res))
-	got := map[string]benchResult{}
+	got := map[string]bench.Series{}
 	for _, r := range res.Results {
 		got[r.Name] = r
 	}

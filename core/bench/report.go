@@ -1,12 +1,10 @@
-package main
+package bench
 
 import (
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
-	"runtime/pprof"
 	"sync"
 
 	"github.com/glmflash/glmflash/core/ir"
@@ -17,20 +15,21 @@ import (
 	"github.com/glmflash/glmflash/model/safetensors"
 )
 
-// Defaults of bench's --bandwidth-gbs and --peak-tflops.
+// Defaults of Spec.Bandwidth and Spec.PeakTFLOPs (bench's --bandwidth-gbs
+// and --peak-tflops).
 const (
-	// defaultCUDABandwidthGBs: the H200's HBM roofline the issue and
+	// DefaultCUDABandwidthGBs: the H200's HBM roofline the issue and
 	// shared/docs/gpu.md state: a large device-to-device copy moved about
 	// 4.3 TB/s (read + written). (A small copy measured by kbench, the
 	// 65.5 MB lm_head in 33.84 µs, moves 3.9 TB/s: pass
 	// --bandwidth-gbs to use another figure.)
-	defaultCUDABandwidthGBs = 4300
-	// defaultCPUBandwidthGBs: the development machine's measured read
+	DefaultCUDABandwidthGBs = 4300
+	// DefaultCPUBandwidthGBs: the development machine's measured read
 	// bandwidth (2 threads), as the project's brief states it; used on cpu
 	// only when the limits (--limits or the quick probe) have none.
-	defaultCPUBandwidthGBs = 49
-	// defaultPeakTFLOPs: the H200's dense BF16 tensor-core peak.
-	defaultPeakTFLOPs = 790
+	DefaultCPUBandwidthGBs = 49
+	// DefaultPeakTFLOPs: the H200's dense BF16 tensor-core peak.
+	DefaultPeakTFLOPs = 790
 	// gemmReportReps are the timed runs per candidate of the GEMM report.
 	gemmReportReps = 3
 	// gemmReportTolerance is prefill-autotune's default: candidates whose
@@ -42,7 +41,7 @@ const (
 // B sequences at context tokens reads, its time at bw GB/s, and the
 // measured time per step (device time when the backend reports it, else
 // wall-clock from the median tokens/s) over it.
-func rooflineFor(r *benchResult, cfg *model.Config, held roofline.Holding, B, context int, bw float64) error {
+func rooflineFor(r *Series, cfg *model.Config, held roofline.Holding, B, context int, bw float64) error {
 	s, err := roofline.Decode(cfg, held, B, context)
 	if err != nil {
 		return err
@@ -67,8 +66,8 @@ func rooflineFor(r *benchResult, cfg *model.Config, held roofline.Holding, B, co
 	return nil
 }
 
-// gemmRow is one weight shape of the GEMM report.
-type gemmRow struct {
+// GEMMShape is one weight shape of the GEMM report.
+type GEMMShape struct {
 	N           int     `json:"n"`
 	K           int     `json:"k"`
 	Kind        string  `json:"kind"`
@@ -85,11 +84,11 @@ type gemmRow struct {
 	flopsPerRun float64
 }
 
-// gemmReport is the prefill program's GEMMs measured by the backend.
-type gemmReport struct {
-	Rows       int       `json:"rows"`
-	PeakTFLOPs float64   `json:"peak_tflops"`
-	Shapes     []gemmRow `json:"shapes"`
+// GEMMReport is the prefill program's GEMMs measured by the backend.
+type GEMMReport struct {
+	Rows       int         `json:"rows"`
+	PeakTFLOPs float64     `json:"peak_tflops"`
+	Shapes     []GEMMShape `json:"shapes"`
 	// FLOP-weighted totals over the measured shapes: the graph's GEMM
 	// FLOPs (each shape × its count) over the time they take.
 	DefaultTF float64 `json:"default_tflops"`
@@ -102,13 +101,13 @@ type gemmReport struct {
 // linear_split and linear_batched nodes with their kinds (from the
 // weights' checkpoint dtypes) and how many GEMMs of each the plan runs (a
 // linear_batched node counts its groups).
-func prefillGEMMs(p *plan.Plan, t ir.GEMMTuner, dtype func(string) (safetensors.DType, bool)) []gemmRow {
+func prefillGEMMs(p *plan.Plan, t ir.GEMMTuner, dtype func(string) (safetensors.DType, bool)) []GEMMShape {
 	type key struct {
 		N, K int
 		kind string
 	}
 	idx := map[key]int{}
-	var rows []gemmRow
+	var rows []GEMMShape
 	for _, n := range p.Steps {
 		var N, K, count int
 		switch n.Op {
@@ -126,7 +125,7 @@ func prefillGEMMs(p *plan.Plan, t ir.GEMMTuner, dtype func(string) (safetensors.
 		if !ok {
 			i = len(rows)
 			idx[k] = i
-			rows = append(rows, gemmRow{N: N, K: K, Kind: k.kind})
+			rows = append(rows, GEMMShape{N: N, K: K, Kind: k.kind})
 		}
 		rows[i].Count += count
 	}
@@ -160,8 +159,8 @@ func weightDType(w *ir.Value, dtype func(string) (safetensors.DType, bool)) stri
 // measureGEMMs times every shape at rows rows with the backend's tuner: the
 // default kernel's and the best candidate's median times and TFLOP/s
 // (2·rows·N·K over the time). A shape the tuner refuses keeps its error.
-func measureGEMMs(t ir.GEMMTuner, shapes []gemmRow, rows int, peak float64) *gemmReport {
-	rep := &gemmReport{Rows: rows, PeakTFLOPs: peak, Shapes: shapes,
+func measureGEMMs(t ir.GEMMTuner, shapes []GEMMShape, rows int, peak float64) *GEMMReport {
+	rep := &GEMMReport{Rows: rows, PeakTFLOPs: peak, Shapes: shapes,
 		NotCovered: "the MoE grouped expert GEMM (moe_experts: gate/up and down over the routed tokens) is not measured: TuneGEMM covers linear, linear_split and linear_batched weights only"}
 	var flops, defNs, bestNs float64
 	for i := range rep.Shapes {
@@ -191,8 +190,8 @@ func measureGEMMs(t ir.GEMMTuner, shapes []gemmRow, rows int, peak float64) *gem
 	return rep
 }
 
-// print writes the report as a table.
-func (r *gemmReport) print(w io.Writer) {
+// write writes the report as a table.
+func (r *GEMMReport) write(w io.Writer) {
 	pct := func(tf float64) float64 { return 100 * tf / r.PeakTFLOPs }
 	fmt.Fprintf(w, "prefill GEMMs at %d rows (TuneGEMM: median of %d runs; %% of a %.0f TFLOP/s peak):\n", r.Rows, gemmReportReps, r.PeakTFLOPs)
 	fmt.Fprintf(w, "  %-13s %-11s %5s  %10s %9s %7s  %10s %9s %7s  %s\n", "shape N×K", "kind", "count", "default µs", "TFLOP/s", "% peak", "best µs", "TFLOP/s", "% peak", "best kernel")
@@ -249,9 +248,9 @@ func prefillFLOPs(p *plan.Plan, tokens, seqs int) float64 {
 	return flops
 }
 
-// benchLimits are the CPU limits bench compares its figures with and
+// Limits are the CPU limits bench compares its figures with and
 // where they came from.
-type benchLimits struct {
+type Limits struct {
 	Source string            `json:"source"`
 	Limits *cpulimits.Limits `json:"limits,omitempty"`
 	Error  string            `json:"error,omitempty"`
@@ -262,19 +261,19 @@ type benchLimits struct {
 var quickLimits = sync.OnceValues(func() (*cpulimits.Limits, error) { return cpulimits.Measure(cpulimits.Quick()) })
 
 // cpuLimits loads --limits or, without it, measures quickly.
-func cpuLimits(path string) benchLimits {
+func cpuLimits(path string) Limits {
 	if path != "" {
 		l, err := cpulimits.Load(path)
 		if err != nil {
-			return benchLimits{Source: "from " + path, Error: err.Error()}
+			return Limits{Source: "from " + path, Error: err.Error()}
 		}
 		if isa := cpulimits.ISA(); l.ISA != isa {
-			return benchLimits{Source: "from " + path, Error: fmt.Sprintf("%s was measured with isa %q, this CPU runs %q: its limits are not this machine's (measure them: go run ./tools/limits)", path, l.ISA, isa)}
+			return Limits{Source: "from " + path, Error: fmt.Sprintf("%s was measured with isa %q, this CPU runs %q: its limits are not this machine's (measure them: go run ./tools/limits)", path, l.ISA, isa)}
 		}
-		return benchLimits{Source: fmt.Sprintf("from %s (tools/limits, measured %s on %s, %d threads)", path, l.MeasuredAt, l.CPUModel, l.Threads), Limits: l}
+		return Limits{Source: fmt.Sprintf("from %s (tools/limits, measured %s on %s, %d threads)", path, l.MeasuredAt, l.CPUModel, l.Threads), Limits: l}
 	}
 	l, err := quickLimits()
-	b := benchLimits{Source: "measured now by bench's quick probe (internal/cpulimits.Quick, " +
+	b := Limits{Source: "measured now by bench's quick probe (internal/cpulimits.Quick, " +
 		"after the series; pass --limits FILE from go run ./tools/limits for a careful measurement)", Limits: l}
 	if err != nil {
 		b.Error = err.Error()
@@ -285,7 +284,7 @@ func cpuLimits(path string) benchLimits {
 // peakFor is the compute peak (GFLOP/s) a prefill in precision compares
 // with: vdpbf16ps's in bf16, the FP32 FMA's otherwise; its name, or why
 // there is none.
-func (b benchLimits) peakFor(precision string) (float64, string, string) {
+func (b Limits) peakFor(precision string) (float64, string, string) {
 	if b.Limits == nil {
 		return 0, "", "no limits: " + b.Error
 	}
@@ -303,7 +302,7 @@ func (b benchLimits) peakFor(precision string) (float64, string, string) {
 
 // prefillAgainstPeak fills a prefill series' compute fields: its GEMM
 // FLOPs per run over the median run's time, against peak GFLOP/s.
-func prefillAgainstPeak(r *benchResult, flops float64, tokens int, peak float64, name string) {
+func prefillAgainstPeak(r *Series, flops float64, tokens int, peak float64, name string) {
 	r.GEMMFLOPs = flops
 	r.AchievedGFLOPs = flops * r.TokensPerSec / float64(tokens) / 1e9
 	if peak > 0 {
@@ -311,10 +310,10 @@ func prefillAgainstPeak(r *benchResult, flops float64, tokens int, peak float64,
 	}
 }
 
-// memReport is bench's peak RSS against what must be resident: the
+// MemReport is bench's peak RSS against what must be resident: the
 // checkpoint's bytes (its .safetensors files) plus the caches' bytes (every
 // slot of the cache store), and their ratio (issue 15's target: ≤ 1.25).
-type memReport struct {
+type MemReport struct {
 	PeakRSSMiB      float64 `json:"peak_rss_mib"`
 	CheckpointBytes int64   `json:"checkpoint_bytes"`
 	CacheBytes      int64   `json:"cache_bytes"`
@@ -323,15 +322,15 @@ type memReport struct {
 	Ratio float64 `json:"rss_ratio"`
 }
 
-func newMemReport(peakMiB float64, checkpoint, caches int64) memReport {
-	m := memReport{PeakRSSMiB: peakMiB, CheckpointBytes: checkpoint, CacheBytes: caches}
+func NewMemReport(peakMiB float64, checkpoint, caches int64) MemReport {
+	m := MemReport{PeakRSSMiB: peakMiB, CheckpointBytes: checkpoint, CacheBytes: caches}
 	if base := checkpoint + caches; checkpoint > 0 && base > 0 {
 		m.Ratio = peakMiB * (1 << 20) / float64(base)
 	}
 	return m
 }
 
-func (m memReport) String() string {
+func (m MemReport) String() string {
 	s := fmt.Sprintf("peak RSS %.1f MiB", m.PeakRSSMiB)
 	if m.Ratio > 0 {
 		s += fmt.Sprintf(" = %.3f× (checkpoint %.1f MiB + caches %.1f MiB)", m.Ratio, float64(m.CheckpointBytes)/(1<<20), float64(m.CacheBytes)/(1<<20))
@@ -352,15 +351,4 @@ func checkpointBytes(dir string) int64 {
 		n += st.Size()
 	}
 	return n
-}
-
-// writeHeapProfile writes the heap profile (after a collection, so in-use
-// figures are current) to f and closes it.
-func writeHeapProfile(f *os.File) error {
-	runtime.GC()
-	if err := pprof.WriteHeapProfile(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }

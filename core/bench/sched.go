@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/spec"
-	"github.com/glmflash/glmflash/model"
 )
 
 // specMeter times a scheduler's decode phase from its own goroutine: it
@@ -107,12 +106,4 @@ func expectedLength(r float64, k int) float64 {
 		p *= r
 	}
 	return s
-}
-
-// mtpRunnable says why the MTP drafter cannot run on a checkpoint.
-func mtpRunnable(cfg *model.Config, ck *model.Checkpoint) error {
-	if !cfg.HasMTP() {
-		return fmt.Errorf("the checkpoint has no MTP layer (num_nextn_predict_layers is %d)", cfg.NumNextNPredictLayers)
-	}
-	return ck.ValidateMTP()
 }

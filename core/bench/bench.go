@@ -1,0 +1,578 @@
+// Package bench is glmflash's benchmark harness (`glmflash bench`): on an
+// engine, a prefill series, decode series at each batch size, MTP draft
+// steps, speculative decoding through the scheduler, the decode roofline,
+// the prefill's GEMM rate against the CPU's limits or the GEMM report of a
+// backend that measures its GEMMs, and peak memory; Run measures what a
+// Spec asks and returns a Result, which renders as text or JSON.
+package bench
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/glmflash/glmflash/core/attrib"
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/roofline"
+	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/safetensors"
+)
+
+// Spec is what a benchmark measures.
+type Spec struct {
+	// Prompt is the prefill series' prompt length.
+	Prompt int
+	// DecodeContext is the tokens prefilled (untimed) per sequence before
+	// a decode series' steps: the context they attend; DecodeSteps the
+	// steps of one measured run (decode, MTP draft and scheduler series).
+	DecodeContext, DecodeSteps int
+	// Batches are the decode batch sizes (each in [1, MaxBatch]).
+	Batches []int
+	// Reps are the measured runs of every series, after Warmup runs that
+	// are not counted.
+	Reps, Warmup int
+	// Speculative is the drafter measured through the scheduler when on
+	// (the configuration's speculative section: mtp:N); SpecAccept the
+	// acceptance rates of the test drafter measured too (its steps:
+	// Speculative's, else 5).
+	Speculative config.Speculative
+	SpecAccept  []float64
+	// GEMMReport times the prefill program's GEMM weight shapes with the
+	// backend's tuner (an ir.GEMMTuner) against PeakTFLOPs.
+	GEMMReport bool
+	PeakTFLOPs float64
+	// Bandwidth (GB/s) is the decode roofline's: the bytes a step reads ÷
+	// it; 0: on the cpu backend the limits' read bandwidth (else
+	// DefaultCPUBandwidthGBs), on cuda DefaultCUDABandwidthGBs, on another
+	// backend DefaultCPUBandwidthGBs. BandwidthFrom says where a nonzero
+	// one came from (the report prints it).
+	Bandwidth     float64
+	BandwidthFrom string
+	// LimitsPath is the CPU's limits file (tools/limits) that the cpu
+	// backend's figures compare with; "": measured by a quick probe after
+	// the series.
+	LimitsPath string
+	// ProfileOps reads the device time per op of the prefill and decode
+	// programs after the series (an engine made with
+	// engine.Setup.ProfileOps, on a backend.OpProfiler).
+	ProfileOps bool
+	// AfterSeries, when set, runs after the series and the peak RSS,
+	// before the CPU's limits are measured (a heap profile of the heap as
+	// the measured runs left it).
+	AfterSeries func() error
+	// Measured, when set, is told every run of every series.
+	Measured func(series string, run, of int, warmup bool, tokensPerSec float64)
+}
+
+// Bounds of a Spec (beyond them nothing useful is measured).
+const (
+	MaxRuns  = 1000 // Reps + Warmup
+	MaxBatch = 1024 // a decode batch
+)
+
+// SpecSteps are the draft steps of the speculative series (0: none).
+func (s Spec) SpecSteps() int {
+	n := s.Speculative.Steps()
+	if n == 0 && len(s.SpecAccept) > 0 {
+		n = 5 // the test drafter alone: 5-1-6
+	}
+	return n
+}
+
+// Slots are the cache slots the engine needs: the largest batch and one
+// more (the prefill series').
+func (s Spec) Slots() int {
+	m := 1
+	for _, b := range s.Batches {
+		m = max(m, b)
+	}
+	return m + 1
+}
+
+// Rollback is the positions the engine's stores must cut back (the longest
+// verify span; 0 without speculative series).
+func (s Spec) Rollback() int {
+	if n := s.SpecSteps(); n > 0 {
+		return n + 1
+	}
+	return 0
+}
+
+// Check says what is wrong with a Spec for a model of maxPositions
+// positions.
+func (s Spec) Check(maxPositions int) error {
+	switch {
+	case s.Prompt < 1 || s.DecodeContext < 1 || s.DecodeSteps < 1 || s.Reps < 1 || s.Warmup < 0:
+		return fmt.Errorf("bench: Prompt, DecodeContext, DecodeSteps and Reps must be ≥ 1, Warmup ≥ 0")
+	case s.Reps+s.Warmup > MaxRuns:
+		return fmt.Errorf("bench: Reps + Warmup must be at most %d, got %d", MaxRuns, s.Reps+s.Warmup)
+	case !(s.Bandwidth >= 0) || (s.GEMMReport && !(s.PeakTFLOPs > 0)):
+		return fmt.Errorf("bench: Bandwidth must be ≥ 0 and PeakTFLOPs > 0, got %v and %v", s.Bandwidth, s.PeakTFLOPs)
+	case s.Prompt > maxPositions || s.DecodeContext+s.DecodeSteps > maxPositions:
+		return fmt.Errorf("bench: Prompt (%d) and DecodeContext + DecodeSteps (%d) must fit the model's %d positions", s.Prompt, s.DecodeContext+s.DecodeSteps, maxPositions)
+	}
+	for _, b := range s.Batches {
+		if b < 1 || b > MaxBatch {
+			return fmt.Errorf("bench: batch sizes must be in [1, %d], got %d", MaxBatch, b)
+		}
+	}
+	for _, r := range s.SpecAccept {
+		if !(r >= 0 && r <= 1) {
+			return fmt.Errorf("bench: SpecAccept rates must be in [0, 1], got %v", r)
+		}
+	}
+	return nil
+}
+
+// Checkpoint is what Run reads of the checkpoint beyond the engine: its
+// directory (the peak RSS is compared with its .safetensors bytes) and its
+// weights' dtypes (the GEMM report's kinds). *model.Checkpoint is one.
+type Checkpoint interface {
+	Dir() string
+	DType(name string) (safetensors.DType, bool)
+}
+
+// Series is one measurement series.
+type Series struct {
+	Name         string    `json:"name"`
+	TokensPerSec float64   `json:"tokens_per_s"`
+	Runs         []float64 `json:"runs_tokens_per_s"`
+	// Per decode step (the backend's counters over the measured steps):
+	// kernel launches, host waits for the device, and the waits that were
+	// sequence-length read-backs (device backends).
+	LaunchesPerStep float64 `json:"launches_per_step,omitempty"`
+	ReplaysPerStep  float64 `json:"graph_replays_per_step,omitempty"`
+	SyncsPerStep    float64 `json:"host_syncs_per_step,omitempty"`
+	LengthSyncs     float64 `json:"length_syncs_per_step,omitempty"`
+	// Speculative decoding series (through the scheduler): tokens per
+	// verify span (accepted drafts + 1), the expected value at a fixed
+	// acceptance rate, tokens per trunk pass per sequence in the decode
+	// phase, the drafts' acceptance rate, and decode tok/s over the plain
+	// series of the same batch.
+	AcceptanceLength float64 `json:"acceptance_length,omitempty"`
+	ExpectedLength   float64 `json:"expected_acceptance_length,omitempty"`
+	TokensPerPass    float64 `json:"tokens_per_trunk_pass,omitempty"`
+	AcceptRate       float64 `json:"draft_acceptance_rate,omitempty"`
+	SpeedUp          float64 `json:"speedup_over_plain,omitempty"`
+	spec             bool
+	// KernelsPerStep counts the kernels a step ran (those inside a graph
+	// replay too); DeviceMsPerStep its device time from CUDA events.
+	KernelsPerStep  float64 `json:"kernels_per_step,omitempty"`
+	DeviceMsPerStep float64 `json:"device_ms_per_step,omitempty"`
+	// PrepMsPerStep is the host's planning before a step's first device
+	// work (not in DeviceMsPerStep); WallMsPerStep the step's wall time at
+	// the median run (B sequences ÷ tokens/s).
+	PrepMsPerStep float64 `json:"host_prep_ms_per_step,omitempty"`
+	WallMsPerStep float64 `json:"wall_ms_per_step,omitempty"`
+	// Decode series: the roofline (core/roofline) of a step at the series'
+	// mean context, its bytes by term and the expected distinct experts per
+	// MoE layer; its time at the bandwidth; the measured time per step
+	// (clock "device": DeviceMsPerStep, else "wall") and its ratio to it.
+	RooflineBytes   float64            `json:"roofline_bytes_per_step,omitempty"`
+	RooflineTerms   map[string]float64 `json:"roofline_bytes_by_term,omitempty"`
+	RooflineContext int                `json:"roofline_context,omitempty"`
+	RooflineExperts float64            `json:"roofline_experts_per_moe_layer,omitempty"`
+	RooflineMs      float64            `json:"roofline_ms_per_step,omitempty"`
+	MeasuredMs      float64            `json:"measured_ms_per_step,omitempty"`
+	MeasuredClock   string             `json:"measured_clock,omitempty"`
+	RooflineRatio   float64            `json:"roofline_ratio,omitempty"`
+	// RooflineFraction is RooflineMs over MeasuredMs: the fraction of the
+	// bandwidth roofline the step reaches (1: at the measured bandwidth).
+	RooflineFraction float64 `json:"roofline_fraction,omitempty"`
+	// Prefill series on the cpu backend: the run's GEMM FLOPs
+	// (prefillFLOPs), the rate at the median run, and the compute peak of
+	// the limits it is compared with (the fp32 FMA peak in fp32, the
+	// vdpbf16ps peak in bf16) with the fraction reached.
+	GEMMFLOPs      float64 `json:"gemm_flops_per_run,omitempty"`
+	AchievedGFLOPs float64 `json:"achieved_gflops,omitempty"`
+	PeakGFLOPs     float64 `json:"peak_gflops,omitempty"`
+	PeakName       string  `json:"peak,omitempty"`
+	PeakFraction   float64 `json:"peak_fraction,omitempty"`
+}
+
+// Speculative reports whether the series is a speculative decoding
+// series through the scheduler (its acceptance fields are meaningful).
+func (s *Series) Speculative() bool { return s.spec }
+
+// ProgramOps is the device time per op of one program over every run.
+type ProgramOps struct {
+	Program engine.Key
+	Ops     []backend.OpTime
+}
+
+// Result is what Run measured.
+type Result struct {
+	// Model is the checkpoint's directory, Config its model.
+	Model  string
+	Config *model.Config
+	// MTPErr says why the MTP draft steps were not measured (nil: they
+	// were); Speculative is the drafter of the speculative series.
+	MTPErr      error
+	Speculative config.Speculative
+	Series      []Series
+	// CPUs and GOMAXPROCS are the machine's; GoVersion the runtime's.
+	CPUs, GOMAXPROCS int
+	GoVersion        string
+	// Device is the backend's information after the series (its memory
+	// by category).
+	Device backend.Info
+	// WeightBytes is the engine's host weight cache.
+	WeightBytes int64
+	// Bandwidth is the decode roofline's (GB/s), BandwidthFrom where it
+	// came from.
+	Bandwidth     float64
+	BandwidthFrom string
+	// Limits are the CPU's (cpu backend only).
+	Limits *Limits
+	// GEMM is the GEMM report (Spec.GEMMReport).
+	GEMM *GEMMReport
+	// PeakRSSMiB is the process's peak RSS after the series; Memory it
+	// against the checkpoint and caches (the ratio on the cpu backend).
+	PeakRSSMiB float64
+	Memory     MemReport
+	// OpTimes are the prefill and decode programs' (Spec.ProfileOps).
+	OpTimes []ProgramOps
+}
+
+var (
+	prefillKey = engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}
+	decodeKey  = engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
+)
+
+// runner measures a Spec's series on one engine.
+type runner struct {
+	e     *engine.Engine
+	s     Spec
+	cfg   *model.Config
+	store backend.Store
+	res   *Result
+}
+
+// Run measures what s asks on engine e over checkpoint ck. The engine
+// must hold s.Slots() slots rolling back s.Rollback() positions.
+func Run(e *engine.Engine, ck Checkpoint, s Spec) (*Result, error) {
+	cfg := e.Config()
+	if err := s.Check(cfg.MaxPositionEmbeddings); err != nil {
+		return nil, err
+	}
+	r := &runner{e: e, s: s, cfg: cfg, store: e.Store(), res: &Result{Model: ck.Dir(), Config: cfg, Speculative: s.Speculative,
+		Bandwidth: s.Bandwidth, BandwidthFrom: s.BandwidthFrom}}
+	be := e.Backend()
+	onCPU := be.Name() == "cpu"
+	tuner, _ := be.(ir.GEMMTuner)
+	if s.GEMMReport && tuner == nil {
+		return nil, fmt.Errorf("bench: the %s backend does not measure its GEMMs (it is no ir.GEMMTuner)", be.Name())
+	}
+	res := r.res
+	if res.Bandwidth == 0 && !onCPU {
+		res.Bandwidth, res.BandwidthFrom = DefaultCUDABandwidthGBs, "the default"
+		if be.Name() != "cuda" {
+			res.Bandwidth = DefaultCPUBandwidthGBs
+		}
+	}
+	if err := r.prefill(); err != nil {
+		return nil, err
+	}
+	prefillIdx := len(res.Series) - 1
+	// the prefill program's GEMMs, measured by the backend's tuner
+	if s.GEMMReport {
+		prog, err := e.Program(prefillKey)
+		if err != nil {
+			return nil, err
+		}
+		res.GEMM = measureGEMMs(tuner, prefillGEMMs(prog.Plan(), tuner, ck.DType), s.Prompt, s.PeakTFLOPs)
+	}
+	// decode at each batch size, after a DecodeContext-token prefill per
+	// sequence (not timed); the roofline at the steps' mean context
+	held := roofline.Held(be.Info().Memory["weights_fp8"] > 0, false) // no engine from configuration keeps fp32 GEMM weights
+	decodeContext := s.DecodeContext + (s.DecodeSteps+1)/2
+	decodeIdx := map[int]int{} // result index → batch
+	for _, B := range s.Batches {
+		if err := r.decode(B); err != nil {
+			return nil, err
+		}
+		decodeIdx[len(res.Series)-1] = B
+	}
+	// MTP draft steps at each batch size, when the checkpoint has the MTP
+	// layer: a 32-token trunk prefill (FinalHidden) and the MTP prefill
+	// over it (not timed), then chained draft steps, each reading the
+	// previous step's greedy token and MTP hidden row.
+	res.MTPErr = e.MTPReady()
+	for _, B := range s.Batches {
+		if res.MTPErr != nil {
+			break
+		}
+		if err := r.series(fmt.Sprintf("mtp draft batch %d", B), func() (int, float64, *perStep, error) {
+			n, secs, err := benchMTP(e, B, s.DecodeSteps, r.alloc, r.free)
+			return n, secs, nil, err
+		}); err != nil {
+			return nil, err
+		}
+	}
+	// speculative decoding through the scheduler: plain decoding, the MTP
+	// drafter (Speculative) and the test drafter at fixed acceptance rates
+	// (SpecAccept), at each batch size; greedy outputs must equal plain
+	// decoding's
+	if s.SpecSteps() > 0 {
+		for _, B := range s.Batches {
+			if err := r.speculative(B); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	res.PeakRSSMiB = float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
+	// on the cpu backend, peak RSS against the checkpoint plus the host
+	// caches (a device backend's weights and caches are not in the RSS: no
+	// ratio)
+	var ckBytes, cacheBytes int64
+	if sb, ok := r.store.(interface{ Bytes() int64 }); ok && onCPU {
+		ckBytes, cacheBytes = checkpointBytes(ck.Dir()), sb.Bytes()
+	}
+	res.Memory = NewMemReport(res.PeakRSSMiB, ckBytes, cacheBytes)
+	if s.AfterSeries != nil {
+		if err := s.AfterSeries(); err != nil {
+			return nil, err
+		}
+	}
+	// the CPU's limits, read or measured after the peak RSS is taken (the
+	// probe's read buffer is not the model's memory)
+	res.Device = be.Info()
+	if onCPU {
+		lim := cpuLimits(s.LimitsPath)
+		res.Limits = &lim
+		if res.Bandwidth == 0 {
+			res.Bandwidth, res.BandwidthFrom = DefaultCPUBandwidthGBs, "the default (the limits have no read bandwidth)"
+			if lim.Limits != nil && lim.Limits.ReadBandwidth != nil {
+				res.Bandwidth, res.BandwidthFrom = lim.Limits.ReadBandwidth.Median, "the limits' read bandwidth"
+			}
+		}
+		prog, err := e.Program(prefillKey)
+		if err != nil {
+			return nil, err
+		}
+		pk, name, _ := lim.peakFor(res.Device.Precision)
+		prefillAgainstPeak(&res.Series[prefillIdx], prefillFLOPs(prog.Plan(), s.Prompt, 1), s.Prompt, pk, name)
+	}
+	for i, B := range decodeIdx {
+		if err := rooflineFor(&res.Series[i], cfg, held, B, decodeContext, res.Bandwidth); err != nil {
+			return nil, err
+		}
+	}
+	res.CPUs, res.GOMAXPROCS, res.GoVersion = runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version()
+	res.WeightBytes = e.WeightBytes()
+	if s.ProfileOps {
+		for _, key := range []engine.Key{prefillKey, decodeKey} {
+			prog, err := e.Program(key)
+			if err != nil {
+				return nil, err
+			}
+			op, ok := prog.(backend.OpProfiler)
+			if !ok {
+				return nil, fmt.Errorf("--profile-ops: the %s backend does not time its ops", res.Device.Backend)
+			}
+			res.OpTimes = append(res.OpTimes, ProgramOps{Program: key, Ops: op.OpTimes()})
+		}
+	}
+	return res, nil
+}
+
+// series runs warm-up + measured repetitions of one workload and adds its
+// Series; run returns the tokens processed, the seconds its timed part
+// took and, for a decode run, its counters per step.
+func (r *runner) series(name string, run func() (int, float64, *perStep, error)) error {
+	var tps []float64
+	var counters *perStep
+	of := r.s.Warmup + r.s.Reps
+	for i := 0; i < of; i++ {
+		n, secs, c, err := run()
+		if err != nil {
+			return err
+		}
+		counters = c // the last run's
+		warm := i < r.s.Warmup
+		if r.s.Measured != nil {
+			r.s.Measured(name, i+1, of, warm, float64(n)/secs)
+		}
+		if !warm {
+			tps = append(tps, float64(n)/secs)
+		}
+	}
+	sorted := slices.Clone(tps)
+	sort.Float64s(sorted)
+	s := Series{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps}
+	if c := counters; c != nil {
+		s.LaunchesPerStep, s.SyncsPerStep, s.LengthSyncs, s.ReplaysPerStep = c.launches, c.syncs, c.lengthSyncs, c.replays
+		s.KernelsPerStep, s.DeviceMsPerStep, s.PrepMsPerStep = c.kernels, c.deviceMs, c.prepMs
+	}
+	r.res.Series = append(r.res.Series, s)
+	return nil
+}
+
+// perStep are a decode run's counters per step.
+type perStep struct {
+	launches, syncs, lengthSyncs, replays, kernels float64
+	deviceMs, prepMs                               float64
+}
+
+// stepCounters are a program's counters between two readings per step.
+// (The one place bench reads a backend's counters.)
+func stepCounters(s0, s1 backend.Stats, steps int) *perStep {
+	n := float64(steps)
+	per := func(d int64) float64 { return float64(d) / n }
+	return &perStep{launches: per(s1.Launches - s0.Launches), syncs: per(s1.HostSyncs - s0.HostSyncs), lengthSyncs: per(s1.LengthSyncs - s0.LengthSyncs),
+		replays: per(s1.GraphReplays - s0.GraphReplays), kernels: per(s1.Kernels - s0.Kernels),
+		deviceMs: float64(s1.DeviceNs-s0.DeviceNs) / 1e6 / n, prepMs: float64(s1.PrepNs-s0.PrepNs) / 1e6 / n}
+}
+
+func (r *runner) alloc(n int) ([]int, error) {
+	var slots []int
+	for i := 0; i < n; i++ {
+		s, err := r.store.Alloc()
+		if err != nil {
+			r.free(slots)
+			return nil, err
+		}
+		slots = append(slots, s)
+	}
+	return slots, nil
+}
+
+func (r *runner) free(slots []int) {
+	for _, s := range slots {
+		r.store.Free(s)
+	}
+}
+
+// prefill is the prefill series: one sequence of Prompt tokens.
+func (r *runner) prefill() error {
+	p := r.s.Prompt
+	return r.series(fmt.Sprintf("prefill %d tokens", p), func() (int, float64, *perStep, error) {
+		slots, err := r.alloc(1)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		defer r.free(slots)
+		t0 := time.Now()
+		_, err = r.e.Run(prefillKey, &backend.Batch{Seqs: []backend.Seq{{Slot: slots[0], Tokens: attrib.BenchTokens(p, 1, r.cfg.VocabSize)}}})
+		return p, time.Since(t0).Seconds(), nil, err
+	})
+}
+
+// decode is the decode series of batch B: DecodeSteps greedy steps after
+// an untimed DecodeContext-token prefill of every sequence.
+func (r *runner) decode(B int) error {
+	steps := r.s.DecodeSteps
+	return r.series(fmt.Sprintf("decode batch %d", B), func() (int, float64, *perStep, error) {
+		slots, err := r.alloc(B)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		defer r.free(slots)
+		if err := attrib.PrefillSlotsN(r.e, slots, r.cfg.VocabSize, r.s.DecodeContext); err != nil {
+			return 0, 0, nil, err
+		}
+		prog, err := r.e.Program(attrib.DecodeKey)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		specs := attrib.GreedySpecs(B)
+		s0 := prog.Stats()
+		t0 := time.Now()
+		for st := 0; st < steps; st++ {
+			if err := attrib.DecodeStep(r.e, slots, specs, st, r.cfg.VocabSize); err != nil {
+				return 0, 0, nil, err
+			}
+		}
+		secs := time.Since(t0).Seconds()
+		return B * steps, secs, stepCounters(s0, prog.Stats(), steps), nil
+	})
+}
+
+// speculative are the scheduler series of batch B: plain decoding, then
+// each drafter, whose greedy tokens must be plain decoding's.
+func (r *runner) speculative(B int) error {
+	cfg, sp, k, steps := r.cfg, r.s.Speculative, r.s.SpecSteps(), r.s.DecodeSteps
+	prompts := make([][]int32, B)
+	for i := range prompts {
+		prompts[i] = attrib.BenchTokens(32, 100+i, cfg.VocabSize)
+	}
+	var plain *specRun
+	if err := r.series(fmt.Sprintf("sched decode batch %d plain", B), func() (int, float64, *perStep, error) {
+		run, err := runSched(r.e, nil, prompts, steps)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		plain = run
+		return run.decode, run.secs, nil, nil
+	}); err != nil {
+		return err
+	}
+	base := r.res.Series[len(r.res.Series)-1].TokensPerSec
+	truth := map[string][]int32{}
+	for i, p := range prompts {
+		truth[fmt.Sprint(p)] = plain.tokens[i]
+	}
+	type arm struct {
+		name     string
+		make     func() (spec.Drafter, error)
+		expected float64
+	}
+	var arms []arm
+	if sp.On() {
+		arms = append(arms, arm{name: sp.String(), make: func() (spec.Drafter, error) {
+			return spec.NewMTP(r.e, spec.MTPOptions{Steps: k, IndexShare: sp.Share(cfg.IndexShareForMTPIteration)})
+		}})
+	}
+	for _, rate := range r.s.SpecAccept {
+		arms = append(arms, arm{name: fmt.Sprintf("test drafter %d-1-%d at %.2f", k, k+1, rate), expected: expectedLength(rate, k), make: func() (spec.Drafter, error) {
+			return spec.NewScripted("test", k, spec.Oracle(func(p []int32) []int32 { return truth[fmt.Sprint(p)] }, spec.WrongRate(rate, 1), cfg.VocabSize))
+		}})
+	}
+	for _, a := range arms {
+		var total spec.Stats
+		var decode, passes int
+		if err := r.series(fmt.Sprintf("sched decode batch %d %s", B, a.name), func() (int, float64, *perStep, error) {
+			d, err := a.make()
+			if err != nil {
+				return 0, 0, nil, err
+			}
+			defer d.Close()
+			run, err := runSched(r.e, d, prompts, steps)
+			if err != nil {
+				return 0, 0, nil, err
+			}
+			for i := range prompts {
+				if fmt.Sprint(run.tokens[i]) != fmt.Sprint(plain.tokens[i]) {
+					return 0, 0, nil, fmt.Errorf("%s: request %d's greedy tokens differ from plain decoding's", a.name, i)
+				}
+			}
+			total, decode, passes = total.Add(run.st), decode+run.decode, passes+run.passes
+			return run.decode, run.secs, nil, nil
+		}); err != nil {
+			return err
+		}
+		res := &r.res.Series[len(r.res.Series)-1]
+		res.spec = true
+		res.AcceptanceLength, res.ExpectedLength = total.AcceptanceLength(), a.expected
+		if total.Drafted > 0 {
+			res.AcceptRate = float64(total.Accepted) / float64(total.Drafted)
+		}
+		if passes > 0 {
+			res.TokensPerPass = float64(decode) / float64(B) / float64(passes)
+		}
+		if base > 0 {
+			res.SpeedUp = res.TokensPerSec / base
+		}
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+)
+
+// errWriter keeps the first write error.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return len(p), nil
+	}
+	n, err := e.w.Write(p)
+	e.err = err
+	return n, err
+}
+
+// WriteText writes the report `glmflash bench` prints: the model, MTP and
+// speculative drafter, machine, device, limits and bandwidth; the host
+// weights and memory by category; a line per series with its counters,
+// acceptance, roofline and compute rate; the GEMM report; peak RSS; the
+// device time per op.
+func (r *Result) WriteText(out io.Writer) error {
+	w := &errWriter{w: out}
+	cfg, info, sp := r.Config, r.Device, r.Speculative
+	fmt.Fprintf(w, "model    %s (hidden %d, %d layers, vocab %d)\n", r.Model, cfg.HiddenSize, cfg.NumHiddenLayers, cfg.VocabSize)
+	switch {
+	case r.MTPErr == nil:
+		fmt.Fprintf(w, "mtp      %d layer(s) from layer %d, weights present: draft steps measured\n", cfg.NumNextNPredictLayers, cfg.MTPLayer(0))
+		if sp.On() {
+			fmt.Fprintf(w, "spec     %s (index share %v): drafts from the MTP layer, verified through the scheduler\n", sp, sp.Share(cfg.IndexShareForMTPIteration))
+		}
+	case cfg.HasMTP():
+		fmt.Fprintf(w, "mtp      %d layer(s) declared, not runnable: %v\n", cfg.NumNextNPredictLayers, r.MTPErr)
+	default:
+		fmt.Fprintf(w, "mtp      none (num_nextn_predict_layers 0)\n")
+	}
+	fmt.Fprintf(w, "machine  %d CPUs (GOMAXPROCS %d), %s\n", r.CPUs, r.GOMAXPROCS, r.GoVersion)
+	fmt.Fprintf(w, "device   %s: %s (precision %s)\n", info.Backend, info.Device, info.Precision)
+	if lim := r.Limits; lim != nil {
+		fmt.Fprintf(w, "limits   %s\n", lim.Source)
+		if lim.Limits != nil {
+			fmt.Fprintf(w, "         %s\n", lim.Limits)
+		}
+		if lim.Error != "" {
+			fmt.Fprintf(w, "         not measured: %s\n", lim.Error)
+		}
+	}
+	fmt.Fprintf(w, "roofline bandwidth %.4g GB/s (%s)\n", r.Bandwidth, r.BandwidthFrom)
+	fmt.Fprintf(w, "weights  %.1f MiB in the engine's host weight cache (float32 tensors and bf16 copies loaded through the plans)\n", float64(r.WeightBytes)/(1<<20))
+	if len(info.Memory) > 0 {
+		where := "device memory"
+		if info.Backend == "cpu" { // the CPU backend's bound weights by dtype (weights_bf16_mapped: the checkpoint's pages, read in place)
+			where = "host memory  "
+		}
+		for _, k := range slices.Sorted(maps.Keys(info.Memory)) {
+			fmt.Fprintf(w, "%s %-20s %10.1f MiB\n", where, k, float64(info.Memory[k])/(1<<20))
+		}
+	}
+	for _, s := range r.Series {
+		r.writeSeries(w, &s)
+	}
+	if r.GEMM != nil {
+		r.GEMM.write(w)
+	}
+	fmt.Fprintln(w, r.Memory)
+	for _, p := range r.OpTimes {
+		fmt.Fprintf(w, "device time per op, %s program, over every run above:\n", p.Program)
+		var total float64
+		for _, t := range p.Ops {
+			total += t.Ms
+		}
+		for _, t := range p.Ops {
+			fmt.Fprintf(w, "  %-18s %7d calls %10.2f ms  %5.1f%%\n", t.Op, t.Calls, t.Ms, 100*t.Ms/total)
+		}
+	}
+	return w.err
+}
+
+// writeSeries writes a series' line and its roofline and compute lines.
+func (r *Result) writeSeries(w io.Writer, s *Series) {
+	fmt.Fprintf(w, "%-22s %10.1f tokens/s  (median of %d; runs %s)", s.Name, s.TokensPerSec, len(s.Runs), fmtRuns(s.Runs))
+	if s.LaunchesPerStep > 0 || s.SyncsPerStep > 0 {
+		fmt.Fprintf(w, "  per step: %.0f launches (%.1f graph replays) running %.0f kernels, %.1f host syncs (%.1f length read-backs), %.3f ms device time, %.3f ms host preparation",
+			s.LaunchesPerStep, s.ReplaysPerStep, s.KernelsPerStep, s.SyncsPerStep, s.LengthSyncs, s.DeviceMsPerStep, s.PrepMsPerStep)
+	}
+	if s.spec {
+		fmt.Fprintf(w, "  acceptance length %.2f", s.AcceptanceLength)
+		if s.ExpectedLength > 0 {
+			fmt.Fprintf(w, " (expected %.2f)", s.ExpectedLength)
+		}
+		fmt.Fprintf(w, ", drafts accepted %.0f%%, %.2f tokens/trunk pass, %.2f× plain", 100*s.AcceptRate, s.TokensPerPass, s.SpeedUp)
+	}
+	fmt.Fprintln(w)
+	if s.RooflineBytes > 0 {
+		fmt.Fprintf(w, "  roofline: %.4g GB per step (context %d, %.2f experts per MoE layer) ÷ %.4g GB/s = %.4g ms; measured %.4g ms per step (%s time) = %.2f× the roofline = %.1f%% of the bandwidth roofline\n",
+			s.RooflineBytes/1e9, s.RooflineContext, s.RooflineExperts, r.Bandwidth, s.RooflineMs, s.MeasuredMs, s.MeasuredClock, s.RooflineRatio, 100*s.RooflineFraction)
+		if s.MeasuredClock == "device" && s.WallMsPerStep > 0 {
+			fmt.Fprintf(w, "  wall clock: %.4g ms per step (host preparation and the sampled tokens' read-back included) = %.2f× the roofline\n", s.WallMsPerStep, s.WallMsPerStep/s.RooflineMs)
+		}
+	}
+	if s.GEMMFLOPs > 0 {
+		fmt.Fprintf(w, "  compute: %.4g GFLOP of weight GEMMs per run (2 × multiply-adds of linear, linear_batched and moe_experts; attention not counted) at the median run = %.4g GFLOP/s",
+			s.GEMMFLOPs/1e9, s.AchievedGFLOPs)
+		if s.PeakGFLOPs > 0 {
+			fmt.Fprintf(w, " = %.1f%% of the %s (%.1f GFLOP/s)\n", 100*s.PeakFraction, s.PeakName, s.PeakGFLOPs)
+		} else {
+			var lim Limits
+			if r.Limits != nil {
+				lim = *r.Limits
+			}
+			_, _, why := lim.peakFor(r.Device.Precision)
+			fmt.Fprintf(w, "; %s\n", why)
+		}
+	}
+}
+
+func fmtRuns(r []float64) string {
+	s := "["
+	for i, v := range r {
+		if i > 0 {
+			s += " "
+		}
+		s += fmt.Sprintf("%.1f", v)
+	}
+	return s + "]"
+}
+
+// JSON is the report `glmflash bench --json` writes: the model, every
+// series, peak RSS and memory, CPUs, the device, the MTP layer, the
+// roofline's bandwidth, the CPU's limits (cpu backend) and the GEMM report
+// (when measured).
+func (r *Result) JSON() ([]byte, error) {
+	mtp := map[string]any{"layers": r.Config.NumNextNPredictLayers, "runnable": r.MTPErr == nil}
+	if r.MTPErr != nil && r.Config.HasMTP() {
+		mtp["why_not"] = r.MTPErr.Error()
+	}
+	out := map[string]any{"model": r.Model, "results": r.Series, "peak_rss_mib": r.PeakRSSMiB, "memory": r.Memory, "cpus": r.CPUs, "device": r.Device, "mtp": mtp,
+		"bandwidth_gbs": r.Bandwidth, "bandwidth_from": r.BandwidthFrom}
+	if r.Limits != nil {
+		out["limits"] = *r.Limits
+	}
+	if r.GEMM != nil {
+		out["gemm_report"] = r.GEMM
+	}
+	return json.MarshalIndent(out, "", "  ")
+}
