@@ -250,10 +250,16 @@ var (
 // runner measures a Spec's series on one engine.
 type runner struct {
 	e     *engine.Engine
+	ck    Checkpoint
 	s     Spec
 	cfg   *model.Config
+	onCPU bool
 	store backend.Store
 	res   *Result
+	// prefill is the prefill series' index in res.Series; decode the
+	// batch of each decode series by index.
+	prefill int
+	decode  map[int]int
 }
 
 // Run measures what s asks on engine e over checkpoint ck. The engine
@@ -263,58 +269,72 @@ func Run(e *engine.Engine, ck Checkpoint, s Spec) (*Result, error) {
 	if err := s.Check(cfg.MaxPositionEmbeddings); err != nil {
 		return nil, err
 	}
-	r := &runner{e: e, s: s, cfg: cfg, store: e.Store(), res: &Result{Model: ck.Dir(), Config: cfg, Speculative: s.Speculative,
-		Bandwidth: s.Bandwidth, BandwidthFrom: s.BandwidthFrom}}
 	be := e.Backend()
-	onCPU := be.Name() == "cpu"
+	r := &runner{e: e, ck: ck, s: s, cfg: cfg, onCPU: be.Name() == "cpu", store: e.Store(), decode: map[int]int{},
+		res: &Result{Model: ck.Dir(), Config: cfg, Speculative: s.Speculative, Bandwidth: s.Bandwidth, BandwidthFrom: s.BandwidthFrom}}
 	tuner, _ := be.(ir.GEMMTuner)
 	if s.GEMMReport && tuner == nil {
 		return nil, fmt.Errorf("bench: the %s backend does not measure its GEMMs (it is no ir.GEMMTuner)", be.Name())
 	}
-	res := r.res
-	if res.Bandwidth == 0 && !onCPU {
-		res.Bandwidth, res.BandwidthFrom = DefaultCUDABandwidthGBs, "the default"
+	if r.res.Bandwidth == 0 && !r.onCPU {
+		r.res.Bandwidth, r.res.BandwidthFrom = DefaultCUDABandwidthGBs, "the default"
 		if be.Name() != "cuda" {
-			res.Bandwidth = DefaultCPUBandwidthGBs
+			r.res.Bandwidth = DefaultCPUBandwidthGBs
 		}
 	}
-	if err := r.prefill(); err != nil {
-		return nil, err
+	held := roofline.Held(be.Info().Memory["weights_fp8"] > 0, false) // no engine from configuration keeps fp32 GEMM weights
+	for _, step := range []func() error{
+		func() error { return r.measure(tuner) },
+		r.memory,
+		r.limits,
+		func() error { return r.rooflines(held) },
+		r.opTimes,
+	} {
+		if err := step(); err != nil {
+			return nil, err
+		}
 	}
-	prefillIdx := len(res.Series) - 1
+	r.res.CPUs, r.res.GOMAXPROCS, r.res.GoVersion = runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version()
+	r.res.WeightBytes = e.WeightBytes()
+	return r.res, nil
+}
+
+// measure runs every series: the prefill (and the GEMM report after it),
+// decode at each batch size, MTP draft steps, speculative decoding.
+func (r *runner) measure(tuner ir.GEMMTuner) error {
+	s, res := r.s, r.res
+	if err := r.prefillSeries(); err != nil {
+		return err
+	}
+	r.prefill = len(res.Series) - 1
 	// the prefill program's GEMMs, measured by the backend's tuner
 	if s.GEMMReport {
-		prog, err := e.Program(prefillKey)
+		prog, err := r.e.Program(prefillKey)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		res.GEMM = measureGEMMs(tuner, prefillGEMMs(prog.Plan(), tuner, ck.DType), s.Prompt, s.PeakTFLOPs)
+		res.GEMM = measureGEMMs(tuner, prefillGEMMs(prog.Plan(), tuner, r.ck.DType), s.Prompt, s.PeakTFLOPs)
 	}
 	// decode at each batch size, after a DecodeContext-token prefill per
-	// sequence (not timed); the roofline at the steps' mean context
-	held := roofline.Held(be.Info().Memory["weights_fp8"] > 0, false) // no engine from configuration keeps fp32 GEMM weights
-	decodeContext := s.DecodeContext + (s.DecodeSteps+1)/2
-	decodeIdx := map[int]int{} // result index → batch
+	// sequence (not timed)
 	for _, B := range s.Batches {
-		if err := r.decode(B); err != nil {
-			return nil, err
+		if err := r.decodeSeries(B); err != nil {
+			return err
 		}
-		decodeIdx[len(res.Series)-1] = B
+		r.decode[len(res.Series)-1] = B
 	}
 	// MTP draft steps at each batch size, when the checkpoint has the MTP
 	// layer: a 32-token trunk prefill (FinalHidden) and the MTP prefill
 	// over it (not timed), then chained draft steps, each reading the
 	// previous step's greedy token and MTP hidden row.
-	res.MTPErr = e.MTPReady()
-	for _, B := range s.Batches {
-		if res.MTPErr != nil {
-			break
-		}
-		if err := r.series(fmt.Sprintf("mtp draft batch %d", B), func() (int, float64, *perStep, error) {
-			n, secs, err := benchMTP(e, B, s.DecodeSteps, r.alloc, r.free)
-			return n, secs, nil, err
-		}); err != nil {
-			return nil, err
+	if res.MTPErr = r.e.MTPReady(); res.MTPErr == nil {
+		for _, B := range s.Batches {
+			if err := r.series(fmt.Sprintf("mtp draft batch %d", B), func() (int, float64, *perStep, error) {
+				n, secs, err := benchMTP(r.e, B, s.DecodeSteps, r.alloc, r.free)
+				return n, secs, nil, err
+			}); err != nil {
+				return err
+			}
 		}
 	}
 	// speculative decoding through the scheduler: plain decoding, the MTP
@@ -324,66 +344,87 @@ func Run(e *engine.Engine, ck Checkpoint, s Spec) (*Result, error) {
 	if s.SpecSteps() > 0 {
 		for _, B := range s.Batches {
 			if err := r.speculative(B); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
+	return nil
+}
+
+// memory takes the peak RSS and, on the cpu backend, compares it with the
+// checkpoint plus the host caches (a device backend's weights and caches
+// are not in the RSS: no ratio); then AfterSeries.
+func (r *runner) memory() error {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	res.PeakRSSMiB = float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
-	// on the cpu backend, peak RSS against the checkpoint plus the host
-	// caches (a device backend's weights and caches are not in the RSS: no
-	// ratio)
+	r.res.PeakRSSMiB = float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
 	var ckBytes, cacheBytes int64
-	if sb, ok := r.store.(interface{ Bytes() int64 }); ok && onCPU {
-		ckBytes, cacheBytes = checkpointBytes(ck.Dir()), sb.Bytes()
+	if sb, ok := r.store.(interface{ Bytes() int64 }); ok && r.onCPU {
+		ckBytes, cacheBytes = checkpointBytes(r.ck.Dir()), sb.Bytes()
 	}
-	res.Memory = NewMemReport(res.PeakRSSMiB, ckBytes, cacheBytes)
-	if s.AfterSeries != nil {
-		if err := s.AfterSeries(); err != nil {
-			return nil, err
+	r.res.Memory = NewMemReport(r.res.PeakRSSMiB, ckBytes, cacheBytes)
+	if r.s.AfterSeries != nil {
+		return r.s.AfterSeries()
+	}
+	return nil
+}
+
+// limits reads or measures the CPU's limits on the cpu backend, after the
+// peak RSS is taken (the probe's read buffer is not the model's memory):
+// the roofline's bandwidth unless given, the prefill's GEMM rate against
+// the compute peak.
+func (r *runner) limits() error {
+	res := r.res
+	res.Device = r.e.Backend().Info()
+	if !r.onCPU {
+		return nil
+	}
+	lim := cpuLimits(r.s.LimitsPath)
+	res.Limits = &lim
+	if res.Bandwidth == 0 {
+		res.Bandwidth, res.BandwidthFrom = DefaultCPUBandwidthGBs, "the default (the limits have no read bandwidth)"
+		if lim.Limits != nil && lim.Limits.ReadBandwidth != nil {
+			res.Bandwidth, res.BandwidthFrom = lim.Limits.ReadBandwidth.Median, "the limits' read bandwidth"
 		}
 	}
-	// the CPU's limits, read or measured after the peak RSS is taken (the
-	// probe's read buffer is not the model's memory)
-	res.Device = be.Info()
-	if onCPU {
-		lim := cpuLimits(s.LimitsPath)
-		res.Limits = &lim
-		if res.Bandwidth == 0 {
-			res.Bandwidth, res.BandwidthFrom = DefaultCPUBandwidthGBs, "the default (the limits have no read bandwidth)"
-			if lim.Limits != nil && lim.Limits.ReadBandwidth != nil {
-				res.Bandwidth, res.BandwidthFrom = lim.Limits.ReadBandwidth.Median, "the limits' read bandwidth"
-			}
+	prog, err := r.e.Program(prefillKey)
+	if err != nil {
+		return err
+	}
+	pk, name, _ := lim.peakFor(res.Device.Precision)
+	prefillAgainstPeak(&res.Series[r.prefill], prefillFLOPs(prog.Plan(), r.s.Prompt, 1), r.s.Prompt, pk, name)
+	return nil
+}
+
+// rooflines fill the decode series' rooflines at the steps' mean context.
+func (r *runner) rooflines(held roofline.Holding) error {
+	context := r.s.DecodeContext + (r.s.DecodeSteps+1)/2
+	for i, B := range r.decode {
+		if err := rooflineFor(&r.res.Series[i], r.cfg, held, B, context, r.res.Bandwidth); err != nil {
+			return err
 		}
-		prog, err := e.Program(prefillKey)
+	}
+	return nil
+}
+
+// opTimes read the prefill and decode programs' device time per op
+// (Spec.ProfileOps).
+func (r *runner) opTimes() error {
+	if !r.s.ProfileOps {
+		return nil
+	}
+	for _, key := range []engine.Key{prefillKey, decodeKey} {
+		prog, err := r.e.Program(key)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		pk, name, _ := lim.peakFor(res.Device.Precision)
-		prefillAgainstPeak(&res.Series[prefillIdx], prefillFLOPs(prog.Plan(), s.Prompt, 1), s.Prompt, pk, name)
-	}
-	for i, B := range decodeIdx {
-		if err := rooflineFor(&res.Series[i], cfg, held, B, decodeContext, res.Bandwidth); err != nil {
-			return nil, err
+		op, ok := prog.(backend.OpProfiler)
+		if !ok {
+			return fmt.Errorf("--profile-ops: the %s backend does not time its ops", r.res.Device.Backend)
 		}
+		r.res.OpTimes = append(r.res.OpTimes, ProgramOps{Program: key, Ops: op.OpTimes()})
 	}
-	res.CPUs, res.GOMAXPROCS, res.GoVersion = runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version()
-	res.WeightBytes = e.WeightBytes()
-	if s.ProfileOps {
-		for _, key := range []engine.Key{prefillKey, decodeKey} {
-			prog, err := e.Program(key)
-			if err != nil {
-				return nil, err
-			}
-			op, ok := prog.(backend.OpProfiler)
-			if !ok {
-				return nil, fmt.Errorf("--profile-ops: the %s backend does not time its ops", res.Device.Backend)
-			}
-			res.OpTimes = append(res.OpTimes, ProgramOps{Program: key, Ops: op.OpTimes()})
-		}
-	}
-	return res, nil
+	return nil
 }
 
 // series runs warm-up + measured repetitions of one workload and adds its
@@ -453,8 +494,8 @@ func (r *runner) free(slots []int) {
 	}
 }
 
-// prefill is the prefill series: one sequence of Prompt tokens.
-func (r *runner) prefill() error {
+// prefillSeries is the prefill series: one sequence of Prompt tokens.
+func (r *runner) prefillSeries() error {
 	p := r.s.Prompt
 	return r.series(fmt.Sprintf("prefill %d tokens", p), func() (int, float64, *perStep, error) {
 		slots, err := r.alloc(1)
@@ -468,9 +509,9 @@ func (r *runner) prefill() error {
 	})
 }
 
-// decode is the decode series of batch B: DecodeSteps greedy steps after
-// an untimed DecodeContext-token prefill of every sequence.
-func (r *runner) decode(B int) error {
+// decodeSeries is the decode series of batch B: DecodeSteps greedy steps
+// after an untimed DecodeContext-token prefill of every sequence.
+func (r *runner) decodeSeries(B int) error {
 	steps := r.s.DecodeSteps
 	return r.series(fmt.Sprintf("decode batch %d", B), func() (int, float64, *perStep, error) {
 		slots, err := r.alloc(B)
