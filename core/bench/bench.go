@@ -420,7 +420,7 @@ func (r *runner) opTimes() error {
 		}
 		op, ok := prog.(backend.OpProfiler)
 		if !ok {
-			return fmt.Errorf("--profile-ops: the %s backend does not time its ops", r.res.Device.Backend)
+			return fmt.Errorf("bench: the %s backend does not time its ops (it is no backend.OpProfiler)", r.res.Device.Backend)
 		}
 		r.res.OpTimes = append(r.res.OpTimes, ProgramOps{Program: key, Ops: op.OpTimes()})
 	}
