@@ -2,6 +2,11 @@
 
 package cuda
 
+import (
+	"slices"
+	"unsafe"
+)
+
 // BatchMeta mirrors the CUDA struct BatchMeta.
 type BatchMeta struct {
 	SeqSlot DevicePtr
@@ -559,4 +564,1596 @@ type SamplePartArgs struct {
 	Nchunks int64
 	Specs   DevicePtr
 	Parts   DevicePtr
+}
+
+// AppendArgsKernel is a kernel taking AppendArgs (0: none).
+type AppendArgsKernel uint16
+
+// The kernels taking AppendArgs.
+const (
+	_ AppendArgsKernel = iota
+	// KernelMoEAppendExpert is glmf_moe_append_expert (src/moe.cu).
+	KernelMoEAppendExpert
+)
+
+// namesOfAppendArgsKernel are the entry points of the AppendArgsKernel constants.
+var namesOfAppendArgsKernel = [...]string{
+	"",
+	"glmf_moe_append_expert",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k AppendArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *AppendArgs) error {
+	return d.launch(namesOfAppendArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k AppendArgsKernel) String() string { return namesOfAppendArgsKernel[k] }
+
+// LaunchMoEAppendExpert starts glmf_moe_append_expert with a.
+func LaunchMoEAppendExpert(d *Device, grid, block Dim3, smem int, a *AppendArgs) error {
+	return KernelMoEAppendExpert.Launch(d, grid, block, smem, a)
+}
+
+// CombineArgsKernel is a kernel taking CombineArgs (0: none).
+type CombineArgsKernel uint16
+
+// The kernels taking CombineArgs.
+const (
+	_ CombineArgsKernel = iota
+	// KernelMoECombine is glmf_moe_combine (src/moe.cu).
+	KernelMoECombine
+)
+
+// namesOfCombineArgsKernel are the entry points of the CombineArgsKernel constants.
+var namesOfCombineArgsKernel = [...]string{
+	"",
+	"glmf_moe_combine",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k CombineArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *CombineArgs) error {
+	return d.launch(namesOfCombineArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k CombineArgsKernel) String() string { return namesOfCombineArgsKernel[k] }
+
+// LaunchMoECombine starts glmf_moe_combine with a.
+func LaunchMoECombine(d *Device, grid, block Dim3, smem int, a *CombineArgs) error {
+	return KernelMoECombine.Launch(d, grid, block, smem, a)
+}
+
+// DSAMetaArgsKernel is a kernel taking DSAMetaArgs (0: none).
+type DSAMetaArgsKernel uint16
+
+// The kernels taking DSAMetaArgs.
+const (
+	_ DSAMetaArgsKernel = iota
+	// KernelDSAMeta is glmf_dsa_meta (src/dsa.cu).
+	KernelDSAMeta
+)
+
+// namesOfDSAMetaArgsKernel are the entry points of the DSAMetaArgsKernel constants.
+var namesOfDSAMetaArgsKernel = [...]string{
+	"",
+	"glmf_dsa_meta",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k DSAMetaArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *DSAMetaArgs) error {
+	return d.launch(namesOfDSAMetaArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k DSAMetaArgsKernel) String() string { return namesOfDSAMetaArgsKernel[k] }
+
+// LaunchDSAMeta starts glmf_dsa_meta with a.
+func LaunchDSAMeta(d *Device, grid, block Dim3, smem int, a *DSAMetaArgs) error {
+	return KernelDSAMeta.Launch(d, grid, block, smem, a)
+}
+
+// EltArgsKernel is a kernel taking EltArgs (0: none).
+type EltArgsKernel uint16
+
+// The kernels taking EltArgs.
+const (
+	_ EltArgsKernel = iota
+	// KernelElementwise is glmf_elementwise (src/dense.cu).
+	KernelElementwise
+)
+
+// namesOfEltArgsKernel are the entry points of the EltArgsKernel constants.
+var namesOfEltArgsKernel = [...]string{
+	"",
+	"glmf_elementwise",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k EltArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *EltArgs) error {
+	return d.launch(namesOfEltArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k EltArgsKernel) String() string { return namesOfEltArgsKernel[k] }
+
+// LaunchElementwise starts glmf_elementwise with a.
+func LaunchElementwise(d *Device, grid, block Dim3, smem int, a *EltArgs) error {
+	return KernelElementwise.Launch(d, grid, block, smem, a)
+}
+
+// EmbedArgsKernel is a kernel taking EmbedArgs (0: none).
+type EmbedArgsKernel uint16
+
+// The kernels taking EmbedArgs.
+const (
+	_ EmbedArgsKernel = iota
+	// KernelEmbed is glmf_embed (src/dense.cu).
+	KernelEmbed
+)
+
+// namesOfEmbedArgsKernel are the entry points of the EmbedArgsKernel constants.
+var namesOfEmbedArgsKernel = [...]string{
+	"",
+	"glmf_embed",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k EmbedArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *EmbedArgs) error {
+	return d.launch(namesOfEmbedArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k EmbedArgsKernel) String() string { return namesOfEmbedArgsKernel[k] }
+
+// LaunchEmbed starts glmf_embed with a.
+func LaunchEmbed(d *Device, grid, block Dim3, smem int, a *EmbedArgs) error {
+	return KernelEmbed.Launch(d, grid, block, smem, a)
+}
+
+// FP8ToBF16ArgsKernel is a kernel taking FP8ToBF16Args (0: none).
+type FP8ToBF16ArgsKernel uint16
+
+// The kernels taking FP8ToBF16Args.
+const (
+	_ FP8ToBF16ArgsKernel = iota
+	// KernelFP8ToBF16 is glmf_fp8_to_bf16 (src/gemm.cu).
+	KernelFP8ToBF16
+	// KernelFP8ToBF16V16 is glmf_fp8_to_bf16_v16 (src/gemm.cu).
+	KernelFP8ToBF16V16
+)
+
+// namesOfFP8ToBF16ArgsKernel are the entry points of the FP8ToBF16ArgsKernel constants.
+var namesOfFP8ToBF16ArgsKernel = [...]string{
+	"",
+	"glmf_fp8_to_bf16",
+	"glmf_fp8_to_bf16_v16",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k FP8ToBF16ArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *FP8ToBF16Args) error {
+	return d.launch(namesOfFP8ToBF16ArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k FP8ToBF16ArgsKernel) String() string { return namesOfFP8ToBF16ArgsKernel[k] }
+
+// LaunchFP8ToBF16 starts glmf_fp8_to_bf16 with a.
+func LaunchFP8ToBF16(d *Device, grid, block Dim3, smem int, a *FP8ToBF16Args) error {
+	return KernelFP8ToBF16.Launch(d, grid, block, smem, a)
+}
+
+// LaunchFP8ToBF16V16 starts glmf_fp8_to_bf16_v16 with a.
+func LaunchFP8ToBF16V16(d *Device, grid, block Dim3, smem int, a *FP8ToBF16Args) error {
+	return KernelFP8ToBF16V16.Launch(d, grid, block, smem, a)
+}
+
+// GatedNormArgsKernel is a kernel taking GatedNormArgs (0: none).
+type GatedNormArgsKernel uint16
+
+// The kernels taking GatedNormArgs.
+const (
+	_ GatedNormArgsKernel = iota
+	// KernelGatedRmsnorm is glmf_gated_rmsnorm (src/dense.cu).
+	KernelGatedRmsnorm
+)
+
+// namesOfGatedNormArgsKernel are the entry points of the GatedNormArgsKernel constants.
+var namesOfGatedNormArgsKernel = [...]string{
+	"",
+	"glmf_gated_rmsnorm",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k GatedNormArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *GatedNormArgs) error {
+	return d.launch(namesOfGatedNormArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k GatedNormArgsKernel) String() string { return namesOfGatedNormArgsKernel[k] }
+
+// LaunchGatedRmsnorm starts glmf_gated_rmsnorm with a.
+func LaunchGatedRmsnorm(d *Device, grid, block Dim3, smem int, a *GatedNormArgs) error {
+	return KernelGatedRmsnorm.Launch(d, grid, block, smem, a)
+}
+
+// GatherArgsKernel is a kernel taking GatherArgs (0: none).
+type GatherArgsKernel uint16
+
+// The kernels taking GatherArgs.
+const (
+	_ GatherArgsKernel = iota
+	// KernelGatherRows is glmf_gather_rows (src/dense.cu).
+	KernelGatherRows
+)
+
+// namesOfGatherArgsKernel are the entry points of the GatherArgsKernel constants.
+var namesOfGatherArgsKernel = [...]string{
+	"",
+	"glmf_gather_rows",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k GatherArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *GatherArgs) error {
+	return d.launch(namesOfGatherArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k GatherArgsKernel) String() string { return namesOfGatherArgsKernel[k] }
+
+// LaunchGatherRows starts glmf_gather_rows with a.
+func LaunchGatherRows(d *Device, grid, block Dim3, smem int, a *GatherArgs) error {
+	return KernelGatherRows.Launch(d, grid, block, smem, a)
+}
+
+// GemmArgsKernel is a kernel taking GemmArgs (0: none).
+type GemmArgsKernel uint16
+
+// The kernels taking GemmArgs.
+const (
+	_ GemmArgsKernel = iota
+	// KernelGemmCol is glmf_gemm_col (src/gemm.cu).
+	KernelGemmCol
+	// KernelGemmSkinny is glmf_gemm_skinny (src/gemm.cu).
+	KernelGemmSkinny
+	// KernelGemmTiled is glmf_gemm_tiled (src/gemm.cu).
+	KernelGemmTiled
+	// KernelGemvD1 is glmf_gemv_d1 (src/gemm.cu).
+	KernelGemvD1
+	// KernelGemvD2 is glmf_gemv_d2 (src/gemm.cu).
+	KernelGemvD2
+	// KernelGemvD4 is glmf_gemv_d4 (src/gemm.cu).
+	KernelGemvD4
+	// KernelGemvD8 is glmf_gemv_d8 (src/gemm.cu).
+	KernelGemvD8
+	// KernelGemvF1 is glmf_gemv_f1 (src/gemm.cu).
+	KernelGemvF1
+	// KernelGemvF1FP8 is glmf_gemv_f1_fp8 (src/gemm.cu).
+	KernelGemvF1FP8
+	// KernelGemvF1Fp8p is glmf_gemv_f1_fp8p (src/gemm.cu).
+	KernelGemvF1Fp8p
+	// KernelGemvF2 is glmf_gemv_f2 (src/gemm.cu).
+	KernelGemvF2
+	// KernelGemvF4 is glmf_gemv_f4 (src/gemm.cu).
+	KernelGemvF4
+	// KernelGemvF8 is glmf_gemv_f8 (src/gemm.cu).
+	KernelGemvF8
+	// KernelGemvMMAB16Dual is glmf_gemv_mma_b16_dual (src/gemv_mma.cu).
+	KernelGemvMMAB16Dual
+	// KernelGemvMMAB16T1 is glmf_gemv_mma_b16_t1 (src/gemv_mma.cu).
+	KernelGemvMMAB16T1
+	// KernelGemvMMAB16T1k is glmf_gemv_mma_b16_t1k (src/gemv_mma.cu).
+	KernelGemvMMAB16T1k
+	// KernelGemvMMAB16T2 is glmf_gemv_mma_b16_t2 (src/gemv_mma.cu).
+	KernelGemvMMAB16T2
+	// KernelGemvMMAF8Dual is glmf_gemv_mma_f8_dual (src/gemv_mma.cu).
+	KernelGemvMMAF8Dual
+	// KernelGemvMMAF8T1 is glmf_gemv_mma_f8_t1 (src/gemv_mma.cu).
+	KernelGemvMMAF8T1
+	// KernelGemvMMAF8T1k is glmf_gemv_mma_f8_t1k (src/gemv_mma.cu).
+	KernelGemvMMAF8T1k
+	// KernelGemvMMAF8T2 is glmf_gemv_mma_f8_t2 (src/gemv_mma.cu).
+	KernelGemvMMAF8T2
+	// KernelMoEMMA is glmf_moe_mma (src/moe_mma.cu).
+	KernelMoEMMA
+	// KernelMoEMMABF16 is glmf_moe_mma_bf16 (src/moe_mma.cu).
+	KernelMoEMMABF16
+)
+
+// namesOfGemmArgsKernel are the entry points of the GemmArgsKernel constants.
+var namesOfGemmArgsKernel = [...]string{
+	"",
+	"glmf_gemm_col",
+	"glmf_gemm_skinny",
+	"glmf_gemm_tiled",
+	"glmf_gemv_d1",
+	"glmf_gemv_d2",
+	"glmf_gemv_d4",
+	"glmf_gemv_d8",
+	"glmf_gemv_f1",
+	"glmf_gemv_f1_fp8",
+	"glmf_gemv_f1_fp8p",
+	"glmf_gemv_f2",
+	"glmf_gemv_f4",
+	"glmf_gemv_f8",
+	"glmf_gemv_mma_b16_dual",
+	"glmf_gemv_mma_b16_t1",
+	"glmf_gemv_mma_b16_t1k",
+	"glmf_gemv_mma_b16_t2",
+	"glmf_gemv_mma_f8_dual",
+	"glmf_gemv_mma_f8_t1",
+	"glmf_gemv_mma_f8_t1k",
+	"glmf_gemv_mma_f8_t2",
+	"glmf_moe_mma",
+	"glmf_moe_mma_bf16",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k GemmArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return d.launch(namesOfGemmArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k GemmArgsKernel) String() string { return namesOfGemmArgsKernel[k] }
+
+// LaunchGemmCol starts glmf_gemm_col with a.
+func LaunchGemmCol(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemmCol.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemmSkinny starts glmf_gemm_skinny with a.
+func LaunchGemmSkinny(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemmSkinny.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemmTiled starts glmf_gemm_tiled with a.
+func LaunchGemmTiled(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemmTiled.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvD1 starts glmf_gemv_d1 with a.
+func LaunchGemvD1(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvD1.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvD2 starts glmf_gemv_d2 with a.
+func LaunchGemvD2(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvD2.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvD4 starts glmf_gemv_d4 with a.
+func LaunchGemvD4(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvD4.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvD8 starts glmf_gemv_d8 with a.
+func LaunchGemvD8(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvD8.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvF1 starts glmf_gemv_f1 with a.
+func LaunchGemvF1(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvF1.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvF1FP8 starts glmf_gemv_f1_fp8 with a.
+func LaunchGemvF1FP8(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvF1FP8.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvF1Fp8p starts glmf_gemv_f1_fp8p with a.
+func LaunchGemvF1Fp8p(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvF1Fp8p.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvF2 starts glmf_gemv_f2 with a.
+func LaunchGemvF2(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvF2.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvF4 starts glmf_gemv_f4 with a.
+func LaunchGemvF4(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvF4.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvF8 starts glmf_gemv_f8 with a.
+func LaunchGemvF8(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvF8.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvMMAB16Dual starts glmf_gemv_mma_b16_dual with a.
+func LaunchGemvMMAB16Dual(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvMMAB16Dual.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvMMAB16T1 starts glmf_gemv_mma_b16_t1 with a.
+func LaunchGemvMMAB16T1(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvMMAB16T1.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvMMAB16T1k starts glmf_gemv_mma_b16_t1k with a.
+func LaunchGemvMMAB16T1k(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvMMAB16T1k.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvMMAB16T2 starts glmf_gemv_mma_b16_t2 with a.
+func LaunchGemvMMAB16T2(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvMMAB16T2.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvMMAF8Dual starts glmf_gemv_mma_f8_dual with a.
+func LaunchGemvMMAF8Dual(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvMMAF8Dual.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvMMAF8T1 starts glmf_gemv_mma_f8_t1 with a.
+func LaunchGemvMMAF8T1(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvMMAF8T1.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvMMAF8T1k starts glmf_gemv_mma_f8_t1k with a.
+func LaunchGemvMMAF8T1k(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvMMAF8T1k.Launch(d, grid, block, smem, a)
+}
+
+// LaunchGemvMMAF8T2 starts glmf_gemv_mma_f8_t2 with a.
+func LaunchGemvMMAF8T2(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelGemvMMAF8T2.Launch(d, grid, block, smem, a)
+}
+
+// LaunchMoEMMA starts glmf_moe_mma with a.
+func LaunchMoEMMA(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelMoEMMA.Launch(d, grid, block, smem, a)
+}
+
+// LaunchMoEMMABF16 starts glmf_moe_mma_bf16 with a.
+func LaunchMoEMMABF16(d *Device, grid, block Dim3, smem int, a *GemmArgs) error {
+	return KernelMoEMMABF16.Launch(d, grid, block, smem, a)
+}
+
+// IdxAppendArgsKernel is a kernel taking IdxAppendArgs (0: none).
+type IdxAppendArgsKernel uint16
+
+// The kernels taking IdxAppendArgs.
+const (
+	_ IdxAppendArgsKernel = iota
+	// KernelIndexerAppend is glmf_indexer_append (src/dsa.cu).
+	KernelIndexerAppend
+)
+
+// namesOfIdxAppendArgsKernel are the entry points of the IdxAppendArgsKernel constants.
+var namesOfIdxAppendArgsKernel = [...]string{
+	"",
+	"glmf_indexer_append",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k IdxAppendArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *IdxAppendArgs) error {
+	return d.launch(namesOfIdxAppendArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k IdxAppendArgsKernel) String() string { return namesOfIdxAppendArgsKernel[k] }
+
+// LaunchIndexerAppend starts glmf_indexer_append with a.
+func LaunchIndexerAppend(d *Device, grid, block Dim3, smem int, a *IdxAppendArgs) error {
+	return KernelIndexerAppend.Launch(d, grid, block, smem, a)
+}
+
+// IdxSaveArgsKernel is a kernel taking IdxSaveArgs (0: none).
+type IdxSaveArgsKernel uint16
+
+// The kernels taking IdxSaveArgs.
+const (
+	_ IdxSaveArgsKernel = iota
+	// KernelIndexerSave is glmf_indexer_save (src/dsa.cu).
+	KernelIndexerSave
+)
+
+// namesOfIdxSaveArgsKernel are the entry points of the IdxSaveArgsKernel constants.
+var namesOfIdxSaveArgsKernel = [...]string{
+	"",
+	"glmf_indexer_save",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k IdxSaveArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *IdxSaveArgs) error {
+	return d.launch(namesOfIdxSaveArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k IdxSaveArgsKernel) String() string { return namesOfIdxSaveArgsKernel[k] }
+
+// LaunchIndexerSave starts glmf_indexer_save with a.
+func LaunchIndexerSave(d *Device, grid, block Dim3, smem int, a *IdxSaveArgs) error {
+	return KernelIndexerSave.Launch(d, grid, block, smem, a)
+}
+
+// IdxScoreArgsKernel is a kernel taking IdxScoreArgs (0: none).
+type IdxScoreArgsKernel uint16
+
+// The kernels taking IdxScoreArgs.
+const (
+	_ IdxScoreArgsKernel = iota
+	// KernelIndexerScore is glmf_indexer_score (src/dsa.cu).
+	KernelIndexerScore
+)
+
+// namesOfIdxScoreArgsKernel are the entry points of the IdxScoreArgsKernel constants.
+var namesOfIdxScoreArgsKernel = [...]string{
+	"",
+	"glmf_indexer_score",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k IdxScoreArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *IdxScoreArgs) error {
+	return d.launch(namesOfIdxScoreArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k IdxScoreArgsKernel) String() string { return namesOfIdxScoreArgsKernel[k] }
+
+// LaunchIndexerScore starts glmf_indexer_score with a.
+func LaunchIndexerScore(d *Device, grid, block Dim3, smem int, a *IdxScoreArgs) error {
+	return KernelIndexerScore.Launch(d, grid, block, smem, a)
+}
+
+// IdxSelectArgsKernel is a kernel taking IdxSelectArgs (0: none).
+type IdxSelectArgsKernel uint16
+
+// The kernels taking IdxSelectArgs.
+const (
+	_ IdxSelectArgsKernel = iota
+	// KernelIndexerSelect is glmf_indexer_select (src/dsa.cu).
+	KernelIndexerSelect
+)
+
+// namesOfIdxSelectArgsKernel are the entry points of the IdxSelectArgsKernel constants.
+var namesOfIdxSelectArgsKernel = [...]string{
+	"",
+	"glmf_indexer_select",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k IdxSelectArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *IdxSelectArgs) error {
+	return d.launch(namesOfIdxSelectArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k IdxSelectArgsKernel) String() string { return namesOfIdxSelectArgsKernel[k] }
+
+// LaunchIndexerSelect starts glmf_indexer_select with a.
+func LaunchIndexerSelect(d *Device, grid, block Dim3, smem int, a *IdxSelectArgs) error {
+	return KernelIndexerSelect.Launch(d, grid, block, smem, a)
+}
+
+// IdxSharedArgsKernel is a kernel taking IdxSharedArgs (0: none).
+type IdxSharedArgsKernel uint16
+
+// The kernels taking IdxSharedArgs.
+const (
+	_ IdxSharedArgsKernel = iota
+	// KernelIndexerShared is glmf_indexer_shared (src/dsa.cu).
+	KernelIndexerShared
+)
+
+// namesOfIdxSharedArgsKernel are the entry points of the IdxSharedArgsKernel constants.
+var namesOfIdxSharedArgsKernel = [...]string{
+	"",
+	"glmf_indexer_shared",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k IdxSharedArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *IdxSharedArgs) error {
+	return d.launch(namesOfIdxSharedArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k IdxSharedArgsKernel) String() string { return namesOfIdxSharedArgsKernel[k] }
+
+// LaunchIndexerShared starts glmf_indexer_shared with a.
+func LaunchIndexerShared(d *Device, grid, block Dim3, smem int, a *IdxSharedArgs) error {
+	return KernelIndexerShared.Launch(d, grid, block, smem, a)
+}
+
+// KDAAttnArgsKernel is a kernel taking KDAAttnArgs (0: none).
+type KDAAttnArgsKernel uint16
+
+// The kernels taking KDAAttnArgs.
+const (
+	_ KDAAttnArgsKernel = iota
+	// KernelKDARecurrent is glmf_kda_recurrent (src/kda.cu).
+	KernelKDARecurrent
+	// KernelKDARecurrentReg128 is glmf_kda_recurrent_reg128 (src/kda.cu).
+	KernelKDARecurrentReg128
+	// KernelKDARecurrentReg16 is glmf_kda_recurrent_reg16 (src/kda.cu).
+	KernelKDARecurrentReg16
+	// KernelKDARecurrentReg32 is glmf_kda_recurrent_reg32 (src/kda.cu).
+	KernelKDARecurrentReg32
+	// KernelKDARecurrentReg64 is glmf_kda_recurrent_reg64 (src/kda.cu).
+	KernelKDARecurrentReg64
+	// KernelKDARecurrentReg8 is glmf_kda_recurrent_reg8 (src/kda.cu).
+	KernelKDARecurrentReg8
+)
+
+// namesOfKDAAttnArgsKernel are the entry points of the KDAAttnArgsKernel constants.
+var namesOfKDAAttnArgsKernel = [...]string{
+	"",
+	"glmf_kda_recurrent",
+	"glmf_kda_recurrent_reg128",
+	"glmf_kda_recurrent_reg16",
+	"glmf_kda_recurrent_reg32",
+	"glmf_kda_recurrent_reg64",
+	"glmf_kda_recurrent_reg8",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k KDAAttnArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *KDAAttnArgs) error {
+	return d.launch(namesOfKDAAttnArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k KDAAttnArgsKernel) String() string { return namesOfKDAAttnArgsKernel[k] }
+
+// LaunchKDARecurrent starts glmf_kda_recurrent with a.
+func LaunchKDARecurrent(d *Device, grid, block Dim3, smem int, a *KDAAttnArgs) error {
+	return KernelKDARecurrent.Launch(d, grid, block, smem, a)
+}
+
+// LaunchKDARecurrentReg128 starts glmf_kda_recurrent_reg128 with a.
+func LaunchKDARecurrentReg128(d *Device, grid, block Dim3, smem int, a *KDAAttnArgs) error {
+	return KernelKDARecurrentReg128.Launch(d, grid, block, smem, a)
+}
+
+// LaunchKDARecurrentReg16 starts glmf_kda_recurrent_reg16 with a.
+func LaunchKDARecurrentReg16(d *Device, grid, block Dim3, smem int, a *KDAAttnArgs) error {
+	return KernelKDARecurrentReg16.Launch(d, grid, block, smem, a)
+}
+
+// LaunchKDARecurrentReg32 starts glmf_kda_recurrent_reg32 with a.
+func LaunchKDARecurrentReg32(d *Device, grid, block Dim3, smem int, a *KDAAttnArgs) error {
+	return KernelKDARecurrentReg32.Launch(d, grid, block, smem, a)
+}
+
+// LaunchKDARecurrentReg64 starts glmf_kda_recurrent_reg64 with a.
+func LaunchKDARecurrentReg64(d *Device, grid, block Dim3, smem int, a *KDAAttnArgs) error {
+	return KernelKDARecurrentReg64.Launch(d, grid, block, smem, a)
+}
+
+// LaunchKDARecurrentReg8 starts glmf_kda_recurrent_reg8 with a.
+func LaunchKDARecurrentReg8(d *Device, grid, block Dim3, smem int, a *KDAAttnArgs) error {
+	return KernelKDARecurrentReg8.Launch(d, grid, block, smem, a)
+}
+
+// KDAConvArgsKernel is a kernel taking KDAConvArgs (0: none).
+type KDAConvArgsKernel uint16
+
+// The kernels taking KDAConvArgs.
+const (
+	_ KDAConvArgsKernel = iota
+	// KernelKDAConv is glmf_kda_conv (src/kda.cu).
+	KernelKDAConv
+)
+
+// namesOfKDAConvArgsKernel are the entry points of the KDAConvArgsKernel constants.
+var namesOfKDAConvArgsKernel = [...]string{
+	"",
+	"glmf_kda_conv",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k KDAConvArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *KDAConvArgs) error {
+	return d.launch(namesOfKDAConvArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k KDAConvArgsKernel) String() string { return namesOfKDAConvArgsKernel[k] }
+
+// LaunchKDAConv starts glmf_kda_conv with a.
+func LaunchKDAConv(d *Device, grid, block Dim3, smem int, a *KDAConvArgs) error {
+	return KernelKDAConv.Launch(d, grid, block, smem, a)
+}
+
+// KDAGateArgsKernel is a kernel taking KDAGateArgs (0: none).
+type KDAGateArgsKernel uint16
+
+// The kernels taking KDAGateArgs.
+const (
+	_ KDAGateArgsKernel = iota
+	// KernelKDAGate is glmf_kda_gate (src/kda.cu).
+	KernelKDAGate
+)
+
+// namesOfKDAGateArgsKernel are the entry points of the KDAGateArgsKernel constants.
+var namesOfKDAGateArgsKernel = [...]string{
+	"",
+	"glmf_kda_gate",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k KDAGateArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *KDAGateArgs) error {
+	return d.launch(namesOfKDAGateArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k KDAGateArgsKernel) String() string { return namesOfKDAGateArgsKernel[k] }
+
+// LaunchKDAGate starts glmf_kda_gate with a.
+func LaunchKDAGate(d *Device, grid, block Dim3, smem int, a *KDAGateArgs) error {
+	return KernelKDAGate.Launch(d, grid, block, smem, a)
+}
+
+// MHCMixArgsKernel is a kernel taking MHCMixArgs (0: none).
+type MHCMixArgsKernel uint16
+
+// The kernels taking MHCMixArgs.
+const (
+	_ MHCMixArgsKernel = iota
+	// KernelMHCMix is glmf_mhc_mix (src/mhc.cu).
+	KernelMHCMix
+)
+
+// namesOfMHCMixArgsKernel are the entry points of the MHCMixArgsKernel constants.
+var namesOfMHCMixArgsKernel = [...]string{
+	"",
+	"glmf_mhc_mix",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MHCMixArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MHCMixArgs) error {
+	return d.launch(namesOfMHCMixArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MHCMixArgsKernel) String() string { return namesOfMHCMixArgsKernel[k] }
+
+// LaunchMHCMix starts glmf_mhc_mix with a.
+func LaunchMHCMix(d *Device, grid, block Dim3, smem int, a *MHCMixArgs) error {
+	return KernelMHCMix.Launch(d, grid, block, smem, a)
+}
+
+// MHCPostArgsKernel is a kernel taking MHCPostArgs (0: none).
+type MHCPostArgsKernel uint16
+
+// The kernels taking MHCPostArgs.
+const (
+	_ MHCPostArgsKernel = iota
+	// KernelMHCPost is glmf_mhc_post (src/mhc.cu).
+	KernelMHCPost
+)
+
+// namesOfMHCPostArgsKernel are the entry points of the MHCPostArgsKernel constants.
+var namesOfMHCPostArgsKernel = [...]string{
+	"",
+	"glmf_mhc_post",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MHCPostArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MHCPostArgs) error {
+	return d.launch(namesOfMHCPostArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MHCPostArgsKernel) String() string { return namesOfMHCPostArgsKernel[k] }
+
+// LaunchMHCPost starts glmf_mhc_post with a.
+func LaunchMHCPost(d *Device, grid, block Dim3, smem int, a *MHCPostArgs) error {
+	return KernelMHCPost.Launch(d, grid, block, smem, a)
+}
+
+// MHCPostPreArgsKernel is a kernel taking MHCPostPreArgs (0: none).
+type MHCPostPreArgsKernel uint16
+
+// The kernels taking MHCPostPreArgs.
+const (
+	_ MHCPostPreArgsKernel = iota
+	// KernelMHCPostPre is glmf_mhc_post_pre (src/mhc.cu).
+	KernelMHCPostPre
+	// KernelMHCPostPreTok is glmf_mhc_post_pre_tok (src/mhc.cu).
+	KernelMHCPostPreTok
+)
+
+// namesOfMHCPostPreArgsKernel are the entry points of the MHCPostPreArgsKernel constants.
+var namesOfMHCPostPreArgsKernel = [...]string{
+	"",
+	"glmf_mhc_post_pre",
+	"glmf_mhc_post_pre_tok",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MHCPostPreArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MHCPostPreArgs) error {
+	return d.launch(namesOfMHCPostPreArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MHCPostPreArgsKernel) String() string { return namesOfMHCPostPreArgsKernel[k] }
+
+// LaunchMHCPostPre starts glmf_mhc_post_pre with a.
+func LaunchMHCPostPre(d *Device, grid, block Dim3, smem int, a *MHCPostPreArgs) error {
+	return KernelMHCPostPre.Launch(d, grid, block, smem, a)
+}
+
+// LaunchMHCPostPreTok starts glmf_mhc_post_pre_tok with a.
+func LaunchMHCPostPreTok(d *Device, grid, block Dim3, smem int, a *MHCPostPreArgs) error {
+	return KernelMHCPostPreTok.Launch(d, grid, block, smem, a)
+}
+
+// MHCPreArgsKernel is a kernel taking MHCPreArgs (0: none).
+type MHCPreArgsKernel uint16
+
+// The kernels taking MHCPreArgs.
+const (
+	_ MHCPreArgsKernel = iota
+	// KernelMHCPre is glmf_mhc_pre (src/mhc.cu).
+	KernelMHCPre
+	// KernelMHCPreTok is glmf_mhc_pre_tok (src/mhc.cu).
+	KernelMHCPreTok
+)
+
+// namesOfMHCPreArgsKernel are the entry points of the MHCPreArgsKernel constants.
+var namesOfMHCPreArgsKernel = [...]string{
+	"",
+	"glmf_mhc_pre",
+	"glmf_mhc_pre_tok",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MHCPreArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MHCPreArgs) error {
+	return d.launch(namesOfMHCPreArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MHCPreArgsKernel) String() string { return namesOfMHCPreArgsKernel[k] }
+
+// LaunchMHCPre starts glmf_mhc_pre with a.
+func LaunchMHCPre(d *Device, grid, block Dim3, smem int, a *MHCPreArgs) error {
+	return KernelMHCPre.Launch(d, grid, block, smem, a)
+}
+
+// LaunchMHCPreTok starts glmf_mhc_pre_tok with a.
+func LaunchMHCPreTok(d *Device, grid, block Dim3, smem int, a *MHCPreArgs) error {
+	return KernelMHCPreTok.Launch(d, grid, block, smem, a)
+}
+
+// MLAAccumArgsKernel is a kernel taking MLAAccumArgs (0: none).
+type MLAAccumArgsKernel uint16
+
+// The kernels taking MLAAccumArgs.
+const (
+	_ MLAAccumArgsKernel = iota
+	// KernelMLAAccum is glmf_mla_accum (src/dsa.cu).
+	KernelMLAAccum
+	// KernelMLAAccumS is glmf_mla_accum_s (src/dsa.cu).
+	KernelMLAAccumS
+)
+
+// namesOfMLAAccumArgsKernel are the entry points of the MLAAccumArgsKernel constants.
+var namesOfMLAAccumArgsKernel = [...]string{
+	"",
+	"glmf_mla_accum",
+	"glmf_mla_accum_s",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MLAAccumArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MLAAccumArgs) error {
+	return d.launch(namesOfMLAAccumArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MLAAccumArgsKernel) String() string { return namesOfMLAAccumArgsKernel[k] }
+
+// LaunchMLAAccum starts glmf_mla_accum with a.
+func LaunchMLAAccum(d *Device, grid, block Dim3, smem int, a *MLAAccumArgs) error {
+	return KernelMLAAccum.Launch(d, grid, block, smem, a)
+}
+
+// LaunchMLAAccumS starts glmf_mla_accum_s with a.
+func LaunchMLAAccumS(d *Device, grid, block Dim3, smem int, a *MLAAccumArgs) error {
+	return KernelMLAAccumS.Launch(d, grid, block, smem, a)
+}
+
+// MLAAccumDArgsKernel is a kernel taking MLAAccumDArgs (0: none).
+type MLAAccumDArgsKernel uint16
+
+// The kernels taking MLAAccumDArgs.
+const (
+	_ MLAAccumDArgsKernel = iota
+	// KernelMLAAccumD is glmf_mla_accum_d (src/dsa.cu).
+	KernelMLAAccumD
+)
+
+// namesOfMLAAccumDArgsKernel are the entry points of the MLAAccumDArgsKernel constants.
+var namesOfMLAAccumDArgsKernel = [...]string{
+	"",
+	"glmf_mla_accum_d",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MLAAccumDArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MLAAccumDArgs) error {
+	return d.launch(namesOfMLAAccumDArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MLAAccumDArgsKernel) String() string { return namesOfMLAAccumDArgsKernel[k] }
+
+// LaunchMLAAccumD starts glmf_mla_accum_d with a.
+func LaunchMLAAccumD(d *Device, grid, block Dim3, smem int, a *MLAAccumDArgs) error {
+	return KernelMLAAccumD.Launch(d, grid, block, smem, a)
+}
+
+// MLAAppendArgsKernel is a kernel taking MLAAppendArgs (0: none).
+type MLAAppendArgsKernel uint16
+
+// The kernels taking MLAAppendArgs.
+const (
+	_ MLAAppendArgsKernel = iota
+	// KernelMLAAppend is glmf_mla_append (src/dsa.cu).
+	KernelMLAAppend
+)
+
+// namesOfMLAAppendArgsKernel are the entry points of the MLAAppendArgsKernel constants.
+var namesOfMLAAppendArgsKernel = [...]string{
+	"",
+	"glmf_mla_append",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MLAAppendArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MLAAppendArgs) error {
+	return d.launch(namesOfMLAAppendArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MLAAppendArgsKernel) String() string { return namesOfMLAAppendArgsKernel[k] }
+
+// LaunchMLAAppend starts glmf_mla_append with a.
+func LaunchMLAAppend(d *Device, grid, block Dim3, smem int, a *MLAAppendArgs) error {
+	return KernelMLAAppend.Launch(d, grid, block, smem, a)
+}
+
+// MLAGemvArgsKernel is a kernel taking MLAGemvArgs (0: none).
+type MLAGemvArgsKernel uint16
+
+// The kernels taking MLAGemvArgs.
+const (
+	_ MLAGemvArgsKernel = iota
+	// KernelMLAExpandGv is glmf_mla_expand_gv (src/dsa.cu).
+	KernelMLAExpandGv
+	// KernelMLAQabsGv is glmf_mla_qabs_gv (src/dsa.cu).
+	KernelMLAQabsGv
+)
+
+// namesOfMLAGemvArgsKernel are the entry points of the MLAGemvArgsKernel constants.
+var namesOfMLAGemvArgsKernel = [...]string{
+	"",
+	"glmf_mla_expand_gv",
+	"glmf_mla_qabs_gv",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MLAGemvArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MLAGemvArgs) error {
+	return d.launch(namesOfMLAGemvArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MLAGemvArgsKernel) String() string { return namesOfMLAGemvArgsKernel[k] }
+
+// LaunchMLAExpandGv starts glmf_mla_expand_gv with a.
+func LaunchMLAExpandGv(d *Device, grid, block Dim3, smem int, a *MLAGemvArgs) error {
+	return KernelMLAExpandGv.Launch(d, grid, block, smem, a)
+}
+
+// LaunchMLAQabsGv starts glmf_mla_qabs_gv with a.
+func LaunchMLAQabsGv(d *Device, grid, block Dim3, smem int, a *MLAGemvArgs) error {
+	return KernelMLAQabsGv.Launch(d, grid, block, smem, a)
+}
+
+// MLAHeadMMArgsKernel is a kernel taking MLAHeadMMArgs (0: none).
+type MLAHeadMMArgsKernel uint16
+
+// The kernels taking MLAHeadMMArgs.
+const (
+	_ MLAHeadMMArgsKernel = iota
+	// KernelMLAExpand is glmf_mla_expand (src/dsa.cu).
+	KernelMLAExpand
+	// KernelMLAExpandS is glmf_mla_expand_s (src/dsa.cu).
+	KernelMLAExpandS
+	// KernelMLAQabs is glmf_mla_qabs (src/dsa.cu).
+	KernelMLAQabs
+	// KernelMLAQabsS is glmf_mla_qabs_s (src/dsa.cu).
+	KernelMLAQabsS
+)
+
+// namesOfMLAHeadMMArgsKernel are the entry points of the MLAHeadMMArgsKernel constants.
+var namesOfMLAHeadMMArgsKernel = [...]string{
+	"",
+	"glmf_mla_expand",
+	"glmf_mla_expand_s",
+	"glmf_mla_qabs",
+	"glmf_mla_qabs_s",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MLAHeadMMArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MLAHeadMMArgs) error {
+	return d.launch(namesOfMLAHeadMMArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MLAHeadMMArgsKernel) String() string { return namesOfMLAHeadMMArgsKernel[k] }
+
+// LaunchMLAExpand starts glmf_mla_expand with a.
+func LaunchMLAExpand(d *Device, grid, block Dim3, smem int, a *MLAHeadMMArgs) error {
+	return KernelMLAExpand.Launch(d, grid, block, smem, a)
+}
+
+// LaunchMLAExpandS starts glmf_mla_expand_s with a.
+func LaunchMLAExpandS(d *Device, grid, block Dim3, smem int, a *MLAHeadMMArgs) error {
+	return KernelMLAExpandS.Launch(d, grid, block, smem, a)
+}
+
+// LaunchMLAQabs starts glmf_mla_qabs with a.
+func LaunchMLAQabs(d *Device, grid, block Dim3, smem int, a *MLAHeadMMArgs) error {
+	return KernelMLAQabs.Launch(d, grid, block, smem, a)
+}
+
+// LaunchMLAQabsS starts glmf_mla_qabs_s with a.
+func LaunchMLAQabsS(d *Device, grid, block Dim3, smem int, a *MLAHeadMMArgs) error {
+	return KernelMLAQabsS.Launch(d, grid, block, smem, a)
+}
+
+// MLALogitsArgsKernel is a kernel taking MLALogitsArgs (0: none).
+type MLALogitsArgsKernel uint16
+
+// The kernels taking MLALogitsArgs.
+const (
+	_ MLALogitsArgsKernel = iota
+	// KernelMLALogits is glmf_mla_logits (src/dsa.cu).
+	KernelMLALogits
+	// KernelMLALogitsS is glmf_mla_logits_s (src/dsa.cu).
+	KernelMLALogitsS
+)
+
+// namesOfMLALogitsArgsKernel are the entry points of the MLALogitsArgsKernel constants.
+var namesOfMLALogitsArgsKernel = [...]string{
+	"",
+	"glmf_mla_logits",
+	"glmf_mla_logits_s",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MLALogitsArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MLALogitsArgs) error {
+	return d.launch(namesOfMLALogitsArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MLALogitsArgsKernel) String() string { return namesOfMLALogitsArgsKernel[k] }
+
+// LaunchMLALogits starts glmf_mla_logits with a.
+func LaunchMLALogits(d *Device, grid, block Dim3, smem int, a *MLALogitsArgs) error {
+	return KernelMLALogits.Launch(d, grid, block, smem, a)
+}
+
+// LaunchMLALogitsS starts glmf_mla_logits_s with a.
+func LaunchMLALogitsS(d *Device, grid, block Dim3, smem int, a *MLALogitsArgs) error {
+	return KernelMLALogitsS.Launch(d, grid, block, smem, a)
+}
+
+// MLALogitsDArgsKernel is a kernel taking MLALogitsDArgs (0: none).
+type MLALogitsDArgsKernel uint16
+
+// The kernels taking MLALogitsDArgs.
+const (
+	_ MLALogitsDArgsKernel = iota
+	// KernelMLALogitsD is glmf_mla_logits_d (src/dsa.cu).
+	KernelMLALogitsD
+)
+
+// namesOfMLALogitsDArgsKernel are the entry points of the MLALogitsDArgsKernel constants.
+var namesOfMLALogitsDArgsKernel = [...]string{
+	"",
+	"glmf_mla_logits_d",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MLALogitsDArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MLALogitsDArgs) error {
+	return d.launch(namesOfMLALogitsDArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MLALogitsDArgsKernel) String() string { return namesOfMLALogitsDArgsKernel[k] }
+
+// LaunchMLALogitsD starts glmf_mla_logits_d with a.
+func LaunchMLALogitsD(d *Device, grid, block Dim3, smem int, a *MLALogitsDArgs) error {
+	return KernelMLALogitsD.Launch(d, grid, block, smem, a)
+}
+
+// MLASoftmaxArgsKernel is a kernel taking MLASoftmaxArgs (0: none).
+type MLASoftmaxArgsKernel uint16
+
+// The kernels taking MLASoftmaxArgs.
+const (
+	_ MLASoftmaxArgsKernel = iota
+	// KernelMLASoftmax is glmf_mla_softmax (src/dsa.cu).
+	KernelMLASoftmax
+)
+
+// namesOfMLASoftmaxArgsKernel are the entry points of the MLASoftmaxArgsKernel constants.
+var namesOfMLASoftmaxArgsKernel = [...]string{
+	"",
+	"glmf_mla_softmax",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MLASoftmaxArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MLASoftmaxArgs) error {
+	return d.launch(namesOfMLASoftmaxArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MLASoftmaxArgsKernel) String() string { return namesOfMLASoftmaxArgsKernel[k] }
+
+// LaunchMLASoftmax starts glmf_mla_softmax with a.
+func LaunchMLASoftmax(d *Device, grid, block Dim3, smem int, a *MLASoftmaxArgs) error {
+	return KernelMLASoftmax.Launch(d, grid, block, smem, a)
+}
+
+// MMATestArgsKernel is a kernel taking MMATestArgs (0: none).
+type MMATestArgsKernel uint16
+
+// The kernels taking MMATestArgs.
+const (
+	_ MMATestArgsKernel = iota
+	// KernelTestMMA is glmf_test_mma (src/gemv_mma.cu).
+	KernelTestMMA
+)
+
+// namesOfMMATestArgsKernel are the entry points of the MMATestArgsKernel constants.
+var namesOfMMATestArgsKernel = [...]string{
+	"",
+	"glmf_test_mma",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k MMATestArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *MMATestArgs) error {
+	return d.launch(namesOfMMATestArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k MMATestArgsKernel) String() string { return namesOfMMATestArgsKernel[k] }
+
+// LaunchTestMMA starts glmf_test_mma with a.
+func LaunchTestMMA(d *Device, grid, block Dim3, smem int, a *MMATestArgs) error {
+	return KernelTestMMA.Launch(d, grid, block, smem, a)
+}
+
+// NormArgsKernel is a kernel taking NormArgs (0: none).
+type NormArgsKernel uint16
+
+// The kernels taking NormArgs.
+const (
+	_ NormArgsKernel = iota
+	// KernelLayernorm is glmf_layernorm (src/dense.cu).
+	KernelLayernorm
+	// KernelRmsnorm is glmf_rmsnorm (src/dense.cu).
+	KernelRmsnorm
+)
+
+// namesOfNormArgsKernel are the entry points of the NormArgsKernel constants.
+var namesOfNormArgsKernel = [...]string{
+	"",
+	"glmf_layernorm",
+	"glmf_rmsnorm",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k NormArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *NormArgs) error {
+	return d.launch(namesOfNormArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k NormArgsKernel) String() string { return namesOfNormArgsKernel[k] }
+
+// LaunchLayernorm starts glmf_layernorm with a.
+func LaunchLayernorm(d *Device, grid, block Dim3, smem int, a *NormArgs) error {
+	return KernelLayernorm.Launch(d, grid, block, smem, a)
+}
+
+// LaunchRmsnorm starts glmf_rmsnorm with a.
+func LaunchRmsnorm(d *Device, grid, block Dim3, smem int, a *NormArgs) error {
+	return KernelRmsnorm.Launch(d, grid, block, smem, a)
+}
+
+// PlanArgsKernel is a kernel taking PlanArgs (0: none).
+type PlanArgsKernel uint16
+
+// The kernels taking PlanArgs.
+const (
+	_ PlanArgsKernel = iota
+	// KernelMoEPlan is glmf_moe_plan (src/moe.cu).
+	KernelMoEPlan
+)
+
+// namesOfPlanArgsKernel are the entry points of the PlanArgsKernel constants.
+var namesOfPlanArgsKernel = [...]string{
+	"",
+	"glmf_moe_plan",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k PlanArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *PlanArgs) error {
+	return d.launch(namesOfPlanArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k PlanArgsKernel) String() string { return namesOfPlanArgsKernel[k] }
+
+// LaunchMoEPlan starts glmf_moe_plan with a.
+func LaunchMoEPlan(d *Device, grid, block Dim3, smem int, a *PlanArgs) error {
+	return KernelMoEPlan.Launch(d, grid, block, smem, a)
+}
+
+// RouteArgsKernel is a kernel taking RouteArgs (0: none).
+type RouteArgsKernel uint16
+
+// The kernels taking RouteArgs.
+const (
+	_ RouteArgsKernel = iota
+	// KernelMoERoute is glmf_moe_route (src/moe.cu).
+	KernelMoERoute
+	// KernelMoERouteWarp is glmf_moe_route_warp (src/moe.cu).
+	KernelMoERouteWarp
+)
+
+// namesOfRouteArgsKernel are the entry points of the RouteArgsKernel constants.
+var namesOfRouteArgsKernel = [...]string{
+	"",
+	"glmf_moe_route",
+	"glmf_moe_route_warp",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k RouteArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *RouteArgs) error {
+	return d.launch(namesOfRouteArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k RouteArgsKernel) String() string { return namesOfRouteArgsKernel[k] }
+
+// LaunchMoERoute starts glmf_moe_route with a.
+func LaunchMoERoute(d *Device, grid, block Dim3, smem int, a *RouteArgs) error {
+	return KernelMoERoute.Launch(d, grid, block, smem, a)
+}
+
+// LaunchMoERouteWarp starts glmf_moe_route_warp with a.
+func LaunchMoERouteWarp(d *Device, grid, block Dim3, smem int, a *RouteArgs) error {
+	return KernelMoERouteWarp.Launch(d, grid, block, smem, a)
+}
+
+// SampleArgsKernel is a kernel taking SampleArgs (0: none).
+type SampleArgsKernel uint16
+
+// The kernels taking SampleArgs.
+const (
+	_ SampleArgsKernel = iota
+	// KernelSample is glmf_sample (src/sample.cu).
+	KernelSample
+)
+
+// namesOfSampleArgsKernel are the entry points of the SampleArgsKernel constants.
+var namesOfSampleArgsKernel = [...]string{
+	"",
+	"glmf_sample",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k SampleArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *SampleArgs) error {
+	return d.launch(namesOfSampleArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k SampleArgsKernel) String() string { return namesOfSampleArgsKernel[k] }
+
+// LaunchSample starts glmf_sample with a.
+func LaunchSample(d *Device, grid, block Dim3, smem int, a *SampleArgs) error {
+	return KernelSample.Launch(d, grid, block, smem, a)
+}
+
+// SamplePartArgsKernel is a kernel taking SamplePartArgs (0: none).
+type SamplePartArgsKernel uint16
+
+// The kernels taking SamplePartArgs.
+const (
+	_ SamplePartArgsKernel = iota
+	// KernelSamplePart is glmf_sample_part (src/sample.cu).
+	KernelSamplePart
+)
+
+// namesOfSamplePartArgsKernel are the entry points of the SamplePartArgsKernel constants.
+var namesOfSamplePartArgsKernel = [...]string{
+	"",
+	"glmf_sample_part",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k SamplePartArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *SamplePartArgs) error {
+	return d.launch(namesOfSamplePartArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k SamplePartArgsKernel) String() string { return namesOfSamplePartArgsKernel[k] }
+
+// LaunchSamplePart starts glmf_sample_part with a.
+func LaunchSamplePart(d *Device, grid, block Dim3, smem int, a *SamplePartArgs) error {
+	return KernelSamplePart.Launch(d, grid, block, smem, a)
+}
+
+// SeqLenArgsKernel is a kernel taking SeqLenArgs (0: none).
+type SeqLenArgsKernel uint16
+
+// The kernels taking SeqLenArgs.
+const (
+	_ SeqLenArgsKernel = iota
+	// KernelSeqLengths is glmf_seq_lengths (src/dense.cu).
+	KernelSeqLengths
+)
+
+// namesOfSeqLenArgsKernel are the entry points of the SeqLenArgsKernel constants.
+var namesOfSeqLenArgsKernel = [...]string{
+	"",
+	"glmf_seq_lengths",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k SeqLenArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *SeqLenArgs) error {
+	return d.launch(namesOfSeqLenArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k SeqLenArgsKernel) String() string { return namesOfSeqLenArgsKernel[k] }
+
+// LaunchSeqLengths starts glmf_seq_lengths with a.
+func LaunchSeqLengths(d *Device, grid, block Dim3, smem int, a *SeqLenArgs) error {
+	return KernelSeqLengths.Launch(d, grid, block, smem, a)
+}
+
+// SplitArgsKernel is a kernel taking SplitArgs (0: none).
+type SplitArgsKernel uint16
+
+// The kernels taking SplitArgs.
+const (
+	_ SplitArgsKernel = iota
+	// KernelSplitCols is glmf_split_cols (src/dense.cu).
+	KernelSplitCols
+)
+
+// namesOfSplitArgsKernel are the entry points of the SplitArgsKernel constants.
+var namesOfSplitArgsKernel = [...]string{
+	"",
+	"glmf_split_cols",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k SplitArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *SplitArgs) error {
+	return d.launch(namesOfSplitArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k SplitArgsKernel) String() string { return namesOfSplitArgsKernel[k] }
+
+// LaunchSplitCols starts glmf_split_cols with a.
+func LaunchSplitCols(d *Device, grid, block Dim3, smem int, a *SplitArgs) error {
+	return KernelSplitCols.Launch(d, grid, block, smem, a)
+}
+
+// StreamMeanArgsKernel is a kernel taking StreamMeanArgs (0: none).
+type StreamMeanArgsKernel uint16
+
+// The kernels taking StreamMeanArgs.
+const (
+	_ StreamMeanArgsKernel = iota
+	// KernelStreamMean is glmf_stream_mean (src/dense.cu).
+	KernelStreamMean
+)
+
+// namesOfStreamMeanArgsKernel are the entry points of the StreamMeanArgsKernel constants.
+var namesOfStreamMeanArgsKernel = [...]string{
+	"",
+	"glmf_stream_mean",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k StreamMeanArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *StreamMeanArgs) error {
+	return d.launch(namesOfStreamMeanArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k StreamMeanArgsKernel) String() string { return namesOfStreamMeanArgsKernel[k] }
+
+// LaunchStreamMean starts glmf_stream_mean with a.
+func LaunchStreamMean(d *Device, grid, block Dim3, smem int, a *StreamMeanArgs) error {
+	return KernelStreamMean.Launch(d, grid, block, smem, a)
+}
+
+// ToBF16ArgsKernel is a kernel taking ToBF16Args (0: none).
+type ToBF16ArgsKernel uint16
+
+// The kernels taking ToBF16Args.
+const (
+	_ ToBF16ArgsKernel = iota
+	// KernelToBF16 is glmf_to_bf16 (src/dense.cu).
+	KernelToBF16
+)
+
+// namesOfToBF16ArgsKernel are the entry points of the ToBF16ArgsKernel constants.
+var namesOfToBF16ArgsKernel = [...]string{
+	"",
+	"glmf_to_bf16",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k ToBF16ArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *ToBF16Args) error {
+	return d.launch(namesOfToBF16ArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k ToBF16ArgsKernel) String() string { return namesOfToBF16ArgsKernel[k] }
+
+// LaunchToBF16 starts glmf_to_bf16 with a.
+func LaunchToBF16(d *Device, grid, block Dim3, smem int, a *ToBF16Args) error {
+	return KernelToBF16.Launch(d, grid, block, smem, a)
+}
+
+// LaunchedKernels lists the entry points the launchers start, sorted.
+func LaunchedKernels() []string {
+	var names []string
+	names = append(names, namesOfAppendArgsKernel[1:]...)
+	names = append(names, namesOfCombineArgsKernel[1:]...)
+	names = append(names, namesOfDSAMetaArgsKernel[1:]...)
+	names = append(names, namesOfEltArgsKernel[1:]...)
+	names = append(names, namesOfEmbedArgsKernel[1:]...)
+	names = append(names, namesOfFP8ToBF16ArgsKernel[1:]...)
+	names = append(names, namesOfGatedNormArgsKernel[1:]...)
+	names = append(names, namesOfGatherArgsKernel[1:]...)
+	names = append(names, namesOfGemmArgsKernel[1:]...)
+	names = append(names, namesOfIdxAppendArgsKernel[1:]...)
+	names = append(names, namesOfIdxSaveArgsKernel[1:]...)
+	names = append(names, namesOfIdxScoreArgsKernel[1:]...)
+	names = append(names, namesOfIdxSelectArgsKernel[1:]...)
+	names = append(names, namesOfIdxSharedArgsKernel[1:]...)
+	names = append(names, namesOfKDAAttnArgsKernel[1:]...)
+	names = append(names, namesOfKDAConvArgsKernel[1:]...)
+	names = append(names, namesOfKDAGateArgsKernel[1:]...)
+	names = append(names, namesOfMHCMixArgsKernel[1:]...)
+	names = append(names, namesOfMHCPostArgsKernel[1:]...)
+	names = append(names, namesOfMHCPostPreArgsKernel[1:]...)
+	names = append(names, namesOfMHCPreArgsKernel[1:]...)
+	names = append(names, namesOfMLAAccumArgsKernel[1:]...)
+	names = append(names, namesOfMLAAccumDArgsKernel[1:]...)
+	names = append(names, namesOfMLAAppendArgsKernel[1:]...)
+	names = append(names, namesOfMLAGemvArgsKernel[1:]...)
+	names = append(names, namesOfMLAHeadMMArgsKernel[1:]...)
+	names = append(names, namesOfMLALogitsArgsKernel[1:]...)
+	names = append(names, namesOfMLALogitsDArgsKernel[1:]...)
+	names = append(names, namesOfMLASoftmaxArgsKernel[1:]...)
+	names = append(names, namesOfMMATestArgsKernel[1:]...)
+	names = append(names, namesOfNormArgsKernel[1:]...)
+	names = append(names, namesOfPlanArgsKernel[1:]...)
+	names = append(names, namesOfRouteArgsKernel[1:]...)
+	names = append(names, namesOfSampleArgsKernel[1:]...)
+	names = append(names, namesOfSamplePartArgsKernel[1:]...)
+	names = append(names, namesOfSeqLenArgsKernel[1:]...)
+	names = append(names, namesOfSplitArgsKernel[1:]...)
+	names = append(names, namesOfStreamMeanArgsKernel[1:]...)
+	names = append(names, namesOfToBF16ArgsKernel[1:]...)
+	slices.Sort(names)
+	return names
+}
+
+// GemvSIMTKernel is glmf_gemv's kernel for a precision (d: double sums, f: float sums) and rows a pass: glmf_gemv_{prec:string=d|f}{rows:int=1|2|4|8} (prec d, f; rows 1, 2, 4, 8; ok false for other values).
+func GemvSIMTKernel(prec string, rows int) (k GemmArgsKernel, ok bool) {
+	switch {
+	case prec == "d" && rows == 1:
+		return KernelGemvD1, true
+	case prec == "d" && rows == 2:
+		return KernelGemvD2, true
+	case prec == "d" && rows == 4:
+		return KernelGemvD4, true
+	case prec == "d" && rows == 8:
+		return KernelGemvD8, true
+	case prec == "f" && rows == 1:
+		return KernelGemvF1, true
+	case prec == "f" && rows == 2:
+		return KernelGemvF2, true
+	case prec == "f" && rows == 4:
+		return KernelGemvF4, true
+	case prec == "f" && rows == 8:
+		return KernelGemvF8, true
+	}
+	return 0, false
+}
+
+// GemvMMAKernel is the tensor-core GEMV for a weight type and a tile shape: glmf_gemv_mma_{w:string=f8|b16}_{shape:string=t1|t2|dual|t1k} (w f8, b16; shape t1, t2, dual, t1k; ok false for other values).
+func GemvMMAKernel(w string, shape string) (k GemmArgsKernel, ok bool) {
+	switch {
+	case w == "f8" && shape == "t1":
+		return KernelGemvMMAF8T1, true
+	case w == "f8" && shape == "t2":
+		return KernelGemvMMAF8T2, true
+	case w == "f8" && shape == "dual":
+		return KernelGemvMMAF8Dual, true
+	case w == "f8" && shape == "t1k":
+		return KernelGemvMMAF8T1k, true
+	case w == "b16" && shape == "t1":
+		return KernelGemvMMAB16T1, true
+	case w == "b16" && shape == "t2":
+		return KernelGemvMMAB16T2, true
+	case w == "b16" && shape == "dual":
+		return KernelGemvMMAB16Dual, true
+	case w == "b16" && shape == "t1k":
+		return KernelGemvMMAB16T1k, true
+	}
+	return 0, false
+}
+
+// KDARecurrentRegKernel is the register-resident KDA recurrence for head dimension dh: glmf_kda_recurrent_reg{dh:int=8|16|32|64|128} (dh 8, 16, 32, 64, 128; ok false for other values).
+func KDARecurrentRegKernel(dh int) (k KDAAttnArgsKernel, ok bool) {
+	switch {
+	case dh == 8:
+		return KernelKDARecurrentReg8, true
+	case dh == 16:
+		return KernelKDARecurrentReg16, true
+	case dh == 32:
+		return KernelKDARecurrentReg32, true
+	case dh == 64:
+		return KernelKDARecurrentReg64, true
+	case dh == 128:
+		return KernelKDARecurrentReg128, true
+	}
+	return 0, false
+}
+
+// MLAQabsKernel is the MLA query absorption, small: the small-tile variant (few rows): glmf_mla_qabs{small:bool=|_s}.
+func MLAQabsKernel(small bool) MLAHeadMMArgsKernel {
+	if !small {
+		return KernelMLAQabs
+	}
+	return KernelMLAQabsS
+}
+
+// MLALogitsKernel is the MLA logits, small: the small-tile variant (few rows): glmf_mla_logits{small:bool=|_s}.
+func MLALogitsKernel(small bool) MLALogitsArgsKernel {
+	if !small {
+		return KernelMLALogits
+	}
+	return KernelMLALogitsS
+}
+
+// MLAAccumKernel is the MLA accumulation, small: the small-tile variant (few rows): glmf_mla_accum{small:bool=|_s}.
+func MLAAccumKernel(small bool) MLAAccumArgsKernel {
+	if !small {
+		return KernelMLAAccum
+	}
+	return KernelMLAAccumS
+}
+
+// MLAExpandKernel is the MLA value expansion, small: the small-tile variant (few rows): glmf_mla_expand{small:bool=|_s}.
+func MLAExpandKernel(small bool) MLAHeadMMArgsKernel {
+	if !small {
+		return KernelMLAExpand
+	}
+	return KernelMLAExpandS
+}
+
+// MHCPreKernel is mHC's pre projection, tok: the few-token variant: glmf_mhc_pre{tok:bool=|_tok}.
+func MHCPreKernel(tok bool) MHCPreArgsKernel {
+	if !tok {
+		return KernelMHCPre
+	}
+	return KernelMHCPreTok
+}
+
+// MHCPostPreKernel is mHC's fused post and pre projection, tok: the few-token variant: glmf_mhc_post_pre{tok:bool=|_tok}.
+func MHCPostPreKernel(tok bool) MHCPostPreArgsKernel {
+	if !tok {
+		return KernelMHCPostPre
+	}
+	return KernelMHCPostPreTok
 }

@@ -69,3 +69,44 @@ func TestEveryKernelEntersPDL(t *testing.T) {
 	require.Positive(t, entries)
 	require.GreaterOrEqual(t, strings.Count(ptx, "griddepcontrol.wait"), entries, "an sm_90 entry without griddepcontrol.wait")
 }
+
+// The generated launchers (args_gen.go) start exactly the kernels of the
+// committed PTX: every launcher's name is an entry point of both files
+// (a launcher of a kernel the sources lost fails here, not on the GPU), and
+// every entry point has a launcher (kernels are started through no other
+// way: d.launch is unexported, the typed launchers its only callers).
+func TestLaunchersMatchPTX(t *testing.T) {
+	files := kc.PTXFiles()
+	require.Len(t, files, 2)
+	for name, ptx := range files {
+		require.Equal(t, kc.EntryNames(ptx), kc.LaunchedKernels(), "%s: its entry points against the launchers of args_gen.go (`make cuda-args`)", name)
+	}
+	require.Equal(t, kc.KernelNames(), kc.LaunchedKernels(), "the embedded module's kernels")
+}
+
+// The variant tables resolve the names the backend composes, and refuse
+// values they do not list.
+func TestKernelVariants(t *testing.T) {
+	k, ok := kc.GemvSIMTKernel("f", 4)
+	require.True(t, ok)
+	require.Equal(t, kc.KernelGemvF4, k)
+	require.Equal(t, "glmf_gemv_f4", k.String())
+	_, ok = kc.GemvSIMTKernel("f", 3)
+	require.False(t, ok)
+	_, ok = kc.GemvSIMTKernel("h", 1)
+	require.False(t, ok)
+	k, ok = kc.GemvMMAKernel("b16", "t1k")
+	require.True(t, ok)
+	require.Equal(t, "glmf_gemv_mma_b16_t1k", k.String())
+	kr, ok := kc.KDARecurrentRegKernel(64)
+	require.True(t, ok)
+	require.Equal(t, "glmf_kda_recurrent_reg64", kr.String())
+	_, ok = kc.KDARecurrentRegKernel(256)
+	require.False(t, ok)
+	require.Equal(t, "glmf_mla_qabs_s", kc.MLAQabsKernel(true).String())
+	require.Equal(t, "glmf_mla_expand", kc.MLAExpandKernel(false).String())
+	require.Equal(t, "glmf_mhc_post_pre_tok", kc.MHCPostPreKernel(true).String())
+	require.Equal(t, "glmf_mhc_pre", kc.MHCPreKernel(false).String())
+	var none kc.GemmArgsKernel
+	require.Empty(t, none.String(), "a kernel type's zero value is no kernel")
+}
