@@ -107,12 +107,12 @@ func TestNormsAndElementwiseMatchCPU(t *testing.T) {
 	norm.RMSNorm(want, x, rows, D, wf, 1e-5)
 	Y := poisoned[float32](t, d, rows*D)
 	a := kc.NormArgs{X: X.p, W: W.p, WBf16: 1, Y: Y.p, Rows: int64(rows), D: int64(D), Eps: float64(float32(1e-5))}
-	launch(t, d, "glmf_rmsnorm", kc.Dim3{X: uint32(rows)}, kc.Dim3{X: 256}, 0, &a)
+	launch(t, d, kc.KernelRmsnorm, kc.Dim3{X: uint32(rows)}, kc.Dim3{X: 256}, 0, &a)
 	require.Less(t, maxRelErr(t, download[float32](t, Y), want), 1e-6, "rmsnorm")
 
 	norm.LayerNorm(want, x, rows, D, wf, bv, 1e-6)
 	a = kc.NormArgs{X: X.p, W: W.p, WBf16: 1, B: B.p, Y: Y.p, Rows: int64(rows), D: int64(D), Eps: float64(float32(1e-6))}
-	launch(t, d, "glmf_layernorm", kc.Dim3{X: uint32(rows)}, kc.Dim3{X: 256}, 0, &a)
+	launch(t, d, kc.KernelLayernorm, kc.Dim3{X: uint32(rows)}, kc.Dim3{X: 256}, 0, &a)
 	require.Less(t, maxRelErr(t, download[float32](t, Y), want), 1e-6, "layernorm")
 
 	H, Dh := 10, 13 // rows·D = T·H·Dh with T = 7
@@ -121,7 +121,7 @@ func TestNormsAndElementwiseMatchCPU(t *testing.T) {
 	norm.GatedRMSNorm(want, x, g, rows, H, Dh, gw, 1e-5)
 	G, GW := upload(t, d, g), upload(t, d, gw)
 	ga := kc.GatedNormArgs{O: X.p, G: G.p, W: GW.p, Y: Y.p, Rows: int64(rows * H), Dh: int64(Dh), Eps: float64(float32(1e-5))}
-	launch(t, d, "glmf_gated_rmsnorm", kc.Dim3{X: uint32(rows * H)}, kc.Dim3{X: 128}, 0, &ga)
+	launch(t, d, kc.KernelGatedRmsnorm, kc.Dim3{X: uint32(rows * H)}, kc.Dim3{X: 128}, 0, &ga)
 	require.Less(t, maxRelErr(t, download[float32](t, Y), want), 1e-6, "gated_rmsnorm")
 
 	n := rows * D
@@ -129,13 +129,13 @@ func TestNormsAndElementwiseMatchCPU(t *testing.T) {
 	// activations are their reference, not the float32 vector kernels
 	act.SwiGLUExact(want, x, g, 3)
 	e := kc.EltArgs{X: X.p, Y: G.p, Out: Y.p, N: int64(n), Op: 2, Limit: 3}
-	launch(t, d, "glmf_elementwise", kc.Dim3{X: uint32((n + 255) / 256)}, kc.Dim3{X: 256}, 0, &e)
+	launch(t, d, kc.KernelElementwise, kc.Dim3{X: uint32((n + 255) / 256)}, kc.Dim3{X: 256}, 0, &e)
 	require.Less(t, maxRelErr(t, download[float32](t, Y), want), 1e-6, "swiglu")
 	for i, v := range x[:n] {
 		want[i] = act.Sigmoid(v)
 	}
 	e.Op = 0
-	launch(t, d, "glmf_elementwise", kc.Dim3{X: uint32((n + 255) / 256)}, kc.Dim3{X: 256}, 0, &e)
+	launch(t, d, kc.KernelElementwise, kc.Dim3{X: uint32((n + 255) / 256)}, kc.Dim3{X: 256}, 0, &e)
 	require.Equal(t, want, download[float32](t, Y), "sigmoid")
 
 	lb := -5.0
@@ -152,7 +152,7 @@ func TestNormsAndElementwiseMatchCPU(t *testing.T) {
 		if withLB {
 			ka.HasLb = 1
 		}
-		launch(t, d, "glmf_kda_gate", kc.Dim3{X: uint32((n + 255) / 256)}, kc.Dim3{X: 256}, 0, &ka)
+		launch(t, d, kc.KernelKDAGate, kc.Dim3{X: uint32((n + 255) / 256)}, kc.Dim3{X: 256}, 0, &ka)
 		require.Less(t, maxRelErr(t, download[float32](t, Y), want), 1e-6, "kda_gate lb=%v", withLB)
 	}
 }
@@ -180,14 +180,14 @@ func TestMHCMatchesCPU(t *testing.T) {
 // mhcChunks mirrors core/backend/cuda's: chunks of 256/H d values.
 func mhcChunks(H, D int) int { dc := 256 / H; return (D + dc - 1) / dc }
 
-// mhcStage1 is the pre's first stage, kernel (glmf_mhc_pre or
-// glmf_mhc_post_pre) or its few-token variant (tok: kernel_tok, T < 8),
-// with its grid.
-func mhcStage1(kernel string, tok bool, T, H, D int) (string, kc.Dim3) {
+// mhcStage1 is the grid of the pre's first stage (glmf_mhc_pre or
+// glmf_mhc_post_pre: kc.MHCPreKernel, kc.MHCPostPreKernel) or of its
+// few-token variant (tok: kernel_tok, T < 8).
+func mhcStage1(tok bool, T, H, D int) kc.Dim3 {
 	if tok {
-		return kernel + "_tok", kc.Dim3{X: uint32((mhcChunks(H, D) + 7) / 8), Y: uint32(((2+H)*H + 7) / 8), Z: uint32(T)}
+		return kc.Dim3{X: uint32((mhcChunks(H, D) + 7) / 8), Y: uint32(((2+H)*H + 7) / 8), Z: uint32(T)}
 	}
-	return kernel, kc.Dim3{X: uint32(mhcChunks(H, D)), Y: uint32((T + 7) / 8)}
+	return kc.Dim3{X: uint32(mhcChunks(H, D)), Y: uint32((T + 7) / 8)}
 }
 
 // mhcPre runs the pre (stage 1 on X, stage 2) over T tokens, with the
@@ -195,8 +195,7 @@ func mhcStage1(kernel string, tok bool, T, H, D int) (string, kc.Dim3) {
 func mhcPre(t *testing.T, d *kc.Device, dp kc.MHCParams, T int, X kc.DevicePtr, nw kc.DevicePtr, tok bool) (h, post, comb []float32) {
 	H, D := int(dp.H), int(dp.D)
 	part := poisoned[float64](t, d, T*mhcChunks(H, D)*((2+H)*H+1))
-	name, grid := mhcStage1("glmf_mhc_pre", tok, T, H, D)
-	launch(t, d, name, grid, kc.Dim3{X: 256}, 0, &kc.MHCPreArgs{P: dp, X: X, Part: part.p, T: int64(T)})
+	launch(t, d, kc.MHCPreKernel(tok), mhcStage1(tok, T, H, D), kc.Dim3{X: 256}, 0, &kc.MHCPreArgs{P: dp, X: X, Part: part.p, T: int64(T)})
 	return mhcMix(t, d, dp, T, X, part.p, nw)
 }
 
@@ -204,7 +203,7 @@ func mhcMix(t *testing.T, d *kc.Device, dp kc.MHCParams, T int, X, part, nw kc.D
 	H, D := int(dp.H), int(dp.D)
 	Hd, Pd, Cd := poisoned[float32](t, d, T*D), poisoned[float32](t, d, T*H), poisoned[float32](t, d, T*H*H)
 	ma := kc.MHCMixArgs{P: dp, X: X, Part: part, H: Hd.p, Post: Pd.p, Comb: Cd.p, NormW: nw, NormEps: float64(float32(1e-5)), T: int64(T)}
-	launch(t, d, "glmf_mhc_mix", kc.MHCMixGrid(T), kc.Dim3{X: 256}, 0, &ma)
+	launch(t, d, kc.KernelMHCMix, kc.MHCMixGrid(T), kc.Dim3{X: 256}, 0, &ma)
 	return download[float32](t, Hd), download[float32](t, Pd), download[float32](t, Cd)
 }
 
@@ -251,7 +250,7 @@ func mhcMatchesCPU(t *testing.T, d *kc.Device, r *rand.Rand, T, H, D int, fp32Fn
 	Pin, Cin := upload(t, d, post), upload(t, d, comb)
 	Outd := poisoned[float32](t, d, T*H*D)
 	po := kc.MHCPostArgs{O: Od.p, R: Xd.p, Post: Pin.p, Comb: Cin.p, Out: Outd.p, T: int64(T), H: int64(H), D: int64(D)}
-	launch(t, d, "glmf_mhc_post", kc.Dim3{X: uint32((T*H*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &po)
+	launch(t, d, kc.KernelMHCPost, kc.Dim3{X: uint32((T*H*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &po)
 	unfusedOut := download[float32](t, Outd)
 	require.Less(t, maxRelErr(t, unfusedOut, out), 1e-6, "post")
 
@@ -261,7 +260,7 @@ func mhcMatchesCPU(t *testing.T, d *kc.Device, r *rand.Rand, T, H, D int, fp32Fn
 	uh0, up, uc := mhcPre(t, d, dp, T, Outd.p, 0, false)
 	Hn := upload(t, d, uh0)
 	na := kc.NormArgs{X: Hn.p, W: NW.p, Y: Hn.p, Rows: int64(T), D: int64(D), Eps: float64(float32(1e-5))}
-	launch(t, d, "glmf_rmsnorm", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &na)
+	launch(t, d, kc.KernelRmsnorm, kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &na)
 	uh := download[float32](t, Hn)
 	// against the CPU's fused post+pre+norm
 	want := mhc.PostPreArgs{Out: make([]float32, T*H*D), H2: make([]float32, T*D), Post2: make([]float32, T*H), Comb2: make([]float32, T*H*H),
@@ -278,8 +277,7 @@ func mhcMatchesCPU(t *testing.T, d *kc.Device, r *rand.Rand, T, H, D int, fp32Fn
 		F := poisoned[float32](t, d, T*H*D)
 		part := poisoned[float64](t, d, T*mhcChunks(H, D)*(mix+1))
 		fa := kc.MHCPostPreArgs{P: dp, O: Od.p, R: Xd.p, Post: Pin.p, Comb: Cin.p, Out: F.p, Part: part.p, T: int64(T)}
-		name, grid := mhcStage1("glmf_mhc_post_pre", tok, T, H, D)
-		launch(t, d, name, grid, kc.Dim3{X: 256}, 0, &fa)
+		launch(t, d, kc.MHCPostPreKernel(tok), mhcStage1(tok, T, H, D), kc.Dim3{X: 256}, 0, &fa)
 		fh, fp, fc := mhcMix(t, d, dp, T, F.p, part.p, NW.p)
 		require.Equal(t, unfusedOut, download[float32](t, F), "few-token variant: %v", tok)
 		require.Equal(t, uh, fh)
@@ -304,7 +302,7 @@ func gemmKernelsAgree(t *testing.T, d *kc.Device, r *rand.Rand, M, N, K int) {
 	wb, _ := toBF16(randn(r, N*K, 0.3))
 	X, W := upload(t, d, x), upload(t, d, wb)
 	a := kc.GemmArgs{A: X.p, Lda: int64(K), W: W.p, WType: 1, N: int64(N), K: int64(K), Nout: 1}
-	run := func(rows int, want string) []float32 {
+	run := func(rows int, want kc.GemmArgsKernel) []float32 {
 		out := poisoned[float32](t, d, rows*N)
 		a.M, a.Out[0], a.Ow[0] = int64(rows), out.p, int64(N)
 		name, grid, block := kc.GemmLaunch(rows, N, 1)
@@ -312,11 +310,11 @@ func gemmKernelsAgree(t *testing.T, d *kc.Device, r *rand.Rand, M, N, K int) {
 		launch(t, d, name, grid, block, 0, &a)
 		return download[float32](t, out)
 	}
-	tiled := run(M, "glmf_gemm_tiled")
-	require.Equal(t, tiled[:8*N], run(8, "glmf_gemm_skinny"), "K=%d", K)
-	require.Equal(t, tiled[:3*N], run(3, "glmf_gemm_skinny"), "K=%d", K)
-	require.Equal(t, tiled[:2*N], run(2, "glmf_gemm_col"), "K=%d", K)
-	require.Equal(t, tiled[:N], run(1, "glmf_gemm_col"), "K=%d", K)
+	tiled := run(M, kc.KernelGemmTiled)
+	require.Equal(t, tiled[:8*N], run(8, kc.KernelGemmSkinny), "K=%d", K)
+	require.Equal(t, tiled[:3*N], run(3, kc.KernelGemmSkinny), "K=%d", K)
+	require.Equal(t, tiled[:2*N], run(2, kc.KernelGemmCol), "K=%d", K)
+	require.Equal(t, tiled[:N], run(1, kc.KernelGemmCol), "K=%d", K)
 }
 
 // bf16 precision pieces: the cast rounds to nearest even like the CPU's
@@ -335,7 +333,7 @@ func TestBF16PrecisionPieces(t *testing.T) {
 	X := upload(t, d, x)
 	B := poisoned[uint16](t, d, M*K)
 	ca := kc.ToBF16Args{X: X.p, Out: B.p, N: int64(M * K)}
-	launch(t, d, "glmf_to_bf16", kc.Dim3{X: uint32((M*K + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
+	launch(t, d, kc.KernelToBF16, kc.Dim3{X: uint32((M*K + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
 	for i, b := range download[uint16](t, B) {
 		require.Equal(t, math.Float32bits(xr[i])>>16, uint32(b), "element %d (%v)", i, x[i])
 	}
@@ -348,7 +346,7 @@ func TestBF16PrecisionPieces(t *testing.T) {
 	require.Less(t, maxRelErr(t, download[float32](t, C), want), 1e-5, "cuBLAS bf16 GEMM")
 	a := kc.GemmArgs{A: X.p, Lda: int64(K), W: W.p, WType: 1, M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: 1}
 	a.Out[0], a.Ow[0] = C.p, int64(N)
-	launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64)}, kc.Dim3{X: 256}, 0, &a)
+	launch(t, d, kc.KernelGemmTiled, kc.Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64)}, kc.Dim3{X: 256}, 0, &a)
 	require.Less(t, maxRelErr(t, download[float32](t, C), want), 1e-6, "tiled, rounding as it reads")
 }
 

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -184,13 +183,6 @@ func (d *Device) init() error {
 	d.pdlCfg.stream, d.pdlCfg.attrs, d.pdlCfg.numAttrs = d.stream, &d.pdlAttr, 1
 	if err := d.loadModule(); err != nil {
 		return err
-	}
-	setGemvSMs(d.SMs)
-	if k := os.Getenv(GemvFP8Env); k != "" {
-		if !slices.Contains(GemvFP8Kernels, k) {
-			return fmt.Errorf("cuda: %s=%q: not one of the one-row fp8 GEMV kernels %v", GemvFP8Env, k, GemvFP8Kernels)
-		}
-		GemvFP8Kernel = k
 	}
 	if r := d.blas.create(&d.blasH); r != 0 {
 		return fmt.Errorf("cuda: cublasCreate failed with status %d", r)
@@ -438,7 +430,8 @@ func (d *Device) Join() error {
 // Dim3 is a launch dimension.
 type Dim3 struct{ X, Y, Z uint32 }
 
-// launch starts kernel name with the argument struct at args.
+// launch starts kernel name with the argument struct at args (through
+// the typed launchers of args_gen.go, which pass each kernel its own struct).
 func (d *Device) launch(name string, grid, block Dim3, smem int, args unsafe.Pointer) error {
 	k, ok := d.funcs[name]
 	if !ok {
@@ -476,12 +469,6 @@ func (d *Device) launch(name string, grid, block Dim3, smem int, args unsafe.Poi
 		return d.drv.check("cuLaunchKernel("+name+")", r)
 	}
 	return nil
-}
-
-// Launch starts kernel name with args (a pointer to one of the generated
-// argument structs).
-func Launch[T any](d *Device, name string, grid, block Dim3, smem int, args *T) error {
-	return d.launch(name, grid, block, smem, unsafe.Pointer(args))
 }
 
 // Sgemm runs cuBLAS's fp32 GEMM (pedantic math: no TF32) on row-major

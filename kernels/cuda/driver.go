@@ -18,10 +18,6 @@ const EmulatorEnv = "GLMFLASH_CUDA_EMULATOR"
 // e.g. to measure what it buys.
 const PDLEnv = "GLMFLASH_CUDA_PDL"
 
-// GemvFP8Env names the one-row fp8 MoE GEMV kernel (GemvFP8Kernel) the
-// process takes, e.g. to measure the choice in a whole decode step.
-const GemvFP8Env = "GLMFLASH_CUDA_GEMV_FP8"
-
 // driver holds the CUDA driver API entry points glmflash calls.
 type driver struct {
 	cuInit                    func(flags uint32) int32

@@ -77,19 +77,18 @@ func BenchmarkMLADecode(b *testing.B) {
 					ex := kc.MLAGemvArgs{A: part.p, Lda: nch * H * R, AHead: R, AParts: nch, APartStride: H * R, ALive: live.p, W: W.p, WBf16: 1, WHead: stride, WOff: dq * R, WLd: R,
 						C: o.p, Ldc: H * dv, CHead: dv, CN: 1, M: int64(M), N: dv, K: R}
 					timeLaunches(b, d, reps, true, wbytes, func() error {
-						for _, l := range []struct {
-							k     string
-							g, bl kc.Dim3
-							smem  int
-							a     any
-						}{
-							{"glmf_mla_qabs_gv", kc.Dim3{X: cdiv(R, 32), Y: H}, kc.Dim3{X: 256}, 0, &qab},
-							{"glmf_mla_logits_d", kc.Dim3{X: cdiv(width, 12), Y: uint32(M)}, kc.Dim3{X: 256}, 4 * (12*R + 64*H), &lo},
-							{"glmf_mla_softmax", kc.Dim3{X: H, Y: uint32(M)}, kc.Dim3{X: 256}, 0, &sm},
-							{"glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: nch, Z: uint32(M) * cdiv(H, 8)}, kc.Dim3{X: 256}, 0, &ac},
-							{"glmf_mla_expand_gv", kc.Dim3{X: cdiv(dv, 32), Y: H}, kc.Dim3{X: 256}, 0, &ex},
+						for _, l := range []func() error{
+							func() error { return kc.LaunchMLAQabsGv(d, kc.Dim3{X: cdiv(R, 32), Y: H}, kc.Dim3{X: 256}, 0, &qab) },
+							func() error {
+								return kc.LaunchMLALogitsD(d, kc.Dim3{X: cdiv(width, 12), Y: uint32(M)}, kc.Dim3{X: 256}, 4*(12*R+64*H), &lo)
+							},
+							func() error { return kc.LaunchMLASoftmax(d, kc.Dim3{X: H, Y: uint32(M)}, kc.Dim3{X: 256}, 0, &sm) },
+							func() error {
+								return kc.LaunchMLAAccumD(d, kc.Dim3{X: cdiv(R, 32), Y: nch, Z: uint32(M) * cdiv(H, 8)}, kc.Dim3{X: 256}, 0, &ac)
+							},
+							func() error { return kc.LaunchMLAExpandGv(d, kc.Dim3{X: cdiv(dv, 32), Y: H}, kc.Dim3{X: 256}, 0, &ex) },
 						} {
-							if err := launchAny(d, l.k, l.g, l.bl, l.smem, l.a); err != nil {
+							if err := l(); err != nil {
 								return err
 							}
 						}
@@ -109,18 +108,22 @@ func BenchmarkMLADecode(b *testing.B) {
 					ac := kc.MLAAccumArgs{M: meta, Lg: lg.p, Sel: S.p, Width: width, Cache: cache.p, SlotStride: int64(ctx * R), Ol: ol.p, H: H, R: R}
 					ex := kc.MLAHeadMMArgs{A: ol.p, Lda: H * R, AHead: R, W: W.p, WBf16: 1, WHead: stride, WOff: dq * R, WLd: R, C: o.p, Ldc: H * dv, CHead: dv, M: int64(M), N: dv, K: R}
 					timeLaunches(b, d, reps, true, wbytes, func() error {
-						for _, l := range []struct {
-							k     string
-							g, bl kc.Dim3
-							a     any
-						}{
-							{"glmf_mla_qabs" + sfx, kc.Dim3{X: cdiv(R, tn), Y: cdiv(M, tm), Z: H}, kc.Dim3{X: th}, &qab},
-							{"glmf_mla_logits" + sfx, kc.Dim3{X: cdiv(width, tn), Y: cdiv(H, tm), Z: uint32(M)}, kc.Dim3{X: th}, &lo},
-							{"glmf_mla_softmax", kc.Dim3{X: H, Y: uint32(M)}, kc.Dim3{X: 256}, &sm},
-							{"glmf_mla_accum" + sfx, kc.Dim3{X: cdiv(R, tn), Y: cdiv(H, tm), Z: uint32(M)}, kc.Dim3{X: th}, &ac},
-							{"glmf_mla_expand" + sfx, kc.Dim3{X: cdiv(dv, tn), Y: cdiv(M, tm), Z: H}, kc.Dim3{X: th}, &ex},
+						for _, l := range []func() error{
+							func() error {
+								return kc.MLAQabsKernel(small).Launch(d, kc.Dim3{X: cdiv(R, tn), Y: cdiv(M, tm), Z: H}, kc.Dim3{X: th}, 0, &qab)
+							},
+							func() error {
+								return kc.MLALogitsKernel(small).Launch(d, kc.Dim3{X: cdiv(width, tn), Y: cdiv(H, tm), Z: uint32(M)}, kc.Dim3{X: th}, 0, &lo)
+							},
+							func() error { return kc.LaunchMLASoftmax(d, kc.Dim3{X: H, Y: uint32(M)}, kc.Dim3{X: 256}, 0, &sm) },
+							func() error {
+								return kc.MLAAccumKernel(small).Launch(d, kc.Dim3{X: cdiv(R, tn), Y: cdiv(H, tm), Z: uint32(M)}, kc.Dim3{X: th}, 0, &ac)
+							},
+							func() error {
+								return kc.MLAExpandKernel(small).Launch(d, kc.Dim3{X: cdiv(dv, tn), Y: cdiv(M, tm), Z: H}, kc.Dim3{X: th}, 0, &ex)
+							},
 						} {
-							if err := launchAny(d, l.k, l.g, l.bl, 0, l.a); err != nil {
+							if err := l(); err != nil {
 								return err
 							}
 						}
@@ -130,28 +133,6 @@ func BenchmarkMLADecode(b *testing.B) {
 			}
 		}
 	}
-}
-
-// launchAny launches a kernel whose argument is one of the MLA/indexer
-// argument structs.
-func launchAny(d *kc.Device, k string, g, bl kc.Dim3, smem int, a any) error {
-	switch x := a.(type) {
-	case *kc.MLAGemvArgs:
-		return kc.Launch(d, k, g, bl, smem, x)
-	case *kc.MLAHeadMMArgs:
-		return kc.Launch(d, k, g, bl, smem, x)
-	case *kc.MLALogitsDArgs:
-		return kc.Launch(d, k, g, bl, smem, x)
-	case *kc.MLALogitsArgs:
-		return kc.Launch(d, k, g, bl, smem, x)
-	case *kc.MLASoftmaxArgs:
-		return kc.Launch(d, k, g, bl, smem, x)
-	case *kc.MLAAccumDArgs:
-		return kc.Launch(d, k, g, bl, smem, x)
-	case *kc.MLAAccumArgs:
-		return kc.Launch(d, k, g, bl, smem, x)
-	}
-	return fmt.Errorf("launchAny: %T", a)
 }
 
 // BenchmarkDSATopKDecode times one dsa_topk's kernels at decode (append,
@@ -193,13 +174,13 @@ func BenchmarkDSATopKDecode(b *testing.B) {
 			se := kc.IdxSelectArgs{M: meta, Visible: V.p, Scores: scores.p, Ld: mv, Sel: sel.p, Width: width, Kpool: kp, Keep: topk / kp, Tail: 1}
 			b.Run(fmt.Sprintf("ctx%d/M%d", ctx, M), func(b *testing.B) {
 				timeLaunches(b, d, reps, true, float64(4*M*(ctx/kp)*D), func() error {
-					if err := kc.Launch(d, "glmf_indexer_append", kc.Dim3{X: uint32(M)}, kc.Dim3{X: D}, 0, &ap); err != nil {
+					if err := kc.LaunchIndexerAppend(d, kc.Dim3{X: uint32(M)}, kc.Dim3{X: D}, 0, &ap); err != nil {
 						return err
 					}
-					if err := kc.Launch(d, "glmf_indexer_score", kc.Dim3{X: (mv + 31) / 32, Y: uint32(M)}, kc.Dim3{X: 256}, 4*(H*(D+1)+32*D), &sa); err != nil {
+					if err := kc.LaunchIndexerScore(d, kc.Dim3{X: (mv + 31) / 32, Y: uint32(M)}, kc.Dim3{X: 256}, 4*(H*(D+1)+32*D), &sa); err != nil {
 						return err
 					}
-					return kc.Launch(d, "glmf_indexer_select", kc.Dim3{X: uint32(M)}, kc.Dim3{X: 256}, 0, &se)
+					return kc.LaunchIndexerSelect(d, kc.Dim3{X: uint32(M)}, kc.Dim3{X: 256}, 0, &se)
 				})
 			})
 		}

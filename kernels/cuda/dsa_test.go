@@ -97,7 +97,7 @@ func TestIndexerKernelsMatchCPU(t *testing.T) {
 				if T > 0 {
 					ap := kc.IdxAppendArgs{M: meta, K: upload(t, d, k).p, Gate: upload(t, d, g).p, Ape: apeb.p, Pools: pools.p, PoolsStride: int64(poolsStride),
 						PendK: pendK.p, PendG: pendG.p, PendStride: int64(pendStride), D: int64(D), Kpool: int64(kp)}
-					launch(t, d, "glmf_indexer_append", kc.Dim3{X: uint32(S)}, kc.Dim3{X: uint32((D + 31) / 32 * 32)}, 0, &ap)
+					launch(t, d, kc.KernelIndexerAppend, kc.Dim3{X: uint32(S)}, kc.Dim3{X: uint32((D + 31) / 32 * 32)}, 0, &ap)
 				}
 				return meta, rowPos, T
 			}
@@ -126,11 +126,11 @@ func TestIndexerKernelsMatchCPU(t *testing.T) {
 			wscale := float32(1 / math.Sqrt(float64(H)))
 			sa := kc.IdxScoreArgs{M: meta, Visible: visb.p, Q: upload(t, d, q).p, W: upload(t, d, w).p, Pools: pools.p, PoolsStride: int64(poolsStride),
 				Scores: scores.p, Ld: int64(ld), H: int64(H), D: int64(D), Keep: int64(c.topk / kp), Scale: scale, Wscale: float64(wscale)}
-			launch(t, d, "glmf_indexer_score", kc.Dim3{X: uint32((ld + 31) / 32), Y: uint32(T)}, kc.Dim3{X: 256}, 4*(H*(D+1)+32*D), &sa)
+			launch(t, d, kc.KernelIndexerScore, kc.Dim3{X: uint32((ld + 31) / 32), Y: uint32(T)}, kc.Dim3{X: 256}, 4*(H*(D+1)+32*D), &sa)
 			sel := poisoned[int32](t, d, T*W)
 			se := kc.IdxSelectArgs{M: meta, Visible: visb.p, Scores: scores.p, Ld: int64(ld), Sel: sel.p, Width: int64(W),
 				Kpool: int64(kp), Keep: int64(c.topk / kp), Tail: map[bool]int64{false: 0, true: 1}[c.tail]}
-			launch(t, d, "glmf_indexer_select", kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &se)
+			launch(t, d, kc.KernelIndexerSelect, kc.Dim3{X: uint32(T)}, kc.Dim3{X: 256}, 0, &se)
 			got := download[int32](t, sel)
 			want := make([]int32, T*W)
 			row := 0
@@ -155,7 +155,7 @@ func TestIndexerKernelsMatchCPU(t *testing.T) {
 			savedStride := W + 2
 			saved := poisoned[int32](t, d, S*savedStride)
 			sv := kc.IdxSaveArgs{M: meta, Sel: sel.p, Width: int64(W), Saved: saved.p, SavedStride: int64(savedStride)}
-			launch(t, d, "glmf_indexer_save", kc.Dim3{X: uint32(S)}, kc.Dim3{X: 256}, 0, &sv)
+			launch(t, d, kc.KernelIndexerSave, kc.Dim3{X: uint32(S)}, kc.Dim3{X: 256}, 0, &sv)
 			sharePos := make([]int32, S)
 			pos1, news1 := make([]int, S), make([]int, S)
 			for s := range sharePos {
@@ -169,7 +169,7 @@ func TestIndexerKernelsMatchCPU(t *testing.T) {
 			sel1 := poisoned[int32](t, d, T1*W1)
 			sh := kc.IdxSharedArgs{M: meta1, Saved: saved.p, SavedStride: int64(savedStride), SavedWidth: int64(W),
 				SharePos: upload(t, d, sharePos).p, Sel: sel1.p, Width: int64(W1)}
-			launch(t, d, "glmf_indexer_shared", kc.Dim3{X: uint32(T1)}, kc.Dim3{X: 256}, 0, &sh)
+			launch(t, d, kc.KernelIndexerShared, kc.Dim3{X: uint32(T1)}, kc.Dim3{X: 256}, 0, &sh)
 			got1 := download[int32](t, sel1)
 			want1 := make([]int32, T1*W1)
 			row = 0

@@ -60,12 +60,12 @@ func TestGemmFP8MatchesCPU(t *testing.T) {
 		if splits == nil {
 			splits = []int{c.N}
 		}
-		kernels := []string{"glmf_gemm_tiled"}
+		kernels := []string{"tiled"} // gemv: glmf_gemv_* (kc.GemvSIMTLaunch's pick)
 		if c.M <= kc.GemvRows {
-			kernels = append(kernels, "glmf_gemv", "glmf_gemm_skinny")
+			kernels = append(kernels, "gemv", "skinny")
 		}
 		if c.M <= kc.ColMaxRows {
-			kernels = append(kernels, "glmf_gemm_col")
+			kernels = append(kernels, "col")
 		}
 		for _, kernel := range kernels {
 			a := kc.GemmArgs{A: X.p, Lda: int64(c.K), W: W.p, WType: 2, Ws: S.p, WsLd: int64(sld), M: int64(c.M), N: int64(c.N), K: int64(c.K), Nout: int64(len(splits))}
@@ -74,9 +74,17 @@ func TestGemmFP8MatchesCPU(t *testing.T) {
 				outs[i] = poisoned[float32](t, d, c.M*s)
 				a.Out[i], a.Ow[i] = outs[i].p, int64(s)
 			}
-			name, grid, block := launchShape(kernel, c.M, c.N)
-			if kernel == "glmf_gemv" {
-				name, grid, block = kc.GemvLaunch(&a, c.M, 1, 1)
+			var name kc.GemmArgsKernel
+			var grid, block kc.Dim3
+			switch kernel {
+			case "gemv":
+				name, grid, block = kc.GemvSIMTLaunch(&a, c.M, 1, 1)
+			case "skinny":
+				name, grid, block = launchShape(kc.KernelGemmSkinny, c.M, c.N)
+			case "col":
+				name, grid, block = launchShape(kc.KernelGemmCol, c.M, c.N)
+			default:
+				name, grid, block = launchShape(kc.KernelGemmTiled, c.M, c.N)
 			}
 			launch(t, d, name, grid, block, 0, &a)
 			got := make([]float32, c.M*c.N)
@@ -101,10 +109,10 @@ func TestFP8ToBF16(t *testing.T) {
 	for _, c := range []struct {
 		odd    bool
 		K      int
-		kernel string
+		kernel kc.FP8ToBF16ArgsKernel
 		per    int // codes a thread
-	}{{false, 260, "glmf_fp8_to_bf16", 1}, {true, 260, "glmf_fp8_to_bf16", 1},
-		{false, 272, "glmf_fp8_to_bf16_v16", 16}, {true, 272, "glmf_fp8_to_bf16_v16", 16}} {
+	}{{false, 260, kc.KernelFP8ToBF16, 1}, {true, 260, kc.KernelFP8ToBF16, 1},
+		{false, 272, kc.KernelFP8ToBF16V16, 16}, {true, 272, kc.KernelFP8ToBF16V16, 16}} {
 		N, K, odd := 150, c.K, c.odd
 		codes, scales, sld, deq := fp8Matrix(r, N, K, odd)
 		W, S, out := upload(t, d, codes), upload(t, d, scales), poisoned[uint16](t, d, N*K)
@@ -157,7 +165,7 @@ func TestMoEExpertsFP8MatchCPU(t *testing.T) {
 		perm, tiles := poisoned[int32](t, d, TK), poisoned[int32](t, d, 1+3*maxTiles)
 		act, contrib, y := poisoned[float32](t, d, TK*c.I), poisoned[float32](t, d, TK*c.D), poisoned[float32](t, d, c.T*c.D)
 		pa := kc.PlanArgs{Idx: Idx.p, TK: int64(TK), E: int64(c.E), Bm: int64(c.bm), Perm: perm.p, Tiles: tiles.p}
-		launch(t, d, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
+		launch(t, d, kc.KernelMoEPlan, kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
 		gu := kc.GemmArgs{A: X.p, Lda: int64(c.D), W: G.p, WType: 2, Ws: GS.p, Ws2: US.p, WsLd: int64(sldGU), WsGoff: int64(len(gs) / c.E),
 			WGoff: int64(c.I * c.D), W2: U.p, M: int64(TK), N: int64(c.I), K: int64(c.D), Nout: 1, Tiles: tiles.p, Perm: perm.p, ADiv: int64(c.K), Limit: 1.5}
 		gu.Out[0], gu.Ow[0] = act.p, int64(c.I)
@@ -165,14 +173,14 @@ func TestMoEExpertsFP8MatchCPU(t *testing.T) {
 			WGoff: int64(c.D * c.I), M: int64(TK), N: int64(c.D), K: int64(c.I), Nout: 1, Tiles: tiles.p, Perm: perm.p, RowScale: Wt.p, Scatter: contrib.p}
 		dn.Out[0], dn.Ow[0] = contrib.p, int64(c.D)
 		for _, g := range []*kc.GemmArgs{&gu, &dn} {
-			name, grid, block := "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}
-			if c.bm == kc.GemvRows {
-				name, grid, block = kc.GemvLaunch(g, c.T, maxTiles, 1)
+			name, grid, block := kc.KernelGemmTiled, kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}
+			if c.bm == kc.GemvRows { // precision fp32: glmf_gemv_d*
+				name, grid, block = kc.GemvSIMTLaunch(g, c.T, maxTiles, 1)
 			}
 			launch(t, d, name, grid, block, 0, g)
 		}
 		ca := kc.CombineArgs{Contrib: contrib.p, Y: y.p, T: int64(c.T), K: int64(c.K), D: int64(c.D)}
-		launch(t, d, "glmf_moe_combine", kc.Dim3{X: uint32((c.T*c.D + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
+		launch(t, d, kc.KernelMoECombine, kc.Dim3{X: uint32((c.T*c.D + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
 		require.Less(t, maxRelErr(t, download[float32](t, y), want), 1e-5, "%+v", c)
 	}
 }

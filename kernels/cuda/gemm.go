@@ -1,10 +1,5 @@
 package cuda
 
-import (
-	"fmt"
-	"sync/atomic"
-)
-
 // The GEMM kernels of src/gemm.cu sum every output in ascending k, in
 // double, so which of them computes a row never changes its bits; they
 // differ in how they spread the work. GemmLaunch picks one by row count.
@@ -21,14 +16,14 @@ const (
 
 // GemmLaunch is the kernel and launch shape for an M×N GEMM (G groups in
 // grid.z) with GemmArgs.
-func GemmLaunch(M, N, G int) (kernel string, grid, block Dim3) {
+func GemmLaunch(M, N, G int) (kernel GemmArgsKernel, grid, block Dim3) {
 	switch {
 	case M <= ColMaxRows:
-		return "glmf_gemm_col", Dim3{X: uint32((N + 63) / 64), Y: 1, Z: uint32(G)}, Dim3{X: 64}
+		return KernelGemmCol, Dim3{X: uint32((N + 63) / 64), Y: 1, Z: uint32(G)}, Dim3{X: 64}
 	case M <= SkinnyMaxRows:
-		return "glmf_gemm_skinny", Dim3{X: uint32((N + 31) / 32), Y: 1, Z: uint32(G)}, Dim3{X: 256}
+		return KernelGemmSkinny, Dim3{X: uint32((N + 31) / 32), Y: 1, Z: uint32(G)}, Dim3{X: 256}
 	}
-	return "glmf_gemm_tiled", Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64), Z: uint32(G)}, Dim3{X: 256}
+	return KernelGemmTiled, Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64), Z: uint32(G)}, Dim3{X: 256}
 }
 
 // GemvRows is the most rows (or MoE tile rows) glmf_gemv takes.
@@ -52,52 +47,15 @@ func GemvCols(a *GemmArgs) int {
 	return slots
 }
 
-// GemvLaunch is the launch for the GEMV of args a (a.M rows, or MoE
-// tiles of at most rows rows, over tiles tiles, else 1, and G groups): the
-// tensor-core glmf_gemv_mma_* where it applies (GemvMMALaunch) and pays
-// at rows rows (GemvMMAPays), else glmf_gemv_* (GemvSIMTLaunch). In
-// precision fp32 the tensor-core kernel never applies, so a row's bits do
-// not depend on the batch there; in precision bf16 they may (as cuBLAS's
-// do).
-func GemvLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block Dim3) {
-	if GemvMMAPays(a, rows) {
-		if k, g, b, ok := GemvMMALaunch(a, tiles, G); ok {
-			return k, g, b
-		}
-	}
-	return GemvSIMTLaunch(a, rows, tiles, G)
-}
-
-// GemvMMAPays says whether the tensor-core GEMV beats glmf_gemv at rows
-// rows, as BenchmarkGemvDecode and BenchmarkMoEDecodeGemv measured them on
-// the H200 (docs/results/cuda-h200-gpu-preset/run-2314/ and run-2322/):
-// bf16 weights from 2 rows (3.5–4.1 TB/s against 1.2–1.5 at 8 rows; at 1
-// row equal or slower); fp8 weights from GemvMMAFP8Rows rows (its
-// per-chunk activation reads and packing bound it near 0.7–0.8 TB/s at any
-// row count, where glmf_gemv streams 2.1–3.1 TB/s at 1–2 rows, 0.6–0.7 at
-// 8).
-func GemvMMAPays(a *GemmArgs, rows int) bool {
-	if a.WType == 2 {
-		return rows >= GemvMMAFP8Rows
-	}
-	return rows >= 2
-}
-
-// GemvMMAFP8Rows is the fewest rows at which fp8 weights take the
-// tensor-core GEMV.
-var GemvMMAFP8Rows = 6
-
 // GemvSIMTLaunch is glmf_gemv's launch shape for args a (GemvCols(a) columns
 // of a.N a block, GemvWarps warps splitting K) for at most rows rows (a.M,
 // or a MoE tile's most rows) over tiles (MoE tile mode, else 1) and G
 // groups. The kernel is the one for the precision (float or double sums)
 // and the fewest rows a pass (1, 2, 4 or 8; fp32 weights: 8) that take
 // rows: all give the same bits, fewer rows a pass need fewer registers.
-//
-// fp8 weights at one row in bf16 precision on grids of at least
-// GemvFP8Blocks blocks take GemvFP8Kernel (glmf_gemv_f1's bits) on its grid
-// (GemvGrid).
-func GemvSIMTLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block Dim3) {
+// Where it is glmf_gemv_f1 on fp8 weights, any of GemvFP8Kernels may run
+// instead on its GemvGrid (the CUDA backend's GEMM policy picks).
+func GemvSIMTLaunch(a *GemmArgs, rows, tiles, G int) (kernel GemmArgsKernel, grid, block Dim3) {
 	c := int64(GemvCols(a))
 	r := 1
 	for r < rows && r < GemvRows {
@@ -110,26 +68,30 @@ func GemvSIMTLaunch(a *GemmArgs, rows, tiles, G int) (kernel string, grid, block
 	if a.ARound != 0 {
 		p = "f"
 	}
-	kernel = fmt.Sprintf("glmf_gemv_%s%d", p, r)
+	kernel, _ = GemvSIMTKernel(p, r)
 	grid = Dim3{X: uint32((a.N + c - 1) / c), Y: uint32(tiles), Z: uint32(G)}
-	if kernel == "glmf_gemv_f1" && a.WType == 2 && int64(grid.X)*int64(tiles)*int64(G) >= GemvFP8Blocks {
-		kernel = GemvFP8Kernel
-		grid = GemvGrid(kernel, grid)
-	}
 	return kernel, grid, Dim3{X: 32 * GemvWarps}
 }
 
+// GemvFP8Applies says whether one of GemvFP8Kernels may stand in for
+// kernel on args a: glmf_gemv_f1 (one row a pass, float sums) on fp8
+// weights, which all of them compute with the same bits.
+func GemvFP8Applies(a *GemmArgs, kernel GemmArgsKernel) bool {
+	return kernel == KernelGemvF1 && a.WType == 2
+}
+
 // GemvGrid is kernel's grid for the column groups of grid (glmf_gemv's
-// grid: a block per group along X): grid itself, except for the persistent
-// glmf_gemv_f1_fp8p, whose blocks loop over the groups: then as many
-// blocks as fit on the GPU at once (4 an SM, over Y·Z), each
-// taking the same number of groups (give or take one).
-func GemvGrid(kernel string, grid Dim3) Dim3 {
-	if kernel != "glmf_gemv_f1_fp8p" {
+// grid: a block per group along X) on a GPU of sms SMs: grid itself,
+// except for the persistent glmf_gemv_f1_fp8p, whose blocks loop over the
+// groups: then as many blocks as fit on the GPU at once (4 an SM, its
+// launch bounds, over Y·Z), each taking the same number of groups (give or
+// take one).
+func GemvGrid(kernel GemmArgsKernel, grid Dim3, sms int) Dim3 {
+	if kernel != KernelGemvF1Fp8p {
 		return grid
 	}
 	n := int64(grid.X)
-	gx := max(1, gemvResident.Load()/(int64(grid.Y)*int64(grid.Z)))
+	gx := max(1, 4*int64(max(sms, 1))/(int64(grid.Y)*int64(grid.Z)))
 	if gx < n {
 		per := (n + gx - 1) / gx
 		grid.X = uint32((n + per - 1) / per)
@@ -137,34 +99,13 @@ func GemvGrid(kernel string, grid Dim3) Dim3 {
 	return grid
 }
 
-// gemvResident is how many glmf_gemv_f1_fp8p blocks run at once on the
-// GPU: 4 an SM (its launch bounds) × the SMs (set when a device opens; the
-// H200's 132 before).
-var gemvResident = func() *atomic.Int64 { var v atomic.Int64; v.Store(4 * 132); return &v }()
-
-// setGemvSMs sets the SMs GemvGrid fills.
-func setGemvSMs(sms int) {
-	if sms > 0 {
-		gemvResident.Store(4 * int64(sms))
-	}
+// GemvFP8Kernels are the one-row fp8 GEMV kernels, which give the same
+// bits: glmf_gemv_f1 (128 registers, 4 blocks an SM), glmf_gemv_f1_fp8 (80
+// registers, 6 blocks an SM) and glmf_gemv_f1_fp8p (persistent blocks,
+// each issuing its next chunk's loads before computing the current one).
+func GemvFP8Kernels() []GemmArgsKernel {
+	return []GemmArgsKernel{KernelGemvF1, KernelGemvF1FP8, KernelGemvF1Fp8p}
 }
-
-// GemvFP8Kernel is the kernel of one-row fp8 GEMVs of at least
-// GemvFP8Blocks blocks (MoE expert tiles, the dense MLP's fused gate and
-// up): glmf_gemv_f1_fp8p (persistent blocks, each issuing its next chunk's
-// loads before computing the current one: on the H200 a 288-expert decode
-// layer's gate/up and down GEMVs 72.7 µs, BenchmarkMoEDecodeGemv),
-// glmf_gemv_f1_fp8 (80 registers, 6 blocks an SM: 78.2 µs) or
-// glmf_gemv_f1 (128 registers, 4 blocks an SM: 86.3 µs). All give the same
-// bits. GemvFP8Env sets it.
-var GemvFP8Kernel = "glmf_gemv_f1_fp8p"
-
-// GemvFP8Blocks is the fewest blocks a one-row fp8 GEMV takes
-// GemvFP8Kernel at.
-const GemvFP8Blocks = 2048
-
-// GemvFP8Kernels are the kernels GemvFP8Kernel may name.
-var GemvFP8Kernels = []string{"glmf_gemv_f1", "glmf_gemv_f1_fp8", "glmf_gemv_f1_fp8p"}
 
 // GemvMMAWarps is the warps of a glmf_gemv_mma block (they split K);
 // GemvMMAWarpsK those of the *_t1k kernels (grids of few blocks).
@@ -172,10 +113,6 @@ const (
 	GemvMMAWarps  = 8
 	GemvMMAWarpsK = 16
 )
-
-// GemvMMABF16 says whether bf16 weights take the tensor-core GEMV too
-// (fp8 weights always do where it applies).
-var GemvMMABF16 = true
 
 // gemvMMAWideBlocks: with at least this many blocks of 32 columns
 // (× tiles × groups) the kernels of two column tiles a warp run (half the
@@ -189,13 +126,13 @@ const (
 
 // GemvMMAApplies says whether the tensor-core GEMV (src/gemv_mma.cu) takes
 // args a: precision bf16 (a.ARound = 1: fp32 activations rounded to bf16),
-// fp8 or (GemvMMABF16) bf16 weights, K a multiple of 64, 16-byte aligned
-// weights (and group offsets) and activation rows.
+// fp8 or bf16 weights, K a multiple of 64, 16-byte aligned weights (and
+// group offsets) and activation rows.
 func GemvMMAApplies(a *GemmArgs) bool {
 	wsz := int64(1)
-	switch {
-	case a.WType == 2:
-	case a.WType == 1 && GemvMMABF16:
+	switch a.WType {
+	case 2:
+	case 1:
 		wsz = 2
 	default:
 		return false
@@ -210,9 +147,9 @@ func GemvMMAApplies(a *GemmArgs) bool {
 // does not hold): 16 columns a block in dual mode (a.W2: W and W2 rows),
 // else 32 or, with few blocks, 16; GemvMMAWarps warps splitting K
 // (GemvMMAWarpsK with very few blocks). Any row count (passes of 8).
-func GemvMMALaunch(a *GemmArgs, tiles, G int) (kernel string, grid, block Dim3, ok bool) {
+func GemvMMALaunch(a *GemmArgs, tiles, G int) (kernel GemmArgsKernel, grid, block Dim3, ok bool) {
 	if !GemvMMAApplies(a) {
-		return "", Dim3{}, Dim3{}, false
+		return 0, Dim3{}, Dim3{}, false
 	}
 	w := "f8"
 	if a.WType == 1 {
@@ -227,5 +164,6 @@ func GemvMMALaunch(a *GemmArgs, tiles, G int) (kernel string, grid, block Dim3, 
 	case (a.N+15)/16*int64(tiles*G) < gemvMMAFewBlocks:
 		v, warps = "t1k", GemvMMAWarpsK
 	}
-	return "glmf_gemv_mma_" + w + "_" + v, Dim3{X: uint32((a.N + cols - 1) / cols), Y: uint32(tiles), Z: uint32(G)}, Dim3{X: uint32(32 * warps)}, true
+	kernel, _ = GemvMMAKernel(w, v)
+	return kernel, Dim3{X: uint32((a.N + cols - 1) / cols), Y: uint32(tiles), Z: uint32(G)}, Dim3{X: uint32(32 * warps)}, true
 }

@@ -3,7 +3,6 @@ package cuda_test
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"testing"
 
 	kc "github.com/glmflash/glmflash/kernels/cuda"
@@ -47,16 +46,16 @@ func BenchmarkGemmDecode(b *testing.B) {
 		for _, M := range []int{1, 2, 4, 8} {
 			a := kc.GemmArgs{A: X.p, Lda: int64(s.K), W: W.p, WType: 1, M: int64(M), N: int64(s.N), K: int64(s.K), Nout: 1}
 			a.Out[0], a.Ow[0] = out.p, int64(s.N)
-			for _, k := range []string{"glmf_gemm_col", "glmf_gemm_skinny", "glmf_gemm_tiled"} {
-				if k == "glmf_gemm_col" && M > kc.ColMaxRows {
+			for _, k := range []kc.GemmArgsKernel{kc.KernelGemmCol, kc.KernelGemmSkinny, kc.KernelGemmTiled} {
+				if k == kc.KernelGemmCol && M > kc.ColMaxRows {
 					continue
 				}
 				name, grid, block := kc.GemmLaunch(M, s.N, 1)
 				if name != k { // the same kernel at its own launch shape
 					name, grid, block = launchShape(k, M, s.N)
 				}
-				b.Run(fmt.Sprintf("%s_%dx%d/M%d/%s", s.name, s.N, s.K, M, k[len("glmf_gemm_"):]), func(b *testing.B) {
-					timeIt(b, true, func() error { return kc.Launch(d, name, grid, block, 0, &a) })
+				b.Run(fmt.Sprintf("%s_%dx%d/M%d/%s", s.name, s.N, s.K, M, k.String()[len("glmf_gemm_"):]), func(b *testing.B) {
+					timeIt(b, true, func() error { return name.Launch(d, grid, block, 0, &a) })
 				})
 			}
 			b.Run(fmt.Sprintf("%s_%dx%d/M%d/cublas-bf16", s.name, s.N, s.K, M), func(b *testing.B) {
@@ -67,11 +66,11 @@ func BenchmarkGemmDecode(b *testing.B) {
 }
 
 // launchShape is a kernel's launch shape for any row count it takes.
-func launchShape(kernel string, M, N int) (string, kc.Dim3, kc.Dim3) {
+func launchShape(kernel kc.GemmArgsKernel, M, N int) (kc.GemmArgsKernel, kc.Dim3, kc.Dim3) {
 	switch kernel {
-	case "glmf_gemm_col":
+	case kc.KernelGemmCol:
 		return kernel, kc.Dim3{X: uint32((N + 63) / 64)}, kc.Dim3{X: 64}
-	case "glmf_gemm_skinny":
+	case kc.KernelGemmSkinny:
 		return kernel, kc.Dim3{X: uint32((N + 31) / 32)}, kc.Dim3{X: 256}
 	}
 	return kernel, kc.Dim3{X: uint32((N + 63) / 64), Y: uint32((M + 63) / 64)}, kc.Dim3{X: 256}
@@ -144,7 +143,7 @@ func deviceMicros(b *testing.B, d *kc.Device, reps int, graph bool, launch func(
 // (N×K) at 1, 2, 4 and 8 rows, bf16 and fp8 weights (block scales), in
 // precision bf16 (float sums) and fp32 (double sums), and in precision
 // bf16 the tensor-core glmf_gemv_mma_* (mma-t1, mma-t2, mma-t1k;
-// "-picked": the one kc.GemvLaunch takes), beside a device copy of the bf16 weight's
+// "-picked": the shape kc.GemvMMALaunch takes), beside a device copy of the bf16 weight's
 // bytes (the roofline) and cuBLAS's bf16 GEMM. weightGB/s
 // counts the weight's bytes as stored (fp8: one a weight, scales apart).
 //
@@ -204,32 +203,32 @@ func BenchmarkGemvDecode(b *testing.B) {
 					a.Out[0], a.Ow[0] = out.p, int64(s.N)
 					prec := map[int64]string{1: "bf16", 0: "fp32"}[round]
 					name, grid, block := kc.GemvSIMTLaunch(&a, M, 1, 1)
-					variants := []string{name}
-					if slices.Contains(kc.GemvFP8Kernels, name) && w.wt == 2 { // the one-row fp8 kernels, each
-						variants = kc.GemvFP8Kernels
+					variants := []kc.GemmArgsKernel{name}
+					if kc.GemvFP8Applies(&a, name) { // the one-row fp8 kernels, each
+						variants = kc.GemvFP8Kernels()
 					}
 					for _, v := range variants {
 						b.Run(fmt.Sprintf("%s/M%d/gemv-%sw-%sprec/%s", shape, M, w.name, prec, v), func(b *testing.B) {
 							vg := grid
 							if len(variants) > 1 { // a block a group, then the variant's grid
 								cols := int64(kc.GemvCols(&a))
-								vg = kc.GemvGrid(v, kc.Dim3{X: uint32((a.N + cols - 1) / cols), Y: 1, Z: 1})
+								vg = kc.GemvGrid(v, kc.Dim3{X: uint32((a.N + cols - 1) / cols), Y: 1, Z: 1}, d.SMs)
 							}
-							timeLaunches(b, d, reps, true, w.bytes, func() error { return kc.Launch(d, v, vg, block, 0, &a) })
+							timeLaunches(b, d, reps, true, w.bytes, func() error { return v.Launch(d, vg, block, 0, &a) })
 						})
 					}
 					if round == 0 || !kc.GemvMMAApplies(&a) {
 						continue
 					}
-					// the tensor-core GEMV, every variant (kc.GemvLaunch picks
+					// the tensor-core GEMV, every variant (kc.GemvMMALaunch picks
 					// t2 from 264 blocks of 32 columns on, t1k under 132 of 16)
-					pick, _, _ := kc.GemvLaunch(&a, M, 1, 1)
+					pick, _, _, _ := kc.GemvMMALaunch(&a, 1, 1)
 					for _, v := range []struct {
 						name  string
 						cols  int64
 						warps int
 					}{{"t1", 16, kc.GemvMMAWarps}, {"t2", 32, kc.GemvMMAWarps}, {"t1k", 16, kc.GemvMMAWarpsK}} {
-						kn := "glmf_gemv_mma_" + map[int64]string{1: "b16", 2: "f8"}[w.wt] + "_" + v.name
+						kn, _ := kc.GemvMMAKernel(map[int64]string{1: "b16", 2: "f8"}[w.wt], v.name)
 						grid, block := kc.Dim3{X: uint32((a.N + v.cols - 1) / v.cols), Y: 1, Z: 1}, kc.Dim3{X: uint32(32 * v.warps)}
 						mark := ""
 						if kn == pick {
@@ -237,7 +236,7 @@ func BenchmarkGemvDecode(b *testing.B) {
 						}
 						b.Run(fmt.Sprintf("%s/M%d/mma-%s-%sw%s", shape, M, v.name, w.name, mark), func(b *testing.B) {
 							timeLaunches(b, d, reps, true, w.bytes, func() error {
-								return kc.Launch(d, kn, grid, block, 0, &a)
+								return kn.Launch(d, grid, block, 0, &a)
 							})
 						})
 					}

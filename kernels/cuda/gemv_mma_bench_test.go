@@ -3,7 +3,6 @@ package cuda_test
 import (
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
 
 	kc "github.com/glmflash/glmflash/kernels/cuda"
@@ -24,7 +23,6 @@ func BenchmarkMoEDecodeGemv(b *testing.B) {
 		b.Skip("the emulator's timings mean nothing")
 	}
 	const D, I, E, topK = 4096, 2048, 288, 9
-	fp8Kernel := kc.GemvFP8Kernel
 	r := rand.New(rand.NewPCG(7, 8))
 	for _, wt := range []int64{2, 1} {
 		wname := map[int64]string{1: "bf16", 2: "fp8"}[wt]
@@ -52,7 +50,7 @@ func BenchmarkMoEDecodeGemv(b *testing.B) {
 			nt := (R+bm-1)/bm + min(E, R)
 			perm, tiles := poisoned[int32](b, d, R), poisoned[int32](b, d, 1+3*nt)
 			pa := kc.PlanArgs{Idx: Idx.p, TK: int64(R), E: E, Bm: int64(bm), Perm: perm.p, Tiles: tiles.p}
-			if err := d.Do(func() error { return kc.Launch(d, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa) }); err != nil {
+			if err := d.Do(func() error { return kc.LaunchMoEPlan(d, kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa) }); err != nil {
 				b.Fatal(err)
 			}
 			gu := kc.GemmArgs{A: X.p, Lda: D, W: G.p, WType: wt, WGoff: I * D, W2: U.p, M: int64(R), N: I, K: D,
@@ -67,26 +65,28 @@ func BenchmarkMoEDecodeGemv(b *testing.B) {
 			}
 			wbytes := float64(len(touched)) * 3 * float64(esz)
 			kernels := []string{"mma", "simt"}
-			if wt == 2 && T == 1 { // the one-row fp8 kernels, each
+			fp8 := map[string]kc.GemmArgsKernel{} // the one-row fp8 kernel of a simt-* line
+			if wt == 2 && T == 1 {                // the one-row fp8 kernels, each
 				kernels = []string{"mma"}
-				for _, k := range kc.GemvFP8Kernels {
-					kernels = append(kernels, "simt-"+k)
+				for _, k := range kc.GemvFP8Kernels() {
+					kernels = append(kernels, "simt-"+k.String())
+					fp8["simt-"+k.String()] = k
 				}
 			}
 			for _, kernel := range kernels {
-				if v, ok := strings.CutPrefix(kernel, "simt-"); ok {
-					kc.GemvFP8Kernel = v
-				}
 				layer := func() error {
 					for _, g := range []*kc.GemmArgs{&gu, &dn} {
 						name, grid, block := kc.GemvSIMTLaunch(g, min(T, bm), nt, 1)
+						if k, ok := fp8[kernel]; ok && kc.GemvFP8Applies(g, name) {
+							name, grid = k, kc.GemvGrid(k, grid, d.SMs)
+						}
 						if kernel == "mma" {
 							var ok bool
 							if name, grid, block, ok = kc.GemvMMALaunch(g, nt, 1); !ok {
 								return fmt.Errorf("the tensor-core GEMV does not apply")
 							}
 						}
-						if err := kc.Launch(d, name, grid, block, 0, g); err != nil {
+						if err := name.Launch(d, grid, block, 0, g); err != nil {
 							return err
 						}
 					}
@@ -97,7 +97,6 @@ func BenchmarkMoEDecodeGemv(b *testing.B) {
 					b.ReportMetric(us, "us/layer")
 					b.ReportMetric(wbytes/us/1e3, "weightGB/s")
 				})
-				kc.GemvFP8Kernel = fp8Kernel
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	kc "github.com/glmflash/glmflash/kernels/cuda"
@@ -68,7 +69,7 @@ func TestMMAFragmentLayout(t *testing.T) {
 	Ab, Bb, Cb := upload(t, d, a), upload(t, d, b), upload(t, d, c)
 	D1, D2 := poisoned[float32](t, d, 128), poisoned[float32](t, d, 128)
 	args := kc.MMATestArgs{A: Ab.p, B: Bb.p, C: Cb.p, D: D1.p, D2: D2.p}
-	launch(t, d, "glmf_test_mma", kc.Dim3{X: 1}, kc.Dim3{X: 32}, 0, &args)
+	launch(t, d, kc.KernelTestMMA, kc.Dim3{X: 1}, kc.Dim3{X: 32}, 0, &args)
 	require.Equal(t, want, download[float32](t, D1), "mma_bf16_16816")
 	require.Equal(t, want, download[float32](t, D2), "mma_bf16_16816_shfl")
 }
@@ -170,7 +171,9 @@ func TestGemvMMAMatchesCPU(t *testing.T) {
 				cols := map[string]int{"t1": 16, "t2": 32, "t1k": 16}[v]
 				warps := map[string]int{"t1": kc.GemvMMAWarps, "t2": kc.GemvMMAWarps, "t1k": kc.GemvMMAWarpsK}[v]
 				w := map[int]string{1: "b16", 2: "f8"}[c.wt]
-				launch(t, d, "glmf_gemv_mma_"+w+"_"+v, kc.Dim3{X: uint32((c.N + cols - 1) / cols), Y: 1, Z: uint32(c.G)}, kc.Dim3{X: uint32(32 * warps)}, 0, &a)
+				k, ok := kc.GemvMMAKernel(w, v)
+				require.True(t, ok, "%s %s", w, v)
+				launch(t, d, k, kc.Dim3{X: uint32((c.N + cols - 1) / cols), Y: 1, Z: uint32(c.G)}, kc.Dim3{X: uint32(32 * warps)}, 0, &a)
 				got := make([]float32, c.G*M*c.N)
 				if a.Batched == 1 {
 					for g := range outs {
@@ -198,10 +201,10 @@ func TestGemvMMAMatchesCPU(t *testing.T) {
 	}
 }
 
-// GemvLaunch takes the tensor-core kernels exactly where they apply
-// (precision bf16, fp8 or bf16 weights, K a multiple of 64, aligned
-// pointers and strides) and pay (bf16 weights from 2 rows, fp8 from
-// GemvMMAFP8Rows).
+// The tensor-core kernels apply exactly where they can run (precision
+// bf16, fp8 or bf16 weights, K a multiple of 64, aligned pointers and
+// strides); where they pay is core/backend/cuda's GEMM policy's to say
+// (its TestGEMMPolicyGemv), which gemvPick mirrors.
 func TestGemvMMALaunchChoice(t *testing.T) {
 	base := kc.GemmArgs{A: 256, Lda: 128, W: 4096, WType: 2, N: 100, K: 128, ARound: 1}
 	for _, c := range []struct {
@@ -225,14 +228,18 @@ func TestGemvMMALaunchChoice(t *testing.T) {
 		a := base
 		c.mod(&a)
 		require.Equal(t, c.want, kc.GemvMMAApplies(&a), "%+v", a)
+		k, _, _, ok := kc.GemvMMALaunch(&a, 1, 1)
+		require.Equal(t, c.want, ok, "%+v", a)
+		if ok {
+			require.True(t, strings.HasPrefix(k.String(), "glmf_gemv_mma_"), "%+v: %s", a, k)
+		}
 		for _, rows := range []int{1, 2, 5, 8} {
-			k, _, _ := kc.GemvLaunch(&a, rows, 1, 1)
+			k, _, _ := gemvPick(132, &a, rows, 1, 1)
 			pays := rows >= 2
 			if a.WType == 2 {
-				pays = rows >= kc.GemvMMAFP8Rows
+				pays = rows >= 6
 			}
-			require.Equal(t, pays, kc.GemvMMAPays(&a, rows))
-			require.Equal(t, c.want && pays, len(k) > len("glmf_gemv_mma") && k[:len("glmf_gemv_mma")] == "glmf_gemv_mma", "%+v rows %d: %s", a, rows, k)
+			require.Equal(t, c.want && pays, strings.HasPrefix(k.String(), "glmf_gemv_mma_"), "%+v rows %d: %s", a, rows, k)
 		}
 	}
 }
@@ -295,13 +302,13 @@ func TestMoEGemvFP8KernelsAgree(t *testing.T) {
 	r := rand.New(rand.NewPCG(63, 64))
 	for _, k := range []struct{ T, E, K, D, I int }{{1, 8, 2, 4096, 256}, {1, 6, 3, 128, 192}, {3, 5, 2, 128, 64}} {
 		c := newMoECase(r, k.T, k.E, k.K, k.D, k.I, true, false, 0)
-		want := c.runGemvWith(t, d, "glmf_gemv_f1", 0)
-		for _, kn := range kc.GemvFP8Kernels[1:] {
+		want := c.runGemvWith(t, d, "", kc.KernelGemvF1, 0)
+		for _, kn := range kc.GemvFP8Kernels()[1:] {
 			for _, gx := range []uint32{0, 1, 3} {
-				if gx > 0 && kn != "glmf_gemv_f1_fp8p" {
+				if gx > 0 && kn != kc.KernelGemvF1Fp8p {
 					continue
 				}
-				got := c.runGemvWith(t, d, kn, gx)
+				got := c.runGemvWith(t, d, "", kn, gx)
 				require.Equal(t, bitsOf(want), bitsOf(got), "%+v: %s (grid x %d) against glmf_gemv_f1", k, kn, gx)
 			}
 		}
@@ -320,16 +327,16 @@ func bitsOf(v []float32) []uint32 {
 // kc.GemvRows rows): the tensor-core kernels (mma) or glmf_gemv_f*.
 func (c *moeCase) runGemv(t *testing.T, d *kc.Device, mma bool) []float32 {
 	if mma {
-		return c.runGemvWith(t, d, "mma", 0)
+		return c.runGemvWith(t, d, "mma", 0, 0)
 	}
-	return c.runGemvWith(t, d, "", 0)
+	return c.runGemvWith(t, d, "", 0, 0)
 }
 
-// runGemvWith is runGemv on kernel: "mma" (the tensor-core kernels), ""
-// (kc.GemvSIMTLaunch's pick) or a glmf_gemv_* kernel named, on its
-// kc.GemvGrid or, gridX > 0, that many blocks along X.
-func (c *moeCase) runGemvWith(t *testing.T, d *kc.Device, kernel string, gridX uint32) []float32 {
-	mma := kernel == "mma"
+// runGemvWith is runGemv on path "mma" (the tensor-core kernels) or ""
+// (glmf_gemv_*): kc.GemvSIMTLaunch's pick, or (kernel not 0) that kernel
+// on its kc.GemvGrid or, gridX > 0, that many blocks along X.
+func (c *moeCase) runGemvWith(t *testing.T, d *kc.Device, path string, kernel kc.GemmArgsKernel, gridX uint32) []float32 {
+	mma := path == "mma"
 	T, E, K, D, I := c.T, c.E, c.K, c.D, c.I
 	TK := T * K
 	bm := kc.GemvRows
@@ -339,7 +346,7 @@ func (c *moeCase) runGemvWith(t *testing.T, d *kc.Device, kernel string, gridX u
 	perm, tiles := poisoned[int32](t, d, TK), poisoned[int32](t, d, 1+3*maxTiles)
 	act, contrib, y := poisoned[float32](t, d, TK*I), poisoned[float32](t, d, TK*D), poisoned[float32](t, d, T*D)
 	pa := kc.PlanArgs{Idx: Idx.p, TK: int64(TK), E: int64(E), Bm: int64(bm), Perm: perm.p, Tiles: tiles.p}
-	launch(t, d, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
+	launch(t, d, kc.KernelMoEPlan, kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
 	gu := kc.GemmArgs{A: X.p, Lda: int64(D), W: G.p, WType: c.wtype, WGoff: int64(I * D), W2: U.p, M: int64(TK), N: int64(I), K: int64(D),
 		Nout: 1, Tiles: tiles.p, Perm: perm.p, ADiv: int64(K), Limit: 1.5, ARound: 1}
 	gu.Out[0], gu.Ow[0] = act.p, int64(I)
@@ -353,9 +360,9 @@ func (c *moeCase) runGemvWith(t *testing.T, d *kc.Device, kernel string, gridX u
 	}
 	for _, g := range []*kc.GemmArgs{&gu, &dn} {
 		name, grid, block := kc.GemvSIMTLaunch(g, min(T, bm), maxTiles, 1)
-		if kernel != "" && !mma {
+		if kernel != 0 && !mma {
 			cols := int64(kc.GemvCols(g)) // one group a block along X, then the kernel's grid
-			name, grid = kernel, kc.GemvGrid(kernel, kc.Dim3{X: uint32((g.N + cols - 1) / cols), Y: uint32(maxTiles), Z: 1})
+			name, grid = kernel, kc.GemvGrid(kernel, kc.Dim3{X: uint32((g.N + cols - 1) / cols), Y: uint32(maxTiles), Z: 1}, d.SMs)
 			if gridX > 0 {
 				grid.X = gridX
 			}
@@ -368,6 +375,6 @@ func (c *moeCase) runGemvWith(t *testing.T, d *kc.Device, kernel string, gridX u
 		launch(t, d, name, grid, block, 0, g)
 	}
 	ca := kc.CombineArgs{Contrib: contrib.p, Y: y.p, T: int64(T), K: int64(K), D: int64(D)}
-	launch(t, d, "glmf_moe_combine", kc.Dim3{X: uint32((T*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
+	launch(t, d, kc.KernelMoECombine, kc.Dim3{X: uint32((T*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
 	return download[float32](t, y)
 }

@@ -66,7 +66,7 @@ func TestGemvMatchesCPU(t *testing.T) {
 				}
 				gemm.MatMulT(want[g*c.M*c.N:(g+1)*c.M*c.N], xg, c.M, c.K, deqAll[g*c.N*c.K:(g+1)*c.N*c.K], c.N)
 			}
-			var kernels []string // each run's kernel
+			var kernels []kc.GemmArgsKernel // each run's kernel
 			run := func(x []float32, lda, M int) []float32 {
 				X := upload(t, d, x)
 				a := kc.GemmArgs{A: X.p, Lda: int64(lda), AGoff: int64(c.K), W: W.p, WType: int64(c.wt), Ws: S.p, WsLd: int64(sld),
@@ -76,7 +76,7 @@ func TestGemvMatchesCPU(t *testing.T) {
 					outs[g] = poisoned[float32](t, d, M*c.N)
 					a.Out[g], a.Ow[g] = outs[g].p, int64(c.N)
 				}
-				kn, grid, block := kc.GemvLaunch(&a, M, 1, c.G)
+				kn, grid, block := gemvPick(d.SMs, &a, M, 1, c.G)
 				kernels = append(kernels, kn)
 				launch(t, d, kn, grid, block, 0, &a)
 				var got []float32
@@ -140,7 +140,7 @@ func TestGemvFP8Codes(t *testing.T) {
 			a := kc.GemmArgs{A: X.p, Lda: int64(K), W: W.p, WType: 2, Ws: S.p, WsLd: 2, M: 1, N: int64(N), K: int64(K), Nout: 1, ARound: round}
 			out := poisoned[float32](t, d, N)
 			a.Out[0], a.Ow[0] = out.p, int64(N)
-			kn, grid, block := kc.GemvLaunch(&a, 1, 1, 1)
+			kn, grid, block := gemvPick(d.SMs, &a, 1, 1, 1)
 			launch(t, d, kn, grid, block, 0, &a)
 			got := download[float32](t, out)
 			for n := 0; n < N; n++ {
@@ -158,8 +158,10 @@ func TestGemvFP8Codes(t *testing.T) {
 // The one-row fp8 kernels (kc.GemvFP8Kernels) give the same bits: plain
 // and dual (MoE gate and up, SwiGLU) weights, groups (plain weights; dual
 // ones are MoE tiles' single group), N not a multiple of their columns, K
-// tails and K of several passes of a block's lanes; grids of
-// kc.GemvFP8Blocks blocks take kc.GemvFP8Kernel.
+// tails and K of several passes of a block's lanes; they may stand in for
+// glmf_gemv_f1 on fp8 weights only (kc.GemvFP8Applies; core/backend/cuda's
+// GEMM policy says at which grids they do), the persistent one on
+// kc.GemvGrid's grid.
 func TestGemvFP8KernelsAgree(t *testing.T) {
 	d := openDevice(t)
 	r := rand.New(rand.NewPCG(43, 44))
@@ -180,9 +182,9 @@ func TestGemvFP8KernelsAgree(t *testing.T) {
 			a.W2, a.Ws2, a.Limit = W2.p, S2.p, 7
 		}
 		kn, grid, block := kc.GemvSIMTLaunch(&a, 1, 1, c.G)
-		require.Equal(t, "glmf_gemv_f1", kn, "no tiles")
+		require.Equal(t, kc.KernelGemvF1, kn, "no tiles")
 		// run launches kernel k on grid g and returns the outputs' bits
-		run := func(k string, g kc.Dim3) []uint32 {
+		run := func(k kc.GemmArgsKernel, g kc.Dim3) []uint32 {
 			bufs := make([]buf, c.G)
 			for i := range bufs {
 				bufs[i] = poisoned[float32](t, d, c.N)
@@ -200,27 +202,36 @@ func TestGemvFP8KernelsAgree(t *testing.T) {
 			return bits
 		}
 		var outs [][]uint32
-		for _, k := range kc.GemvFP8Kernels {
-			outs = append(outs, run(k, kc.GemvGrid(k, grid)))
+		fp8Kernels := kc.GemvFP8Kernels()
+		for _, k := range fp8Kernels {
+			outs = append(outs, run(k, kc.GemvGrid(k, grid, d.SMs)))
 		}
 		for i := range outs[1:] {
-			require.Equal(t, outs[0], outs[i+1], "%+v: %s against %s", c, kc.GemvFP8Kernels[i+1], kc.GemvFP8Kernels[0])
+			require.Equal(t, outs[0], outs[i+1], "%+v: %s against %s", c, fp8Kernels[i+1], fp8Kernels[0])
 		}
 		// the persistent kernel with 2 blocks along X, each taking many
 		// groups (its loads run into the next group's)
 		few := grid
 		few.X = 2
-		require.Equal(t, outs[0], run("glmf_gemv_f1_fp8p", few), "%+v: glmf_gemv_f1_fp8p on 2 blocks", c)
+		require.Equal(t, outs[0], run(kc.KernelGemvF1Fp8p, few), "%+v: glmf_gemv_f1_fp8p on 2 blocks", c)
 	}
 	a := kc.GemmArgs{WType: 2, ARound: 1, Tiles: 4096, N: 4096, K: 2048}
 	kn, _, _ := kc.GemvSIMTLaunch(&a, 1, 9, 1)
-	require.Equal(t, kc.GemvFP8Kernel, kn, "one-row fp8 MoE tiles: 4,608 blocks")
-	g := kc.GemvGrid("glmf_gemv_f1_fp8p", kc.Dim3{X: 512, Y: 9, Z: 1})
+	require.Equal(t, kc.KernelGemvF1, kn, "one-row fp8 MoE tiles: 4,608 blocks")
+	require.True(t, kc.GemvFP8Applies(&a, kn), "the one-row fp8 kernels stand in")
+	k, _, _ := gemvPick(d.SMs, &a, 1, 9, 1)
+	require.Equal(t, kc.KernelGemvF1Fp8p, k, "the default policy's pick at 4,608 blocks")
+	g := kc.GemvGrid(kc.KernelGemvF1Fp8p, kc.Dim3{X: 512, Y: 9, Z: 1}, d.SMs)
 	require.EqualValues(t, 9, g.Y)
 	require.LessOrEqual(t, int(g.X)*9, 4*d.SMs, "the persistent kernel's blocks all fit at once")
 	per := (512 + int(g.X) - 1) / int(g.X)
 	require.Less(t, (per-1)*int(g.X), 512, "every block takes %d or %d groups", per, per-1)
 	a = kc.GemmArgs{WType: 2, ARound: 1, N: 4096, K: 12288}
 	kn, _, _ = kc.GemvSIMTLaunch(&a, 1, 1, 1)
-	require.Equal(t, "glmf_gemv_f1", kn, "512 blocks")
+	require.Equal(t, kc.KernelGemvF1, kn, "512 blocks")
+	k, _, _ = gemvPick(d.SMs, &a, 1, 1, 1)
+	require.Equal(t, kc.KernelGemvF1, k, "the default policy's pick at 512 blocks")
+	require.False(t, kc.GemvFP8Applies(&kc.GemmArgs{WType: 1, ARound: 1}, kc.KernelGemvF1), "bf16 weights")
+	require.False(t, kc.GemvFP8Applies(&a, kc.KernelGemvF2), "two rows a pass")
+	require.Equal(t, kc.Dim3{X: 512, Y: 9, Z: 1}, kc.GemvGrid(kc.KernelGemvF1, kc.Dim3{X: 512, Y: 9, Z: 1}, d.SMs), "only the persistent kernel's grid changes")
 }

@@ -74,10 +74,16 @@ func download[T any](t *testing.T, b buf) []T {
 	return out
 }
 
-func launch[T any](t *testing.T, d *kc.Device, name string, grid, block kc.Dim3, smem int, a *T) {
+// kernelOf is a kernel taking argument struct T (one of the generated
+// kernel types: kc.GemmArgsKernel for kc.GemmArgs, …).
+type kernelOf[T any] interface {
+	Launch(d *kc.Device, grid, block kc.Dim3, smem int, a *T) error
+}
+
+func launch[T any](t *testing.T, d *kc.Device, k kernelOf[T], grid, block kc.Dim3, smem int, a *T) {
 	t.Helper()
 	require.NoError(t, d.Do(func() error {
-		if err := kc.Launch(d, name, grid, block, smem, a); err != nil {
+		if err := k.Launch(d, grid, block, smem, a); err != nil {
 			return err
 		}
 		return d.Sync()
@@ -123,3 +129,27 @@ func maxRelErr(t *testing.T, got, want []float32) float64 {
 }
 
 func TestMain(m *testing.M) { os.Exit(m.Run()) }
+
+// gemvPick is the GEMV core/backend/cuda's default GEMM policy launches
+// for args a over rows rows, tiles tiles and G groups on a GPU of sms SMs (its gemmPolicy.gemv,
+// which its tests check; mirrored here so that these tests run the kernels
+// it picks): the tensor-core kernel where it applies, for bf16 weights from
+// 2 rows and fp8 weights from 6, else glmf_gemv_*, one-row fp8 GEMVs of
+// 2,048 blocks or more on glmf_gemv_f1_fp8p.
+func gemvPick(sms int, a *kc.GemmArgs, rows, tiles, G int) (kc.GemmArgsKernel, kc.Dim3, kc.Dim3) {
+	pays := rows >= 2
+	if a.WType == 2 {
+		pays = rows >= 6
+	}
+	if pays {
+		if k, g, b, ok := kc.GemvMMALaunch(a, tiles, G); ok {
+			return k, g, b
+		}
+	}
+	k, grid, block := kc.GemvSIMTLaunch(a, rows, tiles, G)
+	if kc.GemvFP8Applies(a, k) && int64(grid.X)*int64(tiles)*int64(G) >= 2048 {
+		k = kc.KernelGemvF1Fp8p
+		grid = kc.GemvGrid(k, grid, sms)
+	}
+	return k, grid, block
+}

@@ -24,9 +24,9 @@ type mlaCase struct {
 // [T][H·dv].
 func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, meta kc.BatchMeta, q, w, sel, cache buf, wbf16 int64, slotStride, T int) []float32 {
 	H, dq, dv, R, width := c.H, c.dq, c.dv, c.R, c.width
-	sfx, tm, tn, th := "", 64, 64, uint32(256)
+	tm, tn, th := 64, 64, uint32(256)
 	if small {
-		sfx, tm, tn, th = "_s", 16, 32, 128
+		tm, tn, th = 16, 32, 128
 	}
 	cdiv := func(x, y int) uint32 { return uint32((x + y - 1) / y) }
 	qa := poisoned[float32](t, d, T*H*R)
@@ -36,42 +36,42 @@ func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, me
 	if decode { // the decode kernels, as the backend runs them below 16 rows
 		qab := kc.MLAGemvArgs{A: q.p, Lda: int64(H * dq), AHead: int64(dq), AParts: 1, W: w.p, WBf16: wbf16, WHead: stride, WLd: int64(R),
 			C: qa.p, Ldc: int64(H * R), CHead: 1, CN: int64(H), M: int64(T), N: int64(R), K: int64(dq)}
-		launch(t, d, "glmf_mla_qabs_gv", kc.Dim3{X: cdiv(R, 32), Y: uint32(H)}, kc.Dim3{X: 256}, 0, &qab)
+		launch(t, d, kc.KernelMLAQabsGv, kc.Dim3{X: cdiv(R, 32), Y: uint32(H)}, kc.Dim3{X: 256}, 0, &qab)
 		lg := poisoned[float32](t, d, T*H*width)
 		lo := kc.MLALogitsDArgs{M: meta, Qt: qa.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
 			Lg: lg.p, H: int64(H), R: int64(R)}
-		launch(t, d, "glmf_mla_logits_d", kc.Dim3{X: cdiv(width, 12), Y: uint32(T)}, kc.Dim3{X: 256}, 4*(12*R+64*H), &lo)
+		launch(t, d, kc.KernelMLALogitsD, kc.Dim3{X: cdiv(width, 12), Y: uint32(T)}, kc.Dim3{X: 256}, 4*(12*R+64*H), &lo)
 		sm := kc.MLASoftmaxArgs{Sel: sel.p, Width: int64(width), Lg: lg.p, H: int64(H), Scale: float64(float32(1 / math.Sqrt(float64(dq))))}
-		launch(t, d, "glmf_mla_softmax", kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: 256}, 0, &sm)
+		launch(t, d, kc.KernelMLASoftmax, kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: 256}, 0, &sm)
 		nch := (width + 255) / 256
 		part, live := poisoned[float32](t, d, T*nch*H*R), poisoned[int32](t, d, T*nch)
 		ac := kc.MLAAccumDArgs{M: meta, Lg: lg.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
 			Part: part.p, Live: live.p, H: int64(H), R: int64(R)}
-		launch(t, d, "glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, kc.Dim3{X: 256}, 0, &ac)
+		launch(t, d, kc.KernelMLAAccumD, kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, kc.Dim3{X: 256}, 0, &ac)
 		ex := kc.MLAGemvArgs{A: part.p, Lda: int64(nch * H * R), AHead: int64(R), AParts: int64(nch), APartStride: int64(H * R), ALive: live.p, W: w.p, WBf16: wbf16, WHead: stride, WOff: int64(dq * R), WLd: int64(R),
 			C: o.p, Ldc: int64(H * dv), CHead: int64(dv), CN: 1, M: int64(T), N: int64(dv), K: int64(R)}
-		launch(t, d, "glmf_mla_expand_gv", kc.Dim3{X: cdiv(dv, 32), Y: uint32(H)}, kc.Dim3{X: 256}, 0, &ex)
+		launch(t, d, kc.KernelMLAExpandGv, kc.Dim3{X: cdiv(dv, 32), Y: uint32(H)}, kc.Dim3{X: 256}, 0, &ex)
 		return download[float32](t, o)
 	}
 	qab := kc.MLAHeadMMArgs{A: q.p, Lda: int64(H * dq), AHead: int64(dq), W: w.p, WBf16: wbf16, WHead: stride, WLd: int64(R),
 		C: qa.p, Ldc: int64(H * R), CHead: int64(R), M: int64(T), N: int64(R), K: int64(dq)}
-	launch(t, d, "glmf_mla_qabs"+sfx, kc.Dim3{X: cdiv(R, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &qab)
+	launch(t, d, kc.MLAQabsKernel(small), kc.Dim3{X: cdiv(R, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &qab)
 	tc := 3 // row chunks of 3: the chunking must not matter
 	lg := poisoned[float32](t, d, tc*H*width)
 	for t0 := 0; t0 < T; t0 += tc {
 		nr := min(tc, T-t0)
 		lo := kc.MLALogitsArgs{M: meta, Qa: qa.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
 			Lg: lg.p, T0: int64(t0), H: int64(H), R: int64(R)}
-		launch(t, d, "glmf_mla_logits"+sfx, kc.Dim3{X: cdiv(width, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &lo)
+		launch(t, d, kc.MLALogitsKernel(small), kc.Dim3{X: cdiv(width, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &lo)
 		sm := kc.MLASoftmaxArgs{Sel: sel.p, Width: int64(width), Lg: lg.p, T0: int64(t0), H: int64(H), Scale: float64(float32(1 / math.Sqrt(float64(dq))))}
-		launch(t, d, "glmf_mla_softmax", kc.Dim3{X: uint32(H), Y: uint32(nr)}, kc.Dim3{X: 256}, 0, &sm)
+		launch(t, d, kc.KernelMLASoftmax, kc.Dim3{X: uint32(H), Y: uint32(nr)}, kc.Dim3{X: 256}, 0, &sm)
 		ac := kc.MLAAccumArgs{M: meta, Lg: lg.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
 			Ol: ol.p, T0: int64(t0), H: int64(H), R: int64(R)}
-		launch(t, d, "glmf_mla_accum"+sfx, kc.Dim3{X: cdiv(R, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &ac)
+		launch(t, d, kc.MLAAccumKernel(small), kc.Dim3{X: cdiv(R, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &ac)
 	}
 	ex := kc.MLAHeadMMArgs{A: ol.p, Lda: int64(H * R), AHead: int64(R), W: w.p, WBf16: wbf16, WHead: stride, WOff: int64(dq * R), WLd: int64(R),
 		C: o.p, Ldc: int64(H * dv), CHead: int64(dv), M: int64(T), N: int64(dv), K: int64(R)}
-	launch(t, d, "glmf_mla_expand"+sfx, kc.Dim3{X: cdiv(dv, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &ex)
+	launch(t, d, kc.MLAExpandKernel(small), kc.Dim3{X: cdiv(dv, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &ex)
 	return download[float32](t, o)
 }
 

@@ -13,14 +13,14 @@ func MoEMMA(d *Device) bool { return d.CC[0] >= 9 }
 // 128 columns a block, 64 in dual (gate+up) mode; glmf_moe_mma_bf16 when
 // bf16A (GemmArgs.ARound = 2: A holds bf16 bits and gate+up writes its
 // output so), else glmf_moe_mma (fp32 A rounded as it is staged).
-func MoEMMALaunch(N, tiles int, dual, bf16A bool) (kernel string, grid, block Dim3) {
+func MoEMMALaunch(N, tiles int, dual, bf16A bool) (kernel GemmArgsKernel, grid, block Dim3) {
 	bn := 128
 	if dual {
 		bn = 64
 	}
-	kernel = "glmf_moe_mma"
+	kernel = KernelMoEMMA
 	if bf16A {
-		kernel = "glmf_moe_mma_bf16"
+		kernel = KernelMoEMMABF16
 	}
 	return kernel, Dim3{X: uint32((N + bn - 1) / bn), Y: uint32(tiles)}, Dim3{X: 256}
 }

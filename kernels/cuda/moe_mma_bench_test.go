@@ -73,23 +73,23 @@ func BenchmarkMoEExperts(b *testing.B) {
 					cast := kc.ToBF16Args{X: X.p, Out: xb.p, N: int64(T * D)}
 					layer := func() error {
 						if bf16A { // x to bf16 once, as bindMoEExperts does
-							if err := kc.Launch(d, "glmf_to_bf16", kc.Dim3{X: uint32((T*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &cast); err != nil {
+							if err := kc.LaunchToBF16(d, kc.Dim3{X: uint32((T*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &cast); err != nil {
 								return err
 							}
 						}
 						for _, g := range []*kc.GemmArgs{&gu, &dn} {
 							name, grid, block := kc.MoEMMALaunch(int(g.N), nt, g.W2 != 0, bf16A)
 							if kernel == "tiled" {
-								name, grid, block = "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(nt)}, kc.Dim3{X: 256}
+								name, grid, block = kc.KernelGemmTiled, kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(nt)}, kc.Dim3{X: 256}
 							}
-							if err := kc.Launch(d, name, grid, block, 0, g); err != nil {
+							if err := name.Launch(d, grid, block, 0, g); err != nil {
 								return err
 							}
 						}
 						return nil
 					}
 					if err := d.Do(func() error {
-						return kc.Launch(d, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
+						return kc.LaunchMoEPlan(d, kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
 					}); err != nil {
 						b.Fatal(err)
 					}

@@ -111,7 +111,7 @@ func (c *moeCase) run(t *testing.T, d *kc.Device, kernel string) []float32 {
 				for e := 0; e < E; e++ {
 					a := kc.FP8ToBF16Args{W: W.p + kc.DevicePtr(e*N*Kd), Ws: S.p + kc.DevicePtr(4*e*((N+127)/128)*sld), WsLd: int64(sld),
 						N: int64(N), K: int64(Kd), Out: out.p + kc.DevicePtr(2*e*N*Kd)}
-					launch(t, d, "glmf_fp8_to_bf16", kc.Dim3{X: uint32((N*Kd + 255) / 256)}, kc.Dim3{X: 256}, 0, &a)
+					launch(t, d, kc.KernelFP8ToBF16, kc.Dim3{X: uint32((N*Kd + 255) / 256)}, kc.Dim3{X: 256}, 0, &a)
 				}
 				return out
 			}
@@ -123,14 +123,14 @@ func (c *moeCase) run(t *testing.T, d *kc.Device, kernel string) []float32 {
 	if bf16A {
 		xb := poisoned[uint16](t, d, T*D)
 		a := kc.ToBF16Args{X: X.p, Out: xb.p, N: int64(T * D)}
-		launch(t, d, "glmf_to_bf16", kc.Dim3{X: uint32((T*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &a)
+		launch(t, d, kc.KernelToBF16, kc.Dim3{X: uint32((T*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &a)
 		X, aRound = xb, 2
 	}
 	Idx, Wt := upload(t, d, c.idx), upload(t, d, c.w)
 	perm, tiles := poisoned[int32](t, d, TK), poisoned[int32](t, d, 1+3*maxTiles)
 	act, contrib, y := poisoned[float32](t, d, TK*I), poisoned[float32](t, d, TK*D), poisoned[float32](t, d, T*D)
 	pa := kc.PlanArgs{Idx: Idx.p, TK: int64(TK), E: int64(E), Bm: int64(bm), Perm: perm.p, Tiles: tiles.p}
-	launch(t, d, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
+	launch(t, d, kc.KernelMoEPlan, kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
 	gu := kc.GemmArgs{A: X.p, Lda: int64(D), W: G.p, WType: wtype, WGoff: int64(I * D), W2: U.p, M: int64(TK), N: int64(I), K: int64(D),
 		Nout: 1, Tiles: tiles.p, Perm: perm.p, ADiv: int64(K), Limit: 1.5, ARound: aRound}
 	gu.Out[0], gu.Ow[0] = act.p, int64(I)
@@ -144,12 +144,12 @@ func (c *moeCase) run(t *testing.T, d *kc.Device, kernel string) []float32 {
 	for _, g := range []*kc.GemmArgs{&gu, &dn} {
 		name, grid, block := kc.MoEMMALaunch(int(g.N), maxTiles, g.W2 != 0, bf16A)
 		if tiled {
-			name, grid, block = "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}
+			name, grid, block = kc.KernelGemmTiled, kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}
 		}
 		launch(t, d, name, grid, block, 0, g)
 	}
 	ca := kc.CombineArgs{Contrib: contrib.p, Y: y.p, T: int64(T), K: int64(K), D: int64(D)}
-	launch(t, d, "glmf_moe_combine", kc.Dim3{X: uint32((T*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
+	launch(t, d, kc.KernelMoECombine, kc.Dim3{X: uint32((T*D + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
 	return download[float32](t, y)
 }
 

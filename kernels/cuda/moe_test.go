@@ -28,13 +28,13 @@ func TestMoERouteMatchesCPU(t *testing.T) {
 		L, B := upload(t, d, logits), upload(t, d, bias)
 		I, W := poisoned[int32](t, d, c.T*c.K), poisoned[float32](t, d, c.T*c.K)
 		a := kc.RouteArgs{Logits: L.p, Bias: B.p, Idx: I.p, W: W.p, T: int64(c.T), E: int64(c.E), K: int64(c.K), G: int64(c.G), TG: int64(c.TG), Normalize: 1, Scaling: 2.5}
-		launch(t, d, "glmf_moe_route", kc.Dim3{X: uint32((c.T + 63) / 64)}, kc.Dim3{X: 64}, 0, &a)
+		launch(t, d, kc.KernelMoERoute, kc.Dim3{X: uint32((c.T + 63) / 64)}, kc.Dim3{X: 64}, 0, &a)
 		require.Equal(t, wantIdx, download[int32](t, I), "%+v", c)
 		require.Less(t, maxRelErr(t, download[float32](t, W), wantW), 1e-6, "%+v", c)
 		if c.G == 1 { // the warp-per-token kernel: the same experts and weights
 			I2, W2 := poisoned[int32](t, d, c.T*c.K), poisoned[float32](t, d, c.T*c.K)
 			a.Idx, a.W = I2.p, W2.p
-			launch(t, d, "glmf_moe_route_warp", kc.Dim3{X: uint32((c.T + 7) / 8)}, kc.Dim3{X: 256}, 0, &a)
+			launch(t, d, kc.KernelMoERouteWarp, kc.Dim3{X: uint32((c.T + 7) / 8)}, kc.Dim3{X: 256}, 0, &a)
 			require.Equal(t, wantIdx, download[int32](t, I2), "warp kernel %+v", c)
 			require.Equal(t, download[float32](t, W), download[float32](t, W2), "warp kernel %+v", c)
 		}
@@ -68,16 +68,16 @@ func TestMoEExpertsMatchCPU(t *testing.T) {
 		perm, tiles := poisoned[int32](t, d, TK), poisoned[int32](t, d, 1+3*maxTiles)
 		act, contrib, y := poisoned[float32](t, d, TK*c.I), poisoned[float32](t, d, TK*c.D), poisoned[float32](t, d, c.T*c.D)
 		pa := kc.PlanArgs{Idx: Idx.p, TK: int64(TK), E: int64(c.E), Bm: 64, Perm: perm.p, Tiles: tiles.p}
-		launch(t, d, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
+		launch(t, d, kc.KernelMoEPlan, kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
 		gu := kc.GemmArgs{A: X.p, Lda: int64(c.D), W: G.p, WType: 1, WGoff: int64(c.I * c.D), W2: U.p, M: int64(TK), N: int64(c.I), K: int64(c.D),
 			Nout: 1, Tiles: tiles.p, Perm: perm.p, ADiv: int64(c.K), Limit: 1.5}
 		gu.Out[0], gu.Ow[0] = act.p, int64(c.I)
-		launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((c.I + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}, 0, &gu)
+		launch(t, d, kc.KernelGemmTiled, kc.Dim3{X: uint32((c.I + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}, 0, &gu)
 		dn := kc.GemmArgs{A: act.p, Lda: int64(c.I), W: Dn.p, WType: 1, WGoff: int64(c.D * c.I), M: int64(TK), N: int64(c.D), K: int64(c.I),
 			Nout: 1, Tiles: tiles.p, Perm: perm.p, RowScale: Wt.p, Scatter: contrib.p}
-		launch(t, d, "glmf_gemm_tiled", kc.Dim3{X: uint32((c.D + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}, 0, &dn)
+		launch(t, d, kc.KernelGemmTiled, kc.Dim3{X: uint32((c.D + 63) / 64), Y: uint32(maxTiles)}, kc.Dim3{X: 256}, 0, &dn)
 		ca := kc.CombineArgs{Contrib: contrib.p, Y: y.p, T: int64(c.T), K: int64(c.K), D: int64(c.D)}
-		launch(t, d, "glmf_moe_combine", kc.Dim3{X: uint32((c.T*c.D + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
+		launch(t, d, kc.KernelMoECombine, kc.Dim3{X: uint32((c.T*c.D + 255) / 256)}, kc.Dim3{X: 256}, 0, &ca)
 		require.Less(t, maxRelErr(t, download[float32](t, y), want), 1e-5, "%+v", c)
 	}
 }
@@ -120,7 +120,7 @@ func TestMoEPlanMatchesReference(t *testing.T) {
 				Idx := upload(t, d, idx)
 				perm, tiles := poisoned[int32](t, d, TK), poisoned[int32](t, d, 1+3*(TK+E))
 				pa := kc.PlanArgs{Idx: Idx.p, TK: int64(TK), E: int64(E), Bm: int64(bm), Perm: perm.p, Tiles: tiles.p}
-				launch(t, d, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
+				launch(t, d, kc.KernelMoEPlan, kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa)
 				got := download[int32](t, tiles)
 				name := fmt.Sprintf("TK %d, E %d, bm %d", TK, E, bm)
 				require.EqualValues(t, len(want)/3, got[0], name)

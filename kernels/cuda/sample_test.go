@@ -66,10 +66,10 @@ func TestSampleMatchesCPU(t *testing.T) {
 				nc := (int64(V) + tc.chunk - 1) / tc.chunk
 				P := poisoned[kc.SamplePart](t, d, rows*int(nc))
 				pa := kc.SamplePartArgs{Logits: L.p, Vocab: int64(V), Rows: int64(rows), Chunk: tc.chunk, Nchunks: nc, Specs: S.p, Parts: P.p}
-				launch(t, d, "glmf_sample_part", kc.Dim3{X: uint32(nc), Y: uint32(rows)}, kc.Dim3{X: uint32(tc.threads)}, 0, &pa)
+				launch(t, d, kc.KernelSamplePart, kc.Dim3{X: uint32(nc), Y: uint32(rows)}, kc.Dim3{X: uint32(tc.threads)}, 0, &pa)
 				a.Parts, a.Nchunks = P.p, nc
 			}
-			launch(t, d, "glmf_sample", kc.Dim3{X: uint32(rows)}, kc.Dim3{X: 256}, 0, &a)
+			launch(t, d, kc.KernelSample, kc.Dim3{X: uint32(rows)}, kc.Dim3{X: 256}, 0, &a)
 			checkSamples(t, download[kc.SampleOut](t, O), wants, specs)
 		})
 	}

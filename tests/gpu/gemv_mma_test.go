@@ -8,8 +8,9 @@ import (
 )
 
 // In precision bf16 a step of 8 tokens runs the MoE experts' tiles (a few
-// rows an expert) on the tensor-core glmf_gemv_mma_* (kc.GemvMMAPays), and
-// its logits are finite. (TestCUDABF16AgainstFixtures checks the values.)
+// rows an expert) on the tensor-core glmf_gemv_mma_* (the CUDA backend's
+// gemmPolicy.mmaPays), and its logits are finite.
+// (TestCUDABF16AgainstFixtures checks the values.)
 func TestCUDAGemvMMARunsInBF16(t *testing.T) {
 	runs := bf16PrefillKernelRuns(t, 8)
 	t.Logf("kernels: %v", runs)

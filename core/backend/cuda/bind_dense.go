@@ -55,7 +55,7 @@ func bindEmbed(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	return &kstep{run: func(rc *runCtx) error {
 		a := kc.EmbedArgs{Ids: rc.ptr(in[0]), W: W.ptr, WBf16: W.flag(), Out: rc.ptr(out), T: int64(rc.T), H: int64(H), D: int64(D)}
-		return kc.Launch(rc.dev, "glmf_embed", blocks(int64(rc.T*D)), block256, 0, &a)
+		return kc.LaunchEmbed(rc.dev, blocks(int64(rc.T*D)), block256, 0, &a)
 	}}, nil
 }
 
@@ -70,7 +70,7 @@ func bindRMSNorm(p *Program, n *ir.Node) (*kstep, error) {
 	return &kstep{run: func(rc *runCtx) error {
 		R := rc.rows(in[0])
 		a := kc.NormArgs{X: rc.ptr(in[0]), W: W.ptr, WBf16: W.flag(), Y: rc.ptr(out), Rows: int64(R), D: int64(D), Eps: float64(float32(eps))}
-		return kc.Launch(rc.dev, "glmf_rmsnorm", kc.Dim3{X: uint32(R)}, block256, 0, &a)
+		return kc.LaunchRmsnorm(rc.dev, kc.Dim3{X: uint32(R)}, block256, 0, &a)
 	}}, nil
 }
 
@@ -89,7 +89,7 @@ func bindLayerNorm(p *Program, n *ir.Node) (*kstep, error) {
 	return &kstep{run: func(rc *runCtx) error {
 		R := rc.rows(in[0])
 		a := kc.NormArgs{X: rc.ptr(in[0]), W: W.ptr, WBf16: W.flag(), B: B.ptr, BBf16: B.flag(), Y: rc.ptr(out), Rows: int64(R), D: int64(D), Eps: float64(float32(eps))}
-		return kc.Launch(rc.dev, "glmf_layernorm", kc.Dim3{X: uint32(R)}, block256, 0, &a)
+		return kc.LaunchLayernorm(rc.dev, kc.Dim3{X: uint32(R)}, block256, 0, &a)
 	}}, nil
 }
 
@@ -108,11 +108,11 @@ func dequantBF16(dev *kc.Device, W devTensor, dst kc.DevicePtr) error {
 	n := W.rows * W.cols
 	for m := int64(0); m < W.matrixCount; m++ {
 		a := kc.FP8ToBF16Args{W: W.ptr + kc.DevicePtr(m*n), Ws: W.scale + kc.DevicePtr(4*m*W.sgoff), WsLd: W.sld, N: W.rows, K: W.cols, Out: dst + kc.DevicePtr(2*m*n)}
-		name, work := "glmf_fp8_to_bf16", n
+		k, work := kc.KernelFP8ToBF16, n
 		if W.cols%16 == 0 && a.W%16 == 0 && a.Out%16 == 0 { // 16 codes a thread
-			name, work = "glmf_fp8_to_bf16_v16", n/16
+			k, work = kc.KernelFP8ToBF16V16, n/16
 		}
-		if err := kc.Launch(dev, name, blocks(work), block256, 0, &a); err != nil {
+		if err := k.Launch(dev, blocks(work), block256, 0, &a); err != nil {
 			return err
 		}
 	}
@@ -147,8 +147,8 @@ func libOperands(rc *runCtx, bf bool, A kc.DevicePtr, n, abf int, W devTensor, w
 
 // libWeightTemp is the bytes of the bf16 copy a library GEMM of M rows
 // needs of fp8 weight W (0 when it runs on W as stored).
-func libWeightTemp(W devTensor, kind string, M int) int64 {
-	if !W.fp8 || !planGEMM(nil, kind, M).lib {
+func (g *gemmPolicy) libWeightTemp(W devTensor, kind string, M int) int64 {
+	if !W.fp8 || !g.plan(kind, M).lib {
 		return 0
 	}
 	return 2 * W.n
@@ -157,7 +157,7 @@ func libWeightTemp(W devTensor, kind string, M int) int64 {
 // castBF16 rounds n contiguous floats at x to bf16 at dst.
 func castBF16(dev *kc.Device, x kc.DevicePtr, n int, dst kc.DevicePtr) error {
 	a := kc.ToBF16Args{X: x, Out: dst, N: int64(n)}
-	return kc.Launch(dev, "glmf_to_bf16", blocks(int64(n)), block256, 0, &a)
+	return kc.LaunchToBF16(dev, blocks(int64(n)), block256, 0, &a)
 }
 
 // skinnyMaxRows is the most rows the kernels for few rows take
@@ -166,39 +166,6 @@ func castBF16(dev *kc.Device, x kc.DevicePtr, n int, dst kc.DevicePtr) error {
 // size) never changes a row's result. cuBLAS, used for fp32 weights on more
 // rows, does not promise that: batch invariance holds for bf16 weights.
 const skinnyMaxRows = kc.SkinnyMaxRows
-
-// gemmPlan is what a GEMM node runs for a batch of M rows: the library
-// (cuBLAS or a cuBLASLt algorithm) or one of the own kernels.
-type gemmPlan struct {
-	lib bool
-	ch  gemmChoice
-}
-
-// planGEMM decides for M rows: prefill-autotune's choice when it made one
-// for this kind and it can run M rows, else the default (the library for
-// more than skinnyMaxRows rows of fp32 weights or in bf16 precision).
-func planGEMM(t *tunedGEMM, kind string, M int) gemmPlan {
-	if ch := t.choose(kind, M); ch.kind != chDefault {
-		return gemmPlan{lib: ch.lib(), ch: ch}
-	}
-	switch {
-	case kind == kindBF16BF16W && M > 1:
-		// measured on the H200 (BenchmarkGemvDecode): at 2–8 rows cuBLAS
-		// streams bf16 weights at ~3.6 TB/s, glmf_gemv at 0.8–1.5 TB/s;
-		// at one row both are at the roofline (the tensor-core
-		// glmf_gemv_mma_b16_* is not measured yet: BenchmarkGemvDecode's
-		// mma-* lines say whether it should take 2–8 rows too)
-		return gemmPlan{lib: true, ch: gemmChoice{kind: chCublas}}
-	case M <= skinnyMaxRows && (kind == kindBF16BF16W || kind == kindF32FP8W || kind == kindBF16FP8W):
-		// the GEMV: in precision bf16 (fp8 weights, bf16 at one row) the
-		// tensor-core glmf_gemv_mma_* where it applies (kc.GemvLaunch:
-		// K a multiple of 64, aligned rows), else glmf_gemv_*
-		return gemmPlan{ch: gemmChoice{kind: chGemv}}
-	case kind != kindF32BF16W && kind != kindF32FP8W && M > skinnyMaxRows:
-		return gemmPlan{lib: true, ch: gemmChoice{kind: chCublas}}
-	}
-	return gemmPlan{ch: gemmChoice{kind: chOwn}}
-}
 
 // gateUpDual is how a linear whose output feeds only a swiglu_packed (the
 // mlp-gate-up-fusion pass's form: W's first I rows are the gate's, the last
@@ -210,6 +177,7 @@ func planGEMM(t *tunedGEMM, kind string, M int) gemmPlan {
 // are the unfused kernels': each column sums as in the single GEMV, and the
 // epilogue is the elementwise kernel's swiglu_clamped.
 type gateUpDual struct {
+	pol   *gemmPolicy
 	W     devTensor
 	kind  string
 	tuned *tunedGEMM
@@ -257,7 +225,7 @@ func (p *Program) newGateUpDual(lin *ir.Node) (*gateUpDual, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &gateUpDual{W: W, kind: p.gemmKind(W), tuned: tuned, I: I, K: lin.Inputs[0].Shape[1], bf: p.bf16Mode(W),
+	return &gateUpDual{pol: p.b.gemm, W: W, kind: p.gemmKind(W), tuned: tuned, I: I, K: lin.Inputs[0].Shape[1], bf: p.bf16Mode(W),
 		limit: users[0].Attrs.Float("limit", 0)}, nil
 }
 
@@ -265,8 +233,8 @@ func (p *Program) newGateUpDual(lin *ir.Node) (*gateUpDual, error) {
 // run the SIMT GEMV (its epilogue takes all M rows in one pass), not the
 // library or the tensor-core GEMV.
 func (d *gateUpDual) runs(M int) bool {
-	pl := planGEMM(d.tuned, d.kind, M)
-	return !pl.lib && pl.ch.kind == chGemv && M >= 1 && M <= kc.GemvRows && !kc.GemvMMAPays(&kc.GemmArgs{WType: d.W.wtype()}, M)
+	pl := d.pol.planTuned(d.tuned, d.kind, M)
+	return !pl.lib && pl.ch.kind == chGemv && M >= 1 && M <= kc.GemvRows && !d.pol.mmaPays(d.W.wtype(), M)
 }
 
 // args are the dual GEMV's arguments for M rows of x into out.
@@ -308,17 +276,17 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 	st := &kstep{}
 	if bf {
 		st.temps = func(rc *runCtx) []int64 {
-			return []int64{2 * int64(rc.rows(in[0])*K), libWeightTemp(W, kind, rc.rows(in[0]))}
+			return []int64{2 * int64(rc.rows(in[0])*K), p.b.gemm.libWeightTemp(W, kind, rc.rows(in[0]))}
 		}
 	}
 	st.run = func(rc *runCtx) error {
 		M := rc.rows(in[0])
 		if dual != nil && dual.runs(M) {
 			a := dual.args(M, rc.ptr(in[0]), rc.ptr(out))
-			name, grid, block := kc.GemvSIMTLaunch(&a, M, 1, 1)
-			return kc.Launch(rc.dev, name, grid, block, 0, &a)
+			k, grid, block := p.b.gemm.simt(&a, M, 1, 1)
+			return k.Launch(rc.dev, grid, block, 0, &a)
 		}
-		pl := planGEMM(tuned, kind, M)
+		pl := p.b.gemm.planTuned(tuned, kind, M)
 		if pl.lib {
 			A, Wp, err := libOperands(rc, bf, rc.ptr(in[0]), M*K, 0, W, 1)
 			if err != nil {
@@ -329,7 +297,7 @@ func bindLinear(p *Program, n *ir.Node) (*kstep, error) {
 		a := kc.GemmArgs{A: rc.ptr(in[0]), Lda: int64(K), M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: b2i(bf)}
 		W.setW(&a)
 		a.Out[0], a.Ow[0] = rc.ptr(out), int64(N)
-		return launchOwn(rc.dev, &a, 1, pl.ch)
+		return p.b.gemm.launchOwn(rc.dev, &a, 1, pl.ch)
 	}
 	return st, nil
 }
@@ -355,7 +323,7 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 	if kind != kindF32BF16W && kind != kindF32FP8W { // the library writes one matrix, split afterwards
 		st.temps = func(rc *runCtx) []int64 {
 			M := int64(rc.rows(in[0]))
-			return []int64{4 * M * int64(N), 2 * M * int64(K), libWeightTemp(W, kind, int(M))}
+			return []int64{4 * M * int64(N), 2 * M * int64(K), p.b.gemm.libWeightTemp(W, kind, int(M))}
 		}
 	}
 	st.run = func(rc *runCtx) error {
@@ -365,9 +333,9 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 		for i, s := range splits {
 			a.Out[i], a.Ow[i] = rc.ptr(outs[i]), int64(s)
 		}
-		pl := planGEMM(tuned, kind, M)
+		pl := p.b.gemm.planTuned(tuned, kind, M)
 		if !pl.lib {
-			return launchOwn(rc.dev, &a, 1, pl.ch)
+			return p.b.gemm.launchOwn(rc.dev, &a, 1, pl.ch)
 		}
 		tmp := rc.temps[0]
 		A, Wp, err := libOperands(rc, bf, rc.ptr(in[0]), M*K, 1, W, 2)
@@ -378,7 +346,7 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 			return err
 		}
 		sa := kc.SplitArgs{X: tmp, R: int64(M), N: int64(N), Nout: a.Nout, Out: a.Out, W: a.Ow}
-		return kc.Launch(rc.dev, "glmf_split_cols", blocks(int64(M*N)), block256, 0, &sa)
+		return kc.LaunchSplitCols(rc.dev, blocks(int64(M*N)), block256, 0, &sa)
 	}
 	return st, nil
 }
@@ -402,12 +370,12 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 	st := &kstep{}
 	if bf {
 		st.temps = func(rc *runCtx) []int64 {
-			return []int64{2 * int64(rc.rows(in[0])*G*K), libWeightTemp(W, kind, rc.rows(in[0]))}
+			return []int64{2 * int64(rc.rows(in[0])*G*K), p.b.gemm.libWeightTemp(W, kind, rc.rows(in[0]))}
 		}
 	}
 	st.run = func(rc *runCtx) error {
 		M := rc.rows(in[0])
-		pl := planGEMM(tuned, kind, M)
+		pl := p.b.gemm.planTuned(tuned, kind, M)
 		if pl.lib {
 			esz, wsz := 4, 4
 			if bf {
@@ -433,7 +401,7 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 		for g := 0; g < G; g++ {
 			a.Out[g], a.Ow[g] = rc.ptr(outs[g]), int64(N)
 		}
-		return launchOwn(rc.dev, &a, G, pl.ch)
+		return p.b.gemm.launchOwn(rc.dev, &a, G, pl.ch)
 	}
 	return st, nil
 }
@@ -448,7 +416,7 @@ func bindElementwise(op int64) binder {
 			if len(in) > 1 {
 				a.Y = rc.ptr(in[1])
 			}
-			return kc.Launch(rc.dev, "glmf_elementwise", blocks(cnt), block256, 0, &a)
+			return kc.LaunchElementwise(rc.dev, blocks(cnt), block256, 0, &a)
 		}}, nil
 	}
 }
@@ -479,11 +447,11 @@ func bindSwiGLUPacked(p *Program, n *ir.Node) (*kstep, error) {
 		g, u := rc.temps[0], rc.temps[1]
 		sa := kc.SplitArgs{X: rc.ptr(in), R: R, N: 2 * I, Nout: 2}
 		sa.Out[0], sa.W[0], sa.Out[1], sa.W[1] = g, I, u, I
-		if err := kc.Launch(rc.dev, "glmf_split_cols", blocks(2*R*I), block256, 0, &sa); err != nil {
+		if err := kc.LaunchSplitCols(rc.dev, blocks(2*R*I), block256, 0, &sa); err != nil {
 			return err
 		}
 		a := kc.EltArgs{X: g, Y: u, Out: rc.ptr(out), N: R * I, Op: 2, Limit: float64(float32(limit))}
-		return kc.Launch(rc.dev, "glmf_elementwise", blocks(R*I), block256, 0, &a)
+		return kc.LaunchElementwise(rc.dev, blocks(R*I), block256, 0, &a)
 	}
 	return st, nil
 }
@@ -493,7 +461,7 @@ func bindStreamMean(p *Program, n *ir.Node) (*kstep, error) {
 	H, D := in[0].Shape[1], in[0].Shape[2]
 	return &kstep{run: func(rc *runCtx) error {
 		a := kc.StreamMeanArgs{X: rc.ptr(in[0]), Y: rc.ptr(out), T: int64(rc.T), H: int64(H), D: int64(D)}
-		return kc.Launch(rc.dev, "glmf_stream_mean", blocks(int64(rc.T*D)), block256, 0, &a)
+		return kc.LaunchStreamMean(rc.dev, blocks(int64(rc.T*D)), block256, 0, &a)
 	}}, nil
 }
 
@@ -502,7 +470,7 @@ func bindLastRows(p *Program, n *ir.Node) (*kstep, error) {
 	D := in[1].Shape[1]
 	return &kstep{run: func(rc *runCtx) error {
 		a := kc.GatherArgs{X: rc.ptr(in[1]), Rows: rc.meta.LastRow, Y: rc.ptr(out), R: int64(rc.S), D: int64(D)}
-		return kc.Launch(rc.dev, "glmf_gather_rows", blocks(int64(rc.S*D)), block256, 0, &a)
+		return kc.LaunchGatherRows(rc.dev, blocks(int64(rc.S*D)), block256, 0, &a)
 	}}, nil
 }
 
@@ -512,6 +480,6 @@ func bindSpanRows(p *Program, n *ir.Node) (*kstep, error) {
 	D := in[1].Shape[1]
 	return &kstep{run: func(rc *runCtx) error {
 		a := kc.GatherArgs{X: rc.ptr(in[1]), Rows: rc.spanRows, Y: rc.ptr(out), R: int64(rc.R), D: int64(D)}
-		return kc.Launch(rc.dev, "glmf_gather_rows", blocks(int64(rc.R*D)), block256, 0, &a)
+		return kc.LaunchGatherRows(rc.dev, blocks(int64(rc.R*D)), block256, 0, &a)
 	}}, nil
 }

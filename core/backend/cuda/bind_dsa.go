@@ -31,7 +31,7 @@ func bindSeqLengths(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	return &kstep{run: func(rc *runCtx) error {
 		a := kc.SeqLenArgs{M: rc.meta, Out: rc.ptr(out), Poison: poison}
-		return kc.Launch(rc.dev, "glmf_seq_lengths", blocks(int64(rc.S)), block256, 0, &a)
+		return kc.LaunchSeqLengths(rc.dev, blocks(int64(rc.S)), block256, 0, &a)
 	}}, nil
 }
 
@@ -44,7 +44,7 @@ func bindDSAMeta(p *Program, n *ir.Node) (*kstep, error) {
 		}
 		a := kc.DSAMetaArgs{M: rc.meta, Visible: rc.ptr(out), Kpool: int64(kp)}
 		rc.host[out] = &dsaMeta{visible: rc.ptr(out), kpool: kp}
-		return kc.Launch(rc.dev, "glmf_dsa_meta", blocks(int64(rc.T)), block256, 0, &a)
+		return kc.LaunchDSAMeta(rc.dev, blocks(int64(rc.T)), block256, 0, &a)
 	}}, nil
 }
 
@@ -103,7 +103,7 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 			if ls.recK != 0 {
 				ap.Ckpt, ap.RecK, ap.RecG, ap.RecStride = rc.ckpt, ls.recK, ls.recG, ls.recStride
 			}
-			if err := kc.Launch(rc.dev, "glmf_indexer_append", kc.Dim3{X: uint32(rc.S)}, kc.Dim3{X: appendThreads}, 0, &ap); err != nil {
+			if err := kc.LaunchIndexerAppend(rc.dev, kc.Dim3{X: uint32(rc.S)}, kc.Dim3{X: appendThreads}, 0, &ap); err != nil {
 				return err
 			}
 			if share != "" && ls.saved == 0 {
@@ -112,25 +112,25 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 			if share == ir.IndexShareReuse { // the saved selection and the positions since, no scoring
 				sh := kc.IdxSharedArgs{M: rc.meta, Saved: ls.saved, SavedStride: ls.savedStride, SavedWidth: int64(width - extra),
 					SharePos: rc.sharePos, Sel: rc.ptr(out), Width: int64(width)}
-				return kc.Launch(rc.dev, "glmf_indexer_shared", kc.Dim3{X: uint32(rc.T)}, block256, 0, &sh)
+				return kc.LaunchIndexerShared(rc.dev, kc.Dim3{X: uint32(rc.T)}, block256, 0, &sh)
 			}
 			mv := rc.maxVisible[kp]
 			scores := rc.temps[0]
 			if mv > 0 {
 				sa := kc.IdxScoreArgs{M: rc.meta, Visible: m.visible, Q: rc.ptr(in[1]), W: rc.ptr(in[4]), Pools: ls.pools, PoolsStride: ls.poolsStride,
 					Scores: scores, Ld: int64(mv), H: int64(H), D: int64(D), Keep: int64(topk / kp), Scale: scale, Wscale: wscale}
-				if err := kc.Launch(rc.dev, "glmf_indexer_score", kc.Dim3{X: uint32((mv + idxScorePools - 1) / idxScorePools), Y: uint32(rc.T)}, block256, idxScoreSmem(H, D), &sa); err != nil {
+				if err := kc.LaunchIndexerScore(rc.dev, kc.Dim3{X: uint32((mv + idxScorePools - 1) / idxScorePools), Y: uint32(rc.T)}, block256, idxScoreSmem(H, D), &sa); err != nil {
 					return err
 				}
 			}
 			se := kc.IdxSelectArgs{M: rc.meta, Visible: m.visible, Scores: scores, Ld: int64(max(mv, 1)), Sel: rc.ptr(out), Width: int64(width),
 				Kpool: int64(kp), Keep: int64(topk / kp), Tail: tail}
-			if err := kc.Launch(rc.dev, "glmf_indexer_select", kc.Dim3{X: uint32(rc.T)}, block256, 0, &se); err != nil {
+			if err := kc.LaunchIndexerSelect(rc.dev, kc.Dim3{X: uint32(rc.T)}, block256, 0, &se); err != nil {
 				return err
 			}
 			if share == ir.IndexShareSave {
 				sv := kc.IdxSaveArgs{M: rc.meta, Sel: rc.ptr(out), Width: int64(width), Saved: ls.saved, SavedStride: ls.savedStride}
-				return kc.Launch(rc.dev, "glmf_indexer_save", kc.Dim3{X: uint32(rc.S)}, block256, 0, &sv)
+				return kc.LaunchIndexerSave(rc.dev, kc.Dim3{X: uint32(rc.S)}, block256, 0, &sv)
 			}
 			return nil
 		}}, nil
@@ -228,7 +228,7 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 			qa, ol, lg := rc.temps[0], rc.temps[1], rc.temps[2]
 			T := rc.T
 			ap := kc.MLAAppendArgs{M: rc.meta, Ckv: rc.ptr(in[2]), Cache: ls.ckv, SlotStride: ls.ckvStride, R: int64(R)}
-			if err := kc.Launch(rc.dev, "glmf_mla_append", blocks(int64(T*R)), block256, 0, &ap); err != nil {
+			if err := kc.LaunchMLAAppend(rc.dev, blocks(int64(T*R)), block256, 0, &ap); err != nil {
 				return err
 			}
 			cdiv := func(x, y int) uint32 { return uint32((x + y - 1) / y) }
@@ -242,35 +242,35 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 				live := ol + kc.DevicePtr(4*T*nch*H*R)
 				qab := kc.MLAGemvArgs{A: rc.ptr(in[1]), Lda: int64(H * dq), AHead: int64(dq), AParts: 1, W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: 0, WLd: int64(R),
 					C: qa, Ldc: int64(H * R), CHead: 1, CN: int64(H), M: int64(T), N: int64(R), K: int64(dq)}
-				if err := kc.Launch(rc.dev, "glmf_mla_qabs_gv", kc.Dim3{X: cdiv(R, mlaGemvCols), Y: uint32(H)}, block256, 0, &qab); err != nil {
+				if err := kc.LaunchMLAQabsGv(rc.dev, kc.Dim3{X: cdiv(R, mlaGemvCols), Y: uint32(H)}, block256, 0, &qab); err != nil {
 					return err
 				}
 				lo := kc.MLALogitsDArgs{M: rc.meta, Qt: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
 					Lg: lg, H: int64(H), R: int64(R)}
-				if err := kc.Launch(rc.dev, "glmf_mla_logits_d", kc.Dim3{X: cdiv(width, mlaDecodeEntries), Y: uint32(T)}, block256, mlaDecodeSmemBytes(H, R), &lo); err != nil {
+				if err := kc.LaunchMLALogitsD(rc.dev, kc.Dim3{X: cdiv(width, mlaDecodeEntries), Y: uint32(T)}, block256, mlaDecodeSmemBytes(H, R), &lo); err != nil {
 					return err
 				}
 				sm := kc.MLASoftmaxArgs{Sel: rc.ptr(in[4]), Width: int64(width), Lg: lg, H: int64(H), Scale: scale}
-				if err := kc.Launch(rc.dev, "glmf_mla_softmax", kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: smThreads}, 0, &sm); err != nil {
+				if err := kc.LaunchMLASoftmax(rc.dev, kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: smThreads}, 0, &sm); err != nil {
 					return err
 				}
 				ac := kc.MLAAccumDArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
 					Part: ol, Live: live, H: int64(H), R: int64(R)}
-				if err := kc.Launch(rc.dev, "glmf_mla_accum_d", kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, block256, 0, &ac); err != nil {
+				if err := kc.LaunchMLAAccumD(rc.dev, kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, block256, 0, &ac); err != nil {
 					return err
 				}
 				ex := kc.MLAGemvArgs{A: ol, Lda: int64(nch * H * R), AHead: int64(R), AParts: int64(nch), APartStride: int64(H * R), ALive: live, W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: int64(dq * R), WLd: int64(R),
 					C: rc.ptr(out), Ldc: int64(H * dv), CHead: int64(dv), CN: 1, M: int64(T), N: int64(dv), K: int64(R)}
-				return kc.Launch(rc.dev, "glmf_mla_expand_gv", kc.Dim3{X: cdiv(dv, mlaGemvCols), Y: uint32(H)}, block256, 0, &ex)
+				return kc.LaunchMLAExpandGv(rc.dev, kc.Dim3{X: cdiv(dv, mlaGemvCols), Y: uint32(H)}, block256, 0, &ex)
 			}
 			// tiles (TM rows × TN columns) and threads of the big and small variants
-			sfx, tm, tn, th := "", 64, 64, uint32(256)
+			small, tm, tn, th := false, 64, 64, uint32(256)
 			if T < mlaSmallRows {
-				sfx, tm, tn, th = "_s", 16, 32, 128
+				small, tm, tn, th = true, 16, 32, 128
 			}
 			qab := kc.MLAHeadMMArgs{A: rc.ptr(in[1]), Lda: int64(H * dq), AHead: int64(dq), W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: 0, WLd: int64(R),
 				C: qa, Ldc: int64(H * R), CHead: int64(R), M: int64(T), N: int64(R), K: int64(dq)}
-			if err := kc.Launch(rc.dev, "glmf_mla_qabs"+sfx, kc.Dim3{X: cdiv(R, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &qab); err != nil {
+			if err := kc.MLAQabsKernel(small).Launch(rc.dev, kc.Dim3{X: cdiv(R, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &qab); err != nil {
 				return err
 			}
 			tc := mlaRowChunk(T, H, width)
@@ -278,21 +278,21 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 				nr := min(tc, T-t0)
 				lo := kc.MLALogitsArgs{M: rc.meta, Qa: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
 					Lg: lg, T0: int64(t0), H: int64(H), R: int64(R)}
-				if err := kc.Launch(rc.dev, "glmf_mla_logits"+sfx, kc.Dim3{X: cdiv(width, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &lo); err != nil {
+				if err := kc.MLALogitsKernel(small).Launch(rc.dev, kc.Dim3{X: cdiv(width, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &lo); err != nil {
 					return err
 				}
 				sm := kc.MLASoftmaxArgs{Sel: rc.ptr(in[4]), Width: int64(width), Lg: lg, T0: int64(t0), H: int64(H), Scale: scale}
-				if err := kc.Launch(rc.dev, "glmf_mla_softmax", kc.Dim3{X: uint32(H), Y: uint32(nr)}, kc.Dim3{X: smThreads}, 0, &sm); err != nil {
+				if err := kc.LaunchMLASoftmax(rc.dev, kc.Dim3{X: uint32(H), Y: uint32(nr)}, kc.Dim3{X: smThreads}, 0, &sm); err != nil {
 					return err
 				}
 				ac := kc.MLAAccumArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
 					Ol: ol, T0: int64(t0), H: int64(H), R: int64(R)}
-				if err := kc.Launch(rc.dev, "glmf_mla_accum"+sfx, kc.Dim3{X: cdiv(R, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &ac); err != nil {
+				if err := kc.MLAAccumKernel(small).Launch(rc.dev, kc.Dim3{X: cdiv(R, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &ac); err != nil {
 					return err
 				}
 			}
 			ex := kc.MLAHeadMMArgs{A: ol, Lda: int64(H * R), AHead: int64(R), W: W.ptr, WBf16: W.flag(), WHead: stride, WOff: int64(dq * R), WLd: int64(R),
 				C: rc.ptr(out), Ldc: int64(H * dv), CHead: int64(dv), M: int64(T), N: int64(dv), K: int64(R)}
-			return kc.Launch(rc.dev, "glmf_mla_expand"+sfx, kc.Dim3{X: cdiv(dv, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &ex)
+			return kc.MLAExpandKernel(small).Launch(rc.dev, kc.Dim3{X: cdiv(dv, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &ex)
 		}}, nil
 }

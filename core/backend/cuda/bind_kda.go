@@ -47,7 +47,7 @@ func bindKDAConv(p *Program, n *ir.Node) (*kstep, error) {
 		}
 		g := blocks(int64(3 * P))
 		g.Y = uint32(rc.S)
-		return kc.Launch(rc.dev, "glmf_kda_conv", g, block256, 0, &a)
+		return kc.LaunchKDAConv(rc.dev, g, block256, 0, &a)
 	}}, nil
 }
 
@@ -70,15 +70,13 @@ func bindKDAGate(p *Program, n *ir.Node) (*kstep, error) {
 	return &kstep{run: func(rc *runCtx) error {
 		args := kc.KDAGateArgs{Z: rc.ptr(in[0]), Alog: A.ptr, AlogBf16: A.flag(), Dt: dt.ptr, DtBf16: dt.flag(), G: rc.ptr(out),
 			T: int64(rc.T), H: int64(H), Dh: int64(P / H), HasLb: hasLB, Lb: lb}
-		return kc.Launch(rc.dev, "glmf_kda_gate", blocks(int64(rc.T*P)), block256, 0, &args)
+		return kc.LaunchKDAGate(rc.dev, blocks(int64(rc.T*P)), block256, 0, &args)
 	}}, nil
 }
 
-// kdaRegDims are the head_dims glmf_kda_recurrent_regD holds the state of
-// in registers, kdaRegCols (KDA_COLS of kda.cu) the state columns one of
-// its blocks owns.
-var kdaRegDims = map[int]bool{8: true, 16: true, 32: true, 64: true, 128: true}
-
+// kdaRegCols (KDA_COLS of kda.cu) is the state columns one block of
+// glmf_kda_recurrent_regD owns (kc.KDARecurrentRegKernel: the head_dims D
+// whose state it holds in registers).
 const kdaRegCols = 32
 
 func bindKDAAttn(p *Program, n *ir.Node) (*kstep, error) {
@@ -107,10 +105,10 @@ func bindKDAAttn(p *Program, n *ir.Node) (*kstep, error) {
 		if ls.snapState != 0 {
 			args.Ckpt, args.Snap, args.SnapStride = rc.ckpt, ls.snapState, int64(rc.store.depth)*ls.stateStride
 		}
-		if kdaRegDims[Dh] { // the state in registers, columns split across blocks
-			return kc.Launch(rc.dev, fmt.Sprintf("glmf_kda_recurrent_reg%d", Dh), kc.Dim3{X: uint32(H), Y: uint32(rc.S), Z: uint32((Dh + kdaRegCols - 1) / kdaRegCols)}, kc.Dim3{X: kdaRegCols}, 0, &args)
+		if k, ok := kc.KDARecurrentRegKernel(Dh); ok { // the state in registers, columns split across blocks
+			return k.Launch(rc.dev, kc.Dim3{X: uint32(H), Y: uint32(rc.S), Z: uint32((Dh + kdaRegCols - 1) / kdaRegCols)}, kc.Dim3{X: kdaRegCols}, 0, &args)
 		}
-		return kc.Launch(rc.dev, "glmf_kda_recurrent", kc.Dim3{X: uint32(H), Y: uint32(rc.S)}, kc.Dim3{X: bs}, 3*4*Dh, &args)
+		return kc.LaunchKDARecurrent(rc.dev, kc.Dim3{X: uint32(H), Y: uint32(rc.S)}, kc.Dim3{X: bs}, 3*4*Dh, &args)
 	}}, nil
 }
 
@@ -125,6 +123,6 @@ func bindGatedRMSNorm(p *Program, n *ir.Node) (*kstep, error) {
 	eps := float64(float32(a.Float("eps", 1e-5)))
 	return &kstep{run: func(rc *runCtx) error {
 		args := kc.GatedNormArgs{O: rc.ptr(in[0]), G: rc.ptr(in[1]), W: W.ptr, WBf16: W.flag(), Y: rc.ptr(out), Rows: int64(rc.T * H), Dh: int64(P / H), Eps: eps}
-		return kc.Launch(rc.dev, "glmf_gated_rmsnorm", kc.Dim3{X: uint32(rc.T * H)}, kc.Dim3{X: 128}, 0, &args)
+		return kc.LaunchGatedRmsnorm(rc.dev, kc.Dim3{X: uint32(rc.T * H)}, kc.Dim3{X: 128}, 0, &args)
 	}}, nil
 }

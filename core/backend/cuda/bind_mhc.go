@@ -42,16 +42,17 @@ func mhcPartBytes(T, H, D int) int64 {
 // (glmf_mhc_pre_tok, glmf_mhc_post_pre_tok) sums.
 const mhcTokRows = 8
 
-// mhcStage1 returns the kernel and grid of the pre's first stage (kernel
-// glmf_mhc_pre or glmf_mhc_post_pre): below MHC_TT tokens their few-token
-// variant, a block per MHC_TT chunks, row group and token, which computes
-// the same bits with all its lanes busy.
-func mhcStage1(kernel string, T, H, D int) (string, kc.Dim3) {
+// mhcStage1 returns the variant and grid of the pre's first stage
+// (glmf_mhc_pre or glmf_mhc_post_pre: kc.MHCPreKernel,
+// kc.MHCPostPreKernel): below MHC_TT tokens (tok) their few-token variant,
+// a block per MHC_TT chunks, row group and token, which computes the same
+// bits with all its lanes busy.
+func mhcStage1(T, H, D int) (tok bool, grid kc.Dim3) {
 	if T < mhcTileTokens {
 		mix := (2 + H) * H
-		return kernel + "_tok", kc.Dim3{X: uint32((mhcChunks(H, D) + mhcTileTokens - 1) / mhcTileTokens), Y: uint32((mix + mhcTokRows - 1) / mhcTokRows), Z: uint32(T)}
+		return true, kc.Dim3{X: uint32((mhcChunks(H, D) + mhcTileTokens - 1) / mhcTileTokens), Y: uint32((mix + mhcTokRows - 1) / mhcTokRows), Z: uint32(T)}
 	}
-	return kernel, kc.Dim3{X: uint32(mhcChunks(H, D)), Y: uint32((T + mhcTileTokens - 1) / mhcTileTokens)}
+	return false, kc.Dim3{X: uint32(mhcChunks(H, D)), Y: uint32((T + mhcTileTokens - 1) / mhcTileTokens)}
 }
 
 // launchPre runs the pre on streams X: the split-K projection, then the
@@ -62,8 +63,8 @@ func launchPre(rc *runCtx, prm kc.MHCParams, X, part, h, post, comb kc.DevicePtr
 		return nil
 	}
 	pa := kc.MHCPreArgs{P: prm, X: X, Part: part, T: int64(rc.T)}
-	name, grid := mhcStage1("glmf_mhc_pre", rc.T, H, D)
-	if err := kc.Launch(rc.dev, name, grid, block256, 0, &pa); err != nil {
+	tok, grid := mhcStage1(rc.T, H, D)
+	if err := kc.MHCPreKernel(tok).Launch(rc.dev, grid, block256, 0, &pa); err != nil {
 		return err
 	}
 	return launchMix(rc, prm, X, part, h, post, comb, normW, normEps)
@@ -71,7 +72,7 @@ func launchPre(rc *runCtx, prm kc.MHCParams, X, part, h, post, comb kc.DevicePtr
 
 func launchMix(rc *runCtx, prm kc.MHCParams, X, part, h, post, comb kc.DevicePtr, normW devTensor, normEps float64) error {
 	ma := kc.MHCMixArgs{P: prm, X: X, Part: part, H: h, Post: post, Comb: comb, NormW: normW.ptr, NormBf16: normW.flag(), NormEps: normEps, T: int64(rc.T)}
-	return kc.Launch(rc.dev, "glmf_mhc_mix", kc.MHCMixGrid(rc.T), block256, 0, &ma)
+	return kc.LaunchMHCMix(rc.dev, kc.MHCMixGrid(rc.T), block256, 0, &ma)
 }
 
 func mhcParams(p *Program, n *ir.Node, x, fn, base, scale *ir.Value) (kc.MHCParams, error) {
@@ -113,7 +114,7 @@ func bindMHCPre(p *Program, n *ir.Node) (*kstep, error) {
 
 func launchPost(rc *runCtx, o, R, post, comb, out kc.DevicePtr, H, D int) error {
 	a := kc.MHCPostArgs{O: o, R: R, Post: post, Comb: comb, Out: out, T: int64(rc.T), H: int64(H), D: int64(D)}
-	return kc.Launch(rc.dev, "glmf_mhc_post", blocks(int64(rc.T*H*D)), block256, 0, &a)
+	return kc.LaunchMHCPost(rc.dev, blocks(int64(rc.T*H*D)), block256, 0, &a)
 }
 
 func bindMHCPost(p *Program, n *ir.Node) (*kstep, error) {
@@ -153,8 +154,8 @@ func bindMHCPostPre(p *Program, n *ir.Node) (*kstep, error) {
 				// collapse and norm (unfused: post, pre's two, rmsnorm)
 				rc.p.fusedMHC.Add(1)
 				args := kc.MHCPostPreArgs{P: prm, O: o, R: R, Post: post, Comb: comb, Out: X, Part: part, T: int64(rc.T)}
-				name, grid := mhcStage1("glmf_mhc_post_pre", rc.T, H, D)
-				if err := kc.Launch(rc.dev, name, grid, block256, 0, &args); err != nil {
+				tok, grid := mhcStage1(rc.T, H, D)
+				if err := kc.MHCPostPreKernel(tok).Launch(rc.dev, grid, block256, 0, &args); err != nil {
 					return err
 				}
 				return launchMix(rc, prm, X, part, h, post2, comb2, normW, normEps)
@@ -170,6 +171,6 @@ func bindMHCPostPre(p *Program, n *ir.Node) (*kstep, error) {
 				return nil
 			}
 			na := kc.NormArgs{X: h, W: normW.ptr, WBf16: normW.flag(), Y: h, Rows: int64(rc.T), D: int64(D), Eps: normEps}
-			return kc.Launch(rc.dev, "glmf_rmsnorm", kc.Dim3{X: uint32(rc.T)}, block256, 0, &na)
+			return kc.LaunchRmsnorm(rc.dev, kc.Dim3{X: uint32(rc.T)}, block256, 0, &na)
 		}}, nil
 }

@@ -39,9 +39,9 @@ func bindMoERoute(p *Program, n *ir.Node) (*kstep, error) {
 		args := kc.RouteArgs{Logits: rc.ptr(in[0]), Bias: bias.ptr, BiasBf16: bias.flag(), Idx: rc.ptr(outs[0]), W: rc.ptr(outs[1]),
 			T: int64(T), E: int64(E), K: K, G: int64(G), TG: TG, Normalize: norm, Scaling: scaling}
 		if G == 1 && K <= routeWarpMaxK { // a warp per token
-			return kc.Launch(rc.dev, "glmf_moe_route_warp", kc.Dim3{X: uint32((T + routeWarps - 1) / routeWarps)}, kc.Dim3{X: 32 * routeWarps}, 0, &args)
+			return kc.LaunchMoERouteWarp(rc.dev, kc.Dim3{X: uint32((T + routeWarps - 1) / routeWarps)}, kc.Dim3{X: 32 * routeWarps}, 0, &args)
 		}
-		return kc.Launch(rc.dev, "glmf_moe_route", kc.Dim3{X: uint32((T + 63) / 64)}, kc.Dim3{X: 64}, 0, &args)
+		return kc.LaunchMoERoute(rc.dev, kc.Dim3{X: uint32((T + 63) / 64)}, kc.Dim3{X: 64}, 0, &args)
 	}}, nil
 }
 
@@ -84,7 +84,7 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 	// for fp8 experts and in precision bf16; else 64-row tiles on the tiled
 	// kernel (bf16/fp32 experts in fp32 precision always: its sums are the
 	// ascending-k ones every other kernel gives). In precision bf16 the
-	// GEMV is the tensor-core glmf_gemv_mma_* (kc.GemvLaunch: where K is
+	// GEMV is the tensor-core glmf_gemv_mma_* (gemmPolicy.gemv: where K is
 	// a multiple of 64 and the rows are aligned; one kernel whatever the
 	// tile's rows, so a token's result does not depend on the batch).
 	//
@@ -94,8 +94,9 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 	// library GEMMs of precision bf16 take them), on its bf16-activation
 	// variant: x cast to bf16 once (a fifth temporary), act kept in bf16
 	// (the same roundings as reading fp32 with a_round, half the bytes).
-	gemv := func(TK int) bool { return (gate.fp8 || round == 1) && TK <= kc.GemvRows*E }
-	mma := func(TK int) bool { return round == 1 && !gemv(TK) && kc.MoEMMA(p.b.dev) }
+	pol := p.b.gemm
+	gemv := func(TK int) bool { return pol.moeGemv(gate.fp8, round, TK, E) }
+	mma := func(TK int) bool { return pol.moeMMA(p.b.dev, gate.fp8, round, TK, E) }
 	tileRows := func(TK int) int {
 		switch {
 		case gemv(TK):
@@ -123,7 +124,7 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 			}
 			perm, tiles, act, contrib := rc.temps[0], rc.temps[1], rc.temps[2], rc.temps[3]
 			pa := kc.PlanArgs{Idx: rc.ptr(in[1]), TK: int64(TK), E: int64(E), Bm: int64(tileRows(TK)), Perm: perm, Tiles: tiles}
-			if err := kc.Launch(rc.dev, "glmf_moe_plan", kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa); err != nil {
+			if err := kc.LaunchMoEPlan(rc.dev, kc.Dim3{X: 1}, kc.Dim3{X: 1024}, 0, &pa); err != nil {
 				return err
 			}
 			nt := maxTiles(TK)
@@ -144,22 +145,22 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 				gu.A, gu.ARound, dn.ARound = xb, 2, 2
 			}
 			for _, g := range []*kc.GemmArgs{&gu, &dn} {
-				name, grid, block := "glmf_gemm_tiled", kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(nt)}, block256
+				k, grid, block := kc.KernelGemmTiled, kc.Dim3{X: uint32((g.N + 63) / 64), Y: uint32(nt)}, block256
 				switch {
 				case gemv(TK):
 					// a tile has at most T rows (one slot a token): the SIMT
 					// kernel's passes take that many, so it is the row count
-					// that decides (kc.GemvMMAPays)
-					name, grid, block = kc.GemvLaunch(g, T, nt, 1)
+					// that decides (gemmPolicy.mmaPays)
+					k, grid, block = pol.gemv(g, T, nt, 1)
 				case mma(TK):
-					name, grid, block = kc.MoEMMALaunch(int(g.N), nt, g.W2 != 0, true)
+					k, grid, block = kc.MoEMMALaunch(int(g.N), nt, g.W2 != 0, true)
 				}
-				if err := kc.Launch(rc.dev, name, grid, block, 0, g); err != nil {
+				if err := k.Launch(rc.dev, grid, block, 0, g); err != nil {
 					return err
 				}
 			}
 			ca := kc.CombineArgs{Contrib: contrib, Y: rc.ptr(out), T: int64(T), K: int64(K), D: int64(D)}
-			return kc.Launch(rc.dev, "glmf_moe_combine", blocks(int64(T*D)), block256, 0, &ca)
+			return kc.LaunchMoECombine(rc.dev, blocks(int64(T*D)), block256, 0, &ca)
 		}}, nil
 }
 
@@ -170,6 +171,6 @@ func bindMoEAppendExpert(p *Program, n *ir.Node) (*kstep, error) {
 	return &kstep{run: func(rc *runCtx) error {
 		T := rc.rows(in[1])
 		a := kc.AppendArgs{Idx: rc.ptr(in[0]), W: rc.ptr(in[1]), Oidx: rc.ptr(outs[0]), Ow: rc.ptr(outs[1]), T: int64(T), K: int64(K), Expert: e}
-		return kc.Launch(rc.dev, "glmf_moe_append_expert", blocks(int64(T*(K+1))), block256, 0, &a)
+		return kc.LaunchMoEAppendExpert(rc.dev, blocks(int64(T*(K+1))), block256, 0, &a)
 	}}, nil
 }

@@ -34,6 +34,7 @@ type Backend struct {
 	dev    *kc.Device
 	sh     *shared
 	opts   backend.Options
+	gemm   *gemmPolicy // the GEMM dispatch, built from the options
 	closed bool
 }
 
@@ -99,9 +100,13 @@ func (t devTensor) setW(a *kc.GemmArgs) {
 	}
 }
 
-// Open initialises the GPU o.DeviceIndex; it fails at once, naming what is
+// Open initialises the GPU o.DeviceIndex with the GEMM options of the
+// environment (GEMMOptionsFromEnv); it fails at once, naming what is
 // missing (driver, GPU, cuBLAS), where CUDA cannot run.
-func Open(o backend.Options) (*Backend, error) {
+func Open(o backend.Options) (*Backend, error) { return OpenWith(o, GEMMOptionsFromEnv()) }
+
+// OpenWith is Open with GEMM options g.
+func OpenWith(o backend.Options, g GEMMOptions) (*Backend, error) {
 	switch o.Precision {
 	case "":
 		o.Precision = "fp32"
@@ -111,6 +116,10 @@ func Open(o backend.Options) (*Backend, error) {
 	}
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
+	pol, err := newGEMMPolicy(g, o.Precision, 0) // before the device opens: bad options fail alone
+	if err != nil {
+		return nil, err
+	}
 	sh := devices[o.DeviceIndex]
 	if sh == nil {
 		dev, err := kc.Open(o.DeviceIndex)
@@ -120,8 +129,9 @@ func Open(o backend.Options) (*Backend, error) {
 		sh = &shared{dev: dev, idx: o.DeviceIndex, weights: map[string]devTensor{}, wbytes: map[string]int64{}, ids: map[any]int{}}
 		devices[o.DeviceIndex] = sh
 	}
+	pol.sms = sh.dev.SMs
 	sh.refs++
-	return &Backend{dev: sh.dev, sh: sh, opts: o}, nil
+	return &Backend{dev: sh.dev, sh: sh, opts: o, gemm: pol}, nil
 }
 
 // Name is "cuda".

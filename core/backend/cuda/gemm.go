@@ -39,7 +39,7 @@ type gemmChoice struct {
 }
 
 const (
-	chDefault = iota // no choice made: planGEMM's default applies
+	chDefault = iota // no choice made: gemmPolicy.plan's default applies
 	chOwn            // the own kernel kc.GemmLaunch picks for the row count
 	chCol
 	chSkinny
@@ -62,8 +62,9 @@ const (
 // skinny8MaxRows is the most rows skinny8 takes (eight launches).
 const skinny8MaxRows = 64
 
-// colChoices are the column kernel's block widths worth trying.
-var colChoices = []int{32, 64, 128, 256}
+// colTriedMin and colTriedMax bound the column kernel's block widths worth
+// trying (the powers of two between).
+const colTriedMin, colTriedMax = 32, 256
 
 func parseChoice(s string) (gemmChoice, error) {
 	switch {
@@ -136,12 +137,7 @@ func (c gemmChoice) valid(kind string, rows int) bool {
 }
 
 // gemmKind is the kind of a GEMM over weight W in this program.
-func (p *Program) gemmKind(W devTensor) string {
-	if W.fp8 {
-		return fp8KindOf(p.b.opts.Precision)
-	}
-	return gemmKindOf(W.bf16, p.b.opts.Precision)
-}
+func (p *Program) gemmKind(W devTensor) string { return p.b.gemm.kind(W) }
 
 // fp8KindOf is the GEMM kind of fp8 weights in a precision.
 func fp8KindOf(precision string) string {
@@ -215,7 +211,7 @@ func (t *tunedGEMM) choose(kind string, rows int) gemmChoice {
 // column kernel (threads columns a block; rows ≤ 2), the skinny kernel
 // (rows ≤ 8), the tiled kernel, the skinny kernel over chunks of 8 rows
 // (rows' outputs offset per chunk), or (chOwn) the one kc.GemmLaunch picks.
-func launchOwn(dev *kc.Device, a *kc.GemmArgs, G int, ch gemmChoice) error {
+func (g *gemmPolicy) launchOwn(dev *kc.Device, a *kc.GemmArgs, G int, ch gemmChoice) error {
 	if a.M == 0 {
 		return nil
 	}
@@ -223,10 +219,10 @@ func launchOwn(dev *kc.Device, a *kc.GemmArgs, G int, ch gemmChoice) error {
 	switch ch.kind {
 	case chCol:
 		grid.X = uint32((a.N + int64(ch.threads) - 1) / int64(ch.threads))
-		return kc.Launch(dev, "glmf_gemm_col", grid, kc.Dim3{X: uint32(ch.threads)}, 0, a)
+		return kc.LaunchGemmCol(dev, grid, kc.Dim3{X: uint32(ch.threads)}, 0, a)
 	case chSkinny:
 		name, grid, block := kc.GemmLaunch(kc.SkinnyMaxRows, int(a.N), G)
-		return kc.Launch(dev, name, grid, block, 0, a)
+		return name.Launch(dev, grid, block, 0, a)
 	case chSkinny8:
 		name, grid, block := kc.GemmLaunch(kc.SkinnyMaxRows, int(a.N), G)
 		for r0 := int64(0); r0 < a.M; r0 += skinnyMaxRows {
@@ -240,20 +236,20 @@ func launchOwn(dev *kc.Device, a *kc.GemmArgs, G int, ch gemmChoice) error {
 				}
 				b.Out[j] += kc.DevicePtr(4 * r0 * w)
 			}
-			if err := kc.Launch(dev, name, grid, block, 0, &b); err != nil {
+			if err := name.Launch(dev, grid, block, 0, &b); err != nil {
 				return err
 			}
 		}
 		return nil
 	case chTiled:
 		grid.X, grid.Y = uint32((a.N+63)/64), uint32((a.M+63)/64)
-		return kc.Launch(dev, "glmf_gemm_tiled", grid, block256, 0, a)
+		return kc.LaunchGemmTiled(dev, grid, block256, 0, a)
 	case chGemv:
-		name, grid, block := kc.GemvLaunch(a, int(a.M), 1, G)
-		return kc.Launch(dev, name, grid, block, 0, a)
+		k, grid, block := g.gemv(a, int(a.M), 1, G)
+		return k.Launch(dev, grid, block, 0, a)
 	}
 	name, grid, block := kc.GemmLaunch(int(a.M), int(a.N), G)
-	return kc.Launch(dev, name, grid, block, 0, a)
+	return name.Launch(dev, grid, block, 0, a)
 }
 
 // libGemm runs C[M][N] = A[M][K]·W[N][K]ᵀ in the vendor library: a

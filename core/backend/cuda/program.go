@@ -1024,10 +1024,10 @@ type sampleLaunch struct {
 
 func (l *sampleLaunch) launch(dev *kc.Device, logits kc.DevicePtr, rows int) error {
 	l.part.Logits, l.final.Logits = logits, logits
-	if err := kc.Launch(dev, "glmf_sample_part", kc.Dim3{X: uint32(l.part.Nchunks), Y: uint32(rows)}, kc.Dim3{X: sampleThreads}, 0, l.part); err != nil {
+	if err := kc.LaunchSamplePart(dev, kc.Dim3{X: uint32(l.part.Nchunks), Y: uint32(rows)}, kc.Dim3{X: sampleThreads}, 0, l.part); err != nil {
 		return err
 	}
-	return kc.Launch(dev, "glmf_sample", kc.Dim3{X: uint32(rows)}, kc.Dim3{X: sampleThreads}, 0, l.final)
+	return kc.LaunchSample(dev, kc.Dim3{X: uint32(rows)}, kc.Dim3{X: sampleThreads}, 0, l.final)
 }
 
 // readSamples copies the sampler's outputs back and turns them into picks.

@@ -39,14 +39,14 @@ func (b *Backend) GEMMKind(weightDType string) string {
 // choose, but TuneGEMM measures it.
 func (b *Backend) GEMMCandidates(kind string, rows int) []string {
 	if kind == kindF32FP8W || kind == kindBF16FP8W {
-		return []string{planGEMM(nil, kind, rows).ch.String()}
+		return []string{b.gemm.plan(kind, rows).ch.String()}
 	}
 	var out []string
 	if kind == kindBF16BF16W && rows <= skinnyMaxRows {
 		out = append(out, "gemv")
 	}
 	if rows <= kc.ColMaxRows {
-		for _, t := range colChoices {
+		for t := colTriedMin; t <= colTriedMax; t *= 2 {
 			out = append(out, fmt.Sprintf("col:%d", t))
 		}
 	}
@@ -196,7 +196,7 @@ func (b *Backend) tune(t ir.GEMMTune) (ir.GEMMChoice, error) {
 		a := kc.GemmArgs{A: bufs.A, Lda: int64(K), M: int64(M), N: int64(N), K: int64(K), Nout: 1, ARound: b2i(bfA)}
 		W.setW(&a)
 		a.Out[0], a.Ow[0] = bufs.C, int64(N)
-		return launchOwn(dev, &a, 1, ch)
+		return b.gemm.launchOwn(dev, &a, 1, ch)
 	}
 	out := make([]float32, M*N)
 	result := func() ([]float32, error) {
@@ -235,7 +235,7 @@ func (b *Backend) tune(t ir.GEMMTune) (ir.GEMMChoice, error) {
 		return int64(ts[len(ts)/2] * 1e6), nil
 	}
 	// the reference: the default choice
-	def := planGEMM(nil, t.Kind, M).ch
+	def := b.gemm.plan(t.Kind, M).ch
 	if err := run(def); err != nil {
 		return ir.GEMMChoice{}, fmt.Errorf("the default GEMM (%s): %w", def, err)
 	}

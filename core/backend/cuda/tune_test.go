@@ -112,10 +112,14 @@ func TestGEMMChoices(t *testing.T) {
 	lib := &tunedGEMM{buckets: []int{512}, choices: []gemmChoice{{kind: chCublas}}}
 	require.Equal(t, chDefault, lib.choose(kindF32BF16W, 100).kind, "no library GEMM for bf16 weights in fp32")
 	require.Equal(t, chCublas, lib.choose(kindF32F32W, 4096).kind)
-	pl := planGEMM(nil, kindF32F32W, 9)
+	pol, err := newGEMMPolicy(GEMMOptions{}, "fp32", 132)
+	require.NoError(t, err)
+	pl := pol.plan(kindF32F32W, 9)
 	require.True(t, pl.lib)
-	require.False(t, planGEMM(nil, kindF32BF16W, 9).lib)
-	require.Equal(t, chOwn, planGEMM(nil, kindF32BF16W, 2).ch.kind, "kc.GemmLaunch's kernel for few rows by default")
+	require.False(t, pol.plan(kindF32BF16W, 9).lib)
+	require.Equal(t, chOwn, pol.plan(kindF32BF16W, 2).ch.kind, "kc.GemmLaunch's kernel for few rows by default")
+	require.Equal(t, chCol, pol.planTuned(tg, kindF32BF16W, 1).ch.kind, "the tuned choice where it can run")
+	require.Equal(t, pol.plan(kindF32BF16W, 100), pol.planTuned(tg, kindF32BF16W, 100), "the default where it cannot")
 	onlyOne := &tunedGEMM{buckets: []int{8}, choices: []gemmChoice{{kind: chCol, threads: 64}}}
 	require.Equal(t, chDefault, onlyOne.choose(kindF32BF16W, 5).kind, "the column kernel stops at two rows")
 }
