@@ -162,6 +162,21 @@ func TestPluginInstallValidation(t *testing.T) {
 		"unknown checkpoint": {func(m *pb.Graph) { m.Weights[0].Ref = "model.language_model.layers.99.mlp.gate.weight" }, "not a tensor of the model's checkpoint"},
 		"wrong weight shape": {func(m *pb.Graph) { m.Weights[1].Ref = m.Weights[0].Ref; m.Weights[1].Shape = []int64{3, 3} }, "in the checkpoint"},
 		"weight without ref": {func(m *pb.Graph) { m.Weights[0].Ref = "" }, "checkpoint reference"},
+		"undeclared attribute": {func(m *pb.Graph) {
+			n := firstNode(m, ir.OpRMSNorm)
+			n.Attrs = append(n.Attrs, &pb.Attr{Key: "epsilon", Value: &pb.AttrValue{Value: &pb.AttrValue_Float{Float: 1e-5}}})
+		}, `attribute "epsilon" (1e-05) is not declared for op rmsnorm`},
+		"wrong-typed attribute": {func(m *pb.Graph) {
+			n := firstNode(m, ir.OpRMSNorm)
+			n.Attrs[0].Value = &pb.AttrValue{Value: &pb.AttrValue_Str{Str: "1e-5"}}
+		}, `attribute "eps" is string "1e-5", op rmsnorm declares it float`},
+		"mode changed": {func(m *pb.Graph) {
+			for _, a := range m.Attrs {
+				if a.Key == "mode" {
+					a.Value = &pb.AttrValue{Value: &pb.AttrValue_Str{Str: "prefill"}}
+				}
+			}
+		}, `graph attributes changed from {layers=8, logits="last", mode="decode"} to {layers=8, logits="last", mode="prefill"}`},
 		"const op on non-weight": {func(m *pb.Graph) {
 			for _, n := range m.Nodes {
 				if n.Op == ir.OpConcatRows {
@@ -209,6 +224,19 @@ func FuzzInstall(f *testing.F) {
 	require.NoError(f, err)
 	f.Add(b)
 	f.Add(seed[:len(seed)/2])
+	e.Graph.Nodes[3].Outputs[0].Shape[1]--
+	for _, edit := range []func(n *pb.Node){ // an undeclared attribute, a wrong-typed one
+		func(n *pb.Node) {
+			n.Attrs = append(n.Attrs, &pb.Attr{Key: "epsilon", Value: &pb.AttrValue{Value: &pb.AttrValue_Int{Int: 1}}})
+		},
+		func(n *pb.Node) { n.Attrs[0].Value = &pb.AttrValue{Value: &pb.AttrValue_Bool{Bool: true}} },
+	} {
+		m := proto.Clone(e.Graph).(*pb.Graph)
+		edit(firstNode(m, ir.OpRMSNorm))
+		b, err := proto.Marshal(m)
+		require.NoError(f, err)
+		f.Add(b)
+	}
 	before := fresh(f).Text()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var m pb.Graph
@@ -258,4 +286,14 @@ func FuzzPluginAnswers(f *testing.F) {
 			}
 		}
 	})
+}
+
+// firstNode is the first node of op in an encoded graph.
+func firstNode(m *pb.Graph, op string) *pb.Node {
+	for _, n := range m.Nodes {
+		if n.Op == op {
+			return n
+		}
+	}
+	panic("no " + op + " node")
 }

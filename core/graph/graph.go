@@ -133,12 +133,12 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	b.batch = g.AddInput(ir.InputBatch, ir.Host)
 	b.lens = g.Op1(ir.OpSeqLengths, -1, nil, b.batch).Named("seq_lengths")
 	D, H := cfg.HiddenSize, cfg.HCMult
-	X := g.Op1(ir.OpEmbed, -1, ir.Attrs{"streams": H}, tokens, b.w("embed_tokens.weight", cfg.VocabSize, D)).Named("streams.embed")
+	X := g.Op1(ir.OpEmbed, -1, ir.NewAttrs(ir.AttrStreams.Is(H)), tokens, b.w("embed_tokens.weight", cfg.VocabSize, D)).Named("streams.embed")
 	var lastSel *ir.Value
 	for l := 0; l < cfg.NumHiddenLayers; l++ {
 		R := X
 		h := b.pre(l, "hc_attn", X)
-		h = g.Op1(ir.OpRMSNorm, l, ir.Attrs{"eps": cfg.RMSNormEps}, h, b.w(layerName(l, "input_layernorm.weight"), D)).Named(fmt.Sprintf("l%d.attn_in", l))
+		h = g.Op1(ir.OpRMSNorm, l, ir.NewAttrs(ir.AttrEps.Is(cfg.RMSNormEps)), h, b.w(layerName(l, "input_layernorm.weight"), D)).Named(fmt.Sprintf("l%d.attn_in", l))
 		var a *ir.Value
 		if cfg.IsKDA(l) {
 			a = b.kda(l, h)
@@ -148,7 +148,7 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 		X = b.post(l, "attn", a, R)
 		R = X
 		h = b.pre(l, "hc_ffn", X)
-		h = g.Op1(ir.OpRMSNorm, l, ir.Attrs{"eps": cfg.RMSNormEps}, h, b.w(layerName(l, "post_attention_layernorm.weight"), D)).Named(fmt.Sprintf("l%d.ffn_in", l))
+		h = g.Op1(ir.OpRMSNorm, l, ir.NewAttrs(ir.AttrEps.Is(cfg.RMSNormEps)), h, b.w(layerName(l, "post_attention_layernorm.weight"), D)).Named(fmt.Sprintf("l%d.ffn_in", l))
 		var f *ir.Value
 		if cfg.IsMoE(l) {
 			f = b.moe(l, h)
@@ -162,7 +162,7 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	}
 	y := g.Op1(ir.OpStreamMean, -1, nil, X).Named("final.mean")
 	norm := func(y *ir.Value) *ir.Value {
-		return g.Op1(ir.OpRMSNorm, -1, ir.Attrs{"eps": cfg.RMSNormEps}, y, b.w("norm.weight", D)).Named("final.norm")
+		return g.Op1(ir.OpRMSNorm, -1, ir.NewAttrs(ir.AttrEps.Is(cfg.RMSNormEps)), y, b.w("norm.weight", D)).Named("final.norm")
 	}
 	if opts.FinalHidden { // every row is normalized and kept; logits read the selected ones
 		y = norm(y)
@@ -236,14 +236,14 @@ func BuildMTP(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	hidden := g.AddInput(ir.InputHidden, ir.F32, ir.DimT, D)
 	b.lens = g.Op1(ir.OpSeqLengths, -1, nil, b.batch).Named("seq_lengths")
 	norm := func(x *ir.Value, weight, name string) *ir.Value {
-		return g.Op1(ir.OpRMSNorm, l, ir.Attrs{"eps": cfg.RMSNormEps}, x, b.w(layerName(l, weight), D)).Named(fmt.Sprintf("l%d.%s", l, name))
+		return g.Op1(ir.OpRMSNorm, l, ir.NewAttrs(ir.AttrEps.Is(cfg.RMSNormEps)), x, b.w(layerName(l, weight), D)).Named(fmt.Sprintf("l%d.%s", l, name))
 	}
 	e := g.Op1(ir.OpEmbed, -1, nil, tokens, b.w("embed_tokens.weight", cfg.VocabSize, D)).Named("mtp.embed")
 	en := norm(e, "enorm.weight", "enorm")
 	hn := norm(hidden, "hnorm.weight", "hnorm")
 	eh := b.w(layerName(l, "eh_proj.weight"), D, 2*D)
 	half := func(x *ir.Value, lo int, name string) *ir.Value {
-		w := g.Op1(ir.OpSliceCols, l, ir.Attrs{"start": lo, "end": lo + D}, eh).Named(fmt.Sprintf("l%d.eh_proj.%s", l, name))
+		w := g.Op1(ir.OpSliceCols, l, ir.NewAttrs(ir.AttrStart.Is(lo), ir.AttrEnd.Is(lo+D)), eh).Named(fmt.Sprintf("l%d.eh_proj.%s", l, name))
 		return g.Op1(ir.OpLinear, l, nil, x, w).Named(fmt.Sprintf("l%d.eh.%s", l, name))
 	}
 	z := g.Op1(ir.OpAdd, l, nil, half(en, 0, "e"), half(hn, D, "h")).Named(fmt.Sprintf("l%d.eh", l))
@@ -265,7 +265,7 @@ func (b *builder) pre(l int, site string, X *ir.Value) *ir.Value {
 	cfg := b.cfg
 	H, D := cfg.HCMult, cfg.HiddenSize
 	mix := (2 + H) * H
-	outs := b.g.Op(ir.OpMHCPre, l, ir.Attrs{"site": site[3:], "eps": cfg.RMSNormEps, "hc_eps": cfg.HCEps, "iters": cfg.HCSinkhornIters}, X,
+	outs := b.g.Op(ir.OpMHCPre, l, ir.NewAttrs(ir.AttrSite.Is(site[3:]), ir.AttrEps.Is(cfg.RMSNormEps), ir.AttrHCEps.Is(cfg.HCEps), ir.AttrIters.Is(cfg.HCSinkhornIters)), X,
 		b.w(layerName(l, site+"_fn"), mix, H*D), b.w(layerName(l, site+"_base"), mix), b.w(layerName(l, site+"_scale"), 3))
 	outs[0].Named(fmt.Sprintf("l%d.%s.h", l, site[3:]))
 	outs[1].Named(fmt.Sprintf("l%d.%s.post", l, site[3:]))
@@ -276,7 +276,7 @@ func (b *builder) pre(l int, site string, X *ir.Value) *ir.Value {
 
 func (b *builder) post(l int, site string, o, R *ir.Value) *ir.Value {
 	p := b.pending
-	return b.g.Op1(ir.OpMHCPost, l, ir.Attrs{"site": site}, o, R, p[0], p[1]).Named(fmt.Sprintf("streams.l%d.%s", l, site))
+	return b.g.Op1(ir.OpMHCPost, l, ir.NewAttrs(ir.AttrSite.Is(site)), o, R, p[0], p[1]).Named(fmt.Sprintf("streams.l%d.%s", l, site))
 }
 
 func (b *builder) linear(l int, x *ir.Value, name string, out, in int) *ir.Value {
@@ -302,30 +302,30 @@ func (b *builder) kda(l int, h *ir.Value) *ir.Value {
 		b.w(layerName(l, "self_attn.q_conv1d.weight"), P, 1, K),
 		b.w(layerName(l, "self_attn.k_conv1d.weight"), P, 1, K),
 		b.w(layerName(l, "self_attn.v_conv1d.weight"), P, 1, K)).Named(fmt.Sprintf("l%d.self_attn.qkv_conv1d", l))
-	qkv := g.Op(ir.OpKDAConv, l, ir.Attrs{"kernel": K}, b.lens, uq, uk, uv, convW)
+	qkv := g.Op(ir.OpKDAConv, l, ir.NewAttrs(ir.AttrKernel.Is(K)), b.lens, uq, uk, uv, convW)
 	for i, n := range []string{"q", "k", "v"} {
 		qkv[i].Named(fmt.Sprintf("l%d.kda.%s", l, n))
 	}
 	fa := b.linear(l, h, "self_attn.f_a_proj.weight", Dh, D)
 	z := b.linear(l, fa, "self_attn.f_b_proj.weight", P, Dh)
-	gateAttrs := ir.Attrs{"heads": Hk}
+	gateAttrs := ir.NewAttrs(ir.AttrHeads.Is(Hk))
 	if cfg.LinearLowerBound != nil {
-		gateAttrs["lower_bound"] = *cfg.LinearLowerBound
+		gateAttrs.Put(ir.AttrLowerBound.Is(*cfg.LinearLowerBound))
 	}
 	gl := g.Op1(ir.OpKDAGate, l, gateAttrs, z, b.w(layerName(l, "self_attn.A_log"), Hk), b.w(layerName(l, "self_attn.dt_bias"), P)).Named(fmt.Sprintf("l%d.kda.g", l))
 	bl := b.linear(l, h, "self_attn.b_proj.weight", Hk, D)
 	beta := g.Op1(ir.OpSigmoid, l, nil, bl).Named(fmt.Sprintf("l%d.kda.beta", l))
-	algo := "auto"
+	algo := ir.KDAAuto
 	switch b.opts.Mode {
 	case Prefill, Extend:
-		algo = "chunked"
+		algo = ir.KDAChunked
 	case Decode:
-		algo = "recurrent"
+		algo = ir.KDARecurrent
 	}
-	o := g.Op1(ir.OpKDAAttn, l, ir.Attrs{"heads": Hk, "head_dim": Dh, "algo": algo}, b.lens, qkv[0], qkv[1], qkv[2], gl, beta).Named(fmt.Sprintf("l%d.kda.o", l))
+	o := g.Op1(ir.OpKDAAttn, l, ir.NewAttrs(ir.AttrHeads.Is(Hk), ir.AttrHeadDim.Is(Dh), ir.AttrAlgo.Is(algo)), b.lens, qkv[0], qkv[1], qkv[2], gl, beta).Named(fmt.Sprintf("l%d.kda.o", l))
 	ga := b.linear(l, h, "self_attn.g_a_proj.weight", Dh, D)
 	gate := b.linear(l, ga, "self_attn.g_b_proj.weight", P, Dh)
-	y := g.Op1(ir.OpGatedRMSNorm, l, ir.Attrs{"heads": Hk, "eps": cfg.RMSNormEps}, o, gate, b.w(layerName(l, "self_attn.o_norm.weight"), Dh)).Named(fmt.Sprintf("l%d.kda.normed", l))
+	y := g.Op1(ir.OpGatedRMSNorm, l, ir.NewAttrs(ir.AttrHeads.Is(Hk), ir.AttrEps.Is(cfg.RMSNormEps)), o, gate, b.w(layerName(l, "self_attn.o_norm.weight"), Dh)).Named(fmt.Sprintf("l%d.kda.normed", l))
 	return b.linear(l, y, "self_attn.o_proj.weight", D, P)
 }
 
@@ -334,25 +334,25 @@ func (b *builder) dsa(l int, h, prevSel *ir.Value) (*ir.Value, *ir.Value) {
 	D, nh := cfg.HiddenSize, cfg.NumAttentionHeads
 	dq, dv, R, QR := cfg.QKHeadDim(), cfg.VHeadDim, cfg.KVLoraRank, cfg.QLoraRank
 	qa := b.linear(l, h, "self_attn.q_a_proj.weight", QR, D)
-	qres := g.Op1(ir.OpRMSNorm, l, ir.Attrs{"eps": cfg.RMSNormEps}, qa, b.w(layerName(l, "self_attn.q_a_layernorm.weight"), QR)).Named(fmt.Sprintf("l%d.q_res", l))
+	qres := g.Op1(ir.OpRMSNorm, l, ir.NewAttrs(ir.AttrEps.Is(cfg.RMSNormEps)), qa, b.w(layerName(l, "self_attn.q_a_layernorm.weight"), QR)).Named(fmt.Sprintf("l%d.q_res", l))
 	q := b.linear(l, qres, "self_attn.q_b_proj.weight", nh*dq, QR)
 	kva := b.linear(l, h, "self_attn.kv_a_proj_with_mqa.weight", R, D)
-	ckv := g.Op1(ir.OpRMSNorm, l, ir.Attrs{"eps": cfg.RMSNormEps}, kva, b.w(layerName(l, "self_attn.kv_a_layernorm.weight"), R)).Named(fmt.Sprintf("l%d.c_kv", l))
-	meta := g.Op1(ir.OpDSAMeta, l, ir.Attrs{"kpool": cfg.IndexKPool, "topk": cfg.IndexTopK}, b.lens).Named(fmt.Sprintf("l%d.dsa_meta", l))
+	ckv := g.Op1(ir.OpRMSNorm, l, ir.NewAttrs(ir.AttrEps.Is(cfg.RMSNormEps)), kva, b.w(layerName(l, "self_attn.kv_a_layernorm.weight"), R)).Named(fmt.Sprintf("l%d.c_kv", l))
+	meta := g.Op1(ir.OpDSAMeta, l, ir.NewAttrs(ir.AttrKPool.Is(cfg.IndexKPool), ir.AttrTopK.Is(cfg.IndexTopK)), b.lens).Named(fmt.Sprintf("l%d.dsa_meta", l))
 	sel := prevSel
 	if cfg.HasOwnIndexer(l) {
 		Hi, Di := cfg.IndexNHeads, cfg.IndexHeadDim
 		qi := b.linear(l, qres, "self_attn.indexer.wq_b.weight", Hi*Di, QR)
 		ki := b.linear(l, h, "self_attn.indexer.wk.weight", Di, D)
-		ki = g.Op1(ir.OpLayerNorm, l, ir.Attrs{"eps": 1e-6}, ki, b.w(layerName(l, "self_attn.indexer.k_norm.weight"), Di), b.w(layerName(l, "self_attn.indexer.k_norm.bias"), Di)).Named(fmt.Sprintf("l%d.indexer.k", l))
+		ki = g.Op1(ir.OpLayerNorm, l, ir.NewAttrs(ir.AttrEps.Is(1e-6)), ki, b.w(layerName(l, "self_attn.indexer.k_norm.weight"), Di), b.w(layerName(l, "self_attn.indexer.k_norm.bias"), Di)).Named(fmt.Sprintf("l%d.indexer.k", l))
 		gi := g.Op1(ir.OpLinear, l, nil, h, b.w(layerName(l, "self_attn.indexer.index_kpool_compress_gate"), Di, D)).Named(fmt.Sprintf("l%d.indexer.gate", l))
 		wi := b.linear(l, h, "self_attn.indexer.weights_proj.weight", Hi, D)
-		attrs := ir.Attrs{"heads": Hi, "dim": Di, "kpool": cfg.IndexKPool, "topk": cfg.IndexTopK, "tail": cfg.IndexKPoolAlwaysSelectTail}
+		attrs := ir.NewAttrs(ir.AttrHeads.Is(Hi), ir.AttrDim.Is(Di), ir.AttrKPool.Is(cfg.IndexKPool), ir.AttrTopK.Is(cfg.IndexTopK), ir.AttrTail.Is(cfg.IndexKPoolAlwaysSelectTail))
 		if k := b.opts.IndexShare; k > 0 && cfg.IsMTP(l) {
 			if b.opts.Mode == Decode {
-				attrs["share"], attrs["share_extra"] = ir.IndexShareReuse, k
+				attrs.Put(ir.AttrShare.Is(ir.IndexShareReuse), ir.AttrShareExtra.Is(k))
 			} else {
-				attrs["share"] = ir.IndexShareSave
+				attrs.Put(ir.AttrShare.Is(ir.IndexShareSave))
 			}
 		}
 		sel = g.Op1(ir.OpDSATopK, l, attrs,
@@ -360,7 +360,7 @@ func (b *builder) dsa(l int, h, prevSel *ir.Value) (*ir.Value, *ir.Value) {
 	} else if sel == nil {
 		panic(fmt.Sprintf("layer %d: shared indexer with no previous full DSA layer (config validation should have caught this)", l))
 	}
-	o := g.Op1(ir.OpMLAAttn, l, ir.Attrs{"heads": nh, "qk_dim": dq, "v_dim": dv, "rank": R, "scale": 1 / math.Sqrt(float64(dq))},
+	o := g.Op1(ir.OpMLAAttn, l, ir.NewAttrs(ir.AttrHeads.Is(nh), ir.AttrQKDim.Is(dq), ir.AttrVDim.Is(dv), ir.AttrRank.Is(R), ir.AttrScale.Is(1/math.Sqrt(float64(dq)))),
 		meta, q, ckv, b.w(layerName(l, "self_attn.kv_b_proj.weight"), nh*(dq+dv), R), sel).Named(fmt.Sprintf("l%d.mla.o", l))
 	return b.linear(l, o, "self_attn.o_proj.weight", D, nh*dv), sel
 }
@@ -369,7 +369,7 @@ func (b *builder) mlp(l int, name string, h *ir.Value, inter int) *ir.Value {
 	D := b.cfg.HiddenSize
 	gt := b.linear(l, h, name+".gate_proj.weight", inter, D)
 	up := b.linear(l, h, name+".up_proj.weight", inter, D)
-	act := b.g.Op1(ir.OpSwiGLU, l, ir.Attrs{"limit": b.swigluLimit()}, gt, up).Named(fmt.Sprintf("l%d.%s.act", l, name))
+	act := b.g.Op1(ir.OpSwiGLU, l, ir.NewAttrs(ir.AttrLimit.Is(b.swigluLimit())), gt, up).Named(fmt.Sprintf("l%d.%s.act", l, name))
 	return b.linear(l, act, name+".down_proj.weight", D, inter)
 }
 
@@ -384,14 +384,14 @@ func (b *builder) moe(l int, h *ir.Value) *ir.Value {
 	cfg, g := b.cfg, b.g
 	D, E, I := cfg.HiddenSize, cfg.NRoutedExperts, cfg.MoEIntermediateSize
 	logits := b.linear(l, h, "mlp.gate.weight", E, D)
-	route := g.Op(ir.OpMoERoute, l, ir.Attrs{"topk": cfg.NumExpertsPerTok, "groups": cfg.NGroup, "topk_group": cfg.TopKGroup, "normalize": cfg.NormTopKProb, "scaling": cfg.RoutedScalingFactor},
+	route := g.Op(ir.OpMoERoute, l, ir.NewAttrs(ir.AttrTopK.Is(cfg.NumExpertsPerTok), ir.AttrGroups.Is(cfg.NGroup), ir.AttrTopKGroup.Is(cfg.TopKGroup), ir.AttrNormalize.Is(cfg.NormTopKProb), ir.AttrScaling.Is(cfg.RoutedScalingFactor)),
 		logits, b.w(layerName(l, "mlp.gate.e_score_correction_bias"), E))
 	route[0].Named(fmt.Sprintf("l%d.moe.idx", l))
 	route[1].Named(fmt.Sprintf("l%d.moe.w", l))
 	ex := func(proj string, shape ...int) *ir.Value {
 		return g.AddStackedWeight(prefix+layerName(l, "mlp.experts.{e}."+proj+".weight"), E, shape...)
 	}
-	routed := g.Op1(ir.OpMoEExperts, l, ir.Attrs{"limit": b.swigluLimit()}, h, route[0], route[1],
+	routed := g.Op1(ir.OpMoEExperts, l, ir.NewAttrs(ir.AttrLimit.Is(b.swigluLimit())), h, route[0], route[1],
 		ex("gate_proj", I, D), ex("up_proj", I, D), ex("down_proj", D, I)).Named(fmt.Sprintf("l%d.moe.routed", l))
 	if cfg.NSharedExperts == 0 {
 		return routed

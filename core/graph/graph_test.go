@@ -202,3 +202,58 @@ func TestTrunkFinalHidden(t *testing.T) {
 		}
 	}
 }
+
+// Every attribute the builder sets, on any fixture, mode and graph (trunk,
+// MTP with and without index sharing), is declared by its op with the
+// value's type (the verifier checks the same; this names the culprit).
+func TestBuilderAttributesAreDeclared(t *testing.T) {
+	check := func(g *ir.Graph, what string) {
+		for _, n := range g.Nodes {
+			for k, v := range n.Attrs {
+				d, ok := n.Def().Attr(k)
+				require.True(t, ok, "%s: %s (layer %d) sets undeclared attribute %q", what, n.Op, n.Layer, k)
+				require.Equal(t, d.Type.String(), attrType(v), "%s: %s.%s", what, n.Op, k)
+			}
+			for _, d := range n.Def().AttrDefs() {
+				if d.Required {
+					require.Contains(t, n.Attrs, d.Name, "%s: %s (layer %d) lacks required %q", what, n.Op, n.Layer, d.Name)
+				}
+			}
+		}
+	}
+	modes := []Mode{Prefill, Decode, Extend, Mixed, Verify}
+	for _, name := range []string{"glm5next-tiny-a", "glm5next-tiny-b", "glm5next-tiny-c"} {
+		cfg := fixtureConfig(t, name)
+		for _, m := range modes {
+			for _, o := range []Options{{Mode: m}, {Mode: m, Logits: AllLogits, CaptureHidden: true, FinalHidden: true}} {
+				g, err := Build(cfg, o)
+				require.NoError(t, err)
+				check(g, name+"/"+string(m))
+			}
+		}
+		mc := mtpConfig(t, name)
+		for _, m := range modes {
+			for _, share := range []int{0, 2} {
+				g, err := BuildMTP(mc, Options{Mode: m, IndexShare: share})
+				require.NoError(t, err)
+				check(g, name+"/mtp/"+string(m))
+			}
+		}
+	}
+}
+
+func attrType(v any) string {
+	switch v.(type) {
+	case int:
+		return ir.IntAttr.String()
+	case float64:
+		return ir.FloatAttr.String()
+	case string:
+		return ir.StringAttr.String()
+	case bool:
+		return ir.BoolAttr.String()
+	case []int:
+		return ir.IntsAttr.String()
+	}
+	return "unsupported"
+}

@@ -8,6 +8,7 @@
 package ir
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -159,6 +160,9 @@ func (g *Graph) Op(op string, layer int, attrs Attrs, inputs ...*Value) []*Value
 	if attrs == nil {
 		attrs = Attrs{}
 	}
+	if err := nodeAttrs(def, attrs); err != nil {
+		panic(fmt.Sprintf("ir: %s (layer %d): %v", op, layer, err))
+	}
 	n := &Node{ID: g.nextID, Op: op, Layer: layer, Inputs: inputs, Attrs: attrs}
 	g.nextID++
 	outs, err := def.Infer(n)
@@ -178,6 +182,13 @@ func (g *Graph) Op(op string, layer int, attrs Attrs, inputs ...*Value) []*Value
 	return n.Outputs
 }
 
+// nodeAttrs checks a new node's attributes before shape inference reads
+// them: each declared by the op, of the declared type (a missing required
+// one is left to shape inference and the verifier).
+func nodeAttrs(d OpDef, a Attrs) error {
+	return errors.Join(checkAttrs(a, d.AttrDefs(), "op "+d.Name, false)...)
+}
+
 // Op1 is Op for single-output ops.
 func (g *Graph) Op1(op string, layer int, attrs Attrs, inputs ...*Value) *Value {
 	return g.Op(op, layer, attrs, inputs...)[0]
@@ -195,6 +206,9 @@ func (g *Graph) NewNode(op string, layer int, attrs Attrs, inputs ...*Value) (*N
 	}
 	if attrs == nil {
 		attrs = Attrs{}
+	}
+	if err := nodeAttrs(def, attrs); err != nil {
+		return nil, fmt.Errorf("%s (layer %d): %w", op, layer, err)
 	}
 	n := &Node{ID: g.nextID, Op: op, Layer: layer, Inputs: inputs, Attrs: attrs}
 	g.nextID++

@@ -42,6 +42,40 @@ type OpDef struct {
 	// ReadsLengths says input 0 is the per-sequence lengths source: the
 	// host batch metadata (InputBatch) or the executor's copy (OpSeqLengths).
 	ReadsLengths bool
+
+	// Attrs declares the op's own attributes (name, type, default, doc);
+	// its traits add theirs (every op: AttrStream; GEMM: the AttrTune*
+	// ones; ReadsLengths: AttrLengths, AttrLengthsFrom). The verifier
+	// rejects a node with an attribute its op does not declare, of another
+	// type, or without a required one; Attr.Get returns the declared default.
+	Attrs []AttrDef
+}
+
+// Attr finds the declaration of the attribute name: the op's own, or one
+// its traits give it.
+func (d OpDef) Attr(name string) (AttrDef, bool) {
+	for _, a := range d.Attrs {
+		if a.Name == name {
+			return a, true
+		}
+	}
+	for _, as := range traitAttrs(d) {
+		for _, a := range as {
+			if a.Name == name {
+				return a, true
+			}
+		}
+	}
+	return AttrDef{}, false
+}
+
+// AttrDefs lists every attribute the op takes: its own, then its traits'.
+func (d OpDef) AttrDefs() []AttrDef {
+	out := append([]AttrDef(nil), d.Attrs...)
+	for _, as := range traitAttrs(d) {
+		out = append(out, as...)
+	}
+	return out
 }
 
 // Const reports whether the op is folded at compile time (it has Fold).
@@ -53,19 +87,6 @@ type GEMMShape struct {
 	N, K   int
 	Weight *Value
 }
-
-// Attributes of the GEMM trait: per token-count bucket (ascending), the
-// CPU kernel's column grain and row blocking, or a device backend's kernel
-// choices (one string, ";" between buckets) and the GEMM kind they were
-// measured for. A batch of T rows uses the smallest bucket ≥ T, else the
-// largest.
-const (
-	AttrTuneBuckets  = "tune_buckets"
-	AttrTuneColGrain = "tune_col_grain"
-	AttrTuneRowBlock = "tune_row_block"
-	AttrTuneKernels  = "tune_kernels"
-	AttrTuneKind     = "tune_kind"
-)
 
 // TuneBucket is the index of the bucket a batch of rows rows uses: the
 // smallest bucket ≥ rows, else the largest (buckets ascending, not empty).
@@ -111,6 +132,16 @@ func Register(d OpDef) error {
 	}
 	if d.Const() && (d.SideEffects || d.GEMM != nil) {
 		return fmt.Errorf("ir: op %q: a constant op has no side effects and is not a GEMM", d.Name)
+	}
+	seen := map[string]bool{}
+	for _, a := range d.AttrDefs() {
+		if err := a.check(); err != nil {
+			return fmt.Errorf("ir: op %q: %w", d.Name, err)
+		}
+		if seen[a.Name] {
+			return fmt.Errorf("ir: op %q declares attribute %q twice (or a trait declares it)", d.Name, a.Name)
+		}
+		seen[a.Name] = true
 	}
 	if _, dup := ops[d.Name]; dup {
 		return fmt.Errorf("ir: op %q registered twice", d.Name)

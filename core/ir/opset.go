@@ -42,37 +42,108 @@ const (
 	OpSliceCols     = "slice_cols"
 )
 
+// The ops' attributes (see attrdefs.go for the names).
+var (
+	embedAttrs     = []AttrDef{AttrStreams.Optional("residual streams H: the output is f32[T,H,D]; absent: plain embedding rows f32[T,D]")}
+	normEps        = AttrEps.Required("the variance epsilon (> 0)")
+	rmsNormAttrs   = []AttrDef{normEps}
+	layerNormAttrs = []AttrDef{normEps}
+	gatedNormAttrs = []AttrDef{
+		AttrHeads.Required("heads: the norm runs over each head's width/heads columns"),
+		AttrEps.Default(1e-5, "the variance epsilon"),
+	}
+	mhcPreAttrs = []AttrDef{
+		AttrSite.Optional(`which sub-layer the site feeds: "attn" or "ffn" (informational)`),
+		AttrEps.Default(1e-5, "the collapse's RMS epsilon"),
+		AttrHCEps.Default(1e-6, "the Sinkhorn epsilon"),
+		AttrIters.Default(20, "Sinkhorn iterations"),
+	}
+	mhcPostAttrs    = []AttrDef{AttrSite.Optional(`which sub-layer's output it expands: "attn" or "ffn" (informational)`)}
+	mhcPostPreAttrs = append(append([]AttrDef(nil), mhcPreAttrs...),
+		AttrPostSite.Optional(`the fused post's site: "attn" or "ffn" (informational)`),
+		AttrNormEps.Default(1e-5, "the fused RMSNorm's epsilon, required (> 0) with the norm weight (input 7)"),
+		AttrMaxTokens.Default(0, "above this many tokens the backend runs post and pre unfused (0: never)"),
+	)
+	linearSplitAttrs = []AttrDef{
+		AttrSplits.Required("the outputs' widths, summing to the weight's rows"),
+		AttrFused.Optional("the projections fused into this GEMM (informational: kda-fusion's form)"),
+	}
+	swigluAttrs  = []AttrDef{AttrLimit.Default(0, "the clamp: silu(min(g,limit))·clamp(u,±limit); 0: none")}
+	kdaConvAttrs = []AttrDef{AttrKernel.Optional("the conv kernel width (informational: the weight's last dim is what runs)")}
+	kdaGateAttrs = []AttrDef{
+		AttrHeads.Required("heads (A_log has one entry per head)"),
+		AttrLowerBound.Optional("the log-decay's lower bound (absent: none)"),
+	}
+	kdaAttnAttrs = []AttrDef{
+		AttrHeads.Required("heads"),
+		AttrHeadDim.Required("the head width"),
+		AttrAlgo.Required(`the delta rule's form: "auto" (per sequence), "chunked" or "recurrent"`),
+	}
+	dsaMetaAttrs = []AttrDef{
+		AttrKPool.Required("keys per pool (≥ 1)"),
+		AttrTopK.Default(0, "selected positions per query (the indexer's top-k)"),
+	}
+	dsaTopKAttrs = []AttrDef{
+		AttrHeads.Required("indexer heads"),
+		AttrDim.Required("the indexer's head width"),
+		AttrKPool.Required("keys per pool"),
+		AttrTopK.Required("selected positions per query, a positive multiple of kpool"),
+		AttrTail.Default(false, "always select the last, partial pool"),
+		AttrShare.Optional(`index sharing between MTP draft steps: "save" keeps each sequence's last selection, "reuse" selects from the saved one (absent: neither)`),
+		AttrShareExtra.Optional(`with share "reuse": the draft steps that reuse a selection (≥ 1; the rows are this much wider)`),
+	}
+	mlaAttrs = []AttrDef{
+		AttrHeads.Required("attention heads"),
+		AttrQKDim.Required("the query/key head width"),
+		AttrVDim.Required("the value head width"),
+		AttrRank.Required("the latent (c_kv) width"),
+		AttrScale.Default(0, "the softmax scale (the builder sets 1/√qk_dim)"),
+	}
+	moeRouteAttrs = []AttrDef{
+		AttrTopK.Required("experts per token"),
+		AttrGroups.Default(1, "expert groups"),
+		AttrTopKGroup.Default(1, "groups a token's experts come from"),
+		AttrNormalize.Default(false, "normalize the selected weights to sum 1"),
+		AttrScaling.Default(1.0, "the routed weights' scale"),
+	}
+	moeExpertsAttrs = []AttrDef{AttrLimit.Default(0, "the experts' SwiGLU clamp; 0: none")}
+	sliceColsAttrs  = []AttrDef{
+		AttrStart.Required("the first column"),
+		AttrEnd.Required("one past the last column"),
+	}
+)
+
 func init() {
 	for _, d := range []OpDef{
-		{Name: OpEmbed, Doc: "token ids → H identical residual streams f32[T,H,D] (attr streams), or embedding rows f32[T,D] (no streams attr)", MinInputs: 2, MaxInputs: 2, Infer: inferEmbed},
-		{Name: OpMHCPre, Doc: "mHC mapping + Sinkhorn + stream collapse", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPre},
-		{Name: OpMHCPost, Doc: "mHC expand: post·o + combᵀ·R", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPost},
-		{Name: OpRMSNorm, Doc: "weighted RMSNorm over the last dim", MinInputs: 2, MaxInputs: 2, Infer: inferNorm},
-		{Name: OpLayerNorm, Doc: "LayerNorm with bias over the last dim", MinInputs: 3, MaxInputs: 3, Infer: inferNorm},
+		{Name: OpEmbed, Doc: "token ids → H identical residual streams f32[T,H,D] (attr streams), or embedding rows f32[T,D] (no streams attr)", MinInputs: 2, MaxInputs: 2, Infer: inferEmbed, Attrs: embedAttrs},
+		{Name: OpMHCPre, Doc: "mHC mapping + Sinkhorn + stream collapse", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPre, Attrs: mhcPreAttrs},
+		{Name: OpMHCPost, Doc: "mHC expand: post·o + combᵀ·R", MinInputs: 4, MaxInputs: 4, Infer: inferMHCPost, Attrs: mhcPostAttrs},
+		{Name: OpRMSNorm, Doc: "weighted RMSNorm over the last dim", MinInputs: 2, MaxInputs: 2, Infer: inferNorm, Attrs: rmsNormAttrs},
+		{Name: OpLayerNorm, Doc: "LayerNorm with bias over the last dim", MinInputs: 3, MaxInputs: 3, Infer: inferNorm, Attrs: layerNormAttrs},
 		{Name: OpLinear, Doc: "y = x·Wᵀ", MinInputs: 2, MaxInputs: 2, Infer: inferLinear, GEMM: weightGEMM},
-		{Name: OpLinearSplit, Doc: "one GEMM against a row-concatenated weight, outputs split by attr splits", MinInputs: 2, MaxInputs: 2, Infer: inferLinearSplit, GEMM: weightGEMM},
+		{Name: OpLinearSplit, Doc: "one GEMM against a row-concatenated weight, outputs split by attr splits", MinInputs: 2, MaxInputs: 2, Infer: inferLinearSplit, GEMM: weightGEMM, Attrs: linearSplitAttrs},
 		{Name: OpSigmoid, Doc: "elementwise sigmoid", MinInputs: 1, MaxInputs: 1, Infer: inferSame},
 		{Name: OpAdd, Doc: "elementwise sum", MinInputs: 2, MaxInputs: 2, Infer: inferAdd},
-		{Name: OpSwiGLU, Doc: "silu(min(g,limit))·clamp(u,±limit)", MinInputs: 2, MaxInputs: 2, Infer: inferAdd},
-		{Name: OpSwiGLUPacked, Doc: "swiglu of one [T,2I] input packing g then u per row (a gate-up GEMM's output) → [T,I]", MinInputs: 1, MaxInputs: 1, Infer: inferSwiGLUPacked},
-		{Name: OpKDAConv, Doc: "causal depthwise conv + SiLU over q,k,v with the per-sequence conv state", MinInputs: 5, MaxInputs: 5, Infer: inferKDAConv, SideEffects: true, ReadsLengths: true},
-		{Name: OpKDAGate, Doc: "KDA forget gate (log-decay)", MinInputs: 3, MaxInputs: 3, Infer: inferKDAGate},
-		{Name: OpKDAAttn, Doc: "KDA delta rule (chunked or recurrent) with the per-sequence recurrent state", MinInputs: 6, MaxInputs: 6, Infer: inferKDAAttn, SideEffects: true, ReadsLengths: true},
-		{Name: OpGatedRMSNorm, Doc: "per-head RMSNorm gated by sigmoid(gate)", MinInputs: 3, MaxInputs: 3, Infer: inferGatedNorm},
-		{Name: OpDSAMeta, Doc: "per-batch DSA metadata: key lengths, visible pools, tails", MinInputs: 1, MaxInputs: 1, Infer: inferHostMeta, ReadsLengths: true},
-		{Name: OpDSATopK, Doc: "k-pool lightning indexer: append pooled keys, select positions", MinInputs: 6, MaxInputs: 6, Infer: inferDSATopK, SideEffects: true},
-		{Name: OpMLAAttn, Doc: "append c_kv to the latent cache, sparse NoPE MLA over the selected positions", MinInputs: 5, MaxInputs: 5, Infer: inferMLAAttn, SideEffects: true},
-		{Name: OpMoERoute, Doc: "sigmoid + bias top-k routing (group-limited)", MinInputs: 2, MaxInputs: 2, Infer: inferMoERoute},
-		{Name: OpMoEExperts, Doc: "routed experts: clamped SwiGLU per selected expert, weighted sum", MinInputs: 6, MaxInputs: 6, Infer: inferMoEExperts},
+		{Name: OpSwiGLU, Doc: "silu(min(g,limit))·clamp(u,±limit)", MinInputs: 2, MaxInputs: 2, Infer: inferAdd, Attrs: swigluAttrs},
+		{Name: OpSwiGLUPacked, Doc: "swiglu of one [T,2I] input packing g then u per row (a gate-up GEMM's output) → [T,I]", MinInputs: 1, MaxInputs: 1, Infer: inferSwiGLUPacked, Attrs: swigluAttrs},
+		{Name: OpKDAConv, Doc: "causal depthwise conv + SiLU over q,k,v with the per-sequence conv state", MinInputs: 5, MaxInputs: 5, Infer: inferKDAConv, SideEffects: true, ReadsLengths: true, Attrs: kdaConvAttrs},
+		{Name: OpKDAGate, Doc: "KDA forget gate (log-decay)", MinInputs: 3, MaxInputs: 3, Infer: inferKDAGate, Attrs: kdaGateAttrs},
+		{Name: OpKDAAttn, Doc: "KDA delta rule (chunked or recurrent) with the per-sequence recurrent state", MinInputs: 6, MaxInputs: 6, Infer: inferKDAAttn, SideEffects: true, ReadsLengths: true, Attrs: kdaAttnAttrs},
+		{Name: OpGatedRMSNorm, Doc: "per-head RMSNorm gated by sigmoid(gate)", MinInputs: 3, MaxInputs: 3, Infer: inferGatedNorm, Attrs: gatedNormAttrs},
+		{Name: OpDSAMeta, Doc: "per-batch DSA metadata: key lengths, visible pools, tails", MinInputs: 1, MaxInputs: 1, Infer: inferHostMeta, ReadsLengths: true, Attrs: dsaMetaAttrs},
+		{Name: OpDSATopK, Doc: "k-pool lightning indexer: append pooled keys, select positions", MinInputs: 6, MaxInputs: 6, Infer: inferDSATopK, SideEffects: true, Attrs: dsaTopKAttrs},
+		{Name: OpMLAAttn, Doc: "append c_kv to the latent cache, sparse NoPE MLA over the selected positions", MinInputs: 5, MaxInputs: 5, Infer: inferMLAAttn, SideEffects: true, Attrs: mlaAttrs},
+		{Name: OpMoERoute, Doc: "sigmoid + bias top-k routing (group-limited)", MinInputs: 2, MaxInputs: 2, Infer: inferMoERoute, Attrs: moeRouteAttrs},
+		{Name: OpMoEExperts, Doc: "routed experts: clamped SwiGLU per selected expert, weighted sum", MinInputs: 6, MaxInputs: 6, Infer: inferMoEExperts, Attrs: moeExpertsAttrs},
 		{Name: OpStreamMean, Doc: "unweighted mean of the H residual streams", MinInputs: 1, MaxInputs: 1, Infer: inferStreamMean},
 		{Name: OpLastRows, Doc: "the last token row of every sequence", MinInputs: 2, MaxInputs: 2, Infer: inferLastRows},
 		{Name: OpSpanRows, Doc: "the last r rows of every sequence, r per sequence from the batch (1, or a speculative verify span's last token and drafts)", MinInputs: 2, MaxInputs: 2, Infer: inferSpanRows},
 		{Name: OpConcatRows, Doc: "derived weight: concatenation along dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferConcatRows, Fold: foldConcat},
 		{Name: OpStack, Doc: "derived weight: equal-shaped weights stacked along a new dim 0", MinInputs: 1, MaxInputs: -1, Infer: inferStack, Fold: foldConcat},
-		{Name: OpSliceCols, Doc: "derived weight: columns [start, end) of a 2-D weight", MinInputs: 1, MaxInputs: 1, Infer: inferSliceCols, Fold: foldSliceCols},
+		{Name: OpSliceCols, Doc: "derived weight: columns [start, end) of a 2-D weight", MinInputs: 1, MaxInputs: 1, Infer: inferSliceCols, Fold: foldSliceCols, Attrs: sliceColsAttrs},
 		{Name: OpSeqLengths, Doc: "per-sequence token counts materialized by the executor (the device copy)", MinInputs: 1, MaxInputs: 1, Infer: inferSeqLengths},
 		{Name: OpLinearBatched, Doc: "G GEMMs in one kernel: x [T,G·K] split in G blocks, each times its own [N,K] slice of a stacked weight", MinInputs: 2, MaxInputs: 2, Infer: inferLinearBatched},
-		{Name: OpMHCPostPre, Doc: "fused mHC post (expand) + the next mHC pre (+ optional RMSNorm) in one sweep", MinInputs: 7, MaxInputs: 8, Infer: inferMHCPostPre},
+		{Name: OpMHCPostPre, Doc: "fused mHC post (expand) + the next mHC pre (+ optional RMSNorm) in one sweep", MinInputs: 7, MaxInputs: 8, Infer: inferMHCPostPre, Attrs: mhcPostPreAttrs},
 	} {
 		MustRegister(d)
 	}
@@ -148,10 +219,10 @@ func inferEmbed(n *Node) ([]OutType, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !n.Attrs.Has("streams") {
+	H, ok := AttrStreams.Lookup(n)
+	if !ok {
 		return []OutType{out("x", F32, DimT, w.Shape[1])}, nil
 	}
-	H := n.Attrs.Int("streams", 0)
 	if H < 1 {
 		return nil, fmt.Errorf("attribute streams must be ≥ 1 (or absent for plain embedding rows)")
 	}
@@ -168,16 +239,24 @@ func inferSliceCols(n *Node) ([]OutType, error) {
 	if w.Kind != Weight {
 		return nil, fmt.Errorf("input 0 (%s) must be a weight", w.Name)
 	}
-	lo, hi := n.Attrs.Int("start", -1), n.Attrs.Int("end", -1)
+	lo, hi := colAttr(n, AttrStart), colAttr(n, AttrEnd)
 	if lo < 0 || hi <= lo || hi > w.Shape[1] {
 		return nil, fmt.Errorf("columns [%d, %d) are not a non-empty range of %d", lo, hi, w.Shape[1])
 	}
 	return []OutType{out("w", F32, w.Shape[0], hi-lo)}, nil
 }
 
+// colAttr reads slice_cols' start or end, −1 when absent (refused).
+func colAttr(n *Node, a Attr[int]) int {
+	if v, ok := a.Lookup(n); ok {
+		return v
+	}
+	return -1
+}
+
 func foldSliceCols(n *Node, in [][]float32) ([][]float32, error) {
 	N, K := n.Inputs[0].Shape[0], n.Inputs[0].Shape[1]
-	lo, hi := n.Attrs.Int("start", 0), n.Attrs.Int("end", 0)
+	lo, hi := AttrStart.Get(n), AttrEnd.Get(n)
 	if len(in[0]) != N*K {
 		return nil, fmt.Errorf("weight has %d values, want %d", len(in[0]), N*K)
 	}
@@ -247,7 +326,7 @@ func inferNorm(n *Node) ([]OutType, error) {
 			return nil, fmt.Errorf("weight %d has %d elements, input width is %d", i, w.Shape[0], x.Shape[1])
 		}
 	}
-	if n.Attrs.Float("eps", 0) <= 0 {
+	if AttrEps.Get(n) <= 0 {
 		return nil, fmt.Errorf("attribute eps must be > 0")
 	}
 	return []OutType{out("y", F32, x.Shape...)}, nil
@@ -280,7 +359,7 @@ func inferLinearSplit(n *Node) ([]OutType, error) {
 	if w.Shape[1] != x.Shape[1] {
 		return nil, fmt.Errorf("weight %s is %v, input width is %d", w.Name, w.Shape, x.Shape[1])
 	}
-	splits := n.Attrs.Ints("splits")
+	splits := AttrSplits.Get(n)
 	sum := 0
 	var outs []OutType
 	for i, s := range splits {
@@ -361,7 +440,7 @@ func inferKDAGate(n *Node) ([]OutType, error) {
 	if err != nil {
 		return nil, err
 	}
-	H := n.Attrs.Int("heads", 0)
+	H := AttrHeads.Get(n)
 	if H < 1 || z.Shape[1]%H != 0 {
 		return nil, fmt.Errorf("attribute heads (%d) must divide width %d", H, z.Shape[1])
 	}
@@ -378,7 +457,7 @@ func inferKDAAttn(n *Node) ([]OutType, error) {
 	if err := needLengths(n, 0); err != nil {
 		return nil, err
 	}
-	H, Dh := n.Attrs.Int("heads", 0), n.Attrs.Int("head_dim", 0)
+	H, Dh := AttrHeads.Get(n), AttrHeadDim.Get(n)
 	if H < 1 || Dh < 1 {
 		return nil, fmt.Errorf("attributes heads and head_dim must be ≥ 1")
 	}
@@ -394,8 +473,8 @@ func inferKDAAttn(n *Node) ([]OutType, error) {
 	if b, err := need(n, 5, F32, 2); err != nil || b.Shape[1] != H {
 		return nil, fmt.Errorf("beta must be f32[T,%d]: %v", H, err)
 	}
-	switch n.Attrs.String("algo", "") {
-	case "auto", "chunked", "recurrent":
+	switch AttrAlgo.Get(n) {
+	case KDAAuto, KDAChunked, KDARecurrent:
 	default:
 		return nil, fmt.Errorf("attribute algo must be auto, chunked or recurrent")
 	}
@@ -410,7 +489,7 @@ func inferGatedNorm(n *Node) ([]OutType, error) {
 	if g, err := need(n, 1, F32, 2); err != nil || !slices.Equal(g.Shape, o.Shape) {
 		return nil, fmt.Errorf("gate must match %v: %v", o.Shape, err)
 	}
-	H := n.Attrs.Int("heads", 0)
+	H := AttrHeads.Get(n)
 	if H < 1 || o.Shape[1]%H != 0 {
 		return nil, fmt.Errorf("attribute heads must divide width %d", o.Shape[1])
 	}
@@ -424,7 +503,7 @@ func inferHostMeta(n *Node) ([]OutType, error) {
 	if err := needLengths(n, 0); err != nil {
 		return nil, err
 	}
-	if n.Attrs.Int("kpool", 0) < 1 {
+	if AttrKPool.Get(n) < 1 {
 		return nil, fmt.Errorf("attribute kpool must be ≥ 1")
 	}
 	return []OutType{out("meta", Host)}, nil
@@ -434,8 +513,8 @@ func inferDSATopK(n *Node) ([]OutType, error) {
 	if _, err := need(n, 0, Host, -1); err != nil {
 		return nil, err
 	}
-	H, D := n.Attrs.Int("heads", 0), n.Attrs.Int("dim", 0)
-	kp, topk := n.Attrs.Int("kpool", 0), n.Attrs.Int("topk", 0)
+	H, D := AttrHeads.Get(n), AttrDim.Get(n)
+	kp, topk := AttrKPool.Get(n), AttrTopK.Get(n)
 	if H < 1 || D < 1 || kp < 1 || topk < kp || topk%kp != 0 {
 		return nil, fmt.Errorf("attributes heads, dim, kpool, topk invalid (topk must be a positive multiple of kpool)")
 	}
@@ -450,13 +529,13 @@ func inferDSATopK(n *Node) ([]OutType, error) {
 		}
 	}
 	extra := 0
-	switch share := n.Attrs.String("share", ""); share {
+	switch share := AttrShare.Get(n); share {
 	case "", IndexShareSave:
-		if n.Attrs.Has("share_extra") {
+		if _, ok := AttrShareExtra.Lookup(n); ok {
 			return nil, fmt.Errorf("attribute share_extra needs share %q", IndexShareReuse)
 		}
 	case IndexShareReuse:
-		if extra = n.Attrs.Int("share_extra", 0); extra < 1 {
+		if extra = AttrShareExtra.Get(n); extra < 1 {
 			return nil, fmt.Errorf("share %q needs share_extra ≥ 1 (the draft steps that reuse a selection), got %d", share, extra)
 		}
 	default:
@@ -480,7 +559,7 @@ func inferMLAAttn(n *Node) ([]OutType, error) {
 	if _, err := need(n, 0, Host, -1); err != nil {
 		return nil, err
 	}
-	H, dq, dv, R := n.Attrs.Int("heads", 0), n.Attrs.Int("qk_dim", 0), n.Attrs.Int("v_dim", 0), n.Attrs.Int("rank", 0)
+	H, dq, dv, R := AttrHeads.Get(n), AttrQKDim.Get(n), AttrVDim.Get(n), AttrRank.Get(n)
 	if H < 1 || dq < 1 || dv < 1 || R < 1 {
 		return nil, fmt.Errorf("attributes heads, qk_dim, v_dim, rank must be ≥ 1")
 	}
@@ -508,7 +587,7 @@ func inferMoERoute(n *Node) ([]OutType, error) {
 	if b, err := need(n, 1, F32, 1); err != nil || b.Shape[0] != E {
 		return nil, fmt.Errorf("bias must be f32[%d]: %v", E, err)
 	}
-	K, G, TG := n.Attrs.Int("topk", 0), n.Attrs.Int("groups", 1), n.Attrs.Int("topk_group", 1)
+	K, G, TG := AttrTopK.Get(n), AttrGroups.Get(n), AttrTopKGroup.Get(n)
 	if K < 1 || G < 1 || E%G != 0 || TG < 1 || TG > G || K > TG*(E/G) {
 		return nil, fmt.Errorf("routing attributes topk=%d groups=%d topk_group=%d invalid for %d experts", K, G, TG, E)
 	}
@@ -653,7 +732,7 @@ func inferMHCPostPre(n *Node) ([]OutType, error) {
 		if w.Shape[0] != R.Shape[2] {
 			return nil, fmt.Errorf("norm weight has %d elements, hidden is %d", w.Shape[0], R.Shape[2])
 		}
-		if n.Attrs.Float("norm_eps", 0) <= 0 {
+		if eps, ok := AttrNormEps.Lookup(n); !ok || eps <= 0 {
 			return nil, fmt.Errorf("attribute norm_eps must be > 0 when a norm weight is given")
 		}
 	}

@@ -5,14 +5,17 @@ import (
 	"slices"
 )
 
-// Ops added for pass plugins (the shared-expert fusion example).
+// Ops added for pass plugins (the shared-expert fusion example). A plugin's
+// op declares its attributes as the built-in ones do (OpDef.Attrs, with a
+// name of type Attr[T]): the verifier checks them and Attr.Get reads them.
 
 // OpMoEAppendExpert appends an always-selected expert to a routing.
 const OpMoEAppendExpert = "moe_append_expert"
 
 func init() {
 	MustRegister(OpDef{Name: OpMoEAppendExpert, Doc: "routing + one always-selected expert: idx [T,K] → [T,K+1] with attr expert appended, w [T,K] → [T,K+1] with weight 1.0 appended",
-		MinInputs: 2, MaxInputs: 2, Infer: inferMoEAppendExpert})
+		MinInputs: 2, MaxInputs: 2, Infer: inferMoEAppendExpert,
+		Attrs: []AttrDef{AttrExpert.Required("the appended expert's index (≥ 0)")}})
 }
 
 func inferMoEAppendExpert(n *Node) ([]OutType, error) {
@@ -27,7 +30,7 @@ func inferMoEAppendExpert(n *Node) ([]OutType, error) {
 	if !slices.Equal(idx.Shape, w.Shape) {
 		return nil, fmt.Errorf("idx %v and weights %v differ", idx.Shape, w.Shape)
 	}
-	if n.Attrs.Int("expert", -1) < 0 {
+	if e, ok := AttrExpert.Lookup(n); !ok || e < 0 {
 		return nil, fmt.Errorf("attribute expert must be ≥ 0")
 	}
 	K := idx.Shape[1]

@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
+	"strings"
 )
 
 // Verify checks the graph's structural invariants: known ops with valid
-// arity and attributes, every input defined before use (inputs, weights or
+// arity and attributes (each declared by the op or its traits, of the
+// declared type, the required ones set), every input defined before use (inputs, weights or
 // earlier nodes' outputs), every value defined once, output types equal to
 // what shape inference says, and every graph output defined. It returns all
 // problems found, joined.
@@ -47,10 +50,14 @@ func (g *Graph) Verify() error {
 			errs = append(errs, fmt.Errorf("%s: %d inputs, want %d..%d", where, len(n.Inputs), d.MinInputs, d.MaxInputs))
 			continue
 		}
-		for k, v := range n.Attrs {
-			if !validAttr(v) {
-				errs = append(errs, fmt.Errorf("%s: attribute %q has unsupported type %T", where, k, v))
+		if aerrs := checkAttrs(n.Attrs, d.AttrDefs(), fmt.Sprintf("op %s", n.Op), true); len(aerrs) > 0 {
+			for _, e := range aerrs {
+				errs = append(errs, fmt.Errorf("%s: %w", where, e))
 			}
+			for _, o := range n.Outputs { // defined, so that readers do not report it again
+				def(o, where)
+			}
+			continue
 		}
 		bad := false
 		for j, in := range n.Inputs {
@@ -90,4 +97,41 @@ func (g *Graph) Verify() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkAttrs checks attributes against their declarations (owner: "op
+// rmsnorm", "graphs"), in key order: a value of a supported type, declared,
+// of the declared type; with required, every required attribute set.
+func checkAttrs(a Attrs, decls []AttrDef, owner string, required bool) []error {
+	var errs []error
+	keys := make([]string, 0, len(a))
+	for k := range a {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := a[k]
+		if !validAttr(v) {
+			errs = append(errs, fmt.Errorf("attribute %q has unsupported type %T", k, v))
+			continue
+		}
+		i := slices.IndexFunc(decls, func(d AttrDef) bool { return d.Name == k })
+		if i < 0 {
+			names := make([]string, len(decls))
+			for j, d := range decls {
+				names[j] = d.Name
+			}
+			errs = append(errs, fmt.Errorf("attribute %q (%s) is not declared for %s (declared: %s)", k, formatAttr(v), owner, strings.Join(names, ", ")))
+			continue
+		}
+		if t := typeOfValue(v); t != decls[i].Type {
+			errs = append(errs, fmt.Errorf("attribute %q is %s %s, %s declares it %s", k, t, formatAttr(v), owner, decls[i].Type))
+		}
+	}
+	for _, d := range decls {
+		if _, ok := a[d.Name]; required && d.Required && !ok {
+			errs = append(errs, fmt.Errorf("required attribute %q (%s) is missing", d.Name, d.Type))
+		}
+	}
+	return errs
 }

@@ -24,10 +24,10 @@ const (
 
 // KindOf classifies a graph by the attributes the graph builder sets.
 func KindOf(g *ir.Graph) GraphKind {
-	if g.Attrs.Has("mtp_layer") {
+	if _, mtp := g.Attrs["mtp_layer"]; mtp {
 		return DraftGraph
 	}
-	if g.Attrs.String("mode", "") == "verify" {
+	if g.Attrs["mode"] == "verify" {
 		return VerifyGraph
 	}
 	return PlainGraph
@@ -38,5 +38,5 @@ func KindOf(g *ir.Graph) GraphKind {
 // graph, or a draft extend after a verify step): known to the host only
 // after that step's results, never ahead of it.
 func LengthsFromAcceptance(g *ir.Graph) bool {
-	return g.Attrs.String("mode", "") == "verify"
+	return g.Attrs["mode"] == "verify"
 }

@@ -209,12 +209,12 @@ func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 			rb = append(rb, ss.entry.RowBlock)
 			ks = append(ks, ss.entry.Kernel)
 		}
-		n.Attrs[ir.AttrTuneBuckets] = bs
+		ir.AttrTuneBuckets.Set(n, bs)
 		if list[0].entry.Kernel != "" { // a device table: the backend's kernel choices
-			n.Attrs[ir.AttrTuneKernels], n.Attrs[ir.AttrTuneKind] = strings.Join(ks, ";"), list[0].entry.DType
+			n.Attrs.Put(ir.AttrTuneKernels.Is(strings.Join(ks, ";")), ir.AttrTuneKind.Is(list[0].entry.DType))
 			continue
 		}
-		n.Attrs[ir.AttrTuneColGrain], n.Attrs[ir.AttrTuneRowBlock] = cg, rb
+		n.Attrs.Put(ir.AttrTuneColGrain.Is(cg), ir.AttrTuneRowBlock.Is(rb))
 	}
 	res := pass.Result{Fired: len(sites), Stats: pass.Counters(&Stats{Measured: p.Tuned, Nodes: len(order)})}
 	if p.Tuned > 0 {

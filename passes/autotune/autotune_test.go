@@ -63,7 +63,7 @@ func TestFiresPerShapeAndBucket(t *testing.T) {
 				s := gemm(n)
 				shapes[[2]int{s.N, s.K}] = true
 				gemms++
-				require.Equal(t, []int{1, 8, 64, 512}, n.Attrs.Ints(ir.AttrTuneBuckets), "%s node %d", dir, n.ID)
+				require.Equal(t, []int{1, 8, 64, 512}, ir.AttrTuneBuckets.Get(n), "%s node %d", dir, n.ID)
 			}
 		}
 		pr := rep.Find(autotune.Name)
@@ -187,10 +187,11 @@ func TestDeviceTuningTable(t *testing.T) {
 	for _, n := range g.Nodes {
 		if n.Def().GEMM != nil {
 			tuned++
-			require.Equal(t, []int{1, 8}, n.Attrs.Ints(ir.AttrTuneBuckets))
-			require.Equal(t, "tiled;lt:"+strings.Repeat("00", 64), n.Attrs.String(ir.AttrTuneKernels, ""))
-			require.Equal(t, "f32a-bf16w", n.Attrs.String(ir.AttrTuneKind, ""), "tiny-a's weights are BF16 as the env reports them")
-			require.False(t, n.Attrs.Has(ir.AttrTuneColGrain))
+			require.Equal(t, []int{1, 8}, ir.AttrTuneBuckets.Get(n))
+			require.Equal(t, "tiled;lt:"+strings.Repeat("00", 64), ir.AttrTuneKernels.Get(n))
+			require.Equal(t, "f32a-bf16w", ir.AttrTuneKind.Get(n), "tiny-a's weights are BF16 as the env reports them")
+			_, grain := ir.AttrTuneColGrain.Lookup(n)
+			require.False(t, grain)
 		}
 	}
 	require.Equal(t, int64(tuned), pr.Stats[1].Value)

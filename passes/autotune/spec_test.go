@@ -29,7 +29,8 @@ func TestSpeculativeGraphs(t *testing.T) {
 		}
 		for _, n := range g.Nodes {
 			if n.Def().GEMM != nil && n.Op == ir.OpLinear {
-				require.True(t, n.Attrs.Has(ir.AttrTuneColGrain), "%s: %s (layer %d) is not tuned: %v", name, n.Op, n.Layer, n.Attrs)
+				_, grain := ir.AttrTuneColGrain.Lookup(n)
+				require.True(t, grain, "%s: %s (layer %d) is not tuned: %v", name, n.Op, n.Layer, n.Attrs)
 			}
 		}
 	}

@@ -49,7 +49,7 @@ func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site 
 		}
 		l := n.Layer
 		where := fmt.Sprintf("layer %d", l)
-		geo := geometry{kpool: n.Attrs.Int("kpool", 0), topk: n.Attrs.Int("topk", 0), source: n.Inputs[0]}
+		geo := geometry{kpool: ir.AttrKPool.Get(n), topk: ir.AttrTopK.Get(n), source: n.Inputs[0]}
 		switch {
 		case geo.kpool <= 1:
 			sites = append(sites, pass.Skip(where, l, "kpool %d ≤ 1: no pools to share", geo.kpool))
@@ -57,8 +57,8 @@ func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site 
 		case geo.topk%geo.kpool != 0:
 			sites = append(sites, pass.Skip(where, l, "top-k %d not divisible by kpool %d", geo.topk, geo.kpool))
 			continue
-		case n.Attrs.String("lengths_from", "batch") != "batch":
-			sites = append(sites, pass.Skip(where, l, "attends over different lengths (%s)", n.Attrs.String("lengths_from", "")))
+		case ir.AttrLengthsFrom.Get(n) != ir.LengthsBatch:
+			sites = append(sites, pass.Skip(where, l, "attends over different lengths (%s)", ir.AttrLengthsFrom.Get(n)))
 			continue
 		}
 		if first == nil {

@@ -55,7 +55,7 @@ func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site 
 		switch {
 		case batch == nil || !env.HostLengths:
 			sites = append(sites, pass.Skip(where, n.Layer, "host batch metadata is absent"))
-		case pass.LengthsFromAcceptance(g) || n.Attrs.String("lengths_from", "batch") == "accept":
+		case pass.LengthsFromAcceptance(g) || ir.AttrLengthsFrom.Get(n) == ir.LengthsAccept:
 			sites = append(sites, pass.Skip(where, n.Layer, "lengths are produced by the computation (speculative accept lengths)"))
 		default:
 			sites = append(sites, pass.Site{Where: where, Layer: n.Layer, OK: true, Nodes: []*ir.Node{n}, Data: batch})
@@ -75,7 +75,7 @@ func (*Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 	for _, s := range sites {
 		n := s.Nodes[0]
 		n.Inputs[0] = s.Data.(*ir.Value)
-		n.Attrs["lengths"] = "host"
+		ir.AttrLengths.Set(n, ir.LengthsHost)
 	}
 	removed := g.RemoveDead()
 	left := 0

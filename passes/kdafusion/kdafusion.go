@@ -91,7 +91,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 			sites = append(sites, pass.Skip(where, l, "not all eight projections are separate linear nodes (already fused?)"))
 			continue
 		}
-		heads := n.Attrs.Int("heads", 0)
+		heads := ir.AttrHeads.Get(n)
 		if !env.TP.Known {
 			sites = append(sites, pass.Skip(where, l, "attention-TP rank/size metadata missing"))
 			continue
@@ -207,7 +207,7 @@ func rewrite(g *ir.Graph, l int, ls *layerSite) error {
 		return err
 	}
 	cat.Outputs[0].Named(fmt.Sprintf("l%d.self_attn.%s_proj", l, name))
-	split, err := g.NewNode(ir.OpLinearSplit, l, ir.Attrs{"splits": splits, "fused": name}, h, cat.Outputs[0])
+	split, err := g.NewNode(ir.OpLinearSplit, l, ir.NewAttrs(ir.AttrSplits.Is(splits), ir.AttrFused.Is(name)), h, cat.Outputs[0])
 	if err != nil {
 		return err
 	}

@@ -67,7 +67,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 			continue
 		}
 		l := n.Layer
-		site := n.Attrs.String("site", "")
+		site := ir.AttrSite.Get(n)
 		X := n.Outputs[0]
 		var pre *ir.Node
 		for _, u := range a.Users(X) {
@@ -125,22 +125,22 @@ func (p *Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 	var st Stats
 	for _, s := range sites {
 		b := s.Data.(*boundary)
-		if b.post.Attrs.String("site", "") == "ffn" {
+		if ir.AttrSite.Get(b.post) == "ffn" {
 			st.Cross++
 		} else {
 			st.Intra++
 		}
 		post, pre := b.post, b.pre
 		attrs := pre.Attrs.Clone()
-		attrs["post_site"] = post.Attrs.String("site", "")
+		attrs.Put(ir.AttrPostSite.Is(ir.AttrSite.Get(post)))
 		if p.opts.MaxTokens > 0 {
-			attrs["max_tokens"] = p.opts.MaxTokens
+			attrs.Put(ir.AttrMaxTokens.Is(p.opts.MaxTokens))
 		}
 		ins := append([]*ir.Value{}, post.Inputs...)
 		ins = append(ins, pre.Inputs[1:]...)
 		if b.norm != nil {
 			ins = append(ins, b.norm.Inputs[1])
-			attrs["norm_eps"] = b.norm.Attrs.Float("eps", 1e-5)
+			attrs.Put(ir.AttrNormEps.Is(ir.AttrEps.Get(b.norm)))
 		}
 		fused, err := g.NewNode(ir.OpMHCPostPre, pre.Layer, attrs, ins...)
 		if err != nil {

@@ -106,7 +106,7 @@ func match(g *ir.Graph, a *pass.Analyses, h *ir.Value, down *ir.Node) (*site, st
 	}
 	s := &site{h: h}
 	for _, n := range append(projs, act, down) {
-		if n.Attrs.Int(ir.AttrStream, 0) != 0 {
+		if ir.AttrStream.Get(n) != 0 {
 			return nil, "already on a side stream"
 		}
 		s.chain = append(s.chain, n)
@@ -144,10 +144,7 @@ func (*Pass) Apply(g *ir.Graph, sites []pass.Site) (pass.Result, error) {
 		g.Remove(moved...)
 		for _, n := range m.chain {
 			n.Attrs = n.Attrs.Clone() // never a map another node shares
-			if n.Attrs == nil {
-				n.Attrs = ir.Attrs{}
-			}
-			n.Attrs[ir.AttrStream] = 1
+			ir.AttrStream.Set(n, 1)
 		}
 		g.InsertAt(g.Index(m.h.Producer)+1, moved...)
 		st.Layers++

@@ -32,7 +32,7 @@ func sideNodes(t *testing.T, g *ir.Graph) map[int][]*ir.Node {
 	index := map[*ir.Node]int{}
 	for i, n := range g.Nodes {
 		index[n] = i
-		if n.Attrs.Int(ir.AttrStream, 0) == 1 {
+		if ir.AttrStream.Get(n) == 1 {
 			side[n.Layer] = append(side[n.Layer], n)
 		}
 	}
@@ -54,7 +54,7 @@ func sideNodes(t *testing.T, g *ir.Graph) map[int][]*ir.Node {
 		users := g.Users(last.Outputs[0])
 		require.Len(t, users, 1)
 		require.Equal(t, ir.OpAdd, users[0].Op)
-		require.Zero(t, users[0].Attrs.Int(ir.AttrStream, 0), "the add joins the main stream")
+		require.Zero(t, ir.AttrStream.Get(users[0]), "the add joins the main stream")
 	}
 	return side
 }

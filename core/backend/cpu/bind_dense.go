@@ -80,7 +80,7 @@ func bindRMSNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
 	W := p.constant(in[1])
 	D := in[0].Shape[1]
-	eps := float32(n.Attrs.Float("eps", 1e-5))
+	eps := float32(ir.AttrEps.Get(n))
 	return func(rc *runCtx) error {
 		x := rc.in(in[0])
 		y := rc.out(outs[0])
@@ -93,7 +93,7 @@ func bindLayerNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
 	W, B := p.constant(in[1]), p.constant(in[2])
 	D := in[0].Shape[1]
-	eps := float32(n.Attrs.Float("eps", 1e-6))
+	eps := float32(ir.AttrEps.Get(n))
 	return func(rc *runCtx) error {
 		y := rc.out(outs[0])
 		norm.LayerNorm(y, rc.in(in[0]), rc.rows(in[0]), D, W, B, eps)
@@ -145,7 +145,7 @@ func bindLinearSplit(p *Program, n *ir.Node, prm func(R int) gemm.Params) (func(
 	}
 	Wb, W, f8 := b.bf, b.f, b.fp8
 	K, N := in[0].Shape[1], in[1].Shape[0]
-	splits := n.Attrs.Ints("splits")
+	splits := ir.AttrSplits.Get(n)
 	mm := p.bf16MatMul()
 	mm8 := p.fp8MatMul()
 	return func(rc *runCtx) error {
@@ -201,7 +201,7 @@ func bindLinearBatched(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 // batch of R rows: tuned per-bucket attributes (the smallest bucket ≥ R,
 // else the largest) or the defaults.
 func gemmParams(n *ir.Node) func(R int) gemm.Params {
-	bs, cg, rb := n.Attrs.Ints(ir.AttrTuneBuckets), n.Attrs.Ints(ir.AttrTuneColGrain), n.Attrs.Ints(ir.AttrTuneRowBlock)
+	bs, cg, rb := ir.AttrTuneBuckets.Get(n), ir.AttrTuneColGrain.Get(n), ir.AttrTuneRowBlock.Get(n)
 	if len(bs) == 0 || len(cg) != len(bs) || len(rb) != len(bs) {
 		return func(int) gemm.Params { return gemm.Default() }
 	}
@@ -233,7 +233,7 @@ func bindAdd(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 
 func bindSwiGLU(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
-	limit := float32(n.Attrs.Float("limit", 0))
+	limit := float32(ir.AttrLimit.Get(n))
 	return func(rc *runCtx) error {
 		act.SwiGLU(rc.out(outs[0]), rc.in(in[0]), rc.in(in[1]), limit)
 		return nil
@@ -243,7 +243,7 @@ func bindSwiGLU(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 func bindSwiGLUPacked(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
 	I := outs[0].Shape[1]
-	limit := float32(n.Attrs.Float("limit", 0))
+	limit := float32(ir.AttrLimit.Get(n))
 	return func(rc *runCtx) error {
 		act.SwiGLUPacked(rc.out(outs[0]), rc.in(in[0]), rc.rows(in[0]), I, limit)
 		return nil

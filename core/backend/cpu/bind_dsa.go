@@ -34,7 +34,7 @@ func bindSeqLengths(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 
 func bindDSAMeta(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
-	kp, topk := n.Attrs.Int("kpool", 0), n.Attrs.Int("topk", 0)
+	kp, topk := ir.AttrKPool.Get(n), ir.AttrTopK.Get(n)
 	m := &dsaMeta{kpool: kp, topk: topk} // rebuilt by every run (runs are serialized)
 	return func(rc *runCtx) error {
 		seqs, err := rc.spans(in[0])
@@ -60,15 +60,15 @@ func bindDSAMeta(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 }
 
 func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
-	in, outs, a := n.Inputs, n.Outputs, n.Attrs
-	cfg := &indexer.Config{Heads: a.Int("heads", 0), Dim: a.Int("dim", 0), KPool: a.Int("kpool", 0), TopK: a.Int("topk", 0), SelectTail: a.Bool("tail"), APE: p.constant(in[5])}
+	in, outs := n.Inputs, n.Outputs
+	cfg := &indexer.Config{Heads: ir.AttrHeads.Get(n), Dim: ir.AttrDim.Get(n), KPool: ir.AttrKPool.Get(n), TopK: ir.AttrTopK.Get(n), SelectTail: ir.AttrTail.Get(n), APE: p.constant(in[5])}
 	if cfg.APE == nil {
 		return nil, fmt.Errorf("compress ape must be a weight")
 	}
 	layer := n.Layer
 	Hi, Di := cfg.Heads, cfg.Dim
 	W := outs[0].Shape[1] // the selection width (wider when it reuses a shared selection)
-	share := a.String("share", "")
+	share := ir.AttrShare.Get(n)
 	wscale := float32(1 / math.Sqrt(float64(Hi)))
 	return func(rc *runCtx) error {
 		meta, ok := rc.host[in[0]].(*dsaMeta)
@@ -108,9 +108,9 @@ func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 }
 
 func bindMLA(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
-	in, outs, a := n.Inputs, n.Outputs, n.Attrs
-	c := &mla.Config{Heads: a.Int("heads", 0), QKDim: a.Int("qk_dim", 0), VDim: a.Int("v_dim", 0), Rank: a.Int("rank", 0),
-		Scale: float32(a.Float("scale", 0)), KVBW: p.constant(in[3]), Params: gemm.Default()}
+	in, outs := n.Inputs, n.Outputs
+	c := &mla.Config{Heads: ir.AttrHeads.Get(n), QKDim: ir.AttrQKDim.Get(n), VDim: ir.AttrVDim.Get(n), Rank: ir.AttrRank.Get(n),
+		Scale: float32(ir.AttrScale.Get(n)), KVBW: p.constant(in[3]), Params: gemm.Default()}
 	if c.KVBW == nil {
 		return nil, fmt.Errorf("kv_b weight must be a weight")
 	}

@@ -126,13 +126,12 @@ func (cr *convRun) seq(si int) {
 }
 
 func bindKDAGate(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
-	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	in, outs := n.Inputs, n.Outputs
 	A, dt := p.constant(in[1]), p.constant(in[2])
-	H := a.Int("heads", 0)
+	H := ir.AttrHeads.Get(n)
 	P := in[0].Shape[1]
 	var lb *float64
-	if a.Has("lower_bound") {
-		v := a.Float("lower_bound", 0)
+	if v, ok := ir.AttrLowerBound.Lookup(n); ok {
 		lb = &v
 	}
 	return func(rc *runCtx) error {
@@ -142,10 +141,10 @@ func bindKDAGate(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 }
 
 func bindKDAAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
-	in, outs, a := n.Inputs, n.Outputs, n.Attrs
-	H, Dh := a.Int("heads", 0), a.Int("head_dim", 0)
+	in, outs := n.Inputs, n.Outputs
+	H, Dh := ir.AttrHeads.Get(n), ir.AttrHeadDim.Get(n)
 	P := H * Dh
-	algo := a.String("algo", "auto")
+	algo := ir.AttrAlgo.Get(n)
 	layer := n.Layer
 	qscale := float32(1 / math.Sqrt(float64(Dh)))
 	ar := &attnRun{H: H, Dh: Dh, P: P, algo: algo, layer: layer, qscale: qscale}
@@ -214,7 +213,7 @@ func (ar *attnRun) task(task int) {
 			sc.ws.Recurrent(oh[j*Dh:(j+1)*Dh], qh[j*Dh:(j+1)*Dh], kh[j*Dh:(j+1)*Dh], vh[j*Dh:(j+1)*Dh], gh[j*Dh:(j+1)*Dh], bh[j:j+1], 1, Dh, Dh, S)
 			rb.RecordKDAState(layer, s.pos0+j, h*Dh*Dh, S, n)
 		}
-	} else if algo == "recurrent" || (algo == "auto" && T == 1) {
+	} else if algo == ir.KDARecurrent || (algo == ir.KDAAuto && T == 1) {
 		sc.ws.Recurrent(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
 	} else {
 		sc.ws.Chunked(oh, qh, kh, vh, gh, bh, T, Dh, Dh, S)
@@ -226,11 +225,11 @@ func (ar *attnRun) task(task int) {
 }
 
 func bindGatedRMSNorm(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
-	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	in, outs := n.Inputs, n.Outputs
 	W := p.constant(in[2])
-	H := a.Int("heads", 0)
+	H := ir.AttrHeads.Get(n)
 	P := in[0].Shape[1]
-	eps := float32(a.Float("eps", 1e-5))
+	eps := float32(ir.AttrEps.Get(n))
 	var dst, o, gate []float32 // the run's buffers (see bindMHCPre)
 	body := func(lo, hi int) {
 		norm.GatedRMSNorm(dst[lo*P:hi*P], o[lo*P:hi*P], gate[lo*P:hi*P], hi-lo, H, P/H, W, eps)

@@ -16,9 +16,8 @@ func init() {
 }
 
 func mhcParams(p *Program, n *ir.Node, x, fn, base, scale *ir.Value) (*mhc.Params, error) {
-	a := n.Attrs
 	prm := &mhc.Params{H: x.Shape[1], D: x.Shape[2], Fn: p.constant(fn), Base: p.constant(base), Scale: p.constant(scale),
-		NormEps: float32(a.Float("eps", 1e-5)), HCEps: float32(a.Float("hc_eps", 1e-6)), Iterations: a.Int("iters", 20)}
+		NormEps: float32(ir.AttrEps.Get(n)), HCEps: float32(ir.AttrHCEps.Get(n)), Iterations: ir.AttrIters.Get(n)}
 	if prm.Fn == nil || prm.Base == nil || prm.Scale == nil {
 		return nil, fmt.Errorf("mHC parameters must be weights")
 	}
@@ -62,7 +61,7 @@ func bindMHCPost(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 }
 
 func bindMHCPostPre(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
-	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	in, outs := n.Inputs, n.Outputs
 	prm, err := mhcParams(p, n, in[1], in[4], in[5], in[6])
 	if err != nil {
 		return nil, err
@@ -72,8 +71,8 @@ func bindMHCPostPre(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	if len(in) == 8 {
 		normW = p.constant(in[7])
 	}
-	normEps := float32(a.Float("norm_eps", 1e-5))
-	maxTokens := a.Int("max_tokens", 0)
+	normEps := float32(ir.AttrNormEps.Get(n))
+	maxTokens := ir.AttrMaxTokens.Get(n)
 	var o, R, post, comb, X, h, post2, comb2 []float32 // the run's buffers (see bindMHCPre)
 	var fused bool
 	body := func(lo, hi int) {

@@ -17,9 +17,9 @@ func init() {
 }
 
 func bindMoERoute(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
-	in, outs, a := n.Inputs, n.Outputs, n.Attrs
-	r := &moe.Router{Experts: in[0].Shape[1], TopK: a.Int("topk", 0), Groups: a.Int("groups", 1), TopKGroup: a.Int("topk_group", 1),
-		Normalize: a.Bool("normalize"), Scaling: float32(a.Float("scaling", 1)), Bias: p.constant(in[1])}
+	in, outs := n.Inputs, n.Outputs
+	r := &moe.Router{Experts: in[0].Shape[1], TopK: ir.AttrTopK.Get(n), Groups: ir.AttrGroups.Get(n), TopKGroup: ir.AttrTopKGroup.Get(n),
+		Normalize: ir.AttrNormalize.Get(n), Scaling: float32(ir.AttrScaling.Get(n)), Bias: p.constant(in[1])}
 	return func(rc *runCtx) error {
 		T := rc.rows(in[0])
 		idx, w := rc.outI(outs[0]), rc.out(outs[1])
@@ -29,9 +29,9 @@ func bindMoERoute(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 }
 
 func bindMoEExperts(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
-	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	in, outs := n.Inputs, n.Outputs
 	E, I, D := in[3].Shape[0], in[3].Shape[1], in[3].Shape[2]
-	ex := &moe.Experts{N: E, D: D, I: I, Limit: float32(a.Float("limit", 0)), BF16Act: p.bf16Act()}
+	ex := &moe.Experts{N: E, D: D, I: I, Limit: float32(ir.AttrLimit.Get(n)), BF16Act: p.bf16Act()}
 	var bf [3][][]uint16
 	var f [3][]float32
 	var f8 [3][]*gemm.FP8
@@ -78,7 +78,7 @@ func bindMoEExperts(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 func bindMoEAppendExpert(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	in, outs := n.Inputs, n.Outputs
 	K := in[0].Shape[1]
-	e := int32(n.Attrs.Int("expert", 0))
+	e := int32(ir.AttrExpert.Get(n))
 	return func(rc *runCtx) error {
 		T := rc.rows(in[1])
 		idx, w := rc.i[in[0]], rc.in(in[1])

@@ -31,8 +31,8 @@ func TestEveryGEMMOpIsTunable(t *testing.T) {
 // A node's tuned attributes choose the parameters of the smallest bucket
 // holding the batch (else the largest); without them, the defaults.
 func TestGEMMParamsFollowTheTuneAttributes(t *testing.T) {
-	require.Equal(t, gemm.Default(), gemmParams(&ir.Node{Attrs: ir.Attrs{}})(17))
-	n := &ir.Node{Attrs: ir.Attrs{ir.AttrTuneBuckets: []int{1, 64}, ir.AttrTuneColGrain: []int{4, 16}, ir.AttrTuneRowBlock: []int{16, 256}}}
+	require.Equal(t, gemm.Default(), gemmParams(&ir.Node{Op: ir.OpLinear, Attrs: ir.Attrs{}})(17))
+	n := &ir.Node{Op: ir.OpLinear, Attrs: ir.NewAttrs(ir.AttrTuneBuckets.Is([]int{1, 64}), ir.AttrTuneColGrain.Is([]int{4, 16}), ir.AttrTuneRowBlock.Is([]int{16, 256}))}
 	prm := gemmParams(n)
 	require.Equal(t, gemm.Params{ColGrain: 4, RowBlock: 16}, prm(1))
 	require.Equal(t, gemm.Params{ColGrain: 16, RowBlock: 256}, prm(2))

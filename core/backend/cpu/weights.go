@@ -357,7 +357,7 @@ func (w *weights) bind(p *plan.Plan, v *ir.Value, fp32Only bool) (*boundWeight, 
 				return nil, err
 			}
 			if in.bf != nil {
-				K, lo, hi := n.Inputs[0].Shape[1], n.Attrs.Int("start", 0), n.Attrs.Int("end", 0)
+				K, lo, hi := n.Inputs[0].Shape[1], ir.AttrStart.Get(n), ir.AttrEnd.Get(n)
 				bf, err := w.copyBF16(len(in.bf)/K*(hi-lo), func(b []uint16) bool { sliceColsBF16(b, in.bf, K, lo, hi); return true })
 				if err != nil {
 					return nil, err

@@ -66,7 +66,7 @@ func bindRMSNorm(p *Program, n *ir.Node) (*kstep, error) {
 		return nil, err
 	}
 	D := in[0].Shape[1]
-	eps := n.Attrs.Float("eps", 1e-5)
+	eps := ir.AttrEps.Get(n)
 	return &kstep{run: func(rc *runCtx) error {
 		R := rc.rows(in[0])
 		a := kc.NormArgs{X: rc.ptr(in[0]), W: W.ptr, WBf16: W.flag(), Y: rc.ptr(out), Rows: int64(R), D: int64(D), Eps: float64(float32(eps))}
@@ -85,7 +85,7 @@ func bindLayerNorm(p *Program, n *ir.Node) (*kstep, error) {
 		return nil, err
 	}
 	D := in[0].Shape[1]
-	eps := n.Attrs.Float("eps", 1e-6)
+	eps := ir.AttrEps.Get(n)
 	return &kstep{run: func(rc *runCtx) error {
 		R := rc.rows(in[0])
 		a := kc.NormArgs{X: rc.ptr(in[0]), W: W.ptr, WBf16: W.flag(), B: B.ptr, BBf16: B.flag(), Y: rc.ptr(out), Rows: int64(R), D: int64(D), Eps: float64(float32(eps))}
@@ -226,7 +226,7 @@ func (p *Program) newGateUpDual(lin *ir.Node) (*gateUpDual, error) {
 		return nil, err
 	}
 	return &gateUpDual{pol: p.b.gemm, W: W, kind: p.gemmKind(W), tuned: tuned, I: I, K: lin.Inputs[0].Shape[1], bf: p.bf16Mode(W),
-		limit: users[0].Attrs.Float("limit", 0)}, nil
+		limit: ir.AttrLimit.Get(users[0])}, nil
 }
 
 // runs says whether the dual GEMV runs at M rows: where the linear would
@@ -309,7 +309,7 @@ func bindLinearSplit(p *Program, n *ir.Node) (*kstep, error) {
 		return nil, err
 	}
 	K, N := in[0].Shape[1], in[1].Shape[0]
-	splits := n.Attrs.Ints("splits")
+	splits := ir.AttrSplits.Get(n)
 	if len(splits) > 8 {
 		return nil, fmt.Errorf("%d splits; the CUDA kernels write at most 8", len(splits))
 	}
@@ -409,7 +409,10 @@ func bindLinearBatched(p *Program, n *ir.Node) (*kstep, error) {
 func bindElementwise(op int64) binder {
 	return func(p *Program, n *ir.Node) (*kstep, error) {
 		in, out := n.Inputs, n.Outputs[0]
-		limit := n.Attrs.Float("limit", 0)
+		limit := 0.0 // swiglu's clamp (sigmoid and add have none)
+		if n.Op == ir.OpSwiGLU {
+			limit = ir.AttrLimit.Get(n)
+		}
 		return &kstep{run: func(rc *runCtx) error {
 			cnt := rc.bytesOf(out) / 4
 			a := kc.EltArgs{X: rc.ptr(in[0]), Out: rc.ptr(out), N: cnt, Op: op, Limit: float64(float32(limit))}
@@ -427,7 +430,7 @@ func bindElementwise(op int64) binder {
 func bindSwiGLUPacked(p *Program, n *ir.Node) (*kstep, error) {
 	in, out := n.Inputs[0], n.Outputs[0]
 	I := int64(out.Shape[1])
-	limit := n.Attrs.Float("limit", 0)
+	limit := ir.AttrLimit.Get(n)
 	dual, err := p.gateUpDualOf(in.Producer)
 	if err != nil {
 		return nil, err

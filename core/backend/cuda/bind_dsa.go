@@ -37,7 +37,7 @@ func bindSeqLengths(p *Program, n *ir.Node) (*kstep, error) {
 
 func bindDSAMeta(p *Program, n *ir.Node) (*kstep, error) {
 	in, out := n.Inputs, n.Outputs[0]
-	kp := n.Attrs.Int("kpool", 0)
+	kp := ir.AttrKPool.Get(n)
 	return &kstep{run: func(rc *runCtx) error {
 		if _, err := rc.lens(in[0]); err != nil {
 			return err
@@ -57,14 +57,14 @@ func metaOf(rc *runCtx, v *ir.Value) (*dsaMeta, error) {
 }
 
 func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
-	in, out, a := n.Inputs, n.Outputs[0], n.Attrs
+	in, out := n.Inputs, n.Outputs[0]
 	ape, err := p.w(in[5])
 	if err != nil {
 		return nil, fmt.Errorf("compress ape: %w", err)
 	}
-	H, D, kp, topk := a.Int("heads", 0), a.Int("dim", 0), a.Int("kpool", 0), a.Int("topk", 0)
+	H, D, kp, topk := ir.AttrHeads.Get(n), ir.AttrDim.Get(n), ir.AttrKPool.Get(n), ir.AttrTopK.Get(n)
 	tail := int64(0)
-	if a.Bool("tail") {
+	if ir.AttrTail.Get(n) {
 		tail = 1
 	}
 	if D > 1024 {
@@ -75,7 +75,7 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 	}
 	width := out.Shape[1]
 	layer := n.Layer
-	share, extra := a.String("share", ""), a.Int("share_extra", 0)
+	share, extra := ir.AttrShare.Get(n), ir.AttrShareExtra.Get(n)
 	scale := float64(float32(1 / math.Sqrt(float64(D))))
 	wscale := float64(float32(1 / math.Sqrt(float64(H))))
 	appendThreads := uint32((D + 31) / 32 * 32)
@@ -192,13 +192,13 @@ func mlaRowChunk(T, H, width int) int {
 }
 
 func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
-	in, out, a := n.Inputs, n.Outputs[0], n.Attrs
+	in, out := n.Inputs, n.Outputs[0]
 	W, err := p.w(in[3])
 	if err != nil {
 		return nil, fmt.Errorf("kv_b weight: %w", err)
 	}
-	H, dq, dv, R := a.Int("heads", 0), a.Int("qk_dim", 0), a.Int("v_dim", 0), a.Int("rank", 0)
-	scale := float64(float32(a.Float("scale", 0)))
+	H, dq, dv, R := ir.AttrHeads.Get(n), ir.AttrQKDim.Get(n), ir.AttrVDim.Get(n), ir.AttrRank.Get(n)
+	scale := float64(float32(ir.AttrScale.Get(n)))
 	width := in[4].Shape[1]
 	layer := n.Layer
 	// softmax threads: a power of two, about 8 entries each (a function of

@@ -52,7 +52,7 @@ func bindKDAConv(p *Program, n *ir.Node) (*kstep, error) {
 }
 
 func bindKDAGate(p *Program, n *ir.Node) (*kstep, error) {
-	in, out, a := n.Inputs, n.Outputs[0], n.Attrs
+	in, out := n.Inputs, n.Outputs[0]
 	A, err := p.w(in[1])
 	if err != nil {
 		return nil, err
@@ -61,11 +61,11 @@ func bindKDAGate(p *Program, n *ir.Node) (*kstep, error) {
 	if err != nil {
 		return nil, err
 	}
-	H := a.Int("heads", 0)
+	H := ir.AttrHeads.Get(n)
 	P := in[0].Shape[1]
 	hasLB, lb := int64(0), 0.0
-	if a.Has("lower_bound") {
-		hasLB, lb = 1, a.Float("lower_bound", 0)
+	if v, ok := ir.AttrLowerBound.Lookup(n); ok {
+		hasLB, lb = 1, v
 	}
 	return &kstep{run: func(rc *runCtx) error {
 		args := kc.KDAGateArgs{Z: rc.ptr(in[0]), Alog: A.ptr, AlogBf16: A.flag(), Dt: dt.ptr, DtBf16: dt.flag(), G: rc.ptr(out),
@@ -80,8 +80,8 @@ func bindKDAGate(p *Program, n *ir.Node) (*kstep, error) {
 const kdaRegCols = 32
 
 func bindKDAAttn(p *Program, n *ir.Node) (*kstep, error) {
-	in, out, a := n.Inputs, n.Outputs[0], n.Attrs
-	H, Dh := a.Int("heads", 0), a.Int("head_dim", 0)
+	in, out := n.Inputs, n.Outputs[0]
+	H, Dh := ir.AttrHeads.Get(n), ir.AttrHeadDim.Get(n)
 	if Dh > 1024 {
 		return nil, fmt.Errorf("head_dim %d exceeds 1024 threads per block", Dh)
 	}
@@ -113,14 +113,14 @@ func bindKDAAttn(p *Program, n *ir.Node) (*kstep, error) {
 }
 
 func bindGatedRMSNorm(p *Program, n *ir.Node) (*kstep, error) {
-	in, out, a := n.Inputs, n.Outputs[0], n.Attrs
+	in, out := n.Inputs, n.Outputs[0]
 	W, err := p.w(in[2])
 	if err != nil {
 		return nil, err
 	}
-	H := a.Int("heads", 0)
+	H := ir.AttrHeads.Get(n)
 	P := in[0].Shape[1]
-	eps := float64(float32(a.Float("eps", 1e-5)))
+	eps := float64(float32(ir.AttrEps.Get(n)))
 	return &kstep{run: func(rc *runCtx) error {
 		args := kc.GatedNormArgs{O: rc.ptr(in[0]), G: rc.ptr(in[1]), W: W.ptr, WBf16: W.flag(), Y: rc.ptr(out), Rows: int64(rc.T * H), Dh: int64(P / H), Eps: eps}
 		return kc.LaunchGatedRmsnorm(rc.dev, kc.Dim3{X: uint32(rc.T * H)}, kc.Dim3{X: 128}, 0, &args)

@@ -92,10 +92,9 @@ func mhcParams(p *Program, n *ir.Node, x, fn, base, scale *ir.Value) (kc.MHCPara
 	if err != nil {
 		return kc.MHCParams{}, err
 	}
-	a := n.Attrs
 	return kc.MHCParams{Fn: F.ptr, FnBf16: F.flag(), Base: B.ptr, BaseBf16: B.flag(), Scale: S.ptr, ScaleBf16: S.flag(),
-		H: int64(H), D: int64(D), Iters: int64(a.Int("iters", 20)),
-		NormEps: float64(float32(a.Float("eps", 1e-5))), HcEps: float64(float32(a.Float("hc_eps", 1e-6)))}, nil
+		H: int64(H), D: int64(D), Iters: int64(ir.AttrIters.Get(n)),
+		NormEps: float64(float32(ir.AttrEps.Get(n))), HcEps: float64(float32(ir.AttrHCEps.Get(n)))}, nil
 }
 
 func bindMHCPre(p *Program, n *ir.Node) (*kstep, error) {
@@ -126,7 +125,7 @@ func bindMHCPost(p *Program, n *ir.Node) (*kstep, error) {
 }
 
 func bindMHCPostPre(p *Program, n *ir.Node) (*kstep, error) {
-	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	in, outs := n.Inputs, n.Outputs
 	prm, err := mhcParams(p, n, in[1], in[4], in[5], in[6])
 	if err != nil {
 		return nil, err
@@ -138,8 +137,8 @@ func bindMHCPostPre(p *Program, n *ir.Node) (*kstep, error) {
 			return nil, err
 		}
 	}
-	normEps := float64(float32(a.Float("norm_eps", 1e-5)))
-	maxTokens := a.Int("max_tokens", 0)
+	normEps := float64(float32(ir.AttrNormEps.Get(n)))
+	maxTokens := ir.AttrMaxTokens.Get(n)
 	return &kstep{
 		temps: func(rc *runCtx) []int64 { return []int64{mhcPartBytes(rc.T, H, D)} },
 		run: func(rc *runCtx) error {

@@ -19,21 +19,21 @@ func init() {
 const moeMaxExperts = 1024
 
 func bindMoERoute(p *Program, n *ir.Node) (*kstep, error) {
-	in, outs, a := n.Inputs, n.Outputs, n.Attrs
+	in, outs := n.Inputs, n.Outputs
 	bias, err := p.w(in[1])
 	if err != nil {
 		return nil, err
 	}
 	E := in[0].Shape[1]
-	G := a.Int("groups", 1)
+	G := ir.AttrGroups.Get(n)
 	if E > moeMaxExperts || G > 64 {
 		return nil, fmt.Errorf("%d experts in %d groups exceed the kernel's %d experts / 64 groups", E, G, moeMaxExperts)
 	}
 	norm := int64(0)
-	if a.Bool("normalize") {
+	if ir.AttrNormalize.Get(n) {
 		norm = 1
 	}
-	K, TG, scaling := int64(a.Int("topk", 0)), int64(a.Int("topk_group", 1)), float64(float32(a.Float("scaling", 1)))
+	K, TG, scaling := int64(ir.AttrTopK.Get(n)), int64(ir.AttrTopKGroup.Get(n)), float64(float32(ir.AttrScaling.Get(n)))
 	return &kstep{run: func(rc *runCtx) error {
 		T := rc.rows(in[0])
 		args := kc.RouteArgs{Logits: rc.ptr(in[0]), Bias: bias.ptr, BiasBf16: bias.flag(), Idx: rc.ptr(outs[0]), W: rc.ptr(outs[1]),
@@ -56,7 +56,7 @@ const (
 const moeTile = 64
 
 func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
-	in, out, a := n.Inputs, n.Outputs[0], n.Attrs
+	in, out := n.Inputs, n.Outputs[0]
 	gate, err := p.w(in[3])
 	if err != nil {
 		return nil, err
@@ -77,7 +77,7 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 		return nil, fmt.Errorf("%d experts exceed the kernel's %d", E, moeMaxExperts)
 	}
 	K := in[1].Shape[1]
-	limit := float64(float32(a.Float("limit", 0)))
+	limit := float64(float32(ir.AttrLimit.Get(n)))
 	round := b2i(p.bf16Mode(gate))
 	// gemv: tiles of at most kc.GemvRows rows on the GEMV (glmf_gemv_*)
 	// when the routing slots average at most that many per expert (decode),
@@ -167,7 +167,7 @@ func bindMoEExperts(p *Program, n *ir.Node) (*kstep, error) {
 func bindMoEAppendExpert(p *Program, n *ir.Node) (*kstep, error) {
 	in, outs := n.Inputs, n.Outputs
 	K := in[0].Shape[1]
-	e := int64(n.Attrs.Int("expert", 0))
+	e := int64(ir.AttrExpert.Get(n))
 	return &kstep{run: func(rc *runCtx) error {
 		T := rc.rows(in[1])
 		a := kc.AppendArgs{Idx: rc.ptr(in[0]), W: rc.ptr(in[1]), Oidx: rc.ptr(outs[0]), Ow: rc.ptr(outs[1]), T: int64(T), K: int64(K), Expert: e}

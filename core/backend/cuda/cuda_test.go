@@ -52,8 +52,8 @@ func TestConstKeyNamesDerivedWeights(t *testing.T) {
 	require.Equal(t, "concat_rows(a.weight#0,b.weight#0)", plan.ConstKey(c))
 	// derived weights of one input that differ by attributes are different
 	// constants (the MTP's two halves of eh_proj)
-	lo := g.Op1(ir.OpSliceCols, 0, ir.Attrs{"start": 0, "end": 2}, a)
-	hi := g.Op1(ir.OpSliceCols, 0, ir.Attrs{"start": 2, "end": 3}, a)
+	lo := g.Op1(ir.OpSliceCols, 0, ir.NewAttrs(ir.AttrStart.Is(0), ir.AttrEnd.Is(2)), a)
+	hi := g.Op1(ir.OpSliceCols, 0, ir.NewAttrs(ir.AttrStart.Is(2), ir.AttrEnd.Is(3)), a)
 	require.Equal(t, `slice_cols{end=2, start=0}(a.weight#0)`, plan.ConstKey(lo))
 	require.NotEqual(t, plan.ConstKey(lo), plan.ConstKey(hi))
 }
@@ -107,7 +107,7 @@ func TestStreamPlan(t *testing.T) {
 	add := func(side bool, in ...*ir.Value) *ir.Value {
 		var attrs ir.Attrs
 		if side {
-			attrs = ir.Attrs{ir.AttrStream: 1}
+			attrs = ir.NewAttrs(ir.AttrStream.Is(1))
 		}
 		n, err := g.NewNode(ir.OpSigmoid, 0, attrs, in[0])
 		require.NoError(t, err)

@@ -170,8 +170,11 @@ type tunedGEMM struct {
 // nothing for it, or chose for another kind than the node has here: the
 // defaults then apply).
 func (p *Program) tuning(n *ir.Node, W devTensor) (*tunedGEMM, error) {
-	bs, ks := n.Attrs.Ints(ir.AttrTuneBuckets), n.Attrs.String(ir.AttrTuneKernels, "")
-	if len(bs) == 0 || ks == "" || n.Attrs.String(ir.AttrTuneKind, "") != p.gemmKind(W) {
+	if n.Def().GEMM == nil { // linear_batched: the tune attributes are the GEMM trait's
+		return nil, nil
+	}
+	bs, ks := ir.AttrTuneBuckets.Get(n), ir.AttrTuneKernels.Get(n)
+	if len(bs) == 0 || ks == "" || ir.AttrTuneKind.Get(n) != p.gemmKind(W) {
 		return nil, nil
 	}
 	parts := strings.Split(ks, ";")

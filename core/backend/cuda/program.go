@@ -229,7 +229,7 @@ func streamPlan(steps []*kstep) []streamAct {
 	}
 	for i, st := range steps {
 		n := st.node
-		side := n.Attrs.Int(ir.AttrStream, 0) == 1
+		side := ir.AttrStream.Get(n) == 1
 		a := &acts[i]
 		a.side = side
 		switch {
@@ -437,8 +437,8 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 // does not reuse a shared selection).
 func (p *Program) shareReuse() int {
 	for _, st := range p.steps {
-		if st.node.Op == ir.OpDSATopK && st.node.Attrs.String("share", "") == ir.IndexShareReuse {
-			return st.node.Attrs.Int("share_extra", 0)
+		if st.node.Op == ir.OpDSATopK && ir.AttrShare.Get(st.node) == ir.IndexShareReuse {
+			return ir.AttrShareExtra.Get(st.node)
 		}
 	}
 	return 0
@@ -448,7 +448,7 @@ func (p *Program) shareReuse() int {
 // selections for sharing.
 func (p *Program) shareSave() bool {
 	for _, st := range p.steps {
-		if st.node.Op == ir.OpDSATopK && st.node.Attrs.String("share", "") == ir.IndexShareSave {
+		if st.node.Op == ir.OpDSATopK && ir.AttrShare.Get(st.node) == ir.IndexShareSave {
 			return true
 		}
 	}
@@ -1060,7 +1060,7 @@ func (p *Program) kpools() []int {
 	var out []int
 	for _, st := range p.steps {
 		if st.node.Op == ir.OpDSAMeta {
-			kp := st.node.Attrs.Int("kpool", 0)
+			kp := ir.AttrKPool.Get(st.node)
 			found := false
 			for _, k := range out {
 				found = found || k == kp

@@ -186,8 +186,8 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 			sites = append(sites, pass.Skip(where, l, "%s", msg))
 			continue
 		}
-		if s.act.Attrs.Float("limit", 0) != n.Attrs.Float("limit", 0) {
-			sites = append(sites, pass.Skip(where, l, "the shared expert's SwiGLU clamp %g differs from the routed experts' %g", s.act.Attrs.Float("limit", 0), n.Attrs.Float("limit", 0)))
+		if ir.AttrLimit.Get(s.act) != ir.AttrLimit.Get(n) {
+			sites = append(sites, pass.Skip(where, l, "the shared expert's SwiGLU clamp %g differs from the routed experts' %g", ir.AttrLimit.Get(s.act), ir.AttrLimit.Get(n)))
 			continue
 		}
 		if t, mod, hit := loraHit(env, l); hit {
@@ -272,7 +272,7 @@ func rewrite(g *ir.Graph, l int, s *site) error {
 		}
 		fused[i] = cat.Outputs[0]
 	}
-	app, err := newNode(ir.OpMoEAppendExpert, ir.Attrs{"expert": E}, "", ex.Inputs[1], ex.Inputs[2])
+	app, err := newNode(ir.OpMoEAppendExpert, ir.NewAttrs(ir.AttrExpert.Is(E)), "", ex.Inputs[1], ex.Inputs[2])
 	if err != nil {
 		return err
 	}
