@@ -8,6 +8,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
@@ -64,7 +65,7 @@ func TestRuntimePreparesNextStepWithHostLengths(t *testing.T) {
 func TestPrepareValidatesHostPositions(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	cfg := ck.Config()
-	key := engine.Key{Mode: "mixed", Logits: "last"}
+	key := engine.Key{Mode: graph.Mixed, Logits: "last"}
 	plain, err := engine.New(cfg, ck, engine.Options{Slots: 1})
 	require.NoError(t, err)
 	s, _ := plain.Store().Alloc()

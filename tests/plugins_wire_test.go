@@ -172,7 +172,7 @@ func TestPluginInstallValidation(t *testing.T) {
 		}, `attribute "eps" is string "1e-5", op rmsnorm declares it float`},
 		"mode changed": {func(m *pb.Graph) {
 			for _, a := range m.Attrs {
-				if a.Key == "mode" {
+				if a.Key == ir.GraphAttrMode {
 					a.Value = &pb.AttrValue{Value: &pb.AttrValue_Str{Str: "prefill"}}
 				}
 			}

@@ -85,7 +85,7 @@ type Engine struct {
 
 // String names a program ("prefill/all", "mtp:decode/last").
 func (k Key) String() string {
-	s := string(k.Mode) + "/" + string(k.Logits)
+	s := k.Mode.String() + "/" + string(k.Logits)
 	if k.MTP {
 		s = "mtp:" + s
 	}

@@ -13,35 +13,23 @@ import (
 	"github.com/glmflash/glmflash/model"
 )
 
-// Mode is the kind of batch a graph is built for.
-type Mode string
+// Mode is the kind of batch a graph is built for (ir.Mode, the graph's
+// typed property).
+type Mode = ir.Mode
 
-// Batch modes. Every mode runs on a ragged batch of sequences; they differ
-// in which KDA algorithm the graph asks for.
+// Batch modes (see ir.Mode).
 const (
-	Prefill Mode = "prefill" // fresh sequences, many tokens each (chunked KDA)
-	Decode  Mode = "decode"  // one token per sequence on an existing cache (recurrent KDA)
-	Extend  Mode = "extend"  // several tokens per sequence on an existing cache (chunked KDA)
-	Mixed   Mode = "mixed"   // any mix; KDA picks per sequence (continuous batching)
-	// Verify is a continuous batch holding speculative verify spans (a
-	// sequence's last accepted token and its drafts) beside decode and
-	// prefill spans. KDA picks per sequence as in Mixed; a span run under a
-	// rollback checkpoint (backend.Store.Checkpoint) runs the recurrent form
-	// and keeps every position's state. Its positions come from the
-	// previous step's acceptance (and, for the MTP layer's draft extend,
-	// its lengths too), which the graph states so that host-length-reuse
-	// does not apply.
-	Verify Mode = "verify"
+	Prefill = ir.ModePrefill // fresh sequences, many tokens each (chunked KDA)
+	Decode  = ir.ModeDecode  // one token per sequence on an existing cache (recurrent KDA)
+	Extend  = ir.ModeExtend  // several tokens per sequence on an existing cache (chunked KDA)
+	Mixed   = ir.ModeMixed   // any mix; KDA picks per sequence (continuous batching)
+	// Verify is a continuous batch holding speculative verify spans beside
+	// decode and prefill spans (ir.ModeVerify).
+	Verify = ir.ModeVerify
 )
 
 // ParseMode validates a mode name.
-func ParseMode(s string) (Mode, error) {
-	switch m := Mode(s); m {
-	case Prefill, Decode, Extend, Mixed, Verify:
-		return m, nil
-	}
-	return "", fmt.Errorf("unknown mode %q (want prefill, decode, extend, mixed or verify)", s)
-}
+func ParseMode(s string) (Mode, error) { return ir.ParseMode(s) }
 
 // Logits says which rows get logits.
 type Logits string
@@ -95,11 +83,11 @@ func (b *builder) w(name string, shape ...int) *ir.Value { return b.g.AddWeight(
 func layerName(l int, rest string) string { return fmt.Sprintf("layers.%d.%s", l, rest) }
 
 func (o *Options) defaults() error {
-	if o.Mode == "" {
+	if o.Mode == ir.ModeUnset {
 		o.Mode = Mixed
 	}
-	if _, err := ParseMode(string(o.Mode)); err != nil {
-		return err
+	if !o.Mode.Valid() {
+		return fmt.Errorf("unknown mode %s (want prefill, decode, extend, mixed or verify)", o.Mode)
 	}
 	if o.Logits == "" {
 		o.Logits = LastLogits
@@ -125,9 +113,8 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 		return nil, fmt.Errorf("graph: index sharing is an MTP graph option (the trunk's indexers run every step)")
 	}
 	g := ir.New("glm5_next")
-	g.Attrs["mode"] = string(opts.Mode)
-	g.Attrs["logits"] = string(opts.Logits)
-	g.Attrs["layers"] = cfg.NumHiddenLayers
+	g.SetMode(opts.Mode)
+	g.Attrs.Put(ir.GraphAttrLogits.Is(string(opts.Logits)), ir.GraphAttrLayers.Is(cfg.NumHiddenLayers))
 	b := &builder{cfg: cfg, g: g, opts: opts}
 	tokens := g.AddInput(ir.InputTokens, ir.I32, ir.DimT)
 	b.batch = g.AddInput(ir.InputBatch, ir.Host)
@@ -227,9 +214,9 @@ func BuildMTP(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	}
 	l, D := cfg.MTPLayer(0), cfg.HiddenSize
 	g := ir.New("glm5_next_mtp")
-	g.Attrs["mode"] = string(opts.Mode)
-	g.Attrs["logits"] = string(opts.Logits)
-	g.Attrs["mtp_layer"] = l
+	g.SetMode(opts.Mode)
+	g.SetMTPLayer(l)
+	g.Attrs.Put(ir.GraphAttrLogits.Is(string(opts.Logits)))
 	b := &builder{cfg: cfg, g: g, opts: opts}
 	tokens := g.AddInput(ir.InputTokens, ir.I32, ir.DimT)
 	b.batch = g.AddInput(ir.InputBatch, ir.Host)
@@ -248,7 +235,7 @@ func BuildMTP(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	}
 	z := g.Op1(ir.OpAdd, l, nil, half(en, 0, "e"), half(hn, D, "h")).Named(fmt.Sprintf("l%d.eh", l))
 	if opts.IndexShare > 0 {
-		g.Attrs["index_share"] = opts.IndexShare
+		g.Attrs.Put(ir.GraphAttrIndexShare.Is(opts.IndexShare))
 	}
 	a, _ := b.dsa(l, norm(z, "input_layernorm.weight", "attn_in"), nil)
 	z = g.Op1(ir.OpAdd, l, nil, z, a).Named(fmt.Sprintf("l%d.attn_res", l))

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -74,7 +75,9 @@ func TestGraphShapeFollowsConfig(t *testing.T) {
 
 func TestBuildRejectsBadOptions(t *testing.T) {
 	cfg := fixtureConfig(t, "glm5next-tiny-a")
-	_, err := Build(cfg, Options{Mode: "sideways"})
+	_, err := Build(cfg, Options{Mode: ir.Mode(99)})
+	require.ErrorContains(t, err, "mode(99)")
+	_, err = ParseMode("sideways")
 	require.ErrorContains(t, err, "sideways")
 	_, err = Build(cfg, Options{Logits: "some"})
 	require.ErrorContains(t, err, "some")
@@ -205,7 +208,8 @@ func TestTrunkFinalHidden(t *testing.T) {
 
 // Every attribute the builder sets, on any fixture, mode and graph (trunk,
 // MTP with and without index sharing), is declared by its op with the
-// value's type (the verifier checks the same; this names the culprit).
+// value's type (the verifier checks the same; this names the culprit), and
+// the graph's mode and MTP layer are its typed properties.
 func TestBuilderAttributesAreDeclared(t *testing.T) {
 	check := func(g *ir.Graph, what string) {
 		for _, n := range g.Nodes {
@@ -220,6 +224,9 @@ func TestBuilderAttributesAreDeclared(t *testing.T) {
 				}
 			}
 		}
+		for k := range g.Attrs {
+			require.True(t, slices.ContainsFunc(ir.GraphAttrs, func(d ir.AttrDef) bool { return d.Name == k }), "%s: graph attribute %q", what, k)
+		}
 	}
 	modes := []Mode{Prefill, Decode, Extend, Mixed, Verify}
 	for _, name := range []string{"glm5next-tiny-a", "glm5next-tiny-b", "glm5next-tiny-c"} {
@@ -228,7 +235,10 @@ func TestBuilderAttributesAreDeclared(t *testing.T) {
 			for _, o := range []Options{{Mode: m}, {Mode: m, Logits: AllLogits, CaptureHidden: true, FinalHidden: true}} {
 				g, err := Build(cfg, o)
 				require.NoError(t, err)
-				check(g, name+"/"+string(m))
+				check(g, name+"/"+m.String())
+				require.Equal(t, m, g.Mode())
+				_, mtp := g.MTPLayer()
+				require.False(t, mtp)
 			}
 		}
 		mc := mtpConfig(t, name)
@@ -236,7 +246,11 @@ func TestBuilderAttributesAreDeclared(t *testing.T) {
 			for _, share := range []int{0, 2} {
 				g, err := BuildMTP(mc, Options{Mode: m, IndexShare: share})
 				require.NoError(t, err)
-				check(g, name+"/mtp/"+string(m))
+				check(g, name+"/mtp/"+m.String())
+				require.Equal(t, m, g.Mode())
+				l, mtp := g.MTPLayer()
+				require.True(t, mtp)
+				require.Equal(t, mc.MTPLayer(0), l)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package ir
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -25,6 +26,9 @@ func TestOpAttributesAreDeclared(t *testing.T) {
 		require.Equal(t, d.GEMM != nil, tuned, "%s: the tune attributes come with the GEMM trait", op)
 		_, lens := d.Attr(AttrLengthsFrom.Name)
 		require.Equal(t, d.ReadsLengths, lens, "%s: lengths_from comes with the ReadsLengths trait", op)
+	}
+	for _, a := range GraphAttrs {
+		require.NoError(t, a.check(), a.Name)
 	}
 }
 
@@ -81,7 +85,8 @@ func TestAttrGetReturnsTheDeclaredDefault(t *testing.T) {
 }
 
 // The verifier names the node, its op and the attribute of an undeclared
-// attribute, a wrong-typed value or a missing required one.
+// attribute, a wrong-typed value or a missing required one; and refuses
+// undeclared graph attributes and the typed properties as attributes.
 func TestVerifierRejectsBadAttributes(t *testing.T) {
 	for _, c := range []struct {
 		attrs Attrs
@@ -109,6 +114,15 @@ func TestVerifierRejectsBadAttributes(t *testing.T) {
 	y.Producer.Attrs = NewAttrs(AttrEps.Is(1e-5), AttrTuneKind.Is("x"))
 	require.ErrorContains(t, g.Verify(), `attribute "tune_kind" ("x") is not declared for op rmsnorm`)
 
+	g = tinyGraph()
+	g.Attrs["layers"] = 2
+	require.NoError(t, g.Verify())
+	g.Attrs["layers"] = "two"
+	require.ErrorContains(t, g.Verify(), `graph: attribute "layers" is string "two", graphs declares it int`)
+	g.Attrs = Attrs{"colour": "red"}
+	require.ErrorContains(t, g.Verify(), `graph: attribute "colour" ("red") is not declared for graphs`)
+	g.Attrs = Attrs{"mode": "decode"}
+	require.ErrorContains(t, g.Verify(), `graph: attribute "mode" is a typed property`)
 }
 
 // A plugin's op declares its attributes as the built-in ones do.
@@ -132,6 +146,53 @@ func TestPluginOpDeclaresAttributes(t *testing.T) {
 	require.NoError(t, g.Verify())
 	g.Outputs["y"].Producer.Attrs["t_gain"] = true
 	require.ErrorContains(t, g.Verify(), `attribute "t_gain" is bool true, op t_scaled declares it float`)
+}
+
+// The mode and the MTP layer are typed properties, printed and carried
+// as the graph attributes mode and mtp_layer.
+func TestGraphModeAndMTPLayer(t *testing.T) {
+	for m := ModePrefill; m <= ModeVerify; m++ {
+		p, err := ParseMode(m.String())
+		require.NoError(t, err)
+		require.Equal(t, m, p)
+		require.True(t, m.Valid())
+		b, err := json.Marshal(m)
+		require.NoError(t, err)
+		var back Mode
+		require.NoError(t, json.Unmarshal(b, &back))
+		require.Equal(t, m, back)
+	}
+	require.False(t, ModeUnset.Valid())
+	require.False(t, Mode(99).Valid())
+	require.Equal(t, "mode(99)", Mode(99).String())
+	_, err := ParseMode("sideways")
+	require.ErrorContains(t, err, `unknown mode "sideways"`)
+	_, err = ParseMode("")
+	require.Error(t, err)
+
+	g := tinyGraph()
+	require.Equal(t, ModeUnset, g.Mode())
+	_, mtp := g.MTPLayer()
+	require.False(t, mtp)
+	g.SetMode(ModeDecode)
+	g.SetMTPLayer(8)
+	g.Attrs.Put(GraphAttrLogits.Is("last"))
+	require.NoError(t, g.Verify())
+	require.Contains(t, g.Text(), "graph t {logits=\"last\", mode=\"decode\", mtp_layer=8}\n")
+	h := g.HeaderAttrs()
+	require.Equal(t, Attrs{"logits": "last", "mode": "decode", "mtp_layer": 8}, h)
+	require.Equal(t, Attrs{"logits": "last"}, g.Attrs, "HeaderAttrs copies")
+
+	f := New("t")
+	require.NoError(t, f.SetHeaderAttrs(h))
+	require.Equal(t, ModeDecode, f.Mode())
+	l, mtp := f.MTPLayer()
+	require.True(t, mtp)
+	require.Equal(t, 8, l)
+	require.Equal(t, Attrs{"logits": "last"}, f.Attrs)
+	for _, bad := range []Attrs{{"mode": "sideways"}, {"mode": 1}, {"mtp_layer": -1}, {"mtp_layer": "8"}} {
+		require.Error(t, New("t").SetHeaderAttrs(bad), "%v", bad)
+	}
 }
 
 // Arbitrary attributes on a node never make the verifier panic, and it

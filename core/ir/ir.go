@@ -90,6 +90,11 @@ type Graph struct {
 	Nodes   []*Node  // in execution order
 	Outputs map[string]*Value
 	nextID  int
+	// Typed properties (Mode, MTPLayer), printed and sent to plugins as
+	// graph attributes (HeaderAttrs).
+	mode     Mode
+	mtpLayer int
+	isMTP    bool
 }
 
 // New returns an empty graph.

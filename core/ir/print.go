@@ -45,7 +45,7 @@ func (g *Graph) Text() string {
 		}
 		return "%" + strconv.Itoa(n)
 	}
-	fmt.Fprintf(&b, "graph %s%s\n", g.Name, spaceIf(g.Attrs.Format()))
+	fmt.Fprintf(&b, "graph %s%s\n", g.Name, spaceIf(g.HeaderAttrs().Format()))
 	for _, v := range g.Inputs {
 		fmt.Fprintf(&b, "  input %s %s : %s\n", name(v), v.Name, FormatShape(v.DType, v.Shape))
 	}

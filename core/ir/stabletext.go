@@ -22,7 +22,7 @@ import (
 func (g *Graph) StableText() string {
 	nm := stableNames{name: map[*Value]string{}, used: map[string]int{}, anon: map[string]int{}}
 	var b strings.Builder
-	fmt.Fprintf(&b, "graph %s%s\n", g.Name, spaceIf(g.Attrs.Format()))
+	fmt.Fprintf(&b, "graph %s%s\n", g.Name, spaceIf(g.HeaderAttrs().Format()))
 	for _, v := range g.Inputs {
 		fmt.Fprintf(&b, "  input %s : %s\n", nm.def(v, v.Name, ""), FormatShape(v.DType, v.Shape))
 	}

@@ -10,7 +10,8 @@ import (
 
 // Verify checks the graph's structural invariants: known ops with valid
 // arity and attributes (each declared by the op or its traits, of the
-// declared type, the required ones set), every input defined before use (inputs, weights or
+// declared type, the required ones set; graph attributes declared by
+// GraphAttrs), every input defined before use (inputs, weights or
 // earlier nodes' outputs), every value defined once, output types equal to
 // what shape inference says, and every graph output defined. It returns all
 // problems found, joined.
@@ -26,6 +27,16 @@ func (g *Graph) Verify() error {
 			errs = append(errs, fmt.Errorf("%s: value id %%%d reused", where, v.ID))
 		}
 		defined[v], ids[v.ID] = true, true
+	}
+	ga := g.Attrs.Clone()
+	for _, k := range []string{GraphAttrMode, GraphAttrMTPLayer} {
+		if _, ok := ga[k]; ok {
+			errs = append(errs, fmt.Errorf("graph: attribute %q is a typed property of the graph (Graph.SetMode, Graph.SetMTPLayer), not an attribute", k))
+			delete(ga, k)
+		}
+	}
+	for _, e := range checkAttrs(ga, GraphAttrs, "graphs", true) {
+		errs = append(errs, fmt.Errorf("graph: %w", e))
 	}
 	for _, v := range g.Inputs {
 		if v.Kind != Input {

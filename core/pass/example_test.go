@@ -56,7 +56,7 @@ func TestWorkedExamplePass(t *testing.T) {
 	g.Outputs["y"] = g.Op1(ir.OpAdd, 0, nil, a, b).Named("y")
 	pl, err := pass.NewPipeline([]pass.Request{{Name: sharedSigmoid.Name}}, true)
 	require.NoError(t, err)
-	g.Attrs["mode"] = "verify"
+	g.SetMode(ir.ModeVerify)
 	rep, err := pl.Run(g, &pass.Env{Program: "example"})
 	require.NoError(t, err)
 	pr := rep.Find(sharedSigmoid.Name)

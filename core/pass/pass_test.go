@@ -147,7 +147,7 @@ func TestInstrumentation(t *testing.T) {
 		dumped = append(dumped, pass+" "+when)
 	}))
 	g := tiny()
-	g.Attrs["mode"] = "verify"
+	g.SetMode(ir.ModeVerify)
 	before := g.Text()
 	rep, err := p.Run(g, &Env{Program: "test"})
 	require.NoError(t, err)

@@ -22,12 +22,12 @@ const (
 	DraftGraph GraphKind = "draft"
 )
 
-// KindOf classifies a graph by the attributes the graph builder sets.
+// KindOf classifies a graph by the properties the graph builder sets.
 func KindOf(g *ir.Graph) GraphKind {
-	if _, mtp := g.Attrs["mtp_layer"]; mtp {
+	if _, mtp := g.MTPLayer(); mtp {
 		return DraftGraph
 	}
-	if g.Attrs["mode"] == "verify" {
+	if g.Mode() == ir.ModeVerify {
 		return VerifyGraph
 	}
 	return PlainGraph
@@ -38,5 +38,5 @@ func KindOf(g *ir.Graph) GraphKind {
 // graph, or a draft extend after a verify step): known to the host only
 // after that step's results, never ahead of it.
 func LengthsFromAcceptance(g *ir.Graph) bool {
-	return g.Attrs["mode"] == "verify"
+	return g.Mode() == ir.ModeVerify
 }

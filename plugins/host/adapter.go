@@ -212,8 +212,8 @@ func Install(g *ir.Graph, m *pb.Graph, weights pass.WeightInfo) error {
 	if err != nil {
 		return err
 	}
-	if ir.Attrs(attrs).Format() != g.Attrs.Format() {
-		return fmt.Errorf("graph attributes changed from %s to %s", g.Attrs.Format(), ir.Attrs(attrs).Format())
+	if ir.Attrs(attrs).Format() != g.HeaderAttrs().Format() {
+		return fmt.Errorf("graph attributes changed from %s to %s", g.HeaderAttrs().Format(), ir.Attrs(attrs).Format())
 	}
 	if len(m.GetInputs()) != len(g.Inputs) {
 		return fmt.Errorf("graph has %d inputs, the plugin returned %d (plugins cannot add or remove graph inputs)", len(g.Inputs), len(m.GetInputs()))

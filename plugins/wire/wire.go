@@ -185,7 +185,9 @@ type Encoding struct {
 func EncodeGraph(g *ir.Graph) (*Encoding, error) {
 	e := &Encoding{Graph: &pb.Graph{Name: g.Name}, IDs: map[*ir.Value]int32{}}
 	var err error
-	if e.Graph.Attrs, err = EncodeAttrs(g.Attrs); err != nil {
+	// the typed properties (mode, MTP layer) travel as graph attributes,
+	// spelt as protocol version 1 always has: mode="decode", mtp_layer=8
+	if e.Graph.Attrs, err = EncodeAttrs(g.HeaderAttrs()); err != nil {
 		return nil, fmt.Errorf("graph: %w", err)
 	}
 	def := func(v *ir.Value) *pb.Value {
@@ -273,7 +275,9 @@ func DecodeGraph(m *pb.Graph) (*ir.Graph, error) {
 	if err != nil {
 		return nil, fmt.Errorf("graph: %w", err)
 	}
-	g.Attrs = attrs
+	if err := g.SetHeaderAttrs(attrs); err != nil {
+		return nil, fmt.Errorf("graph: %w", err)
+	}
 	c, err := Decode(g, m, freshBinder{g})
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package wire
 import (
 	"testing"
 
+	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	pb "github.com/glmflash/glmflash/proto/glmflash/plugin/v1"
 	"github.com/stretchr/testify/require"
@@ -33,4 +34,39 @@ func TestStatisticsAndPathOptionsRoundTrip(t *testing.T) {
 	m.Options[1].Type = "map"
 	_, err = DecodeDescription(m)
 	require.ErrorContains(t, err, `unknown type "map"`)
+}
+
+// The graph's typed properties cross the wire as protocol version 1 has
+// always spelt them, graph attributes mode (a string) and mtp_layer (an
+// int), and come back typed; a mode the engine does not know is refused.
+func TestGraphPropertiesCrossAsAttributes(t *testing.T) {
+	g := ir.New("t")
+	x := g.AddInput(ir.InputHidden, ir.F32, ir.DimT, 4)
+	g.Outputs["y"] = g.Op1(ir.OpSigmoid, 8, nil, x)
+	g.SetMode(ir.ModeVerify)
+	g.SetMTPLayer(8)
+	g.Attrs.Put(ir.GraphAttrLogits.Is("spans"))
+	e, err := EncodeGraph(g)
+	require.NoError(t, err)
+	attrs, err := DecodeAttrs(e.Graph.GetAttrs())
+	require.NoError(t, err)
+	require.Equal(t, map[string]any{"logits": "spans", "mode": "verify", "mtp_layer": 8}, attrs)
+
+	back, err := DecodeGraph(e.Graph)
+	require.NoError(t, err)
+	require.Equal(t, ir.ModeVerify, back.Mode())
+	l, mtp := back.MTPLayer()
+	require.True(t, mtp)
+	require.Equal(t, 8, l)
+	require.Equal(t, ir.Attrs{"logits": "spans"}, back.Attrs)
+	require.Equal(t, g.Text(), back.Text())
+	require.Equal(t, pass.DraftGraph, pass.KindOf(back))
+
+	for _, a := range e.Graph.Attrs {
+		if a.Key == ir.GraphAttrMode {
+			a.Value = &pb.AttrValue{Value: &pb.AttrValue_Str{Str: "sideways"}}
+		}
+	}
+	_, err = DecodeGraph(e.Graph)
+	require.ErrorContains(t, err, `graph: graph attribute mode: unknown mode "sideways"`)
 }

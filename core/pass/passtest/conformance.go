@@ -75,7 +75,7 @@ func buildGraph(t testing.TB, cfg *model.Config, o graph.Options) *ir.Graph {
 	return g
 }
 
-func program(o graph.Options) string { return string(o.Mode) + "/" + string(o.Logits) }
+func program(o graph.Options) string { return o.Mode.String() + "/" + string(o.Logits) }
 
 // Run runs the conformance suite on s over fixture f: the suite every pass must pass, built-in or plugin (a
 // plugin is tested through its real subprocess by giving the suite a plugin
