@@ -158,6 +158,9 @@ type AttrValue interface {
 // type is checked by the compiler.
 type Attr[T AttrValue] struct{ Name string }
 
+// String is the attribute's name.
+func (a Attr[T]) String() string { return a.Name }
+
 // Type is the attribute type of T.
 func (a Attr[T]) Type() AttrType {
 	var z T

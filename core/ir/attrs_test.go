@@ -2,6 +2,7 @@ package ir
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -82,6 +83,7 @@ func TestAttrGetReturnsTheDeclaredDefault(t *testing.T) {
 	require.Equal(t, FloatAttr, AttrEps.Type())
 	require.Equal(t, IntsAttr, AttrSplits.Type())
 	require.Equal(t, "int list", IntsAttr.String())
+	require.Equal(t, "eps", fmt.Sprint(AttrEps), "an attribute prints as its name")
 }
 
 // The verifier names the node, its op and the attribute of an undeclared
