@@ -28,11 +28,42 @@ func init() {
 // the device (one context, module and stream) and its uploaded weights,
 // which live until the last of them closes.
 type Backend struct {
-	dev    *kc.Device
-	sh     *shared
-	opts   backend.Options
-	gemm   *gemmPolicy // the GEMM dispatch, built from the options
-	closed bool
+	dev *kc.Device
+	sh  *shared
+	// opts are the backend's options, cuda its own among them
+	// (opts.Device).
+	opts backend.Options
+	cuda Options
+	gemm *gemmPolicy // the GEMM dispatch, built from the options
+	// poisonLengths makes seq_lengths nodes write wrong lengths (set by
+	// tests through export_test.go: a graph that never reads them is
+	// unaffected).
+	poisonLengths bool
+	closed        bool
+}
+
+// Options are the CUDA backend's own options, carried in
+// backend.Options.Device.
+type Options struct {
+	// DeviceIndex selects the GPU.
+	DeviceIndex int
+	// GraphMaxTokens bounds the batches captured into CUDA graphs and
+	// replayed (0: DefaultGraphMaxTokens; negative: no graphs, every
+	// launch eager).
+	GraphMaxTokens int
+	// ProfileOps times every step on the device (events around each op's
+	// launches; graphs off) for a per-op breakdown (backend.OpProfiler).
+	ProfileOps bool
+}
+
+// Backend names the backend the options are for (backend.DeviceOptions).
+func (Options) Backend() string { return "cuda" }
+
+// OptionsOf returns the CUDA options o carries (the zero Options where it
+// carries none, or another backend's).
+func OptionsOf(o backend.Options) Options {
+	c, _ := o.Device.(Options)
+	return c
 }
 
 // shared is a GPU's state common to every Backend on it.
@@ -97,38 +128,37 @@ func (t devTensor) setW(a *kc.GemmArgs) {
 	}
 }
 
-// Open initialises the GPU o.DeviceIndex with the GEMM options of the
-// environment (GEMMOptionsFromEnv); it fails at once, naming what is
-// missing (driver, GPU, cuBLAS), where CUDA cannot run.
+// Open initialises the GPU OptionsOf(o).DeviceIndex with the GEMM options
+// of the environment (GEMMOptionsFromEnv); it fails at once, naming what
+// is missing (driver, GPU, cuBLAS), where CUDA cannot run.
 func Open(o backend.Options) (*Backend, error) { return OpenWith(o, GEMMOptionsFromEnv()) }
 
 // OpenWith is Open with GEMM options g.
 func OpenWith(o backend.Options, g GEMMOptions) (*Backend, error) {
-	switch o.Precision {
-	case "":
-		o.Precision = "fp32"
-	case "fp32", "bf16":
-	default:
+	prec, err := backend.ParsePrecision(string(o.Precision))
+	if err != nil {
 		return nil, fmt.Errorf("cuda backend: precision %q is not available (fp32 and bf16 are)", o.Precision)
 	}
+	o.Precision = prec
+	co := OptionsOf(o)
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
-	pol, err := newGEMMPolicy(g, o.Precision, 0) // before the device opens: bad options fail alone
+	pol, err := newGEMMPolicy(g, string(o.Precision), 0) // before the device opens: bad options fail alone
 	if err != nil {
 		return nil, err
 	}
-	sh := devices[o.DeviceIndex]
+	sh := devices[co.DeviceIndex]
 	if sh == nil {
-		dev, err := kc.Open(o.DeviceIndex)
+		dev, err := kc.Open(co.DeviceIndex)
 		if err != nil {
 			return nil, err
 		}
-		sh = &shared{dev: dev, idx: o.DeviceIndex, weights: map[string]devTensor{}, wbytes: map[string]int64{}, ids: map[any]int{}}
-		devices[o.DeviceIndex] = sh
+		sh = &shared{dev: dev, idx: co.DeviceIndex, weights: map[string]devTensor{}, wbytes: map[string]int64{}, ids: map[any]int{}}
+		devices[co.DeviceIndex] = sh
 	}
 	pol.sms = sh.dev.SMs
 	sh.refs++
-	return &Backend{dev: sh.dev, sh: sh, opts: o, gemm: pol}, nil
+	return &Backend{dev: sh.dev, sh: sh, opts: o, cuda: co, gemm: pol}, nil
 }
 
 // Name is "cuda".

@@ -42,7 +42,7 @@ const maxGraphs = 256
 // are fine) and the batch is small (decode and small verify/extend).
 // cuBLAS calls are captured like kernels.
 func (p *Program) graphKey(pr *backend.Prepared, store *Store) (graphKey, bool) {
-	max := p.b.opts.GraphMaxTokens
+	max := p.b.cuda.GraphMaxTokens
 	if max == 0 {
 		max = DefaultGraphMaxTokens
 	}
@@ -50,7 +50,7 @@ func (p *Program) graphKey(pr *backend.Prepared, store *Store) (graphKey, bool) 
 	for _, name := range p.plan.Hidden {
 		captures = captures || name != ir.OutputFinalHidden
 	}
-	if max < 0 || p.b.opts.ProfileOps || !p.plan.HostLengths || captures || pr.T > max {
+	if max < 0 || p.b.cuda.ProfileOps || !p.plan.HostLengths || captures || pr.T > max {
 		return graphKey{}, false
 	}
 	k := graphKey{T: pr.T, S: len(pr.Spans), R: pr.Rows(), sample: pr.Sample != nil, store: store.id}

@@ -45,7 +45,7 @@ type Program struct {
 	out       kc.DevicePtr // sampling outputs and scratch
 	outSize   int64
 	// graphs are the captured launches of batches of up to
-	// opts.GraphMaxTokens tokens, by shape.
+	// Options.GraphMaxTokens tokens, by shape.
 	graphs map[graphKey]*capturedGraph
 	// layouts are the arena layouts of the batch shapes run eagerly or
 	// captured (layoutFor); maxID is the largest ID of a value the steps
@@ -176,7 +176,13 @@ func (p *Program) Plan() *plan.Plan { return p.plan }
 
 // Stats returns the program's counters.
 func (p *Program) Stats() backend.Stats {
-	return backend.Stats{Runs: p.runs.Load(), DeviceLengthReads: p.deviceReads.Load(), FusedMHCRuns: p.fusedMHC.Load(),
+	return backend.Stats{Runs: p.runs.Load(), DeviceLengthReads: p.deviceReads.Load(), FusedMHCRuns: p.fusedMHC.Load()}
+}
+
+// DeviceStats implements backend.DeviceCounter: the program's counters
+// with its device work.
+func (p *Program) DeviceStats() backend.DeviceStats {
+	return backend.DeviceStats{Stats: p.Stats(),
 		Launches: p.launches.Load(), HostSyncs: p.syncs.Load(), LengthSyncs: p.lengthSyncs.Load(),
 		GraphReplays: p.replays.Load(), GraphCaptures: p.captures.Load(), Kernels: p.kernels.Load(), DeviceNs: p.deviceNs.Load(), PrepNs: p.prepNs.Load()}
 }
@@ -375,7 +381,7 @@ type stepPlan struct {
 func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int) (*backend.Result, error) {
 	t0 := time.Now()
 	rc := &runCtx{p: p, dev: p.b.dev, pr: pr, store: store, T: pr.T, S: len(pr.Spans), R: pr.SpanRows(), host: map[*ir.Value]any{}, maxVisible: map[int]int{}}
-	if p.b.opts.ProfileOps {
+	if p.b.cuda.ProfileOps {
 		rc.profile = []opEvents{}
 		defer p.collectProfile(rc)
 	}
