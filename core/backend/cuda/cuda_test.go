@@ -224,3 +224,17 @@ func TestLayoutPerShape(t *testing.T) {
 	require.NotSame(t, lay, p.layoutOf(rc))
 	_ = out
 }
+
+// The CUDA options travel in backend.Options.Device; options of another
+// backend (or none) read as the zero Options.
+func TestOptionsOf(t *testing.T) {
+	require.Equal(t, Options{}, OptionsOf(backend.Options{}))
+	o := Options{DeviceIndex: 1, GraphMaxTokens: -1, ProfileOps: true}
+	require.Equal(t, o, OptionsOf(backend.Options{Device: o}))
+	require.Equal(t, Options{}, OptionsOf(backend.Options{Device: otherDevice{}}))
+	require.Equal(t, "cuda", o.Backend())
+}
+
+type otherDevice struct{}
+
+func (otherDevice) Backend() string { return "other" }
