@@ -34,7 +34,10 @@ func FromConfig(c *config.Config, s Setup) Options {
 	o := Options{
 		Slots: s.Slots, Rollback: s.Rollback, MaxPositions: s.MaxPositions,
 		Device:  c.Device,
-		Backend: backend.Options{Precision: c.Precision, Device: cuda.Options{GraphMaxTokens: c.CUDA.GraphMaxTokens, ProfileOps: s.ProfileOps}},
+		Backend: backend.Options{Precision: c.Precision},
+	}
+	if co := (cuda.Options{GraphMaxTokens: c.CUDA.GraphMaxTokens, ProfileOps: s.ProfileOps}); co != (cuda.Options{}) {
+		o.Backend.Device = co
 	}
 	if s.Pipeline != nil {
 		o.Passes = s.Pipeline
