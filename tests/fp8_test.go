@@ -88,7 +88,7 @@ func TestFP8DenseWeightsStayFP8(t *testing.T) {
 		mem    map[string]int64
 		fused  int // gate-up sites fused, over the programs
 	}
-	runOn := func(dir string, reqs []pass.Request, precision string) run {
+	runOn := func(dir string, reqs []pass.Request, precision backend.Precision) run {
 		ck, err := model.Open(dir)
 		require.NoError(t, err)
 		defer ck.Close()
@@ -130,7 +130,7 @@ func TestFP8DenseWeightsStayFP8(t *testing.T) {
 		name string
 		reqs []pass.Request
 	}{{"no passes", nil}, {"default passes + gate-up fusion", gateUp}} {
-		for _, prec := range []string{"fp32", "bf16"} {
+		for _, prec := range []backend.Precision{"fp32", "bf16"} {
 			a, b := runOn(fp8Dir, c.reqs, prec), runOn(bf16Dir, c.reqs, prec)
 			t.Logf("%s, %s: FP8 memory %v; twin %v", c.name, prec, a.mem, b.mem)
 			require.Equal(t, fp8Bytes, a.mem[cpu.MemFP8], "%s: every FP8 byte is used as FP8", c.name)

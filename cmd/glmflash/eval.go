@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/glmflash/glmflash/core/attrib"
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/eval"
 	"github.com/glmflash/glmflash/core/graph"
@@ -29,8 +30,8 @@ func newEvalCmd() *cobra.Command {
 				return fmt.Errorf("give one of --reference (a transformers reference) or --versus (the engine in another precision)")
 			}
 			if versus != "" {
-				if versus != "fp32" && versus != "bf16" {
-					return fmt.Errorf("--versus must be fp32 or bf16, got %q", versus)
+				if _, err := backend.ParsePrecision(versus); err != nil {
+					return fmt.Errorf("--versus %w", err)
 				}
 				if promptLen < 1 || prompts < 1 || prompts > 16 || steps < 0 {
 					return fmt.Errorf("--prompt-len must be ≥ 1, --prompts in [1, 16], --steps ≥ 0")
@@ -175,7 +176,7 @@ func evalVersus(cmd *cobra.Command, mf *modelFlags, versus string, promptLen, pr
 		return err
 	}
 	rc := *ec // the reference: the same configuration in precision versus
-	rc.Precision = versus
+	rc.Precision = backend.Precision(versus)
 	refEng, err := newEngineFrom(&rc, ck, engine.Setup{Slots: 2})
 	if err != nil {
 		return err
@@ -187,7 +188,7 @@ func evalVersus(cmd *cobra.Command, mf *modelFlags, versus string, promptLen, pr
 	}
 	defer e.Close()
 	got := e.Backend().Info().Precision
-	if got == versus {
+	if got == backend.Precision(versus) {
 		return fmt.Errorf("--versus %s is the engine's own precision (set --precision)", versus)
 	}
 	var ps [][]int32

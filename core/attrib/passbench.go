@@ -285,7 +285,7 @@ func counters(e *engine.Engine, key engine.Key) (*Counters, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := CountersOf([]backend.Stats{p.Stats()})
+	c := CountersOf([]backend.DeviceStats{backend.DeviceStatsOf(p)})
 	return &c, nil
 }
 

@@ -78,7 +78,7 @@ type CounterRunner interface {
 }
 
 // CountersOf sums the counters of programs on a device backend.
-func CountersOf(stats []backend.Stats) Counters {
+func CountersOf(stats []backend.DeviceStats) Counters {
 	var c Counters
 	for _, s := range stats {
 		c.Steps += s.Runs
@@ -306,9 +306,9 @@ func (r *EngineRunner) Counters(a Arm) (Counters, bool) {
 	if ea == nil || ea.eng.Backend().Name() == "cpu" {
 		return Counters{}, false
 	}
-	var stats []backend.Stats
+	var stats []backend.DeviceStats
 	for _, p := range ea.eng.Programs() {
-		stats = append(stats, p.Stats())
+		stats = append(stats, backend.DeviceStatsOf(p))
 	}
 	return CountersOf(stats), true
 }

@@ -96,7 +96,7 @@ type Study struct {
 	// Device, Precision and CUDA override the base configuration's engine
 	// settings when set (a study records what it ran on).
 	Device      string              `koanf:"device"`
-	Precision   string              `koanf:"precision"`
+	Precision   backend.Precision   `koanf:"precision"`
 	CUDA        *config.CUDA        `koanf:"cuda"`
 	Level       string              `koanf:"level"`
 	Passes      []config.PassConfig `koanf:"passes"`
@@ -214,10 +214,8 @@ func (s *Study) validate(known func(string) bool) error {
 	if s.Device != "" && !slices.Contains(backend.Names(), s.Device) {
 		return fmt.Errorf("device: %q is not a backend (%s)", s.Device, strings.Join(backend.Names(), ", "))
 	}
-	switch s.Precision {
-	case "", "fp32", "bf16": // bf16 runs on the cpu and cuda backends
-	default:
-		return fmt.Errorf("precision: must be fp32 or bf16, got %q", s.Precision)
+	if _, err := backend.ParsePrecision(string(s.Precision)); err != nil { // bf16 runs on the cpu and cuda backends
+		return fmt.Errorf("precision: %w", err)
 	}
 	if s.CUDA != nil && s.CUDA.GraphMaxTokens < -1 {
 		return fmt.Errorf("cuda.graph_max_tokens: must be ≥ -1 (-1: no graphs), got %d", s.CUDA.GraphMaxTokens)

@@ -10,6 +10,7 @@
 package backend
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -45,7 +46,7 @@ type Backend interface {
 type Info struct {
 	Backend   string
 	Device    string // e.g. "NVIDIA H200" or the CPU model
-	Precision string // "fp32" or "bf16"
+	Precision Precision
 	// Memory in bytes by category (weights by dtype, caches, workspace);
 	// empty where the backend does not track it.
 	Memory map[string]int64
@@ -63,37 +64,57 @@ type Program interface {
 	Stats() Stats
 }
 
-// Stats count what a program did.
+// Stats count what a program did, on every backend.
 type Stats struct {
 	// Runs is the number of executed batches.
 	Runs int64
 	// DeviceLengthReads counts reads of executor-produced sequence lengths
 	// (seq_lengths) instead of the host metadata.
 	DeviceLengthReads int64
-	// HostSyncs counts waits of the host for the device (a device backend:
-	// length read-backs and result copies).
+	// FusedMHCRuns counts mhc_post_pre executions that took the fused path.
+	FusedMHCRuns int64
+}
+
+// DeviceStats are a device backend's program counters: Stats and what the
+// device did. DeviceStatsOf reads them from any program.
+type DeviceStats struct {
+	Stats
+	// HostSyncs counts waits of the host for the device (length
+	// read-backs and result copies).
 	HostSyncs int64
 	// LengthSyncs counts the host syncs that were length read-backs.
 	LengthSyncs int64
-	// Launches counts kernel launches (device backends).
+	// Launches counts kernel launches.
 	Launches int64
-	// FusedMHCRuns counts mhc_post_pre executions that took the fused path.
-	FusedMHCRuns int64
 	// GraphReplays counts batches run by replaying a captured CUDA graph;
 	// GraphCaptures the graphs captured.
 	GraphReplays, GraphCaptures int64
-	// Kernels counts kernels executed (device backends): eager launches
-	// plus the kernels every graph replay runs; a cuBLAS or cuBLASLt call
-	// counts as one.
+	// Kernels counts kernels executed: eager launches plus the kernels
+	// every graph replay runs; a cuBLAS or cuBLASLt call counts as one.
 	Kernels int64
 	// DeviceNs is the device time of the executed batches, from CUDA
 	// events recorded before a batch's first upload and after its last
-	// kernel (device backends).
+	// kernel.
 	DeviceNs int64
 	// PrepNs is the host's time preparing the executed batches before their
 	// first device work (metadata, the arena plan, a graph capture); it is
-	// not in DeviceNs (device backends).
+	// not in DeviceNs.
 	PrepNs int64
+}
+
+// DeviceCounter is a program that counts its device work (device
+// backends).
+type DeviceCounter interface {
+	DeviceStats() DeviceStats
+}
+
+// DeviceStatsOf returns p's counters: its DeviceStats where it is a
+// DeviceCounter, else its Stats with every device counter zero.
+func DeviceStatsOf(p Program) DeviceStats {
+	if d, ok := p.(DeviceCounter); ok {
+		return d.DeviceStats()
+	}
+	return DeviceStats{Stats: p.Stats()}
 }
 
 // KernelCounter is a program that counts its kernels by name (device
@@ -109,7 +130,8 @@ type OpTime struct {
 	Ms    float64
 }
 
-// OpProfiler is a program that times its ops (Options.ProfileOps).
+// OpProfiler is a program that times its ops (a device backend's option,
+// e.g. cuda.Options.ProfileOps).
 type OpProfiler interface {
 	OpTimes() []OpTime
 }
@@ -171,24 +193,47 @@ type StateReader interface {
 
 // Options configure a backend.
 type Options struct {
-	// Precision is "fp32" (default: fp32 activations and accumulation, the
-	// parity mode) or "bf16" (bf16 activations, fp32 accumulation).
-	Precision string
+	// Precision is FP32 (default: fp32 activations and accumulation, the
+	// parity mode) or BF16 (bf16 activations, fp32 accumulation).
+	Precision Precision
 	// FP32Weights keeps every GEMM weight in float32 even when it is exactly
 	// representable in bfloat16.
 	FP32Weights bool
-	// PoisonDeviceLengths makes seq_lengths nodes produce wrong values, so a
-	// test can prove that a graph never reads the executor's copy.
-	PoisonDeviceLengths bool
-	// DeviceIndex selects a GPU (device backends).
-	DeviceIndex int
-	// GraphMaxTokens bounds the batches a device backend captures into
-	// CUDA graphs and replays (0: the backend's default; negative: no
-	// graphs, every launch eager).
-	GraphMaxTokens int
-	// ProfileOps times every step on the device (events around each op's
-	// launches; graphs off) for a per-op breakdown (device backends).
-	ProfileOps bool
+	// Device holds one device backend's own options (cuda.Options for the
+	// cuda backend); a backend ignores options of another.
+	Device DeviceOptions
+}
+
+// DeviceOptions are the options of the device backend Backend names
+// (cuda.Options), carried in Options.Device.
+type DeviceOptions interface {
+	Backend() string
+}
+
+// Precision is a backend's arithmetic, parsed once from a setting
+// (ParsePrecision).
+type Precision string
+
+const (
+	// FP32 computes in fp32 (the parity mode).
+	FP32 Precision = "fp32"
+	// BF16 gives GEMMs bf16 activations, accumulating in fp32.
+	BF16 Precision = "bf16"
+)
+
+// ErrPrecision is the error of a precision that is neither fp32 nor bf16.
+var ErrPrecision = errors.New("must be fp32 or bf16")
+
+// ParsePrecision parses a precision setting ("" is FP32). The error says
+// what was given; the caller names the setting (its key, flag or field).
+func ParsePrecision(s string) (Precision, error) {
+	switch p := Precision(s); p {
+	case "":
+		return FP32, nil
+	case FP32, BF16:
+		return p, nil
+	}
+	return "", fmt.Errorf("%w, got %q", ErrPrecision, s)
 }
 
 // Factory opens a backend.
@@ -247,13 +292,11 @@ func Open(name string, opts Options) (Backend, error) {
 	if name == "" {
 		name = "cpu"
 	}
-	switch opts.Precision {
-	case "":
-		opts.Precision = "fp32"
-	case "fp32", "bf16":
-	default:
-		return nil, fmt.Errorf("precision must be fp32 or bf16, got %q", opts.Precision)
+	p, err := ParsePrecision(string(opts.Precision))
+	if err != nil {
+		return nil, fmt.Errorf("backend options: precision: %w", err)
 	}
+	opts.Precision = p
 	regMu.Lock()
 	r, ok := registry[name]
 	regMu.Unlock()

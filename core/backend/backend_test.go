@@ -8,6 +8,7 @@ import (
 	_ "github.com/glmflash/glmflash/core/backend/cpu"
 	_ "github.com/glmflash/glmflash/core/backend/cuda"
 	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/plan"
 	"github.com/stretchr/testify/require"
 )
 
@@ -27,4 +28,42 @@ func TestEveryOpBoundInEveryBackend(t *testing.T) {
 			require.True(t, slices.Contains(want, op), "backend %s binds %s, which is not a kernel op of the IR", name, op)
 		}
 	}
+}
+
+// A precision is parsed once: "" is fp32; anything but fp32 or bf16 is an
+// error saying what was given, which Open prefixes with the setting.
+func TestParsePrecision(t *testing.T) {
+	for in, want := range map[string]backend.Precision{"": backend.FP32, "fp32": backend.FP32, "bf16": backend.BF16} {
+		got, err := backend.ParsePrecision(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	_, err := backend.ParsePrecision("fp16")
+	require.ErrorIs(t, err, backend.ErrPrecision)
+	require.EqualError(t, err, `must be fp32 or bf16, got "fp16"`)
+	_, err = backend.Open("cpu", backend.Options{Precision: "fp16"})
+	require.EqualError(t, err, `backend options: precision: must be fp32 or bf16, got "fp16"`)
+}
+
+// A program that keeps no device counters reads as its Stats with every
+// device counter zero.
+func TestDeviceStatsOf(t *testing.T) {
+	p := statsOnly{backend.Stats{Runs: 3, DeviceLengthReads: 2, FusedMHCRuns: 1}}
+	require.Equal(t, backend.DeviceStats{Stats: p.s}, backend.DeviceStatsOf(p))
+	d := deviceProg{statsOnly{backend.Stats{Runs: 3}}}
+	require.EqualValues(t, 7, backend.DeviceStatsOf(d).Launches)
+	require.EqualValues(t, 3, backend.DeviceStatsOf(d).Runs)
+}
+
+type statsOnly struct{ s backend.Stats }
+
+func (statsOnly) Plan() *plan.Plan                                           { return nil }
+func (statsOnly) Run(*backend.Batch, backend.Store) (*backend.Result, error) { return nil, nil }
+func (statsOnly) Execute(*backend.Prepared) (*backend.Result, error)         { return nil, nil }
+func (p statsOnly) Stats() backend.Stats                                     { return p.s }
+
+type deviceProg struct{ statsOnly }
+
+func (p deviceProg) DeviceStats() backend.DeviceStats {
+	return backend.DeviceStats{Stats: p.s, Launches: 7}
 }

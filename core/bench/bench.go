@@ -391,7 +391,7 @@ func (r *runner) limits() error {
 	if err != nil {
 		return err
 	}
-	pk, name, _ := lim.peakFor(res.Device.Precision)
+	pk, name, _ := lim.peakFor(string(res.Device.Precision))
 	prefillAgainstPeak(&res.Series[r.prefill], prefillFLOPs(prog.Plan(), r.s.Prompt, 1), r.s.Prompt, pk, name)
 	return nil
 }
@@ -467,7 +467,7 @@ type perStep struct {
 
 // stepCounters are a program's counters between two readings per step.
 // (The one place bench reads a backend's counters.)
-func stepCounters(s0, s1 backend.Stats, steps int) *perStep {
+func stepCounters(s0, s1 backend.DeviceStats, steps int) *perStep {
 	n := float64(steps)
 	per := func(d int64) float64 { return float64(d) / n }
 	return &perStep{launches: per(s1.Launches - s0.Launches), syncs: per(s1.HostSyncs - s0.HostSyncs), lengthSyncs: per(s1.LengthSyncs - s0.LengthSyncs),
@@ -527,7 +527,7 @@ func (r *runner) decodeSeries(B int) error {
 			return 0, 0, nil, err
 		}
 		specs := attrib.GreedySpecs(B)
-		s0 := prog.Stats()
+		s0 := backend.DeviceStatsOf(prog)
 		t0 := time.Now()
 		for st := 0; st < steps; st++ {
 			if err := attrib.DecodeStep(r.e, slots, specs, st, r.cfg.VocabSize); err != nil {
@@ -535,7 +535,7 @@ func (r *runner) decodeSeries(B int) error {
 			}
 		}
 		secs := time.Since(t0).Seconds()
-		return B * steps, secs, stepCounters(s0, prog.Stats(), steps), nil
+		return B * steps, secs, stepCounters(s0, backend.DeviceStatsOf(prog), steps), nil
 	})
 }
 

@@ -273,8 +273,8 @@ func TestRunRefusesOnCPU(t *testing.T) {
 // A decode run's counters become its series' per-step figures: the
 // backend's counters between two readings over the steps.
 func TestStepCounters(t *testing.T) {
-	s0 := backend.Stats{Launches: 10, HostSyncs: 1, LengthSyncs: 1, GraphReplays: 2, Kernels: 100, DeviceNs: 1e6, PrepNs: 2e6}
-	s1 := backend.Stats{Launches: 30, HostSyncs: 5, LengthSyncs: 3, GraphReplays: 6, Kernels: 500, DeviceNs: 9e6, PrepNs: 6e6}
+	s0 := backend.DeviceStats{Launches: 10, HostSyncs: 1, LengthSyncs: 1, GraphReplays: 2, Kernels: 100, DeviceNs: 1e6, PrepNs: 2e6}
+	s1 := backend.DeviceStats{Launches: 30, HostSyncs: 5, LengthSyncs: 3, GraphReplays: 6, Kernels: 500, DeviceNs: 9e6, PrepNs: 6e6}
 	r := &runner{s: Spec{Reps: 1}, res: &Result{}}
 	require.NoError(t, r.series("decode batch 1", func() (int, float64, *perStep, error) { return 4, 1, stepCounters(s0, s1, 4), nil }))
 	got := r.res.Series[0]

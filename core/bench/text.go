@@ -117,7 +117,7 @@ func (r *Result) writeSeries(w io.Writer, s *Series) {
 			if r.Limits != nil {
 				lim = *r.Limits
 			}
-			_, _, why := lim.peakFor(r.Device.Precision)
+			_, _, why := lim.peakFor(string(r.Device.Precision))
 			fmt.Fprintf(w, "; %s\n", why)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/glmflash/glmflash/configs"
 	"github.com/glmflash/glmflash/core/access"
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
 )
@@ -27,8 +28,9 @@ type Config struct {
 	// Device is the backend that runs the model: "cpu" or "cuda".
 	Device string `koanf:"device"`
 	// Precision is "fp32" (the parity mode) or "bf16" (GEMMs take bf16
-	// activations, fp32 accumulation: the fast mode, CUDA only).
-	Precision string `koanf:"precision"`
+	// activations, fp32 accumulation: the fast mode), parsed once by
+	// Validate ("" becomes fp32).
+	Precision backend.Precision `koanf:"precision"`
 	// CUDA configures the CUDA backend.
 	CUDA     CUDA         `koanf:"cuda"`
 	Passes   []PassConfig `koanf:"passes"`
@@ -348,13 +350,11 @@ func (c *Config) validateEngine() error {
 	default:
 		return keyErr("device", "must be cpu or cuda, got %q", c.Device)
 	}
-	switch c.Precision {
-	case "":
-		c.Precision = "fp32"
-	case "fp32", "bf16":
-	default:
-		return keyErr("precision", "must be fp32 or bf16, got %q", c.Precision)
+	prec, err := backend.ParsePrecision(string(c.Precision))
+	if err != nil {
+		return keyErr("precision", "%w", err)
 	}
+	c.Precision = prec
 	if g := c.CUDA.GraphMaxTokens; g < -1 || g > 1<<16 {
 		return keyErr("cuda.graph_max_tokens", "must be -1 (no graphs), 0 (the default) or in [1, 65536], got %d", g)
 	}

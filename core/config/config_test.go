@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/configs"
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/stretchr/testify/require"
 )
 
@@ -133,7 +134,7 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	require.Equal(t, 4, c.Parallel.AttentionTPSize)
 	require.Equal(t, 3, c.Parallel.AttentionTPRank)
 	require.Equal(t, []int{1, 2}, c.Debug.CaptureHidden)
-	require.Equal(t, "bf16", c.Precision)
+	require.Equal(t, backend.BF16, c.Precision)
 	require.Equal(t, -1, c.CUDA.GraphMaxTokens)
 	require.Equal(t, "environment variable GLMFLASH_RUNTIME__MAX_RUNNING", c.Sources.Of("runtime.max_running"))
 	require.Equal(t, "flag --chunk", c.Sources.Of("runtime.prefill_chunk"))

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/backend/cuda"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
@@ -24,16 +25,19 @@ type Setup struct {
 }
 
 // FromConfig is the options of an engine as configuration c and s say:
-// c's device; the backend's options (c's precision and CUDA section, s's
-// flags); s's pass pipeline with c's eligibility environment (topology,
-// LoRA targets, hidden-state captures) for s's model and weights; s's
-// sizes. Every command that builds an engine from configuration builds its
+// c's device; the backend's options (c's precision; c's CUDA section and
+// s's flags as cuda.Options); s's pass pipeline with c's eligibility
+// environment (topology, LoRA targets, hidden-state captures) for s's
+// model and weights; s's sizes. Every command that builds an engine from configuration builds its
 // options here.
 func FromConfig(c *config.Config, s Setup) Options {
 	o := Options{
 		Slots: s.Slots, Rollback: s.Rollback, MaxPositions: s.MaxPositions,
 		Device:  c.Device,
-		Backend: backend.Options{Precision: c.Precision, GraphMaxTokens: c.CUDA.GraphMaxTokens, ProfileOps: s.ProfileOps},
+		Backend: backend.Options{Precision: c.Precision},
+	}
+	if co := (cuda.Options{GraphMaxTokens: c.CUDA.GraphMaxTokens, ProfileOps: s.ProfileOps}); co != (cuda.Options{}) {
+		o.Backend.Device = co
 	}
 	if s.Pipeline != nil {
 		o.Passes = s.Pipeline

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/backend/cuda"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
@@ -31,7 +32,7 @@ func TestFromConfig(t *testing.T) {
 
 	o := FromConfig(c, Setup{Model: m, Weights: w, Pipeline: pl, Slots: 3, Rollback: 4, MaxPositions: 5, ProfileOps: true})
 	require.Equal(t, "cuda", o.Device)
-	require.Equal(t, backend.Options{Precision: "bf16", GraphMaxTokens: -1, ProfileOps: true}, o.Backend)
+	require.Equal(t, backend.Options{Precision: "bf16", Device: cuda.Options{GraphMaxTokens: -1, ProfileOps: true}}, o.Backend)
 	require.Equal(t, []int{3, 4, 5}, []int{o.Slots, o.Rollback, o.MaxPositions})
 	require.Same(t, pl, o.Passes)
 	require.NotNil(t, o.PassEnv)

@@ -1,9 +1,11 @@
 // Package plan is the backend-neutral half of compilation: it verifies a
 // graph, loads its weights and folds derived weights (concat_rows, stack)
 // once, orders the executable steps and computes each value's last use
-// (liveness), and records what every backend needs to know about the
-// graph's inputs and outputs. A backend (core/backend/cpu, core/backend/cuda)
-// then binds every step to one of its kernels.
+// and lifetime (liveness: LastUse, and Liveness, the births and deaths the
+// backends plan their arenas from), and records what every backend needs
+// to know about the graph's inputs and outputs. A backend
+// (core/backend/cpu, core/backend/cuda) then binds every step to one of its
+// kernels.
 package plan
 
 import (
@@ -42,6 +44,9 @@ type Plan struct {
 	// LastUse is the index of the last step that reads a value (MaxInt for
 	// graph outputs); values absent here are never read.
 	LastUse map[*ir.Value]int
+	// Life is the same liveness as the values' births and deaths per step
+	// (the event list the backends plan their arenas from).
+	Life *Liveness
 	// Logits is the logits output; Hidden maps captured-stream outputs to
 	// their names.
 	Logits *ir.Value
@@ -117,6 +122,7 @@ func Compile(g *ir.Graph, w Weights, opts Options) (*Plan, error) {
 			p.Hidden[v] = name
 		}
 	}
+	p.Life = NewLiveness(p.Steps, p.LastUse)
 	logits, ok := g.Outputs[ir.OutputLogits]
 	if !ok {
 		return nil, fmt.Errorf("plan: graph has no %q output", ir.OutputLogits)

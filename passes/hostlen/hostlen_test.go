@@ -1,11 +1,8 @@
 package hostlen_test
 
 import (
-	"strings"
 	"testing"
 
-	"github.com/glmflash/glmflash/core/backend"
-	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
@@ -58,41 +55,6 @@ func TestIneligibleWithoutHostLengths(t *testing.T) {
 		require.Contains(t, s.Reason, "host batch metadata is absent")
 	}
 	require.Equal(t, before, g.Text())
-}
-
-// With the pass on, no node reads the executor's lengths: a poisoned
-// executor copy changes nothing. Without it, the poisoned copy is detected
-// and the run fails loudly.
-func TestNeverReadsExecutorLengths(t *testing.T) {
-	f := passtest.TinyA(t)
-	cfg := f.Checkpoint.Config()
-	toks := make([]int32, 30)
-	for i := range toks {
-		toks[i] = int32((3*131 + i*17 + i*i*7) % cfg.VocabSize)
-	}
-	key := engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}
-	run := func(reqs []pass.Request, poison bool) (*backend.Result, backend.Program, error) {
-		pl, err := pass.NewPipeline(reqs, true)
-		require.NoError(t, err)
-		e, err := engine.New(cfg, f.Checkpoint, engine.Options{Slots: 1, Passes: pl, Backend: backend.Options{PoisonDeviceLengths: poison}})
-		require.NoError(t, err)
-		t.Cleanup(func() { e.Close() })
-		s, _ := e.Store().Alloc()
-		p, err := e.Program(key)
-		require.NoError(t, err)
-		r, err := e.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: s, Tokens: toks}}})
-		return r, p, err
-	}
-	res, prog, err := run(req, true)
-	require.NoError(t, err)
-	require.Zero(t, prog.Stats().DeviceLengthReads)
-	want, _, err := run(nil, false)
-	require.NoError(t, err)
-	require.Equal(t, want.Logits, res.Logits)
-
-	_, _, err = run(nil, true)
-	require.Error(t, err)
-	require.True(t, strings.Contains(err.Error(), "device length"), err.Error())
 }
 
 // The conformance suite.

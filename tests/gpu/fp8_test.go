@@ -37,7 +37,7 @@ func TestCUDAFP8WeightsStayFP8(t *testing.T) {
 		return ck
 	}
 	fp8ck, twin := open(fp8Dir), open(twinDir)
-	for _, precision := range []string{"fp32", "bf16"} {
+	for _, precision := range []backend.Precision{"fp32", "bf16"} {
 		o := engine.Options{Slots: 3, Backend: backend.Options{Precision: precision}}
 		V := cfg.VocabSize
 		run := func(e *engine.Engine, key engine.Key, b *backend.Batch) *backend.Result {

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model/randckpt"
@@ -18,7 +19,7 @@ import (
 func TestCUDAGateUpDual(t *testing.T) {
 	cudaOptions(t, engine.Options{})
 	ck := presetCheckpointWith(t, "small", randckpt.Options{Seed: 11, FP8: true})
-	for _, precision := range []string{"fp32", "bf16"} {
+	for _, precision := range []backend.Precision{"fp32", "bf16"} {
 		for _, seqs := range []int{1, 3} {
 			spec := decodeSpec{graphMax: -1, precision: precision, seqs: seqs, logits: true}
 			off := decodeStepsWith(t, ck, spec)

@@ -405,7 +405,7 @@ func TestCUDABatchingInvariance(t *testing.T) {
 func TestCUDALengthSyncs(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	cudaOptions(t, engine.Options{})
-	steps := func(reqs []pass.Request) backend.Stats {
+	steps := func(reqs []pass.Request) backend.DeviceStats {
 		o := engine.Options{Slots: 1}
 		if reqs != nil {
 			pl, err := pass.NewPipeline(reqs, true)
@@ -424,7 +424,7 @@ func TestCUDALengthSyncs(t *testing.T) {
 		}
 		p, err := e.Program(key)
 		require.NoError(t, err)
-		return p.Stats()
+		return backend.DeviceStatsOf(p)
 	}
 	off := steps(nil)
 	on := steps([]pass.Request{{Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}})
@@ -442,20 +442,20 @@ func TestCUDALengthSyncs(t *testing.T) {
 func TestCUDAGraphsMatchEager(t *testing.T) {
 	cudaOptions(t, engine.Options{})
 	ck, _ := openFixture(t, fixtures[0])
-	for _, prec := range []string{"fp32", "bf16"} { // bf16 captures cuBLAS calls too
-		t.Run(prec, func(t *testing.T) { graphsMatchEager(t, ck, prec) })
+	for _, prec := range []backend.Precision{"fp32", "bf16"} { // bf16 captures cuBLAS calls too
+		t.Run(string(prec), func(t *testing.T) { graphsMatchEager(t, ck, prec) })
 	}
 }
 
-func graphsMatchEager(t *testing.T, ck *model.Checkpoint, precision string) {
+func graphsMatchEager(t *testing.T, ck *model.Checkpoint, precision backend.Precision) {
 	type run struct {
 		logits [][]float32
-		stats  backend.Stats
+		stats  backend.DeviceStats
 	}
 	do := func(graphMax int) run {
 		pl, err := pass.NewPipeline([]pass.Request{{Name: "kda-projection-fusion"}, {Name: "mhc-post-pre-fusion"}, {Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}}, true)
 		require.NoError(t, err)
-		e := cudaEngine(t, ck, engine.Options{Slots: 3, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck), Backend: backend.Options{GraphMaxTokens: graphMax, Precision: precision}})
+		e := cudaEngine(t, ck, engine.Options{Slots: 3, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck), Backend: backend.Options{Device: cudabe.Options{GraphMaxTokens: graphMax}, Precision: precision}})
 		var slots []int
 		for i := 0; i < 3; i++ {
 			s, err := e.Store().Alloc()
@@ -486,7 +486,7 @@ func graphsMatchEager(t *testing.T, ck *model.Checkpoint, precision string) {
 		}
 		p, err := e.Program(key)
 		require.NoError(t, err)
-		out.stats = p.Stats()
+		out.stats = backend.DeviceStatsOf(p)
 		return out
 	}
 	eager, graphed := do(-1), do(80)
@@ -514,10 +514,10 @@ func graphsMatchEager(t *testing.T, ck *model.Checkpoint, precision string) {
 func TestCUDAGraphsPerStore(t *testing.T) {
 	cudaOptions(t, engine.Options{})
 	ck, _ := openFixture(t, fixtures[0])
-	do := func(graphMax int) ([][]float32, backend.Stats) {
+	do := func(graphMax int) ([][]float32, backend.DeviceStats) {
 		pl, err := pass.NewPipeline([]pass.Request{{Name: "kda-projection-fusion"}, {Name: "dsa-pooled-metadata"}, {Name: "host-length-reuse"}}, true)
 		require.NoError(t, err)
-		e := cudaEngine(t, ck, engine.Options{Slots: 1, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck), Backend: backend.Options{GraphMaxTokens: graphMax}})
+		e := cudaEngine(t, ck, engine.Options{Slots: 1, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck), Backend: backend.Options{Device: cudabe.Options{GraphMaxTokens: graphMax}}})
 		key := engine.Key{Mode: graph.Mixed, Logits: graph.LastLogits}
 		prog, err := e.Program(key)
 		require.NoError(t, err)
@@ -544,7 +544,7 @@ func TestCUDAGraphsPerStore(t *testing.T) {
 				logits = append(logits, r.Logits)
 			}
 		}
-		return logits, prog.Stats()
+		return logits, backend.DeviceStatsOf(prog)
 	}
 	eager, es := do(-1)
 	graphed, gs := do(80)
@@ -601,7 +601,7 @@ func passStat(t *testing.T, rep *pass.Report, name, stat string) int64 {
 
 // decodeRun is what decode steps did on the device.
 type decodeRun struct {
-	stats   backend.Stats
+	stats   backend.DeviceStats
 	kernels map[string]int64
 	rep     *pass.Report
 	logits  [][]float32 // each step's (decodeSpec.logits)
@@ -618,11 +618,11 @@ func (r decodeRun) perStep(kernels ...string) float64 {
 
 // decodeSpec is what decodeStepsWith runs.
 type decodeSpec struct {
-	reqs      []pass.Request // the passes (nil: none)
-	graphMax  int            // backend.Options.GraphMaxTokens
-	precision string         // backend.Options.Precision ("": the default)
-	seqs      int            // sequences (0: 2)
-	logits    bool           // keep each step's logits, else sample greedily on the device
+	reqs      []pass.Request    // the passes (nil: none)
+	graphMax  int               // cuda.Options.GraphMaxTokens
+	precision backend.Precision // backend.Options.Precision ("": the default)
+	seqs      int               // sequences (0: 2)
+	logits    bool              // keep each step's logits, else sample greedily on the device
 }
 
 // decodeSteps prefills two sequences, then runs three greedy decode steps
@@ -641,7 +641,7 @@ func decodeStepsWith(t *testing.T, ck *model.Checkpoint, s decodeSpec) decodeRun
 	if seqs == 0 {
 		seqs = 2
 	}
-	o := engine.Options{Slots: seqs, Backend: backend.Options{GraphMaxTokens: s.graphMax, Precision: s.precision}}
+	o := engine.Options{Slots: seqs, Backend: backend.Options{Device: cudabe.Options{GraphMaxTokens: s.graphMax}, Precision: s.precision}}
 	if s.reqs != nil {
 		pl, err := pass.NewPipeline(s.reqs, true)
 		require.NoError(t, err)
@@ -676,7 +676,7 @@ func decodeStepsWith(t *testing.T, ck *model.Checkpoint, s decodeSpec) decodeRun
 	require.NoError(t, err)
 	kc, ok := p.(backend.KernelCounter)
 	require.True(t, ok, "the CUDA program counts its kernels")
-	r.stats, r.kernels, r.rep = p.Stats(), kc.KernelRuns(), e.Report(key)
+	r.stats, r.kernels, r.rep = backend.DeviceStatsOf(p), kc.KernelRuns(), e.Report(key)
 	return r
 }
 

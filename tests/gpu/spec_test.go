@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
@@ -102,11 +103,11 @@ func TestCUDASpecGreedyIdentity(t *testing.T) {
 	spectest.RequireSameTokens(t, plain, got, "MTP drafter, passes and CUDA graphs")
 	draftStep, err := eg.Program(engine.Key{MTP: true, Mode: graph.Decode, Logits: graph.LastLogits, IndexShare: 4})
 	require.NoError(t, err)
-	require.Positive(t, draftStep.Stats().GraphReplays, "the draft steps replay CUDA graphs")
+	require.Positive(t, backend.DeviceStatsOf(draftStep).GraphReplays, "the draft steps replay CUDA graphs")
 	verify, err := eg.Program(sched.SpecProgram(mtp))
 	require.NoError(t, err)
-	require.Zero(t, verify.Stats().GraphReplays, "verify batches run eagerly")
-	require.Positive(t, verify.Stats().LengthSyncs, "verify batches read the executor's lengths")
+	require.Zero(t, backend.DeviceStatsOf(verify).GraphReplays, "verify batches run eagerly")
+	require.Positive(t, backend.DeviceStatsOf(verify).LengthSyncs, "verify batches read the executor's lengths")
 }
 
 // The GPU's MTP drafter drafts what the CPU's does after every observation
@@ -147,7 +148,7 @@ func TestCUDAMTPDrafterMatchesCPU(t *testing.T) {
 	require.Equal(t, cpu, run(eg), "drafts with CUDA graphs")
 	p, err := eg.Program(engine.Key{MTP: true, Mode: graph.Decode, Logits: graph.LastLogits, IndexShare: 3})
 	require.NoError(t, err)
-	require.Positive(t, p.Stats().GraphReplays)
+	require.Positive(t, backend.DeviceStatsOf(p).GraphReplays)
 }
 
 func newCPUEngine(t *testing.T, ck *model.Checkpoint, o engine.Options) *engine.Engine {

@@ -9,12 +9,12 @@ import (
 
 // arena holds a program's activations: one float32 slab and one int32 slab,
 // laid out per run by liveness. Before a run's first step, layout walks the
-// steps once with the batch's sizes: each tensor output gets the best-fitting
-// gap among the tensors live at its step (its inputs are still live there,
-// so an output never aliases one of them) and its range is freed after its
-// last use (plan.LastUse). The slabs grow to the largest extent a batch has
-// needed and are reused by every later run, so a run whose batch is no
-// larger than one already seen allocates nothing.
+// plan's liveness events (plan.Liveness) once with the batch's sizes: each
+// tensor output gets the best-fitting gap among the tensors live at its
+// step (its inputs are still live there, so an output never aliases one of
+// them) and its range is freed after its last use. The slabs grow to the
+// largest extent a batch has needed and are reused by every later run, so
+// a run whose batch is no larger than one already seen allocates nothing.
 //
 // The arena belongs to one program and is used under its mutex. Slices
 // handed out are valid until the program's next run: results are copied
@@ -63,10 +63,10 @@ func (a *arena) layout(p *Program, rc *runCtx) {
 	}
 	a.liveF, a.liveI = a.liveF[:0], a.liveI[:0]
 	var extF, extI int
-	lastUse := p.plan.LastUse
-	for si, st := range p.steps {
-		for _, o := range st.node.Outputs {
-			switch o.DType {
+	life := p.plan.Life
+	for si := range p.steps {
+		for _, e := range life.Born(si) {
+			switch o := e.Value; o.DType {
 			case ir.F32:
 				n := rc.size(o)
 				a.off[o.ID], a.n[o.ID] = place(&a.liveF, o.ID, n, &extF), n
@@ -75,14 +75,9 @@ func (a *arena) layout(p *Program, rc *runCtx) {
 				a.off[o.ID], a.n[o.ID] = place(&a.liveI, o.ID, n, &extI), n
 			}
 		}
-		for _, in := range st.node.Inputs {
-			if lastUse[in] == si && a.off[in.ID] >= 0 {
-				a.free(in)
-			}
-		}
-		for _, o := range st.node.Outputs {
-			if _, used := lastUse[o]; !used && a.off[o.ID] >= 0 {
-				a.free(o)
+		for _, e := range life.Dies(si) {
+			if a.off[e.Value.ID] >= 0 {
+				a.free(e.Value)
 			}
 		}
 	}

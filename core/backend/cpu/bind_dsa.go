@@ -24,7 +24,7 @@ func bindSeqLengths(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		l := rc.outI(outs[0])
 		for i, s := range rc.batch.seqs {
 			l[i] = int32(s.n)
-			if rc.p.opts.PoisonDeviceLengths {
+			if rc.p.poisonLengths {
 				l[i] = int32(s.n + 1 + i)
 			}
 		}

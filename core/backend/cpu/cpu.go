@@ -18,11 +18,11 @@ import (
 
 func init() {
 	backend.Register("cpu", func(o backend.Options) (backend.Backend, error) {
-		switch o.Precision {
-		case "", "fp32", "bf16":
-		default:
+		prec, err := backend.ParsePrecision(string(o.Precision))
+		if err != nil {
 			return nil, fmt.Errorf("cpu backend: precision %q is not implemented (fp32 or bf16)", o.Precision)
 		}
+		o.Precision = prec
 		return New(o), nil
 	}, boundOps)
 }
@@ -31,6 +31,10 @@ func init() {
 type Backend struct {
 	opts backend.Options
 	w    *weights
+	// poisonLengths makes seq_lengths nodes produce wrong lengths (set by
+	// tests through export_test.go: a graph that never reads them is
+	// unaffected).
+	poisonLengths bool
 }
 
 // New returns a CPU backend with options o.
@@ -105,7 +109,7 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 func (b *Backend) Info() backend.Info {
 	prec := b.opts.Precision
 	if prec == "" {
-		prec = "fp32"
+		prec = backend.FP32
 	}
 	return backend.Info{Backend: "cpu", Device: fmt.Sprintf("%s/%s, %d threads", runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0)), Precision: prec,
 		Memory: b.w.memory()}
@@ -117,7 +121,7 @@ func (b *Backend) Close() error { return b.w.close() }
 
 // Compile binds every step of p.
 func (b *Backend) Compile(p *plan.Plan) (backend.Program, error) {
-	prog := &Program{plan: p, opts: b.opts, w: b.w, consts: map[*ir.Value][]float32{}, gemmBound: map[*ir.Value]bool{}}
+	prog := &Program{plan: p, opts: b.opts, poisonLengths: b.poisonLengths, w: b.w, consts: map[*ir.Value][]float32{}, gemmBound: map[*ir.Value]bool{}}
 	for _, n := range p.Steps {
 		f, ok := bindings[n.Op]
 		if !ok {

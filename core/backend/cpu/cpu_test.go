@@ -66,7 +66,7 @@ func TestFP8DequantIsExactOrRefused(t *testing.T) {
 // The cpu backend opens in both precisions and says which; programs in
 // bf16 pick the bf16-activation product for bf16 weights.
 func TestPrecisionBF16IsAccepted(t *testing.T) {
-	for _, prec := range []string{"", "fp32", "bf16"} {
+	for _, prec := range []backend.Precision{"", "fp32", "bf16"} {
 		b, err := backend.Open("cpu", backend.Options{Precision: prec})
 		require.NoError(t, err, prec)
 		want := prec

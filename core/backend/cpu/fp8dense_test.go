@@ -92,7 +92,7 @@ func TestDenseFP8LinearKeptFP8(t *testing.T) {
 		pl, err := plan.Compile(g, src, plan.Options{Lazy: true})
 		require.NoError(t, err)
 
-		for _, prec := range []string{"fp32", "bf16"} {
+		for _, prec := range []backend.Precision{"fp32", "bf16"} {
 			be := New(backend.Options{Precision: prec})
 			prog, err := be.Compile(pl)
 			require.NoError(t, err)

@@ -18,7 +18,9 @@ import (
 type Program struct {
 	plan *plan.Plan
 	opts backend.Options
-	w    *weights
+	// poisonLengths: the backend's test hook (Backend.poisonLengths)
+	poisonLengths bool
+	w             *weights
 	// consts are the float32 constants bound (read by runCtx.in);
 	// gemmBound the GEMM weights bound through gemmWeight (no float32).
 	// Both are written while compiling only.
@@ -119,7 +121,7 @@ func (p *Program) fp8MatMul() func(dst, x []float32, T, K int, parts []*gemm.FP8
 // the CPU has AVX-512 BF16) and accumulate in fp32. GEMMs whose weights are
 // bound as float32 (not bf16-exact, or FP32Weights) and every other op stay
 // fp32.
-func (p *Program) bf16Act() bool { return p.opts.Precision == "bf16" }
+func (p *Program) bf16Act() bool { return p.opts.Precision == backend.BF16 }
 
 // bf16MatMul is the product of bf16 weights in this program's precision.
 func (p *Program) bf16MatMul() func(gemm.Params, []float32, []float32, int, int, []uint16, int) {

@@ -26,7 +26,7 @@ type dsaMeta struct {
 func bindSeqLengths(p *Program, n *ir.Node) (*kstep, error) {
 	out := n.Outputs[0]
 	poison := int64(0)
-	if p.b.opts.PoisonDeviceLengths {
+	if p.b.poisonLengths {
 		poison = 1
 	}
 	return &kstep{run: func(rc *runCtx) error {

@@ -1,10 +1,12 @@
 package cuda
 
 import (
-	"github.com/glmflash/glmflash/core/plan"
+	"math"
 	"math/rand/v2"
 	"os"
 	"testing"
+
+	"github.com/glmflash/glmflash/core/plan"
 
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/ir"
@@ -133,3 +135,106 @@ func TestStreamPlan(t *testing.T) {
 	require.Equal(t, want, acts)
 	_ = m2
 }
+
+// A layout, walked once over the plan's liveness events, never overlaps
+// two values (or a step's scratch) live at once, keeps a side branch's
+// releases until its join, and is planned once per batch shape.
+func TestLayoutPerShape(t *testing.T) {
+	g := ir.New("layout")
+	h := g.AddInput("h", ir.F32, ir.DimT, 4)
+	var steps []*kstep
+	var nodes []*ir.Node
+	add := func(side bool, width int, in ...*ir.Value) *ir.Value {
+		var attrs ir.Attrs
+		if side {
+			attrs = ir.NewAttrs(ir.AttrStream.Is(1))
+		}
+		n, err := g.NewNode(ir.OpSigmoid, 0, attrs, in[0])
+		require.NoError(t, err)
+		n.Inputs = in
+		n.Outputs[0].Shape = []int{ir.DimT, width}
+		st := &kstep{node: n}
+		if width == 100 { // a step with scratch
+			st.temps = func(rc *runCtx) []int64 { return []int64{int64(1000 * rc.T), 10} }
+		}
+		steps, nodes = append(steps, st), append(nodes, n)
+		return n.Outputs[0]
+	}
+	a := add(false, 64, h)
+	s1 := add(true, 300, a)     // side, beside b
+	b := add(false, 100, a)     // scratch released while the branch is open
+	b2 := add(false, 64, b)     // born while it is open: reuses none of it
+	c := add(false, 64, b2, s1) // joins
+	d := add(false, 64, c)
+	out := add(false, 8, d, a)
+	lastUse := map[*ir.Value]int{}
+	for si, n := range nodes {
+		for _, in := range n.Inputs {
+			lastUse[in] = si
+		}
+	}
+	lastUse[out] = math.MaxInt
+	p := &Program{plan: &plan.Plan{Life: plan.NewLiveness(nodes, lastUse)}, steps: steps, streams: streamPlan(steps), layouts: map[layoutKey]*layout{}}
+	for _, e := range p.plan.Life.Events {
+		p.maxID = max(p.maxID, e.Value.ID)
+	}
+	for _, T := range []int{1, 3, 17} {
+		rc := &runCtx{p: p, T: T, S: 1, R: 1, maxVisible: map[int]int{}}
+		lay := p.layoutOf(rc)
+		require.Same(t, lay, p.layoutOf(rc), "a shape seen before plans nothing")
+		// live ranges [born, dies] by step; a side value stays live until the join (step 3)
+		type blk struct {
+			off, end  int64
+			from, too int
+		}
+		var blks []blk
+		for si := range steps {
+			for _, e := range p.plan.Life.Born(si) {
+				to := math.MaxInt
+				if u, ok := lastUse[e.Value]; ok && u != math.MaxInt {
+					to = u
+				}
+				off := lay.off[e.Value.ID]
+				require.GreaterOrEqual(t, off, int64(0))
+				blks = append(blks, blk{off, off + roundUp(rc.bytesOf(e.Value)), si, to})
+			}
+			for i, off := range lay.tempOff[si] {
+				blks = append(blks, blk{off, off + roundUp(lay.tempSize[si][i]), si, si})
+			}
+		}
+		for i := range blks { // what dies while the side branch is open (steps 1–3) is held until the join at 4
+			if blks[i].from >= 1 && blks[i].from <= 3 {
+				blks[i].too = max(blks[i].too, 3)
+			}
+		}
+		for i, x := range blks {
+			require.LessOrEqual(t, x.end, lay.peak)
+			for _, y := range blks[:i] {
+				live := x.from <= y.too && y.from <= x.too
+				require.False(t, live && x.off < y.end && y.off < x.end, "T=%d: [%d,%d) steps %d–%d overlaps [%d,%d) steps %d–%d", T, x.off, x.end, x.from, x.too, y.off, y.end, y.from, y.too)
+			}
+		}
+	}
+	require.Len(t, p.layouts, 3)
+	// the DSA pools a batch sees are part of the key
+	p.kpoolSizes = []int{64}
+	rc := &runCtx{p: p, T: 1, S: 1, R: 1, maxVisible: map[int]int{64: 2}}
+	lay := p.layoutOf(rc)
+	rc.maxVisible[64] = 3
+	require.NotSame(t, lay, p.layoutOf(rc))
+	_ = out
+}
+
+// The CUDA options travel in backend.Options.Device; options of another
+// backend (or none) read as the zero Options.
+func TestOptionsOf(t *testing.T) {
+	require.Equal(t, Options{}, OptionsOf(backend.Options{}))
+	o := Options{DeviceIndex: 1, GraphMaxTokens: -1, ProfileOps: true}
+	require.Equal(t, o, OptionsOf(backend.Options{Device: o}))
+	require.Equal(t, Options{}, OptionsOf(backend.Options{Device: otherDevice{}}))
+	require.Equal(t, "cuda", o.Backend())
+}
+
+type otherDevice struct{}
+
+func (otherDevice) Backend() string { return "other" }

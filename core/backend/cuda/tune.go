@@ -28,10 +28,10 @@ func (b *Backend) TunerInfo() ir.TunerInfo {
 // precision bf16 makes their GEMMs take bf16 activations.
 func (b *Backend) GEMMKind(weightDType string) string {
 	if !b.opts.FP32Weights && weightDType == "F8_E4M3" {
-		return fp8KindOf(b.opts.Precision)
+		return fp8KindOf(string(b.opts.Precision))
 	}
 	bf16 := !b.opts.FP32Weights && (weightDType == "BF16" || strings.HasPrefix(weightDType, "F8"))
-	return gemmKindOf(bf16, b.opts.Precision)
+	return gemmKindOf(bf16, string(b.opts.Precision))
 }
 
 // GEMMCandidates implements ir.GEMMTuner. fp8 weights have one kernel per

@@ -1,0 +1,6 @@
+package cuda
+
+// PoisonDeviceLengths makes the backend's seq_lengths nodes write wrong
+// lengths, so that a test can prove a graph never reads the executor's
+// copy (a test hook: production options have none).
+func PoisonDeviceLengths(b *Backend) { b.poisonLengths = true }

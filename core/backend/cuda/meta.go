@@ -1,0 +1,92 @@
+package cuda
+
+import (
+	"unsafe"
+
+	kc "github.com/glmflash/glmflash/kernels/cuda"
+)
+
+// packMeta packs the batch's host metadata (tokens, hidden rows, the
+// sequences' spans and every row's sequence and position, checkpoints,
+// saved selections, span-logits rows, sampling specs) for its one upload,
+// grows the device buffer to it and points rc at its sections. It returns
+// the packed bytes (uploaded at p.meta with the step's first device work)
+// and the sampling specs' address (0: the batch does not sample).
+func (p *Program) packMeta(rc *runCtx, ckpt, share []int) (*metaBuilder, kc.DevicePtr, error) {
+	pr := rc.pr
+	mb := newMetaBuilder()
+	rowSeq, rowPos := make([]int32, rc.T), make([]int32, rc.T)
+	slot, pos0, nn, row0, last := make([]int32, rc.S), make([]int32, rc.S), make([]int32, rc.S), make([]int32, rc.S), make([]int32, rc.S)
+	for i, s := range pr.Spans {
+		slot[i], pos0[i], nn[i], row0[i], last[i] = int32(s.Slot), int32(s.Pos0), int32(s.N), int32(s.Row0), int32(s.Row0+s.N-1)
+		for j := 0; j < s.N; j++ {
+			rowSeq[s.Row0+j], rowPos[s.Row0+j] = int32(i), int32(s.Pos0+j)
+		}
+	}
+	oTok := mb.i32(pr.Tokens)
+	var oHidden int64 = -1
+	if pr.Hidden != nil {
+		oHidden = mb.f32(pr.Hidden)
+	}
+	oSlot, oPos0, oN, oRow0 := mb.i32(slot), mb.i32(pos0), mb.i32(nn), mb.i32(row0)
+	oRowSeq, oRowPos, oLast := mb.i32(rowSeq), mb.i32(rowPos), mb.i32(last)
+	ck, sp := make([]int32, rc.S), make([]int32, rc.S)
+	for i := range ck {
+		ck[i], sp[i] = int32(ckpt[i]), int32(share[i])
+	}
+	oCkpt, oShare, oSpanRows := mb.i32(ck), mb.i32(sp), mb.i32(pr.SpanRowIndex())
+	var oSpec int64 = -1
+	if pr.Sample != nil {
+		specs := make([]kc.SampleSpec, len(pr.Sample))
+		for i, s := range pr.Sample {
+			specs[i] = kc.SampleSpec{Temperature: s.Params.Temperature, TopP: s.Params.TopP, MinP: s.Params.MinP, U: s.U, TopK: int64(s.Params.TopK), NTop: int64(s.TopLogprobs)}
+		}
+		oSpec = mb.raw(unsafe.Pointer(unsafe.SliceData(specs)), int64(len(specs))*int64(unsafe.Sizeof(specs[0])))
+	}
+	if err := p.ensure(&p.meta, &p.metaSize, int64(len(mb.buf))); err != nil {
+		return nil, 0, err
+	}
+	at := func(off int64) kc.DevicePtr { return p.meta + kc.DevicePtr(off) }
+	rc.toks = at(oTok)
+	if oHidden >= 0 {
+		rc.hidden = at(oHidden)
+	}
+	rc.ckpt, rc.sharePos, rc.spanRows = at(oCkpt), at(oShare), at(oSpanRows)
+	rc.meta = kc.BatchMeta{SeqSlot: at(oSlot), SeqPos0: at(oPos0), SeqN: at(oN), SeqRow0: at(oRow0), RowSeq: at(oRowSeq), RowPos: at(oRowPos), LastRow: at(oLast), S: int64(rc.S), T: int64(rc.T)}
+	var specs kc.DevicePtr
+	if oSpec >= 0 {
+		specs = at(oSpec)
+	}
+	return mb, specs, nil
+}
+
+// metaBuilder packs the step's host metadata into one buffer (8-byte
+// aligned sections).
+type metaBuilder struct{ buf []byte }
+
+func newMetaBuilder() *metaBuilder { return &metaBuilder{} }
+
+func (m *metaBuilder) raw(p unsafe.Pointer, n int64) int64 {
+	for len(m.buf)%16 != 0 {
+		m.buf = append(m.buf, 0)
+	}
+	off := int64(len(m.buf))
+	if n > 0 {
+		m.buf = append(m.buf, unsafe.Slice((*byte)(p), n)...)
+	}
+	return off
+}
+
+func (m *metaBuilder) f32(v []float32) int64 {
+	if len(v) == 0 {
+		return m.raw(nil, 0)
+	}
+	return m.raw(unsafe.Pointer(unsafe.SliceData(v)), 4*int64(len(v)))
+}
+
+func (m *metaBuilder) i32(v []int32) int64 {
+	if len(v) == 0 {
+		return m.raw(nil, 0)
+	}
+	return m.raw(unsafe.Pointer(unsafe.SliceData(v)), 4*int64(len(v)))
+}

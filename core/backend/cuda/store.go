@@ -1,0 +1,520 @@
+package cuda
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/ir"
+	kc "github.com/glmflash/glmflash/kernels/cuda"
+	"github.com/glmflash/glmflash/kernels/indexer"
+	"github.com/glmflash/glmflash/model"
+)
+
+// Store is sequence state in device memory: per layer and slot the KDA conv
+// window and recurrent state, the MLA latent cache and the indexer's pooled
+// keys and pending pool, each sized for maxPositions tokens. With a
+// rollback depth, every slot also has its rollback record's buffers (per
+// KDA layer the window and state after each of depth positions, per
+// indexer the raw rows from the pending pool's start), and the MTP layer's
+// indexer a saved selection row (index sharing).
+type Store struct {
+	b      *Backend
+	id     uint64 // unique per process: the graphs captured on it are keyed by it
+	cfg    *model.Config
+	maxPos int
+	depth  int
+	mu     sync.Mutex
+	used   []bool
+	lens   []int
+	ckpt   []int // open checkpoint's position per slot, −1 when none
+	share  []int // the saved selection's position per slot, −1 when none
+	layers []layerState
+	bufs   []sized
+}
+
+type sized struct {
+	p kc.DevicePtr
+	n int64
+}
+
+// layerState holds one layer's buffers; strides are in floats per slot.
+type layerState struct {
+	conv, state             kc.DevicePtr
+	convStride, stateStride int64
+	ckv                     kc.DevicePtr
+	ckvStride               int64
+	pools, pendK, pendG     kc.DevicePtr
+	poolsStride, pendStride int64
+	// rollback records: per slot depth windows and states, raw indexer rows
+	snapConv, snapState kc.DevicePtr
+	recK, recG          kc.DevicePtr
+	recStride           int64
+	saved               kc.DevicePtr // the MTP indexer's saved selection row per slot (int32)
+	savedStride         int64
+}
+
+// storeIDs numbers the stores (Store.id).
+var storeIDs atomic.Uint64
+
+// NewStore allocates slots slots holding the state of the given layers of
+// cfg on the GPU.
+func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptions) (backend.Store, error) {
+	slots, maxPositions := o.Slots, o.MaxPositions
+	if slots < 1 {
+		return nil, fmt.Errorf("cuda: need at least one slot, got %d", slots)
+	}
+	if maxPositions < 1 {
+		return nil, fmt.Errorf("cuda: a store needs a positive context limit, got %d", maxPositions)
+	}
+	if err := cache.CheckLayers(cfg, layers); err != nil {
+		return nil, err
+	}
+	if o.Rollback < 0 {
+		return nil, fmt.Errorf("cuda: rollback depth must be ≥ 0, got %d", o.Rollback)
+	}
+	s := &Store{b: b, id: storeIDs.Add(1), cfg: cfg, maxPos: maxPositions, depth: o.Rollback, used: make([]bool, slots), lens: make([]int, slots),
+		ckpt: make([]int, slots), share: make([]int, slots), layers: make([]layerState, cfg.NumHiddenLayers+cfg.NumNextNPredictLayers)}
+	for i := range s.ckpt {
+		s.ckpt[i], s.share[i] = -1, -1
+	}
+	depth := int64(o.Rollback)
+	err := b.dev.Do(func() error {
+		alloc := func(floatsPerSlot int64) (kc.DevicePtr, error) {
+			n := 4 * floatsPerSlot * int64(slots)
+			p, err := b.dev.Alloc(n)
+			if err != nil {
+				return 0, fmt.Errorf("cuda: allocating the cache (%d slots × %d positions): %w", slots, maxPositions, err)
+			}
+			s.bufs = append(s.bufs, sized{p, n})
+			b.sh.caches.Add(n)
+			return p, nil
+		}
+		var err error
+		for _, l := range layers {
+			ls := &s.layers[l]
+			if cfg.IsKDA(l) {
+				ls.convStride = int64(cfg.KDAConvLen())
+				ls.stateStride = int64(cfg.KDAStateLen())
+				if ls.conv, err = alloc(max(ls.convStride, 1)); err != nil {
+					return err
+				}
+				if ls.state, err = alloc(ls.stateStride); err != nil {
+					return err
+				}
+				if depth > 0 {
+					if ls.snapConv, err = alloc(max(depth*ls.convStride, 1)); err != nil {
+						return err
+					}
+					if ls.snapState, err = alloc(depth * ls.stateStride); err != nil {
+						return err
+					}
+				}
+				continue
+			}
+			ls.ckvStride = int64(maxPositions) * int64(cfg.KVLoraRank)
+			if ls.ckv, err = alloc(ls.ckvStride); err != nil {
+				return err
+			}
+			if cfg.HasOwnIndexer(l) {
+				kp, di := int64(cfg.IndexKPool), int64(cfg.IndexHeadDim)
+				ls.poolsStride = (int64(maxPositions)/kp + 1) * di
+				ls.pendStride = kp * di
+				if ls.pools, err = alloc(ls.poolsStride); err != nil {
+					return err
+				}
+				if ls.pendK, err = alloc(ls.pendStride); err != nil {
+					return err
+				}
+				if ls.pendG, err = alloc(ls.pendStride); err != nil {
+					return err
+				}
+				if depth > 0 {
+					ls.recStride = (kp - 1 + depth) * di
+					if ls.recK, err = alloc(ls.recStride); err != nil {
+						return err
+					}
+					if ls.recG, err = alloc(ls.recStride); err != nil {
+						return err
+					}
+				}
+				if cfg.IsMTP(l) { // index sharing between draft steps
+					ls.savedStride = int64(cfg.IndexTopK + cfg.IndexKPool - 1)
+					if ls.saved, err = alloc(ls.savedStride); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close frees the store's device memory.
+func (s *Store) Close() error {
+	return s.b.dev.Do(func() error {
+		for _, b := range s.bufs {
+			s.b.dev.Free(b.p, b.n)
+			s.b.sh.caches.Add(-b.n)
+		}
+		s.bufs = nil
+		return nil
+	})
+}
+
+// Capacity is the number of slots.
+func (s *Store) Capacity() int { return len(s.used) }
+
+// InUse counts allocated slots.
+func (s *Store) InUse() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, u := range s.used {
+		if u {
+			n++
+		}
+	}
+	return n
+}
+
+// layer returns layer l's buffers (all zero where the store holds no state
+// for l, which the binders report).
+func (s *Store) layer(l int) layerState {
+	if l < 0 || l >= len(s.layers) {
+		return layerState{}
+	}
+	return s.layers[l]
+}
+
+// Alloc reserves a free slot and clears its KDA states on the device.
+func (s *Store) Alloc() (int, error) {
+	s.mu.Lock()
+	slot := -1
+	for i, u := range s.used {
+		if !u {
+			slot = i
+			s.used[i] = true
+			s.lens[i] = 0
+			s.ckpt[i], s.share[i] = -1, -1
+			break
+		}
+	}
+	s.mu.Unlock()
+	if slot < 0 {
+		return -1, fmt.Errorf("cache: all %d slots are in use", len(s.used))
+	}
+	err := s.b.dev.Do(func() error {
+		for _, ls := range s.layers {
+			if ls.conv != 0 && ls.convStride > 0 {
+				if err := s.b.dev.Zero(ls.conv+kc.DevicePtr(4*int64(slot)*ls.convStride), ls.convStride); err != nil {
+					return err
+				}
+			}
+			if ls.state != 0 {
+				if err := s.b.dev.Zero(ls.state+kc.DevicePtr(4*int64(slot)*ls.stateStride), ls.stateStride); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.mu.Lock()
+		s.used[slot] = false
+		s.mu.Unlock()
+		return -1, err
+	}
+	return slot, nil
+}
+
+// Free releases a slot.
+func (s *Store) Free(slot int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot < 0 || slot >= len(s.used) || !s.used[slot] {
+		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	s.used[slot] = false
+	s.ckpt[slot], s.share[slot] = -1, -1
+	return nil
+}
+
+// Len is the number of tokens an allocated slot has processed.
+func (s *Store) Len(slot int) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot < 0 || slot >= len(s.used) || !s.used[slot] {
+		return 0, fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	return s.lens[slot], nil
+}
+
+func (s *Store) advance(slot, n int) {
+	s.mu.Lock()
+	s.lens[slot] += n
+	s.mu.Unlock()
+}
+
+// spanState returns, for a batch's slots, their open checkpoints' positions
+// and saved selections' positions (−1: none).
+func (s *Store) spanState(slots []int) (ckpt, share []int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ckpt, share = make([]int, len(slots)), make([]int, len(slots))
+	for i, sl := range slots {
+		ckpt[i], share[i] = s.ckpt[sl], s.share[sl]
+	}
+	return ckpt, share
+}
+
+// setShare records the positions of the selections a save run left.
+func (s *Store) setShare(slots, pos []int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, sl := range slots {
+		s.share[sl] = pos[i]
+	}
+}
+
+// Checkpoint opens a rollback record on an allocated slot at its current
+// length: the raw indexer rows pending at the checkpoint are copied into the
+// record, and the kernels write the rest while it is open.
+func (s *Store) Checkpoint(slot int) error {
+	s.mu.Lock()
+	if slot < 0 || slot >= len(s.used) || !s.used[slot] {
+		s.mu.Unlock()
+		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	if s.depth < 1 {
+		s.mu.Unlock()
+		return fmt.Errorf("cache: the store keeps no rollback records (its rollback depth is 0)")
+	}
+	base := s.lens[slot]
+	s.ckpt[slot] = base
+	s.mu.Unlock()
+	kp := int64(s.cfg.IndexKPool)
+	return s.b.dev.Do(func() error {
+		for _, ls := range s.layers {
+			if ls.recK == 0 {
+				continue
+			}
+			di := ls.pendStride / kp
+			n := (int64(base) % kp) * di * 4 // pending rows: positions ⌊base/kp⌋·kp … base−1
+			sl := int64(slot)
+			if err := s.b.dev.Copy(ls.recK+kc.DevicePtr(4*sl*ls.recStride), ls.pendK+kc.DevicePtr(4*sl*ls.pendStride), n); err != nil {
+				return err
+			}
+			if err := s.b.dev.Copy(ls.recG+kc.DevicePtr(4*sl*ls.recStride), ls.pendG+kc.DevicePtr(4*sl*ls.pendStride), n); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Truncate cuts a checkpointed slot back to n tokens and closes its record
+// (backend.Store.Truncate): KDA windows and states from the record, the
+// pending indexer rows of the pool n falls in from the record's raw rows;
+// latents and pools past n are left to be overwritten.
+func (s *Store) Truncate(slot, n int) error {
+	s.mu.Lock()
+	if slot < 0 || slot >= len(s.used) || !s.used[slot] {
+		s.mu.Unlock()
+		return fmt.Errorf("cache: slot %d is not allocated", slot)
+	}
+	base, cur := s.ckpt[slot], s.lens[slot]
+	s.mu.Unlock()
+	if base < 0 {
+		return fmt.Errorf("cache: slot %d has no open checkpoint", slot)
+	}
+	if n < base || n > cur {
+		return fmt.Errorf("cache: slot %d can be cut back to [%d, %d] tokens, not %d", slot, base, cur, n)
+	}
+	hasKDA := false
+	for _, ls := range s.layers {
+		hasKDA = hasKDA || ls.state != 0
+	}
+	if hasKDA && n == base && cur > base {
+		return fmt.Errorf("cache: slot %d: the KDA state at the checkpoint (%d tokens) is not kept; keep at least one token after it", slot, base)
+	}
+	if n < cur {
+		kp := int64(s.cfg.IndexKPool)
+		sl := int64(slot)
+		err := s.b.dev.Do(func() error {
+			for _, ls := range s.layers {
+				if ls.snapState != 0 {
+					i := int64(n - 1 - base)
+					if err := s.b.dev.Copy(ls.conv+kc.DevicePtr(4*sl*ls.convStride), ls.snapConv+kc.DevicePtr(4*(sl*int64(s.depth)+i)*ls.convStride), 4*ls.convStride); err != nil {
+						return err
+					}
+					if err := s.b.dev.Copy(ls.state+kc.DevicePtr(4*sl*ls.stateStride), ls.snapState+kc.DevicePtr(4*(sl*int64(s.depth)+i)*ls.stateStride), 4*ls.stateStride); err != nil {
+						return err
+					}
+				}
+				if ls.recK != 0 {
+					di := ls.pendStride / kp
+					rbase := int64(base) / kp * kp
+					first := int64(n) / kp * kp // the pool n falls in starts here
+					off, cnt := (first-rbase)*di, (int64(n)-first)*di
+					if err := s.b.dev.Copy(ls.pendK+kc.DevicePtr(4*sl*ls.pendStride), ls.recK+kc.DevicePtr(4*(sl*ls.recStride+off)), 4*cnt); err != nil {
+						return err
+					}
+					if err := s.b.dev.Copy(ls.pendG+kc.DevicePtr(4*sl*ls.pendStride), ls.recG+kc.DevicePtr(4*(sl*ls.recStride+off)), 4*cnt); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lens[slot] = n
+	s.ckpt[slot] = -1
+	if s.share[slot] >= n {
+		s.share[slot] = -1
+	}
+	return nil
+}
+
+// ReadState copies an allocated slot's state to the host
+// (backend.StateReader).
+func (s *Store) ReadState(slot int) (*cache.Seq, error) {
+	n, err := s.Len(slot)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	sharePos := s.share[slot]
+	s.mu.Unlock()
+	c := s.cfg
+	L := len(s.layers)
+	q := &cache.Seq{Len: n, Conv: make([][]float32, L), State: make([][]float32, L), CKV: make([][]float32, L), Index: make([]*indexer.State, L)}
+	sl := int64(slot)
+	down := func(p kc.DevicePtr, off, count int64) ([]float32, error) {
+		x := make([]float32, count)
+		if count == 0 {
+			return x, nil
+		}
+		return x, s.b.dev.Download(unsafe.Pointer(unsafe.SliceData(x)), p+kc.DevicePtr(4*off), 4*count)
+	}
+	err = s.b.dev.Do(func() error {
+		var err error
+		for l, ls := range s.layers {
+			if ls.state != 0 {
+				if q.Conv[l], err = down(ls.conv, sl*ls.convStride, ls.convStride); err != nil {
+					return err
+				}
+				if q.State[l], err = down(ls.state, sl*ls.stateStride, ls.stateStride); err != nil {
+					return err
+				}
+			}
+			if ls.ckv != 0 {
+				if q.CKV[l], err = down(ls.ckv, sl*ls.ckvStride, int64(n*c.KVLoraRank)); err != nil {
+					return err
+				}
+			}
+			if ls.pools != 0 {
+				kp, di := c.IndexKPool, int64(c.IndexHeadDim)
+				ix := &indexer.State{SharePos: sharePos}
+				if ix.Pools, err = down(ls.pools, sl*ls.poolsStride, int64(n/kp)*di); err != nil {
+					return err
+				}
+				if ix.PendK, err = down(ls.pendK, sl*ls.pendStride, int64(n%kp)*di); err != nil {
+					return err
+				}
+				if ix.PendG, err = down(ls.pendG, sl*ls.pendStride, int64(n%kp)*di); err != nil {
+					return err
+				}
+				if ls.saved != 0 && sharePos >= 0 {
+					ix.Share = make([]int32, ls.savedStride)
+					if err := s.b.dev.Download(unsafe.Pointer(unsafe.SliceData(ix.Share)), ls.saved+kc.DevicePtr(4*sl*ls.savedStride), 4*ls.savedStride); err != nil {
+						return err
+					}
+				}
+				q.Index[l] = ix
+			}
+		}
+		return nil
+	})
+	return q, err
+}
+
+// batchState checks a batch against the store (every sequence within its
+// positions and its open rollback record; with shareExtra > 0, the program
+// reusing a shared indexer selection, a saved selection at most that many
+// steps back) and returns its slots and, per sequence, the open
+// checkpoint's position and the saved selection's (−1: none).
+func (s *Store) batchState(pr *backend.Prepared, shareExtra int) (slots, ckpt, share []int, err error) {
+	slots = make([]int, len(pr.Spans))
+	for i, sp := range pr.Spans {
+		if sp.Pos0+sp.N > s.maxPos {
+			return nil, nil, nil, fmt.Errorf("cuda: batch sequence %d: %d cached + %d new tokens exceed the store's %d positions", i, sp.Pos0, sp.N, s.maxPos)
+		}
+		slots[i] = sp.Slot
+	}
+	ckpt, share = s.spanState(slots)
+	for i, sp := range pr.Spans {
+		if ckpt[i] >= 0 && sp.Pos0+sp.N-ckpt[i] > s.depth {
+			return nil, nil, nil, fmt.Errorf("cuda: batch sequence %d (slot %d): the rollback record from position %d holds %d positions; %d more from position %d would pass it", i, sp.Slot, ckpt[i], s.depth, sp.N, sp.Pos0)
+		}
+	}
+	if k := shareExtra; k > 0 {
+		for i, sp := range pr.Spans {
+			if share[i] < 0 || sp.Pos0 <= share[i] || sp.Pos0+sp.N-1-share[i] > k {
+				return nil, nil, nil, fmt.Errorf("cuda: batch sequence %d (slot %d): no saved indexer selection to share for positions %d…%d (saved at %d, at most %d steps after it)", i, sp.Slot, sp.Pos0, sp.Pos0+sp.N-1, share[i], k)
+			}
+		}
+	}
+	return slots, ckpt, share, nil
+}
+
+// commit advances the batch's slots by their new tokens and, where the
+// program saves its selections (saves), records each sequence's last
+// position as its saved selection's.
+func (s *Store) commit(pr *backend.Prepared, slots []int, saves bool) {
+	for _, sp := range pr.Spans {
+		s.advance(sp.Slot, sp.N)
+	}
+	if saves {
+		pos := make([]int, len(pr.Spans))
+		for i, sp := range pr.Spans {
+			pos[i] = sp.Pos0 + sp.N - 1
+		}
+		s.setShare(slots, pos)
+	}
+}
+
+// shareReuse is the extra width of the program's reusing indexer (0: it
+// does not reuse a shared selection).
+func (p *Program) shareReuse() int {
+	for _, st := range p.steps {
+		if st.node.Op == ir.OpDSATopK && ir.AttrShare.Get(st.node) == ir.IndexShareReuse {
+			return ir.AttrShareExtra.Get(st.node)
+		}
+	}
+	return 0
+}
+
+// shareSave reports whether the program saves its sequences' last
+// selections for sharing.
+func (p *Program) shareSave() bool {
+	for _, st := range p.steps {
+		if st.node.Op == ir.OpDSATopK && ir.AttrShare.Get(st.node) == ir.IndexShareSave {
+			return true
+		}
+	}
+	return false
+}
