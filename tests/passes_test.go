@@ -12,8 +12,8 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/pass"
-	"github.com/glmflash/glmflash/core/pass/passtest"
-	"github.com/glmflash/glmflash/core/spec/spectest"
+	"github.com/glmflash/glmflash/core/passtest"
+	"github.com/glmflash/glmflash/core/speculative/spectest"
 	"github.com/glmflash/glmflash/model"
 	_ "github.com/glmflash/glmflash/passes/all" // every built-in pass
 	"github.com/glmflash/glmflash/passes/autotune"

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/pass"
-	"github.com/glmflash/glmflash/core/pass/passtest"
+	"github.com/glmflash/glmflash/core/passtest"
 	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
 	"github.com/stretchr/testify/require"
 )

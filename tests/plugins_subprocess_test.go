@@ -12,7 +12,7 @@ import (
 	"github.com/glmflash/glmflash/core/eval"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
-	"github.com/glmflash/glmflash/core/pass/passtest"
+	"github.com/glmflash/glmflash/core/passtest"
 	"github.com/glmflash/glmflash/plugins/examples/sharedexpert/fusion"
 	"github.com/glmflash/glmflash/plugins/host"
 	"github.com/rs/zerolog"

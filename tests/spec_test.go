@@ -16,8 +16,8 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
-	"github.com/glmflash/glmflash/core/spec"
-	"github.com/glmflash/glmflash/core/spec/spectest"
+	"github.com/glmflash/glmflash/core/speculative"
+	"github.com/glmflash/glmflash/core/speculative/spectest"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
 	"github.com/stretchr/testify/require"
@@ -84,11 +84,11 @@ func TestSpecGreedyIdentityOracle(t *testing.T) {
 			plain := spectest.Serve(t, plainEng, cfg, nil, reqs)
 			for _, steps := range []int{1, 5} {
 				e := newEngine(t, ck, engine.Options{Slots: 4, Rollback: steps + 1})
-				d, err := spec.NewScripted("oracle", steps, spec.Oracle(spectest.Truth(plain, reqs), spec.WrongRate(0.6, 7), V))
+				d, err := speculative.NewScripted("oracle", steps, speculative.Oracle(spectest.Truth(plain, reqs), speculative.WrongRate(0.6, 7), V))
 				require.NoError(t, err)
 				got := spectest.Serve(t, e, cfg, d, reqs)
 				spectest.RequireSameTokens(t, plain, got, fmt.Sprintf("%d steps", steps))
-				var st spec.Stats
+				var st speculative.Stats
 				for i, o := range got {
 					if reqs[i].Plain {
 						require.Zero(t, o.Final.Spec.Steps, "a plain request is not speculated")
@@ -146,14 +146,14 @@ func TestSpecGreedyIdentityMTP(t *testing.T) {
 			reqs := specRequests(V)
 			cfg := sched.Config{PrefillChunk: 16, MaxBatchTokens: 64}
 			plain := spectest.Serve(t, newEngine(t, ck, engine.Options{Slots: 4}), cfg, nil, reqs)
-			for _, o := range []spec.MTPOptions{{Steps: 5, IndexShare: true}, {Steps: 5}, {Steps: 1}} {
+			for _, o := range []speculative.MTPOptions{{Steps: 5, IndexShare: true}, {Steps: 5}, {Steps: 1}} {
 				e := newEngine(t, ck, engine.Options{Slots: 4, Rollback: o.Steps + 1})
-				d, err := spec.NewMTP(e, o)
+				d, err := speculative.NewMTP(e, o)
 				require.NoError(t, err)
 				got := spectest.Serve(t, e, cfg, d, reqs)
 				require.NoError(t, d.Close())
 				spectest.RequireSameTokens(t, plain, got, fmt.Sprintf("%+v", o))
-				var st spec.Stats
+				var st speculative.Stats
 				for _, x := range got {
 					st = st.Add(x.Final.Spec)
 				}
@@ -185,24 +185,24 @@ func TestMTPDrafterRollsBackExactly(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, e.Store().Free(slot))
 		hid := res.Hidden[ir.OutputFinalHidden]
-		d, err := spec.NewMTP(e, spec.MTPOptions{Steps: 5, IndexShare: share})
+		d, err := speculative.NewMTP(e, speculative.MTPOptions{Steps: 5, IndexShare: share})
 		require.NoError(t, err)
 		require.NoError(t, d.Start("spec", toks[:9]))
 		require.NoError(t, d.Start("ref", toks[:9]))
 		mst, err := e.MTPStore()
 		require.NoError(t, err)
 		sr := mst.(backend.StateReader)
-		obs := func(id string, pos0, n int, verify bool) spec.Observation {
-			return spec.Observation{Seq: id, Pos0: pos0, Tokens: toks[pos0 : pos0+n], Next: toks[pos0+n], Hidden: hid[pos0*D : (pos0+n)*D], Verify: verify}
+		obs := func(id string, pos0, n int, verify bool) speculative.Observation {
+			return speculative.Observation{Seq: id, Pos0: pos0, Tokens: toks[pos0 : pos0+n], Next: toks[pos0+n], Hidden: hid[pos0*D : (pos0+n)*D], Verify: verify}
 		}
 		pos := 0
 		for i, n := range []int{9, 1, 3, 6, 2, 4, 5, 1, 6, 6, 2, 3} {
 			if i > 0 {
-				props := []spec.Proposal{{Seq: "spec", Max: 5}}
+				props := []speculative.Proposal{{Seq: "spec", Max: 5}}
 				require.NoError(t, d.Propose(props))
 				require.Len(t, props[0].Drafts, 5)
 			}
-			require.NoError(t, d.Observe([]spec.Observation{obs("spec", pos, n, i > 0), obs("ref", pos, n, i > 0)}))
+			require.NoError(t, d.Observe([]speculative.Observation{obs("spec", pos, n, i > 0), obs("ref", pos, n, i > 0)}))
 			pos += n
 			a, _ := d.Slot("spec")
 			b, _ := d.Slot("ref")
@@ -212,7 +212,7 @@ func TestMTPDrafterRollsBackExactly(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, pos, sa.Len)
 			spectest.RequireStateEqual(t, sb, sa, fmt.Sprintf("share %v, after observing %d tokens", share, pos))
-			pa, pb := []spec.Proposal{{Seq: "spec", Max: 1}}, []spec.Proposal{{Seq: "ref", Max: 1}}
+			pa, pb := []speculative.Proposal{{Seq: "spec", Max: 1}}, []speculative.Proposal{{Seq: "ref", Max: 1}}
 			require.NoError(t, d.Propose(pa))
 			require.NoError(t, d.Propose(pb))
 			require.Equal(t, pb[0].Drafts, pa[0].Drafts, "first drafts after %d tokens", pos)
@@ -304,9 +304,9 @@ func TestSpecSamplingMatchesTarget(t *testing.T) {
 			}
 		}
 	}
-	q := spec.Dist{IDs: append(likely, int32(V-1)), Probs: []float64{0.4, 0.3, 0.2, 0.1}}
+	q := speculative.Dist{IDs: append(likely, int32(V-1)), Probs: []float64{0.4, 0.3, 0.2, 0.1}}
 	for _, deterministic := range []bool{false, true} {
-		script := func(h spec.History, max int) ([]int32, []spec.Dist) {
+		script := func(h speculative.History, max int) ([]int32, []speculative.Dist) {
 			if deterministic {
 				return []int32{likely[0]}, nil
 			}
@@ -316,12 +316,12 @@ func TestSpecSamplingMatchesTarget(t *testing.T) {
 			u := r.Float64()
 			for i, p := range q.Probs {
 				if u -= p; u < 0 || i == len(q.Probs)-1 {
-					return []int32{q.IDs[i]}, []spec.Dist{q}
+					return []int32{q.IDs[i]}, []speculative.Dist{q}
 				}
 			}
 			return nil, nil
 		}
-		d, err := spec.NewScripted("sampled", 1, script)
+		d, err := speculative.NewScripted("sampled", 1, script)
 		require.NoError(t, err)
 		n := 3000
 		if raceEnabled {
@@ -335,7 +335,7 @@ func TestSpecSamplingMatchesTarget(t *testing.T) {
 		}
 		outs := spectest.Serve(t, e, sched.Config{MaxQueue: n}, d, reqs)
 		counts := map[[2]int32]int{}
-		var st spec.Stats
+		var st speculative.Stats
 		for _, o := range outs {
 			require.Len(t, o.Tokens, 3)
 			counts[[2]int32{o.Tokens[0], o.Tokens[1]}]++
@@ -383,5 +383,5 @@ func chiSquarePValue(x float64, k int) float64 {
 
 // The configuration and the drafters bound num_steps alike.
 func TestSpecStepBoundsAgree(t *testing.T) {
-	require.Equal(t, spec.MaxSteps, config.MaxSpecSteps)
+	require.Equal(t, speculative.MaxSteps, config.MaxSpecSteps)
 }

@@ -21,7 +21,7 @@ import (
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/roofline"
-	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/core/speculative"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/safetensors"
 )
@@ -565,22 +565,22 @@ func (r *runner) speculative(B int) error {
 	}
 	type arm struct {
 		name     string
-		make     func() (spec.Drafter, error)
+		make     func() (speculative.Drafter, error)
 		expected float64
 	}
 	var arms []arm
 	if sp.On() {
-		arms = append(arms, arm{name: sp.String(), make: func() (spec.Drafter, error) {
-			return spec.NewMTP(r.e, spec.MTPOptions{Steps: k, IndexShare: sp.Share(cfg.IndexShareForMTPIteration)})
+		arms = append(arms, arm{name: sp.String(), make: func() (speculative.Drafter, error) {
+			return speculative.NewMTP(r.e, speculative.MTPOptions{Steps: k, IndexShare: sp.Share(cfg.IndexShareForMTPIteration)})
 		}})
 	}
 	for _, rate := range r.s.SpecAccept {
-		arms = append(arms, arm{name: fmt.Sprintf("test drafter %d-1-%d at %.2f", k, k+1, rate), expected: expectedLength(rate, k), make: func() (spec.Drafter, error) {
-			return spec.NewScripted("test", k, spec.Oracle(func(p []int32) []int32 { return truth[fmt.Sprint(p)] }, spec.WrongRate(rate, 1), cfg.VocabSize))
+		arms = append(arms, arm{name: fmt.Sprintf("test drafter %d-1-%d at %.2f", k, k+1, rate), expected: expectedLength(rate, k), make: func() (speculative.Drafter, error) {
+			return speculative.NewScripted("test", k, speculative.Oracle(func(p []int32) []int32 { return truth[fmt.Sprint(p)] }, speculative.WrongRate(rate, 1), cfg.VocabSize))
 		}})
 	}
 	for _, a := range arms {
-		var total spec.Stats
+		var total speculative.Stats
 		var decode, passes int
 		if err := r.series(fmt.Sprintf("sched decode batch %d %s", B, a.name), func() (int, float64, *perStep, error) {
 			d, err := a.make()

@@ -9,7 +9,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
-	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/core/speculative"
 )
 
 // specMeter times a scheduler's decode phase from its own goroutine: it
@@ -53,11 +53,11 @@ type specRun struct {
 	decode int       // tokens generated after the first (the decode phase)
 	secs   float64   // the decode phase
 	passes int       // trunk passes in the decode phase
-	st     spec.Stats
+	st     speculative.Stats
 }
 
 // runSched generates through a scheduler on e with drafter d (nil: plain).
-func runSched(e *engine.Engine, d spec.Drafter, prompts [][]int32, steps int) (*specRun, error) {
+func runSched(e *engine.Engine, d speculative.Drafter, prompts [][]int32, steps int) (*specRun, error) {
 	m := &specMeter{n: len(prompts)}
 	rt, err := sched.New(e, sched.Config{MaxQueue: len(prompts)}, sched.Options{Drafter: d, Metrics: m})
 	if err != nil {

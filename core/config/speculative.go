@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// Speculative configures speculative decoding (core/spec, core/sched):
+// Speculative configures speculative decoding (core/speculative, core/sched):
 // method off or mtp (the model's MTP layer drafts), the number of draft
 // steps directly or as a preset, and index sharing between draft steps.
 type Speculative struct {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/sample"
-	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/core/speculative"
 )
 
 // MaxTopLogprobs bounds Request.TopLogprobs.
@@ -133,7 +133,7 @@ type Final struct {
 	Logits      []float32
 	Rows, Vocab int
 	// Spec counts the request's speculative decoding (zero without it).
-	Spec spec.Stats
+	Spec speculative.Stats
 }
 
 // request is a Request in flight.
@@ -155,8 +155,8 @@ type request struct {
 	stopWatch func() bool
 	logits    []float32 // score rows collected so far
 	rows      int
-	drafting  bool       // the drafter drafts for it (speculative decoding)
-	stats     spec.Stats // its speculation so far
+	drafting  bool              // the drafter drafts for it (speculative decoding)
+	stats     speculative.Stats // its speculation so far
 
 	// Outbox (guarded by mu): tokens not yet received and the final.
 	mu      sync.Mutex

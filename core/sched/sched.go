@@ -25,7 +25,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sample"
-	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/core/speculative"
 	"github.com/glmflash/glmflash/model"
 	"github.com/rs/zerolog"
 )
@@ -137,7 +137,7 @@ type Options struct {
 	// positions (engine.Options.Rollback). The scheduler calls the drafter
 	// from its goroutine only; whoever made it closes it after the
 	// scheduler.
-	Drafter spec.Drafter
+	Drafter speculative.Drafter
 }
 
 // Scheduler schedules requests on a model.
@@ -146,7 +146,7 @@ type Scheduler struct {
 	cfg   Config
 	met   Metrics
 	log   zerolog.Logger
-	draft spec.Drafter // nil: no speculative decoding
+	draft speculative.Drafter // nil: no speculative decoding
 	vocab int
 	eos   map[int32]bool // the model's end-of-sequence ids
 

@@ -13,7 +13,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sample"
-	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/core/speculative"
 	"github.com/glmflash/glmflash/internal/syncbuf"
 	"github.com/glmflash/glmflash/model"
 	"github.com/rs/zerolog"
@@ -78,7 +78,7 @@ func TestSpecStopsInsideAcceptedRun(t *testing.T) {
 	req.StopIDs = []int32{stop}
 	want := full[:slices.Index(full, stop)+1]
 	e := specEngine(t, 2, 6)
-	d, err := spec.NewScripted("oracle", 5, spec.Oracle(truth, nil, V))
+	d, err := speculative.NewScripted("oracle", 5, speculative.Oracle(truth, nil, V))
 	require.NoError(t, err)
 	met := &recMetrics{}
 	rt, err := New(e, Config{}, Options{Drafter: d, Metrics: met})
@@ -114,13 +114,13 @@ func TestSpecStopsInsideAcceptedRun(t *testing.T) {
 
 // failing is a drafter whose Propose or Observe fails on chosen calls.
 type failing struct {
-	spec.Drafter
+	speculative.Drafter
 	mu                      sync.Mutex
 	proposeN, observeN      int
 	failPropose, failObserv int
 }
 
-func (f *failing) Propose(p []spec.Proposal) error {
+func (f *failing) Propose(p []speculative.Proposal) error {
 	f.mu.Lock()
 	f.proposeN++
 	n := f.proposeN
@@ -131,7 +131,7 @@ func (f *failing) Propose(p []spec.Proposal) error {
 	return f.Drafter.Propose(p)
 }
 
-func (f *failing) Observe(o []spec.Observation) error {
+func (f *failing) Observe(o []speculative.Observation) error {
 	f.mu.Lock()
 	f.observeN++
 	n := f.observeN
@@ -155,7 +155,7 @@ func TestSpecDrafterFailureAndCancel(t *testing.T) {
 	truth := truthOf(t, reqs)
 	for _, fail := range []struct{ propose, observe int }{{3, 0}, {0, 4}} {
 		e := specEngine(t, 4, 5)
-		inner, err := spec.NewScripted("oracle", 4, spec.Oracle(truth, spec.WrongAt(3, 9), V))
+		inner, err := speculative.NewScripted("oracle", 4, speculative.Oracle(truth, speculative.WrongAt(3, 9), V))
 		require.NoError(t, err)
 		d := &failing{Drafter: inner, failPropose: fail.propose, failObserv: fail.observe}
 		logs := &syncbuf.Buffer{}
@@ -180,7 +180,7 @@ func TestSpecDrafterFailureAndCancel(t *testing.T) {
 
 	// abort and cancel while drafting
 	e := specEngine(t, 4, 5)
-	d, err := spec.NewScripted("oracle", 4, spec.Oracle(truth, nil, V))
+	d, err := speculative.NewScripted("oracle", 4, speculative.Oracle(truth, nil, V))
 	require.NoError(t, err)
 	rt, err := New(e, Config{}, Options{Drafter: d})
 	require.NoError(t, err)
@@ -209,7 +209,7 @@ func TestSpecDrafterFailureAndCancel(t *testing.T) {
 // A runtime refuses a drafter its store cannot roll back for.
 func TestSpecNeedsRollbackDepth(t *testing.T) {
 	e := specEngine(t, 2, 3)
-	d, err := spec.NewScripted("oracle", 5, func(spec.History, int) ([]int32, []spec.Dist) { return nil, nil })
+	d, err := speculative.NewScripted("oracle", 5, func(speculative.History, int) ([]int32, []speculative.Dist) { return nil, nil })
 	require.NoError(t, err)
 	_, err = New(e, Config{}, Options{Drafter: d})
 	require.ErrorContains(t, err, "rolls back 6 positions")
@@ -222,7 +222,7 @@ func TestSpecScoreShares(t *testing.T) {
 	gen := Request{Prompt: prompt(6, 1, V), MaxTokens: 30, Sampling: sample.Greedy(), IgnoreEOS: true}
 	truth := truthOf(t, []Request{gen})
 	e := specEngine(t, 3, 4)
-	d, err := spec.NewScripted("oracle", 3, spec.Oracle(truth, spec.WrongAt(4), V))
+	d, err := speculative.NewScripted("oracle", 3, speculative.Oracle(truth, speculative.WrongAt(4), V))
 	require.NoError(t, err)
 	rt, err := New(e, Config{PrefillChunk: 5, MaxBatchTokens: 16}, Options{Drafter: d})
 	require.NoError(t, err)

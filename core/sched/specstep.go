@@ -8,7 +8,7 @@ import (
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/sample"
-	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/core/speculative"
 )
 
 // SpecProgram is the program of a speculative step: a continuous batch
@@ -16,7 +16,7 @@ import (
 // drafts) beside decode tokens and prompt chunks, with logits for every row
 // of a verify span and one for the others (span logits), and the target's
 // final hidden rows when the drafter reads them.
-func SpecProgram(d spec.Drafter) engine.Key {
+func SpecProgram(d speculative.Drafter) engine.Key {
 	return engine.Key{Mode: graph.Verify, Logits: graph.SpanLogits, FinalHidden: d.Needs().FinalHidden}
 }
 
@@ -42,11 +42,11 @@ func drafting(batch []item) bool {
 // propose asks the drafter for the step's drafts. Called without mu.
 func (rt *Scheduler) propose(s *step) {
 	batch := s.batch
-	var props []spec.Proposal
+	var props []speculative.Proposal
 	var who []int
 	for i, it := range batch {
 		if it.maxDrafts > 0 && it.r.drafting {
-			props = append(props, spec.Proposal{Seq: it.r.ID, Max: it.maxDrafts})
+			props = append(props, speculative.Proposal{Seq: it.r.ID, Max: it.maxDrafts})
 			who = append(who, i)
 		}
 	}
@@ -164,7 +164,7 @@ func appendSpecSamplesLocked(specs []backend.SampleSpec, it *item) []backend.Sam
 // committed for the drafter (s.obs).
 func (rt *Scheduler) collectSpecItemLocked(s *step, it item, now time.Time, n *tally) {
 	r := it.r
-	o := spec.Observation{Seq: r.ID, Pos0: r.cached, Tokens: it.tokens}
+	o := speculative.Observation{Seq: r.ID, Pos0: r.cached, Tokens: it.tokens}
 	if hidden := s.res.Hidden[ir.OutputFinalHidden]; hidden != nil {
 		D := rt.m.Config().HiddenSize
 		o.Hidden = hidden[it.tok0*D : (it.tok0+len(it.tokens))*D]
@@ -184,14 +184,14 @@ func (rt *Scheduler) collectSpecItemLocked(s *step, it item, now time.Time, n *t
 // target's token are delivered (up to a stop id or a limit, where plain
 // decoding stops too), the slot is cut back to them and o records the
 // commit. It reports whether r goes on.
-func (rt *Scheduler) collectSpanLocked(it item, res *backend.Result, o *spec.Observation, now time.Time, n *tally) bool {
+func (rt *Scheduler) collectSpanLocked(it item, res *backend.Result, o *speculative.Observation, now time.Time, n *tally) bool {
 	r := it.r
 	toks, accepted, err := rt.acceptLocked(it, res)
 	if err != nil {
 		rt.completeLocked(r, FinishError, err.Error())
 		return false
 	}
-	r.stats = r.stats.Add(spec.Stats{Steps: 1, Drafted: len(it.drafts), Accepted: accepted})
+	r.stats = r.stats.Add(speculative.Stats{Steps: 1, Drafted: len(it.drafts), Accepted: accepted})
 	rt.met.Verified(len(it.drafts), accepted)
 	for _, t := range toks {
 		n.generated++
@@ -229,10 +229,10 @@ func (rt *Scheduler) acceptLocked(it item, res *backend.Result) ([]Token, int, e
 		for j, s := range rows {
 			targets[j] = s.Token
 		}
-		accepted, next = spec.AcceptGreedy(targets, it.drafts)
+		accepted, next = speculative.AcceptGreedy(targets, it.drafts)
 	} else {
 		row := func(j int) []float32 { return res.Row(it.row0 + j) }
-		accepted, next = spec.Accept(row, it.drafts, it.q, r.sampler.Params(), r.sampler.Draw)
+		accepted, next = speculative.Accept(row, it.drafts, it.q, r.sampler.Params(), r.sampler.Draw)
 	}
 	toks := make([]Token, 0, accepted+1)
 	for j := 0; j <= accepted; j++ {

@@ -8,7 +8,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sample"
-	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/core/speculative"
 )
 
 // item is one sequence of a step's batch.
@@ -23,7 +23,7 @@ type item struct {
 	tok0      int
 	maxDrafts int
 	drafts    []int32
-	q         []spec.Dist
+	q         []speculative.Dist
 }
 
 // step is one scheduling step as a value, in the spirit of vLLM v1's
@@ -48,7 +48,7 @@ type step struct {
 	res *backend.Result
 	err error // fails every request of the step; set before execution, it skips the pass
 
-	obs []spec.Observation // a speculative step's commits, for the drafter
+	obs []speculative.Observation // a speculative step's commits, for the drafter
 }
 
 // reset empties s for the next step, keeping the batch's storage.

@@ -13,7 +13,7 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/sample"
-	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/core/speculative"
 	"github.com/glmflash/glmflash/model"
 	"github.com/stretchr/testify/require"
 )
@@ -487,39 +487,39 @@ func TestStepPreparesTheNextStepDuringExecution(t *testing.T) {
 // what it observes.
 type fakeDrafter struct {
 	max     int
-	drafts  func(seq spec.SeqID) []int32
+	drafts  func(seq speculative.SeqID) []int32
 	propErr error
 	mu      sync.Mutex
-	started []spec.SeqID
-	stopped []spec.SeqID
-	obs     []spec.Observation
+	started []speculative.SeqID
+	stopped []speculative.SeqID
+	obs     []speculative.Observation
 }
 
-func (d *fakeDrafter) Name() string      { return "fake" }
-func (d *fakeDrafter) Needs() spec.Needs { return spec.Needs{} }
-func (d *fakeDrafter) MaxDrafts() int    { return d.max }
-func (d *fakeDrafter) Close() error      { return nil }
-func (d *fakeDrafter) Start(seq spec.SeqID, _ []int32) error {
+func (d *fakeDrafter) Name() string             { return "fake" }
+func (d *fakeDrafter) Needs() speculative.Needs { return speculative.Needs{} }
+func (d *fakeDrafter) MaxDrafts() int           { return d.max }
+func (d *fakeDrafter) Close() error             { return nil }
+func (d *fakeDrafter) Start(seq speculative.SeqID, _ []int32) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.started = append(d.started, seq)
 	return nil
 }
 
-func (d *fakeDrafter) Stop(seq spec.SeqID) {
+func (d *fakeDrafter) Stop(seq speculative.SeqID) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.stopped = append(d.stopped, seq)
 }
 
-func (d *fakeDrafter) Observe(obs []spec.Observation) error {
+func (d *fakeDrafter) Observe(obs []speculative.Observation) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.obs = append(d.obs, obs...)
 	return nil
 }
 
-func (d *fakeDrafter) Propose(props []spec.Proposal) error {
+func (d *fakeDrafter) Propose(props []speculative.Proposal) error {
 	if d.propErr != nil {
 		return d.propErr
 	}
@@ -537,14 +537,14 @@ func (d *fakeDrafter) Propose(props []spec.Proposal) error {
 // the commit.
 func TestSpecStepPlansVerifiesAndRollsBack(t *testing.T) {
 	m := newFakeModel(3)
-	d := &fakeDrafter{max: 3, drafts: func(spec.SeqID) []int32 { return []int32{20, 21, 22, 23} }}
+	d := &fakeDrafter{max: 3, drafts: func(speculative.SeqID) []int32 { return []int32{20, 21, 22, 23} }}
 	met := &stepMetrics{}
 	rt := idle(t, m, Config{PrefillChunk: 4}, Options{Drafter: d, Metrics: met})
 	a := submit(t, rt, Request{ID: "a", Prompt: []int32{1, 2, 3}, MaxTokens: 10, Sampling: sample.Greedy()})
 	short := submit(t, rt, Request{ID: "short", Prompt: []int32{4}, MaxTokens: 3, Sampling: sample.Greedy()})
 	plain := submit(t, rt, Request{ID: "plain", Prompt: []int32{5, 6, 7, 8, 9}, MaxTokens: 3, Sampling: sample.Greedy(), NoSpeculation: true})
 	admit(t, rt)
-	require.Equal(t, []spec.SeqID{"a", "short"}, d.started)
+	require.Equal(t, []speculative.SeqID{"a", "short"}, d.started)
 	decoding(a, 1, 5)
 	decoding(short, 2, 6) // one token left: no drafts
 	// rows: a's span 0..3 (the target agrees with 20, 21, then says 9),
@@ -571,11 +571,11 @@ func TestSpecStepPlansVerifiesAndRollsBack(t *testing.T) {
 	require.Equal(t, 4, a.generated)
 	require.Equal(t, 6, a.cached, "three committed tokens after the three cached")
 	require.Equal(t, [][2]int{{a.slot, 6}}, m.st.truncs)
-	require.Equal(t, spec.Stats{Steps: 1, Drafted: 3, Accepted: 2}, a.stats)
+	require.Equal(t, speculative.Stats{Steps: 1, Drafted: 3, Accepted: 2}, a.stats)
 	require.Equal(t, [][2]int{{3, 2}}, met.verified)
 	require.Equal(t, FinishLength, short.final.Reason)
 	require.Equal(t, 4, plain.fed)
-	require.Equal(t, []spec.Observation{{Seq: "a", Pos0: 3, Tokens: []int32{5, 20, 21}, Next: 9, Drafted: 3, Accepted: 2, Verify: true}}, d.obs,
+	require.Equal(t, []speculative.Observation{{Seq: "a", Pos0: 3, Tokens: []int32{5, 20, 21}, Next: 9, Drafted: 3, Accepted: 2, Verify: true}}, d.obs,
 		"only drafted requests that go on are observed")
 	require.Equal(t, 3+1, met.generated, "a's accepted run and token, short's token")
 	require.Equal(t, 4, met.prompt)
@@ -586,7 +586,7 @@ func TestSpecStepPlansVerifiesAndRollsBack(t *testing.T) {
 // which decode plainly in the same step.
 func TestSpecStepFailures(t *testing.T) {
 	m := newFakeModel(2)
-	d := &fakeDrafter{max: 2, drafts: func(spec.SeqID) []int32 { return []int32{20, 21} }}
+	d := &fakeDrafter{max: 2, drafts: func(speculative.SeqID) []int32 { return []int32{20, 21} }}
 	met := &stepMetrics{}
 	rt := idle(t, m, Config{}, Options{Drafter: d, Metrics: met})
 	a := submit(t, rt, Request{ID: "a", Prompt: []int32{1, 2}, MaxTokens: 10, Sampling: sample.Greedy()})
@@ -608,12 +608,12 @@ func TestSpecStepFailures(t *testing.T) {
 	d.propErr = errors.New("drafter broke")
 	b := submit(t, rt, Request{ID: "b", Prompt: []int32{1, 2}, MaxTokens: 10, Sampling: sample.Greedy()})
 	admit(t, rt)
-	require.Equal(t, []spec.SeqID{"a"}, d.stopped, "a's drafting stopped with its slot")
+	require.Equal(t, []speculative.SeqID{"a"}, d.stopped, "a's drafting stopped with its slot")
 	decoding(b, 1, 5)
 	take(rt, &s, nil)
 	require.True(t, s.spec, "planned as speculative")
 	require.False(t, b.drafting)
-	require.Contains(t, d.stopped, spec.SeqID("b"))
+	require.Contains(t, d.stopped, speculative.SeqID("b"))
 	require.Equal(t, [][]int32{{5}}, toks(&s), "a plain decode token")
 	require.Empty(t, m.st.checkpoints)
 	rt.executeStep(&s, noPrepareNext)

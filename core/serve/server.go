@@ -37,7 +37,7 @@ import (
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/core/sched"
-	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/core/speculative"
 	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
@@ -97,7 +97,7 @@ type Options struct {
 	// speculates, instead of the MTP drafter its method names (tests plug a
 	// scripted drafter in here); it must draft at most the configured
 	// steps.
-	Drafter func(e *engine.Engine, sp config.Speculative) (spec.Drafter, error)
+	Drafter func(e *engine.Engine, sp config.Speculative) (speculative.Drafter, error)
 }
 
 // Server is one glmflash gRPC server.
@@ -125,7 +125,7 @@ type Server struct {
 type live struct {
 	rt      *sched.Scheduler
 	eng     *engine.Engine
-	draft   spec.Drafter // nil without speculative decoding
+	draft   speculative.Drafter // nil without speculative decoding
 	lim     limits
 	model   *pb.ModelInfo
 	engine  *pb.EngineInfo
@@ -462,7 +462,7 @@ func (s *Server) load(ctx context.Context) error {
 		return fail(err)
 	}
 	programs := slices.Clone(sched.Programs)
-	var draft spec.Drafter
+	var draft speculative.Drafter
 	mtpErr, share := eng.MTPReady(), sp.Share(cfg.IndexShareForMTPIteration)
 	if sp.On() {
 		if mtpErr != nil {
@@ -474,7 +474,7 @@ func (s *Server) load(ctx context.Context) error {
 			}
 			programs = append(programs, sched.SpecProgram(draft))
 		} else {
-			d, err := spec.NewMTP(eng, spec.MTPOptions{Steps: sp.Steps(), IndexShare: share})
+			d, err := speculative.NewMTP(eng, speculative.MTPOptions{Steps: sp.Steps(), IndexShare: share})
 			if err != nil {
 				return fail(fmt.Errorf("serve: %w", err))
 			}
@@ -772,7 +772,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 
 // specStats is a request's speculation for its Finish message (nil when
 // the server did not speculate for it).
-func specStats(s spec.Stats) *pb.SpeculativeStats {
+func specStats(s speculative.Stats) *pb.SpeculativeStats {
 	if s.Steps == 0 {
 		return nil
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
-	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/core/speculative"
 	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/stretchr/testify/require"
@@ -29,7 +29,7 @@ func mtpLoader(context.Context) (*LoadedModel, error) {
 
 // specSetup serves the MTP fixture with speculative decoding as sp says
 // (method off: plainly), through drafter when it is set.
-func specSetup(sp config.Speculative, drafter func(*engine.Engine, config.Speculative) (spec.Drafter, error)) setup {
+func specSetup(sp config.Speculative, drafter func(*engine.Engine, config.Speculative) (speculative.Drafter, error)) setup {
 	return setup{
 		rt:   config.Runtime{Slots: 4, PrefillChunk: 8, MaxBatchTokens: 64},
 		opts: func(o *Options) { o.Load, o.Drafter = mtpLoader, drafter },
@@ -82,8 +82,8 @@ func TestServeSpeculative(t *testing.T) {
 	for i, r := range reqs {
 		truth[fmt.Sprint(r.PromptIds)] = plain[i].tokens
 	}
-	oracle := func(_ *engine.Engine, sp config.Speculative) (spec.Drafter, error) {
-		return spec.NewScripted("oracle", sp.Steps(), spec.Oracle(func(p []int32) []int32 { return truth[fmt.Sprint(p)] }, spec.WrongRate(0.7, 1), 256))
+	oracle := func(_ *engine.Engine, sp config.Speculative) (speculative.Drafter, error) {
+		return speculative.NewScripted("oracle", sp.Steps(), speculative.Oracle(func(p []int32) []int32 { return truth[fmt.Sprint(p)] }, speculative.WrongRate(0.7, 1), 256))
 	}
 	for name, su := range map[string]setup{
 		"mtp":    specSetup(config.Speculative{Method: "mtp", Preset: "5-1-6"}, nil),

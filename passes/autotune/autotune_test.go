@@ -11,7 +11,7 @@ import (
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
-	"github.com/glmflash/glmflash/core/pass/passtest"
+	"github.com/glmflash/glmflash/core/passtest"
 	"github.com/glmflash/glmflash/kernels/gemm"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/passes/autotune"

@@ -5,7 +5,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
-	"github.com/glmflash/glmflash/core/pass/passtest"
+	"github.com/glmflash/glmflash/core/passtest"
 	"github.com/glmflash/glmflash/passes/autotune"
 	"github.com/stretchr/testify/require"
 )

@@ -3,7 +3,7 @@ package dsameta_test
 import (
 	"testing"
 
-	"github.com/glmflash/glmflash/core/pass/passtest"
+	"github.com/glmflash/glmflash/core/passtest"
 	"github.com/glmflash/glmflash/passes/dsameta"
 	"github.com/stretchr/testify/require"
 )

@@ -6,7 +6,7 @@ import (
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
-	"github.com/glmflash/glmflash/core/pass/passtest"
+	"github.com/glmflash/glmflash/core/passtest"
 	"github.com/glmflash/glmflash/model/safetensors"
 	"github.com/glmflash/glmflash/passes/gateup"
 	"github.com/stretchr/testify/require"

@@ -3,7 +3,7 @@ package hostlen_test
 import (
 	"testing"
 
-	"github.com/glmflash/glmflash/core/pass/passtest"
+	"github.com/glmflash/glmflash/core/passtest"
 	"github.com/glmflash/glmflash/passes/hostlen"
 	"github.com/stretchr/testify/require"
 )

@@ -3,7 +3,7 @@ package kdafusion_test
 import (
 	"testing"
 
-	"github.com/glmflash/glmflash/core/pass/passtest"
+	"github.com/glmflash/glmflash/core/passtest"
 	"github.com/glmflash/glmflash/passes/kdafusion"
 	"github.com/stretchr/testify/require"
 )

@@ -11,8 +11,8 @@ import (
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
-	"github.com/glmflash/glmflash/core/spec"
-	"github.com/glmflash/glmflash/core/spec/spectest"
+	"github.com/glmflash/glmflash/core/speculative"
+	"github.com/glmflash/glmflash/core/speculative/spectest"
 	"github.com/glmflash/glmflash/model"
 	"github.com/stretchr/testify/require"
 )
@@ -60,23 +60,23 @@ func TestCUDASpecGreedyIdentity(t *testing.T) {
 	spectest.RequireSameTokens(t, cpuPlain, plain, "GPU against CPU, plain")
 
 	e := cudaEngine(t, ck, engine.Options{Slots: 3, Rollback: 6})
-	oracle, err := spec.NewScripted("oracle", 5, spec.Oracle(spectest.Truth(plain, reqs), spec.WrongRate(0.6, 7), V))
+	oracle, err := speculative.NewScripted("oracle", 5, speculative.Oracle(spectest.Truth(plain, reqs), speculative.WrongRate(0.6, 7), V))
 	require.NoError(t, err)
 	got := spectest.Serve(t, e, cfg, oracle, reqs)
 	spectest.RequireSameTokens(t, plain, got, "oracle drafter")
-	var st spec.Stats
+	var st speculative.Stats
 	for _, o := range got {
 		st = st.Add(o.Final.Spec)
 	}
 	require.Greater(t, st.Accepted, 0)
 	require.Less(t, st.Accepted, st.Drafted)
 
-	mtp, err := spec.NewMTP(e, spec.MTPOptions{Steps: 5, IndexShare: true})
+	mtp, err := speculative.NewMTP(e, speculative.MTPOptions{Steps: 5, IndexShare: true})
 	require.NoError(t, err)
 	got = spectest.Serve(t, e, cfg, mtp, reqs)
 	require.NoError(t, mtp.Close())
 	spectest.RequireSameTokens(t, plain, got, "MTP drafter")
-	st = spec.Stats{}
+	st = speculative.Stats{}
 	for _, o := range got {
 		st = st.Add(o.Final.Spec)
 	}
@@ -96,7 +96,7 @@ func TestCUDASpecGreedyIdentity(t *testing.T) {
 	pl, err := pass.NewPipeline(reqsP, true)
 	require.NoError(t, err)
 	eg := cudaEngine(t, ck, engine.Options{Slots: 3, Rollback: 6, Passes: pl, PassEnv: config.Default().PassEnv(ck.Config(), ck)})
-	mtp, err = spec.NewMTP(eg, spec.MTPOptions{Steps: 5, IndexShare: true})
+	mtp, err = speculative.NewMTP(eg, speculative.MTPOptions{Steps: 5, IndexShare: true})
 	require.NoError(t, err)
 	got = spectest.Serve(t, eg, cfg, mtp, reqs)
 	require.NoError(t, mtp.Close())
@@ -123,16 +123,16 @@ func TestCUDAMTPDrafterMatchesCPU(t *testing.T) {
 		hid[i] = float32((i*37)%101)/50 - 1
 	}
 	run := func(e *engine.Engine) [][]int32 {
-		d, err := spec.NewMTP(e, spec.MTPOptions{Steps: 4, IndexShare: true})
+		d, err := speculative.NewMTP(e, speculative.MTPOptions{Steps: 4, IndexShare: true})
 		require.NoError(t, err)
 		defer d.Close()
 		require.NoError(t, d.Start("s", toks[:7]))
 		var out [][]int32
 		pos := 0
 		for i, n := range []int{7, 1, 4, 2, 5, 3} {
-			require.NoError(t, d.Observe([]spec.Observation{{Seq: "s", Pos0: pos, Tokens: toks[pos : pos+n], Next: toks[pos+n], Hidden: hid[pos*D : (pos+n)*D], Verify: i > 0}}))
+			require.NoError(t, d.Observe([]speculative.Observation{{Seq: "s", Pos0: pos, Tokens: toks[pos : pos+n], Next: toks[pos+n], Hidden: hid[pos*D : (pos+n)*D], Verify: i > 0}}))
 			pos += n
-			p := []spec.Proposal{{Seq: "s", Max: 4}}
+			p := []speculative.Proposal{{Seq: "s", Max: 4}}
 			require.NoError(t, d.Propose(p))
 			out = append(out, p[0].Drafts)
 		}
@@ -181,8 +181,8 @@ func TestCUDASpecSampling(t *testing.T) {
 	cfg := sched.Config{PrefillChunk: 8}
 	e := cudaEngine(t, ck, engine.Options{Slots: 3, Rollback: 4})
 	truth := spectest.Truth(spectest.Serve(t, e, cfg, nil, greedyReqs), greedyReqs)
-	draft := func() spec.Drafter {
-		d, err := spec.NewScripted("script", 3, func(h spec.History, max int) ([]int32, []spec.Dist) {
+	draft := func() speculative.Drafter {
+		d, err := speculative.NewScripted("script", 3, func(h speculative.History, max int) ([]int32, []speculative.Dist) {
 			g := truth(h.Prompt)
 			n := len(h.Generated)
 			if n >= len(g) {
@@ -194,7 +194,7 @@ func TestCUDASpecSampling(t *testing.T) {
 		return d
 	}
 	together := spectest.Serve(t, e, cfg, draft(), reqs)
-	var st spec.Stats
+	var st speculative.Stats
 	for i, r := range reqs {
 		alone := spectest.Serve(t, e, cfg, draft(), []spectest.Request{r})
 		require.Equal(t, alone[0].Tokens, together[i].Tokens, "request %s alone and batched", r.ID)

@@ -9,7 +9,7 @@ import (
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/pass"
-	"github.com/glmflash/glmflash/core/pass/passtest"
+	"github.com/glmflash/glmflash/core/passtest"
 	"github.com/glmflash/glmflash/passes/hostlen"
 	"github.com/stretchr/testify/require"
 )

@@ -19,7 +19,7 @@ import (
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
-	"github.com/glmflash/glmflash/core/spec"
+	"github.com/glmflash/glmflash/core/speculative"
 	"github.com/stretchr/testify/require"
 )
 
@@ -129,7 +129,7 @@ func RollbackRun(t testing.TB, e *engine.Engine, plain *Plain, steps int, wrong 
 			}
 			targets[j] = int32(sample.Argmax(row))
 		}
-		acc, next := spec.AcceptGreedy(targets, drafts)
+		acc, next := speculative.AcceptGreedy(targets, drafts)
 		require.Equal(t, want, acc, "accepted drafts at position %d", c)
 		require.Equal(t, plain.Tokens[g+acc-1], toks[acc]) // the accepted run follows the truth
 		if g+acc < len(plain.Tokens) {
@@ -199,7 +199,7 @@ type Outcome struct {
 
 // Serve runs reqs at once through a scheduler on m with the given drafter
 // (nil: plain decoding) and returns their outcomes in order.
-func Serve(t testing.TB, m sched.Model, cfg sched.Config, d spec.Drafter, reqs []Request) []Outcome {
+func Serve(t testing.TB, m sched.Model, cfg sched.Config, d speculative.Drafter, reqs []Request) []Outcome {
 	t.Helper()
 	rt, err := sched.New(m, cfg, sched.Options{Drafter: d})
 	require.NoError(t, err)

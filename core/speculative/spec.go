@@ -1,4 +1,4 @@
-// Package spec is speculative decoding's drafting side and its acceptance
+// Package speculative is speculative decoding's drafting side and its acceptance
 // rule. A Drafter proposes draft tokens for the sequences of a batch and
 // learns what the target model committed; the scheduler (core/sched) runs
 // each speculating sequence's last token and its drafts as one verify span
@@ -15,7 +15,7 @@
 // positions or at a fixed rate). A block drafter (DFlash: one pass proposes
 // a block from the target's hidden states) fits the same interface: it
 // declares the target outputs it needs (Needs) and drafts in Propose.
-package spec
+package speculative
 
 // SeqID names a sequence for a drafter (the scheduler's request id).
 type SeqID = string

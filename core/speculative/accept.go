@@ -1,4 +1,4 @@
-package spec
+package speculative
 
 import "github.com/glmflash/glmflash/core/sample"
 
