@@ -698,7 +698,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 		return err
 	}
 	ctx := stream.Context()
-	r, err := generateRequest(req, lv.lim)
+	r, err := generateRequest(ctx, req, lv.lim)
 	if err != nil {
 		return sv.invalid(err)
 	}

@@ -148,10 +148,10 @@ type piece struct {
 
 func isWordChar(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsNumber(r) }
 
-// split cuts s at the added tokens it contains (skipSpecial: special
-// tokens are left as text), honouring single_word, lstrip and rstrip as
+// split cuts s at the added tokens it contains (special tokens at s[b:e]
+// for which asText holds are left as text), honouring single_word, lstrip and rstrip as
 // Hugging Face's AddedVocabulary::find_matches does.
-func (m *addedMatcher) split(out []piece, s string, skipSpecial bool) []piece {
+func (m *addedMatcher) split(out []piece, s string, asText func(b, e int) bool) []piece {
 	if m == nil {
 		return append(out, piece{s, -1})
 	}
@@ -165,7 +165,7 @@ func (m *addedMatcher) split(out []piece, s string, skipSpecial bool) []piece {
 		tok := mt.tok
 		b, e := mt.pos, mt.pos+len(tok.content)
 		i = e // matches never overlap, whatever is done with them
-		if skipSpecial && tok.special {
+		if tok.special && asText != nil && asText(b, e) {
 			continue
 		}
 		if tok.singleWord {

@@ -181,7 +181,7 @@ func TestAddedMatcherMatchesOldOnRandomInputs(t *testing.T) {
 		s := randomText(r, r.IntN(60))
 		skip := r.IntN(2) == 0
 		want := newOldMatcher(toks).split(nil, s, skip)
-		got := newAddedMatcher(toks).split(nil, s, skip)
+		got := newAddedMatcher(toks).split(nil, s, func(int, int) bool { return skip })
 		if !slices.Equal(want, got) {
 			var cs []string
 			for _, tk := range toks {
@@ -199,7 +199,7 @@ func FuzzAddedMatcher(f *testing.F) {
 		r := rand.New(rand.NewPCG(seed, 0))
 		toks := randomTokens(r, 1+r.IntN(20))
 		for _, skip := range []bool{false, true} {
-			require.Equal(t, newOldMatcher(toks).split(nil, s, skip), newAddedMatcher(toks).split(nil, s, skip), "%q", s)
+			require.Equal(t, newOldMatcher(toks).split(nil, s, skip), newAddedMatcher(toks).split(nil, s, func(int, int) bool { return skip }), "%q", s)
 		}
 	})
 }
@@ -232,7 +232,7 @@ func TestAddedMatcherIsLinear(t *testing.T) {
 	prefix := text[:64<<10]
 	old.split(nil, prefix, false)
 	require.Greater(t, old.compares, 100*len(prefix), "the oracle is quadratic: the comparison is meaningful")
-	require.Equal(t, old.split(nil, prefix, false), m.split(nil, prefix, false))
+	require.Equal(t, old.split(nil, prefix, false), m.split(nil, prefix, nil))
 }
 
 // go test ./model/tokenizer -run '^$' -bench AddedTokens
@@ -241,7 +241,7 @@ func BenchmarkAddedTokens(b *testing.B) {
 	m := newAddedMatcher(toks)
 	b.SetBytes(int64(len(text)))
 	for b.Loop() {
-		m.split(nil, text, false)
+		m.split(nil, text, nil)
 	}
 }
 
@@ -274,4 +274,22 @@ func FuzzSplitPattern(f *testing.F) {
 		_, _ = tk.EncodeContext(ctx, text, Options{MaxTokens: 1 << 12})
 		require.Less(t, time.Since(start), budget+4*MatchTimeout, "pattern %q on %q", expr, text)
 	})
+}
+
+// TextSpans: special tokens inside a span are text, outside they stay
+// tokens; a token straddling a span's edge is text.
+func TestTextSpans(t *testing.T) {
+	tk, err := Parse([]byte(tiny("")))
+	require.NoError(t, err)
+	text := "<|end|>a<|end|>b<|end|>"
+	ids := tk.Encode(text, Options{TextSpans: [][2]int{{8, 15}}})
+	require.Equal(t, int32(259), ids[0])
+	require.Equal(t, int32(259), ids[len(ids)-1])
+	require.Equal(t, 2, strings.Count(fmt.Sprint(ids), "259"), "%v", ids)
+	require.Equal(t, text, tk.Decode(ids, false))
+	ids = tk.Encode(text, Options{TextSpans: [][2]int{{0, 3}, {20, 21}}})
+	require.NotContains(t, ids[:1], int32(259))
+	require.Equal(t, 1, strings.Count(fmt.Sprint(ids), "259"), "%v", ids)
+	require.True(t, tk.HasSpecialText("x<|end|>"))
+	require.False(t, tk.HasSpecialText("x<tool>"), "<tool> is not special")
 }

@@ -21,6 +21,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"unicode/utf8"
 
@@ -298,6 +299,11 @@ type Options struct {
 	// instead of as the special tokens (Hugging Face's
 	// encode_special_tokens): text from users cannot forge them.
 	SpecialAsText bool
+	// TextSpans are byte ranges [start, end) of the text in which special
+	// tokens are encoded as text, as SpecialAsText does everywhere: the
+	// user's part of a rendered chat prompt, whose special tokens the
+	// template wrote itself. A special token that overlaps a span is text.
+	TextSpans [][2]int
 	// MaxTokens, when positive, stops EncodeContext with ErrTooManyTokens
 	// as soon as the text has more tokens than that (the context length),
 	// so that a prompt far beyond it is refused before it is all encoded.
@@ -399,7 +405,15 @@ func (t *Tokenizer) encode(e *encoder, text string, o Options) ([]int32, error) 
 	}
 	var parts, sub []piece
 	var words []string
-	parts = t.raw.split(parts, text, o.SpecialAsText)
+	asText := func(b, e int) bool { return o.SpecialAsText }
+	if !o.SpecialAsText && len(o.TextSpans) > 0 {
+		asText = func(b, e int) bool {
+			// Spans are few (one per marked message) and sorted.
+			i := sort.Search(len(o.TextSpans), func(i int) bool { return o.TextSpans[i][1] > b })
+			return i < len(o.TextSpans) && o.TextSpans[i][0] < e
+		}
+	}
+	parts = t.raw.split(parts, text, asText)
 	for _, p := range parts {
 		if p.id >= 0 {
 			ids = append(ids, p.id)
@@ -412,7 +426,7 @@ func (t *Tokenizer) encode(e *encoder, text string, o Options) ([]int32, error) 
 		if t.norm != nil {
 			s = t.norm(e, s)
 		}
-		sub = t.normed.split(sub[:0], s, o.SpecialAsText)
+		sub = t.normed.split(sub[:0], s, nil) // normalized added tokens are never special
 		for _, q := range sub {
 			if q.id >= 0 {
 				ids = append(ids, q.id)
@@ -458,6 +472,20 @@ func (t *Tokenizer) Decode(ids []int32, skipSpecial bool) string {
 		b = append(b, t.Bytes(id)...)
 	}
 	return Lossy(b)
+}
+
+// HasSpecialText reports whether s contains the text of a special token.
+func (t *Tokenizer) HasSpecialText(s string) bool {
+	if t.raw == nil {
+		return false
+	}
+	ms, _ := t.raw.longest(s)
+	for _, m := range ms {
+		if m.tok.special {
+			return true
+		}
+	}
+	return false
 }
 
 // Describe summarizes the tokenizer for logs.
