@@ -85,9 +85,9 @@ func TestUnboundableConstructsRefused(t *testing.T) {
 	for src, want := range map[string]string{
 		`{% for x in [1] recursive %}{{ loop([1]) }}{% endfor %}`: "recursive for loops are not supported",
 		`{% block b %}{{ self.b() }}{% endblock %}`:               "blocks are not supported",
-		`{% include 'x' %}`:                                       "cannot read files",
-		`{% import 'x' as y %}`:                                   "cannot read files",
-		`{% extends 'x' %}`:                                       "cannot read files",
+		`{% include 'x' %}`:     "cannot read files",
+		`{% import 'x' as y %}`: "cannot read files",
+		`{% extends 'x' %}`:     "cannot read files",
 	} {
 		_, err := Parse([]byte(`{"chat_template": `+quoteJSON(src)+`}`), "")
 		require.ErrorContains(t, err, want, src)
