@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/glmflash/glmflash/internal/regular"
 	"github.com/nikolalohinski/gonja/v2/config"
@@ -246,10 +247,42 @@ func unmark(s string) (string, []Span, error) {
 	return sb.String(), spans, nil
 }
 
+// compileTimeout bounds parsing a template: gonja's lexer blocks for ever
+// on some malformed input ("{%\ufffd0.\ufffd": a send on a channel no one
+// reads), and a template comes from a file.
+var compileTimeout = 10 * time.Second
+
 // compile parses a template as transformers does: Jinja with trim_blocks
 // and lstrip_blocks, in the sandbox's environment. The template can read
-// no files ({% include %}, {% import %}, {% extends %} fail).
+// no files ({% include %}, {% import %}, {% extends %} fail). A parse that
+// does not finish within compileTimeout is an error (its goroutine, blocked
+// in gonja, is abandoned: it holds no CPU).
 func compile(src string) (*exec.Template, error) {
+	type result struct {
+		t   *exec.Template
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				done <- result{nil, fmt.Errorf("the template parser failed: %v", p)}
+			}
+		}()
+		t, err := compileNow(src)
+		done <- result{t, err}
+	}()
+	timer := time.NewTimer(compileTimeout)
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		return r.t, r.err
+	case <-timer.C:
+		return nil, fmt.Errorf("the template parser did not finish within %v (malformed template)", compileTimeout)
+	}
+}
+
+func compileNow(src string) (*exec.Template, error) {
 	cfg := config.New()
 	cfg.TrimBlocks = true
 	cfg.LeftStripBlocks = true
