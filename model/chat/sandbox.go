@@ -298,7 +298,27 @@ func sandboxEnvironment() *exec.Environment {
 				if m, ok := n.(*controlStructures.MacroControlStructure); ok {
 					return &guardedMacro{x, m.Name}, nil
 				}
-				return &guarded{x, name}, nil
+				g := &guarded{ControlStructure: x, name: name}
+				if s, ok := n.(*controlStructures.SetControlStructure); ok {
+					// {% set ns.a = ns %} makes a map that holds itself, and
+					// printing it overflows the Go stack: the target is
+					// looked at after each assignment to an attribute or item.
+					f := reflect.ValueOf(s).Elem().FieldByName("target")
+					if f.IsValid() {
+						t, _ := reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().Interface().(nodes.Expression)
+						var container nodes.Node
+						switch t := t.(type) {
+						case *nodes.GetAttribute:
+							container = t.Node
+						case *nodes.GetItem:
+							container = t.Node
+						}
+						if e, ok := container.(nodes.Expression); ok {
+							g.target, g.container = t, e
+						}
+					}
+				}
+				return g, nil
 			})
 		}
 		fs := exec.NewFilterSet(map[string]exec.FilterFunction{mulFilter: func(e *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec.Value {
@@ -382,6 +402,8 @@ func setKeys(set any, field string) []string {
 type guarded struct {
 	exec.ControlStructure
 	name string
+	// A set's target when it is an attribute or item of a container.
+	target, container nodes.Expression
 }
 
 func (c *guarded) Execute(r *exec.Renderer, tag *nodes.ControlStructureBlock) error {
@@ -396,7 +418,98 @@ func (c *guarded) Execute(r *exec.Renderer, tag *nodes.ControlStructureBlock) er
 	if err := c.ControlStructure.Execute(r, tag); err != nil {
 		return err
 	}
+	if c.target != nil {
+		ev := r.Evaluator()
+		into, value := ev.Eval(c.container), ev.Eval(c.target)
+		if !into.IsError() && !value.IsError() && reaches(value.Val, into.Val, 1<<20) {
+			return g.fail("%s holds itself (printing it would never end)", c.container)
+		}
+	}
 	return g.check()
+}
+
+// reaches reports whether the map or slice target is reachable from v
+// (looking at no more than budget values: past it, it answers true).
+func reaches(v, target reflect.Value, budget int) bool {
+	for target.Kind() == reflect.Interface || target.Kind() == reflect.Pointer {
+		if target.IsNil() {
+			return false
+		}
+		target = target.Elem()
+	}
+	if target.Kind() != reflect.Map && target.Kind() != reflect.Slice {
+		return false
+	}
+	want := target.Pointer()
+	seen := map[uintptr]bool{}
+	valueType := reflect.TypeFor[*exec.Value]()
+	var walk func(v reflect.Value) bool
+	walk = func(v reflect.Value) bool {
+		if budget--; budget < 0 {
+			return true
+		}
+		if !v.IsValid() {
+			return false
+		}
+		if v.Type() == valueType && v.CanInterface() {
+			if v.IsNil() {
+				return false
+			}
+			return walk(v.Interface().(*exec.Value).Val)
+		}
+		switch v.Kind() {
+		case reflect.Struct: // exec.Dict, exec.Pair, …
+			for i := range v.NumField() {
+				if walk(v.Field(i)) {
+					return true
+				}
+			}
+		case reflect.Interface:
+			return !v.IsNil() && walk(v.Elem())
+		case reflect.Pointer:
+			if v.IsNil() {
+				return false
+			}
+			if p := v.Pointer(); seen[p] {
+				return false
+			} else {
+				seen[p] = true
+			}
+			return walk(v.Elem())
+		case reflect.Map:
+			p := v.Pointer()
+			if p == want {
+				return true
+			}
+			if seen[p] {
+				return false
+			}
+			seen[p] = true
+			for it := v.MapRange(); it.Next(); {
+				if walk(it.Value()) {
+					return true
+				}
+			}
+		case reflect.Slice:
+			if v.Len() > 0 {
+				p := v.Pointer()
+				if p == want {
+					return true
+				}
+				if seen[p] {
+					return false
+				}
+				seen[p] = true
+			}
+			for i := range v.Len() {
+				if walk(v.Index(i)) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return walk(v)
 }
 
 // guardedMacro defines a macro whose calls count in the guard's depth and

@@ -34,6 +34,8 @@ func TestTemplateBombsAreErrors(t *testing.T) {
 		"lipsum words":     {`{{ lipsum(1, False, 1, 100000000) }}`, "lipsum: max = 100000000"},
 		"string repeat":    {`{{ 'x' * 10000000000 }}`, "repeated 10000000000 times"},
 		"repeat in a set":  {`{% set s = 'ab' * 10000000000 %}{{ s }}`, "repeated 10000000000 times"},
+		"self-holding namespace": {`{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}`, "ns holds itself"},
+		"self-holding via list":  {`{% set ns = namespace(a=1) %}{% set ns.a = [1, {'x': ns}] %}{{ ns }}`, "ns holds itself"},
 		"wide filter":      {`{{ 'x'|center(1000000000) }}`, "filter center: argument 1000000000"},
 	} {
 		t.Run(name, func(t *testing.T) {
