@@ -24,19 +24,19 @@ func parseTemplate(t testing.TB, src string) *Template {
 func TestTemplateBombsAreErrors(t *testing.T) {
 	const trigger = "{% if messages[0].content == 'boom' %}%s{% endif %}ok"
 	for name, c := range map[string]struct{ bomb, want string }{
-		"recursion":        {`{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}`, "nested more than 64 deep"},
-		"mutual recursion": {`{% macro a() %}{{ b() }}{% endmacro %}{% macro b() %}{% if true %}{{ a() }}{% endif %}{% endmacro %}{{ a() }}`, "nested more than 64 deep"},
-		"huge range":       {`{% for i in range(1000000000) %}{% endfor %}`, "range of 1000000000 numbers"},
-		"range overflow":   {`{% for i in range(-9223372036854775807, 9223372036854775807, 2) %}{% endfor %}`, "range of"},
-		"output explosion": {`{% for i in range(1000) %}{% for j in range(1000) %}{{ 'x' * 100000 }}{% endfor %}{% endfor %}`, "longer than"},
-		"string doubling":  {`{% macro d(s, n) %}{% if n > 0 %}{{ d(s ~ s, n - 1) }}{% else %}{{ s }}{% endif %}{% endmacro %}{{ d('x', 60) }}`, "more than 33554432 bytes"},
-		"lipsum":           {`{{ lipsum(2000000) }}`, "lipsum: n = 2000000"},
-		"lipsum words":     {`{{ lipsum(1, False, 1, 100000000) }}`, "lipsum: max = 100000000"},
-		"string repeat":    {`{{ 'x' * 10000000000 }}`, "repeated 10000000000 times"},
-		"repeat in a set":  {`{% set s = 'ab' * 10000000000 %}{{ s }}`, "repeated 10000000000 times"},
+		"recursion":              {`{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}`, "nested more than 64 deep"},
+		"mutual recursion":       {`{% macro a() %}{{ b() }}{% endmacro %}{% macro b() %}{% if true %}{{ a() }}{% endif %}{% endmacro %}{{ a() }}`, "nested more than 64 deep"},
+		"huge range":             {`{% for i in range(1000000000) %}{% endfor %}`, "range of 1000000000 numbers"},
+		"range overflow":         {`{% for i in range(-9223372036854775807, 9223372036854775807, 2) %}{% endfor %}`, "range of"},
+		"output explosion":       {`{% for i in range(1000) %}{% for j in range(1000) %}{{ 'x' * 100000 }}{% endfor %}{% endfor %}`, "longer than"},
+		"string doubling":        {`{% macro d(s, n) %}{% if n > 0 %}{{ d(s ~ s, n - 1) }}{% else %}{{ s }}{% endif %}{% endmacro %}{{ d('x', 60) }}`, "more than 33554432 bytes"},
+		"lipsum":                 {`{{ lipsum(2000000) }}`, "lipsum: n = 2000000"},
+		"lipsum words":           {`{{ lipsum(1, False, 1, 100000000) }}`, "lipsum: max = 100000000"},
+		"string repeat":          {`{{ 'x' * 10000000000 }}`, "repeated 10000000000 times"},
+		"repeat in a set":        {`{% set s = 'ab' * 10000000000 %}{{ s }}`, "repeated 10000000000 times"},
 		"self-holding namespace": {`{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}`, "ns holds itself"},
 		"self-holding via list":  {`{% set ns = namespace(a=1) %}{% set ns.a = [1, {'x': ns}] %}{{ ns }}`, "ns holds itself"},
-		"wide filter":      {`{{ 'x'|center(1000000000) }}`, "filter center: argument 1000000000"},
+		"wide filter":            {`{{ 'x'|center(1000000000) }}`, "filter center: argument 1000000000"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			tm := parseTemplate(t, strings.Replace(trigger, "%s", c.bomb, 1))
