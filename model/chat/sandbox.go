@@ -346,6 +346,14 @@ func sandboxEnvironment() *exec.Environment {
 				if err := g.checkString("the input of filter "+name, in); err != nil {
 					return exec.AsValue(err)
 				}
+				if name == "replace" && len(params.Args) >= 2 && in.IsString() {
+					// The product is allocated before it can be looked at.
+					s, old, repl := in.String(), params.Args[0].String(), params.Args[1].String()
+					n := strings.Count(s, old)
+					if n > 0 && len(repl) > len(old) && (len(repl)-len(old)) > (g.lim.MaxOutput-len(s))/n {
+						return exec.AsValue(g.fail("filter replace would make more than %d bytes", g.lim.MaxOutput))
+					}
+				}
 				out := inner(e, in, params)
 				if err := g.checkString("filter "+name, out); err != nil {
 					return exec.AsValue(err)

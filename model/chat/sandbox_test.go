@@ -36,6 +36,7 @@ func TestTemplateBombsAreErrors(t *testing.T) {
 		"repeat in a set":        {`{% set s = 'ab' * 10000000000 %}{{ s }}`, "repeated 10000000000 times"},
 		"self-holding namespace": {`{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}`, "ns holds itself"},
 		"self-holding via list":  {`{% set ns = namespace(a=1) %}{% set ns.a = [1, {'x': ns}] %}{{ ns }}`, "ns holds itself"},
+		"replace":                {`{% set s = 'x' * 1000000 %}{{ s|replace('', s) }}`, "filter replace would make more than"},
 		"wide filter":            {`{{ 'x'|center(1000000000) }}`, "filter center: argument 1000000000"},
 	} {
 		t.Run(name, func(t *testing.T) {
