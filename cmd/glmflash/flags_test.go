@@ -600,3 +600,16 @@ func TestNonFiniteWeights(t *testing.T) {
 	_, err = runCLI(t, "generate", "--model", ck, "--prompt-ids", "1,2,3")
 	require.ErrorContains(t, err, "non-finite logits")
 }
+
+// A checkpoint whose chat template fails its probe still loads (before, the
+// whole checkpoint was refused): text prompts work, --chat is refused with
+// the template's error.
+func TestBrokenChatTemplateLoads(t *testing.T) {
+	ck := textCheckpoint(t, t.TempDir())
+	require.NoError(t, os.WriteFile(filepath.Join(ck, "tokenizer_config.json"), []byte(`{"chat_template": "{{ raise_exception('this template is broken') }}"}`), 0o644))
+	_, err := runCLI(t, "generate", "--model", ck, "--prompt", "Hello", "--max-tokens", "2")
+	require.NoError(t, err)
+	_, err = runCLI(t, "generate", "--model", ck, "--chat", "hi", "--max-tokens", "2")
+	require.ErrorContains(t, err, "no chat template")
+	require.ErrorContains(t, err, "this template is broken")
+}

@@ -84,14 +84,14 @@ func newGenerateCmd() *cobra.Command {
 					return err
 				}
 				if textPrompt != "" {
-					ids, err = tm.EncodePrompt(textPrompt)
+					ids, err = tm.EncodePrompt(cmd.Context(), textPrompt, 0)
 				} else {
 					var msgs []chat.Message
 					if system != "" {
 						msgs = append(msgs, chat.Message{Role: "system", Content: system})
 					}
 					var rendered string
-					rendered, ids, err = tm.EncodeChat(append(msgs, chat.Message{Role: "user", Content: chatMsg}))
+					rendered, ids, err = tm.EncodeChat(cmd.Context(), append(msgs, chat.Message{Role: "user", Content: chatMsg}), 0)
 					if err == nil && log.GetLevel() <= zerolog.DebugLevel {
 						log.Debug().Str("prompt", rendered).Msg("chat template")
 					}

@@ -363,7 +363,10 @@ func printGraph(what string, g *ir.Graph) error {
 }
 
 // textModel loads the tokenizer and chat template of the directory open
-// used; either may be missing (nil), anything else wrong is an error.
+// used; either may be missing (nil). A chat template that does not load
+// (or fails its probe) is not served, with the reason kept in ChatError
+// for the API to show: completions are served without it. Anything else
+// wrong is an error.
 func (m *modelFlags) textModel(vocab int) (*text.Model, error) {
 	tm := &text.Model{}
 	tk, err := tokenizer.Load(m.opened)
@@ -380,9 +383,12 @@ func (m *modelFlags) textModel(vocab int) (*text.Model, error) {
 		log.Warn().Int("tokenizer_ids", tk.VocabSize()).Int("vocab_size", vocab).Msg("the tokenizer has more ids than the model's vocabulary")
 	}
 	tm.Chat, err = chat.Load(m.opened)
-	if errors.Is(err, chat.ErrNoTemplate) {
+	switch {
+	case errors.Is(err, chat.ErrNoTemplate):
 		log.Warn().Str("dir", m.opened).Msg("no chat template: chat requests are refused")
-		err = nil
+	case err != nil:
+		tm.Chat, tm.ChatError = nil, err
+		log.Warn().Err(err).Msg("the chat template does not load: chat requests are refused, completions are served")
 	}
-	return tm, err
+	return tm, nil
 }

@@ -71,6 +71,7 @@ to gRPC and HTTP alike.`,
 						ck.Close()
 						return nil, err
 					}
+					tm.SpecialTokensInContent = cfg.Model.SpecialTokensInContent
 					return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Info: ck, Source: source(cfg.Model), Close: ck.Close, Text: tm}, nil
 				},
 				Passes: pipeline,

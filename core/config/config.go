@@ -134,6 +134,12 @@ type Model struct {
 	Set map[string]any `koanf:"set"`
 	// CheckTensors reads every weight at load and refuses NaN/Inf values.
 	CheckTensors bool `koanf:"check_tensors"`
+	// SpecialTokensInContent lets the text of special tokens in user and
+	// tool messages become those tokens when a chat is encoded; by default
+	// (false) it is encoded as text, so that a user cannot forge the
+	// template's turns (the template's own special tokens are tokens
+	// either way).
+	SpecialTokensInContent bool `koanf:"special_tokens_in_content"`
 }
 
 // Server is the network side of `glmflash serve`.

@@ -44,6 +44,13 @@ type server struct {
 
 func start(t *testing.T, edit func(*config.Config), gate <-chan struct{}) *server {
 	t.Helper()
+	return startText(t, edit, gate, nil)
+}
+
+// startText is start with the text model mk makes of the tokenizer (nil:
+// the tokenizer and the test template).
+func startText(t *testing.T, edit func(*config.Config), gate <-chan struct{}, mk func(*tokenizer.Tokenizer) *text.Model) *server {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Model.Dir, cfg.Model.Preset = fixture, ""
 	cfg.Model.Name = "tiny"
@@ -59,6 +66,10 @@ func start(t *testing.T, edit func(*config.Config), gate <-chan struct{}) *serve
 	require.NoError(t, err)
 	tm, err := chat.Parse([]byte(`{"chat_template": "`+strings.ReplaceAll(template, "\n", `\n`)+`"}`), "")
 	require.NoError(t, err)
+	txt := &text.Model{Tok: tk, Chat: tm}
+	if mk != nil {
+		txt = mk(tk)
+	}
 	srv, err := serve.New(cfg, serve.Options{Log: zerolog.Nop(), Load: func(ctx context.Context) (*serve.LoadedModel, error) {
 		if gate != nil {
 			<-gate
@@ -67,7 +78,7 @@ func start(t *testing.T, edit func(*config.Config), gate <-chan struct{}) *serve
 		if err != nil {
 			return nil, err
 		}
-		return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Source: cfg.Model.Dir, Close: ck.Close, Text: &text.Model{Tok: tk, Chat: tm}}, nil
+		return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Source: cfg.Model.Dir, Close: ck.Close, Text: txt}, nil
 	}})
 	require.NoError(t, err)
 	require.NoError(t, srv.Listen())

@@ -130,9 +130,16 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) models(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, 200, map[string]any{"object": "list", "data": []any{
-		map[string]any{"id": s.o.Model, "object": "model", "created": 0, "owned_by": "glmflash"},
-	}})
+	m := map[string]any{"id": s.o.Model, "object": "model", "created": 0, "owned_by": "glmflash"}
+	if lv := s.o.Live(); lv != nil && lv.Text != nil {
+		// Whether chat completions are served, and if not because the
+		// checkpoint's template failed to load, why.
+		m["chat"] = lv.Text.Tok != nil && lv.Text.Chat != nil
+		if lv.Text.ChatError != nil {
+			m["chat_template_error"] = lv.Text.ChatError.Error()
+		}
+	}
+	writeJSON(w, 200, map[string]any{"object": "list", "data": []any{m}})
 }
 
 // live returns the loaded model and the request limits, or a 503.
@@ -182,7 +189,7 @@ func (s *server) completions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, e)
 		return
 	}
-	p, e := checkCompletion(&req, lv.Text, lim)
+	p, e := checkCompletion(r.Context(), &req, lv.Text, lim)
 	if e != nil {
 		s.fail(w, e)
 		return
@@ -205,7 +212,7 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, e)
 		return
 	}
-	p, e := checkChat(&req, lv.Text, lim)
+	p, e := checkChat(r.Context(), &req, lv.Text, lim)
 	if e != nil {
 		s.fail(w, e)
 		return

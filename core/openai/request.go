@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -245,7 +246,7 @@ func (c *common) check(prompt []int32, maxTok *int64, maxTokField string, lim li
 
 // completionPrompt reads "prompt": a string, a list of token ids, or a
 // list of one of either (n = 1 and one prompt per request).
-func completionPrompt(raw json.RawMessage, tm *text.Model, lim limits) ([]int32, *apiError) {
+func completionPrompt(ctx context.Context, raw json.RawMessage, tm *text.Model, lim limits) ([]int32, *apiError) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badField("prompt", "required")
 	}
@@ -254,7 +255,7 @@ func completionPrompt(raw json.RawMessage, tm *text.Model, lim limits) ([]int32,
 		if s == "" {
 			return nil, badField("prompt", "empty")
 		}
-		ids, err := tm.EncodePrompt(s)
+		ids, err := tm.EncodePrompt(ctx, s, lim.context)
 		if err != nil {
 			return nil, badField("prompt", "%v", err)
 		}
@@ -266,7 +267,7 @@ func completionPrompt(raw json.RawMessage, tm *text.Model, lim limits) ([]int32,
 	}
 	var list []json.RawMessage
 	if err := json.Unmarshal(raw, &list); err == nil && len(list) == 1 {
-		return completionPrompt(list[0], tm, lim)
+		return completionPrompt(ctx, list[0], tm, lim)
 	} else if err == nil {
 		return nil, badField("prompt", "one prompt per request (got a list of %d)", len(list))
 	}
@@ -342,11 +343,11 @@ func chatMessages(ms []chatMessage) ([]chat.Message, *apiError) {
 }
 
 // checkCompletion validates a completion request completely.
-func checkCompletion(req *completionRequest, tm *text.Model, lim limits) (params, *apiError) {
+func checkCompletion(ctx context.Context, req *completionRequest, tm *text.Model, lim limits) (params, *apiError) {
 	if req.Echo {
 		return params{}, badField("echo", "not supported")
 	}
-	ids, e := completionPrompt(req.Prompt, tm, lim)
+	ids, e := completionPrompt(ctx, req.Prompt, tm, lim)
 	if e != nil {
 		return params{}, e
 	}
@@ -365,12 +366,12 @@ func checkCompletion(req *completionRequest, tm *text.Model, lim limits) (params
 }
 
 // checkChat validates a chat request completely and renders its prompt.
-func checkChat(req *chatRequest, tm *text.Model, lim limits) (params, *apiError) {
+func checkChat(ctx context.Context, req *chatRequest, tm *text.Model, lim limits) (params, *apiError) {
 	msgs, e := chatMessages(req.Messages)
 	if e != nil {
 		return params{}, e
 	}
-	_, ids, err := tm.EncodeChat(msgs)
+	_, ids, err := tm.EncodeChat(ctx, msgs, lim.context)
 	if err != nil {
 		return params{}, badField("messages", "%v", err)
 	}

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"context"
 	"testing"
 
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
@@ -26,7 +27,7 @@ func FuzzGenerateRequest(f *testing.F) {
 		if proto.Unmarshal(b, &req) != nil {
 			return
 		}
-		r, err := generateRequest(&req, lim)
+		r, err := generateRequest(context.Background(), &req, lim)
 		if err != nil {
 			return
 		}

@@ -741,7 +741,7 @@ func TestDefaultsForOptionalFields(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, DefaultTemperature, sp.Temperature)
 	require.Equal(t, DefaultTopP, sp.TopP)
-	r, err := generateRequest(&pb.GenerateRequest{PromptIds: []int32{1}}, limits{vocab: 10, context: 8, defaultMaxTokens: 100})
+	r, err := generateRequest(context.Background(), &pb.GenerateRequest{PromptIds: []int32{1}}, limits{vocab: 10, context: 8, defaultMaxTokens: 100})
 	require.NoError(t, err)
 	require.Equal(t, 7, r.MaxTokens, "the default is clipped to the context")
 	sp, err = samplingParams(&pb.SamplingParams{Temperature: ptr(0.0), Seed: ptr(uint64(9))})

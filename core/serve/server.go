@@ -506,7 +506,7 @@ func (s *Server) load(ctx context.Context) error {
 	}
 	lv := &live{rt: rt, eng: eng, draft: draft, closeFn: closeFn, cfgJSON: hf, text: lm.Text,
 		lim:   limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes, text: lm.Text},
-		model: modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf, mtpErr == nil),
+		model: withChat(modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf, mtpErr == nil), lm.Text),
 		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens),
 			Backend: eng.Backend().Info().Backend, Device: eng.Backend().Info().Device, Speculative: sp.String(),
 			SpeculativeIndexShare: sp.On() && share},
@@ -563,6 +563,18 @@ func (s *Server) paths(str string) string {
 	}
 	b.WriteString(str[last:])
 	return b.String()
+}
+
+// withChat records in mi whether chat requests are served, and why not
+// when the chat template failed to load.
+func withChat(mi *pb.ModelInfo, tm *text.Model) *pb.ModelInfo {
+	if tm != nil {
+		mi.Chat = tm.Tok != nil && tm.Chat != nil
+		if tm.ChatError != nil {
+			mi.ChatTemplateError = tm.ChatError.Error()
+		}
+	}
+	return mi
 }
 
 func modelInfo(cfg *model.Config, source string, weightBytes int64, hf []byte, mtpWeights bool) *pb.ModelInfo {
@@ -698,7 +710,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 		return err
 	}
 	ctx := stream.Context()
-	r, err := generateRequest(req, lv.lim)
+	r, err := generateRequest(ctx, req, lv.lim)
 	if err != nil {
 		return sv.invalid(err)
 	}

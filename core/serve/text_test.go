@@ -95,3 +95,35 @@ func TestGenerateTextWithoutTokenizer(t *testing.T) {
 	require.Equal(t, codes.InvalidArgument, status.Code(err))
 	require.ErrorContains(t, err, "prompt: the model has no tokenizer.json")
 }
+
+// A chat template that failed to load: Generate serves prompts and
+// refuses messages with the template's error, and GetModelInfo says why.
+func TestBrokenTemplateInModelInfo(t *testing.T) {
+	tj, _, err := randckpt.TokenizerFiles(256)
+	require.NoError(t, err)
+	tk, err := tokenizer.Parse(tj)
+	require.NoError(t, err)
+	_, perr := chat.Parse([]byte(`{"chat_template":"{{ raise_exception('this template is broken') }}"}`), "")
+	require.Error(t, perr)
+	h := start(t, setup{opts: func(o *Options) {
+		load := o.Load
+		o.Load = func(ctx context.Context) (*LoadedModel, error) {
+			lm, err := load(ctx)
+			if err == nil {
+				lm.Text = &text.Model{Tok: tk, ChatError: perr}
+			}
+			return lm, err
+		}
+	}})
+	ctx := context.Background()
+	info, err := h.client.GetModelInfo(ctx, &pb.GetModelInfoRequest{})
+	require.NoError(t, err)
+	require.False(t, info.GetModel().GetChat())
+	require.Contains(t, info.GetModel().GetChatTemplateError(), "this template is broken")
+	n := uint32(4)
+	_, err = generate(ctx, h.client, &pb.GenerateRequest{Prompt: "Hello", MaxTokens: &n})
+	require.NoError(t, err)
+	_, err = generate(ctx, h.client, &pb.GenerateRequest{Messages: []*pb.ChatMessage{{Role: "user", Content: "hi"}}, MaxTokens: &n})
+	require.Equal(t, codes.InvalidArgument, status.Code(err))
+	require.ErrorContains(t, err, "this template is broken")
+}

@@ -56,12 +56,12 @@ func checkRequestID(id string) error {
 // generateRequest checks a Generate request completely and converts it; the
 // error is an INVALID_ARGUMENT status naming the field. Nothing reaches the
 // runtime before this passes.
-func generateRequest(req *pb.GenerateRequest, lim limits) (sched.Request, error) {
+func generateRequest(ctx context.Context, req *pb.GenerateRequest, lim limits) (sched.Request, error) {
 	var r sched.Request
 	if err := checkRequestID(req.GetRequestId()); err != nil {
 		return r, err
 	}
-	p, err := promptOf(req, lim)
+	p, err := promptOf(ctx, req, lim)
 	if err != nil {
 		return r, err
 	}
@@ -113,7 +113,7 @@ func generateRequest(req *pb.GenerateRequest, lim limits) (sched.Request, error)
 
 // promptOf reads the prompt: exactly one of prompt_ids, prompt (text) and
 // messages (a conversation for the chat template).
-func promptOf(req *pb.GenerateRequest, lim limits) ([]int32, error) {
+func promptOf(ctx context.Context, req *pb.GenerateRequest, lim limits) ([]int32, error) {
 	given := 0
 	for _, b := range []bool{len(req.GetPromptIds()) > 0, req.GetPrompt() != "", len(req.GetMessages()) > 0} {
 		if b {
@@ -125,7 +125,7 @@ func promptOf(req *pb.GenerateRequest, lim limits) ([]int32, error) {
 	}
 	switch {
 	case req.GetPrompt() != "":
-		ids, err := lim.text.EncodePrompt(req.GetPrompt())
+		ids, err := lim.text.EncodePrompt(ctx, req.GetPrompt(), lim.context)
 		if err != nil {
 			return nil, badField("prompt", "%v", err)
 		}
@@ -143,7 +143,7 @@ func promptOf(req *pb.GenerateRequest, lim limits) ([]int32, error) {
 			}
 			msgs[i] = chat.Message{Role: m.GetRole(), Content: m.GetContent()}
 		}
-		_, ids, err := lim.text.EncodeChat(msgs)
+		_, ids, err := lim.text.EncodeChat(ctx, msgs, lim.context)
 		if err != nil {
 			return nil, badField("messages", "%v", err)
 		}

@@ -9,6 +9,7 @@ package text
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -34,32 +35,70 @@ var ErrNoChatTemplate = errors.New("the model has no chat template: use a prompt
 type Model struct {
 	Tok  *tokenizer.Tokenizer
 	Chat *chat.Template
+	// ChatError, when Chat is nil, is why the checkpoint's chat template
+	// is not served (it failed to load): chat requests are refused with
+	// it, completions are served.
+	ChatError error
+	// SpecialTokensInContent lets the special-token text in the content of
+	// user and tool messages become special tokens (configuration
+	// model.special_tokens_in_content); by default it is encoded as text,
+	// so a user cannot forge the template's turns; the special tokens the
+	// template writes are tokens either way.
+	SpecialTokensInContent bool
+}
+
+// tooLong is the error of a prompt with more tokens than maxTokens.
+func tooLong(err error, what string, maxTokens int) error {
+	if errors.Is(err, tokenizer.ErrTooManyTokens) {
+		return fmt.Errorf("%s has more than %d tokens, the context limit", what, maxTokens)
+	}
+	return err
 }
 
 // EncodePrompt returns the ids of a prompt, with the tokenizer's
-// post-processor tokens (a BOS, say), as OpenAI-compatible servers do.
-func (m *Model) EncodePrompt(prompt string) ([]int32, error) {
+// post-processor tokens (a BOS, say), as OpenAI-compatible servers do. It
+// stops when ctx is done, and as soon as the prompt has more than
+// maxTokens tokens (the context limit; 0: no limit), so that a prompt far
+// beyond it is refused cheaply.
+func (m *Model) EncodePrompt(ctx context.Context, prompt string, maxTokens int) ([]int32, error) {
 	if m == nil || m.Tok == nil {
 		return nil, ErrNoTokenizer
 	}
-	return m.Tok.Encode(prompt, tokenizer.Options{AddSpecial: true}), nil
+	ids, err := m.Tok.EncodeContext(ctx, prompt, tokenizer.Options{AddSpecial: true, MaxTokens: maxTokens})
+	return ids, tooLong(err, "the prompt", maxTokens)
 }
 
 // EncodeChat renders a conversation with the chat template (ending with
-// the assistant's turn) and returns the prompt text and its ids.
-func (m *Model) EncodeChat(msgs []chat.Message) (string, []int32, error) {
+// the assistant's turn) and returns the prompt text and its ids, within
+// ctx and maxTokens as EncodePrompt. The special-token text of user and
+// tool contents is text unless SpecialTokensInContent.
+func (m *Model) EncodeChat(ctx context.Context, msgs []chat.Message, maxTokens int) (string, []int32, error) {
 	if m == nil || m.Tok == nil {
 		return "", nil, ErrNoTokenizer
 	}
 	if m.Chat == nil {
+		if m.ChatError != nil {
+			return "", nil, fmt.Errorf("%w: %v", ErrNoChatTemplate, m.ChatError)
+		}
 		return "", nil, ErrNoChatTemplate
 	}
-	p, err := m.Chat.Render(msgs, true)
+	var mark func(string) bool
+	if !m.SpecialTokensInContent {
+		mark = m.Tok.HasSpecialText
+	}
+	p, spans, err := m.Chat.RenderMarked(ctx, msgs, true, mark)
 	if err != nil {
 		return "", nil, err
 	}
-	// The template writes the special tokens itself.
-	return p, m.Tok.Encode(p, tokenizer.Options{}), nil
+	o := tokenizer.Options{MaxTokens: maxTokens} // the template writes the special tokens itself
+	for _, sp := range spans {
+		o.TextSpans = append(o.TextSpans, [2]int{sp.Start, sp.End})
+	}
+	ids, err := m.Tok.EncodeContext(ctx, p, o)
+	if err != nil {
+		return "", nil, tooLong(err, "the rendered conversation", maxTokens)
+	}
+	return p, ids, nil
 }
 
 // TokenText is how a token reads on its own (U+FFFD for a part of a

@@ -3,19 +3,27 @@
 // the prompt text the model was trained on, as transformers'
 // apply_chat_template does: with messages, add_generation_prompt and the
 // bos_token / eos_token strings; tools are left empty.
+//
+// Templates come with checkpoints and are not trusted: they render in a
+// sandbox (sandbox.go) that bounds the nesting of macro calls and control
+// structures, range, the output and every string a macro or filter makes,
+// and the time, and stops when the request's context is done; every
+// failure is an error for that rendering only.
 package chat
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/glmflash/glmflash/internal/regular"
-	"github.com/nikolalohinski/gonja/v2"
 	"github.com/nikolalohinski/gonja/v2/config"
 	"github.com/nikolalohinski/gonja/v2/exec"
 	"github.com/nikolalohinski/gonja/v2/loaders"
@@ -39,6 +47,7 @@ type Template struct {
 	Source   string // the template text
 	BOSToken string // "" when the tokenizer has none
 	EOSToken string
+	limits   Limits
 }
 
 // tokConfig is the part of tokenizer_config.json the template needs.
@@ -76,7 +85,7 @@ func Parse(tokenizerConfig []byte, jinjaFile string) (*Template, error) {
 			return nil, fmt.Errorf("tokenizer_config.json: %v", err)
 		}
 	}
-	t := &Template{}
+	t := &Template{limits: DefaultLimits}
 	var err error
 	if t.BOSToken, err = tokenString(c.BOSToken, "tokenizer_config.json: bos_token"); err != nil {
 		return nil, err
@@ -114,7 +123,7 @@ func Parse(tokenizerConfig []byte, jinjaFile string) (*Template, error) {
 	t.Source = src
 	// A template that cannot render a plain conversation is refused now,
 	// not on the first request.
-	if _, err := t.Render([]Message{{Role: "user", Content: "hi"}}, true); err != nil {
+	if _, err := t.Render(context.Background(), []Message{{Role: "user", Content: "hi"}}, true); err != nil {
 		return nil, fmt.Errorf("chat_template: rendering a one-message conversation: %w", err)
 	}
 	return t, nil
@@ -146,30 +155,134 @@ func Load(dir string) (*Template, error) {
 }
 
 // Render returns the prompt text of a conversation; addGenerationPrompt
-// appends the start of the assistant's turn.
-func (t *Template) Render(msgs []Message, addGenerationPrompt bool) (string, error) {
+// appends the start of the assistant's turn. It stops with an error when
+// ctx is done or the template passes a limit of the sandbox
+// (DefaultLimits).
+func (t *Template) Render(ctx context.Context, msgs []Message, addGenerationPrompt bool) (string, error) {
+	out, _, err := t.RenderMarked(ctx, msgs, addGenerationPrompt, nil)
+	return out, err
+}
+
+// Span is a byte range [Start, End) of a rendered prompt.
+type Span struct{ Start, End int }
+
+// Sentinels marking a message's content while it renders: Unicode
+// noncharacters, never in text a template writes, and replaced with
+// U+FFFD in the content they mark.
+const (
+	openMark  = "\ufdd0"
+	closeMark = "\ufdd1"
+)
+
+// ErrMarks means the template transformed a marked content so that where
+// it ends up in the prompt is lost.
+var ErrMarks = errors.New("chat template: a user or tool message's content was transformed by the template, so its special-token text cannot be kept as text")
+
+// RenderMarked renders as Render does, and also returns where the content
+// of the user and tool messages for which mark returns true ended up in
+// the prompt (mark nil: none), so that the caller can encode special-token
+// text there as text while the template's own special tokens stay real.
+// Leading and trailing white space of a marked content stays outside the
+// marks, so that templates that trim it render as before; a template that
+// drops or cuts a marked content is ErrMarks.
+func (t *Template) RenderMarked(ctx context.Context, msgs []Message, addGenerationPrompt bool, mark func(string) bool) (string, []Span, error) {
 	list := make([]any, len(msgs))
+	marked := false
 	for i, m := range msgs {
-		list[i] = map[string]any{"role": m.Role, "content": m.Content}
+		c := m.Content
+		if mark != nil && (m.Role == "user" || m.Role == "tool") && mark(c) {
+			c = strings.NewReplacer(openMark, "\ufffd", closeMark, "\ufffd").Replace(c)
+			core := strings.TrimSpace(c)
+			at := strings.Index(c, core)
+			c = c[:at] + openMark + core + closeMark + c[at+len(core):]
+			marked = true
+		}
+		list[i] = map[string]any{"role": m.Role, "content": c}
 	}
-	out, err := t.tmpl.ExecuteToString(exec.NewContext(map[string]any{
+	out, err := t.render(ctx, map[string]any{
 		"messages":              list,
 		"add_generation_prompt": addGenerationPrompt,
 		"bos_token":             t.BOSToken,
 		"eos_token":             t.EOSToken,
 		"tools":                 nil,
 		"raise_exception":       raiseException,
-	}))
+	})
 	if err != nil {
-		return "", fmt.Errorf("chat template: %w", err)
+		return "", nil, err
 	}
-	return out, nil
+	if !marked {
+		return out, nil, nil
+	}
+	return unmark(out)
 }
 
+// unmark removes the marks from a rendered prompt and returns the spans
+// they enclosed.
+func unmark(s string) (string, []Span, error) {
+	var sb strings.Builder
+	var spans []Span
+	open := -1
+	for {
+		i := strings.IndexAny(s, openMark+closeMark)
+		if i < 0 {
+			break
+		}
+		sb.WriteString(s[:i])
+		isOpen := strings.HasPrefix(s[i:], openMark)
+		switch {
+		case isOpen && open < 0:
+			open = sb.Len()
+		case !isOpen && open >= 0:
+			spans = append(spans, Span{open, sb.Len()})
+			open = -1
+		default:
+			return "", nil, ErrMarks
+		}
+		s = s[i+len(openMark):] // both marks are 3 bytes
+	}
+	if open >= 0 {
+		return "", nil, ErrMarks
+	}
+	sb.WriteString(s)
+	return sb.String(), spans, nil
+}
+
+// compileTimeout bounds parsing a template: gonja's lexer blocks for ever
+// on some malformed input ("{%\ufffd0.\ufffd": a send on a channel no one
+// reads), and a template comes from a file.
+var compileTimeout = 10 * time.Second
+
 // compile parses a template as transformers does: Jinja with trim_blocks
-// and lstrip_blocks. The template can read no files ({% include %} and
-// {% extends %} fail).
+// and lstrip_blocks, in the sandbox's environment. The template can read
+// no files ({% include %}, {% import %}, {% extends %} fail). A parse that
+// does not finish within compileTimeout is an error (its goroutine, blocked
+// in gonja, is abandoned: it holds no CPU).
 func compile(src string) (*exec.Template, error) {
+	type result struct {
+		t   *exec.Template
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				done <- result{nil, fmt.Errorf("the template parser failed: %v", p)}
+			}
+		}()
+		t, err := compileNow(src)
+		done <- result{t, err}
+	}()
+	timer := time.NewTimer(compileTimeout)
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		return r.t, r.err
+	case <-timer.C:
+		return nil, fmt.Errorf("the template parser did not finish within %v (malformed template)", compileTimeout)
+	}
+}
+
+func compileNow(src string) (*exec.Template, error) {
 	cfg := config.New()
 	cfg.TrimBlocks = true
 	cfg.LeftStripBlocks = true
@@ -178,7 +291,12 @@ func compile(src string) (*exec.Template, error) {
 	if err != nil {
 		return nil, err
 	}
-	return exec.NewTemplate(root, cfg, ld, gonja.DefaultEnvironment)
+	t, err := exec.NewTemplate(root, cfg, ld, sandboxEnvironment())
+	if err != nil {
+		return nil, err
+	}
+	rewriteMultiply(t.Root())
+	return t, nil
 }
 
 // noFiles is a template loader that loads nothing.

@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -38,7 +39,7 @@ func TestRenderMatchesHuggingFaceJinja(t *testing.T) {
 	}
 	seen := map[string]int{}
 	for i, c := range g.Cases {
-		got, err := tmpls[c.Template].Render(c.Messages, c.AddGenerationPrompt)
+		got, err := tmpls[c.Template].Render(context.Background(), c.Messages, c.AddGenerationPrompt)
 		require.NoError(t, err, "case %d", i)
 		require.Equal(t, c.Rendered, got, "case %d (%s, add_generation_prompt=%v)", i, c.Template, c.AddGenerationPrompt)
 		seen[c.Template]++
@@ -57,14 +58,14 @@ func TestTokensAndSources(t *testing.T) {
 	// chat_template.jinja wins over tokenizer_config.json.
 	tm, err = Parse(cfg, "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}")
 	require.NoError(t, err)
-	out, err := tm.Render([]Message{{"user", "x"}}, true)
+	out, err := tm.Render(context.Background(), []Message{{"user", "x"}}, true)
 	require.NoError(t, err)
 	require.Equal(t, "[user:x]", out)
 
 	// A list of named templates: "default".
 	tm, err = Parse([]byte(`{"chat_template":[{"name":"tool_use","template":"T"},{"name":"default","template":"D{{ eos_token }}"}],"eos_token":"</s>"}`), "")
 	require.NoError(t, err)
-	out, err = tm.Render(nil, false)
+	out, err = tm.Render(context.Background(), nil, false)
 	require.NoError(t, err)
 	require.Equal(t, "D</s>", out)
 
@@ -87,6 +88,6 @@ func TestTemplatesCannotReadFilesAndCanRefuse(t *testing.T) {
 	require.ErrorContains(t, err, "cannot read files")
 	tm, err := Parse([]byte(`{"chat_template": "{% if messages|length > 1 %}{{ raise_exception('one message only') }}{% endif %}ok"}`), "")
 	require.NoError(t, err)
-	_, err = tm.Render([]Message{{"user", "a"}, {"user", "b"}}, false)
+	_, err = tm.Render(context.Background(), []Message{{"user", "a"}, {"user", "b"}}, false)
 	require.ErrorContains(t, err, "one message only")
 }

@@ -1,6 +1,7 @@
 package randckpt
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -41,7 +42,7 @@ func TestPresetTokenizers(t *testing.T) {
 		}
 		require.NoError(t, err, name)
 		require.Less(t, len(ids), len(text), "%s: merges apply", name)
-		p, err := tm.Render([]chat.Message{{Role: "user", Content: "Hi"}}, true)
+		p, err := tm.Render(context.Background(), []chat.Message{{Role: "user", Content: "Hi"}}, true)
 		require.NoError(t, err)
 		require.Equal(t, "[gMASK]<sop><|user|>\nHi<|assistant|>", p)
 		pids := tk.Encode(p, tokenizer.Options{})

@@ -68,7 +68,7 @@ func at(s string, i int) (uint8, int) {
 	return classOfSlow(r), n
 }
 
-func (f fastSplit) findAll(s string) [][2]int {
+func (f fastSplit) findAll(_ *encoder, s string) [][2]int {
 	out := make([][2]int, 0, len(s)/4+1)
 	for i := 0; i < len(s); {
 		if e := f.match(s, i); e > i {

@@ -10,7 +10,7 @@ import (
 
 // normalizer rewrites text before pre-tokenization (tokenizer.json
 // "normalizer").
-type normalizer func(string) string
+type normalizer func(*encoder, string) string
 
 func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 	if isNull(raw) {
@@ -28,15 +28,15 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 		}
 		switch typ {
 		case "NFC":
-			return norm.NFC.String, nil
+			return wrap(norm.NFC.String), nil
 		case "NFD":
-			return norm.NFD.String, nil
+			return wrap(norm.NFD.String), nil
 		case "NFKC":
-			return norm.NFKC.String, nil
+			return wrap(norm.NFKC.String), nil
 		case "NFKD":
-			return norm.NFKD.String, nil
+			return wrap(norm.NFKD.String), nil
 		}
-		return strings.ToLower, nil
+		return wrap(strings.ToLower), nil
 	case "Sequence":
 		var v struct {
 			Type        string            `json:"type"`
@@ -58,9 +58,9 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 		if len(steps) == 0 {
 			return nil, nil
 		}
-		return func(s string) string {
+		return func(e *encoder, s string) string {
 			for _, f := range steps {
-				s = f(s)
+				s = f(e, s)
 			}
 			return s
 		}, nil
@@ -72,7 +72,7 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 		if err := strict(raw, &v, where); err != nil {
 			return nil, err
 		}
-		return func(s string) string {
+		return func(_ *encoder, s string) string {
 			if s == "" {
 				return s
 			}
@@ -91,7 +91,7 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 		if err != nil {
 			return nil, err
 		}
-		return func(s string) string { return re.replaceAll(s, v.Content) }, nil
+		return func(e *encoder, s string) string { return re.replaceAll(e, s, v.Content) }, nil
 	case "Strip":
 		var v struct {
 			Type       string `json:"type"`
@@ -101,7 +101,7 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 		if err := strict(raw, &v, where); err != nil {
 			return nil, err
 		}
-		return func(s string) string {
+		return func(_ *encoder, s string) string {
 			if v.StripLeft {
 				s = strings.TrimLeftFunc(s, isWhiteSpace)
 			}
@@ -112,4 +112,9 @@ func parseNormalizer(raw json.RawMessage, where string) (normalizer, error) {
 		}, nil
 	}
 	return nil, fmt.Errorf("%s.type: unsupported normalizer %q (have NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Strip, Sequence)", where, typ)
+}
+
+// wrap makes a normalizer of a function that cannot fail.
+func wrap(f func(string) string) normalizer {
+	return func(_ *encoder, s string) string { return f(s) }
 }

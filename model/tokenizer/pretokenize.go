@@ -4,10 +4,21 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/dlclark/regexp2/v2"
 )
+
+// MatchTimeout bounds one search of a Split or Replace regex for its next
+// match (regexp2's MatchTimeout; the regex engine backtracks, and a
+// pattern such as (a+)+$ is exponential in the length of the text). Real
+// tokenizer patterns find a match in microseconds; a search that takes
+// longer fails the encoding with an error naming the pattern, as Hugging
+// Face tokenizers bounds Oniguruma's retries. The two common patterns
+// (fastsplit.go) do not use the regex engine and are linear.
+const MatchTimeout = 100 * time.Millisecond
 
 // isWhiteSpace is Unicode White_Space, the meaning of \s in the regex
 // engine of Hugging Face tokenizers (Oniguruma) and of Rust's
@@ -17,12 +28,12 @@ func isWhiteSpace(r rune) bool { return unicode.Is(unicode.White_Space, r) }
 // matcher finds the non-overlapping matches of a Split or Replace pattern,
 // left to right, as byte offsets.
 type matcher interface {
-	findAll(s string) [][2]int
+	findAll(e *encoder, s string) [][2]int
 }
 
 type literal string
 
-func (l literal) findAll(s string) [][2]int {
+func (l literal) findAll(_ *encoder, s string) [][2]int {
 	if l == "" {
 		return nil
 	}
@@ -37,19 +48,49 @@ func (l literal) findAll(s string) [][2]int {
 	}
 }
 
-type regex struct{ re *regexp2.Regexp }
+// regex is a pattern run by the backtracking engine, each search for the
+// next match bounded by MatchTimeout and the encoding's context checked
+// between matches.
+type regex struct {
+	re    *regexp2.Regexp
+	where string // the field it came from, for errors
+}
 
-func (r regex) findAll(s string) [][2]int {
-	idx, err := r.re.FindAllStringIndex(s, -1)
+func newRegex(expr, where string) (regex, error) {
+	re, err := regexp2.Compile(expr, regexp2.None)
 	if err != nil {
-		// Only a backtracking-stack overflow can fail, and the patterns of
-		// byte-level tokenizers do not come near it; treat the rest of the
-		// text as unmatched rather than lose it.
+		return regex{}, err
+	}
+	re.MatchTimeout = MatchTimeout
+	return regex{re, where}, nil
+}
+
+func (r regex) findAll(e *encoder, s string) [][2]int {
+	if s == "" || e.failed() {
 		return nil
 	}
-	out := make([][2]int, len(idx))
-	for i, m := range idx {
-		out[i] = [2]int{m[0], m[1]}
+	runes := []rune(s) // s is valid UTF-8 (Encode makes it so)
+	var out [][2]int
+	ri, bi, prevEnd := 0, 0, -1 // rune and byte offsets walked so far
+	err := r.re.FindRunesMatches(runes, 0, func(m regexp2.MatchView) bool {
+		idx, n, _ := m.GroupRange(0)
+		if n == 0 && idx == prevEnd {
+			return !e.stopped() // an empty match right after a match (as FindAllStringIndex)
+		}
+		for ; ri < idx; ri++ {
+			bi += utf8.RuneLen(runes[ri])
+		}
+		start := bi
+		for ; ri < idx+n; ri++ {
+			bi += utf8.RuneLen(runes[ri])
+		}
+		out = append(out, [2]int{start, bi})
+		prevEnd = idx + n
+		return !e.stopped()
+	})
+	if err != nil {
+		// The engine's message quotes the whole input: name the pattern.
+		e.fail(fmt.Errorf("%w: %s: no match found within %v (a pattern that backtracks catastrophically?)", ErrBudget, r.where, MatchTimeout))
 	}
 	return out
 }
@@ -57,8 +98,8 @@ func (r regex) findAll(s string) [][2]int {
 // pattern is a compiled Split or Replace pattern.
 type pattern struct{ m matcher }
 
-func (p pattern) replaceAll(s, with string) string {
-	ms := p.m.findAll(s)
+func (p pattern) replaceAll(e *encoder, s, with string) string {
+	ms := p.m.findAll(e, s)
 	if len(ms) == 0 {
 		return s
 	}
@@ -83,11 +124,11 @@ func compilePattern(p patternJSON, where string) (pattern, error) {
 		if m, ok := fastMatcher(*p.Regex); ok {
 			return pattern{m}, nil
 		}
-		re, err := regexp2.Compile(*p.Regex, regexp2.None)
+		re, err := newRegex(*p.Regex, where+".Regex")
 		if err != nil {
 			return pattern{}, fmt.Errorf("%s.Regex: %v", where, err)
 		}
-		return pattern{regex{re}}, nil
+		return pattern{re}, nil
 	}
 	return pattern{}, fmt.Errorf("%s: want {\"String\": …} or {\"Regex\": …}", where)
 }
@@ -117,13 +158,13 @@ var behaviors = map[string]behavior{
 
 // splitBy cuts s at a matcher's matches as Hugging Face's
 // NormalizedString::split does, appending the pieces to out.
-func splitBy(out []string, s string, find func(string) [][2]int, invert bool, b behavior) []string {
+func splitBy(e *encoder, out []string, s string, find func(*encoder, string) [][2]int, invert bool, b behavior) []string {
 	if s == "" {
 		return out
 	}
 	if b == isolated { // the common case: every match and every gap is a piece
 		prev := 0
-		for _, m := range find(s) {
+		for _, m := range find(e, s) {
 			if prev != m[0] {
 				out = append(out, s[prev:m[0]])
 			}
@@ -139,7 +180,7 @@ func splitBy(out []string, s string, find func(string) [][2]int, invert bool, b 
 	}
 	var spans []span
 	prev := 0
-	for _, m := range find(s) {
+	for _, m := range find(e, s) {
 		if prev != m[0] {
 			spans = append(spans, span{s[prev:m[0]], invert})
 		}
@@ -201,7 +242,7 @@ func splitBy(out []string, s string, find func(string) [][2]int, invert bool, b 
 }
 
 // preStep is one pre-tokenizer: it cuts each piece into smaller ones.
-type preStep func(out []string, piece string) []string
+type preStep func(e *encoder, out []string, piece string) []string
 
 // gpt2Pattern is the ByteLevel pre-tokenizer's own regex (use_regex).
 const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
@@ -256,8 +297,8 @@ func parsePreTokenizer(raw json.RawMessage, where string) (steps []preStep, sawB
 		if !ok {
 			return nil, false, fmt.Errorf("%s.behavior: unknown %q (have Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous)", where, v.Behavior)
 		}
-		return []preStep{func(out []string, piece string) []string {
-			return splitBy(out, piece, p.m.findAll, v.Invert, b)
+		return []preStep{func(e *encoder, out []string, piece string) []string {
+			return splitBy(e, out, piece, p.m.findAll, v.Invert, b)
 		}}, false, nil
 	case "Digits":
 		var v struct {
@@ -271,8 +312,8 @@ func parsePreTokenizer(raw json.RawMessage, where string) (steps []preStep, sawB
 		if v.IndividualDigits {
 			b = isolated
 		}
-		return []preStep{func(out []string, piece string) []string {
-			return splitBy(out, piece, findRunes(func(r rune) bool { return r >= '0' && r <= '9' }), false, b)
+		return []preStep{func(e *encoder, out []string, piece string) []string {
+			return splitBy(e, out, piece, findRunes(func(r rune) bool { return r >= '0' && r <= '9' }), false, b)
 		}}, false, nil
 	case "ByteLevel":
 		var v struct {
@@ -285,7 +326,7 @@ func parsePreTokenizer(raw json.RawMessage, where string) (steps []preStep, sawB
 			return nil, false, err
 		}
 		if v.AddPrefixSpace {
-			steps = append(steps, func(out []string, piece string) []string {
+			steps = append(steps, func(_ *encoder, out []string, piece string) []string {
 				if !strings.HasPrefix(piece, " ") {
 					piece = " " + piece
 				}
@@ -293,9 +334,12 @@ func parsePreTokenizer(raw json.RawMessage, where string) (steps []preStep, sawB
 			})
 		}
 		if v.UseRegex == nil || *v.UseRegex {
-			re := regex{regexp2.MustCompile(gpt2Pattern, regexp2.None)}
-			steps = append(steps, func(out []string, piece string) []string {
-				return splitBy(out, piece, re.findAll, false, isolated)
+			re, err := newRegex(gpt2Pattern, where+" (ByteLevel's regex)")
+			if err != nil {
+				return nil, false, err
+			}
+			steps = append(steps, func(e *encoder, out []string, piece string) []string {
+				return splitBy(e, out, piece, re.findAll, false, isolated)
 			})
 		}
 		return steps, true, nil
@@ -304,8 +348,8 @@ func parsePreTokenizer(raw json.RawMessage, where string) (steps []preStep, sawB
 }
 
 // findRunes matches every single character for which f holds.
-func findRunes(f func(rune) bool) func(string) [][2]int {
-	return func(s string) [][2]int {
+func findRunes(f func(rune) bool) func(*encoder, string) [][2]int {
+	return func(_ *encoder, s string) [][2]int {
 		var out [][2]int
 		for i, r := range s {
 			if f(r) {

@@ -13,12 +13,15 @@ package tokenizer
 
 import (
 	"compress/gzip"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"unicode/utf8"
 
@@ -238,7 +241,11 @@ func (t *Tokenizer) parseAdded(list []addedTokenJSON) error {
 		t.added = append(t.added, tok)
 		if a.Normalized && !a.Special {
 			if t.norm != nil {
-				tok.content = t.norm(a.Content)
+				e := &encoder{}
+				tok.content = t.norm(e, a.Content)
+				if e.err != nil {
+					return fmt.Errorf("%s.content: normalizing it: %w", where, e.err)
+				}
 			}
 			if tok.content != "" {
 				normed = append(normed, tok)
@@ -292,11 +299,97 @@ type Options struct {
 	// instead of as the special tokens (Hugging Face's
 	// encode_special_tokens): text from users cannot forge them.
 	SpecialAsText bool
+	// TextSpans are byte ranges [start, end) of the text in which special
+	// tokens are encoded as text, as SpecialAsText does everywhere: the
+	// user's part of a rendered chat prompt, whose special tokens the
+	// template wrote itself. A special token that overlaps a span is text.
+	TextSpans [][2]int
+	// MaxTokens, when positive, stops EncodeContext with ErrTooManyTokens
+	// as soon as the text has more tokens than that (the context length),
+	// so that a prompt far beyond it is refused before it is all encoded.
+	MaxTokens int
+}
+
+// Errors of EncodeContext.
+var (
+	// ErrTooManyTokens: the text has more than Options.MaxTokens tokens.
+	ErrTooManyTokens = errors.New("tokenizer: more tokens than the limit")
+	// ErrBudget: a pattern of the tokenizer did not find a match within
+	// MatchTimeout.
+	ErrBudget = errors.New("tokenizer: over the match budget")
+)
+
+// encoder is the state of one encoding: its context and first error; a
+// nil *encoder is one without either.
+type encoder struct {
+	done <-chan struct{}
+	ctx  context.Context
+	err  error
+}
+
+func (e *encoder) fail(err error) {
+	if e != nil && e.err == nil {
+		e.err = err
+	}
+}
+
+func (e *encoder) error() error {
+	if e == nil {
+		return nil
+	}
+	return e.err
+}
+
+func (e *encoder) failed() bool { return e != nil && e.err != nil }
+
+// stopped reports whether the encoding must stop: an error, or the
+// context done (a look at a channel: nanoseconds).
+func (e *encoder) stopped() bool {
+	if e == nil {
+		return false
+	}
+	if e.err != nil {
+		return true
+	}
+	if e.done != nil {
+		select {
+		case <-e.done:
+			e.err = context.Cause(e.ctx)
+			return true
+		default:
+		}
+	}
+	return false
 }
 
 // Encode returns the token ids of text. Invalid UTF-8 is first replaced
-// with U+FFFD.
+// with U+FFFD. It is EncodeContext without a context or a token limit,
+// for trusted text: if a regex of the tokenizer exceeds its match budget,
+// the text it did not reach is left unsplit. Requests use EncodeContext.
 func (t *Tokenizer) Encode(text string, o Options) []int32 {
+	o.MaxTokens = 0
+	ids, _ := t.encode(nil, text, o)
+	return ids
+}
+
+// EncodeContext returns the token ids of text, as Encode does, but stops
+// with an error when ctx is done (context.Cause), when the text has more
+// than o.MaxTokens tokens (ErrTooManyTokens), or when a regex of the
+// tokenizer finds no match within MatchTimeout (ErrBudget). Added tokens
+// are found in time linear in the text, whatever their number.
+func (t *Tokenizer) EncodeContext(ctx context.Context, text string, o Options) ([]int32, error) {
+	if err := context.Cause(ctx); err != nil {
+		return nil, err
+	}
+	e := &encoder{ctx: ctx, done: ctx.Done()}
+	ids, err := t.encode(e, text, o)
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+func (t *Tokenizer) encode(e *encoder, text string, o Options) ([]int32, error) {
 	if !utf8.ValidString(text) {
 		text = Lossy([]byte(text))
 	}
@@ -304,41 +397,67 @@ func (t *Tokenizer) Encode(text string, o Options) []int32 {
 	if o.AddSpecial {
 		ids = append(ids, t.post...)
 	}
+	over := func() bool {
+		if o.MaxTokens > 0 && len(ids)+len(t.postTail) > o.MaxTokens {
+			e.fail(fmt.Errorf("%w (%d)", ErrTooManyTokens, o.MaxTokens))
+		}
+		return e.stopped()
+	}
 	var parts, sub []piece
 	var words []string
-	parts = t.raw.split(parts, text, o.SpecialAsText)
+	asText := func(b, e int) bool { return o.SpecialAsText }
+	if !o.SpecialAsText && len(o.TextSpans) > 0 {
+		asText = func(b, e int) bool {
+			// Spans are few (one per marked message) and sorted.
+			i := sort.Search(len(o.TextSpans), func(i int) bool { return o.TextSpans[i][1] > b })
+			return i < len(o.TextSpans) && o.TextSpans[i][0] < e
+		}
+	}
+	parts = t.raw.split(parts, text, asText)
 	for _, p := range parts {
 		if p.id >= 0 {
 			ids = append(ids, p.id)
+			if over() {
+				return ids, e.error()
+			}
 			continue
 		}
 		s := p.text
 		if t.norm != nil {
-			s = t.norm(s)
+			s = t.norm(e, s)
 		}
-		sub = t.normed.split(sub[:0], s, o.SpecialAsText)
+		sub = t.normed.split(sub[:0], s, nil) // normalized added tokens are never special
 		for _, q := range sub {
 			if q.id >= 0 {
 				ids = append(ids, q.id)
+				if over() {
+					return ids, e.error()
+				}
 				continue
 			}
 			words = append(words[:0], q.text)
 			for _, step := range t.pre {
 				next := make([]string, 0, len(words))
 				for _, w := range words {
-					next = step(next, w)
+					next = step(e, next, w)
 				}
 				words = next
 			}
 			for _, w := range words {
 				ids = t.model.encode(ids, w)
+				if over() {
+					return ids, e.error()
+				}
 			}
+		}
+		if e.failed() {
+			return ids, e.error()
 		}
 	}
 	if o.AddSpecial {
 		ids = append(ids, t.postTail...)
 	}
-	return ids
+	return ids, e.error()
 }
 
 // Decode returns the text of ids; ids the tokenizer does not have are
@@ -353,6 +472,20 @@ func (t *Tokenizer) Decode(ids []int32, skipSpecial bool) string {
 		b = append(b, t.Bytes(id)...)
 	}
 	return Lossy(b)
+}
+
+// HasSpecialText reports whether s contains the text of a special token.
+func (t *Tokenizer) HasSpecialText(s string) bool {
+	if t.raw == nil {
+		return false
+	}
+	ms, _ := t.raw.longest(s)
+	for _, m := range ms {
+		if m.tok.special {
+			return true
+		}
+	}
+	return false
 }
 
 // Describe summarizes the tokenizer for logs.

@@ -1113,9 +1113,15 @@ type ModelInfo struct {
 	MtpLayers uint32 `protobuf:"varint,16,opt,name=mtp_layers,json=mtpLayers,proto3" json:"mtp_layers,omitempty"`
 	// The checkpoint holds every tensor of the MTP layers (speculative
 	// decoding with the MTP drafter needs them).
-	MtpWeights    bool `protobuf:"varint,17,opt,name=mtp_weights,json=mtpWeights,proto3" json:"mtp_weights,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MtpWeights bool `protobuf:"varint,17,opt,name=mtp_weights,json=mtpWeights,proto3" json:"mtp_weights,omitempty"`
+	// Chat requests (messages) are served: the checkpoint has a tokenizer
+	// and a chat template that loaded.
+	Chat bool `protobuf:"varint,18,opt,name=chat,proto3" json:"chat,omitempty"`
+	// Why the checkpoint's chat template is not served when it failed to
+	// load (completions are served without it); empty otherwise.
+	ChatTemplateError string `protobuf:"bytes,19,opt,name=chat_template_error,json=chatTemplateError,proto3" json:"chat_template_error,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ModelInfo) Reset() {
@@ -1265,6 +1271,20 @@ func (x *ModelInfo) GetMtpWeights() bool {
 		return x.MtpWeights
 	}
 	return false
+}
+
+func (x *ModelInfo) GetChat() bool {
+	if x != nil {
+		return x.Chat
+	}
+	return false
+}
+
+func (x *ModelInfo) GetChatTemplateError() string {
+	if x != nil {
+		return x.ChatTemplateError
+	}
+	return ""
 }
 
 type EngineInfo struct {
@@ -1592,7 +1612,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x06engine\x18\x02 \x01(\v2\x17.glmflash.v1.EngineInfoR\x06engine\x12(\n" +
 	"\x10pass_report_json\x18\x03 \x01(\tR\x0epassReportJson\x12\x1f\n" +
 	"\vconfig_hash\x18\x04 \x01(\tR\n" +
-	"configHash\"\xd5\x04\n" +
+	"configHash\"\x99\x05\n" +
 	"\tModelInfo\x12\x1d\n" +
 	"\n" +
 	"model_type\x18\x01 \x01(\tR\tmodelType\x12\x16\n" +
@@ -1621,7 +1641,9 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\n" +
 	"mtp_layers\x18\x10 \x01(\rR\tmtpLayers\x12\x1f\n" +
 	"\vmtp_weights\x18\x11 \x01(\bR\n" +
-	"mtpWeights\"\x8e\x03\n" +
+	"mtpWeights\x12\x12\n" +
+	"\x04chat\x18\x12 \x01(\bR\x04chat\x12.\n" +
+	"\x13chat_template_error\x18\x13 \x01(\tR\x11chatTemplateError\"\x8e\x03\n" +
 	"\n" +
 	"EngineInfo\x12\x14\n" +
 	"\x05slots\x18\x01 \x01(\rR\x05slots\x12\x1f\n" +
