@@ -40,8 +40,20 @@ type tensorLoc struct {
 type Checkpoint struct {
 	dir     string
 	cfg     *Config
+	mode    safetensors.Mode
 	files   []*safetensors.File
 	tensors map[string]tensorLoc
+}
+
+// OpenOptions configure OpenWith.
+type OpenOptions struct {
+	// Weights is how the safetensors files are held (model.weights):
+	// safetensors.Copy (the default) reads them into memory at open, so
+	// that a file truncated or overwritten while serving changes nothing;
+	// safetensors.Guarded maps them (no memory of their own, but the files
+	// are the served weights: CheckWeights refuses them once one changed on
+	// disk, and a reader's fault on a truncated one becomes an error).
+	Weights safetensors.Mode
 }
 
 // Open opens the checkpoint in dir: it parses config.json (with the
@@ -50,7 +62,10 @@ type Checkpoint struct {
 // opens the safetensors files (model.safetensors.index.json if present, else
 // model.safetensors, else every *.safetensors file). A sharded index must
 // reference existing shards that hold the tensors it maps to them.
-func Open(dir string) (*Checkpoint, error) {
+func Open(dir string) (*Checkpoint, error) { return OpenWith(dir, OpenOptions{}) }
+
+// OpenWith is Open with options.
+func OpenWith(dir string, o OpenOptions) (*Checkpoint, error) {
 	cfgPath := filepath.Join(dir, ConfigFile)
 	data, err := regular.ReadFile(cfgPath, regular.ConfigLimit)
 	if err != nil {
@@ -66,7 +81,7 @@ func Open(dir string) (*Checkpoint, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	ck := &Checkpoint{dir: dir, cfg: cfg, tensors: make(map[string]tensorLoc)}
+	ck := &Checkpoint{dir: dir, cfg: cfg, mode: o.Weights, tensors: make(map[string]tensorLoc)}
 	if err := ck.openTensors(); err != nil {
 		ck.Close()
 		return nil, err
@@ -75,7 +90,7 @@ func Open(dir string) (*Checkpoint, error) {
 }
 
 func (ck *Checkpoint) openFile(path string) (*safetensors.File, error) {
-	f, err := safetensors.Open(path)
+	f, err := safetensors.OpenMode(path, ck.mode)
 	if err != nil {
 		return nil, err
 	}
@@ -442,6 +457,33 @@ func (ck *Checkpoint) Close() error {
 	}
 	ck.files = nil
 	return errors.Join(errs...)
+}
+
+// WeightsMode is how the checkpoint's files are held (OpenOptions.Weights).
+func (ck *Checkpoint) WeightsMode() safetensors.Mode { return ck.mode }
+
+// CheckWeights says whether the weights may still be read: nil when they
+// were copied into memory, and for mapped files that are still the ones
+// opened and never faulted (safetensors.File.Check). Cheap (one fstat per
+// file): the CPU backend asks it before every batch.
+func (ck *Checkpoint) CheckWeights() error {
+	for _, f := range ck.files {
+		if err := f.Check(); err != nil {
+			return fmt.Errorf("checkpoint %s: %w", ck.dir, err)
+		}
+	}
+	return nil
+}
+
+// VerifyWeights is CheckWeights plus each mapped file's header re-read and
+// compared with the one loaded (safetensors.File.VerifyHeader).
+func (ck *Checkpoint) VerifyWeights() error {
+	for _, f := range ck.files {
+		if err := f.VerifyHeader(); err != nil {
+			return fmt.Errorf("checkpoint %s: %w", ck.dir, err)
+		}
+	}
+	return nil
 }
 
 // DropResident releases the mapped files' pages from the resident set

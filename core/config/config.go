@@ -132,7 +132,21 @@ type Model struct {
 	Set map[string]any `koanf:"set"`
 	// CheckTensors reads every weight at load and refuses NaN/Inf values.
 	CheckTensors bool `koanf:"check_tensors"`
+	// Weights is how the checkpoint's files are held: "copy" (the
+	// default) reads them into memory at load, so that a file truncated or
+	// overwritten while serving changes nothing (it costs the checkpoint's
+	// size in memory); "guarded" maps them read-only (no memory of their
+	// own beyond the page cache) and refuses every request with the reason
+	// once a file changed on disk (its identity is checked before each
+	// batch) or faulted (SIGBUS on a truncated file).
+	Weights string `koanf:"weights"`
 }
+
+// Weights modes (model.weights).
+const (
+	WeightsCopy    = "copy"
+	WeightsGuarded = "guarded"
+)
 
 // Server is the network side of `glmflash serve`.
 type Server struct {
@@ -420,6 +434,8 @@ func (c *Config) validateServing() error {
 		return keyErr("model", "name a model with model.dir or model.preset")
 	case m.Dir != "" && len(m.Set) > 0:
 		return keyErr("model.set", "scales a preset; model.dir names a checkpoint as it is")
+	case m.Weights != "" && m.Weights != WeightsCopy && m.Weights != WeightsGuarded:
+		return keyErr("model.weights", "%q is not copy or guarded", m.Weights)
 	case s.GRPCAddr == "":
 		return keyErr("server.grpc_addr", "is empty")
 	case s.DrainTimeout < 0:
