@@ -8,11 +8,14 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/glmflash/glmflash/internal/proctree"
 	"github.com/glmflash/glmflash/internal/regular"
+	"github.com/glmflash/glmflash/plugins/protocol"
 )
 
 // maxPluginBytes bounds a plugin executable (it is copied into memory).
@@ -26,9 +29,40 @@ const maxPluginBytes = 1 << 30
 // file swapped or rewritten after the check is never run.
 //
 // The plugin runs in a process group of its own, so that it and any child
-// it leaves can be killed together. close releases the descriptor once the
-// process has started (or failed to).
-func verifiedCommand(path string, want []byte) (cmd *exec.Cmd, sum []byte, close func(), err error) {
+// it leaves can be killed together, and is tied to the host's life: it gets
+// SIGTERM when the thread that started it exits (Pdeathsig; the runner
+// starts it from a goroutine locked to its thread for the plugin's life),
+// and the read end of a pipe (descriptor 4, protocol.EnvParentFD) whose
+// write end, life, only the host holds: however the host dies, the plugin
+// reads end of file there (the SDK then kills its descendants and exits).
+// Because "$0" of what runs is /proc/self/fd/3, the plugin's directory and
+// path are in protocol.EnvDir and EnvPath (a wrapper script finds its
+// files through them). close releases the descriptors the child inherits
+// once the process has started (or failed to); the caller closes life when
+// the plugin is stopped.
+func verifiedCommand(path string, want []byte) (cmd *exec.Cmd, sum []byte, close func(), life *os.File, err error) {
+	cmd, sum, closeRO, err := memfdCommand(path, want)
+	if err != nil {
+		return nil, sum, nil, nil, err
+	}
+	r, w, err := os.Pipe() // both ends close-on-exec: no other child inherits them
+	if err != nil {
+		closeRO()
+		return nil, nil, nil, nil, fmt.Errorf("the plugin's lifeline pipe: %w", err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		abs = path
+	}
+	cmd.ExtraFiles = append(cmd.ExtraFiles, r) // descriptor 4
+	cmd.Env = []string{protocol.EnvDir + "=" + filepath.Dir(abs), protocol.EnvPath + "=" + abs,
+		fmt.Sprintf("%s=%d", protocol.EnvParentFD, 3+len(cmd.ExtraFiles)-1)}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGTERM
+	return cmd, sum, func() { closeRO(); r.Close() }, w, nil
+}
+
+// memfdCommand is the command that runs the sealed copy of path.
+func memfdCommand(path string, want []byte) (cmd *exec.Cmd, sum []byte, close func(), err error) {
 	f, st, err := regular.Open(path)
 	if err != nil {
 		return nil, nil, nil, err
@@ -76,3 +110,15 @@ func killGroup(pgid int) {
 
 // groupAlive reports whether process group pgid still has a member.
 func groupAlive(pgid int) bool { return syscall.Kill(-pgid, 0) == nil }
+
+// descendants lists pid's descendants (proctree), for killDescendants once
+// the plugin is stopped.
+func descendants(pid int) []proctree.Proc {
+	if pid <= 0 {
+		return nil
+	}
+	return proctree.Descendants(pid)
+}
+
+// killDescendants kills those of ps still running; it returns how many.
+func killDescendants(ps []proctree.Proc) int { return proctree.Kill(ps) }

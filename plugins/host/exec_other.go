@@ -5,6 +5,7 @@ package host
 import (
 	"crypto/sha256"
 	"io"
+	"os"
 	"os/exec"
 
 	"github.com/glmflash/glmflash/internal/regular"
@@ -13,23 +14,29 @@ import (
 // verifiedCommand hashes the plugin file and runs it by path. Only Linux
 // runs exactly the bytes it hashed (through a sealed memory file); here a
 // file swapped between the check and the start would run unverified.
-func verifiedCommand(path string, want []byte) (*exec.Cmd, []byte, func(), error) {
+// No lifeline pipe or parent-death signal either: a plugin outlives a host
+// that dies without stopping it.
+func verifiedCommand(path string, want []byte) (*exec.Cmd, []byte, func(), *os.File, error) {
 	f, _, err := regular.Open(path)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	defer f.Close()
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	sum := h.Sum(nil)
 	if want != nil && !equalBytes(sum, want) {
-		return nil, sum, nil, errChecksum
+		return nil, sum, nil, nil, errChecksum
 	}
-	return exec.Command(path), sum, func() {}, nil
+	return exec.Command(path), sum, func() {}, nil, nil
 }
 
 func killGroup(int) {}
 
 func groupAlive(int) bool { return false }
+
+func descendants(int) []struct{} { return nil }
+
+func killDescendants([]struct{}) int { return 0 }
