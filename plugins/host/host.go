@@ -123,11 +123,11 @@ type Plugin struct {
 	mu     sync.Mutex // serializes calls
 	client *plugin.Client
 	rpc    pb.PassPluginClient
-	pid    int   // the plugin process, leader of its own process group
+	pid    int // the plugin process, leader of its own process group
 	runner *groupRunner
 	life   *os.File // the write end of the plugin's lifeline pipe
 	failed error    // sticky: why the plugin cannot be used
-	done   bool  // stopped
+	done   bool     // stopped
 	// starting is set from process start to the end of Describe.
 	starting atomic.Bool
 }
