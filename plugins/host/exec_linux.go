@@ -4,6 +4,7 @@ package host
 
 import (
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -122,3 +123,25 @@ func descendants(pid int) []proctree.Proc {
 
 // killDescendants kills those of ps still running; it returns how many.
 func killDescendants(ps []proctree.Proc) int { return proctree.Kill(ps) }
+
+// VerifiedExecutable is the command that runs the executable at path only
+// if its SHA-256 is want, and runs exactly the bytes hashed (a sealed
+// memory file, as for plugins: a file swapped after the check never runs);
+// Args[0] is path. release closes the descriptor the child inherits, once
+// it started (or failed to). Other executables than plugins use it (a
+// study's serving.binary).
+func VerifiedExecutable(path string, want []byte, args ...string) (cmd *exec.Cmd, release func(), err error) {
+	if len(want) != sha256.Size {
+		return nil, nil, fmt.Errorf("%s: no expected SHA-256: refusing to run it", path)
+	}
+	cmd, got, release, err := memfdCommand(path, want)
+	if errors.Is(err, errChecksum) {
+		return nil, nil, fmt.Errorf("checksum verification failed: SHA-256 of %s is %x, expected %x: refusing to run it", path, got, want)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd.Args = append(cmd.Args, args...)
+	cmd.SysProcAttr = nil // not a plugin: no process group of its own
+	return cmd, release, nil
+}

@@ -4,6 +4,7 @@ package host
 
 import (
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -40,3 +41,21 @@ func groupAlive(int) bool { return false }
 func descendants(int) []struct{} { return nil }
 
 func killDescendants([]struct{}) int { return 0 }
+
+// VerifiedExecutable hashes the executable at path and runs it by path if
+// its SHA-256 is want (off Linux a file swapped between the check and the
+// start would run).
+func VerifiedExecutable(path string, want []byte, args ...string) (*exec.Cmd, func(), error) {
+	if len(want) != sha256.Size {
+		return nil, nil, fmt.Errorf("%s: no expected SHA-256: refusing to run it", path)
+	}
+	cmd, got, _, _, err := verifiedCommand(path, want)
+	if err == errChecksum {
+		return nil, nil, fmt.Errorf("checksum verification failed: SHA-256 of %s is %x, expected %x: refusing to run it", path, got, want)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd.Args = append(cmd.Args, args...)
+	return cmd, func() {}, nil
+}
