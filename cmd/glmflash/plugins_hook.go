@@ -76,3 +76,4 @@ func closePlugins() {
 	host.KillAll() // anything a host could not stop
 	plugin.CleanupClients()
 }
+

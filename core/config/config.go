@@ -105,6 +105,12 @@ type Plugins struct {
 	// AllowUnverified runs plugins that have no expected checksum (a
 	// plugin whose checksum is listed and differs never runs).
 	AllowUnverified bool `koanf:"allow_unverified"`
+	// AllowParityMismatch serves a program in which a plugin pass fired
+	// even when it fails the load-time parity probe (engine.Parity: its
+	// logits on a built-in probe against the program without passes);
+	// ParityTolerance is that probe's relative bound (0: 0.01).
+	AllowParityMismatch bool    `koanf:"allow_parity_mismatch"`
+	ParityTolerance     float64 `koanf:"parity_tolerance"`
 }
 
 // MaxPluginTimeoutMS bounds plugins.timeout_ms and start_timeout_ms (10 min).
@@ -400,6 +406,9 @@ func (c *Config) validateEngine() error {
 		if l < 0 {
 			return keyErr("debug.capture_hidden", "debug.capture_hidden[%d]: layer %d is negative", i, l)
 		}
+	}
+	if t := c.Plugins.ParityTolerance; !(t >= 0 && t <= 1) { // NaN too
+		return keyErr("plugins.parity_tolerance", "must be in [0, 1] (0: the default, 0.01), got %v", t)
 	}
 	if c.Plugins.TimeoutMS < 0 || c.Plugins.TimeoutMS > MaxPluginTimeoutMS {
 		return keyErr("plugins.timeout_ms", "must be in [0, %d] (0: the default), got %d", MaxPluginTimeoutMS, c.Plugins.TimeoutMS)

@@ -45,6 +45,10 @@ type Options struct {
 	// MaxPositions bounds sequence length (default: the model's
 	// max_position_embeddings); device stores size their caches by it.
 	MaxPositions int
+	// Parity, when set, checks the programs in which its passes fired
+	// against the programs without passes on a built-in probe, and refuses
+	// a program that differs (parity.go).
+	Parity *Parity
 	// Rollback lets the stores' slots be checkpointed and cut back over up
 	// to this many positions (speculative decoding: the longest verify span,
 	// num_steps + 1); device stores keep per-position KDA states and indexer
@@ -268,6 +272,12 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 	}
 	p, err := e.be.Compile(pl)
 	if err != nil {
+		return nil, err
+	}
+	if err := e.checkParity(key, p, e.reports[key]); err != nil {
+		if c, ok := p.(io.Closer); ok {
+			_ = c.Close()
+		}
 		return nil, err
 	}
 	e.progs[key] = p
