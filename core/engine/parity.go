@@ -217,4 +217,3 @@ func parityErr(pc *Parity, key Key, fired []string, why string) error {
 	return fmt.Errorf("engine: program %s: pass %s fails the parity probe against the graph without it: %s: refusing to serve it (%s to serve it anyway)",
 		key, strings.Join(fired, ", "), why, optOut)
 }
-
