@@ -76,4 +76,3 @@ func closePlugins() {
 	host.KillAll() // anything a host could not stop
 	plugin.CleanupClients()
 }
-

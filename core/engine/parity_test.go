@@ -7,11 +7,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
+
+	_ "github.com/glmflash/glmflash/passes/all" // the built-in passes, which are not gated
 )
 
 // lmHeadFromEmbedding is a valid but wrong rewrite: the LM head reads the
@@ -89,4 +92,28 @@ func TestParityGateKeepsACorrectPass(t *testing.T) {
 	require.NoError(t, err)
 	_, err = parityEngine(t, lmHeadFromEmbedding{}, &engine.Parity{Passes: []string{"another"}}).Program(key)
 	require.NoError(t, err)
+}
+
+// FromConfig gates the configuration's passes that are not built-in (the
+// plugin passes), unless plugins.allow_parity_mismatch.
+func TestFromConfigGatesPluginPasses(t *testing.T) {
+	pl, err := pass.NewPipeline(nil, true)
+	require.NoError(t, err)
+	for y, want := range map[string][]string{
+		"passes: [{name: plugin-x}, {name: host-length-reuse}]\n":              {"plugin-x"},
+		"passes: [{name: plugin-x}]\nplugins: {allow_parity_mismatch: true}\n": nil,
+		"passes: [{name: host-length-reuse}]\n":                                nil,
+		"passes: [{name: plugin-x}]\nplugins: {parity_tolerance: 0.5}\n":       {"plugin-x"},
+	} {
+		ec, err := config.Parse([]byte(y), "t.yaml")
+		require.NoError(t, err, y)
+		o := engine.FromConfig(ec, engine.Setup{Pipeline: pl})
+		if want == nil {
+			assert.Nil(t, o.Parity, y)
+			continue
+		}
+		require.NotNil(t, o.Parity, y)
+		assert.Equal(t, want, o.Parity.Passes, y)
+		assert.Equal(t, ec.Plugins.ParityTolerance, o.Parity.Tolerance, y)
+	}
 }
