@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strconv"
@@ -282,7 +283,7 @@ func parallelConvert(dt safetensors.DType, raw []byte, out []float32) error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := safetensors.ToFloat32(dt, raw[lo*size:hi*size], out[lo:hi]); err != nil {
+			if err := faultless(func() error { return safetensors.ToFloat32(dt, raw[lo*size:hi*size], out[lo:hi]) }); err != nil {
 				mu.Lock()
 				firstErr = cmpErr(firstErr, err)
 				mu.Unlock()
@@ -374,13 +375,38 @@ func (ck *Checkpoint) dequantFP8(name string, info safetensors.TensorInfo, raw [
 	workers := runtime.GOMAXPROCS(0)
 	step := ceilDiv(n, workers)
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
 	for lo := 0; lo < n; lo += step {
 		hi := min(lo+step, n)
 		wg.Add(1)
-		go func() { defer wg.Done(); rows(lo, hi) }()
+		go func() {
+			defer wg.Done()
+			if err := faultless(func() error { rows(lo, hi); return nil }); err != nil {
+				mu.Lock()
+				firstErr = cmpErr(firstErr, err)
+				mu.Unlock()
+			}
+		}()
 	}
 	wg.Wait()
-	return nil
+	return firstErr
+}
+
+// faultless runs f, a read of tensor bytes on a goroutine of its own, with
+// a memory fault in a Guarded file's mapping (SIGBUS: the file truncated
+// under it) turned into the file's error (safetensors.FaultOf); any other
+// panic is not recovered.
+func faultless(f func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if err = safetensors.FaultOf(r); err == nil {
+				panic(r)
+			}
+		}
+	}()
+	return f()
 }
 
 var layerIndexRE = regexp.MustCompile(`^model\.language_model\.layers\.(\d+)\.`)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"sync"
 
 	"github.com/glmflash/glmflash/core/backend"
@@ -16,6 +17,7 @@ import (
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/safetensors"
 
 	// The backends register themselves.
 	_ "github.com/glmflash/glmflash/core/backend/cpu"
@@ -224,7 +226,13 @@ func (e *Engine) Backend() backend.Backend { return e.be }
 func (e *Engine) WeightBytes() int64 { return e.weights.Bytes() }
 
 // Program returns the compiled program for key, building it on first use.
-func (e *Engine) Program(key Key) (backend.Program, error) {
+//
+// A program compiled from a memory-mapped checkpoint (model.weights:
+// guarded) reads the files here: the weights are checked first
+// (plan.CheckedWeights), and a fault while reading them (a file truncated
+// under the mapping: SIGBUS) is this call's error instead of the process's
+// end.
+func (e *Engine) Program(key Key) (prog backend.Program, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if p, ok := e.progs[key]; ok {
@@ -233,6 +241,25 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 	if e.be == nil {
 		return nil, fmt.Errorf("engine: closed")
 	}
+	if cw, ok := e.weights.Source().(plan.CheckedWeights); ok {
+		if err := cw.CheckWeights(); err != nil {
+			return nil, fmt.Errorf("engine: program %s: %w", key, err)
+		}
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			ferr := safetensors.FaultOf(r)
+			if ferr == nil {
+				panic(r)
+			}
+			prog, err = nil, fmt.Errorf("engine: program %s: %w", key, ferr)
+		}
+	}()
+	return e.program(key)
+}
+
+func (e *Engine) program(key Key) (backend.Program, error) {
 	g, err := e.build(key)
 	if err != nil {
 		return nil, err

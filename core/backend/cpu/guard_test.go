@@ -117,3 +117,14 @@ func TestCopiedCheckpointIgnoresTheFile(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, before, res.Logits)
 }
+
+// A program compiled after its guarded checkpoint changed on disk is
+// refused (engine.Program checks the weights before reading them).
+func TestGuardedCheckpointChangedBeforeACompile(t *testing.T) {
+	file, e, _, _ := guardedEngine(t, safetensors.Guarded)
+	require.NoError(t, os.Truncate(file, 0))
+	_, err := e.Program(engine.Key{Mode: graph.Decode, Logits: graph.AllLogits})
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "program decode/all")
+	assert.ErrorContains(t, err, "size 0 bytes")
+}
