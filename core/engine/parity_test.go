@@ -53,6 +53,10 @@ func (identity) Eligible(*ir.Graph, *pass.Analyses, *pass.Env) []pass.Site {
 func (identity) Apply(*ir.Graph, []pass.Site) (pass.Result, error) { return pass.Result{Fired: 1}, nil }
 
 func parityEngine(t *testing.T, p pass.Pass, parity *engine.Parity) *engine.Engine {
+	return parityEngineCtx(t, p, parity, 0)
+}
+
+func parityEngineCtx(t *testing.T, p pass.Pass, parity *engine.Parity, maxPos int) *engine.Engine {
 	t.Helper()
 	ck, err := model.Open(filepath.Join("..", "..", "testdata", "glm5next-tiny-a", "checkpoint"))
 	require.NoError(t, err)
@@ -60,7 +64,7 @@ func parityEngine(t *testing.T, p pass.Pass, parity *engine.Parity) *engine.Engi
 	pl, err := pass.NewPipeline(nil, true)
 	require.NoError(t, err)
 	pl.Add(pass.Description{Name: "plugin-x", Version: "0.0.1"}, p)
-	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Passes: pl, Parity: parity})
+	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, Passes: pl, Parity: parity, MaxPositions: maxPos})
 	require.NoError(t, err)
 	t.Cleanup(func() { e.Close() })
 	return e
@@ -81,6 +85,21 @@ func TestParityGateRefusesAWrongPass(t *testing.T) {
 		assert.ErrorContains(t, err, "set plugins.allow_parity_mismatch: true to serve it anyway")
 		_, err = parityEngine(t, lmHeadFromEmbedding{}, nil).Program(key)
 		require.NoError(t, err, "opted out")
+	}
+}
+
+// The probe fits a short context limit (a study sizes it for its longest
+// request), down to 2 positions, in every mode.
+func TestParityProbeFitsTheContext(t *testing.T) {
+	gate := &engine.Parity{Passes: []string{"plugin-x"}}
+	for _, L := range []int{2, 3, 6} {
+		for _, mode := range []graph.Mode{graph.Mixed, graph.Prefill, graph.Decode, graph.Extend} {
+			key := engine.Key{Mode: mode, Logits: graph.AllLogits}
+			_, err := parityEngineCtx(t, identity{}, gate, L).Program(key)
+			require.NoError(t, err, "%s, context %d", mode, L)
+			_, err = parityEngineCtx(t, lmHeadFromEmbedding{}, gate, L).Program(key)
+			require.ErrorContains(t, err, "fails the parity probe", "%s, context %d", mode, L)
+		}
 	}
 }
 
