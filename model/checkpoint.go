@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strconv"
@@ -40,8 +41,20 @@ type tensorLoc struct {
 type Checkpoint struct {
 	dir     string
 	cfg     *Config
+	mode    safetensors.Mode
 	files   []*safetensors.File
 	tensors map[string]tensorLoc
+}
+
+// OpenOptions configure OpenWith.
+type OpenOptions struct {
+	// Weights is how the safetensors files are held (model.weights):
+	// safetensors.Copy (the default) reads them into memory at open, so
+	// that a file truncated or overwritten while serving changes nothing;
+	// safetensors.Guarded maps them (no memory of their own, but the files
+	// are the served weights: CheckWeights refuses them once one changed on
+	// disk, and a reader's fault on a truncated one becomes an error).
+	Weights safetensors.Mode
 }
 
 // Open opens the checkpoint in dir: it parses config.json (with the
@@ -50,7 +63,10 @@ type Checkpoint struct {
 // opens the safetensors files (model.safetensors.index.json if present, else
 // model.safetensors, else every *.safetensors file). A sharded index must
 // reference existing shards that hold the tensors it maps to them.
-func Open(dir string) (*Checkpoint, error) {
+func Open(dir string) (*Checkpoint, error) { return OpenWith(dir, OpenOptions{}) }
+
+// OpenWith is Open with options.
+func OpenWith(dir string, o OpenOptions) (*Checkpoint, error) {
 	cfgPath := filepath.Join(dir, ConfigFile)
 	data, err := regular.ReadFile(cfgPath, regular.ConfigLimit)
 	if err != nil {
@@ -66,7 +82,7 @@ func Open(dir string) (*Checkpoint, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	ck := &Checkpoint{dir: dir, cfg: cfg, tensors: make(map[string]tensorLoc)}
+	ck := &Checkpoint{dir: dir, cfg: cfg, mode: o.Weights, tensors: make(map[string]tensorLoc)}
 	if err := ck.openTensors(); err != nil {
 		ck.Close()
 		return nil, err
@@ -75,7 +91,7 @@ func Open(dir string) (*Checkpoint, error) {
 }
 
 func (ck *Checkpoint) openFile(path string) (*safetensors.File, error) {
-	f, err := safetensors.Open(path)
+	f, err := safetensors.OpenMode(path, ck.mode)
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +283,7 @@ func parallelConvert(dt safetensors.DType, raw []byte, out []float32) error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := safetensors.ToFloat32(dt, raw[lo*size:hi*size], out[lo:hi]); err != nil {
+			if err := faultless(func() error { return safetensors.ToFloat32(dt, raw[lo*size:hi*size], out[lo:hi]) }); err != nil {
 				mu.Lock()
 				firstErr = cmpErr(firstErr, err)
 				mu.Unlock()
@@ -359,13 +375,38 @@ func (ck *Checkpoint) dequantFP8(name string, info safetensors.TensorInfo, raw [
 	workers := runtime.GOMAXPROCS(0)
 	step := ceilDiv(n, workers)
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
 	for lo := 0; lo < n; lo += step {
 		hi := min(lo+step, n)
 		wg.Add(1)
-		go func() { defer wg.Done(); rows(lo, hi) }()
+		go func() {
+			defer wg.Done()
+			if err := faultless(func() error { rows(lo, hi); return nil }); err != nil {
+				mu.Lock()
+				firstErr = cmpErr(firstErr, err)
+				mu.Unlock()
+			}
+		}()
 	}
 	wg.Wait()
-	return nil
+	return firstErr
+}
+
+// faultless runs f, a read of tensor bytes on a goroutine of its own, with
+// a memory fault in a Guarded file's mapping (SIGBUS: the file truncated
+// under it) turned into the file's error (safetensors.FaultOf); any other
+// panic is not recovered.
+func faultless(f func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if err = safetensors.FaultOf(r); err == nil {
+				panic(r)
+			}
+		}
+	}()
+	return f()
 }
 
 var layerIndexRE = regexp.MustCompile(`^model\.language_model\.layers\.(\d+)\.`)
@@ -442,6 +483,33 @@ func (ck *Checkpoint) Close() error {
 	}
 	ck.files = nil
 	return errors.Join(errs...)
+}
+
+// WeightsMode is how the checkpoint's files are held (OpenOptions.Weights).
+func (ck *Checkpoint) WeightsMode() safetensors.Mode { return ck.mode }
+
+// CheckWeights says whether the weights may still be read: nil when they
+// were copied into memory, and for mapped files that are still the ones
+// opened and never faulted (safetensors.File.Check). Cheap (one fstat per
+// file): the CPU backend asks it before every batch.
+func (ck *Checkpoint) CheckWeights() error {
+	for _, f := range ck.files {
+		if err := f.Check(); err != nil {
+			return fmt.Errorf("checkpoint %s: %w", ck.dir, err)
+		}
+	}
+	return nil
+}
+
+// VerifyWeights is CheckWeights plus each mapped file's header re-read and
+// compared with the one loaded (safetensors.File.VerifyHeader).
+func (ck *Checkpoint) VerifyWeights() error {
+	for _, f := range ck.files {
+		if err := f.VerifyHeader(); err != nil {
+			return fmt.Errorf("checkpoint %s: %w", ck.dir, err)
+		}
+	}
+	return nil
 }
 
 // DropResident releases the mapped files' pages from the resident set

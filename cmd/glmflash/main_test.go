@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -244,22 +245,34 @@ func TestServingLevelStudy(t *testing.T) {
 	bin := filepath.Join(dir, "glmflash")
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, string(out))
+	b, err := os.ReadFile(bin)
+	require.NoError(t, err)
+	good := fmt.Sprintf("%x", sha256.Sum256(b))
 	study := filepath.Join(dir, "s.yaml")
-	require.NoError(t, os.WriteFile(study, []byte(`name: serving-smoke
+	write := func(sum string) {
+		require.NoError(t, os.WriteFile(study, []byte(`name: serving-smoke
 model: {dir: `+absFixture(t)+`/checkpoint}
 level: serving
-serving: {binary: `+bin+`}
+serving: {binary: `+bin+`, binary_sha256: "`+sum+`"}
 arms: {baseline: true, all: true}
 workloads:
   - {name: chat, input_len: 10, output_len: 5, requests: 4, concurrency: [1, 2], seed: 3}
 repetitions: 1
 warmup: 0
 `), 0o644))
+	}
+	// another checksum: refused before any arm starts, nothing written
+	write(strings.Repeat("0", 64))
+	_, err = runCLI(t, "attribute", "--study", study, "--out", filepath.Join(dir, "bad"), "--quiet")
+	require.ErrorContains(t, err, "serving.binary: checksum verification failed: SHA-256 of "+bin+" is "+good)
+	require.NoDirExists(t, filepath.Join(dir, "bad"))
+	// its checksum: the arms' servers run the verified copy
+	write(good)
 	res, err := runCLI(t, "attribute", "--study", study, "--out", filepath.Join(dir, "out"), "--quiet")
 	require.NoError(t, err)
 	require.Contains(t, res, "0 mismatches")
 	require.Contains(t, res, "kda-projection-fusion")
-	b, err := os.ReadFile(filepath.Join(dir, "out", "results.jsonl"))
+	b, err = os.ReadFile(filepath.Join(dir, "out", "results.jsonl"))
 	require.NoError(t, err)
 	require.Equal(t, 6, strings.Count(string(b), "\n")) // 3 arms (baseline, A/A, all) × 2 cells × 1 round
 	require.Contains(t, string(b), `"level":"serving"`)
@@ -269,9 +282,11 @@ func TestStudyErrorsBeforeRunning(t *testing.T) {
 	d := t.TempDir()
 	p := filepath.Join(d, "bad.yaml")
 	for src, want := range map[string]string{
-		"name: x\nmodel: {preset: tiny}\narms: {baseline: true}\nworkloads: [{name: w, input_len: 2, output_len: 2, requests: 1, concurrency: [1], sed: 1}]\n":                 "sed",
-		"name: x\nmodel: {preset: tiny}\narms: {}\nworkloads: [{name: w, input_len: 2, output_len: 2, requests: 1, concurrency: [1]}]\n":                                       "arms: the arm list is empty",
-		"name: x\nmodel: {preset: tiny}\npasses: [{name: nope}]\narms: {baseline: true}\nworkloads: [{name: w, input_len: 2, output_len: 2, requests: 1, concurrency: [1]}]\n": `passes[0].name: unknown pass "nope"`,
+		"name: x\nmodel: {preset: tiny}\narms: {baseline: true}\nworkloads: [{name: w, input_len: 2, output_len: 2, requests: 1, concurrency: [1], sed: 1}]\n":                                                           "sed",
+		"name: x\nmodel: {preset: tiny}\narms: {}\nworkloads: [{name: w, input_len: 2, output_len: 2, requests: 1, concurrency: [1]}]\n":                                                                                 "arms: the arm list is empty",
+		"name: x\nmodel: {preset: tiny}\nlevel: serving\nserving: {binary: /bin/true}\narms: {baseline: true}\nworkloads: [{name: w, input_len: 2, output_len: 2, requests: 1, concurrency: [1]}]\n":                     "serving.binary_sha256 is required with serving.binary (/bin/true)",
+		"name: x\nmodel: {preset: tiny}\nlevel: serving\nserving: {binary: /bin/true, binary_sha256: abc}\narms: {baseline: true}\nworkloads: [{name: w, input_len: 2, output_len: 2, requests: 1, concurrency: [1]}]\n": `serving.binary_sha256: "abc" is not a hex SHA-256`,
+		"name: x\nmodel: {preset: tiny}\npasses: [{name: nope}]\narms: {baseline: true}\nworkloads: [{name: w, input_len: 2, output_len: 2, requests: 1, concurrency: [1]}]\n":                                           `passes[0].name: unknown pass "nope"`,
 	} {
 		require.NoError(t, os.WriteFile(p, []byte(src), 0o644))
 		_, err := runCLI(t, "attribute", "--study", p)

@@ -20,6 +20,7 @@ import (
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/chat"
 	"github.com/glmflash/glmflash/model/randckpt"
+	"github.com/glmflash/glmflash/model/safetensors"
 	"github.com/glmflash/glmflash/model/tokenizer"
 	"github.com/spf13/cobra"
 )
@@ -213,8 +214,12 @@ func (m *modelFlags) open() (*model.Checkpoint, error) {
 // openModel opens a checkpoint directory, or writes a preset's random
 // checkpoint once into the cache directory and opens it.
 func openModel(mc config.Model) (*model.Checkpoint, error) {
+	mode, err := safetensors.ParseMode(mc.Weights)
+	if err != nil {
+		return nil, fmt.Errorf("model.weights: %w", err)
+	}
 	if mc.Dir != "" {
-		ck, err := model.Open(mc.Dir)
+		ck, err := model.OpenWith(mc.Dir, model.OpenOptions{Weights: mode})
 		if err != nil {
 			return nil, err
 		}
@@ -246,7 +251,7 @@ func openModel(mc config.Model) (*model.Checkpoint, error) {
 	if err := addPresetTokenizer(dir, cfg.VocabSize); err != nil {
 		return nil, err
 	}
-	return model.Open(dir)
+	return model.OpenWith(dir, model.OpenOptions{Weights: mode})
 }
 
 // presetSet turns model.set into the JSON values randckpt.PresetWith

@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,6 +20,7 @@ import (
 	"github.com/glmflash/glmflash/core/attrib"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/pass"
+	"github.com/glmflash/glmflash/plugins/host"
 	v1 "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -32,6 +35,7 @@ type servingRunner struct {
 	st       *attrib.Study
 	modelDir string
 	binary   string
+	sum      []byte // the expected SHA-256 of a binary the study names (nil: this executable)
 	tmp      string
 	mu       sync.Mutex
 	arms     map[string]*armServer
@@ -48,12 +52,25 @@ type armServer struct {
 
 func newServingRunner(st *attrib.Study, modelDir, device string, configs []string) (attrib.Runner, error) {
 	bin := st.Serving.Binary
+	var sum []byte
 	if bin == "" {
 		self, err := os.Executable()
 		if err != nil {
 			return nil, err
 		}
 		bin = self
+	} else {
+		// an executable the study names runs only with its checksum
+		// (attrib.Study.Validate requires serving.binary_sha256 with it)
+		var err error
+		if sum, err = hex.DecodeString(st.Serving.BinarySHA256); err != nil || len(sum) != sha256.Size {
+			return nil, fmt.Errorf("serving.binary_sha256: %q is not a hex SHA-256", st.Serving.BinarySHA256)
+		}
+		_, release, err := host.VerifiedExecutable(bin, sum) // refused before any arm starts
+		if err != nil {
+			return nil, fmt.Errorf("serving.binary: %w", err)
+		}
+		release()
 	}
 	// The arm's serve config lives in a temporary folder, and paths in a
 	// config file are relative to the file.
@@ -73,7 +90,7 @@ func newServingRunner(st *attrib.Study, modelDir, device string, configs []strin
 		}
 		abs = append(abs, a)
 	}
-	return &servingRunner{device: device, configs: abs, st: st, modelDir: modelDir, binary: bin, tmp: tmp, arms: map[string]*armServer{}}, nil
+	return &servingRunner{device: device, configs: abs, st: st, modelDir: modelDir, binary: bin, sum: sum, tmp: tmp, arms: map[string]*armServer{}}, nil
 }
 
 var addrRE = regexp.MustCompile(`serving glmflash\.v1\.GLMFlash on (\S+) `)
@@ -122,6 +139,14 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 		argv = append(argv, "--config", c)
 	}
 	cmd := exec.Command(r.binary, argv...)
+	release := func() {}
+	if r.sum != nil { // checked again at every start: what runs is what was hashed
+		var err error
+		if cmd, release, err = host.VerifiedExecutable(r.binary, r.sum, argv...); err != nil {
+			return fmt.Errorf("arm %s: serving.binary: %w", a.Name, err)
+		}
+	}
+	defer release()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
@@ -176,6 +201,7 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 	mi, err := as.cli.GetModelInfo(ctx, &v1.GetModelInfoRequest{})
 	if err == nil && mi.PassReportJson != "" {
 		as.info.Fired = firedFromReport(mi.PassReportJson)
+		as.info.Failed = failedFromReport(mi.PassReportJson)
 	}
 	return nil
 }
@@ -264,6 +290,24 @@ func firedFromReport(js string) []string {
 	}
 	sortStrings(out)
 	return out
+}
+
+// failedFromReport extracts the FAILED passes of GetModelInfo's report
+// (attrib.ArmInfo.Failed); a report that does not decode is one failure.
+func failedFromReport(js string) []string {
+	var rep struct {
+		Programs map[string]*pass.Report `json:"programs"`
+	}
+	if err := json.Unmarshal([]byte(js), &rep); err != nil {
+		return []string{"the arm's pass report: " + err.Error()}
+	}
+	reps := make([]*pass.Report, 0, len(rep.Programs))
+	for _, r := range rep.Programs {
+		if r != nil {
+			reps = append(reps, r)
+		}
+	}
+	return attrib.FailedPasses(reps)
 }
 
 func (r *servingRunner) generate(ctx context.Context, as *armServer, prompt []int32, maxTokens int, on func([]int32)) error {

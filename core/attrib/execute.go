@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -154,6 +155,11 @@ func Run(ctx context.Context, s *Study, opts Options) (*Result, error) {
 	for _, a := range arms {
 		if err := opts.Runner.Prepare(ctx, a); err != nil {
 			return nil, err
+		}
+		// an arm whose pass FAILED (a plugin that failed its checksum, say)
+		// runs without it: measuring it would report another configuration
+		if f := opts.Runner.Info(a).Failed; len(f) > 0 {
+			return nil, fmt.Errorf("arm %s FAILED: %d of its passes failed, so it would measure a configuration it does not have: %s", a.Name, len(f), strings.Join(f, "; "))
 		}
 	}
 	if d, ok := opts.Runner.(interface{ DeviceInfo() string }); ok && opts.Provenance.Device == "" {

@@ -96,6 +96,32 @@ type ArmInfo struct {
 	ConfigHash string
 	// Fired lists the passes that fired in any program the arm built.
 	Fired []string
+	// Failed lists the passes that FAILED in a program the arm built
+	// ("name: reason", sorted): a plugin that failed its checksum, did not
+	// start or returned an invalid graph. Such an arm does not run the
+	// configuration it names, and the study refuses to measure it.
+	Failed []string
+}
+
+// FailedPasses lists the FAILED passes of reports as ArmInfo.Failed does,
+// one entry per pass (with the first of its reasons in sorted order: the
+// same pass fails in every program of the arm, often with one reason
+// wrapped in another).
+func FailedPasses(reports []*pass.Report) []string {
+	why := map[string]string{}
+	for _, rep := range reports {
+		for _, p := range rep.Passes {
+			if p.Error != "" && (why[p.Name] == "" || p.Error < why[p.Name]) {
+				why[p.Name] = p.Error
+			}
+		}
+	}
+	out := make([]string, 0, len(why))
+	for name, e := range why {
+		out = append(out, name+": "+e)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Runner executes cells for arms at one level.
@@ -321,11 +347,14 @@ func (r *EngineRunner) Info(a Arm) ArmInfo {
 		return info
 	}
 	set := map[string]bool{}
+	var reps []*pass.Report
 	for _, rep := range ea.eng.Reports() {
+		reps = append(reps, rep)
 		for _, p := range rep.FiredPasses() {
 			set[p] = true
 		}
 	}
+	info.Failed = FailedPasses(reps)
 	for p := range set {
 		info.Fired = append(info.Fired, p)
 	}

@@ -7,6 +7,7 @@
 package attrib
 
 import (
+	"encoding/hex"
 	"fmt"
 	"math"
 	"slices"
@@ -67,8 +68,11 @@ type RuntimeLimits struct {
 // Serving configures the serving level.
 type Serving struct {
 	// Binary is the glmflash executable started once per arm
-	// (default: this process's own executable).
-	Binary string `koanf:"binary" path:""`
+	// (default: this process's own executable). An executable a study
+	// names runs only with its checksum: BinarySHA256 is required with it,
+	// and what runs is the copy that was hashed (as for plugins).
+	Binary       string `koanf:"binary" path:""`
+	BinarySHA256 string `koanf:"binary_sha256"`
 	// StartTimeoutS bounds a server's start (default 300).
 	StartTimeoutS int `koanf:"start_timeout_s"`
 }
@@ -336,6 +340,14 @@ func (s *Study) validate(known func(string) bool) error {
 	if s.Serving.StartTimeoutS < 0 {
 		return fmt.Errorf("serving.start_timeout_s must be ≥ 0, got %d", s.Serving.StartTimeoutS)
 	}
+	switch sv := s.Serving; {
+	case sv.Binary != "" && sv.BinarySHA256 == "":
+		return fmt.Errorf("serving.binary_sha256 is required with serving.binary (%s): an executable a study names runs only with its SHA-256 (sha256sum %s)", sv.Binary, sv.Binary)
+	case sv.Binary == "" && sv.BinarySHA256 != "":
+		return fmt.Errorf("serving.binary_sha256 is set without serving.binary (the default, this executable, needs none)")
+	case sv.BinarySHA256 != "" && !isHexSHA256(sv.BinarySHA256):
+		return fmt.Errorf("serving.binary_sha256: %q is not a hex SHA-256 (64 hex digits)", sv.BinarySHA256)
+	}
 	arms, err := s.Expand()
 	if err != nil {
 		return err
@@ -520,4 +532,13 @@ func (s *Study) MaxPositions(limit int) int {
 		n = max(n, w.InputLen+w.OutputLen)
 	}
 	return min(n, limit)
+}
+
+// isHexSHA256 reports whether s is 64 hex digits.
+func isHexSHA256(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
 }

@@ -107,6 +107,12 @@ type Plugins struct {
 	// AllowUnverified runs plugins that have no expected checksum (a
 	// plugin whose checksum is listed and differs never runs).
 	AllowUnverified bool `koanf:"allow_unverified"`
+	// AllowParityMismatch serves a program in which a plugin pass fired
+	// even when it fails the load-time parity probe (engine.Parity: its
+	// logits on a built-in probe against the program without passes);
+	// ParityTolerance is that probe's relative bound (0: 0.01).
+	AllowParityMismatch bool    `koanf:"allow_parity_mismatch"`
+	ParityTolerance     float64 `koanf:"parity_tolerance"`
 }
 
 // MaxPluginTimeoutMS bounds plugins.timeout_ms and start_timeout_ms (10 min).
@@ -140,7 +146,21 @@ type Model struct {
 	// template's turns (the template's own special tokens are tokens
 	// either way).
 	SpecialTokensInContent bool `koanf:"special_tokens_in_content"`
+	// Weights is how the checkpoint's files are held: "copy" (the
+	// default) reads them into memory at load, so that a file truncated or
+	// overwritten while serving changes nothing (it costs the checkpoint's
+	// size in memory); "guarded" maps them read-only (no memory of their
+	// own beyond the page cache) and refuses every request with the reason
+	// once a file changed on disk (its identity is checked before each
+	// batch) or faulted (SIGBUS on a truncated file).
+	Weights string `koanf:"weights"`
 }
+
+// Weights modes (model.weights).
+const (
+	WeightsCopy    = "copy"
+	WeightsGuarded = "guarded"
+)
 
 // Server is the network side of `glmflash serve`.
 type Server struct {
@@ -393,6 +413,9 @@ func (c *Config) validateEngine() error {
 			return keyErr("debug.capture_hidden", "debug.capture_hidden[%d]: layer %d is negative", i, l)
 		}
 	}
+	if t := c.Plugins.ParityTolerance; !(t >= 0 && t <= 1) { // NaN too
+		return keyErr("plugins.parity_tolerance", "must be in [0, 1] (0: the default, 0.01), got %v", t)
+	}
 	if c.Plugins.TimeoutMS < 0 || c.Plugins.TimeoutMS > MaxPluginTimeoutMS {
 		return keyErr("plugins.timeout_ms", "must be in [0, %d] (0: the default), got %d", MaxPluginTimeoutMS, c.Plugins.TimeoutMS)
 	}
@@ -426,6 +449,8 @@ func (c *Config) validateServing() error {
 		return keyErr("model", "name a model with model.dir or model.preset")
 	case m.Dir != "" && len(m.Set) > 0:
 		return keyErr("model.set", "scales a preset; model.dir names a checkpoint as it is")
+	case m.Weights != "" && m.Weights != WeightsCopy && m.Weights != WeightsGuarded:
+		return keyErr("model.weights", "%q is not copy or guarded", m.Weights)
 	case s.GRPCAddr == "":
 		return keyErr("server.grpc_addr", "is empty")
 	case s.DrainTimeout < 0:

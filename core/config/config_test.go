@@ -226,6 +226,9 @@ server:
 		"server: {max_connection_age: -1s}":        "max_connection_age",
 		"server: {max_response_bytes: 10}":         "server.max_response_bytes",
 		"server: {auth: {api_key_file: keys.txt}}": `unknown key "server.auth.api_key_file"`,
+		"model: {weights: mmap}":                   `"mmap" is not copy or guarded`,
+		"plugins: {parity_tolerance: 2}":           "plugins.parity_tolerance",
+		"plugins: {parity_tolerance: .nan}":        "plugins.parity_tolerance",
 	} {
 		_, err := load(t, y+"\n")
 		require.ErrorContains(t, err, want, y)

@@ -42,7 +42,8 @@ func FromConfig(c *config.Config, s Setup) Options {
 	if s.Pipeline != nil {
 		o.Passes = s.Pipeline
 		o.PassEnv = c.PassEnv(s.Model, s.Weights)
-		o.PassEnv.Device = c.Device // the engine sets its backend's name per program
+		o.PassEnv.Device = c.Device    // the engine sets its backend's name per program
+		o.Parity = ParityFromConfig(c) // plugin passes are checked at load (parity.go)
 	}
 	return o
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"sync"
 
 	"github.com/glmflash/glmflash/core/backend"
@@ -16,6 +17,7 @@ import (
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/safetensors"
 
 	// The backends register themselves.
 	_ "github.com/glmflash/glmflash/core/backend/cpu"
@@ -45,6 +47,10 @@ type Options struct {
 	// MaxPositions bounds sequence length (default: the model's
 	// max_position_embeddings); device stores size their caches by it.
 	MaxPositions int
+	// Parity, when set, checks the programs in which its passes fired
+	// against the programs without passes on a built-in probe, and refuses
+	// a program that differs (parity.go).
+	Parity *Parity
 	// Rollback lets the stores' slots be checkpointed and cut back over up
 	// to this many positions (speculative decoding: the longest verify span,
 	// num_steps + 1); device stores keep per-position KDA states and indexer
@@ -220,7 +226,13 @@ func (e *Engine) Backend() backend.Backend { return e.be }
 func (e *Engine) WeightBytes() int64 { return e.weights.Bytes() }
 
 // Program returns the compiled program for key, building it on first use.
-func (e *Engine) Program(key Key) (backend.Program, error) {
+//
+// A program compiled from a memory-mapped checkpoint (model.weights:
+// guarded) reads the files here: the weights are checked first
+// (plan.CheckedWeights), and a fault while reading them (a file truncated
+// under the mapping: SIGBUS) is this call's error instead of the process's
+// end.
+func (e *Engine) Program(key Key) (prog backend.Program, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if p, ok := e.progs[key]; ok {
@@ -229,6 +241,25 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 	if e.be == nil {
 		return nil, fmt.Errorf("engine: closed")
 	}
+	if cw, ok := e.weights.Source().(plan.CheckedWeights); ok {
+		if err := cw.CheckWeights(); err != nil {
+			return nil, fmt.Errorf("engine: program %s: %w", key, err)
+		}
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			ferr := safetensors.FaultOf(r)
+			if ferr == nil {
+				panic(r)
+			}
+			prog, err = nil, fmt.Errorf("engine: program %s: %w", key, ferr)
+		}
+	}()
+	return e.program(key)
+}
+
+func (e *Engine) program(key Key) (backend.Program, error) {
 	g, err := e.build(key)
 	if err != nil {
 		return nil, err
@@ -268,6 +299,12 @@ func (e *Engine) Program(key Key) (backend.Program, error) {
 	}
 	p, err := e.be.Compile(pl)
 	if err != nil {
+		return nil, err
+	}
+	if err := e.checkParity(key, p, e.reports[key]); err != nil {
+		if c, ok := p.(io.Closer); ok {
+			_ = c.Close()
+		}
 		return nil, err
 	}
 	e.progs[key] = p

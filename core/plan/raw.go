@@ -21,6 +21,27 @@ type RawWeights interface {
 	FP8Scales(name string) ([]float32, [2]int, error)
 }
 
+// CheckedWeights is a weight source whose stored bytes can stop being
+// valid while they are read in place (model.Checkpoint in Guarded mode: a
+// mapped file changed on disk or faulted); CheckWeights says why, nil
+// while they are valid.
+type CheckedWeights interface {
+	CheckWeights() error
+}
+
+// CheckWeights asks the plan's weight source (CheckedWeights) whether the
+// bytes Raw handed out may still be read: nil when the source cannot tell.
+func (p *Plan) CheckWeights() error {
+	src := p.src
+	if c, ok := src.(*WeightCache); ok {
+		src = c.Source()
+	}
+	if cw, ok := src.(CheckedWeights); ok {
+		return cw.CheckWeights()
+	}
+	return nil
+}
+
 // RawTensor is a constant as stored in the checkpoint: one or more 2-D
 // matrices (parts) laid end to end, which is the constant's row-major
 // layout (a stacked weight: one part per expert; concat_rows: its inputs'

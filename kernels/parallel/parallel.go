@@ -13,6 +13,7 @@ package parallel
 import (
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,6 +82,24 @@ const (
 	chunkMask = 1<<genShift - 1
 )
 
+// A memory fault in a region's body (a goroutine running with
+// debug.SetPanicOnFault(true) reading a memory-mapped file truncated under
+// it: SIGBUS) is recovered where it happens, the region's other chunks
+// still run to the end, and the owner of the region re-panics with the
+// first fault once every chunk is done: the caller, which set
+// SetPanicOnFault on its own goroutine, recovers it as if its own read had
+// faulted. The helpers run with SetPanicOnFault on; any other panic is not
+// recovered (it ends the process, as before).
+
+// isFault reports whether r, recovered from a panic, is a memory fault.
+func isFault(r any) bool {
+	_, ok := r.(interface {
+		runtime.Error
+		Addr() uintptr
+	})
+	return ok
+}
+
 // job is one parallel region: chunks of [0, n), taken one at a time. The
 // pool's job is reused by every region it runs: state and lim carry the
 // region's generation beside the next chunk and the chunk count, so a
@@ -93,16 +112,18 @@ type job struct {
 	each   func(i int)
 	n      int
 	chunk  int
-	state  atomic.Uint64 // gen<<genShift | next chunk to take
-	lim    atomic.Uint64 // gen<<genShift | chunks
-	done   atomic.Int64  // chunks finished in this generation
-	chunks int64         // owner's copy of the chunk count
+	state  atomic.Uint64       // gen<<genShift | next chunk to take
+	lim    atomic.Uint64       // gen<<genShift | chunks
+	done   atomic.Int64        // chunks finished in this generation
+	chunks int64               // owner's copy of the chunk count
+	fault  atomic.Pointer[any] // the first memory fault of this generation
 }
 
 // set prepares j for generation gen (before it is published).
 func (j *job) set(fn func(lo, hi int), each func(i int), n, chunk, chunks int, gen uint64) {
 	j.fn, j.each, j.n, j.chunk, j.chunks = fn, each, n, chunk, int64(chunks)
 	j.done.Store(0)
+	j.fault.Store(nil)
 	j.lim.Store(gen<<genShift | uint64(chunks))
 	j.state.Store(gen << genShift)
 }
@@ -123,14 +144,39 @@ func (j *job) work(gen uint64) {
 		}
 		lo := int(v&chunkMask) * j.chunk
 		hi := min(lo+j.chunk, j.n)
-		if j.fn != nil {
-			j.fn(lo, hi)
-		} else {
-			for i := lo; i < hi; i++ {
-				j.each(i)
-			}
-		}
+		j.chunk1(lo, hi)
 		j.done.Add(1)
+	}
+}
+
+// chunk1 runs one chunk, recording a memory fault instead of dying of it.
+func (j *job) chunk1(lo, hi int) {
+	defer func() {
+		if r := recover(); r != nil {
+			j.record(r)
+		}
+	}()
+	if j.fn != nil {
+		j.fn(lo, hi)
+		return
+	}
+	for i := lo; i < hi; i++ {
+		j.each(i)
+	}
+}
+
+// record keeps the region's first fault, and re-panics with any other panic.
+func (j *job) record(r any) {
+	if !isFault(r) {
+		panic(r)
+	}
+	j.fault.CompareAndSwap(nil, &r)
+}
+
+// rethrow re-panics, on the region's owner, with the region's first fault.
+func (j *job) rethrow() {
+	if r := j.fault.Load(); r != nil {
+		panic(*r)
 	}
 }
 
@@ -142,6 +188,7 @@ func run(fn func(lo, hi int), each func(i int), n, chunk, chunks int) {
 		j := new(job)
 		j.set(fn, each, n, chunk, chunks, 1)
 		spawn(j, 1)
+		j.rethrow()
 		return
 	}
 	defer p.mu.Unlock()
@@ -170,6 +217,9 @@ func run(fn func(lo, hi int), each func(i int), n, chunk, chunks int) {
 		runtime.Gosched() // a helper is finishing its last chunk
 	}
 	j.fn, j.each = nil, nil
+	if fault := j.fault.Swap(nil); fault != nil {
+		panic(*fault) // the pool is released (deferred) as the panic unwinds
+	}
 }
 
 // spawn runs j (generation gen) with one goroutine per chunk beyond the
@@ -184,6 +234,7 @@ func spawn(j *job, gen uint64) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			debug.SetPanicOnFault(true)
 			j.work(gen)
 		}()
 	}
@@ -237,6 +288,7 @@ func thePool() *pool {
 // serve is a helper's loop: run each published region's chunks; between
 // regions poll for Spin, then park until woken.
 func (p *pool) serve(h *helper) {
+	debug.SetPanicOnFault(true) // a fault in a chunk goes to the region's owner
 	seen := p.gen.Load()
 	for {
 		if g := p.gen.Load(); g != seen {

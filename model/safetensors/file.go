@@ -1,36 +1,102 @@
 package safetensors
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
+	"sync/atomic"
 
 	"github.com/glmflash/glmflash/internal/regular"
 )
 
-// File is an open safetensors file. Its tensor bytes come from a read-only
-// memory mapping (or, where mapping fails, from a copy in memory). A File is
-// safe for concurrent readers; Close must not race with them.
+// File is an open safetensors file. Its tensor bytes are a copy in
+// memory made at open (Copy) or a read-only shared mapping of the file
+// (Guarded; a copy where mapping fails). A File is safe for concurrent
+// readers; Close must not race with them.
 type File struct {
 	path     string
+	mode     Mode
 	data     []byte // whole file
 	unmap    func([]byte) error
+	mapped   bool  // data is a mapping of the file (DropResident applies)
 	dataOff  int64 // offset of the data section within data
 	infos    map[string]TensorInfo
 	metadata map[string]string
 	closed   bool
+
+	// Guarded mode: the open file, its identity at open and the hash of
+	// its header, and the sticky reason it may not be read any more.
+	fd       *os.File
+	identity identity
+	header   [sha256.Size]byte
+	broken   atomic.Pointer[error]
 }
 
-// Open reads the header of the safetensors file at path, validates it and maps
-// the file into memory. Every error names the file.
-func Open(path string) (*File, error) {
+// Mode says how Open holds a file's tensor bytes.
+type Mode int
+
+const (
+	// Copy reads the whole file into anonymous memory at open (off the Go
+	// heap, read-only once filled): truncating or rewriting the file
+	// afterwards changes nothing that is served. It costs the file's size
+	// in memory, for as long as the File is open.
+	Copy Mode = iota
+	// Guarded maps the file read-only (MAP_SHARED): its pages come from the
+	// page cache and cost no memory of their own, but the file's bytes are
+	// the served weights. Check compares the open file's identity (device,
+	// inode, size, modification and change times) with the one it had at
+	// open; a fault while reading the mapping (the file truncated under it:
+	// SIGBUS) is turned into an error by a reader that runs with
+	// debug.SetPanicOnFault and asks Fault, and the file is refused from
+	// then on.
+	Guarded
+)
+
+// String is the mode's configuration name ("copy", "guarded").
+func (m Mode) String() string {
+	switch m {
+	case Copy:
+		return "copy"
+	case Guarded:
+		return "guarded"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// ParseMode reads a mode's configuration name.
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "copy", "":
+		return Copy, nil
+	case "guarded":
+		return Guarded, nil
+	}
+	return 0, fmt.Errorf("%q is not a weights mode (copy or guarded)", s)
+}
+
+// Open opens the safetensors file at path in Copy mode (OpenMode).
+func Open(path string) (*File, error) { return OpenMode(path, Copy) }
+
+// OpenMode reads the header of the safetensors file at path, validates it
+// and copies or maps the file (mode). Every error names the file.
+func OpenMode(path string, mode Mode) (*File, error) {
+	if mode != Copy && mode != Guarded {
+		return nil, fmt.Errorf("safetensors %s: %v is not a weights mode", path, mode)
+	}
 	f, st, err := regular.Open(path) // never blocks on a FIFO or a device
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %w", err)
 	}
-	defer f.Close()
+	keep := false
+	defer func() {
+		if !keep {
+			f.Close()
+		}
+	}()
 	size := st.Size()
 	if size < 8 {
 		return nil, fmt.Errorf("safetensors %s: truncated: %d bytes, shorter than the 8-byte header length", path, size)
@@ -58,22 +124,114 @@ func Open(path string) (*File, error) {
 		}
 		return nil, fmt.Errorf("safetensors %s: %w", path, err)
 	}
-	sf := &File{path: path, dataOff: dataOff, infos: infos, metadata: md}
-	var m []byte
-	err = errNoMmap
-	if !forceNoMmap {
-		m, err = mmapFile(f, size)
-	}
-	if err == nil {
-		sf.data, sf.unmap = m, munmap
-	} else {
-		buf := make([]byte, size)
-		if _, err := f.ReadAt(buf, 0); err != nil {
-			return nil, fmt.Errorf("safetensors %s: reading: %w", path, err)
+	sf := &File{path: path, mode: mode, dataOff: dataOff, infos: infos, metadata: md}
+	if mode == Guarded {
+		sf.header = sha256.Sum256(header)
+		if sf.identity, err = identityOf(f); err != nil {
+			return nil, fmt.Errorf("safetensors %s: %w", path, err)
 		}
-		sf.data = buf
+		var m []byte
+		err = errNoMmap
+		if !forceNoMmap {
+			m, err = mmapFile(f, size)
+		}
+		if err == nil {
+			sf.data, sf.unmap, sf.mapped, sf.fd = m, munmap, true, f
+			keep = true
+			register(sf)
+			return sf, nil
+		}
 	}
+	// a copy: in anonymous memory where there is (sealed read-only once
+	// filled), else on the heap
+	buf, free, err := allocCopy(size)
+	if err != nil {
+		buf, free = make([]byte, size), nil
+	}
+	if err := readAll(f, buf); err != nil {
+		if free != nil {
+			_ = free(buf)
+		}
+		return nil, fmt.Errorf("safetensors %s: reading: %w", path, err)
+	}
+	if free != nil {
+		_ = sealCopy(buf) // advice: a stray write faults instead of changing a weight
+	}
+	sf.data, sf.unmap = buf, free
 	return sf, nil
+}
+
+// readAll fills buf from the start of f, a bounded chunk at a time, and
+// fails when f is shorter than buf (it shrank since it was measured).
+func readAll(f *os.File, buf []byte) error {
+	const chunk = 64 << 20
+	for off := 0; off < len(buf); {
+		n, err := f.ReadAt(buf[off:min(off+chunk, len(buf))], int64(off))
+		off += n
+		if err == io.EOF && off < len(buf) {
+			return fmt.Errorf("the file shrank to %d bytes while it was read (%d expected)", off, len(buf))
+		}
+		if err != nil && err != io.EOF {
+			return err
+		}
+	}
+	return nil
+}
+
+// Mode is how the file's bytes are held.
+func (f *File) Mode() Mode { return f.mode }
+
+// Mapped reports whether the tensor bytes are a mapping of the file (Guarded
+// mode where mapping succeeded).
+func (f *File) Mapped() bool { return f.mapped }
+
+// Check says whether the file's bytes may still be read: nil for a copy,
+// and for a mapping whose file is the one opened (same device, inode, size,
+// modification and change times, and header bytes) and never faulted. A
+// failed check is sticky: a file that changed on disk stays refused even
+// when it changes back.
+func (f *File) Check() error {
+	if !f.mapped {
+		return nil
+	}
+	if e := f.broken.Load(); e != nil {
+		return *e
+	}
+	if f.fd == nil { // closed
+		return fmt.Errorf("safetensors %s: file is closed", f.path)
+	}
+	now, err := identityOf(f.fd)
+	if err != nil {
+		return f.breakWith(fmt.Errorf("safetensors %s: checking the mapped file: %w", f.path, err))
+	}
+	if why := f.identity.diff(now); why != "" {
+		return f.breakWith(fmt.Errorf("safetensors %s: the memory-mapped weights changed on disk since they were loaded (%s): refusing to serve them (model.weights: guarded; copy holds them in memory instead)", f.path, why))
+	}
+	return nil
+}
+
+// VerifyHeader re-reads the header through the open file and compares its
+// SHA-256 with the one at open (a heavier check than Check's, for a health
+// probe): nil for a copy.
+func (f *File) VerifyHeader() error {
+	if err := f.Check(); err != nil || !f.mapped {
+		return err
+	}
+	h := make([]byte, f.dataOff)
+	if _, err := f.fd.ReadAt(h, 0); err != nil {
+		return f.breakWith(fmt.Errorf("safetensors %s: re-reading the header: %w", f.path, err))
+	}
+	if sha256.Sum256(h[8:]) != f.header {
+		return f.breakWith(fmt.Errorf("safetensors %s: the header on disk is not the one loaded (another checkpoint was written over it): refusing to serve it", f.path))
+	}
+	return nil
+}
+
+func (f *File) breakWith(err error) error {
+	if f.broken.CompareAndSwap(nil, &err) {
+		return err
+	}
+	return *f.broken.Load()
 }
 
 // DropResident releases the file's mapped pages from the process's resident
@@ -83,7 +241,7 @@ func Open(path string) (*File, error) {
 // the copied sources are not resident twice. Nothing happens when the file
 // was read into memory instead of mapped, or is closed.
 func (f *File) DropResident() error {
-	if f.unmap == nil || f.closed || len(f.data) == 0 {
+	if !f.mapped || f.closed || len(f.data) == 0 {
 		return nil
 	}
 	return dropPages(f.data)
@@ -135,6 +293,9 @@ func (f *File) Bytes(name string) ([]byte, error) {
 	if f.closed {
 		return nil, fmt.Errorf("safetensors %s: file is closed", f.path)
 	}
+	if e := f.broken.Load(); e != nil {
+		return nil, *e
+	}
 	t, ok := f.infos[name]
 	if !ok {
 		return nil, fmt.Errorf("safetensors %s: no tensor %s", f.path, name)
@@ -166,6 +327,13 @@ func (f *File) Close() error {
 	f.closed = true
 	data := f.data
 	f.data = nil
+	if f.mapped {
+		unregister(f)
+	}
+	if f.fd != nil {
+		f.fd.Close()
+		f.fd = nil
+	}
 	if f.unmap != nil {
 		if err := f.unmap(data); err != nil {
 			return fmt.Errorf("safetensors %s: unmap: %w", f.path, err)

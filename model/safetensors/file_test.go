@@ -12,11 +12,15 @@ import (
 )
 
 func TestOpenFixture(t *testing.T) {
-	for _, noMmap := range []bool{false, true} {
-		forceNoMmap = noMmap
-		f, err := Open(fixturePath)
+	for _, c := range []struct {
+		mode   Mode
+		noMmap bool
+	}{{Copy, false}, {Guarded, false}, {Guarded, true}} {
+		forceNoMmap = c.noMmap
+		f, err := OpenMode(fixturePath, c.mode)
 		forceNoMmap = false
 		require.NoError(t, err)
+		assert.Equal(t, c.mode == Guarded && !c.noMmap, f.Mapped())
 		assert.Equal(t, fixturePath, f.Path())
 		assert.Equal(t, "pt", f.Metadata()["format"])
 		name := "model.language_model.layers.0.self_attn.A_log"
@@ -214,10 +218,8 @@ func TestOpenTruncatedAndMalformed(t *testing.T) {
 // DropResident leaves every tensor readable with the same bytes, mapped or
 // read into memory, and is a no-op once the file is closed.
 func TestDropResidentKeepsBytes(t *testing.T) {
-	for _, noMmap := range []bool{false, true} {
-		forceNoMmap = noMmap
-		f, err := Open(fixturePath)
-		forceNoMmap = false
+	for _, mode := range []Mode{Guarded, Copy} {
+		f, err := OpenMode(fixturePath, mode)
 		require.NoError(t, err)
 		name := "model.language_model.embed_tokens.weight"
 		before, err := f.Float32(name)

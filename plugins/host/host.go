@@ -123,9 +123,11 @@ type Plugin struct {
 	mu     sync.Mutex // serializes calls
 	client *plugin.Client
 	rpc    pb.PassPluginClient
-	pid    int   // the plugin process, leader of its own process group
-	failed error // sticky: why the plugin cannot be used
-	done   bool  // stopped
+	pid    int // the plugin process, leader of its own process group
+	runner *groupRunner
+	life   *os.File // the write end of the plugin's lifeline pipe
+	failed error    // sticky: why the plugin cannot be used
+	done   bool     // stopped
 	// starting is set from process start to the end of Describe.
 	starting atomic.Bool
 }
@@ -345,7 +347,7 @@ func (p *Plugin) start(sum []byte) {
 // launch verifies and starts the plugin process and connects to it.
 func (p *Plugin) launch(sum []byte) (plugin.ClientProtocol, error) {
 	h := p.host
-	cmd, got, closeFd, err := verifiedCommand(p.Path, sum)
+	cmd, got, closeFd, life, err := verifiedCommand(p.Path, sum)
 	if errors.Is(err, errChecksum) {
 		p.failed = fmt.Errorf("checksum verification failed: SHA-256 of %s is %s, expected %s", p.Path, hex.EncodeToString(got), hex.EncodeToString(sum))
 		return nil, p.failed
@@ -354,6 +356,7 @@ func (p *Plugin) launch(sum []byte) (plugin.ClientProtocol, error) {
 		return nil, fmt.Errorf("could not read the plugin: %w", err)
 	}
 	defer closeFd()
+	p.life = life // closed when the plugin is stopped
 	if afterVerify != nil {
 		afterVerify(p.Path)
 	}
@@ -369,11 +372,33 @@ func (p *Plugin) launch(sum []byte) (plugin.ClientProtocol, error) {
 	cc, err := p.client.Client()
 	if err != nil {
 		if strings.Contains(err.Error(), "timeout") {
-			return nil, fmt.Errorf("could not start: no handshake within %s (plugins.start_timeout_ms): %w", h.opts.StartTimeout, err)
+			return nil, fmt.Errorf("could not start: no handshake within %s (plugins.start_timeout_ms): %w%s", h.opts.StartTimeout, err, p.startNotes(0))
 		}
-		return nil, fmt.Errorf("could not start: %w", err)
+		return nil, fmt.Errorf("could not start: %w%s", err, p.startNotes(time.Second))
 	}
 	return cc, nil
+}
+
+// startNotes says what a plugin that failed to start left: its exit
+// status and the end of what it wrote on stderr (go-plugin logs stderr
+// lines at debug level only, so a wrapper's "not found" would be hidden),
+// and a hint when a wrapper script looked for files beside "$0".
+func (p *Plugin) startNotes(wait time.Duration) string {
+	r := p.runner
+	if r == nil {
+		return ""
+	}
+	var b strings.Builder
+	if st := r.exitStatus(wait); st != "" { // go-plugin waits for an exited one
+		fmt.Fprintf(&b, "; the plugin %s", st)
+	}
+	if tail := r.stderrTail(); tail != "" {
+		fmt.Fprintf(&b, "; its stderr: %q", tail)
+		if strings.Contains(tail, "/proc/self/fd") {
+			fmt.Fprintf(&b, " (the plugin runs from a sealed copy, /proc/self/fd/3, so $0 is not its path: a wrapper finds the files beside it through $%s, not $(dirname \"$0\"))", protocol.EnvDir)
+		}
+	}
+	return b.String()
 }
 
 // describe asks for the pass description.
@@ -431,6 +456,18 @@ func (p *Plugin) stop() {
 	}
 	p.done = true
 	c := p.client
+	// the plugin's descendants, those outside its process group (a child
+	// that called setsid) too, listed while the plugin still runs
+	desc := descendants(p.pid)
+	defer func() {
+		if n := killDescendants(desc); n > 0 {
+			p.log.Warn().Int("processes", n).Msg("the plugin left processes outside its process group (setsid): killed them")
+		}
+		if p.life != nil {
+			p.life.Close() // the plugin's lifeline: end of file there
+			p.life = nil
+		}
+	}()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

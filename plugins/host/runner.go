@@ -7,6 +7,11 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin/runner"
@@ -23,6 +28,40 @@ type groupRunner struct {
 	stdout, stderr io.ReadCloser
 	started        func(pid int)
 	pid            int
+	tail           tailBuffer    // the end of the plugin's stderr
+	exited         chan struct{} // closed once Wait returned
+	exitOnce       sync.Once
+	waitErr        atomic.Pointer[error]
+}
+
+// tailBuffer keeps the last tailBytes written to it.
+type tailBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+const tailBytes = 2048
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > tailBytes {
+		t.b = append(t.b[:0], t.b[len(t.b)-tailBytes:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.b))
+}
+
+// teeReadCloser is stderr read by go-plugin, copied into the tail.
+type teeReadCloser struct {
+	io.Reader
+	io.Closer
 }
 
 var _ runner.Runner = (*groupRunner)(nil)
@@ -36,11 +75,27 @@ func newGroupRunner(cmd *exec.Cmd, started func(pid int)) (*groupRunner, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &groupRunner{cmd: cmd, stdout: stdout, stderr: stderr, started: started}, nil
+	r := &groupRunner{cmd: cmd, stdout: stdout, started: started, exited: make(chan struct{})}
+	r.stderr = teeReadCloser{io.TeeReader(stderr, &r.tail), stderr}
+	return r, nil
 }
 
+// Start starts the process from a goroutine locked to its OS thread until
+// the process is waited for: the parent-death signal (Pdeathsig) fires
+// when the thread that forked exits, and a thread of the Go runtime can
+// exit under a plugin still running (one whose goroutine ends locked).
 func (r *groupRunner) Start(context.Context) error {
-	if err := r.cmd.Start(); err != nil {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		err := r.cmd.Start()
+		errc <- err
+		if err == nil {
+			<-r.exited
+		}
+		runtime.UnlockOSThread()
+	}()
+	if err := <-errc; err != nil {
 		return err
 	}
 	r.pid = r.cmd.Process.Pid
@@ -48,7 +103,29 @@ func (r *groupRunner) Start(context.Context) error {
 	return nil
 }
 
-func (r *groupRunner) Wait(context.Context) error { return r.cmd.Wait() }
+func (r *groupRunner) Wait(context.Context) error {
+	err := r.cmd.Wait()
+	r.waitErr.Store(&err)
+	r.exitOnce.Do(func() { close(r.exited) })
+	return err
+}
+
+// stderrTail is the end of what the plugin wrote on stderr.
+func (r *groupRunner) stderrTail() string { return r.tail.String() }
+
+// exitStatus says how the plugin ended ("" while it runs or was not
+// waited for within wait).
+func (r *groupRunner) exitStatus(wait time.Duration) string {
+	select {
+	case <-r.exited:
+	case <-time.After(wait):
+		return ""
+	}
+	if st := r.cmd.ProcessState; st != nil {
+		return "exited: " + st.String()
+	}
+	return ""
+}
 
 func (r *groupRunner) Kill(context.Context) error {
 	if r.cmd.Process == nil {
@@ -66,7 +143,13 @@ func (r *groupRunner) Stderr() io.ReadCloser { return r.stderr }
 func (r *groupRunner) Name() string          { return r.cmd.Args[0] }
 func (r *groupRunner) ID() string            { return fmt.Sprint(r.pid) }
 
+// Diagnose explains a handshake line go-plugin could not read. A plugin
+// that exited is not blamed on the SDK: the launch error then carries its
+// exit status and stderr (Plugin.startNotes).
 func (r *groupRunner) Diagnose(context.Context) string {
+	if r.exitStatus(time.Second) != "" {
+		return ""
+	}
 	return "the plugin did not answer go-plugin's handshake: is it built with plugins/sdk (sdk.Serve)?"
 }
 
@@ -78,16 +161,20 @@ func (r *groupRunner) HostToPlugin(n, a string) (string, string, error) { return
 // certificate) the command gets.
 func (p *Plugin) runnerFunc(own *exec.Cmd) func(hclog.Logger, *exec.Cmd, string) (runner.Runner, error) {
 	return func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
-		own.Env, own.Stdin = spec.Env, spec.Stdin
+		own.Env, own.Stdin = append(spec.Env, own.Env...), spec.Stdin
 		return p.newRunner(own)
 	}
 }
 
 func (p *Plugin) newRunner(cmd *exec.Cmd) (runner.Runner, error) {
-	return newGroupRunner(cmd, func(pid int) {
+	r, err := newGroupRunner(cmd, func(pid int) {
 		live.Lock()
 		p.pid = pid
 		live.m[p] = pid
 		live.Unlock()
 	})
+	if err == nil {
+		p.runner = r
+	}
+	return r, err
 }

@@ -26,6 +26,23 @@ const PluginName = "pass"
 // FilePrefix starts the file name of every plugin executable.
 const FilePrefix = "glmflash-pass-"
 
+// The environment the host gives a plugin process, beside go-plugin's.
+const (
+	// EnvDir is the directory the plugin file was found in, and EnvPath its
+	// path. The host runs the bytes it verified from a sealed memory file
+	// (/proc/self/fd/3 on Linux), so "$0" is not the file's path: a wrapper
+	// script finds the files beside it through "$GLMFLASH_PLUGIN_DIR", not
+	// "$(dirname "$0")". What the wrapper then runs is not verified by the
+	// host (only the wrapper is).
+	EnvDir  = "GLMFLASH_PLUGIN_DIR"
+	EnvPath = "GLMFLASH_PLUGIN_PATH"
+	// EnvParentFD is the descriptor of the read end of a pipe whose only
+	// write end the host holds: it reads end of file when the host exits,
+	// however it dies (SIGKILL, SIGPIPE). The SDK then kills the plugin's
+	// descendants and exits.
+	EnvParentFD = "GLMFLASH_PLUGIN_PARENT_FD"
+)
+
 // Versions are the protocol versions this build speaks, oldest first. The
 // host offers all of them and the plugin serves all of them; go-plugin picks
 // the highest common one. Version 1 is proto/glmflash/plugin/v1.

@@ -75,7 +75,8 @@ type Options struct {
 
 // Serve serves p, the pass d describes, to the engine and returns when the
 // engine is done with the plugin. Run by hand (not by the engine) it prints
-// a notice and exits.
+// a notice and exits. Run by the engine, the plugin exits when the engine
+// does, however it ends, and takes its descendants with it (life.go).
 func Serve(d pass.Description, p pass.Pass) { ServeWith(d, p, Options{}) }
 
 // ServeWith is Serve with options.
@@ -87,6 +88,10 @@ func ServeWith(d pass.Description, p pass.Pass, o Options) {
 	logMu.Lock()
 	logger = l
 	logMu.Unlock()
+	if os.Getenv(protocol.MagicCookieKey) == protocol.MagicCookieValue { // run by a host
+		watchHost()
+		defer killDescendants() // stopped by the host: nothing of the plugin's outlives it
+	}
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig:  protocol.Handshake,
 		VersionedPlugins: protocol.PluginSets(o.Versions, NewServer(d, p)),

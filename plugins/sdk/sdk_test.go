@@ -16,7 +16,7 @@ func TestSDKDependsOnTheContractOnly(t *testing.T) {
 	require.NoError(t, err, string(out))
 	allowed := map[string]bool{
 		"core/ir": true, "core/pass": true, "model": true, "model/safetensors": true,
-		"internal/regular": true, "internal/strict": true,
+		"internal/regular": true, "internal/strict": true, "internal/proctree": true,
 		"plugins/wire": true, "plugins/protocol": true, "plugins/sdk": true, "proto/glmflash/plugin/v1": true,
 	}
 	const mod = "github.com/glmflash/glmflash/"

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/glmflash/glmflash/kernels/gemm"
 	"github.com/glmflash/glmflash/kernels/mla"
 	"github.com/glmflash/glmflash/kernels/moe"
+	"github.com/glmflash/glmflash/model/safetensors"
 )
 
 // Program is a plan bound to CPU kernels. Run calls are serialized.
@@ -316,7 +318,40 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 }
 
 // execute1 is Execute writing the result into into when it is not nil.
-func (p *Program) execute1(pr *backend.Prepared, into *backend.Result) (*backend.Result, error) {
+//
+// GEMM weights are read in place from the checkpoint's bytes: when those
+// are a mapping of the file (model.weights: guarded), the weights are
+// checked before the batch (plan.CheckWeights: the file is still the one
+// loaded) and a fault while reading them (the file truncated under the
+// mapping: SIGBUS) is recovered, on this goroutine and on the parallel
+// helpers (kernels/parallel hands theirs over), into this batch's error;
+// the file is refused from then on, so every later batch fails with the
+// same reason instead of the process dying.
+func (p *Program) execute1(pr *backend.Prepared, into *backend.Result) (res *backend.Result, err error) {
+	if err := p.plan.CheckWeights(); err != nil {
+		return nil, fmt.Errorf("cpu: %w", err)
+	}
+	if afterWeightsCheck != nil {
+		afterWeightsCheck()
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			ferr := safetensors.FaultOf(r)
+			if ferr == nil {
+				panic(r)
+			}
+			res, err = nil, fmt.Errorf("cpu: %w", ferr)
+		}
+	}()
+	return p.execute2(pr, into)
+}
+
+// afterWeightsCheck, when set (tests), runs between the weights' check and
+// the batch: where a file truncated under a running batch would be.
+var afterWeightsCheck func()
+
+func (p *Program) execute2(pr *backend.Prepared, into *backend.Result) (*backend.Result, error) {
 	if pr == nil || pr.Prog != p {
 		return nil, fmt.Errorf("cpu: batch was prepared for another program")
 	}

@@ -1,13 +1,16 @@
 // Command hangat is a pass plugin that hangs where GLMFLASH_TEST_HANG_AT
 // says: "start" (before the handshake, with a child process holding its
 // output, as a wrapper script without exec does), "describe", "eligible"
-// or "apply". Anything else: it works (and fires nowhere).
+// or "apply". Anything else: it works (and fires nowhere). With
+// GLMFLASH_TEST_SETSID=1 it first starts a child in a session of its own
+// (setsid: outside the process group the host kills), which sleeps.
 package main
 
 import (
 	"context"
 	"os"
 	"os/exec"
+	"syscall"
 
 	"github.com/hashicorp/go-plugin"
 
@@ -44,6 +47,13 @@ func (hang) Apply(*ir.Graph, []pass.Site) (pass.Result, error) {
 }
 
 func main() {
+	if os.Getenv("GLMFLASH_TEST_SETSID") == "1" {
+		child := exec.Command("sleep", "3600")
+		child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := child.Start(); err != nil {
+			panic(err)
+		}
+	}
 	if at == "start" {
 		child := exec.Command("sleep", "3600")
 		child.Stdout, child.Stderr = os.Stdout, os.Stderr // holds the pipes go-plugin reads
