@@ -245,10 +245,18 @@ func (s *Study) validate(known func(string) bool) error {
 		if a.Name == "" {
 			return fmt.Errorf("arms.explicit[%d].name: required", i)
 		}
+		inArm := map[string]int{}
 		for j, p := range a.Passes {
+			if p.Name == "" {
+				return fmt.Errorf("arms.explicit[%d].passes[%d].name: required", i, j)
+			}
 			if !known(p.Name) {
 				return fmt.Errorf("arms.explicit[%d].passes[%d].name: unknown pass %q", i, j, p.Name)
 			}
+			if k, dup := inArm[p.Name]; dup {
+				return fmt.Errorf("arms.explicit[%d].passes[%d].name: %q is listed twice in arm %q (also passes[%d])", i, j, p.Name, a.Name, k)
+			}
+			inArm[p.Name] = j
 		}
 	}
 	if len(s.Workloads) == 0 {

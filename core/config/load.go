@@ -99,7 +99,7 @@ func EnvLayer(environ []string, dst any) Layer {
 		if !strings.Contains(rest, "__") && !top[key] {
 			continue // not configuration
 		}
-		_ = k.Set(key, v) // koanf.Set fails only for a nil Koanf
+		_ = k.Set(key, strict.Env(v)) // text, parsed into its field's type; koanf.Set fails only for a nil Koanf
 		names[key] = "environment variable " + name
 	}
 	return Layer{Name: "the environment", k: k, names: names}
@@ -243,7 +243,7 @@ func Decode(dst any, layers []Layer, exclusive ...Exclusive) (*Sources, error) {
 		return src, fmt.Errorf("%s", strings.Join(unknown, "; "))
 	}
 	dc := strict.DecoderConfig(dst)
-	dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(mapstructure.StringToWeakSliceHookFunc(","), strict.Hook)
+	dc.DecodeHook = strict.Hook // splits an environment variable's list itself
 	if err := k.UnmarshalWithConf("", dst, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
 		return src, src.annotate(err)
 	}
