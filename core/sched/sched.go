@@ -364,6 +364,20 @@ func (rt *Scheduler) AbortBy(id, owner string, admin bool) error {
 	return nil
 }
 
+// Matching lists the ids of in-flight requests for which match (given the
+// id and the owner) is true, for an admin's look-up.
+func (rt *Scheduler) Matching(match func(id, owner string) bool) []string {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	var ids []string
+	for id, r := range rt.byID {
+		if match(id, r.Owner) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // InFlight counts requests not yet finished (waiting and running).
 func (rt *Scheduler) InFlight() (waiting, running int) {
 	rt.mu.Lock()
