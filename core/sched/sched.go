@@ -265,7 +265,7 @@ func (rt *Scheduler) Validate(req *Request) error {
 	if req.MaxTokens < 1 {
 		return invalid("max_tokens", "must be ≥ 1, got %d", req.MaxTokens)
 	}
-	if len(req.Prompt)+req.MaxTokens > lim {
+	if req.MaxTokens > lim-len(req.Prompt) { // not prompt + max_tokens: that wraps near MaxInt
 		return invalid("max_tokens", "prompt (%d tokens) + max_tokens (%d) exceed the context limit %d", len(req.Prompt), req.MaxTokens, lim)
 	}
 	if err := req.Sampling.Validate(); err != nil {
