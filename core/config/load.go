@@ -117,7 +117,11 @@ func FlagLayer(flags []Flag) Layer {
 	k := koanf.New(".")
 	names := map[string]string{}
 	for _, f := range flags {
-		_ = k.Set(f.Key, f.Value)
+		v := f.Value
+		if str, ok := v.(string); ok {
+			v = strict.Env(str) // command-line text, parsed like an environment variable's
+		}
+		_ = k.Set(f.Key, v)
 		names[f.Key] = "flag " + f.Name
 	}
 	return Layer{Name: "flags", k: k, names: names}

@@ -329,7 +329,7 @@ func (s *Server) httpServer(h http.Handler, lis net.Listener) (*http.Server, net
 	sc := s.cfg.Server
 	lim := s.limiter()
 	return &http.Server{Handler: h, ReadHeaderTimeout: sc.ReadHeaderTimeout, IdleTimeout: sc.IdleTimeout,
-		MaxHeaderBytes: 64 << 10, TLSConfig: s.tls, ConnState: lim.ConnState}, lim.Listener(lis)
+		MaxHeaderBytes: 64 << 10, TLSConfig: s.tls.Clone() /* ServeTLS writes its protocols into it: one each */, ConnState: lim.ConnState}, lim.Listener(lis)
 }
 
 // guard checks Host and Origin headers for a listener bound to addr.

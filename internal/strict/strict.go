@@ -33,7 +33,8 @@ func DecoderConfig(result any) *mapstructure.DecoderConfig {
 	}
 }
 
-// Env is a value that can only be text (an environment variable's): Hook
+// Env is a value that can only be text (an environment variable's, a
+// command-line flag's): Hook
 // parses it into the number, bool, duration or comma-separated list its
 // field wants. A plain string (a quoted YAML scalar such as "8") is text
 // the author chose, and is never taken for a number or a bool.
