@@ -418,3 +418,17 @@ func TestHugeMaxTokensIsRefused(t *testing.T) {
 	require.Equal(t, codes.InvalidArgument, status.Code(err))
 	require.Contains(t, err.Error(), "max_tokens")
 }
+
+// A layer the model does not have in debug.capture_hidden (or an
+// adapter's layers) is refused at load, naming the key.
+func TestCaptureOfAMissingLayerIsRefused(t *testing.T) {
+	cfg := config.Default()
+	cfg.Model.Dir, cfg.Model.Preset = fixture, ""
+	cfg.Server.GRPCAddr, cfg.Server.HTTPAddr, cfg.Server.MetricsAddr = "127.0.0.1:0", "", ""
+	cfg.Debug.CaptureHidden = []int{4000}
+	srv, err := New(cfg, Options{Load: fixtureLoader(nil)})
+	require.NoError(t, err)
+	err = srv.Serve(context.Background())
+	require.ErrorContains(t, err, "debug.capture_hidden[0]")
+	require.ErrorContains(t, err, "layer 4000: the model has")
+}

@@ -486,6 +486,9 @@ func (s *Server) load(ctx context.Context) error {
 	if err != nil {
 		return fail(fmt.Errorf("serve: %w", err))
 	}
+	if err := s.cfg.CheckModel(cfg); err != nil { // layer indices of captures and adapters
+		return fail(fmt.Errorf("serve: %w", err))
+	}
 	sp := s.cfg.Speculative
 	if sp.On() && !cfg.HasMTP() {
 		return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.method", Err: fmt.Errorf("mtp needs the checkpoint's MTP layer, and its config declares none (num_nextn_predict_layers is %d)", cfg.NumNextNPredictLayers)})))
