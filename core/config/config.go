@@ -190,7 +190,7 @@ type Server struct {
 	BodyTimeout time.Duration `koanf:"body_timeout"`
 	MinBodyRate int           `koanf:"min_body_rate"`
 	// WriteTimeout bounds each write of a response (a whole reply, one
-	// Server-Sent Event): a client that stops reading is disconnected and
+	// Server-Sent Event, one gRPC stream message): a client that stops reading is disconnected and
 	// its request cancelled; a stream that makes progress is never cut.
 	WriteTimeout time.Duration `koanf:"write_timeout"`
 	// MaxConnections bounds the connections of each listener, and

@@ -20,7 +20,9 @@ import (
 	"github.com/glmflash/glmflash/internal/testcert"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 )
@@ -431,4 +433,42 @@ func TestCaptureOfAMissingLayerIsRefused(t *testing.T) {
 	err = srv.Serve(context.Background())
 	require.ErrorContains(t, err, "debug.capture_hidden[0]")
 	require.ErrorContains(t, err, "layer 4000: the model has")
+}
+
+// A gRPC client that stops reading a Generate stream does not keep the
+// handler and its request: a message that cannot be sent within
+// server.write_timeout (flow control full) ends the stream and aborts the
+// request.
+func TestStalledGRPCReaderReleasesItsHandler(t *testing.T) {
+	h := start(t, setup{rt: config.Runtime{Slots: 2, DefaultMaxTokens: 16}, opts: withText(t), cfg: func(c *config.Config) {
+		c.Server.WriteTimeout = 300 * time.Millisecond
+	}})
+	conn, err := grpc.NewClient(h.srv.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10)) // no window growth: the stall comes soon
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := pb.NewGLMFlashClient(conn).Generate(ctx, &pb.GenerateRequest{PromptIds: prompt(4, 1), MaxTokens: ptr(uint32(4000)), Sampling: greedy(), IgnoreEos: true, TopLogprobs: 20})
+	require.NoError(t, err)
+	_, err = st.Recv() // then the client reads no more
+	require.NoError(t, err)
+	rt := h.srv.Runtime()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		w, r := rt.InFlight()
+		if w+r == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the stalled stream still holds its request")
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Less(t, scrape(t, h.srv, "glmflash_generated_tokens_total"), 4000.0, "ended early, not run to its length")
+	for { // reading again, the client finds the stream ended with DEADLINE_EXCEEDED
+		if _, err = st.Recv(); err != nil {
+			break
+		}
+	}
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	require.Contains(t, err.Error(), "server.write_timeout")
 }

@@ -777,6 +777,8 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 	if err := stream.SendHeader(metadata.Pairs(RequestIDHeader, clientID)); err != nil {
 		return err
 	}
+	send, stopSend := sendWithin(stream, sv.s.cfg.Server.WriteTimeout)
+	defer stopSend()
 	// The text layer decodes the tokens (and matches stop strings; stop ids
 	// and EOS add no text); without a tokenizer its chunks carry ids only.
 	ts := text.NewStream(lv.text, h, req.GetStop(), lv.rt.EndIDs(r), func() { lv.rt.Abort(h.ID()) })
@@ -799,7 +801,9 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 				for _, a := range t.Top {
 					msg.TopLogprobs = append(msg.TopLogprobs, &pb.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
 				}
-				if err := stream.Send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Token{Token: msg}}); err != nil {
+				if err := send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Token{Token: msg}}); err != nil {
+					lv.rt.Abort(h.ID()) // now, not when it would have finished
+					sv.s.log.Info().Str("request_id", h.ID()).Err(err).Msg("the client stopped reading: stream closed, request aborted")
 					return err
 				}
 			}
@@ -822,7 +826,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 		default:
 			reason = pb.FinishReason_FINISH_REASON_ERROR
 		}
-		return stream.Send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Finish{Finish: &pb.Finish{
+		return send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Finish{Finish: &pb.Finish{
 			RequestId: clientID, Reason: reason, Message: f.Message, Seed: f.Seed, Text: tail, Stop: tf.StopString,
 			Usage: &pb.Usage{PromptTokens: u32(f.PromptTokens), CompletionTokens: u32(f.CompletionTokens)},
 			Timings: &pb.Timings{
@@ -831,6 +835,44 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 			Speculative: specStats(f.Spec),
 		}}})
 	}
+}
+
+// sendWithin sends a stream's messages from a goroutine of its own, each
+// within d: a client that stops reading blocks Send in flow control (its
+// keepalive pings still answered), and would hold the handler and its
+// request until it disconnects. After a timeout the handler returns, which
+// ends the stream and the blocked Send with it. stop ends the goroutine
+// once its Send has returned.
+func sendWithin(stream grpc.ServerStreamingServer[pb.GenerateResponse], d time.Duration) (send func(*pb.GenerateResponse) error, stop func()) {
+	msgs := make(chan *pb.GenerateResponse)
+	sent := make(chan error, 1)
+	go func() {
+		for m := range msgs {
+			sent <- stream.Send(m)
+		}
+	}()
+	t := time.NewTimer(d)
+	t.Stop()
+	failed := error(nil)
+	send = func(m *pb.GenerateResponse) error {
+		if failed != nil {
+			return failed
+		}
+		msgs <- m // the goroutine waits for the next message once the last one's result is taken
+		t.Reset(d)
+		defer t.Stop()
+		select {
+		case err := <-sent:
+			if err != nil {
+				failed = err
+			}
+			return err
+		case <-t.C:
+			failed = status.Errorf(codes.DeadlineExceeded, "the client read nothing for server.write_timeout (%s): stream closed", d)
+			return failed
+		}
+	}
+	return send, func() { close(msgs) }
 }
 
 // specStats is a request's speculation for its Finish message (nil when
