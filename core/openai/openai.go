@@ -164,6 +164,9 @@ func (s *server) live() (*Live, limits, *apiError) {
 	if lv == nil {
 		return nil, limits{}, &apiError{status: 503, typ: "service_unavailable", msg: "the model is loading"}
 	}
+	if s.o.Draining != nil && s.o.Draining() {
+		return nil, limits{}, &apiError{status: 503, typ: "service_unavailable", msg: "the server is shutting down"}
+	}
 	return lv, limits{vocab: lv.Vocab, context: lv.Context, defaultMaxTokens: lv.DefaultMaxTokens}, nil
 }
 

@@ -656,10 +656,10 @@ func modelInfo(cfg *model.Config, source string, weightBytes int64, hf []byte, m
 // server.drain_timeout (each stage gets at least a second to say goodbye),
 // even when a forward pass is running.
 func (s *Server) shutdown() {
+	s.drain.Store(true) // before health says so: a request that sees NOT_SERVING is refused
 	s.health.Shutdown() // every service NOT_SERVING, and it stays so
 	deadline := time.Now().Add(s.cfg.Server.DrainTimeout)
 	rest := func() time.Duration { return max(time.Until(deadline), time.Second) }
-	s.drain.Store(true)
 	lv := s.live.Load()
 	if lv != nil {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
@@ -742,6 +742,16 @@ func (sv *service) live() (*live, error) {
 	return lv, nil
 }
 
+// admitting refuses new work once the drain has begun (the runtime
+// refuses it too, from a moment later).
+func (sv *service) admitting() error {
+	if sv.s.drain.Load() {
+		sv.s.metrics.Refused("unavailable")
+		return status.Error(codes.Unavailable, "the server is shutting down")
+	}
+	return nil
+}
+
 func (sv *service) invalid(err error) error {
 	sv.s.metrics.Refused("invalid_argument")
 	return err
@@ -756,6 +766,9 @@ func (sv *service) refused(err error) error {
 func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreamingServer[pb.GenerateResponse]) error {
 	lv, err := sv.live()
 	if err != nil {
+		return err
+	}
+	if err := sv.admitting(); err != nil {
 		return err
 	}
 	ctx := stream.Context()
@@ -942,6 +955,9 @@ func (sv *service) GetModelInfo(ctx context.Context, _ *pb.GetModelInfoRequest) 
 func (sv *service) Score(ctx context.Context, req *pb.ScoreRequest) (*pb.ScoreResponse, error) {
 	lv, err := sv.live()
 	if err != nil {
+		return nil, err
+	}
+	if err := sv.admitting(); err != nil {
 		return nil, err
 	}
 	r, err := scoreRequest(req, lv.lim)
