@@ -130,6 +130,9 @@ func newPassesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := ec.CheckModel(ck.Config()); err != nil {
+				return fmt.Errorf("%s: %w", ec.Source, err)
+			}
 			env := engine.FromConfig(ec, engine.Setup{Model: ck.Config(), Weights: ck, Pipeline: pl}).PassEnv // what an engine's passes see (its device too)
 			if dump != "" {
 				pl.Instrument(pass.Dumps(func(p, when, text string) {
@@ -301,6 +304,9 @@ func newEngineFrom(ec *config.Config, ck *model.Checkpoint, s engine.Setup) (*en
 	pl, err := pipelineFor(ec)
 	if err != nil {
 		return nil, err
+	}
+	if err := ec.CheckModel(ck.Config()); err != nil {
+		return nil, fmt.Errorf("%s: %w", ec.Source, err)
 	}
 	s.Model, s.Weights, s.Pipeline = ck.Config(), ck, pl
 	return engine.New(ck.Config(), ck, engine.FromConfig(ec, s))

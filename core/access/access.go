@@ -232,3 +232,19 @@ func (k *Keys) HTTPRefusing(next http.Handler, refuse func(w http.ResponseWriter
 		next.ServeHTTP(w, r.WithContext(WithPrincipal(r.Context(), p)))
 	})
 }
+
+// ScopedID is the id a request of caller owner is known by inside the
+// server: a client-chosen id is the caller's own, so that two keys' ids
+// never collide (one key learns nothing of another's requests by picking
+// the same id). Owner ids are hex, so owner+"/"+id is unambiguous.
+func ScopedID(owner, id string) string {
+	if owner == "" {
+		return id
+	}
+	return owner + "/" + id
+}
+
+// ClientID is the id the caller gave (or was given) for a ScopedID.
+func ClientID(owner, scoped string) string {
+	return strings.TrimPrefix(scoped, owner+"/")
+}

@@ -33,6 +33,10 @@ func TestStudyErrorsNameFileAndField(t *testing.T) {
 		"empty arm list":         strings.Replace(good, "arms: {baseline: true, all: true, leave_one_out: true, add_one_in: true}", "arms: {}", 1),
 		"bad concurrency":        strings.Replace(good, "[2, 1]", "[0]", 1),
 		"no workloads":           strings.Replace(good, "  - {name: w, input_len: 4, output_len: 3, requests: 5, concurrency: [2, 1], seed: 1}", "", 1) + "\n",
+		"pass twice in an arm":   strings.Replace(good, "add_one_in: true}", "add_one_in: true, explicit: [{name: twice, passes: [{name: p1}, {name: p2}, {name: p1}]}]}", 1),
+		"quoted number":          strings.Replace(good, "repetitions: 3", `repetitions: "3"`, 1),
+		"rounds that wrap":       strings.Replace(good, "repetitions: 3", "repetitions: 9223372036854775807", 1),
+		"start timeout":          good + "serving: {start_timeout_s: 9223372036854775807}\n",
 	}
 	want := map[string]string{
 		"unknown pass":           `passes[1].name: unknown pass "p3"`,
@@ -40,6 +44,10 @@ func TestStudyErrorsNameFileAndField(t *testing.T) {
 		"empty arm list":         "arms: the arm list is empty",
 		"bad concurrency":        "workloads[0].concurrency[0]",
 		"no workloads":           "workloads",
+		"pass twice in an arm":   `arms.explicit[0].passes[2].name: "p1" is listed twice in arm "twice" (also passes[0])`,
+		"quoted number":          `repetitions`,
+		"rounds that wrap":       "rounds in all at most",
+		"start timeout":          "serving.start_timeout_s: must be in [0, 86400]",
 	}
 	for name, src := range cases {
 		_, err := Parse([]byte(src), "s.yaml", known)

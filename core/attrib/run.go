@@ -263,6 +263,9 @@ func (r *EngineRunner) Prepare(ctx context.Context, a Arm) error {
 	if err != nil {
 		return fmt.Errorf("arm %s: %w", a.Name, err)
 	}
+	if err := ec.CheckModel(r.Model); err != nil {
+		return fmt.Errorf("arm %s: %w", a.Name, err)
+	}
 	conc, reqs := maxConcurrency(r.Study)
 	// a device store is allocated for every slot at its full length: size
 	// it for the study's longest request, not the model's context

@@ -134,6 +134,8 @@ const (
 	MaxPromptTokens = 1 << 26 // requests × input_len, held in memory
 	MaxConcurrency  = 1024    // per level (cache slots of an arm's engine)
 	MaxRounds       = 1000    // repetitions + warmup
+	// MaxStartTimeoutS bounds serving.start_timeout_s (a day).
+	MaxStartTimeoutS = 86400
 )
 
 // Parity modes.
@@ -249,10 +251,18 @@ func (s *Study) validate(known func(string) bool) error {
 		if a.Name == "" {
 			return fmt.Errorf("arms.explicit[%d].name: required", i)
 		}
+		inArm := map[string]int{}
 		for j, p := range a.Passes {
+			if p.Name == "" {
+				return fmt.Errorf("arms.explicit[%d].passes[%d].name: required", i, j)
+			}
 			if !known(p.Name) {
 				return fmt.Errorf("arms.explicit[%d].passes[%d].name: unknown pass %q", i, j, p.Name)
 			}
+			if k, dup := inArm[p.Name]; dup {
+				return fmt.Errorf("arms.explicit[%d].passes[%d].name: %q is listed twice in arm %q (also passes[%d])", i, j, p.Name, a.Name, k)
+			}
+			inArm[p.Name] = j
 		}
 	}
 	if len(s.Workloads) == 0 {
@@ -321,7 +331,7 @@ func (s *Study) validate(known func(string) bool) error {
 			return fmt.Errorf("adaptive.min_rounds: must be ≥ 2 (an interval needs two paired rounds), got %d", a.MinRounds)
 		case a.MaxRounds < a.MinRounds:
 			return fmt.Errorf("adaptive.max_rounds: must be ≥ min_rounds (%d), got %d", a.MinRounds, a.MaxRounds)
-		case a.MaxRounds+s.Warmup > MaxRounds:
+		case a.MaxRounds > MaxRounds || s.Warmup > MaxRounds || a.MaxRounds+s.Warmup > MaxRounds: // each bounded first: the sum must not wrap
 			return fmt.Errorf("adaptive.max_rounds: %d + warmup %d is more than %d rounds", a.MaxRounds, s.Warmup, MaxRounds)
 		case a.MaxSeconds < 0 || math.IsNaN(a.MaxSeconds) || math.IsInf(a.MaxSeconds, 0):
 			return fmt.Errorf("adaptive.max_seconds: must be ≥ 0 (0: no time limit), got %g", a.MaxSeconds)
@@ -331,14 +341,14 @@ func (s *Study) validate(known func(string) bool) error {
 	if s.Repetitions == 0 {
 		s.Repetitions = 3
 	}
-	if s.Repetitions < 1 || s.Warmup < 0 || s.Repetitions+s.Warmup > MaxRounds {
+	if s.Repetitions < 1 || s.Warmup < 0 || s.Repetitions > MaxRounds || s.Warmup > MaxRounds || s.Repetitions+s.Warmup > MaxRounds {
 		return fmt.Errorf("repetitions must be ≥ 1 and warmup ≥ 0, %d rounds in all at most (got %d and %d)", MaxRounds, s.Repetitions, s.Warmup)
 	}
 	if s.Runtime.MaxBatchTokens < 0 || s.Runtime.PrefillChunk < 0 || s.Runtime.MaxBatchTokens > MaxTokens || s.Runtime.PrefillChunk > MaxTokens {
 		return fmt.Errorf("runtime: max_batch_tokens and prefill_chunk must be in [0, %d]", MaxTokens)
 	}
-	if s.Serving.StartTimeoutS < 0 {
-		return fmt.Errorf("serving.start_timeout_s must be ≥ 0, got %d", s.Serving.StartTimeoutS)
+	if s.Serving.StartTimeoutS < 0 || s.Serving.StartTimeoutS > MaxStartTimeoutS {
+		return fmt.Errorf("serving.start_timeout_s: must be in [0, %d] (0: the default), got %d", MaxStartTimeoutS, s.Serving.StartTimeoutS)
 	}
 	switch sv := s.Serving; {
 	case sv.Binary != "" && sv.BinarySHA256 == "":

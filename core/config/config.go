@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -193,6 +194,44 @@ type Server struct {
 	// ExposePaths shows absolute paths (model directory, configuration and
 	// plugin files) in GetModelInfo; by default only their base names.
 	ExposePaths bool `koanf:"expose_paths"`
+
+	// Connection limits, on every listener (gRPC, the HTTP API, metrics).
+	//
+	// IdleTimeout closes an HTTP keep-alive connection that has waited this
+	// long for its next request; MaxConnectionIdle a gRPC connection without
+	// calls for this long (0: never).
+	IdleTimeout       time.Duration `koanf:"idle_timeout"`
+	MaxConnectionIdle time.Duration `koanf:"max_connection_idle"`
+	// ReadHeaderTimeout bounds reading a request's headers (HTTP) and a
+	// connection's handshake (gRPC, TLS included).
+	ReadHeaderTimeout time.Duration `koanf:"read_header_timeout"`
+	// A request body must arrive within BodyTimeout plus its size at
+	// MinBodyRate bytes/s (a trickled body is refused with 408).
+	BodyTimeout time.Duration `koanf:"body_timeout"`
+	MinBodyRate int           `koanf:"min_body_rate"`
+	// WriteTimeout bounds each write of a response (a whole reply, one
+	// Server-Sent Event, one gRPC stream message): a client that stops reading is disconnected and
+	// its request cancelled; a stream that makes progress is never cut.
+	WriteTimeout time.Duration `koanf:"write_timeout"`
+	// MaxConnections bounds the connections of each listener, and
+	// MaxConnectionsPerClient those from one IP; over a bound the oldest
+	// idle HTTP connection is closed to make room, else the new one is.
+	MaxConnections          int `koanf:"max_connections"`
+	MaxConnectionsPerClient int `koanf:"max_connections_per_client"`
+	// MaxConcurrentStreams bounds the calls of one gRPC connection.
+	MaxConcurrentStreams int `koanf:"max_concurrent_streams"`
+	// AllowedHosts are the Host headers the HTTP API and metrics accept
+	// ("*": any). Empty: on a loopback address only localhost names and
+	// loopback IPs (against DNS rebinding), on any other address any.
+	AllowedHosts []string `koanf:"allowed_hosts"`
+	// AllowedOrigins are the browser origins ("https://app.example") that
+	// may call the HTTP API (CORS); empty: none, every request with a
+	// foreign Origin header is refused (403).
+	AllowedOrigins []string `koanf:"allowed_origins"`
+	// MetricsPlaintext serves /metrics in plain HTTP without API keys even
+	// when server.tls or server.auth are on (by default metrics take the
+	// same TLS and keys).
+	MetricsPlaintext bool `koanf:"metrics_plaintext"`
 }
 
 // Runtime sizes the engine and the scheduler; zero means the default.
@@ -397,8 +436,8 @@ func (c *Config) validateEngine() error {
 	if c.Parallel.AttentionTPSize == 0 {
 		c.Parallel.AttentionTPSize = 1 // unset
 	}
-	if c.Parallel.AttentionTPSize < 1 {
-		return keyErr("parallel.attention_tp_size", "must be ≥ 1, got %d", c.Parallel.AttentionTPSize)
+	if c.Parallel.AttentionTPSize < 1 || c.Parallel.AttentionTPSize > MaxTPSize {
+		return keyErr("parallel.attention_tp_size", "must be in [1, %d], got %d", MaxTPSize, c.Parallel.AttentionTPSize)
 	}
 	if c.Parallel.AttentionTPRank < 0 || c.Parallel.AttentionTPRank >= c.Parallel.AttentionTPSize {
 		return keyErr("parallel.attention_tp_rank", "must be in [0, %d), got %d", c.Parallel.AttentionTPSize, c.Parallel.AttentionTPRank)
@@ -407,11 +446,17 @@ func (c *Config) validateEngine() error {
 		if len(a.Targets) == 0 {
 			return keyErr("lora.adapters", "lora.adapters[%d] (%s): targets must not be empty", i, a.Name)
 		}
-	}
-	for i, l := range c.Debug.CaptureHidden {
-		if l < 0 {
-			return keyErr("debug.capture_hidden", "debug.capture_hidden[%d]: layer %d is negative", i, l)
+		for j, t := range a.Targets {
+			if err := checkLoRATarget(t); err != nil {
+				return keyErr(fmt.Sprintf("lora.adapters[%d].targets[%d]", i, j), "%v", err)
+			}
 		}
+		if err := checkLayers(fmt.Sprintf("lora.adapters[%d].layers", i), a.Layers); err != nil {
+			return err
+		}
+	}
+	if err := checkLayers("debug.capture_hidden", c.Debug.CaptureHidden); err != nil {
+		return err
 	}
 	if t := c.Plugins.ParityTolerance; !(t >= 0 && t <= 1) { // NaN too
 		return keyErr("plugins.parity_tolerance", "must be in [0, 1] (0: the default, 0.01), got %v", t)
@@ -463,12 +508,19 @@ func (c *Config) validateServing() error {
 		return keyErr("server.keepalive_time", "must be ≥ 1s, got %s", s.KeepaliveTime)
 	case s.KeepaliveTimeout < time.Second:
 		return keyErr("server.keepalive_timeout", "must be ≥ 1s, got %s", s.KeepaliveTimeout)
-	case s.MaxConnectionAge < 0:
-		return keyErr("server.max_connection_age", "must be ≥ 0, got %s", s.MaxConnectionAge)
-	case s.MaxConnectionAgeGrace < 0:
-		return keyErr("server.max_connection_age_grace", "must be ≥ 0, got %s", s.MaxConnectionAgeGrace)
+	case s.MaxConnectionAge != 0 && (s.MaxConnectionAge < time.Second || s.MaxConnectionAge > maxTimeout):
+		return keyErr("server.max_connection_age", "must be 0 (never) or in [1s, %s], got %s", maxTimeout, s.MaxConnectionAge)
+	case s.MaxConnectionAgeGrace < 0 || s.MaxConnectionAgeGrace > maxTimeout:
+		return keyErr("server.max_connection_age_grace", "must be in [0, %s] (0: no bound), got %s", maxTimeout, s.MaxConnectionAgeGrace)
+	case s.MaxConnectionIdle != 0 && (s.MaxConnectionIdle < time.Second || s.MaxConnectionIdle > maxTimeout):
+		return keyErr("server.max_connection_idle", "must be 0 (never) or in [1s, %s], got %s", maxTimeout, s.MaxConnectionIdle)
 	case tlsErr != nil:
 		return tlsErr
+	}
+	if err := s.validateLimits(); err != nil {
+		return err
+	}
+	switch {
 	case r.Slots < 1:
 		return keyErr("runtime.slots", "must be ≥ 1, got %d", r.Slots)
 	case r.MaxRunning < 0:
@@ -481,8 +533,138 @@ func (c *Config) validateServing() error {
 		return keyErr("runtime.context_limit", "must be ≥ 0, got %d", r.ContextLimit)
 	case r.DefaultMaxTokens < 1:
 		return keyErr("runtime.default_max_tokens", "must be ≥ 1, got %d", r.DefaultMaxTokens)
+	case r.Slots > MaxSlots:
+		return keyErr("runtime.slots", "must be at most %d, got %d", MaxSlots, r.Slots)
+	case r.MaxRunning > MaxSlots:
+		return keyErr("runtime.max_running", "must be at most %d, got %d", MaxSlots, r.MaxRunning)
+	case r.MaxQueue > MaxQueue:
+		return keyErr("runtime.max_queue", "must be at most %d, got %d", MaxQueue, r.MaxQueue)
+	case r.MaxBatchTokens > MaxTokens:
+		return keyErr("runtime.max_batch_tokens", "must be at most %d, got %d", MaxTokens, r.MaxBatchTokens)
+	case r.PrefillChunk > MaxTokens:
+		return keyErr("runtime.prefill_chunk", "must be at most %d, got %d", MaxTokens, r.PrefillChunk)
+	case r.ContextLimit > MaxTokens:
+		return keyErr("runtime.context_limit", "must be at most %d, got %d", MaxTokens, r.ContextLimit)
+	case r.DefaultMaxTokens > MaxTokens:
+		return keyErr("runtime.default_max_tokens", "must be at most %d, got %d", MaxTokens, r.DefaultMaxTokens)
+	case s.DrainTimeout > maxTimeout:
+		return keyErr("server.drain_timeout", "must be at most %s, got %s", maxTimeout, s.DrainTimeout)
+	case s.KeepaliveTime > maxTimeout || s.KeepaliveTimeout > maxTimeout:
+		return keyErr("server.keepalive_time", "keepalive_time and keepalive_timeout must be at most %s, got %s and %s", maxTimeout, s.KeepaliveTime, s.KeepaliveTimeout)
 	}
 	return c.Speculative.validate()
+}
+
+// MaxTPSize bounds parallel.attention_tp_size (no model has more heads).
+const MaxTPSize = 1024
+
+// MaxLayer bounds a layer index in the configuration (debug.capture_hidden,
+// lora layers); CheckModel holds them to the model's own layers.
+const MaxLayer = 4096
+
+// checkLayers refuses negative, huge and repeated layer indices.
+func checkLayers(key string, layers []int) error {
+	seen := map[int]int{}
+	for i, l := range layers {
+		if l < 0 || l >= MaxLayer {
+			return keyErr(fmt.Sprintf("%s[%d]", key, i), "layer %d is outside [0, %d)", l, MaxLayer)
+		}
+		if j, dup := seen[l]; dup {
+			return keyErr(fmt.Sprintf("%s[%d]", key, i), "layer %d is listed twice (also [%d])", l, j)
+		}
+		seen[l] = i
+	}
+	return nil
+}
+
+// LoRAModules are the linear modules of a decoder layer a LoRA adapter
+// can target, and LoRAScopes the sections a dotted target may name
+// ("mlp.shared_experts.gate_proj").
+var (
+	LoRAModules = []string{"q_proj", "k_proj", "v_proj", "o_proj", "b_proj", "f_a_proj", "f_b_proj", "g_a_proj", "g_b_proj",
+		"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "wq_b", "wk", "weights_proj", "gate_proj", "up_proj", "down_proj"}
+	LoRAScopes = []string{"self_attn", "indexer", "mlp", "shared_experts", "experts"}
+)
+
+func checkLoRATarget(t string) error {
+	parts := strings.Split(t, ".")
+	base := parts[len(parts)-1]
+	if !slices.Contains(LoRAModules, base) {
+		return fmt.Errorf("%q is not a module of the model (have %s, optionally under %s: \"mlp.gate_proj\")", t, strings.Join(LoRAModules, ", "), strings.Join(LoRAScopes, ", "))
+	}
+	for _, p := range parts[:len(parts)-1] {
+		if !slices.Contains(LoRAScopes, p) {
+			return fmt.Errorf("%q: %q is not a section of a layer (have %s)", t, p, strings.Join(LoRAScopes, ", "))
+		}
+	}
+	return nil
+}
+
+// CheckModel holds the layer indices of the configuration to model m's
+// layers (trunk and MTP): a layer the model does not have is an error
+// naming its key, not a capture or an adapter silently ignored.
+func (c *Config) CheckModel(m *model.Config) error {
+	n := m.NumHiddenLayers + m.NumNextNPredictLayers
+	check := func(key string, layers []int) error {
+		for i, l := range layers {
+			if l >= n {
+				return keyErr(fmt.Sprintf("%s[%d]", key, i), "layer %d: the model has %d layers (0 to %d)", l, n, n-1)
+			}
+		}
+		return nil
+	}
+	for i, a := range c.LoRA.Adapters {
+		if err := check(fmt.Sprintf("lora.adapters[%d].layers", i), a.Layers); err != nil {
+			return c.Explain(err)
+		}
+	}
+	return c.Explain(check("debug.capture_hidden", c.Debug.CaptureHidden))
+}
+
+// Bounds of the runtime section: far above any machine's, low enough that
+// no sum or product of them overflows an int.
+const (
+	MaxSlots  = 1 << 16
+	MaxQueue  = 1 << 20
+	MaxTokens = 1 << 24 // tokens of one context, batch or chunk
+)
+
+// maxTimeout bounds every timeout of the server section.
+const maxTimeout = 24 * time.Hour
+
+// MaxConnectionsBound bounds server.max_connections.
+const MaxConnectionsBound = 1 << 20
+
+func (s Server) validateLimits() error {
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"server.idle_timeout", s.IdleTimeout}, {"server.read_header_timeout", s.ReadHeaderTimeout}, {"server.body_timeout", s.BodyTimeout}, {"server.write_timeout", s.WriteTimeout}} {
+		if d.v < 10*time.Millisecond || d.v > maxTimeout {
+			return keyErr(d.key, "must be in [10ms, %s], got %s", maxTimeout, d.v)
+		}
+	}
+	switch {
+	case s.MinBodyRate < 1 || s.MinBodyRate > 1<<30:
+		return keyErr("server.min_body_rate", "must be in [1, %d] bytes/s, got %d", 1<<30, s.MinBodyRate)
+	case s.MaxConnections < 1 || s.MaxConnections > MaxConnectionsBound:
+		return keyErr("server.max_connections", "must be in [1, %d], got %d", MaxConnectionsBound, s.MaxConnections)
+	case s.MaxConnectionsPerClient < 1 || s.MaxConnectionsPerClient > s.MaxConnections:
+		return keyErr("server.max_connections_per_client", "must be in [1, server.max_connections (%d)], got %d", s.MaxConnections, s.MaxConnectionsPerClient)
+	case s.MaxConcurrentStreams < 1 || s.MaxConcurrentStreams > 1<<20:
+		return keyErr("server.max_concurrent_streams", "must be in [1, %d], got %d", 1<<20, s.MaxConcurrentStreams)
+	}
+	for i, h := range s.AllowedHosts {
+		if err := access.CheckHostPattern(h); err != nil {
+			return keyErr(fmt.Sprintf("server.allowed_hosts[%d]", i), "%v", err)
+		}
+	}
+	for i, o := range s.AllowedOrigins {
+		if err := access.CheckOrigin(o); err != nil {
+			return keyErr(fmt.Sprintf("server.allowed_origins[%d]", i), "%v", err)
+		}
+	}
+	return nil
 }
 
 // isHexSHA256 reports whether s is 64 hex digits.

@@ -99,7 +99,7 @@ func EnvLayer(environ []string, dst any) Layer {
 		if !strings.Contains(rest, "__") && !top[key] {
 			continue // not configuration
 		}
-		_ = k.Set(key, v) // koanf.Set fails only for a nil Koanf
+		_ = k.Set(key, strict.Env(v)) // text, parsed into its field's type; koanf.Set fails only for a nil Koanf
 		names[key] = "environment variable " + name
 	}
 	return Layer{Name: "the environment", k: k, names: names}
@@ -117,7 +117,11 @@ func FlagLayer(flags []Flag) Layer {
 	k := koanf.New(".")
 	names := map[string]string{}
 	for _, f := range flags {
-		_ = k.Set(f.Key, f.Value)
+		v := f.Value
+		if str, ok := v.(string); ok {
+			v = strict.Env(str) // command-line text, parsed like an environment variable's
+		}
+		_ = k.Set(f.Key, v)
 		names[f.Key] = "flag " + f.Name
 	}
 	return Layer{Name: "flags", k: k, names: names}
@@ -243,7 +247,7 @@ func Decode(dst any, layers []Layer, exclusive ...Exclusive) (*Sources, error) {
 		return src, fmt.Errorf("%s", strings.Join(unknown, "; "))
 	}
 	dc := strict.DecoderConfig(dst)
-	dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(mapstructure.StringToWeakSliceHookFunc(","), strict.Hook)
+	dc.DecodeHook = strict.Hook // splits an environment variable's list itself
 	if err := k.UnmarshalWithConf("", dst, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
 		return src, src.annotate(err)
 	}

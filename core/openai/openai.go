@@ -51,7 +51,12 @@ type Options struct {
 	Keys *access.Keys
 	// MaxBodyBytes bounds a request body (0: DefaultMaxBodyBytes).
 	MaxBodyBytes int
-	Log          zerolog.Logger
+	// Limits bound a request's body rate and writes.
+	Limits Limits
+	// Guard checks Host and Origin headers (nil: loopback names only, no
+	// cross-origin calls).
+	Guard *access.Guard
+	Log   zerolog.Logger
 }
 
 type server struct{ o Options }
@@ -71,7 +76,13 @@ func New(o Options) http.Handler {
 	mux.Handle("/", auth(func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, &apiError{status: 404, typ: "not_found_error", msg: fmt.Sprintf("no route %s %s (have POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health)", r.Method, r.URL.Path)})
 	}))
-	return mux
+	g := o.Guard
+	if g == nil {
+		g = &access.Guard{Hosts: access.LoopbackHosts}
+	}
+	return g.HTTP(o.Limits.Bound(mux), func(w http.ResponseWriter, r *access.Refusal) {
+		s.fail(w, &apiError{status: r.Status, typ: "invalid_request_error", msg: r.Msg})
+	})
 }
 
 // unauthorized refuses a request without a valid API key, as OpenAI does.
@@ -84,8 +95,10 @@ func (s *server) fail(w http.ResponseWriter, e *apiError) {
 		switch e.status {
 		case 401:
 			s.o.Refused("unauthenticated")
-		case 400, 413:
+		case 400, 408, 413, 415:
 			s.o.Refused("invalid_argument")
+		case 403, 421:
+			s.o.Refused("permission_denied")
 		case 404:
 			s.o.Refused("not_found")
 		case 429:
@@ -93,6 +106,9 @@ func (s *server) fail(w http.ResponseWriter, e *apiError) {
 		case 503:
 			s.o.Refused("unavailable")
 		}
+	}
+	if e.status == 408 {
+		w.Header().Set("Connection", "close") // the rest of the body will not be read
 	}
 	writeJSON(w, e.status, errorBody(e))
 }
@@ -148,6 +164,9 @@ func (s *server) live() (*Live, limits, *apiError) {
 	if lv == nil {
 		return nil, limits{}, &apiError{status: 503, typ: "service_unavailable", msg: "the model is loading"}
 	}
+	if s.o.Draining != nil && s.o.Draining() {
+		return nil, limits{}, &apiError{status: 503, typ: "service_unavailable", msg: "the server is shutting down"}
+	}
 	return lv, limits{vocab: lv.Vocab, context: lv.Context, defaultMaxTokens: lv.DefaultMaxTokens}, nil
 }
 
@@ -175,6 +194,10 @@ func submitError(err error) *apiError {
 }
 
 func (s *server) completions(w http.ResponseWriter, r *http.Request) {
+	if e := jsonBody(r); e != nil {
+		s.fail(w, e)
+		return
+	}
 	lv, lim, e := s.live()
 	if e != nil {
 		s.fail(w, e)
@@ -198,6 +221,10 @@ func (s *server) completions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) chat(w http.ResponseWriter, r *http.Request) {
+	if e := jsonBody(r); e != nil {
+		s.fail(w, e)
+		return
+	}
 	lv, lim, e := s.live()
 	if e != nil {
 		s.fail(w, e)
@@ -223,8 +250,9 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) {
 // run submits a checked request and writes its response, whole or as SSE.
 func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params, isChat bool) {
 	ctx := r.Context() // ends when the client goes away: the runtime cancels the request
-	p.req.ID = sched.NewID()
+	id := sched.NewID()
 	p.req.Owner = access.FromContext(ctx).ID // only this key (or an admin) may Abort it over gRPC
+	p.req.ID = access.ScopedID(p.req.Owner, id)
 	h, err := lv.RT.Submit(ctx, p.req)
 	if err != nil {
 		s.fail(w, submitError(err))
@@ -233,22 +261,22 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 	st := text.NewStream(lv.Text, h, p.stops, lv.RT.EndIDs(p.req), func() { lv.RT.Abort(h.ID()) })
 	out := &response{s: s, w: w, lv: lv, p: p, chat: isChat, created: time.Now().Unix()}
 	if isChat {
-		out.id = "chatcmpl-" + h.ID()
+		out.id = "chatcmpl-" + id
 	} else {
-		out.id = "cmpl-" + h.ID()
+		out.id = "cmpl-" + id
 	}
 	if p.stream {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("Cache-Control", "no-cache")
-		w.Header().Set("X-Request-Id", h.ID())
+		w.Header().Set("X-Request-Id", id) // the id to Abort over gRPC with the same key
 		w.WriteHeader(200)
 		if isChat {
 			out.event(map[string]any{"role": "assistant", "content": ""}, nil, nil)
-		} else if fl, ok := w.(http.Flusher); ok {
-			fl.Flush() // the client has the request id (to abort it) at once
+		} else {
+			out.flush() // the client has the request id (to abort it) at once
 		}
 	}
-	for {
+	for out.err == nil {
 		c, f, err := st.Recv(ctx)
 		if err != nil {
 			return // the client went away; the runtime frees the slot
@@ -259,6 +287,10 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 		}
 		out.add(c)
 	}
+	// A write failed (the client stopped reading for server.write_timeout,
+	// or left): the request ends now, not when it would have finished.
+	lv.RT.Abort(h.ID())
+	s.o.Log.Info().Str("request_id", h.ID()).Err(out.err).Msg("the client stopped reading: stream closed, request aborted")
 }
 
 // response accumulates (or streams) one request's output.
@@ -274,6 +306,7 @@ type response struct {
 	offset  int
 	lp      []any // chat: content logprobs; completions: see legacy
 	legacy  legacyLogprobs
+	err     error // the first failed write of a stream
 }
 
 type legacyLogprobs struct {
@@ -405,9 +438,23 @@ func (o *response) sse(v any) {
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	enc.Encode(v)
-	fmt.Fprintf(o.w, "data: %s\n", b.String()) // Encode ended the line
-	if fl, ok := o.w.(http.Flusher); ok {
-		fl.Flush()
+	if o.err != nil {
+		return
+	}
+	if _, err := fmt.Fprintf(o.w, "data: %s\n", b.String()); err != nil { // Encode ended the line
+		o.err = err
+		return
+	}
+	o.flush()
+}
+
+// flush sends what a stream has written (within its write deadline).
+func (o *response) flush() {
+	if o.err != nil {
+		return
+	}
+	if err := http.NewResponseController(o.w).Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		o.err = err
 	}
 }
 
@@ -430,10 +477,12 @@ func (o *response) finish(f *text.Final) {
 				o.sse(map[string]any{"id": o.id, "object": obj, "created": o.created, "model": o.s.o.Model, "choices": []any{}, "usage": o.usage(f)})
 			}
 		}
-		fmt.Fprint(o.w, "data: [DONE]\n\n")
-		if fl, ok := o.w.(http.Flusher); ok {
-			fl.Flush()
+		if o.err == nil {
+			if _, err := fmt.Fprint(o.w, "data: [DONE]\n\n"); err != nil {
+				o.err = err
+			}
 		}
+		o.flush()
 		return
 	}
 	if e != nil {

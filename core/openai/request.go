@@ -117,6 +117,9 @@ func decode(r io.Reader, v any, limit int) *apiError {
 	if errors.As(err, &mbe) || len(b) > limit {
 		return &apiError{status: 413, typ: "invalid_request_error", msg: fmt.Sprintf("the body is larger than %d bytes (server.max_request_bytes)", limit)}
 	}
+	if errors.Is(err, errBodyTimeout) {
+		return &apiError{status: 408, typ: "invalid_request_error", msg: "reading the body: " + err.Error()}
+	}
 	if err != nil {
 		return &apiError{status: 400, typ: "invalid_request_error", msg: "reading the body: " + err.Error()}
 	}
@@ -195,7 +198,7 @@ func (c *common) check(prompt []int32, maxTok *int64, maxTokField string, lim li
 		if *maxTok < 1 {
 			return p, badField(maxTokField, "must be ≥ 1, got %d", *maxTok)
 		}
-		if int64(len(prompt))+*maxTok > int64(lim.context) {
+		if *maxTok > int64(lim.context-len(prompt)) { // not prompt + max_tokens: that wraps for 2⁶³−1
 			return p, badField(maxTokField, "prompt (%d tokens) + %s (%d) exceed the context limit %d", len(prompt), maxTokField, *maxTok, lim.context)
 		}
 		n = int(*maxTok)

@@ -265,7 +265,7 @@ func (rt *Scheduler) Validate(req *Request) error {
 	if req.MaxTokens < 1 {
 		return invalid("max_tokens", "must be ≥ 1, got %d", req.MaxTokens)
 	}
-	if len(req.Prompt)+req.MaxTokens > lim {
+	if req.MaxTokens > lim-len(req.Prompt) { // not prompt + max_tokens: that wraps near MaxInt
 		return invalid("max_tokens", "prompt (%d tokens) + max_tokens (%d) exceed the context limit %d", len(req.Prompt), req.MaxTokens, lim)
 	}
 	if err := req.Sampling.Validate(); err != nil {
@@ -362,6 +362,20 @@ func (rt *Scheduler) AbortBy(id, owner string, admin bool) error {
 		return ErrNotFound
 	}
 	return nil
+}
+
+// Matching lists the ids of in-flight requests for which match (given the
+// id and the owner) is true, for an admin's look-up.
+func (rt *Scheduler) Matching(match func(id, owner string) bool) []string {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	var ids []string
+	for id, r := range rt.byID {
+		if match(id, r.Owner) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // InFlight counts requests not yet finished (waiting and running).

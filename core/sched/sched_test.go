@@ -428,6 +428,7 @@ func TestValidate(t *testing.T) {
 		"prompt_ids ":            func(r *Request) { r.Prompt = prompt(65, 1, 256) },
 		"max_tokens":             func(r *Request) { r.MaxTokens = 0 },
 		"max_tokens ":            func(r *Request) { r.MaxTokens = 62 },
+		"max_tokens  ":           func(r *Request) { r.MaxTokens = math.MaxInt - 1 }, // prompt + max_tokens wrapped
 		"stop_ids[0]":            func(r *Request) { r.StopIDs = []int32{300} },
 		"top_logprobs":           func(r *Request) { r.TopLogprobs = 21 },
 		"sampling: temperature":  func(r *Request) { r.Sampling.Temperature = -1 },
@@ -442,10 +443,7 @@ func TestValidate(t *testing.T) {
 		_, err := rt.Submit(context.Background(), r)
 		var ie *InvalidError
 		require.True(t, errors.As(err, &ie), "%s: %v", name, err)
-		want := name
-		if i := len(want) - 1; want[i] == ' ' {
-			want = want[:i]
-		}
+		want := strings.TrimRight(name, " ")
 		require.Contains(t, err.Error(), want, name)
 	}
 	r := good()

@@ -130,7 +130,7 @@ func TestAPIKeysAndAbortOwnership(t *testing.T) {
 	_, err = h.client.Abort(withKey(admin), &pb.AbortRequest{RequestId: "alices-2"})
 	require.NoError(t, err, "an admin key may abort anyone's")
 	require.Equal(t, pb.FinishReason_FINISH_REASON_ABORT, finish(st).Reason)
-	require.Equal(t, 3.0, scrape(t, h.srv, `glmflash_requests_total{status="unauthenticated"}`))
+	require.Equal(t, 3.0, scrapeWith(t, h.srv, `glmflash_requests_total{status="unauthenticated"}`, admin))
 }
 
 // Reflection can be switched off.

@@ -65,12 +65,13 @@ func TestHTTPAPIKeysAndAbortOwnership(t *testing.T) {
 	require.Equal(t, 200, resp.StatusCode, "health needs no key")
 	resp, b := call(t, c, "POST", base+"/v1/completions", bob, body)
 	require.Equal(t, 200, resp.StatusCode, b)
-	require.Equal(t, 3.0, scrape(t, h.srv, `glmflash_requests_total{status="unauthenticated"}`))
+	require.Equal(t, 3.0, scrapeWith(t, h.srv, `glmflash_requests_total{status="unauthenticated"}`, admin))
 
 	// A long stream started over HTTP with alice's key.
 	req, err := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"prompt":[1,2,3],"max_tokens":4000,"stream":true,"temperature":0}`))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+alice)
+	req.Header.Set("Content-Type", "application/json")
 	sresp, err := c.Do(req)
 	require.NoError(t, err)
 	defer sresp.Body.Close()

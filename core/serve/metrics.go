@@ -47,7 +47,7 @@ func NewMetrics() *Metrics {
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "glmflash_requests_total",
-		Help: "Requests by final status: stop, length, abort, cancelled, error, scored (finished) or invalid_argument, resource_exhausted, unavailable, already_exists, unauthenticated (refused).",
+		Help: "Requests by final status: stop, length, abort, cancelled, error, scored (finished) or invalid_argument, resource_exhausted, unavailable, already_exists, unauthenticated, permission_denied (a foreign Host or Origin) (refused).",
 	}, []string{"status"})
 	f(m.requests)
 	m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "glmflash_time_to_first_token_seconds", Help: "Arrival to first generated token.", Buckets: latencyBuckets})

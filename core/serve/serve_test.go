@@ -74,6 +74,9 @@ type setup struct {
 	gate  <-chan struct{} // Load waits for it
 	opts  func(*Options)
 	cfg   func(*config.Config) // adjusts the configuration last
+	// listened, when set, runs between Listen and Serve (a test wraps a
+	// listener there).
+	listened func(*Server)
 }
 
 func start(t *testing.T, su setup) *harness {
@@ -104,6 +107,9 @@ func start(t *testing.T, su setup) *harness {
 	srv, err := New(cfg, o)
 	require.NoError(t, err)
 	require.NoError(t, srv.Listen())
+	if su.listened != nil {
+		su.listened(srv)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{srv: srv, stop: cancel, done: make(chan error, 1)}
 	go func() { h.done <- srv.Serve(ctx) }()
@@ -378,10 +384,22 @@ func indexOf(s []int32, v int32) int {
 // scrape reads one sample from the HTTP metrics endpoint.
 func scrape(t *testing.T, s *Server, name string) float64 {
 	t.Helper()
+	return scrapeWith(t, s, name, "")
+}
+
+// scrapeWith reads a metric with an API key (metrics take the server's keys).
+func scrapeWith(t *testing.T, s *Server, name, key string) float64 {
+	t.Helper()
 	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + s.MetricsAddr() + "/metrics")
+	req, err := http.NewRequest("GET", "http://"+s.MetricsAddr()+"/metrics", nil)
+	require.NoError(t, err)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := c.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	for _, line := range strings.Split(string(b), "\n") {

@@ -39,6 +39,7 @@ import (
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/speculative"
 	"github.com/glmflash/glmflash/core/text"
+	"github.com/glmflash/glmflash/internal/netlimit"
 	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -170,7 +171,9 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		grpc.MaxSendMsgSize(sc.MaxResponseBytes),
 		grpc.MaxRecvMsgSize(sc.MaxRequestBytes),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: sc.KeepaliveTime, Timeout: sc.KeepaliveTimeout,
-			MaxConnectionAge: sc.MaxConnectionAge, MaxConnectionAgeGrace: sc.MaxConnectionAgeGrace}),
+			MaxConnectionAge: sc.MaxConnectionAge, MaxConnectionAgeGrace: sc.MaxConnectionAgeGrace, MaxConnectionIdle: sc.MaxConnectionIdle}),
+		grpc.ConnectionTimeout(sc.ReadHeaderTimeout), // the handshake, TLS included
+		grpc.MaxConcurrentStreams(uint32(sc.MaxConcurrentStreams)),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(logging.UnaryServerInterceptor(zerologAdapter(s.log), lopts...), recovery.UnaryServerInterceptor(rec), s.authUnary),
 		grpc.ChainStreamInterceptor(logging.StreamServerInterceptor(zerologAdapter(s.log), lopts...), recovery.StreamServerInterceptor(rec), s.authStream),
@@ -261,45 +264,84 @@ func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
 func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // Listen binds the gRPC and metrics addresses (port 0 picks a free port).
+// Every listener bounds its connections (server.max_connections,
+// max_connections_per_client) and every HTTP server its idle, header, body
+// and write times (see core/openai.Limits).
 func (s *Server) Listen() error {
-	lis, err := net.Listen("tcp", s.cfg.Server.GRPCAddr)
+	sc := s.cfg.Server
+	lis, err := net.Listen("tcp", sc.GRPCAddr)
 	if err != nil {
 		return fmt.Errorf("serve: server.grpc_addr: %w", err)
 	}
-	s.lis = lis
-	if s.cfg.Server.MetricsAddr != "" {
-		mlis, err := net.Listen("tcp", s.cfg.Server.MetricsAddr)
+	s.lis = s.limiter().BusyListener(lis)
+	limits := openai.Limits{BodyTimeout: sc.BodyTimeout, MinBodyRate: sc.MinBodyRate, WriteTimeout: sc.WriteTimeout}
+	if sc.MetricsAddr != "" {
+		mlis, err := net.Listen("tcp", sc.MetricsAddr)
 		if err != nil {
 			lis.Close()
 			return fmt.Errorf("serve: server.metrics_addr: %w", err)
 		}
-		s.mlis = mlis
+		var h http.Handler = s.metrics.Handler()
+		if !sc.MetricsPlaintext {
+			h = s.keys.HTTP(h) // the same keys as the API (Prometheus: authorization.credentials)
+		} else if s.tls != nil || s.keys.Required() {
+			s.log.Warn().Str("metrics", mlis.Addr().String()).Msg("server.metrics_plaintext: /metrics is served in plain HTTP without API keys although server.tls or server.auth are on")
+		}
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", s.metrics.Handler())
-		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		mux.Handle("/metrics", h)
+		s.http, s.mlis = s.httpServer(s.guard(sc.MetricsAddr).HTTP(limits.Bound(mux), plainRefusal), mlis)
 	}
-	if s.cfg.Server.HTTPAddr != "" {
-		alis, err := net.Listen("tcp", s.cfg.Server.HTTPAddr)
+	if sc.HTTPAddr != "" {
+		alis, err := net.Listen("tcp", sc.HTTPAddr)
 		if err != nil {
-			lis.Close()
+			s.lis.Close()
 			if s.mlis != nil {
 				s.mlis.Close()
 			}
 			return fmt.Errorf("serve: server.http_addr: %w", err)
 		}
-		s.alis = alis
-		s.api = &http.Server{Handler: openai.New(openai.Options{
+		s.api, s.alis = s.httpServer(openai.New(openai.Options{
 			Model:        s.cfg.ServedName(),
 			Live:         s.apiLive,
 			Refused:      s.metrics.Refused,
 			Draining:     s.drain.Load,
 			Keys:         s.keys,
-			MaxBodyBytes: s.cfg.Server.MaxRequestBytes,
+			MaxBodyBytes: sc.MaxRequestBytes,
+			Limits:       limits,
+			Guard:        s.guard(sc.HTTPAddr),
 			Log:          s.log,
-		}), ReadHeaderTimeout: 10 * time.Second, TLSConfig: s.tls}
+		}), alis)
 	}
 	return nil
 }
+
+// limiter is a listener's connection bound.
+func (s *Server) limiter() *netlimit.Limiter {
+	return netlimit.New(s.cfg.Server.MaxConnections, s.cfg.Server.MaxConnectionsPerClient)
+}
+
+// httpServer is an HTTP server of h on lis, with the server's TLS and
+// connection limits: keep-alive connections close after
+// server.idle_timeout, headers must arrive within read_header_timeout; no
+// ReadTimeout or WriteTimeout, which would cut long streams: the body rate
+// and per-write deadlines of openai.Limits bound those.
+func (s *Server) httpServer(h http.Handler, lis net.Listener) (*http.Server, net.Listener) {
+	sc := s.cfg.Server
+	lim := s.limiter()
+	return &http.Server{Handler: h, ReadHeaderTimeout: sc.ReadHeaderTimeout, IdleTimeout: sc.IdleTimeout,
+		MaxHeaderBytes: 64 << 10, TLSConfig: s.tls.Clone() /* ServeTLS writes its protocols into it: one each */, ConnState: lim.ConnState}, lim.Listener(lis)
+}
+
+// guard checks Host and Origin headers for a listener bound to addr.
+func (s *Server) guard(addr string) *access.Guard {
+	hosts := s.cfg.Server.AllowedHosts
+	if len(hosts) == 0 {
+		hosts = access.DefaultHosts(addr)
+	}
+	return &access.Guard{Hosts: hosts, Origins: s.cfg.Server.AllowedOrigins}
+}
+
+func plainRefusal(w http.ResponseWriter, r *access.Refusal) { http.Error(w, r.Msg, r.Status) }
 
 // apiLive is the loaded model as the HTTP API sees it (nil while loading).
 func (s *Server) apiLive() *openai.Live {
@@ -378,7 +420,11 @@ func (s *Server) Serve(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := s.http.Serve(s.mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serve := s.http.Serve
+			if s.tls != nil && !s.cfg.Server.MetricsPlaintext { // the same TLS as gRPC and the API
+				serve = func(l net.Listener) error { return s.http.ServeTLS(l, "", "") }
+			}
+			if err := serve(s.mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("serve: metrics: %w", err)
 			}
 		}()
@@ -438,6 +484,9 @@ func (s *Server) load(ctx context.Context) error {
 	rcfg := sched.Config{MaxRunning: rc.MaxRunning, MaxQueue: rc.MaxQueue, MaxBatchTokens: rc.MaxBatchTokens, PrefillChunk: rc.PrefillChunk, ContextLimit: rc.ContextLimit}
 	eff, err := rcfg.WithDefaults(cfg, rc.Slots)
 	if err != nil {
+		return fail(fmt.Errorf("serve: %w", err))
+	}
+	if err := s.cfg.CheckModel(cfg); err != nil { // layer indices of captures and adapters
 		return fail(fmt.Errorf("serve: %w", err))
 	}
 	sp := s.cfg.Speculative
@@ -607,10 +656,10 @@ func modelInfo(cfg *model.Config, source string, weightBytes int64, hf []byte, m
 // server.drain_timeout (each stage gets at least a second to say goodbye),
 // even when a forward pass is running.
 func (s *Server) shutdown() {
+	s.drain.Store(true) // before health says so: a request that sees NOT_SERVING is refused
 	s.health.Shutdown() // every service NOT_SERVING, and it stays so
 	deadline := time.Now().Add(s.cfg.Server.DrainTimeout)
 	rest := func() time.Duration { return max(time.Until(deadline), time.Second) }
-	s.drain.Store(true)
 	lv := s.live.Load()
 	if lv != nil {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
@@ -693,6 +742,16 @@ func (sv *service) live() (*live, error) {
 	return lv, nil
 }
 
+// admitting refuses new work once the drain has begun (the runtime
+// refuses it too, from a moment later).
+func (sv *service) admitting() error {
+	if sv.s.drain.Load() {
+		sv.s.metrics.Refused("unavailable")
+		return status.Error(codes.Unavailable, "the server is shutting down")
+	}
+	return nil
+}
+
 func (sv *service) invalid(err error) error {
 	sv.s.metrics.Refused("invalid_argument")
 	return err
@@ -709,6 +768,9 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 	if err != nil {
 		return err
 	}
+	if err := sv.admitting(); err != nil {
+		return err
+	}
 	ctx := stream.Context()
 	r, err := generateRequest(ctx, req, lv.lim)
 	if err != nil {
@@ -718,14 +780,18 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 		r.ID = sched.NewID()
 	}
 	r.Owner = access.FromContext(ctx).ID
+	clientID := r.ID
+	r.ID = access.ScopedID(r.Owner, r.ID) // ids are per key: another key's same id is no collision
 	logging.AddFields(ctx, logging.Fields{"request_id", r.ID})
 	h, err := lv.rt.Submit(ctx, r)
 	if err != nil {
 		return sv.refused(err)
 	}
-	if err := stream.SendHeader(metadata.Pairs(RequestIDHeader, h.ID())); err != nil {
+	if err := stream.SendHeader(metadata.Pairs(RequestIDHeader, clientID)); err != nil {
 		return err
 	}
+	send, stopSend := sendWithin(stream, sv.s.cfg.Server.WriteTimeout)
+	defer stopSend()
 	// The text layer decodes the tokens (and matches stop strings; stop ids
 	// and EOS add no text); without a tokenizer its chunks carry ids only.
 	ts := text.NewStream(lv.text, h, req.GetStop(), lv.rt.EndIDs(r), func() { lv.rt.Abort(h.ID()) })
@@ -748,7 +814,9 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 				for _, a := range t.Top {
 					msg.TopLogprobs = append(msg.TopLogprobs, &pb.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
 				}
-				if err := stream.Send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Token{Token: msg}}); err != nil {
+				if err := send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Token{Token: msg}}); err != nil {
+					lv.rt.Abort(h.ID()) // now, not when it would have finished
+					sv.s.log.Info().Str("request_id", h.ID()).Err(err).Msg("the client stopped reading: stream closed, request aborted")
 					return err
 				}
 			}
@@ -771,8 +839,8 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 		default:
 			reason = pb.FinishReason_FINISH_REASON_ERROR
 		}
-		return stream.Send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Finish{Finish: &pb.Finish{
-			RequestId: f.ID, Reason: reason, Message: f.Message, Seed: f.Seed, Text: tail, Stop: tf.StopString,
+		return send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Finish{Finish: &pb.Finish{
+			RequestId: clientID, Reason: reason, Message: f.Message, Seed: f.Seed, Text: tail, Stop: tf.StopString,
 			Usage: &pb.Usage{PromptTokens: u32(f.PromptTokens), CompletionTokens: u32(f.CompletionTokens)},
 			Timings: &pb.Timings{
 				Queue: durationpb.New(f.Queue), TimeToFirstToken: durationpb.New(f.TTFT), Total: durationpb.New(f.Total),
@@ -780,6 +848,44 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 			Speculative: specStats(f.Spec),
 		}}})
 	}
+}
+
+// sendWithin sends a stream's messages from a goroutine of its own, each
+// within d: a client that stops reading blocks Send in flow control (its
+// keepalive pings still answered), and would hold the handler and its
+// request until it disconnects. After a timeout the handler returns, which
+// ends the stream and the blocked Send with it. stop ends the goroutine
+// once its Send has returned.
+func sendWithin(stream grpc.ServerStreamingServer[pb.GenerateResponse], d time.Duration) (send func(*pb.GenerateResponse) error, stop func()) {
+	msgs := make(chan *pb.GenerateResponse)
+	sent := make(chan error, 1)
+	go func() {
+		for m := range msgs {
+			sent <- stream.Send(m)
+		}
+	}()
+	t := time.NewTimer(d)
+	t.Stop()
+	failed := error(nil)
+	send = func(m *pb.GenerateResponse) error {
+		if failed != nil {
+			return failed
+		}
+		msgs <- m // the goroutine waits for the next message once the last one's result is taken
+		t.Reset(d)
+		defer t.Stop()
+		select {
+		case err := <-sent:
+			if err != nil {
+				failed = err
+			}
+			return err
+		case <-t.C:
+			failed = status.Errorf(codes.DeadlineExceeded, "the client read nothing for server.write_timeout (%s): stream closed", d)
+			return failed
+		}
+	}
+	return send, func() { close(msgs) }
 }
 
 // specStats is a request's speculation for its Finish message (nil when
@@ -800,7 +906,25 @@ func (sv *service) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortRe
 		return nil, sv.invalid(badField("request_id", "empty"))
 	}
 	p := access.FromContext(ctx)
-	if err := lv.rt.AbortBy(req.GetRequestId(), p.ID, p.Admin); err != nil {
+	// The caller's own id first; an admin may also name another key's
+	// request by its server-side id (owner/id, as the logs show it).
+	id := req.GetRequestId()
+	err = lv.rt.AbortBy(access.ScopedID(p.ID, id), p.ID, p.Admin)
+	if errors.Is(err, sched.ErrNotFound) && p.Admin && p.ID != "" {
+		err = lv.rt.AbortBy(id, p.ID, true)
+		if errors.Is(err, sched.ErrNotFound) { // another key's request by the id its client gave
+			ids := lv.rt.Matching(func(sid, owner string) bool { return owner != "" && sid == access.ScopedID(owner, id) })
+			switch len(ids) {
+			case 0:
+			case 1:
+				err = lv.rt.AbortBy(ids[0], p.ID, true)
+			default:
+				slices.Sort(ids)
+				return nil, sv.invalid(badField("request_id", "%d callers have a request %q in flight: name one as OWNER/ID (%s)", len(ids), id, strings.Join(ids, ", ")))
+			}
+		}
+	}
+	if err != nil {
 		_, st := runtimeStatus(err)
 		return nil, st
 	}
@@ -831,6 +955,9 @@ func (sv *service) GetModelInfo(ctx context.Context, _ *pb.GetModelInfoRequest) 
 func (sv *service) Score(ctx context.Context, req *pb.ScoreRequest) (*pb.ScoreResponse, error) {
 	lv, err := sv.live()
 	if err != nil {
+		return nil, err
+	}
+	if err := sv.admitting(); err != nil {
 		return nil, err
 	}
 	r, err := scoreRequest(req, lv.lim)

@@ -2,9 +2,10 @@
 // the environment) into structs without reinterpreting values: an unknown
 // key is an error, a float never becomes an integer (2.7 is not 2), a bool
 // never becomes a number (true is not 1), an integer must fit its field,
-// and a duration needs a unit ("30s"; a bare 30 is not 30 ns). Strings,
-// which is how environment variables arrive, are parsed strictly into
-// numbers, bools and durations.
+// a duration needs a unit ("30s"; a bare 30 is not 30 ns), and a string is
+// not a number ("8" quoted in YAML is refused). Environment variables,
+// which can only be text, arrive as Env and are parsed strictly into
+// numbers, bools, durations and lists.
 package strict
 
 import (
@@ -32,13 +33,57 @@ func DecoderConfig(result any) *mapstructure.DecoderConfig {
 	}
 }
 
+// Env is a value that can only be text (an environment variable's, a
+// command-line flag's): Hook
+// parses it into the number, bool, duration or comma-separated list its
+// field wants. A plain string (a quoted YAML scalar such as "8") is text
+// the author chose, and is never taken for a number or a bool.
+type Env string
+
+var envType = reflect.TypeOf(Env(""))
+
 // Hook converts values for the field types a configuration uses, refusing
 // every lossy or surprising conversion.
 func Hook(f reflect.Type, t reflect.Type, data any) (any, error) {
 	if data == nil {
 		return data, nil
 	}
+	if e, ok := data.(Env); ok {
+		switch {
+		case t == durationType:
+		case t.Kind() == reflect.Pointer:
+			return e, nil // decoded again into the element
+		case t.Kind() == reflect.Slice:
+			if strings.TrimSpace(string(e)) == "" {
+				return []any{}, nil
+			}
+			parts := strings.Split(string(e), ",")
+			out := make([]any, len(parts))
+			for i, p := range parts {
+				out[i] = Env(strings.TrimSpace(p))
+			}
+			return out, nil
+		case t.Kind() == reflect.String, t.Kind() == reflect.Interface:
+			return string(e), nil
+		}
+		return parse(t, string(e))
+	}
+	if f.Kind() == reflect.String && t != durationType {
+		switch t.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+			return nil, fmt.Errorf("%q is a string, not a number (in YAML write it without quotes)", data)
+		case reflect.Bool:
+			return nil, fmt.Errorf("%q is a string, not true or false (in YAML write it without quotes)", data)
+		}
+	}
+	return parse(t, data)
+}
+
+// parse is Hook for a value that is not Env: strings (Env's text) are
+// parsed strictly.
+func parse(t reflect.Type, data any) (any, error) {
 	v := reflect.ValueOf(data)
+	f := v.Type()
 	if t == durationType {
 		switch f.Kind() {
 		case reflect.String:
