@@ -799,6 +799,9 @@ func (sv *service) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortRe
 	if req.GetRequestId() == "" {
 		return nil, sv.invalid(badField("request_id", "empty"))
 	}
+	if err := checkRequestID(req.GetRequestId()); err != nil {
+		return nil, sv.invalid(err) // as Generate checks it: no id it could not have started
+	}
 	p := access.FromContext(ctx)
 	if err := lv.rt.AbortBy(req.GetRequestId(), p.ID, p.Admin); err != nil {
 		_, st := runtimeStatus(err)
