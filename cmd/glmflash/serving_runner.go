@@ -121,7 +121,7 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 	for _, c := range append(r.configs, path) {
 		argv = append(argv, "--config", c)
 	}
-	cmd := exec.Command(r.binary, argv...)
+	cmd := r.command(argv)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
@@ -178,6 +178,16 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 		as.info.Fired = firedFromReport(mi.PassReportJson)
 	}
 	return nil
+}
+
+// command is an arm server's command: the binary with a clean, explicit
+// environment (Study.ArmEnv: the system's variables and serving.env, none
+// of this process's GLMFLASH_ variables, which overrode the arm's
+// configuration).
+func (r *servingRunner) command(argv []string) *exec.Cmd {
+	cmd := exec.Command(r.binary, argv...)
+	cmd.Env = r.st.ArmEnv(os.Environ())
+	return cmd
 }
 
 // absolutePaths makes the relative path options of built-in passes
