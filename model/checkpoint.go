@@ -76,10 +76,12 @@ func OpenWith(dir string, o OpenOptions) (*Checkpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := mergeGenerationConfig(dir, cfg); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := cfg.Validate(); err != nil {
+	// after config.json is valid (vocab_size): an error of
+	// generation_config.json names that file, not config.json
+	if err := mergeGenerationConfig(dir, cfg); err != nil {
 		return nil, err
 	}
 	ck := &Checkpoint{dir: dir, cfg: cfg, mode: o.Weights, tensors: make(map[string]tensorLoc)}
@@ -523,6 +525,28 @@ func (ck *Checkpoint) DropResident() error {
 	return errors.Join(errs...)
 }
 
+// checkScales reports the non-finite block scales of the F8_E4M3 weight
+// name, naming the scale tensor and the first bad block.
+func (ck *Checkpoint) checkScales(name string, info safetensors.TensorInfo) error {
+	scale, shape, err := ck.scaleFor(name, info)
+	if err != nil {
+		return err
+	}
+	bad, first := 0, -1
+	for i, x := range scale {
+		if x != x || math.IsInf(float64(x), 0) {
+			if first < 0 {
+				first = i
+			}
+			bad++
+		}
+	}
+	if bad == 0 {
+		return nil
+	}
+	return fmt.Errorf("tensor %s: %d non-finite block scales (the first, block [%d, %d] of %s, is %v)", ScaleName(name), bad, first/shape[1], first%shape[1], name, scale[first])
+}
+
 // CheckTensors reads every float tensor of the checkpoint (dequantized, as
 // the engine would see it) and reports those holding NaN or infinite
 // values, like llama.cpp's --check-tensors. It reads the whole checkpoint:
@@ -532,7 +556,16 @@ func (ck *Checkpoint) CheckTensors() error {
 	for _, name := range ck.Names() {
 		info := ck.tensors[name].info
 		if !info.DType.IsFloat() || strings.HasSuffix(name, ScaleSuffix) && ck.Has(strings.TrimSuffix(name, ScaleSuffix)) {
-			continue // a block scale is checked through its weight
+			continue // a block scale is checked with its weight (checkScales)
+		}
+		if info.DType == safetensors.F8E4M3 {
+			// a non-finite block scale is the scale tensor's fault, named
+			// as such; its weight's values are then non-finite only
+			// because of it (issue 37: the weight was blamed)
+			if err := ck.checkScales(name, info); err != nil {
+				errs = append(errs, err)
+				continue
+			}
 		}
 		v, err := ck.Float32(name)
 		if err != nil {

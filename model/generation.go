@@ -52,8 +52,10 @@ func ParseGenerationConfig(data []byte, source string) (*GenerationConfig, error
 }
 
 // mergeGenerationConfig adds the end-of-sequence ids of dir's
-// generation_config.json (when there is one) to cfg's: generation stops at
-// any id either file names, as transformers and vLLM do.
+// generation_config.json (when there is one) to those of cfg, a validated
+// config.json: generation stops at any id either file names, as
+// transformers and vLLM do. An id outside cfg's vocabulary is an error of
+// generation_config.json (it used to be reported as config.json's).
 func mergeGenerationConfig(dir string, cfg *Config) error {
 	path := filepath.Join(dir, GenerationConfigFile)
 	data, err := regular.ReadFile(path, regular.ConfigLimit)
@@ -65,6 +67,15 @@ func mergeGenerationConfig(dir string, cfg *Config) error {
 	}
 	g, err := ParseGenerationConfig(data, path)
 	if err != nil {
+		return err
+	}
+	var errs []error
+	for i, id := range g.EOSTokenIDs {
+		if id < 0 || id >= cfg.VocabSize {
+			errs = append(errs, fmt.Errorf("%s: eos_token_id[%d] (%d) must be a token id in [0, vocab_size %d of %s)", path, i, id, cfg.VocabSize, ConfigFile))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	for _, id := range g.EOSTokenIDs {

@@ -47,6 +47,10 @@ func TestOpenMergesGenerationConfigEOS(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(d, GenerationConfigFile), []byte(`{"eos_token_id": 999}`), 0o644))
 	_, err = Open(d)
 	require.ErrorContains(t, err, "eos_token_id[0] (999)")
+	// the error names generation_config.json, not config.json (issue 37)
+	require.NoError(t, os.WriteFile(filepath.Join(d, GenerationConfigFile), []byte(`{"eos_token_id": [1, 999]}`), 0o644))
+	_, err = Open(d)
+	require.EqualError(t, err, filepath.Join(d, GenerationConfigFile)+": eos_token_id[1] (999) must be a token id in [0, vocab_size 256 of config.json)")
 }
 
 func FuzzParseGenerationConfig(f *testing.F) {

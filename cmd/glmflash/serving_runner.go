@@ -138,13 +138,9 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 	for _, c := range append(r.configs, path) {
 		argv = append(argv, "--config", c)
 	}
-	cmd := exec.Command(r.binary, argv...)
-	release := func() {}
-	if r.sum != nil { // checked again at every start: what runs is what was hashed
-		var err error
-		if cmd, release, err = host.VerifiedExecutable(r.binary, r.sum, argv...); err != nil {
-			return fmt.Errorf("arm %s: serving.binary: %w", a.Name, err)
-		}
+	cmd, release, err := r.command(argv)
+	if err != nil {
+		return fmt.Errorf("arm %s: serving.binary: %w", a.Name, err)
 	}
 	defer release()
 	stdout, err := cmd.StdoutPipe()
@@ -204,6 +200,22 @@ func (r *servingRunner) Prepare(ctx context.Context, a attrib.Arm) error {
 		as.info.Failed = failedFromReport(mi.PassReportJson)
 	}
 	return nil
+}
+
+// command is an arm server's command: the binary with a clean, explicit
+// environment (Study.ArmEnv: the system's variables and serving.env, none
+// of this process's GLMFLASH_ variables, which overrode the arm's
+// configuration).
+func (r *servingRunner) command(argv []string) (*exec.Cmd, func(), error) {
+	cmd, release := exec.Command(r.binary, argv...), func() {}
+	if r.sum != nil { // checked again at every start: what runs is what was hashed
+		var err error
+		if cmd, release, err = host.VerifiedExecutable(r.binary, r.sum, argv...); err != nil {
+			return nil, nil, err
+		}
+	}
+	cmd.Env = r.st.ArmEnv(os.Environ())
+	return cmd, release, nil
 }
 
 // absolutePaths makes the relative path options of built-in passes

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/glmflash/glmflash/internal/regular"
@@ -79,7 +80,8 @@ func (t TLS) ServerConfig(prefix string) (*tls.Config, error) {
 
 // Auth configures API keys: files with one key per line (blank lines and
 // lines starting with # are ignored). Empty APIKeysFile: no key is needed.
-// Keys of AdminKeysFile may also abort any caller's request.
+// Keys of AdminKeysFile may also abort any caller's request (a key listed
+// in both files is an admin).
 type Auth struct {
 	APIKeysFile   string `koanf:"api_keys_file" path:""`
 	AdminKeysFile string `koanf:"admin_keys_file" path:""`
@@ -133,9 +135,25 @@ func (a Auth) Load(prefix string) (*Keys, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s.%s: %w", prefix, f.field, err)
 		}
-		k.keys = append(k.keys, keys...)
+		k.keys = mergeKeys(k.keys, keys)
 	}
 	return k, nil
+}
+
+// mergeKeys adds keys to have, one entry per key: a key listed in both
+// files (or twice) keeps the stronger right, admin. Listing an admin key in
+// api_keys_file too is the natural way to say that it may call at all, so
+// it is not refused; it used to lose its admin right (the first match won).
+func mergeKeys(have, keys []key) []key {
+	for _, nk := range keys {
+		i := slices.IndexFunc(have, func(k key) bool { return k.sum == nk.sum })
+		if i < 0 {
+			have = append(have, nk)
+			continue
+		}
+		have[i].admin = have[i].admin || nk.admin
+	}
+	return have
 }
 
 // parseKeys reads a key file: one key per line, # comments.

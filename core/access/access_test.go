@@ -67,6 +67,19 @@ func TestKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ad.Admin)
 
+	// a key in both files keeps its admin right, whichever file lists it
+	// first (issue 37: the api_keys_file entry won and the key lost it)
+	both := writeKeys(t, "both", "admin-key-cccccccccc\nuser-key-aaaaaaaaaa\n")
+	kb, err := Auth{APIKeysFile: both, AdminKeysFile: admins}.Load("server.auth")
+	require.NoError(t, err)
+	ad2, err := kb.Check("Bearer admin-key-cccccccccc")
+	require.NoError(t, err)
+	require.True(t, ad2.Admin, "a key listed in both key files is an admin")
+	require.Equal(t, ad.ID, ad2.ID)
+	u, err := kb.Check("Bearer user-key-aaaaaaaaaa")
+	require.NoError(t, err)
+	require.False(t, u.Admin)
+
 	_, err = Auth{APIKeysFile: writeKeys(t, "short", "abc\n")}.Load("server.auth")
 	require.ErrorContains(t, err, "server.auth.api_keys_file")
 	_, err = Auth{APIKeysFile: writeKeys(t, "empty", "# nothing\n")}.Load("server.auth")

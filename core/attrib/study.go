@@ -10,6 +10,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -75,6 +77,78 @@ type Serving struct {
 	BinarySHA256 string `koanf:"binary_sha256"`
 	// StartTimeoutS bounds a server's start (default 300).
 	StartTimeoutS int `koanf:"start_timeout_s"`
+	// Env sets environment variables of every arm's server, beyond the
+	// system ones it inherits (ArmEnv): the arms get no GLMFLASH_ variable
+	// of the study's process, so a developer switch (GLMFLASH_GEMM) must be
+	// given here; a configuration variable (GLMFLASH_RUNTIME__SLOTS) is
+	// refused, the study decides the arms' configuration.
+	Env map[string]string `koanf:"env"`
+}
+
+// InheritedEnv are the variables an arm's server inherits from the study's
+// process, by name or by prefix (a trailing "_"): what a process needs to
+// run (PATH, HOME, temporary files, locale), the GPU's libraries and
+// devices, and the Go runtime's settings (the same for every arm).
+var InheritedEnv = []string{"PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "TZ", "LANG", "LC_", "LD_LIBRARY_PATH",
+	"CUDA_", "NVIDIA_", "GOMAXPROCS", "GOMEMLIMIT", "GOGC", "GODEBUG", "GOCOVERDIR"}
+
+// ArmEnv is the environment of an arm's server: the InheritedEnv variables
+// of environ (os.Environ's format), then the study's serving.env, sorted by
+// name. Nothing else of the study's process leaks in: its GLMFLASH_
+// variables overrode the arms' configuration files (issue 37).
+func (s *Study) ArmEnv(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		name, _, ok := strings.Cut(kv, "=")
+		if _, set := s.Serving.Env[name]; !ok || set {
+			continue
+		}
+		for _, in := range InheritedEnv {
+			if name == in || strings.HasSuffix(in, "_") && strings.HasPrefix(name, in) {
+				out = append(out, kv)
+				break
+			}
+		}
+	}
+	for name, v := range s.Serving.Env {
+		out = append(out, name+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// checkEnv validates serving.env: variable names, and no configuration
+// variable (config.EnvPrefix and a key path, or a top-level key).
+func checkEnv(env map[string]string) error {
+	names := make([]string, 0, len(env))
+	for n := range env {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	top := map[string]bool{}
+	t := reflect.TypeFor[config.Config]()
+	for i := 0; i < t.NumField(); i++ {
+		if tag := t.Field(i).Tag.Get("koanf"); tag != "" && tag != "-" {
+			top[tag] = true
+		}
+	}
+	for _, n := range names {
+		f := "serving.env." + n
+		if !envNameRE.MatchString(n) {
+			return fmt.Errorf("%s: %q is not a variable name (letters, digits and _, not starting with a digit)", f, n)
+		}
+		if rest, ok := strings.CutPrefix(n, config.EnvPrefix); ok {
+			if key := strings.ToLower(strings.ReplaceAll(rest, "__", ".")); strings.Contains(rest, "__") || top[key] {
+				return fmt.Errorf("%s: sets the configuration key %s, which the study decides for its arms (its passes, runtime, device, precision, cuda keys)", f, key)
+			}
+		}
+		if len(env[n]) > 4096 {
+			return fmt.Errorf("%s: the value is longer than 4096 bytes", f)
+		}
+	}
+	return nil
 }
 
 // Adaptive makes a study add paired rounds until every interval is narrow
@@ -197,9 +271,33 @@ func parse(l config.Layer, known func(string) bool) (*Study, error) {
 	return &s, nil
 }
 
+// MaxNameLength bounds the name of a study, a workload or an arm.
+const MaxNameLength = 64
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]*$`)
+
+// checkName checks the name of a study, a workload or an explicit arm:
+// ASCII letters, digits and . _ + -, starting with a letter or a digit, at
+// most MaxNameLength bytes. A name becomes part of a file name (the default
+// output directory out/studies/NAME-TIME, an arm server's configuration)
+// and of Markdown tables in report.md, so a "/" (a study named "../x"
+// wrote outside out/studies), a "|" or a backquote is refused rather than
+// escaped in each place.
+func checkName(field, name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%s: required", field)
+	case len(name) > MaxNameLength:
+		return fmt.Errorf("%s: %d bytes, more than %d", field, len(name), MaxNameLength)
+	case !nameRE.MatchString(name):
+		return fmt.Errorf("%s: %q must be ASCII letters, digits and . _ + - starting with a letter or a digit (it names files and rows of report.md)", field, name)
+	}
+	return nil
+}
+
 func (s *Study) validate(known func(string) bool) error {
-	if s.Name == "" {
-		return fmt.Errorf("name: required")
+	if err := checkName("name", s.Name); err != nil {
+		return err
 	}
 	if (s.Model.Dir == "") == (s.Model.Preset == "") {
 		return fmt.Errorf("model: give exactly one of dir or preset")
@@ -248,8 +346,8 @@ func (s *Study) validate(known func(string) bool) error {
 		}
 	}
 	for i, a := range s.Arms.Explicit {
-		if a.Name == "" {
-			return fmt.Errorf("arms.explicit[%d].name: required", i)
+		if err := checkName(fmt.Sprintf("arms.explicit[%d].name", i), a.Name); err != nil {
+			return err
 		}
 		inArm := map[string]int{}
 		for j, p := range a.Passes {
@@ -271,9 +369,10 @@ func (s *Study) validate(known func(string) bool) error {
 	names := map[string]bool{}
 	for i, w := range s.Workloads {
 		f := fmt.Sprintf("workloads[%d]", i)
+		if err := checkName(f+".name", w.Name); err != nil {
+			return err
+		}
 		switch {
-		case w.Name == "":
-			return fmt.Errorf("%s.name: required", f)
 		case names[w.Name]:
 			return fmt.Errorf("%s.name: %q used twice", f, w.Name)
 		case w.InputLen < 1:
@@ -357,6 +456,12 @@ func (s *Study) validate(known func(string) bool) error {
 		return fmt.Errorf("serving.binary_sha256 is set without serving.binary (the default, this executable, needs none)")
 	case sv.BinarySHA256 != "" && !isHexSHA256(sv.BinarySHA256):
 		return fmt.Errorf("serving.binary_sha256: %q is not a hex SHA-256 (64 hex digits)", sv.BinarySHA256)
+	}
+	if err := checkEnv(s.Serving.Env); err != nil {
+		return err
+	}
+	if len(s.Serving.Env) > 0 && s.Level != LevelServing {
+		return fmt.Errorf("serving.env: only for level: serving (an engine-level study starts no server)")
 	}
 	arms, err := s.Expand()
 	if err != nil {

@@ -262,3 +262,20 @@ func FuzzLoad(f *testing.F) {
 		_, _ = Parse([]byte(s), "fuzz")
 	})
 }
+
+// A dotted key in a file is refused with a message naming the key and its
+// place (issue 37: "config.Config: has unknown key(s): runtime.slots"),
+// at any depth and in lists.
+func TestDottedKeysNameTheKey(t *testing.T) {
+	for yaml, want := range map[string]string{
+		"runtime.slots: 4\n":                       `: key "runtime.slots" at the top level has a dot: keys are not split on dots in a file; nest it (runtime: then slots: under it)`,
+		"server:\n  tls.cert_file: a.pem\n":        `: key "tls.cert_file" in server has a dot`,
+		"passes:\n  - name: x\n    options.a: 1\n": `: key "options.a" in passes[0] has a dot`,
+		"runtime:\n  slots: 2\nruntime.slots: 4\n": `: key "runtime.slots" at the top level has a dot`,
+	} {
+		p := writeYAML(t, yaml)
+		_, err := Load(Options{Files: []string{p}, Environ: []string{}})
+		require.ErrorContains(t, err, p+want, yaml)
+		require.NotContains(t, err.Error(), "config.Config", yaml)
+	}
+}

@@ -56,11 +56,57 @@ type Layer struct {
 // BytesLayer parses YAML bytes; name says where they come from and dir is
 // where their relative paths point from.
 func BytesLayer(name, dir string, b []byte) (Layer, error) {
+	raw, err := yaml.Parser().Unmarshal(b)
+	if err != nil {
+		return Layer{}, fmt.Errorf("%s: invalid YAML: %w", name, err)
+	}
+	if err := dottedKey(raw, ""); err != nil {
+		return Layer{}, fmt.Errorf("%s: %w", name, err)
+	}
 	k := koanf.New(".")
 	if err := k.Load(rawbytes.Provider(b), yaml.Parser()); err != nil {
 		return Layer{}, fmt.Errorf("%s: invalid YAML: %w", name, err)
 	}
 	return Layer{Name: name, Dir: dir, k: k}, nil
+}
+
+// dottedKey refuses a mapping key with a dot ("runtime.slots: 4"): keys
+// are split on dots when the layers merge, so such a key named no field
+// and the decoder answered with a Go type ("config.Config: has unknown
+// key(s)"); the error names the key and where it is, and says to nest it.
+func dottedKey(v any, at string) error {
+	switch x := v.(type) {
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for key := range x {
+			keys = append(keys, key)
+		}
+		sort.Strings(keys)
+		for _, key := range keys {
+			if strings.Contains(key, ".") {
+				where := "at the top level"
+				if at != "" {
+					where = "in " + at
+				}
+				first, rest, _ := strings.Cut(key, ".")
+				return fmt.Errorf("key %q %s has a dot: keys are not split on dots in a file; nest it (%s: then %s: under it)", key, where, first, rest)
+			}
+			p := key
+			if at != "" {
+				p = at + "." + key
+			}
+			if err := dottedKey(x[key], p); err != nil {
+				return err
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if err := dottedKey(e, fmt.Sprintf("%s[%d]", at, i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // FileLayer reads a YAML file (a regular file of bounded size); relative

@@ -73,9 +73,8 @@ func New(o Options) http.Handler {
 	mux.Handle("POST /v1/chat/completions", auth(s.chat))
 	mux.Handle("GET /v1/models", auth(s.models))
 	mux.HandleFunc("GET /health", s.health) // no key needed, as for gRPC health checks
-	mux.Handle("/", auth(func(w http.ResponseWriter, r *http.Request) {
-		s.fail(w, &apiError{status: 404, typ: "not_found_error", msg: fmt.Sprintf("no route %s %s (have POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health)", r.Method, r.URL.Path)})
-	}))
+	notFound := auth(s.notFound)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { s.noRoute(w, r, notFound) })
 	g := o.Guard
 	if g == nil {
 		g = &access.Guard{Hosts: access.LoopbackHosts}
@@ -83,6 +82,33 @@ func New(o Options) http.Handler {
 	return g.HTTP(o.Limits.Bound(mux), func(w http.ResponseWriter, r *access.Refusal) {
 		s.fail(w, &apiError{status: r.Status, typ: "invalid_request_error", msg: r.Msg})
 	})
+}
+
+// routes are the API's paths and the methods each takes (the patterns of
+// New): a known path with another method is a 405 with Allow, not a 404.
+var routes = map[string][]string{
+	"/v1/completions":      {http.MethodPost},
+	"/v1/chat/completions": {http.MethodPost},
+	"/v1/models":           {http.MethodGet, http.MethodHead},
+	"/health":              {http.MethodGet, http.MethodHead},
+}
+
+// noRoute answers what no pattern of New took: 405 with an Allow header for
+// a known path (RFC 9110 §15.5.6; the catch-all pattern kept ServeMux from
+// doing it; the routes are public, so before the key check, as /health is),
+// else notFound.
+func (s *server) noRoute(w http.ResponseWriter, r *http.Request, notFound http.Handler) {
+	if methods, ok := routes[r.URL.Path]; ok {
+		allow := strings.Join(methods, ", ")
+		w.Header().Set("Allow", allow)
+		s.fail(w, &apiError{status: 405, typ: "invalid_request_error", msg: fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)})
+		return
+	}
+	notFound.ServeHTTP(w, r)
+}
+
+func (s *server) notFound(w http.ResponseWriter, r *http.Request) {
+	s.fail(w, &apiError{status: 404, typ: "not_found_error", msg: fmt.Sprintf("no route %s %s (have POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health)", r.Method, r.URL.Path)})
 }
 
 // unauthorized refuses a request without a valid API key, as OpenAI does.
@@ -95,7 +121,7 @@ func (s *server) fail(w http.ResponseWriter, e *apiError) {
 		switch e.status {
 		case 401:
 			s.o.Refused("unauthenticated")
-		case 400, 408, 413, 415:
+		case 400, 405, 408, 413, 415:
 			s.o.Refused("invalid_argument")
 		case 403, 421:
 			s.o.Refused("permission_denied")
@@ -303,7 +329,7 @@ type response struct {
 	id      string
 	created int64
 	text    strings.Builder
-	offset  int
+	offset  int   // bytes of text the tokens so far make (legacy text_offset)
 	lp      []any // chat: content logprobs; completions: see legacy
 	legacy  legacyLogprobs
 	err     error // the first failed write of a stream
@@ -337,7 +363,7 @@ func (o *response) logprobsOf(toks []sched.Token) (any, bool) {
 	}
 	var l legacyLogprobs
 	for _, t := range toks {
-		s, _ := o.lv.Text.TokenText(t.ID)
+		s, b := o.lv.Text.TokenText(t.ID)
 		l.Tokens = append(l.Tokens, s)
 		l.TokenLogprobs = append(l.TokenLogprobs, finite(t.Logprob))
 		top := map[string]float64{}
@@ -346,8 +372,12 @@ func (o *response) logprobsOf(toks []sched.Token) (any, bool) {
 			top[as] = finite(a.Logprob)
 		}
 		l.TopLogprobs = append(l.TopLogprobs, top)
+		// text_offset is where the token's first byte is in the text: the
+		// text is the tokens' bytes, so it advances by those, not by the
+		// token's shown string (a token holding part of a UTF-8 sequence
+		// shows as U+FFFD, 3 bytes, and pointed past the text, issue 37).
 		l.TextOffset = append(l.TextOffset, o.offset)
-		o.offset += len(s)
+		o.offset += len(b)
 	}
 	return l, true
 }

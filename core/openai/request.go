@@ -10,6 +10,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/glmflash/glmflash/core/sample"
@@ -68,6 +70,9 @@ type streamOptions struct {
 // stopList is "stop": a string, a list of strings, or null.
 type stopList []string
 
+// UnmarshalJSON reads "stop"; a wrong type is a *json.UnmarshalTypeError,
+// which the decoder completes with the field's path ("stop", "stop.1"), so
+// that the error names the field (issue 37: it named none).
 func (s *stopList) UnmarshalJSON(b []byte) error {
 	if string(b) == "null" {
 		return nil
@@ -77,12 +82,89 @@ func (s *stopList) UnmarshalJSON(b []byte) error {
 		*s = stopList{one}
 		return nil
 	}
-	var many []string
-	if err := json.Unmarshal(b, &many); err != nil {
-		return errors.New("want a string or a list of strings")
+	var items []json.RawMessage
+	if err := json.Unmarshal(b, &items); err != nil {
+		return &json.UnmarshalTypeError{Value: jsonKind(b), Type: reflect.TypeFor[stopList]()}
+	}
+	many := make([]string, len(items))
+	for i, it := range items {
+		if err := json.Unmarshal(it, &many[i]); err != nil {
+			return &json.UnmarshalTypeError{Value: jsonKind(it), Type: reflect.TypeFor[string](), Field: strconv.Itoa(i)}
+		}
 	}
 	*s = many
 	return nil
+}
+
+// jsonKind names the kind of a JSON value for errors (as the decoder's
+// UnmarshalTypeError.Value does).
+func jsonKind(b []byte) string {
+	b = bytes.TrimLeft(b, " \t\r\n")
+	if len(b) == 0 {
+		return "nothing"
+	}
+	switch b[0] {
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case '"':
+		return "string"
+	case 't', 'f':
+		return "bool"
+	case 'n':
+		return "null"
+	}
+	return "number"
+}
+
+// wantOf says what a field of type t takes, in JSON's words (not Go's).
+func wantOf(t reflect.Type) string {
+	if t == reflect.TypeFor[stopList]() {
+		return "a string or a list of strings"
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "an integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a non-negative integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	}
+	return "a JSON value of another type"
+}
+
+// fieldPath turns the decoder's dotted field path into the request's
+// notation: "common.stop.1" → "stop[1]"; the decoder does not know list
+// indices of struct fields ("messages.role"), only those an UnmarshalJSON
+// reported.
+func fieldPath(f string) string {
+	var b strings.Builder
+	for i, part := range strings.Split(strings.TrimPrefix(f, "common."), ".") {
+		if part == "common" {
+			continue
+		}
+		if _, err := strconv.Atoi(part); err == nil {
+			b.WriteString("[" + part + "]")
+			continue
+		}
+		if i > 0 && b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(part)
+	}
+	return b.String()
 }
 
 // completionRequest is POST /v1/completions.
@@ -123,6 +205,9 @@ func decode(r io.Reader, v any, limit int) *apiError {
 	if err != nil {
 		return &apiError{status: 400, typ: "invalid_request_error", msg: "reading the body: " + err.Error()}
 	}
+	if k := jsonKind(b); k != "object" {
+		return &apiError{status: 400, typ: "invalid_request_error", param: "body", msg: fmt.Sprintf("body: the request must be a JSON object, got JSON %s", k)}
+	}
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
 	if err := d.Decode(v); err != nil {
@@ -130,8 +215,11 @@ func decode(r io.Reader, v any, limit int) *apiError {
 		var se *json.SyntaxError
 		switch {
 		case errors.As(err, &te):
-			f := strings.TrimPrefix(te.Field, "common.")
-			return badField(f, "want %s, got JSON %s", te.Type, te.Value)
+			f := fieldPath(te.Field)
+			if f == "" {
+				f = "body"
+			}
+			return badField(f, "want %s, got JSON %s", wantOf(te.Type), te.Value)
 		case errors.As(err, &se):
 			return &apiError{status: 400, typ: "invalid_request_error", msg: fmt.Sprintf("the body is not JSON: %v (offset %d)", se, se.Offset)}
 		case strings.HasPrefix(err.Error(), "json: unknown field "):
@@ -262,7 +350,7 @@ func completionPrompt(ctx context.Context, raw json.RawMessage, tm *text.Model, 
 		if err != nil {
 			return nil, badField("prompt", "%v", err)
 		}
-		return ids, nil
+		return ids, checkEncoded("prompt", ids, lim)
 	}
 	var ids []int64
 	if err := json.Unmarshal(raw, &ids); err == nil {
@@ -275,6 +363,19 @@ func completionPrompt(ctx context.Context, raw json.RawMessage, tm *text.Model, 
 		return nil, badField("prompt", "one prompt per request (got a list of %d)", len(list))
 	}
 	return nil, badField("prompt", "want a string, a list of token ids, or a list of one of either")
+}
+
+// checkEncoded checks the ids the tokenizer made of a text field (prompt,
+// messages): an id outside the model's vocabulary (a tokenizer larger than
+// the model) is that field's error, not one of an id list the client did
+// not send.
+func checkEncoded(field string, ids []int32, lim limits) *apiError {
+	for i, t := range ids {
+		if t < 0 || int(t) >= lim.vocab {
+			return badField(field, "the tokenizer gave token id %d (at position %d), outside the model's vocabulary [0, %d)", t, i, lim.vocab)
+		}
+	}
+	return nil
 }
 
 func checkIDs(ids []int64, field string, lim limits) ([]int32, *apiError) {
@@ -303,16 +404,12 @@ func chatMessages(ms []chatMessage) ([]chat.Message, *apiError) {
 	out := make([]chat.Message, len(ms))
 	for i, m := range ms {
 		f := fmt.Sprintf("messages[%d]", i)
-		switch m.Role {
-		case "system", "user", "assistant", "tool", "developer":
-		case "":
+		role, ok := chat.TemplateRole(m.Role)
+		switch {
+		case m.Role == "":
 			return nil, badField(f+".role", "required")
-		default:
-			return nil, badField(f+".role", "unknown role %q (have system, developer, user, assistant, tool)", m.Role)
-		}
-		role := m.Role
-		if role == "developer" {
-			role = "system"
+		case !ok:
+			return nil, badField(f+".role", "unknown role %q (have %s)", m.Role, strings.Join(chat.Roles, ", "))
 		}
 		out[i].Role = role
 		if len(m.Content) == 0 || string(m.Content) == "null" {
@@ -380,6 +477,9 @@ func checkChat(ctx context.Context, req *chatRequest, tm *text.Model, lim limits
 	}
 	if len(ids) == 0 {
 		return params{}, badField("messages", "the chat template rendered an empty prompt")
+	}
+	if e := checkEncoded("messages", ids, lim); e != nil {
+		return params{}, e
 	}
 	maxTok, field := req.MaxTokens, "max_tokens"
 	if req.MaxCompletionTokens != nil {

@@ -12,13 +12,15 @@ var (
 )
 
 // Register adds a built-in pass (built-in passes call it in init) under its
-// description, which is checked at once: a missing name, version, summary
-// or speculation statement (Verify, Draft), or a malformed options struct,
+// description, which is checked at once: a missing or malformed name
+// (CheckName), version, summary or speculation statement (Verify, Draft), or a malformed options struct,
 // panics at start, not at use.
 func Register(d Description, f Factory) {
 	switch {
 	case d.Name == "":
 		panic("pass: registered without a name")
+	case CheckName(d.Name) != nil:
+		panic("pass: " + CheckName(d.Name).Error())
 	case d.Version == "" || d.Summary == "":
 		panic(fmt.Sprintf("pass: %q registered without a version or a summary", d.Name))
 	case d.Verify == "" || d.Draft == "":

@@ -269,13 +269,36 @@ func (rt *Scheduler) planLocked(batch []item) []item {
 		if budget == 0 {
 			break
 		}
-		if r.prefilling() {
-			c := min(rt.cfg.PrefillChunk, len(r.Prompt)-r.fed, budget)
-			batch = append(batch, item{r: r, tokens: r.Prompt[r.fed : r.fed+c]})
-			budget -= c
+		if !r.prefilling() {
+			continue
 		}
+		c := min(rt.cfg.PrefillChunk, len(r.Prompt)-r.fed, budget)
+		if r.Score {
+			// A Score request's chunks are fixed (scoreChunk), whatever
+			// else the step holds: its logits must not depend on the
+			// requests it is batched with. One that does not fit waits.
+			c = rt.scoreChunk(r)
+			if c > budget {
+				continue
+			}
+		}
+		batch = append(batch, item{r: r, tokens: r.Prompt[r.fed : r.fed+c]})
+		budget -= c
 	}
 	return batch
+}
+
+// scoreChunk is the size of a Score request's next prompt chunk: the
+// prompt is cut at fixed multiples of min(PrefillChunk, MaxBatchTokens −
+// MaxRunning + 1) from its start, never where the step's budget runs out.
+// Chunk boundaries change the arithmetic (the attention of a chunk over the
+// cache, the linear attention's chunked recurrence), so a budget-shaped cut
+// made a score differ bitwise with the load (issue 37). The size fits the
+// budget left when every other running request decodes a token, so the
+// request waits at most for older prompts ahead of it.
+func (rt *Scheduler) scoreChunk(r *request) int {
+	size := min(rt.cfg.PrefillChunk, rt.cfg.MaxBatchTokens-rt.cfg.MaxRunning+1)
+	return min(size-r.fed%size, len(r.Prompt)-r.fed)
 }
 
 // collectLocked turns a step's results into tokens, finals and freed

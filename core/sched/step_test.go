@@ -656,3 +656,41 @@ func TestStepFallsBackWhenTheLookaheadPreparationDoesNotFit(t *testing.T) {
 
 // skipPrepareNext prepares nothing ahead.
 func skipPrepareNext(Preparer) {}
+
+// A Score request's prompt is cut at fixed multiples of its chunk size
+// whatever else the step holds: a chunk the budget cannot hold waits for
+// the next step instead of being cut short (issue 37: the cut followed the
+// budget, and the scores differed bitwise with the load).
+func TestScoreChunksDoNotDependOnTheLoad(t *testing.T) {
+	m := newFakeModel(4)
+	rt := idle(t, m, Config{MaxRunning: 3, MaxBatchTokens: 8, PrefillChunk: 4}, Options{})
+	g := submit(t, rt, Request{Prompt: []int32{1, 2, 3, 4, 5}, MaxTokens: 5, Sampling: sample.Greedy()})
+	sc := submit(t, rt, Request{Prompt: []int32{10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, Score: true})
+	admit(t, rt)
+	require.Equal(t, 4, rt.scoreChunk(sc), "min(prefill_chunk 4, max_batch_tokens 8 − max_running 3 + 1)")
+	g.fed, g.cached = 1, 1 // g's remaining 4 prompt tokens leave the Score request 4
+
+	var s step
+	take(rt, &s, nil)
+	require.Equal(t, [][]int32{{2, 3, 4, 5}, {10, 11, 12, 13}}, toks(&s))
+	sc.fed, sc.cached = 4, 4
+	decoding(g, 1, 7)
+	take(rt, &s, nil)
+	require.Equal(t, [][]int32{{7}, {14, 15, 16, 17}}, toks(&s), "the next fixed chunk")
+
+	// a prompt ahead of it leaves 8 − 1 − 4 = 3 tokens of budget: the
+	// Score request waits rather than run a 3-token chunk (the old plan
+	// ran 14, 15, 16), then runs the whole next chunk
+	h := submit(t, rt, Request{Prompt: []int32{1, 2, 3, 4, 5}, MaxTokens: 5, Sampling: sample.Greedy()})
+	admit(t, rt)
+	rt.running = []*request{g, h, sc}
+	h.fed, h.cached = 1, 1
+	take(rt, &s, nil)
+	require.Equal(t, [][]int32{{7}, {2, 3, 4, 5}}, toks(&s), "the Score request waits")
+	decoding(h, 1, 8)
+	take(rt, &s, nil)
+	require.Equal(t, [][]int32{{7}, {8}, {14, 15, 16, 17}}, toks(&s))
+	sc.fed, sc.cached = 8, 8
+	take(rt, &s, nil)
+	require.Equal(t, [][]int32{{8}, {7}, {18, 19}}, toks(&s), "the prompt's last, shorter chunk")
+}

@@ -905,6 +905,9 @@ func (sv *service) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortRe
 	if req.GetRequestId() == "" {
 		return nil, sv.invalid(badField("request_id", "empty"))
 	}
+	if err := checkRequestID(req.GetRequestId()); err != nil {
+		return nil, sv.invalid(err) // as Generate checks it: no id it could not have started
+	}
 	p := access.FromContext(ctx)
 	// The caller's own id first; an admin may also name another key's
 	// request by its server-side id (owner/id, as the logs show it).

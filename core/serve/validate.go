@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
@@ -36,6 +37,19 @@ func checkIDs(field string, ids []int32, vocab int) error {
 	for i, t := range ids {
 		if t < 0 || int(t) >= vocab {
 			return badField(fmt.Sprintf("%s[%d]", field, i), "token id %d is outside the vocabulary [0, %d)", t, vocab)
+		}
+	}
+	return nil
+}
+
+// checkEncoded checks the ids the tokenizer made of a text field (prompt,
+// messages): an id outside the model's vocabulary (a tokenizer larger than
+// the model) is the field's error, not one of prompt_ids, which the client
+// did not send.
+func checkEncoded(field string, ids []int32, vocab int) error {
+	for i, t := range ids {
+		if t < 0 || int(t) >= vocab {
+			return badField(field, "the tokenizer gave token id %d (at position %d), outside the model's vocabulary [0, %d)", t, i, vocab)
 		}
 	}
 	return nil
@@ -129,19 +143,18 @@ func promptOf(ctx context.Context, req *pb.GenerateRequest, lim limits) ([]int32
 		if err != nil {
 			return nil, badField("prompt", "%v", err)
 		}
-		return ids, nil
+		return ids, checkEncoded("prompt", ids, lim.vocab)
 	case len(req.GetMessages()) > 0:
 		if len(req.GetMessages()) > maxMessages {
 			return nil, badField("messages", "more than %d messages", maxMessages)
 		}
 		msgs := make([]chat.Message, len(req.GetMessages()))
 		for i, m := range req.GetMessages() {
-			switch m.GetRole() {
-			case "system", "user", "assistant", "tool":
-			default:
-				return nil, badField(fmt.Sprintf("messages[%d].role", i), "%q is not system, user, assistant or tool", m.GetRole())
+			role, ok := chat.TemplateRole(m.GetRole())
+			if !ok {
+				return nil, badField(fmt.Sprintf("messages[%d].role", i), "unknown role %q (have %s)", m.GetRole(), strings.Join(chat.Roles, ", "))
 			}
-			msgs[i] = chat.Message{Role: m.GetRole(), Content: m.GetContent()}
+			msgs[i] = chat.Message{Role: role, Content: m.GetContent()}
 		}
 		_, ids, err := lim.text.EncodeChat(ctx, msgs, lim.context)
 		if err != nil {
@@ -150,7 +163,7 @@ func promptOf(ctx context.Context, req *pb.GenerateRequest, lim limits) ([]int32
 		if len(ids) == 0 {
 			return nil, badField("messages", "the chat template rendered an empty prompt")
 		}
-		return ids, nil
+		return ids, checkEncoded("messages", ids, lim.vocab)
 	}
 	p := req.GetPromptIds()
 	return p, checkIDs("prompt_ids", p, lim.vocab)

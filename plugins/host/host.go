@@ -416,6 +416,9 @@ func (p *Plugin) describe() {
 		return
 	}
 	d, err := wire.DecodeDescription(resp)
+	if err == nil {
+		err = pass.CheckName(d.Name) // the rules of built-in names (issue 37: any name was taken)
+	}
 	if err != nil {
 		p.failed = fmt.Errorf("invalid description: %w", err)
 		p.stop()
