@@ -57,13 +57,17 @@ func TestWrongMethodIs405(t *testing.T) {
 		{"DELETE", "/health", "GET, HEAD"},
 	} {
 		w := httptest.NewRecorder()
-		h.ServeHTTP(w, httptest.NewRequest(c.method, c.path, nil))
+		r := httptest.NewRequest(c.method, c.path, nil)
+		r.Host = "localhost" // the default guard serves a loopback Host only
+		h.ServeHTTP(w, r)
 		require.Equal(t, http.StatusMethodNotAllowed, w.Code, "%s %s", c.method, c.path)
 		require.Equal(t, c.allow, w.Header().Get("Allow"))
 		require.Contains(t, w.Body.String(), `"message":"method `+c.method+` is not allowed on `+c.path)
 	}
 	w := httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest("GET", "/v1/nothing", nil))
+	r := httptest.NewRequest("GET", "/v1/nothing", nil)
+	r.Host = "localhost"
+	h.ServeHTTP(w, r)
 	require.Equal(t, 404, w.Code)
 }
 
