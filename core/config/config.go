@@ -147,8 +147,9 @@ type Model struct {
 	// template's turns (the template's own special tokens are tokens
 	// either way).
 	SpecialTokensInContent bool `koanf:"special_tokens_in_content"`
-	// Weights is how the checkpoint's files are held: "copy" (the
-	// default) reads them into memory at load, so that a file truncated or
+	// Weights is how the checkpoint's files are held: "auto" (the
+	// default: copy on the CPU, guarded on CUDA; Validate resolves it),
+	// "copy" reads them into memory at load, so that a file truncated or
 	// overwritten while serving changes nothing (it costs the checkpoint's
 	// size in memory); "guarded" maps them read-only (no memory of their
 	// own beyond the page cache) and refuses every request with the reason
@@ -159,6 +160,7 @@ type Model struct {
 
 // Weights modes (model.weights).
 const (
+	WeightsAuto    = "auto"
 	WeightsCopy    = "copy"
 	WeightsGuarded = "guarded"
 )
@@ -404,7 +406,26 @@ func (c *Config) Validate() error {
 	if err := c.validateEngine(); err != nil {
 		return err
 	}
-	return c.validateServing()
+	if err := c.validateServing(); err != nil {
+		return err
+	}
+	c.Model.Weights = c.Model.WeightsFor(c.Device)
+	return nil
+}
+
+// WeightsFor resolves model.weights for a device: auto (or unset) is copy
+// on the CPU, which reads GEMM weights in place for the life of the
+// server, and guarded on CUDA, which reads the files only while it uploads
+// them (a host copy there would hold the checkpoint's size in RAM for
+// nothing).
+func (m Model) WeightsFor(device string) string {
+	if m.Weights != "" && m.Weights != WeightsAuto {
+		return m.Weights
+	}
+	if device == "cuda" {
+		return WeightsGuarded
+	}
+	return WeightsCopy
 }
 
 func (c *Config) validateEngine() error {
@@ -494,8 +515,8 @@ func (c *Config) validateServing() error {
 		return keyErr("model", "name a model with model.dir or model.preset")
 	case m.Dir != "" && len(m.Set) > 0:
 		return keyErr("model.set", "scales a preset; model.dir names a checkpoint as it is")
-	case m.Weights != "" && m.Weights != WeightsCopy && m.Weights != WeightsGuarded:
-		return keyErr("model.weights", "%q is not copy or guarded", m.Weights)
+	case m.Weights != "" && m.Weights != WeightsAuto && m.Weights != WeightsCopy && m.Weights != WeightsGuarded:
+		return keyErr("model.weights", "%q is not auto, copy or guarded", m.Weights)
 	case s.GRPCAddr == "":
 		return keyErr("server.grpc_addr", "is empty")
 	case s.DrainTimeout < 0:

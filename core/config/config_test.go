@@ -226,7 +226,7 @@ server:
 		"server: {max_connection_age: -1s}":        "max_connection_age",
 		"server: {max_response_bytes: 10}":         "server.max_response_bytes",
 		"server: {auth: {api_key_file: keys.txt}}": `unknown key "server.auth.api_key_file"`,
-		"model: {weights: mmap}":                   `"mmap" is not copy or guarded`,
+		"model: {weights: mmap}":                   `"mmap" is not auto, copy or guarded`,
 		"plugins: {parity_tolerance: 2}":           "plugins.parity_tolerance",
 		"plugins: {parity_tolerance: .nan}":        "plugins.parity_tolerance",
 	} {
@@ -278,4 +278,22 @@ func TestDottedKeysNameTheKey(t *testing.T) {
 		require.ErrorContains(t, err, p+want, yaml)
 		require.NotContains(t, err.Error(), "config.Config", yaml)
 	}
+}
+
+// model.weights: auto (the shipped default) is copy on the CPU and guarded
+// on CUDA; an explicit mode is kept on either device.
+func TestWeightsModePerDevice(t *testing.T) {
+	for _, c := range []struct{ yaml, device, want string }{
+		{"model: {dir: /m}\n", "cpu", WeightsCopy},
+		{"model: {dir: /m}\n", "cuda", WeightsGuarded},
+		{"model: {dir: /m, weights: copy}\n", "cuda", WeightsCopy},
+		{"model: {dir: /m, weights: guarded}\n", "cpu", WeightsGuarded},
+	} {
+		p := writeYAML(t, c.yaml)
+		cfg, err := Load(Options{Files: []string{p}, Flags: []Flag{{Key: "device", Value: c.device, Name: "--device"}}})
+		require.NoError(t, err, c.yaml)
+		require.Equal(t, c.want, cfg.Model.Weights, "%s on %s", c.yaml, c.device)
+	}
+	require.Equal(t, WeightsGuarded, Model{}.WeightsFor("cuda"))
+	require.Equal(t, WeightsCopy, Model{Weights: WeightsAuto}.WeightsFor("cpu"))
 }
