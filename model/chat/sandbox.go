@@ -145,6 +145,10 @@ func (t *Template) render(ctx context.Context, data map[string]any) (out string,
 		if g.err != nil {
 			return "", g.err // the cause, not gonja's wrapping of it
 		}
+		if strings.Contains(err.Error(), ErrLimit.Error()) {
+			// a string method's refusal: gonja keeps only its text
+			return "", fmt.Errorf("%w (%v)", ErrLimit, err)
+		}
 		return "", fmt.Errorf("chat template: %w", err)
 	}
 	if g.err != nil {
@@ -366,10 +370,59 @@ func sandboxEnvironment() *exec.Environment {
 			Filters:           fs,
 			Tests:             builtins.Tests,
 			ControlStructures: cs,
-			Methods:           builtins.Methods,
+			Methods:           guardedMethods(builtins.Methods),
 		}
 	})
 	return env
+}
+
+// guardedMethods wraps the string methods (s.replace, s.center, s.join …),
+// which receive no context a guard could be found in: an integer argument
+// over the output limit (a width) is refused, replace's product is bounded
+// before it is allocated, and a result longer than the limit is an error.
+// List and dict methods make no strings (their growth is bounded by the
+// loops that drive them, which the guard counts).
+func guardedMethods(m exec.Methods) exec.Methods {
+	max := DefaultLimits.MaxOutput
+	str := map[string]exec.Method[string]{}
+	for _, name := range setKeys(m.Str, "methods") {
+		inner, _ := m.Str.Get(name)
+		str[name] = func(self string, sv *exec.Value, args *exec.VarArgs) (any, error) {
+			if err := checkMethodArgs(name, self, args, max); err != nil {
+				return nil, err
+			}
+			out, err := inner(self, sv, args)
+			if s, ok := out.(string); ok && len(s) > max {
+				return nil, fmt.Errorf("%w: method %s made a string of more than %d bytes", ErrLimit, name, max)
+			}
+			return out, err
+		}
+	}
+	m.Str = exec.NewMethodSet(str)
+	return m
+}
+
+// checkMethodArgs is guardedMethods' check before a string method runs.
+func checkMethodArgs(name, self string, args *exec.VarArgs, max int) error {
+	for _, v := range args.Args {
+		if v != nil && (v.IsInteger() && v.Integer() > max || v.IsFloat() && v.Float() > float64(max)) {
+			return fmt.Errorf("%w: method %s: argument %v is more than %d", ErrLimit, name, v.Interface(), max)
+		}
+	}
+	if name == "replace" && len(args.Args) >= 2 && args.Args[0].IsString() && args.Args[1].IsString() {
+		old, repl := args.Args[0].String(), args.Args[1].String()
+		n := strings.Count(self, old) // len(self)+1 for an empty old
+		if n > 0 && len(repl) > len(old) && (len(repl)-len(old)) > (max-len(self))/n {
+			return fmt.Errorf("%w: method replace would make more than %d bytes", ErrLimit, max)
+		}
+	}
+	if name == "join" && len(args.Args) >= 1 {
+		// the separator repeated once per item
+		if l := args.Args[0]; l.IsList() && len(self) > 0 && l.Len() > max/len(self) {
+			return fmt.Errorf("%w: method join would make more than %d bytes", ErrLimit, max)
+		}
+	}
+	return nil
 }
 
 // checkArgs refuses a filter's integer argument larger than the output

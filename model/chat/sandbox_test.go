@@ -38,6 +38,10 @@ func TestTemplateBombsAreErrors(t *testing.T) {
 		"self-holding via list":  {`{% set ns = namespace(a=1) %}{% set ns.a = [1, {'x': ns}] %}{{ ns }}`, "ns holds itself"},
 		"replace":                {`{% set s = 'x' * 1000000 %}{{ s|replace('', s) }}`, "filter replace would make more than"},
 		"wide filter":            {`{{ 'x'|center(1000000000) }}`, "filter center: argument 1000000000"},
+		"replace method":         {`{% set s = 'x' * 100000 %}{{ s.replace('x', s) }}`, "method replace would make more than"},
+		"replace method, count":  {`{% set s = 'x' * 100000 %}{{ s.replace('x', s, -1) }}`, "method replace would make more than"},
+		"wide method":            {`{{ 'x'.center(1000000000) }}`, "method center: argument 1000000000"},
+		"zfill method":           {`{{ 'x'.zfill(1000000000) }}`, "method zfill: argument 1000000000"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			tm := parseTemplate(t, strings.Replace(trigger, "%s", c.bomb, 1))
