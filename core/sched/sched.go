@@ -138,17 +138,23 @@ type Options struct {
 	// from its goroutine only; whoever made it closes it after the
 	// scheduler.
 	Drafter speculative.Drafter
+	// StepFailed, when set, is told the error of every step that failed
+	// (its requests fail with it), from the scheduler's goroutine, without
+	// the scheduler's lock: a server can look for a cause that fails every
+	// later step too (weights refused) and stop advertising itself.
+	StepFailed func(err error)
 }
 
 // Scheduler schedules requests on a model.
 type Scheduler struct {
-	m     Model
-	cfg   Config
-	met   Metrics
-	log   zerolog.Logger
-	draft speculative.Drafter // nil: no speculative decoding
-	vocab int
-	eos   map[int32]bool // the model's end-of-sequence ids
+	m      Model
+	cfg    Config
+	met    Metrics
+	log    zerolog.Logger
+	draft  speculative.Drafter // nil: no speculative decoding
+	failed func(error)         // Options.StepFailed (nil: none)
+	vocab  int
+	eos    map[int32]bool // the model's end-of-sequence ids
 
 	mu       sync.Mutex
 	waiting  []*request // FIFO, not yet admitted
@@ -217,7 +223,7 @@ func newScheduler(m Model, cfg Config, opts Options) (*Scheduler, error) {
 		}
 	}
 	rt := &Scheduler{
-		m: m, cfg: c, met: opts.Metrics, log: opts.Log, draft: opts.Drafter, vocab: m.Config().VocabSize,
+		m: m, cfg: c, met: opts.Metrics, log: opts.Log, draft: opts.Drafter, failed: opts.StepFailed, vocab: m.Config().VocabSize,
 		byID: map[string]*request{}, wake: make(chan struct{}, 1), exited: make(chan struct{}), eos: map[int32]bool{},
 	}
 	for _, id := range m.Config().EOSTokenIDs {

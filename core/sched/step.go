@@ -208,6 +208,9 @@ func (rt *Scheduler) collectStep(s *step) {
 	rt.mu.Lock()
 	rt.collectLocked(s)
 	rt.mu.Unlock()
+	if s.err != nil && rt.failed != nil {
+		rt.failed(s.err)
+	}
 	if s.spec {
 		rt.observe(s)
 	}

@@ -358,7 +358,8 @@ func TestStepCollectsResults(t *testing.T) {
 // and an engine panic is such an error.
 func TestStepErrorFailsItsRequests(t *testing.T) {
 	m := newFakeModel(2)
-	rt := idle(t, m, Config{}, Options{})
+	var failed []error
+	rt := idle(t, m, Config{}, Options{StepFailed: func(err error) { failed = append(failed, err) }})
 	a := submit(t, rt, Request{Prompt: []int32{1, 2, 3}, MaxTokens: 5, Sampling: sample.Greedy()})
 	b := submit(t, rt, Request{Prompt: []int32{4}, MaxTokens: 5, Sampling: sample.Greedy()})
 	admit(t, rt)
@@ -372,6 +373,8 @@ func TestStepErrorFailsItsRequests(t *testing.T) {
 		require.Equal(t, "device lost", r.final.Message)
 	}
 	require.Zero(t, m.st.InUse())
+	require.Len(t, failed, 1, "Options.StepFailed hears of the failed step once")
+	require.EqualError(t, failed[0], "device lost")
 
 	c := submit(t, rt, Request{Prompt: []int32{1, 2, 3}, MaxTokens: 5, Sampling: sample.Greedy()})
 	admit(t, rt)
@@ -382,6 +385,7 @@ func TestStepErrorFailsItsRequests(t *testing.T) {
 	rt.collectStep(&s)
 	require.Equal(t, FinishError, c.final.Reason)
 	require.Equal(t, "engine panic: kernel exploded", c.final.Message)
+	require.Len(t, failed, 2)
 }
 
 // prepModel prepares batches on the host; its Execute waits until the

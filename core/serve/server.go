@@ -41,6 +41,7 @@ import (
 	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/internal/netlimit"
 	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/safetensors"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
@@ -115,11 +116,14 @@ type Server struct {
 	mlis    net.Listener
 	alis    net.Listener
 	drain   atomic.Bool
-	live    atomic.Pointer[live]
-	ready   chan struct{}
-	served  sync.Once
-	keys    *access.Keys
-	tls     *tls.Config // nil: plaintext
+	// weightsRefused: a step failed because the weights are refused
+	// (stepFailed); health stays NOT_SERVING.
+	weightsRefused atomic.Bool
+	live           atomic.Pointer[live]
+	ready          chan struct{}
+	served         sync.Once
+	keys           *access.Keys
+	tls            *tls.Config // nil: plaintext
 }
 
 // live is the loaded state.
@@ -258,6 +262,17 @@ func zerologAdapter(l zerolog.Logger) logging.Logger {
 func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
 	s.health.SetServingStatus("", st)
 	s.health.SetServingStatus(ServiceName, st)
+}
+
+// stepFailed is told every failed step's error: weights refused
+// (model.weights: guarded, the file changed or faulted) fail every later
+// step too, so health turns NOT_SERVING (a load balancer stops sending
+// here) and stays so; the requests themselves fail with the reason.
+func (s *Server) stepFailed(err error) {
+	if errors.Is(err, safetensors.ErrRefused) && s.weightsRefused.CompareAndSwap(false, true) {
+		s.log.Error().Err(err).Msg("the checkpoint's weights are refused: health NOT_SERVING; every request fails with this reason")
+		s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	}
 }
 
 // Metrics returns the server's metrics.
@@ -543,7 +558,7 @@ func (s *Server) load(ctx context.Context) error {
 			return fail(err)
 		}
 	}
-	rt, err := sched.New(eng, eff, sched.Options{Metrics: s.metrics, Log: s.log, Drafter: draft})
+	rt, err := sched.New(eng, eff, sched.Options{Metrics: s.metrics, Log: s.log, Drafter: draft, StepFailed: s.stepFailed})
 	if err != nil {
 		return fail(err)
 	}

@@ -227,7 +227,20 @@ func (f *File) VerifyHeader() error {
 	return nil
 }
 
+// ErrRefused is in the chain of every error of a Guarded file that refuses
+// its bytes from then on (changed on disk, faulted): a server that sees it
+// can stop advertising itself as serving.
+var ErrRefused = errors.New("safetensors: the checkpoint's weights are refused")
+
+// refused is a refusal's error, ErrRefused in its chain, its text the
+// reason alone.
+type refused struct{ error }
+
+func (r refused) Is(target error) bool { return target == ErrRefused }
+func (r refused) Unwrap() error        { return r.error }
+
 func (f *File) breakWith(err error) error {
+	err = refused{err}
 	if f.broken.CompareAndSwap(nil, &err) {
 		return err
 	}

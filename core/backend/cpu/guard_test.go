@@ -71,6 +71,8 @@ func TestGuardedCheckpointTruncatedUnderABatch(t *testing.T) {
 	_, err2 := e.Run(engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}, b)
 	require.Error(t, err2)
 	assert.ErrorContains(t, err2, "SIGBUS", "refused from then on, with the first reason")
+	assert.ErrorIs(t, err, safetensors.ErrRefused)
+	assert.ErrorIs(t, err2, safetensors.ErrRefused)
 }
 
 // A guarded checkpoint truncated or overwritten between batches is refused
@@ -99,6 +101,7 @@ func TestGuardedCheckpointChangedBetweenBatches(t *testing.T) {
 			require.Error(t, err)
 			assert.ErrorContains(t, err, file)
 			assert.ErrorContains(t, err, c.want)
+			assert.ErrorIs(t, err, safetensors.ErrRefused)
 		})
 	}
 }
