@@ -563,7 +563,7 @@ func TestCUDABF16AgainstFixtures(t *testing.T) {
 	for _, name := range fixtures {
 		ck, ref := openFixture(t, name)
 		e := cudaEngine(t, ck, engine.Options{Slots: 2, Backend: backend.Options{Precision: "bf16"}})
-		require.Equal(t, "bf16", e.Backend().Info().Precision)
+		require.Equal(t, backend.BF16, e.Backend().Info().Precision)
 		res, err := eval.RunAll(e, ref)
 		require.NoError(t, err)
 		again, err := eval.RunAll(e, ref)
