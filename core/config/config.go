@@ -124,7 +124,15 @@ type CUDA struct {
 	// GraphMaxTokens bounds the batches captured into CUDA graphs and
 	// replayed (default 64; -1: no graphs, every kernel launched eagerly).
 	GraphMaxTokens int `koanf:"graph_max_tokens"`
+	// GemvFP8Kernel is the kernel of the one-row fp8 GEMVs of many blocks
+	// (MoE expert tiles, fused gate/up): "" (glmf_gemv_f1_fp8p, persistent
+	// blocks), glmf_gemv_f1_fp8 or glmf_gemv_f1; all give the same bits.
+	GemvFP8Kernel string `koanf:"gemv_fp8_kernel"`
 }
+
+// GemvFP8Kernels are the values cuda.gemv_fp8_kernel takes besides ""
+// (kernels/cuda's GemvFP8Kernels; tests/ checks they agree).
+var GemvFP8Kernels = []string{"glmf_gemv_f1_fp8p", "glmf_gemv_f1_fp8", "glmf_gemv_f1"}
 
 // Model names the checkpoint: a directory, or a random preset written once
 // into CacheDir.
@@ -443,6 +451,9 @@ func (c *Config) validateEngine() error {
 	c.Precision = prec
 	if g := c.CUDA.GraphMaxTokens; g < -1 || g > 1<<16 {
 		return keyErr("cuda.graph_max_tokens", "must be -1 (no graphs), 0 (the default) or in [1, 65536], got %d", g)
+	}
+	if k := c.CUDA.GemvFP8Kernel; k != "" && !slices.Contains(GemvFP8Kernels, k) {
+		return keyErr("cuda.gemv_fp8_kernel", "must be one of %v (or empty: the first), got %q", GemvFP8Kernels, k)
 	}
 	seen := map[string]bool{}
 	for i, p := range c.Passes {

@@ -91,6 +91,7 @@ func TestStrictDecodingNamesTheKeyAndItsSource(t *testing.T) {
 		"precision: fp16\n":                                           `precision (`,
 		"cuda: {graph_max_tokens: -2}\n":                              `cuda.graph_max_tokens (`,
 		"cuda: {graph_max_tokens: 70000}\n":                           `cuda.graph_max_tokens (`,
+		"cuda: {gemv_fp8_kernel: glmf_gemv_f2}\n":                     `cuda.gemv_fp8_kernel (`,
 		"plugins: {timeout_ms: 2.5}\n":                                "timeout_ms",
 		"debug: {capture_hidden: [1.5]}\n":                            "capture_hidden",
 	} {

@@ -36,7 +36,7 @@ func FromConfig(c *config.Config, s Setup) Options {
 		Device:  c.Device,
 		Backend: backend.Options{Precision: c.Precision},
 	}
-	if co := (cuda.Options{GraphMaxTokens: c.CUDA.GraphMaxTokens, ProfileOps: s.ProfileOps}); co != (cuda.Options{}) {
+	if co := (cuda.Options{GraphMaxTokens: c.CUDA.GraphMaxTokens, ProfileOps: s.ProfileOps, GEMM: cuda.GEMMOptions{GemvFP8Kernel: c.CUDA.GemvFP8Kernel}}); co != (cuda.Options{}) {
 		o.Backend.Device = co
 	}
 	if s.Pipeline != nil {

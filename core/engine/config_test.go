@@ -21,7 +21,7 @@ func (d dtypes) DType(name string) (safetensors.DType, bool) { t, ok := d[name];
 // pipeline the configuration's eligibility environment for the model.
 func TestFromConfig(t *testing.T) {
 	c := config.Default()
-	c.Device, c.Precision, c.CUDA.GraphMaxTokens = "cuda", "bf16", -1
+	c.Device, c.Precision, c.CUDA.GraphMaxTokens, c.CUDA.GemvFP8Kernel = "cuda", "bf16", -1, "glmf_gemv_f1"
 	c.Parallel = config.Parallel{AttentionTPSize: 4, AttentionTPRank: 1}
 	c.LoRA.Adapters = []config.LoRAAdapter{{Name: "a", Targets: []string{"k_proj"}, Layers: []int{2}}}
 	c.Debug.CaptureHidden = []int{3}
@@ -32,7 +32,7 @@ func TestFromConfig(t *testing.T) {
 
 	o := FromConfig(c, Setup{Model: m, Weights: w, Pipeline: pl, Slots: 3, Rollback: 4, MaxPositions: 5, ProfileOps: true})
 	require.Equal(t, "cuda", o.Device)
-	require.Equal(t, backend.Options{Precision: "bf16", Device: cuda.Options{GraphMaxTokens: -1, ProfileOps: true}}, o.Backend)
+	require.Equal(t, backend.Options{Precision: "bf16", Device: cuda.Options{GraphMaxTokens: -1, ProfileOps: true, GEMM: cuda.GEMMOptions{GemvFP8Kernel: "glmf_gemv_f1"}}}, o.Backend)
 	require.Equal(t, []int{3, 4, 5}, []int{o.Slots, o.Rollback, o.MaxPositions})
 	require.Same(t, pl, o.Passes)
 	require.NotNil(t, o.PassEnv)

@@ -54,6 +54,8 @@ type Options struct {
 	// ProfileOps times every step on the device (events around each op's
 	// launches; graphs off) for a per-op breakdown (backend.OpProfiler).
 	ProfileOps bool
+	// GEMM builds the backend's GEMM policy (gemm_policy.go).
+	GEMM GEMMOptions
 }
 
 // Backend names the backend the options are for (backend.DeviceOptions).
@@ -129,9 +131,9 @@ func (t devTensor) setW(a *kc.GemmArgs) {
 }
 
 // Open initialises the GPU OptionsOf(o).DeviceIndex with the GEMM options
-// of the environment (GEMMOptionsFromEnv); it fails at once, naming what
-// is missing (driver, GPU, cuBLAS), where CUDA cannot run.
-func Open(o backend.Options) (*Backend, error) { return OpenWith(o, GEMMOptionsFromEnv()) }
+// OptionsOf(o).GEMM; it fails at once, naming what is missing (driver,
+// GPU, cuBLAS), where CUDA cannot run.
+func Open(o backend.Options) (*Backend, error) { return OpenWith(o, OptionsOf(o).GEMM) }
 
 // OpenWith is Open with GEMM options g.
 func OpenWith(o backend.Options, g GEMMOptions) (*Backend, error) {

@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"fmt"
-	"os"
 	"slices"
 
 	kc "github.com/glmflash/glmflash/kernels/cuda"
@@ -19,8 +18,9 @@ type GEMMOptions struct {
 	// a 288-expert decode layer's gate/up and down GEMVs 72.7 µs,
 	// BenchmarkMoEDecodeGemv), glmf_gemv_f1_fp8 (80 registers, 6 blocks an
 	// SM: 78.2 µs) or glmf_gemv_f1 (128 registers, 4 blocks an SM: 86.3 µs).
-	// GLMFLASH_CUDA_GEMV_FP8 sets it (GEMMOptionsFromEnv), e.g. to measure
-	// the choice in a whole decode step.
+	// Configuration sets it (cuda.gemv_fp8_kernel, so also the environment
+	// variable GLMFLASH_CUDA__GEMV_FP8_KERNEL), e.g. to measure the choice
+	// in a whole decode step.
 	GemvFP8Kernel string
 	// GemvMMAFP8Rows is the fewest rows at which fp8 weights take the
 	// tensor-core GEMV in precision bf16 (0: 6, see gemmPolicy.mmaPays).
@@ -28,17 +28,6 @@ type GEMMOptions struct {
 	// NoGemvMMABF16 keeps bf16 weights off the tensor-core GEMV (fp8
 	// weights still take it where it applies and pays).
 	NoGemvMMABF16 bool
-}
-
-// GemvFP8Env names the one-row fp8 GEMV kernel (GEMMOptions.GemvFP8Kernel)
-// a process's CUDA backends take.
-const GemvFP8Env = "GLMFLASH_CUDA_GEMV_FP8"
-
-// GEMMOptionsFromEnv are the default GEMM options with GemvFP8Env's
-// kernel: the one place that reads it (Open, the registered backend, takes
-// these; OpenWith takes any).
-func GEMMOptionsFromEnv() GEMMOptions {
-	return GEMMOptions{GemvFP8Kernel: os.Getenv(GemvFP8Env)}
 }
 
 // gemvFP8Blocks is the fewest blocks a one-row fp8 GEMV takes the
@@ -68,7 +57,7 @@ func newGEMMPolicy(o GEMMOptions, precision string, sms int) (*gemmPolicy, error
 	if o.GemvFP8Kernel != "" {
 		i := slices.IndexFunc(kc.GemvFP8Kernels(), func(k kc.GemmArgsKernel) bool { return k.String() == o.GemvFP8Kernel })
 		if i < 0 {
-			return nil, fmt.Errorf("cuda backend: GEMV fp8 kernel %q (%s): not one of the one-row fp8 GEMV kernels %v", o.GemvFP8Kernel, GemvFP8Env, kc.GemvFP8Kernels())
+			return nil, fmt.Errorf("cuda backend: GEMV fp8 kernel %q (cuda.gemv_fp8_kernel): not one of the one-row fp8 GEMV kernels %v", o.GemvFP8Kernel, kc.GemvFP8Kernels())
 		}
 		g.fp8Kernel = kc.GemvFP8Kernels()[i]
 	}

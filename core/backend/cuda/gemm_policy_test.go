@@ -4,8 +4,10 @@ import (
 	"strings"
 	"testing"
 
-	kc "github.com/glmflash/glmflash/kernels/cuda"
 	"github.com/stretchr/testify/require"
+
+	"github.com/glmflash/glmflash/core/backend"
+	kc "github.com/glmflash/glmflash/kernels/cuda"
 )
 
 func policy(t *testing.T, o GEMMOptions, precision string) *gemmPolicy {
@@ -15,9 +17,9 @@ func policy(t *testing.T, o GEMMOptions, precision string) *gemmPolicy {
 	return g
 }
 
-// The options build the policy; GLMFLASH_CUDA_GEMV_FP8 reaches it only
-// through GEMMOptionsFromEnv, and a kernel that is not a one-row fp8 GEMV
-// fails when the backend's options are built.
+// The options build the policy (configuration: cuda.gemv_fp8_kernel, no
+// environment variable of its own), and a kernel that is not a one-row fp8
+// GEMV fails when the backend's options are built, naming the key.
 func TestGEMMPolicyOptions(t *testing.T) {
 	require.Equal(t, kc.KernelGemvF1Fp8p, policy(t, GEMMOptions{}, "bf16").fp8Kernel, "the default")
 	require.Equal(t, defaultGemvMMAFP8Rows, policy(t, GEMMOptions{}, "bf16").mmaFP8Rows)
@@ -26,11 +28,8 @@ func TestGEMMPolicyOptions(t *testing.T) {
 		require.Equal(t, k, policy(t, GEMMOptions{GemvFP8Kernel: k.String()}, "bf16").fp8Kernel)
 	}
 	_, err := newGEMMPolicy(GEMMOptions{GemvFP8Kernel: "glmf_gemv_f2"}, "bf16", 132)
-	require.ErrorContains(t, err, GemvFP8Env)
-	t.Setenv(GemvFP8Env, "glmf_gemv_f1_fp8")
-	require.Equal(t, GEMMOptions{GemvFP8Kernel: "glmf_gemv_f1_fp8"}, GEMMOptionsFromEnv())
-	t.Setenv(GemvFP8Env, "")
-	require.Equal(t, GEMMOptions{}, GEMMOptionsFromEnv())
+	require.ErrorContains(t, err, "cuda.gemv_fp8_kernel")
+	require.Equal(t, GEMMOptions{GemvFP8Kernel: "glmf_gemv_f1_fp8"}, OptionsOf(backend.Options{Device: Options{GEMM: GEMMOptions{GemvFP8Kernel: "glmf_gemv_f1_fp8"}}}).GEMM)
 	require.Equal(t, 3, policy(t, GEMMOptions{GemvMMAFP8Rows: 3}, "bf16").mmaFP8Rows)
 }
 
