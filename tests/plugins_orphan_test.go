@@ -59,7 +59,7 @@ func TestPluginDiesWithItsKilledHost(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond) // inside Eligible
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	<-done
+	require.Error(t, <-done, "the host was killed")
 	requireNoMarkedProcess(t, mark)
 }
 

@@ -55,7 +55,7 @@ func get(t *testing.T, url string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	io.Copy(io.Discard, resp.Body)
+	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp.StatusCode, nil
 }
@@ -175,7 +175,7 @@ func TestTrickledBodyIsCut(t *testing.T) {
 	fmt.Fprintf(c2, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
 	for i := 0; i < len(body); i += 8 {
 		time.Sleep(20 * time.Millisecond)
-		c2.Write([]byte(body[i:min(i+8, len(body))]))
+		_, _ = c2.Write([]byte(body[i:min(i+8, len(body))])) // the server may cut it meanwhile
 	}
 	require.NoError(t, c2.SetReadDeadline(time.Now().Add(10*time.Second)))
 	resp, err = http.ReadResponse(bufio.NewReader(c2), nil)

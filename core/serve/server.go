@@ -296,7 +296,7 @@ func (s *Server) Listen() error {
 			lis.Close()
 			return fmt.Errorf("serve: server.metrics_addr: %w", err)
 		}
-		var h http.Handler = s.metrics.Handler()
+		h := s.metrics.Handler()
 		if !sc.MetricsPlaintext {
 			h = s.keys.HTTP(h) // the same keys as the API (Prometheus: authorization.credentials)
 		} else if s.tls != nil || s.keys.Required() {

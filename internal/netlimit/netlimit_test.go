@@ -42,7 +42,7 @@ func closed(t *testing.T, c net.Conn) bool {
 	_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 	_, err := c.Read(make([]byte, 1))
 	ne, ok := err.(net.Error)
-	return !(ok && ne.Timeout())
+	return !ok || !ne.Timeout()
 }
 
 // Over the per-client bound the oldest idle connection makes room; busy

@@ -40,8 +40,6 @@ func DecoderConfig(result any) *mapstructure.DecoderConfig {
 // the author chose, and is never taken for a number or a bool.
 type Env string
 
-var envType = reflect.TypeOf(Env(""))
-
 // Hook converts values for the field types a configuration uses, refusing
 // every lossy or surprising conversion.
 func Hook(f reflect.Type, t reflect.Type, data any) (any, error) {

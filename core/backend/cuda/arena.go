@@ -216,15 +216,6 @@ func (p *Program) planLayout(rc *runCtx) *layout {
 	return lay
 }
 
-// valueAddr is where the layout puts a value the steps produce (0: no
-// buffer).
-func (p *Program) valueAddr(lay *layout, v *ir.Value) kc.DevicePtr {
-	if off := lay.off[v.ID]; off >= 0 {
-		return p.arena + kc.DevicePtr(off)
-	}
-	return 0
-}
-
 // kpools lists the DSA pool sizes of the program's dsa_meta nodes.
 func (p *Program) kpools() []int {
 	var out []int
