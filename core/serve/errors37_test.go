@@ -5,10 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/glmflash/glmflash/core/text"
-	"github.com/glmflash/glmflash/model/chat"
-	"github.com/glmflash/glmflash/model/randckpt"
-	"github.com/glmflash/glmflash/model/tokenizer"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -17,24 +13,7 @@ import (
 
 // withBigTokenizer serves the fixture (vocabulary 256) with a tokenizer of
 // 2,000 ids: its merges make ids the model does not have.
-func withBigTokenizer(t *testing.T) func(*Options) {
-	tj, _, err := randckpt.TokenizerFiles(2000)
-	require.NoError(t, err)
-	tk, err := tokenizer.Parse(tj)
-	require.NoError(t, err)
-	tm, err := chat.Parse([]byte(`{"chat_template":"{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"}`), "")
-	require.NoError(t, err)
-	return func(o *Options) {
-		load := o.Load
-		o.Load = func(ctx context.Context) (*LoadedModel, error) {
-			lm, err := load(ctx)
-			if err == nil {
-				lm.Text = &text.Model{Tok: tk, Chat: tm}
-			}
-			return lm, err
-		}
-	}
-}
+func withBigTokenizer(t *testing.T) func(*Options) { return withTokenizer(t, 2000) }
 
 // A text prompt the tokenizer turns into an id outside the model's
 // vocabulary is an error of the field the client sent (prompt, messages),

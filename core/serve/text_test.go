@@ -17,8 +17,12 @@ import (
 
 // withText serves the fixture with a bytes-only tokenizer (its vocabulary
 // is 256) and a chat template without special tokens.
-func withText(t *testing.T) func(*Options) {
-	tj, _, err := randckpt.TokenizerFiles(256)
+func withText(t *testing.T) func(*Options) { return withTokenizer(t, 256) }
+
+// withTokenizer serves the fixture with a random tokenizer of vocab ids
+// and withText's chat template.
+func withTokenizer(t *testing.T, vocab int) func(*Options) {
+	tj, _, err := randckpt.TokenizerFiles(vocab)
 	require.NoError(t, err)
 	tk, err := tokenizer.Parse(tj)
 	require.NoError(t, err)
