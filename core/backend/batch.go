@@ -49,7 +49,17 @@ type SampleSpec struct {
 	U float64
 	// TopLogprobs is how many most likely alternatives to report.
 	TopLogprobs int
+	// Edits (sorted by token, unique) and Allow (nil: every token; else
+	// sample.AllowWords(vocab) words) process the row's logits before the
+	// pick, as sample.Apply does: penalties, logit_bias and bans, then a
+	// constraint's mask. The reported log-probabilities are those of the
+	// processed row. A device backend applies them on the device.
+	Edits []sample.Edit
+	Allow []uint32
 }
+
+// Processed reports whether the spec changes its row's logits.
+func (s *SampleSpec) Processed() bool { return len(s.Edits) > 0 || s.Allow != nil }
 
 // Sample is one row's pick.
 type Sample struct {
@@ -321,6 +331,10 @@ func SampleHostInto(out []Sample, logits []float32, vocab int, specs []SampleSpe
 		if err := sample.CheckFinite(row); err != nil {
 			out[i] = Sample{Err: err}
 			continue
+		}
+		if s.Processed() { // on a copy: the result's logits stay raw
+			row = append(make([]float32, 0, vocab), row...)
+			sample.Apply(row, s.Edits, s.Allow)
 		}
 		tok := int32(sample.Pick(row, s.Params, s.U))
 		lp, top := sample.Logprobs(row, tok, s.TopLogprobs)

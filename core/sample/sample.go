@@ -138,6 +138,12 @@ func kept(logits []float32, p Params, sc *scratch) (idx []int, pr []float64, tot
 	for i := range pr {
 		pr[i] /= sum
 	}
+	// Tokens of probability 0 (banned ones, sample.Banned, or logits so far
+	// below the top that exp underflows) are never kept: the draw's
+	// fall-through pick (Pick's last kept token) must be a possible one.
+	for n > 1 && pr[n-1] == 0 {
+		n--
+	}
 	if p.MinP > 0 {
 		cut := p.MinP * pr[0]
 		for n > 1 && pr[n-1] < cut {

@@ -67,6 +67,17 @@ type Request struct {
 	// besides an admin.
 	Owner string
 
+	// Processing are the logits processors (penalties, logit_bias), applied
+	// before each pick on the backend that samples.
+	Processing sample.Processing
+	// MinTokens bans the end-of-sequence ids and StopIDs until this many
+	// tokens were generated (0 ≤ MinTokens ≤ MaxTokens).
+	MinTokens int
+	// Constraint, when set, restricts every generated token (structured
+	// output, forced tool calls); the request then decodes plainly (no
+	// speculation).
+	Constraint Constraint
+
 	// NoSpeculation decodes plainly even when the runtime speculates.
 	NoSpeculation bool
 
@@ -74,6 +85,24 @@ type Request struct {
 	// instead of generating; AllPositions selects every row, else the last.
 	Score        bool
 	AllPositions bool
+}
+
+// Constraint restricts a request's generated tokens (a grammar compiled
+// over the vocabulary: structured output, tool calls). The scheduler calls
+// it from its loop only, one request's at a time, never concurrently.
+type Constraint interface {
+	// Allow returns the mask of the tokens allowed next (one bit per token
+	// id, sample.AllowWords(vocab) words; bit t%32 of word t/32), given the
+	// tokens the request may still generate (remaining ≥ 1): a constraint
+	// that must end within them allows only tokens that leave it able to.
+	// The mask allows at least one token; it is only read until the next
+	// call (a constraint may return a cached, shared mask).
+	Allow(remaining int) []uint32
+	// Accept advances past tok, a token the last mask allowed. done says
+	// the output is complete and nothing may follow it: the request then
+	// ends with FinishStop. An error (tok was not allowed) ends the request
+	// with FinishError.
+	Accept(tok int32) (done bool, err error)
 }
 
 // Token is one generated token.

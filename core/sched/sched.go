@@ -288,6 +288,16 @@ func (rt *Scheduler) Validate(req *Request) error {
 	if req.TopLogprobs < 0 || req.TopLogprobs > MaxTopLogprobs {
 		return invalid("top_logprobs", "must be in [0, %d], got %d", MaxTopLogprobs, req.TopLogprobs)
 	}
+	// Declared ahead of their implementation (issue 32): refused by name
+	// until the scheduler applies them.
+	switch {
+	case req.Processing.Active():
+		return invalid("sampling.processing", "logits processors are not implemented yet")
+	case req.MinTokens != 0:
+		return invalid("min_tokens", "not implemented yet")
+	case req.Constraint != nil:
+		return invalid("constraint", "not implemented yet")
+	}
 	return nil
 }
 
