@@ -68,10 +68,14 @@ type Request struct {
 	Owner string
 
 	// Processing are the logits processors (penalties, logit_bias), applied
-	// before each pick on the backend that samples.
+	// before each pick on the backend that samples: the scheduler keeps
+	// each request's edits (backend.SampleSpec.Edits) up to date token by
+	// token. A processed request (Processing active or MinTokens > 0)
+	// decodes plainly: it never speculates.
 	Processing sample.Processing
 	// MinTokens bans the end-of-sequence ids and StopIDs until this many
-	// tokens were generated (0 ≤ MinTokens ≤ MaxTokens).
+	// tokens were generated (0 ≤ MinTokens ≤ MaxTokens; the ids EndIDs
+	// gives: with IgnoreEOS, the stop ids only).
 	MinTokens int
 	// Constraint, when set, restricts every generated token (structured
 	// output, forced tool calls); the request then decodes plainly (no
@@ -108,7 +112,7 @@ type Constraint interface {
 // Token is one generated token.
 type Token struct {
 	ID      int32
-	Logprob float32 // log-softmax of the raw logits
+	Logprob float32 // log-softmax of the logits (processed: Processing, MinTokens' bans)
 	Top     []TokenLogprob
 	Index   int // position among generated tokens
 }
@@ -169,6 +173,7 @@ type Final struct {
 type request struct {
 	Request
 	sampler *sample.Sampler
+	proc    *procs // logits processing (nil: none)
 
 	// Scheduler state (guarded by Scheduler.mu).
 	slot      int // -1 until admitted

@@ -288,14 +288,12 @@ func (rt *Scheduler) Validate(req *Request) error {
 	if req.TopLogprobs < 0 || req.TopLogprobs > MaxTopLogprobs {
 		return invalid("top_logprobs", "must be in [0, %d], got %d", MaxTopLogprobs, req.TopLogprobs)
 	}
+	if err := rt.validateProcessing(req); err != nil {
+		return err
+	}
 	// Declared ahead of their implementation (issue 32): refused by name
 	// until the scheduler applies them.
-	switch {
-	case req.Processing.Active():
-		return invalid("sampling.processing", "logits processors are not implemented yet")
-	case req.MinTokens != 0:
-		return invalid("min_tokens", "not implemented yet")
-	case req.Constraint != nil:
+	if req.Constraint != nil {
 		return invalid("constraint", "not implemented yet")
 	}
 	return nil
@@ -326,6 +324,7 @@ func (rt *Scheduler) Submit(ctx context.Context, req Request) (*Handle, error) {
 	r := &request{Request: req, slot: -1, arrived: time.Now(), notify: make(chan struct{}, 1)}
 	if !req.Score {
 		r.sampler = sample.New(req.Sampling)
+		r.proc = newProcs(&req, rt.endIDsIn(&req))
 	}
 	rt.mu.Lock()
 	switch {
@@ -579,7 +578,9 @@ func (rt *Scheduler) admitLocked() {
 		r.slot = slot
 		r.admitted = time.Now()
 		rt.running = append(rt.running, r)
-		if rt.draft != nil && !r.Score && !r.NoSpeculation {
+		// Processed requests decode plainly: a verify span's rows would
+		// each need the edits of the output as if its drafts were taken.
+		if rt.draft != nil && !r.Score && !r.NoSpeculation && !r.processed() {
 			if err := rt.draft.Start(r.ID, r.Prompt); err != nil {
 				rt.log.Warn().Err(err).Str("request_id", r.ID).Msg("speculative decoding is off for this request")
 			} else {
@@ -623,6 +624,9 @@ func (rt *Scheduler) emitPickLocked(r *request, pick backend.Sample, now time.Ti
 // reports whether r goes on.
 func (rt *Scheduler) emitLocked(r *request, t Token, now time.Time) bool {
 	r.generated++
+	if r.proc != nil {
+		r.proc.observe(t.ID, r.generated)
+	}
 	if r.firstTok.IsZero() {
 		r.firstTok = now
 		rt.met.FirstToken(now.Sub(r.arrived))

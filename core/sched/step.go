@@ -391,7 +391,7 @@ func appendSpecsLocked(specs []backend.SampleSpec, r *request, ntok, nrows int) 
 	if r.Score || r.killed || r.fed+ntok < len(r.Prompt) {
 		return append(specs, backend.SampleSpec{Params: sample.Greedy()})
 	}
-	return append(specs, backend.SampleSpec{Params: r.sampler.Params(), U: r.sampler.Draw(), TopLogprobs: r.TopLogprobs})
+	return append(specs, backend.SampleSpec{Params: r.sampler.Params(), U: r.sampler.Draw(), TopLogprobs: r.TopLogprobs, Edits: r.proc.Edits()})
 }
 
 // positions are the batch's sequences' cached lengths as the scheduler
