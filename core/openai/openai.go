@@ -285,6 +285,7 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 		return
 	}
 	st := text.NewStream(lv.Text, h, p.stops, lv.RT.EndIDs(p.req), func() { lv.RT.Abort(h.ID()) })
+	st.StopsAfter(p.req.MinTokens) // min_tokens: no stop string before either
 	out := &response{s: s, w: w, lv: lv, p: p, chat: isChat, created: time.Now().Unix()}
 	if isChat {
 		out.id = "chatcmpl-" + id

@@ -810,6 +810,10 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 	// The text layer decodes the tokens (and matches stop strings; stop ids
 	// and EOS add no text); without a tokenizer its chunks carry ids only.
 	ts := text.NewStream(lv.text, h, req.GetStop(), lv.rt.EndIDs(r), func() { lv.rt.Abort(h.ID()) })
+	ts.StopsAfter(r.MinTokens)
+	if req.SkipSpecialTokens != nil && !req.GetSkipSpecialTokens() {
+		ts.KeepSpecial()
+	}
 	tail := ""
 	for {
 		c, tf, err := ts.Recv(ctx)

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 
 	"github.com/glmflash/glmflash/core/sample"
@@ -119,10 +121,65 @@ func generateRequest(ctx context.Context, req *pb.GenerateRequest, lim limits) (
 	if n := req.GetTopLogprobs(); n > sched.MaxTopLogprobs {
 		return r, badField("top_logprobs", "must be at most %d, got %d", sched.MaxTopLogprobs, n)
 	}
+	proc, err := processingOf(req.GetSampling(), lim.vocab)
+	if err != nil {
+		return r, err
+	}
+	minTok := req.GetSampling().GetMinTokens()
+	if uint64(minTok) > uint64(maxTok) {
+		return r, badField("sampling.min_tokens", "must be at most max_tokens (%d), got %d", maxTok, minTok)
+	}
 	return sched.Request{
 		ID: req.GetRequestId(), Prompt: p, Sampling: sp, StopIDs: req.GetStopIds(), IgnoreEOS: req.GetIgnoreEos(), NoSpeculation: req.GetDisableSpeculation(),
-		MaxTokens: maxTok, TopLogprobs: int(req.GetTopLogprobs()),
+		MaxTokens: maxTok, TopLogprobs: int(req.GetTopLogprobs()), Processing: proc, MinTokens: int(minTok),
 	}, nil
+}
+
+// processingOf reads the logits processors of SamplingParams (absent:
+// none), each field checked with its name.
+func processingOf(s *pb.SamplingParams, vocab int) (sample.Processing, error) {
+	var p sample.Processing
+	if s == nil {
+		return p, nil
+	}
+	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	p.RepetitionPenalty = 1
+	if s.RepetitionPenalty != nil {
+		p.RepetitionPenalty = s.GetRepetitionPenalty()
+		if !finite(p.RepetitionPenalty) || !(p.RepetitionPenalty > 0 && p.RepetitionPenalty <= 100) {
+			return p, badField("sampling.repetition_penalty", "must be in (0, 100] (1 is off), got %v", p.RepetitionPenalty)
+		}
+	}
+	p.PresencePenalty = s.GetPresencePenalty()
+	if !finite(p.PresencePenalty) || p.PresencePenalty < -2 || p.PresencePenalty > 2 {
+		return p, badField("sampling.presence_penalty", "must be in [-2, 2], got %v", p.PresencePenalty)
+	}
+	p.FrequencyPenalty = s.GetFrequencyPenalty()
+	if !finite(p.FrequencyPenalty) || p.FrequencyPenalty < -2 || p.FrequencyPenalty > 2 {
+		return p, badField("sampling.frequency_penalty", "must be in [-2, 2], got %v", p.FrequencyPenalty)
+	}
+	bias := s.GetLogitBias()
+	if len(bias) > sample.MaxLogitBias {
+		return p, badField("sampling.logit_bias", "at most %d entries, got %d", sample.MaxLogitBias, len(bias))
+	}
+	if len(bias) > 0 {
+		ids := slices.Sorted(maps.Keys(bias)) // the first bad entry by id, whatever the map's order
+		p.LogitBias = make(map[int32]float64, len(bias))
+		for _, t := range ids {
+			b := float64(bias[t])
+			if t < 0 || int(t) >= vocab {
+				return p, badField("sampling.logit_bias", "token id %d is outside the vocabulary [0, %d)", t, vocab)
+			}
+			if !finite(b) || b < -100 || b > 100 {
+				return p, badField(fmt.Sprintf("sampling.logit_bias[%d]", t), "must be in [-100, 100], got %v", b)
+			}
+			p.LogitBias[t] = b
+		}
+	}
+	if err := p.Validate(vocab); err != nil { // already checked; kept as a guard
+		return p, badField("sampling", "%v", err)
+	}
+	return p, nil
 }
 
 // promptOf reads the prompt: exactly one of prompt_ids, prompt (text) and

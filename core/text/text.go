@@ -132,11 +132,13 @@ type Final struct {
 type Stream struct {
 	h      *sched.Handle
 	abort  func() // ends the request in the runtime
+	tok    *tokenizer.Tokenizer
 	dec    *tokenizer.Stream
 	stops  []string
 	endIDs []int32 // stop ids and EOS: no text
 	held   string  // text not yet released: a possible start of a stop string
 	n      int     // tokens delivered
+	after  int     // stop strings are matched in the text of tokens after the first after
 	final  *Final
 }
 
@@ -153,10 +155,25 @@ func NewStream(m *Model, h *sched.Handle, stops []string, endIDs []int32, abort 
 		}
 	}
 	if m != nil && m.Tok != nil {
-		s.dec = m.Tok.NewStream(true)
+		s.tok, s.dec = m.Tok, m.Tok.NewStream(true)
 	}
 	return s
 }
+
+// KeepSpecial writes the text of special tokens too (skip_special_tokens
+// false); by default it is left out. Stop ids and EOS still add no text.
+// Call it before the first Recv.
+func (s *Stream) KeepSpecial() {
+	if s.tok != nil {
+		s.dec = s.tok.NewStream(false)
+	}
+}
+
+// StopsAfter matches stop strings only in the text of the tokens after the
+// first n (min_tokens, as vLLM does: a stop string cannot end the output
+// before the end ids may); the text of the first n is released as it
+// comes. Call it before the first Recv.
+func (s *Stream) StopsAfter(n int) { s.after = max(n, 0) }
 
 // Recv returns the next chunk, or (once every token was returned) the
 // final; after the final it keeps returning it. ctx's error is returned if
@@ -177,7 +194,7 @@ func (s *Stream) Recv(ctx context.Context) (*Chunk, *Final, error) {
 		}
 		s.final = &Final{Final: f}
 		if text != "" {
-			if i, stop := s.firstStop(text); stop != "" {
+			if i, stop := s.firstStop(text); stop != "" && s.n > s.after {
 				text = text[:i]
 				s.final.StopString = stop
 				s.final.Reason = sched.FinishStop
@@ -188,10 +205,15 @@ func (s *Stream) Recv(ctx context.Context) (*Chunk, *Final, error) {
 	}
 	c := &Chunk{}
 	var sb strings.Builder
+	pre := "" // the text of the first s.after tokens: released unmatched
 	for _, t := range toks {
 		c.Tokens = append(c.Tokens, t)
 		s.n++
 		if s.dec == nil || slices.Contains(s.endIDs, t.ID) {
+			continue
+		}
+		if s.n <= s.after { // nothing is held back before: s.held and sb are empty
+			pre += s.dec.Next(t.ID)
 			continue
 		}
 		sb.WriteString(s.dec.Next(t.ID))
@@ -200,7 +222,7 @@ func (s *Stream) Recv(ctx context.Context) (*Chunk, *Final, error) {
 		}
 		buf := s.held + sb.String()
 		if i, stop := s.firstStop(buf); stop != "" {
-			c.Text = buf[:i]
+			c.Text = pre + buf[:i]
 			s.held = ""
 			s.abort()
 			// Wait for the runtime's final (the abort delivers it at once).
@@ -217,7 +239,7 @@ func (s *Stream) Recv(ctx context.Context) (*Chunk, *Final, error) {
 	if s.dec != nil {
 		buf := s.held + sb.String()
 		k := s.holdBack(buf)
-		c.Text, s.held = buf[:len(buf)-k], buf[len(buf)-k:]
+		c.Text, s.held = pre+buf[:len(buf)-k], buf[len(buf)-k:]
 	}
 	return c, nil, nil
 }

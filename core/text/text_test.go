@@ -165,3 +165,51 @@ func TestUserSpecialTokenTextIsText(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoChatTemplate)
 	require.ErrorContains(t, err, "boom")
 }
+
+// StopsAfter(n): a stop string is matched only in the text after the
+// first n tokens' (min_tokens), whose text is released as it comes;
+// KeepSpecial changes nothing for a vocabulary without special tokens.
+func TestStopsAfter(t *testing.T) {
+	rt, m := setup(t)
+	full, toks, _ := generate(t, rt, m, nil, 40)
+	ids := make([]int32, len(toks))
+	for i, tk := range toks {
+		ids[i] = tk.ID
+	}
+	const n = 6
+	dec := m.Tok.NewStream(true)
+	pre := ""
+	for _, id := range ids[:n] {
+		pre += dec.Next(id)
+	}
+	require.True(t, strings.HasPrefix(full, pre))
+	// A stop string inside the first n tokens' text: without StopsAfter it
+	// cuts there; with it, at its first occurrence after pre, if any.
+	runes := []rune(pre)
+	require.GreaterOrEqual(t, len(runes), 3)
+	stop := string(runes[1:3])
+	got, _, f := generate(t, rt, m, []string{stop}, 40)
+	require.Equal(t, full[:strings.Index(full, stop)], got)
+	require.Equal(t, stop, f.StopString)
+
+	want, reason := full, sched.FinishLength
+	if j := strings.Index(full[len(pre):], stop); j >= 0 {
+		want, reason = full[:len(pre)+j], sched.FinishStop
+	}
+	h, err := rt.Submit(context.Background(), sched.Request{Prompt: []int32{72, 105, 33, 10}, MaxTokens: 40, Sampling: sample.Params{Temperature: 0, TopP: 1}})
+	require.NoError(t, err)
+	s := NewStream(m, h, []string{stop}, nil, func() { rt.Abort(h.ID()) })
+	s.StopsAfter(n)
+	s.KeepSpecial()
+	var sb strings.Builder
+	for {
+		c, f, err := s.Recv(context.Background())
+		require.NoError(t, err)
+		if f != nil {
+			require.Equal(t, reason, f.Reason)
+			break
+		}
+		sb.WriteString(c.Text)
+	}
+	require.Equal(t, want, sb.String())
+}

@@ -104,7 +104,30 @@ type SamplingParams struct {
 	MinP float64 `protobuf:"fixed64,4,opt,name=min_p,json=minP,proto3" json:"min_p,omitempty"`
 	// Sampling seed: the same seed gives the same tokens whatever else is
 	// batched. Absent: the server draws one and reports it in Finish.seed.
-	Seed          *uint64 `protobuf:"varint,5,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	Seed *uint64 `protobuf:"varint,5,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	// Logits processors, applied to each row before the pick, in this order
+	// (as in vLLM); the log-probabilities reported are those of the
+	// processed row. A request that sets any of them (or min_tokens)
+	// decodes plainly, without speculative decoding.
+	//
+	// Divides a positive logit and multiplies a negative one of every token
+	// of the prompt and of the output so far (CTRL's rule, as in
+	// transformers and vLLM); in (0, 100], default 1 (off).
+	RepetitionPenalty *float64 `protobuf:"fixed64,6,opt,name=repetition_penalty,json=repetitionPenalty,proto3,oneof" json:"repetition_penalty,omitempty"`
+	// Subtracted once from the logit of every token the output holds; in
+	// [-2, 2], default 0 (off).
+	PresencePenalty float64 `protobuf:"fixed64,7,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`
+	// Subtracted from a token's logit once per occurrence in the output; in
+	// [-2, 2], default 0 (off).
+	FrequencyPenalty float64 `protobuf:"fixed64,8,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"`
+	// Added to the logits of the given token ids (each in [0, vocab_size)),
+	// each bias in [-100, 100]; at most 300 entries. +100 all but forces a
+	// token, -100 all but bans it.
+	LogitBias map[int32]float32 `protobuf:"bytes,9,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed32,2,opt,name=value"`
+	// The end-of-sequence ids and stop_ids are banned until this many tokens
+	// were generated (stop strings are not matched before either); at most
+	// max_tokens, default 0 (off).
+	MinTokens     uint32 `protobuf:"varint,10,opt,name=min_tokens,json=minTokens,proto3" json:"min_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -174,6 +197,41 @@ func (x *SamplingParams) GetSeed() uint64 {
 	return 0
 }
 
+func (x *SamplingParams) GetRepetitionPenalty() float64 {
+	if x != nil && x.RepetitionPenalty != nil {
+		return *x.RepetitionPenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetPresencePenalty() float64 {
+	if x != nil {
+		return x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetFrequencyPenalty() float64 {
+	if x != nil {
+		return x.FrequencyPenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetLogitBias() map[int32]float32 {
+	if x != nil {
+		return x.LogitBias
+	}
+	return nil
+}
+
+func (x *SamplingParams) GetMinTokens() uint32 {
+	if x != nil {
+		return x.MinTokens
+	}
+	return 0
+}
+
 type GenerateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Optional client-chosen id (at most 128 printable ASCII characters);
@@ -211,8 +269,12 @@ type GenerateRequest struct {
 	// never changes a greedy request's tokens; a sampled request's tokens
 	// follow the same distribution but another random stream).
 	DisableSpeculation bool `protobuf:"varint,11,opt,name=disable_speculation,json=disableSpeculation,proto3" json:"disable_speculation,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Token.text and Finish.text leave out the text of special tokens (the
+	// tokenizer's added tokens marked special) unless this is false; absent
+	// means true, as in vLLM. Stop ids and the model's EOS never add text.
+	SkipSpecialTokens *bool `protobuf:"varint,12,opt,name=skip_special_tokens,json=skipSpecialTokens,proto3,oneof" json:"skip_special_tokens,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -318,6 +380,13 @@ func (x *GenerateRequest) GetStop() []string {
 func (x *GenerateRequest) GetDisableSpeculation() bool {
 	if x != nil {
 		return x.DisableSpeculation
+	}
+	return false
+}
+
+func (x *GenerateRequest) GetSkipSpecialTokens() bool {
+	if x != nil && x.SkipSpecialTokens != nil {
+		return *x.SkipSpecialTokens
 	}
 	return false
 }
@@ -463,7 +532,8 @@ type Token struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    int32                  `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Log-probability of id under the model's distribution (log-softmax of the
-	// logits, before temperature and truncation).
+	// logits after the logits processors of SamplingParams, before
+	// temperature and truncation).
 	Logprob float32 `protobuf:"fixed32,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
 	// The top_logprobs most likely tokens, most likely first.
 	TopLogprobs []*TokenLogprob `protobuf:"bytes,3,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
@@ -1535,16 +1605,28 @@ var File_glmflash_v1_glmflash_proto protoreflect.FileDescriptor
 
 const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\n" +
-	"\x1aglmflash/v1/glmflash.proto\x12\vglmflash.v1\x1a\x1egoogle/protobuf/duration.proto\"\xb7\x01\n" +
+	"\x1aglmflash/v1/glmflash.proto\x12\vglmflash.v1\x1a\x1egoogle/protobuf/duration.proto\"\x82\x04\n" +
 	"\x0eSamplingParams\x12%\n" +
 	"\vtemperature\x18\x01 \x01(\x01H\x00R\vtemperature\x88\x01\x01\x12\x18\n" +
 	"\x05top_p\x18\x02 \x01(\x01H\x01R\x04topP\x88\x01\x01\x12\x13\n" +
 	"\x05top_k\x18\x03 \x01(\x05R\x04topK\x12\x13\n" +
 	"\x05min_p\x18\x04 \x01(\x01R\x04minP\x12\x17\n" +
-	"\x04seed\x18\x05 \x01(\x04H\x02R\x04seed\x88\x01\x01B\x0e\n" +
+	"\x04seed\x18\x05 \x01(\x04H\x02R\x04seed\x88\x01\x01\x122\n" +
+	"\x12repetition_penalty\x18\x06 \x01(\x01H\x03R\x11repetitionPenalty\x88\x01\x01\x12)\n" +
+	"\x10presence_penalty\x18\a \x01(\x01R\x0fpresencePenalty\x12+\n" +
+	"\x11frequency_penalty\x18\b \x01(\x01R\x10frequencyPenalty\x12I\n" +
+	"\n" +
+	"logit_bias\x18\t \x03(\v2*.glmflash.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x12\x1d\n" +
+	"\n" +
+	"min_tokens\x18\n" +
+	" \x01(\rR\tminTokens\x1a<\n" +
+	"\x0eLogitBiasEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x02R\x05value:\x028\x01B\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\a\n" +
-	"\x05_seed\"\xab\x03\n" +
+	"\x05_seedB\x15\n" +
+	"\x13_repetition_penalty\"\xf8\x03\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
@@ -1561,8 +1643,10 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\bmessages\x18\t \x03(\v2\x18.glmflash.v1.ChatMessageR\bmessages\x12\x12\n" +
 	"\x04stop\x18\n" +
 	" \x03(\tR\x04stop\x12/\n" +
-	"\x13disable_speculation\x18\v \x01(\bR\x12disableSpeculationB\r\n" +
-	"\v_max_tokens\";\n" +
+	"\x13disable_speculation\x18\v \x01(\bR\x12disableSpeculation\x123\n" +
+	"\x13skip_special_tokens\x18\f \x01(\bH\x01R\x11skipSpecialTokens\x88\x01\x01B\r\n" +
+	"\v_max_tokensB\x16\n" +
+	"\x14_skip_special_tokens\";\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\"u\n" +
@@ -1692,7 +1776,7 @@ func file_glmflash_v1_glmflash_proto_rawDescGZIP() []byte {
 }
 
 var file_glmflash_v1_glmflash_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_glmflash_v1_glmflash_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_glmflash_v1_glmflash_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_glmflash_v1_glmflash_proto_goTypes = []any{
 	(FinishReason)(0),            // 0: glmflash.v1.FinishReason
 	(*SamplingParams)(nil),       // 1: glmflash.v1.SamplingParams
@@ -1713,36 +1797,38 @@ var file_glmflash_v1_glmflash_proto_goTypes = []any{
 	(*EngineInfo)(nil),           // 16: glmflash.v1.EngineInfo
 	(*ScoreRequest)(nil),         // 17: glmflash.v1.ScoreRequest
 	(*ScoreResponse)(nil),        // 18: glmflash.v1.ScoreResponse
-	(*durationpb.Duration)(nil),  // 19: google.protobuf.Duration
+	nil,                          // 19: glmflash.v1.SamplingParams.LogitBiasEntry
+	(*durationpb.Duration)(nil),  // 20: google.protobuf.Duration
 }
 var file_glmflash_v1_glmflash_proto_depIdxs = []int32{
-	1,  // 0: glmflash.v1.GenerateRequest.sampling:type_name -> glmflash.v1.SamplingParams
-	3,  // 1: glmflash.v1.GenerateRequest.messages:type_name -> glmflash.v1.ChatMessage
-	5,  // 2: glmflash.v1.GenerateResponse.token:type_name -> glmflash.v1.Token
-	9,  // 3: glmflash.v1.GenerateResponse.finish:type_name -> glmflash.v1.Finish
-	6,  // 4: glmflash.v1.Token.top_logprobs:type_name -> glmflash.v1.TokenLogprob
-	19, // 5: glmflash.v1.Timings.queue:type_name -> google.protobuf.Duration
-	19, // 6: glmflash.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
-	19, // 7: glmflash.v1.Timings.total:type_name -> google.protobuf.Duration
-	0,  // 8: glmflash.v1.Finish.reason:type_name -> glmflash.v1.FinishReason
-	7,  // 9: glmflash.v1.Finish.usage:type_name -> glmflash.v1.Usage
-	8,  // 10: glmflash.v1.Finish.timings:type_name -> glmflash.v1.Timings
-	10, // 11: glmflash.v1.Finish.speculative:type_name -> glmflash.v1.SpeculativeStats
-	15, // 12: glmflash.v1.GetModelInfoResponse.model:type_name -> glmflash.v1.ModelInfo
-	16, // 13: glmflash.v1.GetModelInfoResponse.engine:type_name -> glmflash.v1.EngineInfo
-	2,  // 14: glmflash.v1.GLMFlash.Generate:input_type -> glmflash.v1.GenerateRequest
-	11, // 15: glmflash.v1.GLMFlash.Abort:input_type -> glmflash.v1.AbortRequest
-	13, // 16: glmflash.v1.GLMFlash.GetModelInfo:input_type -> glmflash.v1.GetModelInfoRequest
-	17, // 17: glmflash.v1.GLMFlash.Score:input_type -> glmflash.v1.ScoreRequest
-	4,  // 18: glmflash.v1.GLMFlash.Generate:output_type -> glmflash.v1.GenerateResponse
-	12, // 19: glmflash.v1.GLMFlash.Abort:output_type -> glmflash.v1.AbortResponse
-	14, // 20: glmflash.v1.GLMFlash.GetModelInfo:output_type -> glmflash.v1.GetModelInfoResponse
-	18, // 21: glmflash.v1.GLMFlash.Score:output_type -> glmflash.v1.ScoreResponse
-	18, // [18:22] is the sub-list for method output_type
-	14, // [14:18] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	19, // 0: glmflash.v1.SamplingParams.logit_bias:type_name -> glmflash.v1.SamplingParams.LogitBiasEntry
+	1,  // 1: glmflash.v1.GenerateRequest.sampling:type_name -> glmflash.v1.SamplingParams
+	3,  // 2: glmflash.v1.GenerateRequest.messages:type_name -> glmflash.v1.ChatMessage
+	5,  // 3: glmflash.v1.GenerateResponse.token:type_name -> glmflash.v1.Token
+	9,  // 4: glmflash.v1.GenerateResponse.finish:type_name -> glmflash.v1.Finish
+	6,  // 5: glmflash.v1.Token.top_logprobs:type_name -> glmflash.v1.TokenLogprob
+	20, // 6: glmflash.v1.Timings.queue:type_name -> google.protobuf.Duration
+	20, // 7: glmflash.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
+	20, // 8: glmflash.v1.Timings.total:type_name -> google.protobuf.Duration
+	0,  // 9: glmflash.v1.Finish.reason:type_name -> glmflash.v1.FinishReason
+	7,  // 10: glmflash.v1.Finish.usage:type_name -> glmflash.v1.Usage
+	8,  // 11: glmflash.v1.Finish.timings:type_name -> glmflash.v1.Timings
+	10, // 12: glmflash.v1.Finish.speculative:type_name -> glmflash.v1.SpeculativeStats
+	15, // 13: glmflash.v1.GetModelInfoResponse.model:type_name -> glmflash.v1.ModelInfo
+	16, // 14: glmflash.v1.GetModelInfoResponse.engine:type_name -> glmflash.v1.EngineInfo
+	2,  // 15: glmflash.v1.GLMFlash.Generate:input_type -> glmflash.v1.GenerateRequest
+	11, // 16: glmflash.v1.GLMFlash.Abort:input_type -> glmflash.v1.AbortRequest
+	13, // 17: glmflash.v1.GLMFlash.GetModelInfo:input_type -> glmflash.v1.GetModelInfoRequest
+	17, // 18: glmflash.v1.GLMFlash.Score:input_type -> glmflash.v1.ScoreRequest
+	4,  // 19: glmflash.v1.GLMFlash.Generate:output_type -> glmflash.v1.GenerateResponse
+	12, // 20: glmflash.v1.GLMFlash.Abort:output_type -> glmflash.v1.AbortResponse
+	14, // 21: glmflash.v1.GLMFlash.GetModelInfo:output_type -> glmflash.v1.GetModelInfoResponse
+	18, // 22: glmflash.v1.GLMFlash.Score:output_type -> glmflash.v1.ScoreResponse
+	19, // [19:23] is the sub-list for method output_type
+	15, // [15:19] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_glmflash_v1_glmflash_proto_init() }
@@ -1762,7 +1848,7 @@ func file_glmflash_v1_glmflash_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_glmflash_v1_glmflash_proto_rawDesc), len(file_glmflash_v1_glmflash_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
