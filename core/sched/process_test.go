@@ -530,3 +530,55 @@ func TestProcessedRequestsNeverSpeculate(t *testing.T) {
 		}
 	}
 }
+
+// The host cost of a processed request per generated token: one observe
+// (its entry updated, or inserted) and the next row's edits, with a 2,048-
+// token prompt under every penalty, 64 biases and min_tokens, on the
+// released vocabulary; and, beside it, what the host sampler then spends
+// applying those edits to a row (a copy of the row and the edits).
+func BenchmarkProcessingPerToken(b *testing.B) {
+	const V = 154880
+	rng := rand.New(rand.NewPCG(3, 4))
+	req := Request{Prompt: make([]int32, 2048), MaxTokens: 4096, MinTokens: 16, StopIDs: []int32{1, 2, 3},
+		Processing: sample.Processing{RepetitionPenalty: 1.1, PresencePenalty: 0.5, FrequencyPenalty: 0.5, LogitBias: map[int32]float64{}}}
+	for i := range req.Prompt {
+		req.Prompt[i] = int32(rng.IntN(V))
+	}
+	for range 64 {
+		req.Processing.LogitBias[int32(rng.IntN(V))] = 1
+	}
+	toks := make([]int32, 4096)
+	for i := range toks {
+		toks[i] = int32(rng.IntN(V / 8)) // repeats, as text has
+	}
+	b.Run("observe+edits", func(b *testing.B) {
+		pr := newProcs(&req, []int32{1, 2, 3, 4})
+		n := 0
+		for b.Loop() {
+			if n == len(toks) {
+				b.StopTimer()
+				pr, n = newProcs(&req, []int32{1, 2, 3, 4}), 0
+				b.StartTimer()
+			}
+			n++
+			pr.observe(toks[n-1], n)
+			_ = pr.Edits()
+		}
+	})
+	b.Run("apply", func(b *testing.B) {
+		pr := newProcs(&req, []int32{1, 2, 3, 4})
+		for i, t := range toks[:1024] {
+			pr.observe(t, i+1)
+		}
+		raw := make([]float32, V)
+		for i := range raw {
+			raw[i] = rng.Float32()
+		}
+		row := make([]float32, V)
+		b.ReportMetric(float64(len(pr.Edits())), "edits")
+		for b.Loop() {
+			copy(row, raw)
+			sample.Apply(row, pr.Edits(), nil)
+		}
+	})
+}

@@ -21,6 +21,9 @@ func FuzzGenerateRequest(f *testing.F) {
 	seed(&pb.GenerateRequest{PromptIds: []int32{1, 2, 3}, MaxTokens: ptr(uint32(4))})
 	seed(&pb.GenerateRequest{PromptIds: []int32{-1}, Sampling: &pb.SamplingParams{Temperature: ptr(-1.0), TopP: ptr(2.0), TopK: -3, MinP: 1}})
 	seed(&pb.GenerateRequest{RequestId: "x y", PromptIds: []int32{9}, StopIds: []int32{300}, TopLogprobs: 99})
+	seed(&pb.GenerateRequest{PromptIds: []int32{5}, MaxTokens: ptr(uint32(3)), Sampling: &pb.SamplingParams{
+		RepetitionPenalty: ptr(1.5), PresencePenalty: 1, FrequencyPenalty: -1, LogitBias: map[int32]float32{1: 100, 255: -3, 256: 1}, MinTokens: 3,
+	}})
 	lim := limits{vocab: 256, context: 64, defaultMaxTokens: 16}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var req pb.GenerateRequest
@@ -41,6 +44,9 @@ func FuzzGenerateRequest(f *testing.F) {
 		}
 		if err := r.Sampling.Validate(); err != nil {
 			t.Fatalf("accepted bad sampling: %v", err)
+		}
+		if err := r.Processing.Validate(lim.vocab); err != nil || r.MinTokens < 0 || r.MinTokens > r.MaxTokens {
+			t.Fatalf("accepted bad logits processing (%v) or min_tokens %d (max_tokens %d)", err, r.MinTokens, r.MaxTokens)
 		}
 	})
 }
