@@ -205,7 +205,7 @@ func (s *Stream) Recv(ctx context.Context) (*Chunk, *Final, error) {
 	}
 	c := &Chunk{}
 	var sb strings.Builder
-	pre := "" // the text of the first s.after tokens: released unmatched
+	var pre strings.Builder // the text of the first s.after tokens: released unmatched
 	for _, t := range toks {
 		c.Tokens = append(c.Tokens, t)
 		s.n++
@@ -213,7 +213,7 @@ func (s *Stream) Recv(ctx context.Context) (*Chunk, *Final, error) {
 			continue
 		}
 		if s.n <= s.after { // nothing is held back before: s.held and sb are empty
-			pre += s.dec.Next(t.ID)
+			pre.WriteString(s.dec.Next(t.ID))
 			continue
 		}
 		sb.WriteString(s.dec.Next(t.ID))
@@ -222,7 +222,7 @@ func (s *Stream) Recv(ctx context.Context) (*Chunk, *Final, error) {
 		}
 		buf := s.held + sb.String()
 		if i, stop := s.firstStop(buf); stop != "" {
-			c.Text = pre + buf[:i]
+			c.Text = pre.String() + buf[:i]
 			s.held = ""
 			s.abort()
 			// Wait for the runtime's final (the abort delivers it at once).
@@ -239,7 +239,7 @@ func (s *Stream) Recv(ctx context.Context) (*Chunk, *Final, error) {
 	if s.dec != nil {
 		buf := s.held + sb.String()
 		k := s.holdBack(buf)
-		c.Text, s.held = pre+buf[:len(buf)-k], buf[len(buf)-k:]
+		c.Text, s.held = pre.String()+buf[:len(buf)-k], buf[len(buf)-k:]
 	}
 	return c, nil, nil
 }
