@@ -2,6 +2,7 @@ package backend
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/sample"
@@ -320,12 +321,16 @@ func SampleHost(logits []float32, vocab int, specs []SampleSpec) []Sample {
 	return SampleHostInto(nil, logits, vocab, specs)
 }
 
+// rowPool holds the row copies SampleHostInto processes.
+var rowPool = sync.Pool{New: func() any { return new([]float32) }}
+
 // SampleHostInto is SampleHost appending to out[:0] (reusing its storage).
 func SampleHostInto(out []Sample, logits []float32, vocab int, specs []SampleSpec) []Sample {
 	if cap(out) < len(specs) {
 		out = make([]Sample, len(specs))
 	}
 	out = out[:len(specs)]
+	var scratch *[]float32 // a processed row's copy, pooled
 	for i, s := range specs {
 		row := logits[i*vocab : (i+1)*vocab]
 		if err := sample.CheckFinite(row); err != nil {
@@ -333,7 +338,12 @@ func SampleHostInto(out []Sample, logits []float32, vocab int, specs []SampleSpe
 			continue
 		}
 		if s.Processed() { // on a copy: the result's logits stay raw
-			row = append(make([]float32, 0, vocab), row...)
+			if scratch == nil {
+				scratch = rowPool.Get().(*[]float32)
+				defer rowPool.Put(scratch)
+			}
+			row = append((*scratch)[:0], row...)
+			*scratch = row
 			sample.Apply(row, s.Edits, s.Allow)
 		}
 		tok := int32(sample.Pick(row, s.Params, s.U))
