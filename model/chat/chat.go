@@ -1,8 +1,9 @@
 // Package chat renders a checkpoint's chat template (the Jinja
 // "chat_template" of tokenizer_config.json, or chat_template.jinja) into
 // the prompt text the model was trained on, as transformers'
-// apply_chat_template does: with messages, add_generation_prompt and the
-// bos_token / eos_token strings; tools are left empty.
+// apply_chat_template does: with messages (tool calls, tool results and
+// reasoning included), add_generation_prompt, the bos_token / eos_token
+// strings, the request's tools and its chat_template_kwargs.
 //
 // Templates come with checkpoints and are not trusted: they render in a
 // sandbox (sandbox.go) that bounds the nesting of macro calls and control
@@ -18,8 +19,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,11 +38,52 @@ var ErrNoTemplate = errors.New("chat: the checkpoint has no chat template (token
 // maxConfigBytes bounds tokenizer_config.json and chat_template.jinja.
 const maxConfigBytes = 16 << 20
 
-// Message is one turn of a conversation.
+// Message is one turn of a conversation. The template sees role and
+// content always, and name, tool_calls, tool_call_id and reasoning_content
+// when they are set (so that "m.reasoning_content is string" is false for
+// a message without one).
 type Message struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
+	// Name is the participant's name (OpenAI's "name").
+	Name string `json:"name,omitempty"`
+	// ToolCalls are an assistant turn's calls.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	// ToolCallID is the call a tool message answers.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+	// ReasoningContent is an assistant turn's reasoning (nil: none given;
+	// templates then look for <think>…</think> in the content).
+	ReasoningContent *string `json:"reasoning_content,omitempty"`
 }
+
+// ToolCall is one call of an assistant turn, as templates read it:
+// tc.id, tc.type, tc.function.name and tc.function.arguments, the
+// arguments a mapping (OpenAI sends them as a JSON string; templates
+// iterate them with .items(), as vLLM and transformers give them).
+type ToolCall struct {
+	ID        string         `json:"id"`
+	Type      string         `json:"type"`
+	Name      string         `json:"name"`
+	Arguments map[string]any `json:"arguments"`
+}
+
+// Options are what a rendering takes besides the messages.
+type Options struct {
+	// AddGenerationPrompt appends the start of the assistant's turn.
+	AddGenerationPrompt bool
+	// Tools are the request's tools, as OpenAI sends them
+	// ({"type": "function", "function": {…}}); nil: none (the template
+	// sees tools = none).
+	Tools []any
+	// Kwargs are extra template variables (chat_template_kwargs:
+	// enable_thinking …); they cannot replace the variables above
+	// (Reserved).
+	Kwargs map[string]any
+}
+
+// Reserved are the template variables a rendering sets itself, which
+// Options.Kwargs cannot replace.
+var Reserved = []string{"messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "raise_exception", "range", "lipsum"}
 
 // Template is a compiled chat template; it is safe for concurrent use.
 type Template struct {
@@ -186,6 +230,12 @@ var ErrMarks = errors.New("chat template: a user or tool message's content was t
 // marks, so that templates that trim it render as before; a template that
 // drops or cuts a marked content is ErrMarks.
 func (t *Template) RenderMarked(ctx context.Context, msgs []Message, addGenerationPrompt bool, mark func(string) bool) (string, []Span, error) {
+	return t.RenderWith(ctx, msgs, Options{AddGenerationPrompt: addGenerationPrompt}, mark)
+}
+
+// RenderWith is RenderMarked with the request's tools and template
+// variables. A kwarg named like a variable of Reserved is an error.
+func (t *Template) RenderWith(ctx context.Context, msgs []Message, o Options, mark func(string) bool) (string, []Span, error) {
 	list := make([]any, len(msgs))
 	marked := false
 	for i, m := range msgs {
@@ -197,16 +247,28 @@ func (t *Template) RenderMarked(ctx context.Context, msgs []Message, addGenerati
 			c = c[:at] + openMark + core + closeMark + c[at+len(core):]
 			marked = true
 		}
-		list[i] = map[string]any{"role": m.Role, "content": c}
+		list[i] = messageData(m, c)
 	}
-	out, err := t.render(ctx, map[string]any{
+	data := map[string]any{}
+	for k, v := range o.Kwargs {
+		if slices.Contains(Reserved, k) {
+			return "", nil, fmt.Errorf("chat template variable %q is set by the server and cannot be given", k)
+		}
+		data[k] = v
+	}
+	var tools any // none, not an empty list: "if tools" is false either way
+	if o.Tools != nil {
+		tools = o.Tools
+	}
+	maps.Copy(data, map[string]any{
 		"messages":              list,
-		"add_generation_prompt": addGenerationPrompt,
+		"add_generation_prompt": o.AddGenerationPrompt,
 		"bos_token":             t.BOSToken,
 		"eos_token":             t.EOSToken,
-		"tools":                 nil,
+		"tools":                 tools,
 		"raise_exception":       raiseException,
 	})
+	out, err := t.render(ctx, data)
 	if err != nil {
 		return "", nil, err
 	}
@@ -214,6 +276,36 @@ func (t *Template) RenderMarked(ctx context.Context, msgs []Message, addGenerati
 		return out, nil, nil
 	}
 	return unmark(out)
+}
+
+// messageData is a message as the template sees it, with content c.
+func messageData(m Message, c string) map[string]any {
+	d := map[string]any{"role": m.Role, "content": c}
+	if m.Name != "" {
+		d["name"] = m.Name
+	}
+	if m.ToolCallID != "" {
+		d["tool_call_id"] = m.ToolCallID
+	}
+	if m.ReasoningContent != nil {
+		d["reasoning_content"] = *m.ReasoningContent
+	}
+	if len(m.ToolCalls) > 0 {
+		calls := make([]any, len(m.ToolCalls))
+		for i, tc := range m.ToolCalls {
+			args := tc.Arguments
+			if args == nil {
+				args = map[string]any{}
+			}
+			typ := tc.Type
+			if typ == "" {
+				typ = "function"
+			}
+			calls[i] = map[string]any{"id": tc.ID, "type": typ, "function": map[string]any{"name": tc.Name, "arguments": args}}
+		}
+		d["tool_calls"] = calls
+	}
+	return d
 }
 
 // unmark removes the marks from a rendered prompt and returns the spans

@@ -22,10 +22,22 @@ func TestRenderMatchesHuggingFaceJinja(t *testing.T) {
 	require.NoError(t, err)
 	var g struct {
 		Cases []struct {
-			Template            string    `json:"template"`
-			Messages            []Message `json:"messages"`
-			AddGenerationPrompt bool      `json:"add_generation_prompt"`
-			Rendered            string    `json:"rendered"`
+			Template string `json:"template"`
+			Messages []struct {
+				Message
+				ToolCalls []struct {
+					ID       string `json:"id"`
+					Type     string `json:"type"`
+					Function struct {
+						Name      string         `json:"name"`
+						Arguments map[string]any `json:"arguments"`
+					} `json:"function"`
+				} `json:"tool_calls"`
+			} `json:"messages"`
+			Tools               []any          `json:"tools"`
+			Kwargs              map[string]any `json:"kwargs"`
+			AddGenerationPrompt bool           `json:"add_generation_prompt"`
+			Rendered            string         `json:"rendered"`
 		} `json:"cases"`
 	}
 	require.NoError(t, json.Unmarshal(b, &g))
@@ -38,13 +50,25 @@ func TestRenderMatchesHuggingFaceJinja(t *testing.T) {
 		require.NoError(t, err, name)
 	}
 	seen := map[string]int{}
+	tools := 0
 	for i, c := range g.Cases {
-		got, err := tmpls[c.Template].Render(context.Background(), c.Messages, c.AddGenerationPrompt)
+		msgs := make([]Message, len(c.Messages))
+		for j, m := range c.Messages {
+			msgs[j] = m.Message
+			for _, tc := range m.ToolCalls {
+				msgs[j].ToolCalls = append(msgs[j].ToolCalls, ToolCall{ID: tc.ID, Type: tc.Type, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+			}
+		}
+		if c.Tools != nil || c.Kwargs != nil {
+			tools++
+		}
+		got, _, err := tmpls[c.Template].RenderWith(context.Background(), msgs, Options{AddGenerationPrompt: c.AddGenerationPrompt, Tools: c.Tools, Kwargs: c.Kwargs}, nil)
 		require.NoError(t, err, "case %d", i)
 		require.Equal(t, c.Rendered, got, "case %d (%s, add_generation_prompt=%v)", i, c.Template, c.AddGenerationPrompt)
 		seen[c.Template]++
 	}
 	require.Len(t, seen, len(sources))
+	require.NotZero(t, tools, "cases with tools and chat_template_kwargs")
 }
 
 func TestTokensAndSources(t *testing.T) {
@@ -58,7 +82,7 @@ func TestTokensAndSources(t *testing.T) {
 	// chat_template.jinja wins over tokenizer_config.json.
 	tm, err = Parse(cfg, "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}")
 	require.NoError(t, err)
-	out, err := tm.Render(context.Background(), []Message{{"user", "x"}}, true)
+	out, err := tm.Render(context.Background(), []Message{{Role: "user", Content: "x"}}, true)
 	require.NoError(t, err)
 	require.Equal(t, "[user:x]", out)
 
@@ -88,6 +112,6 @@ func TestTemplatesCannotReadFilesAndCanRefuse(t *testing.T) {
 	require.ErrorContains(t, err, "cannot read files")
 	tm, err := Parse([]byte(`{"chat_template": "{% if messages|length > 1 %}{{ raise_exception('one message only') }}{% endif %}ok"}`), "")
 	require.NoError(t, err)
-	_, err = tm.Render(context.Background(), []Message{{"user", "a"}, {"user", "b"}}, false)
+	_, err = tm.Render(context.Background(), []Message{{Role: "user", Content: "a"}, {Role: "user", Content: "b"}}, false)
 	require.ErrorContains(t, err, "one message only")
 }

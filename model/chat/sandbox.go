@@ -335,6 +335,9 @@ func sandboxEnvironment() *exec.Environment {
 		for _, name := range setKeys(builtins.Filters, "filters") {
 			name := name
 			inner, _ := builtins.Filters.Get(name)
+			if name == "tojson" {
+				inner = toJSON
+			}
 			_ = fs.Register(name, func(e *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec.Value {
 				g := guardOf(e.Environment.Context)
 				if g == nil {

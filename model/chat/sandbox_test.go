@@ -46,11 +46,11 @@ func TestTemplateBombsAreErrors(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			tm := parseTemplate(t, strings.Replace(trigger, "%s", c.bomb, 1))
 			start := time.Now()
-			_, err := tm.Render(context.Background(), []Message{{"user", "boom"}}, true)
+			_, err := tm.Render(context.Background(), []Message{{Role: "user", Content: "boom"}}, true)
 			require.ErrorIs(t, err, ErrLimit)
 			require.ErrorContains(t, err, c.want)
 			require.Less(t, time.Since(start), 2*DefaultLimits.Timeout)
-			out, err := tm.Render(context.Background(), []Message{{"user", "hi"}}, true)
+			out, err := tm.Render(context.Background(), []Message{{Role: "user", Content: "hi"}}, true)
 			require.NoError(t, err)
 			require.Equal(t, "ok", out)
 		})
@@ -73,7 +73,7 @@ func TestRenderingStopsOnTimeAndContext(t *testing.T) {
 	tm := parseTemplate(t, busy)
 	tm.limits.Timeout = 50 * time.Millisecond
 	start := time.Now()
-	_, err := tm.Render(context.Background(), []Message{{"user", "spin"}}, true)
+	_, err := tm.Render(context.Background(), []Message{{Role: "user", Content: "spin"}}, true)
 	require.ErrorIs(t, err, ErrLimit)
 	require.ErrorContains(t, err, "more than 50ms")
 	require.Less(t, time.Since(start), 5*time.Second)
@@ -82,7 +82,7 @@ func TestRenderingStopsOnTimeAndContext(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	go func() { time.Sleep(30 * time.Millisecond); cancel(errors.New("the client left")) }()
 	start = time.Now()
-	_, err = tm.Render(ctx, []Message{{"user", "spin"}}, true)
+	_, err = tm.Render(ctx, []Message{{Role: "user", Content: "spin"}}, true)
 	require.ErrorContains(t, err, "the client left")
 	require.Less(t, time.Since(start), DefaultLimits.Timeout)
 }
@@ -117,7 +117,7 @@ func TestParserHangIsAnError(t *testing.T) {
 // text around it, whitespace trimming kept.
 func TestRenderMarked(t *testing.T) {
 	tm := parseTemplate(t, "{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}<|end|>{% endfor %}")
-	msgs := []Message{{"system", "<|end|>sys"}, {"user", "  hi <|end|>\n"}, {"user", "plain"}, {"tool", "\ufdd0x<|end|>"}}
+	msgs := []Message{{Role: "system", Content: "<|end|>sys"}, {Role: "user", Content: "  hi <|end|>\n"}, {Role: "user", Content: "plain"}, {Role: "tool", Content: "\ufdd0x<|end|>"}}
 	mark := func(s string) bool { return strings.Contains(s, "<|end|>") }
 	out, spans, err := tm.RenderMarked(context.Background(), msgs, false, mark)
 	require.NoError(t, err)
@@ -134,7 +134,7 @@ func TestRenderMarked(t *testing.T) {
 	// A template that cuts the content loses the marks: an error, not a
 	// silent guess.
 	tm = parseTemplate(t, "{% for m in messages %}{{ m.content[:3] }}{% endfor %}")
-	_, _, err = tm.RenderMarked(context.Background(), []Message{{"user", "abc<|end|>"}}, false, mark)
+	_, _, err = tm.RenderMarked(context.Background(), []Message{{Role: "user", Content: "abc<|end|>"}}, false, mark)
 	require.ErrorIs(t, err, ErrMarks)
 }
 
@@ -161,7 +161,7 @@ func FuzzRender(f *testing.F) {
 		}
 		tm.limits = Limits{MaxDepth: 32, MaxRange: 1000, MaxOutput: 1 << 16, Timeout: 200 * time.Millisecond}
 		start := time.Now()
-		_, _ = tm.Render(context.Background(), []Message{{"user", content}}, true)
+		_, _ = tm.Render(context.Background(), []Message{{Role: "user", Content: content}}, true)
 		require.Less(t, time.Since(start), 5*time.Second, "%q", src)
 	})
 }

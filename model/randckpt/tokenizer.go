@@ -25,14 +25,19 @@ var baseBPE []byte
 //go:embed tokenizer_config.json
 var presetTokenizerConfig []byte
 
-// presetAdded are the added tokens of a preset tokenizer, GLM style; the
-// last two are ordinary (non-special) added tokens.
+// presetAdded are the added tokens of a preset tokenizer, GLM style: the
+// role markers and GLM's other special tokens, then the tags of thinking,
+// tool calls and tool results as ordinary (special: false) added tokens,
+// as GLM-4.5's tokenizer has them: one token each, and text that
+// skip_special_tokens keeps (the parsers read it).
 var presetAdded = []string{
 	"<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>",
-	"<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>", "</think>",
+	"<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
+	"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+	"<arg_value>", "</arg_value>", "<tool_response>", "</tool_response>",
 }
 
-const presetNonSpecial = 2
+const presetNonSpecial = 10
 
 // qwenSplit is the pre-tokenizer regex of Qwen2/3 (and GLM-4).
 const qwenSplit = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
@@ -41,7 +46,7 @@ const qwenSplit = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| 
 // vocab ids, and its tokenizer_config.json: the 256 bytes, then a real
 // vocabulary (Qwen3's) cut by merge rank (past its 32,000 merges: synthetic
 // merges of its tokens with a letter), then the GLM-style added tokens
-// and the chat template when there is room for them (vocab ≥ 256 + 12).
+// and the chat template when there is room for them (vocab ≥ 256 + 20).
 func TokenizerFiles(vocab int) (tokJSON, cfgJSON []byte, err error) {
 	if vocab < 256 {
 		return nil, nil, fmt.Errorf("randckpt: a byte-level tokenizer needs a vocabulary of at least 256, got %d", vocab)

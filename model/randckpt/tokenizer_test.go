@@ -49,8 +49,18 @@ func TestPresetTokenizers(t *testing.T) {
 		gm, _ := tk.TokenID("[gMASK]")
 		require.Equal(t, gm, pids[0])
 		require.True(t, tk.IsSpecial(gm))
-		th, _ := tk.TokenID("<think>")
-		require.False(t, tk.IsSpecial(th))
+		for _, tag := range []string{"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<tool_response>", "</tool_response>"} {
+			id, ok := tk.TokenID(tag)
+			require.True(t, ok, tag)
+			require.False(t, tk.IsSpecial(id), "%s is an ordinary added token", tag)
+			require.Equal(t, []int32{id}, tk.Encode(tag, tokenizer.Options{}), "%s is one token", tag)
+			require.Equal(t, tag, tk.Decode([]int32{id}, true), "%s survives skip_special_tokens", tag)
+		}
+		for _, role := range []string{"<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"} {
+			id, ok := tk.TokenID(role)
+			require.True(t, ok, role)
+			require.True(t, tk.IsSpecial(id), "%s stays special", role)
+		}
 	}
 }
 

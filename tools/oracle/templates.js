@@ -43,6 +43,57 @@ const conversations = [
   [{ role: "system", content: "one" }, { role: "system", content: "two" }, { role: "user", content: "three" }],
 ];
 
+// Tool calling and thinking, rendered with the presets' (GLM-4.5) template:
+// tools (objects with sorted keys: glmflash's tojson sorts the keys of the
+// request's objects), assistant tool_calls with their arguments as objects
+// (as vLLM hands them to templates), tool results, reasoning_content and
+// chat_template_kwargs.
+const weather = {
+  function: {
+    description: "Weather <forecast> for a city",
+    name: "get_weather",
+    parameters: { properties: { city: { type: "string" }, days: { type: "integer" } }, required: ["city"], type: "object" },
+  },
+  type: "function",
+};
+const toolCases = [
+  { messages: [{ role: "user", content: "Weather in Beijing?" }], tools: [weather] },
+  {
+    messages: [
+      { role: "system", content: "Use tools." },
+      { role: "user", content: "Weather in Beijing for 3 days, and Paris?" },
+      {
+        role: "assistant",
+        content: "",
+        reasoning_content: "Two calls.",
+        tool_calls: [
+          { id: "call_1", type: "function", function: { name: "get_weather", arguments: { city: "Beijing", days: 3 } } },
+          { id: "call_2", type: "function", function: { name: "get_weather", arguments: { city: "Paris" } } },
+        ],
+      },
+      { role: "tool", tool_call_id: "call_1", content: "sunny" },
+      { role: "tool", tool_call_id: "call_2", content: "{\"rain\": true}" },
+    ],
+    tools: [weather],
+  },
+  {
+    messages: [
+      { role: "user", content: "Hi" },
+      { role: "assistant", content: "<think>greet</think>Hello." },
+      { role: "user", content: "Bye" },
+    ],
+    kwargs: { enable_thinking: false },
+  },
+  { messages: [{ role: "user", content: "Quick /nothink" }], kwargs: { enable_thinking: false } },
+  { messages: [{ role: "user", content: "Deep" }], kwargs: { enable_thinking: true } },
+  {
+    messages: [
+      { role: "user", content: "x" },
+      { role: "assistant", content: "y", reasoning_content: "r" },
+    ],
+  },
+];
+
 const golden = [];
 for (const [name, file] of Object.entries(sources)) {
   const cfg = JSON.parse(fs.readFileSync(file, "utf8"));
@@ -55,6 +106,29 @@ for (const [name, file] of Object.entries(sources)) {
         add_generation_prompt: add,
         rendered: tmpl.render({
           messages,
+          add_generation_prompt: add,
+          bos_token: tokenString(cfg.bos_token),
+          eos_token: tokenString(cfg.eos_token),
+        }),
+      });
+    }
+  }
+}
+{
+  const cfg = JSON.parse(fs.readFileSync(sources.preset, "utf8"));
+  const tmpl = new Template(cfg.chat_template);
+  for (const c of toolCases) {
+    for (const add of [true, false]) {
+      golden.push({
+        template: "preset",
+        messages: c.messages,
+        tools: c.tools,
+        kwargs: c.kwargs,
+        add_generation_prompt: add,
+        rendered: tmpl.render({
+          ...(c.kwargs || {}),
+          messages: c.messages,
+          tools: c.tools,
           add_generation_prompt: add,
           bos_token: tokenString(cfg.bos_token),
           eos_token: tokenString(cfg.eos_token),
