@@ -72,6 +72,7 @@ to gRPC and HTTP alike.`,
 						return nil, err
 					}
 					tm.SpecialTokensInContent = cfg.Model.SpecialTokensInContent
+					tm.ToolCallParser, tm.ReasoningParser = cfg.Model.ToolCallParser, cfg.Model.ReasoningParser
 					return &serve.LoadedModel{Config: ck.Config(), Weights: ck, Info: ck, Source: source(cfg.Model), Close: ck.Close, Text: tm}, nil
 				},
 				Passes: pipeline,

@@ -11,6 +11,8 @@ package config
 import (
 	"encoding/hex"
 	"fmt"
+	"github.com/glmflash/glmflash/core/reasoning"
+	"github.com/glmflash/glmflash/core/toolcall"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -155,6 +157,16 @@ type Model struct {
 	// template's turns (the template's own special tokens are tokens
 	// either way).
 	SpecialTokensInContent bool `koanf:"special_tokens_in_content"`
+	// ToolCallParser reads the model's tool calls back out of its chat
+	// output (toolcall.Formats): "glm45" (the default: GLM-4.5's
+	// <tool_call>name <arg_key>/<arg_value> format), "json"
+	// (<tool_call>{"name": …, "arguments": …}</tool_call>) or "none"
+	// (requests with tools are refused).
+	ToolCallParser string `koanf:"tool_call_parser"`
+	// ReasoningParser splits the chat output's reasoning
+	// (reasoning_content) from its answer (reasoning.Formats): "glm45"
+	// (the default: <think>…</think>) or "none" (all of it is content).
+	ReasoningParser string `koanf:"reasoning_parser"`
 	// Weights is how the checkpoint's files are held: "auto" (the
 	// default: copy on the CPU, guarded on CUDA; Validate resolves it),
 	// "copy" reads them into memory at load, so that a file truncated or
@@ -528,6 +540,10 @@ func (c *Config) validateServing() error {
 		return keyErr("model.set", "scales a preset; model.dir names a checkpoint as it is")
 	case m.Weights != "" && m.Weights != WeightsAuto && m.Weights != WeightsCopy && m.Weights != WeightsGuarded:
 		return keyErr("model.weights", "%q is not auto, copy or guarded", m.Weights)
+	case toolcall.Check(m.ToolCallParser) != nil:
+		return keyErr("model.tool_call_parser", "%v", toolcall.Check(m.ToolCallParser))
+	case reasoning.Check(m.ReasoningParser) != nil:
+		return keyErr("model.reasoning_parser", "%v", reasoning.Check(m.ReasoningParser))
 	case s.GRPCAddr == "":
 		return keyErr("server.grpc_addr", "is empty")
 	case s.DrainTimeout < 0:

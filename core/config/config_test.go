@@ -298,3 +298,21 @@ func TestWeightsModePerDevice(t *testing.T) {
 	require.Equal(t, WeightsGuarded, Model{}.WeightsFor("cuda"))
 	require.Equal(t, WeightsCopy, Model{Weights: WeightsAuto}.WeightsFor("cpu"))
 }
+
+// model.tool_call_parser and model.reasoning_parser: glm45 by default, the
+// other formats taken, anything else refused with the key named.
+func TestChatParsers(t *testing.T) {
+	cfg, err := Load(Options{})
+	require.NoError(t, err)
+	require.Equal(t, "glm45", cfg.Model.ToolCallParser)
+	require.Equal(t, "glm45", cfg.Model.ReasoningParser)
+	cfg, err = Load(Options{Files: []string{writeYAML(t, "model: {tool_call_parser: json, reasoning_parser: none}\n")}})
+	require.NoError(t, err)
+	require.Equal(t, "json", cfg.Model.ToolCallParser)
+	require.Equal(t, "none", cfg.Model.ReasoningParser)
+	_, err = Load(Options{Files: []string{writeYAML(t, "model: {tool_call_parser: hermes}\n")}})
+	require.ErrorContains(t, err, `model.tool_call_parser`)
+	require.ErrorContains(t, err, `"hermes" is not a tool-call parser (have none, glm45, json)`)
+	_, err = Load(Options{Files: []string{writeYAML(t, "model: {reasoning_parser: \"\"}\n")}})
+	require.ErrorContains(t, err, `model.reasoning_parser`)
+}

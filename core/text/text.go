@@ -45,6 +45,10 @@ type Model struct {
 	// so a user cannot forge the template's turns; the special tokens the
 	// template writes are tokens either way.
 	SpecialTokensInContent bool
+	// ToolCallParser and ReasoningParser are the chat output's parsers
+	// (configuration model.tool_call_parser and model.reasoning_parser:
+	// toolcall.Formats, reasoning.Formats; "" is none).
+	ToolCallParser, ReasoningParser string
 }
 
 // tooLong is the error of a prompt with more tokens than maxTokens.
