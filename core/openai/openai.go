@@ -23,6 +23,7 @@ import (
 	"github.com/glmflash/glmflash/core/access"
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/text"
+	"github.com/glmflash/glmflash/core/toolcall"
 	"github.com/rs/zerolog"
 )
 
@@ -288,6 +289,7 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 	st.StopsAfter(p.req.MinTokens) // min_tokens: no stop string before either
 	out := &response{s: s, w: w, lv: lv, p: p, chat: isChat, created: time.Now().Unix()}
 	if isChat {
+		out.parse = newChatOut(&p)
 		out.id = "chatcmpl-" + id
 	} else {
 		out.id = "cmpl-" + id
@@ -334,6 +336,11 @@ type response struct {
 	lp      []any // chat: content logprobs; completions: see legacy
 	legacy  legacyLogprobs
 	err     error // the first failed write of a stream
+	// chat: the output's parsers, and what they gave (whole responses)
+	parse     *chatOut
+	reasoning strings.Builder
+	deltas    []toolcall.Delta
+	calls     int // tool calls started
 }
 
 type legacyLogprobs struct {
@@ -393,6 +400,10 @@ func byteList(b []byte) []int {
 
 func (o *response) add(c *text.Chunk) {
 	lp, has := o.logprobsOf(c.Tokens)
+	if o.chat {
+		o.addChat(o.parse.feed(c.Text, false), lp, has)
+		return
+	}
 	if !o.p.stream {
 		o.text.WriteString(c.Text)
 		if has {
@@ -426,6 +437,56 @@ func (o *response) add(c *text.Chunk) {
 	}
 }
 
+// addChat takes a chat's parsed output (and the logprobs of the tokens
+// that made it): whole responses keep it, streams send each piece as a
+// delta, the logprobs on the first (or on an empty content delta).
+func (o *response) addChat(pieces []outPiece, lp any, has bool) {
+	for _, pc := range pieces {
+		if pc.delta.Call && pc.delta.ID != "" {
+			o.calls++
+		}
+	}
+	if !o.p.stream {
+		for _, pc := range pieces {
+			if pc.reasoning != "" {
+				o.reasoning.WriteString(pc.reasoning)
+				continue
+			}
+			o.deltas = append(o.deltas, pc.delta)
+		}
+		if has {
+			o.lp = append(o.lp, lp.([]any)...)
+		}
+		return
+	}
+	var lpv any
+	if has {
+		lpv = map[string]any{"content": lp}
+	}
+	if len(pieces) == 0 && has {
+		o.event(map[string]any{"content": ""}, lpv, nil)
+		return
+	}
+	for _, pc := range pieces {
+		o.event(chatDelta(pc), lpv, nil)
+		lpv = nil
+	}
+}
+
+// chatDelta is a piece of output as a streamed chat delta.
+func chatDelta(pc outPiece) map[string]any {
+	d := pc.delta
+	switch {
+	case pc.reasoning != "":
+		return map[string]any{"reasoning_content": pc.reasoning}
+	case !d.Call:
+		return map[string]any{"content": d.Content}
+	case d.ID != "":
+		return map[string]any{"tool_calls": []any{map[string]any{"index": d.Index, "id": d.ID, "type": "function", "function": map[string]any{"name": d.Name, "arguments": d.Arguments}}}}
+	}
+	return map[string]any{"tool_calls": []any{map[string]any{"index": d.Index, "function": map[string]any{"arguments": d.Arguments}}}}
+}
+
 func finishReason(f *text.Final) (string, *apiError) {
 	switch f.Reason {
 	case sched.FinishStop:
@@ -438,6 +499,31 @@ func finishReason(f *text.Final) (string, *apiError) {
 		return "abort", nil
 	}
 	return "", &apiError{status: 500, typ: "server_error", msg: "generation failed: " + f.Message}
+}
+
+// message is a whole chat response's message: content (null when the
+// turn is only tool calls), reasoning_content (with a reasoning parser:
+// null when there was none) and tool_calls.
+func (o *response) message() map[string]any {
+	content, calls := toolcall.Collect(o.deltas)
+	m := map[string]any{"role": "assistant", "content": content}
+	if content == "" && len(calls) > 0 {
+		m["content"] = nil
+	}
+	if o.parse.think != nil {
+		m["reasoning_content"] = nil
+		if r := o.reasoning.String(); r != "" {
+			m["reasoning_content"] = r
+		}
+	}
+	if len(calls) > 0 {
+		list := make([]any, len(calls))
+		for i, c := range calls {
+			list[i] = map[string]any{"id": c.ID, "type": "function", "function": map[string]any{"name": c.Name, "arguments": c.Arguments}}
+		}
+		m["tool_calls"] = list
+	}
+	return m
 }
 
 // usage is OpenAI's usage object; a request the server speculated for
@@ -491,6 +577,12 @@ func (o *response) flush() {
 
 func (o *response) finish(f *text.Final) {
 	reason, e := finishReason(f)
+	if o.chat && e == nil {
+		o.addChat(o.parse.feed("", true), nil, false) // what the parsers held
+		if o.calls > 0 && reason == "stop" {
+			reason = "tool_calls"
+		}
+	}
 	if o.p.stream {
 		if e != nil {
 			o.sse(errorBody(e))
@@ -524,7 +616,7 @@ func (o *response) finish(f *text.Final) {
 	obj := "text_completion"
 	if o.chat {
 		obj = "chat.completion"
-		choice["message"] = map[string]any{"role": "assistant", "content": o.text.String()}
+		choice["message"] = o.message()
 		if o.p.logprobs {
 			content := o.lp
 			if content == nil {

@@ -14,9 +14,11 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/glmflash/glmflash/core/reasoning"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/text"
+	"github.com/glmflash/glmflash/core/toolcall"
 	"github.com/glmflash/glmflash/model/chat"
 )
 
@@ -178,16 +180,25 @@ type completionRequest struct {
 // chatRequest is POST /v1/chat/completions.
 type chatRequest struct {
 	common
-	Messages            []chatMessage `json:"messages"`
-	MaxCompletionTokens *int64        `json:"max_completion_tokens"`
-	Logprobs            bool          `json:"logprobs"`
-	TopLogprobs         *int64        `json:"top_logprobs"`
+	Messages            []chatMessage   `json:"messages"`
+	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
+	Logprobs            bool            `json:"logprobs"`
+	TopLogprobs         *int64          `json:"top_logprobs"`
+	Tools               []toolParam     `json:"tools"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
+	// ChatTemplateKwargs are extra variables of the chat template
+	// (enable_thinking …), as vLLM takes them.
+	ChatTemplateKwargs json.RawMessage `json:"chat_template_kwargs"`
 }
 
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-	Name    string          `json:"name"`
+	Role             string            `json:"role"`
+	Content          json.RawMessage   `json:"content"`
+	Name             string            `json:"name"`
+	ToolCalls        []messageToolCall `json:"tool_calls"`
+	ToolCallID       string            `json:"tool_call_id"`
+	ReasoningContent *string           `json:"reasoning_content"`
 }
 
 // decode reads a JSON body of at most limit bytes strictly: an unknown
@@ -263,6 +274,11 @@ type params struct {
 	includeUsage bool
 	logprobs     bool
 	topLogprobs  int
+	// chat: the request's tools (nil: none), the reasoning parser and
+	// whether the prompt opened a reasoning block.
+	tools            *toolcall.Spec
+	reasoningFormat  string
+	promptOpensThink bool
 }
 
 // check validates the common fields and builds the runtime request around
@@ -412,6 +428,9 @@ func chatMessages(ms []chatMessage) ([]chat.Message, *apiError) {
 			return nil, badField(f+".role", "unknown role %q (have %s)", m.Role, strings.Join(chat.Roles, ", "))
 		}
 		out[i].Role = role
+		if e := messageTools(f, m, &out[i]); e != nil {
+			return nil, e
+		}
 		if len(m.Content) == 0 || string(m.Content) == "null" {
 			if m.Role != "assistant" {
 				return nil, badField(f+".content", "required")
@@ -471,7 +490,19 @@ func checkChat(ctx context.Context, req *chatRequest, tm *text.Model, lim limits
 	if e != nil {
 		return params{}, e
 	}
-	_, ids, err := tm.EncodeChat(ctx, msgs, lim.context)
+	var toolFormat, thinkFormat string
+	if tm != nil {
+		toolFormat, thinkFormat = tm.ToolCallParser, tm.ReasoningParser
+	}
+	spec, tools, e := checkTools(req, toolFormat)
+	if e != nil {
+		return params{}, e
+	}
+	kwargs, e := checkKwargs(req.ChatTemplateKwargs)
+	if e != nil {
+		return params{}, e
+	}
+	prompt, ids, err := tm.EncodeChatWith(ctx, msgs, chat.Options{AddGenerationPrompt: true, Tools: tools, Kwargs: kwargs}, lim.context)
 	if err != nil {
 		return params{}, badField("messages", "%v", err)
 	}
@@ -503,6 +534,13 @@ func checkChat(ctx context.Context, req *chatRequest, tm *text.Model, lim limits
 	}
 	p.logprobs = req.Logprobs
 	p.req.TopLogprobs = p.topLogprobs
+	p.tools, p.reasoningFormat = spec, thinkFormat
+	p.promptOpensThink = thinkFormat != "" && thinkFormat != reasoning.FormatNone && reasoning.PromptOpens(prompt)
+	if spec != nil {
+		if e := constrainTools(spec, &p); e != nil {
+			return p, e
+		}
+	}
 	return p, nil
 }
 

@@ -77,6 +77,12 @@ func (m *Model) EncodePrompt(ctx context.Context, prompt string, maxTokens int) 
 // ctx and maxTokens as EncodePrompt. The special-token text of user and
 // tool contents is text unless SpecialTokensInContent.
 func (m *Model) EncodeChat(ctx context.Context, msgs []chat.Message, maxTokens int) (string, []int32, error) {
+	return m.EncodeChatWith(ctx, msgs, chat.Options{AddGenerationPrompt: true}, maxTokens)
+}
+
+// EncodeChatWith is EncodeChat with the rendering's options (tools,
+// chat_template_kwargs; AddGenerationPrompt as given).
+func (m *Model) EncodeChatWith(ctx context.Context, msgs []chat.Message, opts chat.Options, maxTokens int) (string, []int32, error) {
 	if m == nil || m.Tok == nil {
 		return "", nil, ErrNoTokenizer
 	}
@@ -90,7 +96,7 @@ func (m *Model) EncodeChat(ctx context.Context, msgs []chat.Message, maxTokens i
 	if !m.SpecialTokensInContent {
 		mark = m.Tok.HasSpecialText
 	}
-	p, spans, err := m.Chat.RenderMarked(ctx, msgs, true, mark)
+	p, spans, err := m.Chat.RenderWith(ctx, msgs, opts, mark)
 	if err != nil {
 		return "", nil, err
 	}
