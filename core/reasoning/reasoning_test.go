@@ -93,3 +93,19 @@ func TestPromptOpensAndCheck(t *testing.T) {
 	require.NoError(t, Check("none"))
 	require.ErrorContains(t, Check("deepseek"), `"deepseek" is not a reasoning parser (have none, glm45)`)
 }
+
+// Any output splits without a panic, the same whole and cut in two, and
+// nothing is lost but the white space the rules drop.
+func FuzzSplit(f *testing.F) {
+	for _, c := range cases {
+		f.Add(c.out, uint(len(c.out)/2), c.opened)
+	}
+	f.Fuzz(func(t *testing.T, out string, cut uint, opened bool) {
+		at := int(cut % uint(len(out)+1))
+		r1, c1 := split(opened, out)
+		r2, c2 := split(opened, out[:at], out[at:])
+		require.Equal(t, r1, r2)
+		require.Equal(t, c1, c2)
+		require.LessOrEqual(t, len(r1)+len(c1), len(out))
+	})
+}
