@@ -10,6 +10,7 @@ import (
 
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/text"
+	"github.com/glmflash/glmflash/core/toolcall"
 	"github.com/glmflash/glmflash/model/chat"
 	"github.com/glmflash/glmflash/model/randckpt"
 	"github.com/glmflash/glmflash/model/tokenizer"
@@ -314,4 +315,62 @@ func TestReasoningOut(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(body), &res))
 	require.Equal(t, out, res.Choices[0].Message.Content)
 	require.NotContains(t, body, "reasoning_content")
+}
+
+// What the template renders of an assistant turn, the parsers read back:
+// the reasoning, the content and the calls (string parameters raw, others
+// JSON, by the tools' schemas).
+func TestTemplateParserRoundTrip(t *testing.T) {
+	tm := presetText(t)
+	const tools = `[{"type": "function", "function": {"name": "book", "parameters": {"type": "object", "properties": {
+		"title": {"type": "string"}, "code": {"type": "string"}, "n": {"type": "integer"}, "ok": {"type": "boolean"},
+		"tags": {"type": "array"}, "where": {"type": "object"}, "price": {"type": "number"}}}}},
+		{"type": "function", "function": {"name": "now"}}]`
+	calls := []struct{ name, args string }{
+		{"book", `{"title": "  Dune: <Part> \"Two\"\nline 2", "code": "42", "n": 3, "ok": true, "tags": ["a", {"b": null}], "where": {"city": "北京"}, "price": 9.5}`},
+		{"now", `{}`},
+	}
+	var tcs []string
+	for i, c := range calls {
+		arg, _ := json.Marshal(c.args)
+		tcs = append(tcs, `{"id": "call_`+string(rune('a'+i))+`", "type": "function", "function": {"name": "`+c.name+`", "arguments": `+string(arg)+`}}`)
+	}
+	body := `{"messages": [{"role": "user", "content": "Book it."},
+		{"role": "assistant", "content": "Booking now.", "reasoning_content": "Two calls.", "tool_calls": [` + strings.Join(tcs, ", ") + `]},
+		{"role": "user", "content": "ok?"}], "tools": ` + tools + `}`
+	var req chatRequest
+	require.Nil(t, decode(strings.NewReader(body), &req, 1<<20))
+	msgs, e := chatMessages(req.Messages)
+	require.Nil(t, e)
+	spec, forTemplate, e := checkTools(&req, "glm45")
+	require.Nil(t, e)
+	// The assistant turn as the last message (its reasoning is kept).
+	prompt, _, err := tm.Chat.RenderWith(context.Background(), msgs[:2], chat.Options{Tools: forTemplate}, nil)
+	require.NoError(t, err)
+	i := strings.LastIndex(prompt, "<|assistant|>")
+	require.Positive(t, i)
+	turn := prompt[i+len("<|assistant|>"):]
+	require.Contains(t, turn, "<arg_key>title</arg_key>\n<arg_value>  Dune: <Part> \"Two\"\nline 2</arg_value>")
+
+	p := &params{tools: spec, reasoningFormat: "glm45"}
+	for cut := 0; cut <= len(turn); cut += 7 {
+		out := newChatOut(p)
+		pieces := append(out.feed(turn[:cut], false), out.feed(turn[cut:], true)...)
+		var r strings.Builder
+		var ds []toolcall.Delta
+		for _, pc := range pieces {
+			r.WriteString(pc.reasoning)
+			if pc.reasoning == "" {
+				ds = append(ds, pc.delta)
+			}
+		}
+		content, got := toolcall.Collect(ds)
+		require.Equal(t, "Two calls.", r.String())
+		require.Equal(t, "Booking now.", content)
+		require.Len(t, got, len(calls))
+		for j, c := range calls {
+			require.Equal(t, c.name, got[j].Name)
+			require.JSONEq(t, c.args, got[j].Arguments, "call %d, cut at %d", j, cut)
+		}
+	}
 }
