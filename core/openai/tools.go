@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -201,13 +202,7 @@ func checkKwargs(raw json.RawMessage) (map[string]any, *apiError) {
 		return nil, badField("chat_template_kwargs", "at most %d variables, got %d", maxKwargs, len(m))
 	}
 	out := make(map[string]any, len(m))
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		f := "chat_template_kwargs." + k
 		if !kwargName.MatchString(k) {
 			return nil, badField("chat_template_kwargs", "%q is not a template variable name (letters, digits and _, at most 64)", k)

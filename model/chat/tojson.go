@@ -3,6 +3,7 @@ package chat
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"reflect"
 	"slices"
@@ -128,7 +129,7 @@ func (w *pyJSON) value(v any, depth int) error {
 	case float32:
 		return w.float(float64(x))
 	case map[string]any:
-		keys := slices.Sorted(mapKeys(x))
+		keys := slices.Sorted(maps.Keys(x))
 		return w.object(keys, func(i int) any { return x[keys[i]] }, depth)
 	case []any:
 		return w.list(len(x), func(i int) any { return x[i] }, depth)
@@ -155,16 +156,6 @@ func (w *pyJSON) value(v any, depth int) error {
 		return w.object(keys, func(i int) any { return r.MapIndex(reflect.ValueOf(keys[i]).Convert(r.Type().Key())).Interface() }, depth)
 	}
 	return fmt.Errorf("tojson: cannot write a %T as JSON", v)
-}
-
-func mapKeys(m map[string]any) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 func (w *pyJSON) dict(d *exec.Dict, depth int) error {
