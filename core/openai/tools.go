@@ -229,12 +229,12 @@ func jsonValue(raw []byte, depth int) (any, error) {
 	if err := d.Decode(&v); err != nil {
 		return nil, err
 	}
-	return numbers(v, depth)
+	return numbers(v, depth, depth)
 }
 
-func numbers(v any, depth int) (any, error) {
+func numbers(v any, depth, limit int) (any, error) {
 	if depth < 0 {
-		return nil, fmt.Errorf("nested too deep (at most %d levels)", maxKwargsDepth)
+		return nil, fmt.Errorf("nested too deep (at most %d levels)", limit)
 	}
 	switch x := v.(type) {
 	case json.Number:
@@ -248,7 +248,7 @@ func numbers(v any, depth int) (any, error) {
 		return f, nil
 	case map[string]any:
 		for k, e := range x {
-			n, err := numbers(e, depth-1)
+			n, err := numbers(e, depth-1, limit)
 			if err != nil {
 				return nil, err
 			}
@@ -256,7 +256,7 @@ func numbers(v any, depth int) (any, error) {
 		}
 	case []any:
 		for i, e := range x {
-			n, err := numbers(e, depth-1)
+			n, err := numbers(e, depth-1, limit)
 			if err != nil {
 				return nil, err
 			}

@@ -83,6 +83,17 @@ func TestToolFieldsValidated(t *testing.T) {
 		require.Equal(t, 400, e.status)
 	}
 
+	// parameters nested 60 deep render; 70 deep are refused.
+	nest := func(n int) string {
+		return `{"type": "function", "function": {"name": "deep", "parameters": ` + strings.Repeat(`{"a": `, n) + `1` + strings.Repeat(`}`, n) + `}}`
+	}
+	_, e := checkBody(t, tm, `{`+user+`, "tools": [`+nest(60)+`]}`)
+	require.Nil(t, e)
+	_, e = checkBody(t, tm, `{`+user+`, "tools": [`+nest(70)+`]}`)
+	require.NotNil(t, e)
+	require.Equal(t, "tools[0].function.parameters", e.param)
+	require.Contains(t, e.msg, "nested too deep (at most 64 levels)")
+
 	// tools: [] is no tools; tool_choice "none" with tools parses nothing.
 	p, e := checkBody(t, tm, `{`+user+`, "tools": []}`)
 	require.Nil(t, e)

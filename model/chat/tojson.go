@@ -58,8 +58,9 @@ type pyJSON struct {
 	indent int // -1: one line
 }
 
-// maxJSONDepth bounds the nesting tojson follows.
-const maxJSONDepth = 64
+// maxJSONDepth bounds the nesting tojson follows (above the request's own
+// bounds: a tool's parameters nest 64 deep inside its two wrappers).
+const maxJSONDepth = 128
 
 func (w *pyJSON) newline(depth int) {
 	if w.indent >= 0 {
