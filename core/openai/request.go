@@ -490,10 +490,11 @@ func checkChat(ctx context.Context, req *chatRequest, tm *text.Model, lim limits
 	if e != nil {
 		return params{}, e
 	}
-	var toolFormat, thinkFormat string
-	if tm != nil {
-		toolFormat, thinkFormat = tm.ToolCallParser, tm.ReasoningParser
+	if tm == nil || tm.Tok == nil || tm.Chat == nil { // no chat: say why before looking at tools
+		_, _, err := tm.EncodeChat(ctx, msgs, lim.context)
+		return params{}, badField("messages", "%v", err)
 	}
+	toolFormat, thinkFormat := tm.ToolCallParser, tm.ReasoningParser
 	spec, tools, e := checkTools(req, toolFormat)
 	if e != nil {
 		return params{}, e

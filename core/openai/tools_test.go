@@ -111,6 +111,13 @@ func TestToolFieldsValidated(t *testing.T) {
 	require.Contains(t, e.msg, "model.tool_call_parser is none")
 	_, e = checkBody(t, &off, `{`+user+`, "tools": [`+weatherTool+`], "tool_choice": "none"}`)
 	require.Nil(t, e)
+
+	// A model without a chat template says so, not that tools are off.
+	bare := &text.Model{Tok: tm.Tok}
+	_, e = checkBody(t, bare, `{`+user+`, "tools": [`+weatherTool+`]}`)
+	require.NotNil(t, e)
+	require.Equal(t, "messages", e.param)
+	require.Contains(t, e.msg, "no chat template")
 }
 
 func manyKwargs(n int) string {
