@@ -385,3 +385,20 @@ func chiSquarePValue(x float64, k int) float64 {
 func TestSpecStepBoundsAgree(t *testing.T) {
 	require.Equal(t, speculative.MaxSteps, config.MaxSpecSteps)
 }
+
+// Store.Copy on the CPU (the fork of an n > 1 request): on every fixture,
+// a slot copied after the prompt and a few decoded tokens (a pool pending
+// and complete ones) holds its source's state bit for bit, and both decode
+// on exactly as the plain run does.
+func TestStoreCopyMatchesPlainRun(t *testing.T) {
+	for _, name := range fixtures {
+		t.Run(name, func(t *testing.T) {
+			ck, _ := openFixture(t, name)
+			for _, rollback := range []int{0, 2} {
+				e := newEngine(t, ck, engine.Options{Slots: 3, Rollback: rollback})
+				plain := spectest.PlainRun(t, e, seqTokens(13, 3, ck.Config().VocabSize), 12)
+				spectest.ForkRun(t, e, plain, 3)
+			}
+		})
+	}
+}

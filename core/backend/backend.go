@@ -179,6 +179,12 @@ type Store interface {
 	// holding KDA state needs n > checkpoint (the state at the checkpoint
 	// itself is not kept: a verify span keeps its first token).
 	Truncate(slot, n int) error
+	// Copy makes allocated slot dst hold src's state (n > 1 choices forked
+	// from one prefill): its length, KDA conv windows and recurrent
+	// states, MLA latents, the indexer's pools, pending rows and saved
+	// selection; dst's open rollback record is closed, src is unchanged.
+	// A src with an open checkpoint, and src = dst, are refused.
+	Copy(src, dst int) error
 }
 
 // StateReader is a store that copies a slot's state to the host: tests

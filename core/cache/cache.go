@@ -320,6 +320,49 @@ func (s *Store) Truncate(slot, n int) error {
 	return nil
 }
 
+// Copy makes allocated slot dst hold what allocated slot src holds: its
+// length, every KDA layer's conv window and recurrent state, every DSA
+// layer's latents, every indexer's pools, pending rows and saved
+// selection. dst's buffers are reused and its open rollback record, if
+// any, is closed; src is unchanged. A src with an open rollback record is
+// refused (its record belongs to a speculative step in flight), as is
+// src = dst.
+func (s *Store) Copy(src, dst int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.allocatedLocked(src); err != nil {
+		return err
+	}
+	if err := s.allocatedLocked(dst); err != nil {
+		return err
+	}
+	if src == dst {
+		return fmt.Errorf("cache: copying slot %d onto itself", src)
+	}
+	a, b := s.slots[src], s.slots[dst]
+	if a.Rollback != nil {
+		return fmt.Errorf("cache: slot %d has an open checkpoint: copy it after its Truncate", src)
+	}
+	b.Len = a.Len
+	b.Rollback = nil
+	for l := range a.Conv {
+		copy(b.Conv[l], a.Conv[l])
+		copy(b.State[l], a.State[l])
+		if a.CKV[l] != nil {
+			b.CKV[l] = append(b.CKV[l][:0], a.CKV[l]...)
+		}
+		if x := a.Index[l]; x != nil {
+			y := b.Index[l]
+			y.Pools = append(y.Pools[:0], x.Pools...)
+			y.PendK = append(y.PendK[:0], x.PendK...)
+			y.PendG = append(y.PendG[:0], x.PendG...)
+			y.Share = append(y.Share[:0], x.Share...)
+			y.SharePos = x.SharePos
+		}
+	}
+	return nil
+}
+
 // Len is the number of tokens an allocated slot has processed.
 func (s *Store) Len(slot int) (int, error) {
 	s.mu.Lock()

@@ -31,7 +31,9 @@ type fakeStore struct {
 	used           []bool
 	checkpoints    []int
 	truncs         [][2]int // slot, n
+	copies         [][2]int // src, dst
 	failCheckpoint error
+	failCopy       error
 }
 
 func (s *fakeStore) Alloc() (int, error) {
@@ -82,6 +84,19 @@ func (s *fakeStore) Truncate(slot, n int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.truncs = append(s.truncs, [2]int{slot, n})
+	return nil
+}
+
+func (s *fakeStore) Copy(src, dst int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failCopy != nil {
+		return s.failCopy
+	}
+	if !s.used[src] || !s.used[dst] || src == dst {
+		return errors.New("fake store: copy between unallocated or equal slots")
+	}
+	s.copies = append(s.copies, [2]int{src, dst})
 	return nil
 }
 

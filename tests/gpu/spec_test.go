@@ -41,6 +41,19 @@ func TestCUDASpecRollback(t *testing.T) {
 	}
 }
 
+// Store.Copy on the GPU (the fork of an n > 1 request): device copies of
+// a slot after its prompt and three decoded tokens hold the source's state
+// bit for bit, and both slots decode on exactly as the GPU's plain run,
+// with and without rollback records.
+func TestCUDAStoreCopy(t *testing.T) {
+	ck, _ := openFixture(t, fixtures[0])
+	for _, rollback := range []int{0, 2} {
+		e := cudaEngine(t, ck, engine.Options{Slots: 3, Rollback: rollback})
+		plain := spectest.PlainRun(t, e, seqTokens(13, 3, ck.Config().VocabSize), 10)
+		spectest.ForkRun(t, e, plain, 3)
+	}
+}
+
 // Greedy identity on the GPU through the scheduler: the test drafter (the
 // truth with wrong drafts at a 60% rate) and the MTP drafter (5 steps,
 // index sharing on) give every request exactly the tokens of plain GPU

@@ -389,6 +389,81 @@ func (s *Store) Truncate(slot, n int) error {
 	return nil
 }
 
+// Copy makes allocated slot dst hold src's state (backend.Store.Copy):
+// stream-ordered device copies of each layer's KDA conv window and
+// recurrent state, the latents of src's positions, the indexer's complete
+// pools and pending rows, and the MTP indexer's saved selection; dst's
+// open checkpoint is closed. Latents and pools past src's length are left
+// to be overwritten, as Truncate leaves them.
+func (s *Store) Copy(src, dst int) error {
+	s.mu.Lock()
+	for _, sl := range []int{src, dst} {
+		if sl < 0 || sl >= len(s.used) || !s.used[sl] {
+			s.mu.Unlock()
+			return fmt.Errorf("cache: slot %d is not allocated", sl)
+		}
+	}
+	if src == dst {
+		s.mu.Unlock()
+		return fmt.Errorf("cache: copying slot %d onto itself", src)
+	}
+	if s.ckpt[src] >= 0 {
+		s.mu.Unlock()
+		return fmt.Errorf("cache: slot %d has an open checkpoint: copy it after its Truncate", src)
+	}
+	n, sharePos := int64(s.lens[src]), s.share[src]
+	s.mu.Unlock()
+	c := s.cfg
+	a, b := int64(src), int64(dst)
+	cp := func(p kc.DevicePtr, stride, floats int64) error {
+		return s.b.dev.Copy(p+kc.DevicePtr(4*b*stride), p+kc.DevicePtr(4*a*stride), 4*floats)
+	}
+	err := s.b.dev.Do(func() error {
+		for _, ls := range s.layers {
+			if ls.state != 0 {
+				if err := cp(ls.conv, ls.convStride, ls.convStride); err != nil {
+					return err
+				}
+				if err := cp(ls.state, ls.stateStride, ls.stateStride); err != nil {
+					return err
+				}
+			}
+			if ls.ckv != 0 {
+				if err := cp(ls.ckv, ls.ckvStride, n*int64(c.KVLoraRank)); err != nil {
+					return err
+				}
+			}
+			if ls.pools != 0 {
+				kp, di := int64(c.IndexKPool), int64(c.IndexHeadDim)
+				if err := cp(ls.pools, ls.poolsStride, n/kp*di); err != nil {
+					return err
+				}
+				if err := cp(ls.pendK, ls.pendStride, n%kp*di); err != nil {
+					return err
+				}
+				if err := cp(ls.pendG, ls.pendStride, n%kp*di); err != nil {
+					return err
+				}
+				if ls.saved != 0 && sharePos >= 0 {
+					if err := cp(ls.saved, ls.savedStride, ls.savedStride); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lens[dst] = int(n)
+	s.ckpt[dst] = -1
+	s.share[dst] = sharePos
+	return nil
+}
+
 // ReadState copies an allocated slot's state to the host
 // (backend.StateReader).
 func (s *Store) ReadState(slot int) (*cache.Seq, error) {

@@ -2,7 +2,9 @@
 // backends (tests/ on the CPU, tests/gpu on CUDA and its emulator): the
 // rollback scenario that compares a speculative run's logits and cache
 // state with a plain run's after every verify step, and greedy identity
-// through the scheduler.
+// through the scheduler; and the store's slot copy (Store.Copy, what an
+// n > 1 request's choices are forked with), which the same bitwise state
+// comparison checks.
 package spectest
 
 import (
@@ -148,6 +150,82 @@ func RollbackRun(t testing.TB, e *engine.Engine, plain *Plain, steps int, wrong 
 		g += acc + 1
 	}
 	return out
+}
+
+// ForkRun checks Store.Copy against plain: a slot that ran the prompt and
+// the first decoded tokens (after decoded of them) is copied onto a slot
+// that held another, longer sequence; the copy's state equals the
+// source's and the plain run's bit for bit; each slot then decodes the
+// rest of plain's tokens on its own and every row equals plain's logits,
+// and the copy's state plain's, bit for bit (the source is unchanged by
+// the copy, the copy owns its state). Copy refuses a slot onto itself, a
+// free slot and a source with an open checkpoint (when the store keeps
+// rollback records).
+func ForkRun(t testing.TB, e *engine.Engine, plain *Plain, decoded int) {
+	t.Helper()
+	st := e.Store()
+	sr := st.(backend.StateReader)
+	prefill := engine.Key{Mode: graph.Prefill, Logits: graph.LastLogits}
+	decode := engine.Key{Mode: graph.Decode, Logits: graph.LastLogits}
+	src, err := st.Alloc()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, st.Free(src)) }()
+	dst, err := st.Alloc()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, st.Free(dst)) }()
+	// dst first holds a longer sequence of other tokens: the copy must
+	// replace all of it.
+	other := make([]int32, len(plain.Prompt)+decoded+5)
+	for i := range other {
+		other[i] = int32((i*7 + 3) % e.Config().VocabSize)
+	}
+	_, err = e.Run(prefill, &backend.Batch{Seqs: []backend.Seq{{Slot: dst, Tokens: other}}})
+	require.NoError(t, err)
+	_, err = e.Run(prefill, &backend.Batch{Seqs: []backend.Seq{{Slot: src, Tokens: plain.Prompt}}})
+	require.NoError(t, err)
+	c := len(plain.Prompt)
+	for i := range decoded {
+		_, err = e.Run(decode, &backend.Batch{Seqs: []backend.Seq{{Slot: src, Tokens: []int32{plain.Tokens[i]}}}})
+		require.NoError(t, err)
+		c++
+	}
+	require.Error(t, st.Copy(src, src), "a slot copied onto itself")
+	free, err := st.Alloc()
+	require.NoError(t, err)
+	require.NoError(t, st.Free(free))
+	require.Error(t, st.Copy(free, dst), "a free source")
+	require.Error(t, st.Copy(src, free), "a free destination")
+	if st.Checkpoint(src) == nil {
+		require.Error(t, st.Copy(src, dst), "a source with an open checkpoint")
+		require.NoError(t, st.Truncate(src, c))
+	}
+	require.NoError(t, st.Copy(src, dst))
+	n, err := st.Len(dst)
+	require.NoError(t, err)
+	require.Equal(t, c, n, "the copy's length")
+	a, err := sr.ReadState(src)
+	require.NoError(t, err)
+	b, err := sr.ReadState(dst)
+	require.NoError(t, err)
+	RequireStateEqual(t, a, b, "the copy against its source")
+	if want, ok := plain.States[c]; ok {
+		RequireStateEqual(t, want, b, fmt.Sprintf("the copy against the plain run at %d tokens", c))
+	}
+	for _, slot := range []int{dst, src} {
+		for i := decoded; i < len(plain.Tokens)-1; i++ {
+			pos := len(plain.Prompt) + i
+			res, err := e.Run(decode, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: []int32{plain.Tokens[i]}}}})
+			require.NoError(t, err)
+			if w, ok := plain.Logits[pos+1]; ok {
+				requireBitEqual(t, w, res.Row(0), "slot %d (copy %v): logits at position %d", slot, slot == dst, pos)
+			}
+		}
+		if want, ok := plain.States[len(plain.Prompt)+len(plain.Tokens)-1]; ok {
+			got, err := sr.ReadState(slot)
+			require.NoError(t, err)
+			RequireStateEqual(t, want, got, fmt.Sprintf("slot %d (copy %v) at the end", slot, slot == dst))
+		}
+	}
 }
 
 func requireBitEqual(t testing.TB, want, got []float32, format string, args ...any) {
