@@ -85,6 +85,12 @@ type Request struct {
 	// NoSpeculation decodes plainly even when the runtime speculates.
 	NoSpeculation bool
 
+	// N is the number of choices (0 or 1: one). With N > 1 (SubmitGroup)
+	// the prompt is prefilled once and forked into N slots (Store.Copy),
+	// choice i sampling with seed Sampling.Seed+i, each with its own
+	// outbox; the choices decode plainly (no speculation).
+	N int
+
 	// Score runs the prompt only and returns logits in Final.Logits
 	// instead of generating; AllPositions selects every row, else the last.
 	Score        bool
@@ -191,6 +197,11 @@ type request struct {
 	rows      int
 	drafting  bool              // the drafter drafts for it (speculative decoding)
 	stats     speculative.Stats // its speculation so far
+	// An n > 1 request (group.go): its choices have grp set and their
+	// index; its carrier, which runs the shared prefill, has carrier set.
+	grp     *group
+	choice  int
+	carrier bool
 
 	// Outbox (guarded by mu): tokens not yet received and the final.
 	mu      sync.Mutex

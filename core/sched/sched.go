@@ -54,6 +54,11 @@ type Config struct {
 	// ContextLimit bounds prompt + generated tokens (default and upper
 	// bound: the model's max_position_embeddings).
 	ContextLimit int
+	// MaxChoices bounds a request's N (default 16). A request of N
+	// choices runs once N slots are free, so N is also held to
+	// MaxRunning; each choice is within ContextLimit, so N × max_tokens
+	// is bounded by MaxChoices × ContextLimit.
+	MaxChoices int
 }
 
 // WithDefaults fills zero fields for a model and checks the result; it is
@@ -74,6 +79,9 @@ func (c Config) WithDefaults(cfg *model.Config, slots int) (Config, error) {
 	if c.ContextLimit == 0 {
 		c.ContextLimit = cfg.MaxPositionEmbeddings
 	}
+	if c.MaxChoices == 0 {
+		c.MaxChoices = DefaultMaxChoices
+	}
 	switch {
 	case c.MaxRunning < 1 || c.MaxRunning > slots:
 		return c, fmt.Errorf("runtime: max_running must be in [1, %d] (the cache slots), got %d", slots, c.MaxRunning)
@@ -83,6 +91,8 @@ func (c Config) WithDefaults(cfg *model.Config, slots int) (Config, error) {
 		return c, fmt.Errorf("runtime: prefill_chunk must be ≥ 1, got %d", c.PrefillChunk)
 	case c.ContextLimit < 2 || (cfg.MaxPositionEmbeddings > 0 && c.ContextLimit > cfg.MaxPositionEmbeddings):
 		return c, fmt.Errorf("runtime: context_limit must be in [2, %d] (max_position_embeddings), got %d", cfg.MaxPositionEmbeddings, c.ContextLimit)
+	case c.MaxChoices < 1:
+		return c, fmt.Errorf("runtime: max_choices must be ≥ 1, got %d", c.MaxChoices)
 	}
 	return c, nil
 }
@@ -160,6 +170,8 @@ type Scheduler struct {
 	waiting  []*request // FIFO, not yet admitted
 	running  []*request // hold a slot, in admission order
 	byID     map[string]*request
+	groups   map[string]*group // n > 1 requests by their id (their choices are in byID)
+	reserved int               // slots held by choices of groups not yet forked
 	draining bool
 	closing  bool
 	idle     chan struct{} // closed when draining and nothing is in flight
@@ -224,7 +236,7 @@ func newScheduler(m Model, cfg Config, opts Options) (*Scheduler, error) {
 	}
 	rt := &Scheduler{
 		m: m, cfg: c, met: opts.Metrics, log: opts.Log, draft: opts.Drafter, failed: opts.StepFailed, vocab: m.Config().VocabSize,
-		byID: map[string]*request{}, wake: make(chan struct{}, 1), exited: make(chan struct{}), eos: map[int32]bool{},
+		byID: map[string]*request{}, groups: map[string]*group{}, wake: make(chan struct{}, 1), exited: make(chan struct{}), eos: map[int32]bool{},
 	}
 	for _, id := range m.Config().EOSTokenIDs {
 		rt.eos[int32(id)] = true
@@ -264,6 +276,9 @@ func (rt *Scheduler) Validate(req *Request) error {
 	lim := rt.cfg.ContextLimit
 	if len(req.Prompt) > lim {
 		return invalid("prompt_ids", "the prompt has %d tokens, more than the context limit %d", len(req.Prompt), lim)
+	}
+	if err := rt.validateN(req); err != nil {
+		return err
 	}
 	if req.Score {
 		return nil
@@ -313,6 +328,9 @@ func (rt *Scheduler) Submit(ctx context.Context, req Request) (*Handle, error) {
 	if err := rt.Validate(&req); err != nil {
 		return nil, err
 	}
+	if req.N > 1 {
+		return nil, invalid("n", "%d choices: submit the request with SubmitGroup", req.N)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -334,13 +352,11 @@ func (rt *Scheduler) Submit(ctx context.Context, req Request) (*Handle, error) {
 	case rt.draining:
 		rt.mu.Unlock()
 		return nil, ErrDraining
-	case rt.byID[req.ID] != nil:
+	case rt.byID[req.ID] != nil || rt.groups[req.ID] != nil:
 		rt.mu.Unlock()
 		return nil, ErrDuplicateID
 	}
-	// Requests that can be admitted at the next step do not count as queued.
-	free := min(rt.cfg.MaxRunning, rt.m.Store().Capacity()) - len(rt.running)
-	if len(rt.waiting)-free >= max(0, rt.cfg.MaxQueue) {
+	if rt.queueFullLocked() {
 		rt.mu.Unlock()
 		return nil, ErrQueueFull
 	}
@@ -360,6 +376,19 @@ func (rt *Scheduler) Submit(ctx context.Context, req Request) (*Handle, error) {
 	return &Handle{r: r}, nil
 }
 
+// queueFullLocked reports whether a new request would pass MaxQueue:
+// requests that can be admitted at the next step do not count as queued.
+func (rt *Scheduler) queueFullLocked() bool {
+	return len(rt.waiting)-rt.slotsFreeLocked() >= max(0, rt.cfg.MaxQueue)
+}
+
+// slotsFreeLocked is how many more requests may run: MaxRunning (within
+// the store's slots) less those running and the slots held for choices
+// not yet forked.
+func (rt *Scheduler) slotsFreeLocked() int {
+	return min(rt.cfg.MaxRunning, rt.m.Store().Capacity()) - len(rt.running) - rt.reserved
+}
+
 // Abort ends an in-flight request with FinishAbort.
 func (rt *Scheduler) Abort(id string) error { return rt.AbortBy(id, "", true) }
 
@@ -369,7 +398,17 @@ func (rt *Scheduler) Abort(id string) error { return rt.AbortBy(id, "", true) }
 func (rt *Scheduler) AbortBy(id, owner string, admin bool) error {
 	rt.mu.Lock()
 	r := rt.byID[id]
+	g := rt.groups[id]
 	rt.mu.Unlock()
+	if g != nil { // an n > 1 request: every choice
+		if !admin && g.owner != owner {
+			return ErrNotFound
+		}
+		if rt.killGroup(g, FinishAbort, "aborted by request") == 0 {
+			return ErrNotFound
+		}
+		return nil
+	}
 	if r == nil || (!admin && r.Owner != owner) {
 		return ErrNotFound
 	}
@@ -390,6 +429,11 @@ func (rt *Scheduler) Matching(match func(id, owner string) bool) []string {
 			ids = append(ids, id)
 		}
 	}
+	for id, g := range rt.groups {
+		if match(id, g.owner) {
+			ids = append(ids, id)
+		}
+	}
 	return ids
 }
 
@@ -405,12 +449,22 @@ func (rt *Scheduler) InFlight() (waiting, running int) {
 func (rt *Scheduler) kill(r *request, reason FinishReason, msg string) bool {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
+	return rt.killLocked(r, reason, msg)
+}
+
+// killLocked is kill with mu held. A choice of a group not yet forked
+// gives its held slot back at once (no step uses it); the last one ends
+// the group's prefill.
+func (rt *Scheduler) killLocked(r *request, reason FinishReason, msg string) bool {
 	if r.killed || rt.byID[r.ID] != r {
 		return false
 	}
 	r.killed = true
 	if i := slices.Index(rt.waiting, r); i >= 0 {
 		rt.waiting = slices.Delete(rt.waiting, i, i+1)
+	}
+	if g := r.grp; g != nil && !g.forked {
+		rt.dropChoiceLocked(g, r)
 	}
 	rt.finishLocked(r, reason, msg)
 	signal(rt.wake)
@@ -439,6 +493,9 @@ func (rt *Scheduler) finishLocked(r *request, reason FinishReason, msg string) {
 		r.stopWatch()
 	}
 	delete(rt.byID, r.ID)
+	if g := r.grp; g != nil {
+		rt.choiceEndedLocked(g)
+	}
 	if !r.setFinal(f) {
 		return
 	}
@@ -471,8 +528,7 @@ func (rt *Scheduler) finishLocked(r *request, reason FinishReason, msg string) {
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func (rt *Scheduler) depthLocked() {
-	free := min(rt.cfg.MaxRunning, rt.m.Store().Capacity()) - len(rt.running)
-	rt.met.Depth(max(0, len(rt.waiting)-max(0, free)), len(rt.running))
+	rt.met.Depth(max(0, len(rt.waiting)-max(0, rt.slotsFreeLocked())), len(rt.running))
 }
 
 // Drain stops admitting new requests and waits for those in flight to
@@ -568,7 +624,13 @@ func (rt *Scheduler) freeLocked(r *request) {
 
 // admitLocked moves waiting requests to running while slots allow.
 func (rt *Scheduler) admitLocked() {
-	for len(rt.waiting) > 0 && len(rt.running) < rt.cfg.MaxRunning {
+	for len(rt.waiting) > 0 && len(rt.running)+rt.reserved < rt.cfg.MaxRunning {
+		if rt.waiting[0].carrier {
+			if !rt.admitGroupLocked(rt.waiting[0].grp) {
+				break // its slots are not free yet: first come, first served
+			}
+			continue
+		}
 		slot, err := rt.m.Store().Alloc()
 		if err != nil {
 			break // every slot is taken (perhaps by another user of the store)
@@ -651,6 +713,10 @@ func (rt *Scheduler) emitLocked(r *request, t Token, now time.Time) bool {
 // step: the slot is freed before the final is delivered, so a client that
 // sees the final also sees the slot back in the store.
 func (rt *Scheduler) completeLocked(r *request, reason FinishReason, msg string) {
+	if r.carrier { // the shared prefill failed: every choice fails with it
+		rt.killGroupLocked(r.grp, reason, msg)
+		return
+	}
 	r.killed = true
 	rt.freeLocked(r)
 	rt.finishLocked(r, reason, msg)

@@ -459,8 +459,8 @@ func TestConfigDefaultsAndErrors(t *testing.T) {
 	cfg := &model.Config{MaxPositionEmbeddings: 4096}
 	c, err := Config{}.WithDefaults(cfg, 8)
 	require.NoError(t, err)
-	require.Equal(t, Config{MaxRunning: 8, MaxQueue: 64, MaxBatchTokens: 256, PrefillChunk: 64, ContextLimit: 4096}, c)
-	for _, bad := range []Config{{MaxRunning: 9}, {MaxRunning: 8, MaxBatchTokens: 4}, {PrefillChunk: -1}, {ContextLimit: 5000}} {
+	require.Equal(t, Config{MaxRunning: 8, MaxQueue: 64, MaxBatchTokens: 256, PrefillChunk: 64, ContextLimit: 4096, MaxChoices: 16}, c)
+	for _, bad := range []Config{{MaxRunning: 9}, {MaxRunning: 8, MaxBatchTokens: 4}, {PrefillChunk: -1}, {ContextLimit: 5000}, {MaxChoices: -1}} {
 		_, err := bad.WithDefaults(cfg, 8)
 		require.Error(t, err, fmt.Sprint(bad))
 	}

@@ -351,6 +351,10 @@ func (rt *Scheduler) collectItemLocked(it item, res *backend.Result, now time.Ti
 			rt.scoreChunkLocked(r, res, it.row0, last, len(it.tokens))
 			return 0, false
 		}
+		if r.carrier && !r.prefilling() {
+			rt.forkLocked(r.grp) // the shared prefill is done
+			return 0, false
+		}
 		if r.prefilling() {
 			return r.Prompt[r.fed], true // more prompt to run
 		}
@@ -388,7 +392,7 @@ func appendSpecsLocked(specs []backend.SampleSpec, r *request, ntok, nrows int) 
 	for range nrows - 1 {
 		specs = append(specs, backend.SampleSpec{Params: sample.Greedy()})
 	}
-	if r.Score || r.killed || r.fed+ntok < len(r.Prompt) {
+	if r.Score || r.carrier || r.killed || r.fed+ntok < len(r.Prompt) {
 		return append(specs, backend.SampleSpec{Params: sample.Greedy()})
 	}
 	return append(specs, backend.SampleSpec{Params: r.sampler.Params(), U: r.sampler.Draw(), TopLogprobs: r.TopLogprobs, Edits: r.proc.Edits()})
