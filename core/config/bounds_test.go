@@ -39,6 +39,8 @@ func TestBoundsNameTheKey(t *testing.T) {
 		"runtime: {max_queue: 1000000000}":                               "runtime.max_queue (",
 		"runtime: {context_limit: 9223372036854775807}":                  "runtime.context_limit (",
 		"runtime: {default_max_tokens: 9223372036854775807}":             "runtime.default_max_tokens (",
+		"runtime: {max_choices: -1}":                                     "runtime.max_choices (",
+		"runtime: {max_choices: 1000000000}":                             "runtime.max_choices (",
 		// quoted numbers and bools are strings, whatever they spell
 		`runtime: {slots: "8"}`:         `runtime.slots (`,
 		`server: {reflection: "true"}`:  `server.reflection (`,

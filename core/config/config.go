@@ -265,6 +265,7 @@ type Runtime struct {
 	PrefillChunk     int `koanf:"prefill_chunk"`      // default 64
 	ContextLimit     int `koanf:"context_limit"`      // default max_position_embeddings
 	DefaultMaxTokens int `koanf:"default_max_tokens"` // when a request has none
+	MaxChoices       int `koanf:"max_choices"`        // a request's n; default 16
 }
 
 // Options say what to load besides the built-in defaults.
@@ -581,6 +582,10 @@ func (c *Config) validateServing() error {
 		return keyErr("runtime.context_limit", "must be ≥ 0, got %d", r.ContextLimit)
 	case r.DefaultMaxTokens < 1:
 		return keyErr("runtime.default_max_tokens", "must be ≥ 1, got %d", r.DefaultMaxTokens)
+	case r.MaxChoices < 0:
+		return keyErr("runtime.max_choices", "must be ≥ 0, got %d", r.MaxChoices)
+	case r.MaxChoices > MaxSlots:
+		return keyErr("runtime.max_choices", "must be at most %d, got %d", MaxSlots, r.MaxChoices)
 	case r.Slots > MaxSlots:
 		return keyErr("runtime.slots", "must be at most %d, got %d", MaxSlots, r.Slots)
 	case r.MaxRunning > MaxSlots:

@@ -254,12 +254,15 @@ func TestErrors(t *testing.T) {
 	require.Equal(t, 400, e.StatusCode)
 	require.Equal(t, "temperature", e.Param)
 
-	p = chatParams("x", 4)
-	p.N = openai.Int(2)
-	_, err = s.cli.Chat.Completions.New(ctx, p)
-	e = apiErr(t, err)
-	require.Equal(t, 400, e.StatusCode)
-	require.Equal(t, "n", e.Param)
+	for n, msg := range map[int64]string{0: "must be in [1, 128]", 129: "must be in [1, 128]", 3: "runtime.max_running"} {
+		p = chatParams("x", 4)
+		p.N = openai.Int(n)
+		_, err = s.cli.Chat.Completions.New(ctx, p)
+		e = apiErr(t, err)
+		require.Equal(t, 400, e.StatusCode, "n = %d", n)
+		require.Equal(t, "n", e.Param)
+		require.Contains(t, e.Message, msg)
+	}
 
 	p = chatParams("x", 5000)
 	_, err = s.cli.Chat.Completions.New(ctx, p)

@@ -94,8 +94,9 @@ func TestTextOffsetOfPartialUTF8Tokens(t *testing.T) {
 	}
 	// in two chunks, split inside a character, as a stream delivers them
 	var offs []int
+	co := &choiceOut{}
 	for _, part := range [][]sched.Token{toks[:3], toks[3:]} {
-		lp, ok := o.logprobsOf(part)
+		lp, ok := o.logprobsOf(co, part)
 		require.True(t, ok)
 		offs = append(offs, lp.(legacyLogprobs).TextOffset...)
 	}

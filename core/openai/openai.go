@@ -274,25 +274,35 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) {
 	s.run(w, r, lv, p, true)
 }
 
-// run submits a checked request and writes its response, whole or as SSE.
+// run submits a checked request and writes its response, whole or as SSE:
+// one choice per sched.Group choice (n), each read by its own text stream
+// and parsed by its own parsers (choices.go).
 func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params, isChat bool) {
 	ctx := r.Context() // ends when the client goes away: the runtime cancels the request
 	id := sched.NewID()
 	p.req.Owner = access.FromContext(ctx).ID // only this key (or an admin) may Abort it over gRPC
 	p.req.ID = access.ScopedID(p.req.Owner, id)
-	h, err := lv.RT.Submit(ctx, p.req)
+	g, err := lv.RT.SubmitGroup(ctx, p.req)
 	if err != nil {
 		s.fail(w, submitError(err))
 		return
 	}
-	st := text.NewStream(lv.Text, h, p.stops, lv.RT.EndIDs(p.req), func() { lv.RT.Abort(h.ID()) })
-	st.StopsAfter(p.req.MinTokens) // min_tokens: no stop string before either
 	out := &response{s: s, w: w, lv: lv, p: p, chat: isChat, created: time.Now().Unix()}
 	if isChat {
-		out.parse = newChatOut(&p)
 		out.id = "chatcmpl-" + id
 	} else {
 		out.id = "cmpl-" + id
+	}
+	var streams []*text.Stream
+	for _, h := range g.Choices() {
+		st := text.NewStream(lv.Text, h, p.stops, lv.RT.EndIDs(p.req), func() { lv.RT.Abort(h.ID()) })
+		st.StopsAfter(p.req.MinTokens) // min_tokens: no stop string before either
+		streams = append(streams, st)
+		co := &choiceOut{}
+		if isChat {
+			co.parse = newChatOut(&p)
+		}
+		out.choices = append(out.choices, co)
 	}
 	if p.stream {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -300,26 +310,27 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 		w.Header().Set("X-Request-Id", id) // the id to Abort over gRPC with the same key
 		w.WriteHeader(200)
 		if isChat {
-			out.event(map[string]any{"role": "assistant", "content": ""}, nil, nil)
+			for i := range out.choices {
+				out.event(i, map[string]any{"role": "assistant", "content": ""}, nil, nil)
+			}
 		} else {
 			out.flush() // the client has the request id (to abort it) at once
 		}
 	}
-	for out.err == nil {
-		c, f, err := st.Recv(ctx)
-		if err != nil {
-			return // the client went away; the runtime frees the slot
-		}
-		if f != nil {
-			out.finish(f)
-			return
-		}
-		out.add(c)
+	if !out.read(ctx, streams, func() { lv.RT.Abort(g.ID()) }) {
+		return // the client went away; the runtime frees the slots
 	}
-	// A write failed (the client stopped reading for server.write_timeout,
-	// or left): the request ends now, not when it would have finished.
-	lv.RT.Abort(h.ID())
-	s.o.Log.Info().Str("request_id", h.ID()).Err(out.err).Msg("the client stopped reading: stream closed, request aborted")
+	if out.ended {
+		return
+	}
+	if out.err != nil {
+		// A write failed (the client stopped reading for server.write_timeout,
+		// or left): the request ends now, not when it would have finished.
+		lv.RT.Abort(g.ID())
+		s.o.Log.Info().Str("request_id", g.ID()).Err(out.err).Msg("the client stopped reading: stream closed, request aborted")
+		return
+	}
+	out.finish()
 }
 
 // response accumulates (or streams) one request's output.
@@ -331,11 +342,19 @@ type response struct {
 	chat    bool
 	id      string
 	created int64
-	text    strings.Builder
-	offset  int   // bytes of text the tokens so far make (legacy text_offset)
-	lp      []any // chat: content logprobs; completions: see legacy
-	legacy  legacyLogprobs
+	choices []*choiceOut
 	err     error // the first failed write of a stream
+	ended   bool  // a stream ended early, with an error event
+}
+
+// choiceOut is one choice's output so far.
+type choiceOut struct {
+	text   strings.Builder
+	offset int   // bytes of text the tokens so far make (legacy text_offset)
+	lp     []any // chat: content logprobs; completions: see legacy
+	legacy legacyLogprobs
+	final  *text.Final
+	reason string // its finish_reason, once final
 	// chat: the output's parsers, and what they gave (whole responses)
 	parse     *chatOut
 	reasoning strings.Builder
@@ -350,7 +369,7 @@ type legacyLogprobs struct {
 	TextOffset    []int                `json:"text_offset"`
 }
 
-func (o *response) logprobsOf(toks []sched.Token) (any, bool) {
+func (o *response) logprobsOf(co *choiceOut, toks []sched.Token) (any, bool) {
 	if !o.p.logprobs || len(toks) == 0 {
 		return nil, false
 	}
@@ -384,8 +403,8 @@ func (o *response) logprobsOf(toks []sched.Token) (any, bool) {
 		// text is the tokens' bytes, so it advances by those, not by the
 		// token's shown string (a token holding part of a UTF-8 sequence
 		// shows as U+FFFD, 3 bytes, and pointed past the text, issue 37).
-		l.TextOffset = append(l.TextOffset, o.offset)
-		o.offset += len(b)
+		l.TextOffset = append(l.TextOffset, co.offset)
+		co.offset += len(b)
 	}
 	return l, true
 }
@@ -398,64 +417,50 @@ func byteList(b []byte) []int {
 	return out
 }
 
-func (o *response) add(c *text.Chunk) {
-	lp, has := o.logprobsOf(c.Tokens)
+func (o *response) add(i int, c *text.Chunk) {
+	co := o.choices[i]
+	lp, has := o.logprobsOf(co, c.Tokens)
 	if o.chat {
-		o.addChat(o.parse.feed(c.Text, false), lp, has)
+		o.addChat(i, co.parse.feed(c.Text, false), lp, has)
 		return
 	}
 	if !o.p.stream {
-		o.text.WriteString(c.Text)
+		co.text.WriteString(c.Text)
 		if has {
-			if o.chat {
-				o.lp = append(o.lp, lp.([]any)...)
-			} else {
-				l := lp.(legacyLogprobs)
-				o.legacy.Tokens = append(o.legacy.Tokens, l.Tokens...)
-				o.legacy.TokenLogprobs = append(o.legacy.TokenLogprobs, l.TokenLogprobs...)
-				o.legacy.TopLogprobs = append(o.legacy.TopLogprobs, l.TopLogprobs...)
-				o.legacy.TextOffset = append(o.legacy.TextOffset, l.TextOffset...)
-			}
+			l := lp.(legacyLogprobs)
+			co.legacy.Tokens = append(co.legacy.Tokens, l.Tokens...)
+			co.legacy.TokenLogprobs = append(co.legacy.TokenLogprobs, l.TokenLogprobs...)
+			co.legacy.TopLogprobs = append(co.legacy.TopLogprobs, l.TopLogprobs...)
+			co.legacy.TextOffset = append(co.legacy.TextOffset, l.TextOffset...)
 		}
 		return
 	}
 	if c.Text == "" && !has {
 		return
 	}
-	var lpv any
-	if has {
-		if o.chat {
-			lpv = map[string]any{"content": lp}
-		} else {
-			lpv = lp
-		}
-	}
-	if o.chat {
-		o.event(map[string]any{"content": c.Text}, lpv, nil)
-	} else {
-		o.event(c.Text, lpv, nil)
-	}
+	o.event(i, c.Text, lp, nil)
 }
 
-// addChat takes a chat's parsed output (and the logprobs of the tokens
-// that made it): whole responses keep it, streams send each piece as a
-// delta, the logprobs on the first (or on an empty content delta).
-func (o *response) addChat(pieces []outPiece, lp any, has bool) {
+// addChat takes a chat choice's parsed output (and the logprobs of the
+// tokens that made it): whole responses keep it, streams send each piece
+// as a delta, the logprobs on the first (or on an empty content delta).
+func (o *response) addChat(i int, pieces []outPiece, lp any, has bool) {
+	co := o.choices[i]
 	for _, pc := range pieces {
 		if pc.delta.Call && pc.delta.ID != "" {
-			o.calls++
+			co.calls++
 		}
 	}
 	if !o.p.stream {
 		for _, pc := range pieces {
 			if pc.reasoning != "" {
-				o.reasoning.WriteString(pc.reasoning)
+				co.reasoning.WriteString(pc.reasoning)
 				continue
 			}
-			o.deltas = append(o.deltas, pc.delta)
+			co.deltas = append(co.deltas, pc.delta)
 		}
 		if has {
-			o.lp = append(o.lp, lp.([]any)...)
+			co.lp = append(co.lp, lp.([]any)...)
 		}
 		return
 	}
@@ -464,11 +469,11 @@ func (o *response) addChat(pieces []outPiece, lp any, has bool) {
 		lpv = map[string]any{"content": lp}
 	}
 	if len(pieces) == 0 && has {
-		o.event(map[string]any{"content": ""}, lpv, nil)
+		o.event(i, map[string]any{"content": ""}, lpv, nil)
 		return
 	}
 	for _, pc := range pieces {
-		o.event(chatDelta(pc), lpv, nil)
+		o.event(i, chatDelta(pc), lpv, nil)
 		lpv = nil
 	}
 }
@@ -501,18 +506,18 @@ func finishReason(f *text.Final) (string, *apiError) {
 	return "", &apiError{status: 500, typ: "server_error", msg: "generation failed: " + f.Message}
 }
 
-// message is a whole chat response's message: content (null when the
-// turn is only tool calls), reasoning_content (with a reasoning parser:
-// null when there was none) and tool_calls.
-func (o *response) message() map[string]any {
-	content, calls := toolcall.Collect(o.deltas)
+// message is a whole chat response's message of a choice: content (null
+// when the turn is only tool calls), reasoning_content (with a reasoning
+// parser: null when there was none) and tool_calls.
+func (co *choiceOut) message() map[string]any {
+	content, calls := toolcall.Collect(co.deltas)
 	m := map[string]any{"role": "assistant", "content": content}
 	if content == "" && len(calls) > 0 {
 		m["content"] = nil
 	}
-	if o.parse.think != nil {
+	if co.parse.think != nil {
 		m["reasoning_content"] = nil
-		if r := o.reasoning.String(); r != "" {
+		if r := co.reasoning.String(); r != "" {
 			m["reasoning_content"] = r
 		}
 	}
@@ -526,20 +531,29 @@ func (o *response) message() map[string]any {
 	return m
 }
 
-// usage is OpenAI's usage object; a request the server speculated for
-// reports its drafts as OpenAI's predicted outputs do
-// (completion_tokens_details: accepted and rejected prediction tokens).
-func (o *response) usage(f *text.Final) map[string]any {
-	u := map[string]any{"prompt_tokens": f.PromptTokens, "completion_tokens": f.CompletionTokens, "total_tokens": f.PromptTokens + f.CompletionTokens}
-	if s := f.Spec; s.Steps > 0 {
-		u["completion_tokens_details"] = map[string]int{"accepted_prediction_tokens": s.Accepted, "rejected_prediction_tokens": s.Drafted - s.Accepted}
+// usage is OpenAI's usage object: the prompt once, the choices'
+// completions summed; a request the server speculated for reports its
+// drafts as OpenAI's predicted outputs do (completion_tokens_details:
+// accepted and rejected prediction tokens).
+func (o *response) usage() map[string]any {
+	prompt, completion, accepted, drafted, steps := 0, 0, 0, 0, 0
+	for _, co := range o.choices {
+		f := co.final
+		prompt = f.PromptTokens
+		completion += f.CompletionTokens
+		accepted, drafted, steps = accepted+f.Spec.Accepted, drafted+f.Spec.Drafted, steps+f.Spec.Steps
+	}
+	u := map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+	if steps > 0 {
+		u["completion_tokens_details"] = map[string]int{"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
 	}
 	return u
 }
 
-// event writes one SSE chunk: a chat delta or a completion's text.
-func (o *response) event(delta any, logprobs any, reason any) {
-	choice := map[string]any{"index": 0, "logprobs": logprobs, "finish_reason": reason}
+// event writes one SSE chunk of choice i: a chat delta or a completion's
+// text.
+func (o *response) event(i int, delta any, logprobs any, reason any) {
+	choice := map[string]any{"index": i, "logprobs": logprobs, "finish_reason": reason}
 	obj := "text_completion"
 	if o.chat {
 		choice["delta"] = delta
@@ -575,60 +589,84 @@ func (o *response) flush() {
 	}
 }
 
-func (o *response) finish(f *text.Final) {
-	reason, e := finishReason(f)
-	if o.chat && e == nil {
-		o.addChat(o.parse.feed("", true), nil, false) // what the parsers held
-		if o.calls > 0 && reason == "stop" {
+// finished takes choice i's final: what its parsers held is written (or
+// kept) and, in a stream, its finish event. It returns the failure a final
+// that is an error makes.
+func (o *response) finished(i int) *apiError {
+	co := o.choices[i]
+	reason, e := finishReason(co.final)
+	if e != nil {
+		return e
+	}
+	if o.chat {
+		o.addChat(i, co.parse.feed("", true), nil, false) // what the parsers held
+		if co.calls > 0 && reason == "stop" {
 			reason = "tool_calls"
 		}
 	}
+	co.reason = reason
+	if !o.p.stream {
+		return nil
+	}
+	if o.chat {
+		o.event(i, map[string]any{}, nil, reason)
+	} else {
+		o.event(i, "", nil, reason)
+	}
+	return nil
+}
+
+// finish ends the response once every choice has its final: the usage
+// and [DONE] of a stream, or the whole response.
+func (o *response) finish() {
 	if o.p.stream {
-		if e != nil {
-			o.sse(errorBody(e))
-		} else {
+		if o.p.includeUsage {
+			obj := "text_completion"
 			if o.chat {
-				o.event(map[string]any{}, nil, reason)
-			} else {
-				o.event("", nil, reason)
+				obj = "chat.completion.chunk"
 			}
-			if o.p.includeUsage {
-				obj := "text_completion"
-				if o.chat {
-					obj = "chat.completion.chunk"
+			o.sse(map[string]any{"id": o.id, "object": obj, "created": o.created, "model": o.s.o.Model, "choices": []any{}, "usage": o.usage()})
+		}
+		o.done()
+		return
+	}
+	choices := make([]any, len(o.choices))
+	for i, co := range o.choices {
+		if _, e := finishReason(co.final); e != nil {
+			o.s.fail(o.w, e)
+			return
+		}
+		choice := map[string]any{"index": i, "finish_reason": co.reason, "logprobs": nil}
+		if o.chat {
+			choice["message"] = co.message()
+			if o.p.logprobs {
+				content := co.lp
+				if content == nil {
+					content = []any{}
 				}
-				o.sse(map[string]any{"id": o.id, "object": obj, "created": o.created, "model": o.s.o.Model, "choices": []any{}, "usage": o.usage(f)})
+				choice["logprobs"] = map[string]any{"content": content}
+			}
+		} else {
+			choice["text"] = co.text.String()
+			if o.p.logprobs {
+				choice["logprobs"] = co.legacy
 			}
 		}
-		if o.err == nil {
-			if _, err := fmt.Fprint(o.w, "data: [DONE]\n\n"); err != nil {
-				o.err = err
-			}
-		}
-		o.flush()
-		return
+		choices[i] = choice
 	}
-	if e != nil {
-		o.s.fail(o.w, e)
-		return
-	}
-	choice := map[string]any{"index": 0, "finish_reason": reason, "logprobs": nil}
 	obj := "text_completion"
 	if o.chat {
 		obj = "chat.completion"
-		choice["message"] = o.message()
-		if o.p.logprobs {
-			content := o.lp
-			if content == nil {
-				content = []any{}
-			}
-			choice["logprobs"] = map[string]any{"content": content}
-		}
-	} else {
-		choice["text"] = o.text.String()
-		if o.p.logprobs {
-			choice["logprobs"] = o.legacy
+	}
+	writeJSON(o.w, 200, map[string]any{"id": o.id, "object": obj, "created": o.created, "model": o.s.o.Model, "choices": choices, "usage": o.usage()})
+}
+
+// done ends a stream: [DONE], flushed.
+func (o *response) done() {
+	if o.err == nil {
+		if _, err := fmt.Fprint(o.w, "data: [DONE]\n\n"); err != nil {
+			o.err = err
 		}
 	}
-	writeJSON(o.w, 200, map[string]any{"id": o.id, "object": obj, "created": o.created, "model": o.s.o.Model, "choices": []any{choice}, "usage": o.usage(f)})
+	o.flush()
 }

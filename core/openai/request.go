@@ -29,6 +29,10 @@ const DefaultMaxBodyBytes = 4 << 20
 // maxMessages bounds a chat conversation.
 const maxMessages = 4096
 
+// maxChoices bounds "n" before the runtime's own bound (runtime.max_choices
+// within max_running) is asked: OpenAI's own limit.
+const maxChoices = 128
+
 // apiError is an error a client caused (or a state it met): an HTTP status
 // and OpenAI's error object.
 type apiError struct {
@@ -285,8 +289,14 @@ type params struct {
 // the prompt ids; maxTok is max_tokens or max_completion_tokens.
 func (c *common) check(prompt []int32, maxTok *int64, maxTokField string, lim limits) (params, *apiError) {
 	var p params
-	if c.N != nil && *c.N != 1 {
-		return p, badField("n", "only n = 1 is supported, got %d", *c.N)
+	choices := 1
+	if c.N != nil {
+		// The bound (runtime.max_choices, max_running) is the runtime's:
+		// Submit names it. Here only what no configuration allows.
+		if *c.N < 1 || *c.N > maxChoices {
+			return p, badField("n", "must be in [1, %d], got %d", maxChoices, *c.N)
+		}
+		choices = int(*c.N)
 	}
 	if c.PresencePenalty != nil && *c.PresencePenalty != 0 {
 		return p, badField("presence_penalty", "not supported (only 0)")
@@ -344,7 +354,7 @@ func (c *common) check(prompt []int32, maxTok *int64, maxTokField string, lim li
 	if c.StreamOptions != nil && !c.Stream {
 		return p, badField("stream_options", "only allowed with stream: true")
 	}
-	p.req = sched.Request{Prompt: prompt, MaxTokens: n, Sampling: sp, IgnoreEOS: c.IgnoreEOS}
+	p.req = sched.Request{Prompt: prompt, MaxTokens: n, Sampling: sp, IgnoreEOS: c.IgnoreEOS, N: choices}
 	p.stops = c.Stop
 	p.stream = c.Stream
 	p.includeUsage = c.StreamOptions != nil && c.StreamOptions.IncludeUsage

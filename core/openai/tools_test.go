@@ -171,14 +171,20 @@ func scripted(t *testing.T, p params, chunks []string, reason sched.FinishReason
 	t.Helper()
 	rec := httptest.NewRecorder()
 	o := &response{s: &server{o: Options{Model: "m", Log: zerolog.Nop()}}, w: rec, lv: &Live{}, p: p, chat: true, id: "chatcmpl-x", created: 1}
-	o.parse = newChatOut(&o.p)
+	o.choices = []*choiceOut{{parse: newChatOut(&o.p)}}
 	if p.stream {
-		o.event(map[string]any{"role": "assistant", "content": ""}, nil, nil)
+		o.event(0, map[string]any{"role": "assistant", "content": ""}, nil, nil)
 	}
 	for _, c := range chunks {
-		o.add(&text.Chunk{Text: c})
+		o.add(0, &text.Chunk{Text: c})
 	}
-	o.finish(&text.Final{Final: &sched.Final{Reason: reason, PromptTokens: 3, CompletionTokens: 9}})
+	o.choices[0].final = &text.Final{Final: &sched.Final{Reason: reason, PromptTokens: 3, CompletionTokens: 9}}
+	if e := o.finished(0); e != nil && p.stream { // as read does
+		o.sse(errorBody(e))
+		o.done()
+	} else {
+		o.finish()
+	}
 	require.NoError(t, o.err)
 	return rec.Body.String()
 }

@@ -496,7 +496,7 @@ func (s *Server) load(ctx context.Context) error {
 	}
 	cfg := lm.Config
 	rc := s.cfg.Runtime
-	rcfg := sched.Config{MaxRunning: rc.MaxRunning, MaxQueue: rc.MaxQueue, MaxBatchTokens: rc.MaxBatchTokens, PrefillChunk: rc.PrefillChunk, ContextLimit: rc.ContextLimit}
+	rcfg := sched.Config{MaxRunning: rc.MaxRunning, MaxQueue: rc.MaxQueue, MaxBatchTokens: rc.MaxBatchTokens, PrefillChunk: rc.PrefillChunk, ContextLimit: rc.ContextLimit, MaxChoices: rc.MaxChoices}
 	eff, err := rcfg.WithDefaults(cfg, rc.Slots)
 	if err != nil {
 		return fail(fmt.Errorf("serve: %w", err))
