@@ -2,24 +2,14 @@ package openai
 
 import (
 	"context"
-	"sync"
 
 	"github.com/glmflash/glmflash/core/text"
 )
 
-// A request of n choices is read by one goroutine per choice (each a text
-// stream: its own decoding, stop strings and finish) sending into one
-// channel, which the handler alone reads and writes out: streamed chunks
-// carry their choice's index, in the order they come.
-
-// choiceMsg is what a choice's reader sends: a chunk, its final, or the
-// error that ended the read (the client went away).
-type choiceMsg struct {
-	i   int
-	c   *text.Chunk
-	f   *text.Final
-	err error
-}
+// A request of n choices is read by one text stream per choice (its own
+// decoding, stop strings and finish), merged (text.Merge): the handler
+// alone writes, streamed chunks carrying their choice's index in the
+// order they come.
 
 // read takes every choice's output until each has its final (streams
 // write as it comes). It returns false when the client went away (ctx
@@ -27,47 +17,20 @@ type choiceMsg struct {
 // writes the error and [DONE] at once (o.ended), a whole response fails
 // once every final is in. A failed write (o.err) stops it at once.
 func (o *response) read(ctx context.Context, streams []*text.Stream, abort func()) bool {
-	ctx, stop := context.WithCancel(ctx)
-	msgs := make(chan choiceMsg)
-	var wg sync.WaitGroup
-	defer func() {
-		stop() // readers blocked in Recv or in a send return
-		wg.Wait()
-	}()
-	for i, st := range streams {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				c, f, err := st.Recv(ctx)
-				select {
-				case msgs <- choiceMsg{i: i, c: c, f: f, err: err}:
-				case <-ctx.Done():
-					return
-				}
-				if err != nil || f != nil {
-					return
-				}
-			}
-		}()
-	}
-	left := len(streams)
-	for left > 0 {
-		var m choiceMsg
-		select {
-		case m = <-msgs:
-		case <-ctx.Done(): // a reader may see it before it sends its error
-			return false
-		}
+	m := text.Merge(ctx, streams)
+	defer m.Close()
+	for {
+		it, done, err := m.Next()
 		switch {
-		case m.err != nil:
+		case err != nil:
 			return false
-		case m.f == nil:
-			o.add(m.i, m.c)
+		case done:
+			return true
+		case it.Final == nil:
+			o.add(it.Choice, it.Chunk)
 		default:
-			left--
-			o.choices[m.i].final = m.f
-			if e := o.finished(m.i); e != nil {
+			o.choices[it.Choice].final = it.Final
+			if e := o.finished(it.Choice); e != nil {
 				abort()
 				if o.p.stream {
 					o.sse(errorBody(e))
@@ -81,5 +44,4 @@ func (o *response) read(ctx context.Context, streams []*text.Stream, abort func(
 			return true
 		}
 	}
-	return true
 }
