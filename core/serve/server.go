@@ -798,7 +798,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 	clientID := r.ID
 	r.ID = access.ScopedID(r.Owner, r.ID) // ids are per key: another key's same id is no collision
 	logging.AddFields(ctx, logging.Fields{"request_id", r.ID})
-	h, err := lv.rt.Submit(ctx, r)
+	g, err := lv.rt.SubmitGroup(ctx, r)
 	if err != nil {
 		return sv.refused(err)
 	}
@@ -809,38 +809,51 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 	defer stopSend()
 	// The text layer decodes the tokens (and matches stop strings; stop ids
 	// and EOS add no text); without a tokenizer its chunks carry ids only.
-	ts := text.NewStream(lv.text, h, req.GetStop(), lv.rt.EndIDs(r), func() { lv.rt.Abort(h.ID()) })
-	ts.StopsAfter(r.MinTokens)
-	if req.SkipSpecialTokens != nil && !req.GetSkipSpecialTokens() {
-		ts.KeepSpecial()
+	// Choices (n > 1) are read at once, each Token and Finish naming its
+	// choice.
+	var streams []*text.Stream
+	for _, h := range g.Choices() {
+		ts := text.NewStream(lv.text, h, req.GetStop(), lv.rt.EndIDs(r), func() { lv.rt.Abort(h.ID()) })
+		ts.StopsAfter(r.MinTokens)
+		if req.SkipSpecialTokens != nil && !req.GetSkipSpecialTokens() {
+			ts.KeepSpecial()
+		}
+		streams = append(streams, ts)
 	}
-	tail := ""
+	tails := make([]string, len(streams))
+	choices := text.Merge(ctx, streams)
+	defer choices.Close()
 	for {
-		c, tf, err := ts.Recv(ctx)
+		it, done, err := choices.Next()
 		if err != nil {
 			return status.FromContextError(err).Err()
 		}
-		if c != nil {
+		if done {
+			return nil
+		}
+		i := it.Choice
+		if c := it.Chunk; c != nil {
 			if len(c.Tokens) == 0 {
-				tail += c.Text // released at the end: goes with the finish
+				tails[i] += c.Text // released at the end: goes with the finish
 				continue
 			}
-			for i, t := range c.Tokens {
-				msg := &pb.Token{Id: t.ID, Logprob: t.Logprob, Index: uint32(t.Index)}
-				if i == len(c.Tokens)-1 {
+			for j, t := range c.Tokens {
+				msg := &pb.Token{Id: t.ID, Logprob: t.Logprob, Index: uint32(t.Index), Choice: uint32(i)}
+				if j == len(c.Tokens)-1 {
 					msg.Text = c.Text
 				}
 				for _, a := range t.Top {
 					msg.TopLogprobs = append(msg.TopLogprobs, &pb.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
 				}
 				if err := send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Token{Token: msg}}); err != nil {
-					lv.rt.Abort(h.ID()) // now, not when it would have finished
-					sv.s.log.Info().Str("request_id", h.ID()).Err(err).Msg("the client stopped reading: stream closed, request aborted")
+					lv.rt.Abort(g.ID()) // now, not when it would have finished
+					sv.s.log.Info().Str("request_id", g.ID()).Err(err).Msg("the client stopped reading: stream closed, request aborted")
 					return err
 				}
 			}
 			continue
 		}
+		tf := it.Final
 		f := tf.Final
 		var reason pb.FinishReason
 		switch f.Reason {
@@ -858,14 +871,19 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 		default:
 			reason = pb.FinishReason_FINISH_REASON_ERROR
 		}
-		return send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Finish{Finish: &pb.Finish{
-			RequestId: clientID, Reason: reason, Message: f.Message, Seed: f.Seed, Text: tail, Stop: tf.StopString,
+		err = send(&pb.GenerateResponse{Kind: &pb.GenerateResponse_Finish{Finish: &pb.Finish{
+			RequestId: clientID, Reason: reason, Message: f.Message, Seed: f.Seed, Text: tails[i], Stop: tf.StopString,
 			Usage: &pb.Usage{PromptTokens: u32(f.PromptTokens), CompletionTokens: u32(f.CompletionTokens)},
 			Timings: &pb.Timings{
 				Queue: durationpb.New(f.Queue), TimeToFirstToken: durationpb.New(f.TTFT), Total: durationpb.New(f.Total),
 			},
 			Speculative: specStats(f.Spec),
+			Choice:      uint32(i),
 		}}})
+		if err != nil {
+			lv.rt.Abort(g.ID())
+			return err
+		}
 	}
 }
 

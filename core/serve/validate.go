@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/text"
@@ -56,6 +57,11 @@ func checkEncoded(field string, ids []int32, vocab int) error {
 	}
 	return nil
 }
+
+// maxChoices bounds GenerateRequest.n before the runtime's own bound is
+// asked (so that no conversion overflows): config.MaxSlots, the most
+// runtime.max_choices may be.
+const maxChoices = config.MaxSlots
 
 func checkRequestID(id string) error {
 	if len(id) > maxRequestID {
@@ -129,9 +135,13 @@ func generateRequest(ctx context.Context, req *pb.GenerateRequest, lim limits) (
 	if uint64(minTok) > uint64(maxTok) {
 		return r, badField("sampling.min_tokens", "must be at most max_tokens (%d), got %d", maxTok, minTok)
 	}
+	n := req.GetN()
+	if n > maxChoices { // the configured bound (runtime.max_choices, max_running) is the runtime's: Submit names it
+		return r, badField("n", "must be at most %d, got %d", maxChoices, n)
+	}
 	return sched.Request{
 		ID: req.GetRequestId(), Prompt: p, Sampling: sp, StopIDs: req.GetStopIds(), IgnoreEOS: req.GetIgnoreEos(), NoSpeculation: req.GetDisableSpeculation(),
-		MaxTokens: maxTok, TopLogprobs: int(req.GetTopLogprobs()), Processing: proc, MinTokens: int(minTok),
+		MaxTokens: maxTok, TopLogprobs: int(req.GetTopLogprobs()), Processing: proc, MinTokens: int(minTok), N: int(n),
 	}, nil
 }
 

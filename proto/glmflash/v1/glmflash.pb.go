@@ -273,8 +273,17 @@ type GenerateRequest struct {
 	// tokenizer's added tokens marked special) unless this is false; absent
 	// means true, as in vLLM. Stop ids and the model's EOS never add text.
 	SkipSpecialTokens *bool `protobuf:"varint,12,opt,name=skip_special_tokens,json=skipSpecialTokens,proto3,oneof" json:"skip_special_tokens,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Choices to generate (0 or 1: one). With n > 1 the prompt is prefilled
+	// once and forked into a cache slot per choice: choice i samples with
+	// seed + i (sampling.seed, or the one the server draws) and ends on its
+	// own (stop ids, stop strings, max_tokens). The stream interleaves the
+	// choices' tokens, each Token and Finish naming its choice, and ends
+	// after every choice's Finish. Abort with request_id ends every choice.
+	// At most the server's runtime.max_choices and runtime.max_running;
+	// choices decode plainly (no speculation).
+	N             uint32 `protobuf:"varint,13,opt,name=n,proto3" json:"n,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -389,6 +398,13 @@ func (x *GenerateRequest) GetSkipSpecialTokens() bool {
 		return *x.SkipSpecialTokens
 	}
 	return false
+}
+
+func (x *GenerateRequest) GetN() uint32 {
+	if x != nil {
+		return x.N
+	}
+	return 0
 }
 
 // ChatMessage is one turn of a conversation.
@@ -544,7 +560,9 @@ type Token struct {
 	// is incomplete, several characters when one token completes them.
 	// Stop ids, the model's EOS and special tokens add no text. The texts
 	// of every token and Finish.text, concatenated, are the generated text.
-	Text          string `protobuf:"bytes,5,opt,name=text,proto3" json:"text,omitempty"`
+	Text string `protobuf:"bytes,5,opt,name=text,proto3" json:"text,omitempty"`
+	// The choice this token belongs to (0 … n − 1; 0 when n ≤ 1).
+	Choice        uint32 `protobuf:"varint,6,opt,name=choice,proto3" json:"choice,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -612,6 +630,13 @@ func (x *Token) GetText() string {
 		return x.Text
 	}
 	return ""
+}
+
+func (x *Token) GetChoice() uint32 {
+	if x != nil {
+		return x.Choice
+	}
+	return 0
 }
 
 type TokenLogprob struct {
@@ -798,7 +823,10 @@ type Finish struct {
 	// The stop string that ended generation (reason STOP), if one did.
 	Stop string `protobuf:"bytes,8,opt,name=stop,proto3" json:"stop,omitempty"`
 	// The request's speculative decoding, when the server speculated for it.
-	Speculative   *SpeculativeStats `protobuf:"bytes,9,opt,name=speculative,proto3" json:"speculative,omitempty"`
+	Speculative *SpeculativeStats `protobuf:"bytes,9,opt,name=speculative,proto3" json:"speculative,omitempty"`
+	// The choice this finish ends (0 … n − 1; 0 when n ≤ 1); usage counts
+	// that choice's tokens (prompt_tokens the whole prompt, for each).
+	Choice        uint32 `protobuf:"varint,10,opt,name=choice,proto3" json:"choice,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -894,6 +922,13 @@ func (x *Finish) GetSpeculative() *SpeculativeStats {
 		return x.Speculative
 	}
 	return nil
+}
+
+func (x *Finish) GetChoice() uint32 {
+	if x != nil {
+		return x.Choice
+	}
+	return 0
 }
 
 // SpeculativeStats count one request's speculative decoding.
@@ -1626,7 +1661,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\a\n" +
 	"\x05_seedB\x15\n" +
-	"\x13_repetition_penalty\"\xf8\x03\n" +
+	"\x13_repetition_penalty\"\x86\x04\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
@@ -1644,7 +1679,8 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x04stop\x18\n" +
 	" \x03(\tR\x04stop\x12/\n" +
 	"\x13disable_speculation\x18\v \x01(\bR\x12disableSpeculation\x123\n" +
-	"\x13skip_special_tokens\x18\f \x01(\bH\x01R\x11skipSpecialTokens\x88\x01\x01B\r\n" +
+	"\x13skip_special_tokens\x18\f \x01(\bH\x01R\x11skipSpecialTokens\x88\x01\x01\x12\f\n" +
+	"\x01n\x18\r \x01(\rR\x01nB\r\n" +
 	"\v_max_tokensB\x16\n" +
 	"\x14_skip_special_tokens\";\n" +
 	"\vChatMessage\x12\x12\n" +
@@ -1653,13 +1689,14 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x10GenerateResponse\x12*\n" +
 	"\x05token\x18\x01 \x01(\v2\x12.glmflash.v1.TokenH\x00R\x05token\x12-\n" +
 	"\x06finish\x18\x02 \x01(\v2\x13.glmflash.v1.FinishH\x00R\x06finishB\x06\n" +
-	"\x04kind\"\x99\x01\n" +
+	"\x04kind\"\xb1\x01\n" +
 	"\x05Token\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x05R\x02id\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\x12<\n" +
 	"\ftop_logprobs\x18\x03 \x03(\v2\x19.glmflash.v1.TokenLogprobR\vtopLogprobs\x12\x14\n" +
 	"\x05index\x18\x04 \x01(\rR\x05index\x12\x12\n" +
-	"\x04text\x18\x05 \x01(\tR\x04text\"8\n" +
+	"\x04text\x18\x05 \x01(\tR\x04text\x12\x16\n" +
+	"\x06choice\x18\x06 \x01(\rR\x06choice\"8\n" +
 	"\fTokenLogprob\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x05R\x02id\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\"Y\n" +
@@ -1669,7 +1706,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\aTimings\x12/\n" +
 	"\x05queue\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05queue\x12H\n" +
 	"\x13time_to_first_token\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x10timeToFirstToken\x12/\n" +
-	"\x05total\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05total\"\xcb\x02\n" +
+	"\x05total\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05total\"\xe3\x02\n" +
 	"\x06Finish\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x121\n" +
@@ -1680,7 +1717,9 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x04seed\x18\x06 \x01(\x04R\x04seed\x12\x12\n" +
 	"\x04text\x18\a \x01(\tR\x04text\x12\x12\n" +
 	"\x04stop\x18\b \x01(\tR\x04stop\x12?\n" +
-	"\vspeculative\x18\t \x01(\v2\x1d.glmflash.v1.SpeculativeStatsR\vspeculative\"\xae\x01\n" +
+	"\vspeculative\x18\t \x01(\v2\x1d.glmflash.v1.SpeculativeStatsR\vspeculative\x12\x16\n" +
+	"\x06choice\x18\n" +
+	" \x01(\rR\x06choice\"\xae\x01\n" +
 	"\x10SpeculativeStats\x12!\n" +
 	"\fverify_steps\x18\x01 \x01(\rR\vverifySteps\x12!\n" +
 	"\fdraft_tokens\x18\x02 \x01(\rR\vdraftTokens\x12'\n" +
