@@ -17,8 +17,8 @@ const DefaultMaxChoices = 16
 // choice and delivers nothing), then forked (Store.Copy) into one slot per
 // choice; each choice runs the prompt's last token itself, so that its
 // first token is drawn by its own sampler (seed + i) as an n = 1 request's
-// would be, and goes on as an ordinary request with its own outbox, limits
-// and finish. The group is admitted when a slot is free for each of its
+// would be, and goes on as an ordinary request with its own outbox, logits
+// processing state (penalties over its own output), limits and finish. The group is admitted when a slot is free for each of its
 // choices (the carrier's slot becomes the first choice's; the others are
 // held, not running, until the fork), so a fork never waits for slots.
 // Until the fork, a choice that ends (its own Abort, its submitter's
@@ -108,7 +108,7 @@ func (rt *Scheduler) SubmitGroup(ctx context.Context, req Request) (*Group, erro
 		c := req
 		c.ID, c.N, c.NoSpeculation = ChoiceID(req.ID, i), 1, true
 		c.Sampling.Seed = req.Sampling.Seed + uint64(i)
-		r := &request{Request: c, sampler: sample.New(c.Sampling), slot: -1, arrived: now, notify: make(chan struct{}, 1), grp: g, choice: i}
+		r := &request{Request: c, sampler: sample.New(c.Sampling), proc: newProcs(&c, rt.endIDsIn(&c)), slot: -1, arrived: now, notify: make(chan struct{}, 1), grp: g, choice: i}
 		g.choices = append(g.choices, r)
 		out.choices = append(out.choices, &Handle{r: r})
 	}

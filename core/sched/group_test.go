@@ -11,6 +11,7 @@ import (
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/sample"
+	"github.com/glmflash/glmflash/core/speculative"
 	"github.com/stretchr/testify/require"
 )
 
@@ -424,4 +425,68 @@ func fmtIDs(ids []int32) []byte {
 		b = append(b, byte(id), byte(id>>8), byte(id>>16))
 	}
 	return b
+}
+
+// With speculative decoding on, a group's choices decode plainly beside a
+// speculating request (the drafter knows no forks): every greedy choice
+// gives the plain tokens, the speculating request its own and its drafts.
+func TestGroupBesideSpeculation(t *testing.T) {
+	V := 256
+	base := []Request{
+		{Prompt: prompt(9, 1, V), MaxTokens: 12, Sampling: sample.Greedy(), IgnoreEOS: true},
+		{Prompt: prompt(13, 2, V), MaxTokens: 10, Sampling: sample.Greedy(), IgnoreEOS: true},
+	}
+	truth := truthOf(t, base)
+	e := specEngine(t, 4, 6)
+	d, err := speculative.NewScripted("oracle", 5, speculative.Oracle(truth, nil, V))
+	require.NoError(t, err)
+	rt, err := New(e, Config{PrefillChunk: 4}, Options{Drafter: d})
+	require.NoError(t, err)
+	defer rt.Close()
+	ctx := context.Background()
+	h, err := rt.Submit(ctx, base[0])
+	require.NoError(t, err)
+	gr := base[1]
+	gr.N = 3
+	g, err := rt.SubmitGroup(ctx, gr)
+	require.NoError(t, err)
+	toks, f, err := h.Wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, truth(base[0].Prompt), ids(toks))
+	require.Positive(t, f.Spec.Steps, "the plain request speculated")
+	for i, c := range g.Choices() {
+		toks, f, err := c.Wait(ctx)
+		require.NoError(t, err)
+		require.Equal(t, truth(base[1].Prompt), ids(toks), "choice %d", i)
+		require.Zero(t, f.Spec.Steps, "choice %d decodes plainly", i)
+	}
+	require.Eventually(t, func() bool { return e.Store().InUse() == 0 }, 5*time.Second, time.Millisecond)
+}
+
+// Each choice keeps its own logits processing: with a repetition penalty
+// of 100 under greedy decoding no choice repeats a token, and every choice
+// equals the n = 1 processed request (its penalties counted over its own
+// output only).
+func TestGroupChoicesProcessTheirOwnOutput(t *testing.T) {
+	e := openEngine(t, 4)
+	rt := newRuntime(t, e, Config{})
+	ctx := context.Background()
+	req := Request{Prompt: prompt(7, 4, e.Config().VocabSize), MaxTokens: 10, Sampling: sample.Greedy(), IgnoreEOS: true,
+		Processing: sample.Processing{RepetitionPenalty: 100}}
+	h, err := rt.Submit(ctx, req)
+	require.NoError(t, err)
+	ts, _, err := h.Wait(ctx)
+	require.NoError(t, err)
+	want := ids(ts)
+	req.N = 3
+	g, err := rt.SubmitGroup(ctx, req)
+	require.NoError(t, err)
+	for i, got := range waitAll(t, g) {
+		require.Equal(t, want, got, "choice %d", i)
+		seen := map[int32]bool{}
+		for _, tk := range got {
+			require.False(t, seen[tk], "choice %d repeats %d", i, tk)
+			seen[tk] = true
+		}
+	}
 }
