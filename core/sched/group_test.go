@@ -153,6 +153,8 @@ func TestGroupAbortBeforeFork(t *testing.T) {
 	require.Equal(t, 2, m.st.InUse(), "the carrier's slot is the prefill's until it stops")
 	require.NoError(t, rt.Abort(ChoiceID("h", 1)))
 	require.Equal(t, 1, m.st.InUse(), "the held slot is back; the carrier's at the next boundary")
+	require.Equal(t, FinishAbort, cs[0].final.Reason)
+	require.Equal(t, FinishAbort, cs[1].final.Reason)
 	reap(rt)
 	require.Equal(t, 0, m.st.InUse())
 	require.Empty(t, rt.running)
