@@ -23,12 +23,13 @@ func TestChoicesGreedy(t *testing.T) {
 	one, err := s.cli.Chat.Completions.New(ctx, chatParams("Hello there", 12))
 	require.NoError(t, err)
 	p := chatParams("Hello there", 12)
-	p.N = openai.Int(4)
+	p.N, p.Logprobs = openai.Int(4), openai.Bool(true)
 	res, err := s.cli.Chat.Completions.New(ctx, p)
 	require.NoError(t, err)
 	require.Len(t, res.Choices, 4)
 	for i, c := range res.Choices {
 		require.Equal(t, int64(i), c.Index)
+		require.Len(t, c.Logprobs.Content, int(one.Usage.CompletionTokens), "choice %d: its own logprobs", i)
 		require.Equal(t, one.Choices[0].Message.Content, c.Message.Content, "choice %d", i)
 		require.Equal(t, one.Choices[0].FinishReason, c.FinishReason)
 	}

@@ -19,7 +19,7 @@ func FuzzRequest(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stop":["\n"],"stream":true,"stream_options":{"include_usage":true}}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"logprobs":true,"top_logprobs":3,"seed":-1}`,
 		`{"model":"m","prompt":"hello","max_tokens":3,"logprobs":2,"temperature":0.5,"top_p":0.9}`,
-		`{"prompt":[1,2,3],"n":1}`, `{"prompt":[[1,2]]}`, `{"prompt":["a","b"]}`, `{"prompt":null}`,
+		`{"prompt":[1,2,3],"n":1}`, `{"prompt":[1,2,3],"n":3}`, `{"prompt":[1],"n":0}`, `{"messages":[{"role":"user","content":"x"}],"n":129}`, `{"prompt":[[1,2]]}`, `{"prompt":["a","b"]}`, `{"prompt":null}`,
 		`{"messages":[{"role":"assistant","content":null}]}`, `[]`, `{`, `{"max_tokens":1e400}`,
 	} {
 		f.Add(s)
@@ -56,6 +56,7 @@ func FuzzRequest(f *testing.F) {
 		require.GreaterOrEqual(t, r.MaxTokens, 1)
 		require.LessOrEqual(t, len(r.Prompt)+r.MaxTokens, lim.context)
 		require.NoError(t, r.Sampling.Validate())
+		require.True(t, r.N >= 1 && r.N <= maxChoices, "n = %d", r.N)
 		for _, id := range r.Prompt {
 			require.True(t, id >= 0 && int(id) < lim.vocab)
 		}
