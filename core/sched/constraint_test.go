@@ -124,4 +124,3 @@ func TestConstraintValidation(t *testing.T) {
 	require.ErrorAs(t, err, &inv)
 	require.Equal(t, "constraint", inv.Field)
 }
-
