@@ -39,7 +39,9 @@ func (k Kind) String() string {
 // Spec says what an output must be.
 //
 // JSON (JSONSchema, JSONObject, and a tool call's non-string arguments) is
-// compact: no whitespace outside strings. The JSON Schema subset: type
+// compact: no whitespace outside strings; numbers have integer parts of
+// at most 15 digits, fractions of at most 15 and exponents of at most 2
+// (every integer exact in a double). The JSON Schema subset: type
 // (string, number, integer, boolean, null, object, array, or an array of
 // them), properties (written in schema order; the required ones always,
 // the others optionally), required, additionalProperties (false or true:

@@ -122,8 +122,22 @@ func (m *Matcher) Allow(remaining int) []uint32 {
 		return mask
 	}
 	mask, _ := g.walk(s, limit)
+	if empty(mask) {
+		// Only where the state accepts already, without an EOS to end it
+		// and no one token to accept again: any continuation.
+		mask = e.mask
+	}
 	g.keep(func() { g.budget[k] = mask }, len(mask))
 	return mask
+}
+
+func empty(mask []uint32) bool {
+	for _, w := range mask {
+		if w != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // keep stores a mask of n words through put, dropping the caches first
@@ -186,8 +200,9 @@ func (g *Grammar) walk(s int32, limit int32) (mask []uint32, maxAfter int32) {
 
 // Accept advances past tok, which the last mask allowed; done says the
 // output is complete: the grammar accepts and nothing may follow (or the
-// last Allow's budget leaves no token after this one), or tok is an
-// end-of-sequence id the grammar accepted.
+// last Allow's budget leaves no token after this one, or the vocabulary
+// has no end-of-sequence id to end it later), or tok is an end-of-sequence
+// id the grammar accepted.
 func (m *Matcher) Accept(tok int32) (done bool, err error) {
 	g := m.g
 	g.mu.Lock()
@@ -219,7 +234,7 @@ func (m *Matcher) Accept(tok int32) (done bool, err error) {
 	}
 	ds := g.d.states[s]
 	m.state, m.set = s, ds.set
-	m.done = ds.final || (ds.accept && m.left == 1)
+	m.done = ds.final || (ds.accept && (m.left == 1 || len(g.v.eos) == 0))
 	return m.done, nil
 }
 

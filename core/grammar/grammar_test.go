@@ -466,10 +466,27 @@ func TestVocabRefusals(t *testing.T) {
 		t.Fatalf("a vocabulary without byte 0x07: %v", err)
 	}
 	f = newFakeTokens()
-	if _, err := NewVocab(f, len(f.toks), nil); err == nil {
-		t.Fatal("a vocabulary without EOS accepted")
-	}
 	if _, err := NewVocab(f, 10, []int32{fakeEOS}); err == nil {
 		t.Fatal("a model vocabulary smaller than the tokenizer's accepted")
+	}
+}
+
+// Without an EOS id the output ends where the grammar first accepts.
+func TestNoEOSEndsAtAcceptance(t *testing.T) {
+	f := newFakeTokens()
+	v, err := NewVocab(f, len(f.toks), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := compile(t, v, Spec{Kind: JSONObject})
+	m := g.Matcher()
+	for i, p := range []string{`{"`, "a", `":`, "12", "}"} {
+		if sample.Allowed(m.Allow(50), fakeEOS) {
+			t.Fatal("the EOS of the tokenizer is allowed though the model has none")
+		}
+		done, err := m.Accept(tokenOf(t, p))
+		if err != nil || done != (i == 4) {
+			t.Fatalf("after %q: done %v, err %v", p, done, err)
+		}
 	}
 }

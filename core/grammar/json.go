@@ -42,8 +42,11 @@ var formats = map[string]string{
 
 // The pieces of JSON text (compact: no whitespace anywhere).
 const (
-	numberRe  = `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[1-9][0-9]?)?` // exponents of two digits: every number is a finite double
-	integerRe = `-?(0|[1-9][0-9]*)`
+	// Integer parts of at most 15 digits (exact in a double: JavaScript's
+	// Number, Go's float64), fractions of at most 15, exponents of two
+	// digits: every number is a finite double, every integer exact.
+	numberRe  = `-?(0|[1-9][0-9]{0,14})(\.[0-9]{1,15})?([eE][+-]?[1-9][0-9]?)?`
+	integerRe = `-?(0|[1-9][0-9]{0,14})`
 )
 
 // jsonChar is one character of a JSON string's text: an unescaped rune, a

@@ -40,13 +40,11 @@ type trieKid struct {
 // NewVocab builds the vocabulary of a model whose logits have size rows
 // from its tokenizer and end-of-sequence ids. It refuses a vocabulary
 // without a token for each single byte (byte-level BPE has them all: the
-// budget relies on them) or without an end-of-sequence id.
+// budget relies on them). Without an end-of-sequence id (a test fixture),
+// an output ends as soon as its grammar accepts.
 func NewVocab(t Tokens, size int, eos []int32) (*Vocab, error) {
 	if size < t.VocabSize() {
 		return nil, fmt.Errorf("grammar: the model's vocabulary (%d) is smaller than the tokenizer's (%d)", size, t.VocabSize())
-	}
-	if len(eos) == 0 {
-		return nil, fmt.Errorf("grammar: the model has no end-of-sequence id")
 	}
 	v := &Vocab{size: size, bytes: make([][]byte, size)}
 	for _, e := range eos {

@@ -62,6 +62,9 @@ type common struct {
 	// IgnoreEOS goes on past the model's end-of-sequence ids (vLLM's extra
 	// field); by default they end generation with finish_reason "stop".
 	IgnoreEOS bool `json:"ignore_eos"`
+	// The structured output constraint (response_format, vLLM's guided_*
+	// and structured_outputs).
+	structured
 }
 
 type streamOptions struct {
@@ -462,7 +465,7 @@ func chatMessages(ms []chatMessage) ([]chat.Message, *apiError) {
 }
 
 // checkCompletion validates a completion request completely.
-func checkCompletion(ctx context.Context, req *completionRequest, tm *text.Model, lim limits) (params, *apiError) {
+func checkCompletion(ctx context.Context, req *completionRequest, tm *text.Model, lim limits, lv *Live) (params, *apiError) {
 	if req.Echo {
 		return params{}, badField("echo", "not supported")
 	}
@@ -481,11 +484,14 @@ func checkCompletion(ctx context.Context, req *completionRequest, tm *text.Model
 		p.logprobs, p.topLogprobs = true, int(*req.Logprobs)
 		p.req.TopLogprobs = p.topLogprobs
 	}
+	if e := req.constrain(&p, lv, "max_tokens", ""); e != nil {
+		return p, e
+	}
 	return p, nil
 }
 
 // checkChat validates a chat request completely and renders its prompt.
-func checkChat(ctx context.Context, req *chatRequest, tm *text.Model, lim limits) (params, *apiError) {
+func checkChat(ctx context.Context, req *chatRequest, tm *text.Model, lim limits, lv *Live) (params, *apiError) {
 	msgs, e := chatMessages(req.Messages)
 	if e != nil {
 		return params{}, e
@@ -542,7 +548,21 @@ func checkChat(ctx context.Context, req *chatRequest, tm *text.Model, lim limits
 			return p, e
 		}
 	}
+	if e := req.constrain(&p, lv, field, reasoningOpen(prompt, lv)); e != nil {
+		return p, e
+	}
 	return p, nil
+}
+
+// reasoningOpen is where a chat reply's reasoning ends when the reply may
+// reason before its structured output (Live.ReasoningEnd set and the
+// prompt not already past it, as a template with thinking off leaves it:
+// "<think></think>"), else "".
+func reasoningOpen(prompt string, lv *Live) string {
+	if lv == nil || lv.ReasoningEnd == "" || strings.HasSuffix(strings.TrimRight(prompt, " \n"), lv.ReasoningEnd) {
+		return ""
+	}
+	return lv.ReasoningEnd
 }
 
 // finite reports whether v is a usable number (for logprobs in JSON).

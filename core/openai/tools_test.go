@@ -43,7 +43,7 @@ func checkBody(t *testing.T, tm *text.Model, body string) (params, *apiError) {
 	if e := decode(strings.NewReader(body), &req, 1<<20); e != nil {
 		return params{}, e
 	}
-	return checkChat(context.Background(), &req, tm, presetLimits)
+	return checkChat(context.Background(), &req, tm, presetLimits, nil)
 }
 
 // The tool-calling request fields are refused with the field named.
