@@ -600,6 +600,7 @@ func (s *Server) load(ctx context.Context) error {
 	if lv.grammar, lv.grammarErr = grammarOf(cfg, lm.Text); lv.grammarErr != nil && lm.Text != nil {
 		s.log.Warn().Err(lv.grammarErr).Msg("structured output is off")
 	}
+	lv.lim.grammar, lv.lim.grammarErr = lv.grammar, lv.grammarErr
 	s.live.Store(lv)
 	s.log.Info().Str("took", time.Since(t0).Round(time.Millisecond).String()).Str("source", lm.Source).Msg("model loaded")
 	return nil
