@@ -28,11 +28,13 @@ type dstate struct {
 // dfa determinizes an NFA lazily. It is not safe for concurrent use (the
 // Grammar that owns it locks).
 type dfa struct {
-	n      *nfa
-	dist   []int32 // per NFA state
-	states []*dstate
-	index  map[string]int32
-	start  int32
+	n         *nfa
+	dist      []int32 // per NFA state
+	maxStates int     // MaxDFAStates (tests lower it)
+	states    []*dstate
+	index     map[string]int32
+	start     int32
+	startSet  []int32
 
 	// scratch
 	mark  []uint32
@@ -41,15 +43,18 @@ type dfa struct {
 }
 
 func newDFA(n *nfa, start int32) *dfa {
-	d := &dfa{n: n, dist: n.distances(), mark: make([]uint32, len(n.states))}
-	d.reset()
-	d.start = d.intern(d.closure([]int32{start}))
+	d := &dfa{n: n, dist: n.distances(), mark: make([]uint32, len(n.states)), maxStates: MaxDFAStates}
+	d.index = map[string]int32{}
+	d.startSet = d.closure([]int32{start})
+	d.start = d.intern(d.startSet)
 	return d
 }
 
+// reset drops every state but the start (interned again first).
 func (d *dfa) reset() {
 	d.states = d.states[:0]
 	d.index = map[string]int32{}
+	d.start = d.intern(d.startSet)
 }
 
 // closure is the epsilon closure of seeds, sorted, without the states that
@@ -137,4 +142,4 @@ func (d *dfa) next(s int32, b byte) int32 {
 }
 
 // full reports whether the state cache is at its bound.
-func (d *dfa) full() bool { return len(d.states) >= MaxDFAStates }
+func (d *dfa) full() bool { return len(d.states) >= d.maxStates }

@@ -19,12 +19,13 @@ type Grammar struct {
 	v   *Vocab
 	min int // shortest accepted text, in bytes (≥ the tokens it needs)
 
-	mu        sync.Mutex
-	d         *dfa
-	gen       uint64 // bumped when the DFA's cache is dropped
-	masks     map[int32]*maskEntry
-	budget    map[[2]int32][]uint32 // (state, limit) → mask
-	maskBytes int
+	mu           sync.Mutex
+	d            *dfa
+	gen          uint64 // bumped when the DFA's cache is dropped
+	masks        map[int32]*maskEntry
+	budget       map[[2]int32][]uint32 // (state, limit) → mask
+	maskBytes    int
+	maxMaskBytes int // MaxMaskBytes (tests lower it)
 
 	// statistics (under mu)
 	walks int
@@ -44,7 +45,7 @@ func newGrammar(n *nfa, start int32, v *Vocab) (*Grammar, error) {
 	if d.start == dead {
 		return nil, errNoMatch
 	}
-	g := &Grammar{v: v, d: d, masks: map[int32]*maskEntry{}, budget: map[[2]int32][]uint32{}}
+	g := &Grammar{v: v, d: d, masks: map[int32]*maskEntry{}, budget: map[[2]int32][]uint32{}, maxMaskBytes: MaxMaskBytes}
 	g.min = int(d.states[d.start].dist)
 	return g, nil
 }
@@ -143,7 +144,7 @@ func empty(mask []uint32) bool {
 // keep stores a mask of n words through put, dropping the caches first
 // when they would exceed MaxMaskBytes.
 func (g *Grammar) keep(put func(), n int) {
-	if g.maskBytes+4*n > MaxMaskBytes {
+	if g.maskBytes+4*n > g.maxMaskBytes {
 		g.masks, g.budget, g.maskBytes = map[int32]*maskEntry{}, map[[2]int32][]uint32{}, 0
 	}
 	g.maskBytes += 4 * n

@@ -490,3 +490,68 @@ func TestNoEOSEndsAtAcceptance(t *testing.T) {
 		}
 	}
 }
+
+// With the state and mask caches bounded small, they are dropped and
+// rebuilt as outputs go on: outputs stay valid and memory bounded.
+func TestCachesDroppedAtTheirBounds(t *testing.T) {
+	v := fakeVocab(t)
+	r := rand.New(rand.NewPCG(15, 16))
+	text := schemas[8]
+	nf, start, err := build(Spec{Kind: JSONSchema, Text: text})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := newGrammar(nf, start, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.d.maxStates = 8
+	g.maxMaskBytes = 3 * 4 * len(g.Matcher().Allow(1000))
+	sch := validator(t, text)
+	for range 50 {
+		out, _ := walk(t, g, r, g.MinTokens()+r.IntN(40), 0.5)
+		checkValid(t, sch, text, out)
+		g.mu.Lock()
+		states, bytes := len(g.d.states), g.maskBytes
+		g.mu.Unlock()
+		if bytes > g.maxMaskBytes {
+			t.Fatalf("%d mask bytes cached, bound %d", bytes, g.maxMaskBytes)
+		}
+		if states > 8+200 { // a walk may overshoot by the states it visits
+			t.Fatalf("%d DFA states kept, bound 8", states)
+		}
+	}
+	if g.gen == 0 {
+		t.Fatal("the DFA's cache was never dropped")
+	}
+}
+
+// Requests share a grammar from many goroutines (the compiler's cache):
+// run under -race.
+func TestGrammarSharedConcurrently(t *testing.T) {
+	v := fakeVocab(t)
+	c := NewCompiler(v)
+	text := schemas[0]
+	sch := validator(t, text)
+	done := make(chan []byte, 8)
+	for i := range 8 {
+		go func() {
+			g, err := c.Compile(Spec{Kind: JSONSchema, Text: text})
+			if err != nil {
+				t.Error(err)
+				done <- nil
+				return
+			}
+			r := rand.New(rand.NewPCG(uint64(i), 17))
+			out, _ := walk(t, g, r, g.MinTokens()+30, 0.5)
+			done <- out
+		}()
+	}
+	for range 8 {
+		out := <-done
+		checkValid(t, sch, text, out)
+	}
+	if c.Cached() != 1 {
+		t.Fatalf("%d grammars cached for one spec", c.Cached())
+	}
+}

@@ -28,8 +28,11 @@ var pieces = []string{`{"`, `":`, `","`, `",`, `"}`, `}`, `},{`, `[`, `]`, `true
 	`</arg_key>`, `<arg_value>`, `</arg_value>`, "\n", "\n<", `é`, "\xc3", "\xa9", `日本`, `\n`, `\"`, `\u00e9`, `2024-`, `-01`, `T12:`, `Z`,
 	`@`, `.com`, `ab`, `cd`, `ef`, `0123`, `4567`, `89ab`, `-`, `get_weather`, `Beijing`}
 
-// EOS and special ids of the fake vocabulary.
-var fakeEOS, fakeSpecial int32
+// EOS and special ids of the fake vocabulary (after the bytes and pieces).
+var (
+	fakeEOS     = int32(256 + len(pieces))
+	fakeSpecial = fakeEOS + 1
+)
 
 func newFakeTokens() *fakeTokens {
 	f := &fakeTokens{special: map[int32]bool{}}
@@ -39,10 +42,8 @@ func newFakeTokens() *fakeTokens {
 	for _, p := range pieces {
 		f.toks = append(f.toks, []byte(p))
 	}
-	fakeEOS = int32(len(f.toks))
 	f.toks = append(f.toks, []byte("<|endoftext|>"))
 	f.special[fakeEOS] = true
-	fakeSpecial = int32(len(f.toks))
 	f.toks = append(f.toks, []byte("<|user|>"))
 	f.special[fakeSpecial] = true
 	return f

@@ -16,11 +16,12 @@ package grammar
 import (
 	"errors"
 	"fmt"
+	"regexp/syntax"
 )
 
 // MaxNFAStates bounds one grammar's automaton (a schema or regex that
 // needs more is refused as too large).
-const MaxNFAStates = 1 << 20
+const MaxNFAStates = 1 << 18
 
 // errTooLarge is what a builder that hits MaxNFAStates reports.
 var errTooLarge = fmt.Errorf("the grammar needs more than %d automaton states", MaxNFAStates)
@@ -41,7 +42,8 @@ type nstate struct {
 // nfa is a byte-level NFA under construction; state 0 accepts.
 type nfa struct {
 	states []nstate
-	err    error // sticky: the first failure
+	err    error                     // sticky: the first failure
+	parsed map[string]*syntax.Regexp // regex → its simplified parse
 }
 
 func newNFA() *nfa {
@@ -135,6 +137,16 @@ func (n *nfa) repeat(piece func(next int32) int32, min, max int, next int32) int
 func (n *nfa) sep(piece func(next int32) int32, s string, min, max int, next int32) int32 {
 	if max == 0 {
 		return next
+	}
+	if max < 0 && min <= 1 {
+		// One copy of piece: after it, the separator loops back to it.
+		after := n.add(nstate{})
+		body := piece(after)
+		n.states[after].eps = []int32{n.lit(s, body), next}
+		if min == 0 {
+			return n.eps(body, next)
+		}
+		return body
 	}
 	more := func(next int32) int32 { return n.lit(s, piece(next)) }
 	first := min

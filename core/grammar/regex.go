@@ -24,12 +24,20 @@ func (n *nfa) regex(expr string, filter runeFilter, next int32) int32 {
 		n.fail(fmt.Errorf("the regular expression is %d bytes, at most %d", len(expr), MaxRegexBytes))
 		return next
 	}
-	re, err := syntax.Parse(expr, syntax.Perl)
-	if err != nil {
-		n.fail(fmt.Errorf("invalid regular expression: %v", err))
-		return next
+	re, ok := n.parsed[expr]
+	if !ok {
+		p, err := syntax.Parse(expr, syntax.Perl)
+		if err != nil {
+			n.fail(fmt.Errorf("invalid regular expression: %v", err))
+			return next
+		}
+		re = anchorsOff(p.Simplify())
+		if n.parsed == nil {
+			n.parsed = map[string]*syntax.Regexp{}
+		}
+		n.parsed[expr] = re
 	}
-	return n.re(anchorsOff(re.Simplify()), filter, next)
+	return n.re(re, filter, next)
 }
 
 // anchorsOff drops ^ at the start and $ at the end of the whole
