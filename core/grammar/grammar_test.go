@@ -417,7 +417,7 @@ func TestToolCalls(t *testing.T) {
 				if string(out[pos:c[0]]) != "\n" {
 					t.Fatalf("calls not separated by a newline in %q", out)
 				}
-			} else if c[0] != 0 {
+			} else if c[0] != 0 && string(out[:c[0]]) != "\n" {
 				t.Fatalf("text before the first call in %q", out)
 			}
 			pos = c[1]

@@ -23,7 +23,9 @@ import (
 // (the required ones always, the others optionally); a string value is
 // raw text without '<' (an enum's strings raw), any other value compact
 // JSON constrained by the property's schema. With Parallel, one or more
-// calls follow one another, each after a newline; else exactly one.
+// calls follow one another, each after a newline (the first one may have
+// one too, as the released GLM-4.5 template renders every call after
+// one); else exactly one.
 type ToolCallSpec struct {
 	Tools    []ToolSpec `json:"tools"`
 	Parallel bool       `json:"parallel"`
@@ -73,10 +75,13 @@ func (n *nfa) toolCalls(tc ToolCallSpec, next int32) int32 {
 		}
 		return n.alt(next, ps...)
 	}
+	// The released template renders each call after a newline
+	// ('\n<tool_call>' + name): the first one may have it too.
+	first := func(body int32) int32 { return n.eps(body, n.lit("\n", body)) }
 	if tc.Parallel {
-		return n.sep(call, "\n", 1, -1, next)
+		return first(n.sep(call, "\n", 1, -1, next))
 	}
-	return call(next)
+	return first(call(next))
 }
 
 func (n *nfa) toolArgs(t ToolSpec, path string, next int32) int32 {
