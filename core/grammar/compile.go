@@ -52,9 +52,9 @@ func (k Kind) String() string {
 // it cannot produce '"', '\\' or control characters), format (date, time,
 // date-time, uuid, email: a regex of a subset of each), and the
 // annotations (title, description, default, examples, …). Any other
-// keyword is refused by name. An object without properties and a schema
-// without a type are any JSON value of their kind, nesting up to
-// ObjectDepth.
+// keyword is refused by name. An object without properties is any JSON
+// object ({} with additionalProperties false), a schema without a type any
+// JSON value, nesting up to ObjectDepth.
 type Spec struct {
 	Kind Kind
 	Text string

@@ -429,10 +429,13 @@ func quote(s string) string {
 }
 
 func (c *schemaCompiler) object(s map[string]json.RawMessage, path string, next int32) int32 {
+	closed := false
 	if ap, ok := s["additionalProperties"]; ok {
-		if t := string(bytes.TrimSpace(ap)); t != "false" && t != "true" {
+		t := string(bytes.TrimSpace(ap))
+		if t != "false" && t != "true" {
 			return c.fail(path+".additionalProperties", "only false or true is supported (the output holds the declared properties only)")
 		}
+		closed = t == "false"
 	}
 	var required []string
 	if r, ok := s["required"]; ok {
@@ -444,6 +447,9 @@ func (c *schemaCompiler) object(s map[string]json.RawMessage, path string, next 
 	if !ok {
 		if len(required) > 0 {
 			return c.fail(path+".required", "names %q, which properties does not declare", required[0])
+		}
+		if closed {
+			return c.n.lit("{}", next) // no property allowed
 		}
 		return c.n.jsonObject(ObjectDepth, next)
 	}
