@@ -112,6 +112,8 @@ var schemas = []string{
 	`{"type":"array","items":{"enum":["x","y",3,null,{"k":[1,2]}]},"minItems":2}`,
 	`{"anyOf":[{"type":"string","minLength":2,"maxLength":4},{"type":"integer"}]}`,
 	`{"oneOf":[{"type":"string"},{"type":"boolean"}]}`,
+	`{"oneOf":[{"type":"object","properties":{"k":{"const":"a"}}},{"type":"array","items":{"type":"integer"}},{"enum":["x","y"]},{"const":"z"},{"type":"null"}]}`,
+	`{"type":["string","integer"],"enum":["a",1,1.5,null]}`, `{"type":"string","const":"fixed"}`,
 	`{"type":["string","null"]}`,
 	`{"const":{"a":1,"b":[true]}}`,
 	`{"$defs":{"pt":{"type":"object","properties":{"x":{"type":"number"},"y":{"type":"number"}},"required":["x","y"]}},"type":"object","properties":{"from":{"$ref":"#/$defs/pt"},"to":{"$ref":"#/$defs/pt"}},"required":["from"]}`,
@@ -179,6 +181,9 @@ func checkValid(t testing.TB, sch *jsonschema.Schema, text string, out []byte) {
 func TestSchemaRefusals(t *testing.T) {
 	v := fakeVocab(t)
 	for text, want := range map[string]string{
+		`{"oneOf":[{"type":"object","properties":{"k":{"const":"a"}}},{"type":"object","properties":{"k":{"const":"b"}}}]}`: "branches 0 and 1 may both accept a value of type object",
+		`{"type":"array","enum":[""]}`:                                                                    "schema.enum: no value of type array",
+		`{"oneOf":[{"enum":["a","b"]},{"const":"b"}]}`:                                                    "type string",
 		`{"type":"integer","minimum":3}`:                                                                  `schema.minimum: the keyword "minimum" is not supported`,
 		`{"type":"object","patternProperties":{}}`:                                                        `"patternProperties"`,
 		`{"type":"object","properties":{"a":{"type":"string","maxLength":2000}}}`:                         "schema.properties.a.maxLength: at most 1000",
@@ -194,6 +199,8 @@ func TestSchemaRefusals(t *testing.T) {
 		`{"type":"string","pattern":"\""}`:                                                                "schema.pattern",
 		`[1]`:                                                                                             "a schema must be an object",
 		`{"type":"string","minLength":3,"maxLength":2}`:                                                   "exceeds maxLength",
+		`{"oneOf":[{},{}]}`:                                                                               "schema.oneOf: branches 0 and 1 may both accept a value of type string/number/boolean/null/object/array",
+		`{"oneOf":[{"type":"integer"},{"type":"number"}]}`:                                                "branches 0 and 1 may both accept a value of type number",
 	} {
 		_, err := NewCompiler(v).Compile(Spec{Kind: JSONSchema, Text: text})
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
+	"reflect"
 	"slices"
 	"strings"
 )
@@ -155,23 +157,37 @@ func (c *schemaCompiler) schema(raw json.RawMessage, path string, next int32) in
 	if ref, ok := s["$ref"]; ok {
 		return c.ref(s, ref, path, next)
 	}
-	if v, ok := s["const"]; ok {
-		if only(s, "const") != "" {
-			return c.fail(path+"."+only(s, "const"), "beside const: not supported")
+	for _, kw := range []string{"const", "enum"} {
+		v, ok := s[kw]
+		if !ok {
+			continue
 		}
-		return c.literal(v, path+".const", next)
-	}
-	if v, ok := s["enum"]; ok {
-		if o := only(s, "enum", "type"); o != "" {
-			return c.fail(path+"."+o, "beside enum: not supported")
+		if o := only(s, kw, "type"); o != "" {
+			return c.fail(path+"."+o, "beside %s: not supported", kw)
 		}
-		var vals []json.RawMessage
-		if err := json.Unmarshal(v, &vals); err != nil || len(vals) == 0 {
-			return c.fail(path+".enum", "must be a non-empty array")
+		vals := []json.RawMessage{v}
+		if kw == "enum" {
+			if err := json.Unmarshal(v, &vals); err != nil || len(vals) == 0 {
+				return c.fail(path+".enum", "must be a non-empty array")
+			}
 		}
-		ps := make([]func(int32) int32, len(vals))
+		types, err := typesOf(s)
+		if err != nil {
+			return c.fail(path+".type", "%v", err)
+		}
+		var ps []func(int32) int32
 		for i, val := range vals {
-			ps[i] = func(next int32) int32 { return c.literal(val, fmt.Sprintf("%s.enum[%d]", path, i), next) }
+			if !fits(val, types) {
+				continue // a value of another type is not valid
+			}
+			field := path + ".const"
+			if kw == "enum" {
+				field = fmt.Sprintf("%s.enum[%d]", path, i)
+			}
+			ps = append(ps, func(next int32) int32 { return c.literal(val, field, next) })
+		}
+		if len(ps) == 0 {
+			return c.fail(path+"."+kw, "no value of type %s", strings.Join(types, "/"))
 		}
 		return c.n.alt(next, ps...)
 	}
@@ -186,6 +202,11 @@ func (c *schemaCompiler) schema(raw json.RawMessage, path string, next int32) in
 		var subs []json.RawMessage
 		if err := json.Unmarshal(v, &subs); err != nil || len(subs) == 0 {
 			return c.fail(path+"."+kw, "must be a non-empty array of schemas")
+		}
+		if kw == "oneOf" {
+			if err := c.disjoint(subs, path); err != nil {
+				return c.fail(path+".oneOf", "%v", err)
+			}
 		}
 		ps := make([]func(int32) int32, len(subs))
 		for i, sub := range subs {
@@ -500,4 +521,219 @@ func (c *schemaCompiler) array(s map[string]json.RawMessage, path string, next i
 		return c.schema(items, path+".items", next)
 	}
 	return c.n.lit("[", c.n.sep(item, ",", minI, maxI, c.n.lit("]", next)))
+}
+
+// MaxOneOfBranches bounds a oneOf's branches.
+const MaxOneOfBranches = 16
+
+// disjoint checks that no value is valid under two branches of a oneOf (a
+// value valid under both fails oneOf), soundly and simply: two branches
+// are exclusive when the JSON types they admit differ (integer counting as
+// number), or when both are literals (const, enum) with no value in
+// common. Anything else is refused: anyOf says the same without the
+// exclusion.
+func (c *schemaCompiler) disjoint(subs []json.RawMessage, path string) error {
+	if len(subs) > MaxOneOfBranches {
+		return fmt.Errorf("at most %d branches, got %d", MaxOneOfBranches, len(subs))
+	}
+	kinds := make([]branchKind, len(subs))
+	for i, sub := range subs {
+		kinds[i] = c.kindOf(sub, 0)
+	}
+	for i := range kinds {
+		for j := i + 1; j < len(kinds); j++ {
+			a, b := kinds[i], kinds[j]
+			common := a.types & b.types
+			if common == 0 {
+				continue
+			}
+			if a.literal && b.literal && !a.shares(b) {
+				continue
+			}
+			return fmt.Errorf("branches %d and %d may both accept a value of type %s (a value valid under two branches fails oneOf): use anyOf, or make their types or literal values differ", i, j, typeNames(common))
+		}
+	}
+	return nil
+}
+
+// JSON types as bits (integer is a number).
+const (
+	tString = 1 << iota
+	tNumber
+	tBoolean
+	tNull
+	tObject
+	tArray
+	tAny = tString | tNumber | tBoolean | tNull | tObject | tArray
+)
+
+func typeNames(t int) string {
+	var ns []string
+	for i, n := range []string{"string", "number", "boolean", "null", "object", "array"} {
+		if t&(1<<i) != 0 {
+			ns = append(ns, n)
+		}
+	}
+	return strings.Join(ns, "/")
+}
+
+// branchKind is what a oneOf's check knows of a branch: the JSON types it
+// may admit and, for a literal, its values.
+type branchKind struct {
+	types   int
+	literal bool
+	values  []any
+}
+
+func (a branchKind) shares(b branchKind) bool {
+	for _, x := range a.values {
+		for _, y := range b.values {
+			if reflect.DeepEqual(x, y) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func typeOfValue(v any) int {
+	switch v.(type) {
+	case string:
+		return tString
+	case float64:
+		return tNumber
+	case bool:
+		return tBoolean
+	case nil:
+		return tNull
+	case map[string]any:
+		return tObject
+	}
+	return tArray
+}
+
+// kindOf is a schema's branchKind (tAny where it cannot tell).
+func (c *schemaCompiler) kindOf(raw json.RawMessage, depth int) branchKind {
+	anyKind := branchKind{types: tAny}
+	s, err := decodeSchema(raw)
+	if err != nil || depth > MaxSchemaDepth {
+		return anyKind
+	}
+	if ref, ok := s["$ref"]; ok {
+		var r string
+		if json.Unmarshal(ref, &r) != nil {
+			return anyKind
+		}
+		for _, sec := range []string{"$defs", "definitions"} {
+			if name, ok := strings.CutPrefix(r, "#/"+sec+"/"); ok {
+				var defs map[string]json.RawMessage
+				if json.Unmarshal(c.root[sec], &defs) == nil {
+					if d, ok := defs[name]; ok {
+						return c.kindOf(d, depth+1)
+					}
+				}
+			}
+		}
+		return anyKind
+	}
+	lit := func(vals []any) branchKind {
+		k := branchKind{literal: true, values: vals}
+		for _, v := range vals {
+			k.types |= typeOfValue(v)
+		}
+		return k
+	}
+	if v, ok := s["const"]; ok {
+		var x any
+		if json.Unmarshal(v, &x) != nil {
+			return anyKind
+		}
+		return lit([]any{x})
+	}
+	if v, ok := s["enum"]; ok {
+		var xs []any
+		if json.Unmarshal(v, &xs) != nil {
+			return anyKind
+		}
+		return lit(xs)
+	}
+	for _, kw := range []string{"anyOf", "oneOf"} {
+		if v, ok := s[kw]; ok {
+			var subs []json.RawMessage
+			if json.Unmarshal(v, &subs) != nil {
+				return anyKind
+			}
+			k := branchKind{literal: true}
+			for _, sub := range subs {
+				sk := c.kindOf(sub, depth+1)
+				k.types |= sk.types
+				k.literal = k.literal && sk.literal
+				k.values = append(k.values, sk.values...)
+			}
+			return k
+		}
+	}
+	types, err := typesOf(s)
+	if err != nil || len(types) == 0 {
+		return anyKind
+	}
+	k := branchKind{}
+	for _, t := range types {
+		switch t {
+		case "string":
+			k.types |= tString
+		case "number", "integer":
+			k.types |= tNumber
+		case "boolean":
+			k.types |= tBoolean
+		case "null":
+			k.types |= tNull
+		case "object":
+			k.types |= tObject
+		case "array":
+			k.types |= tArray
+		}
+	}
+	return k
+}
+
+// fits reports whether a literal JSON value has one of types (all when
+// none are given; an integer is a number without a fraction).
+func fits(raw json.RawMessage, types []string) bool {
+	if len(types) == 0 {
+		return true
+	}
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return true // the literal's own error is reported when compiled
+	}
+	for _, t := range types {
+		switch x := v.(type) {
+		case string:
+			if t == "string" {
+				return true
+			}
+		case float64:
+			if t == "number" || (t == "integer" && x == math.Trunc(x)) {
+				return true
+			}
+		case bool:
+			if t == "boolean" {
+				return true
+			}
+		case nil:
+			if t == "null" {
+				return true
+			}
+		case map[string]any:
+			if t == "object" {
+				return true
+			}
+		case []any:
+			if t == "array" {
+				return true
+			}
+		}
+	}
+	return false
 }
