@@ -45,8 +45,10 @@ func (k Kind) String() string {
 // (string, number, integer, boolean, null, object, array, or an array of
 // them), properties (written in schema order; the required ones always,
 // the others optionally), required, additionalProperties (false or true:
-// only declared properties are written; absent the same), enum, const,
-// anyOf and oneOf (both as a choice of branches), $ref to #/$defs/NAME or
+// only declared properties are written; absent the same), enum and const
+// (beside type, the values of that type), anyOf (a choice of branches),
+// oneOf (the same, where its branches are exclusive: different JSON types
+// or literals without a common value; else refused), $ref to #/$defs/NAME or
 // #/definitions/NAME (not recursive), items, minItems, maxItems,
 // minLength, maxLength, pattern (matched in whole; written unescaped, so
 // it cannot produce '"', '\\' or control characters), format (date, time,
