@@ -64,6 +64,10 @@ type Spec struct {
 	// first occurrence of After (e.g. "</think>": reasoning precedes the
 	// structured output); the grammar applies from there.
 	After string
+	// AfterOpen, with After, makes the free text optional and, when
+	// present, opening with AfterOpen (e.g. an optional
+	// "<think>…</think>" before the output).
+	AfterOpen string
 }
 
 // MaxAfterBytes bounds Spec.After.
@@ -127,7 +131,16 @@ func build(spec Spec) (*nfa, int32, error) {
 		if len(spec.After) > MaxAfterBytes {
 			return nil, 0, fmt.Errorf("after: %d bytes, at most %d", len(spec.After), MaxAfterBytes)
 		}
-		start = n.until(spec.After, start)
+		body := start
+		start = n.until(spec.After, body)
+		if spec.AfterOpen != "" {
+			if len(spec.AfterOpen) > MaxAfterBytes {
+				return nil, 0, fmt.Errorf("after_open: %d bytes, at most %d", len(spec.AfterOpen), MaxAfterBytes)
+			}
+			start = n.eps(body, n.lit(spec.AfterOpen, start))
+		}
+	} else if spec.AfterOpen != "" {
+		return nil, 0, fmt.Errorf("after_open needs after")
 	}
 	if n.err != nil {
 		return nil, 0, n.err

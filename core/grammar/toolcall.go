@@ -26,9 +26,15 @@ import (
 // calls follow one another, each after a newline (the first one may have
 // one too, as the released GLM-4.5 template renders every call after
 // one); else exactly one.
+//
+// With Format "json" each call is instead
+// <tool_call>{"name":"get_weather","arguments":{…}}</tool_call>, the
+// arguments compact JSON under the parameters schema (any object without
+// one).
 type ToolCallSpec struct {
 	Tools    []ToolSpec `json:"tools"`
 	Parallel bool       `json:"parallel"`
+	Format   string     `json:"format,omitempty"` // "glm45" (or empty) or "json"
 }
 
 // ToolSpec is one function: its name and parameters (a JSON Schema of an
@@ -66,11 +72,22 @@ func (n *nfa) toolCalls(tc ToolCallSpec, next int32) int32 {
 			return next
 		}
 	}
+	if tc.Format != "" && tc.Format != "glm45" && tc.Format != "json" {
+		n.fail(fmt.Errorf("format: %q is not a tool-call format (glm45, json)", tc.Format))
+		return next
+	}
 	call := func(next int32) int32 {
 		ps := make([]func(int32) int32, len(tc.Tools))
 		for i, t := range tc.Tools {
+			path := fmt.Sprintf("tools[%d].parameters", i)
+			if tc.Format == "json" {
+				ps[i] = func(next int32) int32 {
+					return n.lit(`<tool_call>{"name":`+quote(t.Name)+`,"arguments":`, n.jsonArgs(t, path, n.lit("}</tool_call>", next)))
+				}
+				continue
+			}
 			ps[i] = func(next int32) int32 {
-				return n.lit("<tool_call>"+t.Name+"\n", n.toolArgs(t, fmt.Sprintf("tools[%d].parameters", i), n.lit("</tool_call>", next)))
+				return n.lit("<tool_call>"+t.Name+"\n", n.toolArgs(t, path, n.lit("</tool_call>", next)))
 			}
 		}
 		return n.alt(next, ps...)
@@ -198,4 +215,28 @@ func (c *schemaCompiler) argValue(raw json.RawMessage, path string, next int32) 
 	}
 	char := func(next int32) int32 { return c.n.runes(noLT([][2]rune{{0, 0x10FFFF}}), next) }
 	return c.n.repeat(char, minL, maxL, next)
+}
+
+// jsonArgs is a JSON call's arguments: an object under the parameters
+// schema (any object without one).
+func (n *nfa) jsonArgs(t ToolSpec, path string, next int32) int32 {
+	raw := bytes.TrimSpace(t.Parameters)
+	if len(raw) == 0 || string(raw) == "null" {
+		return n.jsonObject(ObjectDepth, next)
+	}
+	if len(raw) > MaxSchemaBytes {
+		n.fail(fmt.Errorf("%s: %d bytes, at most %d", path, len(raw), MaxSchemaBytes))
+		return next
+	}
+	root, err := decodeSchema(raw)
+	if err != nil {
+		n.fail(fmt.Errorf("%s: %v", path, err))
+		return next
+	}
+	if ty, ok := root["type"]; ok && string(bytes.TrimSpace(ty)) != `"object"` {
+		n.fail(fmt.Errorf("%s.type: a function's parameters must be an object", path))
+		return next
+	}
+	c := &schemaCompiler{n: n, root: root}
+	return c.schema(raw, path, next)
 }

@@ -39,10 +39,6 @@ type Live struct {
 	// structured output is refused, with GrammarErr as the reason).
 	Grammar    *grammar.Compiler
 	GrammarErr error
-	// ReasoningEnd, when set (the reasoning parser's end tag, "</think>"),
-	// lets a chat reply reason before its structured output: free text up
-	// to ReasoningEnd, then the grammar.
-	ReasoningEnd string
 }
 
 // Options are a server's collaborators.

@@ -484,7 +484,7 @@ func checkCompletion(ctx context.Context, req *completionRequest, tm *text.Model
 		p.logprobs, p.topLogprobs = true, int(*req.Logprobs)
 		p.req.TopLogprobs = p.topLogprobs
 	}
-	if e := req.constrain(&p, lv, "max_tokens", ""); e != nil {
+	if e := req.constrain(&p, lv, "max_tokens", "", ""); e != nil {
 		return p, e
 	}
 	return p, nil
@@ -543,26 +543,35 @@ func checkChat(ctx context.Context, req *chatRequest, tm *text.Model, lim limits
 	p.req.TopLogprobs = p.topLogprobs
 	p.tools, p.reasoningFormat = spec, thinkFormat
 	p.promptOpensThink = thinkFormat != "" && thinkFormat != reasoning.FormatNone && reasoning.PromptOpens(prompt)
-	if spec != nil {
-		if e := constrainTools(spec, &p); e != nil {
+	after, open := reasoningBefore(prompt, thinkFormat)
+	if spec.Constrained() {
+		if e := constrainTools(spec, &p, lv, field, after, open, &req.structured); e != nil {
 			return p, e
 		}
+		return p, nil
 	}
-	if e := req.constrain(&p, lv, field, reasoningOpen(prompt, lv)); e != nil {
+	if e := req.constrain(&p, lv, field, after, open); e != nil {
 		return p, e
 	}
 	return p, nil
 }
 
-// reasoningOpen is where a chat reply's reasoning ends when the reply may
-// reason before its structured output (Live.ReasoningEnd set and the
-// prompt not already past it, as a template with thinking off leaves it:
-// "<think></think>"), else "".
-func reasoningOpen(prompt string, lv *Live) string {
-	if lv == nil || lv.ReasoningEnd == "" || strings.HasSuffix(strings.TrimRight(prompt, " \n"), lv.ReasoningEnd) {
-		return ""
+// reasoningBefore says where a chat reply's reasoning may come before its
+// constrained output, with the reasoning parser on: after the prompt
+// opened <think>, free text up to </think> (after = "</think>"); where the
+// prompt left the reply open, an optional "<think>…</think>" block first
+// (open = "<think>" too); nothing where the prompt closed it (thinking
+// off: the prompt ends "<think></think>") or without a parser.
+func reasoningBefore(prompt, format string) (after, open string) {
+	switch {
+	case format == "" || format == reasoning.FormatNone:
+		return "", ""
+	case reasoning.PromptOpens(prompt):
+		return reasoning.Close, ""
+	case strings.HasSuffix(strings.TrimRight(prompt, " \t\r\n"), reasoning.Close):
+		return "", ""
 	}
-	return lv.ReasoningEnd
+	return reasoning.Close, reasoning.Open
 }
 
 // finite reports whether v is a usable number (for logprobs in JSON).

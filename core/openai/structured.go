@@ -140,12 +140,19 @@ func (st *structured) spec() (spec grammar.Spec, field string, ok bool, e *apiEr
 }
 
 // constrain compiles the request's structured output, if any, into p's
-// constraint; after is where free text ends before it ("": nowhere).
-func (st *structured) constrain(p *params, lv *Live, maxTokField string, after string) *apiError {
+// constraint; reasoning may come first (grammar.Spec's After and
+// AfterOpen: "" for none).
+func (st *structured) constrain(p *params, lv *Live, maxTokField string, after, open string) *apiError {
 	spec, field, ok, e := st.spec()
 	if e != nil || !ok {
 		return e
 	}
+	spec.After, spec.AfterOpen = after, open
+	return compileInto(p, lv, spec, field, maxTokField)
+}
+
+// compileInto compiles spec (asked for by field) into p's constraint.
+func compileInto(p *params, lv *Live, spec grammar.Spec, field, maxTokField string) *apiError {
 	if lv == nil || lv.Grammar == nil {
 		why := "the model has no tokenizer"
 		if lv != nil && lv.GrammarErr != nil {
@@ -153,7 +160,6 @@ func (st *structured) constrain(p *params, lv *Live, maxTokField string, after s
 		}
 		return badField(field, "structured output is not available: %s", why)
 	}
-	spec.After = after
 	g, err := lv.Grammar.Compile(spec)
 	if err != nil {
 		return badField(field, "%v", err)
