@@ -117,11 +117,11 @@ func TestTextOffsetOfPartialUTF8Tokens(t *testing.T) {
 func TestTextPromptOutsideVocabulary(t *testing.T) {
 	m := bytesText(t, 2000)
 	lim := limits{vocab: 256, context: 4096, defaultMaxTokens: 16}
-	_, e := checkCompletion(context.Background(), &completionRequest{Prompt: []byte(`"the theory of the thing"`)}, m, lim)
+	_, e := checkCompletion(context.Background(), &completionRequest{Prompt: []byte(`"the theory of the thing"`)}, m, lim, nil)
 	require.NotNil(t, e)
 	require.Equal(t, "prompt", e.param)
 	require.Contains(t, e.msg, "prompt: the tokenizer gave token id")
-	_, e = checkChat(context.Background(), &chatRequest{Messages: []chatMessage{{Role: "user", Content: []byte(`"the theory of the thing"`)}}}, m, lim)
+	_, e = checkChat(context.Background(), &chatRequest{Messages: []chatMessage{{Role: "user", Content: []byte(`"the theory of the thing"`)}}}, m, lim, nil)
 	require.NotNil(t, e)
 	require.Equal(t, "messages", e.param)
 	require.Contains(t, e.msg, "outside the model's vocabulary [0, 256)")

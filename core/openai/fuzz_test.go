@@ -38,12 +38,12 @@ func FuzzRequest(f *testing.F) {
 		if strings.Contains(body, `"prompt"`) {
 			var req completionRequest
 			if e = decode(strings.NewReader(body), &req, DefaultMaxBodyBytes); e == nil {
-				p, e = checkCompletion(context.Background(), &req, m, lim)
+				p, e = checkCompletion(context.Background(), &req, m, lim, nil)
 			}
 		} else {
 			var req chatRequest
 			if e = decode(strings.NewReader(body), &req, DefaultMaxBodyBytes); e == nil {
-				p, e = checkChat(context.Background(), &req, m, lim)
+				p, e = checkChat(context.Background(), &req, m, lim, nil)
 			}
 		}
 		if e != nil {

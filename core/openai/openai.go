@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/access"
+	"github.com/glmflash/glmflash/core/grammar"
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/text"
 	"github.com/glmflash/glmflash/core/toolcall"
@@ -34,6 +35,10 @@ type Live struct {
 	Vocab            int
 	Context          int // prompt + generated tokens
 	DefaultMaxTokens int
+	// Grammar compiles structured output over the model's vocabulary (nil:
+	// structured output is refused, with GrammarErr as the reason).
+	Grammar    *grammar.Compiler
+	GrammarErr error
 }
 
 // Options are a server's collaborators.
@@ -239,7 +244,7 @@ func (s *server) completions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, e)
 		return
 	}
-	p, e := checkCompletion(r.Context(), &req, lv.Text, lim)
+	p, e := checkCompletion(r.Context(), &req, lv.Text, lim, lv)
 	if e != nil {
 		s.fail(w, e)
 		return
@@ -266,7 +271,7 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, e)
 		return
 	}
-	p, e := checkChat(r.Context(), &req, lv.Text, lim)
+	p, e := checkChat(r.Context(), &req, lv.Text, lim, lv)
 	if e != nil {
 		s.fail(w, e)
 		return

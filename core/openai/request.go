@@ -66,6 +66,9 @@ type common struct {
 	// IgnoreEOS goes on past the model's end-of-sequence ids (vLLM's extra
 	// field); by default they end generation with finish_reason "stop".
 	IgnoreEOS bool `json:"ignore_eos"`
+	// The structured output constraint (response_format, vLLM's guided_*
+	// and structured_outputs).
+	structured
 }
 
 type streamOptions struct {
@@ -472,7 +475,7 @@ func chatMessages(ms []chatMessage) ([]chat.Message, *apiError) {
 }
 
 // checkCompletion validates a completion request completely.
-func checkCompletion(ctx context.Context, req *completionRequest, tm *text.Model, lim limits) (params, *apiError) {
+func checkCompletion(ctx context.Context, req *completionRequest, tm *text.Model, lim limits, lv *Live) (params, *apiError) {
 	if req.Echo {
 		return params{}, badField("echo", "not supported")
 	}
@@ -491,11 +494,14 @@ func checkCompletion(ctx context.Context, req *completionRequest, tm *text.Model
 		p.logprobs, p.topLogprobs = true, int(*req.Logprobs)
 		p.req.TopLogprobs = p.topLogprobs
 	}
+	if e := req.constrain(&p, lv, "max_tokens", "", ""); e != nil {
+		return p, e
+	}
 	return p, nil
 }
 
 // checkChat validates a chat request completely and renders its prompt.
-func checkChat(ctx context.Context, req *chatRequest, tm *text.Model, lim limits) (params, *apiError) {
+func checkChat(ctx context.Context, req *chatRequest, tm *text.Model, lim limits, lv *Live) (params, *apiError) {
 	msgs, e := chatMessages(req.Messages)
 	if e != nil {
 		return params{}, e
@@ -547,12 +553,35 @@ func checkChat(ctx context.Context, req *chatRequest, tm *text.Model, lim limits
 	p.req.TopLogprobs = p.topLogprobs
 	p.tools, p.reasoningFormat = spec, thinkFormat
 	p.promptOpensThink = thinkFormat != "" && thinkFormat != reasoning.FormatNone && reasoning.PromptOpens(prompt)
-	if spec != nil {
-		if e := constrainTools(spec, &p); e != nil {
+	after, open := reasoningBefore(prompt, thinkFormat)
+	if spec.Constrained() {
+		if e := constrainTools(spec, &p, lv, field, after, open, &req.structured); e != nil {
 			return p, e
 		}
+		return p, nil
+	}
+	if e := req.constrain(&p, lv, field, after, open); e != nil {
+		return p, e
 	}
 	return p, nil
+}
+
+// reasoningBefore says where a chat reply's reasoning may come before its
+// constrained output, with the reasoning parser on: after the prompt
+// opened <think>, free text up to </think> (after = "</think>"); where the
+// prompt left the reply open, an optional "<think>…</think>" block first
+// (open = "<think>" too); nothing where the prompt closed it (thinking
+// off: the prompt ends "<think></think>") or without a parser.
+func reasoningBefore(prompt, format string) (after, open string) {
+	switch {
+	case format == "" || format == reasoning.FormatNone:
+		return "", ""
+	case reasoning.PromptOpens(prompt):
+		return reasoning.Close, ""
+	case strings.HasSuffix(strings.TrimRight(prompt, " \t\r\n"), reasoning.Close):
+		return "", ""
+	}
+	return reasoning.Close, reasoning.Open
 }
 
 // finite reports whether v is a usable number (for logprobs in JSON).

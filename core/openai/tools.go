@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/glmflash/glmflash/core/grammar"
 	"maps"
 	"regexp"
 	"slices"
@@ -163,15 +164,28 @@ func toolChoice(raw json.RawMessage, tools []toolcall.Tool) (toolcall.Choice, *a
 	return toolcall.Choice{Mode: toolcall.ChoiceFunction, Name: obj.Function.Name}, nil
 }
 
-// constrainTools is where tool_choice "required" and a named function are
-// enforced by constrained decoding (the grammar's tool-call builder over
-// spec.Allowed(), each tool's Parameters and spec.Parallel); until that is
-// wired they are refused by name.
-func constrainTools(spec *toolcall.Spec, p *params) *apiError {
-	if spec.Constrained() {
-		return badField("tool_choice", "%q is not implemented yet (it needs constrained decoding of the tool call); use \"auto\" or \"none\"", choiceName(spec.Choice))
+// constrainTools enforces tool_choice "required" or a named function by
+// constrained decoding: the output is one call (several with
+// parallel_tool_calls) of the allowed tools in the parser's format, the
+// arguments under each tool's parameters schema, reasoning (after, open)
+// first where the template leaves room for it. A structured output beside
+// it is refused.
+func constrainTools(spec *toolcall.Spec, p *params, lv *Live, maxTokField, after, open string, st *structured) *apiError {
+	if _, field, ok, e := st.spec(); e != nil {
+		return e
+	} else if ok {
+		return badField(field, "not with tool_choice %q (the output is a tool call)", choiceName(spec.Choice))
 	}
-	return nil
+	tc := grammar.ToolCallSpec{Parallel: spec.Parallel, Format: spec.Format}
+	for _, t := range spec.Allowed() {
+		tc.Tools = append(tc.Tools, grammar.ToolSpec{Name: t.Name, Parameters: t.Parameters})
+	}
+	gs, err := grammar.ToolCallsSpec(tc)
+	if err != nil {
+		return badField("tools", "%v", err)
+	}
+	gs.After, gs.AfterOpen = after, open
+	return compileInto(p, lv, gs, "tools", maxTokField)
 }
 
 func choiceName(c toolcall.Choice) string {

@@ -129,3 +129,28 @@ func Apply(row []float32, edits []Edit, allow []uint32) {
 }
 
 func isFinite(v float32) bool { return v == v && v <= math.MaxFloat32 && v >= -math.MaxFloat32 }
+
+// Constraint restricts a request's generated tokens (a grammar compiled
+// over the vocabulary: structured output, tool calls).
+type Constraint interface {
+	// Allow returns the mask of the tokens allowed next (one bit per token
+	// id, AllowWords(vocab) words; bit t%32 of word t/32), given the tokens
+	// the request may still generate (remaining ≥ 1): a constraint that
+	// must end within them allows only tokens that leave it able to. The
+	// mask allows at least one token; it is only read until the next call
+	// (a constraint may return a cached, shared mask).
+	Allow(remaining int) []uint32
+	// Accept advances past tok, a token the last mask allowed. done says
+	// the output is complete and nothing may follow it: the request then
+	// ends with its finish "stop". An error (tok was not allowed) ends the
+	// request with an error.
+	Accept(tok int32) (done bool, err error)
+}
+
+// Restarter is a Constraint that can start afresh: Restart returns a new
+// constraint of the same rule at its start, independent of this one (one
+// per choice of an n > 1 request).
+type Restarter interface {
+	Constraint
+	Restart() Constraint
+}

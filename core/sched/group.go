@@ -69,8 +69,9 @@ func (rt *Scheduler) validateN(req *Request) error {
 		return invalid("n", "at most %d choices (runtime.max_choices), got %d", rt.cfg.MaxChoices, n)
 	case n > rt.cfg.MaxRunning:
 		return invalid("n", "at most %d choices: each runs in a cache slot of its own and at most %d requests run at once (runtime.max_running), got %d", rt.cfg.MaxRunning, rt.cfg.MaxRunning, n)
-	case req.Constraint != nil:
-		return invalid("n", "more than one choice with a constraint is not supported (a constraint is one choice's state), got %d", n)
+	}
+	if _, ok := req.Constraint.(sample.Restarter); req.Constraint != nil && !ok {
+		return invalid("n", "more than one choice needs a constraint that can restart (one per choice); this one cannot, got n = %d", req.N)
 	}
 	return nil
 }
@@ -108,6 +109,9 @@ func (rt *Scheduler) SubmitGroup(ctx context.Context, req Request) (*Group, erro
 		c := req
 		c.ID, c.N, c.NoSpeculation = ChoiceID(req.ID, i), 1, true
 		c.Sampling.Seed = req.Sampling.Seed + uint64(i)
+		if rs, ok := req.Constraint.(sample.Restarter); ok && i > 0 {
+			c.Constraint = rs.Restart() // each choice follows its own output
+		}
 		r := &request{Request: c, sampler: sample.New(c.Sampling), proc: newProcs(&c, rt.endIDsIn(&c)), slot: -1, arrived: now, notify: make(chan struct{}, 1), grp: g, choice: i}
 		g.choices = append(g.choices, r)
 		out.choices = append(out.choices, &Handle{r: r})

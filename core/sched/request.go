@@ -97,23 +97,12 @@ type Request struct {
 	AllPositions bool
 }
 
-// Constraint restricts a request's generated tokens (a grammar compiled
-// over the vocabulary: structured output, tool calls). The scheduler calls
-// it from its loop only, one request's at a time, never concurrently.
-type Constraint interface {
-	// Allow returns the mask of the tokens allowed next (one bit per token
-	// id, sample.AllowWords(vocab) words; bit t%32 of word t/32), given the
-	// tokens the request may still generate (remaining ≥ 1): a constraint
-	// that must end within them allows only tokens that leave it able to.
-	// The mask allows at least one token; it is only read until the next
-	// call (a constraint may return a cached, shared mask).
-	Allow(remaining int) []uint32
-	// Accept advances past tok, a token the last mask allowed. done says
-	// the output is complete and nothing may follow it: the request then
-	// ends with FinishStop. An error (tok was not allowed) ends the request
-	// with FinishError.
-	Accept(tok int32) (done bool, err error)
-}
+// Constraint restricts a request's generated tokens (sample.Constraint:
+// a grammar compiled over the vocabulary, structured output, tool calls).
+// The scheduler calls it from its loop only, one request's at a time,
+// never concurrently. A request of N > 1 choices needs one that can start
+// afresh (sample.Restarter): each choice follows its own.
+type Constraint = sample.Constraint
 
 // Token is one generated token.
 type Token struct {

@@ -281,6 +281,9 @@ func (rt *Scheduler) Validate(req *Request) error {
 		return err
 	}
 	if req.Score {
+		if req.Constraint != nil {
+			return invalid("constraint", "a Score request generates nothing to constrain")
+		}
 		return nil
 	}
 	if req.MaxTokens < 1 {
@@ -306,10 +309,14 @@ func (rt *Scheduler) Validate(req *Request) error {
 	if err := rt.validateProcessing(req); err != nil {
 		return err
 	}
-	// Declared ahead of their implementation (issue 32): refused by name
-	// until the scheduler applies them.
 	if req.Constraint != nil {
-		return invalid("constraint", "not implemented yet")
+		if req.MinTokens > 0 {
+			// min_tokens bans the EOS ids a grammar may need to end with.
+			return invalid("min_tokens", "not supported with a constraint (structured output)")
+		}
+		if m, ok := req.Constraint.(interface{ MinTokens() int }); ok && req.MaxTokens < m.MinTokens() {
+			return invalid("max_tokens", "the output's grammar needs at least %d tokens, got max_tokens %d", m.MinTokens(), req.MaxTokens)
+		}
 	}
 	return nil
 }
@@ -640,9 +647,10 @@ func (rt *Scheduler) admitLocked() {
 		r.slot = slot
 		r.admitted = time.Now()
 		rt.running = append(rt.running, r)
-		// Processed requests decode plainly: a verify span's rows would
-		// each need the edits of the output as if its drafts were taken.
-		if rt.draft != nil && !r.Score && !r.NoSpeculation && !r.processed() {
+		// Processed and constrained requests decode plainly: a verify
+		// span's rows would each need the edits (or the mask) of the
+		// output as if its drafts were taken.
+		if rt.draft != nil && !r.Score && !r.NoSpeculation && !r.processed() && r.Constraint == nil {
 			if err := rt.draft.Start(r.ID, r.Prompt); err != nil {
 				rt.log.Warn().Err(err).Str("request_id", r.ID).Msg("speculative decoding is off for this request")
 			} else {
@@ -697,9 +705,17 @@ func (rt *Scheduler) emitLocked(r *request, t Token, now time.Time) bool {
 	}
 	r.lastTok = now
 	r.next = t.ID
+	done := false
+	if r.Constraint != nil {
+		var err error
+		if done, err = r.Constraint.Accept(t.ID); err != nil {
+			rt.completeLocked(r, FinishError, "constraint: "+err.Error())
+			return false
+		}
+	}
 	r.emit(t)
 	switch {
-	case slices.Contains(r.StopIDs, t.ID) || (rt.eos[t.ID] && !r.IgnoreEOS):
+	case done || slices.Contains(r.StopIDs, t.ID) || (rt.eos[t.ID] && !r.IgnoreEOS):
 		rt.completeLocked(r, FinishStop, "")
 		return false
 	case r.generated >= r.MaxTokens || len(r.Prompt)+r.generated >= rt.cfg.ContextLimit:

@@ -395,7 +395,13 @@ func appendSpecsLocked(specs []backend.SampleSpec, r *request, ntok, nrows int) 
 	if r.Score || r.carrier || r.killed || r.fed+ntok < len(r.Prompt) {
 		return append(specs, backend.SampleSpec{Params: sample.Greedy()})
 	}
-	return append(specs, backend.SampleSpec{Params: r.sampler.Params(), U: r.sampler.Draw(), TopLogprobs: r.TopLogprobs, Edits: r.proc.Edits()})
+	spec := backend.SampleSpec{Params: r.sampler.Params(), U: r.sampler.Draw(), TopLogprobs: r.TopLogprobs, Edits: r.proc.Edits()}
+	if r.Constraint != nil {
+		// Validate keeps MaxTokens within the context limit, so these are
+		// the tokens r may still generate.
+		spec.Allow = r.Constraint.Allow(r.MaxTokens - r.generated)
+	}
+	return append(specs, spec)
 }
 
 // positions are the batch's sequences' cached lengths as the scheduler

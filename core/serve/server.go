@@ -33,6 +33,7 @@ import (
 	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/grammar"
 	"github.com/glmflash/glmflash/core/openai"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/plan"
@@ -137,6 +138,26 @@ type live struct {
 	cfgJSON []byte
 	closeFn func() error
 	text    *text.Model
+	// grammar compiles structured output over the vocabulary (nil, with
+	// grammarErr, when the model has no byte-level tokenizer).
+	grammar    *grammar.Compiler
+	grammarErr error
+}
+
+// grammarOf is the structured-output compiler of a model's vocabulary.
+func grammarOf(cfg *model.Config, tm *text.Model) (*grammar.Compiler, error) {
+	if tm == nil || tm.Tok == nil {
+		return nil, errors.New("the model has no tokenizer")
+	}
+	eos := make([]int32, len(cfg.EOSTokenIDs))
+	for i, id := range cfg.EOSTokenIDs {
+		eos[i] = int32(id)
+	}
+	v, err := grammar.NewVocab(tm.Tok, cfg.VocabSize, eos)
+	if err != nil {
+		return nil, err
+	}
+	return grammar.NewCompiler(v), nil
 }
 
 // New makes a server of the model, server and runtime sections of cfg;
@@ -364,7 +385,8 @@ func (s *Server) apiLive() *openai.Live {
 	if lv == nil {
 		return nil
 	}
-	return &openai.Live{RT: lv.rt, Text: lv.text, Vocab: lv.lim.vocab, Context: lv.lim.context, DefaultMaxTokens: lv.lim.defaultMaxTokens}
+	return &openai.Live{RT: lv.rt, Text: lv.text, Vocab: lv.lim.vocab, Context: lv.lim.context, DefaultMaxTokens: lv.lim.defaultMaxTokens,
+		Grammar: lv.grammar, GrammarErr: lv.grammarErr}
 }
 
 // HTTPAddr is the bound address of the OpenAI-compatible API, "" when
@@ -575,6 +597,10 @@ func (s *Server) load(ctx context.Context) error {
 			Backend: eng.Backend().Info().Backend, Device: eng.Backend().Info().Device, Speculative: sp.String(),
 			SpeculativeIndexShare: sp.On() && share},
 	}
+	if lv.grammar, lv.grammarErr = grammarOf(cfg, lm.Text); lv.grammarErr != nil && lm.Text != nil {
+		s.log.Warn().Err(lv.grammarErr).Msg("structured output is off")
+	}
+	lv.lim.grammar, lv.lim.grammarErr = lv.grammar, lv.grammarErr
 	s.live.Store(lv)
 	s.log.Info().Str("took", time.Since(t0).Round(time.Millisecond).String()).Str("source", lm.Source).Msg("model loaded")
 	return nil

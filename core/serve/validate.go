@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/grammar"
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/text"
@@ -34,6 +36,55 @@ type limits struct {
 	defaultMaxTokens int
 	maxResponse      int         // bytes of one reply
 	text             *text.Model // nil or without a tokenizer: ids only
+	// grammar compiles structured output (nil: refused, grammarErr says
+	// why).
+	grammar    *grammar.Compiler
+	grammarErr error
+}
+
+// constraintOf compiles a request's structured output (nil: none), whose
+// output may take maxTok tokens.
+func constraintOf(req *pb.GenerateRequest, lim limits, maxTok int) (sched.Constraint, error) {
+	var spec grammar.Spec
+	var field string
+	switch so := req.GetStructuredOutput().(type) {
+	case nil:
+		return nil, nil
+	case *pb.GenerateRequest_JsonSchema:
+		spec, field = grammar.Spec{Kind: grammar.JSONSchema, Text: so.JsonSchema}, "json_schema"
+	case *pb.GenerateRequest_JsonObject:
+		if !so.JsonObject {
+			return nil, nil
+		}
+		spec, field = grammar.Spec{Kind: grammar.JSONObject}, "json_object"
+	case *pb.GenerateRequest_Regex:
+		spec, field = grammar.Spec{Kind: grammar.Regex, Text: so.Regex}, "regex"
+	case *pb.GenerateRequest_Choice:
+		cs := so.Choice.GetChoices()
+		if len(cs) == 0 {
+			return nil, badField("choice.choices", "give at least one string")
+		}
+		b, err := json.Marshal(cs)
+		if err != nil {
+			return nil, badField("choice.choices", "%v", err)
+		}
+		spec, field = grammar.Spec{Kind: grammar.Choice, Text: string(b)}, "choice"
+	}
+	if lim.grammar == nil {
+		why := "the model has no tokenizer"
+		if lim.grammarErr != nil {
+			why = lim.grammarErr.Error()
+		}
+		return nil, badField(field, "structured output is not available: %s", why)
+	}
+	g, err := lim.grammar.Compile(spec)
+	if err != nil {
+		return nil, badField(field, "%v", err)
+	}
+	if maxTok < g.MinTokens() {
+		return nil, badField("max_tokens", "the %s output needs at least %d tokens (its shortest text is %d bytes, each a token at worst), got %d", field, g.MinTokens(), g.MinTokens(), maxTok)
+	}
+	return g.Matcher(), nil
 }
 
 func checkIDs(field string, ids []int32, vocab int) error {
@@ -139,9 +190,13 @@ func generateRequest(ctx context.Context, req *pb.GenerateRequest, lim limits) (
 	if n > maxChoices { // the configured bound (runtime.max_choices, max_running) is the runtime's: Submit names it
 		return r, badField("n", "must be at most %d, got %d", maxChoices, n)
 	}
+	c, err := constraintOf(req, lim, maxTok)
+	if err != nil {
+		return r, err
+	}
 	return sched.Request{
 		ID: req.GetRequestId(), Prompt: p, Sampling: sp, StopIDs: req.GetStopIds(), IgnoreEOS: req.GetIgnoreEos(), NoSpeculation: req.GetDisableSpeculation(),
-		MaxTokens: maxTok, TopLogprobs: int(req.GetTopLogprobs()), Processing: proc, MinTokens: int(minTok), N: int(n),
+		MaxTokens: maxTok, TopLogprobs: int(req.GetTopLogprobs()), Processing: proc, MinTokens: int(minTok), N: int(n), Constraint: c,
 	}, nil
 }
 

@@ -281,9 +281,22 @@ type GenerateRequest struct {
 	// after every choice's Finish. Abort with request_id ends every choice.
 	// At most the server's runtime.max_choices and runtime.max_running;
 	// choices decode plainly (no speculation).
-	N             uint32 `protobuf:"varint,13,opt,name=n,proto3" json:"n,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	N uint32 `protobuf:"varint,13,opt,name=n,proto3" json:"n,omitempty"`
+	// Structured output: the generated text is constrained, token by token,
+	// to one of these (at most one; none: free text). JSON is compact (no
+	// whitespace outside strings). max_tokens below the constraint's minimum
+	// is refused, naming max_tokens; a constrained output that completes
+	// ends with FINISH_REASON_STOP. Field numbers from 20 on.
+	//
+	// Types that are valid to be assigned to StructuredOutput:
+	//
+	//	*GenerateRequest_JsonSchema
+	//	*GenerateRequest_JsonObject
+	//	*GenerateRequest_Regex
+	//	*GenerateRequest_Choice
+	StructuredOutput isGenerateRequest_StructuredOutput `protobuf_oneof:"structured_output"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -407,6 +420,129 @@ func (x *GenerateRequest) GetN() uint32 {
 	return 0
 }
 
+func (x *GenerateRequest) GetStructuredOutput() isGenerateRequest_StructuredOutput {
+	if x != nil {
+		return x.StructuredOutput
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetJsonSchema() string {
+	if x != nil {
+		if x, ok := x.StructuredOutput.(*GenerateRequest_JsonSchema); ok {
+			return x.JsonSchema
+		}
+	}
+	return ""
+}
+
+func (x *GenerateRequest) GetJsonObject() bool {
+	if x != nil {
+		if x, ok := x.StructuredOutput.(*GenerateRequest_JsonObject); ok {
+			return x.JsonObject
+		}
+	}
+	return false
+}
+
+func (x *GenerateRequest) GetRegex() string {
+	if x != nil {
+		if x, ok := x.StructuredOutput.(*GenerateRequest_Regex); ok {
+			return x.Regex
+		}
+	}
+	return ""
+}
+
+func (x *GenerateRequest) GetChoice() *Choice {
+	if x != nil {
+		if x, ok := x.StructuredOutput.(*GenerateRequest_Choice); ok {
+			return x.Choice
+		}
+	}
+	return nil
+}
+
+type isGenerateRequest_StructuredOutput interface {
+	isGenerateRequest_StructuredOutput()
+}
+
+type GenerateRequest_JsonSchema struct {
+	// A JSON Schema, as JSON text (the subset of docs/structured-output.md:
+	// types, properties, required, enum, const, anyOf/oneOf, $ref to $defs,
+	// items, min/maxItems, min/maxLength, pattern, formats).
+	JsonSchema string `protobuf:"bytes,20,opt,name=json_schema,json=jsonSchema,proto3,oneof"`
+}
+
+type GenerateRequest_JsonObject struct {
+	// Any JSON object (true; false is the same as absent).
+	JsonObject bool `protobuf:"varint,21,opt,name=json_object,json=jsonObject,proto3,oneof"`
+}
+
+type GenerateRequest_Regex struct {
+	// A regular expression (RE2 syntax) the whole output matches.
+	Regex string `protobuf:"bytes,22,opt,name=regex,proto3,oneof"`
+}
+
+type GenerateRequest_Choice struct {
+	// Exactly one of these strings.
+	Choice *Choice `protobuf:"bytes,23,opt,name=choice,proto3,oneof"`
+}
+
+func (*GenerateRequest_JsonSchema) isGenerateRequest_StructuredOutput() {}
+
+func (*GenerateRequest_JsonObject) isGenerateRequest_StructuredOutput() {}
+
+func (*GenerateRequest_Regex) isGenerateRequest_StructuredOutput() {}
+
+func (*GenerateRequest_Choice) isGenerateRequest_StructuredOutput() {}
+
+// Choice is a structured output that is one of its strings.
+type Choice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At least one, at most 1024.
+	Choices       []string `protobuf:"bytes,1,rep,name=choices,proto3" json:"choices,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Choice) Reset() {
+	*x = Choice{}
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Choice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Choice) ProtoMessage() {}
+
+func (x *Choice) ProtoReflect() protoreflect.Message {
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Choice.ProtoReflect.Descriptor instead.
+func (*Choice) Descriptor() ([]byte, []int) {
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Choice) GetChoices() []string {
+	if x != nil {
+		return x.Choices
+	}
+	return nil
+}
+
 // ChatMessage is one turn of a conversation.
 type ChatMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -419,7 +555,7 @@ type ChatMessage struct {
 
 func (x *ChatMessage) Reset() {
 	*x = ChatMessage{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[2]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -431,7 +567,7 @@ func (x *ChatMessage) String() string {
 func (*ChatMessage) ProtoMessage() {}
 
 func (x *ChatMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[2]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -444,7 +580,7 @@ func (x *ChatMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
 func (*ChatMessage) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{2}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ChatMessage) GetRole() string {
@@ -474,7 +610,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[3]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +622,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[3]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +635,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{3}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GenerateResponse) GetKind() isGenerateResponse_Kind {
@@ -569,7 +705,7 @@ type Token struct {
 
 func (x *Token) Reset() {
 	*x = Token{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[4]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +717,7 @@ func (x *Token) String() string {
 func (*Token) ProtoMessage() {}
 
 func (x *Token) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[4]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +730,7 @@ func (x *Token) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Token.ProtoReflect.Descriptor instead.
 func (*Token) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{4}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Token) GetId() int32 {
@@ -649,7 +785,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[5]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +797,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[5]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +810,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{5}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TokenLogprob) GetId() int32 {
@@ -701,7 +837,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[6]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +849,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[6]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +862,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{6}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Usage) GetPromptTokens() uint32 {
@@ -757,7 +893,7 @@ type Timings struct {
 
 func (x *Timings) Reset() {
 	*x = Timings{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[7]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +905,7 @@ func (x *Timings) String() string {
 func (*Timings) ProtoMessage() {}
 
 func (x *Timings) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[7]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +918,7 @@ func (x *Timings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Timings.ProtoReflect.Descriptor instead.
 func (*Timings) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{7}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Timings) GetQueue() *durationpb.Duration {
@@ -833,7 +969,7 @@ type Finish struct {
 
 func (x *Finish) Reset() {
 	*x = Finish{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[8]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +981,7 @@ func (x *Finish) String() string {
 func (*Finish) ProtoMessage() {}
 
 func (x *Finish) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[8]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +994,7 @@ func (x *Finish) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Finish.ProtoReflect.Descriptor instead.
 func (*Finish) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{8}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Finish) GetRequestId() string {
@@ -947,7 +1083,7 @@ type SpeculativeStats struct {
 
 func (x *SpeculativeStats) Reset() {
 	*x = SpeculativeStats{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[9]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -959,7 +1095,7 @@ func (x *SpeculativeStats) String() string {
 func (*SpeculativeStats) ProtoMessage() {}
 
 func (x *SpeculativeStats) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[9]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -972,7 +1108,7 @@ func (x *SpeculativeStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpeculativeStats.ProtoReflect.Descriptor instead.
 func (*SpeculativeStats) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{9}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SpeculativeStats) GetVerifySteps() uint32 {
@@ -1012,7 +1148,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[10]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1160,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[10]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1173,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{10}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AbortRequest) GetRequestId() string {
@@ -1055,7 +1191,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[11]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1067,7 +1203,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[11]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1080,7 +1216,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{11}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{12}
 }
 
 type GetModelInfoRequest struct {
@@ -1091,7 +1227,7 @@ type GetModelInfoRequest struct {
 
 func (x *GetModelInfoRequest) Reset() {
 	*x = GetModelInfoRequest{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[12]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1239,7 @@ func (x *GetModelInfoRequest) String() string {
 func (*GetModelInfoRequest) ProtoMessage() {}
 
 func (x *GetModelInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[12]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1252,7 @@ func (x *GetModelInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetModelInfoRequest) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{12}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{13}
 }
 
 type GetModelInfoResponse struct {
@@ -1135,7 +1271,7 @@ type GetModelInfoResponse struct {
 
 func (x *GetModelInfoResponse) Reset() {
 	*x = GetModelInfoResponse{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[13]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1283,7 @@ func (x *GetModelInfoResponse) String() string {
 func (*GetModelInfoResponse) ProtoMessage() {}
 
 func (x *GetModelInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[13]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1296,7 @@ func (x *GetModelInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetModelInfoResponse) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{13}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetModelInfoResponse) GetModel() *ModelInfo {
@@ -1231,7 +1367,7 @@ type ModelInfo struct {
 
 func (x *ModelInfo) Reset() {
 	*x = ModelInfo{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[14]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1379,7 @@ func (x *ModelInfo) String() string {
 func (*ModelInfo) ProtoMessage() {}
 
 func (x *ModelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[14]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1392,7 @@ func (x *ModelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfo.ProtoReflect.Descriptor instead.
 func (*ModelInfo) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{14}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ModelInfo) GetModelType() string {
@@ -1415,7 +1551,7 @@ type EngineInfo struct {
 
 func (x *EngineInfo) Reset() {
 	*x = EngineInfo{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[15]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1427,7 +1563,7 @@ func (x *EngineInfo) String() string {
 func (*EngineInfo) ProtoMessage() {}
 
 func (x *EngineInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[15]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1440,7 +1576,7 @@ func (x *EngineInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineInfo.ProtoReflect.Descriptor instead.
 func (*EngineInfo) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{15}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EngineInfo) GetSlots() uint32 {
@@ -1532,7 +1668,7 @@ type ScoreRequest struct {
 
 func (x *ScoreRequest) Reset() {
 	*x = ScoreRequest{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[16]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1680,7 @@ func (x *ScoreRequest) String() string {
 func (*ScoreRequest) ProtoMessage() {}
 
 func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[16]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1693,7 @@ func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreRequest.ProtoReflect.Descriptor instead.
 func (*ScoreRequest) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{16}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ScoreRequest) GetTokenIds() []int32 {
@@ -1587,7 +1723,7 @@ type ScoreResponse struct {
 
 func (x *ScoreResponse) Reset() {
 	*x = ScoreResponse{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[17]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +1735,7 @@ func (x *ScoreResponse) String() string {
 func (*ScoreResponse) ProtoMessage() {}
 
 func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[17]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +1748,7 @@ func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreResponse.ProtoReflect.Descriptor instead.
 func (*ScoreResponse) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{17}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ScoreResponse) GetRows() uint32 {
@@ -1661,7 +1797,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\a\n" +
 	"\x05_seedB\x15\n" +
-	"\x13_repetition_penalty\"\x86\x04\n" +
+	"\x13_repetition_penalty\"\xa8\x05\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
@@ -1670,7 +1806,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\bsampling\x18\x03 \x01(\v2\x1b.glmflash.v1.SamplingParamsR\bsampling\x12\x19\n" +
 	"\bstop_ids\x18\x04 \x03(\x05R\astopIds\x12\"\n" +
 	"\n" +
-	"max_tokens\x18\x05 \x01(\rH\x00R\tmaxTokens\x88\x01\x01\x12!\n" +
+	"max_tokens\x18\x05 \x01(\rH\x01R\tmaxTokens\x88\x01\x01\x12!\n" +
 	"\ftop_logprobs\x18\x06 \x01(\rR\vtopLogprobs\x12\x1d\n" +
 	"\n" +
 	"ignore_eos\x18\a \x01(\bR\tignoreEos\x12\x16\n" +
@@ -1679,10 +1815,19 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x04stop\x18\n" +
 	" \x03(\tR\x04stop\x12/\n" +
 	"\x13disable_speculation\x18\v \x01(\bR\x12disableSpeculation\x123\n" +
-	"\x13skip_special_tokens\x18\f \x01(\bH\x01R\x11skipSpecialTokens\x88\x01\x01\x12\f\n" +
-	"\x01n\x18\r \x01(\rR\x01nB\r\n" +
+	"\x13skip_special_tokens\x18\f \x01(\bH\x02R\x11skipSpecialTokens\x88\x01\x01\x12\f\n" +
+	"\x01n\x18\r \x01(\rR\x01n\x12!\n" +
+	"\vjson_schema\x18\x14 \x01(\tH\x00R\n" +
+	"jsonSchema\x12!\n" +
+	"\vjson_object\x18\x15 \x01(\bH\x00R\n" +
+	"jsonObject\x12\x16\n" +
+	"\x05regex\x18\x16 \x01(\tH\x00R\x05regex\x12-\n" +
+	"\x06choice\x18\x17 \x01(\v2\x13.glmflash.v1.ChoiceH\x00R\x06choiceB\x13\n" +
+	"\x11structured_outputB\r\n" +
 	"\v_max_tokensB\x16\n" +
-	"\x14_skip_special_tokens\";\n" +
+	"\x14_skip_special_tokens\"\"\n" +
+	"\x06Choice\x12\x18\n" +
+	"\achoices\x18\x01 \x03(\tR\achoices\";\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\"u\n" +
@@ -1815,59 +1960,61 @@ func file_glmflash_v1_glmflash_proto_rawDescGZIP() []byte {
 }
 
 var file_glmflash_v1_glmflash_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_glmflash_v1_glmflash_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_glmflash_v1_glmflash_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_glmflash_v1_glmflash_proto_goTypes = []any{
 	(FinishReason)(0),            // 0: glmflash.v1.FinishReason
 	(*SamplingParams)(nil),       // 1: glmflash.v1.SamplingParams
 	(*GenerateRequest)(nil),      // 2: glmflash.v1.GenerateRequest
-	(*ChatMessage)(nil),          // 3: glmflash.v1.ChatMessage
-	(*GenerateResponse)(nil),     // 4: glmflash.v1.GenerateResponse
-	(*Token)(nil),                // 5: glmflash.v1.Token
-	(*TokenLogprob)(nil),         // 6: glmflash.v1.TokenLogprob
-	(*Usage)(nil),                // 7: glmflash.v1.Usage
-	(*Timings)(nil),              // 8: glmflash.v1.Timings
-	(*Finish)(nil),               // 9: glmflash.v1.Finish
-	(*SpeculativeStats)(nil),     // 10: glmflash.v1.SpeculativeStats
-	(*AbortRequest)(nil),         // 11: glmflash.v1.AbortRequest
-	(*AbortResponse)(nil),        // 12: glmflash.v1.AbortResponse
-	(*GetModelInfoRequest)(nil),  // 13: glmflash.v1.GetModelInfoRequest
-	(*GetModelInfoResponse)(nil), // 14: glmflash.v1.GetModelInfoResponse
-	(*ModelInfo)(nil),            // 15: glmflash.v1.ModelInfo
-	(*EngineInfo)(nil),           // 16: glmflash.v1.EngineInfo
-	(*ScoreRequest)(nil),         // 17: glmflash.v1.ScoreRequest
-	(*ScoreResponse)(nil),        // 18: glmflash.v1.ScoreResponse
-	nil,                          // 19: glmflash.v1.SamplingParams.LogitBiasEntry
-	(*durationpb.Duration)(nil),  // 20: google.protobuf.Duration
+	(*Choice)(nil),               // 3: glmflash.v1.Choice
+	(*ChatMessage)(nil),          // 4: glmflash.v1.ChatMessage
+	(*GenerateResponse)(nil),     // 5: glmflash.v1.GenerateResponse
+	(*Token)(nil),                // 6: glmflash.v1.Token
+	(*TokenLogprob)(nil),         // 7: glmflash.v1.TokenLogprob
+	(*Usage)(nil),                // 8: glmflash.v1.Usage
+	(*Timings)(nil),              // 9: glmflash.v1.Timings
+	(*Finish)(nil),               // 10: glmflash.v1.Finish
+	(*SpeculativeStats)(nil),     // 11: glmflash.v1.SpeculativeStats
+	(*AbortRequest)(nil),         // 12: glmflash.v1.AbortRequest
+	(*AbortResponse)(nil),        // 13: glmflash.v1.AbortResponse
+	(*GetModelInfoRequest)(nil),  // 14: glmflash.v1.GetModelInfoRequest
+	(*GetModelInfoResponse)(nil), // 15: glmflash.v1.GetModelInfoResponse
+	(*ModelInfo)(nil),            // 16: glmflash.v1.ModelInfo
+	(*EngineInfo)(nil),           // 17: glmflash.v1.EngineInfo
+	(*ScoreRequest)(nil),         // 18: glmflash.v1.ScoreRequest
+	(*ScoreResponse)(nil),        // 19: glmflash.v1.ScoreResponse
+	nil,                          // 20: glmflash.v1.SamplingParams.LogitBiasEntry
+	(*durationpb.Duration)(nil),  // 21: google.protobuf.Duration
 }
 var file_glmflash_v1_glmflash_proto_depIdxs = []int32{
-	19, // 0: glmflash.v1.SamplingParams.logit_bias:type_name -> glmflash.v1.SamplingParams.LogitBiasEntry
+	20, // 0: glmflash.v1.SamplingParams.logit_bias:type_name -> glmflash.v1.SamplingParams.LogitBiasEntry
 	1,  // 1: glmflash.v1.GenerateRequest.sampling:type_name -> glmflash.v1.SamplingParams
-	3,  // 2: glmflash.v1.GenerateRequest.messages:type_name -> glmflash.v1.ChatMessage
-	5,  // 3: glmflash.v1.GenerateResponse.token:type_name -> glmflash.v1.Token
-	9,  // 4: glmflash.v1.GenerateResponse.finish:type_name -> glmflash.v1.Finish
-	6,  // 5: glmflash.v1.Token.top_logprobs:type_name -> glmflash.v1.TokenLogprob
-	20, // 6: glmflash.v1.Timings.queue:type_name -> google.protobuf.Duration
-	20, // 7: glmflash.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
-	20, // 8: glmflash.v1.Timings.total:type_name -> google.protobuf.Duration
-	0,  // 9: glmflash.v1.Finish.reason:type_name -> glmflash.v1.FinishReason
-	7,  // 10: glmflash.v1.Finish.usage:type_name -> glmflash.v1.Usage
-	8,  // 11: glmflash.v1.Finish.timings:type_name -> glmflash.v1.Timings
-	10, // 12: glmflash.v1.Finish.speculative:type_name -> glmflash.v1.SpeculativeStats
-	15, // 13: glmflash.v1.GetModelInfoResponse.model:type_name -> glmflash.v1.ModelInfo
-	16, // 14: glmflash.v1.GetModelInfoResponse.engine:type_name -> glmflash.v1.EngineInfo
-	2,  // 15: glmflash.v1.GLMFlash.Generate:input_type -> glmflash.v1.GenerateRequest
-	11, // 16: glmflash.v1.GLMFlash.Abort:input_type -> glmflash.v1.AbortRequest
-	13, // 17: glmflash.v1.GLMFlash.GetModelInfo:input_type -> glmflash.v1.GetModelInfoRequest
-	17, // 18: glmflash.v1.GLMFlash.Score:input_type -> glmflash.v1.ScoreRequest
-	4,  // 19: glmflash.v1.GLMFlash.Generate:output_type -> glmflash.v1.GenerateResponse
-	12, // 20: glmflash.v1.GLMFlash.Abort:output_type -> glmflash.v1.AbortResponse
-	14, // 21: glmflash.v1.GLMFlash.GetModelInfo:output_type -> glmflash.v1.GetModelInfoResponse
-	18, // 22: glmflash.v1.GLMFlash.Score:output_type -> glmflash.v1.ScoreResponse
-	19, // [19:23] is the sub-list for method output_type
-	15, // [15:19] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	4,  // 2: glmflash.v1.GenerateRequest.messages:type_name -> glmflash.v1.ChatMessage
+	3,  // 3: glmflash.v1.GenerateRequest.choice:type_name -> glmflash.v1.Choice
+	6,  // 4: glmflash.v1.GenerateResponse.token:type_name -> glmflash.v1.Token
+	10, // 5: glmflash.v1.GenerateResponse.finish:type_name -> glmflash.v1.Finish
+	7,  // 6: glmflash.v1.Token.top_logprobs:type_name -> glmflash.v1.TokenLogprob
+	21, // 7: glmflash.v1.Timings.queue:type_name -> google.protobuf.Duration
+	21, // 8: glmflash.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
+	21, // 9: glmflash.v1.Timings.total:type_name -> google.protobuf.Duration
+	0,  // 10: glmflash.v1.Finish.reason:type_name -> glmflash.v1.FinishReason
+	8,  // 11: glmflash.v1.Finish.usage:type_name -> glmflash.v1.Usage
+	9,  // 12: glmflash.v1.Finish.timings:type_name -> glmflash.v1.Timings
+	11, // 13: glmflash.v1.Finish.speculative:type_name -> glmflash.v1.SpeculativeStats
+	16, // 14: glmflash.v1.GetModelInfoResponse.model:type_name -> glmflash.v1.ModelInfo
+	17, // 15: glmflash.v1.GetModelInfoResponse.engine:type_name -> glmflash.v1.EngineInfo
+	2,  // 16: glmflash.v1.GLMFlash.Generate:input_type -> glmflash.v1.GenerateRequest
+	12, // 17: glmflash.v1.GLMFlash.Abort:input_type -> glmflash.v1.AbortRequest
+	14, // 18: glmflash.v1.GLMFlash.GetModelInfo:input_type -> glmflash.v1.GetModelInfoRequest
+	18, // 19: glmflash.v1.GLMFlash.Score:input_type -> glmflash.v1.ScoreRequest
+	5,  // 20: glmflash.v1.GLMFlash.Generate:output_type -> glmflash.v1.GenerateResponse
+	13, // 21: glmflash.v1.GLMFlash.Abort:output_type -> glmflash.v1.AbortResponse
+	15, // 22: glmflash.v1.GLMFlash.GetModelInfo:output_type -> glmflash.v1.GetModelInfoResponse
+	19, // 23: glmflash.v1.GLMFlash.Score:output_type -> glmflash.v1.ScoreResponse
+	20, // [20:24] is the sub-list for method output_type
+	16, // [16:20] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_glmflash_v1_glmflash_proto_init() }
@@ -1876,8 +2023,13 @@ func file_glmflash_v1_glmflash_proto_init() {
 		return
 	}
 	file_glmflash_v1_glmflash_proto_msgTypes[0].OneofWrappers = []any{}
-	file_glmflash_v1_glmflash_proto_msgTypes[1].OneofWrappers = []any{}
-	file_glmflash_v1_glmflash_proto_msgTypes[3].OneofWrappers = []any{
+	file_glmflash_v1_glmflash_proto_msgTypes[1].OneofWrappers = []any{
+		(*GenerateRequest_JsonSchema)(nil),
+		(*GenerateRequest_JsonObject)(nil),
+		(*GenerateRequest_Regex)(nil),
+		(*GenerateRequest_Choice)(nil),
+	}
+	file_glmflash_v1_glmflash_proto_msgTypes[4].OneofWrappers = []any{
 		(*GenerateResponse_Token)(nil),
 		(*GenerateResponse_Finish)(nil),
 	}
@@ -1887,7 +2039,7 @@ func file_glmflash_v1_glmflash_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_glmflash_v1_glmflash_proto_rawDesc), len(file_glmflash_v1_glmflash_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
