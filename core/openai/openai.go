@@ -285,7 +285,9 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 		s.fail(w, submitError(err))
 		return
 	}
-	st := text.NewStream(lv.Text, h, p.stops, lv.RT.EndIDs(p.req), func() { lv.RT.Abort(h.ID()) })
+	// A stop string ends the request as stopped (finish_reason, metrics
+	// and logs say stop), not aborted.
+	st := text.NewStream(lv.Text, h, p.stops, lv.RT.EndIDs(p.req), func(n int) { _ = lv.RT.Stop(h.ID(), n) })
 	st.StopsAfter(p.req.MinTokens) // min_tokens: no stop string before either
 	out := &response{s: s, w: w, lv: lv, p: p, chat: isChat, created: time.Now().Unix()}
 	if isChat {

@@ -809,7 +809,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 	defer stopSend()
 	// The text layer decodes the tokens (and matches stop strings; stop ids
 	// and EOS add no text); without a tokenizer its chunks carry ids only.
-	ts := text.NewStream(lv.text, h, req.GetStop(), lv.rt.EndIDs(r), func() { lv.rt.Abort(h.ID()) })
+	ts := text.NewStream(lv.text, h, req.GetStop(), lv.rt.EndIDs(r), func(n int) { _ = lv.rt.Stop(h.ID(), n) })
 	ts.StopsAfter(r.MinTokens)
 	if req.SkipSpecialTokens != nil && !req.GetSkipSpecialTokens() {
 		ts.KeepSpecial()
