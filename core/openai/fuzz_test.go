@@ -21,6 +21,8 @@ func FuzzRequest(f *testing.F) {
 		`{"model":"m","prompt":"hello","max_tokens":3,"logprobs":2,"temperature":0.5,"top_p":0.9}`,
 		`{"prompt":[1,2,3],"n":1}`, `{"prompt":[[1,2]]}`, `{"prompt":["a","b"]}`, `{"prompt":null}`,
 		`{"messages":[{"role":"assistant","content":null}]}`, `[]`, `{`, `{"max_tokens":1e400}`,
+		`{"prompt":"x","top_k":3,"min_p":0.1,"repetition_penalty":1.1,"presence_penalty":1,"frequency_penalty":-1,"logit_bias":{"5":-100},"min_tokens":2,"stop_token_ids":[1],"skip_special_tokens":false}`,
+		`{"messages":[{"role":"user","content":"x"}],"store":true,"metadata":{"a":"b"},"user":"u","service_tier":"auto"}`,
 	} {
 		f.Add(s)
 	}
@@ -56,6 +58,11 @@ func FuzzRequest(f *testing.F) {
 		require.GreaterOrEqual(t, r.MaxTokens, 1)
 		require.LessOrEqual(t, len(r.Prompt)+r.MaxTokens, lim.context)
 		require.NoError(t, r.Sampling.Validate())
+		require.NoError(t, r.Processing.Validate(lim.vocab))
+		require.True(t, r.MinTokens >= 0 && r.MinTokens <= r.MaxTokens)
+		for _, id := range r.StopIDs {
+			require.True(t, id >= 0 && int(id) < lim.vocab)
+		}
 		for _, id := range r.Prompt {
 			require.True(t, id >= 0 && int(id) < lim.vocab)
 		}

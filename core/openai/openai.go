@@ -289,6 +289,9 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 	// and logs say stop), not aborted.
 	st := text.NewStream(lv.Text, h, p.stops, lv.RT.EndIDs(p.req), func(n int) { _ = lv.RT.Stop(h.ID(), n) })
 	st.StopsAfter(p.req.MinTokens) // min_tokens: no stop string before either
+	if !p.skipSpecial {
+		st.KeepSpecial()
+	}
 	out := &response{s: s, w: w, lv: lv, p: p, chat: isChat, created: time.Now().Unix()}
 	if isChat {
 		out.parse = newChatOut(&p)
