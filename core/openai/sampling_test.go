@@ -8,23 +8,8 @@ import (
 
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
-	"github.com/glmflash/glmflash/core/text"
-	"github.com/glmflash/glmflash/model/chat"
-	"github.com/glmflash/glmflash/model/randckpt"
-	"github.com/glmflash/glmflash/model/tokenizer"
 	"github.com/stretchr/testify/require"
 )
-
-func textModel(t *testing.T) *text.Model {
-	t.Helper()
-	tj, _, err := randckpt.TokenizerFiles(256)
-	require.NoError(t, err)
-	tk, err := tokenizer.Parse(tj)
-	require.NoError(t, err)
-	tm, err := chat.Parse([]byte(`{"chat_template":"{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"}`), "")
-	require.NoError(t, err)
-	return &text.Model{Tok: tk, Chat: tm}
-}
 
 var testLimits = limits{vocab: 256, context: 4096, defaultMaxTokens: 16}
 
@@ -32,7 +17,7 @@ var testLimits = limits{vocab: 256, context: 4096, defaultMaxTokens: 16}
 // body (with prompt) as the handlers do.
 func checkSampling(t *testing.T, body string) (params, *apiError) {
 	t.Helper()
-	m := textModel(t)
+	m := bytesText(t, 256)
 	if strings.Contains(body, `"prompt"`) {
 		var req completionRequest
 		if e := decode(strings.NewReader(body), &req, DefaultMaxBodyBytes); e != nil {

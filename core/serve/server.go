@@ -137,6 +137,7 @@ type live struct {
 	cfgJSON []byte
 	closeFn func() error
 	text    *text.Model
+	loaded  time.Time
 }
 
 // New makes a server of the model, server and runtime sections of cfg;
@@ -364,7 +365,7 @@ func (s *Server) apiLive() *openai.Live {
 	if lv == nil {
 		return nil
 	}
-	return &openai.Live{RT: lv.rt, Text: lv.text, Vocab: lv.lim.vocab, Context: lv.lim.context, DefaultMaxTokens: lv.lim.defaultMaxTokens}
+	return &openai.Live{RT: lv.rt, Text: lv.text, Vocab: lv.lim.vocab, Context: lv.lim.context, DefaultMaxTokens: lv.lim.defaultMaxTokens, Loaded: lv.loaded}
 }
 
 // HTTPAddr is the bound address of the OpenAI-compatible API, "" when
@@ -568,7 +569,7 @@ func (s *Server) load(ctx context.Context) error {
 		rt.Close()
 		return fail(err)
 	}
-	lv := &live{rt: rt, eng: eng, draft: draft, closeFn: closeFn, cfgJSON: hf, text: lm.Text,
+	lv := &live{rt: rt, eng: eng, draft: draft, closeFn: closeFn, cfgJSON: hf, text: lm.Text, loaded: time.Now(),
 		lim:   limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes, text: lm.Text},
 		model: withChat(modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf, mtpErr == nil), lm.Text),
 		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens),
