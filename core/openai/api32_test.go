@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -274,6 +275,43 @@ func TestTokenizeDetokenize(t *testing.T) {
 	r, out = post(t, s.base+"/tokenize", `{"model":"gpt-4","prompt":"a"}`, nil)
 	require.Equal(t, 404, r.StatusCode)
 	require.Equal(t, "model_not_found", out["error"].(map[string]any)["code"])
+}
+
+// /metrics on the HTTP API's port (as vLLM), a stop string's finish counted
+// as stop (issue 32: abort); server.http_metrics false leaves it out.
+func TestMetricsOnTheHTTPPort(t *testing.T) {
+	s := start(t, nil, nil)
+	ctx := context.Background()
+	full, err := s.cli.Chat.Completions.New(ctx, chatParams("Hello there", 24))
+	require.NoError(t, err)
+	r := []rune(full.Choices[0].Message.Content)
+	require.Greater(t, len(r), 10)
+	p := chatParams("Hello there", 24)
+	p.Stop = openai.ChatCompletionNewParamsStopUnion{OfString: openai.String(string(r[5:8]))}
+	res, err := s.cli.Chat.Completions.New(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, "stop", res.Choices[0].FinishReason)
+	counts := func() map[string]float64 {
+		resp, body := get(t, s.base+"/metrics")
+		require.Equal(t, 200, resp.StatusCode)
+		out := map[string]float64{}
+		for _, l := range strings.Split(body, "\n") {
+			if rest, ok := strings.CutPrefix(l, `glmflash_requests_total{status="`); ok {
+				st, v, _ := strings.Cut(rest, `"} `)
+				f, err := strconv.ParseFloat(v, 64)
+				require.NoError(t, err)
+				out[st] = f
+			}
+		}
+		return out
+	}
+	require.Eventually(t, func() bool { return counts()["stop"] == 1 }, 10*time.Second, 10*time.Millisecond, "%v", counts())
+	require.Equal(t, 1.0, counts()["length"])
+	require.Zero(t, counts()["abort"])
+
+	off := start(t, func(c *config.Config) { c.Server.HTTPMetrics = false }, nil)
+	resp, _ := get(t, off.base+"/metrics")
+	require.Equal(t, 404, resp.StatusCode)
 }
 
 // The Node `openai` package's script (tests/node/openai.test.mjs) against

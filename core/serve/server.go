@@ -316,7 +316,12 @@ func (s *Server) Listen() error {
 			}
 			return fmt.Errorf("serve: server.http_addr: %w", err)
 		}
+		var mh http.Handler
+		if sc.HTTPMetrics {
+			mh = s.metrics.Handler() // behind the API's TLS and keys, as every route of it
+		}
 		s.api, s.alis = s.httpServer(openai.New(openai.Options{
+			Metrics:      mh,
 			Model:        s.cfg.ServedName(),
 			Live:         s.apiLive,
 			Refused:      s.metrics.Refused,
