@@ -283,12 +283,13 @@ func (s *server) checkModel(name string) *apiError {
 	return nil
 }
 
-// submitError maps a runtime refusal to its status.
-func submitError(err error) *apiError {
+// submitError maps a runtime refusal to its status; a refused field is
+// named in this API's spelling (apiField).
+func submitError(err error, p *params, isChat bool) *apiError {
 	var ie *sched.InvalidError
 	switch {
 	case errors.As(err, &ie):
-		return badField(ie.Field, "%s", ie.Msg)
+		return badField(apiField(ie.Field, p, isChat), "%s", ie.Msg)
 	case errors.Is(err, sched.ErrDuplicateID):
 		return &apiError{status: 409, typ: "invalid_request_error", param: "X-Request-Id", code: "duplicate_request_id", msg: "X-Request-Id: a request with this id is in flight"}
 	case errors.Is(err, sched.ErrQueueFull):
@@ -299,6 +300,41 @@ func submitError(err error) *apiError {
 		return &apiError{status: 499, typ: "cancelled", msg: err.Error()}
 	}
 	return &apiError{status: 500, typ: "server_error", msg: err.Error()}
+}
+
+// apiField turns a runtime field (the gRPC API's spelling: sampling.top_p,
+// stop_ids[2], prompt_ids[3]) into this API's (top_p, stop_token_ids[2],
+// prompt[3], or messages for a chat, whose ids the client did not send);
+// the runtime's one refusal of the logits processors names the first of
+// them the request set.
+func apiField(field string, p *params, isChat bool) string {
+	name, index, _ := strings.Cut(field, "[")
+	if index != "" {
+		index = "[" + index
+	}
+	switch name {
+	case "sampling.processing":
+		pr := p.req.Processing
+		switch {
+		case pr.RepetitionPenalty != 0 && pr.RepetitionPenalty != 1:
+			return "repetition_penalty"
+		case pr.PresencePenalty != 0:
+			return "presence_penalty"
+		case pr.FrequencyPenalty != 0:
+			return "frequency_penalty"
+		case len(pr.LogitBias) > 0:
+			return "logit_bias"
+		}
+		return "body"
+	case "stop_ids":
+		return "stop_token_ids" + index
+	case "prompt_ids":
+		if isChat {
+			return "messages"
+		}
+		return "prompt" + index
+	}
+	return strings.TrimPrefix(field, "sampling.")
 }
 
 func (s *server) completions(w http.ResponseWriter, r *http.Request) {
@@ -363,7 +399,7 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 	p.req.ID = access.ScopedID(p.req.Owner, id)
 	h, err := lv.RT.Submit(ctx, p.req)
 	if err != nil {
-		s.fail(w, submitError(err))
+		s.fail(w, submitError(err, &p, isChat))
 		return
 	}
 	// A stop string ends the request as stopped (finish_reason, metrics
