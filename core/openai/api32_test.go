@@ -209,6 +209,9 @@ func TestRetryAfter(t *testing.T) {
 	r, _ := post(t, s.base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":1}`, nil)
 	require.Equal(t, 503, r.StatusCode, "loading")
 	require.Equal(t, "5", r.Header.Get("Retry-After"))
+	hr, _ := get(t, s.base+"/health")
+	require.Equal(t, 503, hr.StatusCode)
+	require.Equal(t, "5", hr.Header.Get("Retry-After"))
 	close(gate)
 	<-s.srv.Ready()
 

@@ -2,6 +2,8 @@ package openai
 
 import (
 	"context"
+	"encoding/json"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -65,6 +67,52 @@ func FuzzRequest(f *testing.F) {
 		}
 		for _, id := range r.Prompt {
 			require.True(t, id >= 0 && int(id) < lim.vocab)
+		}
+	})
+}
+
+// Any body to /tokenize or /detokenize gets a JSON answer: 200 with the
+// ids (each in the vocabulary, count their number) or the text, else a
+// 4xx naming what is wrong; never a panic or a 5xx.
+func FuzzTokenize(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt":"hello"}`, `{"prompt":"a b","add_special_tokens":false,"return_token_strs":true}`,
+		`{"messages":[{"role":"user","content":"hi"}],"add_generation_prompt":false}`,
+		`{"messages":[{"role":"user","content":"hi"}],"continue_final_message":true}`,
+		`{"tokens":[1,2,300]}`, `{"tokens":[104,105]}`, `{"prompt":"x","messages":[]}`, `{}`, `[]`, `{"prompt":7}`,
+	} {
+		f.Add(s)
+	}
+	tj, _, err := randckpt.TokenizerFiles(256)
+	require.NoError(f, err)
+	tk, err := tokenizer.Parse(tj)
+	require.NoError(f, err)
+	tm, err := chat.Parse([]byte(`{"chat_template":"{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"}`), "")
+	require.NoError(f, err)
+	lv := &Live{Text: &text.Model{Tok: tk, Chat: tm}, Vocab: 256, Context: 4096, DefaultMaxTokens: 16}
+	h := New(Options{Model: "m", Live: func() *Live { return lv }})
+	f.Fuzz(func(t *testing.T, body string) {
+		for _, path := range []string{"/tokenize", "/detokenize"} {
+			w := httptest.NewRecorder()
+			r := httptest.NewRequest("POST", path, strings.NewReader(body))
+			r.Host = "localhost"
+			r.Header.Set("Content-Type", "application/json")
+			h.ServeHTTP(w, r)
+			var out map[string]any
+			require.NoError(t, json.Unmarshal(w.Body.Bytes(), &out), "%s", w.Body.String())
+			if w.Code != 200 {
+				require.True(t, w.Code >= 400 && w.Code < 500, "%d %s", w.Code, w.Body.String())
+				continue
+			}
+			if path == "/detokenize" {
+				require.IsType(t, "", out["prompt"])
+				continue
+			}
+			ids := out["tokens"].([]any)
+			require.Equal(t, float64(len(ids)), out["count"])
+			for _, id := range ids {
+				require.True(t, id.(float64) >= 0 && id.(float64) < 256)
+			}
 		}
 	})
 }

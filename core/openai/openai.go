@@ -205,10 +205,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func (s *server) health(w http.ResponseWriter, r *http.Request) {
 	lv := s.o.Live()
 	if lv == nil {
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterUnavailable))
 		writeJSON(w, 503, map[string]string{"status": "loading"})
 		return
 	}
 	if s.o.Draining != nil && s.o.Draining() {
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterUnavailable))
 		writeJSON(w, 503, map[string]string{"status": "draining"})
 		return
 	}
