@@ -350,3 +350,83 @@ func TestNodeOpenAIPackage(t *testing.T) {
 	require.Contains(t, string(out), "checks passed")
 	t.Logf("%s", out)
 }
+
+// The logits processors through the official client, now that the
+// scheduler applies them, checked exactly: logit_bias +100 forces a token
+// and −100 bans the greedy pick; min_tokens holds a stop id off; a
+// repetition penalty of 100 under greedy repeats no token of the prompt or
+// the output; presence and frequency penalties change the greedy output.
+func TestProcessingFieldsEndToEnd(t *testing.T) {
+	s := start(t, nil, nil)
+	ctx := context.Background()
+	greedyIDs := func(res *openai.ChatCompletion) []int {
+		var ids []int
+		for _, c := range res.Choices[0].Logprobs.Content {
+			require.Len(t, c.Bytes, 1)
+			ids = append(ids, int(c.Bytes[0]))
+		}
+		return ids
+	}
+	p := chatParams("Hello there", 16)
+	p.Logprobs = openai.Bool(true)
+	base, err := s.cli.Chat.Completions.New(ctx, p)
+	require.NoError(t, err)
+	ids := greedyIDs(base)
+
+	res, err := s.cli.Chat.Completions.New(ctx, p, option.WithJSONSet("logit_bias", map[string]float64{"65": 100}))
+	require.NoError(t, err)
+	require.Equal(t, strings.Repeat("A", 16), res.Choices[0].Message.Content, "+100 forces id 65 (A)")
+
+	res, err = s.cli.Chat.Completions.New(ctx, p, option.WithJSONSet("logit_bias", map[string]float64{strconv.Itoa(ids[0]): -100}))
+	require.NoError(t, err)
+	require.NotEqual(t, ids[0], greedyIDs(res)[0], "−100 bans the greedy first token")
+
+	// min_tokens with the greedy output's first token as a stop id: without
+	// it the request stops at once; with it, not before 6 tokens, none of
+	// which is that id.
+	res, err = s.cli.Chat.Completions.New(ctx, p, option.WithJSONSet("stop_token_ids", []int{ids[0]}))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Usage.CompletionTokens)
+	require.Equal(t, "stop", res.Choices[0].FinishReason)
+	res, err = s.cli.Chat.Completions.New(ctx, p, option.WithJSONSet("stop_token_ids", []int{ids[0]}), option.WithJSONSet("min_tokens", 6))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, res.Usage.CompletionTokens, int64(6))
+	got := greedyIDs(res)
+	for i := range 6 {
+		require.NotEqual(t, ids[0], got[i], "token %d", i)
+	}
+
+	// repetition_penalty 100: no token of the prompt or of the output so far
+	// is the greedy pick while another is left.
+	tk, err := s.cli.Chat.Completions.New(ctx, chatParams("Hello there", 1))
+	require.NoError(t, err)
+	prompt := "system: Be brief.\nuser: Hello there\nassistant:"
+	require.Equal(t, int64(len(prompt)), tk.Usage.PromptTokens)
+	res, err = s.cli.Chat.Completions.New(ctx, p, option.WithJSONSet("repetition_penalty", 100))
+	require.NoError(t, err)
+	seen := map[int]bool{}
+	for i := range len(prompt) {
+		seen[int(prompt[i])] = true
+	}
+	for i, id := range greedyIDs(res) {
+		require.False(t, seen[id], "token %d (id %d) repeats", i, id)
+		seen[id] = true
+	}
+
+	for _, field := range []string{"presence_penalty", "frequency_penalty"} {
+		p := chatParams("Hello there", 40)
+		long, err := s.cli.Chat.Completions.New(ctx, p)
+		require.NoError(t, err)
+		res, err := s.cli.Chat.Completions.New(ctx, p, option.WithJSONSet(field, 2))
+		require.NoError(t, err)
+		require.NotEqual(t, long.Choices[0].Message.Content, res.Choices[0].Message.Content, field)
+		distinct := func(s string) int {
+			m := map[rune]bool{}
+			for _, r := range s {
+				m[r] = true
+			}
+			return len(m)
+		}
+		require.GreaterOrEqual(t, distinct(res.Choices[0].Message.Content), distinct(long.Choices[0].Message.Content), "%s 2 repeats no more", field)
+	}
+}

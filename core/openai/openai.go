@@ -287,11 +287,11 @@ func (s *server) checkModel(name string) *apiError {
 
 // submitError maps a runtime refusal to its status; a refused field is
 // named in this API's spelling (apiField).
-func submitError(err error, p *params, isChat bool) *apiError {
+func submitError(err error, isChat bool) *apiError {
 	var ie *sched.InvalidError
 	switch {
 	case errors.As(err, &ie):
-		return badField(apiField(ie.Field, p, isChat), "%s", ie.Msg)
+		return badField(apiField(ie.Field, isChat), "%s", ie.Msg)
 	case errors.Is(err, sched.ErrDuplicateID):
 		return &apiError{status: 409, typ: "invalid_request_error", param: "X-Request-Id", code: "duplicate_request_id", msg: "X-Request-Id: a request with this id is in flight"}
 	case errors.Is(err, sched.ErrQueueFull):
@@ -305,29 +305,15 @@ func submitError(err error, p *params, isChat bool) *apiError {
 }
 
 // apiField turns a runtime field (the gRPC API's spelling: sampling.top_p,
-// stop_ids[2], prompt_ids[3]) into this API's (top_p, stop_token_ids[2],
-// prompt[3], or messages for a chat, whose ids the client did not send);
-// the runtime's one refusal of the logits processors names the first of
-// them the request set.
-func apiField(field string, p *params, isChat bool) string {
+// stop_ids[2], prompt_ids[3], logit_bias[7]) into this API's (top_p,
+// stop_token_ids[2], prompt[3], or messages for a chat, whose ids the
+// client did not send, logit_bias["7"]).
+func apiField(field string, isChat bool) string {
 	name, index, _ := strings.Cut(field, "[")
 	if index != "" {
 		index = "[" + index
 	}
 	switch name {
-	case "sampling.processing":
-		pr := p.req.Processing
-		switch {
-		case pr.RepetitionPenalty != 0 && pr.RepetitionPenalty != 1:
-			return "repetition_penalty"
-		case pr.PresencePenalty != 0:
-			return "presence_penalty"
-		case pr.FrequencyPenalty != 0:
-			return "frequency_penalty"
-		case len(pr.LogitBias) > 0:
-			return "logit_bias"
-		}
-		return "body"
 	case "stop_ids":
 		return "stop_token_ids" + index
 	case "prompt_ids":
@@ -335,6 +321,10 @@ func apiField(field string, p *params, isChat bool) string {
 			return "messages"
 		}
 		return "prompt" + index
+	case "logit_bias":
+		if id, ok := strings.CutSuffix(strings.TrimPrefix(index, "["), "]"); ok {
+			return fmt.Sprintf("logit_bias[%q]", id)
+		}
 	}
 	return strings.TrimPrefix(field, "sampling.")
 }
@@ -401,7 +391,7 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 	p.req.ID = access.ScopedID(p.req.Owner, id)
 	h, err := lv.RT.Submit(ctx, p.req)
 	if err != nil {
-		s.fail(w, submitError(err, &p, isChat))
+		s.fail(w, submitError(err, isChat))
 		return
 	}
 	// A stop string ends the request as stopped (finish_reason, metrics

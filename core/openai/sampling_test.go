@@ -167,14 +167,11 @@ func TestIgnoredFieldsAccepted(t *testing.T) {
 // gRPC API's spelling), so a refusal of a field the API mapped names the
 // field the client sent.
 func TestRuntimeFieldsInTheAPISpelling(t *testing.T) {
-	p, e := checkSampling(t, `{"prompt":"hi","presence_penalty":0.5,"logit_bias":{"3":1}}`)
-	require.Nil(t, e)
 	for _, c := range []struct {
 		field string
 		chat  bool
 		want  string
 	}{
-		{"sampling.processing", false, "presence_penalty"},
 		{"sampling.top_p", false, "top_p"},
 		{"sampling.min_p", true, "min_p"},
 		{"stop_ids", false, "stop_token_ids"},
@@ -182,18 +179,15 @@ func TestRuntimeFieldsInTheAPISpelling(t *testing.T) {
 		{"prompt_ids[2]", false, "prompt[2]"},
 		{"prompt_ids[2]", true, "messages"},
 		{"min_tokens", true, "min_tokens"},
+		{"presence_penalty", true, "presence_penalty"},
+		{"logit_bias", false, "logit_bias"},
+		{"logit_bias[7]", false, `logit_bias["7"]`},
 		{"max_tokens", false, "max_tokens"},
 	} {
-		require.Equal(t, c.want, apiField(c.field, &p, c.chat), c.field)
+		require.Equal(t, c.want, apiField(c.field, c.chat), c.field)
 	}
-	p, e = checkSampling(t, `{"prompt":"hi","logit_bias":{"3":1}}`)
-	require.Nil(t, e)
-	require.Equal(t, "logit_bias", apiField("sampling.processing", &p, false))
-	p, e = checkSampling(t, `{"prompt":"hi","repetition_penalty":1.2,"logit_bias":{"3":1}}`)
-	require.Nil(t, e)
-	require.Equal(t, "repetition_penalty", apiField("sampling.processing", &p, false))
-	e = submitError(&sched.InvalidError{Field: "sampling.processing", Msg: "logits processors are not implemented yet"}, &p, false)
+	e := submitError(&sched.InvalidError{Field: "logit_bias[9]", Msg: "must be in [-100, 100], got 200"}, false)
 	require.Equal(t, 400, e.status)
-	require.Equal(t, "repetition_penalty", e.param)
-	require.Equal(t, "repetition_penalty: logits processors are not implemented yet", e.msg)
+	require.Equal(t, `logit_bias["9"]`, e.param)
+	require.Equal(t, `logit_bias["9"]: must be in [-100, 100], got 200`, e.msg)
 }

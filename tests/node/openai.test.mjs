@@ -56,6 +56,11 @@ check("streamed chat = whole chat", () => {
 const topk = await client.chat.completions.create({ model, messages, max_tokens: 16, temperature: 1, seed: 7, top_k: 1 });
 check("top_k 1 = greedy", () => assert.equal(topk.choices[0].message.content, res.choices[0].message.content));
 
+// OpenAI's logit_bias: +100 on id 65 ("A" in the fixture's bytes-only
+// vocabulary) forces it at every step.
+const biased = await client.chat.completions.create({ model, messages, max_tokens: 8, temperature: 0, logit_bias: { "65": 100 } });
+check("logit_bias +100 forces the token", () => assert.equal(biased.choices[0].message.content, "AAAAAAAA"));
+
 // A bad sampling value is a 400 naming it.
 await assert.rejects(
   client.chat.completions.create({ model, messages, max_tokens: 4, min_p: 1.5 }),
