@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/text"
+	"github.com/glmflash/glmflash/model/chat"
 	"github.com/glmflash/glmflash/model/tokenizer"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -428,5 +430,46 @@ func TestProcessingFieldsEndToEnd(t *testing.T) {
 			return len(m)
 		}
 		require.GreaterOrEqual(t, distinct(res.Choices[0].Message.Content), distinct(long.Choices[0].Message.Content), "%s 2 repeats no more", field)
+	}
+}
+
+// /tokenize of messages renders them as a chat request does, with its tools
+// and chat_template_kwargs (vLLM's TokenizeChatRequest): the count is the
+// chat request's prompt_tokens, and the tools and enable_thinking change it.
+func TestTokenizeWithTools(t *testing.T) {
+	cfg, err := os.ReadFile("../../model/randckpt/tokenizer_config.json")
+	require.NoError(t, err)
+	tm, err := chat.Parse(cfg, "")
+	require.NoError(t, err)
+	s := startText(t, nil, nil, func(tk *tokenizer.Tokenizer) *text.Model {
+		return &text.Model{Tok: tk, Chat: tm, ToolCallParser: "glm45", ReasoningParser: "glm45"}
+	})
+	tool := `{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}`
+	msgs := `"messages":[{"role":"user","content":"Weather in Beijing?"}]`
+	count := func(body string) float64 {
+		r, out := post(t, s.base+"/tokenize", body, nil)
+		require.Equal(t, 200, r.StatusCode, "%v", out)
+		return out["count"].(float64)
+	}
+	plain := count(`{` + msgs + `}`)
+	withTools := count(`{` + msgs + `,"tools":[` + tool + `]}`)
+	noThink := count(`{` + msgs + `,"tools":[` + tool + `],"chat_template_kwargs":{"enable_thinking":false}}`)
+	require.Greater(t, withTools, plain, "the template writes the tools into the system turn")
+	require.NotEqual(t, withTools, noThink, "enable_thinking false ends the prompt with <think></think>")
+	res, err := s.cli.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+		Model: "tiny", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Weather in Beijing?")}, MaxTokens: openai.Int(1),
+	}, option.WithJSONSet("tools", []any{json.RawMessage(tool)}))
+	require.NoError(t, err)
+	require.Equal(t, withTools, float64(res.Usage.PromptTokens))
+
+	for _, c := range []struct{ body, param string }{
+		{`{` + msgs + `,"tools":[{"type":"code"}]}`, "tools[0].type"},
+		{`{` + msgs + `,"chat_template_kwargs":[1]}`, "chat_template_kwargs"},
+		{`{"prompt":"a","tools":[` + tool + `]}`, "tools"},
+		{`{"prompt":"a","chat_template_kwargs":{}}`, "chat_template_kwargs"},
+	} {
+		r, out := post(t, s.base+"/tokenize", c.body, nil)
+		require.Equal(t, 400, r.StatusCode, c.body)
+		require.Equal(t, c.param, out["error"].(map[string]any)["param"], c.body)
 	}
 }
