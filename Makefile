@@ -47,6 +47,20 @@ test: fmt-check vet build
 	$(MAKE) race
 	$(MAKE) --no-print-directory test-impls
 	$(MAKE) --no-print-directory test-emu-quick
+	$(MAKE) --no-print-directory test-node
+
+# Part of `make test`: the OpenAI API driven by the official Node `openai`
+# package (tests/node/openai.test.mjs: chat, streaming, models, sampling
+# fields, X-Request-Id) against a server on the tiny fixture
+# (core/openai's TestNodeOpenAIPackage). The package is installed with
+# `npm ci` from the committed package-lock.json (the npm registry, or
+# npm's cache); GLMFLASH_NODE_TEST=1 makes a missing package a failure.
+# Skipped, saying so, where node or npm is missing.
+.PHONY: test-node
+test-node:
+	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then echo "SKIPPED: the Node openai script test needs node and npm (tests/node)"; exit 0; fi; \
+	(cd tests/node && npm ci --no-audit --no-fund --loglevel=error) && \
+	GLMFLASH_NODE_TEST=1 $(GO) test -count=1 -run '^TestNodeOpenAIPackage$$' -v ./core/openai/
 
 # Part of `make test`: the kernels and the fixture parity suite once per
 # other kernel implementation the CPU offers (AVX2 with AVX-512 masked,
@@ -86,7 +100,7 @@ test-haswell:
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ./model/safetensors:FuzzParseHeader ./model:FuzzParseConfig ./model:FuzzParseGenerationConfig ./core/config:FuzzLoad \
 	./core/serve:FuzzGenerateRequest ./core/access:FuzzParseKeys ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers \
-	./model/tokenizer:FuzzEncodeDecode ./model/tokenizer:FuzzParse ./model/tokenizer:FuzzFastSplit ./core/openai:FuzzRequest
+	./model/tokenizer:FuzzEncodeDecode ./model/tokenizer:FuzzParse ./model/tokenizer:FuzzFastSplit ./core/openai:FuzzRequest ./core/openai:FuzzTokenize
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$pkg $$fn"; \

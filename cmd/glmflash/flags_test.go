@@ -384,6 +384,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"serve --http-port": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--http-port", "-1"}, want: "--http-port must be in [0, 65535]"}
 		},
+		"serve --metrics-port": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--metrics-port", "65536"}, want: "--metrics-port must be in [0, 65535]"}
+		},
 		"serve --model": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--model", d + "/none"}, want: d + "/none"}
 		},

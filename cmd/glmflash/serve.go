@@ -19,7 +19,7 @@ func newServeCmd() *cobra.Command {
 	var mf modelFlags
 	var sf serveFlags
 	cmd := &cobra.Command{
-		Use:   "serve [DIR | --model DIR | --preset NAME] [--host H] [--port P] [--http-port P] [--config FILE]",
+		Use:   "serve [DIR | --model DIR | --preset NAME] [--host H] [--port P] [--http-port P] [--metrics-port P] [--config FILE]",
 		Short: "Serve the model over gRPC and an OpenAI-compatible HTTP API (continuous batching), with Prometheus metrics",
 		Long: `Serve the model over gRPC (service glmflash.v1.GLMFlash, with health and reflection),
 an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health)
@@ -111,10 +111,11 @@ to gRPC and HTTP alike.`,
 }
 
 // serveFlags set keys of the model and server sections: the checkpoint
-// (DIR, --model, --preset) and the listeners (--host, --port, --http-port).
+// (DIR, --model, --preset) and the listeners (--host, --port, --http-port,
+// --metrics-port).
 type serveFlags struct {
-	model, preset, host string
-	port, httpPort      int
+	model, preset, host         string
+	port, httpPort, metricsPort int
 }
 
 func (f *serveFlags) register(cmd *cobra.Command) {
@@ -123,6 +124,7 @@ func (f *serveFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.host, "host", "", "host (interface) for the gRPC, HTTP and metrics listeners")
 	cmd.Flags().IntVar(&f.port, "port", 0, "gRPC port")
 	cmd.Flags().IntVar(&f.httpPort, "http-port", 0, "OpenAI-compatible HTTP port")
+	cmd.Flags().IntVar(&f.metricsPort, "metrics-port", 0, "Prometheus /metrics port (server.metrics_addr; /metrics is on the HTTP port too with server.http_metrics)")
 }
 
 // apply turns the flags into configuration keys (mf.extra). The addresses
@@ -179,7 +181,7 @@ func (f *serveFlags) apply(cmd *cobra.Command, args []string, mf *modelFlags) er
 	if err := setAddr(base.Server.HTTPAddr, "server.http_addr", "http-port", f.httpPort); err != nil {
 		return err
 	}
-	if err := setAddr(base.Server.MetricsAddr, "server.metrics_addr", "metrics-port-never-a-flag", 0); err != nil {
+	if err := setAddr(base.Server.MetricsAddr, "server.metrics_addr", "metrics-port", f.metricsPort); err != nil {
 		return err
 	}
 	mf.extra, mf.cfg = keys, nil // load again with them

@@ -127,6 +127,16 @@ func TestServeFlagsOverrideEnvironmentAndFile(t *testing.T) {
 	require.Equal(t, "flag --port", cfg.Sources.Of("server.grpc_addr"))
 	require.Equal(t, "environment variable GLMFLASH_SERVER__HTTP_ADDR", cfg.Sources.Of("server.http_addr"))
 
+	// --metrics-port moves the metrics listener, and enables it when the
+	// configuration disabled it (as --http-port does the API's).
+	cfg, err = load("--metrics-port", "7500")
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:7500", cfg.Server.MetricsAddr)
+	require.Equal(t, "flag --metrics-port", cfg.Sources.Of("server.metrics_addr"))
+	cfg, err = load("--metrics-port", "7501", "--host", "0.0.0.0")
+	require.NoError(t, err)
+	require.Equal(t, "0.0.0.0:7501", cfg.Server.MetricsAddr)
+
 	_, err = load("/models/m", "--preset", "tiny")
 	require.ErrorContains(t, err, "mutually exclusive")
 	_, err = load("--port", "70000")

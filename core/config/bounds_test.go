@@ -99,4 +99,5 @@ func TestConnectionLimitDefaults(t *testing.T) {
 	require.Empty(t, s.AllowedHosts)
 	require.Empty(t, s.AllowedOrigins)
 	require.False(t, s.MetricsPlaintext)
+	require.True(t, s.HTTPMetrics, "/metrics on the HTTP API's port too, as vLLM")
 }

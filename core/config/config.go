@@ -254,6 +254,10 @@ type Server struct {
 	// when server.tls or server.auth are on (by default metrics take the
 	// same TLS and keys).
 	MetricsPlaintext bool `koanf:"metrics_plaintext"`
+	// HTTPMetrics serves /metrics on the HTTP API's port too (as vLLM
+	// does), behind the API's TLS and keys; metrics_plaintext does not
+	// apply there.
+	HTTPMetrics bool `koanf:"http_metrics"`
 }
 
 // Runtime sizes the engine and the scheduler; zero means the default.

@@ -55,6 +55,9 @@ func TestWrongMethodIs405(t *testing.T) {
 		{"PUT", "/v1/chat/completions", "POST"},
 		{"POST", "/v1/models", "GET, HEAD"},
 		{"DELETE", "/health", "GET, HEAD"},
+		{"GET", "/tokenize", "POST"},
+		{"GET", "/detokenize", "POST"},
+		{"POST", "/v1/models/m", "GET, HEAD"},
 	} {
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest(c.method, c.path, nil)

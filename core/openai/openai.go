@@ -1,14 +1,20 @@
 // Package openai is glmflash's OpenAI-compatible HTTP API, on the same
 // runtime (scheduler) as the gRPC server: POST /v1/completions and
 // POST /v1/chat/completions (whole responses, or Server-Sent Events with
-// "stream": true), GET /v1/models and GET /health.
+// "stream": true), GET /v1/models and /v1/models/{id}, vLLM's
+// POST /tokenize and /detokenize, GET /metrics (when the server gives its
+// handler) and GET /health.
 //
 // Requests are decoded strictly: an unknown field, a wrong type or a bad
-// value is a 400 whose error names the field ("param"). An unknown model is
-// a 404, a full wait queue a 429, a loading or draining server a 503, in
-// OpenAI's error JSON. A client that disconnects cancels its request, whose
-// cache slot the scheduler frees at its next step. With API keys, every
-// route but /health needs one (401 without).
+// value is a 400 whose error names the field ("param"); the OpenAI fields
+// that change nothing here (store, metadata, user, service_tier) are
+// accepted and ignored. An unknown model is a 404, a full wait queue a 429,
+// a loading or draining server a 503 (both with Retry-After), in OpenAI's
+// error JSON. A client's X-Request-Id (printable ASCII, at most 128 bytes)
+// is the request's id, else one is made; either is echoed in the response's
+// X-Request-Id. A client that disconnects cancels its request, whose cache
+// slot the scheduler frees at its next step. With API keys, every route
+// but /health needs one (401 without).
 package openai
 
 import (
@@ -17,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,6 +46,8 @@ type Live struct {
 	// structured output is refused, with GrammarErr as the reason).
 	Grammar    *grammar.Compiler
 	GrammarErr error
+	// Loaded is when the model was loaded (the models' "created").
+	Loaded time.Time
 }
 
 // Options are a server's collaborators.
@@ -62,22 +71,34 @@ type Options struct {
 	// Guard checks Host and Origin headers (nil: loopback names only, no
 	// cross-origin calls).
 	Guard *access.Guard
-	Log   zerolog.Logger
+	// Metrics, when set, is served at GET /metrics (behind Keys, as every
+	// route but /health), as vLLM serves its metrics on the API's port.
+	Metrics http.Handler
+	Log     zerolog.Logger
 }
 
-type server struct{ o Options }
+type server struct {
+	o       Options
+	started time.Time
+}
 
 // New returns the API's handler.
 func New(o Options) http.Handler {
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	s := &server{o: o}
+	s := &server{o: o, started: time.Now()}
 	auth := func(h http.HandlerFunc) http.Handler { return o.Keys.HTTPRefusing(h, s.unauthorized) }
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/completions", auth(s.completions))
-	mux.Handle("POST /v1/chat/completions", auth(s.chat))
+	mux.Handle("POST /v1/completions", auth(withRequestID(s, s.completions)))
+	mux.Handle("POST /v1/chat/completions", auth(withRequestID(s, s.chat)))
 	mux.Handle("GET /v1/models", auth(s.models))
+	mux.Handle("GET /v1/models/{id...}", auth(s.model)) // served names may hold slashes (org/name)
+	mux.Handle("POST /tokenize", auth(withRequestID(s, s.tokenize)))
+	mux.Handle("POST /detokenize", auth(withRequestID(s, s.detokenize)))
+	if o.Metrics != nil {
+		mux.Handle("GET /metrics", auth(o.Metrics.ServeHTTP))
+	}
 	mux.HandleFunc("GET /health", s.health) // no key needed, as for gRPC health checks
 	notFound := auth(s.notFound)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { s.noRoute(w, r, notFound) })
@@ -96,6 +117,9 @@ var routes = map[string][]string{
 	"/v1/completions":      {http.MethodPost},
 	"/v1/chat/completions": {http.MethodPost},
 	"/v1/models":           {http.MethodGet, http.MethodHead},
+	"/tokenize":            {http.MethodPost},
+	"/detokenize":          {http.MethodPost},
+	"/metrics":             {http.MethodGet, http.MethodHead},
 	"/health":              {http.MethodGet, http.MethodHead},
 }
 
@@ -104,7 +128,14 @@ var routes = map[string][]string{
 // doing it; the routes are public, so before the key check, as /health is),
 // else notFound.
 func (s *server) noRoute(w http.ResponseWriter, r *http.Request, notFound http.Handler) {
-	if methods, ok := routes[r.URL.Path]; ok {
+	methods, ok := routes[r.URL.Path]
+	if !ok && strings.HasPrefix(r.URL.Path, "/v1/models/") {
+		methods, ok = routes["/v1/models"]
+	}
+	if r.URL.Path == "/metrics" && s.o.Metrics == nil {
+		ok = false
+	}
+	if ok {
 		allow := strings.Join(methods, ", ")
 		w.Header().Set("Allow", allow)
 		s.fail(w, &apiError{status: 405, typ: "invalid_request_error", msg: fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)})
@@ -114,7 +145,11 @@ func (s *server) noRoute(w http.ResponseWriter, r *http.Request, notFound http.H
 }
 
 func (s *server) notFound(w http.ResponseWriter, r *http.Request) {
-	s.fail(w, &apiError{status: 404, typ: "not_found_error", msg: fmt.Sprintf("no route %s %s (have POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health)", r.Method, r.URL.Path)})
+	have := "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id}, POST /tokenize, POST /detokenize, "
+	if s.o.Metrics != nil {
+		have += "GET /metrics, "
+	}
+	s.fail(w, &apiError{status: 404, typ: "not_found_error", msg: fmt.Sprintf("no route %s %s (have %sGET /health)", r.Method, r.URL.Path, have)})
 }
 
 // unauthorized refuses a request without a valid API key, as OpenAI does.
@@ -133,6 +168,8 @@ func (s *server) fail(w http.ResponseWriter, e *apiError) {
 			s.o.Refused("permission_denied")
 		case 404:
 			s.o.Refused("not_found")
+		case 409:
+			s.o.Refused("already_exists")
 		case 429:
 			s.o.Refused("resource_exhausted")
 		case 503:
@@ -141,6 +178,12 @@ func (s *server) fail(w http.ResponseWriter, e *apiError) {
 	}
 	if e.status == 408 {
 		w.Header().Set("Connection", "close") // the rest of the body will not be read
+	}
+	switch e.status {
+	case 429:
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterQueueFull))
+	case 503:
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterUnavailable))
 	}
 	writeJSON(w, e.status, errorBody(e))
 }
@@ -167,19 +210,41 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func (s *server) health(w http.ResponseWriter, r *http.Request) {
 	lv := s.o.Live()
 	if lv == nil {
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterUnavailable))
 		writeJSON(w, 503, map[string]string{"status": "loading"})
 		return
 	}
 	if s.o.Draining != nil && s.o.Draining() {
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterUnavailable))
 		writeJSON(w, 503, map[string]string{"status": "draining"})
 		return
 	}
 	writeJSON(w, 200, map[string]string{"status": "ok"})
 }
 
-func (s *server) models(w http.ResponseWriter, r *http.Request) {
-	m := map[string]any{"id": s.o.Model, "object": "model", "created": 0, "owned_by": "glmflash"}
-	if lv := s.o.Live(); lv != nil && lv.Text != nil {
+// Seconds a refused client is told to wait before it retries (Retry-After):
+// a full queue drains as requests finish; a loading model takes longer, and
+// a draining server's clients should go to another (a load balancer's
+// retry does).
+const (
+	RetryAfterQueueFull   = 1
+	RetryAfterUnavailable = 5
+)
+
+// modelObject is the served model as OpenAI's model object: created is when
+// it was loaded (the server's start while it loads); max_model_len (vLLM's)
+// the context limit once loaded.
+func (s *server) modelObject() map[string]any {
+	m := map[string]any{"id": s.o.Model, "object": "model", "created": s.started.Unix(), "owned_by": "glmflash", "root": s.o.Model}
+	lv := s.o.Live()
+	if lv == nil {
+		return m
+	}
+	if !lv.Loaded.IsZero() {
+		m["created"] = lv.Loaded.Unix()
+	}
+	m["max_model_len"] = lv.Context
+	if lv.Text != nil {
 		// Whether chat completions are served, and if not because the
 		// checkpoint's template failed to load, why.
 		m["chat"] = lv.Text.Tok != nil && lv.Text.Chat != nil
@@ -187,7 +252,23 @@ func (s *server) models(w http.ResponseWriter, r *http.Request) {
 			m["chat_template_error"] = lv.Text.ChatError.Error()
 		}
 	}
-	writeJSON(w, 200, map[string]any{"object": "list", "data": []any{m}})
+	return m
+}
+
+func (s *server) models(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, 200, map[string]any{"object": "list", "data": []any{s.modelObject()}})
+}
+
+// model is GET /v1/models/{id}: the served model, or a 404 in OpenAI's
+// shape for another id.
+func (s *server) model(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if id != s.o.Model {
+		s.fail(w, &apiError{status: 404, typ: "invalid_request_error", param: "model", code: "model_not_found",
+			msg: fmt.Sprintf("The model %q does not exist (this server serves %q)", id, s.o.Model)})
+		return
+	}
+	writeJSON(w, 200, s.modelObject())
 }
 
 // live returns the loaded model and the request limits, or a 503.
@@ -209,12 +290,15 @@ func (s *server) checkModel(name string) *apiError {
 	return nil
 }
 
-// submitError maps a runtime refusal to its status.
-func submitError(err error) *apiError {
+// submitError maps a runtime refusal to its status; a refused field is
+// named in this API's spelling (apiField).
+func submitError(err error, isChat bool) *apiError {
 	var ie *sched.InvalidError
 	switch {
 	case errors.As(err, &ie):
-		return badField(ie.Field, "%s", ie.Msg)
+		return badField(apiField(ie.Field, isChat), "%s", ie.Msg)
+	case errors.Is(err, sched.ErrDuplicateID):
+		return &apiError{status: 409, typ: "invalid_request_error", param: "X-Request-Id", code: "duplicate_request_id", msg: "X-Request-Id: a request with this id is in flight"}
 	case errors.Is(err, sched.ErrQueueFull):
 		return &apiError{status: 429, typ: "rate_limit_error", code: "queue_full", msg: "the request queue is full; retry later"}
 	case errors.Is(err, sched.ErrDraining), errors.Is(err, sched.ErrClosed):
@@ -223,6 +307,31 @@ func submitError(err error) *apiError {
 		return &apiError{status: 499, typ: "cancelled", msg: err.Error()}
 	}
 	return &apiError{status: 500, typ: "server_error", msg: err.Error()}
+}
+
+// apiField turns a runtime field (the gRPC API's spelling: sampling.top_p,
+// stop_ids[2], prompt_ids[3], logit_bias[7]) into this API's (top_p,
+// stop_token_ids[2], prompt[3], or messages for a chat, whose ids the
+// client did not send, logit_bias["7"]).
+func apiField(field string, isChat bool) string {
+	name, index, _ := strings.Cut(field, "[")
+	if index != "" {
+		index = "[" + index
+	}
+	switch name {
+	case "stop_ids":
+		return "stop_token_ids" + index
+	case "prompt_ids":
+		if isChat {
+			return "messages"
+		}
+		return "prompt" + index
+	case "logit_bias":
+		if id, ok := strings.CutSuffix(strings.TrimPrefix(index, "["), "]"); ok {
+			return fmt.Sprintf("logit_bias[%q]", id)
+		}
+	}
+	return strings.TrimPrefix(field, "sampling.")
 }
 
 func (s *server) completions(w http.ResponseWriter, r *http.Request) {
@@ -284,12 +393,12 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) {
 // and parsed by its own parsers (choices.go).
 func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params, isChat bool) {
 	ctx := r.Context() // ends when the client goes away: the runtime cancels the request
-	id := sched.NewID()
+	id := requestIDOf(ctx)
 	p.req.Owner = access.FromContext(ctx).ID // only this key (or an admin) may Abort it over gRPC
 	p.req.ID = access.ScopedID(p.req.Owner, id)
 	g, err := lv.RT.SubmitGroup(ctx, p.req)
 	if err != nil {
-		s.fail(w, submitError(err))
+		s.fail(w, submitError(err, isChat))
 		return
 	}
 	out := &response{s: s, w: w, lv: lv, p: p, chat: isChat, created: time.Now().Unix()}
@@ -300,8 +409,13 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 	}
 	var streams []*text.Stream
 	for _, h := range g.Choices() {
-		st := text.NewStream(lv.Text, h, p.stops, lv.RT.EndIDs(p.req), func() { lv.RT.Abort(h.ID()) })
+		// A stop string ends the choice as stopped (finish_reason, metrics
+		// and logs say stop), not aborted.
+		st := text.NewStream(lv.Text, h, p.stops, lv.RT.EndIDs(p.req), func(n int) { _ = lv.RT.Stop(h.ID(), n) })
 		st.StopsAfter(p.req.MinTokens) // min_tokens: no stop string before either
+		if !p.skipSpecial {
+			st.KeepSpecial()
+		}
 		streams = append(streams, st)
 		co := &choiceOut{}
 		if isChat {
@@ -312,7 +426,6 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 	if p.stream {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("Cache-Control", "no-cache")
-		w.Header().Set("X-Request-Id", id) // the id to Abort over gRPC with the same key
 		w.WriteHeader(200)
 		if isChat {
 			for i := range out.choices {

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -60,16 +61,49 @@ type common struct {
 	N                *int64         `json:"n"`
 	Stream           bool           `json:"stream"`
 	StreamOptions    *streamOptions `json:"stream_options"`
-	User             string         `json:"user"`
 	PresencePenalty  *float64       `json:"presence_penalty"`
 	FrequencyPenalty *float64       `json:"frequency_penalty"`
+	// LogitBias maps token ids (as strings, OpenAI's form) to a bias in
+	// [−100, 100] added to their logits.
+	LogitBias map[string]float64 `json:"logit_bias"`
+
+	// vLLM's extra sampling fields.
+	TopK              *int64   `json:"top_k"`
+	MinP              *float64 `json:"min_p"`
+	RepetitionPenalty *float64 `json:"repetition_penalty"`
+	MinTokens         *int64   `json:"min_tokens"`
+	StopTokenIDs      []int64  `json:"stop_token_ids"`
+	// SkipSpecialTokens leaves special tokens' text out of the output
+	// (default true, as vLLM).
+	SkipSpecialTokens *bool `json:"skip_special_tokens"`
 	// IgnoreEOS goes on past the model's end-of-sequence ids (vLLM's extra
 	// field); by default they end generation with finish_reason "stop".
 	IgnoreEOS bool `json:"ignore_eos"`
 	// The structured output constraint (response_format, vLLM's guided_*
 	// and structured_outputs).
 	structured
+
+	// Accepted and ignored, as vLLM does: they change nothing here (no
+	// stored completions, no billing tiers), but OpenAI's SDKs send them.
+	// They are still checked for their type and OpenAI's bounds.
+	User        string            `json:"user"`
+	Store       *bool             `json:"store"`
+	Metadata    map[string]string `json:"metadata"`
+	ServiceTier *string           `json:"service_tier"`
 }
+
+// Bounds of the accepted-and-ignored fields (OpenAI's).
+const (
+	maxUser          = 512 // bytes of user (OpenAI recommends a hash of an id)
+	maxMetadataPairs = 16
+	maxMetadataKey   = 64
+	maxMetadataValue = 512
+)
+
+// maxServiceTier bounds service_tier: OpenAI's tiers (auto, default, flex,
+// scale, priority, fast, …) grow, and it is ignored here, so any tier name
+// (lower-case letters and _) is accepted.
+const maxServiceTier = 32
 
 type streamOptions struct {
 	IncludeUsage       bool  `json:"include_usage"`
@@ -286,6 +320,115 @@ type params struct {
 	tools            *toolcall.Spec
 	reasoningFormat  string
 	promptOpensThink bool
+	skipSpecial      bool // leave special tokens' text out (skip_special_tokens)
+}
+
+// finiteIn reports whether v is a number in [lo, hi].
+func finiteIn(v, lo, hi float64) bool { return !math.IsNaN(v) && v >= lo && v <= hi }
+
+// processing checks the logits processors' fields (vLLM's ranges) and
+// builds them: repetition_penalty in (0, 100] (1 is off),
+// presence_penalty and frequency_penalty in [−2, 2], logit_bias token ids
+// of the vocabulary with biases in [−100, 100] (a bias of 0 changes
+// nothing and is left out).
+func (c *common) processing(lim limits) (sample.Processing, *apiError) {
+	var pr sample.Processing
+	if c.RepetitionPenalty != nil {
+		v := *c.RepetitionPenalty
+		if !(v > 0) || !finiteIn(v, 0, 100) {
+			return pr, badField("repetition_penalty", "must be in (0, 100] (1 is off), got %v", v)
+		}
+		pr.RepetitionPenalty = v
+	}
+	if c.PresencePenalty != nil {
+		if !finiteIn(*c.PresencePenalty, -2, 2) {
+			return pr, badField("presence_penalty", "must be in [-2, 2], got %v", *c.PresencePenalty)
+		}
+		pr.PresencePenalty = *c.PresencePenalty
+	}
+	if c.FrequencyPenalty != nil {
+		if !finiteIn(*c.FrequencyPenalty, -2, 2) {
+			return pr, badField("frequency_penalty", "must be in [-2, 2], got %v", *c.FrequencyPenalty)
+		}
+		pr.FrequencyPenalty = *c.FrequencyPenalty
+	}
+	if len(c.LogitBias) > sample.MaxLogitBias {
+		return pr, badField("logit_bias", "at most %d entries, got %d", sample.MaxLogitBias, len(c.LogitBias))
+	}
+	for k, b := range c.LogitBias {
+		f := fmt.Sprintf("logit_bias[%q]", k)
+		id, err := strconv.ParseInt(k, 10, 32)
+		if err != nil || strconv.FormatInt(id, 10) != k {
+			return pr, badField(f, "the key must be a token id (a decimal integer), got %q", k)
+		}
+		if id < 0 || id >= int64(lim.vocab) {
+			return pr, badField(f, "token id %d is outside the vocabulary [0, %d)", id, lim.vocab)
+		}
+		if !finiteIn(b, -100, 100) {
+			return pr, badField(f, "the bias must be in [-100, 100], got %v", b)
+		}
+		if b == 0 {
+			continue
+		}
+		if pr.LogitBias == nil {
+			pr.LogitBias = map[int32]float64{}
+		}
+		pr.LogitBias[int32(id)] = b
+	}
+	return pr, nil
+}
+
+// stopTokenIDs checks stop_token_ids: ids of the vocabulary that end
+// generation with finish_reason "stop" (their text is not output).
+func (c *common) stopTokenIDs(lim limits) ([]int32, *apiError) {
+	if len(c.StopTokenIDs) > sched.MaxStopIDs {
+		return nil, badField("stop_token_ids", "at most %d ids, got %d", sched.MaxStopIDs, len(c.StopTokenIDs))
+	}
+	var ids []int32
+	for i, id := range c.StopTokenIDs {
+		if id < 0 || id >= int64(lim.vocab) {
+			return nil, badField(fmt.Sprintf("stop_token_ids[%d]", i), "token id %d is outside the vocabulary [0, %d)", id, lim.vocab)
+		}
+		if !slices.Contains(ids, int32(id)) {
+			ids = append(ids, int32(id))
+		}
+	}
+	return ids, nil
+}
+
+func isTierName(s string) bool {
+	if s == "" || len(s) > maxServiceTier {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if (s[i] < 'a' || s[i] > 'z') && s[i] != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// checkIgnored checks the fields that are accepted and ignored against
+// OpenAI's bounds, so that what OpenAI would refuse is refused here too.
+func (c *common) checkIgnored() *apiError {
+	if len(c.User) > maxUser {
+		return badField("user", "longer than %d bytes", maxUser)
+	}
+	if len(c.Metadata) > maxMetadataPairs {
+		return badField("metadata", "at most %d pairs, got %d", maxMetadataPairs, len(c.Metadata))
+	}
+	for k, v := range c.Metadata {
+		switch {
+		case len(k) > maxMetadataKey:
+			return badField("metadata", "key %.16q… is longer than %d bytes", k, maxMetadataKey)
+		case len(v) > maxMetadataValue:
+			return badField(fmt.Sprintf("metadata[%q]", k), "longer than %d bytes", maxMetadataValue)
+		}
+	}
+	if c.ServiceTier != nil && !isTierName(*c.ServiceTier) {
+		return badField("service_tier", "must be a tier name (auto, default, flex, …: 1 to %d lower-case letters and _), got %.40q", maxServiceTier, *c.ServiceTier)
+	}
+	return nil
 }
 
 // check validates the common fields and builds the runtime request around
@@ -301,11 +444,8 @@ func (c *common) check(prompt []int32, maxTok *int64, maxTokField string, lim li
 		}
 		choices = int(*c.N)
 	}
-	if c.PresencePenalty != nil && *c.PresencePenalty != 0 {
-		return p, badField("presence_penalty", "not supported (only 0)")
-	}
-	if c.FrequencyPenalty != nil && *c.FrequencyPenalty != 0 {
-		return p, badField("frequency_penalty", "not supported (only 0)")
+	if e := c.checkIgnored(); e != nil {
+		return p, e
 	}
 	if len(prompt) > lim.context {
 		return p, badField("prompt", "the prompt has %d tokens, more than the context limit %d", len(prompt), lim.context)
@@ -357,7 +497,39 @@ func (c *common) check(prompt []int32, maxTok *int64, maxTokField string, lim li
 	if c.StreamOptions != nil && !c.Stream {
 		return p, badField("stream_options", "only allowed with stream: true")
 	}
-	p.req = sched.Request{Prompt: prompt, MaxTokens: n, Sampling: sp, IgnoreEOS: c.IgnoreEOS, N: choices}
+	if c.TopK != nil {
+		// vLLM's spelling of "off" is −1 (0 too, in newer versions); a
+		// top_k beyond the vocabulary keeps every token, as the vocabulary
+		// does.
+		if *c.TopK < -1 {
+			return p, badField("top_k", "must be -1 or 0 (off) or ≥ 1, got %d", *c.TopK)
+		}
+		sp.TopK = int(min(max(0, *c.TopK), int64(lim.vocab)))
+	}
+	if c.MinP != nil {
+		sp.MinP = *c.MinP
+		if !(sp.MinP >= 0 && sp.MinP < 1) {
+			return p, badField("min_p", "must be in [0, 1) (0 is off), got %v", sp.MinP)
+		}
+	}
+	proc, e := c.processing(lim)
+	if e != nil {
+		return p, e
+	}
+	stopIDs, e := c.stopTokenIDs(lim)
+	if e != nil {
+		return p, e
+	}
+	minTok := 0
+	if c.MinTokens != nil {
+		if *c.MinTokens < 0 || *c.MinTokens > int64(n) {
+			return p, badField("min_tokens", "must be in [0, %d] (at most %s, %d), got %d", n, maxTokField, n, *c.MinTokens)
+		}
+		minTok = int(*c.MinTokens)
+	}
+	p.req = sched.Request{Prompt: prompt, MaxTokens: n, Sampling: sp, IgnoreEOS: c.IgnoreEOS, N: choices,
+		Processing: proc, MinTokens: minTok, StopIDs: stopIDs}
+	p.skipSpecial = c.SkipSpecialTokens == nil || *c.SkipSpecialTokens
 	p.stops = c.Stop
 	p.stream = c.Stream
 	p.includeUsage = c.StreamOptions != nil && c.StreamOptions.IncludeUsage

@@ -84,7 +84,7 @@ func TestJSONSchemaRandomGenerationsValidate(t *testing.T) {
 }
 
 // post sends a raw JSON body and returns the status and decoded body.
-func post(t *testing.T, s *server, path, body string) (int, map[string]any) {
+func postTo(t *testing.T, s *server, path, body string) (int, map[string]any) {
 	t.Helper()
 	res, err := http.Post(s.base+path, "application/json", strings.NewReader(body))
 	require.NoError(t, err)
@@ -132,7 +132,7 @@ func TestStructuredOutputKinds(t *testing.T) {
 			{"/v1/completions", fmt.Sprintf(comp, seed, `"structured_outputs":{"regex":"(ab|cd)+"}`), false, regexp.MustCompile(`^(ab|cd)+$`).MatchString},
 			{"/v1/chat/completions", fmt.Sprintf(chat, seed, `"response_format":{"type":"text"}`), true, func(string) bool { return true }},
 		} {
-			code, m := post(t, s, c.path, c.body)
+			code, m := postTo(t, s, c.path, c.body)
 			require.Equal(t, 200, code, "%s: %v", c.body, m)
 			out, reason := content(m, c.chat)
 			require.True(t, c.check(out), "%s: output %q", c.body, out)
@@ -164,14 +164,14 @@ func TestStructuredOutputErrors(t *testing.T) {
 		{50, `"structured_outputs":{}`, "structured_outputs", "one of json, regex or choice"},
 		{50, `"guided_json":{"$defs":{"n":{"type":"object","properties":{"n":{"$ref":"#/$defs/n"}}}},"$ref":"#/$defs/n"}`, "guided_json", "recursive"},
 	} {
-		code, m := post(t, s, "/v1/chat/completions", fmt.Sprintf(chat, c.max, c.extra))
+		code, m := postTo(t, s, "/v1/chat/completions", fmt.Sprintf(chat, c.max, c.extra))
 		require.Equal(t, 400, code, "%s: %v", c.extra, m)
 		e := m["error"].(map[string]any)
 		require.Equal(t, c.param, e["param"], "%s: %v", c.extra, e)
 		require.Contains(t, e["message"], c.msg, "%s", c.extra)
 	}
 	// max_completion_tokens is named when it is the limit given.
-	code, m := post(t, s, "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"go"}],"max_completion_tokens":1,"response_format":{"type":"json_object"}}`)
+	code, m := postTo(t, s, "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"go"}],"max_completion_tokens":1,"response_format":{"type":"json_object"}}`)
 	require.Equal(t, 400, code)
 	require.Equal(t, "max_completion_tokens", m["error"].(map[string]any)["param"])
 }
@@ -207,7 +207,7 @@ func TestStructuredOutputChoices(t *testing.T) {
 	s := start(t, nil, nil)
 	body := `{"model":"tiny","messages":[{"role":"user","content":"go"}],"temperature":1,"seed":7,"max_tokens":80,"n":2,` +
 		`"response_format":{"type":"json_schema","json_schema":{"name":"pt","schema":{"type":"object","properties":{"x":{"type":"integer"},"tag":{"type":"string","maxLength":8}},"required":["x","tag"],"additionalProperties":false}}}}`
-	code, m := post(t, s, "/v1/chat/completions", body)
+	code, m := postTo(t, s, "/v1/chat/completions", body)
 	require.Equal(t, 200, code, "%v", m)
 	choices := m["choices"].([]any)
 	require.Len(t, choices, 2)

@@ -192,6 +192,11 @@ type request struct {
 	choice  int
 	carrier bool
 
+	// stopCounted: a Stop's final counts counted completion tokens, not
+	// every generated one (guarded by Scheduler.mu).
+	stopCounted bool
+	counted     int
+
 	// Outbox (guarded by mu): tokens not yet received and the final.
 	mu      sync.Mutex
 	pending []Token

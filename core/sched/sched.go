@@ -425,6 +425,20 @@ func (rt *Scheduler) AbortBy(id, owner string, admin bool) error {
 	return nil
 }
 
+// Stop ends an in-flight request with FinishStop on behalf of its
+// submitter, which found a stop string (core/text) in the first tokens of
+// its output: the final (and the log and metrics) count those as the
+// completion tokens, and the request counts as stopped, not aborted.
+func (rt *Scheduler) Stop(id string, tokens int) error {
+	rt.mu.Lock()
+	r := rt.byID[id]
+	rt.mu.Unlock()
+	if r == nil || !rt.killCounting(r, FinishStop, "stop string", tokens) {
+		return ErrNotFound
+	}
+	return nil
+}
+
 // Matching lists the ids of in-flight requests for which match (given the
 // id and the owner) is true, for an admin's look-up.
 func (rt *Scheduler) Matching(match func(id, owner string) bool) []string {
@@ -454,19 +468,33 @@ func (rt *Scheduler) InFlight() (waiting, running int) {
 // kill finalizes r from outside the scheduler: at once for its submitter;
 // a running request's slot is freed at the next step boundary.
 func (rt *Scheduler) kill(r *request, reason FinishReason, msg string) bool {
+	return rt.killCounting(r, reason, msg, -1)
+}
+
+// killCounting is kill whose final counts at most tokens completion tokens
+// (negative: all that were generated).
+func (rt *Scheduler) killCounting(r *request, reason FinishReason, msg string, tokens int) bool {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	return rt.killLocked(r, reason, msg)
+	return rt.killCountingLocked(r, reason, msg, tokens)
 }
 
 // killLocked is kill with mu held. A choice of a group not yet forked
 // gives its held slot back at once (no step uses it); the last one ends
 // the group's prefill.
 func (rt *Scheduler) killLocked(r *request, reason FinishReason, msg string) bool {
+	return rt.killCountingLocked(r, reason, msg, -1)
+}
+
+// killCountingLocked is killCounting with mu held.
+func (rt *Scheduler) killCountingLocked(r *request, reason FinishReason, msg string, tokens int) bool {
 	if r.killed || rt.byID[r.ID] != r {
 		return false
 	}
 	r.killed = true
+	if tokens >= 0 {
+		r.counted, r.stopCounted = min(tokens, r.generated), true
+	}
 	if i := slices.Index(rt.waiting, r); i >= 0 {
 		rt.waiting = slices.Delete(rt.waiting, i, i+1)
 	}
@@ -485,6 +513,9 @@ func (rt *Scheduler) finishLocked(r *request, reason FinishReason, msg string) {
 	f := &Final{
 		ID: r.ID, Reason: reason, Message: msg, PromptTokens: len(r.Prompt), CompletionTokens: r.generated,
 		Total: now.Sub(r.arrived), Seed: r.Sampling.Seed, Spec: r.stats,
+	}
+	if r.stopCounted {
+		f.CompletionTokens = r.counted
 	}
 	if !r.admitted.IsZero() {
 		f.Queue = r.admitted.Sub(r.arrived)

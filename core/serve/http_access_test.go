@@ -66,6 +66,12 @@ func TestHTTPAPIKeysAndAbortOwnership(t *testing.T) {
 	resp, b := call(t, c, "POST", base+"/v1/completions", bob, body)
 	require.Equal(t, 200, resp.StatusCode, b)
 	require.Equal(t, 3.0, scrapeWith(t, h.srv, `glmflash_requests_total{status="unauthenticated"}`, admin))
+	// /metrics on the API's port (server.http_metrics) takes the API's keys.
+	resp, _ = call(t, c, "GET", base+"/metrics", "", "")
+	require.Equal(t, 401, resp.StatusCode)
+	resp, b = call(t, c, "GET", base+"/metrics", bob, "")
+	require.Equal(t, 200, resp.StatusCode)
+	require.Contains(t, b, `glmflash_requests_total{status="unauthenticated"} 4`)
 
 	// A long stream started over HTTP with alice's key.
 	req, err := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"prompt":[1,2,3],"max_tokens":4000,"stream":true,"temperature":0}`))

@@ -142,6 +142,7 @@ type live struct {
 	// grammarErr, when the model has no byte-level tokenizer).
 	grammar    *grammar.Compiler
 	grammarErr error
+	loaded     time.Time
 }
 
 // grammarOf is the structured-output compiler of a model's vocabulary.
@@ -336,7 +337,12 @@ func (s *Server) Listen() error {
 			}
 			return fmt.Errorf("serve: server.http_addr: %w", err)
 		}
+		var mh http.Handler
+		if sc.HTTPMetrics {
+			mh = s.metrics.Handler() // behind the API's TLS and keys, as every route of it
+		}
 		s.api, s.alis = s.httpServer(openai.New(openai.Options{
+			Metrics:      mh,
 			Model:        s.cfg.ServedName(),
 			Live:         s.apiLive,
 			Refused:      s.metrics.Refused,
@@ -386,7 +392,7 @@ func (s *Server) apiLive() *openai.Live {
 		return nil
 	}
 	return &openai.Live{RT: lv.rt, Text: lv.text, Vocab: lv.lim.vocab, Context: lv.lim.context, DefaultMaxTokens: lv.lim.defaultMaxTokens,
-		Grammar: lv.grammar, GrammarErr: lv.grammarErr}
+		Grammar: lv.grammar, GrammarErr: lv.grammarErr, Loaded: lv.loaded}
 }
 
 // HTTPAddr is the bound address of the OpenAI-compatible API, "" when
@@ -590,7 +596,7 @@ func (s *Server) load(ctx context.Context) error {
 		rt.Close()
 		return fail(err)
 	}
-	lv := &live{rt: rt, eng: eng, draft: draft, closeFn: closeFn, cfgJSON: hf, text: lm.Text,
+	lv := &live{rt: rt, eng: eng, draft: draft, closeFn: closeFn, cfgJSON: hf, text: lm.Text, loaded: time.Now(),
 		lim:   limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes, text: lm.Text},
 		model: withChat(modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf, mtpErr == nil), lm.Text),
 		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens),
@@ -839,7 +845,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 	// choice.
 	var streams []*text.Stream
 	for _, h := range g.Choices() {
-		ts := text.NewStream(lv.text, h, req.GetStop(), lv.rt.EndIDs(r), func() { lv.rt.Abort(h.ID()) })
+		ts := text.NewStream(lv.text, h, req.GetStop(), lv.rt.EndIDs(r), func(n int) { _ = lv.rt.Stop(h.ID(), n) })
 		ts.StopsAfter(r.MinTokens)
 		if req.SkipSpecialTokens != nil && !req.GetSkipSpecialTokens() {
 			ts.KeepSpecial()

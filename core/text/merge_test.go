@@ -30,7 +30,7 @@ func TestMergeReadsEveryChoice(t *testing.T) {
 		if i == 1 {
 			stops = []string{stop}
 		}
-		streams = append(streams, NewStream(m, h, stops, nil, func() { rt.Abort(h.ID()) }))
+		streams = append(streams, NewStream(m, h, stops, nil, func(n int) { _ = rt.Stop(h.ID(), n) }))
 	}
 	mg := Merge(ctx, streams)
 	defer mg.Close()
@@ -61,7 +61,7 @@ func TestMergeReadsEveryChoice(t *testing.T) {
 	require.NoError(t, err)
 	streams = nil
 	for _, h := range g.Choices() {
-		streams = append(streams, NewStream(m, h, nil, nil, func() { rt.Abort(h.ID()) }))
+		streams = append(streams, NewStream(m, h, nil, nil, func(n int) { _ = rt.Stop(h.ID(), n) }))
 	}
 	mg2 := Merge(cctx, streams)
 	_, _, err = mg2.Next()

@@ -72,6 +72,17 @@ func (m *Model) EncodePrompt(ctx context.Context, prompt string, maxTokens int) 
 	return ids, tooLong(err, "the prompt", maxTokens)
 }
 
+// EncodeText returns the ids of a text, with the tokenizer's
+// post-processor tokens when addSpecial, within ctx and maxTokens as
+// EncodePrompt (vLLM's /tokenize with add_special_tokens).
+func (m *Model) EncodeText(ctx context.Context, s string, addSpecial bool, maxTokens int) ([]int32, error) {
+	if m == nil || m.Tok == nil {
+		return nil, ErrNoTokenizer
+	}
+	ids, err := m.Tok.EncodeContext(ctx, s, tokenizer.Options{AddSpecial: addSpecial, MaxTokens: maxTokens})
+	return ids, tooLong(err, "the prompt", maxTokens)
+}
+
 // EncodeChat renders a conversation with the chat template (ending with
 // the assistant's turn) and returns the prompt text and its ids, within
 // ctx and maxTokens as EncodePrompt. The special-token text of user and
@@ -83,6 +94,14 @@ func (m *Model) EncodeChat(ctx context.Context, msgs []chat.Message, maxTokens i
 // EncodeChatWith is EncodeChat with the rendering's options (tools,
 // chat_template_kwargs; AddGenerationPrompt as given).
 func (m *Model) EncodeChatWith(ctx context.Context, msgs []chat.Message, opts chat.Options, maxTokens int) (string, []int32, error) {
+	return m.EncodeChatSpecial(ctx, msgs, opts, maxTokens, false)
+}
+
+// EncodeChatSpecial is EncodeChatWith that also adds the tokenizer's
+// post-processor tokens (a BOS, say) when addSpecial, which a chat template
+// usually writes itself (vLLM's /tokenize of messages with
+// add_special_tokens).
+func (m *Model) EncodeChatSpecial(ctx context.Context, msgs []chat.Message, opts chat.Options, maxTokens int, addSpecial bool) (string, []int32, error) {
 	if m == nil || m.Tok == nil {
 		return "", nil, ErrNoTokenizer
 	}
@@ -100,7 +119,7 @@ func (m *Model) EncodeChatWith(ctx context.Context, msgs []chat.Message, opts ch
 	if err != nil {
 		return "", nil, err
 	}
-	o := tokenizer.Options{MaxTokens: maxTokens} // the template writes the special tokens itself
+	o := tokenizer.Options{MaxTokens: maxTokens, AddSpecial: addSpecial} // the template writes the special tokens itself
 	for _, sp := range spans {
 		o.TextSpans = append(o.TextSpans, [2]int{sp.Start, sp.End})
 	}
@@ -141,7 +160,7 @@ type Final struct {
 // Stream reads a request's tokens as text. It is used by one goroutine.
 type Stream struct {
 	h      *sched.Handle
-	abort  func() // ends the request in the runtime
+	stop   func(tokens int) // ends the request in the runtime as stopped
 	tok    *tokenizer.Tokenizer
 	dec    *tokenizer.Stream
 	stops  []string
@@ -154,11 +173,13 @@ type Stream struct {
 
 // NewStream reads h's tokens. stops are stop strings; endIDs are the ids
 // that end the request (Runtime.EndIDs: its stop ids and the model's EOS
-// ids), whose text is not emitted; abort must end the request (the
-// runtime's Abort), and is called when a stop string matches. m may be nil
-// (or without a tokenizer): chunks then carry no text.
-func NewStream(m *Model, h *sched.Handle, stops []string, endIDs []int32, abort func()) *Stream {
-	s := &Stream{h: h, abort: abort, endIDs: endIDs}
+// ids), whose text is not emitted; stop must end the request as stopped
+// (the runtime's Stop), and is called when a stop string matches, with the
+// number of tokens up to the one that completed it. m may be nil (or
+// without a tokenizer): chunks then carry no text. Special tokens' text is
+// left out (KeepSpecial keeps it).
+func NewStream(m *Model, h *sched.Handle, stops []string, endIDs []int32, stop func(tokens int)) *Stream {
+	s := &Stream{h: h, stop: stop, endIDs: endIDs}
 	for _, st := range stops {
 		if st != "" {
 			s.stops = append(s.stops, st)
@@ -234,8 +255,8 @@ func (s *Stream) Recv(ctx context.Context) (*Chunk, *Final, error) {
 		if i, stop := s.firstStop(buf); stop != "" {
 			c.Text = pre.String() + buf[:i]
 			s.held = ""
-			s.abort()
-			// Wait for the runtime's final (the abort delivers it at once).
+			s.stop(s.n)
+			// Wait for the runtime's final (Stop delivers it at once).
 			_, rf, err := s.h.Wait(ctx)
 			if err != nil {
 				return nil, nil, err

@@ -2,9 +2,11 @@ package text
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"github.com/glmflash/glmflash/model/chat"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,12 +29,16 @@ func TestMain(m *testing.M) {
 // tokenizer: every token is one byte, so any stop string of two or more
 // bytes spans token boundaries, and a multi-byte character spans tokens.
 func setup(t *testing.T) (*sched.Scheduler, *Model) {
+	return setupWith(t, sched.Options{})
+}
+
+func setupWith(t *testing.T, o sched.Options) (*sched.Scheduler, *Model) {
 	ck, err := model.Open("../../testdata/glm5next-tiny-a/checkpoint")
 	require.NoError(t, err)
 	t.Cleanup(func() { ck.Close() })
 	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2})
 	require.NoError(t, err)
-	rt, err := sched.New(e, sched.Config{}, sched.Options{})
+	rt, err := sched.New(e, sched.Config{}, o)
 	require.NoError(t, err)
 	t.Cleanup(rt.Close)
 	tj, _, err := randckpt.TokenizerFiles(256)
@@ -46,7 +52,7 @@ func generate(t *testing.T, rt *sched.Scheduler, m *Model, stops []string, maxTo
 	ctx := context.Background()
 	h, err := rt.Submit(ctx, sched.Request{Prompt: []int32{72, 105, 33, 10}, MaxTokens: maxTokens, Sampling: sample.Params{Temperature: 0, TopP: 1}})
 	require.NoError(t, err)
-	s := NewStream(m, h, stops, nil, func() { rt.Abort(h.ID()) })
+	s := NewStream(m, h, stops, nil, func(n int) { _ = rt.Stop(h.ID(), n) })
 	var sb strings.Builder
 	var toks []sched.Token
 	for {
@@ -92,6 +98,99 @@ func TestStopStringsAcrossTokens(t *testing.T) {
 	got, _, f = generate(t, rt, m, []string{tail + "\x00never"}, 40)
 	require.Equal(t, full, got)
 	require.Equal(t, sched.FinishLength, f.Reason)
+}
+
+// finals records the runtime's finals (what metrics and logs count).
+type finals struct {
+	sched.NopMetrics
+	mu  sync.Mutex
+	got []sched.Final
+}
+
+func (f *finals) Finished(x *sched.Final) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.got = append(f.got, *x)
+}
+
+// A stop string ends the request in the runtime as stopped (issue 32: the
+// runtime counted it an abort, in metrics and logs), with the tokens up to
+// the one that completed the stop string, as the text layer's final.
+func TestStopStringIsAStopInTheRuntime(t *testing.T) {
+	met := &finals{}
+	rt, m := setupWith(t, sched.Options{Metrics: met})
+	full, _, _ := generate(t, rt, m, nil, 40)
+	runes := []rune(full)
+	require.Greater(t, len(runes), 12)
+	_, toks, f := generate(t, rt, m, []string{string(runes[8:11])}, 40)
+	require.Equal(t, sched.FinishStop, f.Reason)
+	met.mu.Lock()
+	defer met.mu.Unlock()
+	require.Len(t, met.got, 2)
+	require.Equal(t, sched.FinishLength, met.got[0].Reason)
+	rf := met.got[1]
+	require.Equal(t, sched.FinishStop, rf.Reason, "the runtime's own final: %s", rf.Message)
+	require.Equal(t, "stop string", rf.Message)
+	require.Equal(t, len(toks), rf.CompletionTokens, "the tokens the client got, not those generated past the stop")
+	require.Equal(t, f.CompletionTokens, rf.CompletionTokens)
+	require.ErrorIs(t, rt.Stop(rf.ID, 1), sched.ErrNotFound, "once final, a request cannot be stopped again")
+}
+
+// KeepSpecial writes special tokens' text (skip_special_tokens: false);
+// by default it is left out.
+func TestKeepSpecial(t *testing.T) {
+	rt, m := setup(t)
+	full, toks, _ := generate(t, rt, m, nil, 24)
+	// A tokenizer in which a generated ASCII letter's byte token is special:
+	// its text is that letter alone, which no other token of a bytes-only
+	// vocabulary writes.
+	sp := int32(-1)
+	for _, tk := range toks {
+		if c := tk.ID; (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') {
+			sp = c
+			break
+		}
+	}
+	require.NotEqual(t, int32(-1), sp, "the fixture's greedy output has an ASCII letter: %q", full)
+	m = &Model{Tok: specialAt(t, sp, string(rune(sp)))}
+	run := func(keep bool) string {
+		ctx := context.Background()
+		h, err := rt.Submit(ctx, sched.Request{Prompt: []int32{72, 105, 33, 10}, MaxTokens: 24, Sampling: sample.Params{Temperature: 0, TopP: 1}})
+		require.NoError(t, err)
+		s := NewStream(m, h, nil, nil, func(n int) { _ = rt.Stop(h.ID(), n) })
+		if keep {
+			s.KeepSpecial()
+		}
+		var sb strings.Builder
+		for {
+			c, f, err := s.Recv(ctx)
+			require.NoError(t, err)
+			if f != nil {
+				return sb.String()
+			}
+			sb.WriteString(c.Text)
+		}
+	}
+	kept, skipped := run(true), run(false)
+	require.Equal(t, full, kept)
+	require.Equal(t, strings.ReplaceAll(full, string(rune(sp)), ""), skipped)
+	require.NotEqual(t, kept, skipped)
+}
+
+// specialAt is the bytes-only tokenizer whose token id, spelt content, is
+// a special added token.
+func specialAt(t *testing.T, id int32, content string) *tokenizer.Tokenizer {
+	tj, _, err := randckpt.TokenizerFiles(256)
+	require.NoError(t, err)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(tj, &doc))
+	doc["added_tokens"] = []any{map[string]any{"id": id, "content": content, "special": true, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false}}
+	b, err := json.Marshal(doc)
+	require.NoError(t, err)
+	tk, err := tokenizer.Parse(b)
+	require.NoError(t, err)
+	require.True(t, tk.IsSpecial(id))
+	return tk
 }
 
 func TestHoldBack(t *testing.T) {
@@ -198,7 +297,7 @@ func TestStopsAfter(t *testing.T) {
 	}
 	h, err := rt.Submit(context.Background(), sched.Request{Prompt: []int32{72, 105, 33, 10}, MaxTokens: 40, Sampling: sample.Params{Temperature: 0, TopP: 1}})
 	require.NoError(t, err)
-	s := NewStream(m, h, []string{stop}, nil, func() { rt.Abort(h.ID()) })
+	s := NewStream(m, h, []string{stop}, nil, func(n int) { _ = rt.Stop(h.ID(), n) })
 	s.StopsAfter(n)
 	s.KeepSpecial()
 	var sb strings.Builder
