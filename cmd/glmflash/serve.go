@@ -27,7 +27,7 @@ and Prometheus metrics, until SIGINT or SIGTERM; then drain gracefully.
 
 Configuration comes from, last wins: the built-in defaults (configs/engine.yaml and
 configs/serve.yaml: every pass on, the preset small, gRPC on 127.0.0.1:50051, HTTP on
-127.0.0.1:8000, metrics on 127.0.0.1:9090), the YAML files of --config, environment
+127.0.0.1:8000 with /metrics, no metrics port of its own), the YAML files of --config, environment
 variables GLMFLASH_<SECTION>__<KEY> (e.g. GLMFLASH_SERVER__HTTP_ADDR=0.0.0.0:8000), and
 the flags. The file has the engine sections (device, passes, parallel, lora, debug,
 plugins) and the serving sections model (name, dir | preset, seed, cache_dir, fp8,

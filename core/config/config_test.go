@@ -41,7 +41,7 @@ func TestDefaultsAreTheShippedFiles(t *testing.T) {
 	require.Equal(t, ".cache/glmflash", d.Model.CacheDir)
 	require.Equal(t, "127.0.0.1:50051", d.Server.GRPCAddr)
 	require.Equal(t, "127.0.0.1:8000", d.Server.HTTPAddr)
-	require.Equal(t, "127.0.0.1:9090", d.Server.MetricsAddr)
+	require.Equal(t, "", d.Server.MetricsAddr, "/metrics is on the HTTP port; a port of its own only when asked")
 	require.Equal(t, 30*time.Second, d.Server.DrainTimeout)
 	require.True(t, d.Server.Reflection)
 	require.Equal(t, 8, d.Runtime.Slots)
