@@ -8,6 +8,7 @@ package bench
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sort"
@@ -21,6 +22,7 @@ import (
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/roofline"
+	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/speculative"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/safetensors"
@@ -64,6 +66,12 @@ type Spec struct {
 	// programs after the series (an engine made with
 	// engine.Setup.ProfileOps, on a backend.OpProfiler).
 	ProfileOps bool
+	// SampleMask measures every decode series a second time with logits
+	// processing on every row ("decode batch B mask+edits": an allow mask
+	// of about half the vocabulary and MaskEdits edits, see
+	// ProcessedSpecs) and the step's cost over the plain series'
+	// (Series.ProcessingCost).
+	SampleMask bool
 	// AfterSeries, when set, runs after the series and the peak RSS,
 	// before the CPU's limits are measured (a heap profile of the heap as
 	// the measured runs left it).
@@ -196,6 +204,13 @@ type Series struct {
 	PeakGFLOPs     float64 `json:"peak_gflops,omitempty"`
 	PeakName       string  `json:"peak,omitempty"`
 	PeakFraction   float64 `json:"peak_fraction,omitempty"`
+	// Decode series with logits processing (Spec.SampleMask): what every
+	// row carried, and the step's time over the plain series' of the same
+	// batch, minus 1: by the measured clock (device time where the backend
+	// reports it, else wall) and by wall time.
+	Processing         string  `json:"processing,omitempty"`
+	ProcessingCost     float64 `json:"processing_cost_fraction,omitempty"`
+	ProcessingWallCost float64 `json:"processing_wall_cost_fraction,omitempty"`
 }
 
 // Speculative reports whether the series is a speculative decoding
@@ -260,6 +275,9 @@ type runner struct {
 	// batch of each decode series by index.
 	prefill int
 	decode  map[int]int
+	// masked maps each processed decode series' index to its plain one's
+	// (Spec.SampleMask).
+	masked map[int]int
 }
 
 // Run measures what s asks on engine e over checkpoint ck. The engine
@@ -270,7 +288,7 @@ func Run(e *engine.Engine, ck Checkpoint, s Spec) (*Result, error) {
 		return nil, err
 	}
 	be := e.Backend()
-	r := &runner{e: e, ck: ck, s: s, cfg: cfg, onCPU: be.Name() == "cpu", store: e.Store(), decode: map[int]int{},
+	r := &runner{e: e, ck: ck, s: s, cfg: cfg, onCPU: be.Name() == "cpu", store: e.Store(), decode: map[int]int{}, masked: map[int]int{},
 		res: &Result{Model: ck.Dir(), Config: cfg, Speculative: s.Speculative, Bandwidth: s.Bandwidth, BandwidthFrom: s.BandwidthFrom}}
 	tuner, _ := be.(ir.GEMMTuner)
 	if s.GEMMReport && tuner == nil {
@@ -288,6 +306,7 @@ func Run(e *engine.Engine, ck Checkpoint, s Spec) (*Result, error) {
 		r.memory,
 		r.limits,
 		func() error { return r.rooflines(held) },
+		r.processingCosts,
 		r.opTimes,
 	} {
 		if err := step(); err != nil {
@@ -318,10 +337,18 @@ func (r *runner) measure(tuner ir.GEMMTuner) error {
 	// decode at each batch size, after a DecodeContext-token prefill per
 	// sequence (not timed)
 	for _, B := range s.Batches {
-		if err := r.decodeSeries(B); err != nil {
+		if err := r.decodeSeries(B, false); err != nil {
 			return err
 		}
-		r.decode[len(res.Series)-1] = B
+		plain := len(res.Series) - 1
+		r.decode[plain] = B
+		if s.SampleMask { // the same steps with every row's logits processed
+			if err := r.decodeSeries(B, true); err != nil {
+				return err
+			}
+			r.decode[len(res.Series)-1] = B
+			r.masked[len(res.Series)-1] = plain
+		}
 	}
 	// MTP draft steps at each batch size, when the checkpoint has the MTP
 	// layer: a 32-token trunk prefill (FinalHidden) and the MTP prefill
@@ -402,6 +429,19 @@ func (r *runner) rooflines(held roofline.Holding) error {
 	for i, B := range r.decode {
 		if err := rooflineFor(&r.res.Series[i], r.cfg, held, B, context, r.res.Bandwidth); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// processingCosts set each processed decode series' cost over its plain
+// series (after the rooflines, which set the measured times).
+func (r *runner) processingCosts() error {
+	for i, plain := range r.masked {
+		m, p := &r.res.Series[i], &r.res.Series[plain]
+		m.Processing = fmt.Sprintf("an allow mask of ~half the vocabulary and %d edits on every row", min(MaskEdits, r.cfg.VocabSize))
+		if p.MeasuredMs > 0 && p.WallMsPerStep > 0 {
+			m.ProcessingCost, m.ProcessingWallCost = m.MeasuredMs/p.MeasuredMs-1, m.WallMsPerStep/p.WallMsPerStep-1
 		}
 	}
 	return nil
@@ -510,10 +550,15 @@ func (r *runner) prefillSeries() error {
 }
 
 // decodeSeries is the decode series of batch B: DecodeSteps greedy steps
-// after an untimed DecodeContext-token prefill of every sequence.
-func (r *runner) decodeSeries(B int) error {
+// after an untimed DecodeContext-token prefill of every sequence; with
+// processed, every row's logits processed (ProcessedSpecs).
+func (r *runner) decodeSeries(B int, processed bool) error {
 	steps := r.s.DecodeSteps
-	return r.series(fmt.Sprintf("decode batch %d", B), func() (int, float64, *perStep, error) {
+	name, specs := fmt.Sprintf("decode batch %d", B), attrib.GreedySpecs(B)
+	if processed {
+		name, specs = name+" mask+edits", ProcessedSpecs(B, r.cfg.VocabSize)
+	}
+	return r.series(name, func() (int, float64, *perStep, error) {
 		slots, err := r.alloc(B)
 		if err != nil {
 			return 0, 0, nil, err
@@ -526,7 +571,6 @@ func (r *runner) decodeSeries(B int) error {
 		if err != nil {
 			return 0, 0, nil, err
 		}
-		specs := attrib.GreedySpecs(B)
 		s0 := backend.DeviceStatsOf(prog)
 		t0 := time.Now()
 		for st := 0; st < steps; st++ {
@@ -537,6 +581,32 @@ func (r *runner) decodeSeries(B int) error {
 		secs := time.Since(t0).Seconds()
 		return B * steps, secs, stepCounters(s0, backend.DeviceStatsOf(prog), steps), nil
 	})
+}
+
+// MaskEdits are the edits ProcessedSpecs gives every row.
+const MaskEdits = 64
+
+// ProcessedSpecs are greedy specs of n rows over a vocabulary of vocab ids
+// whose logits are processed as a constrained request's with penalties
+// would be: each row's own allow mask of about half the vocabulary (random
+// bits) and MaskEdits edits (at most vocab; a repetition penalty 1.2 and
+// an addend −0.5 on spread tokens, as over a context's tokens).
+func ProcessedSpecs(n, vocab int) []backend.SampleSpec {
+	specs := attrib.GreedySpecs(n)
+	k := min(MaskEdits, vocab)
+	for i := range specs {
+		r := rand.New(rand.NewPCG(uint64(i), 0x6d61736b))
+		allow := make([]uint32, sample.AllowWords(vocab))
+		for w := range allow {
+			allow[w] = r.Uint32()
+		}
+		edits := make([]sample.Edit, k)
+		for j := range edits { // k distinct ascending tokens
+			edits[j] = sample.Edit{Token: int32(j * vocab / k), Penalty: 1.2, Add: -0.5}
+		}
+		specs[i].Allow, specs[i].Edits = allow, edits
+	}
+	return specs
 }
 
 // speculative are the scheduler series of batch B: plain decoding, then
