@@ -69,8 +69,8 @@ type Spec struct {
 	// SampleMask measures every decode series a second time with logits
 	// processing on every row ("decode batch B mask+edits": an allow mask
 	// of about half the vocabulary and MaskEdits edits, see
-	// ProcessedSpecs) and the step's cost over the plain series'
-	// (Series.ProcessingCost).
+	// ProcessedSpecs), its runs interleaved with the plain series', and
+	// the step's cost over the plain one (Series.ProcessingCost).
 	SampleMask bool
 	// AfterSeries, when set, runs after the series and the peak RSS,
 	// before the CPU's limits are measured (a heap profile of the heap as
@@ -336,19 +336,25 @@ func (r *runner) measure(tuner ir.GEMMTuner) error {
 	}
 	// decode at each batch size, after a DecodeContext-token prefill per
 	// sequence (not timed)
+	// (with SampleMask, the same steps with every row's logits processed,
+	// their runs interleaved with the plain series' so that both see the
+	// same machine)
 	for _, B := range s.Batches {
-		if err := r.decodeSeries(B, false); err != nil {
-			return err
-		}
-		plain := len(res.Series) - 1
-		r.decode[plain] = B
-		if s.SampleMask { // the same steps with every row's logits processed
-			if err := r.decodeSeries(B, true); err != nil {
+		name, run := r.decodeSeries(B, false)
+		if !s.SampleMask {
+			if err := r.series(name, run); err != nil {
 				return err
 			}
 			r.decode[len(res.Series)-1] = B
-			r.masked[len(res.Series)-1] = plain
+			continue
 		}
+		mname, mrun := r.decodeSeries(B, true)
+		if err := r.interleaved([]string{name, mname}, []runFunc{run, mrun}); err != nil {
+			return err
+		}
+		plain := len(res.Series) - 2
+		r.decode[plain], r.decode[plain+1] = B, B
+		r.masked[plain+1] = plain
 	}
 	// MTP draft steps at each batch size, when the checkpoint has the MTP
 	// layer: a 32-token trunk prefill (FinalHidden) and the MTP prefill
@@ -467,35 +473,49 @@ func (r *runner) opTimes() error {
 	return nil
 }
 
+// runFunc is one run of a series: the tokens processed, the seconds its
+// timed part took and, for a decode run, its counters per step.
+type runFunc func() (int, float64, *perStep, error)
+
 // series runs warm-up + measured repetitions of one workload and adds its
-// Series; run returns the tokens processed, the seconds its timed part
-// took and, for a decode run, its counters per step.
-func (r *runner) series(name string, run func() (int, float64, *perStep, error)) error {
-	var tps []float64
-	var counters *perStep
+// Series.
+func (r *runner) series(name string, run runFunc) error {
+	return r.interleaved([]string{name}, []runFunc{run})
+}
+
+// interleaved runs the warm-up + measured repetitions of several
+// workloads in turn (run i of each, then run i+1), so that a comparison
+// between them sees the same machine, and adds their Series in order.
+func (r *runner) interleaved(names []string, runs []runFunc) error {
+	tps := make([][]float64, len(runs))
+	counters := make([]*perStep, len(runs))
 	of := r.s.Warmup + r.s.Reps
 	for i := 0; i < of; i++ {
-		n, secs, c, err := run()
-		if err != nil {
-			return err
-		}
-		counters = c // the last run's
-		warm := i < r.s.Warmup
-		if r.s.Measured != nil {
-			r.s.Measured(name, i+1, of, warm, float64(n)/secs)
-		}
-		if !warm {
-			tps = append(tps, float64(n)/secs)
+		for k, run := range runs {
+			n, secs, c, err := run()
+			if err != nil {
+				return err
+			}
+			counters[k] = c // the last run's
+			warm := i < r.s.Warmup
+			if r.s.Measured != nil {
+				r.s.Measured(names[k], i+1, of, warm, float64(n)/secs)
+			}
+			if !warm {
+				tps[k] = append(tps[k], float64(n)/secs)
+			}
 		}
 	}
-	sorted := slices.Clone(tps)
-	sort.Float64s(sorted)
-	s := Series{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps}
-	if c := counters; c != nil {
-		s.LaunchesPerStep, s.SyncsPerStep, s.LengthSyncs, s.ReplaysPerStep = c.launches, c.syncs, c.lengthSyncs, c.replays
-		s.KernelsPerStep, s.DeviceMsPerStep, s.PrepMsPerStep = c.kernels, c.deviceMs, c.prepMs
+	for k, name := range names {
+		sorted := slices.Clone(tps[k])
+		sort.Float64s(sorted)
+		s := Series{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps[k]}
+		if c := counters[k]; c != nil {
+			s.LaunchesPerStep, s.SyncsPerStep, s.LengthSyncs, s.ReplaysPerStep = c.launches, c.syncs, c.lengthSyncs, c.replays
+			s.KernelsPerStep, s.DeviceMsPerStep, s.PrepMsPerStep = c.kernels, c.deviceMs, c.prepMs
+		}
+		r.res.Series = append(r.res.Series, s)
 	}
-	r.res.Series = append(r.res.Series, s)
 	return nil
 }
 
@@ -549,16 +569,17 @@ func (r *runner) prefillSeries() error {
 	})
 }
 
-// decodeSeries is the decode series of batch B: DecodeSteps greedy steps
-// after an untimed DecodeContext-token prefill of every sequence; with
-// processed, every row's logits processed (ProcessedSpecs).
-func (r *runner) decodeSeries(B int, processed bool) error {
+// decodeSeries is the decode series of batch B, its name and run:
+// DecodeSteps greedy steps after an untimed DecodeContext-token prefill of
+// every sequence; with processed, every row's logits processed
+// (ProcessedSpecs).
+func (r *runner) decodeSeries(B int, processed bool) (string, runFunc) {
 	steps := r.s.DecodeSteps
 	name, specs := fmt.Sprintf("decode batch %d", B), attrib.GreedySpecs(B)
 	if processed {
 		name, specs = name+" mask+edits", ProcessedSpecs(B, r.cfg.VocabSize)
 	}
-	return r.series(name, func() (int, float64, *perStep, error) {
+	return name, func() (int, float64, *perStep, error) {
 		slots, err := r.alloc(B)
 		if err != nil {
 			return 0, 0, nil, err
@@ -580,7 +601,7 @@ func (r *runner) decodeSeries(B int, processed bool) error {
 		}
 		secs := time.Since(t0).Seconds()
 		return B * steps, secs, stepCounters(s0, backend.DeviceStatsOf(prog), steps), nil
-	})
+	}
 }
 
 // MaskEdits are the edits ProcessedSpecs gives every row.

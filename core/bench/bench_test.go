@@ -285,13 +285,18 @@ func TestStepCounters(t *testing.T) {
 
 // With SampleMask every decode series is measured a second time with every
 // row's logits processed (an allow mask and edits the backend accepts),
-// beside the plain one, and its cost over it is reported by the measured
+// its runs interleaved with the plain one's, and its cost over it is reported by the measured
 // clock and by wall time, in the text and the JSON.
 func TestRunSampleMask(t *testing.T) {
-	s := Spec{Prompt: 4, DecodeContext: 3, DecodeSteps: 2, Batches: []int{1, 2}, Reps: 1, Warmup: 0, PeakTFLOPs: 1, LimitsPath: writeLimits(t, 100, 200, 49), SampleMask: true}
+	var order []string
+	s := Spec{Prompt: 4, DecodeContext: 3, DecodeSteps: 2, Batches: []int{1, 2}, Reps: 2, Warmup: 0, PeakTFLOPs: 1, LimitsPath: writeLimits(t, 100, 200, 49), SampleMask: true,
+		Measured: func(series string, run, _ int, _ bool, _ float64) { order = append(order, fmt.Sprint(series, " #", run)) }}
 	ck, e := open(t, fixture, s)
 	res, err := Run(e, ck, s)
 	require.NoError(t, err)
+	require.Equal(t, []string{"prefill 4 tokens #1", "prefill 4 tokens #2",
+		"decode batch 1 #1", "decode batch 1 mask+edits #1", "decode batch 1 #2", "decode batch 1 mask+edits #2",
+		"decode batch 2 #1", "decode batch 2 mask+edits #1", "decode batch 2 #2", "decode batch 2 mask+edits #2"}, order, "the two series' runs interleaved")
 	var names []string
 	for _, ser := range res.Series {
 		names = append(names, ser.Name)
