@@ -41,6 +41,7 @@ DEVFN bool sample_processed(const SampleSpec& sp) { return sp.n_edits > 0 || sp.
 #define LOGIT_MAX 3.4028234663852886e38f  // FLT_MAX; −LOGIT_MAX is a ban (core/sample.Banned)
 
 DEVFN bool logit_finite(float v) { return fabsf(v) <= LOGIT_MAX; }
+
 struct SampleOut {
   i64 nonfinite;       // non-finite logits in the row (then nothing else is set
   i64 first_bad;       // but these two and bad_value)
