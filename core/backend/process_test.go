@@ -44,3 +44,29 @@ func TestCheckProcessing(t *testing.T) {
 		require.Contains(t, err.Error(), tc.want)
 	}
 }
+
+// SampleHost processes each row on its own copy: rows with different
+// processing in one call pick as they would alone, and the logits the
+// caller passed stay raw.
+func TestSampleHostProcessesEachRowApart(t *testing.T) {
+	const V = 64
+	logits := make([]float32, 3*V)
+	for i := range logits {
+		logits[i] = float32(i%V) / 10 // every row's argmax is token 63
+	}
+	raw := append([]float32(nil), logits...)
+	only3 := make([]uint32, sample.AllowWords(V))
+	only3[0] = 1 << 3
+	specs := []backend.SampleSpec{
+		{Params: sample.Greedy(), Allow: only3},
+		{Params: sample.Greedy(), Edits: []sample.Edit{{Token: 5, Add: 100}}},
+		{Params: sample.Greedy()},
+	}
+	got := backend.SampleHost(logits, V, specs)
+	require.Equal(t, raw, logits, "the caller's logits stay raw")
+	require.Equal(t, []int32{3, 5, 63}, []int32{got[0].Token, got[1].Token, got[2].Token})
+	for i := range specs {
+		alone := backend.SampleHost(raw[i*V:(i+1)*V], V, specs[i:i+1])
+		require.Equal(t, alone[0], got[i], "row %d", i)
+	}
+}
