@@ -290,7 +290,9 @@ func TestStepCounters(t *testing.T) {
 func TestRunSampleMask(t *testing.T) {
 	var order []string
 	s := Spec{Prompt: 4, DecodeContext: 3, DecodeSteps: 2, Batches: []int{1, 2}, Reps: 2, Warmup: 0, PeakTFLOPs: 1, LimitsPath: writeLimits(t, 100, 200, 49), SampleMask: true,
-		Measured: func(series string, run, _ int, _ bool, _ float64) { order = append(order, fmt.Sprint(series, " #", run)) }}
+		Measured: func(series string, run, _ int, _ bool, _ float64) {
+			order = append(order, fmt.Sprint(series, " #", run))
+		}}
 	ck, e := open(t, fixture, s)
 	res, err := Run(e, ck, s)
 	require.NoError(t, err)

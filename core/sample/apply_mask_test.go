@@ -48,3 +48,14 @@ func TestApplyMaskMatchesBitByBit(t *testing.T) {
 		}
 	}
 }
+
+// expNeg is math.Exp bit for bit, around the underflow and beyond it.
+func TestExpNegIsExp(t *testing.T) {
+	for _, x := range []float64{0, -1, -700, -744.4, -745, -745.1, -745.2, -745.9, -746, -746.1, -1e4, -math.MaxFloat32, math.Inf(-1), 3, math.NaN()} {
+		want, got := math.Exp(x), expNeg(x)
+		require.Equal(t, math.Float64bits(want), math.Float64bits(got), "exp(%v)", x)
+	}
+	for x := -745.5; x >= -746.5; x -= 1e-3 {
+		require.Equal(t, math.Exp(x), expNeg(x), "exp(%v)", x)
+	}
+}
