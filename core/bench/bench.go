@@ -208,9 +208,15 @@ type Series struct {
 	// row carried, and the step's time over the plain series' of the same
 	// batch, minus 1: by the measured clock (device time where the backend
 	// reports it, else wall) and by wall time.
+	// ProcessingCPUCost is the same by the process's CPU time per step,
+	// which a machine shared with other work disturbs less than the wall's.
 	Processing         string  `json:"processing,omitempty"`
 	ProcessingCost     float64 `json:"processing_cost_fraction,omitempty"`
 	ProcessingWallCost float64 `json:"processing_wall_cost_fraction,omitempty"`
+	ProcessingCPUCost  float64 `json:"processing_cpu_cost_fraction,omitempty"`
+	// CPUMsPerStep is the process's CPU time (user + system, every
+	// thread) per decode step at the median run.
+	CPUMsPerStep float64 `json:"cpu_ms_per_step,omitempty"`
 }
 
 // Speculative reports whether the series is a speculative decoding
@@ -449,6 +455,9 @@ func (r *runner) processingCosts() error {
 		if p.MeasuredMs > 0 && p.WallMsPerStep > 0 {
 			m.ProcessingCost, m.ProcessingWallCost = m.MeasuredMs/p.MeasuredMs-1, m.WallMsPerStep/p.WallMsPerStep-1
 		}
+		if p.CPUMsPerStep > 0 {
+			m.ProcessingCPUCost = m.CPUMsPerStep/p.CPUMsPerStep - 1
+		}
 	}
 	return nil
 }
@@ -487,7 +496,7 @@ func (r *runner) series(name string, run runFunc) error {
 // workloads in turn (run i of each, then run i+1), so that a comparison
 // between them sees the same machine, and adds their Series in order.
 func (r *runner) interleaved(names []string, runs []runFunc) error {
-	tps := make([][]float64, len(runs))
+	tps, cpu := make([][]float64, len(runs)), make([][]float64, len(runs))
 	counters := make([]*perStep, len(runs))
 	of := r.s.Warmup + r.s.Reps
 	for i := 0; i < of; i++ {
@@ -503,6 +512,9 @@ func (r *runner) interleaved(names []string, runs []runFunc) error {
 			}
 			if !warm {
 				tps[k] = append(tps[k], float64(n)/secs)
+				if c != nil {
+					cpu[k] = append(cpu[k], c.cpuMs)
+				}
 			}
 		}
 	}
@@ -513,6 +525,8 @@ func (r *runner) interleaved(names []string, runs []runFunc) error {
 		if c := counters[k]; c != nil {
 			s.LaunchesPerStep, s.SyncsPerStep, s.LengthSyncs, s.ReplaysPerStep = c.launches, c.syncs, c.lengthSyncs, c.replays
 			s.KernelsPerStep, s.DeviceMsPerStep, s.PrepMsPerStep = c.kernels, c.deviceMs, c.prepMs
+			sort.Float64s(cpu[k])
+			s.CPUMsPerStep = cpu[k][len(cpu[k])/2]
 		}
 		r.res.Series = append(r.res.Series, s)
 	}
@@ -522,7 +536,14 @@ func (r *runner) interleaved(names []string, runs []runFunc) error {
 // perStep are a decode run's counters per step.
 type perStep struct {
 	launches, syncs, lengthSyncs, replays, kernels float64
-	deviceMs, prepMs                               float64
+	deviceMs, prepMs, cpuMs                        float64
+}
+
+// cpuTime is the process's CPU time so far (user + system, every thread).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // stepCounters are a program's counters between two readings per step.
@@ -592,7 +613,7 @@ func (r *runner) decodeSeries(B int, processed bool) (string, runFunc) {
 		if err != nil {
 			return 0, 0, nil, err
 		}
-		s0 := backend.DeviceStatsOf(prog)
+		s0, c0 := backend.DeviceStatsOf(prog), cpuTime()
 		t0 := time.Now()
 		for st := 0; st < steps; st++ {
 			if err := attrib.DecodeStep(r.e, slots, specs, st, r.cfg.VocabSize); err != nil {
@@ -600,7 +621,9 @@ func (r *runner) decodeSeries(B int, processed bool) (string, runFunc) {
 			}
 		}
 		secs := time.Since(t0).Seconds()
-		return B * steps, secs, stepCounters(s0, backend.DeviceStatsOf(prog), steps), nil
+		c := stepCounters(s0, backend.DeviceStatsOf(prog), steps)
+		c.cpuMs = float64(cpuTime()-c0) / 1e6 / float64(steps)
+		return B * steps, secs, c, nil
 	}
 }
 

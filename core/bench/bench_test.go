@@ -285,8 +285,9 @@ func TestStepCounters(t *testing.T) {
 
 // With SampleMask every decode series is measured a second time with every
 // row's logits processed (an allow mask and edits the backend accepts),
-// its runs interleaved with the plain one's, and its cost over it is reported by the measured
-// clock and by wall time, in the text and the JSON.
+// its runs interleaved with the plain one's, and its cost over it is
+// reported by the measured clock, by wall time and by the process's CPU
+// time, in the text and the JSON.
 func TestRunSampleMask(t *testing.T) {
 	var order []string
 	s := Spec{Prompt: 4, DecodeContext: 3, DecodeSteps: 2, Batches: []int{1, 2}, Reps: 2, Warmup: 0, PeakTFLOPs: 1, LimitsPath: writeLimits(t, 100, 200, 49), SampleMask: true,
@@ -317,13 +318,17 @@ func TestRunSampleMask(t *testing.T) {
 		require.InDelta(t, ser.MeasuredMs/plain.MeasuredMs-1, ser.ProcessingCost, 1e-12)
 		require.Equal(t, ser.ProcessingCost, ser.ProcessingWallCost, "the cpu's measured clock is the wall's")
 		require.NotZero(t, ser.ProcessingCost)
+		require.Positive(t, ser.CPUMsPerStep, ser.Name)
+		require.Positive(t, plain.CPUMsPerStep, plain.Name)
+		require.InDelta(t, ser.CPUMsPerStep/plain.CPUMsPerStep-1, ser.ProcessingCPUCost, 1e-12)
 	}
 	var b strings.Builder
 	require.NoError(t, res.WriteText(&b))
-	require.Regexp(t, `decode batch 2 mask\+edits .*\n.*\n  logits processing \(an allow mask of ~half the vocabulary and 64 edits on every row\): [+-]\d+\.\d% of the plain step's wall time\n`, b.String())
+	require.Regexp(t, `decode batch 2 mask\+edits .*\n.*\n  logits processing \(an allow mask of ~half the vocabulary and 64 edits on every row\): [+-]\d+\.\d% of the plain step's wall time, [+-]\d+\.\d% of its CPU time \([0-9.e+]+ against [0-9.e+]+ ms of the process's user \+ system time per step\)\n`, b.String())
 	j, err := res.JSON()
 	require.NoError(t, err)
 	require.Contains(t, string(j), `"processing_cost_fraction":`)
+	require.Contains(t, string(j), `"processing_cpu_cost_fraction":`)
 }
 
 // ProcessedSpecs are valid processing (as the backends check it): each

@@ -112,7 +112,7 @@ func (r *Result) writeSeries(w io.Writer, s *Series) {
 		if s.MeasuredClock != "wall" {
 			fmt.Fprintf(w, ", %+.1f%% of its wall time", 100*s.ProcessingWallCost)
 		}
-		fmt.Fprintln(w)
+		fmt.Fprintf(w, ", %+.1f%% of its CPU time (%.4g against %.4g ms of the process's user + system time per step)\n", 100*s.ProcessingCPUCost, s.CPUMsPerStep, s.CPUMsPerStep/(1+s.ProcessingCPUCost))
 	}
 	if s.GEMMFLOPs > 0 {
 		fmt.Fprintf(w, "  compute: %.4g GFLOP of weight GEMMs per run (2 × multiply-adds of linear, linear_batched and moe_experts; attention not counted) at the median run = %.4g GFLOP/s",
