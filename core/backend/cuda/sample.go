@@ -9,14 +9,17 @@ import (
 	kc "github.com/glmflash/glmflash/kernels/cuda"
 )
 
-// sampleArgs prepares the device sampler's launch: outputs, the chunks'
-// scratch and, when some row samples (or the launch is captured, when any
-// later step may), the per-row mass scratch; when some row's logits are
-// processed (or the launch is captured, when any later step's may be), the
-// processed rows' buffer and glmf_logits_process's launch, which the
-// sampler reads those rows from. The layout depends only on the rows and
-// on graphed, so a captured graph's addresses stay valid for every step of
-// its shape (growing p.out drops the graphs).
+// sampleArgs prepares the device sampler's launches (glmf_logits_process,
+// glmf_sample_part, glmf_sample): outputs, the chunks' scratch and, when
+// some row samples (or the launch is captured, when any later step may),
+// the per-row mass scratch; when some row's logits are processed (or the
+// launch is captured, when any later step's may be), the processed rows'
+// buffer, which the sampler reads those rows from. glmf_logits_process is
+// launched in every case (its blocks return at once for rows without
+// processing, and without a processed row it writes nothing), so eager
+// steps run the kernels a replay runs. The layout depends only on the rows
+// and on graphed, so a captured graph's addresses stay valid for every
+// step of its shape (growing p.out drops the graphs).
 func (p *Program) sampleArgs(rc *runCtx, specs kc.DevicePtr, rows int, graphed bool) (*sampleLaunch, error) {
 	V := int64(p.plan.Vocab)
 	outBytes := int64(rows) * int64(unsafe.Sizeof(kc.SampleOut{}))
@@ -43,16 +46,15 @@ func (p *Program) sampleArgs(rc *runCtx, specs kc.DevicePtr, rows int, graphed b
 	next := parts + kc.DevicePtr(roundUp(partBytes))
 	a := &kc.SampleArgs{Vocab: V, Rows: int64(rows), Specs: specs, Out: p.out, Parts: parts, Nchunks: nchunks}
 	part := &kc.SamplePartArgs{Vocab: V, Rows: int64(rows), Chunk: chunk, Nchunks: nchunks, Specs: specs, Parts: parts}
-	l := &sampleLaunch{final: a, part: part}
+	proc := &kc.LogitsProcessArgs{Vocab: V, Rows: int64(rows), Chunk: chunk, Nchunks: nchunks, Specs: specs}
 	if anyProc {
-		l.proc = &kc.LogitsProcessArgs{Vocab: V, Rows: int64(rows), Chunk: chunk, Nchunks: nchunks, Specs: specs, Out: next}
-		a.Processed, part.Processed = next, next
+		proc.Out, a.Processed, part.Processed = next, next, next
 		next += kc.DevicePtr(procBytes)
 	}
 	if anyTemp {
 		a.Mass = next
 	}
-	return l, nil
+	return &sampleLaunch{proc: proc, final: a, part: part}, nil
 }
 
 // sampleThreads is the block size of glmf_sample and glmf_sample_part;
@@ -69,9 +71,9 @@ func sampleChunks(V int64) (chunk, n int64) {
 	return chunk, (V + chunk - 1) / chunk
 }
 
-// sampleLaunch is the sampler's launches: the processed rows (when proc is
-// set: glmf_logits_process, a block per chunk of every row, returning at
-// once for a row without processing), the chunks of every row
+// sampleLaunch is the sampler's launches: the processed rows
+// (glmf_logits_process, a block per chunk of every row, returning at once
+// for a row without processing), the chunks of every row
 // (glmf_sample_part), then a block per row that combines them and picks.
 type sampleLaunch struct {
 	proc  *kc.LogitsProcessArgs
@@ -80,13 +82,10 @@ type sampleLaunch struct {
 }
 
 func (l *sampleLaunch) launch(dev *kc.Device, logits kc.DevicePtr, rows int) error {
-	l.part.Logits, l.final.Logits = logits, logits
+	l.proc.Logits, l.part.Logits, l.final.Logits = logits, logits, logits
 	grid := kc.Dim3{X: uint32(l.part.Nchunks), Y: uint32(rows)}
-	if l.proc != nil {
-		l.proc.Logits = logits
-		if err := kc.LaunchLogitsProcess(dev, grid, kc.Dim3{X: sampleThreads}, 0, l.proc); err != nil {
-			return err
-		}
+	if err := kc.LaunchLogitsProcess(dev, grid, kc.Dim3{X: sampleThreads}, 0, l.proc); err != nil {
+		return err
 	}
 	if err := kc.LaunchSamplePart(dev, grid, kc.Dim3{X: sampleThreads}, 0, l.part); err != nil {
 		return err
