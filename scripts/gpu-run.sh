@@ -5,7 +5,11 @@
 # the example plugin), the GEMM kernels' micro-benchmark (step kbench), a
 # bench, speculative decoding's bench (step spec), and a bounded load test against
 # `glmflash serve --device cuda`, and (step gpupreset, not in the default
-# steps) the gpu preset's bench, eval and the transformers benchmark. Binaries come prebuilt from this machine in
+# steps) the gpu preset's bench, eval and the transformers benchmark, and
+# (step mask, not in the default steps either) the logits processing's
+# cost: BenchmarkLogitsProcess and `bench --sample-mask` on the bench
+# preset and, where gpupreset's checkpoint is (or GPU_CKPT), the gpu
+# preset at batch 64. Binaries come prebuilt from this machine in
 # bin/ (make gpu-bundle). gpupreset's knobs: GPU_CKPT (where the checkpoint is), GPU_SET
 # ("FIELD=VALUE ..." scales it, e.g. n_routed_experts=16), GPU_BENCH ("prec:prompt ..."),
 # GPU_BATCH, GPU_CONFIG (the benches' --config; default configs/presets/cuda.yaml, none: GPU_CONFIG=), GPU_GEMM_REPORT=0, GPU_PROFILE (a precision: a per-op profile; GPU_PROFILE_BATCH,
@@ -72,6 +76,24 @@ bench)
 			--json "$OUT/logs/bench-$prec.json" >>"$OUT/logs/bench.log" 2>&1 || log "bench FAILED"
 	done
 	grep -E "tokens/s|per step|device  " "$OUT/logs/bench.log" | tail -n 40 >>"$OUT/logs/summary.txt"
+	;;
+mask)
+	log "logits processing on the device (BenchmarkLogitsProcess: the sampler's launches, 154880 logits a row)"
+	(cd kernels/cuda && timeout "$LIMIT" ../../bin/gpu-tests/kernels_cuda.test -test.run - -test.bench LogitsProcess -test.benchtime 20x) >"$OUT/logs/mask-kbench.log" 2>&1 || log "mask kbench FAILED"
+	grep -E '^Benchmark' "$OUT/logs/mask-kbench.log" | awk '{ for (i = 2; i <= NF; i++) if ($i == "us/step") printf "%-55s %10s us/step\n", $1, $(i-1) }' >>"$OUT/logs/summary.txt"
+	log "bench --device cuda --preset bench --sample-mask"
+	timeout "$LIMIT" bin/glmflash bench --device cuda --preset bench --prompt 64 --batch 1,8,64 --reps 5 --decode-steps 16 --sample-mask --gemm-report=false \
+		--json "$OUT/logs/mask-bench.json" >"$OUT/logs/mask-bench.log" 2>&1 || log "bench --sample-mask FAILED"
+	CK=${GPU_CKPT:-/dev/shm/glmflash-gpu}
+	[ -d "$CK" ] || CK=/tmp/glmflash-gpu
+	if [ -f "$CK/model.safetensors.index.json" ] || [ -f "$CK/model.safetensors" ]; then
+		log "bench --device cuda --model gpu-preset --precision bf16 --batch 64 --sample-mask"
+		timeout "$LIMIT" bin/glmflash bench --device cuda --model "$CK" --config configs/presets/cuda.yaml --precision bf16 --prompt 64 --batch 64 --reps 5 --decode-steps 16 --sample-mask --gemm-report=false \
+			--json "$OUT/logs/mask-gpu-bench.json" >>"$OUT/logs/mask-bench.log" 2>&1 || log "bench --sample-mask (gpu preset) FAILED"
+	else
+		log "no gpu preset checkpoint at $CK (step gpupreset writes it, or set GPU_CKPT): the gpu preset's --sample-mask not measured"
+	fi
+	grep -E "tokens/s|logits processing" "$OUT/logs/mask-bench.log" >>"$OUT/logs/summary.txt"
 	;;
 spec)
 	log "bench --device cuda --preset bench-mtp --speculative mtp:5 --spec-accept 0.6,0.8,1.0 (and the MTP drafter)"

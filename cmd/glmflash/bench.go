@@ -24,7 +24,7 @@ const (
 // benchFlags are bench's flags beyond the model's.
 type benchFlags struct {
 	mf                                           modelFlags
-	profileOps, gemmReport                       bool
+	profileOps, gemmReport, sampleMask           bool
 	prompt, decodeCtx, decodeSteps, reps, warmup int
 	batches                                      []int
 	specAccept                                   []float64
@@ -50,6 +50,7 @@ func newBenchCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&f.profileOps, "profile-ops", false, "time every op on the device (graphs off) and print the device time per op of the prefill and decode programs")
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
+	cmd.Flags().BoolVar(&f.sampleMask, "sample-mask", false, fmt.Sprintf("measure each decode series a second time with every row's logits processed on the backend (an allow mask of about half the vocabulary, as a constraint's, and %d edits, as penalties over a context) and report the cost over the plain series", bench.MaskEdits))
 	cmd.Flags().IntVar(&f.prompt, "prompt", 512, "prefill prompt length")
 	cmd.Flags().IntVar(&f.decodeCtx, "decode-context", 32, "tokens prefilled per sequence (untimed) before the decode series' steps: the context they attend (--prompt sizes the prefill series only)")
 	cmd.Flags().IntVar(&f.decodeSteps, "decode-steps", 16, "decode steps per measured run")
@@ -170,7 +171,7 @@ func (f *benchFlags) run(cmd *cobra.Command) error {
 	}
 	s := bench.Spec{Prompt: f.prompt, DecodeContext: f.decodeCtx, DecodeSteps: f.decodeSteps, Batches: f.batches, Reps: f.reps, Warmup: f.warmup,
 		Speculative: ec.Speculative, SpecAccept: f.specAccept, PeakTFLOPs: f.peakTFLOPs, Bandwidth: f.bandwidth, BandwidthFrom: "--bandwidth-gbs",
-		LimitsPath: f.limitsPath, ProfileOps: f.profileOps,
+		LimitsPath: f.limitsPath, ProfileOps: f.profileOps, SampleMask: f.sampleMask,
 		Measured: func(series string, run, of int, warmup bool, tps float64) {
 			log.Info().Str("bench", series).Int("run", run).Int("of", of).Bool("warmup", warmup).Float64("tokens_per_s", tps).Msg("measured")
 		}}

@@ -94,6 +94,31 @@ func TestBenchDecodeContext(t *testing.T) {
 	require.ErrorContains(t, err, "--decode-context")
 }
 
+// --sample-mask measures each decode series again with every row's logits
+// processed and reports the cost over the plain series: on the cpu, and on
+// the CUDA emulator where it is set (device time, the processing kernel
+// in the step's graph).
+func TestBenchSampleMask(t *testing.T) {
+	devices := []string{"cpu"}
+	if os.Getenv("GLMFLASH_CUDA_EMULATOR") != "" {
+		devices = append(devices, "cuda")
+	} else {
+		t.Log("GLMFLASH_CUDA_EMULATOR is not set: the cpu only (`make cudaemu` and set it to bin/libglmflash-cudaemu.so for the CUDA emulator too)")
+	}
+	for _, dev := range devices {
+		out, err := runCLI(t, "bench", "--device", dev, "--preset", "tiny", "--cache-dir", t.TempDir(), "--prompt", "4", "--decode-steps", "2", "--reps", "1", "--warmup", "0", "--batch", "1,2", "--sample-mask")
+		require.NoError(t, err, dev)
+		clock := "wall"
+		if dev == "cuda" {
+			clock = "device"
+			require.Regexp(t, `decode batch 2 mask\+edits .* per step: [0-9]+ launches \(1\.0 graph replays\)`, out)
+		}
+		for _, B := range []string{"1", "2"} {
+			require.Regexp(t, `decode batch `+B+` mask\+edits .*\n(.*\n)*?  logits processing \(an allow mask of ~half the vocabulary and 64 edits on every row\): [+-][0-9.]+% of the plain step's `+clock+` time`, out, dev)
+		}
+	}
+}
+
 // On the CUDA emulator, bench also reports device memory by category, the
 // roofline against device time, and the prefill GEMMs' TFLOP/s.
 func TestBenchReportsCUDA(t *testing.T) {

@@ -293,6 +293,9 @@ func prepareInto(pr *Prepared, prog Program, b *Batch, st Store, pos []int) (err
 		if s.TopLogprobs < 0 || s.TopLogprobs > MaxTopLogprobs {
 			return fmt.Errorf("backend: sampling spec %d: top_logprobs %d outside [0, %d]", i, s.TopLogprobs, MaxTopLogprobs)
 		}
+		if err := s.CheckProcessing(p.Vocab); err != nil {
+			return fmt.Errorf("backend: sampling spec %d: %w", i, err)
+		}
 	}
 	return nil
 }

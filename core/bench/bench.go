@@ -8,6 +8,7 @@ package bench
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sort"
@@ -21,6 +22,7 @@ import (
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/roofline"
+	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/speculative"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/safetensors"
@@ -64,6 +66,12 @@ type Spec struct {
 	// programs after the series (an engine made with
 	// engine.Setup.ProfileOps, on a backend.OpProfiler).
 	ProfileOps bool
+	// SampleMask measures every decode series a second time with logits
+	// processing on every row ("decode batch B mask+edits": an allow mask
+	// of about half the vocabulary and MaskEdits edits, see
+	// ProcessedSpecs), its runs interleaved with the plain series', and
+	// the step's cost over the plain one (Series.ProcessingCost).
+	SampleMask bool
 	// AfterSeries, when set, runs after the series and the peak RSS,
 	// before the CPU's limits are measured (a heap profile of the heap as
 	// the measured runs left it).
@@ -196,6 +204,19 @@ type Series struct {
 	PeakGFLOPs     float64 `json:"peak_gflops,omitempty"`
 	PeakName       string  `json:"peak,omitempty"`
 	PeakFraction   float64 `json:"peak_fraction,omitempty"`
+	// Decode series with logits processing (Spec.SampleMask): what every
+	// row carried, and the step's time over the plain series' of the same
+	// batch, minus 1: by the measured clock (device time where the backend
+	// reports it, else wall) and by wall time.
+	// ProcessingCPUCost is the same by the process's CPU time per step,
+	// which a machine shared with other work disturbs less than the wall's.
+	Processing         string  `json:"processing,omitempty"`
+	ProcessingCost     float64 `json:"processing_cost_fraction,omitempty"`
+	ProcessingWallCost float64 `json:"processing_wall_cost_fraction,omitempty"`
+	ProcessingCPUCost  float64 `json:"processing_cpu_cost_fraction,omitempty"`
+	// CPUMsPerStep is the process's CPU time (user + system, every
+	// thread) per decode step at the median run.
+	CPUMsPerStep float64 `json:"cpu_ms_per_step,omitempty"`
 }
 
 // Speculative reports whether the series is a speculative decoding
@@ -260,6 +281,9 @@ type runner struct {
 	// batch of each decode series by index.
 	prefill int
 	decode  map[int]int
+	// masked maps each processed decode series' index to its plain one's
+	// (Spec.SampleMask).
+	masked map[int]int
 }
 
 // Run measures what s asks on engine e over checkpoint ck. The engine
@@ -270,7 +294,7 @@ func Run(e *engine.Engine, ck Checkpoint, s Spec) (*Result, error) {
 		return nil, err
 	}
 	be := e.Backend()
-	r := &runner{e: e, ck: ck, s: s, cfg: cfg, onCPU: be.Name() == "cpu", store: e.Store(), decode: map[int]int{},
+	r := &runner{e: e, ck: ck, s: s, cfg: cfg, onCPU: be.Name() == "cpu", store: e.Store(), decode: map[int]int{}, masked: map[int]int{},
 		res: &Result{Model: ck.Dir(), Config: cfg, Speculative: s.Speculative, Bandwidth: s.Bandwidth, BandwidthFrom: s.BandwidthFrom}}
 	tuner, _ := be.(ir.GEMMTuner)
 	if s.GEMMReport && tuner == nil {
@@ -288,6 +312,7 @@ func Run(e *engine.Engine, ck Checkpoint, s Spec) (*Result, error) {
 		r.memory,
 		r.limits,
 		func() error { return r.rooflines(held) },
+		r.processingCosts,
 		r.opTimes,
 	} {
 		if err := step(); err != nil {
@@ -317,11 +342,25 @@ func (r *runner) measure(tuner ir.GEMMTuner) error {
 	}
 	// decode at each batch size, after a DecodeContext-token prefill per
 	// sequence (not timed)
+	// (with SampleMask, the same steps with every row's logits processed,
+	// their runs interleaved with the plain series' so that both see the
+	// same machine)
 	for _, B := range s.Batches {
-		if err := r.decodeSeries(B); err != nil {
+		name, run := r.decodeSeries(B, false)
+		if !s.SampleMask {
+			if err := r.series(name, run); err != nil {
+				return err
+			}
+			r.decode[len(res.Series)-1] = B
+			continue
+		}
+		mname, mrun := r.decodeSeries(B, true)
+		if err := r.interleaved([]string{name, mname}, []runFunc{run, mrun}); err != nil {
 			return err
 		}
-		r.decode[len(res.Series)-1] = B
+		plain := len(res.Series) - 2
+		r.decode[plain], r.decode[plain+1] = B, B
+		r.masked[plain+1] = plain
 	}
 	// MTP draft steps at each batch size, when the checkpoint has the MTP
 	// layer: a 32-token trunk prefill (FinalHidden) and the MTP prefill
@@ -407,6 +446,22 @@ func (r *runner) rooflines(held roofline.Holding) error {
 	return nil
 }
 
+// processingCosts set each processed decode series' cost over its plain
+// series (after the rooflines, which set the measured times).
+func (r *runner) processingCosts() error {
+	for i, plain := range r.masked {
+		m, p := &r.res.Series[i], &r.res.Series[plain]
+		m.Processing = fmt.Sprintf("an allow mask of ~half the vocabulary and %d edits on every row", min(MaskEdits, r.cfg.VocabSize))
+		if p.MeasuredMs > 0 && p.WallMsPerStep > 0 {
+			m.ProcessingCost, m.ProcessingWallCost = m.MeasuredMs/p.MeasuredMs-1, m.WallMsPerStep/p.WallMsPerStep-1
+		}
+		if p.CPUMsPerStep > 0 {
+			m.ProcessingCPUCost = m.CPUMsPerStep/p.CPUMsPerStep - 1
+		}
+	}
+	return nil
+}
+
 // opTimes read the prefill and decode programs' device time per op
 // (Spec.ProfileOps).
 func (r *runner) opTimes() error {
@@ -427,42 +482,68 @@ func (r *runner) opTimes() error {
 	return nil
 }
 
+// runFunc is one run of a series: the tokens processed, the seconds its
+// timed part took and, for a decode run, its counters per step.
+type runFunc func() (int, float64, *perStep, error)
+
 // series runs warm-up + measured repetitions of one workload and adds its
-// Series; run returns the tokens processed, the seconds its timed part
-// took and, for a decode run, its counters per step.
-func (r *runner) series(name string, run func() (int, float64, *perStep, error)) error {
-	var tps []float64
-	var counters *perStep
+// Series.
+func (r *runner) series(name string, run runFunc) error {
+	return r.interleaved([]string{name}, []runFunc{run})
+}
+
+// interleaved runs the warm-up + measured repetitions of several
+// workloads in turn (run i of each, then run i+1), so that a comparison
+// between them sees the same machine, and adds their Series in order.
+func (r *runner) interleaved(names []string, runs []runFunc) error {
+	tps, cpu := make([][]float64, len(runs)), make([][]float64, len(runs))
+	counters := make([]*perStep, len(runs))
 	of := r.s.Warmup + r.s.Reps
 	for i := 0; i < of; i++ {
-		n, secs, c, err := run()
-		if err != nil {
-			return err
-		}
-		counters = c // the last run's
-		warm := i < r.s.Warmup
-		if r.s.Measured != nil {
-			r.s.Measured(name, i+1, of, warm, float64(n)/secs)
-		}
-		if !warm {
-			tps = append(tps, float64(n)/secs)
+		for k, run := range runs {
+			n, secs, c, err := run()
+			if err != nil {
+				return err
+			}
+			counters[k] = c // the last run's
+			warm := i < r.s.Warmup
+			if r.s.Measured != nil {
+				r.s.Measured(names[k], i+1, of, warm, float64(n)/secs)
+			}
+			if !warm {
+				tps[k] = append(tps[k], float64(n)/secs)
+				if c != nil {
+					cpu[k] = append(cpu[k], c.cpuMs)
+				}
+			}
 		}
 	}
-	sorted := slices.Clone(tps)
-	sort.Float64s(sorted)
-	s := Series{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps}
-	if c := counters; c != nil {
-		s.LaunchesPerStep, s.SyncsPerStep, s.LengthSyncs, s.ReplaysPerStep = c.launches, c.syncs, c.lengthSyncs, c.replays
-		s.KernelsPerStep, s.DeviceMsPerStep, s.PrepMsPerStep = c.kernels, c.deviceMs, c.prepMs
+	for k, name := range names {
+		sorted := slices.Clone(tps[k])
+		sort.Float64s(sorted)
+		s := Series{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps[k]}
+		if c := counters[k]; c != nil {
+			s.LaunchesPerStep, s.SyncsPerStep, s.LengthSyncs, s.ReplaysPerStep = c.launches, c.syncs, c.lengthSyncs, c.replays
+			s.KernelsPerStep, s.DeviceMsPerStep, s.PrepMsPerStep = c.kernels, c.deviceMs, c.prepMs
+			sort.Float64s(cpu[k])
+			s.CPUMsPerStep = cpu[k][len(cpu[k])/2]
+		}
+		r.res.Series = append(r.res.Series, s)
 	}
-	r.res.Series = append(r.res.Series, s)
 	return nil
 }
 
 // perStep are a decode run's counters per step.
 type perStep struct {
 	launches, syncs, lengthSyncs, replays, kernels float64
-	deviceMs, prepMs                               float64
+	deviceMs, prepMs, cpuMs                        float64
+}
+
+// cpuTime is the process's CPU time so far (user + system, every thread).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // stepCounters are a program's counters between two readings per step.
@@ -509,11 +590,17 @@ func (r *runner) prefillSeries() error {
 	})
 }
 
-// decodeSeries is the decode series of batch B: DecodeSteps greedy steps
-// after an untimed DecodeContext-token prefill of every sequence.
-func (r *runner) decodeSeries(B int) error {
+// decodeSeries is the decode series of batch B, its name and run:
+// DecodeSteps greedy steps after an untimed DecodeContext-token prefill of
+// every sequence; with processed, every row's logits processed
+// (ProcessedSpecs).
+func (r *runner) decodeSeries(B int, processed bool) (string, runFunc) {
 	steps := r.s.DecodeSteps
-	return r.series(fmt.Sprintf("decode batch %d", B), func() (int, float64, *perStep, error) {
+	name, specs := fmt.Sprintf("decode batch %d", B), attrib.GreedySpecs(B)
+	if processed {
+		name, specs = name+" mask+edits", ProcessedSpecs(B, r.cfg.VocabSize)
+	}
+	return name, func() (int, float64, *perStep, error) {
 		slots, err := r.alloc(B)
 		if err != nil {
 			return 0, 0, nil, err
@@ -526,8 +613,7 @@ func (r *runner) decodeSeries(B int) error {
 		if err != nil {
 			return 0, 0, nil, err
 		}
-		specs := attrib.GreedySpecs(B)
-		s0 := backend.DeviceStatsOf(prog)
+		s0, c0 := backend.DeviceStatsOf(prog), cpuTime()
 		t0 := time.Now()
 		for st := 0; st < steps; st++ {
 			if err := attrib.DecodeStep(r.e, slots, specs, st, r.cfg.VocabSize); err != nil {
@@ -535,8 +621,36 @@ func (r *runner) decodeSeries(B int) error {
 			}
 		}
 		secs := time.Since(t0).Seconds()
-		return B * steps, secs, stepCounters(s0, backend.DeviceStatsOf(prog), steps), nil
-	})
+		c := stepCounters(s0, backend.DeviceStatsOf(prog), steps)
+		c.cpuMs = float64(cpuTime()-c0) / 1e6 / float64(steps)
+		return B * steps, secs, c, nil
+	}
+}
+
+// MaskEdits are the edits ProcessedSpecs gives every row.
+const MaskEdits = 64
+
+// ProcessedSpecs are greedy specs of n rows over a vocabulary of vocab ids
+// whose logits are processed as a constrained request's with penalties
+// would be: each row's own allow mask of about half the vocabulary (random
+// bits) and MaskEdits edits (at most vocab; a repetition penalty 1.2 and
+// an addend −0.5 on spread tokens, as over a context's tokens).
+func ProcessedSpecs(n, vocab int) []backend.SampleSpec {
+	specs := attrib.GreedySpecs(n)
+	k := min(MaskEdits, vocab)
+	for i := range specs {
+		r := rand.New(rand.NewPCG(uint64(i), 0x6d61736b))
+		allow := make([]uint32, sample.AllowWords(vocab))
+		for w := range allow {
+			allow[w] = r.Uint32()
+		}
+		edits := make([]sample.Edit, k)
+		for j := range edits { // k distinct ascending tokens
+			edits[j] = sample.Edit{Token: int32(j * vocab / k), Penalty: 1.2, Add: -0.5}
+		}
+		specs[i].Allow, specs[i].Edits = allow, edits
+	}
+	return specs
 }
 
 // speculative are the scheduler series of batch B: plain decoding, then

@@ -12,6 +12,7 @@ import (
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/internal/cpulimits"
 	"github.com/glmflash/glmflash/model"
 	"github.com/stretchr/testify/require"
@@ -280,4 +281,78 @@ func TestStepCounters(t *testing.T) {
 	got := r.res.Series[0]
 	require.Equal(t, Series{Name: "decode batch 1", TokensPerSec: 4, Runs: []float64{4}, LaunchesPerStep: 5, SyncsPerStep: 1, LengthSyncs: 0.5, ReplaysPerStep: 1,
 		KernelsPerStep: 100, DeviceMsPerStep: 2, PrepMsPerStep: 1}, got)
+}
+
+// With SampleMask every decode series is measured a second time with every
+// row's logits processed (an allow mask and edits the backend accepts),
+// its runs interleaved with the plain one's, and its cost over it is
+// reported by the measured clock, by wall time and by the process's CPU
+// time, in the text and the JSON.
+func TestRunSampleMask(t *testing.T) {
+	var order []string
+	s := Spec{Prompt: 4, DecodeContext: 3, DecodeSteps: 2, Batches: []int{1, 2}, Reps: 2, Warmup: 0, PeakTFLOPs: 1, LimitsPath: writeLimits(t, 100, 200, 49), SampleMask: true,
+		Measured: func(series string, run, _ int, _ bool, _ float64) {
+			order = append(order, fmt.Sprint(series, " #", run))
+		}}
+	ck, e := open(t, fixture, s)
+	res, err := Run(e, ck, s)
+	require.NoError(t, err)
+	require.Equal(t, []string{"prefill 4 tokens #1", "prefill 4 tokens #2",
+		"decode batch 1 #1", "decode batch 1 mask+edits #1", "decode batch 1 #2", "decode batch 1 mask+edits #2",
+		"decode batch 2 #1", "decode batch 2 mask+edits #1", "decode batch 2 #2", "decode batch 2 mask+edits #2"}, order, "the two series' runs interleaved")
+	var names []string
+	for _, ser := range res.Series {
+		names = append(names, ser.Name)
+	}
+	require.Equal(t, []string{"prefill 4 tokens", "decode batch 1", "decode batch 1 mask+edits", "decode batch 2", "decode batch 2 mask+edits"}, names)
+	checkSeries(t, s, res)
+	for i, ser := range res.Series[1:] {
+		if i%2 == 0 {
+			require.Empty(t, ser.Processing, ser.Name)
+			require.Zero(t, ser.ProcessingCost, ser.Name)
+			continue
+		}
+		plain := res.Series[i]
+		require.Equal(t, "an allow mask of ~half the vocabulary and 64 edits on every row", ser.Processing)
+		require.Positive(t, ser.RooflineBytes, ser.Name)
+		require.InDelta(t, ser.MeasuredMs/plain.MeasuredMs-1, ser.ProcessingCost, 1e-12)
+		require.Equal(t, ser.ProcessingCost, ser.ProcessingWallCost, "the cpu's measured clock is the wall's")
+		require.NotZero(t, ser.ProcessingCost)
+		require.Positive(t, ser.CPUMsPerStep, ser.Name)
+		require.Positive(t, plain.CPUMsPerStep, plain.Name)
+		require.InDelta(t, ser.CPUMsPerStep/plain.CPUMsPerStep-1, ser.ProcessingCPUCost, 1e-12)
+	}
+	var b strings.Builder
+	require.NoError(t, res.WriteText(&b))
+	require.Regexp(t, `decode batch 2 mask\+edits .*\n.*\n  logits processing \(an allow mask of ~half the vocabulary and 64 edits on every row\): [+-]\d+\.\d% of the plain step's wall time, [+-]\d+\.\d% of its CPU time \([0-9.e+]+ against [0-9.e+]+ ms of the process's user \+ system time per step\)\n`, b.String())
+	j, err := res.JSON()
+	require.NoError(t, err)
+	require.Contains(t, string(j), `"processing_cost_fraction":`)
+	require.Contains(t, string(j), `"processing_cpu_cost_fraction":`)
+}
+
+// ProcessedSpecs are valid processing (as the backends check it): each
+// row its own mask of about half the vocabulary, MaskEdits sorted edits
+// (all of a smaller vocabulary).
+func TestProcessedSpecs(t *testing.T) {
+	for _, V := range []int{32000, 100, 33} {
+		specs := ProcessedSpecs(3, V)
+		require.Len(t, specs, 3)
+		for i := range specs {
+			sp := &specs[i]
+			require.NoError(t, sp.CheckProcessing(V))
+			require.Len(t, sp.Edits, min(MaskEdits, V))
+			require.Zero(t, sp.Params.Temperature)
+			n := 0
+			for tok := 0; tok < V; tok++ {
+				if sample.Allowed(sp.Allow, int32(tok)) {
+					n++
+				}
+			}
+			if V >= 1000 {
+				require.InDelta(t, 0.5, float64(n)/float64(V), 0.05)
+			}
+		}
+		require.NotEqual(t, specs[0].Allow, specs[1].Allow, "each row its own mask")
+	}
 }

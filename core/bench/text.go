@@ -107,6 +107,13 @@ func (r *Result) writeSeries(w io.Writer, s *Series) {
 			fmt.Fprintf(w, "  wall clock: %.4g ms per step (host preparation and the sampled tokens' read-back included) = %.2f× the roofline\n", s.WallMsPerStep, s.WallMsPerStep/s.RooflineMs)
 		}
 	}
+	if s.Processing != "" {
+		fmt.Fprintf(w, "  logits processing (%s): %+.1f%% of the plain step's %s time", s.Processing, 100*s.ProcessingCost, s.MeasuredClock)
+		if s.MeasuredClock != "wall" {
+			fmt.Fprintf(w, ", %+.1f%% of its wall time", 100*s.ProcessingWallCost)
+		}
+		fmt.Fprintf(w, ", %+.1f%% of its CPU time (%.4g against %.4g ms of the process's user + system time per step)\n", 100*s.ProcessingCPUCost, s.CPUMsPerStep, s.CPUMsPerStep/(1+s.ProcessingCPUCost))
+	}
 	if s.GEMMFLOPs > 0 {
 		fmt.Fprintf(w, "  compute: %.4g GFLOP of weight GEMMs per run (2 × multiply-adds of linear, linear_batched and moe_experts; attention not counted) at the median run = %.4g GFLOP/s",
 			s.GEMMFLOPs/1e9, s.AchievedGFLOPs)

@@ -3,6 +3,7 @@ package sample
 import (
 	"fmt"
 	"math"
+	"math/bits"
 )
 
 // Banned is the value a processed logit takes when its token is not
@@ -112,16 +113,13 @@ func Apply(row []float32, edits []Edit, allow []uint32) {
 	if allow == nil {
 		return
 	}
-	for w, bits := range allow {
-		if bits == ^uint32(0) {
-			continue
-		}
-		for b := 0; b < 32; b++ {
-			i := w*32 + b
+	for w, word := range allow {
+		for clear := ^word; clear != 0; clear &= clear - 1 { // the clear bits, ascending
+			i := w*32 + bits.TrailingZeros32(clear)
 			if i >= len(row) {
 				break
 			}
-			if bits&(1<<uint(b)) == 0 && isFinite(row[i]) {
+			if isFinite(row[i]) {
 				row[i] = Banned
 			}
 		}

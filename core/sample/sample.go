@@ -131,7 +131,7 @@ func kept(logits []float32, p Params, sc *scratch) (idx []int, pr []float64, tot
 	pr = sc.pr[:0]
 	var sum float64
 	for _, i := range idx[:n] {
-		e := math.Exp((float64(logits[i]) - mx) / p.Temperature)
+		e := expNeg((float64(logits[i]) - mx) / p.Temperature)
 		pr = append(pr, e)
 		sum += e
 	}
@@ -186,6 +186,17 @@ func Dist(logits []float32, p Params) ([]int, []float64) {
 	return idx, pr
 }
 
+// expNeg is math.Exp(x), 0 without calling it where the result is 0
+// anyway (x < −746: below half the smallest subnormal): math.Exp takes a
+// slow path there, which a row of banned tokens (Banned − max) hits on
+// every one of them.
+func expNeg(x float64) float64 {
+	if x < -746 {
+		return 0
+	}
+	return math.Exp(x)
+}
+
 // TokenLogprob is one alternative token and its log-probability.
 type TokenLogprob struct {
 	ID      int32
@@ -201,7 +212,7 @@ func Logprobs(row []float32, tok int32, n int) (float32, []TokenLogprob) {
 	}
 	var sum float64
 	for _, v := range row {
-		sum += math.Exp(float64(v - mx))
+		sum += expNeg(float64(v - mx))
 	}
 	lse := float64(mx) + math.Log(sum)
 	lp := float32(float64(row[tok]) - lse)

@@ -510,6 +510,13 @@ type AppendArgs struct {
 	Expert int64
 }
 
+// LogitEdit mirrors the CUDA struct LogitEdit.
+type LogitEdit struct {
+	Token   int64
+	Penalty float64
+	Add     float64
+}
+
 // SampleSpec mirrors the CUDA struct SampleSpec.
 type SampleSpec struct {
 	Temperature float64
@@ -518,6 +525,9 @@ type SampleSpec struct {
 	U           float64
 	TopK        int64
 	NTop        int64
+	Edits       DevicePtr
+	NEdits      int64
+	Allow       DevicePtr
 }
 
 // SampleOut mirrors the CUDA struct SampleOut.
@@ -545,25 +555,38 @@ type SamplePart struct {
 
 // SampleArgs mirrors the CUDA struct SampleArgs.
 type SampleArgs struct {
-	Logits  DevicePtr
-	Vocab   int64
-	Rows    int64
-	Specs   DevicePtr
-	Out     DevicePtr
-	Mass    DevicePtr
-	Parts   DevicePtr
-	Nchunks int64
+	Logits    DevicePtr
+	Vocab     int64
+	Rows      int64
+	Specs     DevicePtr
+	Out       DevicePtr
+	Mass      DevicePtr
+	Parts     DevicePtr
+	Nchunks   int64
+	Processed DevicePtr
 }
 
 // SamplePartArgs mirrors the CUDA struct SamplePartArgs.
 type SamplePartArgs struct {
+	Logits    DevicePtr
+	Vocab     int64
+	Rows      int64
+	Chunk     int64
+	Nchunks   int64
+	Specs     DevicePtr
+	Parts     DevicePtr
+	Processed DevicePtr
+}
+
+// LogitsProcessArgs mirrors the CUDA struct LogitsProcessArgs.
+type LogitsProcessArgs struct {
 	Logits  DevicePtr
 	Vocab   int64
 	Rows    int64
 	Chunk   int64
 	Nchunks int64
 	Specs   DevicePtr
-	Parts   DevicePtr
+	Out     DevicePtr
 }
 
 // AppendArgsKernel is a kernel taking AppendArgs (0: none).
@@ -1281,6 +1304,35 @@ func (k KDAGateArgsKernel) String() string { return namesOfKDAGateArgsKernel[k] 
 // LaunchKDAGate starts glmf_kda_gate with a.
 func LaunchKDAGate(d *Device, grid, block Dim3, smem int, a *KDAGateArgs) error {
 	return KernelKDAGate.Launch(d, grid, block, smem, a)
+}
+
+// LogitsProcessArgsKernel is a kernel taking LogitsProcessArgs (0: none).
+type LogitsProcessArgsKernel uint16
+
+// The kernels taking LogitsProcessArgs.
+const (
+	_ LogitsProcessArgsKernel = iota
+	// KernelLogitsProcess is glmf_logits_process (src/sample.cu).
+	KernelLogitsProcess
+)
+
+// namesOfLogitsProcessArgsKernel are the entry points of the LogitsProcessArgsKernel constants.
+var namesOfLogitsProcessArgsKernel = [...]string{
+	"",
+	"glmf_logits_process",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k LogitsProcessArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *LogitsProcessArgs) error {
+	return d.launch(namesOfLogitsProcessArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k LogitsProcessArgsKernel) String() string { return namesOfLogitsProcessArgsKernel[k] }
+
+// LaunchLogitsProcess starts glmf_logits_process with a.
+func LaunchLogitsProcess(d *Device, grid, block Dim3, smem int, a *LogitsProcessArgs) error {
+	return KernelLogitsProcess.Launch(d, grid, block, smem, a)
 }
 
 // MHCMixArgsKernel is a kernel taking MHCMixArgs (0: none).
@@ -2021,6 +2073,7 @@ func LaunchedKernels() []string {
 	names = append(names, namesOfKDAAttnArgsKernel[1:]...)
 	names = append(names, namesOfKDAConvArgsKernel[1:]...)
 	names = append(names, namesOfKDAGateArgsKernel[1:]...)
+	names = append(names, namesOfLogitsProcessArgsKernel[1:]...)
 	names = append(names, namesOfMHCMixArgsKernel[1:]...)
 	names = append(names, namesOfMHCPostArgsKernel[1:]...)
 	names = append(names, namesOfMHCPostPreArgsKernel[1:]...)

@@ -3,12 +3,14 @@ package cuda
 import (
 	"unsafe"
 
+	"github.com/glmflash/glmflash/core/backend"
 	kc "github.com/glmflash/glmflash/kernels/cuda"
 )
 
 // packMeta packs the batch's host metadata (tokens, hidden rows, the
 // sequences' spans and every row's sequence and position, checkpoints,
-// saved selections, span-logits rows, sampling specs) for its one upload,
+// saved selections, span-logits rows, sampling specs and the processed
+// rows' edits and allow masks, after everything else) for its one upload,
 // grows the device buffer to it and points rc at its sections. It returns
 // the packed bytes (uploaded at p.meta with the step's first device work)
 // and the sampling specs' address (0: the batch does not sample).
@@ -36,28 +38,87 @@ func (p *Program) packMeta(rc *runCtx, ckpt, share []int) (*metaBuilder, kc.Devi
 	}
 	oCkpt, oShare, oSpanRows := mb.i32(ck), mb.i32(sp), mb.i32(pr.SpanRowIndex())
 	var oSpec int64 = -1
+	var specs []kc.SampleSpec
+	var procs []procOffsets
 	if pr.Sample != nil {
-		specs := make([]kc.SampleSpec, len(pr.Sample))
+		specs = make([]kc.SampleSpec, len(pr.Sample))
 		for i, s := range pr.Sample {
 			specs[i] = kc.SampleSpec{Temperature: s.Params.Temperature, TopP: s.Params.TopP, MinP: s.Params.MinP, U: s.U, TopK: int64(s.Params.TopK), NTop: int64(s.TopLogprobs)}
 		}
 		oSpec = mb.raw(unsafe.Pointer(unsafe.SliceData(specs)), int64(len(specs))*int64(unsafe.Sizeof(specs[0])))
+		procs = packProcessing(mb, pr.Sample)
 	}
 	if err := p.ensure(&p.meta, &p.metaSize, int64(len(mb.buf))); err != nil {
 		return nil, 0, err
 	}
 	at := func(off int64) kc.DevicePtr { return p.meta + kc.DevicePtr(off) }
+	if len(procs) > 0 { // the processed rows' specs point at their edits and masks
+		for _, o := range procs {
+			sp := &specs[o.row]
+			if o.edits >= 0 {
+				sp.Edits, sp.NEdits = at(o.edits), o.nEdits
+			}
+			if o.allow >= 0 {
+				sp.Allow = at(o.allow)
+			}
+		}
+		n := int64(len(specs)) * int64(unsafe.Sizeof(specs[0]))
+		copy(mb.buf[oSpec:oSpec+n], unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(specs))), n))
+	}
 	rc.toks = at(oTok)
 	if oHidden >= 0 {
 		rc.hidden = at(oHidden)
 	}
 	rc.ckpt, rc.sharePos, rc.spanRows = at(oCkpt), at(oShare), at(oSpanRows)
 	rc.meta = kc.BatchMeta{SeqSlot: at(oSlot), SeqPos0: at(oPos0), SeqN: at(oN), SeqRow0: at(oRow0), RowSeq: at(oRowSeq), RowPos: at(oRowPos), LastRow: at(oLast), S: int64(rc.S), T: int64(rc.T)}
-	var specs kc.DevicePtr
+	var specsAt kc.DevicePtr
 	if oSpec >= 0 {
-		specs = at(oSpec)
+		specsAt = at(oSpec)
 	}
-	return mb, specs, nil
+	return mb, specsAt, nil
+}
+
+// procOffsets is where a processed row's edits and allow mask lie in the
+// metadata (−1: none).
+type procOffsets struct {
+	row           int
+	edits, nEdits int64
+	allow         int64
+}
+
+// packProcessing packs the processed rows' edits (as kc.LogitEdit) and
+// allow masks after the metadata's other sections, and says where each
+// row's lie; rows without processing add nothing. (Their addresses are set
+// in the specs once the buffer's is known: the specs are data, uploaded
+// every step, so a captured graph reads whatever this step packed.)
+func packProcessing(mb *metaBuilder, specs []backend.SampleSpec) []procOffsets {
+	var procs []procOffsets
+	nEdits := 0
+	for i := range specs {
+		nEdits += len(specs[i].Edits)
+	}
+	edits := make([]kc.LogitEdit, 0, nEdits)
+	for i := range specs {
+		s := &specs[i]
+		if !s.Processed() {
+			continue
+		}
+		o := procOffsets{row: i, edits: -1, allow: -1}
+		if len(s.Edits) > 0 {
+			o.nEdits = int64(len(s.Edits))
+			first := len(edits)
+			for _, e := range s.Edits {
+				edits = append(edits, kc.LogitEdit{Token: int64(e.Token), Penalty: float64(e.Penalty), Add: float64(e.Add)})
+			}
+			part := edits[first:]
+			o.edits = mb.raw(unsafe.Pointer(unsafe.SliceData(part)), int64(len(part))*int64(unsafe.Sizeof(part[0])))
+		}
+		if s.Allow != nil {
+			o.allow = mb.u32(s.Allow)
+		}
+		procs = append(procs, o)
+	}
+	return procs
 }
 
 // metaBuilder packs the step's host metadata into one buffer (8-byte
@@ -78,6 +139,13 @@ func (m *metaBuilder) raw(p unsafe.Pointer, n int64) int64 {
 }
 
 func (m *metaBuilder) f32(v []float32) int64 {
+	if len(v) == 0 {
+		return m.raw(nil, 0)
+	}
+	return m.raw(unsafe.Pointer(unsafe.SliceData(v)), 4*int64(len(v)))
+}
+
+func (m *metaBuilder) u32(v []uint32) int64 {
 	if len(v) == 0 {
 		return m.raw(nil, 0)
 	}

@@ -63,6 +63,18 @@ inline unsigned __float_as_uint(float f) {
   return u;
 }
 
+// Rounded single operations, never contracted into fused ones (the
+// emulator is compiled with -ffp-contract=fast): volatile keeps each
+// rounding.
+inline float __fmul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+inline float __fadd_rn(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
+
 // Fibers switch only at barriers, so read-modify-write is atomic here.
 inline int atomicAdd(int* p, int v) {
   int o = *p;

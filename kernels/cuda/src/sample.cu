@@ -6,14 +6,42 @@
 // Order is the CPU's: logits descending, ties by lower index (desc_key).
 // Probability masses are summed as 2^62 fixed-point integers, so every sum
 // is exact and independent of thread scheduling.
+//
+// A row with logits processing (its spec's edits or allow mask) is first
+// processed by glmf_logits_process into the processed rows' buffer, which
+// the sampler then reads for that row (the raw logits stay as they are).
 #include "common.cuh"
 
 #define SAMPLE_MAX_TOP 32
 
+// One token's edit (core/sample.Edit): l' = penalize(l, penalty) + add, at
+// least −FLT_MAX; a raw non-finite l is left as it is. The values are
+// float32s held exactly in doubles.
+struct LogitEdit {
+  i64 token;
+  double penalty, add;
+};
+
 struct SampleSpec {
   double temperature, top_p, min_p, u;
   i64 top_k, n_top;
+  // logits processing (core/sample.Apply): n_edits edits sorted by token
+  // (unique), then allow (0: none), a mask of one bit per token (bit i%32
+  // of word i/32) whose clear bits ban their tokens (−FLT_MAX). Device
+  // addresses into the step's metadata.
+  const LogitEdit* edits;
+  i64 n_edits;
+  const unsigned* allow;
 };
+
+// sample_processed says whether a row's logits are processed (then the
+// sampler reads them from the processed rows' buffer).
+DEVFN bool sample_processed(const SampleSpec& sp) { return sp.n_edits > 0 || sp.allow != 0; }
+
+#define LOGIT_MAX 3.4028234663852886e38f  // FLT_MAX; −LOGIT_MAX is a ban (core/sample.Banned)
+
+DEVFN bool logit_finite(float v) { return fabsf(v) <= LOGIT_MAX; }
+
 struct SampleOut {
   i64 nonfinite;       // non-finite logits in the row (then nothing else is set
   i64 first_bad;       // but these two and bad_value)
@@ -45,6 +73,7 @@ struct SampleArgs {
   SampleOut* out;
   u64* mass;          // scratch [rows][vocab]
   const SamplePart* parts; i64 nchunks;  // glmf_sample_part's [rows][nchunks]
+  const float* processed;  // glmf_logits_process's rows [rows][vocab] (0: none)
 };
 
 // Values a thread of glmf_sample_part holds: a chunk is at most
@@ -55,7 +84,74 @@ struct SamplePartArgs {
   const float* logits; i64 vocab, rows, chunk, nchunks;
   const SampleSpec* specs;
   SamplePart* parts;
+  const float* processed;  // glmf_logits_process's rows [rows][vocab] (0: none)
 };
+
+// sample_row is the logits row the sampler reads: the processed one when
+// the row is processed.
+DEVFN const float* sample_row(const float* logits, const float* processed, const SampleSpec& sp, i64 row, i64 vocab) {
+  return (processed && sample_processed(sp) ? processed : logits) + row * vocab;
+}
+
+struct LogitsProcessArgs {
+  const float* logits; i64 vocab, rows, chunk, nchunks;
+  const SampleSpec* specs;
+  float* out;  // the processed rows [rows][vocab] (only processed rows are written)
+};
+
+// edit_lower is the first of n edits (sorted by token) whose token is ≥ t.
+DEVFN i64 edit_lower(const LogitEdit* e, i64 n, i64 t) {
+  i64 lo = 0, hi = n;
+  while (lo < hi) {
+    i64 mid = (lo + hi) >> 1;
+    if (e[mid].token < t) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// logit_edit applies one edit to a raw logit, as core/sample.Apply does
+// (no contraction into fused operations: the host rounds each step).
+DEVFN float logit_edit(float l, const LogitEdit& e) {
+  if (!logit_finite(l)) return l;
+  float p = (float)e.penalty, add = (float)e.add;
+  if (p != 0.f && p != 1.f) l = l > 0.f ? l / p : __fmul_rn(l, p);
+  l = __fadd_rn(l, add);
+  if (!(l >= -LOGIT_MAX)) l = -LOGIT_MAX;  // −Inf (a ban) or below the finite range
+  return l;
+}
+
+// glmf_logits_process: block (c, row) processes chunk c of a processed
+// row (its spec has edits or a mask) into out, as core/sample.Apply: each
+// logit copied, or −FLT_MAX where the mask's bit is clear (a raw
+// non-finite value is left for the sampler to report); then the chunk's
+// edits (a range of the row's sorted edits, found by binary search)
+// overwrite their tokens. A row without processing returns at once.
+KERNEL(glmf_logits_process, LogitsProcessArgs) {
+  i64 c = blockIdx.x, row = blockIdx.y;
+  if (row >= a.rows || c >= a.nchunks) return;
+  const SampleSpec sp = a.specs[row];
+  if (!sample_processed(sp)) return;
+  const float* l = a.logits + row * a.vocab;
+  float* o = a.out + row * a.vocab;
+  const unsigned* m = sp.allow;
+  i64 i0 = c * a.chunk, i1 = i0 + a.chunk < a.vocab ? i0 + a.chunk : a.vocab;
+  for (i64 i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+    float v = l[i];
+    if (m && !((m[i >> 5] >> (i & 31)) & 1u) && logit_finite(v)) v = -LOGIT_MAX;
+    o[i] = v;
+  }
+  if (sp.n_edits == 0) return;
+  __syncthreads();  // the edits overwrite what the copy wrote
+  i64 e0 = edit_lower(sp.edits, sp.n_edits, i0), e1 = edit_lower(sp.edits, sp.n_edits, i1);
+  for (i64 e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+    const LogitEdit E = sp.edits[e];
+    i64 t = E.token;
+    float v = logit_edit(l[t], E);
+    if (m && !((m[t >> 5] >> (t & 31)) & 1u) && logit_finite(v)) v = -LOGIT_MAX;
+    o[t] = v;
+  }
+}
 
 // glmf_sample_part: block (c, row) reduces chunk c (logits [c·chunk,
 // (c+1)·chunk)) of a row, its values in registers: a grid of blocks reads
@@ -64,7 +160,7 @@ struct SamplePartArgs {
 KERNEL(glmf_sample_part, SamplePartArgs) {
   i64 c = blockIdx.x, row = blockIdx.y;
   if (row >= a.rows || c >= a.nchunks) return;
-  const float* l = a.logits + row * a.vocab;
+  const float* l = sample_row(a.logits, a.processed, a.specs[row], row, a.vocab);
   i64 i0 = c * a.chunk, i1 = i0 + a.chunk < a.vocab ? i0 + a.chunk : a.vocab;
   float v[SAMPLE_PART_PER];
 #pragma unroll
@@ -129,8 +225,8 @@ KERNEL(glmf_sample_part, SamplePartArgs) {
 KERNEL(glmf_sample, SampleArgs) {
   i64 row = blockIdx.x;
   if (row >= a.rows) return;
-  const float* l = a.logits + row * a.vocab;
   const SampleSpec sp = a.specs[row];
+  const float* l = sample_row(a.logits, a.processed, sp, row, a.vocab);
   SampleOut* o = a.out + row;
   i64 V = a.vocab;
   // glmf_sample_part's chunks (a.parts), else the row itself
@@ -207,13 +303,17 @@ KERNEL(glmf_sample, SampleArgs) {
       if (desc_key(l[i], (unsigned)i) <= kbound) z += exp(((double)l[i] - dmx) / T);
     z = block_sum_d(z);
     double cut = sp.min_p > 0 ? sp.min_p * (1.0 / z) : 0;
-    // masses of the candidates (0 outside), min-p applied
+    // masses of the candidates (0 outside), min-p applied: as on the
+    // host, a token of probability 0 (a ban, an underflow) is no candidate,
+    // and a kept one keeps a (tiny) mass
     for (i64 i = threadIdx.x; i < V; i += blockDim.x) {
       u64 mv = 0;
       if (desc_key(l[i], (unsigned)i) <= kbound) {
         double pr = exp(((double)l[i] - dmx) / T) / z;
-        if (pr >= cut || desc_key(l[i], (unsigned)i) == best) mv = (u64)(pr * FIX_ONE);
-        if (mv == 0) mv = 1;  // a candidate keeps a (tiny) mass
+        if (pr > 0 && (pr >= cut || desc_key(l[i], (unsigned)i) == best)) {
+          mv = (u64)(pr * FIX_ONE);
+          if (mv == 0) mv = 1;
+        }
       }
       m[i] = mv;
     }
