@@ -16,7 +16,7 @@ const Banned = -math.MaxFloat32
 // Edit changes one token's logit before the row is sampled (penalties,
 // logit_bias, min_tokens' bans). Applied to a finite raw logit l:
 //
-//	l' = penalize(l, Penalty) + Add, at least Banned
+//	l' = min(penalize(l, Penalty), MaxFloat32) + Add, at least Banned
 //
 // where penalize divides a positive l by Penalty and multiplies a negative
 // one (the repetition penalty of CTRL and transformers; 1 is none). A
@@ -103,6 +103,7 @@ func Apply(row []float32, edits []Edit, allow []uint32) {
 			} else {
 				l *= e.Penalty
 			}
+			l = min(l, math.MaxFloat32) // a penalty near 0 divides past the finite range
 		}
 		l += e.Add
 		if !(l >= Banned) { // −Inf (a ban) or below the finite range

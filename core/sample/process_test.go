@@ -38,6 +38,13 @@ func TestApplyFollowsTheRule(t *testing.T) {
 	require.Equal(t, float32(Banned), row[8])
 	require.Equal(t, float32(6.75), row[9])
 
+	// A penalty near 0 divides a finite logit past the finite range: it
+	// stays the largest finite value (a ban after it still bans).
+	row = []float32{1e30, 1e30}
+	Apply(row, []Edit{{Token: 0, Penalty: 0x1p-126}, {Token: 1, Penalty: 0x1p-126, Add: float32(math.Inf(-1))}}, nil)
+	require.Equal(t, float32(math.MaxFloat32), row[0])
+	require.Equal(t, float32(Banned), row[1])
+
 	// The mask comes after the edits: a bias cannot lift a masked token.
 	row = make([]float32, 40)
 	for i := range row {

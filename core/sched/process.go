@@ -49,7 +49,9 @@ func newProcs(req *Request, ends []int32) *procs {
 	}
 	pr := &procs{rep: 1, presence: p.PresencePenalty, frequency: p.FrequencyPenalty, min: req.MinTokens}
 	if r := p.RepetitionPenalty; r != 0 && r != 1 {
-		pr.rep = float32(r)
+		// A penalty below float32's normal range would round to 0 (no
+		// penalty): the smallest normal float32 divides as hard as any.
+		pr.rep = max(float32(r), 0x1p-126)
 	}
 	pr.outputs = pr.rep != 1 || pr.presence != 0 || pr.frequency != 0
 	tokens := map[int32]procEntry{}

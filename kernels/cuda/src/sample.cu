@@ -115,7 +115,10 @@ DEVFN i64 edit_lower(const LogitEdit* e, i64 n, i64 t) {
 DEVFN float logit_edit(float l, const LogitEdit& e) {
   if (!logit_finite(l)) return l;
   float p = (float)e.penalty, add = (float)e.add;
-  if (p != 0.f && p != 1.f) l = l > 0.f ? l / p : __fmul_rn(l, p);
+  if (p != 0.f && p != 1.f) {
+    l = l > 0.f ? l / p : __fmul_rn(l, p);
+    if (l > LOGIT_MAX) l = LOGIT_MAX;  // a penalty near 0 divides past the finite range
+  }
   l = __fadd_rn(l, add);
   if (!(l >= -LOGIT_MAX)) l = -LOGIT_MAX;  // −Inf (a ban) or below the finite range
   return l;
