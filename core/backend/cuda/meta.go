@@ -16,7 +16,12 @@ import (
 // and the sampling specs' address (0: the batch does not sample).
 func (p *Program) packMeta(rc *runCtx, ckpt, share []int) (*metaBuilder, kc.DevicePtr, error) {
 	pr := rc.pr
-	mb := newMetaBuilder()
+	// The builder reuses the program's buffer of the last step (execute
+	// holds the device lock, and an upload from pageable memory has copied
+	// it out when Upload returns): a step's processed rows' masks are
+	// megabytes, regrown and collected every step otherwise.
+	mb := &metaBuilder{buf: p.metaHost[:0]}
+	defer func() { p.metaHost = mb.buf[:0] }()
 	rowSeq, rowPos := make([]int32, rc.T), make([]int32, rc.T)
 	slot, pos0, nn, row0, last := make([]int32, rc.S), make([]int32, rc.S), make([]int32, rc.S), make([]int32, rc.S), make([]int32, rc.S)
 	for i, s := range pr.Spans {
@@ -93,10 +98,15 @@ type procOffsets struct {
 // every step, so a captured graph reads whatever this step packed.)
 func packProcessing(mb *metaBuilder, specs []backend.SampleSpec) []procOffsets {
 	var procs []procOffsets
-	nEdits := 0
+	nEdits, allowWords := 0, 0
 	for i := range specs {
 		nEdits += len(specs[i].Edits)
+		allowWords += len(specs[i].Allow)
 	}
+	mb.reserve(int64(nEdits)*int64(unsafe.Sizeof(kc.LogitEdit{})) + 4*int64(allowWords) + 32*int64(len(specs)))
+	// Rows in the same constraint state share one cached mask (a grammar's
+	// per-state mask): it is packed once.
+	packed := map[*uint32]int64{}
 	edits := make([]kc.LogitEdit, 0, nEdits)
 	for i := range specs {
 		s := &specs[i]
@@ -114,7 +124,13 @@ func packProcessing(mb *metaBuilder, specs []backend.SampleSpec) []procOffsets {
 			o.edits = mb.raw(unsafe.Pointer(unsafe.SliceData(part)), int64(len(part))*int64(unsafe.Sizeof(part[0])))
 		}
 		if s.Allow != nil {
-			o.allow = mb.u32(s.Allow)
+			k := unsafe.SliceData(s.Allow)
+			off, ok := packed[k]
+			if !ok { // (every mask has AllowWords(vocab) words: CheckProcessing)
+				off = mb.u32(s.Allow)
+				packed[k] = off
+			}
+			o.allow = off
 		}
 		procs = append(procs, o)
 	}
@@ -125,7 +141,12 @@ func packProcessing(mb *metaBuilder, specs []backend.SampleSpec) []procOffsets {
 // aligned sections).
 type metaBuilder struct{ buf []byte }
 
-func newMetaBuilder() *metaBuilder { return &metaBuilder{} }
+// reserve grows the buffer's capacity by n bytes at once.
+func (m *metaBuilder) reserve(n int64) {
+	if free := int64(cap(m.buf) - len(m.buf)); free < n {
+		m.buf = append(m.buf[:len(m.buf):len(m.buf)], make([]byte, n)...)[:len(m.buf)]
+	}
+}
 
 func (m *metaBuilder) raw(p unsafe.Pointer, n int64) int64 {
 	for len(m.buf)%16 != 0 {

@@ -42,6 +42,7 @@ type Program struct {
 	arenaSize int64
 	meta      kc.DevicePtr
 	metaSize  int64
+	metaHost  []byte       // the last step's packed metadata, its storage reused (packMeta)
 	out       kc.DevicePtr // sampling outputs and scratch
 	outSize   int64
 	// graphs are the captured launches of batches of up to
