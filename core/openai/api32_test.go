@@ -341,7 +341,15 @@ func TestNodeOpenAIPackage(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
 		skip("the openai npm package is not installed in tests/node: make test-node (npm ci) installs it")
 	}
-	s := start(t, nil, nil)
+	// the presets' GLM-4.5 chat template (tools, the tool role, thinking)
+	// and parsers, on the tiny fixture's weights
+	cfg, err := os.ReadFile("../../model/randckpt/tokenizer_config.json")
+	require.NoError(t, err)
+	tm, err := chat.Parse(cfg, "")
+	require.NoError(t, err)
+	s := startText(t, nil, nil, func(tk *tokenizer.Tokenizer) *text.Model {
+		return &text.Model{Tok: tk, Chat: tm, ToolCallParser: "glm45", ReasoningParser: "glm45"}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "openai.test.mjs")

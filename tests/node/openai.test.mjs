@@ -1,5 +1,7 @@
 // glmflash's OpenAI-compatible API through the official `openai` npm
-// package: chat, streaming, models, the sampling fields vLLM's clients send.
+// package: chat, streaming, models, the sampling fields vLLM's clients send,
+// tool calls (forced, whole and streamed, and the result sent back) and
+// structured output.
 // Started by core/openai's TestNodeOpenAIPackage against a server on the
 // tiny fixture (GLMFLASH_BASE_URL, GLMFLASH_MODEL); it exits non-zero on the
 // first failed check.
@@ -93,6 +95,81 @@ const { data, response } = await client.chat.completions
 check("X-Request-Id honoured and echoed", () => {
   assert.equal(response.headers.get("x-request-id"), "node-req-1");
   assert.equal(data.id, "chatcmpl-node-req-1");
+});
+
+// Tool calling, as an agent does it: the call forced (tool_choice required:
+// random weights would not call otherwise), parsed into tool_calls whole
+// and streamed, then the tool's result sent back and answered.
+const tools = [{
+  type: "function",
+  function: {
+    name: "get_weather",
+    parameters: {
+      type: "object", additionalProperties: false, required: ["city", "days"],
+      properties: { city: { type: "string", maxLength: 10 }, days: { type: "integer" } },
+    },
+  },
+}];
+const ask = [{ role: "user", content: "Weather in Beijing for 3 days?" }];
+const noThink = { chat_template_kwargs: { enable_thinking: false } };
+const called = await client.chat.completions.create({
+  model, messages: ask, tools, tool_choice: "required", max_tokens: 300, temperature: 1, seed: 3, ...noThink,
+});
+const call = called.choices[0].message.tool_calls?.[0];
+check("tool_choice required → tool_calls", () => {
+  assert.equal(called.choices[0].finish_reason, "tool_calls");
+  assert.equal(call.type, "function");
+  assert.equal(call.function.name, "get_weather");
+  assert.match(call.id, /^call_/);
+  const args = JSON.parse(call.function.arguments);
+  assert.equal(typeof args.city, "string");
+  assert.ok(Number.isInteger(args.days));
+});
+const callStream = await client.chat.completions.create({
+  model, messages: ask, tools, tool_choice: "required", max_tokens: 300, temperature: 1, seed: 3, stream: true, ...noThink,
+});
+let streamedName = "", streamedArgs = "", streamedFinish = null;
+for await (const c of callStream) {
+  for (const tc of c.choices[0]?.delta?.tool_calls ?? []) {
+    streamedName += tc.function?.name ?? "";
+    streamedArgs += tc.function?.arguments ?? "";
+  }
+  streamedFinish = c.choices[0]?.finish_reason ?? streamedFinish;
+}
+check("streamed delta.tool_calls = the whole call", () => {
+  assert.equal(streamedFinish, "tool_calls");
+  assert.equal(streamedName, call.function.name);
+  assert.deepEqual(JSON.parse(streamedArgs), JSON.parse(call.function.arguments));
+});
+const answered = await client.chat.completions.create({
+  model, tools, tool_choice: "none", max_tokens: 8, temperature: 0, ...noThink,
+  messages: [...ask, called.choices[0].message, { role: "tool", tool_call_id: call.id, content: '{"forecast":["sun","rain","sun"]}' }],
+});
+check("tool result → an answer in text", () => {
+  assert.ok(answered.choices[0].message.content.length > 0);
+  assert.ok(!answered.choices[0].message.tool_calls?.length);
+  assert.ok(answered.usage.prompt_tokens > called.usage.prompt_tokens);
+});
+
+// Structured output: json_schema's output parses and has its fields.
+const person = await client.chat.completions.create({
+  model, messages, max_tokens: 120, temperature: 1, seed: 5,
+  response_format: {
+    type: "json_schema",
+    json_schema: {
+      name: "person", strict: true, schema: {
+        type: "object", additionalProperties: false, required: ["name", "age"],
+        properties: { name: { type: "string", maxLength: 12 }, age: { type: "integer" } },
+      },
+    },
+  },
+});
+check("response_format json_schema → valid JSON", () => {
+  assert.equal(person.choices[0].finish_reason, "stop");
+  const v = JSON.parse(person.choices[0].message.content);
+  assert.deepEqual(Object.keys(v).sort(), ["age", "name"]);
+  assert.equal(typeof v.name, "string");
+  assert.ok(Number.isInteger(v.age));
 });
 
 console.log(`all ${checks} checks passed`);
