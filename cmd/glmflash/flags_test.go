@@ -167,6 +167,13 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"bench --memprofile": func(d string) probe {
 			return probe{args: args(bench, "--memprofile", d+"/no/such/dir/mem.out"), want: "mem.out"}
 		},
+		"bench --sample-mask": func(string) probe {
+			return probe{args: args(bench, "--sample-mask"), check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "decode batch 1 mask+edits")
+				require.Contains(t, out, "logits processing (an allow mask")
+			}}
+		},
 		"bench --decode-steps": func(string) probe { return probe{args: args(bench, "--decode-steps", "0"), want: "--decode-steps"} },
 		"bench --dump-graph":   func(string) probe { return probe{args: args(bench, "--dump-graph", "pretty"), want: "--dump-graph"} },
 		"bench --fp8":          func(string) probe { return probe{args: args(bench, "--fp8"), want: "--fp8 applies to --preset only"} },
