@@ -54,7 +54,7 @@ func script(b testing.TB, g *Grammar, seed uint64, budget int) []int32 {
 				}
 			}
 		}
-		tok := int32(-1)
+		var tok int32
 		if eos && (len(allowed) == 0 || r.IntN(2) == 0) {
 			tok = g.v.eos[0]
 		} else {

@@ -4,7 +4,6 @@ import (
 	"container/list"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"sync"
 )
 
@@ -256,12 +255,3 @@ func (c *Compiler) Cached() int {
 	return c.lru.Len()
 }
 
-// describe names a spec for errors.
-func (s Spec) describe() string {
-	if s.After != "" {
-		return fmt.Sprintf("%s after %q", s.Kind, s.After)
-	}
-	return s.Kind.String()
-}
-
-var _ = strings.TrimSpace

@@ -81,15 +81,6 @@ func (n *nfa) lit(s string, next int32) int32 {
 	return next
 }
 
-// class is one byte in one of the ranges, then next.
-func (n *nfa) class(next int32, ranges ...[2]byte) int32 {
-	es := make([]edge, 0, len(ranges))
-	for _, r := range ranges {
-		es = append(es, edge{r[0], r[1], next})
-	}
-	return n.add(nstate{edges: es})
-}
-
 // alt is any of the pieces (each compiled onto next).
 func (n *nfa) alt(next int32, pieces ...func(next int32) int32) int32 {
 	s := nstate{}
