@@ -254,4 +254,3 @@ func (c *Compiler) Cached() int {
 	defer c.mu.Unlock()
 	return c.lru.Len()
 }
-
