@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/config"
-	"github.com/glmflash/glmflash/core/text"
-	"github.com/glmflash/glmflash/model/chat"
 	"github.com/glmflash/glmflash/model/tokenizer"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -343,13 +341,7 @@ func TestNodeOpenAIPackage(t *testing.T) {
 	}
 	// the presets' GLM-4.5 chat template (tools, the tool role, thinking)
 	// and parsers, on the tiny fixture's weights
-	cfg, err := os.ReadFile("../../model/randckpt/tokenizer_config.json")
-	require.NoError(t, err)
-	tm, err := chat.Parse(cfg, "")
-	require.NoError(t, err)
-	s := startText(t, nil, nil, func(tk *tokenizer.Tokenizer) *text.Model {
-		return &text.Model{Tok: tk, Chat: tm, ToolCallParser: "glm45", ReasoningParser: "glm45"}
-	})
+	s := startGLM(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "openai.test.mjs")
@@ -445,13 +437,7 @@ func TestProcessingFieldsEndToEnd(t *testing.T) {
 // and chat_template_kwargs (vLLM's TokenizeChatRequest): the count is the
 // chat request's prompt_tokens, and the tools and enable_thinking change it.
 func TestTokenizeWithTools(t *testing.T) {
-	cfg, err := os.ReadFile("../../model/randckpt/tokenizer_config.json")
-	require.NoError(t, err)
-	tm, err := chat.Parse(cfg, "")
-	require.NoError(t, err)
-	s := startText(t, nil, nil, func(tk *tokenizer.Tokenizer) *text.Model {
-		return &text.Model{Tok: tk, Chat: tm, ToolCallParser: "glm45", ReasoningParser: "glm45"}
-	})
+	s := startGLM(t)
 	tool := `{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}`
 	msgs := `"messages":[{"role":"user","content":"Weather in Beijing?"}]`
 	count := func(body string) float64 {

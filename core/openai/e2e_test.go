@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -324,4 +325,18 @@ func TestLoading503(t *testing.T) {
 	require.Equal(t, 503, hr.StatusCode)
 	close(gate)
 	<-s.srv.Ready()
+}
+
+// startGLM is startText on the tiny fixture's weights with the presets'
+// GLM-4.5 chat template (tools, the tool role, thinking) and the glm45
+// tool-call and reasoning parsers.
+func startGLM(t *testing.T) *server {
+	t.Helper()
+	cfg, err := os.ReadFile("../../model/randckpt/tokenizer_config.json")
+	require.NoError(t, err)
+	tm, err := chat.Parse(cfg, "")
+	require.NoError(t, err)
+	return startText(t, nil, nil, func(tk *tokenizer.Tokenizer) *text.Model {
+		return &text.Model{Tok: tk, Chat: tm, ToolCallParser: "glm45", ReasoningParser: "glm45"}
+	})
 }

@@ -3,16 +3,11 @@ package openai_test
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/shared"
 	"github.com/stretchr/testify/require"
-
-	"github.com/glmflash/glmflash/core/text"
-	"github.com/glmflash/glmflash/model/chat"
-	"github.com/glmflash/glmflash/model/tokenizer"
 )
 
 // tool_choice "required" and a named function, with random weights
@@ -20,13 +15,7 @@ import (
 // arguments follow its parameters, finishing with tool_calls — with
 // thinking off and with the reply left free to reason first.
 func TestToolChoiceForcedRandomWeights(t *testing.T) {
-	cfg, err := os.ReadFile("../../model/randckpt/tokenizer_config.json")
-	require.NoError(t, err)
-	tm, err := chat.Parse(cfg, "")
-	require.NoError(t, err)
-	s := startText(t, nil, nil, func(tk *tokenizer.Tokenizer) *text.Model {
-		return &text.Model{Tok: tk, Chat: tm, ToolCallParser: "glm45", ReasoningParser: "glm45"}
-	})
+	s := startGLM(t)
 	ctx := context.Background()
 	weather := openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
 		Name: "get_weather",
@@ -85,13 +74,7 @@ func TestToolChoiceForcedRandomWeights(t *testing.T) {
 // tool's result (tool_call_id), and the model answers in text
 // (tool_choice none): the second prompt renders the call and the result.
 func TestToolCallRoundTrip(t *testing.T) {
-	cfg, err := os.ReadFile("../../model/randckpt/tokenizer_config.json")
-	require.NoError(t, err)
-	tm, err := chat.Parse(cfg, "")
-	require.NoError(t, err)
-	s := startText(t, nil, nil, func(tk *tokenizer.Tokenizer) *text.Model {
-		return &text.Model{Tok: tk, Chat: tm, ToolCallParser: "glm45", ReasoningParser: "glm45"}
-	})
+	s := startGLM(t)
 	ctx := context.Background()
 	weather := openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
 		Name: "get_weather",

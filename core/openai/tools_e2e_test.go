@@ -2,12 +2,8 @@ package openai_test
 
 import (
 	"context"
-	"os"
 	"testing"
 
-	"github.com/glmflash/glmflash/core/text"
-	"github.com/glmflash/glmflash/model/chat"
-	"github.com/glmflash/glmflash/model/tokenizer"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/shared"
 	"github.com/stretchr/testify/require"
@@ -19,13 +15,7 @@ import (
 // are served on the tiny fixture through the presets' GLM-4.5 template,
 // whole and streamed, with the glm45 parsers on.
 func TestToolRoundTripRequests(t *testing.T) {
-	cfg, err := os.ReadFile("../../model/randckpt/tokenizer_config.json")
-	require.NoError(t, err)
-	tm, err := chat.Parse(cfg, "")
-	require.NoError(t, err)
-	s := startText(t, nil, nil, func(tk *tokenizer.Tokenizer) *text.Model {
-		return &text.Model{Tok: tk, Chat: tm, ToolCallParser: "glm45", ReasoningParser: "glm45"}
-	})
+	s := startGLM(t)
 	ctx := context.Background()
 	weather := openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
 		Name:        "get_weather",

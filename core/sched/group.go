@@ -143,13 +143,7 @@ func (rt *Scheduler) SubmitGroup(ctx context.Context, req Request) (*Group, erro
 	for _, r := range g.choices {
 		rt.byID[r.ID] = r
 	}
-	g.stopWatch = context.AfterFunc(ctx, func() {
-		msg := "the caller cancelled"
-		if ctx.Err() == context.DeadlineExceeded {
-			msg = "deadline exceeded"
-		}
-		rt.killGroup(g, FinishCancelled, msg)
-	})
+	g.stopWatch = context.AfterFunc(ctx, func() { rt.killGroup(g, FinishCancelled, cancelled(ctx)) })
 	rt.depthLocked()
 	rt.mu.Unlock()
 	signal(rt.wake)

@@ -370,17 +370,19 @@ func (rt *Scheduler) Submit(ctx context.Context, req Request) (*Handle, error) {
 	rt.waiting = append(rt.waiting, r)
 	rt.byID[req.ID] = r
 	// Registered under mu: the callback runs in its own goroutine and takes mu.
-	r.stopWatch = context.AfterFunc(ctx, func() {
-		msg := "the caller cancelled"
-		if ctx.Err() == context.DeadlineExceeded {
-			msg = "deadline exceeded"
-		}
-		rt.kill(r, FinishCancelled, msg)
-	})
+	r.stopWatch = context.AfterFunc(ctx, func() { rt.kill(r, FinishCancelled, cancelled(ctx)) })
 	rt.depthLocked()
 	rt.mu.Unlock()
 	signal(rt.wake)
 	return &Handle{r: r}, nil
+}
+
+// cancelled is the final's message for a submitter's context that ended.
+func cancelled(ctx context.Context) string {
+	if ctx.Err() == context.DeadlineExceeded {
+		return "deadline exceeded"
+	}
+	return "the caller cancelled"
 }
 
 // queueFullLocked reports whether a new request would pass MaxQueue:

@@ -103,6 +103,9 @@ func packProcessing(mb *metaBuilder, specs []backend.SampleSpec) []procOffsets {
 		nEdits += len(specs[i].Edits)
 		allowWords += len(specs[i].Allow)
 	}
+	if nEdits == 0 && allowWords == 0 {
+		return nil // no processed row (a decode step's usual case)
+	}
 	mb.reserve(int64(nEdits)*int64(unsafe.Sizeof(kc.LogitEdit{})) + 4*int64(allowWords) + 32*int64(len(specs)))
 	// Rows in the same constraint state share one cached mask (a grammar's
 	// per-state mask): it is packed once.
