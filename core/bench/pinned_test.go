@@ -111,3 +111,33 @@ func TestSpecPinned(t *testing.T) {
 	on.SpecDrafter = DrafterScripted
 	require.Equal(t, DrafterScripted, on.PinnedDrafter())
 }
+
+// With speculative.simulate_acceptance the configured drafter's series runs
+// with simulated acceptance (its outputs are not checked: they are not the
+// model's) and every report says so: its name, its fields, the header
+// line and the JSON; the pinned series never simulate.
+func TestRunSimulatedAcceptance(t *testing.T) {
+	s := Spec{Prompt: 4, DecodeContext: 2, DecodeSteps: 24, Batches: []int{2}, Reps: 1, Warmup: 0,
+		Speculative: config.Speculative{Method: "mtp", NumSteps: 2, SimulateAcceptance: 0.8}, SpecAccept: []float64{1}}
+	ck, e := open(t, mtpFixture, s)
+	res, err := Run(e, ck, s)
+	require.NoError(t, err)
+	got := map[string]Series{}
+	for _, ser := range res.Series {
+		got[ser.Name] = ser
+	}
+	sim, ok := got["sched decode batch 2 mtp 2-1-3, simulated acceptance 0.8"]
+	require.True(t, ok, "%v", got)
+	require.Equal(t, 0.8, sim.SimulatedAcceptance)
+	require.Greater(t, sim.ChainRate, 0.5, "random MTP weights accept almost nothing by themselves")
+	pinned := got["sched decode batch 2 mtp 2-1-3 pinned at 1.00"]
+	require.Zero(t, pinned.SimulatedAcceptance)
+	require.Equal(t, 3.0, pinned.AcceptanceLength)
+	var b strings.Builder
+	require.NoError(t, res.WriteText(&b))
+	require.Contains(t, b.String(), "simulate speculative.simulate_acceptance 0.8: the mtp 2-1-3, simulated acceptance 0.8 series accepts drafts by a seeded chain")
+	require.Contains(t, b.String(), "SIMULATED acceptance 0.8 per draft: outputs are not the model's")
+	j, err := res.JSON()
+	require.NoError(t, err)
+	require.Contains(t, string(j), `"simulated_acceptance": 0.8`)
+}
