@@ -259,6 +259,10 @@ func newScheduler(m Model, cfg Config, opts Options) (*Scheduler, error) {
 // Config is the effective configuration (defaults applied).
 func (rt *Scheduler) Config() Config { return rt.cfg }
 
+// SimulatedAcceptance is Options.SimulateAcceptance (0: off): the rate at
+// which the scheduler simulates every verify span's acceptance.
+func (rt *Scheduler) SimulatedAcceptance() float64 { return rt.sim }
+
 // EndIDs are the ids that end req with FinishStop: its stop ids and, unless
 // req.IgnoreEOS, the model's end-of-sequence ids (the text layer writes no
 // text for them).
