@@ -162,7 +162,8 @@ func TestRunCPU(t *testing.T) {
 	require.NoError(t, err)
 	var m map[string]json.RawMessage
 	require.NoError(t, json.Unmarshal(j, &m))
-	require.Equal(t, []string{"bandwidth_from", "bandwidth_gbs", "cpus", "device", "limits", "memory", "model", "mtp", "peak_rss_mib", "results"}, slices.Sorted(maps.Keys(m)))
+	require.Equal(t, []string{"bandwidth_from", "bandwidth_gbs", "cpus", "device", "limits", "memory", "model", "mtp", "peak_rss_mib", "results", "speculative"}, slices.Sorted(maps.Keys(m)))
+	require.JSONEq(t, `{"speculative": "off"}`, string(m["speculative"]))
 	var back struct {
 		Results []Series       `json:"results"`
 		MTP     map[string]any `json:"mtp"`

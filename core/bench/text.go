@@ -35,16 +35,19 @@ func (r *Result) WriteText(out io.Writer) error {
 	switch {
 	case r.MTPErr == nil:
 		fmt.Fprintf(w, "mtp      %d layer(s) from layer %d, weights present: draft steps measured\n", cfg.NumNextNPredictLayers, cfg.MTPLayer(0))
-		if sp.On() {
-			fmt.Fprintf(w, "spec     %s (index share %v): drafts from the MTP layer, verified through the scheduler\n", sp, sp.Share(cfg.IndexShareForMTPIteration))
-		}
-		if sp.SimulateAcceptance > 0 {
-			fmt.Fprintf(w, "simulate speculative.simulate_acceptance %g: the %s series accepts drafts by a seeded chain at that rate, whatever the model says: its outputs are not the model's\n", sp.SimulateAcceptance, sp)
-		}
 	case cfg.HasMTP():
 		fmt.Fprintf(w, "mtp      %d layer(s) declared, not runnable: %v\n", cfg.NumNextNPredictLayers, r.MTPErr)
 	default:
 		fmt.Fprintf(w, "mtp      none (num_nextn_predict_layers 0)\n")
+	}
+	switch {
+	case sp.Method == "mtp":
+		fmt.Fprintf(w, "spec     %s (index share %v): drafts from the MTP layer, verified through the scheduler\n", sp, sp.Share(cfg.IndexShareForMTPIteration))
+	case sp.On():
+		fmt.Fprintf(w, "spec     %s: verified through the scheduler\n", sp)
+	}
+	if sp.SimulateAcceptance > 0 {
+		fmt.Fprintf(w, "simulate speculative.simulate_acceptance %g: the %s series accepts drafts by a seeded chain at that rate, whatever the model says: its outputs are not the model's\n", sp.SimulateAcceptance, sp)
 	}
 	switch r.PinnedDrafter {
 	case DrafterConfigured:
