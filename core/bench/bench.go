@@ -240,8 +240,10 @@ type Series struct {
 	// a chain (accepted ÷ (accepted + spans ended by a rejection):
 	// speculative.DrafterTime.ChainRate; the pinned or simulated rate's
 	// estimate, unlike AcceptRate unbiased by spans cut short).
-	VerifySpans int     `json:"verify_spans,omitempty"`
-	ChainRate   float64 `json:"per_draft_acceptance_rate,omitempty"`
+	// ChainDecisions are the drafts the rate is over (accepted + rejected).
+	VerifySpans    int     `json:"verify_spans,omitempty"`
+	ChainRate      float64 `json:"per_draft_acceptance_rate,omitempty"`
+	ChainDecisions int     `json:"per_draft_decisions,omitempty"`
 	// KernelsPerStep counts the kernels a step ran (those inside a graph
 	// replay too); DeviceMsPerStep its device time from CUDA events.
 	KernelsPerStep  float64 `json:"kernels_per_step,omitempty"`

@@ -225,7 +225,7 @@ func (r *runner) specArm(B int, a arm, prompts [][]int32, plain *specRun, base f
 	if base > 0 {
 		res.SpeedUp = res.TokensPerSec / base
 	}
-	res.VerifySpans, res.ChainRate = dt.Spans, dt.ChainRate()
+	res.VerifySpans, res.ChainRate, res.ChainDecisions = dt.Spans, dt.ChainRate(), dt.Accepted+dt.Rejected
 	if n := dt.Steps; n > 0 {
 		res.VerifySteps = n
 		res.DrafterMsPerStep = float64(dt.WallPerStep().Nanoseconds()) / 1e6
