@@ -66,7 +66,7 @@ func TestRunPinnedMTP(t *testing.T) {
 		t.Logf("%s: per-draft rate %.4f over %v decisions (4σ %.4f), acceptance length %.3f (expected %.3f)", name, ser.ChainRate, n, 4*math.Sqrt(rate*(1-rate)/n), ser.AcceptanceLength, ser.ExpectedLength)
 		require.InDelta(t, rate, ser.ChainRate, 4*math.Sqrt(rate*(1-rate)/n), "%s: %v decisions", name, n)
 		require.InDelta(t, ser.ExpectedLength, ser.AcceptanceLength, 0.15, name) // spans cut short at the requests' ends aside
-		require.GreaterOrEqual(t, ser.VerifySpans, 8*s.DecodeSteps/4, name) // ≤ 4 tokens per span: the drafter never dropped out
+		require.GreaterOrEqual(t, ser.VerifySpans, 8*s.DecodeSteps/4, name)      // ≤ 4 tokens per span: the drafter never dropped out
 		// the inner drafter's programs ran: two MTP draft steps and a draft extend per verify step (fewer at the requests' ends)
 		require.InDelta(t, 3, ser.DrafterRunsPerStep, 0.25, name)
 		require.InDelta(t, mtp.DrafterRunsPerStep, ser.DrafterRunsPerStep, 0.25, name)
