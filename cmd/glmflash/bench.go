@@ -27,7 +27,8 @@ type benchFlags struct {
 	profileOps, gemmReport, sampleMask           bool
 	prompt, decodeCtx, decodeSteps, reps, warmup int
 	batches                                      []int
-	specAccept                                   []float64
+	specAccept, specAcceptLen                    []float64
+	specDrafter                                  string
 	jsonOut, dump, cpuProfile, memProfile        string
 	limitsPath                                   string
 	bandwidth, peakTFLOPs                        float64
@@ -46,7 +47,9 @@ func newBenchCmd() *cobra.Command {
 	mf.addDevice(cmd)
 	mf.addPrecision(cmd)
 	mf.addSpeculative(cmd)
-	cmd.Flags().Float64SliceVar(&f.specAccept, "spec-accept", nil, "also measure speculative decoding with the test drafter (the plain run's greedy tokens, each draft spoiled with probability 1−rate) at these per-draft acceptance rates, e.g. 0.6,0.8,1.0 (num_steps from --speculative, else 5)")
+	cmd.Flags().Float64SliceVar(&f.specAccept, "spec-accept", nil, "also measure speculative decoding pinned at these per-draft acceptance rates, e.g. 0.6,0.8,1.0: the --spec-drafter drafter's drafts are replaced by the plain run's greedy tokens, each spoiled with probability 1−rate (num_steps from --speculative, else 5)")
+	cmd.Flags().Float64SliceVar(&f.specAcceptLen, "spec-accept-len", nil, "as --spec-accept, asked as acceptance lengths (mean tokens per verify step, accepted drafts + 1, in [1, num_steps+1]), e.g. 3,4,6: the per-draft rate r solves 1 + r + r² + … + r^num_steps = length")
+	cmd.Flags().StringVar(&f.specDrafter, "spec-drafter", "", "the drafter the pinned series run: configured (the --speculative drafter runs for real and its drafts are replaced: its time and device work are measured; the default with --speculative) or scripted (the test drafter alone, no drafter work; the default without --speculative)")
 	cmd.Flags().BoolVar(&f.profileOps, "profile-ops", false, "time every op on the device (graphs off) and print the device time per op of the prefill and decode programs")
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
@@ -99,7 +102,21 @@ func (f *benchFlags) checkModel(ck *model.Checkpoint, s bench.Spec) error {
 			return fmt.Errorf("--spec-accept values must be in [0, 1], got %v", r)
 		}
 	}
-	if sp := s.Speculative; sp.On() {
+	for _, l := range f.specAcceptLen {
+		if k := s.SpecSteps(); !(l >= 1 && l <= float64(k+1)) {
+			return fmt.Errorf("--spec-accept-len values must be in [1, %d] (num_steps + 1 at %d drafts per verify step), got %v", k+1, k, l)
+		}
+	}
+	switch f.specDrafter {
+	case "", bench.DrafterScripted:
+	case bench.DrafterConfigured:
+		if !s.Speculative.On() {
+			return fmt.Errorf("--spec-drafter %s needs a drafter: give --speculative", bench.DrafterConfigured)
+		}
+	default:
+		return fmt.Errorf("--spec-drafter must be %s or %s, got %q", bench.DrafterConfigured, bench.DrafterScripted, f.specDrafter)
+	}
+	if sp := s.Speculative; sp.Method == "mtp" {
 		if err := mtpRunnable(ck.Config(), ck); err != nil {
 			return fmt.Errorf("--speculative %s: %w", sp, err)
 		}
@@ -170,7 +187,7 @@ func (f *benchFlags) run(cmd *cobra.Command) error {
 		return err
 	}
 	s := bench.Spec{Prompt: f.prompt, DecodeContext: f.decodeCtx, DecodeSteps: f.decodeSteps, Batches: f.batches, Reps: f.reps, Warmup: f.warmup,
-		Speculative: ec.Speculative, SpecAccept: f.specAccept, PeakTFLOPs: f.peakTFLOPs, Bandwidth: f.bandwidth, BandwidthFrom: "--bandwidth-gbs",
+		Speculative: ec.Speculative, SpecAccept: f.specAccept, SpecAcceptLen: f.specAcceptLen, SpecDrafter: f.specDrafter, PeakTFLOPs: f.peakTFLOPs, Bandwidth: f.bandwidth, BandwidthFrom: "--bandwidth-gbs",
 		LimitsPath: f.limitsPath, ProfileOps: f.profileOps, SampleMask: f.sampleMask,
 		Measured: func(series string, run, of int, warmup bool, tps float64) {
 			log.Info().Str("bench", series).Int("run", run).Int("of", of).Bool("warmup", warmup).Float64("tokens_per_s", tps).Msg("measured")

@@ -230,6 +230,16 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"bench --spec-accept": func(string) probe {
 			return probe{args: args(bench, "--spec-accept", "1.5"), want: "--spec-accept values must be in [0, 1]"}
 		},
+		"bench --spec-accept-len": func(string) probe {
+			return probe{args: args(bench, "--spec-accept-len", "7"), want: "--spec-accept-len values must be in [1, 6] (num_steps + 1 at 5 drafts per verify step), got 7"}
+		},
+		"bench --spec-drafter": func(string) probe {
+			return probe{args: args(bench, "--spec-drafter", "configured"), check: func(t *testing.T, _, _ string, err error) {
+				require.ErrorContains(t, err, "--spec-drafter configured needs a drafter: give --speculative")
+				_, err = runCLI(t, args(bench, "--spec-drafter", "mtp")...)
+				require.ErrorContains(t, err, `--spec-drafter must be configured or scripted, got "mtp"`)
+			}}
+		},
 		"bench --speculative": func(string) probe {
 			return probe{args: args(bench, "--speculative", "mtp:3"), want: "--speculative mtp 3-1-4: the checkpoint has no MTP layer"}
 		},

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/glmflash/glmflash/core/bench"
@@ -31,18 +32,67 @@ func TestSpeculativeFlag(t *testing.T) {
 	require.ErrorContains(t, err, "speculative.method (flag --speculative)")
 }
 
-// bench --speculative mtp:N --spec-accept …: plain decoding, the MTP
-// drafter and the test drafter at each rate through the scheduler, with
-// their acceptance lengths (exactly num_steps+1 at rate 1), tokens per
-// trunk pass and speed-up over plain decoding; greedy outputs are checked
-// against plain decoding's inside bench.
+// bench --speculative mtp:N --spec-accept … --spec-accept-len …: plain
+// decoding, the MTP drafter, and the MTP drafter pinned (the default
+// --spec-drafter with --speculative) at each rate and length through the
+// scheduler, with their acceptance lengths (exactly num_steps+1 at rate 1),
+// tokens per trunk pass, speed-up over plain decoding and the drafter's
+// time per verify step; greedy outputs are checked against plain
+// decoding's inside bench. --spec-drafter scripted measures the test
+// drafter alone.
 func TestBenchSpeculative(t *testing.T) {
 	d := t.TempDir()
-	out, err := runCLI(t, "bench", "--preset", "tiny-mtp", "--cache-dir", d, "--speculative", "mtp:3", "--spec-accept", "1.0,0.5",
+	out, err := runCLI(t, "bench", "--preset", "tiny-mtp", "--cache-dir", d, "--speculative", "mtp:3", "--spec-accept", "1.0,0.5", "--spec-accept-len", "3",
 		"--prompt", "8", "--decode-steps", "12", "--batch", "1,2", "--reps", "1", "--warmup", "0", "--json", d+"/b.json")
 	require.NoError(t, err)
 	require.Contains(t, out, "spec     mtp 3-1-4")
-	b, err := os.ReadFile(d + "/b.json")
+	require.Contains(t, out, "pinned   the configured drafter runs")
+	got := benchSeries(t, d+"/b.json")
+	for _, B := range []int{1, 2} {
+		plain, ok := got[fmt.Sprintf("sched decode batch %d plain", B)]
+		require.True(t, ok, out)
+		require.Positive(t, plain.TokensPerSec)
+		mtp := got[fmt.Sprintf("sched decode batch %d mtp 3-1-4", B)]
+		require.GreaterOrEqual(t, mtp.AcceptanceLength, 1.0, out)
+		require.Positive(t, mtp.SpeedUp)
+		require.Positive(t, mtp.DrafterMsPerStep)
+		full := got[fmt.Sprintf("sched decode batch %d mtp 3-1-4 pinned at 1.00", B)]
+		require.Equal(t, 4.0, full.AcceptanceLength, out)
+		require.Equal(t, 4.0, full.ExpectedLength)
+		require.Equal(t, 1.0, full.AcceptRate)
+		require.Equal(t, 1.0, full.ChainRate)
+		require.InDelta(t, 4.0, full.TokensPerPass, 1.0, out) // requests of a batch finish together but for the last partial span
+		require.Positive(t, full.DrafterRunsPerStep, "the MTP drafter's programs ran")
+		half := got[fmt.Sprintf("sched decode batch %d mtp 3-1-4 pinned at 0.50", B)]
+		require.Equal(t, 1.875, half.ExpectedLength)
+		require.Greater(t, half.AcceptanceLength, 1.0)
+		require.Less(t, half.AcceptanceLength, 4.0)
+		var byLen bench.Series
+		for name, s := range got {
+			if strings.HasPrefix(name, fmt.Sprintf("sched decode batch %d mtp 3-1-4 pinned at length 3.00 (rate 0.", B)) {
+				byLen = s
+			}
+		}
+		require.Equal(t, 3.0, byLen.TargetLength, out)
+		require.InDelta(t, 3.0, byLen.ExpectedLength, 1e-9)
+	}
+	require.Contains(t, out, "acceptance length 4.00 (expected 4.00)")
+	require.Contains(t, out, "ms host wall per verify step")
+
+	out, err = runCLI(t, "bench", "--preset", "tiny-mtp", "--cache-dir", d, "--speculative", "mtp:3", "--spec-accept", "1.0", "--spec-drafter", "scripted",
+		"--prompt", "8", "--decode-steps", "8", "--batch", "1", "--reps", "1", "--warmup", "0", "--json", d+"/s.json")
+	require.NoError(t, err)
+	require.Contains(t, out, "pinned   the test drafter alone")
+	s, ok := benchSeries(t, d+"/s.json")["sched decode batch 1 test drafter 3-1-4 at 1.00"]
+	require.True(t, ok, out)
+	require.Equal(t, 4.0, s.ExpectedLength)
+	require.Zero(t, s.DrafterRunsPerStep, "the test drafter runs no program")
+}
+
+// benchSeries reads a bench JSON report's series by name.
+func benchSeries(t *testing.T, path string) map[string]bench.Series {
+	t.Helper()
+	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	var res struct {
 		Results []bench.Series `json:"results"`
@@ -52,22 +102,5 @@ func TestBenchSpeculative(t *testing.T) {
 	for _, r := range res.Results {
 		got[r.Name] = r
 	}
-	for _, B := range []int{1, 2} {
-		plain, ok := got[fmt.Sprintf("sched decode batch %d plain", B)]
-		require.True(t, ok, out)
-		require.Positive(t, plain.TokensPerSec)
-		mtp := got[fmt.Sprintf("sched decode batch %d mtp 3-1-4", B)]
-		require.GreaterOrEqual(t, mtp.AcceptanceLength, 1.0, out)
-		require.Positive(t, mtp.SpeedUp)
-		full := got[fmt.Sprintf("sched decode batch %d test drafter 3-1-4 at 1.00", B)]
-		require.Equal(t, 4.0, full.AcceptanceLength, out)
-		require.Equal(t, 4.0, full.ExpectedLength)
-		require.Equal(t, 1.0, full.AcceptRate)
-		require.InDelta(t, 4.0, full.TokensPerPass, 1.0, out) // requests of a batch finish together but for the last partial span
-		half := got[fmt.Sprintf("sched decode batch %d test drafter 3-1-4 at 0.50", B)]
-		require.Equal(t, 1.875, half.ExpectedLength)
-		require.Greater(t, half.AcceptanceLength, 1.0)
-		require.Less(t, half.AcceptanceLength, 4.0)
-	}
-	require.Contains(t, out, "acceptance length 4.00 (expected 4.00)")
+	return got
 }

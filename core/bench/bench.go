@@ -42,11 +42,21 @@ type Spec struct {
 	// are not counted.
 	Reps, Warmup int
 	// Speculative is the drafter measured through the scheduler when on
-	// (the configuration's speculative section: mtp:N); SpecAccept the
-	// acceptance rates of the test drafter measured too (its steps:
-	// Speculative's, else 5).
-	Speculative config.Speculative
-	SpecAccept  []float64
+	// (the configuration's speculative section: mtp:N; with
+	// simulate_acceptance its series runs with simulated acceptance).
+	// SpecAccept are per-draft acceptance rates and SpecAcceptLen
+	// acceptance lengths (tokens per verify step, the rate solved from
+	// speculative.RateForLength) at which SpecDrafter is measured pinned
+	// too (its steps: Speculative's, else 5).
+	Speculative   config.Speculative
+	SpecAccept    []float64
+	SpecAcceptLen []float64
+	// SpecDrafter is the drafter the pinned series run: DrafterConfigured
+	// (Speculative's drafter, its drafts replaced by the plain run's greedy
+	// tokens spoiled at the rate: speculative.Pinned) or DrafterScripted
+	// (the test drafter alone: the same drafts, no drafter work); "": the
+	// configured one when Speculative is on, else the scripted one.
+	SpecDrafter string
 	// GEMMReport times the prefill program's GEMM weight shapes with the
 	// backend's tuner (an ir.GEMMTuner) against PeakTFLOPs.
 	GEMMReport bool
@@ -86,13 +96,31 @@ const (
 	MaxBatch = 1024 // a decode batch
 )
 
+// The drafters of the pinned series (Spec.SpecDrafter).
+const (
+	DrafterConfigured = "configured"
+	DrafterScripted   = "scripted"
+)
+
 // SpecSteps are the draft steps of the speculative series (0: none).
 func (s Spec) SpecSteps() int {
 	n := s.Speculative.Steps()
-	if n == 0 && len(s.SpecAccept) > 0 {
+	if n == 0 && len(s.SpecAccept)+len(s.SpecAcceptLen) > 0 {
 		n = 5 // the test drafter alone: 5-1-6
 	}
 	return n
+}
+
+// PinnedDrafter is the drafter the pinned series run (SpecDrafter with its
+// default settled).
+func (s Spec) PinnedDrafter() string {
+	switch {
+	case s.SpecDrafter != "":
+		return s.SpecDrafter
+	case s.Speculative.On():
+		return DrafterConfigured
+	}
+	return DrafterScripted
 }
 
 // Slots are the cache slots the engine needs: the largest batch and one
@@ -137,6 +165,20 @@ func (s Spec) Check(maxPositions int) error {
 			return fmt.Errorf("bench: SpecAccept rates must be in [0, 1], got %v", r)
 		}
 	}
+	for _, l := range s.SpecAcceptLen {
+		if _, err := speculative.RateForLength(l, s.SpecSteps()); err != nil {
+			return fmt.Errorf("bench: SpecAcceptLen: %w", err)
+		}
+	}
+	switch s.SpecDrafter {
+	case "", DrafterScripted:
+	case DrafterConfigured:
+		if !s.Speculative.On() {
+			return fmt.Errorf("bench: SpecDrafter %s needs a configured drafter (Speculative is off)", DrafterConfigured)
+		}
+	default:
+		return fmt.Errorf("bench: SpecDrafter must be %s or %s, got %q", DrafterConfigured, DrafterScripted, s.SpecDrafter)
+	}
 	return nil
 }
 
@@ -171,6 +213,37 @@ type Series struct {
 	AcceptRate       float64 `json:"draft_acceptance_rate,omitempty"`
 	SpeedUp          float64 `json:"speedup_over_plain,omitempty"`
 	spec             bool
+	// Drafter names the series' drafter ("mtp", "mtp pinned", "test");
+	// PinnedRate is the per-draft acceptance rate it was pinned at (nil:
+	// not pinned), TargetLength the acceptance length that rate was solved
+	// for (0: asked as a rate). SimulatedAcceptance is the scheduler's
+	// simulated per-draft acceptance (speculative.simulate_acceptance; 0:
+	// off): the series' outputs are not the model's, and are not checked
+	// against plain decoding.
+	Drafter             string   `json:"drafter,omitempty"`
+	PinnedRate          *float64 `json:"pinned_acceptance_rate,omitempty"`
+	TargetLength        float64  `json:"target_acceptance_length,omitempty"`
+	SimulatedAcceptance float64  `json:"simulated_acceptance,omitempty"`
+	// The drafter's own work per verify step (one scheduler step verifying
+	// every sequence of the batch; speculative.DrafterTime) over the
+	// measured runs: the host wall time of its Propose and Observe calls,
+	// the device time of its programs (backends that time their device
+	// work) and how many of its programs ran; VerifySteps the steps.
+	DrafterMsPerStep       float64 `json:"drafter_ms_per_verify_step,omitempty"`
+	DrafterProposeMs       float64 `json:"drafter_propose_ms_per_verify_step,omitempty"`
+	DrafterObserveMs       float64 `json:"drafter_observe_ms_per_verify_step,omitempty"`
+	DrafterDeviceMsPerStep float64 `json:"drafter_device_ms_per_verify_step,omitempty"`
+	DrafterRunsPerStep     float64 `json:"drafter_program_runs_per_verify_step,omitempty"`
+	VerifySteps            int     `json:"verify_steps,omitempty"`
+	// VerifySpans are the verify spans (one per sequence and step) of the
+	// measured runs, ChainRate their per-draft acceptance rate measured as
+	// a chain (accepted ÷ (accepted + spans ended by a rejection):
+	// speculative.DrafterTime.ChainRate; the pinned or simulated rate's
+	// estimate, unlike AcceptRate unbiased by spans cut short).
+	// ChainDecisions are the drafts the rate is over (accepted + rejected).
+	VerifySpans    int     `json:"verify_spans,omitempty"`
+	ChainRate      float64 `json:"per_draft_acceptance_rate,omitempty"`
+	ChainDecisions int     `json:"per_draft_decisions,omitempty"`
 	// KernelsPerStep counts the kernels a step ran (those inside a graph
 	// replay too); DeviceMsPerStep its device time from CUDA events.
 	KernelsPerStep  float64 `json:"kernels_per_step,omitempty"`
@@ -238,7 +311,10 @@ type Result struct {
 	// were); Speculative is the drafter of the speculative series.
 	MTPErr      error
 	Speculative config.Speculative
-	Series      []Series
+	// PinnedDrafter is the drafter of the pinned series (DrafterConfigured
+	// or DrafterScripted; "": none ran).
+	PinnedDrafter string
+	Series        []Series
 	// CPUs and GOMAXPROCS are the machine's; GoVersion the runtime's.
 	CPUs, GOMAXPROCS int
 	GoVersion        string
@@ -380,6 +456,9 @@ func (r *runner) measure(tuner ir.GEMMTuner) error {
 	// drafter (Speculative) and the test drafter at fixed acceptance rates
 	// (SpecAccept), at each batch size; greedy outputs must equal plain
 	// decoding's
+	if len(s.pins()) > 0 {
+		res.PinnedDrafter = s.PinnedDrafter()
+	}
 	if s.SpecSteps() > 0 {
 		for _, B := range s.Batches {
 			if err := r.speculative(B); err != nil {
@@ -651,83 +730,4 @@ func ProcessedSpecs(n, vocab int) []backend.SampleSpec {
 		specs[i].Allow, specs[i].Edits = allow, edits
 	}
 	return specs
-}
-
-// speculative are the scheduler series of batch B: plain decoding, then
-// each drafter, whose greedy tokens must be plain decoding's.
-func (r *runner) speculative(B int) error {
-	cfg, sp, k, steps := r.cfg, r.s.Speculative, r.s.SpecSteps(), r.s.DecodeSteps
-	prompts := make([][]int32, B)
-	for i := range prompts {
-		prompts[i] = attrib.BenchTokens(32, 100+i, cfg.VocabSize)
-	}
-	var plain *specRun
-	if err := r.series(fmt.Sprintf("sched decode batch %d plain", B), func() (int, float64, *perStep, error) {
-		run, err := runSched(r.e, nil, prompts, steps)
-		if err != nil {
-			return 0, 0, nil, err
-		}
-		plain = run
-		return run.decode, run.secs, nil, nil
-	}); err != nil {
-		return err
-	}
-	base := r.res.Series[len(r.res.Series)-1].TokensPerSec
-	truth := map[string][]int32{}
-	for i, p := range prompts {
-		truth[fmt.Sprint(p)] = plain.tokens[i]
-	}
-	type arm struct {
-		name     string
-		make     func() (speculative.Drafter, error)
-		expected float64
-	}
-	var arms []arm
-	if sp.On() {
-		arms = append(arms, arm{name: sp.String(), make: func() (speculative.Drafter, error) {
-			return speculative.NewMTP(r.e, speculative.MTPOptions{Steps: k, IndexShare: sp.Share(cfg.IndexShareForMTPIteration)})
-		}})
-	}
-	for _, rate := range r.s.SpecAccept {
-		arms = append(arms, arm{name: fmt.Sprintf("test drafter %d-1-%d at %.2f", k, k+1, rate), expected: expectedLength(rate, k), make: func() (speculative.Drafter, error) {
-			return speculative.NewScripted("test", k, speculative.Oracle(func(p []int32) []int32 { return truth[fmt.Sprint(p)] }, speculative.WrongRate(rate, 1), cfg.VocabSize))
-		}})
-	}
-	for _, a := range arms {
-		var total speculative.Stats
-		var decode, passes int
-		if err := r.series(fmt.Sprintf("sched decode batch %d %s", B, a.name), func() (int, float64, *perStep, error) {
-			d, err := a.make()
-			if err != nil {
-				return 0, 0, nil, err
-			}
-			defer d.Close()
-			run, err := runSched(r.e, d, prompts, steps)
-			if err != nil {
-				return 0, 0, nil, err
-			}
-			for i := range prompts {
-				if fmt.Sprint(run.tokens[i]) != fmt.Sprint(plain.tokens[i]) {
-					return 0, 0, nil, fmt.Errorf("%s: request %d's greedy tokens differ from plain decoding's", a.name, i)
-				}
-			}
-			total, decode, passes = total.Add(run.st), decode+run.decode, passes+run.passes
-			return run.decode, run.secs, nil, nil
-		}); err != nil {
-			return err
-		}
-		res := &r.res.Series[len(r.res.Series)-1]
-		res.spec = true
-		res.AcceptanceLength, res.ExpectedLength = total.AcceptanceLength(), a.expected
-		if total.Drafted > 0 {
-			res.AcceptRate = float64(total.Accepted) / float64(total.Drafted)
-		}
-		if passes > 0 {
-			res.TokensPerPass = float64(decode) / float64(B) / float64(passes)
-		}
-		if base > 0 {
-			res.SpeedUp = res.TokensPerSec / base
-		}
-	}
-	return nil
 }

@@ -162,7 +162,8 @@ func TestRunCPU(t *testing.T) {
 	require.NoError(t, err)
 	var m map[string]json.RawMessage
 	require.NoError(t, json.Unmarshal(j, &m))
-	require.Equal(t, []string{"bandwidth_from", "bandwidth_gbs", "cpus", "device", "limits", "memory", "model", "mtp", "peak_rss_mib", "results"}, slices.Sorted(maps.Keys(m)))
+	require.Equal(t, []string{"bandwidth_from", "bandwidth_gbs", "cpus", "device", "limits", "memory", "model", "mtp", "peak_rss_mib", "results", "speculative"}, slices.Sorted(maps.Keys(m)))
+	require.JSONEq(t, `{"speculative": "off"}`, string(m["speculative"]))
 	var back struct {
 		Results []Series       `json:"results"`
 		MTP     map[string]any `json:"mtp"`
@@ -194,7 +195,7 @@ func TestRunSpeculative(t *testing.T) {
 	}
 	want := []string{"prefill 4 tokens", "decode batch 1", "decode batch 2", "mtp draft batch 1", "mtp draft batch 2"}
 	for _, B := range []int{1, 2} {
-		for _, a := range []string{"plain", "mtp 2-1-3", "test drafter 2-1-3 at 1.00", "test drafter 2-1-3 at 0.50"} {
+		for _, a := range []string{"plain", "mtp 2-1-3", "mtp 2-1-3 pinned at 1.00", "mtp 2-1-3 pinned at 0.50"} {
 			want = append(want, fmt.Sprintf("sched decode batch %d %s", B, a))
 		}
 	}

@@ -56,10 +56,11 @@ type specRun struct {
 	st     speculative.Stats
 }
 
-// runSched generates through a scheduler on e with drafter d (nil: plain).
-func runSched(e *engine.Engine, d speculative.Drafter, prompts [][]int32, steps int) (*specRun, error) {
+// runSched generates through a scheduler on e with drafter d (nil: plain)
+// and simulated acceptance sim (0: off; sched.Options.SimulateAcceptance).
+func runSched(e *engine.Engine, d speculative.Drafter, sim float64, prompts [][]int32, steps int) (*specRun, error) {
 	m := &specMeter{n: len(prompts)}
-	rt, err := sched.New(e, sched.Config{MaxQueue: len(prompts)}, sched.Options{Drafter: d, Metrics: m})
+	rt, err := sched.New(e, sched.Config{MaxQueue: len(prompts)}, sched.Options{Drafter: d, Metrics: m, SimulateAcceptance: sim})
 	if err != nil {
 		return nil, err
 	}
@@ -95,15 +96,4 @@ func runSched(e *engine.Engine, d speculative.Drafter, prompts [][]int32, steps 
 		return nil, fmt.Errorf("the decode phase took no measurable time")
 	}
 	return run, nil
-}
-
-// expectedLength is the mean tokens per verify span of k drafts each
-// accepted with probability r until the first rejection: Σ_{i=0..k} r^i.
-func expectedLength(r float64, k int) float64 {
-	s, p := 0.0, 1.0
-	for i := 0; i <= k; i++ {
-		s += p
-		p *= r
-	}
-	return s
 }

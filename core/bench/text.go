@@ -35,13 +35,25 @@ func (r *Result) WriteText(out io.Writer) error {
 	switch {
 	case r.MTPErr == nil:
 		fmt.Fprintf(w, "mtp      %d layer(s) from layer %d, weights present: draft steps measured\n", cfg.NumNextNPredictLayers, cfg.MTPLayer(0))
-		if sp.On() {
-			fmt.Fprintf(w, "spec     %s (index share %v): drafts from the MTP layer, verified through the scheduler\n", sp, sp.Share(cfg.IndexShareForMTPIteration))
-		}
 	case cfg.HasMTP():
 		fmt.Fprintf(w, "mtp      %d layer(s) declared, not runnable: %v\n", cfg.NumNextNPredictLayers, r.MTPErr)
 	default:
 		fmt.Fprintf(w, "mtp      none (num_nextn_predict_layers 0)\n")
+	}
+	switch {
+	case sp.Method == "mtp":
+		fmt.Fprintf(w, "spec     %s (index share %v): drafts from the MTP layer, verified through the scheduler\n", sp, sp.Share(cfg.IndexShareForMTPIteration))
+	case sp.On():
+		fmt.Fprintf(w, "spec     %s: verified through the scheduler\n", sp)
+	}
+	if sp.SimulateAcceptance > 0 {
+		fmt.Fprintf(w, "simulate speculative.simulate_acceptance %g: the %s series accepts drafts by a seeded chain at that rate, whatever the model says: its outputs are not the model's\n", sp.SimulateAcceptance, sp)
+	}
+	switch r.PinnedDrafter {
+	case DrafterConfigured:
+		fmt.Fprintf(w, "pinned   the configured drafter runs (its programs and time are real) and its drafts are replaced by the plain run's greedy tokens, each spoiled with probability 1−rate; greedy outputs are checked against plain decoding\n")
+	case DrafterScripted:
+		fmt.Fprintf(w, "pinned   the test drafter alone (no drafter work): the plain run's greedy tokens, each spoiled with probability 1−rate\n")
 	}
 	fmt.Fprintf(w, "machine  %d CPUs (GOMAXPROCS %d), %s\n", r.CPUs, r.GOMAXPROCS, r.GoVersion)
 	fmt.Fprintf(w, "device   %s: %s (precision %s)\n", info.Backend, info.Device, info.Precision)
@@ -97,7 +109,25 @@ func (r *Result) writeSeries(w io.Writer, s *Series) {
 		if s.ExpectedLength > 0 {
 			fmt.Fprintf(w, " (expected %.2f)", s.ExpectedLength)
 		}
-		fmt.Fprintf(w, ", drafts accepted %.0f%%, %.2f tokens/trunk pass, %.2f× plain", 100*s.AcceptRate, s.TokensPerPass, s.SpeedUp)
+		fmt.Fprintf(w, ", drafts accepted %.0f%%", 100*s.AcceptRate)
+		if s.VerifySpans > 0 {
+			fmt.Fprintf(w, " (per draft %.3f", s.ChainRate)
+			if s.PinnedRate != nil {
+				fmt.Fprintf(w, ", pinned at %.4g", *s.PinnedRate)
+			}
+			fmt.Fprintf(w, ", %d spans)", s.VerifySpans)
+		}
+		fmt.Fprintf(w, ", %.2f tokens/trunk pass, %.2f× plain", s.TokensPerPass, s.SpeedUp)
+		if s.VerifySteps > 0 {
+			fmt.Fprintf(w, "; drafter %s: %.3f ms host wall per verify step (propose %.3f, observe %.3f), %.2f program runs", s.Drafter, s.DrafterMsPerStep, s.DrafterProposeMs, s.DrafterObserveMs, s.DrafterRunsPerStep)
+			if s.DrafterDeviceMsPerStep > 0 {
+				fmt.Fprintf(w, ", %.3f ms device time", s.DrafterDeviceMsPerStep)
+			}
+			fmt.Fprintf(w, " (%d steps)", s.VerifySteps)
+		}
+		if s.SimulatedAcceptance > 0 {
+			fmt.Fprintf(w, "; SIMULATED acceptance %g per draft: outputs are not the model's (not checked against plain decoding)", s.SimulatedAcceptance)
+		}
 	}
 	fmt.Fprintln(w)
 	if s.RooflineBytes > 0 {
@@ -141,7 +171,8 @@ func fmtRuns(r []float64) string {
 	return s + "]"
 }
 
-// JSON is the report `glmflash bench --json` writes: the model, every
+// JSON is the report `glmflash bench --json` writes: the model, the
+// speculative setting (the pinned drafter, a simulated acceptance), every
 // series, peak RSS and memory, CPUs, the device, the MTP layer, the
 // roofline's bandwidth, the CPU's limits (cpu backend) and the GEMM report
 // (when measured).
@@ -150,7 +181,14 @@ func (r *Result) JSON() ([]byte, error) {
 	if r.MTPErr != nil && r.Config.HasMTP() {
 		mtp["why_not"] = r.MTPErr.Error()
 	}
-	out := map[string]any{"model": r.Model, "results": r.Series, "peak_rss_mib": r.PeakRSSMiB, "memory": r.Memory, "cpus": r.CPUs, "device": r.Device, "mtp": mtp,
+	spec := map[string]any{"speculative": r.Speculative.String()}
+	if r.PinnedDrafter != "" {
+		spec["pinned_drafter"] = r.PinnedDrafter
+	}
+	if r.Speculative.SimulateAcceptance > 0 {
+		spec["simulated_acceptance"] = r.Speculative.SimulateAcceptance
+	}
+	out := map[string]any{"speculative": spec, "model": r.Model, "results": r.Series, "peak_rss_mib": r.PeakRSSMiB, "memory": r.Memory, "cpus": r.CPUs, "device": r.Device, "mtp": mtp,
 		"bandwidth_gbs": r.Bandwidth, "bandwidth_from": r.BandwidthFrom}
 	if r.Limits != nil {
 		out["limits"] = *r.Limits

@@ -22,6 +22,13 @@ type Speculative struct {
 	// step 0's indexer selection. Unset: the checkpoint's config.json value
 	// (true for GLM-5.3-Flash).
 	IndexShare *bool `koanf:"index_share"`
+	// SimulateAcceptance, when set, pins every verify span's acceptance at
+	// this per-draft rate in (0, 1] by a seeded Bernoulli chain whatever the
+	// target says (SGLang's SGLANG_SIMULATE_ACC_LEN, as a rate): a way to
+	// measure the serving path at a chosen acceptance apart from the
+	// weights. It changes outputs, and every report says so. 0 (the
+	// default): off, the target's own acceptance.
+	SimulateAcceptance float64 `koanf:"simulate_acceptance"`
 }
 
 // On reports whether speculative decoding is on.
@@ -57,13 +64,23 @@ func (s Speculative) String() string {
 		return "off"
 	}
 	n := s.Steps()
-	return fmt.Sprintf("%s %d-1-%d", s.Method, n, n+1)
+	str := fmt.Sprintf("%s %d-1-%d", s.Method, n, n+1)
+	if s.SimulateAcceptance > 0 { // the outputs are not the model's: every report says so
+		str += fmt.Sprintf(", simulated acceptance %g", s.SimulateAcceptance)
+	}
+	return str
 }
 
 func (s *Speculative) validate() error {
+	if v := s.SimulateAcceptance; v != 0 && !(v > 0 && v <= 1) {
+		return keyErr("speculative.simulate_acceptance", "must be a per-draft acceptance rate in (0, 1] (0: off), got %v", v)
+	}
 	switch s.Method {
 	case "", "off":
 		s.Method = "off"
+		if s.SimulateAcceptance != 0 {
+			return keyErr("speculative.simulate_acceptance", "%v needs speculative decoding on (speculative.method is off)", s.SimulateAcceptance)
+		}
 		return nil
 	case "mtp":
 	default:

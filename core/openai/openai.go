@@ -50,6 +50,14 @@ type Live struct {
 	Loaded time.Time
 }
 
+// SimulatedAcceptanceHeader is on every completion and chat response of a
+// server whose speculative decoding simulates acceptance
+// (speculative.simulate_acceptance): its value is the per-draft rate, and
+// the outputs of requests it speculated for are not the model's (their
+// usage.completion_tokens_details.simulated_acceptance says so per
+// response, when usage is reported).
+const SimulatedAcceptanceHeader = "X-Glmflash-Simulated-Acceptance"
+
 // Options are a server's collaborators.
 type Options struct {
 	// Model is the name clients give in "model" (and /v1/models lists).
@@ -401,6 +409,9 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 		s.fail(w, submitError(err, isChat))
 		return
 	}
+	if sim := lv.RT.SimulatedAcceptance(); sim > 0 { // the server's speculative.simulate_acceptance: outputs may not be the model's
+		w.Header().Set(SimulatedAcceptanceHeader, strconv.FormatFloat(sim, 'g', -1, 64))
+	}
 	out := &response{s: s, w: w, lv: lv, p: p, chat: isChat, created: time.Now().Unix()}
 	if isChat {
 		out.id = "chatcmpl-" + id
@@ -652,18 +663,26 @@ func (co *choiceOut) message() map[string]any {
 // usage is OpenAI's usage object: the prompt once, the choices'
 // completions summed; a request the server speculated for reports its
 // drafts as OpenAI's predicted outputs do (completion_tokens_details:
-// accepted and rejected prediction tokens).
+// accepted and rejected prediction tokens), and, when its acceptance was
+// simulated (speculative.simulate_acceptance), the per-draft rate
+// (completion_tokens_details.simulated_acceptance, glmflash's own field).
 func (o *response) usage() map[string]any {
 	prompt, completion, accepted, drafted, steps := 0, 0, 0, 0, 0
+	simulated := 0.0
 	for _, co := range o.choices {
 		f := co.final
 		prompt = f.PromptTokens
 		completion += f.CompletionTokens
 		accepted, drafted, steps = accepted+f.Spec.Accepted, drafted+f.Spec.Drafted, steps+f.Spec.Steps
+		simulated = max(simulated, f.SimulatedAcceptance)
 	}
 	u := map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 	if steps > 0 {
-		u["completion_tokens_details"] = map[string]int{"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
+		d := map[string]any{"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
+		if simulated > 0 { // speculative.simulate_acceptance: the output is not the model's
+			d["simulated_acceptance"] = simulated
+		}
+		u["completion_tokens_details"] = d
 	}
 	return u
 }

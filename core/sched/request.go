@@ -162,6 +162,10 @@ type Final struct {
 	Rows, Vocab int
 	// Spec counts the request's speculative decoding (zero without it).
 	Spec speculative.Stats
+	// SimulatedAcceptance is the per-draft rate its verify steps' acceptance
+	// was simulated at (Options.SimulateAcceptance; 0: the target's own
+	// acceptance, or no verify step): its tokens are not the model's.
+	SimulatedAcceptance float64
 }
 
 // request is a Request in flight.
@@ -186,6 +190,8 @@ type request struct {
 	rows      int
 	drafting  bool              // the drafter drafts for it (speculative decoding)
 	stats     speculative.Stats // its speculation so far
+	simKey    uint64            // speculative.SimulationKey (simulated acceptance), set when simKeyed
+	simKeyed  bool
 	// An n > 1 request (group.go): its choices have grp set and their
 	// index; its carrier, which runs the shared prefill, has carrier set.
 	grp     *group

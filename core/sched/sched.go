@@ -148,6 +148,14 @@ type Options struct {
 	// from its goroutine only; whoever made it closes it after the
 	// scheduler.
 	Drafter speculative.Drafter
+	// SimulateAcceptance, when in (0, 1], pins the acceptance of every
+	// verify span at this per-draft rate whatever the target says
+	// (speculative.simulate_acceptance; speculative.SimulatedAccepts): the
+	// accepted drafts are emitted as drafted, the target's own token of the
+	// first rejected row (or the bonus) follows. It changes outputs, and
+	// every request it touched says so (Final.SimulatedAcceptance). 0: off
+	// (the target's acceptance rule). It needs a Drafter.
+	SimulateAcceptance float64
 	// StepFailed, when set, is told the error of every step that failed
 	// (its requests fail with it), from the scheduler's goroutine, without
 	// the scheduler's lock: a server can look for a cause that fails every
@@ -162,6 +170,7 @@ type Scheduler struct {
 	met    Metrics
 	log    zerolog.Logger
 	draft  speculative.Drafter // nil: no speculative decoding
+	sim    float64             // Options.SimulateAcceptance (0: off)
 	failed func(error)         // Options.StepFailed (nil: none)
 	vocab  int
 	eos    map[int32]bool // the model's end-of-sequence ids
@@ -234,8 +243,11 @@ func newScheduler(m Model, cfg Config, opts Options) (*Scheduler, error) {
 			return nil, fmt.Errorf("runtime: speculative decoding with %d drafts needs a store that rolls back %d positions (engine.Options.Rollback), it rolls back %d", d.MaxDrafts(), d.MaxDrafts()+1, have)
 		}
 	}
+	if sim := opts.SimulateAcceptance; sim != 0 && (!(sim > 0 && sim <= 1) || opts.Drafter == nil) {
+		return nil, fmt.Errorf("runtime: simulated acceptance must be a per-draft rate in (0, 1] with a drafter (0: off), got %v (drafter set: %v)", sim, opts.Drafter != nil)
+	}
 	rt := &Scheduler{
-		m: m, cfg: c, met: opts.Metrics, log: opts.Log, draft: opts.Drafter, failed: opts.StepFailed, vocab: m.Config().VocabSize,
+		m: m, cfg: c, met: opts.Metrics, log: opts.Log, draft: opts.Drafter, sim: opts.SimulateAcceptance, failed: opts.StepFailed, vocab: m.Config().VocabSize,
 		byID: map[string]*request{}, groups: map[string]*group{}, wake: make(chan struct{}, 1), exited: make(chan struct{}), eos: map[int32]bool{},
 	}
 	for _, id := range m.Config().EOSTokenIDs {
@@ -246,6 +258,10 @@ func newScheduler(m Model, cfg Config, opts Options) (*Scheduler, error) {
 
 // Config is the effective configuration (defaults applied).
 func (rt *Scheduler) Config() Config { return rt.cfg }
+
+// SimulatedAcceptance is Options.SimulateAcceptance (0: off): the rate at
+// which the scheduler simulates every verify span's acceptance.
+func (rt *Scheduler) SimulatedAcceptance() float64 { return rt.sim }
 
 // EndIDs are the ids that end req with FinishStop: its stop ids and, unless
 // req.IgnoreEOS, the model's end-of-sequence ids (the text layer writes no
@@ -516,6 +532,9 @@ func (rt *Scheduler) finishLocked(r *request, reason FinishReason, msg string) {
 		ID: r.ID, Reason: reason, Message: msg, PromptTokens: len(r.Prompt), CompletionTokens: r.generated,
 		Total: now.Sub(r.arrived), Seed: r.Sampling.Seed, Spec: r.stats,
 	}
+	if r.stats.Steps > 0 {
+		f.SimulatedAcceptance = rt.sim
+	}
 	if r.stopCounted {
 		f.CompletionTokens = r.counted
 	}
@@ -556,6 +575,9 @@ func (rt *Scheduler) finishLocked(r *request, reason FinishReason, msg string) {
 	if f.Spec.Steps > 0 {
 		ev = ev.Int("spec_steps", f.Spec.Steps).Int("spec_drafted", f.Spec.Drafted).Int("spec_accepted", f.Spec.Accepted).
 			Float64("spec_acceptance_length", f.Spec.AcceptanceLength())
+		if f.SimulatedAcceptance > 0 { // the outputs are not the model's
+			ev = ev.Float64("spec_simulated_acceptance", f.SimulatedAcceptance)
+		}
 	}
 	ev.Msg("request finished")
 	rt.depthLocked()

@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"math"
 	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
@@ -224,14 +225,25 @@ func (rt *Scheduler) acceptLocked(it item, res *backend.Result) ([]Token, int, e
 	}
 	var accepted int
 	var next int32
-	if r.Sampling.Temperature == 0 {
+	row := func(j int) []float32 { return res.Row(it.row0 + j) }
+	switch {
+	case rt.sim > 0: // simulated acceptance: the chain decides, the target gives the next token
+		if !r.simKeyed {
+			r.simKey, r.simKeyed = speculative.SimulationKey(r.Sampling.Seed, r.Prompt), true
+		}
+		accepted = speculative.SimulatedAccepts(rt.sim, r.simKey, r.generated, len(it.drafts))
+		if r.Sampling.Temperature == 0 {
+			next = rows[accepted].Token // the device's pick (argmax) of that row
+		} else {
+			next = speculative.SimulatedNext(row, it.drafts, it.q, r.sampler.Params(), accepted, r.sampler.Draw)
+		}
+	case r.Sampling.Temperature == 0:
 		targets := make([]int32, len(rows))
 		for j, s := range rows {
 			targets[j] = s.Token
 		}
 		accepted, next = speculative.AcceptGreedy(targets, it.drafts)
-	} else {
-		row := func(j int) []float32 { return res.Row(it.row0 + j) }
+	default:
 		accepted, next = speculative.Accept(row, it.drafts, it.q, r.sampler.Params(), r.sampler.Draw)
 	}
 	toks := make([]Token, 0, accepted+1)
@@ -245,6 +257,9 @@ func (rt *Scheduler) acceptLocked(it item, res *backend.Result) ([]Token, int, e
 			t.Logprob, t.Top = sample.Logprobs(res.Row(it.row0+j), id, r.TopLogprobs)
 		} else { // greedy on a device sampler: every emitted token is its row's pick
 			t.Logprob, t.Top = rows[j].Logprob, rows[j].Top
+			if rows[j].Token != id { // a draft simulated acceptance forced: its logprob was not computed
+				t.Logprob = float32(math.NaN())
+			}
 		}
 		toks = append(toks, t)
 	}

@@ -34,7 +34,9 @@ type Metrics struct {
 	specAccepted prometheus.Counter
 	specSteps    prometheus.Counter
 	specLength   prometheus.Histogram
-	store        atomic.Pointer[storeRef]
+	// specSimulated is speculative.simulate_acceptance (0: off)
+	specSimulated prometheus.Gauge
+	store         atomic.Pointer[storeRef]
 }
 
 // latency buckets: 1 ms to ~2 min.
@@ -77,6 +79,8 @@ func NewMetrics() *Metrics {
 	m.specLength = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "glmflash_spec_acceptance_length", Help: "Tokens a verify span produced: accepted drafts + the target's own token.",
 		Buckets: prometheus.LinearBuckets(1, 1, 16)})
 	f(m.specLength)
+	m.specSimulated = prometheus.NewGauge(prometheus.GaugeOpts{Name: "glmflash_spec_simulated_acceptance", Help: "The per-draft rate at which verify spans' acceptance is simulated (speculative.simulate_acceptance): outputs are not the model's. 0: off."})
+	f(m.specSimulated)
 	m.queueDepth = prometheus.NewGauge(prometheus.GaugeOpts{Name: "glmflash_queue_depth", Help: "Requests waiting for a cache slot."})
 	f(m.queueDepth)
 	m.running = prometheus.NewGauge(prometheus.GaugeOpts{Name: "glmflash_running_requests", Help: "Requests holding a cache slot."})

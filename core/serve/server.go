@@ -586,11 +586,15 @@ func (s *Server) load(ctx context.Context) error {
 			return fail(err)
 		}
 	}
-	rt, err := sched.New(eng, eff, sched.Options{Metrics: s.metrics, Log: s.log, Drafter: draft, StepFailed: s.stepFailed})
+	rt, err := sched.New(eng, eff, sched.Options{Metrics: s.metrics, Log: s.log, Drafter: draft, SimulateAcceptance: sp.SimulateAcceptance, StepFailed: s.stepFailed})
 	if err != nil {
 		return fail(err)
 	}
 	s.metrics.setStore(eng.Store())
+	s.metrics.specSimulated.Set(sp.SimulateAcceptance)
+	if sp.SimulateAcceptance > 0 {
+		s.log.Warn().Float64("simulate_acceptance", sp.SimulateAcceptance).Msg("speculative acceptance is SIMULATED: drafts are accepted by a seeded chain whatever the model says, outputs are not the model's")
+	}
 	hf, err := cfg.MarshalHF()
 	if err != nil {
 		rt.Close()
@@ -909,7 +913,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 			Timings: &pb.Timings{
 				Queue: durationpb.New(f.Queue), TimeToFirstToken: durationpb.New(f.TTFT), Total: durationpb.New(f.Total),
 			},
-			Speculative: specStats(f.Spec),
+			Speculative: specStats(f.Spec, f.SimulatedAcceptance),
 			Choice:      uint32(i),
 		}}})
 		if err != nil {
@@ -958,12 +962,14 @@ func sendWithin(stream grpc.ServerStreamingServer[pb.GenerateResponse], d time.D
 }
 
 // specStats is a request's speculation for its Finish message (nil when
-// the server did not speculate for it).
-func specStats(s speculative.Stats) *pb.SpeculativeStats {
+// the server did not speculate for it), with the rate its acceptance was
+// simulated at (0: the model's own).
+func specStats(s speculative.Stats, simulated float64) *pb.SpeculativeStats {
 	if s.Steps == 0 {
 		return nil
 	}
-	return &pb.SpeculativeStats{VerifySteps: u32(s.Steps), DraftTokens: u32(s.Drafted), AcceptedTokens: u32(s.Accepted), AcceptanceLength: s.AcceptanceLength()}
+	return &pb.SpeculativeStats{VerifySteps: u32(s.Steps), DraftTokens: u32(s.Drafted), AcceptedTokens: u32(s.Accepted), AcceptanceLength: s.AcceptanceLength(),
+		SimulatedAcceptance: simulated}
 }
 
 func (sv *service) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResponse, error) {

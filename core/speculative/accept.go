@@ -56,37 +56,44 @@ func Accept(row func(j int) []float32, drafts []int32, q []Dist, p sample.Params
 		if u := draw(); qd > 0 && u*qd < pd { // u < p/q without dividing
 			continue
 		}
-		// rejected: the residual max(0, p − q), normalised
-		res := make([]float64, len(ids))
-		var sum float64
-		for i, id := range ids {
-			qx := 0.0
-			switch {
-			case q != nil:
-				qx = q[j].P(int32(id))
-			case int32(id) == d:
-				qx = 1
-			}
-			if r := probs[i] - qx; r > 0 {
-				res[i] = r
-				sum += r
-			}
-		}
-		if sum <= 0 { // p == q up to rounding: the residual is empty, p itself is exact
-			res, sum = probs, 1
-		}
-		u := draw() * sum
-		for i, r := range res {
-			u -= r
-			if u < 0 && r > 0 {
-				return j, int32(ids[i])
-			}
-		}
-		for i := len(res) - 1; i >= 0; i-- { // rounding left u ≥ 0: the last token with mass
-			if res[i] > 0 {
-				return j, int32(ids[i])
-			}
-		}
+		return j, residual(ids, probs, q, j, d, draw())
 	}
 	return len(drafts), int32(sample.Pick(row(len(drafts)), p, draw()))
+}
+
+// residual draws the target's token at a rejected draft d of span row j
+// from norm(max(0, p − q)) (p: the row's ids and probs; q: the drafts'
+// distributions, nil for one-hot on d) with the uniform u.
+func residual(ids []int, probs []float64, q []Dist, j int, d int32, u float64) int32 {
+	res := make([]float64, len(ids))
+	var sum float64
+	for i, id := range ids {
+		qx := 0.0
+		switch {
+		case q != nil:
+			qx = q[j].P(int32(id))
+		case int32(id) == d:
+			qx = 1
+		}
+		if r := probs[i] - qx; r > 0 {
+			res[i] = r
+			sum += r
+		}
+	}
+	if sum <= 0 { // p == q up to rounding: the residual is empty, p itself is exact
+		res, sum = probs, 1
+	}
+	u *= sum
+	for i, r := range res {
+		u -= r
+		if u < 0 && r > 0 {
+			return int32(ids[i])
+		}
+	}
+	for i := len(res) - 1; i >= 0; i-- { // rounding left u ≥ 0: the last token with mass
+		if res[i] > 0 {
+			return int32(ids[i])
+		}
+	}
+	return int32(ids[len(ids)-1]) // unreachable: probs has mass
 }

@@ -12,7 +12,11 @@
 // number of steps; the presets 5-1-6 and 1-1-2), and Scripted, a drafter
 // driven by a function of the sequence's tokens (tests and bench use it to
 // propose the true greedy continuation with wrong tokens at chosen
-// positions or at a fixed rate). A block drafter (DFlash: one pass proposes
+// positions or at a fixed rate), and the wrappers Timed (a drafter's own
+// time per verify step) and Pinned (a real drafter runs, its drafts
+// replaced by the true continuation spoiled at a rate: bench's pinned
+// acceptance). Simulated acceptance (SimulatedAccepts) pins a serving
+// path's acceptance by a seeded chain instead. A block drafter (DFlash: one pass proposes
 // a block from the target's hidden states) fits the same interface: it
 // declares the target outputs it needs (Needs) and drafts in Propose.
 package speculative

@@ -1077,8 +1077,13 @@ type SpeculativeStats struct {
 	AcceptedTokens uint32 `protobuf:"varint,3,opt,name=accepted_tokens,json=acceptedTokens,proto3" json:"accepted_tokens,omitempty"`
 	// Tokens per verify pass: (accepted_tokens + verify_steps) / verify_steps.
 	AcceptanceLength float64 `protobuf:"fixed64,4,opt,name=acceptance_length,json=acceptanceLength,proto3" json:"acceptance_length,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The per-draft rate at which the server simulated the acceptance of this
+	// request's verify passes (speculative.simulate_acceptance): drafts were
+	// accepted by a seeded chain whatever the model said, so the output is not
+	// the model's. 0: the model's own acceptance.
+	SimulatedAcceptance float64 `protobuf:"fixed64,5,opt,name=simulated_acceptance,json=simulatedAcceptance,proto3" json:"simulated_acceptance,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *SpeculativeStats) Reset() {
@@ -1135,6 +1140,13 @@ func (x *SpeculativeStats) GetAcceptedTokens() uint32 {
 func (x *SpeculativeStats) GetAcceptanceLength() float64 {
 	if x != nil {
 		return x.AcceptanceLength
+	}
+	return 0
+}
+
+func (x *SpeculativeStats) GetSimulatedAcceptance() float64 {
+	if x != nil {
+		return x.SimulatedAcceptance
 	}
 	return 0
 }
@@ -1541,7 +1553,9 @@ type EngineInfo struct {
 	// The backend that runs the model ("cpu", "cuda") and its device.
 	Backend string `protobuf:"bytes,8,opt,name=backend,proto3" json:"backend,omitempty"`
 	Device  string `protobuf:"bytes,9,opt,name=device,proto3" json:"device,omitempty"`
-	// Speculative decoding: "off", or the method and its chain ("mtp 5-1-6").
+	// Speculative decoding: "off", or the method and its chain ("mtp 5-1-6"),
+	// followed by ", simulated acceptance R" when speculative.simulate_acceptance
+	// pins the acceptance (outputs are then not the model's).
 	Speculative string `protobuf:"bytes,10,opt,name=speculative,proto3" json:"speculative,omitempty"`
 	// MTP draft steps ≥ 1 reuse step 0's indexer selection.
 	SpeculativeIndexShare bool `protobuf:"varint,11,opt,name=speculative_index_share,json=speculativeIndexShare,proto3" json:"speculative_index_share,omitempty"`
@@ -1864,12 +1878,13 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x04stop\x18\b \x01(\tR\x04stop\x12?\n" +
 	"\vspeculative\x18\t \x01(\v2\x1d.glmflash.v1.SpeculativeStatsR\vspeculative\x12\x16\n" +
 	"\x06choice\x18\n" +
-	" \x01(\rR\x06choice\"\xae\x01\n" +
+	" \x01(\rR\x06choice\"\xe1\x01\n" +
 	"\x10SpeculativeStats\x12!\n" +
 	"\fverify_steps\x18\x01 \x01(\rR\vverifySteps\x12!\n" +
 	"\fdraft_tokens\x18\x02 \x01(\rR\vdraftTokens\x12'\n" +
 	"\x0faccepted_tokens\x18\x03 \x01(\rR\x0eacceptedTokens\x12+\n" +
-	"\x11acceptance_length\x18\x04 \x01(\x01R\x10acceptanceLength\"-\n" +
+	"\x11acceptance_length\x18\x04 \x01(\x01R\x10acceptanceLength\x121\n" +
+	"\x14simulated_acceptance\x18\x05 \x01(\x01R\x13simulatedAcceptance\"-\n" +
 	"\fAbortRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x0f\n" +
