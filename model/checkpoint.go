@@ -39,7 +39,10 @@ type tensorLoc struct {
 // one safetensors file, a sharded set described by model.safetensors.index.json,
 // or every *.safetensors file in the directory. Reads are safe for concurrent use.
 type Checkpoint struct {
-	dir     string
+	dir string
+	// source describes generated weights (NewGenerated) in messages and
+	// reports; "" for a checkpoint read from dir.
+	source  string
 	cfg     *Config
 	mode    safetensors.Mode
 	files   []*safetensors.File
@@ -67,6 +70,23 @@ func Open(dir string) (*Checkpoint, error) { return OpenWith(dir, OpenOptions{})
 
 // OpenWith is Open with options.
 func OpenWith(dir string, o OpenOptions) (*Checkpoint, error) {
+	cfg, err := ReadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	ck := &Checkpoint{dir: dir, cfg: cfg, mode: o.Weights, tensors: make(map[string]tensorLoc)}
+	if err := ck.openTensors(); err != nil {
+		ck.Close()
+		return nil, err
+	}
+	return ck, nil
+}
+
+// ReadConfig reads a checkpoint directory's configuration as Open does:
+// config.json parsed and validated, with the end-of-sequence ids of
+// generation_config.json, when present, added to its own. It reads no
+// weights.
+func ReadConfig(dir string) (*Config, error) {
 	cfgPath := filepath.Join(dir, ConfigFile)
 	data, err := regular.ReadFile(cfgPath, regular.ConfigLimit)
 	if err != nil {
@@ -84,12 +104,7 @@ func OpenWith(dir string, o OpenOptions) (*Checkpoint, error) {
 	if err := mergeGenerationConfig(dir, cfg); err != nil {
 		return nil, err
 	}
-	ck := &Checkpoint{dir: dir, cfg: cfg, mode: o.Weights, tensors: make(map[string]tensorLoc)}
-	if err := ck.openTensors(); err != nil {
-		ck.Close()
-		return nil, err
-	}
-	return ck, nil
+	return cfg, nil
 }
 
 func (ck *Checkpoint) openFile(path string) (*safetensors.File, error) {
@@ -227,7 +242,7 @@ func (ck *Checkpoint) Raw(name string) ([]byte, safetensors.TensorInfo, error) {
 func (ck *Checkpoint) lookup(name string) (tensorLoc, error) {
 	loc, ok := ck.tensors[name]
 	if !ok {
-		return tensorLoc{}, fmt.Errorf("tensor %s: not found in checkpoint %s", name, ck.dir)
+		return tensorLoc{}, fmt.Errorf("tensor %s: not found in checkpoint %s", name, ck.where())
 	}
 	return loc, nil
 }
@@ -252,6 +267,7 @@ func (ck *Checkpoint) Float32(name string, shape ...int) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer loc.file.Release(name) // the float32 copy is the caller's
 	out := make([]float32, info.NumElements())
 	if info.DType == safetensors.F8E4M3 {
 		if err := ck.dequantFP8(name, info, raw, out); err != nil {
@@ -315,7 +331,7 @@ func (ck *Checkpoint) scaleFor(name string, info safetensors.TensorInfo) ([]floa
 	sname := ScaleName(name)
 	sloc, ok := ck.tensors[sname]
 	if !ok {
-		return nil, nil, fmt.Errorf("tensor %s: F8_E4M3 weight has no block scale %s in checkpoint %s", name, sname, ck.dir)
+		return nil, nil, fmt.Errorf("tensor %s: F8_E4M3 weight has no block scale %s in checkpoint %s", name, sname, ck.where())
 	}
 	switch sloc.info.DType {
 	case safetensors.F32, safetensors.BF16, safetensors.F16:
@@ -331,6 +347,7 @@ func (ck *Checkpoint) scaleFor(name string, info safetensors.TensorInfo) ([]floa
 	if err != nil {
 		return nil, nil, err
 	}
+	defer sloc.file.Release(sname)
 	s := make([]float32, sloc.info.NumElements())
 	if err := safetensors.ToFloat32(sloc.info.DType, raw, s); err != nil {
 		return nil, nil, fmt.Errorf("tensor %s: %w", sname, err)
@@ -440,7 +457,7 @@ func (ck *Checkpoint) Validate() error {
 // the MTP drafter. It fails when the config declares no MTP layer.
 func (ck *Checkpoint) ValidateMTP() error {
 	if !ck.cfg.HasMTP() {
-		return fmt.Errorf("checkpoint %s: the config declares no MTP layer (num_nextn_predict_layers is %d)", ck.dir, ck.cfg.NumNextNPredictLayers)
+		return fmt.Errorf("checkpoint %s: the config declares no MTP layer (num_nextn_predict_layers is %d)", ck.where(), ck.cfg.NumNextNPredictLayers)
 	}
 	if err := ck.validateSpecs(ck.cfg.MTPWeightCatalog(false)); err != nil {
 		return fmt.Errorf("MTP layer %d: %w", ck.cfg.MTPLayer(0), err)
@@ -453,7 +470,7 @@ func (ck *Checkpoint) validateSpecs(specs []WeightSpec) error {
 	for _, spec := range specs {
 		loc, ok := ck.tensors[spec.Name]
 		if !ok {
-			errs = append(errs, fmt.Errorf("tensor %s: missing from checkpoint %s", spec.Name, ck.dir))
+			errs = append(errs, fmt.Errorf("tensor %s: missing from checkpoint %s", spec.Name, ck.where()))
 			continue
 		}
 		if !slices.Equal(loc.info.Shape, spec.Shape) {
@@ -590,7 +607,7 @@ func (ck *Checkpoint) CheckTensors() error {
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("checkpoint %s: tensor check failed: %w", ck.dir, errors.Join(errs...))
+		return fmt.Errorf("checkpoint %s: tensor check failed: %w", ck.where(), errors.Join(errs...))
 	}
 	return nil
 }

@@ -82,17 +82,7 @@ func Write(dir string, cfg *model.Config, opts Options) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("randckpt: %w", err)
 	}
-	cfg = cfg.Clone()
-	if opts.FP8 {
-		q := &model.QuantConfig{Method: "fp8", Fmt: "e4m3", ActivationScheme: "dynamic", WeightBlockSize: [2]int{128, 128}}
-		if cfg.Quant != nil {
-			q.WeightBlockSize = cfg.Quant.WeightBlockSize
-			q.ModulesToNotConvert = cfg.Quant.ModulesToNotConvert
-		}
-		cfg.Quant = q
-	} else {
-		cfg.Quant = nil
-	}
+	cfg = withLayout(cfg, opts.FP8)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("randckpt: %w", err)
 	}
@@ -110,16 +100,9 @@ func Write(dir string, cfg *model.Config, opts Options) error {
 		return fmt.Errorf("randckpt: tokenizer: %w", err)
 	}
 
-	cat := append(cfg.WeightCatalog(opts.FP8), cfg.MTPWeightCatalog(opts.FP8)...)
-	var units []unit
+	units := unitsOf(cfg, opts.FP8)
 	var total int64
-	for i := 0; i < len(cat); i++ {
-		u := unit{weight: cat[i]}
-		if i+1 < len(cat) && cat[i+1].Name == model.ScaleName(cat[i].Name) {
-			u.scale = &cat[i+1]
-			i++
-		}
-		units = append(units, u)
+	for _, u := range units {
 		total += u.bytes()
 	}
 	shards := [][]unit{units}
