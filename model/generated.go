@@ -88,3 +88,13 @@ func (ck *Checkpoint) Fills() int64 {
 	}
 	return n
 }
+
+// TensorBytes is the stored size of every tensor (what the checkpoint's
+// safetensors data takes, or would take for generated weights).
+func (ck *Checkpoint) TensorBytes() int64 {
+	var n int64
+	for _, loc := range ck.tensors {
+		n += loc.info.End - loc.info.Begin
+	}
+	return n
+}
