@@ -11,6 +11,7 @@ import (
 
 	"github.com/glmflash/glmflash/internal/syncbuf"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
+	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -139,4 +140,18 @@ func TestServeDummy(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "dummy weights (random, seed 4, model.load_format dummy: no checkpoint) of preset tiny with num_hidden_layers=20", mi.GetModel().GetSource())
 	require.EqualValues(t, 20, mi.GetModel().GetNumLayers())
+}
+
+// --set adds to a file's model.set (a field given in both: the flag's).
+func TestSetFlagOverFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "m.yaml")
+	require.NoError(t, os.WriteFile(p, []byte("model: {preset: tiny, set: {n_routed_experts: 4, num_hidden_layers: 6}}\n"), 0o644))
+	var mf modelFlags
+	cmd := &cobra.Command{Use: "x", RunE: func(*cobra.Command, []string) error { return nil }}
+	mf.addConfig(cmd)
+	mf.add(cmd, true)
+	require.NoError(t, cmd.ParseFlags([]string{"--config", p, "--set", "num_hidden_layers=3", "--set", "num_experts_per_tok=1"}))
+	c, err := mf.config()
+	require.NoError(t, err)
+	require.Equal(t, map[string]any{"n_routed_experts": 4, "num_hidden_layers": 3.0, "num_experts_per_tok": 1.0}, c.Model.Set)
 }

@@ -145,10 +145,10 @@ func (m *modelFlags) addLoad(cmd *cobra.Command, withSeed bool) {
 	}
 }
 
-// setFlags turns --set's FIELD=VALUE entries into model.set.FIELD keys
-// (each VALUE JSON).
+// setFlags turns --set's FIELD=VALUE entries into the model.set key (each
+// VALUE JSON).
 func setFlags(set []string) ([]config.Flag, error) {
-	var fl []config.Flag
+	m := map[string]any{}
 	for _, kv := range set {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" || strings.ContainsAny(k, ". ") {
@@ -158,9 +158,9 @@ func setFlags(set []string) ([]config.Flag, error) {
 		if err := json.Unmarshal([]byte(v), &val); err != nil {
 			return nil, fmt.Errorf("--set %s: %q is not a JSON value: %w", k, v, err)
 		}
-		fl = append(fl, config.Flag{Key: "model.set." + k, Value: val, Name: "--set"})
+		m[k] = val
 	}
-	return fl, nil
+	return []config.Flag{{Key: "model.set", Value: m, Name: "--set"}}, nil
 }
 
 // addCheckTensors adds --check-tensors (commands that run the model).
