@@ -54,15 +54,11 @@ func Dummy(cfg *model.Config, o DummyOptions) (*model.Checkpoint, error) {
 	}
 	g := &generator{seed: uint64(o.Seed), block: cfg.BlockSize()}
 	fill := func(i int, dst [][]byte) error {
-		data, scale, err := g.tensor(units[i])
-		if err != nil {
-			return err
-		}
-		copy(dst[0], data)
+		var scale []byte
 		if units[i].scale != nil {
-			copy(dst[1], scale)
+			scale = dst[1]
 		}
-		return nil
+		return g.fillUnit(units[i], dst[0], scale)
 	}
 	f, err := safetensors.NewGenerated(o.Source, groups, map[string]string{"format": "pt"}, fill)
 	if err != nil {
