@@ -98,3 +98,16 @@ func (ck *Checkpoint) TensorBytes() int64 {
 	}
 	return n
 }
+
+// Fill makes every generated tensor now, workers at a time
+// (safetensors.File.Fill): for a reader that reads them all and keeps them
+// (the CPU backend), this uses every core where reading them one at a time
+// would not. Nothing happens for a checkpoint read from disk.
+func (ck *Checkpoint) Fill(workers int) error {
+	for _, f := range ck.files {
+		if err := f.Fill(workers); err != nil {
+			return err
+		}
+	}
+	return nil
+}

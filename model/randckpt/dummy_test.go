@@ -34,6 +34,11 @@ func TestDummyIsWrite(t *testing.T) {
 		require.NoError(t, err)
 		dummy, err := Dummy(cfg, DummyOptions{Seed: 7, FP8: c.fp8, Source: "dummy weights (random, seed 7) of preset " + c.preset})
 		require.NoError(t, err)
+		if c.fp8 && cfg.HasMTP() { // made up front and held, as the CPU path does
+			require.NoError(t, dummy.Fill(3))
+			assert.Equal(t, dummy.TensorBytes(), dummy.ResidentBytes())
+		}
+		fills := dummy.Fills()
 		assert.True(t, dummy.Generated())
 		assert.False(t, disk.Generated())
 		assert.Equal(t, safetensors.Generated, dummy.WeightsMode())
@@ -57,7 +62,12 @@ func TestDummyIsWrite(t *testing.T) {
 			}
 			dummy.Release(name)
 		}
-		assert.Zero(t, dummy.ResidentBytes(), "every tensor released")
+		if fills > 0 {
+			assert.Equal(t, fills, dummy.Fills(), "made once, up front")
+			assert.Equal(t, dummy.TensorBytes(), dummy.ResidentBytes(), "held by Fill")
+		} else {
+			assert.Zero(t, dummy.ResidentBytes(), "every tensor released")
+		}
 		require.NoError(t, disk.Close())
 		require.NoError(t, dummy.Close())
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // Generated is the mode of a File made by NewGenerated: its tensors are
@@ -47,6 +48,8 @@ type genGroup struct {
 	data  []byte // every member's bytes, end to end; nil when not filled
 	free  func([]byte) error
 	holds int
+	// pinned: Fill holds the group for as long as the File is open.
+	pinned bool
 }
 
 // generation is a generated File's tensors.
@@ -211,7 +214,7 @@ func (gen *generation) release(g *genGroup) {
 // drop frees g's bytes (g.mu held).
 func (gen *generation) drop(g *genGroup) error {
 	data, free := g.data, g.free
-	g.data, g.free, g.holds = nil, nil, 0
+	g.data, g.free, g.holds, g.pinned = nil, nil, 0, false
 	gen.mu.Lock()
 	gen.bytes -= g.size
 	gen.mu.Unlock()
@@ -232,4 +235,58 @@ func (gen *generation) close() error {
 		g.mu.Unlock()
 	}
 	return errors.Join(errs...)
+}
+
+// Fill makes every group of a generated File that is not made yet, workers
+// groups at a time (a large group's fill is parallel itself), for a reader
+// that reads all of them and keeps them (the CPU backend reads every weight
+// in place): it holds every group until the File closes, as a checkpoint's
+// copy in memory is held, so that no reader's Release frees one. It does
+// nothing on other files; the first error stops it.
+func (f *File) Fill(workers int) error {
+	if f.gen == nil {
+		return nil
+	}
+	if f.closed {
+		return fmt.Errorf("safetensors %s: file is closed", f.path)
+	}
+	gen := f.gen
+	var next atomic.Int64
+	var mu sync.Mutex
+	var first error
+	var wg sync.WaitGroup
+	for range max(1, workers) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(gen.groups) {
+					return
+				}
+				g := gen.groups[i]
+				g.mu.Lock()
+				var err error
+				if g.data == nil {
+					err = gen.fillGroup(i, g)
+				}
+				if err == nil && !g.pinned {
+					g.pinned = true
+					g.holds++
+				}
+				g.mu.Unlock()
+				if err != nil {
+					mu.Lock()
+					if first == nil {
+						first = fmt.Errorf("safetensors %s: generating %s: %w", f.path, g.specs[0].Name, err)
+					}
+					mu.Unlock()
+					next.Store(int64(len(gen.groups))) // stop the others
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return first
 }
