@@ -149,3 +149,37 @@ func TestDummyRefusals(t *testing.T) {
 	_, err = Dummy(bad, DummyOptions{Source: "x"})
 	assert.Error(t, err)
 }
+
+// Fill while readers read and release: every reader sees the bytes of a
+// dummy read alone, and once Fill returns every tensor is held (run with
+// -race).
+func TestDummyFillWhileReading(t *testing.T) {
+	cfg, err := Preset("tiny")
+	require.NoError(t, err)
+	o := DummyOptions{Seed: 5, FP8: true, Source: "dummy weights (random, seed 5) of preset tiny"}
+	ref, err := Dummy(cfg, o)
+	require.NoError(t, err)
+	defer ref.Close()
+	ck, err := Dummy(cfg, o)
+	require.NoError(t, err)
+	defer ck.Close()
+	names := ck.Names()
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(names); i += 3 {
+				got, _, err := ck.Raw(names[i])
+				assert.NoError(t, err)
+				want, _, err := ref.Raw(names[i])
+				assert.NoError(t, err)
+				assert.Equal(t, want, got, names[i])
+				ck.Release(names[i])
+			}
+		}()
+	}
+	require.NoError(t, ck.Fill(2))
+	wg.Wait()
+	assert.Equal(t, ck.TensorBytes(), ck.ResidentBytes(), "every tensor held by Fill")
+}
