@@ -6,8 +6,10 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/text"
@@ -84,7 +86,7 @@ func openDummy(mc config.Model) (*model.Checkpoint, error) {
 	}
 	log.Warn().Str("source", src).Str("layout", layout).Int("layers", cfg.NumHiddenLayers).
 		Float64("weights_gib", float64(ck.TensorBytes())/(1<<30)).
-		Msg("dummy weights: random, made in memory as the programs read them (model.load_format: dummy): not a checkpoint, outputs are meaningless")
+		Msg("dummy weights: random, made in memory (model.load_format: dummy): not a checkpoint, outputs are meaningless")
 	return ck, nil
 }
 
@@ -130,4 +132,21 @@ func dummyTextModel(vocab int) (*text.Model, error) {
 		tm.Chat, tm.ChatError = nil, err
 	}
 	return tm, nil
+}
+
+// fillDummy makes every dummy weight now, on every core, before an engine
+// runs them on the CPU, whose backend reads them all and keeps them
+// (Checkpoint.Fill); on CUDA each is made as it is uploaded, then freed.
+// Weights read from a checkpoint, and commands that run no engine (graph),
+// make nothing.
+func fillDummy(device string, ck *model.Checkpoint) error {
+	if !ck.Generated() || device == "cuda" {
+		return nil
+	}
+	t0 := time.Now()
+	if err := ck.Fill(runtime.GOMAXPROCS(0)); err != nil {
+		return err
+	}
+	log.Info().Str("took", time.Since(t0).Round(time.Millisecond).String()).Float64("gib", float64(ck.ResidentBytes())/(1<<30)).Msg("dummy weights generated")
+	return nil
 }

@@ -8,11 +8,9 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/config"
@@ -252,17 +250,6 @@ func (m *modelFlags) open() (*model.Checkpoint, error) {
 		return nil, err
 	}
 	m.opened = ck.Dir()
-	if ck.Generated() && c.Device != "cuda" {
-		// the CPU backend reads every weight and keeps it: make them all
-		// now on every core (on CUDA each is made as it is uploaded, then
-		// freed)
-		t0 := time.Now()
-		if err := ck.Fill(runtime.GOMAXPROCS(0)); err != nil {
-			ck.Close()
-			return nil, err
-		}
-		log.Info().Str("took", time.Since(t0).Round(time.Millisecond).String()).Float64("gib", float64(ck.ResidentBytes())/(1<<30)).Msg("dummy weights generated")
-	}
 	if !c.Model.CheckTensors {
 		return ck, nil
 	}

@@ -67,6 +67,10 @@ to gRPC and HTTP alike.`,
 					if err != nil {
 						return nil, err
 					}
+					if err := fillDummy(cfg.Device, ck); err != nil {
+						ck.Close()
+						return nil, err
+					}
 					tm, err := mf.textModel(ck.Config().VocabSize)
 					if err != nil {
 						ck.Close()
