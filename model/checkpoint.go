@@ -325,24 +325,11 @@ func ScaleName(weight string) string { return weight + ScaleSuffix }
 // scaleFor returns the block scales of an FP8 weight [n, k] as float32,
 // validating the companion's presence, dtype and shape.
 func (ck *Checkpoint) scaleFor(name string, info safetensors.TensorInfo) ([]float32, []int, error) {
-	if len(info.Shape) != 2 {
-		return nil, nil, fmt.Errorf("tensor %s: F8_E4M3 weight has shape %v, want 2 dimensions", name, info.Shape)
+	sloc, want, err := ck.scaleLoc(name, info)
+	if err != nil {
+		return nil, nil, err
 	}
 	sname := ScaleName(name)
-	sloc, ok := ck.tensors[sname]
-	if !ok {
-		return nil, nil, fmt.Errorf("tensor %s: F8_E4M3 weight has no block scale %s in checkpoint %s", name, sname, ck.where())
-	}
-	switch sloc.info.DType {
-	case safetensors.F32, safetensors.BF16, safetensors.F16:
-	default:
-		return nil, nil, fmt.Errorf("tensor %s: dtype %s, want F32 or BF16", sname, sloc.info.DType)
-	}
-	want := ck.cfg.ScaleShape(info.Shape[0], info.Shape[1])
-	if !slices.Equal(sloc.info.Shape, want) {
-		bs := ck.cfg.BlockSize()
-		return nil, nil, fmt.Errorf("tensor %s: shape %v, want %v (%dx%d blocks of %s %v)", sname, sloc.info.Shape, want, bs[0], bs[1], name, info.Shape)
-	}
 	raw, err := sloc.file.Bytes(sname)
 	if err != nil {
 		return nil, nil, err
@@ -353,6 +340,30 @@ func (ck *Checkpoint) scaleFor(name string, info safetensors.TensorInfo) ([]floa
 		return nil, nil, fmt.Errorf("tensor %s: %w", sname, err)
 	}
 	return s, want, nil
+}
+
+// scaleLoc finds the block scale of an FP8 weight [n, k] and checks its
+// presence, dtype and shape, without reading it.
+func (ck *Checkpoint) scaleLoc(name string, info safetensors.TensorInfo) (tensorLoc, []int, error) {
+	if len(info.Shape) != 2 {
+		return tensorLoc{}, nil, fmt.Errorf("tensor %s: F8_E4M3 weight has shape %v, want 2 dimensions", name, info.Shape)
+	}
+	sname := ScaleName(name)
+	sloc, ok := ck.tensors[sname]
+	if !ok {
+		return tensorLoc{}, nil, fmt.Errorf("tensor %s: F8_E4M3 weight has no block scale %s in checkpoint %s", name, sname, ck.where())
+	}
+	switch sloc.info.DType {
+	case safetensors.F32, safetensors.BF16, safetensors.F16:
+	default:
+		return tensorLoc{}, nil, fmt.Errorf("tensor %s: dtype %s, want F32 or BF16", sname, sloc.info.DType)
+	}
+	want := ck.cfg.ScaleShape(info.Shape[0], info.Shape[1])
+	if !slices.Equal(sloc.info.Shape, want) {
+		bs := ck.cfg.BlockSize()
+		return tensorLoc{}, nil, fmt.Errorf("tensor %s: shape %v, want %v (%dx%d blocks of %s %v)", sname, sloc.info.Shape, want, bs[0], bs[1], name, info.Shape)
+	}
+	return sloc, want, nil
 }
 
 // FP8Scales returns the block scales of an F8_E4M3 weight as float32,
@@ -480,7 +491,14 @@ func (ck *Checkpoint) validateSpecs(specs []WeightSpec) error {
 		switch loc.info.DType {
 		case safetensors.BF16, safetensors.F16, safetensors.F32:
 		case safetensors.F8E4M3:
-			if _, _, err := ck.scaleFor(spec.Name, loc.info); err != nil {
+			check := ck.scaleFor // the scales are read: a file's may not convert
+			if ck.Generated() {  // made by construction: reading them would make their weights
+				check = func(n string, i safetensors.TensorInfo) ([]float32, []int, error) {
+					_, want, err := ck.scaleLoc(n, i)
+					return nil, want, err
+				}
+			}
+			if _, _, err := check(spec.Name, loc.info); err != nil {
 				errs = append(errs, err)
 			}
 		default:

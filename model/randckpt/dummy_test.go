@@ -83,7 +83,8 @@ func TestDummyLazyRelease(t *testing.T) {
 	ck, err := Dummy(cfg, DummyOptions{Seed: 1, FP8: true, Source: "dummy weights (random, seed 1) of preset tiny"})
 	require.NoError(t, err)
 	defer ck.Close()
-	assert.Zero(t, ck.Fills())
+	require.NoError(t, ck.Validate())
+	assert.Zero(t, ck.Fills(), "validating generates nothing")
 	assert.Zero(t, ck.ResidentBytes())
 
 	var fp8 string
