@@ -91,9 +91,24 @@ func quantizeInto(vals []float32, n, k int, bs [2]int, codes, scaleBytes []byte)
 				c0, c1 := bc*bs[1], min((bc+1)*bs[1], k)
 				f := inv[bc]
 				for c := c0; c < c1; c++ {
-					out[c] = safetensors.Float32ToF8E4M3(row[c] * f)
+					out[c] = e4m3(row[c] * f)
 				}
 			}
 		}
 	})
+}
+
+// e4m3 is safetensors.Float32ToF8E4M3 with its common case inlined: a
+// normal e4m3 value below 448 (rebias the exponent, keep 3 mantissa bits,
+// round the other 20 to nearest even); zeros, subnormals, 448 and beyond,
+// and NaN take the function.
+func e4m3(f float32) uint8 {
+	u := math.Float32bits(f)
+	a := u & 0x7fffffff
+	if a < 0x3c800000 || a >= 0x43e00000 {
+		return safetensors.Float32ToF8E4M3(f)
+	}
+	a -= (127 - 7) << 23
+	a += 0x7ffff + (a>>20)&1
+	return uint8(u>>24)&0x80 | uint8(min(a>>20, 0x7e))
 }
