@@ -112,7 +112,7 @@ func TestServeDummy(t *testing.T) {
 	root := newRoot()
 	out := &syncbuf.Buffer{}
 	root.SetOut(out)
-	root.SetArgs([]string{"--log-level", "warn", "serve", "--preset", "tiny", "--load-format", "dummy", "--set", "num_hidden_layers=20", "--seed", "4", "--port", "0", "--http-port", "0"})
+	root.SetArgs([]string{"--log-level", "warn", "serve", "--preset", "tiny", "--load-format", "dummy", "--set", "num_hidden_layers=20", "--seed", "4", "--fp8", "--port", "0", "--http-port", "0"})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- root.ExecuteContext(ctx) }()
@@ -138,7 +138,8 @@ func TestServeDummy(t *testing.T) {
 	defer conn.Close()
 	mi, err := pb.NewGLMFlashClient(conn).GetModelInfo(context.Background(), &pb.GetModelInfoRequest{})
 	require.NoError(t, err)
-	require.Equal(t, "dummy weights (random, seed 4, model.load_format dummy: no checkpoint) of preset tiny with num_hidden_layers=20", mi.GetModel().GetSource())
+	require.Equal(t, "dummy weights (random, seed 4, model.load_format dummy: no checkpoint) of preset tiny (FP8 layout) with num_hidden_layers=20", mi.GetModel().GetSource())
+	require.Equal(t, "fp8", mi.GetModel().GetQuantization())
 	require.EqualValues(t, 20, mi.GetModel().GetNumLayers())
 }
 

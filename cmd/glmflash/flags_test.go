@@ -505,6 +505,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 	probes["serve --seed"] = func(d string) probe {
 		return probe{args: []string{"serve", "--config", serveConfig(t, d), "--seed", "3"}, want: "--seed applies to --preset only"}
 	}
+	probes["serve --fp8"] = func(d string) probe {
+		return probe{args: []string{"serve", "--config", serveConfig(t, d), "--fp8"}, want: "--fp8 applies to --preset only"}
+	}
 	for _, c := range []string{"attribute", "bench", "eval", "generate", "graph", "init-random", "passes list", "passes explain", "passes bench"} {
 		probes[c+" ARGS"] = func(string) probe {
 			return probe{args: append(strings.Fields(c), "stray"), want: `unknown command "stray"`}

@@ -133,15 +133,17 @@ func (m *modelFlags) add(cmd *cobra.Command, allowPreset bool) {
 }
 
 // addLoad adds --load-format and --set (model.load_format, model.set) and,
-// withSeed, --seed (commands that have no --preset flags of add's: serve).
+// withSeed, --seed and --fp8 (for a command without add's preset flags:
+// serve).
 func (m *modelFlags) addLoad(cmd *cobra.Command, withSeed bool) {
 	m.cmd = cmd
 	m.registered("load-format", "set")
 	cmd.Flags().StringVar(&m.loadFormat, "load-format", "", "how the weights are obtained: auto (= safetensors: the checkpoint's files, or the preset's written once into --cache-dir) or dummy (random weights of the right dtypes, shapes and FP8 scales made in memory from --seed, no file read or written: over --preset, or --model DIR holding only config.json and a tokenizer) (default: the configuration's model.load_format, auto)")
 	cmd.Flags().StringArrayVar(&m.set, "set", nil, "FIELD=VALUE: a text_config field set to a JSON value (model.set; repeatable), over the preset or, with --load-format dummy, the config.json of --model, e.g. --set num_hidden_layers=20")
 	if withSeed {
-		m.registered("seed")
+		m.registered("seed", "fp8")
 		cmd.Flags().Int64Var(&m.seed, "seed", config.Default().Model.Seed, "seed of the preset's (or the dummy weights') random weights")
+		cmd.Flags().BoolVar(&m.fp8, "fp8", false, "the preset in the native FP8 layout (written, or made with --load-format dummy)")
 	}
 }
 
