@@ -156,3 +156,27 @@ func TestSetFlagOverFile(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string]any{"n_routed_experts": 4, "num_hidden_layers": 3.0, "num_experts_per_tok": 1.0}, c.Model.Set)
 }
+
+// A directory holding only an FP8 checkpoint's config.json (its
+// quantization_config) and tokenizer: dummy weights in its FP8 layout,
+// those init-random wrote for the same seed, so generate gives the
+// checkpoint's tokens; the directory's tokenizer reads text.
+func TestGenerateDummyFromConfigDir(t *testing.T) {
+	full, cfgOnly := filepath.Join(t.TempDir(), "full"), t.TempDir()
+	_, err := runCLI(t, "init-random", "--preset", "tiny", "--fp8", "--seed", "6", "--set", "num_hidden_layers=5", "--out", full)
+	require.NoError(t, err)
+	for _, f := range []string{"config.json", "tokenizer.json", "tokenizer_config.json"} {
+		b, err := os.ReadFile(filepath.Join(full, f))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(cfgOnly, f), b, 0o644))
+	}
+	want, err := runCLI(t, "generate", "--model", full, "--prompt", "Hi there", "--max-tokens", "5")
+	require.NoError(t, err)
+	got, err := runCLI(t, "generate", "--model", cfgOnly, "--load-format", "dummy", "--seed", "6", "--prompt", "Hi there", "--max-tokens", "5")
+	require.NoError(t, err)
+	require.Equal(t, outputLine(t, want), outputLine(t, got))
+	require.Contains(t, got, "prompt   8 tokens")
+	other, err := runCLI(t, "generate", "--model", cfgOnly, "--load-format", "dummy", "--seed", "7", "--prompt", "Hi there", "--max-tokens", "5")
+	require.NoError(t, err)
+	require.NotEqual(t, outputLine(t, want), outputLine(t, other), "another seed, other weights")
+}
