@@ -39,7 +39,10 @@ type tensorLoc struct {
 // one safetensors file, a sharded set described by model.safetensors.index.json,
 // or every *.safetensors file in the directory. Reads are safe for concurrent use.
 type Checkpoint struct {
-	dir     string
+	dir string
+	// source describes generated weights (NewGenerated) in messages and
+	// reports; "" for a checkpoint read from dir.
+	source  string
 	cfg     *Config
 	mode    safetensors.Mode
 	files   []*safetensors.File
@@ -67,6 +70,23 @@ func Open(dir string) (*Checkpoint, error) { return OpenWith(dir, OpenOptions{})
 
 // OpenWith is Open with options.
 func OpenWith(dir string, o OpenOptions) (*Checkpoint, error) {
+	cfg, err := ReadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	ck := &Checkpoint{dir: dir, cfg: cfg, mode: o.Weights, tensors: make(map[string]tensorLoc)}
+	if err := ck.openTensors(); err != nil {
+		ck.Close()
+		return nil, err
+	}
+	return ck, nil
+}
+
+// ReadConfig reads a checkpoint directory's configuration as Open does:
+// config.json parsed and validated, with the end-of-sequence ids of
+// generation_config.json, when present, added to its own. It reads no
+// weights.
+func ReadConfig(dir string) (*Config, error) {
 	cfgPath := filepath.Join(dir, ConfigFile)
 	data, err := regular.ReadFile(cfgPath, regular.ConfigLimit)
 	if err != nil {
@@ -84,12 +104,7 @@ func OpenWith(dir string, o OpenOptions) (*Checkpoint, error) {
 	if err := mergeGenerationConfig(dir, cfg); err != nil {
 		return nil, err
 	}
-	ck := &Checkpoint{dir: dir, cfg: cfg, mode: o.Weights, tensors: make(map[string]tensorLoc)}
-	if err := ck.openTensors(); err != nil {
-		ck.Close()
-		return nil, err
-	}
-	return ck, nil
+	return cfg, nil
 }
 
 func (ck *Checkpoint) openFile(path string) (*safetensors.File, error) {
@@ -227,7 +242,7 @@ func (ck *Checkpoint) Raw(name string) ([]byte, safetensors.TensorInfo, error) {
 func (ck *Checkpoint) lookup(name string) (tensorLoc, error) {
 	loc, ok := ck.tensors[name]
 	if !ok {
-		return tensorLoc{}, fmt.Errorf("tensor %s: not found in checkpoint %s", name, ck.dir)
+		return tensorLoc{}, fmt.Errorf("tensor %s: not found in checkpoint %s", name, ck.where())
 	}
 	return loc, nil
 }
@@ -252,6 +267,7 @@ func (ck *Checkpoint) Float32(name string, shape ...int) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer loc.file.Release(name) // the float32 copy is the caller's
 	out := make([]float32, info.NumElements())
 	if info.DType == safetensors.F8E4M3 {
 		if err := ck.dequantFP8(name, info, raw, out); err != nil {
@@ -309,33 +325,45 @@ func ScaleName(weight string) string { return weight + ScaleSuffix }
 // scaleFor returns the block scales of an FP8 weight [n, k] as float32,
 // validating the companion's presence, dtype and shape.
 func (ck *Checkpoint) scaleFor(name string, info safetensors.TensorInfo) ([]float32, []int, error) {
-	if len(info.Shape) != 2 {
-		return nil, nil, fmt.Errorf("tensor %s: F8_E4M3 weight has shape %v, want 2 dimensions", name, info.Shape)
+	sloc, want, err := ck.scaleLoc(name, info)
+	if err != nil {
+		return nil, nil, err
 	}
 	sname := ScaleName(name)
-	sloc, ok := ck.tensors[sname]
-	if !ok {
-		return nil, nil, fmt.Errorf("tensor %s: F8_E4M3 weight has no block scale %s in checkpoint %s", name, sname, ck.dir)
-	}
-	switch sloc.info.DType {
-	case safetensors.F32, safetensors.BF16, safetensors.F16:
-	default:
-		return nil, nil, fmt.Errorf("tensor %s: dtype %s, want F32 or BF16", sname, sloc.info.DType)
-	}
-	want := ck.cfg.ScaleShape(info.Shape[0], info.Shape[1])
-	if !slices.Equal(sloc.info.Shape, want) {
-		bs := ck.cfg.BlockSize()
-		return nil, nil, fmt.Errorf("tensor %s: shape %v, want %v (%dx%d blocks of %s %v)", sname, sloc.info.Shape, want, bs[0], bs[1], name, info.Shape)
-	}
 	raw, err := sloc.file.Bytes(sname)
 	if err != nil {
 		return nil, nil, err
 	}
+	defer sloc.file.Release(sname)
 	s := make([]float32, sloc.info.NumElements())
 	if err := safetensors.ToFloat32(sloc.info.DType, raw, s); err != nil {
 		return nil, nil, fmt.Errorf("tensor %s: %w", sname, err)
 	}
 	return s, want, nil
+}
+
+// scaleLoc finds the block scale of an FP8 weight [n, k] and checks its
+// presence, dtype and shape, without reading it.
+func (ck *Checkpoint) scaleLoc(name string, info safetensors.TensorInfo) (tensorLoc, []int, error) {
+	if len(info.Shape) != 2 {
+		return tensorLoc{}, nil, fmt.Errorf("tensor %s: F8_E4M3 weight has shape %v, want 2 dimensions", name, info.Shape)
+	}
+	sname := ScaleName(name)
+	sloc, ok := ck.tensors[sname]
+	if !ok {
+		return tensorLoc{}, nil, fmt.Errorf("tensor %s: F8_E4M3 weight has no block scale %s in checkpoint %s", name, sname, ck.where())
+	}
+	switch sloc.info.DType {
+	case safetensors.F32, safetensors.BF16, safetensors.F16:
+	default:
+		return tensorLoc{}, nil, fmt.Errorf("tensor %s: dtype %s, want F32 or BF16", sname, sloc.info.DType)
+	}
+	want := ck.cfg.ScaleShape(info.Shape[0], info.Shape[1])
+	if !slices.Equal(sloc.info.Shape, want) {
+		bs := ck.cfg.BlockSize()
+		return tensorLoc{}, nil, fmt.Errorf("tensor %s: shape %v, want %v (%dx%d blocks of %s %v)", sname, sloc.info.Shape, want, bs[0], bs[1], name, info.Shape)
+	}
+	return sloc, want, nil
 }
 
 // FP8Scales returns the block scales of an F8_E4M3 weight as float32,
@@ -440,7 +468,7 @@ func (ck *Checkpoint) Validate() error {
 // the MTP drafter. It fails when the config declares no MTP layer.
 func (ck *Checkpoint) ValidateMTP() error {
 	if !ck.cfg.HasMTP() {
-		return fmt.Errorf("checkpoint %s: the config declares no MTP layer (num_nextn_predict_layers is %d)", ck.dir, ck.cfg.NumNextNPredictLayers)
+		return fmt.Errorf("checkpoint %s: the config declares no MTP layer (num_nextn_predict_layers is %d)", ck.where(), ck.cfg.NumNextNPredictLayers)
 	}
 	if err := ck.validateSpecs(ck.cfg.MTPWeightCatalog(false)); err != nil {
 		return fmt.Errorf("MTP layer %d: %w", ck.cfg.MTPLayer(0), err)
@@ -453,7 +481,7 @@ func (ck *Checkpoint) validateSpecs(specs []WeightSpec) error {
 	for _, spec := range specs {
 		loc, ok := ck.tensors[spec.Name]
 		if !ok {
-			errs = append(errs, fmt.Errorf("tensor %s: missing from checkpoint %s", spec.Name, ck.dir))
+			errs = append(errs, fmt.Errorf("tensor %s: missing from checkpoint %s", spec.Name, ck.where()))
 			continue
 		}
 		if !slices.Equal(loc.info.Shape, spec.Shape) {
@@ -463,7 +491,14 @@ func (ck *Checkpoint) validateSpecs(specs []WeightSpec) error {
 		switch loc.info.DType {
 		case safetensors.BF16, safetensors.F16, safetensors.F32:
 		case safetensors.F8E4M3:
-			if _, _, err := ck.scaleFor(spec.Name, loc.info); err != nil {
+			check := ck.scaleFor // the scales are read: a file's may not convert
+			if ck.Generated() {  // made by construction: reading them would make their weights
+				check = func(n string, i safetensors.TensorInfo) ([]float32, []int, error) {
+					_, want, err := ck.scaleLoc(n, i)
+					return nil, want, err
+				}
+			}
+			if _, _, err := check(spec.Name, loc.info); err != nil {
 				errs = append(errs, err)
 			}
 		default:
@@ -590,7 +625,7 @@ func (ck *Checkpoint) CheckTensors() error {
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("checkpoint %s: tensor check failed: %w", ck.dir, errors.Join(errs...))
+		return fmt.Errorf("checkpoint %s: tensor check failed: %w", ck.where(), errors.Join(errs...))
 	}
 	return nil
 }

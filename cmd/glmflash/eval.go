@@ -41,6 +41,11 @@ func newEvalCmd() *cobra.Command {
 			if tol <= 0 {
 				return fmt.Errorf("--tol must be > 0")
 			}
+			if c, err := mf.config(); err != nil {
+				return err
+			} else if c.Model.Dummy() {
+				return fmt.Errorf("--reference compares with transformers run on a checkpoint; model.load_format dummy weights are random (--versus compares them across precisions)")
+			}
 			ck, err := mf.open()
 			if err != nil {
 				return err

@@ -483,6 +483,31 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 			return probe{args: []string{"plugin", "new", "--dir", d}, want: "accepts 1 arg(s), received 0"}
 		},
 	}
+	// --load-format and --set (model.load_format, model.set) wherever a
+	// model is loaded: a bad format is refused naming the key, --set over a
+	// checkpoint directory (no dummy) too; serve has --seed of its own
+	for name, base := range map[string][]string{"generate": gen, "bench": bench, "graph": graph, "passes explain": explain, "passes bench": pbench, "serve": {"serve"}} {
+		probes[name+" --load-format"] = func(d string) probe {
+			a := args(base, "--load-format", "pickle")
+			if name == "serve" {
+				a = args(a, "--config", serveConfig(t, d))
+			}
+			return probe{args: a, want: `model.load_format (flag --load-format): "pickle" is not auto, safetensors or dummy`}
+		}
+		probes[name+" --set"] = func(d string) probe {
+			a := args(base, "--set", "num_hidden_layers=2")
+			if name == "serve" {
+				a = args(a, "--config", serveConfig(t, d))
+			}
+			return probe{args: a, want: "model.set (flag --set): scales a preset"}
+		}
+	}
+	probes["serve --seed"] = func(d string) probe {
+		return probe{args: []string{"serve", "--config", serveConfig(t, d), "--seed", "3"}, want: "--seed applies to --preset only"}
+	}
+	probes["serve --fp8"] = func(d string) probe {
+		return probe{args: []string{"serve", "--config", serveConfig(t, d), "--fp8"}, want: "--fp8 applies to --preset only"}
+	}
 	for _, c := range []string{"attribute", "bench", "eval", "generate", "graph", "init-random", "passes list", "passes explain", "passes bench"} {
 		probes[c+" ARGS"] = func(string) probe {
 			return probe{args: append(strings.Fields(c), "stray"), want: `unknown command "stray"`}

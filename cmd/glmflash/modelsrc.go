@@ -43,6 +43,10 @@ type modelFlags struct {
 	seed        int64
 	cacheDir    string
 	fp8         bool
+	// loadFormat is --load-format (model.load_format); set is --set
+	// (model.set: FIELD=VALUE, repeatable).
+	loadFormat string
+	set        []string
 	// checkTensors scans every weight for NaN/Inf after opening.
 	checkTensors bool
 	// extra are keys a command sets from flags of its own (serve's
@@ -124,7 +128,41 @@ func (m *modelFlags) add(cmd *cobra.Command, allowPreset bool) {
 		cmd.Flags().Int64Var(&m.seed, "seed", d.Seed, "seed of the preset's random weights")
 		cmd.Flags().StringVar(&m.cacheDir, "cache-dir", d.CacheDir, "where preset checkpoints are written")
 		cmd.Flags().BoolVar(&m.fp8, "fp8", false, "write the preset in the native FP8 layout")
+		m.addLoad(cmd, false)
 	}
+}
+
+// addLoad adds --load-format and --set (model.load_format, model.set) and,
+// withSeed, --seed and --fp8 (for a command without add's preset flags:
+// serve).
+func (m *modelFlags) addLoad(cmd *cobra.Command, withSeed bool) {
+	m.cmd = cmd
+	m.registered("load-format", "set")
+	cmd.Flags().StringVar(&m.loadFormat, "load-format", "", "how the weights are obtained: auto (= safetensors: the checkpoint's files, or the preset's written once into --cache-dir) or dummy (random weights of the right dtypes, shapes and FP8 scales made in memory from --seed, no file read or written: over --preset, or --model DIR holding only config.json and a tokenizer) (default: the configuration's model.load_format, auto)")
+	cmd.Flags().StringArrayVar(&m.set, "set", nil, "FIELD=VALUE: a text_config field set to a JSON value (model.set; repeatable), over the preset or, with --load-format dummy, the config.json of --model, e.g. --set num_hidden_layers=20")
+	if withSeed {
+		m.registered("seed", "fp8")
+		cmd.Flags().Int64Var(&m.seed, "seed", config.Default().Model.Seed, "seed of the preset's (or the dummy weights') random weights")
+		cmd.Flags().BoolVar(&m.fp8, "fp8", false, "the preset in the native FP8 layout (written, or made with --load-format dummy)")
+	}
+}
+
+// setFlags turns --set's FIELD=VALUE entries into the model.set key (each
+// VALUE JSON).
+func setFlags(set []string) ([]config.Flag, error) {
+	m := map[string]any{}
+	for _, kv := range set {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsAny(k, ". ") {
+			return nil, fmt.Errorf("--set %q: want FIELD=VALUE (a text_config field, a JSON value)", kv)
+		}
+		var val any
+		if err := json.Unmarshal([]byte(v), &val); err != nil {
+			return nil, fmt.Errorf("--set %s: %q is not a JSON value: %w", k, v, err)
+		}
+		m[k] = val
+	}
+	return []config.Flag{{Key: "model.set", Value: m, Name: "--set"}}, nil
 }
 
 // addCheckTensors adds --check-tensors (commands that run the model).
@@ -167,17 +205,31 @@ func (m *modelFlags) config() (*config.Config, error) {
 		flag, key string
 		v         any
 	}{{"model", "model.dir", m.dir}, {"preset", "model.preset", m.preset}, {"seed", "model.seed", m.seed},
-		{"cache-dir", "model.cache_dir", m.cacheDir}, {"fp8", "model.fp8", m.fp8}, {"check-tensors", "model.check_tensors", m.checkTensors}} {
+		{"cache-dir", "model.cache_dir", m.cacheDir}, {"fp8", "model.fp8", m.fp8}, {"check-tensors", "model.check_tensors", m.checkTensors},
+		{"load-format", "model.load_format", m.loadFormat}} {
 		if m.changed(f.flag) {
 			flags = append(flags, config.Flag{Key: f.key, Value: f.v, Name: "--" + f.flag})
 		}
+	}
+	if m.changed("set") {
+		f, err := setFlags(m.set)
+		if err != nil {
+			return nil, err
+		}
+		flags = append(flags, f...)
 	}
 	c, err := config.Load(config.Options{Files: m.files, Flags: append(flags, m.extra...)})
 	if err != nil {
 		return nil, err
 	}
+	if c.Model.Dummy() && m.changed("cache-dir") {
+		return nil, fmt.Errorf("--cache-dir: model.load_format dummy writes no checkpoint; it would be ignored")
+	}
 	if c.Model.Dir != "" {
 		for _, f := range []string{"seed", "cache-dir", "fp8"} {
+			if f == "seed" && c.Model.Dummy() {
+				continue // seeds the dummy weights
+			}
 			if m.changed(f) {
 				return nil, fmt.Errorf("--%s applies to --preset only; with --model it would be ignored", f)
 			}
@@ -212,8 +264,13 @@ func (m *modelFlags) open() (*model.Checkpoint, error) {
 }
 
 // openModel opens a checkpoint directory, or writes a preset's random
-// checkpoint once into the cache directory and opens it.
+// checkpoint once into the cache directory and opens it; with
+// model.load_format dummy it makes random weights in memory instead
+// (openDummy).
 func openModel(mc config.Model) (*model.Checkpoint, error) {
+	if mc.Dummy() {
+		return openDummy(mc)
+	}
 	mode, err := safetensors.ParseMode(mc.Weights)
 	if err != nil {
 		return nil, fmt.Errorf("model.weights: %w", err)
@@ -282,8 +339,11 @@ func presetSet(m map[string]any) (map[string]json.RawMessage, string, error) {
 }
 
 // source describes the model the configuration names, for logs and
-// GetModelInfo.
+// GetModelInfo: dummy weights say so (dummySource).
 func source(mc config.Model) string {
+	if mc.Dummy() {
+		return dummySource(mc)
+	}
 	if mc.Preset != "" {
 		return fmt.Sprintf("preset %s (seed %d)", mc.Preset, mc.Seed)
 	}
@@ -368,11 +428,16 @@ func printGraph(what string, g *ir.Graph) error {
 }
 
 // textModel loads the tokenizer and chat template of the directory open
-// used; either may be missing (nil). A chat template that does not load
+// used (a dummy preset's: made in memory; a dummy model.dir's: the
+// directory's); either may be missing (nil: token-id prompts only, chat
+// refused). A chat template that does not load
 // (or fails its probe) is not served, with the reason kept in ChatError
 // for the API to show: completions are served without it. Anything else
 // wrong is an error.
 func (m *modelFlags) textModel(vocab int) (*text.Model, error) {
+	if m.cfg != nil && m.cfg.Model.Dummy() && m.cfg.Model.Dir == "" {
+		return dummyTextModel(vocab) // the preset's, made in memory
+	}
 	tm := &text.Model{}
 	tk, err := tokenizer.Load(m.opened)
 	switch {

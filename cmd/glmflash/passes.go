@@ -309,5 +309,9 @@ func newEngineFrom(ec *config.Config, ck *model.Checkpoint, s engine.Setup) (*en
 		return nil, fmt.Errorf("%s: %w", ec.Source, err)
 	}
 	s.Model, s.Weights, s.Pipeline = ck.Config(), ck, pl
-	return engine.New(ck.Config(), ck, engine.FromConfig(ec, s))
+	eo := engine.FromConfig(ec, s)
+	if err := fillDummy(eo.Device, ck); err != nil {
+		return nil, err
+	}
+	return engine.New(ck.Config(), ck, eo)
 }

@@ -31,7 +31,8 @@ configs/serve.yaml: every pass on, the preset small, gRPC on 127.0.0.1:50051, HT
 variables GLMFLASH_<SECTION>__<KEY> (e.g. GLMFLASH_SERVER__HTTP_ADDR=0.0.0.0:8000), and
 the flags. The file has the engine sections (device, passes, parallel, lora, debug,
 plugins) and the serving sections model (name, dir | preset, seed, cache_dir, fp8,
-check_tensors), server (grpc_addr, http_addr, metrics_addr, drain_timeout,
+check_tensors, load_format auto | dummy, set; --load-format dummy serves random weights made
+in memory, --set FIELD=VALUE scales the config), server (grpc_addr, http_addr, metrics_addr, drain_timeout,
 max_response_bytes, max_request_bytes, tls, auth, reflection, keepalive and connection
 age, expose_paths), runtime (slots, max_running, max_queue, max_batch_tokens,
 prefill_chunk, context_limit, default_max_tokens) and speculative (method off | mtp,
@@ -64,6 +65,10 @@ to gRPC and HTTP alike.`,
 				Load: func(context.Context) (*serve.LoadedModel, error) {
 					ck, err := mf.open()
 					if err != nil {
+						return nil, err
+					}
+					if err := fillDummy(cfg.Device, ck); err != nil {
+						ck.Close()
 						return nil, err
 					}
 					tm, err := mf.textModel(ck.Config().VocabSize)
@@ -106,6 +111,7 @@ to gRPC and HTTP alike.`,
 	mf.addDevice(cmd)
 	mf.addPrecision(cmd)
 	mf.addSpeculative(cmd)
+	mf.addLoad(cmd, true)
 	sf.register(cmd)
 	return cmd
 }

@@ -190,6 +190,37 @@ type Checkpoint interface {
 	DType(name string) (safetensors.DType, bool)
 }
 
+// generatedWeights is a Checkpoint whose weights were made in memory
+// (model.load_format: dummy): *model.Checkpoint says so.
+type generatedWeights interface {
+	Generated() bool
+	Source() string     // says the weights are random
+	TensorBytes() int64 // the checkpoint's size, were it written
+}
+
+// modelName is the report's model line: the directory, or what generated
+// weights are (never to be taken for a checkpoint's).
+func modelName(ck Checkpoint) string {
+	if isGenerated(ck) {
+		return ck.(generatedWeights).Source()
+	}
+	return ck.Dir()
+}
+
+func isGenerated(ck Checkpoint) bool {
+	g, ok := ck.(generatedWeights)
+	return ok && g.Generated()
+}
+
+// checkpointSize is the weights' stored size: the directory's .safetensors
+// files, or the generated tensors' bytes.
+func checkpointSize(ck Checkpoint) int64 {
+	if isGenerated(ck) {
+		return ck.(generatedWeights).TensorBytes()
+	}
+	return checkpointBytes(ck.Dir())
+}
+
 // Series is one measurement series.
 type Series struct {
 	Name         string    `json:"name"`
@@ -304,9 +335,13 @@ type ProgramOps struct {
 
 // Result is what Run measured.
 type Result struct {
-	// Model is the checkpoint's directory, Config its model.
+	// Model is the checkpoint's directory (for generated weights, what
+	// they are: "dummy weights (random, …)"), Config its model.
 	Model  string
 	Config *model.Config
+	// DummyWeights: the weights are random, made in memory
+	// (model.load_format: dummy), not a checkpoint's.
+	DummyWeights bool
 	// MTPErr says why the MTP draft steps were not measured (nil: they
 	// were); Speculative is the drafter of the speculative series.
 	MTPErr      error
@@ -371,7 +406,7 @@ func Run(e *engine.Engine, ck Checkpoint, s Spec) (*Result, error) {
 	}
 	be := e.Backend()
 	r := &runner{e: e, ck: ck, s: s, cfg: cfg, onCPU: be.Name() == "cpu", store: e.Store(), decode: map[int]int{}, masked: map[int]int{},
-		res: &Result{Model: ck.Dir(), Config: cfg, Speculative: s.Speculative, Bandwidth: s.Bandwidth, BandwidthFrom: s.BandwidthFrom}}
+		res: &Result{Model: modelName(ck), DummyWeights: isGenerated(ck), Config: cfg, Speculative: s.Speculative, Bandwidth: s.Bandwidth, BandwidthFrom: s.BandwidthFrom}}
 	tuner, _ := be.(ir.GEMMTuner)
 	if s.GEMMReport && tuner == nil {
 		return nil, fmt.Errorf("bench: the %s backend does not measure its GEMMs (it is no ir.GEMMTuner)", be.Name())
@@ -478,7 +513,7 @@ func (r *runner) memory() error {
 	r.res.PeakRSSMiB = float64(ru.Maxrss) / 1024 // KiB → MiB on Linux
 	var ckBytes, cacheBytes int64
 	if sb, ok := r.store.(interface{ Bytes() int64 }); ok && r.onCPU {
-		ckBytes, cacheBytes = checkpointBytes(r.ck.Dir()), sb.Bytes()
+		ckBytes, cacheBytes = checkpointSize(r.ck), sb.Bytes()
 	}
 	r.res.Memory = NewMemReport(r.res.PeakRSSMiB, ckBytes, cacheBytes)
 	if r.s.AfterSeries != nil {

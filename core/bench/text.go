@@ -193,6 +193,9 @@ func (r *Result) JSON() ([]byte, error) {
 	if r.Limits != nil {
 		out["limits"] = *r.Limits
 	}
+	if r.DummyWeights {
+		out["dummy_weights"] = true
+	}
 	if r.GEMM != nil {
 		out["gemm_report"] = r.GEMM
 	}

@@ -176,7 +176,27 @@ type Model struct {
 	// once a file changed on disk (its identity is checked before each
 	// batch) or faulted (SIGBUS on a truncated file).
 	Weights string `koanf:"weights"`
+	// LoadFormat is how the weights are obtained (vLLM's --load-format):
+	// "auto" or "safetensors" (the default: read from model.dir's
+	// safetensors files, or from the preset's checkpoint written once into
+	// cache_dir) or "dummy" (random weights of the right dtypes, shapes and
+	// FP8 block scales made in memory from model.seed, no file read or
+	// written: for model.preset, over model.set; for model.dir, a directory
+	// holding config.json (and a tokenizer) but no weights, over model.set
+	// too). Dummy weights are reported as such wherever the model is named.
+	LoadFormat string `koanf:"load_format"`
 }
+
+// Load formats (model.load_format).
+const (
+	LoadAuto        = "auto"
+	LoadSafetensors = "safetensors"
+	LoadDummy       = "dummy"
+)
+
+// Dummy reports whether the weights are random, made in memory
+// (model.load_format: dummy).
+func (m Model) Dummy() bool { return m.LoadFormat == LoadDummy }
 
 // Weights modes (model.weights).
 const (
@@ -434,7 +454,9 @@ func (c *Config) Validate() error {
 	if err := c.validateServing(); err != nil {
 		return err
 	}
-	c.Model.Weights = c.Model.WeightsFor(c.Device)
+	if !c.Model.Dummy() { // dummy weights are held in memory of their own: no mode
+		c.Model.Weights = c.Model.WeightsFor(c.Device)
+	}
 	return nil
 }
 
@@ -539,10 +561,18 @@ func (c *Config) validateServing() error {
 	switch {
 	case m.Dir != "" && m.Preset != "":
 		return keyErr("model", "model.dir and model.preset are mutually exclusive")
+	case m.LoadFormat != "" && m.LoadFormat != LoadAuto && m.LoadFormat != LoadSafetensors && m.LoadFormat != LoadDummy:
+		return keyErr("model.load_format", "%q is not auto, safetensors or dummy", m.LoadFormat)
+	case m.Dummy() && m.Dir == "" && m.Preset == "":
+		return keyErr("model.load_format", "dummy needs a config: model.preset (a preset's) or model.dir (a directory holding config.json)")
 	case m.Dir == "" && m.Preset == "":
 		return keyErr("model", "name a model with model.dir or model.preset")
-	case m.Dir != "" && len(m.Set) > 0:
-		return keyErr("model.set", "scales a preset; model.dir names a checkpoint as it is")
+	case m.Dir != "" && len(m.Set) > 0 && !m.Dummy():
+		return keyErr("model.set", "scales a preset (or, with model.load_format dummy, the config.json of model.dir); model.dir names a checkpoint as it is")
+	case m.Dummy() && m.Dir != "" && m.FP8:
+		return keyErr("model.fp8", "with model.load_format dummy and model.dir the layout is the config.json's (FP8 with a quantization_config); model.fp8 applies to a preset")
+	case m.Dummy() && m.Weights != "" && m.Weights != WeightsAuto:
+		return keyErr("model.weights", "%q says how a checkpoint's files are held; model.load_format dummy reads none (leave it auto)", m.Weights)
 	case m.Weights != "" && m.Weights != WeightsAuto && m.Weights != WeightsCopy && m.Weights != WeightsGuarded:
 		return keyErr("model.weights", "%q is not auto, copy or guarded", m.Weights)
 	case toolcall.Check(m.ToolCallParser) != nil:

@@ -21,6 +21,14 @@ type RawWeights interface {
 	FP8Scales(name string) ([]float32, [2]int, error)
 }
 
+// ReleasableWeights is a raw weight source whose bytes may be given back
+// (model.Checkpoint; for generated dummy weights the memory is freed once
+// no reader holds them, and made again if asked for again): Release says
+// that a slice Raw handed out for name is no longer read.
+type ReleasableWeights interface {
+	Release(name string)
+}
+
 // CheckedWeights is a weight source whose stored bytes can stop being
 // valid while they are read in place (model.Checkpoint in Guarded mode: a
 // mapped file changed on disk or faulted); CheckWeights says why, nil
@@ -54,6 +62,9 @@ type RawTensor struct {
 	Parts []RawPart
 	// Block is the FP8 block size (rows, cols) of every part's scales.
 	Block [2]int
+	// held names the source's tensors whose bytes the parts alias
+	// (ReleaseRaw gives them back).
+	held []string
 }
 
 // RawPart is one stored matrix [Rows][Cols]; FP8 parts carry their block
@@ -91,8 +102,40 @@ func (p *Plan) Raw(v *ir.Value) (*RawTensor, error) {
 	return rawOf(rw, v)
 }
 
-func rawOf(rw RawWeights, v *ir.Value) (*RawTensor, error) {
+// ReleaseRaw says that t's bytes (from Raw) are no longer read: a backend
+// that copied them (to the device) calls it, one that reads them in place
+// does not. A source that can free them (ReleasableWeights: generated
+// dummy weights) may; nil does nothing.
+func (p *Plan) ReleaseRaw(t *RawTensor) {
+	if t == nil {
+		return
+	}
+	src := p.src
+	if c, ok := src.(*WeightCache); ok {
+		src = c.Source()
+	}
+	release(src, t.held)
+	t.held = nil
+}
+
+// release gives back the holds on names (ReleasableWeights).
+func release(src any, names []string) {
+	if r, ok := src.(ReleasableWeights); ok {
+		for _, n := range names {
+			r.Release(n)
+		}
+	}
+}
+
+func rawOf(rw RawWeights, v *ir.Value) (t *RawTensor, err error) {
 	var parts []*RawTensor
+	defer func() { // nothing stays held for a nil result
+		if t == nil {
+			for _, pt := range parts {
+				release(rw, pt.held)
+			}
+		}
+	}()
 	switch {
 	case v.Producer == nil:
 		names := v.LeafNames()
@@ -129,6 +172,7 @@ func rawOf(rw RawWeights, v *ir.Value) (*RawTensor, error) {
 		if t.DType != out.DType || t.Block != out.Block {
 			return nil, nil
 		}
+		out.held = append(out.held, t.held...)
 		for j, pt := range t.Parts {
 			last := i == len(parts)-1 && j == len(t.Parts)-1
 			if out.DType == safetensors.F8E4M3 && !last && v.Producer != nil && v.Producer.Op == ir.OpConcatRows && pt.Rows%out.Block[0] != 0 {
@@ -142,15 +186,20 @@ func rawOf(rw RawWeights, v *ir.Value) (*RawTensor, error) {
 
 // rawLeaf is one checkpoint tensor as stored (nil when its dtype is not
 // BF16 or F8_E4M3).
-func rawLeaf(rw RawWeights, name string, want []int) (*RawTensor, error) {
+func rawLeaf(rw RawWeights, name string, want []int) (t *RawTensor, err error) {
 	data, info, err := rw.Raw(name)
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if t == nil {
+			release(rw, []string{name})
+		}
+	}()
 	if !slices.Equal(info.Shape, want) {
 		return nil, fmt.Errorf("tensor %s: shape %v, want %v", name, info.Shape, want)
 	}
-	t := &RawTensor{DType: info.DType, Shape: want}
+	t = &RawTensor{DType: info.DType, Shape: want, held: []string{name}}
 	part := RawPart{Data: data, Rows: want[0], Cols: want[1]}
 	switch info.DType {
 	case safetensors.BF16:

@@ -1,7 +1,6 @@
 package randckpt
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -82,17 +81,7 @@ func Write(dir string, cfg *model.Config, opts Options) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("randckpt: %w", err)
 	}
-	cfg = cfg.Clone()
-	if opts.FP8 {
-		q := &model.QuantConfig{Method: "fp8", Fmt: "e4m3", ActivationScheme: "dynamic", WeightBlockSize: [2]int{128, 128}}
-		if cfg.Quant != nil {
-			q.WeightBlockSize = cfg.Quant.WeightBlockSize
-			q.ModulesToNotConvert = cfg.Quant.ModulesToNotConvert
-		}
-		cfg.Quant = q
-	} else {
-		cfg.Quant = nil
-	}
+	cfg = withLayout(cfg, opts.FP8)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("randckpt: %w", err)
 	}
@@ -110,16 +99,9 @@ func Write(dir string, cfg *model.Config, opts Options) error {
 		return fmt.Errorf("randckpt: tokenizer: %w", err)
 	}
 
-	cat := append(cfg.WeightCatalog(opts.FP8), cfg.MTPWeightCatalog(opts.FP8)...)
-	var units []unit
+	units := unitsOf(cfg, opts.FP8)
 	var total int64
-	for i := 0; i < len(cat); i++ {
-		u := unit{weight: cat[i]}
-		if i+1 < len(cat) && cat[i+1].Name == model.ScaleName(cat[i].Name) {
-			u.scale = &cat[i+1]
-			i++
-		}
-		units = append(units, u)
+	for _, u := range units {
 		total += u.bytes()
 	}
 	shards := [][]unit{units}
@@ -370,40 +352,14 @@ func (g *generator) fill(name string, shape []int, vals []float32) {
 
 // tensor generates the bytes of a unit: the weight and, for FP8, its scales.
 func (g *generator) tensor(u unit) (data, scale []byte, err error) {
-	s := u.weight
-	n := 1
-	for _, d := range s.Shape {
-		n *= d
+	data = make([]byte, specBytes(u.weight))
+	if u.scale != nil {
+		scale = make([]byte, specBytes(*u.scale))
 	}
-	if s.DType == safetensors.F8E4M3 {
-		if u.scale == nil || len(s.Shape) != 2 {
-			return nil, nil, fmt.Errorf("tensor %s: FP8 weight needs 2 dimensions and a scale", s.Name)
-		}
-		vals := make([]float32, n)
-		g.fill(s.Name, s.Shape, vals)
-		data, scale = quantize(vals, s.Shape[0], s.Shape[1], g.block)
-		return data, scale, nil
+	if err := g.fillUnit(u, data, scale); err != nil {
+		return nil, nil, err
 	}
-	if !s.DType.IsFloat() {
-		return nil, nil, fmt.Errorf("tensor %s: cannot generate dtype %s", s.Name, s.DType)
-	}
-	size := s.DType.Size()
-	data = make([]byte, n*size)
-	g.generate(s.Name, s.Shape, n, func(off int, part []float32) {
-		dst := data[off*size : (off+len(part))*size]
-		if s.DType == safetensors.BF16 {
-			for i, v := range part {
-				binary.LittleEndian.PutUint16(dst[2*i:], safetensors.Float32ToBF16(v))
-			}
-			return
-		}
-		for i, v := range part { // bf16-representable values, like the fixture
-			part[i] = safetensors.BF16ToFloat32(safetensors.Float32ToBF16(v))
-		}
-		// Cannot fail: the dtype is a float type and the lengths match.
-		_ = safetensors.FromFloat32(s.DType, part, dst)
-	})
-	return data, nil, nil
+	return data, scale, nil
 }
 
 // pow2Scale returns the smallest power of two p with amax/p ≤ 448 (1 for amax 0).
@@ -421,35 +377,4 @@ func pow2Scale(amax float32) float32 {
 		p /= 2
 	}
 	return float32(p)
-}
-
-// quantize block-quantizes vals [n, k] to e4m3 codes and F32 power-of-two
-// block scales of shape [ceil(n/bs0), ceil(k/bs1)].
-func quantize(vals []float32, n, k int, bs [2]int) (codes, scaleBytes []byte) {
-	sn, sk := (n+bs[0]-1)/bs[0], (k+bs[1]-1)/bs[1]
-	codes = make([]byte, n*k)
-	scales := make([]float32, sn*sk)
-	parallelFor(sn, func(br int) {
-		r0, r1 := br*bs[0], min((br+1)*bs[0], n)
-		for bc := 0; bc < sk; bc++ {
-			c0, c1 := bc*bs[1], min((bc+1)*bs[1], k)
-			var amax float32
-			for r := r0; r < r1; r++ {
-				for _, v := range vals[r*k+c0 : r*k+c1] {
-					amax = max(amax, float32(math.Abs(float64(v))))
-				}
-			}
-			p := pow2Scale(amax)
-			scales[br*sk+bc] = p
-			inv := 1 / p // exact: p is a power of two
-			for r := r0; r < r1; r++ {
-				for c := c0; c < c1; c++ {
-					codes[r*k+c] = safetensors.Float32ToF8E4M3(vals[r*k+c] * inv)
-				}
-			}
-		}
-	})
-	scaleBytes = make([]byte, len(scales)*4)
-	_ = safetensors.FromFloat32(safetensors.F32, scales, scaleBytes)
-	return codes, scaleBytes
 }

@@ -27,6 +27,8 @@ type File struct {
 	infos    map[string]TensorInfo
 	metadata map[string]string
 	closed   bool
+	// gen makes the tensors of a generated File (NewGenerated).
+	gen *generation
 
 	// Guarded mode: the open file, its identity at open and the hash of
 	// its header, and the sticky reason it may not be read any more.
@@ -63,6 +65,8 @@ func (m Mode) String() string {
 		return "copy"
 	case Guarded:
 		return "guarded"
+	case Generated:
+		return "generated"
 	}
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
@@ -301,7 +305,8 @@ func (f *File) Info(name string) (TensorInfo, bool) {
 
 // Bytes returns the raw little-endian bytes of the named tensor. The slice
 // aliases the read-only mapping: it must not be written and is only valid
-// until Close.
+// until Close. On a generated File (NewGenerated) it is a hold on the
+// tensor's bytes, valid until Release or Close.
 func (f *File) Bytes(name string) ([]byte, error) {
 	if f.closed {
 		return nil, fmt.Errorf("safetensors %s: file is closed", f.path)
@@ -312,6 +317,9 @@ func (f *File) Bytes(name string) ([]byte, error) {
 	t, ok := f.infos[name]
 	if !ok {
 		return nil, fmt.Errorf("safetensors %s: no tensor %s", f.path, name)
+	}
+	if f.gen != nil {
+		return f.gen.acquire(f.path, t)
 	}
 	b, e := f.dataOff+t.Begin, f.dataOff+t.End
 	return f.data[b:e:e], nil
@@ -324,6 +332,7 @@ func (f *File) Float32(name string) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer f.Release(name)
 	t := f.infos[name]
 	out := make([]float32, t.NumElements())
 	if err := ToFloat32(t.DType, raw, out); err != nil {
@@ -338,6 +347,12 @@ func (f *File) Close() error {
 		return nil
 	}
 	f.closed = true
+	if f.gen != nil {
+		if err := f.gen.close(); err != nil {
+			return fmt.Errorf("safetensors %s: %w", f.path, err)
+		}
+		return nil
+	}
 	data := f.data
 	f.data = nil
 	if f.mapped {

@@ -256,8 +256,13 @@ func (b *Backend) upload(p *plan.Plan, v *ir.Value, fp8OK bool) (devTensor, erro
 		if err != nil {
 			return devTensor{}, fmt.Errorf("reading %s: %w", v.Name, err)
 		}
-		if raw != nil && (raw.DType == safetensors.BF16 || fp8OK && raw.Block == [2]int{fp8Block, fp8Block}) {
-			t, err := b.uploadRaw(raw)
+		use := raw != nil && (raw.DType == safetensors.BF16 || fp8OK && raw.Block == [2]int{fp8Block, fp8Block})
+		var t devTensor
+		if use {
+			t, err = b.uploadRaw(raw)
+		}
+		p.ReleaseRaw(raw) // copied to the device (or not used): generated host bytes may go
+		if use {
 			if err != nil {
 				return devTensor{}, fmt.Errorf("uploading %s: %w", v.Name, err)
 			}
