@@ -33,7 +33,7 @@ type DFlashConfig struct {
 	TargetLayerIDs []int
 	MaskTokenID    int
 	// NumTargetLayers is num_target_layers: the target's decoder layers.
-	NumTargetLayers int
+	NumTargetLayers                                      int
 	HiddenSize, IntermediateSize                         int
 	NumHiddenLayers, NumAttentionHeads, NumKeyValueHeads int
 	HeadDim                                              int
