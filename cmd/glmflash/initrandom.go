@@ -20,7 +20,7 @@ func newInitRandomCmd() *cobra.Command {
 	var shardMiB int
 	var set []string
 	cmd := &cobra.Command{
-		Use:   "init-random --preset NAME --out DIR",
+		Use: "init-random --preset NAME --out DIR",
 		Long: "Write a real-format checkpoint (config.json + safetensors) with random weights. A -dflash preset " +
 			"(e.g. tiny-dflash, gpu-dflash) writes the base preset's trunk in DIR and a random DFlash drafter " +
 			"(z-lab's DFlashDraftModel format, bfloat16) in DIR/dflash: pass it as --draft-model DIR/dflash.",
