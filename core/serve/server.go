@@ -533,19 +533,33 @@ func (s *Server) load(ctx context.Context) error {
 		return fail(fmt.Errorf("serve: %w", err))
 	}
 	sp := s.cfg.Speculative
-	if sp.On() && !cfg.HasMTP() {
+	var dflash *model.DFlashCheckpoint
+	if sp.DFlash() {
+		if dflash, err = openDFlash(sp, cfg, s.cfg.Model.WeightsFor(s.cfg.Device)); err != nil {
+			return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.draft_model", Err: err})))
+		}
+		prev := closeFn
+		closeFn = func() error { return errors.Join(dflash.Close(), prev()) }
+	} else if sp.On() && !cfg.HasMTP() {
 		return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.method", Err: fmt.Errorf("mtp needs the checkpoint's MTP layer, and its config declares none (num_nextn_predict_layers is %d)", cfg.NumNextNPredictLayers)})))
 	}
 	es := engine.Setup{Model: cfg, Weights: lm.Info, Pipeline: s.opts.Passes, Slots: rc.Slots, MaxPositions: eff.ContextLimit}
+	spans := sp.Steps() // drafts per verify span
+	if dflash != nil {
+		spans = dflash.DFlashConfig().BlockSize - 1
+	}
 	if sp.On() {
-		es.Rollback = sp.Steps() + 1 // the longest verify span
+		es.Rollback = spans + 1 // the longest verify span
 	}
 	eo := engine.FromConfig(s.cfg, es)
+	if dflash != nil {
+		eo.DFlash = dflash
+	}
 	if s.opts.Engine != nil {
 		s.opts.Engine(&eo)
 	}
 	if eo.Device == "" || eo.Device == "cpu" { // a device backend allocates (and refuses) its own caches
-		if err := fitsMachine(cfg, rc.Slots, eff.ContextLimit, sp.Steps()); err != nil {
+		if err := fitsMachine(cfg, rc.Slots, eff.ContextLimit, spans); err != nil {
 			return fail(err)
 		}
 	}
@@ -557,7 +571,7 @@ func (s *Server) load(ctx context.Context) error {
 	var draft speculative.Drafter
 	mtpErr, share := eng.MTPReady(), sp.Share(cfg.IndexShareForMTPIteration)
 	if sp.On() {
-		if mtpErr != nil {
+		if mtpErr != nil && !sp.DFlash() {
 			return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.method", Err: fmt.Errorf("mtp: %w", mtpErr)})))
 		}
 		if s.opts.Drafter != nil {
@@ -565,6 +579,13 @@ func (s *Server) load(ctx context.Context) error {
 				return fail(fmt.Errorf("serve: %w", err))
 			}
 			programs = append(programs, sched.SpecProgram(draft))
+		} else if sp.DFlash() {
+			d, err := speculative.NewDFlash(eng)
+			if err != nil {
+				return fail(fmt.Errorf("serve: %w", err))
+			}
+			draft = d
+			programs = append(append(programs, sched.SpecProgram(d)), d.Keys()...)
 		} else {
 			d, err := speculative.NewMTP(eng, speculative.MTPOptions{Steps: sp.Steps(), IndexShare: share})
 			if err != nil {
@@ -1062,4 +1083,22 @@ func (sv *service) Score(ctx context.Context, req *pb.ScoreRequest) (*pb.ScoreRe
 		return nil, status.Error(codes.Canceled, f.Message)
 	}
 	return nil, status.Error(codes.Internal, f.Message)
+}
+
+// openDFlash opens speculative.draft_model's DFlash drafter (its weights
+// held as the model's are) and checks it against the model.
+func openDFlash(sp config.Speculative, cfg *model.Config, weights string) (*model.DFlashCheckpoint, error) {
+	mode, err := safetensors.ParseMode(weights)
+	if err != nil {
+		return nil, err
+	}
+	d, err := model.OpenDFlash(sp.DraftModel, model.OpenOptions{Weights: mode})
+	if err != nil {
+		return nil, err
+	}
+	if err := d.DFlashConfig().CheckTarget(cfg); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
 }
