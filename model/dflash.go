@@ -344,6 +344,20 @@ func OpenDFlash(dir string, o OpenOptions) (*DFlashCheckpoint, error) {
 	return &DFlashCheckpoint{ck: ck, dcfg: dcfg}, nil
 }
 
+// OpenDFlashFor is OpenDFlash, then the drafter's fit to the target cfg
+// (DFlashConfig.CheckTarget).
+func OpenDFlashFor(dir string, cfg *Config, o OpenOptions) (*DFlashCheckpoint, error) {
+	d, err := OpenDFlash(dir, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.dcfg.CheckTarget(cfg); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	return d, nil
+}
+
 // DFlashConfig is the drafter's configuration.
 func (d *DFlashCheckpoint) DFlashConfig() *DFlashConfig { return d.dcfg }
 

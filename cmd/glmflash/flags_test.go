@@ -240,6 +240,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 				require.ErrorContains(t, err, `--spec-drafter must be configured or scripted, got "mtp"`)
 			}}
 		},
+		"bench --draft-model": func(d string) probe {
+			return probe{args: args(bench, "--speculative", "dflash", "--draft-model", d+"/none"), want: d + "/none"}
+		},
 		"bench --speculative": func(string) probe {
 			return probe{args: args(bench, "--speculative", "mtp:3"), want: "--speculative mtp 3-1-4: the checkpoint has no MTP layer"}
 		},
@@ -406,6 +409,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		},
 		"serve --model": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--model", d + "/none"}, want: d + "/none"}
+		},
+		"serve --draft-model": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--speculative", "dflash", "--draft-model", d + "/none"}, want: "speculative.draft_model (flag --draft-model)"}
 		},
 		"serve --speculative": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--speculative", "mtp:3"}, want: "speculative.method (flag --speculative): mtp needs the checkpoint's MTP layer"}

@@ -1092,13 +1092,5 @@ func openDFlash(sp config.Speculative, cfg *model.Config, weights string) (*mode
 	if err != nil {
 		return nil, err
 	}
-	d, err := model.OpenDFlash(sp.DraftModel, model.OpenOptions{Weights: mode})
-	if err != nil {
-		return nil, err
-	}
-	if err := d.DFlashConfig().CheckTarget(cfg); err != nil {
-		d.Close()
-		return nil, err
-	}
-	return d, nil
+	return model.OpenDFlashFor(sp.DraftModel, cfg, model.OpenOptions{Weights: mode})
 }
