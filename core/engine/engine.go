@@ -325,7 +325,11 @@ func (e *Engine) program(key Key) (backend.Program, error) {
 	if lw, ok := e.be.(backend.LazyWeights); ok {
 		lazy = lw.LazyWeights()
 	}
-	pl, err := plan.Compile(g, e.weights, plan.Options{MaxPositions: e.opts.MaxPositions, Lazy: lazy})
+	maxPos := e.opts.MaxPositions
+	if key.DFlash && maxPos > 0 { // a block past the last context position is never cached
+		maxPos += e.DFlash().BlockSize
+	}
+	pl, err := plan.Compile(g, e.weights, plan.Options{MaxPositions: maxPos, Lazy: lazy})
 	if err != nil {
 		return nil, err
 	}
