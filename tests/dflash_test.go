@@ -426,7 +426,10 @@ func dflashEngine(t *testing.T, ck *model.Checkpoint, dk *model.DFlashCheckpoint
 // in mixed batches with chunked prefill and a plain request, every request
 // gets exactly plain decoding's tokens. A random drafter's blocks are
 // nearly always rejected, so every verify cuts the trunk's KDA states and
-// indexer pools back across a block; the counts are logged.
+// indexer pools back across a block; pinned at 0.8 per draft (its drafts
+// replaced by the truth spoiled at 20 %) blocks are accepted in part and
+// whole, and the drafter observes runs of up to 8 tokens. The counts are
+// logged.
 func TestSpecGreedyIdentityDFlash(t *testing.T) {
 	type src struct {
 		name string
@@ -457,7 +460,29 @@ func TestSpecGreedyIdentityDFlash(t *testing.T) {
 			}
 			require.Greater(t, st.Steps, 0)
 			require.Greater(t, st.Drafted, st.Steps, "blocks of several drafts were verified")
+			for i, x := range got { // the drafter never dropped out: every token after the first came from a verify step
+				if !reqs[i].Plain && len(x.Tokens) > 1 { // the last token decodes plainly (no room for drafts)
+					require.GreaterOrEqual(t, x.Final.Spec.Steps+x.Final.Spec.Accepted, len(x.Tokens)-2, "request %d", i)
+				}
+			}
 			t.Logf("dflash block %d: %d verify steps, %d drafts, %d accepted (acceptance length %.2f)", dk.DFlashConfig().BlockSize, st.Steps, st.Drafted, st.Accepted, st.AcceptanceLength())
+
+			// the drafter pinned at 0.8 per draft (speculative.Pinned: its
+			// forwards run and it observes every commit, its drafts are the
+			// truth spoiled at 20 %): blocks accepted in part and whole
+			inner, err := speculative.NewDFlash(e)
+			require.NoError(t, err)
+			pd, err := speculative.NewPinned(inner, speculative.PinnedOptions{Truth: spectest.Truth(plain, reqs), Rate: 0.8, Seed: 1, Vocab: V})
+			require.NoError(t, err)
+			got = spectest.Serve(t, e, cfg, pd, reqs)
+			require.NoError(t, pd.Close())
+			spectest.RequireSameTokens(t, plain, got, "dflash pinned at 0.8")
+			st = speculative.Stats{}
+			for _, x := range got {
+				st = st.Add(x.Final.Spec)
+			}
+			require.Greater(t, st.Accepted, st.Steps, "blocks were accepted")
+			t.Logf("dflash pinned at 0.8: %d verify steps, %d drafts, %d accepted (acceptance length %.2f)", st.Steps, st.Drafted, st.Accepted, st.AcceptanceLength())
 		})
 	}
 }
