@@ -318,6 +318,22 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"passes explain --cache-dir": func(string) probe {
 			return probe{args: args(explain, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
 		},
+		"passes explain --dflash": func(d string) probe {
+			cfg, err := randckpt.Preset("tiny")
+			require.NoError(t, err)
+			dc, err := randckpt.DFlashPreset("tiny-dflash", cfg)
+			require.NoError(t, err)
+			require.NoError(t, randckpt.WriteDFlash(d+"/dflash", dc, randckpt.Options{Seed: 1}))
+			return probe{args: args(explain, "--dflash", d+"/dflash"), check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "pass report for dflash:extend/spans")
+				require.Contains(t, out, "draft graph: ")
+				_, err = runCLI(t, args(explain, "--dflash", d+"/dflash", "--mtp")...)
+				require.ErrorContains(t, err, "--dflash and --mtp name two draft graphs")
+				_, err = runCLI(t, args(explain, "--dflash", d+"/none")...)
+				require.ErrorContains(t, err, "--dflash: ")
+			}}
+		},
 		"passes explain --config": func(d string) probe {
 			return probe{args: args(explain, "--config", badPass(d)), want: `unknown pass "no-such-pass"`}
 		},
