@@ -334,7 +334,30 @@ func TestDFlashTargetHiddenCapture(t *testing.T) {
 			}
 		}
 	}
-	_, err := newEngine(t, ck, engine.Options{Slots: 1}).Program(engine.Key{Mode: graph.Verify, Logits: graph.SpanLogits, TargetHidden: true})
+	// the passes keep the capture: the same rows (within fp32 rounding of
+	// the fused kernels) and logits
+	var reqs []pass.Request
+	for _, name := range []string{gateup.Name, kdafusion.Name, mhcfusion.Name, dsameta.Name, hostlen.Name, sharedoverlap.Name} {
+		reqs = append(reqs, pass.Request{Name: name})
+	}
+	pl, err := pass.NewPipeline(reqs, true)
+	require.NoError(t, err)
+	pe := newEngine(t, ck, engine.Options{Slots: 1, DFlash: dk, Passes: pl, PassEnv: config.Default().PassEnv(cfg, ck)})
+	slot, err := pe.Store().Alloc()
+	require.NoError(t, err)
+	key := engine.Key{Mode: graph.Verify, Logits: graph.SpanLogits, TargetHidden: true}
+	pres, err := pe.Run(key, &backend.Batch{Seqs: []backend.Seq{{Slot: slot, Tokens: toks, LogitRows: len(toks)}}})
+	require.NoError(t, err)
+	require.NotEmpty(t, pe.Report(key).Find(mhcfusion.Name).Fired, "mHC boundaries fuse beside the capture")
+	pgot := pres.Hidden[ir.OutputTargetHidden]
+	require.Len(t, pgot, len(got))
+	for i := range got {
+		require.InDelta(t, got[i], pgot[i], 1e-4*(1+math.Abs(float64(got[i]))), "target_hidden value %d with the passes", i)
+	}
+	for i := range with.Logits {
+		require.InDelta(t, with.Logits[i], pres.Logits[i], 1e-4*(1+math.Abs(float64(with.Logits[i]))), "logit %d with the passes", i)
+	}
+	_, err = newEngine(t, ck, engine.Options{Slots: 1}).Program(key)
 	require.ErrorContains(t, err, "needs a DFlash drafter")
 }
 
