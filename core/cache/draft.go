@@ -254,3 +254,10 @@ func (q *DraftSeq) Bytes() int {
 	}
 	return n
 }
+
+// DraftSlotBytes is the most K/V memory one draft slot holds: positions
+// context rows of K and V (float32) in each of layers draft layers of
+// width values.
+func DraftSlotBytes(layers, width, positions int) int64 {
+	return 2 * 4 * int64(layers) * int64(width) * int64(positions)
+}

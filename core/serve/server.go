@@ -559,7 +559,11 @@ func (s *Server) load(ctx context.Context) error {
 		s.opts.Engine(&eo)
 	}
 	if eo.Device == "" || eo.Device == "cpu" { // a device backend allocates (and refuses) its own caches
-		if err := fitsMachine(cfg, rc.Slots, eff.ContextLimit, spans); err != nil {
+		var dc *model.DFlashConfig
+		if dflash != nil {
+			dc = dflash.DFlashConfig()
+		}
+		if err := fitsMachine(cfg, rc.Slots, eff.ContextLimit, spans, dc); err != nil {
 			return fail(err)
 		}
 	}
@@ -652,11 +656,16 @@ var physicalMemory = func() int64 {
 // the machine's memory: slots × context_limit tokens of every layer's state
 // (the weights come on top), with speculative decoding (specSteps > 0) the
 // MTP layer's store and every slot's rollback record too.
-func fitsMachine(cfg *model.Config, slots, context, specSteps int) error {
+func fitsMachine(cfg *model.Config, slots, context, specSteps int, draft *model.DFlashConfig) error {
 	mem := physicalMemory()
 	need := int64(slots) * cache.SlotBytes(cfg, context)
 	if specSteps > 0 {
-		need += int64(slots) * (cache.LayerSlotBytes(cfg, cfg.MTPLayers(), context) + cache.RollbackSlotBytes(cfg, cfg.TrunkLayers(), specSteps+1))
+		need += int64(slots) * cache.RollbackSlotBytes(cfg, cfg.TrunkLayers(), specSteps+1)
+		if draft != nil { // the DFlash drafter's K/V instead of an MTP layer's caches
+			need += int64(slots) * cache.DraftSlotBytes(draft.NumHiddenLayers, draft.KVWidth(), context)
+		} else {
+			need += int64(slots) * cache.LayerSlotBytes(cfg, cfg.MTPLayers(), context)
+		}
 	}
 	if mem > 0 && need > mem {
 		return fmt.Errorf("serve: runtime.slots (%d) × runtime.context_limit (%d tokens) need up to %.1f GiB of cache, more than this machine's %.1f GiB of memory: lower runtime.context_limit or runtime.slots",
