@@ -32,8 +32,13 @@ import (
 // dflashDrafter writes a random DFlash drafter for the trunk cfg (the
 // tiny-dflash preset's sizes over cfg's hidden size and depth) and opens it.
 func dflashDrafter(t testing.TB, cfg *model.Config, seed int64) *model.DFlashCheckpoint {
+	return presetDrafter(t, "tiny-dflash", cfg, seed)
+}
+
+// presetDrafter writes the random drafter of a -dflash preset for cfg.
+func presetDrafter(t testing.TB, preset string, cfg *model.Config, seed int64) *model.DFlashCheckpoint {
 	t.Helper()
-	d, err := randckpt.DFlashPreset("tiny-dflash", cfg)
+	d, err := randckpt.DFlashPreset(preset, cfg)
 	require.NoError(t, err)
 	dir := t.TempDir()
 	require.NoError(t, randckpt.WriteDFlash(dir, d, randckpt.Options{Seed: seed}))
@@ -445,7 +450,8 @@ func dflashEngine(t *testing.T, ck *model.Checkpoint, dk *model.DFlashCheckpoint
 }
 
 // Greedy identity with the DFlash drafter (block 8: verify spans of up to
-// 8 tokens): on the three transformers fixtures and the tiny-dflash preset,
+// 8 tokens): on the three transformers fixtures and the tiny-dflash and
+// small-dflash presets,
 // in mixed batches with chunked prefill and a plain request, every request
 // gets exactly plain decoding's tokens. A random drafter's blocks are
 // nearly always rejected, so every verify cuts the trunk's KDA states and
@@ -458,11 +464,20 @@ func TestSpecGreedyIdentityDFlash(t *testing.T) {
 		name string
 		open func(t *testing.T) *model.Checkpoint
 	}
+	drafterOf := func(name string) string { // a preset's own drafter, tiny-dflash's for a fixture
+		if randckpt.IsDFlashPreset(name) {
+			return name
+		}
+		return "tiny-dflash"
+	}
 	var srcs []src
 	for _, f := range fixtures {
 		srcs = append(srcs, src{f, func(t *testing.T) *model.Checkpoint { ck, _ := openFixture(t, f); return ck }})
 	}
 	srcs = append(srcs, src{"tiny-dflash", func(t *testing.T) *model.Checkpoint { return mtpPreset(t, "tiny-dflash") }})
+	if !raceEnabled { // as small-mtp: the race pass runs the same code on the tiny models
+		srcs = append(srcs, src{"small-dflash", func(t *testing.T) *model.Checkpoint { return mtpPreset(t, "small-dflash") }})
+	}
 	for _, s := range srcs {
 		t.Run(s.name, func(t *testing.T) {
 			ck := s.open(t)
@@ -470,7 +485,7 @@ func TestSpecGreedyIdentityDFlash(t *testing.T) {
 			reqs := specRequests(V)
 			cfg := sched.Config{PrefillChunk: 16, MaxBatchTokens: 64}
 			plain := spectest.Serve(t, newEngine(t, ck, engine.Options{Slots: 4}), cfg, nil, reqs)
-			dk := dflashDrafter(t, ck.Config(), 11)
+			dk := presetDrafter(t, drafterOf(s.name), ck.Config(), 11)
 			e := dflashEngine(t, ck, dk, 4)
 			d, err := speculative.NewDFlash(e)
 			require.NoError(t, err)
