@@ -8,6 +8,7 @@ package dflash
 import (
 	"math"
 
+	"github.com/glmflash/glmflash/kernels/gemm"
 	"github.com/glmflash/glmflash/kernels/parallel"
 )
 
@@ -91,12 +92,7 @@ func (c *Config) Attend(o, q []float32, B int, k, v []float32, N int) {
 			qh := q[(b*Hq+h)*hd : (b*Hq+h+1)*hd]
 			m := float32(math.Inf(-1))
 			for j := 0; j < N; j++ {
-				kr := k[(j*Hkv+kh)*hd : (j*Hkv+kh+1)*hd]
-				var d float32
-				for i, x := range qh {
-					d += x * kr[i]
-				}
-				s[j] = d * scale
+				s[j] = gemm.Dot(qh, k[(j*Hkv+kh)*hd:(j*Hkv+kh+1)*hd]) * scale
 				m = max(m, s[j])
 			}
 			var sum float32
@@ -106,11 +102,7 @@ func (c *Config) Attend(o, q []float32, B int, k, v []float32, N int) {
 			}
 			clear(acc)
 			for j := 0; j < N; j++ {
-				p := s[j] / sum
-				vr := v[(j*Hkv+kh)*hd : (j*Hkv+kh+1)*hd]
-				for i, x := range vr {
-					acc[i] += p * x
-				}
+				gemm.Axpy(acc, s[j]/sum, v[(j*Hkv+kh)*hd:(j*Hkv+kh+1)*hd])
 			}
 			copy(o[(b*Hq+h)*hd:(b*Hq+h+1)*hd], acc)
 		}
