@@ -253,6 +253,9 @@ func (m *modelFlags) open() (*model.Checkpoint, error) {
 	if err != nil {
 		return nil, err
 	}
+	if sp := c.Speculative; sp.DFlash() && sp.DraftModel == "" && c.Model.Dummy() {
+		return nil, fmt.Errorf("speculative.draft_model: model.load_format dummy makes the trunk in memory and writes no -dflash preset drafter: give the drafter's directory (--draft-model)")
+	}
 	ck, err := openModel(c.Model)
 	if err != nil {
 		return nil, err
