@@ -285,6 +285,20 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"graph --cache-dir": func(string) probe {
 			return probe{args: args(graph, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
 		},
+		"graph --dflash": func(d string) probe {
+			cfg, err := randckpt.Preset("tiny")
+			require.NoError(t, err)
+			dc, err := randckpt.DFlashPreset("tiny-dflash", cfg)
+			require.NoError(t, err)
+			require.NoError(t, randckpt.WriteDFlash(d+"/dflash", dc, randckpt.Options{Seed: 1}))
+			return probe{args: args(graph, "--dflash", d+"/dflash"), check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "dflash_attn")
+				require.Contains(t, out, "f32[C,128]")
+				_, err = runCLI(t, args(graph, "--dflash", d+"/dflash", "--mtp")...)
+				require.ErrorContains(t, err, "--mtp and --capture-hidden do not apply")
+			}}
+		},
 		"graph --capture-hidden": func(string) probe {
 			return probe{args: args(graph, "--capture-hidden", "--format", "text"), check: func(t *testing.T, d, out string, err error) {
 				require.NoError(t, err)
