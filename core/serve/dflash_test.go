@@ -42,6 +42,7 @@ func TestServeDFlash(t *testing.T) {
 	info, err := h.client.GetModelInfo(context.Background(), &pb.GetModelInfoRequest{})
 	require.NoError(t, err)
 	require.Contains(t, info.GetEngine().GetSpeculative(), "dflash ")
+	require.False(t, info.GetEngine().GetSpeculativeIndexShare(), "index sharing is the MTP drafter's")
 	var keys []string
 	for k := range h.srv.Engine().Programs() {
 		keys = append(keys, k.String())

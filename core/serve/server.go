@@ -573,7 +573,7 @@ func (s *Server) load(ctx context.Context) error {
 	}
 	programs := slices.Clone(sched.Programs)
 	var draft speculative.Drafter
-	mtpErr, share := eng.MTPReady(), sp.Share(cfg.IndexShareForMTPIteration)
+	mtpErr, share := eng.MTPReady(), sp.Share(cfg.IndexShareForMTPIteration) && !sp.DFlash() // index sharing is between MTP draft steps
 	if sp.On() {
 		if mtpErr != nil && !sp.DFlash() {
 			return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.method", Err: fmt.Errorf("mtp: %w", mtpErr)})))
