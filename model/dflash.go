@@ -62,8 +62,9 @@ func DefaultTargetLayerIDs(targetLayers, draftLayers int) []int {
 // ParseDFlashConfig parses a DFlash drafter's config.json and validates
 // it. Settings the drafter does not implement are refused naming their key:
 // attention_bias or mlp_bias true, sliding windows (use_sliding_window
-// true, a "sliding_attention" entry of layer_types), rope_scaling, a
-// hidden_act other than silu, tie_word_embeddings true.
+// true, a "sliding_attention" entry of layer_types), rope_scaling or a
+// rope_parameters rope_type other than default, a hidden_act other than
+// silu, tie_word_embeddings true.
 func ParseDFlashConfig(data []byte, source string) (*DFlashConfig, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
@@ -114,6 +115,31 @@ func ParseDFlashConfig(data []byte, source string) (*DFlashConfig, error) {
 	}
 	if v, ok := p.get("rope_scaling"); ok {
 		p.fail("rope_scaling", "%s is not implemented by the DFlash drafter (want null or absent)", jsonText(v))
+	}
+	// transformers ≥ 5 writes RoPE as rope_parameters {rope_type, rope_theta}
+	if rp, ok := p.get("rope_parameters"); ok {
+		rm, isMap := rp.(map[string]any)
+		if !isMap {
+			p.fail("rope_parameters", "want an object, got %s", jsonText(rp))
+		} else {
+			sub := &parser{m: rm, src: source + ": rope_parameters"}
+			if t := sub.string("rope_type", "default"); t != "default" {
+				sub.fail("rope_type", "%q is not implemented by the DFlash drafter (want \"default\")", t)
+			}
+			for k := range rm {
+				if k != "rope_type" && k != "rope_theta" {
+					sub.fail(k, "is not implemented by the DFlash drafter (rope_parameters takes rope_type default and rope_theta)")
+				}
+			}
+			if _, ok := sub.get("rope_theta"); ok {
+				theta := sub.float("rope_theta", c.RopeTheta)
+				if _, top := p.get("rope_theta"); top && theta != c.RopeTheta {
+					sub.fail("rope_theta", "%g disagrees with the top-level rope_theta %g", theta, c.RopeTheta)
+				}
+				c.RopeTheta = theta
+			}
+			p.errs = append(p.errs, sub.errs...)
+		}
 	}
 	if lt, ok := p.strList("layer_types"); ok {
 		for i, t := range lt {

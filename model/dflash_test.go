@@ -68,6 +68,9 @@ func TestParseDFlashConfigRefusals(t *testing.T) {
 		{`[1, 3, 5]`, `[1, 3, 9]`, "target_layer_ids[2] is 9, outside the target's layers [0, 8)"},
 		{`[1, 3, 5]`, `[1, "x"]`, "target_layer_ids[1]: want an integer"},
 		{`"rope_theta": 1000000.0`, `"rope_theta": 0`, "rope_theta must be > 0"},
+		{`"rope_scaling": null`, `"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}`, `rope_parameters: rope_type: "yarn" is not implemented`},
+		{`"rope_scaling": null`, `"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}`, "rope_theta: 500000 disagrees with the top-level rope_theta 1e+06"},
+		{`"rope_scaling": null`, `"rope_parameters": {"rope_theta": 1e6, "factor": 2}`, "rope_parameters: factor: is not implemented"},
 	} {
 		in := strings.Replace(dflashJSON, c.old, c.new, 1)
 		require.NotEqual(t, dflashJSON, in, c.old)
@@ -76,6 +79,14 @@ func TestParseDFlashConfigRefusals(t *testing.T) {
 	}
 	_, err := ParseDFlashConfig([]byte(strings.Replace(dflashJSON, `"dflash_config": {"target_layer_ids": [1, 3, 5], "mask_token_id": 255}`, `"x": 1`, 1)), "d.json")
 	require.ErrorContains(t, err, "dflash_config: missing")
+}
+
+// transformers ≥ 5's rope_parameters give rope_theta.
+func TestDFlashRopeParameters(t *testing.T) {
+	in := strings.Replace(strings.Replace(dflashJSON, `"rope_theta": 1000000.0,`, ``, 1), `"rope_scaling": null`, `"rope_parameters": {"rope_type": "default", "rope_theta": 250000.0}`, 1)
+	c, err := ParseDFlashConfig([]byte(in), "d.json")
+	require.NoError(t, err)
+	require.Equal(t, 250000.0, c.RopeTheta)
 }
 
 // Without target_layer_ids the drafter reads z-lab's default layers.
