@@ -48,19 +48,23 @@ func bindDFlashAttn(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			if got := len(s.draft.K[l]) / W; got != L {
 				return fmt.Errorf("batch sequence %d: layer %d holds %d context rows, the sequence %d", i, l, got, L)
 			}
-			ctx := rc.p.scratch(s.c*W + B*(2*W+Q))
-			kcs, kbs, qs := ctx[:s.c*W], ctx[s.c*W:(s.c+B)*W], ctx[(s.c+B)*W:(s.c+B)*W+B*Q]
+			// scratch: the context rows' k, the block's q, then the keys and
+			// values the block attends to (the L+c cached rows, the block's)
+			N := L + s.c + B
+			buf := rc.p.scratch(s.c*W + B*Q + 2*N*W)
+			kcs, qs := buf[:s.c*W], buf[s.c*W:s.c*W+B*Q]
+			keys, vals := buf[s.c*W+B*Q:s.c*W+B*Q+N*W], buf[s.c*W+B*Q+N*W:]
 			copy(kcs, kc[s.crow0*W:(s.crow0+s.c)*W])
 			cfg.NormRope(kcs, s.c, cfg.KVHeads, kn, L)
 			s.draft.Append(l, kcs, vc[s.crow0*W:(s.crow0+s.c)*W])
+			kbs := keys[(L+s.c)*W:]
+			copy(keys, s.draft.K[l])
 			copy(kbs, kb[s.row0*W:(s.row0+B)*W])
 			cfg.NormRope(kbs, B, cfg.KVHeads, kn, L+s.c)
+			copy(vals, s.draft.V[l])
+			copy(vals[(L+s.c)*W:], vb[s.row0*W:(s.row0+B)*W])
 			copy(qs, q[s.row0*Q:(s.row0+B)*Q])
 			cfg.NormRope(qs, B, cfg.Heads, qn, L+s.c)
-			// keys and values: the L+c cached rows, then the block's
-			N := L + s.c + B
-			keys := append(append(make([]float32, 0, N*W), s.draft.K[l]...), kbs...)
-			vals := append(append(make([]float32, 0, N*W), s.draft.V[l]...), vb[s.row0*W:(s.row0+B)*W]...)
 			cfg.Attend(o[s.row0*Q:(s.row0+B)*Q], qs, B, keys, vals, N)
 		}
 		return nil
