@@ -43,3 +43,38 @@ func FuzzParseConfig(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseDFlashConfig(f *testing.F) {
+	f.Add([]byte(dflashJSON))
+	f.Add([]byte(`{"architectures":["DFlashDraftModel"],"block_size":8,"num_target_layers":3,"hidden_size":8,"intermediate_size":8,"num_hidden_layers":5,"num_attention_heads":2,"dflash_config":{"mask_token_id":1}}`))
+	f.Add([]byte(`{"architectures":["DFlashDraftModel"],"dflash_config":{"target_layer_ids":[-1,1e30]},"layer_types":[1]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseDFlashConfig(data, "fuzz.json")
+		if err != nil {
+			return
+		}
+		if c.Validate() != nil {
+			t.Fatalf("ParseDFlashConfig accepted a config that does not validate")
+		}
+		if int64(c.NumHiddenLayers)*int64(c.HiddenSize+c.IntermediateSize) < 1<<20 {
+			for _, s := range c.WeightCatalog() {
+				for _, d := range s.Shape {
+					if d < 1 {
+						t.Fatalf("%s: dimension %d in %v", s.Name, d, s.Shape)
+					}
+				}
+			}
+		}
+		b, err := c.MarshalHF()
+		if err != nil {
+			t.Fatalf("MarshalHF of a valid drafter config: %v", err)
+		}
+		back, err := ParseDFlashConfig(b, "marshalled")
+		if err != nil {
+			t.Fatalf("a marshalled drafter config does not parse: %v", err)
+		}
+		if back.BlockSize != c.BlockSize || len(back.TargetLayerIDs) != len(c.TargetLayerIDs) {
+			t.Fatalf("round trip changed the config: %+v → %+v", c, back)
+		}
+	})
+}

@@ -195,10 +195,20 @@ func (f *benchFlags) run(cmd *cobra.Command) error {
 	if memFile != nil { // the heap as the measured runs left it
 		s.AfterSeries = func() error { return writeHeapProfile(memFile) }
 	}
+	setup := engine.Setup{ProfileOps: f.profileOps}
+	if sp := ec.Speculative; sp.DFlash() { // its block gives the drafts per span
+		dk, err := openDFlash(sp, ck.Config(), ec.Model.WeightsFor(ec.Device))
+		if err != nil {
+			return fmt.Errorf("--speculative %s: %w", sp, err)
+		}
+		defer dk.Close()
+		setup.DFlash, s.DFlashBlock = dk, dk.DFlashConfig().BlockSize
+	}
 	if err := f.checkModel(ck, s); err != nil {
 		return err
 	}
-	e, err := newEngineFrom(ec, ck, engine.Setup{Slots: s.Slots(), Rollback: s.Rollback(), ProfileOps: f.profileOps})
+	setup.Slots, setup.Rollback = s.Slots(), s.Rollback()
+	e, err := newEngineFrom(ec, ck, setup)
 	if err != nil {
 		return err
 	}

@@ -240,6 +240,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 				require.ErrorContains(t, err, `--spec-drafter must be configured or scripted, got "mtp"`)
 			}}
 		},
+		"bench --draft-model": func(d string) probe {
+			return probe{args: args(bench, "--speculative", "dflash", "--draft-model", d+"/none"), want: d + "/none"}
+		},
 		"bench --speculative": func(string) probe {
 			return probe{args: args(bench, "--speculative", "mtp:3"), want: "--speculative mtp 3-1-4: the checkpoint has no MTP layer"}
 		},
@@ -282,6 +285,20 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"graph --cache-dir": func(string) probe {
 			return probe{args: args(graph, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
 		},
+		"graph --dflash": func(d string) probe {
+			cfg, err := randckpt.Preset("tiny")
+			require.NoError(t, err)
+			dc, err := randckpt.DFlashPreset("tiny-dflash", cfg)
+			require.NoError(t, err)
+			require.NoError(t, randckpt.WriteDFlash(d+"/dflash", dc, randckpt.Options{Seed: 1}))
+			return probe{args: args(graph, "--dflash", d+"/dflash"), check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "dflash_attn")
+				require.Contains(t, out, "f32[C,128]")
+				_, err = runCLI(t, args(graph, "--dflash", d+"/dflash", "--mtp")...)
+				require.ErrorContains(t, err, "--mtp and --capture-hidden do not apply")
+			}}
+		},
 		"graph --capture-hidden": func(string) probe {
 			return probe{args: args(graph, "--capture-hidden", "--format", "text"), check: func(t *testing.T, d, out string, err error) {
 				require.NoError(t, err)
@@ -314,6 +331,22 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 
 		"passes explain --cache-dir": func(string) probe {
 			return probe{args: args(explain, "--cache-dir", "x"), want: "--cache-dir applies to --preset only"}
+		},
+		"passes explain --dflash": func(d string) probe {
+			cfg, err := randckpt.Preset("tiny")
+			require.NoError(t, err)
+			dc, err := randckpt.DFlashPreset("tiny-dflash", cfg)
+			require.NoError(t, err)
+			require.NoError(t, randckpt.WriteDFlash(d+"/dflash", dc, randckpt.Options{Seed: 1}))
+			return probe{args: args(explain, "--dflash", d+"/dflash"), check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "pass report for dflash:extend/spans")
+				require.Contains(t, out, "draft graph: ")
+				_, err = runCLI(t, args(explain, "--dflash", d+"/dflash", "--mtp")...)
+				require.ErrorContains(t, err, "--dflash and --mtp name two draft graphs")
+				_, err = runCLI(t, args(explain, "--dflash", d+"/none")...)
+				require.ErrorContains(t, err, "--dflash: ")
+			}}
 		},
 		"passes explain --config": func(d string) probe {
 			return probe{args: args(explain, "--config", badPass(d)), want: `unknown pass "no-such-pass"`}
@@ -406,6 +439,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		},
 		"serve --model": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--model", d + "/none"}, want: d + "/none"}
+		},
+		"serve --draft-model": func(d string) probe {
+			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--speculative", "dflash", "--draft-model", d + "/none"}, want: "speculative.draft_model (flag --draft-model)"}
 		},
 		"serve --speculative": func(d string) probe {
 			return probe{args: []string{"serve", "--config", serveConfig(t, d), "--speculative", "mtp:3"}, want: "speculative.method (flag --speculative): mtp needs the checkpoint's MTP layer"}

@@ -20,7 +20,10 @@ func newInitRandomCmd() *cobra.Command {
 	var shardMiB int
 	var set []string
 	cmd := &cobra.Command{
-		Use:   "init-random --preset NAME --out DIR",
+		Use: "init-random --preset NAME --out DIR",
+		Long: "Write a real-format checkpoint (config.json + safetensors) with random weights. A -dflash preset " +
+			"(e.g. tiny-dflash, gpu-dflash) writes the base preset's trunk in DIR and a random DFlash drafter " +
+			"(z-lab's DFlashDraftModel format, bfloat16) in DIR/dflash: pass it as --draft-model DIR/dflash.",
 		Args:  cobra.NoArgs,
 		Short: "Write a real-format checkpoint (config.json + safetensors) with random weights",
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -65,6 +68,9 @@ func newInitRandomCmd() *cobra.Command {
 				mtp = fmt.Sprintf(" + %d MTP layer(s)", cfg.NumNextNPredictLayers)
 			}
 			fmt.Printf("wrote %s: preset %s, %d tensors, hidden %d, %d layers%s\n", out, preset, len(ck.Names()), cfg.HiddenSize, cfg.NumHiddenLayers, mtp)
+			if randckpt.IsDFlashPreset(preset) {
+				return writeDFlash(preset, cfg, filepath.Join(out, randckpt.DFlashDir), seed)
+			}
 			return nil
 		},
 	}
@@ -76,6 +82,29 @@ func newInitRandomCmd() *cobra.Command {
 	cmd.Flags().StringArrayVar(&set, "set", nil, "FIELD=VALUE: a text_config field of the preset set to a JSON value (repeatable), e.g. --set n_routed_experts=16 for a scaled variant")
 	cmd.Flags().BoolVar(&force, "force", false, "replace the checkpoint (or other files) already in --out")
 	return cmd
+}
+
+// writeDFlash writes a -dflash preset's random drafter beside its trunk
+// (in <out>/dflash) and checks that it opens and fits the trunk.
+func writeDFlash(preset string, cfg *model.Config, dir string, seed int64) error {
+	d, err := randckpt.DFlashPreset(preset, cfg)
+	if err != nil {
+		return err
+	}
+	log.Info().Str("preset", preset).Int64("seed", seed).Str("out", dir).Msg("writing DFlash drafter")
+	if err := randckpt.WriteDFlash(dir, d, randckpt.Options{Seed: seed}); err != nil {
+		return err
+	}
+	dk, err := model.OpenDFlash(dir, model.OpenOptions{})
+	if err != nil {
+		return fmt.Errorf("written drafter does not open: %w", err)
+	}
+	defer dk.Close()
+	if err := dk.DFlashConfig().CheckTarget(cfg); err != nil {
+		return fmt.Errorf("written drafter: %w", err)
+	}
+	fmt.Printf("wrote %s: DFlash drafter, %d layers, block %d, target layers %v, mask token %d\n", dir, d.NumHiddenLayers, d.BlockSize, d.TargetLayerIDs, d.MaskTokenID)
+	return nil
 }
 
 // checkOut refuses an --out that exists and is not an empty directory,

@@ -36,8 +36,10 @@ type modelFlags struct {
 	files     []string
 	device    string
 	precision string
-	// speculative is --speculative (METHOD[:STEPS|:PRESET]).
+	// speculative is --speculative (METHOD[:STEPS|:PRESET]); draftModel
+	// --draft-model (a DFlash drafter's directory).
 	speculative string
+	draftModel  string
 	dir         string
 	preset      string
 	seed        int64
@@ -84,8 +86,9 @@ func (m *modelFlags) addDevice(cmd *cobra.Command) {
 // addSpeculative adds --speculative (the speculative section's keys).
 func (m *modelFlags) addSpeculative(cmd *cobra.Command) {
 	m.cmd = cmd
-	m.registered("speculative")
-	cmd.Flags().StringVar(&m.speculative, "speculative", "", "speculative decoding: off, mtp (5-1-6), mtp:N (N draft steps) or mtp:S-1-N (a preset: 5-1-6, 1-1-2) (default: the configuration's speculative section, off)")
+	m.registered("speculative", "draft-model")
+	cmd.Flags().StringVar(&m.speculative, "speculative", "", "speculative decoding: off, mtp (5-1-6), mtp:N (N draft steps), mtp:S-1-N (a preset: 5-1-6, 1-1-2) or dflash (a DFlash block drafter: --draft-model) (default: the configuration's speculative section, off)")
+	cmd.Flags().StringVar(&m.draftModel, "draft-model", "", "the DFlash drafter's checkpoint directory for --speculative dflash (speculative.draft_model; with a -dflash preset, default: the one it writes)")
 }
 
 // speculativeFlags turns --speculative's value into configuration keys.
@@ -198,6 +201,9 @@ func (m *modelFlags) config() (*config.Config, error) {
 		}
 		flags = append(flags, f...)
 	}
+	if m.changed("draft-model") {
+		flags = append(flags, config.Flag{Key: "speculative.draft_model", Value: m.draftModel, Name: "--draft-model"})
+	}
 	if m.changed("model") && m.changed("preset") {
 		return nil, fmt.Errorf("--model and --preset are mutually exclusive")
 	}
@@ -247,11 +253,17 @@ func (m *modelFlags) open() (*model.Checkpoint, error) {
 	if err != nil {
 		return nil, err
 	}
+	if sp := c.Speculative; sp.DFlash() && sp.DraftModel == "" && c.Model.Dummy() {
+		return nil, fmt.Errorf("speculative.draft_model: model.load_format dummy makes the trunk in memory and writes no -dflash preset drafter: give the drafter's directory (--draft-model)")
+	}
 	ck, err := openModel(c.Model)
 	if err != nil {
 		return nil, err
 	}
 	m.opened = ck.Dir()
+	if sp := &c.Speculative; sp.DFlash() && sp.DraftModel == "" && randckpt.IsDFlashPreset(c.Model.Preset) {
+		sp.DraftModel = filepath.Join(ck.Dir(), randckpt.DFlashDir) // the preset's own drafter
+	}
 	if !c.Model.CheckTensors {
 		return ck, nil
 	}
@@ -302,7 +314,7 @@ func openModel(mc config.Model) (*model.Checkpoint, error) {
 		suffix += "-fp8"
 	}
 	dir := filepath.Join(mc.CacheDir, fmt.Sprintf("%s-seed%d%s", mc.Preset, mc.Seed, suffix))
-	if err := writePreset(dir, cfg, randckpt.Options{Seed: mc.Seed, FP8: mc.FP8}); err != nil {
+	if err := writePreset(dir, mc.Preset, cfg, randckpt.Options{Seed: mc.Seed, FP8: mc.FP8}); err != nil {
 		return nil, err
 	}
 	if err := addPresetTokenizer(dir, cfg.VocabSize); err != nil {
@@ -354,7 +366,8 @@ func source(mc config.Model) string {
 // Processes may race for the same dir: each writes into a temporary folder
 // of its own and renames it into place; a loser finds the winner's
 // checkpoint (identical bytes: same preset and seed) and drops its own.
-func writePreset(dir string, cfg *model.Config, opts randckpt.Options) error {
+// A -dflash preset's drafter is written in its dflash subdirectory.
+func writePreset(dir, preset string, cfg *model.Config, opts randckpt.Options) error {
 	if _, err := os.Stat(filepath.Join(dir, model.ConfigFile)); err == nil {
 		return nil
 	}
@@ -369,6 +382,15 @@ func writePreset(dir string, cfg *model.Config, opts randckpt.Options) error {
 	defer os.RemoveAll(tmp) // gone after the rename; removed on failure
 	if err := randckpt.Write(tmp, cfg, opts); err != nil {
 		return err
+	}
+	if randckpt.IsDFlashPreset(preset) {
+		d, err := randckpt.DFlashPreset(preset, cfg)
+		if err != nil {
+			return err
+		}
+		if err := randckpt.WriteDFlash(filepath.Join(tmp, randckpt.DFlashDir), d, randckpt.Options{Seed: opts.Seed}); err != nil {
+			return err
+		}
 	}
 	if err := os.Rename(tmp, dir); err != nil {
 		if _, serr := os.Stat(filepath.Join(dir, model.ConfigFile)); serr == nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
+	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
 	_ "github.com/glmflash/glmflash/passes/all" // register built-in passes
@@ -80,6 +81,7 @@ func newPassesCmd() *cobra.Command {
 	var mode, logits, dump, format string
 	var mtp bool
 	var share int
+	var dflashDir string
 	explain := &cobra.Command{
 		Use:   "explain (--model DIR | --preset NAME) [--config FILE]",
 		Args:  cobra.NoArgs,
@@ -107,6 +109,12 @@ func newPassesCmd() *cobra.Command {
 			}
 			if share != 0 && !mtp {
 				return fmt.Errorf("--index-share applies to the MTP graph (--mtp)")
+			}
+			if dflashDir != "" && mtp {
+				return fmt.Errorf("--dflash and --mtp name two draft graphs: give one")
+			}
+			if dflashDir != "" && logits != string(graph.SpanLogits) && cmd.Flags().Changed("logits") {
+				return fmt.Errorf("--logits: the DFlash draft graph's logits are spans (each block's last B−1 rows), got %q", logits)
 			}
 			ec, err := mf.config()
 			if err != nil {
@@ -147,6 +155,18 @@ func newPassesCmd() *cobra.Command {
 			case mtp:
 				build, prog = graph.BuildMTP, "mtp:"+prog
 				opts.IndexShare = share
+			case dflashDir != "":
+				dk, err := model.OpenDFlashFor(dflashDir, ck.Config(), model.OpenOptions{})
+				if err != nil {
+					return fmt.Errorf("--dflash: %w", err)
+				}
+				dk.Close() // its config is what the graph needs
+				d := dk.DFlashConfig()
+				if !cmd.Flags().Changed("mode") {
+					opts.Mode = graph.Extend // the drafter's program (speculative.DFlashKey)
+				}
+				opts.Logits, prog = "", fmt.Sprintf("dflash:%s/%s", opts.Mode, graph.SpanLogits)
+				build = func(cfg *model.Config, o graph.Options) (*ir.Graph, error) { return graph.BuildDFlash(cfg, d, o) }
 			case m == graph.Verify:
 				opts.FinalHidden = true // what a drafter reading hidden rows asks
 			}
@@ -173,6 +193,7 @@ func newPassesCmd() *cobra.Command {
 	explain.Flags().StringVar(&mode, "mode", "decode", "graph to explain: prefill, decode, extend, mixed or verify (speculative decoding's verify batch; with --mtp: the draft extend after acceptance)")
 	explain.Flags().StringVar(&logits, "logits", "", "all, last or spans (default: spans for --mode verify, else last)")
 	explain.Flags().BoolVar(&mtp, "mtp", false, "the MTP (NextN) draft layer's graph (--mode decode: a draft step, extend or verify: the draft extend)")
+	explain.Flags().StringVar(&dflashDir, "dflash", "", "a DFlash drafter's checkpoint directory: its block draft graph (span logits; --mode only labels it), e.g. the dflash/ of init-random --preset tiny-dflash")
 	explain.Flags().IntVar(&share, "index-share", 0, "with --mtp: index_share_for_mtp_iteration over this many draft steps (0: off)")
 	explain.Flags().StringVar(&dump, "dump", "", "print the IR around each pass: before, after or both")
 	explain.Flags().StringVar(&format, "format", "text", "text or json")

@@ -187,6 +187,16 @@ type Store interface {
 	Copy(src, dst int) error
 }
 
+// DraftStorer is a backend that keeps a DFlash drafter's per-sequence K/V
+// state (the op dflash_attn): NewDraftStore makes a store of layers draft
+// layers of width (kv_heads·head_dim) values per context position, sized
+// by o (Rollback is unused: the state is K/V rows appended per position).
+// Its Len counts a sequence's context positions; a draft program advances
+// it by each sequence's context rows (Seq.Context).
+type DraftStorer interface {
+	NewDraftStore(layers, width int, o StoreOptions) (Store, error)
+}
+
 // StateReader is a store that copies a slot's state to the host: tests
 // compare a speculative run's state after rollback with a plain run's, on
 // every backend.

@@ -16,6 +16,14 @@ type Seq struct {
 	// row-major) for programs whose graph has the ir.InputHidden input (the
 	// MTP layer's h); it must be empty for the others.
 	Hidden []float32
+	// Context holds the sequence's new context rows ([c][W], row-major,
+	// c ≥ 0) for programs whose graph has the ir.InputContext input (a
+	// DFlash draft graph: the target's captured hidden rows of the
+	// positions committed since the sequence's last draft, W its input's
+	// width); it must be empty for the others. Such a program advances the
+	// sequence's (draft) store by c positions, not by its tokens: its
+	// tokens are the block [pending token, MASK × (B−1)], never cached.
+	Context []float32
 	// LogitRows is how many of the sequence's last rows get logits in a
 	// program with span logits (graph.SpanLogits; 0 means 1): a verify
 	// span's last accepted token and every draft, a scored prompt's every
@@ -99,6 +107,9 @@ type Span struct {
 	// Rows is the number of the sequence's last rows that get logits in a
 	// span-logits program (1 unless the batch asked more).
 	Rows int
+	// C is the sequence's new context rows and CRow0 its first row in the
+	// batch's context dimension (ir.DimC; programs with ir.InputContext).
+	C, CRow0 int
 }
 
 // Prepared is a validated batch: spans, tokens and sampling specs. It is
@@ -114,7 +125,12 @@ type Prepared struct {
 	// programs without the ir.InputHidden input.
 	Hidden      []float32
 	HiddenWidth int
-	Sample      []SampleSpec
+	// Context is the batch's context rows ([TC][ContextWidth], TC the sum
+	// of the spans' C), nil for programs without the ir.InputContext input.
+	Context      []float32
+	ContextWidth int
+	TC           int
+	Sample       []SampleSpec
 	// SamplesOnly mirrors Batch.SamplesOnly.
 	SamplesOnly bool
 }
@@ -216,10 +232,13 @@ func Prepare(prog Program, b *Batch, st Store, pos []int) (*Prepared, error) {
 // that runs one batch at a time prepares every batch into one Prepared and
 // allocates nothing in the steady state). pr is overwritten, also on error.
 func PrepareInto(pr *Prepared, prog Program, b *Batch, st Store, pos []int) error {
-	*pr = Prepared{Prog: prog, Store: st, Spans: pr.Spans[:0], Tokens: pr.Tokens[:0], Hidden: pr.Hidden[:0]}
+	*pr = Prepared{Prog: prog, Store: st, Spans: pr.Spans[:0], Tokens: pr.Tokens[:0], Hidden: pr.Hidden[:0], Context: pr.Context[:0]}
 	err := prepareInto(pr, prog, b, st, pos)
 	if len(pr.Hidden) == 0 {
 		pr.Hidden = nil // as Prepare leaves it
+	}
+	if pr.ContextWidth == 0 {
+		pr.Context = nil
 	}
 	return err
 }
@@ -237,6 +256,9 @@ func prepareInto(pr *Prepared, prog Program, b *Batch, st Store, pos []int) (err
 	}
 	if in := p.Graph.Input(ir.InputHidden); in != nil {
 		pr.HiddenWidth = in.Shape[1]
+	}
+	if in := p.Graph.Input(ir.InputContext); in != nil {
+		pr.ContextWidth = in.Shape[1]
 	}
 	seen := map[int]bool{}
 	for i, s := range b.Seqs {
@@ -259,8 +281,17 @@ func prepareInto(pr *Prepared, prog Program, b *Batch, st Store, pos []int) (err
 				return fmt.Errorf("backend: batch sequence %d token %d: id %d out of range [0, %d)", i, j, t, p.Vocab)
 			}
 		}
-		if p.MaxPositions > 0 && cached+len(s.Tokens) > p.MaxPositions {
-			return fmt.Errorf("backend: batch sequence %d: %d cached + %d new tokens exceed the context limit %d", i, cached, len(s.Tokens), p.MaxPositions)
+		c := 0
+		switch W := pr.ContextWidth; {
+		case W == 0 && len(s.Context) > 0:
+			return fmt.Errorf("backend: batch sequence %d has context rows, but the program takes no %s input", i, ir.InputContext)
+		case W > 0 && len(s.Context)%W != 0:
+			return fmt.Errorf("backend: batch sequence %d: %d context values are not whole rows of %d", i, len(s.Context), W)
+		case W > 0:
+			c = len(s.Context) / W
+		}
+		if p.MaxPositions > 0 && cached+c+len(s.Tokens) > p.MaxPositions {
+			return fmt.Errorf("backend: batch sequence %d: %d cached + %d new tokens exceed the context limit %d", i, cached, c+len(s.Tokens), p.MaxPositions)
 		}
 		rows := max(s.LogitRows, 1)
 		switch {
@@ -275,9 +306,11 @@ func prepareInto(pr *Prepared, prog Program, b *Batch, st Store, pos []int) (err
 		case D > 0 && len(s.Hidden) != len(s.Tokens)*D:
 			return fmt.Errorf("backend: batch sequence %d: %d tokens need %d×%d hidden values, got %d", i, len(s.Tokens), len(s.Tokens), D, len(s.Hidden))
 		}
-		pr.Spans = append(pr.Spans, Span{Slot: s.Slot, Pos0: cached, N: len(s.Tokens), Row0: len(pr.Tokens), Rows: rows})
+		pr.Spans = append(pr.Spans, Span{Slot: s.Slot, Pos0: cached, N: len(s.Tokens), Row0: len(pr.Tokens), Rows: rows, C: c, CRow0: pr.TC})
 		pr.Tokens = append(pr.Tokens, s.Tokens...)
 		pr.Hidden = append(pr.Hidden, s.Hidden...)
+		pr.Context = append(pr.Context, s.Context...)
+		pr.TC += c
 	}
 	pr.T = len(pr.Tokens)
 	if err := pr.SetSample(b.Sample, b.SamplesOnly); err != nil {

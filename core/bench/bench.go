@@ -57,6 +57,9 @@ type Spec struct {
 	// (the test drafter alone: the same drafts, no drafter work); "": the
 	// configured one when Speculative is on, else the scripted one.
 	SpecDrafter string
+	// DFlashBlock is the DFlash drafter's block_size when Speculative is
+	// method dflash (the engine runs the drafter: engine.Options.DFlash).
+	DFlashBlock int
 	// GEMMReport times the prefill program's GEMM weight shapes with the
 	// backend's tuner (an ir.GEMMTuner) against PeakTFLOPs.
 	GEMMReport bool
@@ -102,9 +105,13 @@ const (
 	DrafterScripted   = "scripted"
 )
 
-// SpecSteps are the draft steps of the speculative series (0: none).
+// SpecSteps are the draft steps of the speculative series (0: none): a
+// DFlash drafter's block − 1 (DFlashBlock).
 func (s Spec) SpecSteps() int {
 	n := s.Speculative.Steps()
+	if s.Speculative.DFlash() {
+		n = max(s.DFlashBlock-1, 0)
+	}
 	if n == 0 && len(s.SpecAccept)+len(s.SpecAcceptLen) > 0 {
 		n = 5 // the test drafter alone: 5-1-6
 	}

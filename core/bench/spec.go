@@ -24,6 +24,13 @@ var drafters = map[string]func(e *engine.Engine, sp config.Speculative) (specula
 		}
 		return d, d.Keys(), nil
 	},
+	"dflash": func(e *engine.Engine, _ config.Speculative) (speculative.Drafter, []engine.Key, error) {
+		d, err := speculative.NewDFlash(e) // the engine holds the drafter (Spec.DFlashBlock its block)
+		if err != nil {
+			return nil, nil, err
+		}
+		return d, d.Keys(), nil
+	},
 }
 
 // configured makes the configured drafter and a reader of its programs'

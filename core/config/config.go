@@ -639,7 +639,7 @@ func (c *Config) validateServing() error {
 	case s.KeepaliveTime > maxTimeout || s.KeepaliveTimeout > maxTimeout:
 		return keyErr("server.keepalive_time", "keepalive_time and keepalive_timeout must be at most %s, got %s and %s", maxTimeout, s.KeepaliveTime, s.KeepaliveTimeout)
 	}
-	return c.Speculative.validate()
+	return c.Speculative.validate(c.Model.Preset)
 }
 
 // MaxTPSize bounds parallel.attention_tp_size (no model has more heads).

@@ -7,11 +7,16 @@ import (
 )
 
 // Speculative configures speculative decoding (core/speculative, core/sched):
-// method off or mtp (the model's MTP layer drafts), the number of draft
-// steps directly or as a preset, and index sharing between draft steps.
+// method off, mtp (the model's MTP layer drafts: the number of draft steps
+// directly or as a preset, and index sharing between draft steps) or
+// dflash (a DFlash block drafter checkpoint drafts a block per forward:
+// its block size and target layers come from its config.json).
 type Speculative struct {
-	// Method is "off" (plain decoding) or "mtp".
+	// Method is "off" (plain decoding), "mtp" or "dflash".
 	Method string `koanf:"method"`
+	// DraftModel is the DFlash drafter's checkpoint directory (method
+	// dflash: required; refused with another method).
+	DraftModel string `koanf:"draft_model" path:""`
 	// Preset is "num_steps-topk-num_draft_tokens": 5-1-6 (low latency),
 	// 1-1-2 (balanced) or any chain S-1-(S+1).
 	Preset string `koanf:"preset"`
@@ -34,9 +39,11 @@ type Speculative struct {
 // On reports whether speculative decoding is on.
 func (s Speculative) On() bool { return s.Method != "" && s.Method != "off" }
 
-// Steps is the effective num_steps (after Validate; 0 when off).
+// Steps is the effective num_steps (after Validate; 0 when off, and for
+// dflash, whose drafts per span are its drafter's block_size − 1: known
+// once the drafter is opened).
 func (s Speculative) Steps() int {
-	if !s.On() {
+	if !s.On() || s.DFlash() {
 		return 0
 	}
 	if s.NumSteps > 0 {
@@ -48,6 +55,9 @@ func (s Speculative) Steps() int {
 	}
 	return p.Steps
 }
+
+// DFlash reports method dflash.
+func (s Speculative) DFlash() bool { return s.Method == "dflash" }
 
 // Share is the effective index sharing for a checkpoint whose config says
 // checkpoint.
@@ -65,13 +75,18 @@ func (s Speculative) String() string {
 	}
 	n := s.Steps()
 	str := fmt.Sprintf("%s %d-1-%d", s.Method, n, n+1)
+	if s.DFlash() {
+		str = "dflash " + s.DraftModel
+	}
 	if s.SimulateAcceptance > 0 { // the outputs are not the model's: every report says so
 		str += fmt.Sprintf(", simulated acceptance %g", s.SimulateAcceptance)
 	}
 	return str
 }
 
-func (s *Speculative) validate() error {
+// validate checks the section; preset is model.preset (a -dflash preset
+// holds its own drafter: draft_model may then be left empty).
+func (s *Speculative) validate(preset string) error {
 	if v := s.SimulateAcceptance; v != 0 && !(v > 0 && v <= 1) {
 		return keyErr("speculative.simulate_acceptance", "must be a per-draft acceptance rate in (0, 1] (0: off), got %v", v)
 	}
@@ -81,10 +96,18 @@ func (s *Speculative) validate() error {
 		if s.SimulateAcceptance != 0 {
 			return keyErr("speculative.simulate_acceptance", "%v needs speculative decoding on (speculative.method is off)", s.SimulateAcceptance)
 		}
+		if s.DraftModel != "" {
+			return keyErr("speculative.draft_model", "is a DFlash drafter's: set speculative.method dflash, or leave it empty")
+		}
 		return nil
 	case "mtp":
+		if s.DraftModel != "" {
+			return keyErr("speculative.draft_model", "is a DFlash drafter's (method dflash), not method mtp's: leave it empty")
+		}
+	case "dflash":
+		return s.validateDFlash(preset)
 	default:
-		return keyErr("speculative.method", "must be off or mtp, got %q", s.Method)
+		return keyErr("speculative.method", "must be off, mtp or dflash, got %q", s.Method)
 	}
 	if s.Preset == "" && s.NumSteps == 0 {
 		s.Preset = "5-1-6" // the model card's low-latency preset
@@ -103,6 +126,27 @@ func (s *Speculative) validate() error {
 	}
 	return nil
 }
+
+// validateDFlash checks method dflash: a drafter directory, and none of
+// the MTP keys (the drafter's config.json gives its block and layers).
+func (s *Speculative) validateDFlash(preset string) error {
+	switch {
+	case s.DraftModel == "" && !strings.HasSuffix(preset, DFlashPresetSuffix):
+		return keyErr("speculative.draft_model", "method dflash needs the DFlash drafter's checkpoint directory (or a model.preset ending in %s, which writes one)", DFlashPresetSuffix)
+	case s.Preset != "":
+		return keyErr("speculative.preset", "%q is an MTP chain's: a DFlash drafter's block size comes from its config.json (leave it empty)", s.Preset)
+	case s.NumSteps != 0:
+		return keyErr("speculative.num_steps", "%d is an MTP chain's: a DFlash drafter drafts block_size − 1 tokens per span (leave it 0)", s.NumSteps)
+	case s.IndexShare != nil:
+		return keyErr("speculative.index_share", "is index sharing between MTP draft steps: a DFlash drafter has no indexer (leave it unset)")
+	}
+	return nil
+}
+
+// DFlashPresetSuffix ends the model presets that come with a random DFlash
+// drafter (randckpt.DFlashSuffix: "tiny-dflash" writes it in <dir>/dflash);
+// with one, speculative.draft_model may be left empty.
+const DFlashPresetSuffix = "-dflash"
 
 // SpecPreset is a named speculative configuration in SGLang's notation
 // "num_steps-topk-num_draft_tokens".

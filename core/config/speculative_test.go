@@ -76,3 +76,33 @@ func TestSpecPresets(t *testing.T) {
 		require.Error(t, err, bad)
 	}
 }
+
+// Method dflash: the drafter's directory is required (relative to the
+// file that names it); the MTP chain's keys are refused naming them, and a
+// draft_model without method dflash too.
+func TestSpeculativeDFlash(t *testing.T) {
+	c, err := load(t, "speculative: {method: dflash, draft_model: /ckpt/dflash}\n")
+	require.NoError(t, err)
+	require.True(t, c.Speculative.On())
+	require.True(t, c.Speculative.DFlash())
+	require.Zero(t, c.Speculative.Steps(), "the drafter's block gives its drafts")
+	require.Equal(t, "dflash /ckpt/dflash", c.Speculative.String())
+	for yaml, want := range map[string]string{
+		"speculative: {method: dflash}\n":                                    "speculative.draft_model (",
+		"speculative: {method: dflash, draft_model: d, preset: 5-1-6}\n":     "speculative.preset (",
+		"speculative: {method: dflash, draft_model: d, num_steps: 3}\n":      "speculative.num_steps (",
+		"speculative: {method: dflash, draft_model: d, index_share: true}\n": "speculative.index_share (",
+		"speculative: {method: mtp, draft_model: d}\n":                       "speculative.draft_model (",
+		"speculative: {draft_model: d}\n":                                    "set speculative.method dflash",
+		"speculative: {method: medusa, draft_model: d}\n":                    "must be off, mtp or dflash",
+	} {
+		_, err := load(t, yaml)
+		require.ErrorContains(t, err, want, yaml)
+	}
+	c, err = load(t, "model: {preset: tiny-dflash}\nspeculative: {method: dflash}\n")
+	require.NoError(t, err, "a -dflash preset brings its drafter")
+	require.Empty(t, c.Speculative.DraftModel)
+	c, err = Load(Options{Flags: []Flag{{Key: "speculative.method", Value: "dflash", Name: "--speculative"}, {Key: "speculative.draft_model", Value: "rel/dflash", Name: "--draft-model"}}})
+	require.NoError(t, err)
+	require.Equal(t, "rel/dflash", c.Speculative.DraftModel, "a flag's path is relative to the working directory")
+}

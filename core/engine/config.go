@@ -22,6 +22,9 @@ type Setup struct {
 	Slots, Rollback, MaxPositions int
 	// ProfileOps times every op on the device (bench --profile-ops).
 	ProfileOps bool
+	// DFlash is the DFlash drafter (speculative.method dflash, opened from
+	// speculative.draft_model by the caller): Options.DFlash.
+	DFlash DraftModel
 }
 
 // FromConfig is the options of an engine as configuration c and s say:
@@ -32,7 +35,7 @@ type Setup struct {
 // options here.
 func FromConfig(c *config.Config, s Setup) Options {
 	o := Options{
-		Slots: s.Slots, Rollback: s.Rollback, MaxPositions: s.MaxPositions,
+		Slots: s.Slots, Rollback: s.Rollback, MaxPositions: s.MaxPositions, DFlash: s.DFlash,
 		Device:  c.Device,
 		Backend: backend.Options{Precision: c.Precision},
 	}

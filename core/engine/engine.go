@@ -56,6 +56,11 @@ type Options struct {
 	// num_steps + 1); device stores keep per-position KDA states and indexer
 	// rows for it in every slot. 0: no checkpoints.
 	Rollback int
+	// DFlash, when set, is a DFlash block drafter run beside the trunk
+	// (speculative.method dflash): checked against the model at New, its
+	// draft programs (Key.DFlash) run on its own store (DraftStore), and
+	// trunk programs with Key.TargetHidden capture its target layers.
+	DFlash DraftModel
 }
 
 // Key identifies one program.
@@ -72,6 +77,13 @@ type Key struct {
 	// IndexShare (MTP graphs): graph.Options.IndexShare, the draft steps
 	// that reuse step 0's indexer selection (0: none).
 	IndexShare int
+	// DFlash selects the DFlash drafter's draft graph (graph.BuildDFlash):
+	// its batches carry context rows and run on the draft store.
+	DFlash bool
+	// TargetHidden: the trunk graph also outputs ir.OutputTargetHidden,
+	// the drafter's target layers' hidden rows for every token
+	// (graph.Options.TargetLayers from the drafter's target_layer_ids).
+	TargetHidden bool
 }
 
 // Engine runs a model.
@@ -82,11 +94,15 @@ type Engine struct {
 	ownsBE   bool
 	store    backend.Store
 	mtpStore backend.Store // made on first use
-	opts     Options
-	mu       sync.Mutex
-	progs    map[Key]backend.Program
-	reports  map[Key]*pass.Report
-	closeErr error
+	// draftStore is the DFlash drafter's (made on first use); trunkSrc the
+	// trunk's own weight source (weights wraps it with the drafter's).
+	draftStore backend.Store
+	trunkSrc   plan.Weights
+	opts       Options
+	mu         sync.Mutex
+	progs      map[Key]backend.Program
+	reports    map[Key]*pass.Report
+	closeErr   error
 }
 
 // String names a program ("prefill/all", "mtp:decode/last").
@@ -94,6 +110,12 @@ func (k Key) String() string {
 	s := k.Mode.String() + "/" + string(k.Logits)
 	if k.MTP {
 		s = "mtp:" + s
+	}
+	if k.DFlash {
+		s = "dflash:" + s
+	}
+	if k.TargetHidden {
+		s += "+target"
 	}
 	if k.CaptureHidden {
 		s += "+hidden"
@@ -117,6 +139,13 @@ func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
 	if opts.MaxPositions == 0 {
 		opts.MaxPositions = cfg.MaxPositionEmbeddings
 	}
+	trunkSrc := w
+	if opts.DFlash != nil {
+		if err := opts.DFlash.DFlashConfig().CheckTarget(cfg); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		w = withDraft(w, opts.DFlash)
+	}
 	be, owns := opts.BackendInstance, false
 	if be == nil {
 		var err error
@@ -132,7 +161,7 @@ func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
 		}
 		return nil, err
 	}
-	return &Engine{cfg: cfg, weights: plan.NewWeightCache(w), be: be, ownsBE: owns, store: st, opts: opts, progs: map[Key]backend.Program{}, reports: map[Key]*pass.Report{}}, nil
+	return &Engine{cfg: cfg, weights: plan.NewWeightCache(w), trunkSrc: trunkSrc, be: be, ownsBE: owns, store: st, opts: opts, progs: map[Key]backend.Program{}, reports: map[Key]*pass.Report{}}, nil
 }
 
 func (o Options) storeOptions() backend.StoreOptions {
@@ -164,7 +193,7 @@ func (e *Engine) Close() error {
 		}
 	}
 	e.progs = map[Key]backend.Program{}
-	for _, st := range []backend.Store{e.store, e.mtpStore} {
+	for _, st := range []backend.Store{e.store, e.mtpStore, e.draftStore} {
 		if c, ok := st.(io.Closer); ok {
 			errs = append(errs, c.Close())
 		}
@@ -215,6 +244,9 @@ func (e *Engine) mtpStoreLocked() (backend.Store, error) {
 func (e *Engine) storeFor(key Key) (backend.Store, error) {
 	if key.MTP {
 		return e.MTPStore()
+	}
+	if key.DFlash {
+		return e.DraftStore()
 	}
 	return e.store, nil
 }
@@ -293,7 +325,11 @@ func (e *Engine) program(key Key) (backend.Program, error) {
 	if lw, ok := e.be.(backend.LazyWeights); ok {
 		lazy = lw.LazyWeights()
 	}
-	pl, err := plan.Compile(g, e.weights, plan.Options{MaxPositions: e.opts.MaxPositions, Lazy: lazy})
+	maxPos := e.opts.MaxPositions
+	if key.DFlash && maxPos > 0 { // a block past the last context position is never cached
+		maxPos += e.DFlash().BlockSize
+	}
+	pl, err := plan.Compile(g, e.weights, plan.Options{MaxPositions: maxPos, Lazy: lazy})
 	if err != nil {
 		return nil, err
 	}
@@ -315,6 +351,20 @@ func (e *Engine) program(key Key) (backend.Program, error) {
 // after checking that the weights hold it (when the source can say).
 func (e *Engine) build(key Key) (*ir.Graph, error) {
 	opts := graph.Options{Mode: key.Mode, Logits: key.Logits, CaptureHidden: key.CaptureHidden, FinalHidden: key.FinalHidden, IndexShare: key.IndexShare}
+	if key.DFlash || key.TargetHidden {
+		d := e.DFlash()
+		switch {
+		case d == nil:
+			return nil, fmt.Errorf("engine: program %s needs a DFlash drafter (speculative.draft_model); the engine has none", key)
+		case key.MTP:
+			return nil, fmt.Errorf("engine: program %s: an MTP graph is not a DFlash one", key)
+		case key.DFlash && key.TargetHidden:
+			return nil, fmt.Errorf("engine: program %s: the draft graph captures no target layers", key)
+		case key.DFlash:
+			return graph.BuildDFlash(e.cfg, d, opts)
+		}
+		opts.TargetLayers = d.TargetLayerIDs
+	}
 	if !key.MTP {
 		return graph.Build(e.cfg, opts)
 	}
@@ -331,7 +381,7 @@ func (e *Engine) MTPReady() error {
 	if !e.cfg.HasMTP() {
 		return fmt.Errorf("engine: the model has no MTP layer (num_nextn_predict_layers is %d)", e.cfg.NumNextNPredictLayers)
 	}
-	if v, ok := e.weights.Source().(interface{ ValidateMTP() error }); ok {
+	if v, ok := e.trunkSrc.(interface{ ValidateMTP() error }); ok {
 		if err := v.ValidateMTP(); err != nil {
 			return fmt.Errorf("engine: %w", err)
 		}

@@ -62,11 +62,11 @@ var (
 
 // checkParity runs the parity gate for program key, whose graph with the
 // passes compiled to got (report rep). It returns nil when no checked pass
-// fired, or the program is an MTP one (its batches need the trunk's
-// hidden rows: not probed).
+// fired, or the program is an MTP or DFlash draft one (its batches need
+// the trunk's hidden rows: not probed).
 func (e *Engine) checkParity(key Key, got backend.Program, rep *pass.Report) error {
 	pc := e.opts.Parity
-	if pc == nil || rep == nil || key.MTP {
+	if pc == nil || rep == nil || key.MTP || key.DFlash {
 		return nil
 	}
 	var fired []string

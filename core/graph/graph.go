@@ -61,6 +61,14 @@ type Options struct {
 	// mode (the draft extend whose last row is draft step 0) saves each
 	// sequence's last selection. 0: every step runs the indexer.
 	IndexShare int
+	// TargetLayers (trunk graphs), when not empty, adds the output
+	// ir.OutputTargetHidden: for every token the hidden rows after each of
+	// these decoder layers, concatenated in this order — a DFlash drafter's
+	// context rows (its target_layer_ids). GLM's layers carry H residual
+	// streams: each layer's row is their unweighted mean (stream_mean), the
+	// collapse the final hidden gets before the final norm (architecture
+	// §3.9), unnormalized as z-lab reads a Qwen3 target's hidden states.
+	TargetLayers []int
 }
 
 const prefix = "model.language_model."
@@ -112,6 +120,13 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	if opts.IndexShare > 0 {
 		return nil, fmt.Errorf("graph: index sharing is an MTP graph option (the trunk's indexers run every step)")
 	}
+	capture := map[int]*ir.Value{}
+	for i, l := range opts.TargetLayers {
+		if l < 0 || l >= cfg.NumHiddenLayers {
+			return nil, fmt.Errorf("graph: target layer %d (entry %d) is outside the trunk's decoder layers [0, %d)", l, i, cfg.NumHiddenLayers)
+		}
+		capture[l] = nil
+	}
 	g := ir.New("glm5_next")
 	g.SetMode(opts.Mode)
 	g.Attrs.Put(ir.GraphAttrLogits.Is(string(opts.Logits)), ir.GraphAttrLayers.Is(cfg.NumHiddenLayers))
@@ -146,6 +161,16 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 		if opts.CaptureHidden {
 			g.Outputs[ir.HiddenOutput(l)] = X
 		}
+		if _, ok := capture[l]; ok {
+			capture[l] = g.Op1(ir.OpStreamMean, l, nil, X).Named(fmt.Sprintf("l%d.target_hidden", l))
+		}
+	}
+	if len(opts.TargetLayers) > 0 {
+		rows := make([]*ir.Value, len(opts.TargetLayers))
+		for i, l := range opts.TargetLayers {
+			rows[i] = capture[l]
+		}
+		g.Outputs[ir.OutputTargetHidden] = g.Op1(ir.OpConcatCols, -1, nil, rows...).Named("target_hidden")
 	}
 	y := g.Op1(ir.OpStreamMean, -1, nil, X).Named("final.mean")
 	norm := func(y *ir.Value) *ir.Value {

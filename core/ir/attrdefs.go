@@ -70,6 +70,11 @@ var (
 	AttrRank       = Attr[int]{"rank"}
 	AttrScale      = Attr[float64]{"scale"}
 
+	// DFlash attention.
+	AttrKVHeads   = Attr[int]{"kv_heads"}
+	AttrRopeTheta = Attr[float64]{"rope_theta"}
+	AttrBlock     = Attr[int]{"block"}
+
 	// MoE.
 	AttrGroups    = Attr[int]{"groups"}
 	AttrTopKGroup = Attr[int]{"topk_group"}

@@ -117,6 +117,9 @@ func (g *Graph) HeaderAttrs() Attrs {
 	if g.isMTP {
 		a[GraphAttrMTPLayer] = g.mtpLayer
 	}
+	if g.isDFlash {
+		a[GraphAttrDFlash] = true
+	}
 	return a
 }
 
@@ -145,6 +148,18 @@ func (g *Graph) SetHeaderAttrs(a Attrs) error {
 		mtp, isMTP = l, true
 		delete(rest, GraphAttrMTPLayer)
 	}
-	g.mode, g.mtpLayer, g.isMTP, g.Attrs = mode, mtp, isMTP, rest
+	isDFlash := false
+	if v, ok := rest[GraphAttrDFlash]; ok {
+		b, ok := v.(bool)
+		if !ok || !b {
+			return fmt.Errorf("graph attribute %s is %s, want true (absent: not a DFlash draft graph)", GraphAttrDFlash, formatAttr(v))
+		}
+		isDFlash = true
+		delete(rest, GraphAttrDFlash)
+	}
+	if isDFlash && isMTP {
+		return fmt.Errorf("graph attributes %s and %s: a graph is the MTP layer's or a DFlash drafter's, not both", GraphAttrMTPLayer, GraphAttrDFlash)
+	}
+	g.mode, g.mtpLayer, g.isMTP, g.isDFlash, g.Attrs = mode, mtp, isMTP, isDFlash, rest
 	return nil
 }

@@ -22,6 +22,11 @@ const (
 	// r set by the batch (1 for a plain sequence, the last token and its
 	// drafts for a speculative verify span); see OpSpanRows.
 	DimR = -3
+	// DimC is the context rows of a DFlash draft batch: per sequence its
+	// c_s ≥ 0 new context rows (the target's captured hidden rows of the
+	// positions it committed since the sequence's last draft), in batch
+	// order; see OpDFlashAttn.
+	DimC = -4
 )
 
 // DType is a value's element type.
@@ -95,6 +100,7 @@ type Graph struct {
 	mode     Mode
 	mtpLayer int
 	isMTP    bool
+	isDFlash bool
 }
 
 // New returns an empty graph.

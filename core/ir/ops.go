@@ -106,12 +106,22 @@ const (
 	InputBatch  = "batch"  // host: the batch's sequences (slots, positions, lengths)
 	// InputHidden is f32[T,D]: one hidden row per token, given by the caller
 	// (the MTP graph's h: the trunk's final hidden, or the MTP's own).
-	InputHidden  = "hidden"
+	InputHidden = "hidden"
+	// InputContext is f32[C,W] (DimC): a DFlash draft batch's new context
+	// rows, per sequence the target's hidden rows captured after each of
+	// the drafter's target layers (W = layers·D, concatenated in the
+	// drafter's target_layer_ids order) at the positions it committed.
+	InputContext = "context"
 	OutputLogits = "logits" // f32[rows, vocab]
 	// OutputFinalHidden is f32[T,D]: for every token the normalized hidden
 	// state that feeds lm_head (the trunk's after the stream mean and final
 	// norm; the MTP's after shared_head.norm), what the MTP layer reads.
 	OutputFinalHidden = "final_hidden"
+	// OutputTargetHidden is f32[T,layers·D]: for every token the trunk's
+	// hidden rows after each of a DFlash drafter's target layers (the
+	// residual streams collapsed by their mean, as before the final norm),
+	// concatenated in target_layer_ids order: the drafter's context rows.
+	OutputTargetHidden = "target_hidden"
 )
 
 // HiddenOutput names the graph output holding the residual streams after

@@ -21,6 +21,8 @@ func FormatShape(dt DType, shape []int) string {
 			parts[i] = "S"
 		case DimR:
 			parts[i] = "R"
+		case DimC:
+			parts[i] = "C"
 		default:
 			parts[i] = strconv.Itoa(d)
 		}

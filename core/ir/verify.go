@@ -29,9 +29,9 @@ func (g *Graph) Verify() error {
 		defined[v], ids[v.ID] = true, true
 	}
 	ga := g.Attrs.Clone()
-	for _, k := range []string{GraphAttrMode, GraphAttrMTPLayer} {
+	for _, k := range []string{GraphAttrMode, GraphAttrMTPLayer, GraphAttrDFlash} {
 		if _, ok := ga[k]; ok {
-			errs = append(errs, fmt.Errorf("graph: attribute %q is a typed property of the graph (Graph.SetMode, Graph.SetMTPLayer), not an attribute", k))
+			errs = append(errs, fmt.Errorf("graph: attribute %q is a typed property of the graph (Graph.SetMode, Graph.SetMTPLayer, Graph.SetDFlash), not an attribute", k))
 			delete(ga, k)
 		}
 	}

@@ -18,13 +18,15 @@ const (
 	// extend over committed tokens (mode extend after a prefill chunk,
 	// mode verify after acceptance: its lengths are accept lengths) and
 	// the draft steps (mode decode, which may reuse step 0's indexer
-	// selection).
+	// selection); and a DFlash drafter's block draft forward (ir.Graph.DFlash:
+	// Qwen3 decoder layers over the context rows and the block, no KDA,
+	// mHC, DSA or MoE).
 	DraftGraph GraphKind = "draft"
 )
 
 // KindOf classifies a graph by the properties the graph builder sets.
 func KindOf(g *ir.Graph) GraphKind {
-	if _, mtp := g.MTPLayer(); mtp {
+	if _, mtp := g.MTPLayer(); mtp || g.DFlash() {
 		return DraftGraph
 	}
 	if g.Mode() == ir.ModeVerify {

@@ -16,6 +16,7 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/randckpt"
 )
 
 // Fixture is a transformers reference fixture: a checkpoint and its cases.
@@ -153,8 +154,9 @@ func TinyMTP(t testing.TB) *model.Checkpoint {
 // SpecGraphs builds speculative decoding's graphs for cfg (which must have
 // an MTP layer), by name: "verify" (the target's verify batch: span logits,
 // final hidden rows), "draft-extend" (the MTP layer after a prefill chunk),
-// "draft-extend-accepted" (after a verify step: lengths from acceptance)
-// and "draft-step" (a draft step reusing step 0's indexer selection).
+// "draft-extend-accepted" (after a verify step: lengths from acceptance),
+// "draft-step" (a draft step reusing step 0's indexer selection) and
+// "dflash" (a DFlash drafter's block draft forward).
 func SpecGraphs(t testing.TB, cfg *model.Config) map[string]*ir.Graph {
 	t.Helper()
 	out := map[string]*ir.Graph{}
@@ -170,6 +172,15 @@ func SpecGraphs(t testing.TB, cfg *model.Config) map[string]*ir.Graph {
 		if out[name], err = graph.BuildMTP(cfg, o); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// a DFlash drafter's block draft forward (the tiny-dflash sizes over
+	// cfg's hidden size and depth)
+	d, err := randckpt.DFlashPreset("tiny-dflash", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out["dflash"], err = graph.BuildDFlash(cfg, d, graph.Options{}); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

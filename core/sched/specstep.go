@@ -16,9 +16,10 @@ import (
 // whose speculating sequences run verify spans (their pending token and its
 // drafts) beside decode tokens and prompt chunks, with logits for every row
 // of a verify span and one for the others (span logits), and the target's
-// final hidden rows when the drafter reads them.
+// final hidden rows or its target-layer rows when the drafter reads them.
 func SpecProgram(d speculative.Drafter) engine.Key {
-	return engine.Key{Mode: graph.Verify, Logits: graph.SpanLogits, FinalHidden: d.Needs().FinalHidden}
+	n := d.Needs()
+	return engine.Key{Mode: graph.Verify, Logits: graph.SpanLogits, FinalHidden: n.FinalHidden, TargetHidden: n.TargetHidden}
 }
 
 // drafting reports whether a planned step holds a request the drafter
@@ -170,6 +171,10 @@ func (rt *Scheduler) collectSpecItemLocked(s *step, it item, now time.Time, n *t
 		D := rt.m.Config().HiddenSize
 		o.Hidden = hidden[it.tok0*D : (it.tok0+len(it.tokens))*D]
 	}
+	if ctx := s.res.Hidden[ir.OutputTargetHidden]; ctx != nil && s.ntok > 0 {
+		W := len(ctx) / s.ntok // every token of the step has a row
+		o.Context = ctx[it.tok0*W : (it.tok0+len(it.tokens))*W]
+	}
 	more := false
 	if len(it.drafts) > 0 {
 		more = rt.collectSpanLocked(it, s.res, &o, now, n)
@@ -209,6 +214,9 @@ func (rt *Scheduler) collectSpanLocked(it item, res *backend.Result, o *speculat
 	o.Drafted, o.Accepted, o.Verify = len(it.drafts), accepted, true
 	if o.Hidden != nil {
 		o.Hidden = o.Hidden[:(accepted+1)*rt.m.Config().HiddenSize]
+	}
+	if o.Context != nil {
+		o.Context = o.Context[:(accepted+1)*(len(o.Context)/len(it.tokens))]
 	}
 	return true
 }

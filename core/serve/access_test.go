@@ -190,7 +190,13 @@ func TestCachesMustFitTheMachine(t *testing.T) {
 	old := physicalMemory
 	defer func() { physicalMemory = old }()
 	physicalMemory = func() int64 { return 8*per - 1 }
-	require.ErrorContains(t, fitsMachine(ck.Config(), 8, 4096, 0), "runtime.slots (8) × runtime.context_limit (4096 tokens) need up to")
-	require.NoError(t, fitsMachine(ck.Config(), 7, 4096, 0))
-	require.NoError(t, fitsMachine(ck.Config(), 8, 2048, 0))
+	require.ErrorContains(t, fitsMachine(ck.Config(), 8, 4096, 0, nil), "runtime.slots (8) × runtime.context_limit (4096 tokens) need up to")
+	require.NoError(t, fitsMachine(ck.Config(), 7, 4096, 0, nil))
+	require.NoError(t, fitsMachine(ck.Config(), 8, 2048, 0, nil))
+	// a DFlash drafter's K/V count on top: 2 layers × 2 × 32 values × 4 bytes per position
+	d := &model.DFlashConfig{NumHiddenLayers: 2, NumKeyValueHeads: 2, HeadDim: 16}
+	require.EqualValues(t, 2*2*32*4*4096, cache.DraftSlotBytes(2, d.KVWidth(), 4096))
+	physicalMemory = func() int64 { return 8 * (per + cache.RollbackSlotBytes(ck.Config(), ck.Config().TrunkLayers(), 8)) }
+	require.NoError(t, fitsMachine(ck.Config(), 8, 4096, 7, nil))
+	require.ErrorContains(t, fitsMachine(ck.Config(), 8, 4096, 7, d), "need up to")
 }

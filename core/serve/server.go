@@ -533,19 +533,37 @@ func (s *Server) load(ctx context.Context) error {
 		return fail(fmt.Errorf("serve: %w", err))
 	}
 	sp := s.cfg.Speculative
-	if sp.On() && !cfg.HasMTP() {
+	var dflash *model.DFlashCheckpoint
+	if sp.DFlash() {
+		if dflash, err = openDFlash(sp, cfg, s.cfg.Model.WeightsFor(s.cfg.Device)); err != nil {
+			return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.draft_model", Err: err})))
+		}
+		prev := closeFn
+		closeFn = func() error { return errors.Join(dflash.Close(), prev()) }
+	} else if sp.On() && !cfg.HasMTP() {
 		return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.method", Err: fmt.Errorf("mtp needs the checkpoint's MTP layer, and its config declares none (num_nextn_predict_layers is %d)", cfg.NumNextNPredictLayers)})))
 	}
 	es := engine.Setup{Model: cfg, Weights: lm.Info, Pipeline: s.opts.Passes, Slots: rc.Slots, MaxPositions: eff.ContextLimit}
+	spans := sp.Steps() // drafts per verify span
+	if dflash != nil {
+		spans = dflash.DFlashConfig().BlockSize - 1
+	}
 	if sp.On() {
-		es.Rollback = sp.Steps() + 1 // the longest verify span
+		es.Rollback = spans + 1 // the longest verify span
 	}
 	eo := engine.FromConfig(s.cfg, es)
+	if dflash != nil {
+		eo.DFlash = dflash
+	}
 	if s.opts.Engine != nil {
 		s.opts.Engine(&eo)
 	}
 	if eo.Device == "" || eo.Device == "cpu" { // a device backend allocates (and refuses) its own caches
-		if err := fitsMachine(cfg, rc.Slots, eff.ContextLimit, sp.Steps()); err != nil {
+		var dc *model.DFlashConfig
+		if dflash != nil {
+			dc = dflash.DFlashConfig()
+		}
+		if err := fitsMachine(cfg, rc.Slots, eff.ContextLimit, spans, dc); err != nil {
 			return fail(err)
 		}
 	}
@@ -555,9 +573,9 @@ func (s *Server) load(ctx context.Context) error {
 	}
 	programs := slices.Clone(sched.Programs)
 	var draft speculative.Drafter
-	mtpErr, share := eng.MTPReady(), sp.Share(cfg.IndexShareForMTPIteration)
+	mtpErr, share := eng.MTPReady(), sp.Share(cfg.IndexShareForMTPIteration) && !sp.DFlash() // index sharing is between MTP draft steps
 	if sp.On() {
-		if mtpErr != nil {
+		if mtpErr != nil && !sp.DFlash() {
 			return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.method", Err: fmt.Errorf("mtp: %w", mtpErr)})))
 		}
 		if s.opts.Drafter != nil {
@@ -565,6 +583,13 @@ func (s *Server) load(ctx context.Context) error {
 				return fail(fmt.Errorf("serve: %w", err))
 			}
 			programs = append(programs, sched.SpecProgram(draft))
+		} else if sp.DFlash() {
+			d, err := speculative.NewDFlash(eng)
+			if err != nil {
+				return fail(fmt.Errorf("serve: %w", err))
+			}
+			draft = d
+			programs = append(append(programs, sched.SpecProgram(d)), d.Keys()...)
 		} else {
 			d, err := speculative.NewMTP(eng, speculative.MTPOptions{Steps: sp.Steps(), IndexShare: share})
 			if err != nil {
@@ -631,11 +656,16 @@ var physicalMemory = func() int64 {
 // the machine's memory: slots × context_limit tokens of every layer's state
 // (the weights come on top), with speculative decoding (specSteps > 0) the
 // MTP layer's store and every slot's rollback record too.
-func fitsMachine(cfg *model.Config, slots, context, specSteps int) error {
+func fitsMachine(cfg *model.Config, slots, context, specSteps int, draft *model.DFlashConfig) error {
 	mem := physicalMemory()
 	need := int64(slots) * cache.SlotBytes(cfg, context)
 	if specSteps > 0 {
-		need += int64(slots) * (cache.LayerSlotBytes(cfg, cfg.MTPLayers(), context) + cache.RollbackSlotBytes(cfg, cfg.TrunkLayers(), specSteps+1))
+		need += int64(slots) * cache.RollbackSlotBytes(cfg, cfg.TrunkLayers(), specSteps+1)
+		if draft != nil { // the DFlash drafter's K/V instead of an MTP layer's caches
+			need += int64(slots) * cache.DraftSlotBytes(draft.NumHiddenLayers, draft.KVWidth(), context)
+		} else {
+			need += int64(slots) * cache.LayerSlotBytes(cfg, cfg.MTPLayers(), context)
+		}
 	}
 	if mem > 0 && need > mem {
 		return fmt.Errorf("serve: runtime.slots (%d) × runtime.context_limit (%d tokens) need up to %.1f GiB of cache, more than this machine's %.1f GiB of memory: lower runtime.context_limit or runtime.slots",
@@ -1062,4 +1092,14 @@ func (sv *service) Score(ctx context.Context, req *pb.ScoreRequest) (*pb.ScoreRe
 		return nil, status.Error(codes.Canceled, f.Message)
 	}
 	return nil, status.Error(codes.Internal, f.Message)
+}
+
+// openDFlash opens speculative.draft_model's DFlash drafter (its weights
+// held as the model's are) and checks it against the model.
+func openDFlash(sp config.Speculative, cfg *model.Config, weights string) (*model.DFlashCheckpoint, error) {
+	mode, err := safetensors.ParseMode(weights)
+	if err != nil {
+		return nil, err
+	}
+	return model.OpenDFlashFor(sp.DraftModel, cfg, model.OpenOptions{Weights: mode})
 }

@@ -9,16 +9,17 @@
 // (backend.Store.Truncate).
 //
 // Built in: the MTP (NextN) drafter (NewMTP: chain drafting, top-1, any
-// number of steps; the presets 5-1-6 and 1-1-2), and Scripted, a drafter
-// driven by a function of the sequence's tokens (tests and bench use it to
-// propose the true greedy continuation with wrong tokens at chosen
-// positions or at a fixed rate), and the wrappers Timed (a drafter's own
-// time per verify step) and Pinned (a real drafter runs, its drafts
-// replaced by the true continuation spoiled at a rate: bench's pinned
-// acceptance). Simulated acceptance (SimulatedAccepts) pins a serving
-// path's acceptance by a seeded chain instead. A block drafter (DFlash: one pass proposes
-// a block from the target's hidden states) fits the same interface: it
-// declares the target outputs it needs (Needs) and drafts in Propose.
+// number of steps; the presets 5-1-6 and 1-1-2), the DFlash block drafter
+// (NewDFlash: one non-causal forward proposes a block from the target's
+// hidden rows at chosen layers), and Scripted, a drafter driven by a
+// function of the sequence's tokens (tests and bench use it to propose the
+// true greedy continuation with wrong tokens at chosen positions or at a
+// fixed rate), and the wrappers Timed (a drafter's own time per verify
+// step) and Pinned (a real drafter runs, its drafts replaced by the true
+// continuation spoiled at a rate: bench's pinned acceptance). Simulated
+// acceptance (SimulatedAccepts) pins a serving path's acceptance by a
+// seeded chain instead. Each drafter declares the target outputs it needs
+// (Needs) and drafts in Propose.
 package speculative
 
 // SeqID names a sequence for a drafter (the scheduler's request id).
@@ -30,6 +31,11 @@ type Needs struct {
 	// FinalHidden: the target's final hidden row (after the stream mean and
 	// the final norm) of every position it commits, in Observation.Hidden.
 	FinalHidden bool
+	// TargetHidden: the target's hidden rows after the drafter's target
+	// layers (ir.OutputTargetHidden, a DFlash drafter's context rows) of
+	// every position it commits, in Observation.Context, from the same
+	// pass (the target's programs capture them: engine.Key.TargetHidden).
+	TargetHidden bool
 }
 
 // Drafter proposes draft tokens and learns what the target committed. The
@@ -76,6 +82,9 @@ type Observation struct {
 	// Hidden holds the target's final hidden rows of Tokens' positions
 	// ([len(Tokens)][hidden], Needs.FinalHidden).
 	Hidden []float32
+	// Context holds the target's target-layer hidden rows of Tokens'
+	// positions ([len(Tokens)][width], Needs.TargetHidden).
+	Context []float32
 	// Drafted and Accepted count the last proposal's drafts and those the
 	// target accepted (0 and 0 after a prefill chunk); Verify says the
 	// tokens come from a verify step (their count came from acceptance).

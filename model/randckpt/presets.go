@@ -83,12 +83,15 @@ var presets = map[string]map[string]any{
 // same trunk tensors (same bytes for a seed) and the MTP layer's.
 const MTPSuffix = "-mtp"
 
-// PresetNames returns the preset names, sorted: every base preset and its
-// MTP variant.
+// PresetNames returns the preset names, sorted: every base preset, its
+// MTP variant and, where it has one, its DFlash variant (DFlashSuffix).
 func PresetNames() []string {
-	names := make([]string, 0, 2*len(presets))
+	names := make([]string, 0, 3*len(presets))
 	for n := range presets {
 		names = append(names, n, n+MTPSuffix)
+		if _, ok := dflashPresets[n]; ok {
+			names = append(names, n+DFlashSuffix)
+		}
 	}
 	sort.Strings(names)
 	return names
@@ -106,7 +109,11 @@ func Preset(name string) (*model.Config, error) { return PresetWith(name, nil) }
 // (JSON), e.g. {"n_routed_experts": 16} for a scaled variant; every key must
 // be a text_config field, and the result must validate.
 func PresetWith(name string, set map[string]json.RawMessage) (*model.Config, error) {
-	base, mtp := strings.CutSuffix(name, MTPSuffix)
+	base, dflash := strings.CutSuffix(name, DFlashSuffix) // the trunk is the base's
+	if _, ok := dflashPresets[base]; dflash && !ok {
+		return nil, fmt.Errorf("randckpt: unknown preset %q (have %v)", name, PresetNames())
+	}
+	base, mtp := strings.CutSuffix(base, MTPSuffix)
 	fields, ok := presets[base]
 	if !ok {
 		return nil, fmt.Errorf("randckpt: unknown preset %q (have %v)", name, PresetNames())

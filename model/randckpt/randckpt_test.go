@@ -20,7 +20,7 @@ import (
 const fixtureDir = "../../testdata/glm5next-tiny-a/checkpoint"
 
 func TestPresets(t *testing.T) {
-	assert.Equal(t, []string{"bench", "bench-mtp", "gpu", "gpu-mtp", "small", "small-mtp", "tiny", "tiny-mtp"}, PresetNames())
+	assert.Equal(t, []string{"bench", "bench-dflash", "bench-mtp", "gpu", "gpu-dflash", "gpu-mtp", "small", "small-dflash", "small-mtp", "tiny", "tiny-dflash", "tiny-mtp"}, PresetNames())
 	for _, n := range PresetNames() {
 		c, err := Preset(n)
 		require.NoError(t, err, n)
@@ -32,6 +32,11 @@ func TestPresets(t *testing.T) {
 			require.NoError(t, err)
 			b.NumNextNPredictLayers, b.Source = 1, c.Source
 			assert.Equal(t, b, c, "%s is %s plus one MTP layer", n, base)
+		} else if base, ok := strings.CutSuffix(n, DFlashSuffix); ok {
+			b, err := Preset(base)
+			require.NoError(t, err)
+			b.Source = c.Source
+			assert.Equal(t, b, c, "%s's trunk is %s", n, base)
 		} else {
 			assert.Zero(t, c.NumNextNPredictLayers, n)
 		}

@@ -36,7 +36,7 @@ const Name = "prefill-autotune"
 var Description = pass.Description{Name: Name, Version: "1.0.0",
 	Summary: "measure GEMM kernel parameters per shape and token bucket; persist and reuse a tuning table",
 	Verify:  "eligible: verify spans are GEMM rows like any other; the bucket is the batch's token count (each speculating sequence's last token and drafts)",
-	Draft:   "eligible: the MTP layer's GEMMs are tuned like the trunk's (draft steps are one row per sequence, the draft extend one per committed token)"}
+	Draft:   "eligible: the MTP layer's GEMMs are tuned like the trunk's (draft steps are one row per sequence, the draft extend one per committed token); a DFlash draft graph's GEMMs too (its block rows, and its context rows for fc and the context K/V projections)"}
 
 func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 

@@ -20,13 +20,17 @@ import (
 
 // fixedTable writes a tuning table with the same parameters for every GEMM
 // shape of cfg's decode graph (deterministic, unlike a measured one).
-func fixedTable(t *testing.T, cfg *model.Config) string {
+func fixedTable(t *testing.T, cfg *model.Config, extra ...*ir.Graph) string {
 	t.Helper()
 	dir := t.TempDir()
 	g, err := graph.Build(cfg, graph.Options{Mode: graph.Decode, Logits: graph.LastLogits})
 	require.NoError(t, err)
 	tb := &autotune.Table{CPU: "test-cpu", ISA: gemm.Impl()}
-	for _, n := range g.Nodes {
+	var nodes []*ir.Node
+	for _, x := range append([]*ir.Graph{g}, extra...) {
+		nodes = append(nodes, x.Nodes...)
+	}
+	for _, n := range nodes {
 		if gemm := n.Def().GEMM; gemm != nil {
 			s := gemm(n)
 			for i, b := range []int{1, 8, 64, 512} {

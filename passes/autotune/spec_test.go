@@ -13,12 +13,13 @@ import (
 // On speculative decoding's graphs: the verify graph's GEMMs are tuned
 // like a mixed batch's (the same shapes and buckets), and so are the MTP
 // layer's in every draft graph (eh_proj's halves, its DSA and MoE, the
-// shared lm_head), every GEMM-trait node getting tuned attributes.
+// shared lm_head), and a DFlash draft graph's (its shapes in the table),
+// every GEMM-trait node getting tuned attributes.
 func TestSpeculativeGraphs(t *testing.T) {
 	cfg := passtest.TinyMTP(t).Config()
-	dir := fixedTable(t, cfg)
-	_, mixed, _ := passtest.Explain(t, cfg, graph.Mixed, request(dir), nil)
 	gs := passtest.SpecGraphs(t, cfg)
+	dir := fixedTable(t, cfg, gs["dflash"])
+	_, mixed, _ := passtest.Explain(t, cfg, graph.Mixed, request(dir), nil)
 	for name, g := range gs {
 		rep := passtest.RunOn(t, g, cfg, request(dir), nil)
 		pr := rep.Find(autotune.Name)

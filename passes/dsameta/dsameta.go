@@ -20,7 +20,7 @@ const Name = "dsa-pooled-metadata"
 var Description = pass.Description{Name: Name, Version: "1.0.0",
 	Summary: "build the DSA/k-pool batch metadata once per batch and share it across DSA layers",
 	Verify:  "eligible: a verify span's keys and visible pools are the batch's like any span's (what its rejected drafts write is cut back by the store), so one metadata node serves every DSA layer",
-	Draft:   "eligible: the MTP layer is the graph's only DSA layer and attends over the MTP store's own lengths, which are its batch's; it never shares metadata with the trunk's layers"}
+	Draft:   "eligible: the MTP layer is the graph's only DSA layer and attends over the MTP store's own lengths, which are its batch's; it never shares metadata with the trunk's layers; a DFlash draft graph has no DSA layer: no sites"}
 
 func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 

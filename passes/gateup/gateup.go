@@ -27,7 +27,7 @@ const Name = "mlp-gate-up-fusion"
 var Description = pass.Description{Name: Name, Version: "1.0.0",
 	Summary: "fuse each SwiGLU MLP's gate and up projections into one GEMM feeding swiglu_packed",
 	Verify:  "eligible as on any batch: gate and up read the same rows whatever the span",
-	Draft:   "eligible for the MTP layer's shared experts (with option shared_experts); the MTP layer has no dense MLP"}
+	Draft:   "eligible for the MTP layer's shared experts (with option shared_experts); the MTP layer has no dense MLP; eligible for every DFlash draft layer's SwiGLU MLP (z-lab's Qwen3MLP: gate_proj and up_proj read the same rows)"}
 
 func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 

@@ -12,7 +12,8 @@ import (
 
 // On speculative decoding's graphs: the verify graph fuses what a mixed
 // batch does; the MTP layer's only SwiGLU MLP, its shared expert, fuses
-// with option shared_experts and is skipped (saying why) without it.
+// with option shared_experts and is skipped (saying why) without it; every
+// DFlash draft layer's MLP fuses.
 func TestSpeculativeGraphs(t *testing.T) {
 	cfg := passtest.TinyMTP(t).Config()
 	opts := map[string]any{"shared_experts": true}
@@ -23,6 +24,7 @@ func TestSpeculativeGraphs(t *testing.T) {
 		require.Len(t, reps[name].Fired, 1, name)
 		require.Equal(t, cfg.MTPLayer(0), reps[name].Fired[0].Layer, name)
 	}
+	require.Len(t, reps["dflash"].Fired, 2, "each DFlash draft layer's MLP")
 	reps = passtest.SpecStatement(t, gateup.Name, cfg, map[string]any{"shared_experts": false})
 	require.Empty(t, reps["draft-step"].Fired)
 	require.Contains(t, reps["draft-step"].Skipped[0].Reason, "shared expert")

@@ -22,7 +22,7 @@ const Name = "host-length-reuse"
 var Description = pass.Description{Name: Name, Version: "1.0.0",
 	Summary: "KDA/DSA nodes read host-side batch lengths instead of executor-produced ones",
 	Verify:  "not eligible: a verify batch starts from positions the previous step's acceptance produced, so the host cannot prepare it ahead; its nodes keep reading the executor's lengths",
-	Draft:   "eligible for draft steps (mode decode: one token per sequence at positions the drafter knows) and for the draft extend after a prefill chunk (mode extend); not for the draft extend after a verify step (mode verify: its lengths are accept lengths)"}
+	Draft:   "eligible for draft steps (mode decode: one token per sequence at positions the drafter knows) and for the draft extend after a prefill chunk (mode extend); not for the draft extend after a verify step (mode verify: its lengths are accept lengths); a DFlash draft graph reads no executor lengths (dflash_attn takes the host batch): no sites"}
 
 func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 

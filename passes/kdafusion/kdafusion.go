@@ -23,7 +23,7 @@ const Name = "kda-projection-fusion"
 var Description = pass.Description{Name: Name, Version: "1.0.0",
 	Summary: "fuse each KDA layer's q/k/v/b/f_a/g_a projections into one split GEMM and f_b/g_b into one batched GEMM",
 	Verify:  "eligible as on any batch: the fused projections feed the same kda_conv and kda_attn nodes, which keep each verify position's conv window and recurrent state for the rollback",
-	Draft:   "no sites: the MTP layer has no KDA"}
+	Draft:   "no sites: the MTP layer and a DFlash draft graph have no KDA"}
 
 func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 

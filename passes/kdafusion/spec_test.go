@@ -22,7 +22,7 @@ func TestSpeculativeGraphs(t *testing.T) {
 	reps := passtest.SpecStatement(t, kdafusion.Name, cfg, nil)
 	require.Len(t, reps["verify"].Fired, kda)
 	require.Empty(t, reps["verify"].Skipped)
-	for _, name := range []string{"draft-extend", "draft-extend-accepted", "draft-step"} {
+	for _, name := range []string{"draft-extend", "draft-extend-accepted", "draft-step", "dflash"} {
 		require.Empty(t, reps[name].Fired, name)
 		require.Empty(t, reps[name].Skipped, name)
 		require.Contains(t, reps[name].Notes[0], "no KDA")

@@ -21,8 +21,8 @@ const Name = "mhc-post-pre-fusion"
 // know it.
 var Description = pass.Description{Name: Name, Version: "1.0.0",
 	Summary: "fuse each mHC post with the next mHC pre (and its RMSNorm) at sub-layer boundaries",
-	Verify:  "eligible as on any batch: the drafter reads the final hidden row (after the stream mean and the final norm), not a residual between sublayers, and the terminal layer stays unfused",
-	Draft:   "no sites: the MTP layer has no mHC"}
+	Verify:  "eligible as on any batch: the MTP drafter reads the final hidden row (after the stream mean and the final norm), not a residual between sublayers, and the terminal layer stays unfused; a DFlash drafter's target-layer rows (stream_mean after a layer) read the fused node's streams, so its boundaries fuse too",
+	Draft:   "no sites: the MTP layer and a DFlash draft graph have no mHC"}
 
 func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 

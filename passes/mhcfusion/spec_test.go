@@ -20,7 +20,7 @@ func TestSpeculativeGraphs(t *testing.T) {
 	require.Equal(t, mixed.Find(mhcfusion.Name).Fired, reps["verify"].Fired)
 	require.Equal(t, mixed.Find(mhcfusion.Name).Skipped, reps["verify"].Skipped)
 	require.NotEmpty(t, reps["verify"].Fired)
-	for _, name := range []string{"draft-extend", "draft-extend-accepted", "draft-step"} {
+	for _, name := range []string{"draft-extend", "draft-extend-accepted", "draft-step", "dflash"} {
 		require.Empty(t, reps[name].Fired, name)
 		require.Contains(t, reps[name].Notes[0], "no mHC")
 	}

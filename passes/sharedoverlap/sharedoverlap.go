@@ -31,7 +31,7 @@ const Name = "moe-shared-overlap"
 var Description = pass.Description{Name: Name, Version: "1.0.0",
 	Summary: "run each MoE layer's shared expert on a side stream, beside the router and the routed experts (CUDA; same results)",
 	Verify:  "eligible as on any batch: the shared expert reads the same rows as the router whatever the span",
-	Draft:   "eligible for the MTP layer's MoE shared expert"}
+	Draft:   "eligible for the MTP layer's MoE shared expert; a DFlash draft graph has no MoE: no sites"}
 
 func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 

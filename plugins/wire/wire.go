@@ -159,7 +159,7 @@ func decodeDType(d pb.DType) (ir.DType, error) {
 func decodeShape(s []int64) ([]int, error) {
 	out := make([]int, len(s))
 	for i, d := range s {
-		if d < int64(ir.DimR) {
+		if d < int64(ir.DimC) {
 			return nil, fmt.Errorf("dimension %d is invalid", d)
 		}
 		v, err := toInt(d)

@@ -70,3 +70,25 @@ func TestGraphPropertiesCrossAsAttributes(t *testing.T) {
 	_, err = DecodeGraph(e.Graph)
 	require.ErrorContains(t, err, `graph: graph attribute mode: unknown mode "sideways"`)
 }
+
+// A DFlash draft graph crosses too: its context dimension C and the typed
+// dflash property (a graph attribute dflash=true on the wire) come back as
+// they were, and it is a draft graph on both sides.
+func TestDFlashGraphCrosses(t *testing.T) {
+	g := ir.New("dflash")
+	x := g.AddInput(ir.InputContext, ir.F32, ir.DimC, 8)
+	g.Outputs["y"] = g.Op1(ir.OpSigmoid, -1, nil, x)
+	g.SetMode(ir.ModeExtend)
+	g.SetDFlash()
+	e, err := EncodeGraph(g)
+	require.NoError(t, err)
+	attrs, err := DecodeAttrs(e.Graph.GetAttrs())
+	require.NoError(t, err)
+	require.Equal(t, map[string]any{"mode": "extend", "dflash": true}, attrs)
+	back, err := DecodeGraph(e.Graph)
+	require.NoError(t, err)
+	require.True(t, back.DFlash())
+	require.Equal(t, []int{ir.DimC, 8}, back.Input(ir.InputContext).Shape)
+	require.Equal(t, g.Text(), back.Text())
+	require.Equal(t, pass.DraftGraph, pass.KindOf(back))
+}

@@ -102,6 +102,11 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 	return st, nil
 }
 
+// NewDraftStore makes a heap-backed DFlash draft store (cache.DraftStore).
+func (b *Backend) NewDraftStore(layers, width int, o backend.StoreOptions) (backend.Store, error) {
+	return cache.NewDraftStore(layers, width, o.Slots)
+}
+
 // Info describes the CPU; Memory is the bytes of the weights bound so far
 // by dtype and place (MemBF16Mapped, MemBF16, MemFP32, MemFP8,
 // MemFP8Scales).

@@ -179,6 +179,10 @@ type seqRun struct {
 	n    int // new tokens
 	row0 int // first row in the batch's token dimension
 	rows int // rows a span-logits selection keeps (its last ones)
+	// A DFlash draft batch's sequence: its draft state, new context rows
+	// and their first row in the context dimension (ir.DimC).
+	draft    *cache.DraftSeq
+	c, crow0 int
 }
 
 // batchInfo is the host-side metadata value of a run (graph input "batch").
@@ -186,6 +190,7 @@ type batchInfo struct {
 	seqs []seqRun
 	T    int
 	R    int // rows a span-logits selection keeps
+	TC   int // context rows (ir.DimC) of a DFlash draft batch
 }
 
 // dsaMeta is what a dsa_meta node computes for one DSA geometry: the
@@ -262,6 +267,8 @@ func (rc *runCtx) rows(v *ir.Value) int {
 		return len(rc.batch.seqs)
 	case ir.DimR:
 		return rc.batch.R
+	case ir.DimC:
+		return rc.batch.TC
 	}
 	return v.Shape[0]
 }
@@ -355,6 +362,9 @@ func (p *Program) execute2(pr *backend.Prepared, into *backend.Result) (*backend
 	if pr == nil || pr.Prog != p {
 		return nil, fmt.Errorf("cpu: batch was prepared for another program")
 	}
+	if p.plan.Graph.DFlash() {
+		return p.executeDraft(pr, into)
+	}
 	store, ok := pr.Store.(*cache.Store)
 	if !ok {
 		return nil, fmt.Errorf("cpu: the batch's store is not a CPU cache store")
@@ -378,10 +388,58 @@ func (p *Program) execute2(pr *backend.Prepared, into *backend.Result) (*backend
 		}
 		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, seq: seq, pos0: s.Pos0, n: s.N, row0: s.Row0, rows: s.Rows})
 	}
-	return p.execute(bi, pr, store, into)
+	return p.execute(bi, pr, func() error {
+		for _, s := range bi.seqs {
+			if err := store.Advance(s.slot, s.n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, into)
 }
 
-func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Store, into *backend.Result) (*backend.Result, error) {
+// executeDraft runs a DFlash draft batch on a draft store: each sequence's
+// tokens are its block (never cached), its context rows are appended to
+// every draft layer's K/V state, and the store advances by them. A failed
+// run leaves every slot's committed state as it was.
+func (p *Program) executeDraft(pr *backend.Prepared, into *backend.Result) (*backend.Result, error) {
+	store, ok := pr.Store.(*cache.DraftStore)
+	if !ok {
+		return nil, fmt.Errorf("cpu: a DFlash draft program runs on a draft store (cache.DraftStore), not %T", pr.Store)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := pr.CheckPositions(); err != nil {
+		return nil, err
+	}
+	bi := &p.bi
+	*bi = batchInfo{seqs: bi.seqs[:0], T: pr.T, R: pr.SpanRows(), TC: pr.TC}
+	for _, s := range pr.Spans {
+		seq, err := store.Seq(s.Slot)
+		if err != nil {
+			return nil, err
+		}
+		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, draft: seq, pos0: s.Pos0, n: s.N, row0: s.Row0, rows: s.Rows, c: s.C, crow0: s.CRow0})
+	}
+	res, err := p.execute(bi, pr, func() error {
+		for _, s := range bi.seqs {
+			if err := store.Advance(s.slot, s.c); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, into)
+	if err != nil {
+		for _, s := range bi.seqs {
+			store.Rewind(s.slot)
+		}
+	}
+	return res, err
+}
+
+// execute runs the bound steps on a batch, then commit (the store's
+// advance) and the results.
+func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, commit func() error, into *backend.Result) (*backend.Result, error) {
 	rc := &p.rc
 	if rc.p == nil {
 		*rc = runCtx{p: p, f: map[*ir.Value][]float32{}, ext: map[*ir.Value][]float32{}, i: map[*ir.Value][]int32{}, host: map[*ir.Value]any{}}
@@ -397,6 +455,8 @@ func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Stor
 			rc.host[in] = bi
 		case ir.InputHidden:
 			rc.ext[in] = pr.Hidden
+		case ir.InputContext:
+			rc.ext[in] = pr.Context
 		default:
 			return nil, fmt.Errorf("cpu: graph input %q is not provided by the executor", in.Name)
 		}
@@ -410,10 +470,8 @@ func (p *Program) execute(bi *batchInfo, pr *backend.Prepared, store *cache.Stor
 			return nil, fmt.Errorf("cpu: %s (layer %d): %w", st.node.Op, st.node.Layer, err)
 		}
 	}
-	for _, s := range bi.seqs {
-		if err := store.Advance(s.slot, s.n); err != nil {
-			return nil, err
-		}
+	if err := commit(); err != nil {
+		return nil, err
 	}
 	p.runs.Add(1)
 	// the arena is overwritten by the next run: results are copies
