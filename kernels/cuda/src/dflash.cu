@@ -1,0 +1,261 @@
+// DFlash block drafter (op dflash_attn): per-head RMSNorm and RoPE of the
+// block's q and k rows and of the new context rows' k rows, the context
+// rows' K and V appended to each sequence's draft cache, then the block's
+// non-causal attention over the cached context keys and the block's own
+// keys (GQA; online softmax over key tiles, split over long contexts like
+// flash-decoding, and a reduce of the splits in a fixed order).
+#include "common.cuh"
+
+// The per-step metadata of a dflash_attn batch of S sequences: per
+// sequence its draft-cache slot, the context positions L[s] it has cached
+// before the op, its new context rows c[s] and the first of them among the
+// op's context rows (crow0[s] = Σ_{r<s} c[r]). Sequence s's block rows are
+// rows s·B … s·B+B−1 of q/kb/vb; its context rows take positions
+// L[s] … L[s]+c[s]−1 and its block rows L[s]+c[s] … L[s]+c[s]+B−1.
+struct DFlashMeta { const int* slot; const int* L; const int* c; const int* crow0; i64 S; };
+
+// dflash_ctx_seq: the sequence holding context row t (the last s with
+// crow0[s] ≤ t: a sequence of no context rows shares its crow0 with the
+// next one, and the later of them is the one whose rows start there).
+DEVFN i64 dflash_ctx_seq(const DFlashMeta& m, i64 t) {
+  i64 lo = 0, hi = m.S - 1;
+  while (lo < hi) {
+    i64 mid = (lo + hi + 1) >> 1;
+    if (m.crow0[mid] <= t) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// dflash_norm_rope: one warp writes y = RoPE(w ⊙ x / rms(x)) for one head
+// row of hd (even) values at position pos: the RMSNorm of Qwen3's q_norm /
+// k_norm (fp32, the square root in double), then the NeoX rotation
+// (rotate_half): for i < hd/2, with θ_i = pos · theta^(−2i/hd) in double,
+// y_i = n_i·cos θ_i − n_{i+hd/2}·sin θ_i, y_{i+hd/2} = n_{i+hd/2}·cos θ_i +
+// n_i·sin θ_i. y may alias x (a lane reads both halves of its pairs before
+// writing them).
+DEVFN void dflash_norm_rope(float* y, const float* x, const void* w, i64 wbf16, i64 hd, i64 pos, float eps, double theta) {
+  int lane = threadIdx.x & 31;
+  i64 half = hd / 2;
+  float ss = 0;
+  for (i64 i = lane; i < hd; i += 32) ss += x[i] * x[i];
+  ss = warp_sum(ss);
+  float r = (float)(1.0 / sqrt((double)(ss / (float)hd + eps)));
+  for (i64 i = lane; i < half; i += 32) {
+    float lo = ldw(w, i, wbf16) * (x[i] * r), hi = ldw(w, i + half, wbf16) * (x[i + half] * r);
+    double ang = (double)pos * pow(theta, -2.0 * (double)i / (double)hd);
+    float c = (float)cos(ang), s = (float)sin(ang);
+    y[i] = lo * c - hi * s;
+    y[i + half] = hi * c + lo * s;
+  }
+}
+
+// dflash_prep: a warp per head row: the block's q rows (Tb·Hq of them) into
+// qo, its k rows (Tb·Hkv) into kbo, and the Tc context rows' k (normed and
+// roped) and v (as they are) into the draft caches at the slot's positions
+// L[s]+j. Caches are per slot [positions][Hkv·hd] floats (slot_stride
+// floats a slot). 256 threads a block, 8 rows.
+struct DFlashPrepArgs {
+  const float* q; const float* kb; const float* kc; const float* vc;
+  const void* qw; i64 qw_bf16; const void* kw; i64 kw_bf16;
+  float* qo; float* kbo;
+  float* kcache; float* vcache; i64 slot_stride;
+  DFlashMeta m;
+  i64 Tc, Hq, Hkv, hd, B;
+  double eps, theta;
+};
+KERNEL(glmf_dflash_prep, DFlashPrepArgs) {
+  i64 item = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const i64 hd = a.hd, Tb = a.m.S * a.B;
+  const float eps = (float)a.eps;
+  i64 nq = Tb * a.Hq, nkb = Tb * a.Hkv;
+  if (item < nq) {
+    i64 t = item / a.Hq, h = item % a.Hq, s = t / a.B;
+    i64 pos = a.m.L[s] + a.m.c[s] + t % a.B;
+    i64 off = t * a.Hq * hd + h * hd;
+    dflash_norm_rope(a.qo + off, a.q + off, a.qw, a.qw_bf16, hd, pos, eps, a.theta);
+    return;
+  }
+  item -= nq;
+  if (item < nkb) {
+    i64 t = item / a.Hkv, h = item % a.Hkv, s = t / a.B;
+    i64 pos = a.m.L[s] + a.m.c[s] + t % a.B;
+    i64 off = t * a.Hkv * hd + h * hd;
+    dflash_norm_rope(a.kbo + off, a.kb + off, a.kw, a.kw_bf16, hd, pos, eps, a.theta);
+    return;
+  }
+  item -= nkb;
+  if (item >= a.Tc * a.Hkv) return;
+  i64 t = item / a.Hkv, h = item % a.Hkv, s = dflash_ctx_seq(a.m, t);
+  i64 pos = a.m.L[s] + (t - a.m.crow0[s]);
+  i64 src = t * a.Hkv * hd + h * hd;
+  i64 dst = (i64)a.m.slot[s] * a.slot_stride + pos * a.Hkv * hd + h * hd;
+  dflash_norm_rope(a.kcache + dst, a.kc + src, a.kw, a.kw_bf16, hd, pos, eps, a.theta);
+  for (i64 i = threadIdx.x & 31; i < hd; i += 32) a.vcache[dst + i] = a.vc[src + i];
+}
+
+// Attention tiles: keys staged DFLASH_KT at a time; a block of
+// DFLASH_WARPS warps serves DFLASH_QB queries of one KV head group
+// (DFLASH_QPW a warp: query qq·DFLASH_WARPS + warp of the chunk); head
+// dims up to DFLASH_MAXHD (DFLASH_MAXHD/32 output values a lane).
+#define DFLASH_KT 32
+#define DFLASH_WARPS 8
+#define DFLASH_QPW 4
+#define DFLASH_QB 32
+#define DFLASH_MAXHD 128
+
+DEVFN float dflash_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// dflash_attn: the partial attention of one split of keys. Grid (nsplit,
+// Hkv·nchunk, S), 256 threads, dynamic shared memory 4·(DFLASH_QB +
+// 2·DFLASH_KT)·hd bytes. Block (x, y, z) takes sequence z, KV head
+// g = y mod Hkv and its group's queries [c·QB, c·QB+QB) (c = y / Hkv;
+// query i of the group is block row i / G, head g·G + i mod G, G = Hq/Hkv),
+// and the keys [x·ks, x·ks+ks) of the sequence's N+B (N = L+c cached
+// context keys, then its B block keys). Per query it runs the online
+// softmax over the split's key tiles (scores scale·q·k in fp32 chains over
+// the head dims, exponentials in double) and writes the split's running
+// max, sum and unnormalised output to part_ml/part_o at
+// ((z·nsplit + x)·Hkv + g)·B·G + i. A split past the keys writes nothing.
+struct DFlashAttnArgs {
+  const float* q; const float* kb; const float* vb;  // [Tb][Hq·hd] normed+roped q; [Tb][Hkv·hd] block keys (normed+roped), values
+  const float* kcache; const float* vcache; i64 slot_stride;
+  DFlashMeta m;
+  float* part_o; float* part_ml;
+  i64 Hq, Hkv, hd, B, ks, nsplit;
+  double scale;
+};
+KERNEL(glmf_dflash_attn, DFlashAttnArgs) {
+  DYN_SMEM(float, sm);
+  const i64 hd = a.hd, G = a.Hq / a.Hkv, nq = a.B * G;
+  const i64 s = blockIdx.z, g = blockIdx.y % a.Hkv, q0 = (blockIdx.y / a.Hkv) * DFLASH_QB;
+  if (q0 >= nq) return;
+  const i64 N = a.m.L[s] + a.m.c[s], Ntot = N + a.B;
+  const i64 k0 = (i64)blockIdx.x * a.ks;
+  if (k0 >= Ntot) return;
+  const i64 k1 = k0 + a.ks < Ntot ? k0 + a.ks : Ntot;
+  float* Qs = sm;                      // [QB][hd]
+  float* Ks = Qs + DFLASH_QB * hd;     // [hd][KT], key j of dim d at column (j + d) mod KT
+  float* Vs = Ks + DFLASH_KT * hd;     // [KT][hd]
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const i64 ld = a.Hkv * hd;
+  for (i64 i = tid; i < DFLASH_QB * hd; i += blockDim.x) {
+    i64 qi = q0 + i / hd, d = i % hd;
+    float v = 0;
+    if (qi < nq) v = a.q[(s * a.B + qi / G) * a.Hq * hd + (g * G + qi % G) * hd + d];
+    Qs[i] = v;
+  }
+  const float* kcs = a.kcache + (i64)a.m.slot[s] * a.slot_stride + g * hd;
+  const float* vcs = a.vcache + (i64)a.m.slot[s] * a.slot_stride + g * hd;
+  bool live[DFLASH_QPW];
+  float O[DFLASH_QPW][DFLASH_MAXHD / 32], mx[DFLASH_QPW], l[DFLASH_QPW];
+#pragma unroll
+  for (int qq = 0; qq < DFLASH_QPW; qq++) {
+    live[qq] = q0 + qq * DFLASH_WARPS + w < nq;
+    mx[qq] = -INFINITY;
+    l[qq] = 0;
+#pragma unroll
+    for (int i = 0; i < DFLASH_MAXHD / 32; i++) O[qq][i] = 0;
+  }
+  const float scale = (float)a.scale;
+  for (i64 t0 = k0; t0 < k1; t0 += DFLASH_KT) {
+    const int nk = (int)(k1 - t0 < DFLASH_KT ? k1 - t0 : DFLASH_KT);
+    __syncthreads();  // the previous tile is consumed (the queries staged, on the first)
+    for (i64 i = tid; i < DFLASH_KT * hd; i += blockDim.x) {
+      i64 j = i / hd, d = i % hd;
+      float kv = 0, vv = 0;
+      if (j < nk) {
+        i64 key = t0 + j;
+        if (key < N) {
+          kv = kcs[key * ld + d];
+          vv = vcs[key * ld + d];
+        } else {
+          i64 r = (s * a.B + key - N) * ld + g * hd + d;
+          kv = a.kb[r];
+          vv = a.vb[r];
+        }
+      }
+      Ks[d * DFLASH_KT + ((j + d) & (DFLASH_KT - 1))] = kv;
+      Vs[j * hd + d] = vv;
+    }
+    __syncthreads();
+    // scores: lane j takes key j of the tile for each of the warp's queries
+    float sc[DFLASH_QPW];
+#pragma unroll
+    for (int qq = 0; qq < DFLASH_QPW; qq++) sc[qq] = 0;
+    for (i64 d = 0; d < hd; d++) {
+      float kv = Ks[d * DFLASH_KT + ((lane + d) & (DFLASH_KT - 1))];
+#pragma unroll
+      for (int qq = 0; qq < DFLASH_QPW; qq++) sc[qq] = fmaf(Qs[(qq * DFLASH_WARPS + w) * hd + d], kv, sc[qq]);
+    }
+    float p[DFLASH_QPW];
+#pragma unroll
+    for (int qq = 0; qq < DFLASH_QPW; qq++) {
+      p[qq] = 0;
+      if (!live[qq]) continue;  // warp-uniform
+      float x = lane < nk ? sc[qq] * scale : -INFINITY;
+      float mnew = fmaxf(mx[qq], dflash_warp_max(x));  // finite: the tile has a key
+      float alpha = (float)exp((double)(mx[qq] - mnew));
+      p[qq] = lane < nk ? (float)exp((double)(x - mnew)) : 0.f;
+      l[qq] = l[qq] * alpha + warp_sum(p[qq]);
+      mx[qq] = mnew;
+#pragma unroll
+      for (int i = 0; i < DFLASH_MAXHD / 32; i++) O[qq][i] *= alpha;
+    }
+    for (int j = 0; j < nk; j++) {
+      float v[DFLASH_MAXHD / 32];
+#pragma unroll
+      for (int i = 0; i < DFLASH_MAXHD / 32; i++) v[i] = lane + 32 * i < hd ? Vs[j * hd + lane + 32 * i] : 0.f;
+#pragma unroll
+      for (int qq = 0; qq < DFLASH_QPW; qq++) {
+        if (!live[qq]) continue;
+        float pj = __shfl_sync(0xffffffffu, p[qq], j);
+#pragma unroll
+        for (int i = 0; i < DFLASH_MAXHD / 32; i++) O[qq][i] = fmaf(pj, v[i], O[qq][i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int qq = 0; qq < DFLASH_QPW; qq++) {
+    if (!live[qq]) continue;
+    i64 pi = (((s * a.nsplit + blockIdx.x) * a.Hkv + g) * nq) + q0 + qq * DFLASH_WARPS + w;
+#pragma unroll
+    for (int i = 0; i < DFLASH_MAXHD / 32; i++)
+      if (lane + 32 * i < hd) a.part_o[pi * hd + lane + 32 * i] = O[qq][i];
+    if (lane == 0) {
+      a.part_ml[2 * pi] = mx[qq];
+      a.part_ml[2 * pi + 1] = l[qq];
+    }
+  }
+}
+
+// dflash_reduce: o[s·B + j][h·hd + d] = Σ_x e_x·O_x[d] / Σ_x e_x·l_x over
+// the splits x of the sequence's keys (e_x = exp(m_x − max m), in double),
+// in split order. Grid (Hq, B, S), a thread per head dim (any block size).
+struct DFlashReduceArgs {
+  const float* part_o; const float* part_ml; float* o;
+  DFlashMeta m;
+  i64 Hq, Hkv, hd, B, ks, nsplit;
+};
+KERNEL(glmf_dflash_reduce, DFlashReduceArgs) {
+  const i64 h = blockIdx.x, j = blockIdx.y, s = blockIdx.z;
+  const i64 G = a.Hq / a.Hkv, g = h / G, nq = a.B * G, qi = j * G + h % G;
+  const i64 Ntot = a.m.L[s] + a.m.c[s] + a.B;
+  i64 nsp = (Ntot + a.ks - 1) / a.ks;
+  if (nsp > a.nsplit) nsp = a.nsplit;
+  float M = -INFINITY;
+  for (i64 x = 0; x < nsp; x++) M = fmaxf(M, a.part_ml[2 * (((s * a.nsplit + x) * a.Hkv + g) * nq + qi)]);
+  for (i64 d = threadIdx.x; d < a.hd; d += blockDim.x) {
+    float den = 0, num = 0;
+    for (i64 x = 0; x < nsp; x++) {
+      i64 pi = ((s * a.nsplit + x) * a.Hkv + g) * nq + qi;
+      float e = (float)exp((double)(a.part_ml[2 * pi] - M));
+      den += e * a.part_ml[2 * pi + 1];
+      num += e * a.part_o[pi * a.hd + d];
+    }
+    a.o[(s * a.B + j) * a.Hq * a.hd + h * a.hd + d] = num / den;
+  }
+}
