@@ -178,7 +178,7 @@ func TestDFlashAttnMatchesReference(t *testing.T) {
 				Qr: poisoned[float32](t, d, Tb*Hq*hd).p, Kbr: poisoned[float32](t, d, Tb*kvw).p,
 				PartO: poisoned[float32](t, d, int(po)).p, PartML: poisoned[float32](t, d, int(pml)).p,
 				KCache: kcb.p, VCache: vcb.p, SlotStride: int64(slotStride),
-				Meta: kc.DFlashMeta{Slot: upload(t, d, slots).p, L: upload(t, d, Ls).p, C: upload(t, d, cs).p, Crow0: upload(t, d, crow0).p, S: int64(S)},
+				Meta:  kc.DFlashMeta{Slot: upload(t, d, slots).p, L: upload(t, d, Ls).p, C: upload(t, d, cs).p, Crow0: upload(t, d, crow0).p, S: int64(S)},
 				Shape: sh, Eps: eps, Theta: theta, KS: ks, NSplit: nsplit}
 			require.NoError(t, d.Do(func() error {
 				if err := op.Launch(d); err != nil {
