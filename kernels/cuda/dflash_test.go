@@ -11,7 +11,7 @@ import (
 )
 
 // dflashNormRope is the contract's per-head RMSNorm then NeoX RoPE of one
-// head row, in float64.
+// head row, in float64 but for the fp32 angles.
 func dflashNormRope(x, w []float32, pos int, eps, theta float64) []float64 {
 	hd := len(x)
 	var ss float64
@@ -26,7 +26,9 @@ func dflashNormRope(x, w []float32, pos int, eps, theta float64) []float64 {
 	y := make([]float64, hd)
 	half := hd / 2
 	for i := 0; i < half; i++ {
-		ang := float64(pos) * math.Pow(theta, -2*float64(i)/float64(hd))
+		// transformers' fp32 inv_freq and angle (the CPU's kernels/dflash)
+		inv := float64(float32(1 / math.Pow(theta, float64(2*i)/float64(hd))))
+		ang := float64(float32(float64(pos) * inv))
 		c, s := math.Cos(ang), math.Sin(ang)
 		y[i] = n[i]*c - n[i+half]*s
 		y[i+half] = n[i+half]*c + n[i]*s

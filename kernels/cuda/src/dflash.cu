@@ -29,22 +29,25 @@ DEVFN i64 dflash_ctx_seq(const DFlashMeta& m, i64 t) {
 
 // dflash_norm_rope: one warp writes y = RoPE(w ⊙ x / rms(x)) for one head
 // row of hd (even) values at position pos: the RMSNorm of Qwen3's q_norm /
-// k_norm (fp32, the square root in double), then the NeoX rotation
-// (rotate_half): for i < hd/2, with θ_i = pos · theta^(−2i/hd) in double,
-// y_i = n_i·cos θ_i − n_{i+hd/2}·sin θ_i, y_{i+hd/2} = n_{i+hd/2}·cos θ_i +
-// n_i·sin θ_i. y may alias x (a lane reads both halves of its pairs before
-// writing them).
-DEVFN void dflash_norm_rope(float* y, const float* x, const void* w, i64 wbf16, i64 hd, i64 pos, float eps, double theta) {
+// k_norm (the sum of squares and the square root in double, then fp32),
+// then the NeoX rotation (rotate_half) with transformers' fp32 angles, as
+// the CPU (kernels/dflash): for i < hd/2, inv_i = fp32(1/theta^(2i/hd)),
+// θ_i = fp32(pos·inv_i), y_i = n_i·cos θ_i − n_{i+hd/2}·sin θ_i,
+// y_{i+hd/2} = n_{i+hd/2}·cos θ_i + n_i·sin θ_i (cos and sin in double,
+// rounded to fp32). y may alias x (a lane reads both halves of its pairs
+// before writing them).
+DEVFN void dflash_norm_rope(float* y, const float* x, const void* w, i64 wbf16, i64 hd, i64 pos, double eps, double theta) {
   int lane = threadIdx.x & 31;
   i64 half = hd / 2;
-  float ss = 0;
-  for (i64 i = lane; i < hd; i += 32) ss += x[i] * x[i];
-  ss = warp_sum(ss);
-  float r = (float)(1.0 / sqrt((double)(ss / (float)hd + eps)));
+  double ss = 0;
+  for (i64 i = lane; i < hd; i += 32) ss += (double)x[i] * (double)x[i];
+  ss = warp_sum_d(ss);
+  float r = (float)(1.0 / sqrt(ss / (double)hd + eps));
   for (i64 i = lane; i < half; i += 32) {
-    float lo = ldw(w, i, wbf16) * (x[i] * r), hi = ldw(w, i + half, wbf16) * (x[i + half] * r);
-    double ang = (double)pos * pow(theta, -2.0 * (double)i / (double)hd);
-    float c = (float)cos(ang), s = (float)sin(ang);
+    float lo = (x[i] * r) * ldw(w, i, wbf16), hi = (x[i + half] * r) * ldw(w, i + half, wbf16);
+    float inv = (float)(1.0 / pow(theta, (double)(2 * i) / (double)hd));
+    float ang = (float)((double)pos * (double)inv);
+    float c = (float)cos((double)ang), s = (float)sin((double)ang);
     y[i] = lo * c - hi * s;
     y[i + half] = hi * c + lo * s;
   }
@@ -67,7 +70,7 @@ struct DFlashPrepArgs {
 KERNEL(glmf_dflash_prep, DFlashPrepArgs) {
   i64 item = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const i64 hd = a.hd, Tb = a.m.S * a.B;
-  const float eps = (float)a.eps;
+  const double eps = a.eps;
   i64 nq = Tb * a.Hq, nkb = Tb * a.Hkv;
   if (item < nq) {
     i64 t = item / a.Hq, h = item % a.Hq, s = t / a.B;
