@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	kc "github.com/glmflash/glmflash/kernels/cuda"
+	"github.com/glmflash/glmflash/kernels/dflash"
 	"github.com/stretchr/testify/require"
 )
 
@@ -256,4 +257,76 @@ func TestDFlashSplitInvariance(t *testing.T) {
 	bad := sh
 	bad.HeadDim = 256
 	require.ErrorContains(t, bad.Check(), "head_dim 256")
+}
+
+// The DFlash kernels agree with the CPU's (kernels/dflash, what the CPU
+// backend binds) within fp32 rounding: the cached context keys and the
+// block's output of a batch of three sequences, one of them at positions
+// past 4,000 (where fp32 and float64 RoPE angles part).
+func TestDFlashAttnMatchesCPU(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(35, 1))
+	const hd, Hq, Hkv, B, maxPos = 128, 4, 2, 8, 4200
+	Ls, cs := []int{4100, 0, 9}, []int{3, 5, 0}
+	S, kvw := len(Ls), Hkv*hd
+	cfg := dflash.Config{Heads: Hq, KVHeads: Hkv, HeadDim: hd, Eps: 1e-6, Theta: 1e6}
+	qw, kw := randn(r, hd, 0.5), randn(r, hd, 0.5)
+	kcache, vcache := randn(r, S*maxPos*kvw, 1), randn(r, S*maxPos*kvw, 1)
+	Tc := 0
+	crow0 := make([]int32, S)
+	for s, c := range cs {
+		crow0[s] = int32(Tc)
+		Tc += c
+	}
+	q, kb, vb := randn(r, S*B*Hq*hd, 1), randn(r, S*B*kvw, 1), randn(r, S*B*kvw, 1)
+	kcr, vcr := randn(r, Tc*kvw, 1), randn(r, Tc*kvw, 1)
+	want := make([]float32, S*B*Hq*hd)
+	wantK := append([]float32(nil), kcache...)
+	for s := 0; s < S; s++ {
+		L, c := Ls[s], cs[s]
+		base := s * maxPos * kvw // slot s
+		kctx := append([]float32(nil), kcr[int(crow0[s])*kvw:(int(crow0[s])+c)*kvw]...)
+		cfg.NormRope(kctx, c, Hkv, kw, L)
+		copy(wantK[base+L*kvw:], kctx)
+		kbs := append([]float32(nil), kb[s*B*kvw:(s+1)*B*kvw]...)
+		cfg.NormRope(kbs, B, Hkv, kw, L+c)
+		qs := append([]float32(nil), q[s*B*Hq*hd:(s+1)*B*Hq*hd]...)
+		cfg.NormRope(qs, B, Hq, qw, L+c)
+		keys := append(append([]float32(nil), wantK[base:base+(L+c)*kvw]...), kbs...)
+		vals := append(append(append([]float32(nil), vcache[base:base+L*kvw]...), vcr[int(crow0[s])*kvw:(int(crow0[s])+c)*kvw]...), vb[s*B*kvw:(s+1)*B*kvw]...)
+		cfg.Attend(want[s*B*Hq*hd:(s+1)*B*Hq*hd], qs, B, keys, vals, L+c+B)
+	}
+	sh := kc.DFlashShape{S: S, B: B, Tc: Tc, Hq: Hq, Hkv: Hkv, HeadDim: hd, MaxKeys: maxPos + B}
+	ks, nsplit := kc.DFlashSplit(sh, d.SMs)
+	po, pml := kc.DFlashPartFloats(sh, nsplit)
+	slots := []int32{0, 1, 2}
+	Lb, cb := make([]int32, S), make([]int32, S)
+	for s := range Lb {
+		Lb[s], cb[s] = int32(Ls[s]), int32(cs[s])
+	}
+	kcb, vcb := upload(t, d, kcache), upload(t, d, vcache)
+	o := poisoned[float32](t, d, S*B*Hq*hd)
+	op := kc.DFlashOp{Q: upload(t, d, q).p, Kb: upload(t, d, kb).p, Vb: upload(t, d, vb).p, Kc: upload(t, d, kcr).p, Vc: upload(t, d, vcr).p,
+		QNorm: upload(t, d, qw).p, KNorm: upload(t, d, kw).p, O: o.p,
+		Qr: poisoned[float32](t, d, S*B*Hq*hd).p, Kbr: poisoned[float32](t, d, S*B*kvw).p,
+		PartO: poisoned[float32](t, d, int(po)).p, PartML: poisoned[float32](t, d, int(pml)).p,
+		KCache: kcb.p, VCache: vcb.p, SlotStride: int64(maxPos * kvw),
+		Meta:  kc.DFlashMeta{Slot: upload(t, d, slots).p, L: upload(t, d, Lb).p, C: upload(t, d, cb).p, Crow0: upload(t, d, crow0).p, S: int64(S)},
+		Shape: sh, Eps: cfg.Eps, Theta: cfg.Theta, KS: ks, NSplit: nsplit}
+	require.NoError(t, d.Do(func() error {
+		if err := op.Launch(d); err != nil {
+			return err
+		}
+		return d.Sync()
+	}))
+	gotK := download[float32](t, kcb)
+	require.Less(t, maxRelErr(t, gotK, wantK), 1e-7)
+	for i := range wantK {
+		require.InDelta(t, wantK[i], gotK[i], 2e-6*(1+math.Abs(float64(wantK[i]))), "k cache float %d", i)
+	}
+	got := download[float32](t, o)
+	require.Less(t, maxRelErr(t, got, want), 2e-6)
+	for i := range want {
+		require.InDelta(t, want[i], got[i], 1e-5, "output %d", i)
+	}
 }
