@@ -176,6 +176,17 @@ type DFlashReduceArgs struct {
 	Nsplit int64
 }
 
+// ConcatArgs mirrors the CUDA struct ConcatArgs.
+type ConcatArgs struct {
+	X   [8]DevicePtr
+	W   [8]int64
+	Nin int64
+	Y   DevicePtr
+	R   int64
+	N   int64
+	Off int64
+}
+
 // DSAMetaArgs mirrors the CUDA struct DSAMetaArgs.
 type DSAMetaArgs struct {
 	M       BatchMeta
@@ -713,6 +724,35 @@ func (k CombineArgsKernel) String() string { return namesOfCombineArgsKernel[k] 
 // LaunchMoECombine starts glmf_moe_combine with a.
 func LaunchMoECombine(d *Device, grid, block Dim3, smem int, a *CombineArgs) error {
 	return KernelMoECombine.Launch(d, grid, block, smem, a)
+}
+
+// ConcatArgsKernel is a kernel taking ConcatArgs (0: none).
+type ConcatArgsKernel uint16
+
+// The kernels taking ConcatArgs.
+const (
+	_ ConcatArgsKernel = iota
+	// KernelConcatCols is glmf_concat_cols (src/dflash.cu).
+	KernelConcatCols
+)
+
+// namesOfConcatArgsKernel are the entry points of the ConcatArgsKernel constants.
+var namesOfConcatArgsKernel = [...]string{
+	"",
+	"glmf_concat_cols",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k ConcatArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *ConcatArgs) error {
+	return d.launch(namesOfConcatArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k ConcatArgsKernel) String() string { return namesOfConcatArgsKernel[k] }
+
+// LaunchConcatCols starts glmf_concat_cols with a.
+func LaunchConcatCols(d *Device, grid, block Dim3, smem int, a *ConcatArgs) error {
+	return KernelConcatCols.Launch(d, grid, block, smem, a)
 }
 
 // DFlashAttnArgsKernel is a kernel taking DFlashAttnArgs (0: none).
@@ -2213,6 +2253,7 @@ func LaunchedKernels() []string {
 	var names []string
 	names = append(names, namesOfAppendArgsKernel[1:]...)
 	names = append(names, namesOfCombineArgsKernel[1:]...)
+	names = append(names, namesOfConcatArgsKernel[1:]...)
 	names = append(names, namesOfDFlashAttnArgsKernel[1:]...)
 	names = append(names, namesOfDFlashPrepArgsKernel[1:]...)
 	names = append(names, namesOfDFlashReduceArgsKernel[1:]...)

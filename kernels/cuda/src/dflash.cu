@@ -262,3 +262,26 @@ KERNEL(glmf_dflash_reduce, DFlashReduceArgs) {
     a.o[(s * a.B + j) * a.Hq * a.hd + h * a.hd + d] = num / den;
   }
 }
+
+// concat_cols: y[r][off + c] = x_j[r][c − o_j] for the columns of the
+// launch's inputs (at most 8: x_j [R][w_j] at column o_j = Σ_{i<j} w_i of
+// the launch) in an output of N columns (the trunk's target-layer hidden
+// rows, concatenated; more inputs take more launches, each at its off).
+struct ConcatArgs {
+  const float* x[8]; i64 w[8]; i64 nin;
+  float* y; i64 R, N, off;
+};
+KERNEL(glmf_concat_cols, ConcatArgs) {
+  i64 W = 0;
+  for (i64 j = 0; j < a.nin; j++) W += a.w[j];
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.R * W) return;
+  i64 r = i / W, c = i % W, o = 0;
+  for (i64 j = 0; j < a.nin; j++) {
+    if (c < o + a.w[j]) {
+      a.y[r * a.N + a.off + c] = a.x[j][r * a.w[j] + (c - o)];
+      return;
+    }
+    o += a.w[j];
+  }
+}
