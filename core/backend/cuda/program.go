@@ -344,7 +344,7 @@ type runCtx struct {
 	// the DFlash per-sequence metadata (draft batches)
 	context kc.DevicePtr
 	dmeta   kc.DFlashMeta
-	meta  kc.BatchMeta
+	meta    kc.BatchMeta
 	// per sequence: the open checkpoint's position and the saved
 	// selection's (−1: none); the rows a span-logits selection keeps
 	ckpt, sharePos, spanRows kc.DevicePtr
