@@ -157,7 +157,6 @@ type DFlashAttnArgs struct {
 	Hkv        int64
 	Hd         int64
 	B          int64
-	Ks         int64
 	Nsplit     int64
 	Scale      float64
 }
@@ -172,7 +171,6 @@ type DFlashReduceArgs struct {
 	Hkv    int64
 	Hd     int64
 	B      int64
-	Ks     int64
 	Nsplit int64
 }
 

@@ -22,15 +22,14 @@ const (
 	DFlashQueriesPerBlock = 32
 	// dflashKeyTile is the keys a block stages at a time (DFLASH_KT).
 	dflashKeyTile = 32
-	// dflashMinSplit is the fewest keys a split takes.
-	dflashMinSplit = 256
+	// DFlashMinSplit is the fewest keys a split takes (DFLASH_KMIN).
+	DFlashMinSplit = 128
 )
 
 // DFlashShape is the size of a dflash_attn batch: S sequences of B block
 // rows each, Tc new context rows in all, Hq query and Hkv key/value heads
 // of HeadDim, and at most MaxKeys keys a sequence (the draft cache's
-// capacity plus the block: the split is sized for it, so a CUDA graph
-// captured at one length serves every other).
+// capacity plus the block: it bounds the splits worth launching).
 type DFlashShape struct {
 	S, B, Tc, Hq, Hkv, HeadDim, MaxKeys int
 }
@@ -58,20 +57,18 @@ func (sh DFlashShape) chunks() int {
 	return (q + DFlashQueriesPerBlock - 1) / DFlashQueriesPerBlock
 }
 
-// DFlashSplit is how glmf_dflash_attn divides a sequence's keys on a GPU
-// of sms multiprocessors: ks keys a split (a multiple of the key tile) and
-// nsplit splits, nsplit·ks ≥ sh.MaxKeys, with about two blocks an SM when
-// every sequence is as long as MaxKeys and no split of fewer than 256 keys.
-// It depends on the shape only (not on the lengths), so eager steps and
-// graph replays split alike.
-func DFlashSplit(sh DFlashShape, sms int) (ks, nsplit int) {
+// DFlashSplit is the most splits glmf_dflash_attn divides a sequence's
+// keys into on a GPU of sms multiprocessors (its grid's x): about two
+// blocks an SM, and no more than MaxKeys keys fill at DFlashMinSplit a
+// split. On the device a sequence of n keys takes splits of
+// max(DFlashMinSplit, ⌈n/nsplit⌉ rounded up to the key tile) keys, so
+// short contexts take few splits and long ones all. It depends on the
+// shape only (not on the lengths): eager steps and graph replays split
+// alike, and a graph captured at one length serves every other.
+func DFlashSplit(sh DFlashShape, sms int) (nsplit int) {
 	base := sh.S * sh.Hkv * sh.chunks()
 	nsplit = max(1, (2*max(sms, 1)+base-1)/base)
-	nsplit = min(nsplit, max(1, (sh.MaxKeys+dflashMinSplit-1)/dflashMinSplit))
-	ks = (sh.MaxKeys + nsplit - 1) / nsplit
-	ks = (ks + dflashKeyTile - 1) / dflashKeyTile * dflashKeyTile
-	nsplit = (sh.MaxKeys + ks - 1) / ks
-	return ks, nsplit
+	return min(nsplit, max(1, (sh.MaxKeys+DFlashMinSplit-1)/DFlashMinSplit))
 }
 
 // DFlashPartFloats is the floats of the splits' partial outputs and of
@@ -98,8 +95,8 @@ type DFlashOp struct {
 	Meta                 DFlashMeta
 	Shape                DFlashShape
 	Eps, Theta           float64
-	// KS and NSplit are DFlashSplit's (keys a split, splits).
-	KS, NSplit int
+	// NSplit is the most splits of a sequence's keys (DFlashSplit's).
+	NSplit int
 }
 
 // Launch starts the op's three kernels on d's current stream.
@@ -108,8 +105,8 @@ func (op *DFlashOp) Launch(d *Device) error {
 	if err := sh.Check(); err != nil {
 		return err
 	}
-	if op.KS < 1 || op.NSplit < 1 || int64(op.KS)*int64(op.NSplit) < int64(sh.MaxKeys) {
-		return fmt.Errorf("cuda: dflash_attn: %d splits of %d keys do not cover %d keys", op.NSplit, op.KS, sh.MaxKeys)
+	if op.NSplit < 1 {
+		return fmt.Errorf("cuda: dflash_attn: %d splits of the keys (at least one)", op.NSplit)
 	}
 	b2i := func(b bool) int64 {
 		if b {
@@ -127,14 +124,14 @@ func (op *DFlashOp) Launch(d *Device) error {
 	}
 	attn := DFlashAttnArgs{Q: op.Qr, Kb: op.Kbr, Vb: op.Vb, Kcache: op.KCache, Vcache: op.VCache, SlotStride: op.SlotStride, M: op.Meta,
 		PartO: op.PartO, PartMl: op.PartML, Hq: int64(sh.Hq), Hkv: int64(sh.Hkv), Hd: int64(sh.HeadDim), B: int64(sh.B),
-		Ks: int64(op.KS), Nsplit: int64(op.NSplit), Scale: 1 / math.Sqrt(float64(sh.HeadDim))}
+		Nsplit: int64(op.NSplit), Scale: 1 / math.Sqrt(float64(sh.HeadDim))}
 	smem := 4 * (DFlashQueriesPerBlock + 2*dflashKeyTile) * sh.HeadDim
 	grid := Dim3{X: uint32(op.NSplit), Y: uint32(sh.Hkv * sh.chunks()), Z: uint32(sh.S)}
 	if err := LaunchDflashAttn(d, grid, Dim3{X: 256}, smem, &attn); err != nil {
 		return err
 	}
 	red := DFlashReduceArgs{PartO: op.PartO, PartMl: op.PartML, O: op.O, M: op.Meta, Hq: int64(sh.Hq), Hkv: int64(sh.Hkv), Hd: int64(sh.HeadDim),
-		B: int64(sh.B), Ks: int64(op.KS), Nsplit: int64(op.NSplit)}
+		B: int64(sh.B), Nsplit: int64(op.NSplit)}
 	block := uint32(32)
 	for int(block) < sh.HeadDim {
 		block *= 2

@@ -64,7 +64,7 @@ func TestDFlashAttnMatchesReference(t *testing.T) {
 		{hd: 40, Hq: 6, Hkv: 3, B: 5, L: []int{0, 33}, c: []int{0, 1}, maxPos: 40, sms: 8},
 		{hd: 64, Hq: 8, Hkv: 1, B: 16, L: []int{300}, c: []int{1}, maxPos: 301, sms: 132},
 		// keys over many splits, a split boundary inside the block keys
-		{hd: 64, Hq: 2, Hkv: 1, B: 8, L: []int{1000, 4}, c: []int{24, 3}, maxPos: 1024, sms: 132},
+		{hd: 64, Hq: 2, Hkv: 1, B: 8, L: []int{1000, 4}, c: []int{20, 3}, maxPos: 1024, sms: 132},
 	}
 	for ci, tc := range cases {
 		t.Run(fmt.Sprintf("case%d/hd%d/H%d-%d/B%d", ci, tc.hd, tc.Hq, tc.Hkv, tc.B), func(t *testing.T) {
@@ -165,9 +165,8 @@ func TestDFlashAttnMatchesReference(t *testing.T) {
 			}
 			sh := kc.DFlashShape{S: S, B: B, Tc: Tc, Hq: Hq, Hkv: Hkv, HeadDim: hd, MaxKeys: tc.maxPos + B}
 			require.NoError(t, sh.Check())
-			ks, nsplit := kc.DFlashSplit(sh, tc.sms)
-			require.GreaterOrEqual(t, ks*nsplit, sh.MaxKeys)
-			t.Logf("%d splits of %d keys", nsplit, ks)
+			nsplit := kc.DFlashSplit(sh, tc.sms)
+			t.Logf("at most %d splits", nsplit)
 			po, pml := kc.DFlashPartFloats(sh, nsplit)
 			Ls, cs := make([]int32, S), make([]int32, S)
 			for s := range Ls {
@@ -182,7 +181,7 @@ func TestDFlashAttnMatchesReference(t *testing.T) {
 				PartO: poisoned[float32](t, d, int(po)).p, PartML: poisoned[float32](t, d, int(pml)).p,
 				KCache: kcb.p, VCache: vcb.p, SlotStride: int64(slotStride),
 				Meta:  kc.DFlashMeta{Slot: upload(t, d, slots).p, L: upload(t, d, Ls).p, C: upload(t, d, cs).p, Crow0: upload(t, d, crow0).p, S: int64(S)},
-				Shape: sh, Eps: eps, Theta: theta, KS: ks, NSplit: nsplit}
+				Shape: sh, Eps: eps, Theta: theta, NSplit: nsplit}
 			require.NoError(t, d.Do(func() error {
 				if err := op.Launch(d); err != nil {
 					return err
@@ -227,13 +226,13 @@ func TestDFlashSplitInvariance(t *testing.T) {
 		Crow0: upload(t, d, []int32{0, 0}).p, S: S}
 	q, kb, vb := upload(t, d, randn(r, S*B*Hq*hd, 1)), upload(t, d, randn(r, S*B*kvw, 1)), upload(t, d, randn(r, S*B*kvw, 1))
 	w := upload(t, d, randn(r, hd, 0.5))
-	run := func(ks, nsplit int) []float32 {
+	run := func(nsplit int) []float32 {
 		po, pml := kc.DFlashPartFloats(sh, nsplit)
 		o := poisoned[float32](t, d, S*B*Hq*hd)
 		op := kc.DFlashOp{Q: q.p, Kb: kb.p, Vb: vb.p, QNorm: w.p, KNorm: w.p, O: o.p,
 			Qr: poisoned[float32](t, d, S*B*Hq*hd).p, Kbr: poisoned[float32](t, d, S*B*kvw).p,
 			PartO: poisoned[float32](t, d, int(po)).p, PartML: poisoned[float32](t, d, int(pml)).p,
-			KCache: kcb.p, VCache: vcb.p, SlotStride: int64(maxPos * kvw), Meta: meta, Shape: sh, Eps: 1e-6, Theta: 1e4, KS: ks, NSplit: nsplit}
+			KCache: kcb.p, VCache: vcb.p, SlotStride: int64(maxPos * kvw), Meta: meta, Shape: sh, Eps: 1e-6, Theta: 1e4, NSplit: nsplit}
 		require.NoError(t, d.Do(func() error {
 			if err := op.Launch(d); err != nil {
 				return err
@@ -242,18 +241,17 @@ func TestDFlashSplitInvariance(t *testing.T) {
 		}))
 		return download[float32](t, o)
 	}
-	one := run(sh.MaxKeys, 1)
-	ks, nsplit := kc.DFlashSplit(sh, 132)
-	require.Greater(t, nsplit, 1)
-	many := run(ks, nsplit)
+	one := run(1)
+	nsplit := kc.DFlashSplit(sh, 132)
+	require.Equal(t, 6, nsplit) // 648 keys, 128 a split at least
+	many := run(nsplit)
 	require.Less(t, maxRelErr(t, many, one), 1e-6)
-	again := run(ks, nsplit)
+	again := run(nsplit)
 	for i := range many {
 		require.Equal(t, math.Float32bits(many[i]), math.Float32bits(again[i]), "output %d", i)
 	}
-	// a split of keys not covering the capacity is refused
-	op := kc.DFlashOp{Shape: sh, KS: 32, NSplit: 1}
-	require.ErrorContains(t, d.Do(func() error { return op.Launch(d) }), "do not cover")
+	op := kc.DFlashOp{Shape: sh}
+	require.ErrorContains(t, d.Do(func() error { return op.Launch(d) }), "0 splits")
 	bad := sh
 	bad.HeadDim = 256
 	require.ErrorContains(t, bad.Check(), "head_dim 256")
@@ -297,7 +295,7 @@ func TestDFlashAttnMatchesCPU(t *testing.T) {
 		cfg.Attend(want[s*B*Hq*hd:(s+1)*B*Hq*hd], qs, B, keys, vals, L+c+B)
 	}
 	sh := kc.DFlashShape{S: S, B: B, Tc: Tc, Hq: Hq, Hkv: Hkv, HeadDim: hd, MaxKeys: maxPos + B}
-	ks, nsplit := kc.DFlashSplit(sh, d.SMs)
+	nsplit := kc.DFlashSplit(sh, d.SMs)
 	po, pml := kc.DFlashPartFloats(sh, nsplit)
 	slots := []int32{0, 1, 2}
 	Lb, cb := make([]int32, S), make([]int32, S)
@@ -312,7 +310,7 @@ func TestDFlashAttnMatchesCPU(t *testing.T) {
 		PartO: poisoned[float32](t, d, int(po)).p, PartML: poisoned[float32](t, d, int(pml)).p,
 		KCache: kcb.p, VCache: vcb.p, SlotStride: int64(maxPos * kvw),
 		Meta:  kc.DFlashMeta{Slot: upload(t, d, slots).p, L: upload(t, d, Lb).p, C: upload(t, d, cb).p, Crow0: upload(t, d, crow0).p, S: int64(S)},
-		Shape: sh, Eps: cfg.Eps, Theta: cfg.Theta, KS: ks, NSplit: nsplit}
+		Shape: sh, Eps: cfg.Eps, Theta: cfg.Theta, NSplit: nsplit}
 	require.NoError(t, d.Do(func() error {
 		if err := op.Launch(d); err != nil {
 			return err

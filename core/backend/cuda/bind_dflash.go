@@ -16,8 +16,8 @@ func init() {
 
 // dflashShape is a draft batch's kernel shape for a dflash_attn node:
 // every sequence's keys are bounded by the store's positions plus the
-// block, so the split (DFlashSplit) is a function of the batch's sequence
-// count only and a captured graph serves every length.
+// block, so the most splits (DFlashSplit) are a function of the batch's
+// sequence count only and a captured graph serves every length.
 func dflashShape(rc *runCtx, Hq, Hkv, hd, B int) kc.DFlashShape {
 	return kc.DFlashShape{S: rc.S, B: B, Tc: rc.TC, Hq: Hq, Hkv: Hkv, HeadDim: hd, MaxKeys: rc.maxPos + B}
 }
@@ -50,7 +50,7 @@ func bindDFlashAttn(p *Program, n *ir.Node) (*kstep, error) {
 	return &kstep{
 		temps: func(rc *runCtx) []int64 {
 			sh := dflashShape(rc, Hq, Hkv, hd, B)
-			_, nsplit := kc.DFlashSplit(sh, sms)
+			nsplit := kc.DFlashSplit(sh, sms)
 			po, pml := kc.DFlashPartFloats(sh, nsplit)
 			return []int64{4 * int64(rc.T) * int64(Hq*hd), 4 * int64(rc.T) * int64(Hkv*hd), 4 * po, 4 * pml}
 		},
@@ -71,12 +71,12 @@ func bindDFlashAttn(p *Program, n *ir.Node) (*kstep, error) {
 				}
 			}
 			sh := dflashShape(rc, Hq, Hkv, hd, B)
-			ks, nsplit := kc.DFlashSplit(sh, sms)
+			nsplit := kc.DFlashSplit(sh, sms)
 			op := kc.DFlashOp{Q: rc.ptr(in[1]), Kb: rc.ptr(in[2]), Vb: rc.ptr(in[3]), Kc: rc.ptr(in[4]), Vc: rc.ptr(in[5]),
 				QNorm: qn.ptr, KNorm: kn.ptr, QNormBF16: qn.bf16, KNormBF16: kn.bf16, O: rc.ptr(out),
 				Qr: rc.temps[0], Kbr: rc.temps[1], PartO: rc.temps[2], PartML: rc.temps[3],
 				KCache: ds.k[layer], VCache: ds.v[layer], SlotStride: ds.slotStride(), Meta: rc.dmeta,
-				Shape: sh, Eps: eps, Theta: theta, KS: ks, NSplit: nsplit}
+				Shape: sh, Eps: eps, Theta: theta, NSplit: nsplit}
 			return op.Launch(rc.dev)
 		},
 	}, nil

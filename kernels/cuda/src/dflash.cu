@@ -106,6 +106,18 @@ KERNEL(glmf_dflash_prep, DFlashPrepArgs) {
 #define DFLASH_QPW 4
 #define DFLASH_QB 32
 #define DFLASH_MAXHD 128
+// the fewest keys a split takes
+#define DFLASH_KMIN 128
+
+// dflash_split: the keys a split of a sequence of n keys takes: n over the
+// nsplit splits, rounded up to whole tiles, at least DFLASH_KMIN (so short
+// contexts take few splits, long ones all of the grid's, and a graph
+// captured at one length divides every other well).
+DEVFN i64 dflash_split(i64 n, i64 nsplit) {
+  i64 ks = (n + nsplit - 1) / nsplit;
+  ks = (ks + DFLASH_KT - 1) / DFLASH_KT * DFLASH_KT;
+  return ks < DFLASH_KMIN ? DFLASH_KMIN : ks;
+}
 
 DEVFN float dflash_warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -118,7 +130,8 @@ DEVFN float dflash_warp_max(float v) {
 // g = y mod Hkv and its group's queries [c·QB, c·QB+QB) (c = y / Hkv;
 // query i of the group is block row i / G, head g·G + i mod G, G = Hq/Hkv),
 // and the keys [x·ks, x·ks+ks) of the sequence's N+B (N = L+c cached
-// context keys, then its B block keys). Per query it runs the online
+// context keys, then its B block keys; ks = dflash_split(N+B, nsplit)).
+// Per query it runs the online
 // softmax over the split's key tiles (scores scale·q·k in fp32 chains over
 // the head dims, exponentials in double) and writes the split's running
 // max, sum and unnormalised output to part_ml/part_o at
@@ -128,7 +141,7 @@ struct DFlashAttnArgs {
   const float* kcache; const float* vcache; i64 slot_stride;
   DFlashMeta m;
   float* part_o; float* part_ml;
-  i64 Hq, Hkv, hd, B, ks, nsplit;
+  i64 Hq, Hkv, hd, B, nsplit;
   double scale;
 };
 KERNEL(glmf_dflash_attn, DFlashAttnArgs) {
@@ -137,9 +150,9 @@ KERNEL(glmf_dflash_attn, DFlashAttnArgs) {
   const i64 s = blockIdx.z, g = blockIdx.y % a.Hkv, q0 = (blockIdx.y / a.Hkv) * DFLASH_QB;
   if (q0 >= nq) return;
   const i64 N = a.m.L[s] + a.m.c[s], Ntot = N + a.B;
-  const i64 k0 = (i64)blockIdx.x * a.ks;
+  const i64 ks = dflash_split(Ntot, a.nsplit), k0 = (i64)blockIdx.x * ks;
   if (k0 >= Ntot) return;
-  const i64 k1 = k0 + a.ks < Ntot ? k0 + a.ks : Ntot;
+  const i64 k1 = k0 + ks < Ntot ? k0 + ks : Ntot;
   float* Qs = sm;                      // [QB][hd]
   float* Ks = Qs + DFLASH_QB * hd;     // [hd][KT], key j of dim d at column (j + d) mod KT
   float* Vs = Ks + DFLASH_KT * hd;     // [KT][hd]
@@ -241,14 +254,13 @@ KERNEL(glmf_dflash_attn, DFlashAttnArgs) {
 struct DFlashReduceArgs {
   const float* part_o; const float* part_ml; float* o;
   DFlashMeta m;
-  i64 Hq, Hkv, hd, B, ks, nsplit;
+  i64 Hq, Hkv, hd, B, nsplit;
 };
 KERNEL(glmf_dflash_reduce, DFlashReduceArgs) {
   const i64 h = blockIdx.x, j = blockIdx.y, s = blockIdx.z;
   const i64 G = a.Hq / a.Hkv, g = h / G, nq = a.B * G, qi = j * G + h % G;
   const i64 Ntot = a.m.L[s] + a.m.c[s] + a.B;
-  i64 nsp = (Ntot + a.ks - 1) / a.ks;
-  if (nsp > a.nsplit) nsp = a.nsplit;
+  const i64 ks = dflash_split(Ntot, a.nsplit), nsp = (Ntot + ks - 1) / ks;
   float M = -INFINITY;
   for (i64 x = 0; x < nsp; x++) M = fmaxf(M, a.part_ml[2 * (((s * a.nsplit + x) * a.Hkv + g) * nq + qi)]);
   for (i64 d = threadIdx.x; d < a.hd; d += blockDim.x) {
