@@ -252,7 +252,7 @@ test-emu: $(CUDA_EMU)
 # one fixture's parity without
 # passes and with every built-in pass). Skipped, saying so, where no C++
 # compiler exists to build the emulator.
-EMU_QUICK_RUN := TestCUDAMatchesCPUOnSmallPreset|TestCUDAStoreCopy|TestCUDAMTPMatchesCPU|TestCUDASpecRollback|TestCUDASpecGreedyIdentity|TestCUDAMTPDrafterMatchesCPU|TestCUDASpecSampling|TestCUDALengthSyncs|TestCUDAPassMechanisms|TestCUDAPrefillAutotune|TestCUDAPassBench|TestCUDAStudy|TestCUDALogitsProcessing|TestCUDAServeProcessing|TestCUDATransformersParity/glm5next-tiny-a/(baseline|all)$$
+EMU_QUICK_RUN := TestCUDAMatchesCPUOnSmallPreset|TestCUDADFlashDraftMatchesCPU|TestCUDADFlashForwardMatchesCPU|TestCUDATargetHiddenCapture|TestCUDAStoreCopy|TestCUDAMTPMatchesCPU|TestCUDASpecRollback|TestCUDASpecGreedyIdentity|TestCUDAMTPDrafterMatchesCPU|TestCUDASpecSampling|TestCUDALengthSyncs|TestCUDAPassMechanisms|TestCUDAPrefillAutotune|TestCUDAPassBench|TestCUDAStudy|TestCUDALogitsProcessing|TestCUDAServeProcessing|TestCUDATransformersParity/glm5next-tiny-a/(baseline|all)$$
 test-emu-quick:
 	@if ! command -v $(CXX) >/dev/null || [ "$$(uname -m)" != x86_64 ]; then echo "SKIPPED: the emulated CUDA tests need an x86-64 machine with a C++ compiler ($(CXX)) to build $(CUDA_EMU)"; exit 0; fi; \
 	$(MAKE) --no-print-directory $(CUDA_EMU) && \

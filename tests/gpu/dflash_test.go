@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
@@ -10,10 +11,13 @@ import (
 	cudabe "github.com/glmflash/glmflash/core/backend/cuda"
 	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/engine"
+	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/ir"
+	"github.com/glmflash/glmflash/core/pass"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/model"
 	"github.com/glmflash/glmflash/model/randckpt"
+	"github.com/glmflash/glmflash/passes/hostlen"
 	"github.com/stretchr/testify/require"
 )
 
@@ -240,9 +244,10 @@ func randckptConfig(t *testing.T) *model.Config {
 }
 
 // The trunk's capture of target-layer hidden rows on CUDA: a graph whose
-// target_hidden output concatenates the rows of three layers (concat_cols)
-// equals the CPU's bit for bit (a copy), from CUDA graphs too (captured,
-// then replayed), and its logits within fp32 rounding.
+// target_hidden output concatenates the rows of three layers (concat_cols,
+// nine inputs) equals the CPU's within fp32 rounding, from CUDA graphs
+// (captured, then replayed), its repeated inputs copied bit for bit; and
+// the real trunk graph's capture (graph.Options.TargetLayers) likewise.
 func TestCUDATargetHiddenCapture(t *testing.T) {
 	r := rand.New(rand.NewPCG(35, 3))
 	const V, D = 53, 40
@@ -308,4 +313,226 @@ func TestCUDATargetHiddenCapture(t *testing.T) {
 	ds := prog.(backend.DeviceCounter).DeviceStats()
 	require.Equal(t, int64(2), ds.GraphCaptures, "one graph a shape")
 	require.Equal(t, int64(5), ds.GraphReplays, "every batch replays its shape's graph (captured on the first)")
+
+	// the trunk's own capture (graph.Options.TargetLayers: the stream mean
+	// after each target layer) on the tiny preset, in an extend graph whose
+	// lengths host-length-reuse made host lengths: a prompt, then spans of
+	// a block's 8 tokens, from CUDA graphs
+	ck := presetCheckpoint(t, "tiny")
+	cfg = ck.Config()
+	tg, err := graph.Build(cfg, graph.Options{Mode: graph.Extend, Logits: graph.SpanLogits, TargetLayers: []int{3, 1}})
+	require.NoError(t, err)
+	hl := &hostlen.Pass{}
+	_, err = hl.Apply(tg, hl.Eligible(tg, pass.NewAnalyses(tg), pass.NewEnv(cfg, nil)))
+	require.NoError(t, err)
+	tp, err := plan.Compile(tg, ck, plan.Options{MaxPositions: 64})
+	require.NoError(t, err)
+	require.True(t, tp.HostLengths)
+	progs := make([]backend.Program, 2)
+	stores := make([]backend.Store, 2)
+	for i, be := range []backend.Backend{cpuBe, be} {
+		progs[i], err = be.Compile(tp)
+		require.NoError(t, err)
+		stores[i], err = be.NewStore(cfg, cfg.TrunkLayers(), backend.StoreOptions{Slots: 1, MaxPositions: 64})
+		require.NoError(t, err)
+		_, err = stores[i].Alloc()
+		require.NoError(t, err)
+	}
+	for step, n := range []int{9, 8, 8, 8} {
+		b := &backend.Batch{Seqs: []backend.Seq{{Slot: 0, Tokens: seqTokens(n, step+2, cfg.VocabSize), LogitRows: n}}}
+		want, err := progs[0].Run(b, stores[0])
+		require.NoError(t, err)
+		got, err := progs[1].Run(b, stores[1])
+		require.NoError(t, err)
+		h := got.Hidden[ir.OutputTargetHidden]
+		require.Len(t, h, n*2*cfg.HiddenSize)
+		require.Less(t, maxDiff(h, want.Hidden[ir.OutputTargetHidden]), 2e-4, "trunk step %d target rows", step)
+		require.Less(t, maxDiff(got.Logits, want.Logits), 2e-4, "trunk step %d logits", step)
+	}
+	ds = progs[1].(backend.DeviceCounter).DeviceStats()
+	require.Equal(t, int64(2), ds.GraphCaptures)
+	require.Equal(t, int64(4), ds.GraphReplays)
+}
+
+// dflashWeights reads a DFlash draft graph's tensors: the drafter's (the
+// graph.DFlashPrefix names, unprefixed in its checkpoint) and the trunk's
+// embedding and head.
+type dflashWeights struct {
+	trunk, draft plan.Weights
+}
+
+func (w dflashWeights) Float32(name string, shape ...int) ([]float32, error) {
+	if rest, ok := strings.CutPrefix(name, graph.DFlashPrefix); ok {
+		return w.draft.Float32(rest, shape...)
+	}
+	return w.trunk.Float32(name, shape...)
+}
+
+// dflashSide is one backend's trunk verify program with its target-layer
+// capture, the draft program and their stores.
+type dflashSide struct {
+	name         string
+	trunk, draft backend.Program
+	st, dst      backend.Store
+}
+
+func argmax(row []float32) int32 {
+	best := 0
+	for i, v := range row {
+		if v > row[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+// The real DFlash graphs on CUDA against the CPU backend, step by step, on
+// the tiny preset and its random tiny-dflash drafter (z-lab's format): the
+// trunk's verify graph with the drafter's target layers captured
+// (target_hidden, from CUDA graphs once a shape repeats) and the draft
+// forward (graph.BuildDFlash: fc and hidden_norm over the context rows, two
+// draft layers of dflash_attn and SwiGLU, the trunk's head on each block's
+// last B−1 rows). A prompt, then rounds of draft → verify → accept the
+// greedy prefix → cut the trunk back under its checkpoint → next context
+// rows: the CUDA logits, target rows and draft logits lie within fp32
+// rounding of the CPU's, its greedy drafts and accepted lengths are the
+// CPU's, and its draft store holds the CPU's lengths and K/V rows. Both
+// backends are fed the CPU's tokens and context rows, so every step
+// compares one forward.
+func TestCUDADFlashForwardMatchesCPU(t *testing.T) {
+	cuBe := openCUDABackend(t, 0)
+	ck := presetCheckpoint(t, "tiny")
+	cfg := ck.Config()
+	d, err := randckpt.DFlashPreset("tiny-dflash", cfg)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, randckpt.WriteDFlash(dir, d, randckpt.Options{Seed: 5}))
+	dck, err := model.OpenDFlash(dir, model.OpenOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { dck.Close() })
+	B := d.BlockSize
+	tg, err := graph.Build(cfg, graph.Options{Mode: graph.Verify, Logits: graph.SpanLogits, TargetLayers: d.TargetLayerIDs})
+	require.NoError(t, err)
+	dg, err := graph.BuildDFlash(cfg, d, graph.Options{})
+	require.NoError(t, err)
+	const maxPos = 96
+	tp, err := plan.Compile(tg, ck, plan.Options{MaxPositions: maxPos})
+	require.NoError(t, err)
+	dp, err := plan.Compile(dg, dflashWeights{ck, dck}, plan.Options{MaxPositions: maxPos})
+	require.NoError(t, err)
+	layers := cfg.TrunkLayers()
+	so := backend.StoreOptions{Slots: 1, MaxPositions: maxPos, Rollback: B}
+	var sides []*dflashSide
+	cpuBe := cpu.New(backend.Options{})
+	for _, be := range []interface {
+		backend.Backend
+		NewDraftStore(layers, width int, o backend.StoreOptions) (backend.Store, error)
+	}{cpuDraftBackend{cpuBe}, cuBe} {
+		s := &dflashSide{name: be.Name()}
+		s.trunk, err = be.Compile(tp)
+		require.NoError(t, err)
+		s.draft, err = be.Compile(dp)
+		require.NoError(t, err)
+		s.st, err = be.NewStore(cfg, layers, so)
+		require.NoError(t, err)
+		s.dst, err = be.NewDraftStore(d.NumHiddenLayers, d.KVWidth(), so)
+		require.NoError(t, err)
+		for _, st := range []backend.Store{s.st, s.dst} {
+			_, err := st.Alloc()
+			require.NoError(t, err)
+		}
+		sides = append(sides, s)
+	}
+	V := cfg.VocabSize
+	W := d.ContextWidth()
+	prompt := seqTokens(13, 4, V)
+	// the prompt: logits of its last row, the target rows of all
+	var ctx []float32
+	var pending int32
+	for i, s := range sides {
+		res, err := s.trunk.Run(&backend.Batch{Seqs: []backend.Seq{{Slot: 0, Tokens: prompt}}}, s.st)
+		require.NoError(t, err, s.name)
+		h := res.Hidden[ir.OutputTargetHidden]
+		require.Len(t, h, len(prompt)*W)
+		if i == 0 {
+			ctx, pending = h, argmax(res.Logits)
+			continue
+		}
+		require.Less(t, maxDiff(h, ctx), 2e-4, "prompt target rows")
+		require.Equal(t, pending, argmax(res.Logits))
+	}
+	accepted := 0
+	for round := 0; round < 6; round++ {
+		block := make([]int32, B)
+		block[0] = pending
+		for i := 1; i < B; i++ {
+			block[i] = int32(d.MaskTokenID)
+		}
+		var drafts []int32
+		var cpuLogits []float32
+		for i, s := range sides {
+			res, err := s.draft.Run(&backend.Batch{Seqs: []backend.Seq{{Slot: 0, Tokens: block, Context: ctx, LogitRows: B - 1}}}, s.dst)
+			require.NoError(t, err, "%s round %d draft", s.name, round)
+			require.Len(t, res.Logits, (B-1)*V)
+			got := make([]int32, B-1)
+			for r := range got {
+				got[r] = argmax(res.Logits[r*V : (r+1)*V])
+			}
+			if i == 0 {
+				drafts, cpuLogits = got, res.Logits
+				continue
+			}
+			require.Less(t, maxDiff(res.Logits, cpuLogits), 2e-4, "round %d draft logits", round)
+			require.Equal(t, drafts, got, "round %d greedy drafts", round)
+		}
+		span := append([]int32{pending}, drafts...)
+		var acc int
+		var next []float32
+		for i, s := range sides {
+			require.NoError(t, s.st.Checkpoint(0))
+			res, err := s.trunk.Run(&backend.Batch{Seqs: []backend.Seq{{Slot: 0, Tokens: span, LogitRows: B}}}, s.st)
+			require.NoError(t, err, "%s round %d verify", s.name, round)
+			a := 0
+			for a < B-1 && argmax(res.Logits[a*V:(a+1)*V]) == span[a+1] {
+				a++
+			}
+			h := res.Hidden[ir.OutputTargetHidden][:(a+1)*W]
+			if i == 0 {
+				acc, next = a, h
+				pending = argmax(res.Logits[a*V : (a+1)*V])
+			} else {
+				require.Equal(t, acc, a, "round %d accepted drafts", round)
+				require.Less(t, maxDiff(h, next), 2e-4, "round %d target rows", round)
+			}
+			n, err := s.st.Len(0)
+			require.NoError(t, err)
+			require.NoError(t, s.st.Truncate(0, n-B+a+1))
+		}
+		ctx = next
+		accepted += acc
+		want, err := sides[0].dst.(draftReader).ReadDraft(0)
+		require.NoError(t, err)
+		got, err := sides[1].dst.(draftReader).ReadDraft(0)
+		require.NoError(t, err)
+		require.Equal(t, want.Len, got.Len)
+		for l := range want.K {
+			require.Less(t, maxDiff(want.K[l], got.K[l]), 2e-4, "round %d layer %d draft K", round, l)
+			require.Less(t, maxDiff(want.V[l], got.V[l]), 2e-4, "round %d layer %d draft V", round, l)
+		}
+	}
+	t.Logf("%d drafts accepted in 6 rounds of %d (random drafter)", accepted, B-1)
+	ds := sides[1].draft.(backend.DeviceCounter).DeviceStats()
+	require.Positive(t, ds.GraphReplays, "the CUDA draft forward runs from graphs")
+	// the verify graph reads the executor's lengths (host-length-reuse
+	// leaves verify graphs alone), so it runs eagerly here: its capture of
+	// target rows from graphs is TestCUDATargetHiddenCapture's
+	require.False(t, tp.HostLengths)
+}
+
+// cpuDraftBackend is the CPU backend with its draft store constructor in
+// the CUDA backend's form.
+type cpuDraftBackend struct{ *cpu.Backend }
+
+func (b cpuDraftBackend) NewDraftStore(layers, width int, o backend.StoreOptions) (backend.Store, error) {
+	return cache.NewDraftStore(layers, width, o.Slots)
 }
