@@ -426,8 +426,8 @@ func TestCUDADFlashForwardMatchesCPU(t *testing.T) {
 	cpuBe := cpu.New(backend.Options{})
 	for _, be := range []interface {
 		backend.Backend
-		NewDraftStore(layers, width int, o backend.StoreOptions) (backend.Store, error)
-	}{cpuDraftBackend{cpuBe}, cuBe} {
+		backend.DraftStorer
+	}{cpuBe, cuBe} {
 		s := &dflashSide{name: be.Name()}
 		s.trunk, err = be.Compile(tp)
 		require.NoError(t, err)
@@ -527,12 +527,4 @@ func TestCUDADFlashForwardMatchesCPU(t *testing.T) {
 	// leaves verify graphs alone), so it runs eagerly here: its capture of
 	// target rows from graphs is TestCUDATargetHiddenCapture's
 	require.False(t, tp.HostLengths)
-}
-
-// cpuDraftBackend is the CPU backend with its draft store constructor in
-// the CUDA backend's form.
-type cpuDraftBackend struct{ *cpu.Backend }
-
-func (b cpuDraftBackend) NewDraftStore(layers, width int, o backend.StoreOptions) (backend.Store, error) {
-	return cache.NewDraftStore(layers, width, o.Slots)
 }

@@ -22,9 +22,7 @@ func TestDraftStoreSlots(t *testing.T) {
 		t.Skipf("CUDA backend unavailable (%v): `make test-gpu` or `make test-emu` runs this", err)
 	}
 	defer be.Close()
-	var _ interface {
-		NewDraftStore(layers, width int, o backend.StoreOptions) (backend.Store, error)
-	} = be // backend.DraftStorer
+	var _ backend.DraftStorer = be
 	for _, c := range []struct {
 		layers, width int
 		o             backend.StoreOptions
