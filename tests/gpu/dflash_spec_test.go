@@ -113,10 +113,10 @@ func builtinPasses(t *testing.T) *pass.Pipeline {
 // every verify) and one whose every draft is the plain run's most frequent
 // token (accepted now and then: partial blocks kept, several context rows
 // a draft), without and with the built-in passes, give every request
-// exactly plain GPU decoding's tokens; with the passes the draft forward
-// replays CUDA graphs (the verify batches read the executor's lengths and
-// run eagerly, as for MTP). The CPU's DFlash run accepts what the GPU's
-// does.
+// exactly plain GPU decoding's tokens; the draft forward replays CUDA
+// graphs, and with the passes the block verify does where its plan reads
+// host lengths only (else it runs eagerly, reading the executor's lengths,
+// as MTP's verify does). The CPU's DFlash run accepts what the GPU's does.
 func TestCUDASpecGreedyIdentityDFlash(t *testing.T) {
 	ck := presetCheckpoint(t, "tiny")
 	cfg := ck.Config()
@@ -170,10 +170,17 @@ func TestCUDASpecGreedyIdentityDFlash(t *testing.T) {
 			ds := backend.DeviceStatsOf(draft)
 			require.Positive(t, ds.GraphReplays, "the draft forward replays CUDA graphs")
 			t.Logf("draft forward: %d runs, %d graph captures, %d replays", ds.Runs, ds.GraphCaptures, ds.GraphReplays)
-			if passes {
+			if passes { // the block verify: from graphs where its plan reads host lengths only
 				verify, err := e.Program(sched.SpecProgram(d))
 				require.NoError(t, err)
-				require.Zero(t, backend.DeviceStatsOf(verify).GraphReplays, "verify batches run eagerly (their lengths come from acceptance)")
+				vs := backend.DeviceStatsOf(verify)
+				if verify.Plan().HostLengths {
+					require.Positive(t, vs.GraphReplays, "block verifies replay CUDA graphs (with their target rows)")
+				} else {
+					require.Zero(t, vs.GraphReplays, "verify batches reading the executor's lengths run eagerly")
+					require.Positive(t, vs.LengthSyncs)
+				}
+				t.Logf("block verify: host lengths %v, %d graph replays, %d length syncs", verify.Plan().HostLengths, vs.GraphReplays, vs.LengthSyncs)
 			}
 			if dr.name == "constant" && !passes {
 				ce := newCPUEngine(t, ck, o)
