@@ -23,7 +23,7 @@ const (
 	// dflashKeyTile is the keys a block stages at a time (DFLASH_KT).
 	dflashKeyTile = 32
 	// DFlashMinSplit is the fewest keys a split takes (DFLASH_KMIN).
-	DFlashMinSplit = 128
+	DFlashMinSplit = 64
 )
 
 // DFlashShape is the size of a dflash_attn batch: S sequences of B block

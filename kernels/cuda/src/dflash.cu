@@ -107,7 +107,7 @@ KERNEL(glmf_dflash_prep, DFlashPrepArgs) {
 #define DFLASH_QB 32
 #define DFLASH_MAXHD 128
 // the fewest keys a split takes
-#define DFLASH_KMIN 128
+#define DFLASH_KMIN 64
 
 // dflash_split: the keys a split of a sequence of n keys takes: n over the
 // nsplit splits, rounded up to whole tiles, at least DFLASH_KMIN (so short
