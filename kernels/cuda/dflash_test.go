@@ -54,8 +54,8 @@ type dflashCase struct {
 // normed and roped context keys and the raw values land in each
 // sequence's slot at L…L+c−1 (nothing else of the cache changes), and the
 // block's output is the non-causal softmax attention of every block query
-// over the L+c cached keys and the B block keys (GQA), for head dims 40, 64
-// and 128, 1 to 8 heads, empty and non-empty caches and context rows,
+// over the L+c cached keys and the B block keys (GQA), for head dims 40, 42,
+// 64 and 128, 1 to 8 heads, empty and non-empty caches and context rows,
 // several sequences in slots of another order, and one split or several.
 func TestDFlashAttnMatchesReference(t *testing.T) {
 	d := openDevice(t)
@@ -65,6 +65,8 @@ func TestDFlashAttnMatchesReference(t *testing.T) {
 		{hd: 128, Hq: 8, Hkv: 2, B: 8, L: []int{300, 1}, c: []int{2, 0}, maxPos: 310, sms: 132, bf16: true},
 		{hd: 128, Hq: 8, Hkv: 8, B: 4, L: []int{17}, c: []int{9}, maxPos: 30, sms: 4},
 		{hd: 40, Hq: 6, Hkv: 3, B: 5, L: []int{0, 33}, c: []int{0, 1}, maxPos: 40, sms: 8},
+		// a head dim not a multiple of 4 (the kernel's scalar loads)
+		{hd: 42, Hq: 3, Hkv: 3, B: 8, L: []int{70, 2}, c: []int{3, 4}, maxPos: 80, sms: 132},
 		{hd: 64, Hq: 8, Hkv: 1, B: 16, L: []int{300}, c: []int{1}, maxPos: 301, sms: 132},
 		// keys over many splits, a split boundary inside the block keys
 		{hd: 64, Hq: 2, Hkv: 1, B: 8, L: []int{1000, 4}, c: []int{20, 3}, maxPos: 1024, sms: 132},

@@ -131,11 +131,11 @@ DEVFN float dflash_warp_max(float v) {
 // query i of the group is block row i / G, head g·G + i mod G, G = Hq/Hkv),
 // and the keys [x·ks, x·ks+ks) of the sequence's N+B (N = L+c cached
 // context keys, then its B block keys; ks = dflash_split(N+B, nsplit)).
-// Per query it runs the online
-// softmax over the split's key tiles (scores scale·q·k in fp32 chains over
-// the head dims, exponentials in double) and writes the split's running
-// max, sum and unnormalised output to part_ml/part_o at
-// ((z·nsplit + x)·Hkv + g)·B·G + i. A split past the keys writes nothing.
+// Per query it runs the online softmax over the split's key tiles (scores
+// scale·q·k in fp32 chains over the head dims, exponentials in double) and
+// writes the split's running max, sum and unnormalised output to
+// part_ml/part_o at ((z·nsplit + x)·Hkv + g)·B·G + i. A split past the keys
+// writes nothing.
 struct DFlashAttnArgs {
   const float* q; const float* kb; const float* vb;  // [Tb][Hq·hd] normed+roped q; [Tb][Hkv·hd] block keys (normed+roped), values
   const float* kcache; const float* vcache; i64 slot_stride;
@@ -144,10 +144,22 @@ struct DFlashAttnArgs {
   i64 Hq, Hkv, hd, B, nsplit;
   double scale;
 };
-KERNEL(glmf_dflash_attn, DFlashAttnArgs) {
-  DYN_SMEM(float, sm);
-  const i64 hd = a.hd, G = a.Hq / a.Hkv, nq = a.B * G;
-  const i64 s = blockIdx.z, g = blockIdx.y % a.Hkv, q0 = (blockIdx.y / a.Hkv) * DFLASH_QB;
+
+// A float4 of shared or global memory (16-byte aligned where the head dim
+// is a multiple of 4: every row then starts on 16 bytes).
+struct __align__(16) dflash_f4 { float x, y, z, w; };
+
+// dflash_attn_tiles: the kernel's body (sm: its dynamic shared memory).
+// VEC (head dims a multiple of 4) moves four floats a load: the tiles
+// staged with 16-byte loads, a query's four dims read at once, lane l
+// accumulating dims 4l…4l+3; otherwise lane l accumulates dims l, l+32, ….
+// Every sum runs in the same order either way (scores over d ascending,
+// outputs over the tile's keys ascending), so both give the same bits.
+template <bool VEC>
+DEVFN void dflash_attn_tiles(const DFlashAttnArgs& a, float* sm) {
+  const int hd = (int)a.hd, G = (int)(a.Hq / a.Hkv), nq = (int)a.B * G;
+  const i64 s = blockIdx.z;
+  const int g = (int)(blockIdx.y % a.Hkv), q0 = (int)(blockIdx.y / a.Hkv) * DFLASH_QB;
   if (q0 >= nq) return;
   const i64 N = a.m.L[s] + a.m.c[s], Ntot = N + a.B;
   const i64 ks = dflash_split(Ntot, a.nsplit), k0 = (i64)blockIdx.x * ks;
@@ -158,14 +170,14 @@ KERNEL(glmf_dflash_attn, DFlashAttnArgs) {
   float* Vs = Ks + DFLASH_KT * hd;     // [KT][hd]
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const i64 ld = a.Hkv * hd;
-  for (i64 i = tid; i < DFLASH_QB * hd; i += blockDim.x) {
-    i64 qi = q0 + i / hd, d = i % hd;
+  for (int i = tid; i < DFLASH_QB * hd; i += blockDim.x) {
+    int qi = q0 + i / hd, d = i % hd;
     float v = 0;
-    if (qi < nq) v = a.q[(s * a.B + qi / G) * a.Hq * hd + (g * G + qi % G) * hd + d];
+    if (qi < nq) v = a.q[(s * a.B + qi / G) * a.Hq * hd + (i64)(g * G + qi % G) * hd + d];
     Qs[i] = v;
   }
-  const float* kcs = a.kcache + (i64)a.m.slot[s] * a.slot_stride + g * hd;
-  const float* vcs = a.vcache + (i64)a.m.slot[s] * a.slot_stride + g * hd;
+  const float* kcs = a.kcache + (i64)a.m.slot[s] * a.slot_stride + (i64)g * hd;
+  const float* vcs = a.vcache + (i64)a.m.slot[s] * a.slot_stride + (i64)g * hd;
   bool live[DFLASH_QPW];
   float O[DFLASH_QPW][DFLASH_MAXHD / 32], mx[DFLASH_QPW], l[DFLASH_QPW];
 #pragma unroll
@@ -176,36 +188,66 @@ KERNEL(glmf_dflash_attn, DFlashAttnArgs) {
 #pragma unroll
     for (int i = 0; i < DFLASH_MAXHD / 32; i++) O[qq][i] = 0;
   }
+  // the head dim of this lane's accumulator i
+#define DFLASH_DIM(i) (VEC ? 4 * lane + (i) : lane + 32 * (i))
   const float scale = (float)a.scale;
   for (i64 t0 = k0; t0 < k1; t0 += DFLASH_KT) {
     const int nk = (int)(k1 - t0 < DFLASH_KT ? k1 - t0 : DFLASH_KT);
     __syncthreads();  // the previous tile is consumed (the queries staged, on the first)
-    for (i64 i = tid; i < DFLASH_KT * hd; i += blockDim.x) {
-      i64 j = i / hd, d = i % hd;
-      float kv = 0, vv = 0;
+    const int W4 = VEC ? 4 : 1, C = hd / W4;  // loads a row
+    for (int i = tid; i < DFLASH_KT * C; i += blockDim.x) {
+      int j = i / C, d = (i % C) * W4;
+      float kv[4] = {0, 0, 0, 0}, vv[4] = {0, 0, 0, 0};
       if (j < nk) {
         i64 key = t0 + j;
+        const float *kr, *vr;
         if (key < N) {
-          kv = kcs[key * ld + d];
-          vv = vcs[key * ld + d];
+          kr = kcs + key * ld + d;
+          vr = vcs + key * ld + d;
         } else {
-          i64 r = (s * a.B + key - N) * ld + g * hd + d;
-          kv = a.kb[r];
-          vv = a.vb[r];
+          i64 r = (s * a.B + key - N) * ld + (i64)g * hd + d;
+          kr = a.kb + r;
+          vr = a.vb + r;
+        }
+        if (VEC) {
+          dflash_f4 k4 = *(const dflash_f4*)kr, v4 = *(const dflash_f4*)vr;
+          kv[0] = k4.x, kv[1] = k4.y, kv[2] = k4.z, kv[3] = k4.w;
+          vv[0] = v4.x, vv[1] = v4.y, vv[2] = v4.z, vv[3] = v4.w;
+        } else {
+          kv[0] = kr[0];
+          vv[0] = vr[0];
         }
       }
-      Ks[d * DFLASH_KT + ((j + d) & (DFLASH_KT - 1))] = kv;
-      Vs[j * hd + d] = vv;
+#pragma unroll
+      for (int e = 0; e < W4; e++) Ks[(d + e) * DFLASH_KT + ((j + d + e) & (DFLASH_KT - 1))] = kv[e];
+      if (VEC) *(dflash_f4*)(Vs + j * hd + d) = dflash_f4{vv[0], vv[1], vv[2], vv[3]};
+      else Vs[j * hd + d] = vv[0];
     }
     __syncthreads();
     // scores: lane j takes key j of the tile for each of the warp's queries
     float sc[DFLASH_QPW];
 #pragma unroll
     for (int qq = 0; qq < DFLASH_QPW; qq++) sc[qq] = 0;
-    for (i64 d = 0; d < hd; d++) {
-      float kv = Ks[d * DFLASH_KT + ((lane + d) & (DFLASH_KT - 1))];
+    if (VEC) {
+      for (int d = 0; d < hd; d += 4) {
+        float k4[4];
 #pragma unroll
-      for (int qq = 0; qq < DFLASH_QPW; qq++) sc[qq] = fmaf(Qs[(qq * DFLASH_WARPS + w) * hd + d], kv, sc[qq]);
+        for (int e = 0; e < 4; e++) k4[e] = Ks[(d + e) * DFLASH_KT + ((lane + d + e) & (DFLASH_KT - 1))];
+#pragma unroll
+        for (int qq = 0; qq < DFLASH_QPW; qq++) {
+          dflash_f4 q4 = *(const dflash_f4*)(Qs + (qq * DFLASH_WARPS + w) * hd + d);
+          sc[qq] = fmaf(q4.x, k4[0], sc[qq]);
+          sc[qq] = fmaf(q4.y, k4[1], sc[qq]);
+          sc[qq] = fmaf(q4.z, k4[2], sc[qq]);
+          sc[qq] = fmaf(q4.w, k4[3], sc[qq]);
+        }
+      }
+    } else {
+      for (int d = 0; d < hd; d++) {
+        float kv = Ks[d * DFLASH_KT + ((lane + d) & (DFLASH_KT - 1))];
+#pragma unroll
+        for (int qq = 0; qq < DFLASH_QPW; qq++) sc[qq] = fmaf(Qs[(qq * DFLASH_WARPS + w) * hd + d], kv, sc[qq]);
+      }
     }
     float p[DFLASH_QPW];
 #pragma unroll
@@ -223,8 +265,14 @@ KERNEL(glmf_dflash_attn, DFlashAttnArgs) {
     }
     for (int j = 0; j < nk; j++) {
       float v[DFLASH_MAXHD / 32];
+      if (VEC) {
+        dflash_f4 v4 = {0, 0, 0, 0};
+        if (4 * lane < hd) v4 = *(const dflash_f4*)(Vs + j * hd + 4 * lane);
+        v[0] = v4.x, v[1] = v4.y, v[2] = v4.z, v[3] = v4.w;
+      } else {
 #pragma unroll
-      for (int i = 0; i < DFLASH_MAXHD / 32; i++) v[i] = lane + 32 * i < hd ? Vs[j * hd + lane + 32 * i] : 0.f;
+        for (int i = 0; i < DFLASH_MAXHD / 32; i++) v[i] = lane + 32 * i < hd ? Vs[j * hd + lane + 32 * i] : 0.f;
+      }
 #pragma unroll
       for (int qq = 0; qq < DFLASH_QPW; qq++) {
         if (!live[qq]) continue;
@@ -240,12 +288,19 @@ KERNEL(glmf_dflash_attn, DFlashAttnArgs) {
     i64 pi = (((s * a.nsplit + blockIdx.x) * a.Hkv + g) * nq) + q0 + qq * DFLASH_WARPS + w;
 #pragma unroll
     for (int i = 0; i < DFLASH_MAXHD / 32; i++)
-      if (lane + 32 * i < hd) a.part_o[pi * hd + lane + 32 * i] = O[qq][i];
+      if (DFLASH_DIM(i) < hd) a.part_o[pi * hd + DFLASH_DIM(i)] = O[qq][i];
     if (lane == 0) {
       a.part_ml[2 * pi] = mx[qq];
       a.part_ml[2 * pi + 1] = l[qq];
     }
   }
+#undef DFLASH_DIM
+}
+
+KERNEL(glmf_dflash_attn, DFlashAttnArgs) {
+  DYN_SMEM(float, sm);
+  if (a.hd % 4 == 0) dflash_attn_tiles<true>(a, sm);
+  else dflash_attn_tiles<false>(a, sm);
 }
 
 // dflash_reduce: o[s·B + j][h·hd + d] = Σ_x e_x·O_x[d] / Σ_x e_x·l_x over
