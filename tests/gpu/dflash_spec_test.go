@@ -117,6 +117,8 @@ func builtinPasses(t *testing.T) *pass.Pipeline {
 // graphs, and with the passes the block verify does where its plan reads
 // host lengths only (else it runs eagerly, reading the executor's lengths,
 // as MTP's verify does). The CPU's DFlash run accepts what the GPU's does.
+// Pinned at 0.8 per draft (its forwards still run), whole blocks are
+// accepted with the same tokens.
 func TestCUDASpecGreedyIdentityDFlash(t *testing.T) {
 	ck := presetCheckpoint(t, "tiny")
 	cfg := ck.Config()
@@ -196,6 +198,27 @@ func TestCUDASpecGreedyIdentityDFlash(t *testing.T) {
 			}
 		}
 	}
+	// the random drafter pinned at 0.8 per draft (speculative.Pinned: its
+	// forwards run and it observes every commit, its drafts are the truth
+	// spoiled at 20 %): blocks accepted in part and whole, context rows of
+	// up to a block a draft
+	e := cudaEngine(t, ck, engine.Options{Slots: 3, Rollback: B, DFlash: dk})
+	inner, err := speculative.NewDFlash(e)
+	require.NoError(t, err)
+	pd, err := speculative.NewPinned(inner, speculative.PinnedOptions{Truth: spectest.Truth(plain, reqs), Rate: 0.8, Seed: 1, Vocab: V})
+	require.NoError(t, err)
+	got := spectest.Serve(t, e, sc, pd, reqs)
+	require.NoError(t, pd.Close())
+	spectest.RequireSameTokens(t, plain, got, "dflash pinned at 0.8")
+	var st speculative.Stats
+	for _, x := range got {
+		st = st.Add(x.Final.Spec)
+	}
+	require.Greater(t, st.Accepted, st.Steps, "blocks were accepted")
+	t.Logf("pinned at 0.8: %d verify steps, %d drafts, %d accepted", st.Steps, st.Drafted, st.Accepted)
+	draft, err := e.Program(speculative.DFlashKey)
+	require.NoError(t, err)
+	require.Positive(t, backend.DeviceStatsOf(draft).GraphReplays, "the pinned drafter's forwards replay CUDA graphs")
 }
 
 // The GPU's DFlash drafter drafts what the CPU's does after every
