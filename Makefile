@@ -246,13 +246,15 @@ test-emu: $(CUDA_EMU)
 # Part of `make test`: the CUDA kernels and backend on the CPU emulator
 # (kernel tests, the backend's unit tests, CPU agreement on the small
 # preset, the MTP graph, speculative decoding's rollback, greedy identity
-# and MTP drafting, length syncs, the passes' mechanisms, prefill-autotune,
+# and MTP drafting, the DFlash drafter (its forward, store and target-layer
+# capture against the CPU, greedy identity, block rollback), length syncs,
+# the passes' mechanisms, prefill-autotune,
 # the pass micro-benchmark and a device study, logits processing (edits
 # and masks, eager and in graphs; the gRPC server's processed streams),
 # one fixture's parity without
 # passes and with every built-in pass). Skipped, saying so, where no C++
 # compiler exists to build the emulator.
-EMU_QUICK_RUN := TestCUDAMatchesCPUOnSmallPreset|TestCUDAStoreCopy|TestCUDAMTPMatchesCPU|TestCUDASpecRollback|TestCUDASpecGreedyIdentity|TestCUDAMTPDrafterMatchesCPU|TestCUDASpecSampling|TestCUDALengthSyncs|TestCUDAPassMechanisms|TestCUDAPrefillAutotune|TestCUDAPassBench|TestCUDAStudy|TestCUDALogitsProcessing|TestCUDAServeProcessing|TestCUDATransformersParity/glm5next-tiny-a/(baseline|all)$$
+EMU_QUICK_RUN := TestCUDAMatchesCPUOnSmallPreset|TestCUDADFlashDraftMatchesCPU|TestCUDADFlashForwardMatchesCPU|TestCUDATargetHiddenCapture|TestCUDASpecGreedyIdentityDFlash|TestCUDADFlashDrafterMatchesCPU|TestCUDADFlashBlockVerifyRollsBack|TestCUDAStoreCopy|TestCUDAMTPMatchesCPU|TestCUDASpecRollback|TestCUDASpecGreedyIdentity|TestCUDAMTPDrafterMatchesCPU|TestCUDASpecSampling|TestCUDALengthSyncs|TestCUDAPassMechanisms|TestCUDAPrefillAutotune|TestCUDAPassBench|TestCUDAStudy|TestCUDALogitsProcessing|TestCUDAServeProcessing|TestCUDATransformersParity/glm5next-tiny-a/(baseline|all)$$
 test-emu-quick:
 	@if ! command -v $(CXX) >/dev/null || [ "$$(uname -m)" != x86_64 ]; then echo "SKIPPED: the emulated CUDA tests need an x86-64 machine with a C++ compiler ($(CXX)) to build $(CUDA_EMU)"; exit 0; fi; \
 	$(MAKE) --no-print-directory $(CUDA_EMU) && \

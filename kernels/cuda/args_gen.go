@@ -108,6 +108,83 @@ type ToBF16Args struct {
 	N   int64
 }
 
+// DFlashMeta mirrors the CUDA struct DFlashMeta.
+type DFlashMeta struct {
+	Slot  DevicePtr
+	L     DevicePtr
+	C     DevicePtr
+	Crow0 DevicePtr
+	S     int64
+}
+
+// DFlashPrepArgs mirrors the CUDA struct DFlashPrepArgs.
+type DFlashPrepArgs struct {
+	Q          DevicePtr
+	Kb         DevicePtr
+	Kc         DevicePtr
+	Vc         DevicePtr
+	Qw         DevicePtr
+	QwBf16     int64
+	Kw         DevicePtr
+	KwBf16     int64
+	Qo         DevicePtr
+	Kbo        DevicePtr
+	Kcache     DevicePtr
+	Vcache     DevicePtr
+	SlotStride int64
+	M          DFlashMeta
+	Tc         int64
+	Hq         int64
+	Hkv        int64
+	Hd         int64
+	B          int64
+	Eps        float64
+	Theta      float64
+}
+
+// DFlashAttnArgs mirrors the CUDA struct DFlashAttnArgs.
+type DFlashAttnArgs struct {
+	Q          DevicePtr
+	Kb         DevicePtr
+	Vb         DevicePtr
+	Kcache     DevicePtr
+	Vcache     DevicePtr
+	SlotStride int64
+	M          DFlashMeta
+	PartO      DevicePtr
+	PartMl     DevicePtr
+	Hq         int64
+	Hkv        int64
+	Hd         int64
+	B          int64
+	Nsplit     int64
+	Scale      float64
+}
+
+// DFlashReduceArgs mirrors the CUDA struct DFlashReduceArgs.
+type DFlashReduceArgs struct {
+	PartO  DevicePtr
+	PartMl DevicePtr
+	O      DevicePtr
+	M      DFlashMeta
+	Hq     int64
+	Hkv    int64
+	Hd     int64
+	B      int64
+	Nsplit int64
+}
+
+// ConcatArgs mirrors the CUDA struct ConcatArgs.
+type ConcatArgs struct {
+	X   [8]DevicePtr
+	W   [8]int64
+	Nin int64
+	Y   DevicePtr
+	R   int64
+	N   int64
+	Off int64
+}
+
 // DSAMetaArgs mirrors the CUDA struct DSAMetaArgs.
 type DSAMetaArgs struct {
 	M       BatchMeta
@@ -645,6 +722,122 @@ func (k CombineArgsKernel) String() string { return namesOfCombineArgsKernel[k] 
 // LaunchMoECombine starts glmf_moe_combine with a.
 func LaunchMoECombine(d *Device, grid, block Dim3, smem int, a *CombineArgs) error {
 	return KernelMoECombine.Launch(d, grid, block, smem, a)
+}
+
+// ConcatArgsKernel is a kernel taking ConcatArgs (0: none).
+type ConcatArgsKernel uint16
+
+// The kernels taking ConcatArgs.
+const (
+	_ ConcatArgsKernel = iota
+	// KernelConcatCols is glmf_concat_cols (src/dflash.cu).
+	KernelConcatCols
+)
+
+// namesOfConcatArgsKernel are the entry points of the ConcatArgsKernel constants.
+var namesOfConcatArgsKernel = [...]string{
+	"",
+	"glmf_concat_cols",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k ConcatArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *ConcatArgs) error {
+	return d.launch(namesOfConcatArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k ConcatArgsKernel) String() string { return namesOfConcatArgsKernel[k] }
+
+// LaunchConcatCols starts glmf_concat_cols with a.
+func LaunchConcatCols(d *Device, grid, block Dim3, smem int, a *ConcatArgs) error {
+	return KernelConcatCols.Launch(d, grid, block, smem, a)
+}
+
+// DFlashAttnArgsKernel is a kernel taking DFlashAttnArgs (0: none).
+type DFlashAttnArgsKernel uint16
+
+// The kernels taking DFlashAttnArgs.
+const (
+	_ DFlashAttnArgsKernel = iota
+	// KernelDflashAttn is glmf_dflash_attn (src/dflash.cu).
+	KernelDflashAttn
+)
+
+// namesOfDFlashAttnArgsKernel are the entry points of the DFlashAttnArgsKernel constants.
+var namesOfDFlashAttnArgsKernel = [...]string{
+	"",
+	"glmf_dflash_attn",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k DFlashAttnArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *DFlashAttnArgs) error {
+	return d.launch(namesOfDFlashAttnArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k DFlashAttnArgsKernel) String() string { return namesOfDFlashAttnArgsKernel[k] }
+
+// LaunchDflashAttn starts glmf_dflash_attn with a.
+func LaunchDflashAttn(d *Device, grid, block Dim3, smem int, a *DFlashAttnArgs) error {
+	return KernelDflashAttn.Launch(d, grid, block, smem, a)
+}
+
+// DFlashPrepArgsKernel is a kernel taking DFlashPrepArgs (0: none).
+type DFlashPrepArgsKernel uint16
+
+// The kernels taking DFlashPrepArgs.
+const (
+	_ DFlashPrepArgsKernel = iota
+	// KernelDflashPrep is glmf_dflash_prep (src/dflash.cu).
+	KernelDflashPrep
+)
+
+// namesOfDFlashPrepArgsKernel are the entry points of the DFlashPrepArgsKernel constants.
+var namesOfDFlashPrepArgsKernel = [...]string{
+	"",
+	"glmf_dflash_prep",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k DFlashPrepArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *DFlashPrepArgs) error {
+	return d.launch(namesOfDFlashPrepArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k DFlashPrepArgsKernel) String() string { return namesOfDFlashPrepArgsKernel[k] }
+
+// LaunchDflashPrep starts glmf_dflash_prep with a.
+func LaunchDflashPrep(d *Device, grid, block Dim3, smem int, a *DFlashPrepArgs) error {
+	return KernelDflashPrep.Launch(d, grid, block, smem, a)
+}
+
+// DFlashReduceArgsKernel is a kernel taking DFlashReduceArgs (0: none).
+type DFlashReduceArgsKernel uint16
+
+// The kernels taking DFlashReduceArgs.
+const (
+	_ DFlashReduceArgsKernel = iota
+	// KernelDflashReduce is glmf_dflash_reduce (src/dflash.cu).
+	KernelDflashReduce
+)
+
+// namesOfDFlashReduceArgsKernel are the entry points of the DFlashReduceArgsKernel constants.
+var namesOfDFlashReduceArgsKernel = [...]string{
+	"",
+	"glmf_dflash_reduce",
+}
+
+// Launch starts k with a (the launch's only argument).
+func (k DFlashReduceArgsKernel) Launch(d *Device, grid, block Dim3, smem int, a *DFlashReduceArgs) error {
+	return d.launch(namesOfDFlashReduceArgsKernel[k], grid, block, smem, unsafe.Pointer(a))
+}
+
+// String is k's entry point in the PTX ("" for none).
+func (k DFlashReduceArgsKernel) String() string { return namesOfDFlashReduceArgsKernel[k] }
+
+// LaunchDflashReduce starts glmf_dflash_reduce with a.
+func LaunchDflashReduce(d *Device, grid, block Dim3, smem int, a *DFlashReduceArgs) error {
+	return KernelDflashReduce.Launch(d, grid, block, smem, a)
 }
 
 // DSAMetaArgsKernel is a kernel taking DSAMetaArgs (0: none).
@@ -2058,6 +2251,10 @@ func LaunchedKernels() []string {
 	var names []string
 	names = append(names, namesOfAppendArgsKernel[1:]...)
 	names = append(names, namesOfCombineArgsKernel[1:]...)
+	names = append(names, namesOfConcatArgsKernel[1:]...)
+	names = append(names, namesOfDFlashAttnArgsKernel[1:]...)
+	names = append(names, namesOfDFlashPrepArgsKernel[1:]...)
+	names = append(names, namesOfDFlashReduceArgsKernel[1:]...)
 	names = append(names, namesOfDSAMetaArgsKernel[1:]...)
 	names = append(names, namesOfEltArgsKernel[1:]...)
 	names = append(names, namesOfEmbedArgsKernel[1:]...)

@@ -118,11 +118,11 @@ type layout struct {
 }
 
 // layoutKey is what a layout depends on: the batch's token, sequence and
-// logits-row counts (every value's size) and the pools the DSA scratch is
+// logits-row and context-row counts (every value's size) and the pools the DSA scratch is
 // sized for (runCtx.maxVisible, in the order of the program's kpools).
 type layoutKey struct {
-	T, S, R int
-	visible [maxLayoutPools]int
+	T, S, R, TC int
+	visible     [maxLayoutPools]int
 }
 
 // maxLayoutPools bounds the DSA pool sizes a layout key holds (a program
@@ -139,7 +139,7 @@ const (
 func (p *Program) setVisible(rc *runCtx, graphed bool) {
 	for _, kp := range p.kpoolSizes {
 		if graphed { // a captured launch may not depend on positions: size by the store
-			rc.maxVisible[kp] = rc.store.maxPos/kp + 1
+			rc.maxVisible[kp] = rc.maxPos/kp + 1
 			continue
 		}
 		for _, s := range rc.pr.Spans {
@@ -165,7 +165,7 @@ func (p *Program) layoutOf(rc *runCtx) *layout {
 	if len(p.kpoolSizes) > maxLayoutPools {
 		return p.planLayout(rc)
 	}
-	key := layoutKey{T: rc.T, S: rc.S, R: rc.R}
+	key := layoutKey{T: rc.T, S: rc.S, R: rc.R, TC: rc.TC}
 	for i, kp := range p.kpoolSizes {
 		key.visible[i] = rc.maxVisible[kp]
 	}

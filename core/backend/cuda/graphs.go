@@ -3,19 +3,19 @@ package cuda
 import (
 	"fmt"
 
-	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/ir"
 	kc "github.com/glmflash/glmflash/kernels/cuda"
 )
 
 // graphKey is what a captured graph depends on: the batch's token,
-// sequence and logits-row counts (R differs from T and S under span
-// logits: a verify span keeps all its rows, a prompt chunk beside it one)
-// and whether it samples. Positions, tokens, slots and sampling parameters
-// are read from device buffers at fixed addresses.
+// sequence, logits-row and context-row counts (R differs from T and S
+// under span logits: a verify span keeps all its rows, a prompt chunk
+// beside it one; TC is a DFlash draft batch's context rows) and whether it
+// samples. Positions, tokens, slots, context lengths and sampling
+// parameters are read from device buffers at fixed addresses.
 type graphKey struct {
-	T, S, R int
-	sample  bool
+	T, S, R, TC int
+	sample      bool
 	// store is the store's id: the launches hold its cache addresses
 	store uint64
 }
@@ -39,21 +39,24 @@ const maxGraphs = 256
 // graphs are on, the program reads only host lengths (a length read-back
 // is a sync, which a graph cannot hold), captures no residual streams
 // (debugging; its final hidden rows, which the MTP draft steps read back,
-// are fine) and the batch is small (decode and small verify/extend).
-// cuBLAS calls are captured like kernels.
-func (p *Program) graphKey(pr *backend.Prepared, store *Store) (graphKey, bool) {
+// and the target-layer rows a DFlash drafter reads are fine) and the batch
+// is small (decode, small verify/extend, a DFlash draft of few context
+// rows: at most that many tokens and context rows). cuBLAS calls are
+// captured like kernels.
+func (p *Program) graphKey(rc *runCtx) (graphKey, bool) {
+	pr := rc.pr
 	max := p.b.cuda.GraphMaxTokens
 	if max == 0 {
 		max = DefaultGraphMaxTokens
 	}
 	captures := false
 	for _, name := range p.plan.Hidden {
-		captures = captures || name != ir.OutputFinalHidden
+		captures = captures || (name != ir.OutputFinalHidden && name != ir.OutputTargetHidden)
 	}
-	if max < 0 || p.b.cuda.ProfileOps || !p.plan.HostLengths || captures || pr.T > max {
+	if max < 0 || p.b.cuda.ProfileOps || !p.plan.HostLengths || captures || pr.T > max || pr.TC > max {
 		return graphKey{}, false
 	}
-	k := graphKey{T: pr.T, S: len(pr.Spans), R: pr.Rows(), sample: pr.Sample != nil, store: store.id}
+	k := graphKey{T: pr.T, S: len(pr.Spans), R: pr.Rows(), TC: pr.TC, sample: pr.Sample != nil, store: rc.storeID}
 	if _, ok := p.graphs[k]; !ok && len(p.graphs) >= maxGraphs {
 		return k, false
 	}

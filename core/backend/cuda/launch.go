@@ -67,6 +67,11 @@ func (p *Program) bindInputs(rc *runCtx) error {
 				return fmt.Errorf("cuda: the batch has no hidden rows for input %q", in.Name)
 			}
 			rc.addr[in] = rc.hidden
+		case ir.InputContext:
+			if rc.TC > 0 && rc.context == 0 {
+				return fmt.Errorf("cuda: the batch has no context rows for input %q", in.Name)
+			}
+			rc.addr[in] = rc.context
 		default:
 			return fmt.Errorf("cuda: graph input %q is not provided by the executor", in.Name)
 		}

@@ -7,10 +7,11 @@ import (
 	kc "github.com/glmflash/glmflash/kernels/cuda"
 )
 
-// packMeta packs the batch's host metadata (tokens, hidden rows, the
-// sequences' spans and every row's sequence and position, checkpoints,
-// saved selections, span-logits rows, sampling specs and the processed
-// rows' edits and allow masks, after everything else) for its one upload,
+// packMeta packs the batch's host metadata (tokens, hidden rows, context
+// rows and a DFlash draft batch's context counts, the sequences' spans and
+// every row's sequence and position, checkpoints, saved selections,
+// span-logits rows, sampling specs and the processed rows' edits and allow
+// masks, after everything else) for its one upload,
 // grows the device buffer to it and points rc at its sections. It returns
 // the packed bytes (uploaded at p.meta with the step's first device work)
 // and the sampling specs' address (0: the batch does not sample).
@@ -34,6 +35,18 @@ func (p *Program) packMeta(rc *runCtx, ckpt, share []int) (*metaBuilder, kc.Devi
 	var oHidden int64 = -1
 	if pr.Hidden != nil {
 		oHidden = mb.f32(pr.Hidden)
+	}
+	var oContext int64 = -1
+	if pr.Context != nil {
+		oContext = mb.f32(pr.Context)
+	}
+	var oDC, oDCRow0 int64 = -1, -1
+	if rc.draft != nil { // a DFlash draft batch: per sequence its context rows and the first
+		dc, dr := make([]int32, rc.S), make([]int32, rc.S)
+		for i, s := range pr.Spans {
+			dc[i], dr[i] = int32(s.C), int32(s.CRow0)
+		}
+		oDC, oDCRow0 = mb.i32(dc), mb.i32(dr)
 	}
 	oSlot, oPos0, oN, oRow0 := mb.i32(slot), mb.i32(pos0), mb.i32(nn), mb.i32(row0)
 	oRowSeq, oRowPos, oLast := mb.i32(rowSeq), mb.i32(rowPos), mb.i32(last)
@@ -73,6 +86,12 @@ func (p *Program) packMeta(rc *runCtx, ckpt, share []int) (*metaBuilder, kc.Devi
 	rc.toks = at(oTok)
 	if oHidden >= 0 {
 		rc.hidden = at(oHidden)
+	}
+	if oContext >= 0 {
+		rc.context = at(oContext)
+	}
+	if oDC >= 0 { // L_s is the span's cached positions: the draft slot's length
+		rc.dmeta = kc.DFlashMeta{Slot: at(oSlot), L: at(oPos0), C: at(oDC), Crow0: at(oDCRow0), S: int64(rc.S)}
 	}
 	rc.ckpt, rc.sharePos, rc.spanRows = at(oCkpt), at(oShare), at(oSpanRows)
 	rc.meta = kc.BatchMeta{SeqSlot: at(oSlot), SeqPos0: at(oPos0), SeqN: at(oN), SeqRow0: at(oRow0), RowSeq: at(oRowSeq), RowPos: at(oRowPos), LastRow: at(oLast), S: int64(rc.S), T: int64(rc.T)}

@@ -228,6 +228,9 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 	if pr == nil || pr.Prog != p {
 		return nil, fmt.Errorf("cuda: batch was prepared for another program")
 	}
+	if p.plan.Graph.DFlash() {
+		return p.executeDraft(pr)
+	}
 	store, ok := pr.Store.(*Store)
 	if !ok || store.b != p.b {
 		return nil, fmt.Errorf("cuda: the batch's store is not a store of this GPU backend")
@@ -245,7 +248,7 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 	err = p.b.dev.Do(func() error {
 		return p.counted(func() error {
 			var err error
-			res, err = p.execute(pr, store, ckpt, share)
+			res, err = p.execute(&runCtx{store: store, storeID: store.id, maxPos: store.maxPos}, pr, ckpt, share)
 			return err
 		})
 	})
@@ -253,6 +256,44 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 		return nil, err
 	}
 	store.commit(pr, slots, p.shareSaves)
+	p.runs.Add(1)
+	return res, nil
+}
+
+// executeDraft runs a DFlash draft batch on a draft store: each sequence's
+// tokens are its block (never cached), its context rows are appended to
+// every draft layer's K/V cache, and its slot advances by them once the
+// batch has run (a failed batch leaves the lengths as they were; the rows
+// it wrote past them are overwritten by the next).
+func (p *Program) executeDraft(pr *backend.Prepared) (*backend.Result, error) {
+	store, ok := pr.Store.(*DraftStore)
+	if !ok || store.b != p.b {
+		return nil, fmt.Errorf("cuda: a DFlash draft program runs on a draft store of this GPU backend (NewDraftStore), not %T", pr.Store)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := pr.CheckPositions(); err != nil {
+		return nil, err
+	}
+	if _, err := store.draftState(pr); err != nil {
+		return nil, err
+	}
+	none := make([]int, len(pr.Spans))
+	for i := range none {
+		none[i] = -1
+	}
+	var res *backend.Result
+	err := p.b.dev.Do(func() error {
+		return p.counted(func() error {
+			var err error
+			res, err = p.execute(&runCtx{draft: store, storeID: store.id, maxPos: store.maxPos}, pr, none, none)
+			return err
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	store.commitDraft(pr)
 	p.runs.Add(1)
 	return res, nil
 }
@@ -290,9 +331,20 @@ type runCtx struct {
 	dev   *kc.Device
 	pr    *backend.Prepared
 	store *Store
-	T, S  int
-	R     int // rows a span-logits selection keeps
-	meta  kc.BatchMeta
+	// draft is a DFlash draft batch's store (store is then nil); storeID
+	// and maxPos are the batch's store's id and positions a slot
+	draft   *DraftStore
+	storeID uint64
+	maxPos  int
+	T, S    int
+	R       int // rows a span-logits selection keeps
+	// TC is the batch's context rows (ir.DimC: a DFlash draft batch's)
+	TC int
+	// context is the batch's context rows on the device (0: none); dmeta
+	// the DFlash per-sequence metadata (draft batches)
+	context kc.DevicePtr
+	dmeta   kc.DFlashMeta
+	meta    kc.BatchMeta
 	// per sequence: the open checkpoint's position and the saved
 	// selection's (−1: none); the rows a span-logits selection keeps
 	ckpt, sharePos, spanRows kc.DevicePtr
@@ -316,6 +368,8 @@ func (rc *runCtx) rows(v *ir.Value) int {
 		return rc.S
 	case ir.DimR:
 		return rc.R
+	case ir.DimC:
+		return rc.TC
 	}
 	return v.Shape[0]
 }
@@ -379,9 +433,12 @@ type stepPlan struct {
 // execute runs one batch (the device lock held): plan (metadata, sampling,
 // the arena layout or the captured graph that holds one), upload, launch
 // or replay, results.
-func (p *Program) execute(pr *backend.Prepared, store *Store, ckpt, share []int) (*backend.Result, error) {
+// rc holds the batch's store (store or draft, storeID, maxPos) and is
+// completed here.
+func (p *Program) execute(rc *runCtx, pr *backend.Prepared, ckpt, share []int) (*backend.Result, error) {
 	t0 := time.Now()
-	rc := &runCtx{p: p, dev: p.b.dev, pr: pr, store: store, T: pr.T, S: len(pr.Spans), R: pr.SpanRows(), host: map[*ir.Value]any{}, maxVisible: map[int]int{}}
+	rc.p, rc.dev, rc.pr, rc.T, rc.S, rc.R, rc.TC = p, p.b.dev, pr, pr.T, len(pr.Spans), pr.SpanRows(), pr.TC
+	rc.host, rc.maxVisible = map[*ir.Value]any{}, map[int]int{}
 	if p.b.cuda.ProfileOps {
 		rc.profile = []opEvents{}
 		defer p.collectProfile(rc)
@@ -413,7 +470,7 @@ func (p *Program) planStep(rc *runCtx, ckpt, share []int) (*stepPlan, error) {
 		return nil, err
 	}
 	sp := &stepPlan{meta: mb}
-	key, graphed := p.graphKey(rc.pr, rc.store)
+	key, graphed := p.graphKey(rc)
 	if rc.pr.Sample != nil { // (before the graph lookup: growing p.out drops the graphs)
 		if sp.sample, err = p.sampleArgs(rc, specs, rc.pr.Rows(), graphed); err != nil {
 			return nil, err

@@ -8,3 +8,4 @@
 #include "moe.cu"
 #include "moe_mma.cu"
 #include "sample.cu"
+#include "dflash.cu"
