@@ -261,6 +261,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 				require.Contains(t, string(b), "quantization_config")
 			}}
 		},
+		"init-random --drafter-only": func(d string) probe {
+			return probe{args: []string{"init-random", "--preset", "tiny", "--out", d, "--drafter-only"}, want: "--drafter-only needs a -dflash preset"}
+		},
 		"init-random --out": func(string) probe { return probe{args: []string{"init-random"}, want: "--out is required"} },
 		"init-random --set": func(d string) probe {
 			return probe{args: []string{"init-random", "--out", d + "/s", "--set", "no_such_field=1"}, want: "--set no_such_field: not a text_config field"}

@@ -19,6 +19,7 @@ func newInitRandomCmd() *cobra.Command {
 	var fp8, force bool
 	var shardMiB int
 	var set []string
+	var drafterOnly bool
 	cmd := &cobra.Command{
 		Use: "init-random --preset NAME --out DIR",
 		Long: "Write a real-format checkpoint (config.json + safetensors) with random weights. A -dflash preset " +
@@ -44,6 +45,19 @@ func newInitRandomCmd() *cobra.Command {
 			cfg, err := randckpt.PresetWith(preset, overrides)
 			if err != nil {
 				return err
+			}
+			if drafterOnly {
+				if !randckpt.IsDFlashPreset(preset) {
+					return fmt.Errorf("--drafter-only needs a -dflash preset (e.g. gpu-dflash), got %q", preset)
+				}
+				if fp8 || shardMiB != 0 {
+					return fmt.Errorf("--drafter-only writes the bfloat16 drafter alone: --fp8 and --shard-mib apply to the trunk, which it does not write")
+				}
+				dir := filepath.Join(out, randckpt.DFlashDir)
+				if err := checkOut(dir, force); err != nil {
+					return err
+				}
+				return writeDFlash(preset, cfg, dir, seed)
 			}
 			if err := checkOut(out, force); err != nil {
 				return err
@@ -81,6 +95,7 @@ func newInitRandomCmd() *cobra.Command {
 	cmd.Flags().IntVar(&shardMiB, "shard-mib", 0, "split into shards of about this many MiB (0 = one file)")
 	cmd.Flags().StringArrayVar(&set, "set", nil, "FIELD=VALUE: a text_config field of the preset set to a JSON value (repeatable), e.g. --set n_routed_experts=16 for a scaled variant")
 	cmd.Flags().BoolVar(&force, "force", false, "replace the checkpoint (or other files) already in --out")
+	cmd.Flags().BoolVar(&drafterOnly, "drafter-only", false, "with a -dflash preset: write only the drafter (in DIR/dflash), for a trunk served with --load-format dummy --preset BASE")
 	return cmd
 }
 
