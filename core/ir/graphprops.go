@@ -21,8 +21,9 @@ const (
 	// under a rollback checkpoint (backend.Store.Checkpoint) runs the
 	// recurrent form and keeps every position's state. Its positions come
 	// from the previous step's acceptance (and, for the MTP layer's draft
-	// extend, its lengths too), which the graph states so that
-	// host-length-reuse does not apply.
+	// extend, its lengths too): the scheduler never prepares such a batch
+	// ahead of the acceptance it depends on (its host lengths are exact
+	// when it runs, so host-length-reuse applies).
 	ModeVerify
 )
 

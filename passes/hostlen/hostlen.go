@@ -21,8 +21,8 @@ const Name = "host-length-reuse"
 // know it.
 var Description = pass.Description{Name: Name, Version: "1.0.0",
 	Summary: "KDA/DSA nodes read host-side batch lengths instead of executor-produced ones",
-	Verify:  "not eligible: a verify batch starts from positions the previous step's acceptance produced, so the host cannot prepare it ahead; its nodes keep reading the executor's lengths",
-	Draft:   "eligible for draft steps (mode decode: one token per sequence at positions the drafter knows) and for the draft extend after a prefill chunk (mode extend); not for the draft extend after a verify step (mode verify: its lengths are accept lengths); a DFlash draft graph reads no executor lengths (dflash_attn takes the host batch): no sites"}
+	Verify:  "eligible: a verify batch starts from positions the previous step's acceptance produced, and the scheduler builds it after that acceptance (it never prepares a verify step ahead), so its host lengths are exact; the block verify then needs no length read-back and runs from CUDA graphs",
+	Draft:   "eligible for draft steps (mode decode: one token per sequence at positions the drafter knows), for the draft extend after a prefill chunk (mode extend) and after a verify step (mode verify: the drafter builds it after the acceptance, so the host knows its lengths); a DFlash draft graph reads no executor lengths (dflash_attn takes the host batch): no sites"}
 
 func init() { pass.Register(Description, func() pass.Pass { return &Pass{} }) }
 
@@ -55,7 +55,7 @@ func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site 
 		switch {
 		case batch == nil || !env.HostLengths:
 			sites = append(sites, pass.Skip(where, n.Layer, "host batch metadata is absent"))
-		case pass.LengthsFromAcceptance(g) || ir.AttrLengthsFrom.Get(n) == ir.LengthsAccept:
+		case ir.AttrLengthsFrom.Get(n) == ir.LengthsAccept:
 			sites = append(sites, pass.Skip(where, n.Layer, "lengths are produced by the computation (speculative accept lengths)"))
 		default:
 			sites = append(sites, pass.Site{Where: where, Layer: n.Layer, OK: true, Nodes: []*ir.Node{n}, Data: batch})

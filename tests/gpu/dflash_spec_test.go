@@ -172,16 +172,13 @@ func TestCUDASpecGreedyIdentityDFlash(t *testing.T) {
 			ds := backend.DeviceStatsOf(draft)
 			require.Positive(t, ds.GraphReplays, "the draft forward replays CUDA graphs")
 			t.Logf("draft forward: %d runs, %d graph captures, %d replays", ds.Runs, ds.GraphCaptures, ds.GraphReplays)
-			if passes { // the block verify: from graphs where its plan reads host lengths only
+			if passes { // the block verify: host-length-reuse fires on it, so it replays graphs with no length read-back
 				verify, err := e.Program(sched.SpecProgram(d))
 				require.NoError(t, err)
 				vs := backend.DeviceStatsOf(verify)
-				if verify.Plan().HostLengths {
-					require.Positive(t, vs.GraphReplays, "block verifies replay CUDA graphs (with their target rows)")
-				} else {
-					require.Zero(t, vs.GraphReplays, "verify batches reading the executor's lengths run eagerly")
-					require.Positive(t, vs.LengthSyncs)
-				}
+				require.True(t, verify.Plan().HostLengths, "host-length-reuse applies to block verifies")
+				require.Positive(t, vs.GraphReplays, "block verifies replay CUDA graphs (with their target rows)")
+				require.Zero(t, vs.LengthSyncs, "block verifies read no lengths back")
 				t.Logf("block verify: host lengths %v, %d graph replays, %d length syncs", verify.Plan().HostLengths, vs.GraphReplays, vs.LengthSyncs)
 			}
 			if dr.name == "constant" && !passes {

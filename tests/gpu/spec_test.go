@@ -98,8 +98,9 @@ func TestCUDASpecGreedyIdentity(t *testing.T) {
 
 	// with the built-in passes: host-length reuse makes the MTP draft steps
 	// (and plain decode steps) CUDA graphs that read the checkpoint and
-	// shared-selection arrays from fixed addresses; verify batches run
-	// eagerly (their lengths come from acceptance)
+	// shared-selection arrays from fixed addresses; verify batches read
+	// the host lengths too (the scheduler builds them after acceptance), so
+	// they need no length read-back and replay graphs where they fit
 	var reqsP []pass.Request
 	for _, r := range config.Default().Requests() {
 		if r.Name != "prefill-autotune" {
@@ -119,8 +120,9 @@ func TestCUDASpecGreedyIdentity(t *testing.T) {
 	require.Positive(t, backend.DeviceStatsOf(draftStep).GraphReplays, "the draft steps replay CUDA graphs")
 	verify, err := eg.Program(sched.SpecProgram(mtp))
 	require.NoError(t, err)
-	require.Zero(t, backend.DeviceStatsOf(verify).GraphReplays, "verify batches run eagerly")
-	require.Positive(t, backend.DeviceStatsOf(verify).LengthSyncs, "verify batches read the executor's lengths")
+	require.True(t, verify.Plan().HostLengths, "host-length-reuse fires on the verify graph")
+	require.Zero(t, backend.DeviceStatsOf(verify).LengthSyncs, "verify batches read the host lengths: no length read-back")
+	require.Positive(t, backend.DeviceStatsOf(verify).GraphReplays, "verify batches replay CUDA graphs")
 }
 
 // The GPU's MTP drafter drafts what the CPU's does after every observation
