@@ -164,8 +164,13 @@ func TestRunMeasuresScriptedStreams(t *testing.T) {
 		Client: c, Endpoint: Completions, Model: "fake",
 		Requests: requests(1, 2, 1, 1, 2, 1), Warmup: requests(1), Concurrency: 2, RequestRate: math.Inf(1),
 		IgnoreEOS: true, SLO: SLO{TTFT: 200 * ms_}, MetricsURL: f.URL + "/metrics",
-		Progress: func(done, total int) { pmu.Lock(); progress = append(progress, done); pmu.Unlock(); require.Equal(t, 6, total) },
-		Log:      zerolog.Nop(),
+		Progress: func(done, total int) {
+			pmu.Lock()
+			progress = append(progress, done)
+			pmu.Unlock()
+			require.Equal(t, 6, total)
+		},
+		Log: zerolog.Nop(),
 	})
 	require.NoError(t, err)
 	require.Equal(t, 6, res.Completed)
