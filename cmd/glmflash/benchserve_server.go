@@ -1,0 +1,347 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/config"
+	"github.com/glmflash/glmflash/core/loadgen"
+	"github.com/glmflash/glmflash/internal/proctree"
+	"github.com/glmflash/glmflash/model/randckpt"
+	"github.com/spf13/cobra"
+)
+
+// serveSpec is bench serve's --serve: glmflash serve started as a child
+// process with a configuration (--config files, --preset, --device, --set
+// KEY=VALUE), its listeners on loopback ports of the system's choosing.
+type serveSpec struct {
+	on           bool
+	configs      []string
+	preset       string
+	device       string
+	set          []string
+	startTimeout time.Duration
+	stopTimeout  time.Duration
+	logPath      string
+	binary       string // the executable run (this one unless a test says otherwise)
+	keys         []config.Flag
+	cfg          *config.Config
+}
+
+func (s *serveSpec) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.BoolVar(&s.on, "serve", false, "start glmflash serve (this binary) with --config/--preset/--set/--device on loopback ports, wait for /health, run, then stop it (SIGTERM, then SIGKILL of its process tree)")
+	fl.StringArrayVar(&s.configs, "config", nil, "--serve: the server's configuration file (repeatable, as glmflash serve --config)")
+	fl.StringVar(&s.preset, "preset", "", "--serve: serve a random checkpoint of this preset ("+strings.Join(randckpt.PresetNames(), ", ")+"; model.preset)")
+	fl.StringVar(&s.device, "device", "", "--serve: the backend ("+strings.Join(backend.Names(), " or ")+"; the device key)")
+	fl.StringArrayVar(&s.set, "set", nil, "--serve: a configuration key of the server, KEY=VALUE (repeatable; e.g. --set runtime.slots=16 --set model.dir=DIR), over the --config files")
+	fl.DurationVar(&s.startTimeout, "serve-timeout", 10*time.Minute, "--serve: how long the server may take to load and answer /health")
+	fl.StringVar(&s.logPath, "serve-log", "", "--serve: write the server's log (stderr) to this file (default: kept in memory, its end shown when the server fails)")
+}
+
+// check refuses --serve's flags without --serve and validates the
+// server's configuration in this process (errors name the key and where
+// it came from) before anything starts.
+func (s *serveSpec) check(f *benchServeFlags) error {
+	if !s.on {
+		for _, n := range []string{"config", "preset", "device", "set", "serve-timeout", "serve-log"} {
+			if f.set(n) {
+				return fmt.Errorf("--%s applies to --serve (the server bench serve starts), which is not given", n)
+			}
+		}
+		return nil
+	}
+	if f.set("base-url") {
+		return fmt.Errorf("--base-url and --serve are mutually exclusive: --serve benchmarks the server it starts")
+	}
+	if s.startTimeout <= 0 {
+		return fmt.Errorf("--serve-timeout must be > 0, got %s", s.startTimeout)
+	}
+	s.stopTimeout = 60 * time.Second
+	keys := []config.Flag{
+		{Key: "server.grpc_addr", Value: "127.0.0.1:0", Name: "--serve"},
+		{Key: "server.http_addr", Value: "127.0.0.1:0", Name: "--serve"},
+		{Key: "server.metrics_addr", Value: "", Name: "--serve"},
+	}
+	if f.set("device") {
+		if !slices.Contains(backend.Names(), s.device) {
+			return fmt.Errorf("--device: unknown device %q (have %s)", s.device, strings.Join(backend.Names(), ", "))
+		}
+		keys = append(keys, config.Flag{Key: "device", Value: s.device, Name: "--device"})
+	}
+	if f.set("preset") {
+		keys = append(keys, config.Flag{Key: "model.preset", Value: s.preset, Name: "--preset"})
+	}
+	for _, kv := range s.set {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsAny(k, " \t") || strings.Contains(k, "__") {
+			return fmt.Errorf("--set %q: want KEY=VALUE (a configuration key path such as runtime.slots)", kv)
+		}
+		keys = append(keys, config.Flag{Key: k, Value: v, Name: "--set " + k})
+	}
+	cfg, err := config.Load(config.Options{Files: s.configs, Flags: keys})
+	if err != nil {
+		return fmt.Errorf("--serve: %w", err)
+	}
+	switch {
+	case cfg.Server.HTTPAddr == "":
+		return fmt.Errorf("--serve: server.http_addr is empty (%s): bench serve needs the HTTP API", cfg.Sources.Of("server.http_addr"))
+	case cfg.Server.TLS.Enabled():
+		return fmt.Errorf("--serve: server.tls is on (%s): bench serve's client speaks plain HTTP to the server it starts (start it yourself and point --base-url at it)", cfg.Sources.Of("server.tls"))
+	case cfg.Server.Auth.APIKeysFile != "" && !f.set("api-key") && os.Getenv("OPENAI_API_KEY") == "":
+		return fmt.Errorf("--serve: server.auth.api_keys_file is set (%s): give one of its keys with --api-key (or $OPENAI_API_KEY)", cfg.Sources.Of("server.auth.api_keys_file"))
+	}
+	if f.metricsURL != "off" && !cfg.Server.HTTPMetrics {
+		log.Warn().Msg("--serve: server.http_metrics is off: the server's metrics are not read")
+		f.metricsURL = "off"
+	}
+	s.keys, s.cfg = keys, cfg
+	return nil
+}
+
+// served is a started glmflash serve.
+type served struct {
+	cmd         *exec.Cmd
+	baseURL     string
+	model       string
+	description string
+	done        chan struct{} // closed when the process has exited
+	exitErr     error         // its Wait's error, once done
+	log         *tailWriter
+	logFile     *os.File
+	stopTimeout time.Duration
+	stopOnce    sync.Once
+	stopErr     error
+}
+
+// apiRE finds the HTTP API's address in serve's banner (httpBanner).
+var apiRE = regexp.MustCompile(`The OpenAI-compatible API is on (https?://\S+)/v1 \(model "((?:[^"\\]|\\.)*)"\)`)
+
+// envName is the environment variable of a configuration key
+// (config.EnvPrefix: levels joined by "__").
+func envName(key string) string {
+	return config.EnvPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "__"))
+}
+
+// start runs the server: this binary's serve with the --config files and
+// every other key as its environment variable (the layer above the files,
+// as --set is here), in a process group of its own that gets SIGTERM if
+// this process dies; it returns once /health answers.
+func (s *serveSpec) start(ctx context.Context) (*served, error) {
+	bin := s.binary
+	if bin == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("--serve: %w", err)
+		}
+		bin = self
+	}
+	_ = proctree.SetSubreaper() // a grandchild whose parent dies stays ours to find and kill (best effort)
+	argv := []string{"--log-format", "json", "--log-level", "info", "serve"}
+	for _, c := range s.configs {
+		argv = append(argv, "--config", c)
+	}
+	env := os.Environ()
+	var desc []string
+	for _, k := range s.keys {
+		name := envName(k.Key)
+		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, name+"=") })
+		env = append(env, fmt.Sprintf("%s=%v", name, k.Value))
+		if k.Name != "--serve" {
+			desc = append(desc, fmt.Sprintf("%s=%v", k.Key, k.Value))
+		}
+	}
+	cmd := exec.Command(bin, argv...)
+	cmd.Env = env
+	cmd.SysProcAttr = childAttrs()
+	srv := &served{cmd: cmd, done: make(chan struct{}), log: &tailWriter{max: 64 << 10}, stopTimeout: s.stopTimeout}
+	srv.description = strings.TrimSpace(strings.Join(append(prefixed("--config ", s.configs), desc...), " "))
+	if srv.description == "" {
+		srv.description = "built-in defaults"
+	}
+	var stderr io.Writer = srv.log
+	if s.logPath != "" {
+		lf, err := os.Create(s.logPath)
+		if err != nil {
+			return nil, fmt.Errorf("--serve-log: %w", err)
+		}
+		srv.logFile = lf
+		stderr = io.MultiWriter(srv.log, lf)
+	}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	// Started from a goroutine locked to its thread for the child's life:
+	// the parent-death signal fires when the starting thread exits.
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			close(srv.done)
+			return
+		}
+		started <- nil
+		srv.exitErr = cmd.Wait()
+		close(srv.done)
+	}()
+	if err := <-started; err != nil {
+		srv.closeLog()
+		return nil, fmt.Errorf("--serve: starting %s serve: %w", bin, err)
+	}
+	log.Info().Int("pid", cmd.Process.Pid).Str("config", srv.description).Msg("--serve: glmflash serve started")
+	found := make(chan []string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			if m := apiRE.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case found <- m:
+				default:
+				}
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout) // drained until the server exits
+	}()
+	deadline := time.NewTimer(s.startTimeout)
+	defer deadline.Stop()
+	fail := func(err error) (*served, error) {
+		if serr := srv.stop(); serr != nil {
+			err = fmt.Errorf("%w (and stopping it: %v)", err, serr)
+		}
+		return nil, err
+	}
+	var m []string
+	select {
+	case m = <-found:
+	case <-srv.done:
+		return fail(fmt.Errorf("--serve: the server exited before serving (%v); its log ends:\n%s", srv.exitErr, srv.log.String()))
+	case <-deadline.C:
+		return fail(fmt.Errorf("--serve: the server did not serve within --serve-timeout %s; its log ends:\n%s", s.startTimeout, srv.log.String()))
+	case <-ctx.Done():
+		return fail(fmt.Errorf("--serve: interrupted while the server started"))
+	}
+	srv.baseURL, srv.model = m[1], strings.ReplaceAll(m[2], `\"`, `"`)
+	c := loadgen.NewClient(srv.baseURL, "", 1)
+	defer c.CloseIdle()
+	for {
+		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := c.Health(hctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-srv.done:
+			return fail(fmt.Errorf("--serve: the server exited before /health answered (%v); its log ends:\n%s", srv.exitErr, srv.log.String()))
+		case <-deadline.C:
+			return fail(fmt.Errorf("--serve: /health did not answer 200 within --serve-timeout %s (%v)", s.startTimeout, err))
+		case <-ctx.Done():
+			return fail(fmt.Errorf("--serve: interrupted while the server started"))
+		}
+	}
+	log.Info().Str("url", srv.baseURL).Str("model", srv.model).Msg("--serve: the server is healthy")
+	return srv, nil
+}
+
+func prefixed(p string, xs []string) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = p + x
+	}
+	return out
+}
+
+// stop ends the server: SIGTERM (it drains), then after stopTimeout
+// SIGKILL; every process it started (plugin processes) that is still alive
+// then is killed too. It reports a server that had exited on its own (it
+// failed during the run) or exited with an error.
+func (s *served) stop() error {
+	s.stopOnce.Do(func() { s.stopErr = s.doStop() })
+	return s.stopErr
+}
+
+func (s *served) doStop() error {
+	defer s.closeLog()
+	if s.cmd.Process == nil {
+		return nil
+	}
+	pid := s.cmd.Process.Pid
+	select {
+	case <-s.done:
+		return fmt.Errorf("the server (pid %d) had exited during the run (%v); its log ends:\n%s", pid, s.exitErr, s.log.String())
+	default:
+	}
+	tree := proctree.Descendants(pid) // before the signal: once it exits, its children move
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	var err error
+	select {
+	case <-s.done:
+		var ee *exec.ExitError
+		if s.exitErr != nil && !(errors.As(s.exitErr, &ee) && ee.Success()) {
+			err = fmt.Errorf("the server exited with %v after SIGTERM; its log ends:\n%s", s.exitErr, s.log.String())
+		}
+	case <-time.After(s.stopTimeout):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+		err = fmt.Errorf("the server (pid %d) did not stop within %s of SIGTERM: killed", pid, s.stopTimeout)
+	}
+	tree = append(tree, proctree.Descendants(pid)...) // none once it exited; a subreaper keeps its orphans ours
+	if n := proctree.Kill(tree); n > 0 {
+		log.Warn().Int("processes", n).Msg("--serve: killed processes the server left behind")
+	}
+	log.Info().Int("pid", pid).Msg("--serve: the server stopped")
+	return err
+}
+
+func (s *served) closeLog() {
+	if s.logFile != nil {
+		s.logFile.Close()
+		s.logFile = nil
+	}
+}
+
+// tailWriter keeps the last max bytes written to it.
+type tailWriter struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailWriter) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if over := len(t.b) - t.max; over > 0 {
+		t.b = append(t.b[:0], t.b[over:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailWriter) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := strings.TrimSpace(string(t.b))
+	if s == "" {
+		return "(nothing)"
+	}
+	return s
+}
