@@ -109,6 +109,11 @@ type ErrorKind struct {
 	Examples []string `json:"examples"`
 }
 
+// MetricsSettle is how long the scrapes wait after the last stream ended:
+// a server may count a step's tokens after it has streamed them (glmflash
+// does, once per step), so a scrape at once could miss the last step.
+const MetricsSettle = 200 * time.Millisecond
+
 // examplesPerKind is how many messages of each error kind a result keeps.
 const examplesPerKind = 3
 
@@ -131,6 +136,9 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 	var before map[string]sample
 	if s.MetricsURL != "" {
 		res.ServerMetrics = &ServerMetrics{URL: s.MetricsURL, Filter: filter.String()}
+		if len(s.Warmup) > 0 {
+			settle(ctx)
+		}
 		var err error
 		if before, err = s.Client.scrape(ctx, s.MetricsURL, filter); err != nil {
 			res.ServerMetrics.Error = "before the run: " + err.Error()
@@ -140,6 +148,7 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 	recs, dur, aborted := s.measure(ctx)
 	res.Records, res.Aborted = recs, aborted
 	if s.MetricsURL != "" && res.ServerMetrics.Error == "" {
+		settle(ctx)
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		after, err := s.Client.scrape(sctx, s.MetricsURL, filter)
 		cancel()
@@ -167,6 +176,16 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// settle waits MetricsSettle (less when ctx ends).
+func settle(ctx context.Context) {
+	t := time.NewTimer(MetricsSettle)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // warmup sends the warm-up requests (at most Concurrency at a time); any
