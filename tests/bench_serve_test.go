@@ -21,7 +21,7 @@ func benchServeCommand(t *testing.T, mark string, args ...string) (*exec.Cmd, *s
 	bin := glmflashBinary(t)
 	cache := t.TempDir()
 	argv := append([]string{"--log-format", "json", "bench", "serve", "--serve", "--preset", "tiny",
-		"--set", "model.cache_dir=" + cache, "--set", "server.drain_timeout=1s", "--set", "runtime.slots=4"}, args...)
+		"--serve-set", "model.cache_dir=" + cache, "--serve-set", "server.drain_timeout=1s", "--serve-set", "runtime.slots=4"}, args...)
 	cmd := exec.Command(bin, argv...)
 	cmd.Env = append(os.Environ(), mark)
 	var stdout, stderr syncWriter
@@ -60,7 +60,7 @@ func TestBenchServeStartsAndStopsGlmflash(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &rep))
 	require.Equal(t, "tiny", rep.Setup.Model)
-	require.Contains(t, rep.Setup.Served, "model.preset=tiny")
+	require.Contains(t, rep.Setup.Served, "glmflash serve --preset tiny --serve-set model.cache_dir=")
 	require.Equal(t, 8, rep.Completed)
 	require.Equal(t, 64, rep.OutputTokens)
 	require.Equal(t, 128, rep.InputTokens)

@@ -56,7 +56,7 @@ type benchServeFlags struct {
 func newBenchServeCmd() *cobra.Command {
 	f := &benchServeFlags{}
 	cmd := &cobra.Command{
-		Use:   "serve [--base-url URL | --serve [--config FILE] [--preset NAME] [--set KEY=VALUE]]",
+		Use:   "serve [--base-url URL | --serve [--config FILE] [--preset NAME] [--set FIELD=VALUE] [--serve-set KEY=VALUE]]",
 		Args:  cobra.NoArgs,
 		Short: "Measure a served workload over the OpenAI HTTP API (TTFT, TPOT, ITL, latency, throughput, goodput) against any OpenAI-compatible server",
 		Long: `Send a workload of streaming /v1/completions (or /v1/chat/completions) requests to an
@@ -67,8 +67,9 @@ end-to-end latency (mean, std, p50, p90, p99), request and token throughput, goo
 
 The workload is random token ids (--input-len, --output-len, --range-ratio: SGLang's random
 dataset; sent as ids to /v1/completions, or as the text the server's /detokenize makes of them)
-or a JSONL file of prompts (--dataset). --serve starts glmflash serve itself (--config, --preset,
---set KEY=VALUE, --device) on a loopback port, waits for /health, runs, and stops it.`,
+or a JSONL file of prompts (--dataset). --serve starts glmflash serve itself (with serve's
+--config, --preset, --device, --load-format and --set, and --serve-set KEY=VALUE for any other
+configuration key) on a loopback port, waits for /health, runs, and stops it.`,
 		RunE: func(cmd *cobra.Command, args []string) error { return f.run(cmd) },
 	}
 	f.cmd = cmd

@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/loadgen"
 	"github.com/glmflash/glmflash/internal/proctree"
@@ -25,31 +24,44 @@ import (
 )
 
 // serveSpec is bench serve's --serve: glmflash serve started as a child
-// process with a configuration (--config files, --preset, --device, --set
-// KEY=VALUE), its listeners on loopback ports of the system's choosing.
+// process with a configuration (--config files, --preset, --device,
+// --load-format and --set as serve takes them, --serve-set KEY=VALUE for any
+// other key), its listeners on loopback ports of the system's choosing.
 type serveSpec struct {
 	on           bool
-	configs      []string
+	mf           modelFlags // --config, --device, --load-format, --set: serve's own flags
 	preset       string
-	device       string
-	set          []string
+	serveSet     []string
 	startTimeout time.Duration
 	stopTimeout  time.Duration
 	logPath      string
-	binary       string // the executable run (this one unless a test says otherwise)
-	keys         []config.Flag
+	binary       string   // the executable run (this one unless a test says otherwise)
+	env          []string // KEY=VALUE environment variables of the child (--serve-set, the listeners)
+	args         []string // serve's flags of the child
 	cfg          *config.Config
 }
 
+// serveFlagNames are --serve's flags (refused without it).
+var serveFlagNames = []string{"config", "preset", "device", "load-format", "set", "serve-set", "serve-timeout", "serve-log"}
+
 func (s *serveSpec) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.BoolVar(&s.on, "serve", false, "start glmflash serve (this binary) with --config/--preset/--set/--device on loopback ports, wait for /health, run, then stop it (SIGTERM, then SIGKILL of its process tree)")
-	fl.StringArrayVar(&s.configs, "config", nil, "--serve: the server's configuration file (repeatable, as glmflash serve --config)")
+	fl.BoolVar(&s.on, "serve", false, "start glmflash serve (this binary) with --config/--preset/--device/--load-format/--set/--serve-set on loopback ports, wait for /health, run, then stop it (SIGTERM, then SIGKILL of its process tree)")
+	s.mf.addConfig(cmd)
+	s.mf.addDevice(cmd)
+	s.mf.addLoad(cmd, false)
 	fl.StringVar(&s.preset, "preset", "", "--serve: serve a random checkpoint of this preset ("+strings.Join(randckpt.PresetNames(), ", ")+"; model.preset)")
-	fl.StringVar(&s.device, "device", "", "--serve: the backend ("+strings.Join(backend.Names(), " or ")+"; the device key)")
-	fl.StringArrayVar(&s.set, "set", nil, "--serve: a configuration key of the server, KEY=VALUE (repeatable; e.g. --set runtime.slots=16 --set model.dir=DIR), over the --config files")
+	fl.StringArrayVar(&s.serveSet, "serve-set", nil, "--serve: any configuration key of the server, KEY=VALUE (repeatable; e.g. --serve-set runtime.slots=16 --serve-set model.dir=DIR), over the --config files")
 	fl.DurationVar(&s.startTimeout, "serve-timeout", 10*time.Minute, "--serve: how long the server may take to load and answer /health")
 	fl.StringVar(&s.logPath, "serve-log", "", "--serve: write the server's log (stderr) to this file (default: kept in memory, its end shown when the server fails)")
+}
+
+// listenerKeys are the keys --serve sets unless --serve-set does: loopback
+// listeners on free ports, no metrics port of its own.
+var listenerKeys = []config.Flag{
+	{Key: "server.grpc_addr", Value: "127.0.0.1:0", Name: "--serve"},
+	{Key: "server.http_addr", Value: "127.0.0.1:0", Name: "--serve"},
+	{Key: "server.metrics_addr", Value: "", Name: "--serve"},
 }
 
 // check refuses --serve's flags without --serve and validates the
@@ -57,7 +69,7 @@ func (s *serveSpec) register(cmd *cobra.Command) {
 // it came from) before anything starts.
 func (s *serveSpec) check(f *benchServeFlags) error {
 	if !s.on {
-		for _, n := range []string{"config", "preset", "device", "set", "serve-timeout", "serve-log"} {
+		for _, n := range serveFlagNames {
 			if f.set(n) {
 				return fmt.Errorf("--%s applies to --serve (the server bench serve starts), which is not given", n)
 			}
@@ -71,28 +83,51 @@ func (s *serveSpec) check(f *benchServeFlags) error {
 		return fmt.Errorf("--serve-timeout must be > 0, got %s", s.startTimeout)
 	}
 	s.stopTimeout = 60 * time.Second
-	keys := []config.Flag{
-		{Key: "server.grpc_addr", Value: "127.0.0.1:0", Name: "--serve"},
-		{Key: "server.http_addr", Value: "127.0.0.1:0", Name: "--serve"},
-		{Key: "server.metrics_addr", Value: "", Name: "--serve"},
-	}
-	if f.set("device") {
-		if !slices.Contains(backend.Names(), s.device) {
-			return fmt.Errorf("--device: unknown device %q (have %s)", s.device, strings.Join(backend.Names(), ", "))
+	var keys []config.Flag
+	given := map[string]bool{}
+	for _, kv := range s.serveSet {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsAny(k, " \t=") || strings.Contains(k, "__") {
+			return fmt.Errorf("--serve-set %q: want KEY=VALUE (a configuration key path such as runtime.slots)", kv)
 		}
-		keys = append(keys, config.Flag{Key: "device", Value: s.device, Name: "--device"})
+		for flag, key := range map[string]string{"--device": "device", "--preset": "model.preset", "--load-format": "model.load_format", "--set": "model.set"} {
+			if k == key || strings.HasPrefix(k, key+".") {
+				return fmt.Errorf("--serve-set %s: use %s", k, flag)
+			}
+		}
+		keys = append(keys, config.Flag{Key: k, Value: v, Name: "--serve-set " + k})
+		given[k] = true
+	}
+	for _, l := range listenerKeys {
+		if !given[l.Key] {
+			keys = append(keys, l)
+		}
+	}
+	s.args = nil
+	for _, c := range s.mf.files {
+		s.args = append(s.args, "--config", c)
 	}
 	if f.set("preset") {
 		keys = append(keys, config.Flag{Key: "model.preset", Value: s.preset, Name: "--preset"})
+		s.args = append(s.args, "--preset", s.preset)
 	}
-	for _, kv := range s.set {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" || strings.ContainsAny(k, " \t") || strings.Contains(k, "__") {
-			return fmt.Errorf("--set %q: want KEY=VALUE (a configuration key path such as runtime.slots)", kv)
+	if f.set("device") {
+		s.args = append(s.args, "--device", s.mf.device)
+	}
+	if f.set("load-format") {
+		s.args = append(s.args, "--load-format", s.mf.loadFormat)
+	}
+	for _, kv := range s.mf.set {
+		s.args = append(s.args, "--set", kv)
+	}
+	s.env = nil
+	for _, k := range keys {
+		if k.Key != "model.preset" {
+			s.env = append(s.env, fmt.Sprintf("%s=%v", envName(k.Key), k.Value))
 		}
-		keys = append(keys, config.Flag{Key: k, Value: v, Name: "--set " + k})
 	}
-	cfg, err := config.Load(config.Options{Files: s.configs, Flags: keys})
+	s.mf.extra = keys
+	cfg, err := s.mf.config()
 	if err != nil {
 		return fmt.Errorf("--serve: %w", err)
 	}
@@ -100,7 +135,7 @@ func (s *serveSpec) check(f *benchServeFlags) error {
 	case cfg.Server.HTTPAddr == "":
 		return fmt.Errorf("--serve: server.http_addr is empty (%s): bench serve needs the HTTP API", cfg.Sources.Of("server.http_addr"))
 	case cfg.Server.TLS.Enabled():
-		return fmt.Errorf("--serve: server.tls is on (%s): bench serve's client speaks plain HTTP to the server it starts (start it yourself and point --base-url at it)", cfg.Sources.Of("server.tls"))
+		return fmt.Errorf("--serve: server.tls is on: bench serve's client speaks plain HTTP to the server it starts (start it yourself and point --base-url at it)")
 	case cfg.Server.Auth.APIKeysFile != "" && !f.set("api-key") && os.Getenv("OPENAI_API_KEY") == "":
 		return fmt.Errorf("--serve: server.auth.api_keys_file is set (%s): give one of its keys with --api-key (or $OPENAI_API_KEY)", cfg.Sources.Of("server.auth.api_keys_file"))
 	}
@@ -108,7 +143,7 @@ func (s *serveSpec) check(f *benchServeFlags) error {
 		log.Warn().Msg("--serve: server.http_metrics is off: the server's metrics are not read")
 		f.metricsURL = "off"
 	}
-	s.keys, s.cfg = keys, cfg
+	s.cfg = cfg
 	return nil
 }
 
@@ -150,28 +185,22 @@ func (s *serveSpec) start(ctx context.Context) (*served, error) {
 		bin = self
 	}
 	_ = proctree.SetSubreaper() // a grandchild whose parent dies stays ours to find and kill (best effort)
-	argv := []string{"--log-format", "json", "--log-level", "info", "serve"}
-	for _, c := range s.configs {
-		argv = append(argv, "--config", c)
-	}
+	argv := append([]string{"--log-format", "json", "--log-level", "info", "serve"}, s.args...)
 	env := os.Environ()
 	var desc []string
-	for _, k := range s.keys {
-		name := envName(k.Key)
-		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, name+"=") })
-		env = append(env, fmt.Sprintf("%s=%v", name, k.Value))
-		if k.Name != "--serve" {
-			desc = append(desc, fmt.Sprintf("%s=%v", k.Key, k.Value))
-		}
+	for _, kv := range s.env {
+		name, _, _ := strings.Cut(kv, "=")
+		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, name+"=") })
+		env = append(env, kv)
+	}
+	for _, kv := range s.serveSet {
+		desc = append(desc, "--serve-set "+kv)
 	}
 	cmd := exec.Command(bin, argv...)
 	cmd.Env = env
 	cmd.SysProcAttr = childAttrs()
 	srv := &served{cmd: cmd, done: make(chan struct{}), log: &tailWriter{max: 64 << 10}, stopTimeout: s.stopTimeout}
-	srv.description = strings.TrimSpace(strings.Join(append(prefixed("--config ", s.configs), desc...), " "))
-	if srv.description == "" {
-		srv.description = "built-in defaults"
-	}
+	srv.description = strings.TrimSpace("glmflash serve " + strings.Join(append(append([]string{}, s.args...), desc...), " "))
 	var stderr io.Writer = srv.log
 	if s.logPath != "" {
 		lf, err := os.Create(s.logPath)
@@ -260,14 +289,6 @@ func (s *serveSpec) start(ctx context.Context) (*served, error) {
 	}
 	log.Info().Str("url", srv.baseURL).Str("model", srv.model).Msg("--serve: the server is healthy")
 	return srv, nil
-}
-
-func prefixed(p string, xs []string) []string {
-	out := make([]string, len(xs))
-	for i, x := range xs {
-		out[i] = p + x
-	}
-	return out
 }
 
 // stop ends the server: SIGTERM (it drains), then after stopTimeout

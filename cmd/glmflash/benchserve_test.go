@@ -140,7 +140,13 @@ func benchServeProbes(t *testing.T) map[string]func(dir string) probe {
 			return probe{args: []string{"bench", "serve", "--serve", "--device", "tpu"}, want: `--device: unknown device "tpu"`}
 		},
 		"bench serve --set": func(string) probe {
-			return probe{args: []string{"bench", "serve", "--serve", "--set", "runtime.slotz=2"}, want: `--serve: config: unknown key "runtime.slotz" in flag --set runtime.slotz`}
+			return probe{args: []string{"bench", "serve", "--serve", "--set", "runtime.slots=2"}, want: `--serve: --set "runtime.slots=2": want FIELD=VALUE (a text_config field, a JSON value)`}
+		},
+		"bench serve --serve-set": func(string) probe {
+			return probe{args: []string{"bench", "serve", "--serve", "--serve-set", "runtime.slotz=2"}, want: `--serve: config: unknown key "runtime.slotz" in flag --serve-set runtime.slotz`}
+		},
+		"bench serve --load-format": func(string) probe {
+			return probe{args: []string{"bench", "serve", "--serve", "--load-format", "pickle"}, want: `model.load_format (flag --load-format): "pickle" is not auto, safetensors or dummy`}
 		},
 		"bench serve --serve-timeout": func(string) probe {
 			return probe{args: []string{"bench", "serve", "--serve", "--serve-timeout", "0s"}, want: "--serve-timeout must be > 0"}
@@ -168,9 +174,11 @@ func TestBenchServeRefusesCombinations(t *testing.T) {
 		`--base-url: parse "127.0.0.1:8000"`:                                               {"--base-url", "127.0.0.1:8000"},
 		"--base-url must be an http:// or https:// URL":                                    {"--base-url", "localhost:8000"},
 		"--base-url has no host":                                                           {"--base-url", "http:///x"},
-		`--set "runtime.slots": want KEY=VALUE`:                                            {"--serve", "--set", "runtime.slots"},
-		"--serve: server.http_addr is empty":                                               {"--serve", "--set", "server.http_addr="},
-		"--serve: server.auth.api_keys_file is set":                                        {"--serve", "--set", "server.auth.api_keys_file=/k"},
+		`--serve-set "runtime.slots": want KEY=VALUE`:                                      {"--serve", "--serve-set", "runtime.slots"},
+		"--serve: server.http_addr is empty":                                               {"--serve", "--serve-set", "server.http_addr="},
+		"--serve: server.auth.api_keys_file is set":                                        {"--serve", "--serve-set", "server.auth.api_keys_file=/k"},
+		"--serve-set device: use --device":                                                 {"--serve", "--serve-set", "device=cpu"},
+		"--serve-set model.set.num_hidden_layers: use --set":                               {"--serve", "--serve-set", "model.set.num_hidden_layers=2"},
 	} {
 		t.Setenv("OPENAI_API_KEY", "")
 		_, err := runCLI(t, append([]string{"bench", "serve"}, args...)...)
