@@ -47,7 +47,10 @@ type Spec struct {
 	MetricsFilter string
 	// Progress is told of every request that ended (done of total).
 	Progress func(done, total int)
-	Log      zerolog.Logger
+	// Clock is the time since an arbitrary origin (nil: the monotonic
+	// clock); tests drive it to make the measurement exact.
+	Clock func() time.Duration
+	Log   zerolog.Logger
 }
 
 // Check refuses a spec that makes no sense, naming the option.
@@ -81,6 +84,16 @@ func (s *Spec) Check() error {
 		}
 	}
 	return nil
+}
+
+// clock returns the spec's clock as the time since now.
+func (s *Spec) clock() func() time.Duration {
+	if s.Clock == nil {
+		t0 := time.Now()
+		return func() time.Duration { return time.Since(t0) }
+	}
+	t0 := s.Clock()
+	return func() time.Duration { return s.Clock() - t0 }
 }
 
 func (s *Spec) filter() string {
@@ -192,7 +205,7 @@ func settle(ctx context.Context) {
 // failure fails the run: the server does not answer as a benchmark needs.
 func (s *Spec) warmup(ctx context.Context) error {
 	t0 := time.Now()
-	now := func() time.Duration { return time.Since(t0) }
+	now := s.clock()
 	limit := len(s.Warmup)
 	if s.Concurrency > 0 {
 		limit = min(limit, s.Concurrency)
@@ -255,8 +268,7 @@ func (s *Spec) measure(ctx context.Context) ([]Record, time.Duration, string) {
 	if s.Concurrency > 0 {
 		sem = make(chan struct{}, s.Concurrency)
 	}
-	t0 := time.Now()
-	now := func() time.Duration { return time.Since(t0) }
+	now := s.clock()
 	s.Log.Info().Int("requests", len(s.Requests)).Int("concurrency", s.Concurrency).Float64("request_rate", s.RequestRate).
 		Str("endpoint", s.Endpoint.Path()).Str("model", s.Model).Msg("benchmark started")
 	finish := func(rec *Record) {

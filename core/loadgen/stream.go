@@ -130,6 +130,9 @@ func readStream(r io.Reader, now func() time.Duration) (streamResult, *reqError)
 			}
 		}
 		if c.Usage != nil {
+			if c.Usage.PromptTokens < 0 || c.Usage.CompletionTokens < 0 {
+				return false, &reqError{KindBadChunk, fmt.Sprintf("usage with negative token counts: %s", clip(string(d), 120))}
+			}
 			u := *c.Usage
 			res.Usage = &u
 		}

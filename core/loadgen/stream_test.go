@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"bytes"
 	"io"
 	"testing"
 	"time"
@@ -105,6 +106,7 @@ func TestReadStreamFailures(t *testing.T) {
 		"empty stream":     {nil, KindBrokenStream, "ended before its last chunk", 0},
 		"error as string":  {[]piece{{1, "data: {\"error\":\"overloaded\"}\n\n"}}, KindStreamError, "overloaded", 0},
 		"chunk wrong type": {[]piece{{1, "data: [1,2]\n\n"}}, KindBadChunk, "is not a JSON chunk", 0},
+		"negative usage":   {[]piece{{1, "data: {\"choices\":[],\"usage\":{\"completion_tokens\":-1}}\n\n"}}, KindBadChunk, "usage with negative token counts", 0},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := &scripted{pieces: c.pieces}
@@ -135,4 +137,33 @@ func TestReadStreamBrokenConnection(t *testing.T) {
 	require.Equal(t, KindBrokenStream, err.Kind)
 	require.Contains(t, err.Msg, "unexpected EOF")
 	require.Len(t, res.Chunks, 1)
+}
+
+// The stream reader never panics on what a server sends; the times it
+// stamps never go back; a stream it accepts ended ([DONE] or a finish).
+func FuzzReadStream(f *testing.F) {
+	for _, s := range []string{
+		"data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n",
+		"data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\r\n\r\n",
+		": c\n\nevent: x\ndata: {\"error\":{\"message\":\"m\"}}\n\n",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":-3}}\n\ndata:[DONE]",
+		"data: {\"choices\":[{\"text\":\"a\"\ndata: }]}\n\n", "data", "\n\n\n", "data: null\n\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var tick time.Duration
+		res, err := readStream(bytes.NewReader(b), func() time.Duration { tick += ms_; return tick })
+		for i := 1; i < len(res.Chunks); i++ {
+			require.GreaterOrEqual(t, res.Chunks[i], res.Chunks[i-1])
+		}
+		if err == nil {
+			require.True(t, res.End > 0)
+			if len(res.Chunks) > 0 {
+				require.GreaterOrEqual(t, res.End, res.Chunks[len(res.Chunks)-1])
+			}
+		} else {
+			require.NotEmpty(t, err.Kind)
+		}
+	})
 }
