@@ -302,16 +302,15 @@ func TestRunWarmupMetricsAndInterrupt(t *testing.T) {
 	s.Requests = requests(2, 3, 3)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		for {
+		defer cancel() // at the latest after 10 s: a broken run ends rather than hangs
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * ms_) {
 			f.mu.Lock()
 			n := len(f.bodies)
 			f.mu.Unlock()
 			if n == 3 && f.inflight.Load() == 2 {
-				break
+				return
 			}
-			time.Sleep(5 * ms_)
 		}
-		cancel()
 	}()
 	res, err = Run(ctx, s)
 	require.NoError(t, err)
