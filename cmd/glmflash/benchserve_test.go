@@ -7,14 +7,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
-	"github.com/glmflash/glmflash/internal/syncbuf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -193,105 +188,4 @@ func TestBenchServeRefusesCombinations(t *testing.T) {
 	require.ErrorContains(t, err, "--dataset: prompt 2 has 3 token ids + output_len 99, more than the server's max_model_len 100")
 	_, err = runCLI(t, "bench", "serve", "--base-url", f.URL, "--input-len", "90", "--output-len", "11")
 	require.ErrorContains(t, err, "--input-len 90 + --output-len 11 exceed the server's max_model_len 100")
-}
-
-// bench serve against a real glmflash server (in this process, the fixture
-// checkpoint with a text tokenizer and a chat template): every request
-// completes; the client's token counts are the server's own counters'
-// deltas (the warm-up excluded); text prompts come from /detokenize and
-// chat works; the JSON follows its schema.
-func TestBenchServeAgainstGlmflash(t *testing.T) {
-	d := t.TempDir()
-	ck := textCheckpoint(t, d)
-	p := filepath.Join(d, "serve.yaml")
-	require.NoError(t, os.WriteFile(p, []byte("model: {dir: "+ck+", name: fixture}\nserver: {grpc_addr: \"127.0.0.1:0\", http_addr: \"127.0.0.1:0\", metrics_addr: \"\", drain_timeout: 300ms}\nruntime: {slots: 4}\n"), 0o644))
-	root := newRoot()
-	out := &syncbuf.Buffer{}
-	root.SetOut(out)
-	root.SetArgs([]string{"--log-level", "warn", "serve", "--config", p})
-	done := make(chan error, 1)
-	go func() { done <- root.Execute() }()
-	re := regexp.MustCompile(`API is on (http://127\.0\.0\.1:\d+)/v1`)
-	var base string
-	require.Eventually(t, func() bool {
-		if m := re.FindStringSubmatch(out.String()); m != nil {
-			base = m[1]
-		}
-		return base != ""
-	}, 60*time.Second, 10*time.Millisecond)
-	defer func() {
-		require.NoError(t, syscall.Kill(syscall.Getpid(), syscall.SIGTERM))
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("serve did not stop after SIGTERM")
-		}
-	}()
-
-	js := filepath.Join(d, "r.json")
-	text, err := runCLI(t, "bench", "serve", "--base-url", base, "--num-prompts", "6", "--concurrency", "3", "--input-len", "12",
-		"--output-len", "5", "--warmup-requests", "2", "--slo", "ttft_ms=60000,tpot_ms=60000", "--output", js, "--output-requests")
-	require.NoError(t, err)
-	require.Contains(t, text, "Requests (completed / failed / cancelled):  6 / 0 / 0 of 6 (+2 warm-up)")
-	var rep struct {
-		Schema string `json:"schema"`
-		Setup  struct {
-			Model     string `json:"model"`
-			VocabSize int    `json:"vocab_size"`
-		} `json:"setup"`
-		Completed     int             `json:"completed"`
-		InputTokens   int             `json:"input_tokens"`
-		OutputTokens  int             `json:"output_tokens"`
-		TTFT          struct{ N int } `json:"ttft_ms"`
-		Goodput       struct{ Good int }
-		ServerMetrics struct {
-			Error  string
-			Series []struct {
-				Name  string
-				Delta *float64
-			}
-		} `json:"server_metrics"`
-		Requests []struct {
-			ITL []float64 `json:"itl_ms"`
-		} `json:"requests"`
-	}
-	b, err := os.ReadFile(js)
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &rep))
-	require.Equal(t, "glmflash.bench-serve/v1", rep.Schema)
-	require.Equal(t, "fixture", rep.Setup.Model, "from GET /v1/models")
-	require.Equal(t, 256, rep.Setup.VocabSize, "from GET /v1/models")
-	require.Equal(t, 6, rep.Completed)
-	require.Equal(t, 6*12, rep.InputTokens, "token-id prompts: exact lengths")
-	require.Equal(t, 6*5, rep.OutputTokens, "ignore_eos: every request its 5 tokens")
-	require.Equal(t, 6, rep.TTFT.N)
-	require.Equal(t, 6, rep.Goodput.Good)
-	require.Len(t, rep.Requests, 6)
-	require.Empty(t, rep.ServerMetrics.Error)
-	deltas := map[string]float64{}
-	for _, s := range rep.ServerMetrics.Series {
-		if s.Delta != nil {
-			deltas[s.Name] = *s.Delta
-		}
-	}
-	require.Equal(t, 30.0, deltas["glmflash_generated_tokens_total"], "the server's count of the run's tokens (the warm-up's excluded)")
-	require.Equal(t, 72.0, deltas["glmflash_prompt_tokens_total"])
-	require.Equal(t, 6.0, deltas["glmflash_time_to_first_token_seconds_count"])
-
-	// chat, text prompts through /detokenize, a Poisson rate
-	text, err = runCLI(t, "bench", "serve", "--base-url", base, "--endpoint", "chat", "--num-prompts", "3", "--input-len", "6",
-		"--output-len", "3", "--request-rate", "50", "--metrics-url", "off")
-	require.NoError(t, err)
-	require.Contains(t, text, "Requests (completed / failed / cancelled):  3 / 0 / 0 of 3 (+1 warm-up)")
-	require.Contains(t, text, "/v1/chat/completions")
-	require.NotContains(t, text, "Server metrics")
-
-	// a JSONL dataset
-	ds := filepath.Join(d, "d.jsonl")
-	require.NoError(t, os.WriteFile(ds, []byte("{\"prompt\": \"Hello there\", \"output_len\": 2}\n{\"prompt\": [5, 6, 7]}\n"), 0o644))
-	text, err = runCLI(t, "bench", "serve", "--base-url", base, "--dataset", ds, "--output-len", "4", "--warmup-requests", "0")
-	require.NoError(t, err)
-	require.Contains(t, text, "Input / output tokens:                      14 / 6", "11 bytes + 3 ids; 2 + 4 tokens")
-	require.True(t, strings.Contains(text, "Workload:                                   "+ds), text)
 }
