@@ -3,6 +3,7 @@ package loadgen
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"regexp"
@@ -76,10 +77,14 @@ func (s *Spec) Check() error {
 	if _, err := regexp.Compile(s.filter()); err != nil {
 		return &FieldError{Field: "metrics-filter", Msg: err.Error()}
 	}
-	for _, rs := range [][]Request{s.Warmup, s.Requests} {
+	for j, rs := range [][]Request{s.Warmup, s.Requests} {
 		for i := range rs {
 			if _, err := Body(s.Endpoint, s.Model, &rs[i], s.Temperature, s.IgnoreEOS, s.ExtraBody); err != nil {
-				return err
+				var fe *FieldError
+				if errors.As(err, &fe) {
+					return err
+				}
+				return fmt.Errorf("%s %d (of %d): %w", [...]string{"warm-up request", "request"}[j], i+1, len(rs), err)
 			}
 		}
 	}

@@ -352,7 +352,7 @@ func TestSpecCheck(t *testing.T) {
 		`--extra-body: key "max_tokens" is set by the benchmark itself`: func(s *Spec) {
 			s.ExtraBody = map[string]json.RawMessage{"max_tokens": json.RawMessage("3")}
 		},
-		"token ids cannot be sent to /v1/chat/completions": func(s *Spec) { s.Endpoint = Chat },
+		"request 1 (of 1): a chat request needs text or messages (token ids cannot be sent to /v1/chat/completions)": func(s *Spec) { s.Endpoint = Chat },
 		"a request with messages needs --endpoint chat": func(s *Spec) {
 			s.Requests = []Request{{Messages: []Message{{Role: "user", Content: "hi"}}, OutputLen: 1}}
 		},
