@@ -252,7 +252,7 @@ func checkHTTPURL(flag, s string) error {
 
 // run is bench serve: flags → (a started server) → workload → loadgen.Run
 // → the report.
-func (f *benchServeFlags) run(cmd *cobra.Command) error {
+func (f *benchServeFlags) run(cmd *cobra.Command) (err error) {
 	if err := f.check(); err != nil {
 		return err
 	}
@@ -292,9 +292,13 @@ func (f *benchServeFlags) run(cmd *cobra.Command) error {
 		if err != nil {
 			return err
 		}
-		defer func() {
-			if err := srv.stop(); err != nil {
-				log.Warn().Err(err).Msg("the started server did not stop cleanly")
+		defer func() { // a server that failed (or would not stop) fails the command
+			if serr := srv.stop(); serr != nil {
+				if err == nil {
+					err = fmt.Errorf("--serve: %w", serr)
+				} else {
+					log.Error().Err(serr).Msg("--serve: the started server did not stop cleanly")
+				}
 			}
 		}()
 		base, f.servedModel, f.servedDescription = srv.baseURL, srv.model, srv.description
