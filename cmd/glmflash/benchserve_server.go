@@ -158,6 +158,7 @@ type served struct {
 	log         *tailWriter
 	logFile     *os.File
 	stopTimeout time.Duration
+	proc        proctree.Proc // the process, with its start time (a reused id is not it)
 	stopOnce    sync.Once
 	stopErr     error
 }
@@ -199,6 +200,9 @@ func (s *serveSpec) start(ctx context.Context) (*served, error) {
 	cmd := exec.Command(bin, argv...)
 	cmd.Env = env
 	cmd.SysProcAttr = childAttrs()
+	// A process the server leaves behind may hold its stdout or stderr open:
+	// Wait then gives up on them this long after the server exited.
+	cmd.WaitDelay = 2 * time.Second
 	srv := &served{cmd: cmd, done: make(chan struct{}), log: &tailWriter{max: 64 << 10}, stopTimeout: s.stopTimeout}
 	srv.description = strings.TrimSpace("glmflash serve " + strings.Join(append(append([]string{}, s.args...), desc...), " "))
 	var stderr io.Writer = srv.log
@@ -234,6 +238,11 @@ func (s *serveSpec) start(ctx context.Context) (*served, error) {
 		srv.closeLog()
 		return nil, fmt.Errorf("--serve: starting %s serve: %w", bin, err)
 	}
+	for _, p := range proctree.Descendants(os.Getpid()) {
+		if p.PID == cmd.Process.Pid {
+			srv.proc = p
+		}
+	}
 	log.Info().Int("pid", cmd.Process.Pid).Str("config", srv.description).Msg("--serve: glmflash serve started")
 	found := make(chan []string, 1)
 	go func() {
@@ -252,6 +261,12 @@ func (s *serveSpec) start(ctx context.Context) (*served, error) {
 	deadline := time.NewTimer(s.startTimeout)
 	defer deadline.Stop()
 	fail := func(err error) (*served, error) {
+		select {
+		case <-srv.done: // it exited: its log is in err
+			srv.closeLog()
+			return nil, err
+		default:
+		}
 		if serr := srv.stop(); serr != nil {
 			err = fmt.Errorf("%w (and stopping it: %v)", err, serr)
 		}
@@ -313,24 +328,47 @@ func (s *served) doStop() error {
 	}
 	tree := proctree.Descendants(pid) // before the signal: once it exits, its children move
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	var err error
-	select {
-	case <-s.done:
-		var ee *exec.ExitError
-		if s.exitErr != nil && !(errors.As(s.exitErr, &ee) && ee.Success()) {
-			err = fmt.Errorf("the server exited with %v after SIGTERM; its log ends:\n%s", s.exitErr, s.log.String())
+	// Its exit is seen in /proc (a zombie until Wait reaps it): Wait itself
+	// may wait longer, for pipes that processes it left behind hold open.
+	deadline := time.Now().Add(s.stopTimeout)
+	killed := false
+	for s.alive() {
+		if time.Now().After(deadline) {
+			_ = s.cmd.Process.Kill()
+			killed = true
+			break
 		}
-	case <-time.After(s.stopTimeout):
-		_ = s.cmd.Process.Kill()
-		<-s.done
-		err = fmt.Errorf("the server (pid %d) did not stop within %s of SIGTERM: killed", pid, s.stopTimeout)
+		select {
+		case <-s.done:
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 	tree = append(tree, proctree.Descendants(pid)...) // none once it exited; a subreaper keeps its orphans ours
 	if n := proctree.Kill(tree); n > 0 {
 		log.Warn().Int("processes", n).Msg("--serve: killed processes the server left behind")
 	}
+	<-s.done
+	var err error
+	var ee *exec.ExitError
+	switch {
+	case killed:
+		err = fmt.Errorf("the server (pid %d) did not stop within %s of SIGTERM: killed", pid, s.stopTimeout)
+	case s.exitErr != nil && !(errors.As(s.exitErr, &ee) && ee.Success()):
+		err = fmt.Errorf("the server exited with %v after SIGTERM; its log ends:\n%s", s.exitErr, s.log.String())
+	}
 	log.Info().Int("pid", pid).Msg("--serve: the server stopped")
 	return err
+}
+
+// alive reports whether the server's process still runs (not exited, not
+// a zombie).
+func (s *served) alive() bool {
+	select {
+	case <-s.done:
+		return false
+	default:
+	}
+	return s.proc == (proctree.Proc{}) || proctree.Alive(s.proc)
 }
 
 func (s *served) closeLog() {
