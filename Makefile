@@ -100,7 +100,8 @@ test-haswell:
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ./model/safetensors:FuzzParseHeader ./model:FuzzParseConfig ./model:FuzzParseGenerationConfig ./core/config:FuzzLoad \
 	./core/serve:FuzzGenerateRequest ./core/access:FuzzParseKeys ./core/attrib:FuzzParseStudy ./tests:FuzzInstall ./tests:FuzzPluginAnswers \
-	./model/tokenizer:FuzzEncodeDecode ./model/tokenizer:FuzzParse ./model/tokenizer:FuzzFastSplit ./core/openai:FuzzRequest ./core/openai:FuzzTokenize
+	./model/tokenizer:FuzzEncodeDecode ./model/tokenizer:FuzzParse ./model/tokenizer:FuzzFastSplit ./core/openai:FuzzRequest ./core/openai:FuzzTokenize \
+	./core/loadgen:FuzzParseJSONL ./core/loadgen:FuzzReadStream
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$pkg $$fn"; \

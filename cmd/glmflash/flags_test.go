@@ -547,6 +547,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 	probes["serve --fp8"] = func(d string) probe {
 		return probe{args: []string{"serve", "--config", serveConfig(t, d), "--fp8"}, want: "--fp8 applies to --preset only"}
 	}
+	for k, v := range benchServeProbes(t) { // bench serve's, in benchserve_test.go
+		probes[k] = v
+	}
 	for _, c := range []string{"attribute", "bench", "eval", "generate", "graph", "init-random", "passes list", "passes explain", "passes bench"} {
 		probes[c+" ARGS"] = func(string) probe {
 			return probe{args: append(strings.Fields(c), "stray"), want: `unknown command "stray"`}

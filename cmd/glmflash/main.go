@@ -43,7 +43,9 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level (debug, info, warn, error)")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "console", "log format (console or json)")
-	root.AddCommand(newEvalCmd(), newGenerateCmd(), newBenchCmd(), newInitRandomCmd(), newGraphCmd(), newPassesCmd(), newServeCmd(), newAttributeCmd(), newPluginCmd())
+	bench := newBenchCmd()
+	bench.AddCommand(newBenchServeCmd()) // glmflash bench serve: the load generator (its flags are its own)
+	root.AddCommand(newEvalCmd(), newGenerateCmd(), bench, newInitRandomCmd(), newGraphCmd(), newPassesCmd(), newServeCmd(), newAttributeCmd(), newPluginCmd())
 	return root
 }
 

@@ -67,6 +67,7 @@ func TestModelsByID(t *testing.T) {
 	var raw map[string]any
 	require.NoError(t, json.Unmarshal([]byte(m.RawJSON()), &raw))
 	require.Equal(t, 4096.0, raw["max_model_len"], "the context limit (the fixture's max_position_embeddings)")
+	require.Equal(t, 256.0, raw["vocab_size"], "the fixture's vocabulary")
 
 	_, err = s.cli.Models.Get(ctx, "gpt-4")
 	e := apiErr(t, err)

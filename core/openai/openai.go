@@ -241,7 +241,8 @@ const (
 
 // modelObject is the served model as OpenAI's model object: created is when
 // it was loaded (the server's start while it loads); max_model_len (vLLM's)
-// the context limit once loaded.
+// the context limit once loaded, and vocab_size the vocabulary's (a load
+// generator draws random token ids below it: glmflash bench serve).
 func (s *server) modelObject() map[string]any {
 	m := map[string]any{"id": s.o.Model, "object": "model", "created": s.started.Unix(), "owned_by": "glmflash", "root": s.o.Model}
 	lv := s.o.Live()
@@ -252,6 +253,7 @@ func (s *server) modelObject() map[string]any {
 		m["created"] = lv.Loaded.Unix()
 	}
 	m["max_model_len"] = lv.Context
+	m["vocab_size"] = lv.Vocab
 	if lv.Text != nil {
 		// Whether chat completions are served, and if not because the
 		// checkpoint's template failed to load, why.
