@@ -370,7 +370,7 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 				require.NoError(t, err)
 				require.Contains(t, out, "pass report for mtp:verify/last")
 				require.Contains(t, out, "host-length-reuse: draft graph: ")
-				require.Contains(t, out, "speculative accept lengths")
+				require.Contains(t, out, "host-length-reuse: readers_rewired = 1")
 			}}
 		},
 		"passes explain --preset": func(string) probe {
