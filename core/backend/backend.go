@@ -148,6 +148,28 @@ type StoreOptions struct {
 	// a drafter's steps. Device stores allocate per-position KDA states and
 	// indexer rows for it in every slot; 0 allows no checkpoints.
 	Rollback int
+	// PageTokens is the tokens per page of a paged store's MLA latents and
+	// indexer pooled keys, a multiple of index_kpool (0: the backend's
+	// default, cache.DefaultPageTokens).
+	PageTokens int
+	// Pages is a paged store's page pool (0: Slots × ⌈MaxPositions /
+	// PageTokens⌉, so that every slot can hold MaxPositions tokens).
+	Pages int
+}
+
+// ErrNoPages is the error (errors.Is) of a run or Copy that needs more KV
+// pages than its store has free; it changed no state. A scheduler preempts
+// a sequence on it.
+var ErrNoPages = cache.ErrNoPages
+
+// PageStats are a paged store's pages (size, total, used, free) and the
+// bytes of a page and of a state slot.
+type PageStats = cache.PageStats
+
+// PagedStore is a store whose MLA latents and indexer pooled keys live in a
+// fixed pool of pages: it reports the pool.
+type PagedStore interface {
+	PageStats() PageStats
 }
 
 // Store holds sequence state in numbered slots. It is safe for concurrent

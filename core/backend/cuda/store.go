@@ -11,6 +11,7 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 	kc "github.com/glmflash/glmflash/kernels/cuda"
 	"github.com/glmflash/glmflash/kernels/indexer"
+	"github.com/glmflash/glmflash/kernels/paged"
 	"github.com/glmflash/glmflash/model"
 )
 
@@ -476,7 +477,7 @@ func (s *Store) ReadState(slot int) (*cache.Seq, error) {
 	s.mu.Unlock()
 	c := s.cfg
 	L := len(s.layers)
-	q := &cache.Seq{Len: n, Conv: make([][]float32, L), State: make([][]float32, L), CKV: make([][]float32, L), Index: make([]*indexer.State, L)}
+	q := &cache.Seq{Len: n, Conv: make([][]float32, L), State: make([][]float32, L), CKV: make([]paged.Rows, L), Index: make([]*indexer.State, L)}
 	sl := int64(slot)
 	down := func(p kc.DevicePtr, off, count int64) ([]float32, error) {
 		x := make([]float32, count)
@@ -497,16 +498,20 @@ func (s *Store) ReadState(slot int) (*cache.Seq, error) {
 				}
 			}
 			if ls.ckv != 0 {
-				if q.CKV[l], err = down(ls.ckv, sl*ls.ckvStride, int64(n*c.KVLoraRank)); err != nil {
+				x, err := down(ls.ckv, sl*ls.ckvStride, int64(n*c.KVLoraRank))
+				if err != nil {
 					return err
 				}
+				q.CKV[l] = paged.Flat(c.KVLoraRank, x)
 			}
 			if ls.pools != 0 {
 				kp, di := c.IndexKPool, int64(c.IndexHeadDim)
 				ix := &indexer.State{SharePos: sharePos}
-				if ix.Pools, err = down(ls.pools, sl*ls.poolsStride, int64(n/kp)*di); err != nil {
+				x, err := down(ls.pools, sl*ls.poolsStride, int64(n/kp)*di)
+				if err != nil {
 					return err
 				}
+				ix.Pools = paged.Flat(c.IndexHeadDim, x)
 				if ix.PendK, err = down(ls.pendK, sl*ls.pendStride, int64(n%kp)*di); err != nil {
 					return err
 				}
