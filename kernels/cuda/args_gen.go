@@ -210,6 +210,9 @@ type IdxAppendArgs struct {
 	RecK        DevicePtr
 	RecG        DevicePtr
 	RecStride   int64
+	Pt          DevicePtr
+	PtStride    int64
+	Page        int64
 }
 
 // IdxScoreArgs mirrors the CUDA struct IdxScoreArgs.
@@ -227,6 +230,9 @@ type IdxScoreArgs struct {
 	Keep        int64
 	Scale       float64
 	Wscale      float64
+	Pt          DevicePtr
+	PtStride    int64
+	Page        int64
 }
 
 // IdxSelectArgs mirrors the CUDA struct IdxSelectArgs.
@@ -269,6 +275,9 @@ type MLAAppendArgs struct {
 	Cache      DevicePtr
 	SlotStride int64
 	R          int64
+	Pt         DevicePtr
+	PtStride   int64
+	Page       int64
 }
 
 // MLAHeadMMArgs mirrors the CUDA struct MLAHeadMMArgs.
@@ -301,6 +310,9 @@ type MLALogitsArgs struct {
 	T0         int64
 	H          int64
 	R          int64
+	Pt         DevicePtr
+	PtStride   int64
+	Page       int64
 }
 
 // MLASoftmaxArgs mirrors the CUDA struct MLASoftmaxArgs.
@@ -325,6 +337,9 @@ type MLAAccumArgs struct {
 	T0         int64
 	H          int64
 	R          int64
+	Pt         DevicePtr
+	PtStride   int64
+	Page       int64
 }
 
 // MLAGemvArgs mirrors the CUDA struct MLAGemvArgs.
@@ -360,6 +375,9 @@ type MLALogitsDArgs struct {
 	Lg         DevicePtr
 	H          int64
 	R          int64
+	Pt         DevicePtr
+	PtStride   int64
+	Page       int64
 }
 
 // MLAAccumDArgs mirrors the CUDA struct MLAAccumDArgs.
@@ -374,6 +392,9 @@ type MLAAccumDArgs struct {
 	Live       DevicePtr
 	H          int64
 	R          int64
+	Pt         DevicePtr
+	PtStride   int64
+	Page       int64
 }
 
 // GemmArgs mirrors the CUDA struct GemmArgs.

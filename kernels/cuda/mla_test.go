@@ -19,10 +19,46 @@ type mlaCase struct {
 	lens, news          []int // cached positions (including the new rows) and new rows per sequence
 }
 
+// pageTable is a paged cache's page table for the kernels (Pt 0: the cache
+// is contiguous per slot).
+type pageTable struct {
+	Pt           kc.DevicePtr
+	Stride, Page int64
+}
+
+// inPages lays a contiguous cache of slots × slotRows rows of w floats out
+// in pages of page rows, the pages of all slots interleaved and shuffled
+// (page ids in no slot order), and returns the paged buffer's contents
+// and the page table ([slots][stride] ids).
+func inPages(r *rand.Rand, cache []float32, slots, slotRows, w, page int) ([]float32, []int32, int) {
+	stride := (slotRows + page - 1) / page
+	ids := r.Perm(slots * stride)
+	pt := make([]int32, slots*stride)
+	paged := make([]float32, slots*stride*page*w)
+	for i := range paged {
+		paged[i] = float32(math.NaN()) // rows no slot holds must not be read
+	}
+	for sl := 0; sl < slots; sl++ {
+		for pg := 0; pg < stride; pg++ {
+			id := ids[sl*stride+pg]
+			pt[sl*stride+pg] = int32(id)
+			for o := 0; o < page && pg*page+o < slotRows; o++ {
+				src := (sl*slotRows + pg*page + o) * w
+				copy(paged[(id*page+o)*w:(id*page+o+1)*w], cache[src:src+w])
+			}
+		}
+	}
+	return paged, pt, stride
+}
+
 // runMLAKernels runs qabs, logits, softmax, accum and expand as the backend
 // does (the small or the big tiles, or the decode kernels) and returns o
-// [T][H·dv].
-func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, meta kc.BatchMeta, q, w, sel, cache buf, wbf16 int64, slotStride, T int) []float32 {
+// [T][H·dv]; pg, when set, reads the latents through its page table.
+func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, meta kc.BatchMeta, q, w, sel, cache buf, wbf16 int64, slotStride, T int, pg ...pageTable) []float32 {
+	var pt pageTable
+	if len(pg) > 0 {
+		pt = pg[0]
+	}
 	H, dq, dv, R, width := c.H, c.dq, c.dv, c.R, c.width
 	tm, tn, th := 64, 64, uint32(256)
 	if small {
@@ -39,14 +75,14 @@ func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, me
 		launch(t, d, kc.KernelMLAQabsGv, kc.Dim3{X: cdiv(R, 32), Y: uint32(H)}, kc.Dim3{X: 256}, 0, &qab)
 		lg := poisoned[float32](t, d, T*H*width)
 		lo := kc.MLALogitsDArgs{M: meta, Qt: qa.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
-			Lg: lg.p, H: int64(H), R: int64(R)}
+			Lg: lg.p, H: int64(H), R: int64(R), Pt: pt.Pt, PtStride: pt.Stride, Page: pt.Page}
 		launch(t, d, kc.KernelMLALogitsD, kc.Dim3{X: cdiv(width, 12), Y: uint32(T)}, kc.Dim3{X: 256}, 4*(12*R+64*H), &lo)
 		sm := kc.MLASoftmaxArgs{Sel: sel.p, Width: int64(width), Lg: lg.p, H: int64(H), Scale: float64(float32(1 / math.Sqrt(float64(dq))))}
 		launch(t, d, kc.KernelMLASoftmax, kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: 256}, 0, &sm)
 		nch := (width + 255) / 256
 		part, live := poisoned[float32](t, d, T*nch*H*R), poisoned[int32](t, d, T*nch)
 		ac := kc.MLAAccumDArgs{M: meta, Lg: lg.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
-			Part: part.p, Live: live.p, H: int64(H), R: int64(R)}
+			Part: part.p, Live: live.p, H: int64(H), R: int64(R), Pt: pt.Pt, PtStride: pt.Stride, Page: pt.Page}
 		launch(t, d, kc.KernelMLAAccumD, kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, kc.Dim3{X: 256}, 0, &ac)
 		ex := kc.MLAGemvArgs{A: part.p, Lda: int64(nch * H * R), AHead: int64(R), AParts: int64(nch), APartStride: int64(H * R), ALive: live.p, W: w.p, WBf16: wbf16, WHead: stride, WOff: int64(dq * R), WLd: int64(R),
 			C: o.p, Ldc: int64(H * dv), CHead: int64(dv), CN: 1, M: int64(T), N: int64(dv), K: int64(R)}
@@ -61,12 +97,12 @@ func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, me
 	for t0 := 0; t0 < T; t0 += tc {
 		nr := min(tc, T-t0)
 		lo := kc.MLALogitsArgs{M: meta, Qa: qa.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
-			Lg: lg.p, T0: int64(t0), H: int64(H), R: int64(R)}
+			Lg: lg.p, T0: int64(t0), H: int64(H), R: int64(R), Pt: pt.Pt, PtStride: pt.Stride, Page: pt.Page}
 		launch(t, d, kc.MLALogitsKernel(small), kc.Dim3{X: cdiv(width, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &lo)
 		sm := kc.MLASoftmaxArgs{Sel: sel.p, Width: int64(width), Lg: lg.p, T0: int64(t0), H: int64(H), Scale: float64(float32(1 / math.Sqrt(float64(dq))))}
 		launch(t, d, kc.KernelMLASoftmax, kc.Dim3{X: uint32(H), Y: uint32(nr)}, kc.Dim3{X: 256}, 0, &sm)
 		ac := kc.MLAAccumArgs{M: meta, Lg: lg.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
-			Ol: ol.p, T0: int64(t0), H: int64(H), R: int64(R)}
+			Ol: ol.p, T0: int64(t0), H: int64(H), R: int64(R), Pt: pt.Pt, PtStride: pt.Stride, Page: pt.Page}
 		launch(t, d, kc.MLAAccumKernel(small), kc.Dim3{X: cdiv(R, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &ac)
 	}
 	ex := kc.MLAHeadMMArgs{A: ol.p, Lda: int64(H * R), AHead: int64(R), W: w.p, WBf16: wbf16, WHead: stride, WOff: int64(dq * R), WLd: int64(R),
@@ -191,6 +227,21 @@ func TestMLAKernelsMatchCPU(t *testing.T) {
 					dec := runMLAKernels(t, d, c, false, true, meta, qb, wbuf, selb, cb, wbf16, slotStride, T)
 					for i := range big {
 						require.Equal(t, math.Float32bits(big[i]), math.Float32bits(dec[i]), "element %d: big tiles and decode kernels differ", i)
+					}
+				}
+				if !bf { // the latents in pages (3, 4 or 8 rows, shuffled ids): the same bits on every kernel path
+					page := []int{4, 8, 3}[ci%3]
+					paged, pt, ptStride := inPages(r, cache, S, slotStride/R, R, page)
+					pb, ptb := upload(t, d, paged), upload(t, d, pt)
+					tab := pageTable{Pt: ptb.p, Stride: int64(ptStride), Page: int64(page)}
+					for _, v := range []struct{ small, decode bool }{{false, false}, {true, false}, {false, true}} {
+						if v.decode && T > 16 {
+							continue
+						}
+						got := runMLAKernels(t, d, c, v.small, v.decode, meta, qb, wbuf, selb, pb, wbf16, slotStride, T, tab)
+						for i := range big {
+							require.Equal(t, math.Float32bits(big[i]), math.Float32bits(got[i]), "element %d: pages of %d (small %v, decode %v) differ from contiguous latents", i, page, v.small, v.decode)
+						}
 					}
 				}
 				for tr := 0; tr < T; tr++ {
