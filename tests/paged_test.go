@@ -116,3 +116,21 @@ func TestRunOutOfPagesChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 3, ps.PageStats().Used)
 }
+
+// The CPU store holds fp32 latents: kv dtype bf16 (and anything unknown)
+// is refused, auto and fp32 are the same store.
+func TestCPUStoreKVDType(t *testing.T) {
+	ck, _ := openFixture(t, fixtures[0])
+	be, err := backend.Open("cpu", backend.Options{})
+	require.NoError(t, err)
+	defer be.Close()
+	cfg := ck.Config()
+	_, err = be.NewStore(cfg, cfg.TrunkLayers(), backend.StoreOptions{Slots: 1, KVDType: backend.KVBF16})
+	require.ErrorContains(t, err, "cpu: kv dtype bf16 is not implemented on the cpu backend")
+	_, err = be.NewStore(cfg, cfg.TrunkLayers(), backend.StoreOptions{Slots: 1, KVDType: "fp8"})
+	require.ErrorIs(t, err, backend.ErrKVDType)
+	for _, d := range []backend.KVDType{"", backend.KVAuto, backend.KVFP32} {
+		_, err = be.NewStore(cfg, cfg.TrunkLayers(), backend.StoreOptions{Slots: 1, KVDType: d})
+		require.NoError(t, err, "kv dtype %q", d)
+	}
+}

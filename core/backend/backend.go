@@ -155,6 +155,38 @@ type StoreOptions struct {
 	// Pages is a paged store's page pool (0: Slots × ⌈MaxPositions /
 	// PageTokens⌉, so that every slot can hold MaxPositions tokens).
 	Pages int
+	// KVDType is the MLA latents' dtype (KVAuto: the backend's default for
+	// its precision); a backend refuses one it does not hold.
+	KVDType KVDType
+}
+
+// KVDType is the dtype a store holds the MLA latents in, parsed once from a
+// setting (ParseKVDType).
+type KVDType string
+
+const (
+	// KVAuto is the backend's choice: bf16 on CUDA under precision bf16,
+	// fp32 otherwise (the parity mode keeps fp32).
+	KVAuto KVDType = "auto"
+	// KVFP32 holds fp32 latents.
+	KVFP32 KVDType = "fp32"
+	// KVBF16 holds bf16 latents (rounded to nearest even as appended).
+	KVBF16 KVDType = "bf16"
+)
+
+// ErrKVDType is the error of a kv dtype that is not auto, fp32 or bf16.
+var ErrKVDType = errors.New("must be auto, fp32 or bf16 (fp8 KV is not implemented)")
+
+// ParseKVDType parses a kv dtype setting ("" is KVAuto). The error says what
+// was given; the caller names the setting.
+func ParseKVDType(s string) (KVDType, error) {
+	switch d := KVDType(s); d {
+	case "":
+		return KVAuto, nil
+	case KVAuto, KVFP32, KVBF16:
+		return d, nil
+	}
+	return "", fmt.Errorf("%w, got %q", ErrKVDType, s)
 }
 
 // ErrNoPages is the error (errors.Is) of a run or Copy that needs more KV

@@ -124,3 +124,22 @@ func TestKVPageTokens(t *testing.T) {
 	require.NoError(t, c.CheckModel(m))
 	require.Equal(t, 16, c.Runtime.KVPageTokens)
 }
+
+// runtime.kv_dtype: auto (the default), fp32, or bf16 on the cuda device;
+// fp8 and anything else refused naming the key.
+func TestKVDType(t *testing.T) {
+	c, err := load(t, "")
+	require.NoError(t, err)
+	require.Equal(t, "auto", c.Runtime.KVDType)
+	_, err = load(t, "runtime: {kv_dtype: fp8}\n")
+	require.ErrorContains(t, err, "runtime.kv_dtype (")
+	require.ErrorContains(t, err, `must be auto, fp32 or bf16 (fp8 KV is not implemented), got "fp8"`)
+	_, err = load(t, "runtime: {kv_dtype: bf16}\n")
+	require.ErrorContains(t, err, "runtime.kv_dtype (")
+	require.ErrorContains(t, err, `bf16 latents are implemented on the cuda device only (device "cpu" holds fp32: auto or fp32)`)
+	c, err = load(t, "device: cuda\nruntime: {kv_dtype: bf16}\n")
+	require.NoError(t, err)
+	require.Equal(t, "bf16", c.Runtime.KVDType)
+	_, err = load(t, "runtime: {kv_dtype: fp32}\n")
+	require.NoError(t, err)
+}

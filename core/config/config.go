@@ -294,6 +294,9 @@ type Runtime struct {
 	// latents and indexer pooled keys), a multiple of the model's
 	// index_kpool; 0: 64 (cache.DefaultPageTokens).
 	KVPageTokens int `koanf:"kv_page_tokens"`
+	// KVDType is the MLA latents' dtype: auto (bf16 on CUDA under
+	// precision bf16, fp32 otherwise), fp32 or bf16 (CUDA only).
+	KVDType string `koanf:"kv_dtype"`
 }
 
 // Options say what to load besides the built-in defaults.
@@ -624,6 +627,10 @@ func (c *Config) validateServing() error {
 		return keyErr("runtime.max_choices", "must be ≥ 0, got %d", r.MaxChoices)
 	case r.KVPageTokens < 0 || r.KVPageTokens > MaxPageTokens:
 		return keyErr("runtime.kv_page_tokens", "must be in [0, %d] (0: 64), got %d", MaxPageTokens, r.KVPageTokens)
+	case r.KVDType != "" && r.KVDType != "auto" && r.KVDType != "fp32" && r.KVDType != "bf16":
+		return keyErr("runtime.kv_dtype", "must be auto, fp32 or bf16 (fp8 KV is not implemented), got %q", r.KVDType)
+	case r.KVDType == "bf16" && c.Device != "cuda":
+		return keyErr("runtime.kv_dtype", "bf16 latents are implemented on the cuda device only (device %q holds fp32: auto or fp32)", c.Device)
 	case r.MaxChoices > MaxSlots:
 		return keyErr("runtime.max_choices", "must be at most %d, got %d", MaxSlots, r.MaxChoices)
 	case r.Slots > MaxSlots:

@@ -65,6 +65,8 @@ type Options struct {
 	// (backend.StoreOptions; 0: the defaults, every slot can hold
 	// MaxPositions tokens).
 	PageTokens, Pages int
+	// KVDType is the stores' latent dtype ("": auto).
+	KVDType backend.KVDType
 }
 
 // Key identifies one program.
@@ -169,7 +171,7 @@ func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
 }
 
 func (o Options) storeOptions() backend.StoreOptions {
-	return backend.StoreOptions{Slots: o.Slots, MaxPositions: o.MaxPositions, Rollback: o.Rollback, PageTokens: o.PageTokens, Pages: o.Pages}
+	return backend.StoreOptions{Slots: o.Slots, MaxPositions: o.MaxPositions, Rollback: o.Rollback, PageTokens: o.PageTokens, Pages: o.Pages, KVDType: o.KVDType}
 }
 
 // Rollback is the stores' rollback depth (Options.Rollback).

@@ -278,6 +278,7 @@ type MLAAppendArgs struct {
 	Pt         DevicePtr
 	PtStride   int64
 	Page       int64
+	CacheBf16  int64
 }
 
 // MLAHeadMMArgs mirrors the CUDA struct MLAHeadMMArgs.
@@ -313,6 +314,7 @@ type MLALogitsArgs struct {
 	Pt         DevicePtr
 	PtStride   int64
 	Page       int64
+	CacheBf16  int64
 }
 
 // MLASoftmaxArgs mirrors the CUDA struct MLASoftmaxArgs.
@@ -340,6 +342,7 @@ type MLAAccumArgs struct {
 	Pt         DevicePtr
 	PtStride   int64
 	Page       int64
+	CacheBf16  int64
 }
 
 // MLAGemvArgs mirrors the CUDA struct MLAGemvArgs.
@@ -378,6 +381,7 @@ type MLALogitsDArgs struct {
 	Pt         DevicePtr
 	PtStride   int64
 	Page       int64
+	CacheBf16  int64
 }
 
 // MLAAccumDArgs mirrors the CUDA struct MLAAccumDArgs.
@@ -395,6 +399,7 @@ type MLAAccumDArgs struct {
 	Pt         DevicePtr
 	PtStride   int64
 	Page       int64
+	CacheBf16  int64
 }
 
 // GemmArgs mirrors the CUDA struct GemmArgs.

@@ -231,7 +231,11 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 			T := rc.T
 			// the latents' page table (the store's, at a fixed address)
 			pt, ptStride, page := rc.store.pt, int64(rc.store.ptStride), int64(rc.store.page)
-			ap := kc.MLAAppendArgs{M: rc.meta, Ckv: rc.ptr(in[2]), Cache: ls.ckv, R: int64(R), Pt: pt, PtStride: ptStride, Page: page}
+			kvbf := int64(0) // the latents' dtype
+			if rc.store.kvBF16 {
+				kvbf = 1
+			}
+			ap := kc.MLAAppendArgs{M: rc.meta, Ckv: rc.ptr(in[2]), Cache: ls.ckv, R: int64(R), Pt: pt, PtStride: ptStride, Page: page, CacheBf16: kvbf}
 			if err := kc.LaunchMLAAppend(rc.dev, blocks(int64(T*R)), block256, 0, &ap); err != nil {
 				return err
 			}
@@ -249,7 +253,7 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 				if err := kc.LaunchMLAQabsGv(rc.dev, kc.Dim3{X: cdiv(R, mlaGemvCols), Y: uint32(H)}, block256, 0, &qab); err != nil {
 					return err
 				}
-				lo := kc.MLALogitsDArgs{M: rc.meta, Qt: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, Pt: pt, PtStride: ptStride, Page: page,
+				lo := kc.MLALogitsDArgs{M: rc.meta, Qt: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, Pt: pt, PtStride: ptStride, Page: page, CacheBf16: kvbf,
 					Lg: lg, H: int64(H), R: int64(R)}
 				if err := kc.LaunchMLALogitsD(rc.dev, kc.Dim3{X: cdiv(width, mlaDecodeEntries), Y: uint32(T)}, block256, mlaDecodeSmemBytes(H, R), &lo); err != nil {
 					return err
@@ -258,7 +262,7 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 				if err := kc.LaunchMLASoftmax(rc.dev, kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: smThreads}, 0, &sm); err != nil {
 					return err
 				}
-				ac := kc.MLAAccumDArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, Pt: pt, PtStride: ptStride, Page: page,
+				ac := kc.MLAAccumDArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, Pt: pt, PtStride: ptStride, Page: page, CacheBf16: kvbf,
 					Part: ol, Live: live, H: int64(H), R: int64(R)}
 				if err := kc.LaunchMLAAccumD(rc.dev, kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, block256, 0, &ac); err != nil {
 					return err
@@ -280,7 +284,7 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 			tc := mlaRowChunk(T, H, width)
 			for t0 := 0; t0 < T; t0 += tc {
 				nr := min(tc, T-t0)
-				lo := kc.MLALogitsArgs{M: rc.meta, Qa: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, Pt: pt, PtStride: ptStride, Page: page,
+				lo := kc.MLALogitsArgs{M: rc.meta, Qa: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, Pt: pt, PtStride: ptStride, Page: page, CacheBf16: kvbf,
 					Lg: lg, T0: int64(t0), H: int64(H), R: int64(R)}
 				if err := kc.MLALogitsKernel(small).Launch(rc.dev, kc.Dim3{X: cdiv(width, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &lo); err != nil {
 					return err
@@ -289,7 +293,7 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 				if err := kc.LaunchMLASoftmax(rc.dev, kc.Dim3{X: uint32(H), Y: uint32(nr)}, kc.Dim3{X: smThreads}, 0, &sm); err != nil {
 					return err
 				}
-				ac := kc.MLAAccumArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, Pt: pt, PtStride: ptStride, Page: page,
+				ac := kc.MLAAccumArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, Pt: pt, PtStride: ptStride, Page: page, CacheBf16: kvbf,
 					Ol: ol, T0: int64(t0), H: int64(H), R: int64(R)}
 				if err := kc.MLAAccumKernel(small).Launch(rc.dev, kc.Dim3{X: cdiv(R, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &ac); err != nil {
 					return err

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -50,6 +51,7 @@ type Store struct {
 	ptStride    int
 	pt          kc.DevicePtr
 	pageBytes   int64 // one page id over the DSA layers
+	kvBF16      bool  // the latents are bf16 (kv dtype)
 }
 
 type sized struct {
@@ -98,6 +100,10 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 	if err != nil {
 		return nil, err
 	}
+	kd, err := backend.ParseKVDType(string(o.KVDType))
+	if err != nil {
+		return nil, fmt.Errorf("cuda: kv dtype: %w", err)
+	}
 	ptStride := (maxPositions + P - 1) / P
 	pages := o.Pages
 	switch {
@@ -111,7 +117,8 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 	}
 	s := &Store{b: b, id: storeIDs.Add(1), cfg: cfg, maxPos: maxPositions, depth: o.Rollback, used: make([]bool, slots), lens: make([]int, slots),
 		ckpt: make([]int, slots), share: make([]int, slots), layers: make([]layerState, cfg.NumHiddenLayers+cfg.NumNextNPredictLayers),
-		page: P, pages: pages, free: make([]int32, pages), tables: make([][]int32, slots), ptStride: ptStride}
+		page: P, pages: pages, free: make([]int32, pages), tables: make([][]int32, slots), ptStride: ptStride,
+		kvBF16: kd == backend.KVBF16 || kd == backend.KVAuto && b.opts.Precision == backend.BF16}
 	for i := range s.ckpt {
 		s.ckpt[i], s.share[i] = -1, -1
 	}
@@ -132,8 +139,8 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 		alloc := func(floatsPerSlot int64) (kc.DevicePtr, error) {
 			return allocBytes(4*floatsPerSlot*int64(slots), fmt.Sprintf("the cache (%d slots × %d positions)", slots, maxPositions))
 		}
-		pool := func(floatsPerPage int64) (kc.DevicePtr, error) {
-			return allocBytes(4*floatsPerPage*int64(pages), fmt.Sprintf("the KV page pool (%d pages of %d tokens)", pages, P))
+		pool := func(bytesPerPage int64) (kc.DevicePtr, error) {
+			return allocBytes(bytesPerPage*int64(pages), fmt.Sprintf("the KV page pool (%d pages of %d tokens)", pages, P))
 		}
 		var err error
 		if s.pt, err = alloc(int64(ptStride)); err != nil { // int32 ids
@@ -163,14 +170,14 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 				}
 				continue
 			}
-			if ls.ckv, err = pool(int64(P) * int64(cfg.KVLoraRank)); err != nil {
+			if ls.ckv, err = pool(s.latentPageBytes()); err != nil {
 				return err
 			}
-			s.pageBytes += 4 * int64(P) * int64(cfg.KVLoraRank)
+			s.pageBytes += s.latentPageBytes()
 			if cfg.HasOwnIndexer(l) {
 				kp, di := int64(cfg.IndexKPool), int64(cfg.IndexHeadDim)
 				ls.pendStride = kp * di
-				if ls.pools, err = pool(int64(P) / kp * di); err != nil {
+				if ls.pools, err = pool(4 * int64(P) / kp * di); err != nil {
 					return err
 				}
 				s.pageBytes += 4 * int64(P) / kp * di
@@ -295,6 +302,24 @@ func (s *Store) Free(slot int) error {
 	s.ckpt[slot], s.share[slot] = -1, -1
 	s.releaseLocked(slot, 0)
 	return nil
+}
+
+// latentPageBytes is one latent page's bytes (P rows of kv_lora_rank in
+// the kv dtype).
+func (s *Store) latentPageBytes() int64 {
+	el := int64(4)
+	if s.kvBF16 {
+		el = 2
+	}
+	return el * int64(s.page) * int64(s.cfg.KVLoraRank)
+}
+
+// KVDType is the dtype the store holds its latents in.
+func (s *Store) KVDType() backend.KVDType {
+	if s.kvBF16 {
+		return backend.KVBF16
+	}
+	return backend.KVFP32
 }
 
 // pagesFor is the pages that hold n tokens.
@@ -588,9 +613,9 @@ func (s *Store) Copy(src, dst int) error {
 	cp := func(p kc.DevicePtr, stride, floats int64) error {
 		return s.b.dev.Copy(p+kc.DevicePtr(4*b*stride), p+kc.DevicePtr(4*a*stride), 4*floats)
 	}
-	cpPages := func(p kc.DevicePtr, floatsPerPage int64) error {
+	cpPages := func(p kc.DevicePtr, bytesPerPage int64) error {
 		for i := range srcPages {
-			if err := s.b.dev.Copy(p+kc.DevicePtr(4*int64(dstPages[i])*floatsPerPage), p+kc.DevicePtr(4*int64(srcPages[i])*floatsPerPage), 4*floatsPerPage); err != nil {
+			if err := s.b.dev.Copy(p+kc.DevicePtr(int64(dstPages[i])*bytesPerPage), p+kc.DevicePtr(int64(srcPages[i])*bytesPerPage), bytesPerPage); err != nil {
 				return err
 			}
 		}
@@ -610,13 +635,13 @@ func (s *Store) Copy(src, dst int) error {
 				}
 			}
 			if ls.ckv != 0 {
-				if err := cpPages(ls.ckv, int64(s.page)*int64(c.KVLoraRank)); err != nil {
+				if err := cpPages(ls.ckv, s.latentPageBytes()); err != nil {
 					return err
 				}
 			}
 			if ls.pools != 0 {
 				kp, di := int64(c.IndexKPool), int64(c.IndexHeadDim)
-				if err := cpPages(ls.pools, int64(s.page)/kp*di); err != nil {
+				if err := cpPages(ls.pools, 4*int64(s.page)/kp*di); err != nil {
 					return err
 				}
 				if err := cp(ls.pendK, ls.pendStride, n%kp*di); err != nil {
@@ -669,17 +694,30 @@ func (s *Store) ReadState(slot int) (*cache.Seq, error) {
 	}
 	// downPages reads rows [0, rows) of width floats from a page pool of
 	// per rows a page, through the slot's table
-	downPages := func(p kc.DevicePtr, per, width, rows int64) ([]float32, error) {
+	downPages := func(p kc.DevicePtr, per, width, rows int64, bf16 bool) ([]float32, error) {
 		x := make([]float32, rows*width)
+		var b []uint16
+		if bf16 {
+			b = make([]uint16, rows*width)
+		}
 		for i := int64(0); i*per < rows; i++ {
 			k := min(per, rows-i*per)
 			if i >= int64(len(table)) {
 				return nil, fmt.Errorf("cuda: slot %d holds %d pages, not the %d its %d rows need", slot, len(table), (rows+per-1)/per, rows)
 			}
 			off := int64(table[i]) * per * width
-			if err := s.b.dev.Download(unsafe.Pointer(&x[i*per*width]), p+kc.DevicePtr(4*off), 4*k*width); err != nil {
+			var err error
+			if bf16 {
+				err = s.b.dev.Download(unsafe.Pointer(&b[i*per*width]), p+kc.DevicePtr(2*off), 2*k*width)
+			} else {
+				err = s.b.dev.Download(unsafe.Pointer(&x[i*per*width]), p+kc.DevicePtr(4*off), 4*k*width)
+			}
+			if err != nil {
 				return nil, err
 			}
+		}
+		for i, v := range b {
+			x[i] = math.Float32frombits(uint32(v) << 16)
 		}
 		return x, nil
 	}
@@ -695,7 +733,7 @@ func (s *Store) ReadState(slot int) (*cache.Seq, error) {
 				}
 			}
 			if ls.ckv != 0 {
-				x, err := downPages(ls.ckv, int64(s.page), int64(c.KVLoraRank), int64(n))
+				x, err := downPages(ls.ckv, int64(s.page), int64(c.KVLoraRank), int64(n), s.kvBF16)
 				if err != nil {
 					return err
 				}
@@ -704,7 +742,7 @@ func (s *Store) ReadState(slot int) (*cache.Seq, error) {
 			if ls.pools != 0 {
 				kp, di := c.IndexKPool, int64(c.IndexHeadDim)
 				ix := &indexer.State{SharePos: sharePos}
-				x, err := downPages(ls.pools, int64(s.page/kp), di, int64(n/kp))
+				x, err := downPages(ls.pools, int64(s.page/kp), di, int64(n/kp), false)
 				if err != nil {
 					return err
 				}

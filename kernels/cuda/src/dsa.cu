@@ -14,6 +14,9 @@ DEVFN i64 cache_row(const int* pt, i64 pt_stride, i64 page, i64 slot, i64 slot_r
   return pt ? (i64)pt[slot * pt_stride + p / page] * page + p % page : slot * slot_rows + p;
 }
 
+// The MLA latents are fp32 or bf16 (cache_bf16 ≠ 0: the runtime's kv dtype
+// bf16, rounded to nearest even as they are appended); ldw reads either.
+
 // dsa_meta: visible[t] = complete pools row t can see = (pos+1)/kpool.
 struct DSAMetaArgs { BatchMeta m; int* visible; i64 kpool; };
 KERNEL(glmf_dsa_meta, DSAMetaArgs) {
@@ -266,13 +269,17 @@ KERNEL(glmf_indexer_shared, IdxSharedArgs) {
 
 // mla_append: cache[slot][pos] = c_kv[t] for every row (through the page
 // table where there is one: cache_row).
-struct MLAAppendArgs { BatchMeta m; const float* ckv; float* cache; i64 slot_stride, R; const int* pt; i64 pt_stride, page; };
+struct MLAAppendArgs { BatchMeta m; const float* ckv; void* cache; i64 slot_stride, R; const int* pt; i64 pt_stride, page; i64 cache_bf16; };
 KERNEL(glmf_mla_append, MLAAppendArgs) {
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= a.m.T * a.R) return;
   i64 t = i / a.R, r = i % a.R;
   i64 slot = a.m.seq_slot[a.m.row_seq[t]];
-  a.cache[cache_row(a.pt, a.pt_stride, a.page, slot, a.slot_stride / a.R, a.m.row_pos[t]) * a.R + r] = a.ckv[i];
+  i64 at = cache_row(a.pt, a.pt_stride, a.page, slot, a.slot_stride / a.R, a.m.row_pos[t]) * a.R + r;
+  if (a.cache_bf16)
+    ((u16*)a.cache)[at] = (u16)(__float_as_uint(bf16_round(a.ckv[i])) >> 16);
+  else
+    ((float*)a.cache)[at] = a.ckv[i];
 }
 
 // Absorbed MLA as small SIMT GEMMs (fp32 FMAs, register tiles of MT×NT
@@ -398,9 +405,10 @@ KERNEL(glmf_mla_expand_s, MLAHeadMMArgs) { mla_head_mm<16, 32, 2, 2, true>(a); }
 struct MLALogitsArgs {
   BatchMeta m;
   const float* qa; const int* sel; i64 width;
-  const float* cache; i64 slot_stride;
+  const void* cache; i64 slot_stride;
   float* lg; i64 t0, H, R;
   const int* pt; i64 pt_stride, page;  // the latents' page table (cache_row)
+  i64 cache_bf16;                       // the latents are bf16
 };
 template <int TM, int TN, int MT, int NT>
 DEVFN void mla_logits(const MLALogitsArgs& a) {
@@ -416,13 +424,12 @@ DEVFN void mla_logits(const MLALogitsArgs& a) {
   }
   any = block_reduce(any, [](int x, int y) { return x | y; });
   if (!any) return;
-  const float* cache = a.cache;
   const float* q = a.qa + (t * a.H + h0) * a.R;
   float acc[MT][NT];
   mla_mm<TM, TN, MT, NT, true>(
       a.R,
       [&](int m, i64 k) { return h0 + m < a.H ? q[m * a.R + k] : 0.f; },
-      [&](i64 k, int n) { return ps[n] >= 0 ? cache[ps[n] * a.R + k] : 0.f; },
+      [&](i64 k, int n) { return ps[n] >= 0 ? ldw(a.cache, ps[n] * a.R + k, a.cache_bf16) : 0.f; },
       acc);
   int tm = mla_tm<TN, NT>(), tn = mla_tn<TN, NT>();
   float* lg = a.lg + (i64)blockIdx.z * a.H * a.width;
@@ -478,9 +485,10 @@ KERNEL(glmf_mla_softmax, MLASoftmaxArgs) {
 struct MLAAccumArgs {
   BatchMeta m;
   const float* lg; const int* sel; i64 width;
-  const float* cache; i64 slot_stride;
+  const void* cache; i64 slot_stride;
   float* ol; i64 t0, H, R;
   const int* pt; i64 pt_stride, page;  // the latents' page table (cache_row)
+  i64 cache_bf16;                       // the latents are bf16
 };
 template <int TM, int TN, int MT, int NT>
 DEVFN void mla_accum(const MLAAccumArgs& a) {
@@ -491,7 +499,6 @@ DEVFN void mla_accum(const MLAAccumArgs& a) {
     if (srow[i] >= 0) last = (int)i + 1;
   i64 K = block_reduce(last, [](int x, int y) { return x > y ? x : y; });
   i64 slot = a.m.seq_slot[a.m.row_seq[t]], slot_rows = a.slot_stride / a.R;
-  const float* cache = a.cache;
   const float* w = a.lg + (z * a.H + h0) * a.width;
   float acc[MT][NT];
   mla_mm<TM, TN, MT, NT, false, MLA_AD_CH>(
@@ -499,7 +506,7 @@ DEVFN void mla_accum(const MLAAccumArgs& a) {
       [&](int m, i64 k) { return h0 + m < a.H ? w[m * a.width + k] : 0.f; },
       [&](i64 k, int n) {
         int p = srow[k];
-        return p >= 0 && r0 + n < a.R ? cache[cache_row(a.pt, a.pt_stride, a.page, slot, slot_rows, p) * a.R + r0 + n] : 0.f;
+        return p >= 0 && r0 + n < a.R ? ldw(a.cache, cache_row(a.pt, a.pt_stride, a.page, slot, slot_rows, p) * a.R + r0 + n, a.cache_bf16) : 0.f;
       },
       acc);
   int tm = mla_tm<TN, NT>(), tn = mla_tn<TN, NT>();
@@ -659,9 +666,10 @@ KERNEL_BOUNDS(glmf_mla_expand_gv, MLAGemvArgs, 256, 4) {
 struct MLALogitsDArgs {
   BatchMeta m;
   const float* qt; const int* sel; i64 width;
-  const float* cache; i64 slot_stride;
+  const void* cache; i64 slot_stride;
   float* lg; i64 H, R;
   const int* pt; i64 pt_stride, page;  // the latents' page table (cache_row)
+  i64 cache_bf16;                       // the latents are bf16
 };
 KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
   constexpr int E = MLA_LD_E, KQ = MLA_LD_KQ, NTH = 256, EG = 4, QV = 4;  // QV: float4 query loads per thread
@@ -679,8 +687,8 @@ KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
   int any = 0;
   for (int e = 0; e < E; e++) any |= ps[e] >= 0;
   if (!any) return;
-  const float* cache = a.cache;
-  if ((a.R & 3) == 0 && ((u64)cache & 15) == 0) {
+  const float* cache = (const float*)a.cache;  // (the vector path: fp32 latents)
+  if (!a.cache_bf16 && (a.R & 3) == 0 && ((u64)cache & 15) == 0) {
     // LV float4 loads a thread in flight at once
     constexpr int LV = 8;
     int R4 = (int)(a.R / 4), n4 = E * R4;
@@ -701,7 +709,7 @@ KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
   } else {
     for (i64 x = tid; x < E * a.R; x += NTH) {
       int e = (int)(x / a.R);
-      lat[x] = ps[e] >= 0 ? cache[ps[e] * a.R + x % a.R] : 0.f;
+      lat[x] = ps[e] >= 0 ? ldw(a.cache, ps[e] * a.R + x % a.R, a.cache_bf16) : 0.f;
     }
   }
   const float* q = a.qt + t * a.R * a.H;
@@ -763,9 +771,10 @@ KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
 struct MLAAccumDArgs {
   BatchMeta m;
   const float* lg; const int* sel; i64 width;
-  const float* cache; i64 slot_stride;
+  const void* cache; i64 slot_stride;
   float* part; int* live; i64 H, R;
   const int* pt; i64 pt_stride, page;  // the latents' page table (cache_row)
+  i64 cache_bf16;                       // the latents are bf16
 };
 KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
   constexpr int CH = MLA_AD_CH, NTH = 256, LV = CH * 32 / 4 / NTH;  // float4 latent loads per thread
@@ -790,7 +799,7 @@ KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
   float* out = a.part + ((t * nch + c) * a.H + h) * a.R + r;
   if (blockIdx.x == 0 && blockIdx.z % hg == 0 && tid == 0) a.live[t * nch + c] = any_s;
   if (!any_s) return;
-  const float* cache = a.cache;
+  const float* cache = (const float*)a.cache;  // (the vector path: fp32 latents)
   const float* w = a.lg + t * a.H * a.width;
   {  // the 8 heads' weights of the chunk, every load in flight at once
     constexpr int WV = 8 * CH / NTH;
@@ -806,7 +815,7 @@ KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
       ws[x / CH][x % CH] = v[j];
     }
   }
-  if ((a.R & 3) == 0 && r0 + 32 <= a.R && ((u64)cache & 15) == 0) {
+  if (!a.cache_bf16 && (a.R & 3) == 0 && r0 + 32 <= a.R && ((u64)cache & 15) == 0) {
     mla_f4 v[LV];
 #pragma unroll
     for (int j = 0; j < LV; j++) {
@@ -822,7 +831,7 @@ KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
   } else {
     for (int x = tid; x < CH * 32; x += NTH) {
       int e = x / 32, rr = x % 32;
-      lat[e][rr] = ps[e] >= 0 && r0 + rr < a.R ? cache[ps[e] * a.R + r0 + rr] : 0.f;
+      lat[e][rr] = ps[e] >= 0 && r0 + rr < a.R ? ldw(a.cache, ps[e] * a.R + r0 + rr, a.cache_bf16) : 0.f;
     }
   }
   __syncthreads();
