@@ -182,11 +182,12 @@ type pagePool struct {
 	tokens int // P
 	total  int
 	free   []int32
-	made   int           // ids whose buffers exist
-	isMade []bool        // per id
-	ckv    [][][]float32 // [layer][id] P·R floats (nil: not made, or no DSA layer)
-	keys   [][][]float32 // [layer][id] P/kpool·D floats
-	floats int           // floats of one id's buffers, over the layers
+	made   int         // ids whose buffers exist
+	bufs   [][]float32 // per id: its pages over the layers, one allocation (nil until first taken)
+	// per layer, the offsets of its latent page (P·R floats) and pooled-key
+	// page (P/kpool·D floats) in an id's buffer (−1: none)
+	ckvOff, keyOff []int
+	floats         int // floats of one id's buffer
 }
 
 // SetRollbackDepth lets slots be checkpointed with records of up to depth
@@ -238,13 +239,16 @@ func New(cfg *model.Config, layers []int, o Options) (*Store, error) {
 	}
 	s := &Store{cfg: cfg, layers: append([]int(nil), layers...), slots: make([]*Seq, o.Slots), used: make([]bool, o.Slots)}
 	L := cfg.NumHiddenLayers + max(cfg.NumNextNPredictLayers, 0)
-	s.pool = pagePool{tokens: P, total: pages, ckv: make([][][]float32, L), keys: make([][][]float32, L)}
+	s.pool = pagePool{tokens: P, total: pages, ckvOff: make([]int, L), keyOff: make([]int, L)}
+	for l := range L {
+		s.pool.ckvOff[l], s.pool.keyOff[l] = -1, -1
+	}
 	for _, l := range layers {
 		if cfg.IsDSA(l) {
-			s.pool.ckv[l] = make([][]float32, pages)
+			s.pool.ckvOff[l] = s.pool.floats
 			s.pool.floats += P * cfg.KVLoraRank
 			if cfg.HasOwnIndexer(l) {
-				s.pool.keys[l] = make([][]float32, pages)
+				s.pool.keyOff[l] = s.pool.floats
 				s.pool.floats += P / cfg.IndexKPool * cfg.IndexHeadDim
 			}
 		}
@@ -392,45 +396,35 @@ func (s *Store) takeLocked(q *Seq, n int) {
 	for len(q.pages) < n {
 		id := pp.free[len(pp.free)-1]
 		pp.free = pp.free[:len(pp.free)-1]
-		s.makeLocked(id)
+		buf := s.pageLocked(id)
 		q.pages = append(q.pages, id)
+		c := s.cfg
 		for l := range q.CKV {
-			if pp.ckv[l] != nil {
-				q.CKV[l].Pages = append(q.CKV[l].Pages, pp.ckv[l][id])
+			if o := pp.ckvOff[l]; o >= 0 {
+				n := pp.tokens * c.KVLoraRank
+				q.CKV[l].Pages = append(q.CKV[l].Pages, buf[o:o+n:o+n])
 			}
-			if pp.keys[l] != nil {
+			if o := pp.keyOff[l]; o >= 0 {
+				n := pp.tokens / c.IndexKPool * c.IndexHeadDim
 				ix := q.Index[l]
-				ix.Pools.Pages = append(ix.Pools.Pages, pp.keys[l][id])
+				ix.Pools.Pages = append(ix.Pools.Pages, buf[o:o+n:o+n])
 			}
 		}
 	}
 }
 
-// makeLocked makes page id's buffers (one allocation over the layers) the
-// first time it is taken.
-func (s *Store) makeLocked(id int32) {
+// pageLocked is page id's buffer, made (one allocation over the layers)
+// the first time the id is taken.
+func (s *Store) pageLocked(id int32) []float32 {
 	pp := &s.pool
-	if pp.isMade == nil {
-		pp.isMade = make([]bool, pp.total)
+	if pp.bufs == nil {
+		pp.bufs = make([][]float32, pp.total)
 	}
-	if pp.isMade[id] {
-		return
+	if pp.bufs[id] == nil {
+		pp.bufs[id] = make([]float32, pp.floats)
+		pp.made++
 	}
-	pp.isMade[id] = true
-	buf := make([]float32, pp.floats)
-	c := s.cfg
-	for l := range pp.ckv {
-		if pp.ckv[l] == nil {
-			continue
-		}
-		n := pp.tokens * c.KVLoraRank
-		pp.ckv[l][id], buf = buf[:n:n], buf[n:]
-		if pp.keys[l] != nil {
-			n = pp.tokens / c.IndexKPool * c.IndexHeadDim
-			pp.keys[l][id], buf = buf[:n:n], buf[n:]
-		}
-	}
-	pp.made++
+	return pp.bufs[id]
 }
 
 // freeLocked lazily fills the free stack (ids are handed out from 0 up on

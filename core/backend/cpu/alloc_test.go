@@ -110,7 +110,7 @@ func allocSite(stk []uintptr) string {
 // context (a page's buffers made the first time its id is taken, a page
 // table growing by append: geometrically, once per doubling).
 func cacheGrowth(name string) bool {
-	for _, s := range []string{"cache.(*Store).makeLocked", "cache.(*Store).takeLocked", "allocSites"} {
+	for _, s := range []string{"cache.(*Store).pageLocked", "cache.(*Store).takeLocked", "allocSites"} {
 		if strings.Contains(name, s) {
 			return true
 		}
