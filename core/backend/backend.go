@@ -148,6 +148,60 @@ type StoreOptions struct {
 	// a drafter's steps. Device stores allocate per-position KDA states and
 	// indexer rows for it in every slot; 0 allows no checkpoints.
 	Rollback int
+	// PageTokens is the tokens per page of a paged store's MLA latents and
+	// indexer pooled keys, a multiple of index_kpool (0: the backend's
+	// default, cache.DefaultPageTokens).
+	PageTokens int
+	// Pages is a paged store's page pool (0: Slots × ⌈MaxPositions /
+	// PageTokens⌉, so that every slot can hold MaxPositions tokens).
+	Pages int
+	// KVDType is the MLA latents' dtype (KVAuto: the backend's default for
+	// its precision); a backend refuses one it does not hold.
+	KVDType KVDType
+}
+
+// KVDType is the dtype a store holds the MLA latents in, parsed once from a
+// setting (ParseKVDType).
+type KVDType string
+
+const (
+	// KVAuto is the backend's choice: bf16 on CUDA under precision bf16,
+	// fp32 otherwise (the parity mode keeps fp32).
+	KVAuto KVDType = "auto"
+	// KVFP32 holds fp32 latents.
+	KVFP32 KVDType = "fp32"
+	// KVBF16 holds bf16 latents (rounded to nearest even as appended).
+	KVBF16 KVDType = "bf16"
+)
+
+// ErrKVDType is the error of a kv dtype that is not auto, fp32 or bf16.
+var ErrKVDType = errors.New("must be auto, fp32 or bf16 (fp8 KV is not implemented)")
+
+// ParseKVDType parses a kv dtype setting ("" is KVAuto). The error says what
+// was given; the caller names the setting.
+func ParseKVDType(s string) (KVDType, error) {
+	switch d := KVDType(s); d {
+	case "":
+		return KVAuto, nil
+	case KVAuto, KVFP32, KVBF16:
+		return d, nil
+	}
+	return "", fmt.Errorf("%w, got %q", ErrKVDType, s)
+}
+
+// ErrNoPages is the error (errors.Is) of a run or Copy that needs more KV
+// pages than its store has free; it changed no state. A scheduler preempts
+// a sequence on it.
+var ErrNoPages = cache.ErrNoPages
+
+// PageStats are a paged store's pages (size, total, used, free) and the
+// bytes of a page and of a state slot.
+type PageStats = cache.PageStats
+
+// PagedStore is a store whose MLA latents and indexer pooled keys live in a
+// fixed pool of pages: it reports the pool.
+type PagedStore interface {
+	PageStats() PageStats
 }
 
 // Store holds sequence state in numbered slots. It is safe for concurrent

@@ -4,31 +4,86 @@
 // pooled keys plus the pending rows of the incomplete pool. Sequences live
 // in numbered slots of a Store, which holds the state of a chosen set of
 // layers: the trunk's, or the MTP layer's (whose positions are its own).
+//
+// The latents and pooled keys are paged (vLLM's block table): a store has a
+// fixed pool of pages of PageTokens tokens, one page id standing for one
+// page in every DSA layer of the store (PageTokens latent rows, and
+// PageTokens/index_kpool pooled keys where the layer has its own indexer).
+// Each sequence has a page table; pages are taken when a run extends the
+// sequence into them (Reserve, all or nothing: ErrNoPages when the pool is
+// short) and returned by Free and Truncate. The per-slot state (KDA conv
+// windows and recurrent states, the indexer's pending rows) is the slot
+// pool ("state slots"). Page buffers live on the Go heap, made when a page
+// id is first taken and kept for reuse.
 package cache
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/glmflash/glmflash/kernels/indexer"
+	"github.com/glmflash/glmflash/kernels/paged"
 	"github.com/glmflash/glmflash/model"
 )
+
+// ErrNoPages is the error (errors.Is) of a run, reservation or copy that
+// needs more pages than the store has free; it changed no state. A
+// scheduler preempts on it.
+var ErrNoPages = errors.New("no free KV cache pages")
+
+// DefaultPageTokens is the page size when none is configured
+// (runtime.kv_page_tokens).
+const DefaultPageTokens = 64
+
+// Options size a store.
+type Options struct {
+	// Slots is the number of sequence slots (the state pool).
+	Slots int
+	// PageTokens is the tokens per page, a positive multiple of the
+	// model's index_kpool (0: DefaultPageTokens).
+	PageTokens int
+	// Pages is the size of the page pool (0: Slots × ⌈MaxPositions /
+	// PageTokens⌉, every slot can hold MaxPositions tokens).
+	Pages int
+	// MaxPositions sizes the default pool (0: max_position_embeddings).
+	MaxPositions int
+}
+
+// PageStats are a paged store's page pool: its page size, the pages in
+// all, those held by sequences and those free, and what a page and a
+// state slot cost in bytes (one page id over every DSA layer of the store;
+// a slot's fixed KDA state and pending indexer rows).
+type PageStats struct {
+	PageTokens       int
+	Total, Used      int
+	Free             int
+	PageBytes        int64
+	StateSlotBytes   int64
+	StateSlots, Held int
+}
 
 // Seq is one sequence's state.
 type Seq struct {
 	// Len is the number of tokens already processed (the next position).
 	Len int
-	// Per layer index (nil where the store holds no such state for it):
+	// Per layer index (zero or nil where the store holds no such state):
 	Conv  [][]float32      // KDA: [3P][K−1] raw pre-conv inputs, oldest first
 	State [][]float32      // KDA: [heads][Dk][Dv] recurrent state
-	CKV   [][]float32      // DSA: [Len][kv_lora_rank] latents (non-nil, maybe empty, for a held DSA layer)
+	CKV   []paged.Rows     // DSA: latents, rows of kv_lora_rank (Width > 0 for a held DSA layer); in a store, in the sequence's pages
 	Index []*indexer.State // DSA layers with their own indexer
 	// Rollback is the open rollback record (Store.Checkpoint), nil when
 	// none is open.
 	Rollback *Rollback
 	// rb is the slot's record buffers, kept between checkpoints.
 	rb *Rollback
+	// pages is the page table: page i holds positions [i·P, (i+1)·P).
+	pages []int32
 }
+
+// PageTable is the sequence's page ids in position order (page i holds
+// positions [i·PageTokens, (i+1)·PageTokens)); the store's, not a copy.
+func (q *Seq) PageTable() []int32 { return q.pages }
 
 // Rollback is what a checkpointed sequence keeps so that it can be cut
 // back to any length from its checkpoint (Store.Truncate): per KDA layer
@@ -89,13 +144,13 @@ func (q *Seq) KDA(l int) (conv, state []float32, err error) {
 	return q.Conv[l], q.State[l], nil
 }
 
-// Latents returns layer l's c_kv cache, or an error when the sequence
-// holds no MLA state for l.
-func (q *Seq) Latents(l int) ([]float32, error) {
-	if l < 0 || l >= len(q.CKV) || q.CKV[l] == nil {
+// Latents returns layer l's c_kv cache (CKV[l].Len rows), or an error
+// when the sequence holds no MLA state for l.
+func (q *Seq) Latents(l int) (*paged.Rows, error) {
+	if l < 0 || l >= len(q.CKV) || q.CKV[l].Width == 0 {
 		return nil, fmt.Errorf("the cache holds no MLA latents for layer %d", l)
 	}
-	return q.CKV[l], nil
+	return &q.CKV[l], nil
 }
 
 // Indexer returns layer l's indexer state, or an error when the sequence
@@ -116,6 +171,23 @@ type Store struct {
 	slots  []*Seq
 	used   []bool
 	depth  int // rollback depth (0: no checkpoints)
+	pool   pagePool
+}
+
+// pagePool is a store's pages: ids [0, total), the free ones on a stack
+// (the last freed is taken first), each id's buffers made on its first
+// take: per DSA layer a latent page and, for a layer with its own indexer,
+// a pooled-key page.
+type pagePool struct {
+	tokens int // P
+	total  int
+	free   []int32
+	made   int         // ids whose buffers exist
+	bufs   [][]float32 // per id: its pages over the layers, one allocation (nil until first taken)
+	// per layer, the offsets of its latent page (P·R floats) and pooled-key
+	// page (P/kpool·D floats) in an id's buffer (−1: none)
+	ckvOff, keyOff []int
+	floats         int // floats of one id's buffer
 }
 
 // SetRollbackDepth lets slots be checkpointed with records of up to depth
@@ -133,15 +205,75 @@ func (s *Store) SetRollbackDepth(depth int) error {
 
 // NewStore makes a store with max slots holding the state of the given
 // layers of cfg (cfg.TrunkLayers() for the trunk, cfg.MTPLayers() for the
-// MTP layer), each a trunk or MTP layer index, listed once.
+// MTP layer), each a trunk or MTP layer index, listed once, with the
+// default page pool (every slot can hold max_position_embeddings tokens).
 func NewStore(cfg *model.Config, layers []int, max int) (*Store, error) {
-	if max < 1 {
-		return nil, fmt.Errorf("cache: need at least one slot, got %d", max)
+	return New(cfg, layers, Options{Slots: max})
+}
+
+// New makes a store of the given layers sized by o.
+func New(cfg *model.Config, layers []int, o Options) (*Store, error) {
+	if o.Slots < 1 {
+		return nil, fmt.Errorf("cache: need at least one slot, got %d", o.Slots)
 	}
 	if err := CheckLayers(cfg, layers); err != nil {
 		return nil, err
 	}
-	return &Store{cfg: cfg, layers: append([]int(nil), layers...), slots: make([]*Seq, max), used: make([]bool, max)}, nil
+	P, err := PageTokens(cfg, o.PageTokens)
+	if err != nil {
+		return nil, err
+	}
+	pages := o.Pages
+	switch {
+	case pages < 0:
+		return nil, fmt.Errorf("cache: the page pool must be ≥ 0 pages (0: the default), got %d", pages)
+	case pages == 0:
+		maxPos := o.MaxPositions
+		if maxPos <= 0 {
+			maxPos = cfg.MaxPositionEmbeddings
+		}
+		pages = o.Slots * ((max(maxPos, 1) + P - 1) / P)
+	}
+	if pages > 1<<31-1 {
+		return nil, fmt.Errorf("cache: a page pool of %d pages is more than %d", pages, 1<<31-1)
+	}
+	s := &Store{cfg: cfg, layers: append([]int(nil), layers...), slots: make([]*Seq, o.Slots), used: make([]bool, o.Slots)}
+	L := cfg.NumHiddenLayers + max(cfg.NumNextNPredictLayers, 0)
+	s.pool = pagePool{tokens: P, total: pages, ckvOff: make([]int, L), keyOff: make([]int, L)}
+	for l := range L {
+		s.pool.ckvOff[l], s.pool.keyOff[l] = -1, -1
+	}
+	for _, l := range layers {
+		if cfg.IsDSA(l) {
+			s.pool.ckvOff[l] = s.pool.floats
+			s.pool.floats += P * cfg.KVLoraRank
+			if cfg.HasOwnIndexer(l) {
+				s.pool.keyOff[l] = s.pool.floats
+				s.pool.floats += P / cfg.IndexKPool * cfg.IndexHeadDim
+			}
+		}
+	}
+	return s, nil
+}
+
+// PageTokens resolves a page size setting for cfg: 0 is
+// DefaultPageTokens, anything else must be a positive multiple of
+// index_kpool (a page then holds whole pools). The error says what was
+// given; the caller names the setting.
+func PageTokens(cfg *model.Config, p int) (int, error) {
+	if p == 0 {
+		p = DefaultPageTokens
+		if kp := cfg.IndexKPool; kp > 0 && p%kp != 0 {
+			p = (p + kp - 1) / kp * kp
+		}
+	}
+	if p < 1 || p > 1<<20 {
+		return 0, fmt.Errorf("cache: page tokens must be in [1, %d], got %d", 1<<20, p)
+	}
+	if kp := cfg.IndexKPool; kp > 0 && p%kp != 0 {
+		return 0, fmt.Errorf("cache: page tokens must be a multiple of index_kpool (%d), got %d", kp, p)
+	}
+	return p, nil
 }
 
 // CheckLayers validates a store's layer list: at least one layer, each a
@@ -217,8 +349,190 @@ func (s *Store) Free(slot int) error {
 		return err
 	}
 	s.used[slot] = false
-	s.slots[slot].Rollback = nil
+	q := s.slots[slot]
+	q.Rollback = nil
+	s.releaseLocked(q, 0)
+	q.Len = 0
 	return nil
+}
+
+// pagesFor is the pages that hold n tokens.
+func (s *Store) pagesFor(n int) int { return (n + s.pool.tokens - 1) / s.pool.tokens }
+
+// releaseLocked returns q's pages past its first keep to the pool.
+func (s *Store) releaseLocked(q *Seq, keep int) {
+	for i := len(q.pages) - 1; i >= keep; i-- {
+		s.pool.free = append(s.pool.free, q.pages[i])
+	}
+	if keep >= len(q.pages) {
+		return
+	}
+	q.pages = q.pages[:keep]
+	kpp := s.poolsPerPage()
+	for l := range q.CKV {
+		if q.CKV[l].Paged() {
+			q.CKV[l].Pages = q.CKV[l].Pages[:keep]
+			q.CKV[l].Len = min(q.CKV[l].Len, keep*s.pool.tokens)
+		}
+		if ix := q.Index[l]; ix != nil && ix.Pools.Paged() {
+			ix.Pools.Pages = ix.Pools.Pages[:keep]
+			ix.Pools.Len = min(ix.Pools.Len, keep*kpp)
+		}
+	}
+}
+
+// poolsPerPage is the indexer pools a page holds.
+func (s *Store) poolsPerPage() int {
+	if s.cfg.IndexKPool < 1 {
+		return 0
+	}
+	return s.pool.tokens / s.cfg.IndexKPool
+}
+
+// takeLocked gives q pages until it has n (the pool holds enough: checked
+// by the caller).
+func (s *Store) takeLocked(q *Seq, n int) {
+	pp := &s.pool
+	for len(q.pages) < n {
+		id := pp.free[len(pp.free)-1]
+		pp.free = pp.free[:len(pp.free)-1]
+		buf := s.pageLocked(id)
+		q.pages = append(q.pages, id)
+		c := s.cfg
+		for l := range q.CKV {
+			if o := pp.ckvOff[l]; o >= 0 {
+				n := pp.tokens * c.KVLoraRank
+				q.CKV[l].Pages = append(q.CKV[l].Pages, buf[o:o+n:o+n])
+			}
+			if o := pp.keyOff[l]; o >= 0 {
+				n := pp.tokens / c.IndexKPool * c.IndexHeadDim
+				ix := q.Index[l]
+				ix.Pools.Pages = append(ix.Pools.Pages, buf[o:o+n:o+n])
+			}
+		}
+	}
+}
+
+// pageLocked is page id's buffer, made (one allocation over the layers)
+// the first time the id is taken.
+func (s *Store) pageLocked(id int32) []float32 {
+	pp := &s.pool
+	if pp.bufs == nil {
+		pp.bufs = make([][]float32, pp.total)
+	}
+	if pp.bufs[id] == nil {
+		pp.bufs[id] = make([]float32, pp.floats)
+		pp.made++
+	}
+	return pp.bufs[id]
+}
+
+// freeLocked lazily fills the free stack (ids are handed out from 0 up on
+// a fresh store) and returns how many pages are free.
+func (s *Store) freeLocked() int {
+	pp := &s.pool
+	if pp.free == nil {
+		pp.free = make([]int32, pp.total)
+		for i := range pp.free {
+			pp.free[i] = int32(pp.total - 1 - i)
+		}
+	}
+	return len(pp.free)
+}
+
+// Reserve makes each allocated slots[i] hold pages for tokens[i] tokens,
+// taking pages from the pool, all or nothing: when the pool has fewer free
+// pages than the slots need together it fails with ErrNoPages (errors.Is)
+// and nothing changes. A slot already holding enough pages takes none; a
+// slot listed twice is refused.
+func (s *Store) Reserve(slots, tokens []int) error {
+	if len(slots) != len(tokens) {
+		return fmt.Errorf("cache: reserving %d slots with %d token counts", len(slots), len(tokens))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	need := 0
+	for i, sl := range slots {
+		if err := s.allocatedLocked(sl); err != nil {
+			return err
+		}
+		for _, o := range slots[:i] {
+			if o == sl {
+				return fmt.Errorf("cache: slot %d is reserved twice", sl)
+			}
+		}
+		if tokens[i] < 0 {
+			return fmt.Errorf("cache: slot %d: reserving %d tokens", sl, tokens[i])
+		}
+		need += max(0, s.pagesFor(tokens[i])-len(s.slots[sl].pages))
+	}
+	if free := s.freeLocked(); need > free {
+		return fmt.Errorf("cache: %w: the run needs %d more pages of %d tokens, %d of %d are free", ErrNoPages, need, s.pool.tokens, free, s.pool.total)
+	}
+	for i, sl := range slots {
+		s.takeLocked(s.slots[sl], s.pagesFor(tokens[i]))
+	}
+	return nil
+}
+
+// Trim returns an allocated slot's pages that lie wholly past its length
+// (those a failed run reserved).
+func (s *Store) Trim(slot int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.allocatedLocked(slot); err != nil {
+		return err
+	}
+	q := s.slots[slot]
+	s.releaseLocked(q, s.pagesFor(q.Len))
+	return nil
+}
+
+// PageStats reports the page pool and the state slots.
+func (s *Store) PageStats() PageStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	free := s.freeLocked()
+	held := 0
+	for _, u := range s.used {
+		if u {
+			held++
+		}
+	}
+	return PageStats{PageTokens: s.pool.tokens, Total: s.pool.total, Used: s.pool.total - free, Free: free,
+		PageBytes: 4 * int64(s.pool.floats), StateSlotBytes: StateSlotBytes(s.cfg, s.layers), StateSlots: len(s.slots), Held: held}
+}
+
+// StateSlotBytes is one slot's fixed state for a store of the given
+// layers: per KDA layer the conv window and recurrent state, per indexer
+// the pending rows of an incomplete pool (keys and gates).
+func StateSlotBytes(cfg *model.Config, layers []int) int64 {
+	var n int64
+	for _, l := range layers {
+		if cfg.IsKDA(l) {
+			n += int64(cfg.KDAConvLen() + cfg.KDAStateLen())
+		} else if cfg.HasOwnIndexer(l) {
+			n += 2 * int64(max(cfg.IndexKPool-1, 0)) * int64(cfg.IndexHeadDim)
+		}
+	}
+	return 4 * n
+}
+
+// PageBytes is one page id's bytes over a store's layers, in fp32: per
+// DSA layer P latent rows, and P/kpool pooled keys where it has its own
+// indexer. Divided by P and the DSA layers it is the KV bytes per token
+// per DSA layer.
+func PageBytes(cfg *model.Config, layers []int, P int) int64 {
+	var n int64
+	for _, l := range layers {
+		if cfg.IsDSA(l) {
+			n += int64(P * cfg.KVLoraRank)
+			if cfg.HasOwnIndexer(l) {
+				n += int64(P / cfg.IndexKPool * cfg.IndexHeadDim)
+			}
+		}
+	}
+	return 4 * n
 }
 
 // Checkpoint opens a rollback record on an allocated slot at its current
@@ -300,12 +614,12 @@ func (s *Store) Truncate(slot, n int) error {
 				copy(q.Conv[l], r.conv[l][i*nc:(i+1)*nc])
 				copy(q.State[l], r.state[l][i*ns:(i+1)*ns])
 			}
-			if q.CKV[l] != nil {
-				q.CKV[l] = q.CKV[l][:n*s.cfg.KVLoraRank]
+			if q.CKV[l].Width > 0 {
+				q.CKV[l].Len = n
 			}
 			if ix := q.Index[l]; ix != nil {
 				pools := n / kp
-				ix.Pools = ix.Pools[:pools*D]
+				ix.Pools.Len = pools
 				lo, hi := (pools*kp-r.IdxBase)*D, (n-r.IdxBase)*D
 				ix.PendK = append(ix.PendK[:0], r.idxK[l][lo:hi]...)
 				ix.PendG = append(ix.PendG[:0], r.idxG[l][lo:hi]...)
@@ -317,6 +631,7 @@ func (s *Store) Truncate(slot, n int) error {
 	}
 	q.Len = n
 	q.Rollback = nil
+	s.releaseLocked(q, s.pagesFor(n))
 	return nil
 }
 
@@ -343,17 +658,29 @@ func (s *Store) Copy(src, dst int) error {
 	if a.Rollback != nil {
 		return fmt.Errorf("cache: slot %d has an open checkpoint: copy it after its Truncate", src)
 	}
+	np := s.pagesFor(a.Len)
+	if need, free := np-len(b.pages), s.freeLocked(); need > free {
+		return fmt.Errorf("cache: copying slot %d to slot %d: %w: it needs %d more pages of %d tokens, %d of %d are free", src, dst, ErrNoPages, need, s.pool.tokens, free, s.pool.total)
+	}
+	s.releaseLocked(b, np)
+	s.takeLocked(b, np)
 	b.Len = a.Len
 	b.Rollback = nil
 	for l := range a.Conv {
 		copy(b.Conv[l], a.Conv[l])
 		copy(b.State[l], a.State[l])
-		if a.CKV[l] != nil {
-			b.CKV[l] = append(b.CKV[l][:0], a.CKV[l]...)
+		if a.CKV[l].Width > 0 {
+			for i := 0; i < np; i++ {
+				copy(b.CKV[l].Pages[i], a.CKV[l].Pages[i])
+			}
+			b.CKV[l].Len = a.CKV[l].Len
 		}
 		if x := a.Index[l]; x != nil {
 			y := b.Index[l]
-			y.Pools = append(y.Pools[:0], x.Pools...)
+			for i := 0; i < np; i++ {
+				copy(y.Pools.Pages[i], x.Pools.Pages[i])
+			}
+			y.Pools.Len = x.Pools.Len
 			y.PendK = append(y.PendK[:0], x.PendK...)
 			y.PendG = append(y.PendG[:0], x.PendG...)
 			y.Share = append(y.Share[:0], x.Share...)
@@ -399,61 +726,86 @@ func (s *Store) Seq(slot int) (*Seq, error) {
 func (s *Store) newSeq() *Seq {
 	c := s.cfg
 	L := c.NumHiddenLayers + c.NumNextNPredictLayers
-	q := &Seq{Conv: make([][]float32, L), State: make([][]float32, L), CKV: make([][]float32, L), Index: make([]*indexer.State, L)}
+	q := &Seq{Conv: make([][]float32, L), State: make([][]float32, L), CKV: make([]paged.Rows, L), Index: make([]*indexer.State, L)}
+	P := s.pool.tokens
 	for _, l := range s.layers {
 		switch {
 		case c.IsKDA(l):
 			q.Conv[l] = make([]float32, c.KDAConvLen())
 			q.State[l] = make([]float32, c.KDAStateLen())
 		case c.IsDSA(l):
-			q.CKV[l] = []float32{}
+			q.CKV[l] = paged.Rows{Width: c.KVLoraRank, PageRows: P}
 			if c.HasOwnIndexer(l) {
-				q.Index[l] = &indexer.State{}
+				q.Index[l] = &indexer.State{Pools: paged.Rows{Width: c.IndexHeadDim, PageRows: P / c.IndexKPool}}
 			}
 		}
 	}
 	return q
 }
 
+// reset empties a sequence that holds no pages (Free returned them).
 func (q *Seq) reset() {
 	q.Len = 0
 	q.Rollback = nil
 	for l := range q.Conv {
 		clear(q.Conv[l])
 		clear(q.State[l])
-		if q.CKV[l] != nil {
-			q.CKV[l] = q.CKV[l][:0]
-		}
+		q.CKV[l].Len = 0
 		if q.Index[l] != nil {
 			q.Index[l].Reset()
 		}
 	}
 }
 
-// Bytes estimates the state's memory footprint.
+// Bytes estimates the memory the sequence holds: its slot's state and
+// pending rows, and the floats of the pages in its table.
 func (q *Seq) Bytes() int {
 	n := 0
 	for l := range q.Conv {
-		n += 4 * (len(q.Conv[l]) + len(q.State[l]) + cap(q.CKV[l]))
+		n += 4 * (len(q.Conv[l]) + len(q.State[l]))
+		for _, pg := range q.CKV[l].Pages {
+			n += 4 * cap(pg)
+		}
 		if ix := q.Index[l]; ix != nil {
-			n += 4 * (cap(ix.Pools) + cap(ix.PendK) + cap(ix.PendG))
+			n += 4 * (cap(ix.PendK) + cap(ix.PendG))
+			for _, pg := range ix.Pools.Pages {
+				n += 4 * cap(pg)
+			}
 		}
 	}
 	return n
 }
 
-// Bytes is the memory the store's slots hold now (Seq.Bytes summed over
-// every slot, free ones too: their buffers are kept for reuse).
+// Bytes is the memory the store holds now: every slot's state (free slots
+// too: their buffers are kept for reuse) and every page made so far (held
+// or free).
 func (s *Store) Bytes() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var n int64
+	n := 4 * int64(s.pool.made) * int64(s.pool.floats)
 	for _, q := range s.slots {
-		if q != nil {
-			n += int64(q.Bytes())
+		if q == nil {
+			continue
+		}
+		for l := range q.Conv {
+			n += 4 * int64(len(q.Conv[l])+len(q.State[l]))
+			if ix := q.Index[l]; ix != nil {
+				n += 4 * int64(cap(ix.PendK)+cap(ix.PendG))
+			}
 		}
 	}
 	return n
+}
+
+// Memory is the store's bytes by category: "kv_pages" (the pages made so
+// far) and "state_slots" (the slots' fixed state).
+func (s *Store) Memory() map[string]int64 {
+	pages := func() int64 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return 4 * int64(s.pool.made) * int64(s.pool.floats)
+	}()
+	return map[string]int64{"kv_pages": pages, "state_slots": s.Bytes() - pages}
 }
 
 // SlotBytes bounds the memory of one slot holding tokens tokens: the fixed
@@ -493,16 +845,17 @@ func (s *Store) ReadState(slot int) (*Seq, error) {
 	return s.slots[slot].Clone(), nil
 }
 
-// Clone deep-copies the sequence's state (without its rollback record).
+// Clone deep-copies the sequence's state (without its rollback record and
+// its pages): latents and pooled keys unpaged, Len rows each.
 func (q *Seq) Clone() *Seq {
 	c := &Seq{Len: q.Len, Conv: make([][]float32, len(q.Conv)), State: make([][]float32, len(q.State)),
-		CKV: make([][]float32, len(q.CKV)), Index: make([]*indexer.State, len(q.Index))}
+		CKV: make([]paged.Rows, len(q.CKV)), Index: make([]*indexer.State, len(q.Index))}
 	for l := range q.Conv {
 		c.Conv[l] = cloneF(q.Conv[l])
 		c.State[l] = cloneF(q.State[l])
-		c.CKV[l] = cloneF(q.CKV[l])
+		c.CKV[l] = q.CKV[l].Clone()
 		if ix := q.Index[l]; ix != nil {
-			c.Index[l] = &indexer.State{Pools: cloneF(ix.Pools), PendK: cloneF(ix.PendK), PendG: cloneF(ix.PendG),
+			c.Index[l] = &indexer.State{Pools: ix.Pools.Clone(), PendK: cloneF(ix.PendK), PendG: cloneF(ix.PendG),
 				Share: append([]int32(nil), ix.Share...), SharePos: ix.SharePos}
 		}
 	}

@@ -75,14 +75,17 @@ func TestStoreHoldsItsLayers(t *testing.T) {
 	require.Equal(t, 5, n)
 
 	// a reused slot starts empty and keeps its layers
-	mq.CKV[8] = append(mq.CKV[8], 1, 2, 3)
+	require.NoError(t, mtp.Reserve([]int{m}, []int{3}))
+	require.NoError(t, mq.CKV[8].Write(0, make([]float32, 3*cfg.KVLoraRank)))
+	mq.CKV[8].Len = 3
 	require.NoError(t, mtp.Free(m))
 	m2, err := mtp.Alloc()
 	require.NoError(t, err)
 	mq2, _ := mtp.Seq(m2)
 	ckv, err := mq2.Latents(8)
 	require.NoError(t, err)
-	require.Empty(t, ckv)
+	require.Zero(t, ckv.Len)
+	require.Empty(t, ckv.Pages, "Free returned the pages")
 	n, _ = mtp.Len(m2)
 	require.Zero(t, n)
 }

@@ -101,3 +101,45 @@ func TestConnectionLimitDefaults(t *testing.T) {
 	require.False(t, s.MetricsPlaintext)
 	require.True(t, s.HTTPMetrics, "/metrics on the HTTP API's port too, as vLLM")
 }
+
+// runtime.kv_page_tokens: 0 (the default) or a page size in range, and a
+// multiple of the model's index_kpool (checked with the model).
+func TestKVPageTokens(t *testing.T) {
+	c, err := load(t, "")
+	require.NoError(t, err)
+	require.Zero(t, c.Runtime.KVPageTokens)
+	_, err = load(t, "runtime: {kv_page_tokens: -4}\n")
+	require.ErrorContains(t, err, "runtime.kv_page_tokens (")
+	require.ErrorContains(t, err, "must be in [0, 1048576] (0: 64), got -4")
+	_, err = load(t, "runtime: {kv_page_tokens: 2000000}\n")
+	require.ErrorContains(t, err, "runtime.kv_page_tokens (")
+	m := &model.Config{NumHiddenLayers: 4, IndexKPool: 4}
+	c, err = load(t, "runtime: {kv_page_tokens: 6}\n")
+	require.NoError(t, err)
+	err = c.CheckModel(m)
+	require.ErrorContains(t, err, "runtime.kv_page_tokens (")
+	require.ErrorContains(t, err, "must be a multiple of the model's index_kpool (4): a page holds whole pools, got 6")
+	c, err = load(t, "runtime: {kv_page_tokens: 16}\n")
+	require.NoError(t, err)
+	require.NoError(t, c.CheckModel(m))
+	require.Equal(t, 16, c.Runtime.KVPageTokens)
+}
+
+// runtime.kv_dtype: auto (the default), fp32, or bf16 on the cuda device;
+// fp8 and anything else refused naming the key.
+func TestKVDType(t *testing.T) {
+	c, err := load(t, "")
+	require.NoError(t, err)
+	require.Equal(t, "auto", c.Runtime.KVDType)
+	_, err = load(t, "runtime: {kv_dtype: fp8}\n")
+	require.ErrorContains(t, err, "runtime.kv_dtype (")
+	require.ErrorContains(t, err, `must be auto, fp32 or bf16 (fp8 KV is not implemented), got "fp8"`)
+	_, err = load(t, "runtime: {kv_dtype: bf16}\n")
+	require.ErrorContains(t, err, "runtime.kv_dtype (")
+	require.ErrorContains(t, err, `bf16 latents are implemented on the cuda device only (device "cpu" holds fp32: auto or fp32)`)
+	c, err = load(t, "device: cuda\nruntime: {kv_dtype: bf16}\n")
+	require.NoError(t, err)
+	require.Equal(t, "bf16", c.Runtime.KVDType)
+	_, err = load(t, "runtime: {kv_dtype: fp32}\n")
+	require.NoError(t, err)
+}

@@ -290,6 +290,13 @@ type Runtime struct {
 	ContextLimit     int `koanf:"context_limit"`      // default max_position_embeddings
 	DefaultMaxTokens int `koanf:"default_max_tokens"` // when a request has none
 	MaxChoices       int `koanf:"max_choices"`        // a request's n; default 16
+	// KVPageTokens is the tokens per page of the paged KV caches (MLA
+	// latents and indexer pooled keys), a multiple of the model's
+	// index_kpool; 0: 64 (cache.DefaultPageTokens).
+	KVPageTokens int `koanf:"kv_page_tokens"`
+	// KVDType is the MLA latents' dtype: auto (bf16 on CUDA under
+	// precision bf16, fp32 otherwise), fp32 or bf16 (CUDA only).
+	KVDType string `koanf:"kv_dtype"`
 }
 
 // Options say what to load besides the built-in defaults.
@@ -618,6 +625,12 @@ func (c *Config) validateServing() error {
 		return keyErr("runtime.default_max_tokens", "must be ≥ 1, got %d", r.DefaultMaxTokens)
 	case r.MaxChoices < 0:
 		return keyErr("runtime.max_choices", "must be ≥ 0, got %d", r.MaxChoices)
+	case r.KVPageTokens < 0 || r.KVPageTokens > MaxPageTokens:
+		return keyErr("runtime.kv_page_tokens", "must be in [0, %d] (0: 64), got %d", MaxPageTokens, r.KVPageTokens)
+	case r.KVDType != "" && r.KVDType != "auto" && r.KVDType != "fp32" && r.KVDType != "bf16":
+		return keyErr("runtime.kv_dtype", "must be auto, fp32 or bf16 (fp8 KV is not implemented), got %q", r.KVDType)
+	case r.KVDType == "bf16" && c.Device != "cuda":
+		return keyErr("runtime.kv_dtype", "bf16 latents are implemented on the cuda device only (device %q holds fp32: auto or fp32)", c.Device)
 	case r.MaxChoices > MaxSlots:
 		return keyErr("runtime.max_choices", "must be at most %d, got %d", MaxSlots, r.MaxChoices)
 	case r.Slots > MaxSlots:
@@ -705,6 +718,9 @@ func (c *Config) CheckModel(m *model.Config) error {
 			return c.Explain(err)
 		}
 	}
+	if p, kp := c.Runtime.KVPageTokens, m.IndexKPool; p != 0 && kp > 0 && p%kp != 0 {
+		return c.Explain(keyErr("runtime.kv_page_tokens", "must be a multiple of the model's index_kpool (%d): a page holds whole pools, got %d", kp, p))
+	}
 	return c.Explain(check("debug.capture_hidden", c.Debug.CaptureHidden))
 }
 
@@ -714,6 +730,8 @@ const (
 	MaxSlots  = 1 << 16
 	MaxQueue  = 1 << 20
 	MaxTokens = 1 << 24 // tokens of one context, batch or chunk
+	// MaxPageTokens bounds runtime.kv_page_tokens.
+	MaxPageTokens = 1 << 20
 )
 
 // maxTimeout bounds every timeout of the server section.

@@ -35,7 +35,7 @@ type Setup struct {
 // options here.
 func FromConfig(c *config.Config, s Setup) Options {
 	o := Options{
-		Slots: s.Slots, Rollback: s.Rollback, MaxPositions: s.MaxPositions, DFlash: s.DFlash,
+		Slots: s.Slots, Rollback: s.Rollback, MaxPositions: s.MaxPositions, DFlash: s.DFlash, PageTokens: c.Runtime.KVPageTokens, KVDType: backend.KVDType(c.Runtime.KVDType),
 		Device:  c.Device,
 		Backend: backend.Options{Precision: c.Precision},
 	}

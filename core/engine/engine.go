@@ -61,6 +61,12 @@ type Options struct {
 	// draft programs (Key.DFlash) run on its own store (DraftStore), and
 	// trunk programs with Key.TargetHidden capture its target layers.
 	DFlash DraftModel
+	// PageTokens and Pages size the stores' page pools
+	// (backend.StoreOptions; 0: the defaults, every slot can hold
+	// MaxPositions tokens).
+	PageTokens, Pages int
+	// KVDType is the stores' latent dtype ("": auto).
+	KVDType backend.KVDType
 }
 
 // Key identifies one program.
@@ -165,7 +171,7 @@ func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
 }
 
 func (o Options) storeOptions() backend.StoreOptions {
-	return backend.StoreOptions{Slots: o.Slots, MaxPositions: o.MaxPositions, Rollback: o.Rollback}
+	return backend.StoreOptions{Slots: o.Slots, MaxPositions: o.MaxPositions, Rollback: o.Rollback, PageTokens: o.PageTokens, Pages: o.Pages, KVDType: o.KVDType}
 }
 
 // Rollback is the stores' rollback depth (Options.Rollback).

@@ -210,6 +210,9 @@ type IdxAppendArgs struct {
 	RecK        DevicePtr
 	RecG        DevicePtr
 	RecStride   int64
+	Pt          DevicePtr
+	PtStride    int64
+	Page        int64
 }
 
 // IdxScoreArgs mirrors the CUDA struct IdxScoreArgs.
@@ -227,6 +230,9 @@ type IdxScoreArgs struct {
 	Keep        int64
 	Scale       float64
 	Wscale      float64
+	Pt          DevicePtr
+	PtStride    int64
+	Page        int64
 }
 
 // IdxSelectArgs mirrors the CUDA struct IdxSelectArgs.
@@ -269,6 +275,10 @@ type MLAAppendArgs struct {
 	Cache      DevicePtr
 	SlotStride int64
 	R          int64
+	Pt         DevicePtr
+	PtStride   int64
+	Page       int64
+	CacheBf16  int64
 }
 
 // MLAHeadMMArgs mirrors the CUDA struct MLAHeadMMArgs.
@@ -301,6 +311,10 @@ type MLALogitsArgs struct {
 	T0         int64
 	H          int64
 	R          int64
+	Pt         DevicePtr
+	PtStride   int64
+	Page       int64
+	CacheBf16  int64
 }
 
 // MLASoftmaxArgs mirrors the CUDA struct MLASoftmaxArgs.
@@ -325,6 +339,10 @@ type MLAAccumArgs struct {
 	T0         int64
 	H          int64
 	R          int64
+	Pt         DevicePtr
+	PtStride   int64
+	Page       int64
+	CacheBf16  int64
 }
 
 // MLAGemvArgs mirrors the CUDA struct MLAGemvArgs.
@@ -360,6 +378,10 @@ type MLALogitsDArgs struct {
 	Lg         DevicePtr
 	H          int64
 	R          int64
+	Pt         DevicePtr
+	PtStride   int64
+	Page       int64
+	CacheBf16  int64
 }
 
 // MLAAccumDArgs mirrors the CUDA struct MLAAccumDArgs.
@@ -374,6 +396,10 @@ type MLAAccumDArgs struct {
 	Live       DevicePtr
 	H          int64
 	R          int64
+	Pt         DevicePtr
+	PtStride   int64
+	Page       int64
+	CacheBf16  int64
 }
 
 // GemmArgs mirrors the CUDA struct GemmArgs.

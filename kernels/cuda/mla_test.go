@@ -19,10 +19,47 @@ type mlaCase struct {
 	lens, news          []int // cached positions (including the new rows) and new rows per sequence
 }
 
+// pageTable is a paged cache's page table for the kernels (Pt 0: the cache
+// is contiguous per slot) and its latents' dtype (BF16 1: bf16).
+type pageTable struct {
+	Pt           kc.DevicePtr
+	Stride, Page int64
+	BF16         int64
+}
+
+// inPages lays a contiguous cache of slots × slotRows rows of w floats out
+// in pages of page rows, the pages of all slots interleaved and shuffled
+// (page ids in no slot order), and returns the paged buffer's contents
+// and the page table ([slots][stride] ids).
+func inPages(r *rand.Rand, cache []float32, slots, slotRows, w, page int) ([]float32, []int32, int) {
+	stride := (slotRows + page - 1) / page
+	ids := r.Perm(slots * stride)
+	pt := make([]int32, slots*stride)
+	paged := make([]float32, slots*stride*page*w)
+	for i := range paged {
+		paged[i] = float32(math.NaN()) // rows no slot holds must not be read
+	}
+	for sl := 0; sl < slots; sl++ {
+		for pg := 0; pg < stride; pg++ {
+			id := ids[sl*stride+pg]
+			pt[sl*stride+pg] = int32(id)
+			for o := 0; o < page && pg*page+o < slotRows; o++ {
+				src := (sl*slotRows + pg*page + o) * w
+				copy(paged[(id*page+o)*w:(id*page+o+1)*w], cache[src:src+w])
+			}
+		}
+	}
+	return paged, pt, stride
+}
+
 // runMLAKernels runs qabs, logits, softmax, accum and expand as the backend
 // does (the small or the big tiles, or the decode kernels) and returns o
-// [T][H·dv].
-func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, meta kc.BatchMeta, q, w, sel, cache buf, wbf16 int64, slotStride, T int) []float32 {
+// [T][H·dv]; pg, when set, reads the latents through its page table.
+func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, meta kc.BatchMeta, q, w, sel, cache buf, wbf16 int64, slotStride, T int, pg ...pageTable) []float32 {
+	var pt pageTable
+	if len(pg) > 0 {
+		pt = pg[0]
+	}
 	H, dq, dv, R, width := c.H, c.dq, c.dv, c.R, c.width
 	tm, tn, th := 64, 64, uint32(256)
 	if small {
@@ -39,14 +76,14 @@ func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, me
 		launch(t, d, kc.KernelMLAQabsGv, kc.Dim3{X: cdiv(R, 32), Y: uint32(H)}, kc.Dim3{X: 256}, 0, &qab)
 		lg := poisoned[float32](t, d, T*H*width)
 		lo := kc.MLALogitsDArgs{M: meta, Qt: qa.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
-			Lg: lg.p, H: int64(H), R: int64(R)}
+			Lg: lg.p, H: int64(H), R: int64(R), Pt: pt.Pt, PtStride: pt.Stride, Page: pt.Page, CacheBf16: pt.BF16}
 		launch(t, d, kc.KernelMLALogitsD, kc.Dim3{X: cdiv(width, 12), Y: uint32(T)}, kc.Dim3{X: 256}, 4*(12*R+64*H), &lo)
 		sm := kc.MLASoftmaxArgs{Sel: sel.p, Width: int64(width), Lg: lg.p, H: int64(H), Scale: float64(float32(1 / math.Sqrt(float64(dq))))}
 		launch(t, d, kc.KernelMLASoftmax, kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: 256}, 0, &sm)
 		nch := (width + 255) / 256
 		part, live := poisoned[float32](t, d, T*nch*H*R), poisoned[int32](t, d, T*nch)
 		ac := kc.MLAAccumDArgs{M: meta, Lg: lg.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
-			Part: part.p, Live: live.p, H: int64(H), R: int64(R)}
+			Part: part.p, Live: live.p, H: int64(H), R: int64(R), Pt: pt.Pt, PtStride: pt.Stride, Page: pt.Page, CacheBf16: pt.BF16}
 		launch(t, d, kc.KernelMLAAccumD, kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, kc.Dim3{X: 256}, 0, &ac)
 		ex := kc.MLAGemvArgs{A: part.p, Lda: int64(nch * H * R), AHead: int64(R), AParts: int64(nch), APartStride: int64(H * R), ALive: live.p, W: w.p, WBf16: wbf16, WHead: stride, WOff: int64(dq * R), WLd: int64(R),
 			C: o.p, Ldc: int64(H * dv), CHead: int64(dv), CN: 1, M: int64(T), N: int64(dv), K: int64(R)}
@@ -61,18 +98,29 @@ func runMLAKernels(t *testing.T, d *kc.Device, c mlaCase, small, decode bool, me
 	for t0 := 0; t0 < T; t0 += tc {
 		nr := min(tc, T-t0)
 		lo := kc.MLALogitsArgs{M: meta, Qa: qa.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
-			Lg: lg.p, T0: int64(t0), H: int64(H), R: int64(R)}
+			Lg: lg.p, T0: int64(t0), H: int64(H), R: int64(R), Pt: pt.Pt, PtStride: pt.Stride, Page: pt.Page, CacheBf16: pt.BF16}
 		launch(t, d, kc.MLALogitsKernel(small), kc.Dim3{X: cdiv(width, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &lo)
 		sm := kc.MLASoftmaxArgs{Sel: sel.p, Width: int64(width), Lg: lg.p, T0: int64(t0), H: int64(H), Scale: float64(float32(1 / math.Sqrt(float64(dq))))}
 		launch(t, d, kc.KernelMLASoftmax, kc.Dim3{X: uint32(H), Y: uint32(nr)}, kc.Dim3{X: 256}, 0, &sm)
 		ac := kc.MLAAccumArgs{M: meta, Lg: lg.p, Sel: sel.p, Width: int64(width), Cache: cache.p, SlotStride: int64(slotStride),
-			Ol: ol.p, T0: int64(t0), H: int64(H), R: int64(R)}
+			Ol: ol.p, T0: int64(t0), H: int64(H), R: int64(R), Pt: pt.Pt, PtStride: pt.Stride, Page: pt.Page, CacheBf16: pt.BF16}
 		launch(t, d, kc.MLAAccumKernel(small), kc.Dim3{X: cdiv(R, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &ac)
 	}
 	ex := kc.MLAHeadMMArgs{A: ol.p, Lda: int64(H * R), AHead: int64(R), W: w.p, WBf16: wbf16, WHead: stride, WOff: int64(dq * R), WLd: int64(R),
 		C: o.p, Ldc: int64(H * dv), CHead: int64(dv), M: int64(T), N: int64(dv), K: int64(R)}
 	launch(t, d, kc.MLAExpandKernel(small), kc.Dim3{X: cdiv(dv, tn), Y: cdiv(T, tm), Z: uint32(H)}, kc.Dim3{X: th}, 0, &ex)
 	return download[float32](t, o)
+}
+
+// bf16RNE rounds x to the nearest bfloat16, ties to even (bf16_round);
+// NaN stays NaN.
+func bf16RNE(x float32) float32 {
+	u := math.Float32bits(x)
+	if u&0x7f800000 == 0x7f800000 && u&0x007fffff != 0 {
+		return x
+	}
+	u += 0x7fff + (u>>16)&1
+	return math.Float32frombits(u & 0xffff0000)
 }
 
 // The absorbed-MLA kernels match the CPU's absorbed path (kernels/mla) with
@@ -193,6 +241,52 @@ func TestMLAKernelsMatchCPU(t *testing.T) {
 						require.Equal(t, math.Float32bits(big[i]), math.Float32bits(dec[i]), "element %d: big tiles and decode kernels differ", i)
 					}
 				}
+				if !bf { // the latents in pages (3, 4 or 8 rows, shuffled ids): the same bits on every kernel path
+					page := []int{4, 8, 3}[ci%3]
+					paged, pt, ptStride := inPages(r, cache, S, slotStride/R, R, page)
+					pb, ptb := upload(t, d, paged), upload(t, d, pt)
+					tab := pageTable{Pt: ptb.p, Stride: int64(ptStride), Page: int64(page)}
+					for _, v := range []struct{ small, decode bool }{{false, false}, {true, false}, {false, true}} {
+						if v.decode && T > 16 {
+							continue
+						}
+						got := runMLAKernels(t, d, c, v.small, v.decode, meta, qb, wbuf, selb, pb, wbf16, slotStride, T, tab)
+						for i := range big {
+							require.Equal(t, math.Float32bits(big[i]), math.Float32bits(got[i]), "element %d: pages of %d (small %v, decode %v) differ from contiguous latents", i, page, v.small, v.decode)
+						}
+					}
+					// bf16 latents (the same pages): the CPU's attention over the
+					// rounded latents, and within bf16's rounding of the fp32 one
+					cr := make([]float32, len(cache))
+					for i, v := range cache {
+						cr[i] = bf16RNE(v)
+					}
+					wantR := make([]float32, T*H*dv)
+					row := 0
+					for s := 0; s < S; s++ {
+						L, n := c.lens[s], c.news[s]
+						cfg := &mla.Config{Heads: H, QKDim: dq, VDim: dv, Rank: R, Scale: float32(1 / math.Sqrt(float64(dq))), KVBW: wf, Params: gemm.Default()}
+						cfg.AttendAbsorbed(wantR[row*H*dv:(row+n)*H*dv], q[row*H*dq:(row+n)*H*dq], cr[int(slots[s])*slotStride:int(slots[s])*slotStride+L*R], sel[row*width:(row+n)*width], n, width)
+						row += n
+					}
+					bits := make([]uint16, len(paged))
+					for i, v := range paged { // the same page ids as tab's
+						bits[i] = uint16(math.Float32bits(bf16RNE(v)) >> 16)
+					}
+					tab.BF16 = 1
+					for _, v := range []struct{ small, decode bool }{{false, false}, {false, true}} {
+						if v.decode && T > 16 {
+							continue
+						}
+						got := runMLAKernels(t, d, c, v.small, v.decode, meta, qb, wbuf, selb, upload(t, d, bits), wbf16, slotStride, T, tab)
+						require.Less(t, maxRelErr(t, got, wantR), 2e-6, "bf16 latents against the CPU over the rounded latents (decode %v)", v.decode)
+						rel := maxRelErr(t, got, want)
+						require.Less(t, rel, 1e-2, "bf16 latents against fp32 latents (decode %v)", v.decode)
+						if ci == 0 && !v.decode {
+							t.Logf("bf16 latents: max relative error %.2e against fp32 latents", rel)
+						}
+					}
+				}
 				for tr := 0; tr < T; tr++ {
 					if (tr+ci)%11 == 4 {
 						for _, v := range big[tr*H*dv : (tr+1)*H*dv] {
@@ -201,6 +295,62 @@ func TestMLAKernelsMatchCPU(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// mla_append writes each row's latent at its position's page and row
+// (pages of 3 rows, shuffled ids, odd lengths), in fp32 as given and in
+// bf16 rounded to nearest even.
+func TestMLAAppendPaged(t *testing.T) {
+	d := openDevice(t)
+	r := rand.New(rand.NewPCG(3, 3))
+	const R, page = 20, 3
+	pos0, news := []int{0, 7, 2}, []int{5, 1, 4}
+	S := len(pos0)
+	meta, rowPos := stepMeta(t, d, pos0, news)
+	T := len(rowPos)
+	ckv := randn(r, T*R, 1)
+	stride := 4 // pages per slot (12 positions)
+	ids := r.Perm(S * stride)
+	pt := make([]int32, len(ids))
+	for i, id := range ids {
+		pt[i] = int32(id)
+	}
+	ptb := upload(t, d, pt)
+	for _, bf := range []int64{0, 1} {
+		n := S * stride * page * R
+		var cache buf
+		if bf == 1 {
+			cache = poisoned[uint16](t, d, n)
+		} else {
+			cache = poisoned[float32](t, d, n)
+		}
+		ap := kc.MLAAppendArgs{M: meta, Ckv: upload(t, d, ckv).p, Cache: cache.p, R: R, Pt: ptb.p, PtStride: int64(stride), Page: page, CacheBf16: bf}
+		launch(t, d, kc.KernelMLAAppend, kc.Dim3{X: uint32((T*R + 255) / 256)}, kc.Dim3{X: 256}, 0, &ap)
+		var got func(i int) float32
+		if bf == 1 {
+			b := download[uint16](t, cache)
+			got = func(i int) float32 { return math.Float32frombits(uint32(b[i]) << 16) }
+		} else {
+			f := download[float32](t, cache)
+			got = func(i int) float32 { return f[i] }
+		}
+		row := 0
+		for s := 0; s < S; s++ {
+			slot := S - 1 - s // stepMeta's slots
+			for j := 0; j < news[s]; j++ {
+				p := pos0[s] + j
+				at := (int(pt[slot*stride+p/page])*page + p%page) * R
+				for k := 0; k < R; k++ {
+					want := ckv[(row+j)*R+k]
+					if bf == 1 {
+						want = bf16RNE(want)
+					}
+					require.Equal(t, want, got(at+k), "bf16 %d, sequence %d position %d channel %d", bf, s, p, k)
+				}
+			}
+			row += news[s]
 		}
 	}
 }

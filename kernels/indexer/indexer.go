@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/glmflash/glmflash/kernels/gemm"
+	"github.com/glmflash/glmflash/kernels/paged"
 	"github.com/glmflash/glmflash/kernels/parallel"
 )
 
@@ -31,7 +32,10 @@ func (c *Config) Width() int { return c.TopK/c.KPool*c.KPool + c.KPool - 1 }
 // State is one sequence's indexer cache for one layer: pooled keys of the
 // complete pools and the raw key/gate rows of the pending incomplete pool.
 type State struct {
-	Pools []float32 // [nPools][Dim]
+	// Pools holds a row of Dim floats per complete pool (Pools.Len pools):
+	// in the sequence's pages (a page of P tokens holds P/KPool pools), or
+	// unpaged (a zero State grows one page as pools complete).
+	Pools paged.Rows
 	PendK []float32 // [nPend][Dim]
 	PendG []float32 // [nPend][Dim]
 	// Share is a saved selection row (positions, −1 padded) made for the
@@ -42,11 +46,13 @@ type State struct {
 }
 
 // NumPools is the number of complete pools cached.
-func (s *State) NumPools(dim int) int { return len(s.Pools) / dim }
+func (s *State) NumPools() int { return s.Pools.Len }
 
-// Reset empties the state.
+// Reset empties the state (its pages stay attached: the owner of the pages
+// detaches them).
 func (s *State) Reset() {
-	s.Pools, s.PendK, s.PendG, s.Share = s.Pools[:0], s.PendK[:0], s.PendG[:0], s.Share[:0]
+	s.Pools.Len = 0
+	s.PendK, s.PendG, s.Share = s.PendK[:0], s.PendG[:0], s.Share[:0]
 }
 
 // SaveShare keeps row, the selection made for the query at position pos,
@@ -126,25 +132,32 @@ func (c *Config) PoolKey(key, k, gate []float32) {
 // first new token is at absolute position pos0, pooling every pool they
 // complete. visible[j] receives the number of complete pools that token j
 // can see (pools ending at or before it); nil skips that (the batch
-// metadata already holds it).
-func (c *Config) Append(st *State, pos0 int, k, gate []float32, T int, visible []int) {
+// metadata already holds it). A paged state must hold the pages of the
+// pools the tokens complete (the store takes them before the run); an
+// error says which pool did not fit, with every earlier one appended.
+func (c *Config) Append(st *State, pos0 int, k, gate []float32, T int, visible []int) error {
 	D := c.Dim
+	if st.Pools.Width == 0 {
+		st.Pools.Width = D
+	}
 	for j := 0; j < T; j++ {
 		st.PendK = append(st.PendK, k[j*D:(j+1)*D]...)
 		st.PendG = append(st.PendG, gate[j*D:(j+1)*D]...)
 		if len(st.PendK) == c.KPool*D {
-			n := len(st.Pools)
-			if n+D > cap(st.Pools) { // double: a pool completes every KPool steps
-				st.Pools = slices.Grow(st.Pools, max(D, n))
+			n := st.Pools.Len
+			dst, err := st.Pools.Slot(n)
+			if err != nil {
+				return fmt.Errorf("indexer: pool %d: %w", n, err)
 			}
-			st.Pools = st.Pools[:n+D]
-			c.PoolKey(st.Pools[n:], st.PendK, st.PendG)
+			c.PoolKey(dst, st.PendK, st.PendG)
+			st.Pools.Len = n + 1
 			st.PendK, st.PendG = st.PendK[:0], st.PendG[:0]
 		}
 		if visible != nil {
 			visible[j] = (pos0 + j + 1) / c.KPool
 		}
 	}
+	return nil
 }
 
 // queryBlock is the number of queries Select scores with one GEMM.
@@ -227,11 +240,19 @@ func (a *selectArgs) block(sc *selectScratch, b int) {
 			sc.dots = make([]float32, 2*rows*nMax) // headroom: nMax grows with the context
 		}
 		dots = sc.dots[:rows*nMax]
-		x, keys := q[j0*H*D:j1*H*D], st.Pools[:nMax*D]
-		if inner {
-			gemm.MatMulT(dots, x, rows, D, keys, nMax)
-		} else {
-			gemm.MatMulTSerial(dots, x, rows, D, keys, nMax)
+		// one GEMM per page's run of pooled keys: the run of pools
+		// [p0, p0+kc) writes dots[p0·rows:] as [rows][kc]
+		x := q[j0*H*D : j1*H*D]
+		for p0 := 0; p0 < nMax; {
+			keys := st.Pools.Span(p0, nMax)
+			kc := len(keys) / D
+			d := dots[p0*rows : (p0+kc)*rows]
+			if inner {
+				gemm.MatMulT(d, x, rows, D, keys, kc)
+			} else {
+				gemm.MatMulTSerial(d, x, rows, D, keys, kc)
+			}
+			p0 += kc
 		}
 	}
 	for j := j0; j < j1; j++ {
@@ -253,12 +274,18 @@ func (a *selectArgs) block(sc *selectScratch, b int) {
 			scores = scores[:n]
 			clear(scores)
 			wj := w[j*H : (j+1)*H]
+			rows := (j1 - j0) * H
 			for h := 0; h < H; h++ {
-				d := dots[((j-j0)*H+h)*nMax:]
-				for p := 0; p < n; p++ {
-					if v := d[p] * scale; v > 0 {
-						scores[p] += wj[h] * v
+				r := (j-j0)*H + h
+				for p0 := 0; p0 < n; {
+					kc := st.Pools.SpanRows(p0, nMax) // the GEMM's runs
+					d := dots[p0*rows+r*kc:]
+					for p := p0; p < min(p0+kc, n); p++ {
+						if v := d[p-p0] * scale; v > 0 {
+							scores[p] += wj[h] * v
+						}
 					}
+					p0 += kc
 				}
 			}
 			order = TopPools(order, scores, keep)

@@ -92,14 +92,14 @@ func TestSelectMatchesNaiveAcrossSplits(t *testing.T) {
 					n = T - t0
 				}
 				vis := make([]int, n)
-				c.Append(st, t0, k[t0*D:(t0+n)*D], g[t0*D:(t0+n)*D], n, vis)
+				require.NoError(t, c.Append(st, t0, k[t0*D:(t0+n)*D], g[t0*D:(t0+n)*D], n, vis))
 				sel := make([]int32, n*Wd)
 				c.Select(sel, st, t0, q[t0*H*D:(t0+n)*H*D], w[t0*H:(t0+n)*H], n, vis)
 				for j := 0; j < n; j++ {
 					require.Equal(t, want[t0+j], rowSet(sel[j*Wd:(j+1)*Wd]), "geo %v split %d token %d", geo, split, t0+j)
 				}
 			}
-			require.Equal(t, T/kpool, st.NumPools(D))
+			require.Equal(t, T/kpool, st.NumPools())
 		}
 	}
 }
@@ -110,7 +110,7 @@ func TestShortContextSelectsEverything(t *testing.T) {
 	T := 19 // 4 pools ≤ 16/4: every position ≤ t is selected
 	st := &State{}
 	vis := make([]int, T)
-	c.Append(st, 0, rnd(r, T*4), rnd(r, T*4), T, vis)
+	require.NoError(t, c.Append(st, 0, rnd(r, T*4), rnd(r, T*4), T, vis))
 	sel := make([]int32, T*c.Width())
 	c.Select(sel, st, 0, rnd(r, T*8), rnd(r, T*2), T, vis)
 	for j := 0; j < T; j++ {
@@ -137,7 +137,7 @@ func legacySelect(c *Config, sel []int32, st *State, pos0 int, q, w []float32, T
 		var scores []float32
 		qj, wj := q[j*H*D:(j+1)*H*D], w[j*H:(j+1)*H]
 		for p := 0; p < n; p++ {
-			key := st.Pools[p*D : (p+1)*D]
+			key := st.Pools.Row(p)
 			var s float32
 			for h := 0; h < H; h++ {
 				var dot float32
@@ -205,7 +205,7 @@ func TestSelectMatchesLegacy(t *testing.T) {
 		for t0 := 0; t0 < tc.L; t0 += tc.split {
 			n := min(tc.split, tc.L-t0)
 			vis := make([]int, n)
-			c.Append(st, t0, k[t0*tc.D:(t0+n)*tc.D], g[t0*tc.D:(t0+n)*tc.D], n, vis)
+			require.NoError(t, c.Append(st, t0, k[t0*tc.D:(t0+n)*tc.D], g[t0*tc.D:(t0+n)*tc.D], n, vis))
 			got, want := make([]int32, n*W), make([]int32, n*W)
 			qs, ws := q[t0*tc.H*tc.D:(t0+n)*tc.H*tc.D], w[t0*tc.H:(t0+n)*tc.H]
 			c.Select(got, st, t0, qs, ws, n, vis)
@@ -271,9 +271,9 @@ func BenchmarkSelectDecode(b *testing.B) {
 	c := &Config{Heads: H, Dim: D, KPool: 4, TopK: 256, SelectTail: true, APE: rnd(r, 4*D)}
 	for _, ctx := range []int{1024, 8192} {
 		st := &State{}
-		c.Append(st, 0, rnd(r, (ctx-1)*D), rnd(r, (ctx-1)*D), ctx-1, nil)
+		require.NoError(b, c.Append(st, 0, rnd(r, (ctx-1)*D), rnd(r, (ctx-1)*D), ctx-1, nil))
 		vis := make([]int, 1)
-		c.Append(st, ctx-1, rnd(r, D), rnd(r, D), 1, vis)
+		require.NoError(b, c.Append(st, ctx-1, rnd(r, D), rnd(r, D), 1, vis))
 		q, w := rnd(r, H*D), rnd(r, H)
 		sel := make([]int32, c.Width())
 		b.Run(fmt.Sprintf("ctx=%d/gemm", ctx), func(b *testing.B) {

@@ -20,6 +20,7 @@ import (
 	"sync"
 
 	"github.com/glmflash/glmflash/kernels/gemm"
+	"github.com/glmflash/glmflash/kernels/paged"
 	"github.com/glmflash/glmflash/kernels/parallel"
 )
 
@@ -163,7 +164,15 @@ func (c *Config) Attend(o, q, ckv []float32, sel []int32, T, width int) {
 
 // AttendWith is Attend with its scratch in ws.
 func (c *Config) AttendWith(ws *Workspace, o, q, ckv []float32, sel []int32, T, width int) {
-	L := len(ckv) / c.Rank
+	lat := paged.Flat(c.Rank, ckv)
+	c.AttendPaged(ws, o, q, &lat, sel, T, width)
+}
+
+// AttendPaged is AttendWith over latents held in pages (ckv.Len rows of
+// Rank floats, the whole cache including the new tokens): the same
+// arithmetic, each selected row read where its page holds it.
+func (c *Config) AttendPaged(ws *Workspace, o, q []float32, ckv *paged.Rows, sel []int32, T, width int) {
+	L := ckv.Len
 	if cap(ws.mark) < L {
 		ws.mark = make([]bool, 2*L) // headroom: L grows by a token per step
 	}
@@ -192,12 +201,13 @@ func (c *Config) AttendWith(ws *Workspace, o, q, ckv []float32, sel []int32, T, 
 func (c *Config) AttendExpand(o, q, ckv []float32, sel []int32, T, width int) {
 	ws := wsPool.Get().(*Workspace)
 	defer wsPool.Put(ws)
-	c.attendExpand(ws, o, q, ckv, sel, T, width)
+	lat := paged.Flat(c.Rank, ckv)
+	c.attendExpand(ws, o, q, &lat, sel, T, width)
 }
 
-func (c *Config) attendExpand(ws *Workspace, o, q, ckv []float32, sel []int32, T, width int) {
+func (c *Config) attendExpand(ws *Workspace, o, q []float32, ckv *paged.Rows, sel []int32, T, width int) {
 	H, dq, dv, R := c.Heads, c.QKDim, c.VDim, c.Rank
-	L := len(ckv) / R
+	L := ckv.Len
 	// rowOf[p] = the row of position p among the expanded union (ascending
 	// positions), −1 when no query selects p
 	if cap(ws.rowOf) < L {
@@ -224,7 +234,7 @@ func (c *Config) attendExpand(ws *Workspace, o, q, ckv []float32, sel []int32, T
 	lat, kv := buf[:n*R], buf[n*R:]
 	for p, r := range rowOf {
 		if r >= 0 {
-			copy(lat[int(r)*R:int(r+1)*R], ckv[p*R:(p+1)*R])
+			copy(lat[int(r)*R:int(r+1)*R], ckv.Row(p))
 		}
 	}
 	gemm.MatMulTWith(c.Params, kv, lat, n, R, c.KVBW, row)
@@ -380,10 +390,11 @@ func (ex *expandRun) tasks(lo, hi int) {
 func (c *Config) AttendAbsorbed(o, q, ckv []float32, sel []int32, T, width int) {
 	ws := wsPool.Get().(*Workspace)
 	defer wsPool.Put(ws)
-	c.attendAbsorbed(ws, o, q, ckv, sel, T, width)
+	lat := paged.Flat(c.Rank, ckv)
+	c.attendAbsorbed(ws, o, q, &lat, sel, T, width)
 }
 
-func (c *Config) attendAbsorbed(ws *Workspace, o, q, ckv []float32, sel []int32, T, width int) {
+func (c *Config) attendAbsorbed(ws *Workspace, o, q []float32, ckv *paged.Rows, sel []int32, T, width int) {
 	H, R := c.Heads, c.Rank
 	ab, _ := absorbedPool.Get().(*absorbed)
 	if ab == nil {
@@ -420,7 +431,8 @@ func (c *Config) attendAbsorbed(ws *Workspace, o, q, ckv []float32, sel []int32,
 // call allocates nothing in the steady state.
 type absorbed struct {
 	c                          *Config
-	o, q, ckv                  []float32
+	o, q                       []float32
+	ckv                        *paged.Rows
 	sel                        []int32
 	T, width                   int
 	qa, ol                     []float32
@@ -523,7 +535,7 @@ func putLatentBuf(b *latentBuf) { latentBufs.Put(b) }
 // attendLatent runs step 2 of AttendAbsorbed for query t, whose selection
 // row is srow, writing ol[h][t] for every head; inner spreads the work over
 // the workers.
-func (c *Config) attendLatent(b *latentBuf, ol, qa, ckv []float32, srow []int32, t, T int, inner bool) {
+func (c *Config) attendLatent(b *latentBuf, ol, qa []float32, ckv *paged.Rows, srow []int32, t, T int, inner bool) {
 	H, R := c.Heads, c.Rank
 	// the query's latents, in row order: a contiguous ascending run (the
 	// dense causal case) is used in place, anything else is gathered
@@ -545,14 +557,14 @@ func (c *Config) attendLatent(b *latentBuf, ol, qa, ckv []float32, srow []int32,
 		return
 	}
 	var lat []float32
-	if run {
-		lat = ckv[int(p0)*R : (int(p0)+n)*R]
+	if run && ckv.SpanRows(int(p0), int(p0)+n) == n {
+		lat = ckv.Span(int(p0), int(p0)+n)
 	} else {
 		lat = b.lat[:n*R]
 		i := 0
 		for _, p := range srow {
 			if p >= 0 {
-				copy(lat[i*R:(i+1)*R], ckv[int(p)*R:int(p+1)*R])
+				copy(lat[i*R:(i+1)*R], ckv.Row(int(p)))
 				i++
 			}
 		}

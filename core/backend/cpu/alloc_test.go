@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"testing"
 
@@ -108,11 +107,10 @@ func allocSite(stk []uintptr) string {
 }
 
 // cacheGrowth reports whether a site is a sequence cache growing with the
-// context (the MLA latents appended per token, the indexer's pooled keys
-// appended per pool): Go's append grows them geometrically, so they
-// allocate once per doubling, not per step.
+// context (a page's buffers made the first time its id is taken, a page
+// table growing by append: geometrically, once per doubling).
 func cacheGrowth(name string) bool {
-	for _, s := range []string{"cpu.bindMLA.func1", "indexer.(*Config).Append", "allocSites"} {
+	for _, s := range []string{"cache.(*Store).pageLocked", "cache.(*Store).takeLocked", "allocSites"} {
 		if strings.Contains(name, s) {
 			return true
 		}
@@ -120,28 +118,19 @@ func cacheGrowth(name string) bool {
 	return false
 }
 
-// reserveCaches gives every held sequence's growing caches room for n more
-// tokens, so that a measurement over n steps does not depend on where the
-// caches' doublings fall.
+// reserveCaches gives every held sequence the pages of n more tokens, so
+// that a measurement over n steps does not depend on where new pages fall.
 func reserveCaches(t testing.TB, e *engine.Engine, slots []int, n int) {
 	t.Helper()
 	st, ok := e.Store().(*cache.Store)
 	require.True(t, ok)
+	var tokens []int
 	for _, slot := range slots {
-		seq, err := st.Seq(slot)
+		l, err := st.Len(slot)
 		require.NoError(t, err)
-		for l, c := range seq.CKV {
-			if len(c) > 0 {
-				R := len(c) / seq.Len
-				seq.CKV[l] = slices.Grow(c, n*R)
-			}
-		}
-		for _, ix := range seq.Index {
-			if ix != nil && len(ix.Pools) > 0 {
-				ix.Pools = slices.Grow(ix.Pools, n*len(ix.Pools))
-			}
-		}
+		tokens = append(tokens, l+n)
 	}
+	require.NoError(t, st.Reserve(slots, tokens))
 }
 
 // In the steady state a decode step (batch 1 and batch 8, and batch 8

@@ -87,7 +87,9 @@ func bindDSATopK(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 			if rb := s.seq.Rollback; rb != nil {
 				rb.RecordIndexer(layer, s.pos0, k[r0*Di:r1*Di], g[r0*Di:r1*Di])
 			}
-			cfg.Append(st, s.pos0, k[r0*Di:r1*Di], g[r0*Di:r1*Di], s.n, nil) // visibility comes from the metadata
+			if err := cfg.Append(st, s.pos0, k[r0*Di:r1*Di], g[r0*Di:r1*Di], s.n, nil); err != nil { // visibility comes from the metadata
+				return fmt.Errorf("slot %d: %w", s.slot, err)
+			}
 			if share == ir.IndexShareReuse {
 				if err := indexer.SelectShared(sel[r0*W:r1*W], W, st, s.pos0, s.n); err != nil {
 					return fmt.Errorf("slot %d: %w", s.slot, err)
@@ -127,26 +129,18 @@ func bindMLA(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 		o := rc.out(outs[0])
 		for _, s := range meta.seqs {
 			r0, r1 := s.row0, s.row0+s.n
-			prev, err := s.seq.Latents(layer)
+			lat, err := s.seq.Latents(layer)
 			if err != nil {
 				return fmt.Errorf("slot %d: %w", s.slot, err)
 			}
-			cache := appendDoubling(prev, ckv[r0*R:r1*R])
-			s.seq.CKV[layer] = cache
-			c.AttendWith(&rc.p.mlaWS, o[r0*H*dv:r1*H*dv], q[r0*H*dq:r1*H*dq], cache, sel[r0*width:r1*width], s.n, width)
+			// the new rows at their positions, in the sequence's pages
+			// (taken before the run)
+			if err := lat.Write(s.pos0, ckv[r0*R:r1*R]); err != nil {
+				return fmt.Errorf("slot %d: %w", s.slot, err)
+			}
+			lat.Len = s.pos0 + s.n
+			c.AttendPaged(&rc.p.mlaWS, o[r0*H*dv:r1*H*dv], q[r0*H*dq:r1*H*dq], lat, sel[r0*width:r1*width], s.n, width)
 		}
 		return nil
 	}, nil
-}
-
-// appendDoubling appends add to s, at least doubling the capacity when it
-// grows (plain append grows large slices by 1.25×: a latent cache growing a
-// token per step would reallocate every few steps).
-func appendDoubling(s, add []float32) []float32 {
-	if n := len(s) + len(add); n > cap(s) {
-		g := make([]float32, len(s), max(n, 2*cap(s), 256))
-		copy(g, s)
-		s = g
-	}
-	return append(s, add...)
 }

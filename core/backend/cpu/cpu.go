@@ -90,9 +90,18 @@ func boundOps() []string {
 // Ops lists the bound ops.
 func (b *Backend) Ops() []string { return boundOps() }
 
-// NewStore makes a heap-backed cache store of the given layers.
+// NewStore makes a heap-backed cache store of the given layers, its
+// latents and pooled keys in a pool of o.Pages pages of o.PageTokens tokens
+// (cache.Options' defaults), in fp32 (kv dtype auto or fp32).
 func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptions) (backend.Store, error) {
-	st, err := cache.NewStore(cfg, layers, o.Slots)
+	kd, err := backend.ParseKVDType(string(o.KVDType))
+	if err != nil {
+		return nil, fmt.Errorf("cpu: kv dtype: %w", err)
+	}
+	if kd == backend.KVBF16 {
+		return nil, fmt.Errorf("cpu: kv dtype bf16 is not implemented on the cpu backend (its latents are fp32: auto or fp32)")
+	}
+	st, err := cache.New(cfg, layers, cache.Options{Slots: o.Slots, PageTokens: o.PageTokens, Pages: o.Pages, MaxPositions: o.MaxPositions})
 	if err != nil {
 		return nil, err
 	}

@@ -40,6 +40,8 @@ type Program struct {
 	runMu   sync.Mutex       // held by Run while it uses prep
 	prep    backend.Prepared // Run's batch, prepared into the same storage
 	spanBuf []seqRun
+	// resSlots and resTokens are a run's page reservation (reused).
+	resSlots, resTokens []int
 	// Kernel scratch shared by the program's nodes (steps run one at a
 	// time): MoE routing and experts, KDA conv per sequence, KDA attention
 	// per worker (kdaScratch), the indexer's head weights, sparse MLA (every
@@ -388,7 +390,15 @@ func (p *Program) execute2(pr *backend.Prepared, into *backend.Result) (*backend
 		}
 		bi.seqs = append(bi.seqs, seqRun{slot: s.Slot, seq: seq, pos0: s.Pos0, n: s.N, row0: s.Row0, rows: s.Rows})
 	}
-	return p.execute(bi, pr, func() error {
+	// the pages the run writes, all or none (backend.ErrNoPages)
+	p.resSlots, p.resTokens = p.resSlots[:0], p.resTokens[:0]
+	for _, s := range bi.seqs {
+		p.resSlots, p.resTokens = append(p.resSlots, s.slot), append(p.resTokens, s.pos0+s.n)
+	}
+	if err := store.Reserve(p.resSlots, p.resTokens); err != nil {
+		return nil, fmt.Errorf("cpu: %w", err)
+	}
+	res, err := p.execute(bi, pr, func() error {
 		for _, s := range bi.seqs {
 			if err := store.Advance(s.slot, s.n); err != nil {
 				return err
@@ -396,6 +406,12 @@ func (p *Program) execute2(pr *backend.Prepared, into *backend.Result) (*backend
 		}
 		return nil
 	}, into)
+	if err != nil {
+		for _, s := range bi.seqs {
+			_ = store.Trim(s.slot) // the pages past the unchanged lengths
+		}
+	}
+	return res, err
 }
 
 // executeDraft runs a DFlash draft batch on a draft store: each sequence's

@@ -99,7 +99,8 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 				return fmt.Errorf("slot state has no indexer for layer %d", layer)
 			}
 			ap := kc.IdxAppendArgs{M: rc.meta, K: rc.ptr(in[2]), Gate: rc.ptr(in[3]), Ape: ape.ptr, ApeBf16: ape.flag(),
-				Pools: ls.pools, PoolsStride: ls.poolsStride, PendK: ls.pendK, PendG: ls.pendG, PendStride: ls.pendStride, D: int64(D), Kpool: int64(kp)}
+				Pools: ls.pools, PendK: ls.pendK, PendG: ls.pendG, PendStride: ls.pendStride, D: int64(D), Kpool: int64(kp),
+				Pt: rc.store.pt, PtStride: int64(rc.store.ptStride), Page: int64(rc.store.page / kp)}
 			if ls.recK != 0 {
 				ap.Ckpt, ap.RecK, ap.RecG, ap.RecStride = rc.ckpt, ls.recK, ls.recG, ls.recStride
 			}
@@ -117,7 +118,8 @@ func bindDSATopK(p *Program, n *ir.Node) (*kstep, error) {
 			mv := rc.maxVisible[kp]
 			scores := rc.temps[0]
 			if mv > 0 {
-				sa := kc.IdxScoreArgs{M: rc.meta, Visible: m.visible, Q: rc.ptr(in[1]), W: rc.ptr(in[4]), Pools: ls.pools, PoolsStride: ls.poolsStride,
+				sa := kc.IdxScoreArgs{M: rc.meta, Visible: m.visible, Q: rc.ptr(in[1]), W: rc.ptr(in[4]), Pools: ls.pools,
+					Pt: rc.store.pt, PtStride: int64(rc.store.ptStride), Page: int64(rc.store.page / kp),
 					Scores: scores, Ld: int64(mv), H: int64(H), D: int64(D), Keep: int64(topk / kp), Scale: scale, Wscale: wscale}
 				if err := kc.LaunchIndexerScore(rc.dev, kc.Dim3{X: uint32((mv + idxScorePools - 1) / idxScorePools), Y: uint32(rc.T)}, block256, idxScoreSmem(H, D), &sa); err != nil {
 					return err
@@ -227,7 +229,13 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 			}
 			qa, ol, lg := rc.temps[0], rc.temps[1], rc.temps[2]
 			T := rc.T
-			ap := kc.MLAAppendArgs{M: rc.meta, Ckv: rc.ptr(in[2]), Cache: ls.ckv, SlotStride: ls.ckvStride, R: int64(R)}
+			// the latents' page table (the store's, at a fixed address)
+			pt, ptStride, page := rc.store.pt, int64(rc.store.ptStride), int64(rc.store.page)
+			kvbf := int64(0) // the latents' dtype
+			if rc.store.kvBF16 {
+				kvbf = 1
+			}
+			ap := kc.MLAAppendArgs{M: rc.meta, Ckv: rc.ptr(in[2]), Cache: ls.ckv, R: int64(R), Pt: pt, PtStride: ptStride, Page: page, CacheBf16: kvbf}
 			if err := kc.LaunchMLAAppend(rc.dev, blocks(int64(T*R)), block256, 0, &ap); err != nil {
 				return err
 			}
@@ -245,7 +253,7 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 				if err := kc.LaunchMLAQabsGv(rc.dev, kc.Dim3{X: cdiv(R, mlaGemvCols), Y: uint32(H)}, block256, 0, &qab); err != nil {
 					return err
 				}
-				lo := kc.MLALogitsDArgs{M: rc.meta, Qt: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
+				lo := kc.MLALogitsDArgs{M: rc.meta, Qt: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, Pt: pt, PtStride: ptStride, Page: page, CacheBf16: kvbf,
 					Lg: lg, H: int64(H), R: int64(R)}
 				if err := kc.LaunchMLALogitsD(rc.dev, kc.Dim3{X: cdiv(width, mlaDecodeEntries), Y: uint32(T)}, block256, mlaDecodeSmemBytes(H, R), &lo); err != nil {
 					return err
@@ -254,7 +262,7 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 				if err := kc.LaunchMLASoftmax(rc.dev, kc.Dim3{X: uint32(H), Y: uint32(T)}, kc.Dim3{X: smThreads}, 0, &sm); err != nil {
 					return err
 				}
-				ac := kc.MLAAccumDArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
+				ac := kc.MLAAccumDArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, Pt: pt, PtStride: ptStride, Page: page, CacheBf16: kvbf,
 					Part: ol, Live: live, H: int64(H), R: int64(R)}
 				if err := kc.LaunchMLAAccumD(rc.dev, kc.Dim3{X: cdiv(R, 32), Y: uint32(nch), Z: uint32(T) * cdiv(H, 8)}, block256, 0, &ac); err != nil {
 					return err
@@ -276,7 +284,7 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 			tc := mlaRowChunk(T, H, width)
 			for t0 := 0; t0 < T; t0 += tc {
 				nr := min(tc, T-t0)
-				lo := kc.MLALogitsArgs{M: rc.meta, Qa: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
+				lo := kc.MLALogitsArgs{M: rc.meta, Qa: qa, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, Pt: pt, PtStride: ptStride, Page: page, CacheBf16: kvbf,
 					Lg: lg, T0: int64(t0), H: int64(H), R: int64(R)}
 				if err := kc.MLALogitsKernel(small).Launch(rc.dev, kc.Dim3{X: cdiv(width, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &lo); err != nil {
 					return err
@@ -285,7 +293,7 @@ func bindMLA(p *Program, n *ir.Node) (*kstep, error) {
 				if err := kc.LaunchMLASoftmax(rc.dev, kc.Dim3{X: uint32(H), Y: uint32(nr)}, kc.Dim3{X: smThreads}, 0, &sm); err != nil {
 					return err
 				}
-				ac := kc.MLAAccumArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, SlotStride: ls.ckvStride,
+				ac := kc.MLAAccumArgs{M: rc.meta, Lg: lg, Sel: rc.ptr(in[4]), Width: int64(width), Cache: ls.ckv, Pt: pt, PtStride: ptStride, Page: page, CacheBf16: kvbf,
 					Ol: ol, T0: int64(t0), H: int64(H), R: int64(R)}
 				if err := kc.MLAAccumKernel(small).Launch(rc.dev, kc.Dim3{X: cdiv(R, tn), Y: cdiv(H, tm), Z: uint32(nr)}, kc.Dim3{X: th}, 0, &ac); err != nil {
 					return err

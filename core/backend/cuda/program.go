@@ -245,7 +245,14 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 		return nil, err
 	}
 	var res *backend.Result
+	reserved := false
 	err = p.b.dev.Do(func() error {
+		// the pages the run writes, all or none (backend.ErrNoPages), their
+		// table entries uploaded before the step's kernels
+		if err := store.reserve(pr); err != nil {
+			return err
+		}
+		reserved = true
 		return p.counted(func() error {
 			var err error
 			res, err = p.execute(&runCtx{store: store, storeID: store.id, maxPos: store.maxPos}, pr, ckpt, share)
@@ -253,6 +260,9 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 		})
 	})
 	if err != nil {
+		if reserved {
+			store.trim(slots) // the pages past the unchanged lengths
+		}
 		return nil, err
 	}
 	store.commit(pr, slots, p.shareSaves)

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -11,16 +12,23 @@ import (
 	"github.com/glmflash/glmflash/core/ir"
 	kc "github.com/glmflash/glmflash/kernels/cuda"
 	"github.com/glmflash/glmflash/kernels/indexer"
+	"github.com/glmflash/glmflash/kernels/paged"
 	"github.com/glmflash/glmflash/model"
 )
 
-// Store is sequence state in device memory: per layer and slot the KDA conv
-// window and recurrent state, the MLA latent cache and the indexer's pooled
-// keys and pending pool, each sized for maxPositions tokens. With a
-// rollback depth, every slot also has its rollback record's buffers (per
-// KDA layer the window and state after each of depth positions, per
-// indexer the raw rows from the pending pool's start), and the MTP layer's
-// indexer a saved selection row (index sharing).
+// Store is sequence state in device memory. The MLA latents and the
+// indexer's pooled keys are paged: per DSA layer a pool of pages
+// ([pages][P][R] latents, [pages][P/kpool][D] pooled keys; one page id
+// stands for one page in every DSA layer), a page table per slot
+// ([slots][⌈maxPositions/P⌉] ids, at a fixed device address for the store's
+// life: captured graphs read whatever it holds), pages taken as runs extend
+// the slots (all or none: backend.ErrNoPages) and returned by Free and
+// Truncate. Per slot (the state slots): the KDA conv window and recurrent
+// state and the indexer's pending pool; with a rollback depth, the
+// rollback record's buffers (per KDA layer the window and state after each
+// of depth positions, per indexer the raw rows from the pending pool's
+// start), and the MTP layer's indexer a saved selection row (index
+// sharing).
 type Store struct {
 	b      *Backend
 	id     uint64 // unique per process: the graphs captured on it are keyed by it
@@ -34,6 +42,16 @@ type Store struct {
 	share  []int // the saved selection's position per slot, −1 when none
 	layers []layerState
 	bufs   []sized
+	// the page pool: page tokens, pages in all, the free ids (a stack),
+	// each slot's page table (host) and the device tables' stride and
+	// address
+	page, pages int
+	free        []int32
+	tables      [][]int32
+	ptStride    int
+	pt          kc.DevicePtr
+	pageBytes   int64 // one page id over the DSA layers
+	kvBF16      bool  // the latents are bf16 (kv dtype)
 }
 
 type sized struct {
@@ -42,13 +60,13 @@ type sized struct {
 }
 
 // layerState holds one layer's buffers; strides are in floats per slot.
+// ckv and pools are page pools ([pages][P][R], [pages][P/kpool][D]).
 type layerState struct {
 	conv, state             kc.DevicePtr
 	convStride, stateStride int64
 	ckv                     kc.DevicePtr
-	ckvStride               int64
 	pools, pendK, pendG     kc.DevicePtr
-	poolsStride, pendStride int64
+	pendStride              int64
 	// rollback records: per slot depth windows and states, raw indexer rows
 	snapConv, snapState kc.DevicePtr
 	recK, recG          kc.DevicePtr
@@ -61,7 +79,9 @@ type layerState struct {
 var storeIDs atomic.Uint64
 
 // NewStore allocates slots slots holding the state of the given layers of
-// cfg on the GPU.
+// cfg on the GPU, and a pool of o.Pages pages of o.PageTokens tokens
+// (defaults: cache.DefaultPageTokens, and pages enough for every slot to
+// hold MaxPositions tokens).
 func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptions) (backend.Store, error) {
 	slots, maxPositions := o.Slots, o.MaxPositions
 	if slots < 1 {
@@ -76,24 +96,59 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 	if o.Rollback < 0 {
 		return nil, fmt.Errorf("cuda: rollback depth must be ≥ 0, got %d", o.Rollback)
 	}
+	P, err := cache.PageTokens(cfg, o.PageTokens)
+	if err != nil {
+		return nil, err
+	}
+	kd, err := backend.ParseKVDType(string(o.KVDType))
+	if err != nil {
+		return nil, fmt.Errorf("cuda: kv dtype: %w", err)
+	}
+	ptStride := (maxPositions + P - 1) / P
+	pages := o.Pages
+	switch {
+	case pages < 0:
+		return nil, fmt.Errorf("cuda: the page pool must be ≥ 0 pages (0: the default), got %d", pages)
+	case pages == 0:
+		pages = slots * ptStride
+	}
+	if int64(pages) > 1<<31-1 {
+		return nil, fmt.Errorf("cuda: a page pool of %d pages is more than %d", pages, 1<<31-1)
+	}
 	s := &Store{b: b, id: storeIDs.Add(1), cfg: cfg, maxPos: maxPositions, depth: o.Rollback, used: make([]bool, slots), lens: make([]int, slots),
-		ckpt: make([]int, slots), share: make([]int, slots), layers: make([]layerState, cfg.NumHiddenLayers+cfg.NumNextNPredictLayers)}
+		ckpt: make([]int, slots), share: make([]int, slots), layers: make([]layerState, cfg.NumHiddenLayers+cfg.NumNextNPredictLayers),
+		page: P, pages: pages, free: make([]int32, pages), tables: make([][]int32, slots), ptStride: ptStride,
+		kvBF16: kd == backend.KVBF16 || kd == backend.KVAuto && b.opts.Precision == backend.BF16}
 	for i := range s.ckpt {
 		s.ckpt[i], s.share[i] = -1, -1
 	}
+	for i := range s.free {
+		s.free[i] = int32(pages - 1 - i) // id 0 is taken first
+	}
 	depth := int64(o.Rollback)
-	err := b.dev.Do(func() error {
-		alloc := func(floatsPerSlot int64) (kc.DevicePtr, error) {
-			n := 4 * floatsPerSlot * int64(slots)
+	err = b.dev.Do(func() error {
+		allocBytes := func(n int64, what string) (kc.DevicePtr, error) {
 			p, err := b.dev.Alloc(n)
 			if err != nil {
-				return 0, fmt.Errorf("cuda: allocating the cache (%d slots × %d positions): %w", slots, maxPositions, err)
+				return 0, fmt.Errorf("cuda: allocating %s: %w", what, err)
 			}
 			s.bufs = append(s.bufs, sized{p, n})
 			b.sh.caches.Add(n)
 			return p, nil
 		}
+		alloc := func(floatsPerSlot int64) (kc.DevicePtr, error) {
+			return allocBytes(4*floatsPerSlot*int64(slots), fmt.Sprintf("the cache (%d slots × %d positions)", slots, maxPositions))
+		}
+		pool := func(bytesPerPage int64) (kc.DevicePtr, error) {
+			return allocBytes(bytesPerPage*int64(pages), fmt.Sprintf("the KV page pool (%d pages of %d tokens)", pages, P))
+		}
 		var err error
+		if s.pt, err = alloc(int64(ptStride)); err != nil { // int32 ids
+			return err
+		}
+		if err := b.dev.Zero(s.pt, int64(slots*ptStride)); err != nil {
+			return err
+		}
 		for _, l := range layers {
 			ls := &s.layers[l]
 			if cfg.IsKDA(l) {
@@ -115,17 +170,17 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 				}
 				continue
 			}
-			ls.ckvStride = int64(maxPositions) * int64(cfg.KVLoraRank)
-			if ls.ckv, err = alloc(ls.ckvStride); err != nil {
+			if ls.ckv, err = pool(s.latentPageBytes()); err != nil {
 				return err
 			}
+			s.pageBytes += s.latentPageBytes()
 			if cfg.HasOwnIndexer(l) {
 				kp, di := int64(cfg.IndexKPool), int64(cfg.IndexHeadDim)
-				ls.poolsStride = (int64(maxPositions)/kp + 1) * di
 				ls.pendStride = kp * di
-				if ls.pools, err = alloc(ls.poolsStride); err != nil {
+				if ls.pools, err = pool(4 * int64(P) / kp * di); err != nil {
 					return err
 				}
+				s.pageBytes += 4 * int64(P) / kp * di
 				if ls.pendK, err = alloc(ls.pendStride); err != nil {
 					return err
 				}
@@ -245,7 +300,135 @@ func (s *Store) Free(slot int) error {
 	}
 	s.used[slot] = false
 	s.ckpt[slot], s.share[slot] = -1, -1
+	s.releaseLocked(slot, 0)
 	return nil
+}
+
+// latentPageBytes is one latent page's bytes (P rows of kv_lora_rank in
+// the kv dtype).
+func (s *Store) latentPageBytes() int64 {
+	el := int64(4)
+	if s.kvBF16 {
+		el = 2
+	}
+	return el * int64(s.page) * int64(s.cfg.KVLoraRank)
+}
+
+// KVDType is the dtype the store holds its latents in.
+func (s *Store) KVDType() backend.KVDType {
+	if s.kvBF16 {
+		return backend.KVBF16
+	}
+	return backend.KVFP32
+}
+
+// pagesFor is the pages that hold n tokens.
+func (s *Store) pagesFor(n int) int { return (n + s.page - 1) / s.page }
+
+// releaseLocked returns slot's pages past its first keep to the pool (the
+// device table's entries past them are never read).
+func (s *Store) releaseLocked(slot, keep int) {
+	t := s.tables[slot]
+	for i := len(t) - 1; i >= keep; i-- {
+		s.free = append(s.free, t[i])
+	}
+	if keep < len(t) {
+		s.tables[slot] = t[:keep]
+	}
+}
+
+// tableUpload is new entries of a slot's page table for the device.
+type tableUpload struct {
+	slot, first int
+	ids         []int32
+}
+
+// takeLocked gives slot pages until it has n (the pool holds enough:
+// checked by the caller) and returns its new entries.
+func (s *Store) takeLocked(slot, n int) tableUpload {
+	u := tableUpload{slot: slot, first: len(s.tables[slot])}
+	for len(s.tables[slot]) < n {
+		id := s.free[len(s.free)-1]
+		s.free = s.free[:len(s.free)-1]
+		s.tables[slot] = append(s.tables[slot], id)
+	}
+	u.ids = append([]int32(nil), s.tables[slot][u.first:]...)
+	return u
+}
+
+// upload writes new page table entries to the device table
+// (stream-ordered: before the kernels of the step that needs them); the
+// device lock is held.
+func (s *Store) upload(us []tableUpload) error {
+	for _, u := range us {
+		if len(u.ids) == 0 {
+			continue
+		}
+		at := s.pt + kc.DevicePtr(4*(int64(u.slot)*int64(s.ptStride)+int64(u.first)))
+		if err := s.b.dev.Upload(at, unsafe.Pointer(unsafe.SliceData(u.ids)), 4*int64(len(u.ids))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reserve gives the batch's slots the pages of their new tokens, all or
+// none (backend.ErrNoPages, nothing changed), and uploads the new page
+// table entries; the device lock is held.
+func (s *Store) reserve(pr *backend.Prepared) error {
+	s.mu.Lock()
+	need := 0
+	for _, sp := range pr.Spans {
+		need += max(0, s.pagesFor(sp.Pos0+sp.N)-len(s.tables[sp.Slot]))
+	}
+	if need > len(s.free) {
+		free := len(s.free)
+		s.mu.Unlock()
+		return fmt.Errorf("cuda: %w: the run needs %d more pages of %d tokens, %d of %d are free", backend.ErrNoPages, need, s.page, free, s.pages)
+	}
+	var us []tableUpload
+	if need > 0 {
+		for _, sp := range pr.Spans {
+			if u := s.takeLocked(sp.Slot, s.pagesFor(sp.Pos0+sp.N)); len(u.ids) > 0 {
+				us = append(us, u)
+			}
+		}
+	}
+	s.mu.Unlock()
+	return s.upload(us)
+}
+
+// trim returns the pages past the slots' lengths (those a failed run
+// reserved).
+func (s *Store) trim(slots []int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sl := range slots {
+		if s.used[sl] {
+			s.releaseLocked(sl, s.pagesFor(s.lens[sl]))
+		}
+	}
+}
+
+// PageStats reports the page pool and the state slots
+// (backend.PagedStore).
+func (s *Store) PageStats() backend.PageStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	held := 0
+	for _, u := range s.used {
+		if u {
+			held++
+		}
+	}
+	layers := make([]int, 0, len(s.layers))
+	for l, ls := range s.layers {
+		if ls.state != 0 || ls.ckv != 0 {
+			layers = append(layers, l)
+		}
+	}
+	return backend.PageStats{PageTokens: s.page, Total: s.pages, Used: s.pages - len(s.free), Free: len(s.free), PageBytes: s.pageBytes,
+		StateSlotBytes: cache.StateSlotBytes(s.cfg, layers), StateSlots: len(s.used), Held: held}
 }
 
 // Len is the number of tokens an allocated slot has processed.
@@ -386,15 +569,18 @@ func (s *Store) Truncate(slot, n int) error {
 	if s.share[slot] >= n {
 		s.share[slot] = -1
 	}
+	s.releaseLocked(slot, s.pagesFor(n))
 	return nil
 }
 
 // Copy makes allocated slot dst hold src's state (backend.Store.Copy):
-// stream-ordered device copies of each layer's KDA conv window and
-// recurrent state, the latents of src's positions, the indexer's complete
-// pools and pending rows, and the MTP indexer's saved selection; dst's
-// open checkpoint is closed. Latents and pools past src's length are left
-// to be overwritten, as Truncate leaves them.
+// dst gets pages of its own for src's length (backend.ErrNoPages, dst
+// unchanged, when the pool is short), then stream-ordered device copies of
+// each layer's KDA conv window and recurrent state, the pages of src's
+// latents and pooled keys, the pending rows, and the MTP indexer's saved
+// selection; dst's open checkpoint is closed. Rows past src's length in
+// its last page are copied with it and left to be overwritten, as
+// Truncate leaves them.
 func (s *Store) Copy(src, dst int) error {
 	s.mu.Lock()
 	for _, sl := range []int{src, dst} {
@@ -412,13 +598,33 @@ func (s *Store) Copy(src, dst int) error {
 		return fmt.Errorf("cache: slot %d has an open checkpoint: copy it after its Truncate", src)
 	}
 	n, sharePos := int64(s.lens[src]), s.share[src]
+	np := s.pagesFor(int(n))
+	if need := np - len(s.tables[dst]); need > len(s.free) {
+		free := len(s.free)
+		s.mu.Unlock()
+		return fmt.Errorf("cuda: copying slot %d to slot %d: %w: it needs %d more pages of %d tokens, %d of %d are free", src, dst, backend.ErrNoPages, need, s.page, free, s.pages)
+	}
+	s.releaseLocked(dst, np)
+	up := s.takeLocked(dst, np)
+	srcPages, dstPages := append([]int32(nil), s.tables[src][:np]...), append([]int32(nil), s.tables[dst][:np]...)
 	s.mu.Unlock()
 	c := s.cfg
 	a, b := int64(src), int64(dst)
 	cp := func(p kc.DevicePtr, stride, floats int64) error {
 		return s.b.dev.Copy(p+kc.DevicePtr(4*b*stride), p+kc.DevicePtr(4*a*stride), 4*floats)
 	}
+	cpPages := func(p kc.DevicePtr, bytesPerPage int64) error {
+		for i := range srcPages {
+			if err := s.b.dev.Copy(p+kc.DevicePtr(int64(dstPages[i])*bytesPerPage), p+kc.DevicePtr(int64(srcPages[i])*bytesPerPage), bytesPerPage); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	err := s.b.dev.Do(func() error {
+		if err := s.upload([]tableUpload{up}); err != nil {
+			return err
+		}
 		for _, ls := range s.layers {
 			if ls.state != 0 {
 				if err := cp(ls.conv, ls.convStride, ls.convStride); err != nil {
@@ -429,13 +635,13 @@ func (s *Store) Copy(src, dst int) error {
 				}
 			}
 			if ls.ckv != 0 {
-				if err := cp(ls.ckv, ls.ckvStride, n*int64(c.KVLoraRank)); err != nil {
+				if err := cpPages(ls.ckv, s.latentPageBytes()); err != nil {
 					return err
 				}
 			}
 			if ls.pools != 0 {
 				kp, di := int64(c.IndexKPool), int64(c.IndexHeadDim)
-				if err := cp(ls.pools, ls.poolsStride, n/kp*di); err != nil {
+				if err := cpPages(ls.pools, 4*int64(s.page)/kp*di); err != nil {
 					return err
 				}
 				if err := cp(ls.pendK, ls.pendStride, n%kp*di); err != nil {
@@ -473,10 +679,11 @@ func (s *Store) ReadState(slot int) (*cache.Seq, error) {
 	}
 	s.mu.Lock()
 	sharePos := s.share[slot]
+	table := append([]int32(nil), s.tables[slot]...)
 	s.mu.Unlock()
 	c := s.cfg
 	L := len(s.layers)
-	q := &cache.Seq{Len: n, Conv: make([][]float32, L), State: make([][]float32, L), CKV: make([][]float32, L), Index: make([]*indexer.State, L)}
+	q := &cache.Seq{Len: n, Conv: make([][]float32, L), State: make([][]float32, L), CKV: make([]paged.Rows, L), Index: make([]*indexer.State, L)}
 	sl := int64(slot)
 	down := func(p kc.DevicePtr, off, count int64) ([]float32, error) {
 		x := make([]float32, count)
@@ -484,6 +691,35 @@ func (s *Store) ReadState(slot int) (*cache.Seq, error) {
 			return x, nil
 		}
 		return x, s.b.dev.Download(unsafe.Pointer(unsafe.SliceData(x)), p+kc.DevicePtr(4*off), 4*count)
+	}
+	// downPages reads rows [0, rows) of width floats from a page pool of
+	// per rows a page, through the slot's table
+	downPages := func(p kc.DevicePtr, per, width, rows int64, bf16 bool) ([]float32, error) {
+		x := make([]float32, rows*width)
+		var b []uint16
+		if bf16 {
+			b = make([]uint16, rows*width)
+		}
+		for i := int64(0); i*per < rows; i++ {
+			k := min(per, rows-i*per)
+			if i >= int64(len(table)) {
+				return nil, fmt.Errorf("cuda: slot %d holds %d pages, not the %d its %d rows need", slot, len(table), (rows+per-1)/per, rows)
+			}
+			off := int64(table[i]) * per * width
+			var err error
+			if bf16 {
+				err = s.b.dev.Download(unsafe.Pointer(&b[i*per*width]), p+kc.DevicePtr(2*off), 2*k*width)
+			} else {
+				err = s.b.dev.Download(unsafe.Pointer(&x[i*per*width]), p+kc.DevicePtr(4*off), 4*k*width)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		for i, v := range b {
+			x[i] = math.Float32frombits(uint32(v) << 16)
+		}
+		return x, nil
 	}
 	err = s.b.dev.Do(func() error {
 		var err error
@@ -497,16 +733,20 @@ func (s *Store) ReadState(slot int) (*cache.Seq, error) {
 				}
 			}
 			if ls.ckv != 0 {
-				if q.CKV[l], err = down(ls.ckv, sl*ls.ckvStride, int64(n*c.KVLoraRank)); err != nil {
+				x, err := downPages(ls.ckv, int64(s.page), int64(c.KVLoraRank), int64(n), s.kvBF16)
+				if err != nil {
 					return err
 				}
+				q.CKV[l] = paged.Flat(c.KVLoraRank, x)
 			}
 			if ls.pools != 0 {
 				kp, di := c.IndexKPool, int64(c.IndexHeadDim)
 				ix := &indexer.State{SharePos: sharePos}
-				if ix.Pools, err = down(ls.pools, sl*ls.poolsStride, int64(n/kp)*di); err != nil {
+				x, err := downPages(ls.pools, int64(s.page/kp), di, int64(n/kp), false)
+				if err != nil {
 					return err
 				}
+				ix.Pools = paged.Flat(c.IndexHeadDim, x)
 				if ix.PendK, err = down(ls.pendK, sl*ls.pendStride, int64(n%kp)*di); err != nil {
 					return err
 				}

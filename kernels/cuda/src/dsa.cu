@@ -4,6 +4,19 @@
 // (attention in the kv_lora latent space: q·W_k, then W_v on the result).
 #include "common.cuh"
 
+// Paged caches: the MLA latents and the indexer's pooled keys of a store
+// live in pages of `page` rows (latent rows: tokens; pool rows: pools), and
+// pt ([slots][pt_stride] page ids, at a fixed address for the store's
+// life) maps page i of a slot's cache to its page in the buffer. Without a
+// page table (pt null) a slot's rows are contiguous, slot_rows per slot.
+// cache_row is the buffer row that holds row p of slot's cache.
+DEVFN i64 cache_row(const int* pt, i64 pt_stride, i64 page, i64 slot, i64 slot_rows, i64 p) {
+  return pt ? (i64)pt[slot * pt_stride + p / page] * page + p % page : slot * slot_rows + p;
+}
+
+// The MLA latents are fp32 or bf16 (cache_bf16 ≠ 0: the runtime's kv dtype
+// bf16, rounded to nearest even as they are appended); ldw reads either.
+
 // dsa_meta: visible[t] = complete pools row t can see = (pos+1)/kpool.
 struct DSAMetaArgs { BatchMeta m; int* visible; i64 kpool; };
 KERNEL(glmf_dsa_meta, DSAMetaArgs) {
@@ -22,11 +35,12 @@ struct IdxAppendArgs {
   BatchMeta m;
   const float* k; const float* gate;     // [T][D]
   const void* ape; i64 ape_bf16;         // [kpool][D]
-  float* pools; i64 pools_stride;        // per slot [maxPools][D]
+  float* pools; i64 pools_stride;        // per slot [maxPools][D] (no page table), else pages of `page` pools
   float* pend_k; float* pend_g; i64 pend_stride;  // per slot [kpool][D]
   i64 D, kpool;
   const int* ckpt;                       // [S] checkpoint position or −1 (0: no records)
   float* rec_k; float* rec_g; i64 rec_stride;  // per slot [kpool−1+depth][D]
+  const int* pt; i64 pt_stride, page;    // the pools' page table (cache_row)
 };
 KERNEL(glmf_indexer_append, IdxAppendArgs) {
   i64 s = blockIdx.x, d = threadIdx.x;
@@ -34,7 +48,6 @@ KERNEL(glmf_indexer_append, IdxAppendArgs) {
   i64 slot = a.m.seq_slot[s], pos0 = a.m.seq_pos0[s], n = a.m.seq_n[s], row0 = a.m.seq_row0[s];
   float* pk = a.pend_k + slot * a.pend_stride;
   float* pg = a.pend_g + slot * a.pend_stride;
-  float* pools = a.pools + slot * a.pools_stride;
   i64 ck = a.ckpt ? a.ckpt[s] : -1;
   i64 rbase = ck >= 0 ? ck / a.kpool * a.kpool : 0;
   for (i64 j = 0; j < n; j++) {
@@ -58,7 +71,7 @@ KERNEL(glmf_indexer_append, IdxAppendArgs) {
         sum += e;
         acc += e * (double)pk[jj * a.D + d];
       }
-      pools[(pos / a.kpool) * a.D + d] = (float)(acc / sum);
+      a.pools[cache_row(a.pt, a.pt_stride, a.page, slot, a.pools_stride / a.D, pos / a.kpool) * a.D + d] = (float)(acc / sum);
     }
   }
 }
@@ -80,6 +93,7 @@ struct IdxScoreArgs {
   float* scores; i64 ld;            // [T][ld]
   i64 H, D, keep;
   double scale, wscale;
+  const int* pt; i64 pt_stride, page;  // the pools' page table (cache_row)
 };
 KERNEL(glmf_indexer_score, IdxScoreArgs) {
   DYN_SMEM(float, qs);  // [H][D+1], then per warp [SCORE_PW][D] keys
@@ -94,8 +108,9 @@ KERNEL(glmf_indexer_score, IdxScoreArgs) {
   float* ks = qs + a.H * D1 + (i64)warp * SCORE_PW * D;
   i64 pb = p0 + (i64)warp * SCORE_PW;
   int np = pb >= n ? 0 : n - pb < SCORE_PW ? (int)(n - pb) : SCORE_PW;
-  const float* keys = a.pools + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.pools_stride + pb * D;
-  for (i64 i = lane; i < np * D; i += 32) ks[i] = keys[i];
+  i64 slot = a.m.seq_slot[a.m.row_seq[t]];
+  for (i64 i = lane; i < np * D; i += 32)
+    ks[i] = a.pools[cache_row(a.pt, a.pt_stride, a.page, slot, a.pools_stride / D, pb + i / D) * D + i % D];
   __syncthreads();
   if (np == 0) return;
   const float* wr = a.w + t * a.H;
@@ -252,14 +267,19 @@ KERNEL(glmf_indexer_shared, IdxSharedArgs) {
   }
 }
 
-// mla_append: cache[slot][pos] = c_kv[t] for every row.
-struct MLAAppendArgs { BatchMeta m; const float* ckv; float* cache; i64 slot_stride, R; };
+// mla_append: cache[slot][pos] = c_kv[t] for every row (through the page
+// table where there is one: cache_row).
+struct MLAAppendArgs { BatchMeta m; const float* ckv; void* cache; i64 slot_stride, R; const int* pt; i64 pt_stride, page; i64 cache_bf16; };
 KERNEL(glmf_mla_append, MLAAppendArgs) {
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= a.m.T * a.R) return;
   i64 t = i / a.R, r = i % a.R;
   i64 slot = a.m.seq_slot[a.m.row_seq[t]];
-  a.cache[slot * a.slot_stride + (i64)a.m.row_pos[t] * a.R + r] = a.ckv[i];
+  i64 at = cache_row(a.pt, a.pt_stride, a.page, slot, a.slot_stride / a.R, a.m.row_pos[t]) * a.R + r;
+  if (a.cache_bf16)
+    ((u16*)a.cache)[at] = (u16)(__float_as_uint(bf16_round(a.ckv[i])) >> 16);
+  else
+    ((float*)a.cache)[at] = a.ckv[i];
 }
 
 // Absorbed MLA as small SIMT GEMMs (fp32 FMAs, register tiles of MT×NT
@@ -385,29 +405,31 @@ KERNEL(glmf_mla_expand_s, MLAHeadMMArgs) { mla_head_mm<16, 32, 2, 2, true>(a); }
 struct MLALogitsArgs {
   BatchMeta m;
   const float* qa; const int* sel; i64 width;
-  const float* cache; i64 slot_stride;
+  const void* cache; i64 slot_stride;
   float* lg; i64 t0, H, R;
+  const int* pt; i64 pt_stride, page;  // the latents' page table (cache_row)
+  i64 cache_bf16;                       // the latents are bf16
 };
 template <int TM, int TN, int MT, int NT>
 DEVFN void mla_logits(const MLALogitsArgs& a) {
-  __shared__ int ps[TN];
+  __shared__ i64 ps[TN];  // the entries' buffer rows (−1: unselected)
   i64 t = a.t0 + blockIdx.z, h0 = (i64)blockIdx.y * TM, i0 = (i64)blockIdx.x * TN;
   const int* srow = a.sel + t * a.width;
+  i64 slot = a.m.seq_slot[a.m.row_seq[t]];
   int any = 0;
   for (int n = threadIdx.x; n < TN; n += blockDim.x) {
     int p = i0 + n < a.width ? srow[i0 + n] : -1;
-    ps[n] = p;
+    ps[n] = p >= 0 ? cache_row(a.pt, a.pt_stride, a.page, slot, a.slot_stride / a.R, p) : -1;
     any |= p >= 0;
   }
   any = block_reduce(any, [](int x, int y) { return x | y; });
   if (!any) return;
-  const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
   const float* q = a.qa + (t * a.H + h0) * a.R;
   float acc[MT][NT];
   mla_mm<TM, TN, MT, NT, true>(
       a.R,
       [&](int m, i64 k) { return h0 + m < a.H ? q[m * a.R + k] : 0.f; },
-      [&](i64 k, int n) { return ps[n] >= 0 ? cache[(i64)ps[n] * a.R + k] : 0.f; },
+      [&](i64 k, int n) { return ps[n] >= 0 ? ldw(a.cache, ps[n] * a.R + k, a.cache_bf16) : 0.f; },
       acc);
   int tm = mla_tm<TN, NT>(), tn = mla_tn<TN, NT>();
   float* lg = a.lg + (i64)blockIdx.z * a.H * a.width;
@@ -463,8 +485,10 @@ KERNEL(glmf_mla_softmax, MLASoftmaxArgs) {
 struct MLAAccumArgs {
   BatchMeta m;
   const float* lg; const int* sel; i64 width;
-  const float* cache; i64 slot_stride;
+  const void* cache; i64 slot_stride;
   float* ol; i64 t0, H, R;
+  const int* pt; i64 pt_stride, page;  // the latents' page table (cache_row)
+  i64 cache_bf16;                       // the latents are bf16
 };
 template <int TM, int TN, int MT, int NT>
 DEVFN void mla_accum(const MLAAccumArgs& a) {
@@ -474,7 +498,7 @@ DEVFN void mla_accum(const MLAAccumArgs& a) {
   for (i64 i = threadIdx.x; i < a.width; i += blockDim.x)
     if (srow[i] >= 0) last = (int)i + 1;
   i64 K = block_reduce(last, [](int x, int y) { return x > y ? x : y; });
-  const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
+  i64 slot = a.m.seq_slot[a.m.row_seq[t]], slot_rows = a.slot_stride / a.R;
   const float* w = a.lg + (z * a.H + h0) * a.width;
   float acc[MT][NT];
   mla_mm<TM, TN, MT, NT, false, MLA_AD_CH>(
@@ -482,7 +506,7 @@ DEVFN void mla_accum(const MLAAccumArgs& a) {
       [&](int m, i64 k) { return h0 + m < a.H ? w[m * a.width + k] : 0.f; },
       [&](i64 k, int n) {
         int p = srow[k];
-        return p >= 0 && r0 + n < a.R ? cache[(i64)p * a.R + r0 + n] : 0.f;
+        return p >= 0 && r0 + n < a.R ? ldw(a.cache, cache_row(a.pt, a.pt_stride, a.page, slot, slot_rows, p) * a.R + r0 + n, a.cache_bf16) : 0.f;
       },
       acc);
   int tm = mla_tm<TN, NT>(), tn = mla_tn<TN, NT>();
@@ -642,24 +666,29 @@ KERNEL_BOUNDS(glmf_mla_expand_gv, MLAGemvArgs, 256, 4) {
 struct MLALogitsDArgs {
   BatchMeta m;
   const float* qt; const int* sel; i64 width;
-  const float* cache; i64 slot_stride;
+  const void* cache; i64 slot_stride;
   float* lg; i64 H, R;
+  const int* pt; i64 pt_stride, page;  // the latents' page table (cache_row)
+  i64 cache_bf16;                       // the latents are bf16
 };
 KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
   constexpr int E = MLA_LD_E, KQ = MLA_LD_KQ, NTH = 256, EG = 4, QV = 4;  // QV: float4 query loads per thread
   DYN_SMEM(float, lat);
   float* qs = lat + E * a.R;  // [KQ][H]
-  __shared__ int ps[E];
+  __shared__ i64 ps[E];  // the entries' buffer rows (−1: unselected)
   i64 t = blockIdx.y, i0 = (i64)blockIdx.x * E;
   int tid = threadIdx.x;
   const int* srow = a.sel + t * a.width;
-  if (tid < E) ps[tid] = i0 + tid < a.width ? srow[i0 + tid] : -1;
+  if (tid < E) {
+    int p = i0 + tid < a.width ? srow[i0 + tid] : -1;
+    ps[tid] = p >= 0 ? cache_row(a.pt, a.pt_stride, a.page, a.m.seq_slot[a.m.row_seq[t]], a.slot_stride / a.R, p) : -1;
+  }
   __syncthreads();
   int any = 0;
   for (int e = 0; e < E; e++) any |= ps[e] >= 0;
   if (!any) return;
-  const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
-  if ((a.R & 3) == 0 && ((u64)cache & 15) == 0) {
+  const float* cache = (const float*)a.cache;  // (the vector path: fp32 latents)
+  if (!a.cache_bf16 && (a.R & 3) == 0 && ((u64)cache & 15) == 0) {
     // LV float4 loads a thread in flight at once
     constexpr int LV = 8;
     int R4 = (int)(a.R / 4), n4 = E * R4;
@@ -669,7 +698,7 @@ KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
       for (int j = 0; j < LV; j++) {
         int x = x0 + tid + j * NTH, e = x / R4;
         v[j] = mla_f4{0.f, 0.f, 0.f, 0.f};
-        if (x < n4 && ps[e] >= 0) v[j] = ((const mla_f4*)(cache + (i64)ps[e] * a.R))[x % R4];
+        if (x < n4 && ps[e] >= 0) v[j] = ((const mla_f4*)(cache + ps[e] * a.R))[x % R4];
       }
 #pragma unroll
       for (int j = 0; j < LV; j++) {
@@ -680,7 +709,7 @@ KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
   } else {
     for (i64 x = tid; x < E * a.R; x += NTH) {
       int e = (int)(x / a.R);
-      lat[x] = ps[e] >= 0 ? cache[(i64)ps[e] * a.R + x % a.R] : 0.f;
+      lat[x] = ps[e] >= 0 ? ldw(a.cache, ps[e] * a.R + x % a.R, a.cache_bf16) : 0.f;
     }
   }
   const float* q = a.qt + t * a.R * a.H;
@@ -742,12 +771,14 @@ KERNEL(glmf_mla_logits_d, MLALogitsDArgs) {
 struct MLAAccumDArgs {
   BatchMeta m;
   const float* lg; const int* sel; i64 width;
-  const float* cache; i64 slot_stride;
+  const void* cache; i64 slot_stride;
   float* part; int* live; i64 H, R;
+  const int* pt; i64 pt_stride, page;  // the latents' page table (cache_row)
+  i64 cache_bf16;                       // the latents are bf16
 };
 KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
   constexpr int CH = MLA_AD_CH, NTH = 256, LV = CH * 32 / 4 / NTH;  // float4 latent loads per thread
-  __shared__ int ps[CH];
+  __shared__ i64 ps[CH];  // the entries' buffer rows (−1: unselected)
   __shared__ __align__(16) float lat[CH][32];
   __shared__ float ws[8][CH];
   __shared__ int any_s;
@@ -758,16 +789,17 @@ KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
   const int* srow = a.sel + t * a.width;
   if (tid == 0) any_s = 0;
   __syncthreads();
+  i64 slot = a.m.seq_slot[a.m.row_seq[t]];
   for (int i = tid; i < CH; i += NTH) {
     int p = c0 + i < a.width ? srow[c0 + i] : -1;
-    ps[i] = p;
+    ps[i] = p >= 0 ? cache_row(a.pt, a.pt_stride, a.page, slot, a.slot_stride / a.R, p) : -1;
     if (p >= 0) any_s = 1;
   }
   __syncthreads();
   float* out = a.part + ((t * nch + c) * a.H + h) * a.R + r;
   if (blockIdx.x == 0 && blockIdx.z % hg == 0 && tid == 0) a.live[t * nch + c] = any_s;
   if (!any_s) return;
-  const float* cache = a.cache + (i64)a.m.seq_slot[a.m.row_seq[t]] * a.slot_stride;
+  const float* cache = (const float*)a.cache;  // (the vector path: fp32 latents)
   const float* w = a.lg + t * a.H * a.width;
   {  // the 8 heads' weights of the chunk, every load in flight at once
     constexpr int WV = 8 * CH / NTH;
@@ -783,13 +815,13 @@ KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
       ws[x / CH][x % CH] = v[j];
     }
   }
-  if ((a.R & 3) == 0 && r0 + 32 <= a.R && ((u64)cache & 15) == 0) {
+  if (!a.cache_bf16 && (a.R & 3) == 0 && r0 + 32 <= a.R && ((u64)cache & 15) == 0) {
     mla_f4 v[LV];
 #pragma unroll
     for (int j = 0; j < LV; j++) {
       int x = tid + j * NTH, e = x / 8, q = x % 8;
       v[j] = mla_f4{0.f, 0.f, 0.f, 0.f};
-      if (ps[e] >= 0) v[j] = *(const mla_f4*)(cache + (i64)ps[e] * a.R + r0 + 4 * q);
+      if (ps[e] >= 0) v[j] = *(const mla_f4*)(cache + ps[e] * a.R + r0 + 4 * q);
     }
 #pragma unroll
     for (int j = 0; j < LV; j++) {
@@ -799,7 +831,7 @@ KERNEL(glmf_mla_accum_d, MLAAccumDArgs) {
   } else {
     for (int x = tid; x < CH * 32; x += NTH) {
       int e = x / 32, rr = x % 32;
-      lat[e][rr] = ps[e] >= 0 && r0 + rr < a.R ? cache[(i64)ps[e] * a.R + r0 + rr] : 0.f;
+      lat[e][rr] = ps[e] >= 0 && r0 + rr < a.R ? ldw(a.cache, ps[e] * a.R + r0 + rr, a.cache_bf16) : 0.f;
     }
   }
   __syncthreads();
