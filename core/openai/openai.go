@@ -406,6 +406,7 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, lv *Live, p params,
 	id := requestIDOf(ctx)
 	p.req.Owner = access.FromContext(ctx).ID // only this key (or an admin) may Abort it over gRPC
 	p.req.ID = access.ScopedID(p.req.Owner, id)
+	p.req.Stops = lv.Text.StopWatch(p.stops, lv.RT.EndIDs(p.req), p.req.MinTokens, !p.skipSpecial)
 	g, err := lv.RT.SubmitGroup(ctx, p.req)
 	if err != nil {
 		s.fail(w, submitError(err, isChat))

@@ -113,6 +113,9 @@ func (rt *Scheduler) SubmitGroup(ctx context.Context, req Request) (*Group, erro
 			c.Constraint = rs.Restart() // each choice follows its own output
 		}
 		r := &request{Request: c, sampler: sample.New(c.Sampling), proc: newProcs(&c, rt.endIDsIn(&c)), slot: -1, arrived: now, notify: make(chan struct{}, 1), grp: g, choice: i}
+		if c.Stops != nil {
+			r.stops = c.Stops()
+		}
 		g.choices = append(g.choices, r)
 		out.choices = append(out.choices, &Handle{r: r})
 	}

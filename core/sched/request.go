@@ -85,6 +85,14 @@ type Request struct {
 	// NoSpeculation decodes plainly even when the runtime speculates.
 	NoSpeculation bool
 
+	// Stops, when set, makes the watcher of each choice's output (stop
+	// strings: core/text's StopWatch). The scheduler feeds it every
+	// generated token from its loop; when it reports a match the request
+	// ends there with FinishStop, counting the tokens up to that one, so
+	// the final, the log and the metrics say stop however far the
+	// submitter lags behind (it still trims the text itself).
+	Stops func() StopWatcher
+
 	// N is the number of choices (0 or 1: one). With N > 1 (SubmitGroup)
 	// the prompt is prefilled once and forked into N slots (Store.Copy),
 	// choice i sampling with seed Sampling.Seed+i, each with its own
@@ -95,6 +103,13 @@ type Request struct {
 	// instead of generating; AllPositions selects every row, else the last.
 	Score        bool
 	AllPositions bool
+}
+
+// StopWatcher sees a request's generated tokens in order and reports the
+// one that completed a stop string. It is called from the scheduler's loop
+// only, never concurrently.
+type StopWatcher interface {
+	Feed(id int32) bool
 }
 
 // Constraint restricts a request's generated tokens (sample.Constraint:
@@ -186,6 +201,7 @@ type request struct {
 	firstTok  time.Time
 	lastTok   time.Time
 	stopWatch func() bool
+	stops     StopWatcher // Request.Stops' watcher (nil: none)
 	logits    []float32 // score rows collected so far
 	rows      int
 	drafting  bool              // the drafter drafts for it (speculative decoding)

@@ -366,6 +366,9 @@ func (rt *Scheduler) Submit(ctx context.Context, req Request) (*Handle, error) {
 	if !req.Score {
 		r.sampler = sample.New(req.Sampling)
 		r.proc = newProcs(&req, rt.endIDsIn(&req))
+		if req.Stops != nil {
+			r.stops = req.Stops()
+		}
 	}
 	rt.mu.Lock()
 	switch {
@@ -769,7 +772,11 @@ func (rt *Scheduler) emitLocked(r *request, t Token, now time.Time) bool {
 		}
 	}
 	r.emit(t)
+	stopped := r.stops != nil && r.stops.Feed(t.ID)
 	switch {
+	case stopped:
+		rt.completeLocked(r, FinishStop, "stop string")
+		return false
 	case done || slices.Contains(r.StopIDs, t.ID) || (rt.eos[t.ID] && !r.IgnoreEOS):
 		rt.completeLocked(r, FinishStop, "")
 		return false

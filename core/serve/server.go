@@ -864,6 +864,7 @@ func (sv *service) Generate(req *pb.GenerateRequest, stream grpc.ServerStreaming
 	clientID := r.ID
 	r.ID = access.ScopedID(r.Owner, r.ID) // ids are per key: another key's same id is no collision
 	logging.AddFields(ctx, logging.Fields{"request_id", r.ID})
+	r.Stops = lv.text.StopWatch(req.GetStop(), lv.rt.EndIDs(r), r.MinTokens, req.SkipSpecialTokens != nil && !req.GetSkipSpecialTokens())
 	g, err := lv.rt.SubmitGroup(ctx, r)
 	if err != nil {
 		return sv.refused(err)

@@ -300,3 +300,66 @@ func (s *Stream) holdBack(buf string) int {
 	}
 	return k
 }
+
+// StopWatch makes the scheduler-side watcher of stop strings
+// (sched.Request.Stops): it decodes each choice's tokens as its Stream does
+// (special tokens' text left out unless keepSpecial; endIDs add no text;
+// the text of the first after tokens is never matched) and reports the
+// token that completes one of stops. Nil when there is nothing to watch
+// (no stop string or no tokenizer). The request then ends in the
+// scheduler's loop, at that token, as stopped: no later token is
+// generated, and its final says stop even when the Stream reading it lags.
+func (m *Model) StopWatch(stops []string, endIDs []int32, after int, keepSpecial bool) func() sched.StopWatcher {
+	if m == nil || m.Tok == nil {
+		return nil
+	}
+	var live []string
+	longest := 0
+	for _, st := range stops {
+		if st != "" {
+			live = append(live, st)
+			longest = max(longest, len(st))
+		}
+	}
+	if len(live) == 0 {
+		return nil
+	}
+	return func() sched.StopWatcher {
+		return &stopWatcher{dec: m.Tok.NewStream(!keepSpecial), stops: live, endIDs: endIDs, after: max(after, 0), keep: longest - 1}
+	}
+}
+
+// stopWatcher is StopWatch's watcher: it keeps only the text a stop string
+// could still end in (the last keep bytes).
+type stopWatcher struct {
+	dec    *tokenizer.Stream
+	stops  []string
+	endIDs []int32
+	after  int
+	keep   int
+	n      int
+	tail   string
+}
+
+// Feed implements sched.StopWatcher.
+func (w *stopWatcher) Feed(id int32) bool {
+	w.n++
+	if slices.Contains(w.endIDs, id) {
+		return false
+	}
+	t := w.dec.Next(id)
+	if w.n <= w.after || t == "" {
+		return false
+	}
+	buf := w.tail + t
+	for _, st := range w.stops {
+		if strings.Contains(buf, st) {
+			return true
+		}
+	}
+	if len(buf) > w.keep {
+		buf = buf[len(buf)-w.keep:]
+	}
+	w.tail = buf
+	return false
+}

@@ -312,3 +312,65 @@ func TestStopsAfter(t *testing.T) {
 	}
 	require.Equal(t, want, sb.String())
 }
+
+// With the scheduler-side watcher (Request.Stops) a stop string ends the
+// request in the scheduler's loop, at the token that completed it: the
+// runtime's final says stop even when nobody reads the output until the
+// request is over (the HTTP metrics once counted it length when the
+// request ran to max_tokens before its reader matched the stop string).
+func TestStopWatchEndsTheRequestInTheScheduler(t *testing.T) {
+	met := &finals{}
+	rt, m := setupWith(t, sched.Options{Metrics: met})
+	full, toks, _ := generate(t, rt, m, nil, 40)
+	runes := []rune(full)
+	require.Greater(t, len(runes), 12)
+	stop := string(runes[8:11])
+	require.Nil(t, m.StopWatch(nil, nil, 0, false), "no stop string: nothing to watch")
+	require.Nil(t, (&Model{}).StopWatch([]string{stop}, nil, 0, false), "no tokenizer: nothing to watch")
+
+	ctx := context.Background()
+	h, err := rt.Submit(ctx, sched.Request{Prompt: []int32{72, 105, 33, 10}, MaxTokens: 40, Sampling: sample.Params{Temperature: 0, TopP: 1},
+		Stops: m.StopWatch([]string{"never-seen", stop}, nil, 0, false)})
+	require.NoError(t, err)
+	got, f, err := h.Wait(ctx) // not read as text: the scheduler alone ends it
+	require.NoError(t, err)
+	require.Equal(t, sched.FinishStop, f.Reason)
+	require.Equal(t, "stop string", f.Message)
+	ids := make([]int32, len(got))
+	for i, tk := range got {
+		ids[i] = tk.ID
+		require.Equal(t, toks[i].ID, tk.ID, "the same greedy tokens")
+	}
+	require.Equal(t, len(got), f.CompletionTokens)
+	_, stoks, sf := generate(t, rt, m, []string{stop}, 40) // the text layer's own match
+	require.Equal(t, sched.FinishStop, sf.Reason)
+	require.Len(t, got, len(stoks), "the watcher ends the request at the token where the text layer matches")
+	met.mu.Lock()
+	require.Equal(t, sched.FinishStop, met.got[len(met.got)-2].Reason, "what metrics and logs count")
+	met.mu.Unlock()
+
+	// min_tokens: the text of the first `after` tokens is never matched.
+	after := len(got)
+	h, err = rt.Submit(ctx, sched.Request{Prompt: []int32{72, 105, 33, 10}, MaxTokens: 40, Sampling: sample.Params{Temperature: 0, TopP: 1},
+		Stops: m.StopWatch([]string{stop}, nil, after, false)})
+	require.NoError(t, err)
+	got2, f, err := h.Wait(ctx)
+	require.NoError(t, err)
+	if f.Reason == sched.FinishStop {
+		require.Greater(t, len(got2), after, "a later occurrence, in the text after the first %d tokens", after)
+	} else {
+		require.Equal(t, sched.FinishLength, f.Reason)
+		require.Len(t, got2, 40)
+	}
+
+	// End ids add no text: a watcher told that every token is an end id
+	// never matches.
+	all := make([]int32, 256)
+	for i := range all {
+		all[i] = int32(i)
+	}
+	w := m.StopWatch([]string{stop}, all, 0, false)()
+	for _, id := range ids {
+		require.False(t, w.Feed(id))
+	}
+}
