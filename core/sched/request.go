@@ -202,7 +202,7 @@ type request struct {
 	lastTok   time.Time
 	stopWatch func() bool
 	stops     StopWatcher // Request.Stops' watcher (nil: none)
-	logits    []float32 // score rows collected so far
+	logits    []float32   // score rows collected so far
 	rows      int
 	drafting  bool              // the drafter drafts for it (speculative decoding)
 	stats     speculative.Stats // its speculation so far
