@@ -49,7 +49,7 @@ func newBenchCmd() *cobra.Command {
 	mf.addSpeculative(cmd)
 	cmd.Flags().Float64SliceVar(&f.specAccept, "spec-accept", nil, "also measure speculative decoding pinned at these per-draft acceptance rates, e.g. 0.6,0.8,1.0: the --spec-drafter drafter's drafts are replaced by the plain run's greedy tokens, each spoiled with probability 1−rate (num_steps from --speculative, else 5)")
 	cmd.Flags().Float64SliceVar(&f.specAcceptLen, "spec-accept-len", nil, "as --spec-accept, asked as acceptance lengths (mean tokens per verify step, accepted drafts + 1, in [1, num_steps+1]), e.g. 3,4,6: the per-draft rate r solves 1 + r + r² + … + r^num_steps = length")
-	cmd.Flags().StringVar(&f.specDrafter, "spec-drafter", "", "the drafter the pinned series run: configured (the --speculative drafter runs for real and its drafts are replaced: its time and device work are measured; the default with --speculative) or scripted (the test drafter alone, no drafter work; the default without --speculative)")
+	cmd.Flags().StringVar(&f.specDrafter, "spec-drafter", "", "the drafter the pinned series run: configured (the --speculative drafter runs for real and its drafts are replaced by the plain run's greedy tokens, spoiled at the rate: its time and device work are measured, greedy outputs checked; the default with --speculative at fp32), simulated (the --speculative drafter runs for real and the scheduler simulates acceptance at the rate, as speculative.simulate_acceptance: outputs not the model's, not checked; the default with --speculative below fp32, where a verify's argmax can differ from a decode step's) or scripted (the test drafter alone, no drafter work; the default without --speculative)")
 	cmd.Flags().BoolVar(&f.profileOps, "profile-ops", false, "time every op on the device (graphs off) and print the device time per op of the prefill and decode programs")
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
@@ -109,12 +109,12 @@ func (f *benchFlags) checkModel(ck *model.Checkpoint, s bench.Spec) error {
 	}
 	switch f.specDrafter {
 	case "", bench.DrafterScripted:
-	case bench.DrafterConfigured:
+	case bench.DrafterConfigured, bench.DrafterSimulated:
 		if !s.Speculative.On() {
-			return fmt.Errorf("--spec-drafter %s needs a drafter: give --speculative", bench.DrafterConfigured)
+			return fmt.Errorf("--spec-drafter %s needs a drafter: give --speculative", f.specDrafter)
 		}
 	default:
-		return fmt.Errorf("--spec-drafter must be %s or %s, got %q", bench.DrafterConfigured, bench.DrafterScripted, f.specDrafter)
+		return fmt.Errorf("--spec-drafter must be %s, %s or %s, got %q", bench.DrafterConfigured, bench.DrafterSimulated, bench.DrafterScripted, f.specDrafter)
 	}
 	if sp := s.Speculative; sp.Method == "mtp" {
 		if err := mtpRunnable(ck.Config(), ck); err != nil {

@@ -53,9 +53,16 @@ type Spec struct {
 	SpecAcceptLen []float64
 	// SpecDrafter is the drafter the pinned series run: DrafterConfigured
 	// (Speculative's drafter, its drafts replaced by the plain run's greedy
-	// tokens spoiled at the rate: speculative.Pinned) or DrafterScripted
-	// (the test drafter alone: the same drafts, no drafter work); "": the
-	// configured one when Speculative is on, else the scripted one.
+	// tokens spoiled at the rate: speculative.Pinned; greedy tokens checked
+	// against plain decoding's), DrafterSimulated (Speculative's drafter
+	// with its acceptance simulated at the rate, as SGLang's
+	// SGLANG_SIMULATE_ACC_LEN: outputs are not the model's and are not
+	// checked) or DrafterScripted (the test drafter alone: the same drafts
+	// as configured's, no drafter work); "": with Speculative on,
+	// configured at fp32 and simulated at a lower precision (where a
+	// verify's argmax can differ from a decode step's at near-ties, so the
+	// plain run's tokens stop being the target's and the pin slips), else
+	// the scripted one.
 	SpecDrafter string
 	// DFlashBlock is the DFlash drafter's block_size when Speculative is
 	// method dflash (the engine runs the drafter: engine.Options.DFlash).
@@ -102,6 +109,7 @@ const (
 // The drafters of the pinned series (Spec.SpecDrafter).
 const (
 	DrafterConfigured = "configured"
+	DrafterSimulated  = "simulated"
 	DrafterScripted   = "scripted"
 )
 
@@ -118,14 +126,16 @@ func (s Spec) SpecSteps() int {
 	return n
 }
 
-// PinnedDrafter is the drafter the pinned series run (SpecDrafter with its
-// default settled).
-func (s Spec) PinnedDrafter() string {
+// PinnedDrafter is the drafter the pinned series run on a backend of
+// precision p (SpecDrafter with its default settled).
+func (s Spec) PinnedDrafter(p backend.Precision) string {
 	switch {
 	case s.SpecDrafter != "":
 		return s.SpecDrafter
-	case s.Speculative.On():
+	case s.Speculative.On() && p == backend.FP32:
 		return DrafterConfigured
+	case s.Speculative.On():
+		return DrafterSimulated
 	}
 	return DrafterScripted
 }
@@ -179,12 +189,28 @@ func (s Spec) Check(maxPositions int) error {
 	}
 	switch s.SpecDrafter {
 	case "", DrafterScripted:
-	case DrafterConfigured:
+	case DrafterConfigured, DrafterSimulated:
 		if !s.Speculative.On() {
-			return fmt.Errorf("bench: SpecDrafter %s needs a configured drafter (Speculative is off)", DrafterConfigured)
+			return fmt.Errorf("bench: SpecDrafter %s needs a configured drafter (Speculative is off)", s.SpecDrafter)
 		}
 	default:
-		return fmt.Errorf("bench: SpecDrafter must be %s or %s, got %q", DrafterConfigured, DrafterScripted, s.SpecDrafter)
+		return fmt.Errorf("bench: SpecDrafter must be %s, %s or %s, got %q", DrafterConfigured, DrafterSimulated, DrafterScripted, s.SpecDrafter)
+	}
+	if s.SpecDrafter == DrafterSimulated {
+		if err := s.simulable(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// simulable refuses a pinned rate of 0 for the simulated drafter: the
+// scheduler's simulated acceptance takes a rate > 0 (0 is off).
+func (s Spec) simulable() error {
+	for _, p := range s.pins() {
+		if p.rate <= 0 {
+			return fmt.Errorf("bench: a pinned acceptance of rate 0 (%s) cannot be simulated (simulate_acceptance 0 is off): give a rate > 0, or SpecDrafter %s at fp32", p, DrafterConfigured)
+		}
 	}
 	return nil
 }
@@ -353,8 +379,8 @@ type Result struct {
 	// were); Speculative is the drafter of the speculative series.
 	MTPErr      error
 	Speculative config.Speculative
-	// PinnedDrafter is the drafter of the pinned series (DrafterConfigured
-	// or DrafterScripted; "": none ran).
+	// PinnedDrafter is the drafter of the pinned series (DrafterConfigured,
+	// DrafterSimulated or DrafterScripted; "": none ran).
 	PinnedDrafter string
 	Series        []Series
 	// CPUs and GOMAXPROCS are the machine's; GoVersion the runtime's.
@@ -499,7 +525,12 @@ func (r *runner) measure(tuner ir.GEMMTuner) error {
 	// (SpecAccept), at each batch size; greedy outputs must equal plain
 	// decoding's
 	if len(s.pins()) > 0 {
-		res.PinnedDrafter = s.PinnedDrafter()
+		res.PinnedDrafter = s.PinnedDrafter(r.e.Backend().Info().Precision)
+		if res.PinnedDrafter == DrafterSimulated {
+			if err := s.simulable(); err != nil {
+				return err
+			}
+		}
 	}
 	if s.SpecSteps() > 0 {
 		for _, B := range s.Batches {

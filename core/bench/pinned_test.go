@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/glmflash/glmflash/core/backend"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/speculative"
@@ -38,7 +39,7 @@ func TestRunPinnedMTP(t *testing.T) {
 	s := Spec{Prompt: 4, DecodeContext: 2, DecodeSteps: 192, Batches: []int{8}, Reps: 1, Warmup: 0,
 		Speculative: config.Speculative{Method: "mtp", NumSteps: 3}, SpecAccept: []float64{0.6}, SpecAcceptLen: []float64{3}}
 	require.NoError(t, s.Check(1<<20))
-	require.Equal(t, DrafterConfigured, s.PinnedDrafter())
+	require.Equal(t, DrafterConfigured, s.PinnedDrafter(backend.FP32))
 	ck, e := openPreset(t, "tiny-mtp", s)
 	res, err := Run(e, ck, s)
 	require.NoError(t, err) // includes: every series' greedy tokens equal plain decoding's
@@ -94,7 +95,7 @@ func TestSpecPinned(t *testing.T) {
 	ok := Spec{Prompt: 4, DecodeContext: 1, DecodeSteps: 1, Batches: []int{1}, Reps: 1, SpecAcceptLen: []float64{6}}
 	require.NoError(t, ok.Check(16))
 	require.Equal(t, 5, ok.SpecSteps(), "the test drafter alone: 5-1-6")
-	require.Equal(t, DrafterScripted, ok.PinnedDrafter())
+	require.Equal(t, DrafterScripted, ok.PinnedDrafter(backend.FP32))
 	for name, bad := range map[string]func(*Spec){
 		"must be in [1, 6], got 6.5": func(s *Spec) { s.SpecAcceptLen = []float64{6.5} },
 		"must be in [1, 6], got 0.5": func(s *Spec) { s.SpecAcceptLen = []float64{0.5} },
@@ -108,9 +109,17 @@ func TestSpecPinned(t *testing.T) {
 	on := ok
 	on.Speculative = config.Speculative{Method: "mtp", NumSteps: 7}
 	require.NoError(t, on.Check(16))
-	require.Equal(t, DrafterConfigured, on.PinnedDrafter())
+	require.Equal(t, DrafterConfigured, on.PinnedDrafter(backend.FP32))
+	require.Equal(t, DrafterSimulated, on.PinnedDrafter(backend.BF16), "below fp32 the plain run's tokens are not the verify's: simulated")
 	on.SpecDrafter = DrafterScripted
-	require.Equal(t, DrafterScripted, on.PinnedDrafter())
+	require.Equal(t, DrafterScripted, on.PinnedDrafter(backend.BF16))
+	on.SpecDrafter = DrafterSimulated
+	require.NoError(t, on.Check(16))
+	on.SpecAccept = []float64{0}
+	require.ErrorContains(t, on.Check(16), "cannot be simulated")
+	off := ok
+	off.SpecDrafter = DrafterSimulated
+	require.ErrorContains(t, off.Check(16), "needs a configured drafter")
 }
 
 // With speculative.simulate_acceptance the configured drafter's series runs
@@ -141,4 +150,36 @@ func TestRunSimulatedAcceptance(t *testing.T) {
 	j, err := res.JSON()
 	require.NoError(t, err)
 	require.Contains(t, string(j), `"simulated_acceptance": 0.8`)
+}
+
+// SpecDrafter simulated (the default below fp32): the configured drafter
+// runs for real and the scheduler simulates its acceptance at the pinned
+// rate, so the acceptance length is the pinned one whatever the target's
+// argmax says (at bf16 a verify's can differ from a decode step's, and
+// the plain run's tokens then stop pinning it); its outputs are not
+// checked and every report says the series is simulated.
+func TestRunSimulatedPinnedMTP(t *testing.T) {
+	s := Spec{Prompt: 4, DecodeContext: 2, DecodeSteps: 160, Batches: []int{8}, Reps: 1, Warmup: 0,
+		Speculative: config.Speculative{Method: "mtp", NumSteps: 3}, SpecAcceptLen: []float64{3}, SpecDrafter: DrafterSimulated}
+	require.NoError(t, s.Check(1<<20))
+	ck, e := openPreset(t, "tiny-mtp", s)
+	res, err := Run(e, ck, s)
+	require.NoError(t, err)
+	require.Equal(t, DrafterSimulated, res.PinnedDrafter)
+	r3, err := speculative.RateForLength(3, 3)
+	require.NoError(t, err)
+	var ser *Series
+	for i := range res.Series {
+		if res.Series[i].Name == fmt.Sprintf("sched decode batch 8 mtp 3-1-4 simulated at length 3.00 (rate %.4f)", r3) {
+			ser = &res.Series[i]
+		}
+	}
+	require.NotNil(t, ser, "the simulated series")
+	require.Equal(t, r3, ser.SimulatedAcceptance, "reported as simulated")
+	require.Equal(t, r3, *ser.PinnedRate)
+	require.InDelta(t, 3, ser.AcceptanceLength, 0.2, "the pinned length, simulated")
+	require.Positive(t, ser.DrafterMsPerStep, "the drafter ran")
+	var b strings.Builder
+	require.NoError(t, res.WriteText(&b))
+	require.Contains(t, b.String(), "the scheduler simulates acceptance at the rate")
 }

@@ -149,9 +149,23 @@ func (r *runner) speculative(B int) error {
 			return t, t, nil
 		}})
 	}
+	prec := r.e.Backend().Info().Precision
 	for _, p := range r.s.pins() {
 		p := p
-		if r.s.PinnedDrafter() == DrafterConfigured {
+		switch r.s.PinnedDrafter(prec) {
+		case DrafterSimulated:
+			// the drafter runs for real; the scheduler decides acceptance
+			// at the rate (outputs are not the model's: not checked)
+			arms = append(arms, arm{name: fmt.Sprintf("%s simulated at %s", pinned, p), pin: &p, sim: p.rate, make: func() (speculative.Drafter, *speculative.Timed, error) {
+				d, counters, err := configured(r.e, pinned)
+				if err != nil {
+					return nil, nil, err
+				}
+				t := speculative.NewTimed(d, counters)
+				return t, t, nil
+			}})
+			continue
+		case DrafterConfigured:
 			arms = append(arms, arm{name: fmt.Sprintf("%s pinned at %s", pinned, p), pin: &p, make: func() (speculative.Drafter, *speculative.Timed, error) {
 				d, counters, err := configured(r.e, pinned)
 				if err != nil {

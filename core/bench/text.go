@@ -52,6 +52,8 @@ func (r *Result) WriteText(out io.Writer) error {
 	switch r.PinnedDrafter {
 	case DrafterConfigured:
 		fmt.Fprintf(w, "pinned   the configured drafter runs (its programs and time are real) and its drafts are replaced by the plain run's greedy tokens, each spoiled with probability 1−rate; greedy outputs are checked against plain decoding\n")
+	case DrafterSimulated:
+		fmt.Fprintf(w, "pinned   the configured drafter runs (its programs and time are real) and the scheduler simulates acceptance at the rate (speculative.simulate_acceptance, as SGLang's SGLANG_SIMULATE_ACC_LEN): outputs are not the model's and are not checked (below fp32 a verify's argmax can differ from a decode step's at near-ties, so the plain run's tokens cannot pin it)\n")
 	case DrafterScripted:
 		fmt.Fprintf(w, "pinned   the test drafter alone (no drafter work): the plain run's greedy tokens, each spoiled with probability 1−rate\n")
 	}
