@@ -288,6 +288,12 @@ type Series struct {
 	PinnedRate          *float64 `json:"pinned_acceptance_rate,omitempty"`
 	TargetLength        float64  `json:"target_acceptance_length,omitempty"`
 	SimulatedAcceptance float64  `json:"simulated_acceptance,omitempty"`
+	// GreedyAgreement, below fp32 (where a speculative series' greedy
+	// tokens are not checked: a verify's argmax can differ from a decode
+	// step's at near-ties), is the share of the series' greedy tokens
+	// equal to plain decoding's, each request compared up to its first
+	// difference (nil: checked, at fp32, or simulated).
+	GreedyAgreement *float64 `json:"greedy_agreement,omitempty"`
 	// The drafter's own work per verify step (one scheduler step verifying
 	// every sequence of the batch; speculative.DrafterTime) over the
 	// measured runs: the host wall time of its Propose and Observe calls,

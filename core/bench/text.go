@@ -130,6 +130,9 @@ func (r *Result) writeSeries(w io.Writer, s *Series) {
 		if s.SimulatedAcceptance > 0 {
 			fmt.Fprintf(w, "; SIMULATED acceptance %g per draft: outputs are not the model's (not checked against plain decoding)", s.SimulatedAcceptance)
 		}
+		if g := s.GreedyAgreement; g != nil {
+			fmt.Fprintf(w, "; below fp32 not checked: %.1f%% of its greedy tokens agree with plain decoding's (up to each request's first difference)", 100**g)
+		}
 	}
 	fmt.Fprintln(w)
 	if s.RooflineBytes > 0 {
