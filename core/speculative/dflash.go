@@ -40,7 +40,7 @@ type DFlash struct {
 	store backend.Store
 	cfg   *model.DFlashConfig
 	W     int // context row width (target layers · hidden)
-	seqs  map[SeqID]*dflashSeq
+	slots seqSlots[*dflashSeq]
 }
 
 type dflashSeq struct {
@@ -67,7 +67,7 @@ func NewDFlash(m DFlashModel) (*DFlash, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spec: %w", err)
 	}
-	return &DFlash{m: m, store: st, cfg: d, W: d.ContextWidth(), seqs: map[SeqID]*dflashSeq{}}, nil
+	return &DFlash{m: m, store: st, cfg: d, W: d.ContextWidth(), slots: newSeqSlots(st, "DFlash draft store", func(slot int) *dflashSeq { return &dflashSeq{slot: slot} })}, nil
 }
 
 // Name is "dflash".
@@ -86,31 +86,14 @@ func (d *DFlash) Config() *model.DFlashConfig { return d.cfg }
 func (d *DFlash) Keys() []engine.Key { return []engine.Key{DFlashKey} }
 
 // Start allocates the sequence's draft slot.
-func (d *DFlash) Start(seq SeqID, _ []int32) error {
-	if _, dup := d.seqs[seq]; dup {
-		return fmt.Errorf("spec: sequence %s is already drafted", seq)
-	}
-	slot, err := d.store.Alloc()
-	if err != nil {
-		return fmt.Errorf("spec: DFlash draft store: %w", err)
-	}
-	d.seqs[seq] = &dflashSeq{slot: slot}
-	return nil
-}
+func (d *DFlash) Start(seq SeqID, _ []int32) error { return d.slots.start(seq) }
 
 // Stop frees the sequence's draft slot.
-func (d *DFlash) Stop(seq SeqID) {
-	if s := d.seqs[seq]; s != nil {
-		_ = d.store.Free(s.slot) // the slot was ours: freeing cannot fail
-		delete(d.seqs, seq)
-	}
-}
+func (d *DFlash) Stop(seq SeqID) { d.slots.stop(seq) }
 
 // Close stops every sequence.
 func (d *DFlash) Close() error {
-	for id := range d.seqs {
-		d.Stop(id)
-	}
+	d.slots.close()
 	return nil
 }
 
@@ -118,7 +101,7 @@ func (d *DFlash) Close() error {
 // and the pending token.
 func (d *DFlash) Observe(obs []Observation) error {
 	for _, o := range obs {
-		s := d.seqs[o.Seq]
+		s := d.slots.at(o.Seq)
 		if s == nil {
 			return fmt.Errorf("spec: sequence %s is not drafted", o.Seq)
 		}
@@ -147,7 +130,7 @@ func (d *DFlash) Propose(props []Proposal) error {
 	for i := range props {
 		p := &props[i]
 		p.Drafts, p.Q = p.Drafts[:0], nil
-		s := d.seqs[p.Seq]
+		s := d.slots.at(p.Seq)
 		if s == nil || !s.ready || p.Max < 1 {
 			continue
 		}
@@ -186,7 +169,7 @@ func (d *DFlash) Propose(props []Proposal) error {
 
 // Slot returns the draft store slot of a sequence (tests read its state).
 func (d *DFlash) Slot(seq SeqID) (int, bool) {
-	s := d.seqs[seq]
+	s := d.slots.at(seq)
 	if s == nil {
 		return -1, false
 	}
@@ -197,10 +180,12 @@ func (d *DFlash) Slot(seq SeqID) (int, bool) {
 // sequence, and how many of them the draft store holds (the rest wait for
 // the next block).
 func (d *DFlash) Committed(seq SeqID) (observed, stored int, err error) {
-	s := d.seqs[seq]
+	s := d.slots.at(seq)
 	if s == nil {
 		return 0, 0, fmt.Errorf("spec: sequence %s is not drafted", seq)
 	}
 	n, err := d.store.Len(s.slot)
 	return s.n, n, err
 }
+
+func (s *dflashSeq) slotIndex() int { return s.slot }

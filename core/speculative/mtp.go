@@ -43,7 +43,7 @@ type MTP struct {
 	store backend.Store
 	opts  MTPOptions
 	D     int
-	seqs  map[SeqID]*mtpSeq
+	slots seqSlots[*mtpSeq]
 }
 
 type mtpSeq struct {
@@ -74,7 +74,7 @@ func NewMTP(m MTPModel, opts MTPOptions) (*MTP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spec: %w", err)
 	}
-	return &MTP{m: m, store: st, opts: opts, D: m.Config().HiddenSize, seqs: map[SeqID]*mtpSeq{}}, nil
+	return &MTP{m: m, store: st, opts: opts, D: m.Config().HiddenSize, slots: newSeqSlots(st, "MTP store", func(slot int) *mtpSeq { return &mtpSeq{slot: slot} })}, nil
 }
 
 // Name is "mtp".
@@ -112,31 +112,14 @@ func (d *MTP) Keys() []engine.Key {
 }
 
 // Start allocates the sequence's MTP slot.
-func (d *MTP) Start(seq SeqID, _ []int32) error {
-	if _, dup := d.seqs[seq]; dup {
-		return fmt.Errorf("spec: sequence %s is already drafted", seq)
-	}
-	slot, err := d.store.Alloc()
-	if err != nil {
-		return fmt.Errorf("spec: MTP store: %w", err)
-	}
-	d.seqs[seq] = &mtpSeq{slot: slot}
-	return nil
-}
+func (d *MTP) Start(seq SeqID, _ []int32) error { return d.slots.start(seq) }
 
 // Stop frees the sequence's MTP slot.
-func (d *MTP) Stop(seq SeqID) {
-	if s := d.seqs[seq]; s != nil {
-		_ = d.store.Free(s.slot) // the slot was ours: freeing cannot fail
-		delete(d.seqs, seq)
-	}
-}
+func (d *MTP) Stop(seq SeqID) { d.slots.stop(seq) }
 
 // Close stops every sequence.
 func (d *MTP) Close() error {
-	for id := range d.seqs {
-		d.Stop(id)
-	}
+	d.slots.close()
 	return nil
 }
 
@@ -151,7 +134,7 @@ func (d *MTP) Observe(obs []Observation) error {
 	verify := false
 	seqs := make([]*mtpSeq, 0, len(obs))
 	for _, o := range obs {
-		s := d.seqs[o.Seq]
+		s := d.slots.at(o.Seq)
 		if s == nil {
 			return fmt.Errorf("spec: sequence %s is not drafted", o.Seq)
 		}
@@ -212,7 +195,7 @@ func (d *MTP) Propose(props []Proposal) error {
 	for i := range props {
 		p := &props[i]
 		p.Drafts, p.Q = p.Drafts[:0], nil
-		s := d.seqs[p.Seq]
+		s := d.slots.at(p.Seq)
 		if s == nil || !s.ready || p.Max < 1 {
 			continue
 		}
@@ -258,9 +241,11 @@ func (d *MTP) Propose(props []Proposal) error {
 
 // Slot returns the MTP store slot of a sequence (tests read its state).
 func (d *MTP) Slot(seq SeqID) (int, bool) {
-	s := d.seqs[seq]
+	s := d.slots.at(seq)
 	if s == nil {
 		return -1, false
 	}
 	return s.slot, true
 }
+
+func (s *mtpSeq) slotIndex() int { return s.slot }
