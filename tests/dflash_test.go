@@ -37,15 +37,7 @@ func dflashDrafter(t testing.TB, cfg *model.Config, seed int64) *model.DFlashChe
 
 // presetDrafter writes the random drafter of a -dflash preset for cfg.
 func presetDrafter(t testing.TB, preset string, cfg *model.Config, seed int64) *model.DFlashCheckpoint {
-	t.Helper()
-	d, err := randckpt.DFlashPreset(preset, cfg)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, randckpt.WriteDFlash(dir, d, randckpt.Options{Seed: seed}))
-	dk, err := model.OpenDFlash(dir, model.OpenOptions{})
-	require.NoError(t, err)
-	t.Cleanup(func() { dk.Close() })
-	return dk
+	return spectest.DFlashDrafter(t, preset, cfg, seed)
 }
 
 // naiveDFlash is z-lab's DFlashDraftModel forward (dflash/model.py) for
@@ -661,29 +653,7 @@ func TestSpecSamplingMatchesTargetDFlash(t *testing.T) {
 			if drafter.name == "likely" {
 				require.Greater(t, st.Accepted, n/20, "the likely drafter's drafts are accepted")
 			}
-			x, df := 0.0, -1
-			var poolE float64
-			var poolO int
-			for k, p := range want {
-				ex := p * float64(n)
-				if ex < 5 {
-					poolE += ex
-					poolO += counts[k]
-					continue
-				}
-				dd := float64(counts[k]) - ex
-				x += dd * dd / ex
-				df++
-			}
-			for k := range counts {
-				_, ok := want[k]
-				require.True(t, ok, "pair %v is outside the target's support", k)
-			}
-			if poolE > 0 {
-				dd := float64(poolO) - poolE
-				x += dd * dd / poolE
-				df++
-			}
+			x, df := pairChiSquare(t, counts, want, n)
 			pv := chiSquarePValue(x, df)
 			t.Logf("%s drafter: %d verify steps, %d drafted, %d accepted; χ²=%.1f with %d degrees of freedom, p=%.3f", drafter.name, st.Steps, st.Drafted, st.Accepted, x, df, pv)
 			require.Greater(t, pv, 1e-3)

@@ -344,33 +344,43 @@ func TestSpecSamplingMatchesTarget(t *testing.T) {
 		require.Equal(t, n, st.Drafted, "every request verified one draft for its second token")
 		require.Greater(t, st.Accepted, n/10)
 		require.Less(t, st.Accepted, st.Drafted)
-		x, df := 0.0, -1
-		var poolE float64
-		var poolO int
-		for k, p := range want {
-			e := p * float64(n)
-			if e < 5 {
-				poolE += e
-				poolO += counts[k]
-				continue
-			}
-			d := float64(counts[k]) - e
-			x += d * d / e
-			df++
-		}
-		for k := range counts {
-			_, ok := want[k]
-			require.True(t, ok, "pair %v is outside the target's support", k)
-		}
-		if poolE > 0 {
-			d := float64(poolO) - poolE
-			x += d * d / poolE
-			df++
-		}
+		x, df := pairChiSquare(t, counts, want, n)
 		pv := chiSquarePValue(x, df)
 		t.Logf("deterministic drafts %v: %d accepted of %d, χ²=%.1f with %d degrees of freedom, p=%.3f", deterministic, st.Accepted, st.Drafted, x, df, pv)
 		require.Greater(t, pv, 1e-3)
 	}
+}
+
+// pairChiSquare is Pearson's χ² statistic of n observed token pairs
+// against the target's distribution want, and its degrees of freedom;
+// cells expected fewer than 5 times are pooled into one. A pair outside
+// want's support fails the test.
+func pairChiSquare(t *testing.T, counts map[[2]int32]int, want map[[2]int32]float64, n int) (float64, int) {
+	t.Helper()
+	x, df := 0.0, -1
+	var poolE float64
+	var poolO int
+	for k, p := range want {
+		e := p * float64(n)
+		if e < 5 {
+			poolE += e
+			poolO += counts[k]
+			continue
+		}
+		d := float64(counts[k]) - e
+		x += d * d / e
+		df++
+	}
+	for k := range counts {
+		_, ok := want[k]
+		require.True(t, ok, "pair %v is outside the target's support", k)
+	}
+	if poolE > 0 {
+		d := float64(poolO) - poolE
+		x += d * d / poolE
+		df++
+	}
+	return x, df
 }
 
 // chiSquarePValue is P(X ≥ x) for X chi-square with k degrees of freedom

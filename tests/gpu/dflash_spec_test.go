@@ -16,22 +16,13 @@ import (
 	"github.com/glmflash/glmflash/core/speculative"
 	"github.com/glmflash/glmflash/core/speculative/spectest"
 	"github.com/glmflash/glmflash/model"
-	"github.com/glmflash/glmflash/model/randckpt"
 	"github.com/stretchr/testify/require"
 )
 
 // dflashDrafter writes a random DFlash drafter (the tiny-dflash preset's
 // sizes over the trunk cfg) and opens it.
 func dflashDrafter(t *testing.T, cfg *model.Config, seed int64) *model.DFlashCheckpoint {
-	t.Helper()
-	d, err := randckpt.DFlashPreset("tiny-dflash", cfg)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, randckpt.WriteDFlash(dir, d, randckpt.Options{Seed: seed}))
-	dk, err := model.OpenDFlash(dir, model.OpenOptions{})
-	require.NoError(t, err)
-	t.Cleanup(func() { dk.Close() })
-	return dk
+	return spectest.DFlashDrafter(t, "tiny-dflash", cfg, seed)
 }
 
 // constantDFlash is a drafter whose every draft is one token: its layers'

@@ -22,6 +22,8 @@ import (
 	"github.com/glmflash/glmflash/core/sample"
 	"github.com/glmflash/glmflash/core/sched"
 	"github.com/glmflash/glmflash/core/speculative"
+	"github.com/glmflash/glmflash/model"
+	"github.com/glmflash/glmflash/model/randckpt"
 	"github.com/stretchr/testify/require"
 )
 
@@ -325,4 +327,19 @@ func RequireSameTokens(t testing.TB, want, got []Outcome, what string) {
 		require.True(t, slices.Equal(want[i].Tokens, got[i].Tokens), "%s: request %d: speculative tokens %v differ from plain %v", what, i, got[i].Tokens, want[i].Tokens)
 		require.Equal(t, want[i].Final.Reason, got[i].Final.Reason, "%s: request %d finish reason", what, i)
 	}
+}
+
+// DFlashDrafter writes the random drafter of a -dflash preset (e.g.
+// tiny-dflash) for the trunk cfg and opens it; it is closed at the test's
+// end.
+func DFlashDrafter(t testing.TB, preset string, cfg *model.Config, seed int64) *model.DFlashCheckpoint {
+	t.Helper()
+	d, err := randckpt.DFlashPreset(preset, cfg)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, randckpt.WriteDFlash(dir, d, randckpt.Options{Seed: seed}))
+	dk, err := model.OpenDFlash(dir, model.OpenOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { dk.Close() })
+	return dk
 }
