@@ -237,7 +237,7 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 			return probe{args: args(bench, "--spec-drafter", "configured"), check: func(t *testing.T, _, _ string, err error) {
 				require.ErrorContains(t, err, "--spec-drafter configured needs a drafter: give --speculative")
 				_, err = runCLI(t, args(bench, "--spec-drafter", "mtp")...)
-				require.ErrorContains(t, err, `--spec-drafter must be configured or scripted, got "mtp"`)
+				require.ErrorContains(t, err, `--spec-drafter must be configured, simulated or scripted, got "mtp"`)
 			}}
 		},
 		"bench --draft-model": func(d string) probe {
