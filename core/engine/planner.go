@@ -93,7 +93,8 @@ type MemoryPlan struct {
 	MaxRunning, MaxBatchTokens, ContextSeqs int
 	// Binding names what limits the running sequences: BindPages,
 	// BindStateSlots, BindDefault or the configured key that binds
-	// ("runtime.slots", "runtime.max_running").
+	// ("runtime.slots", "runtime.max_running", "runtime.max_batch_tokens":
+	// fewer tokens per step than sequences).
 	Binding string
 }
 
@@ -149,6 +150,9 @@ func Plan(free, total int64, req MemoryRequest, cost backend.StoreCost, pageToke
 	p.MaxRunning = p.Slots
 	if req.MaxRunning > 0 {
 		p.MaxRunning = min(p.MaxRunning, req.MaxRunning)
+	}
+	if req.MaxBatchTokens < p.MaxRunning { // every running sequence takes a token of each step
+		p.MaxRunning, p.Binding = req.MaxBatchTokens, "runtime.max_batch_tokens"
 	}
 	p.MaxBatchTokens = max(min(req.MaxBatchTokens, p.Pages*pageTokens), p.MaxRunning)
 	p.Planned = p.FixedBytes + int64(p.Slots)*p.SlotBytes + int64(p.Pages)*p.PageBytes + p.Workspace
