@@ -21,7 +21,7 @@ func TestGPUPresetTakesLongContexts(t *testing.T) {
 	c, err = sched.Config{}.WithDefaults(cfg, 16)
 	require.NoError(t, err)
 	require.Equal(t, 202752, c.ContextLimit)
-	f := benchFlags{prompt: 512, decodeCtx: 8192, decodeSteps: 64, reps: 1}
+	f := benchFlags{prompt: 512, decodeCtx: 8192, decodeSteps: 64, reps: 1, peakTFLOPs: 989}
 	require.NoError(t, f.check())
 	require.LessOrEqual(t, f.decodeCtx+f.decodeSteps, cfg.MaxPositionEmbeddings)
 	require.Equal(t, 8192+64+1, benchPositions(cfg.MaxPositionEmbeddings, 512, 8192, 64, 0))
