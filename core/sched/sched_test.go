@@ -643,3 +643,34 @@ func TestPreemptRecomputesWithIdenticalOutput(t *testing.T) {
 	st := rt.m.Store().(backend.PagedStore).PageStats()
 	require.Zero(t, st.Used, "every page is back in the pool")
 }
+
+// A request waits while the pages of its prompt are not free: beside a
+// long request that will fill the pool, a second one is not admitted (it
+// would be preempted at once), so nothing is preempted and both get the
+// tokens a run alone gives.
+func TestAdmissionWaitsForPromptPages(t *testing.T) {
+	ck, err := model.Open(fixture)
+	require.NoError(t, err)
+	t.Cleanup(func() { ck.Close() })
+	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, PageTokens: 8, Pages: 12})
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	rt := newRuntime(t, e, Config{MaxBatchTokens: 32, PrefillChunk: 8})
+	V := e.Config().VocabSize
+	long := Request{Prompt: prompt(60, 1, V), MaxTokens: 36, Sampling: sample.Greedy(), IgnoreEOS: true}  // 96 tokens: all 12 pages
+	short := Request{Prompt: prompt(40, 2, V), MaxTokens: 30, Sampling: sample.Greedy(), IgnoreEOS: true} // admitted beside it, it would be preempted
+	h1, err := rt.Submit(context.Background(), long)
+	require.NoError(t, err)
+	h2, err := rt.Submit(context.Background(), short)
+	require.NoError(t, err)
+	for i, c := range []struct {
+		h   *Handle
+		req Request
+	}{{h1, long}, {h2, short}} {
+		toks, f, err := c.h.Wait(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, FinishLength, f.Reason, "request %d: %s", i, f.Message)
+		require.Equal(t, alone(t, e, c.req), ids(toks), "request %d", i)
+	}
+	require.Zero(t, rt.Preemptions())
+}
