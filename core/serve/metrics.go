@@ -155,6 +155,8 @@ type storeRef struct{ backend.Store }
 
 func (m *Metrics) setStore(s backend.Store) { m.store.Store(&storeRef{s}) }
 
+var _ sched.PreemptMetrics = (*Metrics)(nil) // the scheduler counts preemptions through it
+
 // Preempted counts a request preempted for KV pages (sched.PreemptMetrics).
 func (m *Metrics) Preempted() { m.preemptions.Inc() }
 
