@@ -85,6 +85,15 @@ func (f *benchFlags) check() error {
 	return nil
 }
 
+// benchPositions is the context the bench's stores hold per slot (a
+// device store's page pool holds every slot at it): what its series reach
+// (the prompt; the decode context and every step's tokens, a verify step's
+// up to rollback), at least 8192 positions, at most the model's limit.
+func benchPositions(limit, prompt, decodeCtx, decodeSteps, rollback int) int {
+	need := max(prompt, decodeCtx+decodeSteps*max(rollback, 1)) + rollback + 1
+	return min(limit, max(need, 8192))
+}
+
 // checkModel refuses flags the model cannot take: batch sizes, lengths
 // beyond its positions, acceptance rates, an MTP drafter it cannot run.
 func (f *benchFlags) checkModel(ck *model.Checkpoint, s bench.Spec) error {
@@ -208,6 +217,7 @@ func (f *benchFlags) run(cmd *cobra.Command) error {
 		return err
 	}
 	setup.Slots, setup.Rollback = s.Slots(), s.Rollback()
+	setup.MaxPositions = benchPositions(ck.Config().MaxPositionEmbeddings, f.prompt, f.decodeCtx, f.decodeSteps, s.Rollback())
 	e, err := newEngineFrom(ec, ck, setup)
 	if err != nil {
 		return err

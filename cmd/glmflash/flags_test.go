@@ -457,8 +457,8 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		},
 		"attribute --config": func(d string) probe {
 			p := filepath.Join(d, "c.yaml")
-			require.NoError(t, os.WriteFile(p, []byte("runtime: {slots: 0}\n"), 0o644))
-			return probe{args: []string{"attribute", "--study", d + "/none.yaml", "--config", p}, want: "runtime.slots (" + p + "): must be ≥ 1"}
+			require.NoError(t, os.WriteFile(p, []byte("runtime: {slots: -1}\n"), 0o644))
+			return probe{args: []string{"attribute", "--study", d + "/none.yaml", "--config", p}, want: "runtime.slots (" + p + "): must be ≥ 0"}
 		},
 
 		"attribute --study": func(d string) probe {

@@ -204,6 +204,30 @@ type PagedStore interface {
 	PageStats() PageStats
 }
 
+// MemoryReporter is a backend that says how much memory it could still
+// allocate, the memory planner's input (core/engine: PlanMemory): a
+// device's free memory (CUDA: cuMemGetInfo, after the weights, workspace
+// and graphs it holds), the host's available memory on the CPU
+// (/proc/meminfo MemAvailable). Total is the memory in all (0: unknown).
+type MemoryReporter interface {
+	FreeMemory() (free, total int64, err error)
+}
+
+// StoreCost is what a store would take of the memory a MemoryReporter
+// reports: per page id (one page in every DSA layer of the store), per
+// state slot (its fixed KDA and indexer state, rollback record and page
+// table row) and once (Fixed).
+type StoreCost struct {
+	PageBytes, SlotBytes, FixedBytes int64
+}
+
+// StoreSizer is a backend that says what a store of the given layers,
+// sized by o (its Slots and Pages aside), would cost, before it is made:
+// the memory planner sizes the page pool and the state slots from it.
+type StoreSizer interface {
+	StoreCost(cfg *model.Config, layers []int, o StoreOptions) (StoreCost, error)
+}
+
 // Store holds sequence state in numbered slots. It is safe for concurrent
 // use; a slot's contents belong to whoever allocated it.
 type Store interface {

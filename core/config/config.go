@@ -282,7 +282,7 @@ type Server struct {
 
 // Runtime sizes the engine and the scheduler; zero means the default.
 type Runtime struct {
-	Slots            int `koanf:"slots"`              // cache slots
+	Slots            int `koanf:"slots"`              // state slots (sequences held); 0: the memory planner's
 	MaxRunning       int `koanf:"max_running"`        // default: slots
 	MaxQueue         int `koanf:"max_queue"`          // negative: none wait
 	MaxBatchTokens   int `koanf:"max_batch_tokens"`   // default max(256, max_running)
@@ -297,6 +297,11 @@ type Runtime struct {
 	// KVDType is the MLA latents' dtype: auto (bf16 on CUDA under
 	// precision bf16, fp32 otherwise), fp32 or bf16 (CUDA only).
 	KVDType string `koanf:"kv_dtype"`
+	// MemoryFraction is the share of the memory free after the weights
+	// (device memory on CUDA, the host's available memory on the CPU) that
+	// the memory planner gives the caches and the step's workspace, in
+	// (0, 1]; 0: the device's default (0.9 on CUDA, 0.5 on the CPU).
+	MemoryFraction float64 `koanf:"memory_fraction"`
 }
 
 // Options say what to load besides the built-in defaults.
@@ -611,8 +616,10 @@ func (c *Config) validateServing() error {
 		return err
 	}
 	switch {
-	case r.Slots < 1:
-		return keyErr("runtime.slots", "must be ≥ 1, got %d", r.Slots)
+	case r.Slots < 0:
+		return keyErr("runtime.slots", "must be ≥ 0 (0: the memory planner's), got %d", r.Slots)
+	case r.MemoryFraction != 0 && !(r.MemoryFraction > 0 && r.MemoryFraction <= 1): // NaN too
+		return keyErr("runtime.memory_fraction", "must be in (0, 1] (0: the device's default), got %v", r.MemoryFraction)
 	case r.MaxRunning < 0:
 		return keyErr("runtime.max_running", "must be ≥ 0, got %d", r.MaxRunning)
 	case r.MaxBatchTokens < 0:

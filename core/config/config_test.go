@@ -44,7 +44,8 @@ func TestDefaultsAreTheShippedFiles(t *testing.T) {
 	require.Equal(t, "", d.Server.MetricsAddr, "/metrics is on the HTTP port; a port of its own only when asked")
 	require.Equal(t, 30*time.Second, d.Server.DrainTimeout)
 	require.True(t, d.Server.Reflection)
-	require.Equal(t, 8, d.Runtime.Slots)
+	require.Equal(t, 0, d.Runtime.Slots, "the memory planner sizes the slots")
+	require.Zero(t, d.Runtime.MemoryFraction, "the device's default")
 	require.Equal(t, "small", d.ServedName())
 	require.Equal(t, "built-in configs/engine.yaml", d.Sources.Of("passes"))
 	require.Equal(t, "built-in configs/serve.yaml", d.Sources.Of("runtime.slots"))
@@ -85,7 +86,10 @@ func TestStrictDecodingNamesTheKeyAndItsSource(t *testing.T) {
 		"server: {drain_timeout: soon}\n":                             "server.drain_timeout",
 		"server: {drain_timeout: 30}\n":                               "has no unit",
 		"model: {preset: small, dir: /x}\n":                           "model.dir and model.preset are mutually exclusive",
-		"runtime: {slots: 0}\n":                                       "runtime.slots (",
+		"runtime: {slots: -1}\n":                                      "runtime.slots (",
+		"runtime: {memory_fraction: 1.5}\n":                           "runtime.memory_fraction (",
+		"runtime: {memory_fraction: -0.1}\n":                          "runtime.memory_fraction (",
+		"runtime: {memory_fraction: .nan}\n":                          "runtime.memory_fraction (",
 		"server: {drain_timeout: -1s}\n":                              "server.drain_timeout (",
 		"device: tpu\n":                                               `device (`,
 		"precision: fp16\n":                                           `precision (`,
@@ -99,9 +103,9 @@ func TestStrictDecodingNamesTheKeyAndItsSource(t *testing.T) {
 		require.ErrorContains(t, err, want, yaml)
 	}
 	// the source is the file
-	p := writeYAML(t, "runtime: {slots: 0}\n")
+	p := writeYAML(t, "runtime: {slots: -1}\n")
 	_, err := Load(Options{Files: []string{p}, Environ: []string{}})
-	require.ErrorContains(t, err, "runtime.slots ("+p+"): must be ≥ 1, got 0")
+	require.ErrorContains(t, err, "runtime.slots ("+p+"): must be ≥ 0 (0: the memory planner's), got -1")
 	_, err = Load(Options{Files: []string{filepath.Join(t.TempDir(), "missing.yaml")}})
 	require.ErrorContains(t, err, "missing.yaml")
 }
@@ -131,7 +135,7 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	require.Equal(t, 2*time.Second, c.Server.DrainTimeout)
 	require.Equal(t, 6, c.Runtime.MaxRunning)
 	require.Equal(t, 16, c.Runtime.PrefillChunk)
-	require.Equal(t, 8, c.Runtime.Slots)
+	require.Equal(t, 0, c.Runtime.Slots)
 	require.Equal(t, 4, c.Parallel.AttentionTPSize)
 	require.Equal(t, 3, c.Parallel.AttentionTPRank)
 	require.Equal(t, []int{1, 2}, c.Debug.CaptureHidden)
@@ -144,7 +148,7 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	for e, want := range map[string]string{
 		"GLMFLASH_SERVER__GRPC_ADR=x":                   `unknown key "server.grpc_adr" in environment variable GLMFLASH_SERVER__GRPC_ADR`,
 		"GLMFLASH_RUNTIME__SLOTS=2.7":                   `runtime.slots (environment variable GLMFLASH_RUNTIME__SLOTS): "2.7" is not an integer`,
-		"GLMFLASH_RUNTIME__SLOTS=0":                     "runtime.slots (environment variable GLMFLASH_RUNTIME__SLOTS): must be ≥ 1",
+		"GLMFLASH_RUNTIME__SLOTS=-3":                    "runtime.slots (environment variable GLMFLASH_RUNTIME__SLOTS): must be ≥ 0",
 		"GLMFLASH_SERVER__DRAIN_TIMEOUT=30":             "drain_timeout",
 		"GLMFLASH_ENGINE_PARALLEL__ATTENTION_TP_SIZE=2": "GLMFLASH_PARALLEL__ATTENTION_TP_SIZE",
 		"GLMFLASH_PARALLEL__ATTENTION_TP_SIZE=2.0":      "attention_tp_size",
@@ -153,7 +157,7 @@ func TestEnvironmentAndFlags(t *testing.T) {
 		require.ErrorContains(t, err, want, e)
 	}
 	_, err = Load(Options{Files: []string{p}, Environ: []string{}, Flags: []Flag{{Key: "runtime.slots", Value: -2, Name: "--slots"}}})
-	require.ErrorContains(t, err, "runtime.slots (flag --slots): must be ≥ 1, got -2")
+	require.ErrorContains(t, err, "runtime.slots (flag --slots): must be ≥ 0 (0: the memory planner's), got -2")
 	// a flag's model.preset replaces the file's model.dir
 	c, err = Load(Options{Files: []string{p}, Environ: []string{}, Flags: []Flag{{Key: "model.preset", Value: "tiny", Name: "--preset"}}})
 	require.NoError(t, err)

@@ -121,6 +121,9 @@ func (e *Engine) draftStoreLocked() (backend.Store, error) {
 	if d == nil {
 		return nil, fmt.Errorf("engine: no DFlash drafter (speculative.draft_model)")
 	}
+	if e.opts.Planned && e.store == nil {
+		return nil, fmt.Errorf("engine: the DFlash draft store is sized by the memory plan: PlanMemory first")
+	}
 	ds, ok := e.be.(backend.DraftStorer)
 	if !ok {
 		return nil, fmt.Errorf("engine: device %s keeps no DFlash draft state (its backend has no draft store)", e.be.Name())

@@ -67,6 +67,11 @@ type Options struct {
 	PageTokens, Pages int
 	// KVDType is the stores' latent dtype ("": auto).
 	KVDType backend.KVDType
+	// Planned makes no store at New: PlanMemory sizes the slots and the
+	// page pool from the memory free once the programs are compiled, and
+	// makes the stores (Store is nil until then; Slots and Pages are the
+	// plan's).
+	Planned bool
 }
 
 // Key identifies one program.
@@ -109,6 +114,7 @@ type Engine struct {
 	progs      map[Key]backend.Program
 	reports    map[Key]*pass.Report
 	closeErr   error
+	plan       *MemoryPlan // PlanMemory's (nil: none)
 }
 
 // String names a program ("prefill/all", "mtp:decode/last").
@@ -160,12 +166,15 @@ func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
 		}
 		owns = true
 	}
-	st, err := be.NewStore(cfg, cfg.TrunkLayers(), opts.storeOptions())
-	if err != nil {
-		if owns {
-			be.Close()
+	var st backend.Store
+	if !opts.Planned {
+		var err error
+		if st, err = be.NewStore(cfg, cfg.TrunkLayers(), opts.storeOptions()); err != nil {
+			if owns {
+				be.Close()
+			}
+			return nil, err
 		}
-		return nil, err
 	}
 	return &Engine{cfg: cfg, weights: plan.NewWeightCache(w), trunkSrc: trunkSrc, be: be, ownsBE: owns, store: st, opts: opts, progs: map[Key]backend.Program{}, reports: map[Key]*pass.Report{}}, nil
 }
@@ -215,7 +224,8 @@ func (e *Engine) Close() error {
 // Config returns the model configuration.
 func (e *Engine) Config() *model.Config { return e.cfg }
 
-// Store returns the sequence cache of the trunk.
+// Store returns the sequence cache of the trunk (nil before PlanMemory
+// with Options.Planned: plan before the engine is shared).
 func (e *Engine) Store() backend.Store { return e.store }
 
 // MTPStore returns the MTP layer's sequence cache (its MLA latents and
@@ -238,6 +248,9 @@ func (e *Engine) mtpStoreLocked() (backend.Store, error) {
 	if !e.cfg.HasMTP() {
 		return nil, fmt.Errorf("engine: the model has no MTP layer (num_nextn_predict_layers is %d)", e.cfg.NumNextNPredictLayers)
 	}
+	if e.opts.Planned && e.store == nil {
+		return nil, fmt.Errorf("engine: the MTP store is sized by the memory plan: PlanMemory first")
+	}
 	st, err := e.be.NewStore(e.cfg, e.cfg.MTPLayers(), e.opts.storeOptions())
 	if err != nil {
 		return nil, fmt.Errorf("engine: MTP store: %w", err)
@@ -253,6 +266,9 @@ func (e *Engine) storeFor(key Key) (backend.Store, error) {
 	}
 	if key.DFlash {
 		return e.DraftStore()
+	}
+	if e.store == nil {
+		return nil, fmt.Errorf("engine: no store yet: the memory plan makes it (PlanMemory)")
 	}
 	return e.store, nil
 }

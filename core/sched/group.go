@@ -228,7 +228,7 @@ func (rt *Scheduler) admitGroupLocked(g *group) bool {
 		rt.waiting = slices.Delete(rt.waiting, 0, 1)
 		return true
 	}
-	if len(rt.running)+rt.reserved+live > rt.cfg.MaxRunning {
+	if len(rt.running)+rt.reserved+live > rt.cfg.MaxRunning || !rt.pagesAdmitLocked(len(g.carrier.Prompt)+1, live) {
 		return false
 	}
 	slots := make([]int, 0, live)

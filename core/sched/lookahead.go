@@ -36,7 +36,7 @@ func (rt *Scheduler) lookaheadLocked(batch []item) *lookahead {
 	fed := map[*request]int{}
 	cached := map[*request]int{}
 	for _, r := range rt.running {
-		if r.Score || r.killed || r.drafting {
+		if r.Score || r.killed || r.drafting || r.resuming {
 			return nil
 		}
 		f, c := r.fed, r.cached
@@ -54,7 +54,7 @@ func (rt *Scheduler) lookaheadLocked(batch []item) *lookahead {
 	start := rt.rr % n
 	for k := 0; k < n && budget > 0; k++ {
 		r := rt.running[(start+k)%n]
-		if fed[r] >= len(r.Prompt) {
+		if fed[r] >= len(r.feed()) {
 			sp.add(r, []int32{0}, false, fed[r], cached[r])
 			budget--
 		}
@@ -63,9 +63,9 @@ func (rt *Scheduler) lookaheadLocked(batch []item) *lookahead {
 		if budget == 0 {
 			break
 		}
-		if f := fed[r]; f < len(r.Prompt) {
-			c := min(rt.cfg.PrefillChunk, len(r.Prompt)-f, budget)
-			sp.add(r, r.Prompt[f:f+c], true, f, cached[r])
+		if f := fed[r]; f < len(r.feed()) {
+			c := min(rt.cfg.PrefillChunk, len(r.feed())-f, budget)
+			sp.add(r, r.feed()[f:f+c], true, f, cached[r])
 			budget -= c
 		}
 	}
@@ -104,7 +104,7 @@ func (rt *Scheduler) lookaheadValidLocked(sp *lookahead) bool {
 // preparation is dropped, for a fresh one, when they do not fit); it
 // advances the round-robin start as planLocked does.
 func (rt *Scheduler) takeLookaheadLocked(s *step, la *lookahead) bool {
-	if la == nil || !rt.lookaheadValidLocked(la) {
+	if la == nil || !rt.lookaheadValidLocked(la) || !rt.pagesFitLocked(la.batch) {
 		return false
 	}
 	s.batch, s.prep = la.batch, la.prep

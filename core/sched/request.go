@@ -219,6 +219,16 @@ type request struct {
 	stopCounted bool
 	counted     int
 
+	// Preemption (pages.go; guarded by Scheduler.mu): out holds every
+	// generated token's id; a request preempted after generating resumes
+	// by recomputing seq (its prompt and every generated token but the
+	// last) with resuming set, and then decodes out's last token, as
+	// though it had never left. preempted counts its preemptions.
+	out       []int32
+	seq       []int32
+	resuming  bool
+	preempted int
+
 	// Outbox (guarded by mu): tokens not yet received and the final.
 	mu      sync.Mutex
 	pending []Token
@@ -226,7 +236,16 @@ type request struct {
 	notify  chan struct{} // capacity 1: something new in the outbox
 }
 
-func (r *request) prefilling() bool { return r.fed < len(r.Prompt) }
+func (r *request) prefilling() bool { return r.fed < len(r.feed()) }
+
+// feed is the sequence r prefills: its prompt, or while it resumes from a
+// preemption its prompt and the tokens it had generated (but the last).
+func (r *request) feed() []int32 {
+	if r.seq != nil {
+		return r.seq
+	}
+	return r.Prompt
+}
 
 func (r *request) emit(t Token) {
 	r.mu.Lock()

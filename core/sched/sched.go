@@ -192,6 +192,8 @@ type Scheduler struct {
 	// ahead counts steps whose host-side work was prepared while the
 	// previous step executed.
 	ahead atomic.Int64
+	// preemptions counts requests preempted for KV pages (pages.go).
+	preemptions atomic.Int64
 
 	// afterFinal, when set (by tests), runs right after a final is
 	// delivered, with mu held: it stands in for a scheduler that is
@@ -696,6 +698,9 @@ func (rt *Scheduler) admitLocked() {
 			}
 			continue
 		}
+		if !rt.pagesAdmitLocked(len(rt.waiting[0].feed()), 1) {
+			break // the pages of its prompt are not free: first come, first served
+		}
 		slot, err := rt.m.Store().Alloc()
 		if err != nil {
 			break // every slot is taken (perhaps by another user of the store)
@@ -703,7 +708,9 @@ func (rt *Scheduler) admitLocked() {
 		r := rt.waiting[0]
 		rt.waiting = slices.Delete(rt.waiting, 0, 1)
 		r.slot = slot
-		r.admitted = time.Now()
+		if r.admitted.IsZero() { // a preempted request keeps its first admission
+			r.admitted = time.Now()
+		}
 		rt.running = append(rt.running, r)
 		// Processed and constrained requests decode plainly: a verify
 		// span's rows would each need the edits (or the mask) of the
@@ -763,6 +770,7 @@ func (rt *Scheduler) emitLocked(r *request, t Token, now time.Time) bool {
 	}
 	r.lastTok = now
 	r.next = t.ID
+	r.out = append(r.out, t.ID)
 	done := false
 	if r.Constraint != nil {
 		var err error

@@ -552,3 +552,125 @@ func TestRequestLogLineHasUniqueKeys(t *testing.T) {
 		}
 	}
 }
+
+// preemptMetrics counts preemptions (PreemptMetrics).
+type preemptMetrics struct {
+	NopMetrics
+	mu sync.Mutex
+	n  int
+}
+
+func (m *preemptMetrics) Preempted() { m.mu.Lock(); m.n++; m.mu.Unlock() }
+
+// A page pool too small for every running request's context preempts the
+// newest (recompute preemption) instead of failing it: each request's
+// streamed tokens, received as they come, are exactly those of a run
+// without preemption — none lost, none repeated — greedy and seeded alike,
+// and the preemptions are counted.
+func TestPreemptRecomputesWithIdenticalOutput(t *testing.T) {
+	ck, err := model.Open(fixture)
+	require.NoError(t, err)
+	t.Cleanup(func() { ck.Close() })
+	V := ck.Config().VocabSize
+	var reqs []Request
+	for i := range 6 {
+		r := Request{Prompt: prompt(9+i*3, i, V), MaxTokens: 24, Sampling: sample.Greedy(), IgnoreEOS: true}
+		if i%3 == 2 {
+			r.Sampling = sample.Params{Temperature: 0.8, TopK: 40, TopP: 1, Seed: uint64(7 + i)}
+		}
+		reqs = append(reqs, r)
+	}
+	var logBuf syncbuf.Buffer
+	run := func(pages int, met Metrics) ([][]int32, *Scheduler) {
+		e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 6, PageTokens: 8, Pages: pages})
+		require.NoError(t, err)
+		t.Cleanup(func() { e.Close() })
+		rt, err := New(e, Config{MaxBatchTokens: 32, PrefillChunk: 8}, Options{Metrics: met, Log: zerolog.New(&logBuf)})
+		require.NoError(t, err)
+		t.Cleanup(rt.Close)
+		out := make([][]int32, len(reqs))
+		var wg sync.WaitGroup
+		for i, r := range reqs {
+			h, err := rt.Submit(context.Background(), r)
+			require.NoError(t, err)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					toks, f, err := h.Recv(context.Background())
+					if err != nil || f != nil {
+						if f != nil && f.Reason != FinishLength {
+							t.Errorf("request %d: %s %s", i, f.Reason, f.Message)
+						}
+						return
+					}
+					for _, tk := range toks {
+						if tk.Index != len(out[i]) {
+							t.Errorf("request %d: token index %d after %d tokens", i, tk.Index, len(out[i]))
+						}
+						out[i] = append(out[i], tk.ID)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return out, rt
+	}
+	want, ref := run(0, nil) // every slot can hold the whole context
+	require.Zero(t, ref.Preemptions())
+	// 6 requests of 33..48 tokens each need 5..6 pages of 8 tokens: 12
+	// pages hold about two at a time
+	met := &preemptMetrics{}
+	got, rt := run(12, met)
+	require.Positive(t, rt.Preemptions())
+	resumed := 0 // preempted after streaming tokens: recomputed, then resumed
+	for _, line := range strings.Split(strings.TrimSpace(logBuf.String()), "\n") {
+		var ev struct {
+			Msg       string `json:"message"`
+			Generated int    `json:"generated"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(line), &ev))
+		if strings.HasPrefix(ev.Msg, "preempted") && ev.Generated > 0 {
+			resumed++
+		}
+	}
+	require.Positive(t, resumed)
+	require.EqualValues(t, rt.Preemptions(), met.n)
+	for i := range reqs {
+		require.Len(t, got[i], reqs[i].MaxTokens, "request %d", i)
+		require.Equal(t, want[i], got[i], "request %d", i)
+	}
+	st := rt.m.Store().(backend.PagedStore).PageStats()
+	require.Zero(t, st.Used, "every page is back in the pool")
+}
+
+// A request waits while the pages of its prompt are not free: beside a
+// long request that will fill the pool, a second one is not admitted (it
+// would be preempted at once), so nothing is preempted and both get the
+// tokens a run alone gives.
+func TestAdmissionWaitsForPromptPages(t *testing.T) {
+	ck, err := model.Open(fixture)
+	require.NoError(t, err)
+	t.Cleanup(func() { ck.Close() })
+	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, PageTokens: 8, Pages: 12})
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	rt := newRuntime(t, e, Config{MaxBatchTokens: 32, PrefillChunk: 8})
+	V := e.Config().VocabSize
+	long := Request{Prompt: prompt(60, 1, V), MaxTokens: 36, Sampling: sample.Greedy(), IgnoreEOS: true}  // 96 tokens: all 12 pages
+	short := Request{Prompt: prompt(40, 2, V), MaxTokens: 30, Sampling: sample.Greedy(), IgnoreEOS: true} // admitted beside it, it would be preempted
+	h1, err := rt.Submit(context.Background(), long)
+	require.NoError(t, err)
+	h2, err := rt.Submit(context.Background(), short)
+	require.NoError(t, err)
+	for i, c := range []struct {
+		h   *Handle
+		req Request
+	}{{h1, long}, {h2, short}} {
+		toks, f, err := c.h.Wait(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, FinishLength, f.Reason, "request %d: %s", i, f.Message)
+		require.Equal(t, alone(t, e, c.req), ids(toks), "request %d", i)
+	}
+	require.Zero(t, rt.Preemptions())
+}

@@ -255,3 +255,44 @@ func TestSpecScoreShares(t *testing.T) {
 	require.Positive(t, f.Spec.Steps)
 	require.Equal(t, truth(gen.Prompt)[len(truth(gen.Prompt))-len(gtoks):], ids(gtoks))
 }
+
+// Verify spans take the pages of every draft they may get: with a page
+// pool too small for the requests together, speculating requests are
+// preempted (their drafting stopped) and recomputed, and every output is
+// still plain greedy decoding's.
+func TestPreemptWhileSpeculating(t *testing.T) {
+	V := 256
+	var reqs []Request
+	for i := range 4 {
+		reqs = append(reqs, Request{Prompt: prompt(9+3*i, 10+i, V), MaxTokens: 24, Sampling: sample.Greedy(), IgnoreEOS: true})
+	}
+	truth := truthOf(t, reqs)
+	ck, err := model.Open(fixture)
+	require.NoError(t, err)
+	t.Cleanup(func() { ck.Close() })
+	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: 4, Rollback: 6, PageTokens: 8, Pages: 10})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Close()) })
+	d, err := speculative.NewScripted("oracle", 5, speculative.Oracle(truth, nil, V))
+	require.NoError(t, err)
+	rt, err := New(e, Config{MaxBatchTokens: 32, PrefillChunk: 8}, Options{Drafter: d})
+	require.NoError(t, err)
+	defer rt.Close()
+	var hs []*Handle
+	for _, r := range reqs {
+		h, err := rt.Submit(context.Background(), r)
+		require.NoError(t, err)
+		hs = append(hs, h)
+	}
+	accepted := 0
+	for i, h := range hs {
+		toks, f, err := h.Wait(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, FinishLength, f.Reason, "request %d: %s", i, f.Message)
+		require.Equal(t, truth(reqs[i].Prompt), ids(toks), "request %d", i)
+		accepted += f.Spec.Accepted
+	}
+	require.Positive(t, rt.Preemptions())
+	require.Positive(t, accepted, "the requests speculated")
+	require.Zero(t, e.Store().(backend.PagedStore).PageStats().Used)
+}

@@ -275,7 +275,7 @@ func (rt *Scheduler) planLocked(batch []item) []item {
 		if !r.prefilling() {
 			continue
 		}
-		c := min(rt.cfg.PrefillChunk, len(r.Prompt)-r.fed, budget)
+		c := min(rt.cfg.PrefillChunk, len(r.feed())-r.fed, budget)
 		if r.Score {
 			// A Score request's chunks are fixed (scoreChunk), whatever
 			// else the step holds: its logits must not depend on the
@@ -285,10 +285,10 @@ func (rt *Scheduler) planLocked(batch []item) []item {
 				continue
 			}
 		}
-		batch = append(batch, item{r: r, tokens: r.Prompt[r.fed : r.fed+c]})
+		batch = append(batch, item{r: r, tokens: r.feed()[r.fed : r.fed+c]})
 		budget -= c
 	}
-	return batch
+	return rt.fitPagesLocked(batch)
 }
 
 // scoreChunk is the size of a Score request's next prompt chunk: the
@@ -356,7 +356,12 @@ func (rt *Scheduler) collectItemLocked(it item, res *backend.Result, now time.Ti
 			return 0, false
 		}
 		if r.prefilling() {
-			return r.Prompt[r.fed], true // more prompt to run
+			return r.feed()[r.fed], true // more prompt to run
+		}
+		if r.resuming { // recomputed after a preemption: its next token was delivered before
+			r.resuming, r.seq = false, nil
+			r.next = r.out[len(r.out)-1]
+			return r.next, true
 		}
 	}
 	pick := res.Samples[last]
@@ -392,7 +397,7 @@ func appendSpecsLocked(specs []backend.SampleSpec, r *request, ntok, nrows int) 
 	for range nrows - 1 {
 		specs = append(specs, backend.SampleSpec{Params: sample.Greedy()})
 	}
-	if r.Score || r.carrier || r.killed || r.fed+ntok < len(r.Prompt) {
+	if r.Score || r.carrier || r.killed || r.resuming || r.fed+ntok < len(r.feed()) {
 		return append(specs, backend.SampleSpec{Params: sample.Greedy()})
 	}
 	spec := backend.SampleSpec{Params: r.sampler.Params(), U: r.sampler.Draw(), TopLogprobs: r.TopLogprobs, Edits: r.proc.Edits()}

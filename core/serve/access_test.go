@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -11,11 +12,10 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/access"
-	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/backend/cpu"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/internal/testcert"
-	"github.com/glmflash/glmflash/model"
 	pb "github.com/glmflash/glmflash/proto/glmflash/v1"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -179,24 +179,58 @@ func accessTLS(cert, key, ca string) access.TLS {
 	return access.TLS{CertFile: cert, KeyFile: key, ClientCAFile: ca}
 }
 
-// A configuration whose full caches cannot fit in the machine's memory is
-// refused at load, naming the keys to lower.
-func TestCachesMustFitTheMachine(t *testing.T) {
-	ck, err := model.Open(fixture)
+// The memory planner sizes the caches from the host's available memory
+// (cpu.Meminfo) after the weights: GetModelInfo, the log and the metrics
+// say what it planned and what binds; a memory too small for one sequence
+// at the context limit is refused at load, naming the keys to change.
+func TestMemoryPlanAtLoad(t *testing.T) {
+	old := cpu.Meminfo
+	t.Cleanup(func() { cpu.Meminfo = old })
+	meminfo := func(kb int) { // MemAvailable
+		cpu.Meminfo = func() ([]byte, error) {
+			return fmt.Appendf(nil, "MemTotal: %d kB\nMemAvailable: %d kB\n", 2*kb, kb), nil
+		}
+	}
+	meminfo(1 << 20)                                    // 1 GiB: the default bound of 8 sequences binds
+	h := start(t, setup{rt: config.Runtime{Slots: -1}}) // -1: the planner's (start sets 0 to 8)
+	info, err := h.client.GetModelInfo(context.Background(), &pb.GetModelInfoRequest{})
 	require.NoError(t, err)
-	defer ck.Close()
-	per := cache.SlotBytes(ck.Config(), 4096)
-	require.Positive(t, per)
-	old := physicalMemory
-	defer func() { physicalMemory = old }()
-	physicalMemory = func() int64 { return 8*per - 1 }
-	require.ErrorContains(t, fitsMachine(ck.Config(), 8, 4096, 0, nil), "runtime.slots (8) × runtime.context_limit (4096 tokens) need up to")
-	require.NoError(t, fitsMachine(ck.Config(), 7, 4096, 0, nil))
-	require.NoError(t, fitsMachine(ck.Config(), 8, 2048, 0, nil))
-	// a DFlash drafter's K/V count on top: 2 layers × 2 × 32 values × 4 bytes per position
-	d := &model.DFlashConfig{NumHiddenLayers: 2, NumKeyValueHeads: 2, HeadDim: 16}
-	require.EqualValues(t, 2*2*32*4*4096, cache.DraftSlotBytes(2, d.KVWidth(), 4096))
-	physicalMemory = func() int64 { return 8 * (per + cache.RollbackSlotBytes(ck.Config(), ck.Config().TrunkLayers(), 8)) }
-	require.NoError(t, fitsMachine(ck.Config(), 8, 4096, 7, nil))
-	require.ErrorContains(t, fitsMachine(ck.Config(), 8, 4096, 7, d), "need up to")
+	m := info.Engine.Memory
+	require.NotNil(t, m)
+	require.Equal(t, uint64(1<<30), m.FreeBytes)
+	require.Equal(t, 0.5, m.MemoryFraction)
+	require.LessOrEqual(t, m.PlannedBytes, m.BudgetBytes)
+	require.LessOrEqual(t, float64(m.BudgetBytes), 0.5*float64(m.FreeBytes))
+	require.Equal(t, "default_slots", m.Binding)
+	require.Equal(t, uint32(8), m.StateSlots)
+	require.Equal(t, uint32(8), info.Engine.Slots)
+	require.Equal(t, uint32(8*64), m.KvPages, "every slot can reach the context limit: 4096 tokens in pages of 64")
+	require.Equal(t, 8.0, scrape(t, h.srv, "glmflash_max_running"))
+	require.Equal(t, 512.0, scrapeLabeled(t, h.srv, "glmflash_kv_pages", "free"))
+	require.Equal(t, 0.0, scrapeLabeled(t, h.srv, "glmflash_kv_pages", "used"))
+	require.Equal(t, 8.0, scrapeLabeled(t, h.srv, "glmflash_state_slots", "free"))
+	require.Equal(t, 0.0, scrape(t, h.srv, "glmflash_preemptions_total"))
+	h.shutdown(t)
+
+	// 8 MB at a fraction of 0.5: fewer pages than 3 slots at 4096 tokens
+	meminfo(8 << 10)
+	h = start(t, setup{rt: config.Runtime{Slots: 3, MemoryFraction: 0.5}})
+	info, err = h.client.GetModelInfo(context.Background(), &pb.GetModelInfoRequest{})
+	require.NoError(t, err)
+	m = info.Engine.Memory
+	require.Equal(t, "pages", m.Binding)
+	require.Less(t, m.ContextSequences, m.StateSlots)
+	require.LessOrEqual(t, m.PlannedBytes, m.BudgetBytes)
+	h.shutdown(t)
+
+	// 1 MB: not one sequence of 4096 tokens
+	meminfo(1 << 10)
+	cfg := config.Default()
+	cfg.Model.Dir, cfg.Model.Preset = fixture, ""
+	cfg.Server.GRPCAddr = "127.0.0.1:0"
+	srv, err := New(cfg, Options{Load: fixtureLoader(nil)})
+	require.NoError(t, err)
+	err = srv.load(context.Background())
+	require.ErrorContains(t, err, "not enough memory: one sequence of runtime.context_limit 4096 tokens")
+	require.ErrorContains(t, err, "runtime.memory_fraction")
 }

@@ -37,6 +37,10 @@ type Metrics struct {
 	// specSimulated is speculative.simulate_acceptance (0: off)
 	specSimulated prometheus.Gauge
 	store         atomic.Pointer[storeRef]
+	// the memory plan's: running sequences at most, and preemptions for KV
+	// pages
+	maxRunning  prometheus.Gauge
+	preemptions prometheus.Counter
 }
 
 // latency buckets: 1 ms to ~2 min.
@@ -97,6 +101,42 @@ func NewMetrics() *Metrics {
 		}
 		return 0
 	}))
+	m.maxRunning = prometheus.NewGauge(prometheus.GaugeOpts{Name: "glmflash_max_running", Help: "Requests that may run at once, as the memory planner sized them (within runtime.slots and runtime.max_running)."})
+	f(m.maxRunning)
+	m.preemptions = prometheus.NewCounter(prometheus.CounterOpts{Name: "glmflash_preemptions_total", Help: "Running requests preempted because the KV page pool ran out (their pages freed, recomputed later; no streamed token lost or repeated)."})
+	f(m.preemptions)
+	pages := func(used bool) func() float64 {
+		return func() float64 {
+			if s := m.store.Load(); s != nil {
+				if ps, ok := s.Store.(backend.PagedStore); ok {
+					st := ps.PageStats()
+					if used {
+						return float64(st.Used)
+					}
+					return float64(st.Free)
+				}
+			}
+			return 0
+		}
+	}
+	slots := func(used bool) func() float64 {
+		return func() float64 {
+			if s := m.store.Load(); s != nil {
+				n := s.InUse()
+				if used {
+					return float64(n)
+				}
+				return float64(s.Capacity() - n)
+			}
+			return 0
+		}
+	}
+	for _, st := range []string{"free", "used"} {
+		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "glmflash_kv_pages", Help: "KV cache pages (MLA latents and indexer pooled keys of runtime.kv_page_tokens tokens) by state.",
+			ConstLabels: prometheus.Labels{"state": st}}, pages(st == "used")))
+		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "glmflash_state_slots", Help: "State slots (a sequence's KDA conv and recurrent state) by state.",
+			ConstLabels: prometheus.Labels{"state": st}}, slots(st == "used")))
+	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -114,6 +154,11 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 type storeRef struct{ backend.Store }
 
 func (m *Metrics) setStore(s backend.Store) { m.store.Store(&storeRef{s}) }
+
+var _ sched.PreemptMetrics = (*Metrics)(nil) // the scheduler counts preemptions through it
+
+// Preempted counts a request preempted for KV pages (sched.PreemptMetrics).
+func (m *Metrics) Preempted() { m.preemptions.Inc() }
 
 // Refused counts a request refused before it reached the runtime.
 func (m *Metrics) Refused(status string) { m.requests.WithLabelValues(status).Inc() }

@@ -90,8 +90,11 @@ func start(t *testing.T, su setup) *harness {
 	if su.drain == 0 {
 		cfg.Server.DrainTimeout = 5 * time.Second
 	}
-	if su.rt.Slots == 0 {
+	switch su.rt.Slots {
+	case 0:
 		su.rt.Slots = 8
+	case -1: // the memory planner's
+		su.rt.Slots = 0
 	}
 	if su.rt.DefaultMaxTokens == 0 {
 		su.rt.DefaultMaxTokens = 16
@@ -411,6 +414,12 @@ func scrapeWith(t *testing.T, s *Server, name, key string) float64 {
 	}
 	t.Fatalf("metric %s not found", name)
 	return 0
+}
+
+// scrapeLabeled reads a metric's sample whose state label is state.
+func scrapeLabeled(t *testing.T, s *Server, name, state string) float64 {
+	t.Helper()
+	return scrape(t, s, name+`{state="`+state+`"}`)
 }
 
 // Cancelling a stream mid-generation frees its slot (the store and the

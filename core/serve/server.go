@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"github.com/glmflash/glmflash/core/access"
-	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/config"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/grammar"
@@ -47,7 +46,6 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/rs/zerolog"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -524,8 +522,20 @@ func (s *Server) load(ctx context.Context) error {
 	}
 	cfg := lm.Config
 	rc := s.cfg.Runtime
+	def := engine.DefaultsFor(s.cfg.Device)
 	rcfg := sched.Config{MaxRunning: rc.MaxRunning, MaxQueue: rc.MaxQueue, MaxBatchTokens: rc.MaxBatchTokens, PrefillChunk: rc.PrefillChunk, ContextLimit: rc.ContextLimit, MaxChoices: rc.MaxChoices}
-	eff, err := rcfg.WithDefaults(cfg, rc.Slots)
+	if rcfg.PrefillChunk == 0 {
+		rcfg.PrefillChunk = def.PrefillChunk
+	}
+	capSlots := rc.Slots
+	if capSlots == 0 {
+		capSlots = config.MaxSlots // the planner's; checked again with its slots below
+	}
+	preCfg := rcfg
+	if preCfg.MaxRunning == 0 {
+		preCfg.MaxRunning = 1 // the plan's, below
+	}
+	pre, err := preCfg.WithDefaults(cfg, capSlots) // the configured limits, before the plan
 	if err != nil {
 		return fail(fmt.Errorf("serve: %w", err))
 	}
@@ -543,7 +553,7 @@ func (s *Server) load(ctx context.Context) error {
 	} else if sp.On() && !cfg.HasMTP() {
 		return fail(fmt.Errorf("serve: %w", s.cfg.Explain(&config.KeyError{Key: "speculative.method", Err: fmt.Errorf("mtp needs the checkpoint's MTP layer, and its config declares none (num_nextn_predict_layers is %d)", cfg.NumNextNPredictLayers)})))
 	}
-	es := engine.Setup{Model: cfg, Weights: lm.Info, Pipeline: s.opts.Passes, Slots: rc.Slots, MaxPositions: eff.ContextLimit}
+	es := engine.Setup{Model: cfg, Weights: lm.Info, Pipeline: s.opts.Passes, MaxPositions: pre.ContextLimit}
 	spans := sp.Steps() // drafts per verify span
 	if dflash != nil {
 		spans = dflash.DFlashConfig().BlockSize - 1
@@ -552,26 +562,47 @@ func (s *Server) load(ctx context.Context) error {
 		es.Rollback = spans + 1 // the longest verify span
 	}
 	eo := engine.FromConfig(s.cfg, es)
+	eo.Planned = true // the stores are made by the memory plan, once the weights are loaded
 	if dflash != nil {
 		eo.DFlash = dflash
 	}
 	if s.opts.Engine != nil {
 		s.opts.Engine(&eo)
 	}
-	if eo.Device == "" || eo.Device == "cpu" { // a device backend allocates (and refuses) its own caches
-		var dc *model.DFlashConfig
-		if dflash != nil {
-			dc = dflash.DFlashConfig()
-		}
-		if err := fitsMachine(cfg, rc.Slots, eff.ContextLimit, spans, dc); err != nil {
-			return fail(err)
-		}
-	}
 	eng, err := engine.New(cfg, lm.Weights, eo)
 	if err != nil {
 		return fail(err)
 	}
-	programs := slices.Clone(sched.Programs)
+	// The trunk's programs first: their weights are then held, and the
+	// memory planner sizes the caches from what is left.
+	for _, key := range sched.Programs {
+		if _, err := eng.Program(key); err != nil {
+			return fail(fmt.Errorf("serve: compiling %s: %w", key, err))
+		}
+		if err := ctx.Err(); err != nil {
+			return fail(err)
+		}
+	}
+	frac := rc.MemoryFraction
+	if frac == 0 {
+		frac = def.MemoryFraction
+	}
+	mbt := rc.MaxBatchTokens
+	if mbt == 0 {
+		mbt = max(def.MaxBatchTokens, rcfg.PrefillChunk)
+	}
+	mp, err := eng.PlanMemory(engine.MemoryRequest{Fraction: frac, Slots: rc.Slots, MaxRunning: rc.MaxRunning, DefaultSlots: def.Slots,
+		ContextLimit: pre.ContextLimit, MaxBatchTokens: mbt}, engine.PlanStores{MTP: sp.On() && dflash == nil})
+	if err != nil {
+		return fail(fmt.Errorf("serve: %w", err))
+	}
+	rcfg.MaxRunning, rcfg.MaxBatchTokens = mp.MaxRunning, mp.MaxBatchTokens
+	eff, err := rcfg.WithDefaults(cfg, mp.Slots)
+	if err != nil {
+		return fail(fmt.Errorf("serve: %w", err))
+	}
+	s.logPlan(mp)
+	var programs []engine.Key // the drafter's
 	var draft speculative.Drafter
 	mtpErr, share := eng.MTPReady(), sp.Share(cfg.IndexShareForMTPIteration) && !sp.DFlash() // index sharing is between MTP draft steps
 	if sp.On() {
@@ -616,6 +647,7 @@ func (s *Server) load(ctx context.Context) error {
 		return fail(err)
 	}
 	s.metrics.setStore(eng.Store())
+	s.metrics.maxRunning.Set(float64(eff.MaxRunning))
 	s.metrics.specSimulated.Set(sp.SimulateAcceptance)
 	if sp.SimulateAcceptance > 0 {
 		s.log.Warn().Float64("simulate_acceptance", sp.SimulateAcceptance).Msg("speculative acceptance is SIMULATED: drafts are accepted by a seeded chain whatever the model says, outputs are not the model's")
@@ -628,9 +660,9 @@ func (s *Server) load(ctx context.Context) error {
 	lv := &live{rt: rt, eng: eng, draft: draft, closeFn: closeFn, cfgJSON: hf, text: lm.Text, loaded: time.Now(),
 		lim:   limits{vocab: cfg.VocabSize, context: eff.ContextLimit, defaultMaxTokens: rc.DefaultMaxTokens, maxResponse: s.cfg.Server.MaxResponseBytes, text: lm.Text},
 		model: withChat(modelInfo(cfg, s.paths(lm.Source), eng.WeightBytes(), hf, mtpErr == nil), lm.Text),
-		engine: &pb.EngineInfo{Slots: u32(rc.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens),
+		engine: &pb.EngineInfo{Slots: u32(mp.Slots), MaxRunning: u32(eff.MaxRunning), MaxQueue: u32(eff.MaxQueue), MaxBatchTokens: u32(eff.MaxBatchTokens), PrefillChunk: u32(eff.PrefillChunk), ContextLimit: u32(eff.ContextLimit), DefaultMaxTokens: u32(rc.DefaultMaxTokens),
 			Backend: eng.Backend().Info().Backend, Device: eng.Backend().Info().Device, Speculative: sp.String(),
-			SpeculativeIndexShare: sp.On() && share},
+			SpeculativeIndexShare: sp.On() && share, Memory: memoryInfo(mp)},
 	}
 	if lv.grammar, lv.grammarErr = grammarOf(cfg, lm.Text); lv.grammarErr != nil && lm.Text != nil {
 		s.log.Warn().Err(lv.grammarErr).Msg("structured output is off")
@@ -643,35 +675,24 @@ func (s *Server) load(ctx context.Context) error {
 
 func u32(v int) uint32 { return uint32(max(0, v)) }
 
-// physicalMemory is the machine's memory in bytes (0: unknown).
-var physicalMemory = func() int64 {
-	var si unix.Sysinfo_t
-	if unix.Sysinfo(&si) != nil {
-		return 0
-	}
-	return int64(si.Totalram) * int64(si.Unit)
+// logPlan logs the memory plan: what was free, what the pools take and
+// what binds the running sequences.
+func (s *Server) logPlan(p *engine.MemoryPlan) {
+	s.log.Info().Int64("free_bytes", p.Free).Int64("total_bytes", p.Total).Float64("memory_fraction", p.Fraction).
+		Int64("budget_bytes", p.Budget).Int64("planned_bytes", p.Planned).Int64("workspace_bytes", p.Workspace).
+		Int("kv_pages", p.Pages).Int("page_tokens", p.PageTokens).Int64("page_bytes", p.PageBytes).
+		Int("state_slots", p.Slots).Int64("state_slot_bytes", p.SlotBytes).Int("context_sequences", p.ContextSeqs).
+		Int("max_running", p.MaxRunning).Int("max_batch_tokens", p.MaxBatchTokens).Str("binding", p.Binding).
+		Msg("memory plan")
 }
 
-// fitsMachine refuses a configuration whose caches, full, could not fit in
-// the machine's memory: slots × context_limit tokens of every layer's state
-// (the weights come on top), with speculative decoding (specSteps > 0) the
-// MTP layer's store and every slot's rollback record too.
-func fitsMachine(cfg *model.Config, slots, context, specSteps int, draft *model.DFlashConfig) error {
-	mem := physicalMemory()
-	need := int64(slots) * cache.SlotBytes(cfg, context)
-	if specSteps > 0 {
-		need += int64(slots) * cache.RollbackSlotBytes(cfg, cfg.TrunkLayers(), specSteps+1)
-		if draft != nil { // the DFlash drafter's K/V instead of an MTP layer's caches
-			need += int64(slots) * cache.DraftSlotBytes(draft.NumHiddenLayers, draft.KVWidth(), context)
-		} else {
-			need += int64(slots) * cache.LayerSlotBytes(cfg, cfg.MTPLayers(), context)
-		}
-	}
-	if mem > 0 && need > mem {
-		return fmt.Errorf("serve: runtime.slots (%d) × runtime.context_limit (%d tokens) need up to %.1f GiB of cache, more than this machine's %.1f GiB of memory: lower runtime.context_limit or runtime.slots",
-			slots, context, float64(need)/(1<<30), float64(mem)/(1<<30))
-	}
-	return nil
+// memoryInfo is the plan as GetModelInfo reports it.
+func memoryInfo(p *engine.MemoryPlan) *pb.MemoryPlan {
+	u64 := func(v int64) uint64 { return uint64(max(0, v)) }
+	return &pb.MemoryPlan{FreeBytes: u64(p.Free), TotalBytes: u64(p.Total), MemoryFraction: p.Fraction, BudgetBytes: u64(p.Budget),
+		PlannedBytes: u64(p.Planned), WorkspaceBytes: u64(p.Workspace), KvPages: u32(p.Pages), PageTokens: u32(p.PageTokens),
+		PageBytes: u64(p.PageBytes), StateSlots: u32(p.Slots), StateSlotBytes: u64(p.SlotBytes), ContextSequences: u32(p.ContextSeqs),
+		Binding: p.Binding}
 }
 
 // absPath finds absolute paths in free text and JSON.

@@ -300,6 +300,18 @@ func (d *Device) Syncs() int64 { return d.syncs.Load() }
 // Live is the device memory currently allocated through Alloc.
 func (d *Device) Live() int64 { return d.live.Load() }
 
+// MemInfo is the device memory free for allocation and in all, as the
+// driver sees it (cuMemGetInfo: every process's allocations, this one's
+// pools and graphs included). It must be called on the device's thread
+// (Do), as every driver call.
+func (d *Device) MemInfo() (free, total int64, err error) {
+	var f, t uint64
+	if err := d.drv.check("cuMemGetInfo", d.drv.cuMemGetInfo(&f, &t)); err != nil {
+		return 0, 0, err
+	}
+	return int64(f), int64(t), nil
+}
+
 // Alloc allocates n bytes of device memory (at least 1).
 func (d *Device) Alloc(n int64) (DevicePtr, error) {
 	if n < 1 {

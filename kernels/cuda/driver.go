@@ -34,6 +34,7 @@ type driver struct {
 	cuModuleGetFunction       func(f *uintptr, mod uintptr, name *byte) int32
 	cuMemAlloc                func(p *uint64, n uint64) int32
 	cuMemFree                 func(p uint64) int32
+	cuMemGetInfo              func(free, total *uint64) int32
 	cuMemcpyHtoDAsync         func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) int32
 	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) int32
 	cuMemcpyDtoDAsync         func(dst, src uint64, n uint64, s uintptr) int32
@@ -143,7 +144,7 @@ func loadDriver() (*driver, error) {
 		"cuDevicePrimaryCtxRelease_v2": &d.cuDevicePrimaryCtxRelease, "cuCtxSetCurrent": &d.cuCtxSetCurrent,
 		"cuModuleLoadData": &d.cuModuleLoadData, "cuModuleUnload": &d.cuModuleUnload,
 		"cuModuleGetFunction": &d.cuModuleGetFunction,
-		"cuMemAlloc_v2":       &d.cuMemAlloc, "cuMemFree_v2": &d.cuMemFree,
+		"cuMemAlloc_v2":       &d.cuMemAlloc, "cuMemFree_v2": &d.cuMemFree, "cuMemGetInfo_v2": &d.cuMemGetInfo,
 		"cuMemcpyHtoDAsync_v2": &d.cuMemcpyHtoDAsync, "cuMemcpyDtoHAsync_v2": &d.cuMemcpyDtoHAsync,
 		"cuMemcpyDtoDAsync_v2": &d.cuMemcpyDtoDAsync, "cuMemsetD32Async": &d.cuMemsetD32Async,
 		"cuLaunchKernel": &d.cuLaunchKernel, "cuStreamCreate": &d.cuStreamCreate, "cuStreamDestroy_v2": &d.cuStreamDestroy,

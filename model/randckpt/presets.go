@@ -62,8 +62,9 @@ var presets = map[string]map[string]any{
 	// of the GPU benchmark hold comfortably on one H200 (139 GiB):
 	// transformers keeps the weights it cannot run in FP8 as bf16, twice
 	// that, and the FP8 checkpoint itself must fit the GPU machine's 64 GiB
-	// of disk. max_position_embeddings (1048576 released: with no RoPE only
-	// a context limit) is 8192, which sizes the per-sequence caches.
+	// of disk. max_position_embeddings is the released config's 202752 (with
+	// no RoPE only a context limit): the paged caches take pages as
+	// sequences grow, and the serving memory planner sizes the pool.
 	"gpu": {
 		"vocab_size": 154880, "hidden_size": 4096, "num_hidden_layers": 8, "intermediate_size": 12288,
 		"moe_intermediate_size": 2048, "n_routed_experts": 288, "num_experts_per_tok": 8, "n_shared_experts": 1,
@@ -74,7 +75,7 @@ var presets = map[string]map[string]any{
 		"index_kpool_always_select_tail": true,
 		"linear_num_heads":               64, "linear_head_dim": 128, "linear_conv_kernel_dim": 4, "linear_lower_bound": -5.0,
 		"hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-5, "swiglu_limit": 10.0,
-		"max_position_embeddings": 8192, "tie_word_embeddings": false, "pad_token_id": 154820,
+		"max_position_embeddings": 202752, "tie_word_embeddings": false, "pad_token_id": 154820,
 	},
 }
 

@@ -91,6 +91,7 @@ func TestPresets(t *testing.T) {
 	assert.Equal(t, []int{4096, 154880, 12288, 288, 8, 2048, 1, 154820}, []int{g.HiddenSize, g.VocabSize, g.IntermediateSize, g.NRoutedExperts, g.NumExpertsPerTok, g.MoEIntermediateSize, g.NSharedExperts, *g.PadTokenID})
 	assert.Equal(t, []int{64, 128, 64, 256, 256, 1536, 512}, []int{g.LinearNumHeads, g.LinearHeadDim, g.NumAttentionHeads, g.QKNopeHeadDim, g.VHeadDim, g.QLoraRank, g.KVLoraRank})
 	assert.Equal(t, []int{32, 128, 2048, 4}, []int{g.IndexNHeads, g.IndexHeadDim, g.IndexTopK, g.IndexKPool})
+	assert.Equal(t, 202752, g.MaxPositionEmbeddings, "the released context: summarization's 8000 + 1000 tokens and 128k prompts fit")
 	var fp8Bytes int64
 	for _, s := range g.WeightCatalog(true) {
 		n := int64(s.DType.Size())

@@ -95,6 +95,21 @@ func TestCUDAServe(t *testing.T) {
 	srv, c := serveCUDA(t)
 	eng := srv.Engine()
 	require.Equal(t, "cuda", eng.Backend().Name())
+	// the memory planner sized the caches from the device's free memory
+	// (cuMemGetInfo), within runtime.slots and the CUDA defaults
+	info, err := c.GetModelInfo(context.Background(), &pb.GetModelInfoRequest{})
+	require.NoError(t, err)
+	m := info.Engine.Memory
+	require.Equal(t, 0.9, m.MemoryFraction)
+	require.Positive(t, m.FreeBytes)
+	require.LessOrEqual(t, m.PlannedBytes, m.BudgetBytes)
+	require.LessOrEqual(t, float64(m.BudgetBytes), 0.9*float64(m.FreeBytes))
+	require.Equal(t, "runtime.slots", m.Binding)
+	require.Equal(t, uint32(4), m.StateSlots)
+	require.Equal(t, uint32(2048), info.Engine.PrefillChunk, "the CUDA default")
+	require.Equal(t, uint32(8192), info.Engine.MaxBatchTokens, "the CUDA default")
+	st := eng.Store().(backend.PagedStore).PageStats()
+	require.Equal(t, int(m.KvPages), st.Total)
 	prompts := [][]int32{seqTokens(7, 1, 256), seqTokens(20, 2, 256), seqTokens(3, 3, 256)}
 	// alone: the engine itself, one sequence at a time, greedy
 	alone := make([][]int32, len(prompts))
@@ -166,7 +181,7 @@ func TestCUDAServe(t *testing.T) {
 	require.NoError(t, eng.Store().Free(s))
 	require.Less(t, maxDiff(r.Logits, sc.GetLogits()), 1e-5)
 
-	info, err := c.GetModelInfo(context.Background(), &pb.GetModelInfoRequest{})
+	info, err = c.GetModelInfo(context.Background(), &pb.GetModelInfoRequest{})
 	require.NoError(t, err)
 	require.Contains(t, info.String(), "cuda")
 }

@@ -1559,8 +1559,10 @@ type EngineInfo struct {
 	Speculative string `protobuf:"bytes,10,opt,name=speculative,proto3" json:"speculative,omitempty"`
 	// MTP draft steps ≥ 1 reuse step 0's indexer selection.
 	SpeculativeIndexShare bool `protobuf:"varint,11,opt,name=speculative_index_share,json=speculativeIndexShare,proto3" json:"speculative_index_share,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// The memory planner's sizing at start (docs/memory-planner.md).
+	Memory        *MemoryPlan `protobuf:"bytes,12,opt,name=memory,proto3" json:"memory,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EngineInfo) Reset() {
@@ -1670,6 +1672,168 @@ func (x *EngineInfo) GetSpeculativeIndexShare() bool {
 	return false
 }
 
+func (x *EngineInfo) GetMemory() *MemoryPlan {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
+// MemoryPlan is how the memory planner sized the caches at start: the
+// memory free after the weights (device memory on CUDA, the host's
+// available memory on the CPU), the share of it planned, and the page pool
+// and state slots sized together from what a page and a slot cost.
+type MemoryPlan struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes free when the planner measured, and in all (0: unknown).
+	FreeBytes  uint64 `protobuf:"varint,1,opt,name=free_bytes,json=freeBytes,proto3" json:"free_bytes,omitempty"`
+	TotalBytes uint64 `protobuf:"varint,2,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// runtime.memory_fraction as applied; budget_bytes = fraction × free.
+	MemoryFraction float64 `protobuf:"fixed64,3,opt,name=memory_fraction,json=memoryFraction,proto3" json:"memory_fraction,omitempty"`
+	BudgetBytes    uint64  `protobuf:"varint,4,opt,name=budget_bytes,json=budgetBytes,proto3" json:"budget_bytes,omitempty"`
+	// Bytes planned (pools + workspace), never more than budget_bytes, and
+	// the part set aside for a step's activations.
+	PlannedBytes   uint64 `protobuf:"varint,5,opt,name=planned_bytes,json=plannedBytes,proto3" json:"planned_bytes,omitempty"`
+	WorkspaceBytes uint64 `protobuf:"varint,6,opt,name=workspace_bytes,json=workspaceBytes,proto3" json:"workspace_bytes,omitempty"`
+	// The KV page pool: pages of page_tokens tokens, each page_bytes.
+	KvPages    uint32 `protobuf:"varint,7,opt,name=kv_pages,json=kvPages,proto3" json:"kv_pages,omitempty"`
+	PageTokens uint32 `protobuf:"varint,8,opt,name=page_tokens,json=pageTokens,proto3" json:"page_tokens,omitempty"`
+	PageBytes  uint64 `protobuf:"varint,9,opt,name=page_bytes,json=pageBytes,proto3" json:"page_bytes,omitempty"`
+	// The state slots (KDA conv/recurrent state per sequence), each
+	// state_slot_bytes.
+	StateSlots     uint32 `protobuf:"varint,10,opt,name=state_slots,json=stateSlots,proto3" json:"state_slots,omitempty"`
+	StateSlotBytes uint64 `protobuf:"varint,11,opt,name=state_slot_bytes,json=stateSlotBytes,proto3" json:"state_slot_bytes,omitempty"`
+	// Sequences the page pool holds at the context limit.
+	ContextSequences uint32 `protobuf:"varint,12,opt,name=context_sequences,json=contextSequences,proto3" json:"context_sequences,omitempty"`
+	// What limits the running sequences: "pages", "state_slots",
+	// "default_slots" (the device's default bound) or the configured key
+	// ("runtime.slots", "runtime.max_running", "runtime.max_batch_tokens").
+	Binding       string `protobuf:"bytes,13,opt,name=binding,proto3" json:"binding,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryPlan) Reset() {
+	*x = MemoryPlan{}
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryPlan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryPlan) ProtoMessage() {}
+
+func (x *MemoryPlan) ProtoReflect() protoreflect.Message {
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryPlan.ProtoReflect.Descriptor instead.
+func (*MemoryPlan) Descriptor() ([]byte, []int) {
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *MemoryPlan) GetFreeBytes() uint64 {
+	if x != nil {
+		return x.FreeBytes
+	}
+	return 0
+}
+
+func (x *MemoryPlan) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *MemoryPlan) GetMemoryFraction() float64 {
+	if x != nil {
+		return x.MemoryFraction
+	}
+	return 0
+}
+
+func (x *MemoryPlan) GetBudgetBytes() uint64 {
+	if x != nil {
+		return x.BudgetBytes
+	}
+	return 0
+}
+
+func (x *MemoryPlan) GetPlannedBytes() uint64 {
+	if x != nil {
+		return x.PlannedBytes
+	}
+	return 0
+}
+
+func (x *MemoryPlan) GetWorkspaceBytes() uint64 {
+	if x != nil {
+		return x.WorkspaceBytes
+	}
+	return 0
+}
+
+func (x *MemoryPlan) GetKvPages() uint32 {
+	if x != nil {
+		return x.KvPages
+	}
+	return 0
+}
+
+func (x *MemoryPlan) GetPageTokens() uint32 {
+	if x != nil {
+		return x.PageTokens
+	}
+	return 0
+}
+
+func (x *MemoryPlan) GetPageBytes() uint64 {
+	if x != nil {
+		return x.PageBytes
+	}
+	return 0
+}
+
+func (x *MemoryPlan) GetStateSlots() uint32 {
+	if x != nil {
+		return x.StateSlots
+	}
+	return 0
+}
+
+func (x *MemoryPlan) GetStateSlotBytes() uint64 {
+	if x != nil {
+		return x.StateSlotBytes
+	}
+	return 0
+}
+
+func (x *MemoryPlan) GetContextSequences() uint32 {
+	if x != nil {
+		return x.ContextSequences
+	}
+	return 0
+}
+
+func (x *MemoryPlan) GetBinding() string {
+	if x != nil {
+		return x.Binding
+	}
+	return ""
+}
+
 type ScoreRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Token ids, each in [0, vocab_size), not empty, within the context limit.
@@ -1682,7 +1846,7 @@ type ScoreRequest struct {
 
 func (x *ScoreRequest) Reset() {
 	*x = ScoreRequest{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[17]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1694,7 +1858,7 @@ func (x *ScoreRequest) String() string {
 func (*ScoreRequest) ProtoMessage() {}
 
 func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[17]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1707,7 +1871,7 @@ func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreRequest.ProtoReflect.Descriptor instead.
 func (*ScoreRequest) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{17}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ScoreRequest) GetTokenIds() []int32 {
@@ -1737,7 +1901,7 @@ type ScoreResponse struct {
 
 func (x *ScoreResponse) Reset() {
 	*x = ScoreResponse{}
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[18]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1749,7 +1913,7 @@ func (x *ScoreResponse) String() string {
 func (*ScoreResponse) ProtoMessage() {}
 
 func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_glmflash_v1_glmflash_proto_msgTypes[18]
+	mi := &file_glmflash_v1_glmflash_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1762,7 +1926,7 @@ func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreResponse.ProtoReflect.Descriptor instead.
 func (*ScoreResponse) Descriptor() ([]byte, []int) {
-	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{18}
+	return file_glmflash_v1_glmflash_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ScoreResponse) GetRows() uint32 {
@@ -1926,7 +2090,7 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\vmtp_weights\x18\x11 \x01(\bR\n" +
 	"mtpWeights\x12\x12\n" +
 	"\x04chat\x18\x12 \x01(\bR\x04chat\x12.\n" +
-	"\x13chat_template_error\x18\x13 \x01(\tR\x11chatTemplateError\"\x8e\x03\n" +
+	"\x13chat_template_error\x18\x13 \x01(\tR\x11chatTemplateError\"\xbf\x03\n" +
 	"\n" +
 	"EngineInfo\x12\x14\n" +
 	"\x05slots\x18\x01 \x01(\rR\x05slots\x12\x1f\n" +
@@ -1941,7 +2105,29 @@ const file_glmflash_v1_glmflash_proto_rawDesc = "" +
 	"\x06device\x18\t \x01(\tR\x06device\x12 \n" +
 	"\vspeculative\x18\n" +
 	" \x01(\tR\vspeculative\x126\n" +
-	"\x17speculative_index_share\x18\v \x01(\bR\x15speculativeIndexShare\"P\n" +
+	"\x17speculative_index_share\x18\v \x01(\bR\x15speculativeIndexShare\x12/\n" +
+	"\x06memory\x18\f \x01(\v2\x17.glmflash.v1.MemoryPlanR\x06memory\"\xd3\x03\n" +
+	"\n" +
+	"MemoryPlan\x12\x1d\n" +
+	"\n" +
+	"free_bytes\x18\x01 \x01(\x04R\tfreeBytes\x12\x1f\n" +
+	"\vtotal_bytes\x18\x02 \x01(\x04R\n" +
+	"totalBytes\x12'\n" +
+	"\x0fmemory_fraction\x18\x03 \x01(\x01R\x0ememoryFraction\x12!\n" +
+	"\fbudget_bytes\x18\x04 \x01(\x04R\vbudgetBytes\x12#\n" +
+	"\rplanned_bytes\x18\x05 \x01(\x04R\fplannedBytes\x12'\n" +
+	"\x0fworkspace_bytes\x18\x06 \x01(\x04R\x0eworkspaceBytes\x12\x19\n" +
+	"\bkv_pages\x18\a \x01(\rR\akvPages\x12\x1f\n" +
+	"\vpage_tokens\x18\b \x01(\rR\n" +
+	"pageTokens\x12\x1d\n" +
+	"\n" +
+	"page_bytes\x18\t \x01(\x04R\tpageBytes\x12\x1f\n" +
+	"\vstate_slots\x18\n" +
+	" \x01(\rR\n" +
+	"stateSlots\x12(\n" +
+	"\x10state_slot_bytes\x18\v \x01(\x04R\x0estateSlotBytes\x12+\n" +
+	"\x11context_sequences\x18\f \x01(\rR\x10contextSequences\x12\x18\n" +
+	"\abinding\x18\r \x01(\tR\abinding\"P\n" +
 	"\fScoreRequest\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\x05R\btokenIds\x12#\n" +
 	"\rall_positions\x18\x02 \x01(\bR\fallPositions\"Z\n" +
@@ -1975,7 +2161,7 @@ func file_glmflash_v1_glmflash_proto_rawDescGZIP() []byte {
 }
 
 var file_glmflash_v1_glmflash_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_glmflash_v1_glmflash_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_glmflash_v1_glmflash_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_glmflash_v1_glmflash_proto_goTypes = []any{
 	(FinishReason)(0),            // 0: glmflash.v1.FinishReason
 	(*SamplingParams)(nil),       // 1: glmflash.v1.SamplingParams
@@ -1995,41 +2181,43 @@ var file_glmflash_v1_glmflash_proto_goTypes = []any{
 	(*GetModelInfoResponse)(nil), // 15: glmflash.v1.GetModelInfoResponse
 	(*ModelInfo)(nil),            // 16: glmflash.v1.ModelInfo
 	(*EngineInfo)(nil),           // 17: glmflash.v1.EngineInfo
-	(*ScoreRequest)(nil),         // 18: glmflash.v1.ScoreRequest
-	(*ScoreResponse)(nil),        // 19: glmflash.v1.ScoreResponse
-	nil,                          // 20: glmflash.v1.SamplingParams.LogitBiasEntry
-	(*durationpb.Duration)(nil),  // 21: google.protobuf.Duration
+	(*MemoryPlan)(nil),           // 18: glmflash.v1.MemoryPlan
+	(*ScoreRequest)(nil),         // 19: glmflash.v1.ScoreRequest
+	(*ScoreResponse)(nil),        // 20: glmflash.v1.ScoreResponse
+	nil,                          // 21: glmflash.v1.SamplingParams.LogitBiasEntry
+	(*durationpb.Duration)(nil),  // 22: google.protobuf.Duration
 }
 var file_glmflash_v1_glmflash_proto_depIdxs = []int32{
-	20, // 0: glmflash.v1.SamplingParams.logit_bias:type_name -> glmflash.v1.SamplingParams.LogitBiasEntry
+	21, // 0: glmflash.v1.SamplingParams.logit_bias:type_name -> glmflash.v1.SamplingParams.LogitBiasEntry
 	1,  // 1: glmflash.v1.GenerateRequest.sampling:type_name -> glmflash.v1.SamplingParams
 	4,  // 2: glmflash.v1.GenerateRequest.messages:type_name -> glmflash.v1.ChatMessage
 	3,  // 3: glmflash.v1.GenerateRequest.choice:type_name -> glmflash.v1.Choice
 	6,  // 4: glmflash.v1.GenerateResponse.token:type_name -> glmflash.v1.Token
 	10, // 5: glmflash.v1.GenerateResponse.finish:type_name -> glmflash.v1.Finish
 	7,  // 6: glmflash.v1.Token.top_logprobs:type_name -> glmflash.v1.TokenLogprob
-	21, // 7: glmflash.v1.Timings.queue:type_name -> google.protobuf.Duration
-	21, // 8: glmflash.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
-	21, // 9: glmflash.v1.Timings.total:type_name -> google.protobuf.Duration
+	22, // 7: glmflash.v1.Timings.queue:type_name -> google.protobuf.Duration
+	22, // 8: glmflash.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
+	22, // 9: glmflash.v1.Timings.total:type_name -> google.protobuf.Duration
 	0,  // 10: glmflash.v1.Finish.reason:type_name -> glmflash.v1.FinishReason
 	8,  // 11: glmflash.v1.Finish.usage:type_name -> glmflash.v1.Usage
 	9,  // 12: glmflash.v1.Finish.timings:type_name -> glmflash.v1.Timings
 	11, // 13: glmflash.v1.Finish.speculative:type_name -> glmflash.v1.SpeculativeStats
 	16, // 14: glmflash.v1.GetModelInfoResponse.model:type_name -> glmflash.v1.ModelInfo
 	17, // 15: glmflash.v1.GetModelInfoResponse.engine:type_name -> glmflash.v1.EngineInfo
-	2,  // 16: glmflash.v1.GLMFlash.Generate:input_type -> glmflash.v1.GenerateRequest
-	12, // 17: glmflash.v1.GLMFlash.Abort:input_type -> glmflash.v1.AbortRequest
-	14, // 18: glmflash.v1.GLMFlash.GetModelInfo:input_type -> glmflash.v1.GetModelInfoRequest
-	18, // 19: glmflash.v1.GLMFlash.Score:input_type -> glmflash.v1.ScoreRequest
-	5,  // 20: glmflash.v1.GLMFlash.Generate:output_type -> glmflash.v1.GenerateResponse
-	13, // 21: glmflash.v1.GLMFlash.Abort:output_type -> glmflash.v1.AbortResponse
-	15, // 22: glmflash.v1.GLMFlash.GetModelInfo:output_type -> glmflash.v1.GetModelInfoResponse
-	19, // 23: glmflash.v1.GLMFlash.Score:output_type -> glmflash.v1.ScoreResponse
-	20, // [20:24] is the sub-list for method output_type
-	16, // [16:20] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	18, // 16: glmflash.v1.EngineInfo.memory:type_name -> glmflash.v1.MemoryPlan
+	2,  // 17: glmflash.v1.GLMFlash.Generate:input_type -> glmflash.v1.GenerateRequest
+	12, // 18: glmflash.v1.GLMFlash.Abort:input_type -> glmflash.v1.AbortRequest
+	14, // 19: glmflash.v1.GLMFlash.GetModelInfo:input_type -> glmflash.v1.GetModelInfoRequest
+	19, // 20: glmflash.v1.GLMFlash.Score:input_type -> glmflash.v1.ScoreRequest
+	5,  // 21: glmflash.v1.GLMFlash.Generate:output_type -> glmflash.v1.GenerateResponse
+	13, // 22: glmflash.v1.GLMFlash.Abort:output_type -> glmflash.v1.AbortResponse
+	15, // 23: glmflash.v1.GLMFlash.GetModelInfo:output_type -> glmflash.v1.GetModelInfoResponse
+	20, // 24: glmflash.v1.GLMFlash.Score:output_type -> glmflash.v1.ScoreResponse
+	21, // [21:25] is the sub-list for method output_type
+	17, // [17:21] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_glmflash_v1_glmflash_proto_init() }
@@ -2054,7 +2242,7 @@ func file_glmflash_v1_glmflash_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_glmflash_v1_glmflash_proto_rawDesc), len(file_glmflash_v1_glmflash_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
