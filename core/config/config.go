@@ -146,9 +146,9 @@ type CUDA struct {
 // MaxGraphTokenBuckets bounds the entries of cuda.graph_token_buckets.
 const MaxGraphTokenBuckets = 32
 
-// checkGraphBuckets says what is wrong with a cuda.graph_token_buckets
+// CheckGraphBuckets says what is wrong with a cuda.graph_token_buckets
 // list: unset (nil), [0] (none) or ascending token counts in [1, 65536].
-func checkGraphBuckets(b []int) error {
+func CheckGraphBuckets(b []int) error {
 	switch {
 	case b == nil || len(b) == 1 && b[0] == 0:
 		return nil
@@ -534,7 +534,7 @@ func (c *Config) validateEngine() error {
 	if g := c.CUDA.GraphMaxTokens; g < -1 || g > 1<<16 {
 		return keyErr("cuda.graph_max_tokens", "must be -1 (no graphs), 0 (the default) or in [1, 65536], got %d", g)
 	}
-	if err := checkGraphBuckets(c.CUDA.GraphTokenBuckets); err != nil {
+	if err := CheckGraphBuckets(c.CUDA.GraphTokenBuckets); err != nil {
 		return keyErr("cuda.graph_token_buckets", "%w", err)
 	}
 	if g := c.CUDA.MaxGraphs; g < 0 || g > 1<<16 {

@@ -25,7 +25,7 @@ type mixedRun struct {
 	states  []*cache.Seq
 	pages   backend.PageStats
 	stats   backend.DeviceStats
-	// first are the counters after the schedule's first round
+	// first are the counters after the schedule's first two rounds
 	first backend.DeviceStats
 }
 
@@ -52,7 +52,7 @@ var mixedSchedule = [][4]int{
 	{1, 13, 1, 17}, // mixed: 32 → 32
 }
 
-// mixedSteps runs mixedSchedule twice on a fresh engine of the given CUDA
+// mixedSteps runs mixedSchedule three times on a fresh engine of the given CUDA
 // options (sampled rows, every pass graphs need) and returns what it saw.
 func mixedSteps(t *testing.T, co cudabe.Options) mixedRun {
 	t.Helper()
@@ -73,8 +73,8 @@ func mixedSteps(t *testing.T, co cudabe.Options) mixedRun {
 	var out mixedRun
 	prog, err := e.Program(key)
 	require.NoError(t, err)
-	for step := range 2 * len(mixedSchedule) {
-		if step == len(mixedSchedule) {
+	for step := range 3 * len(mixedSchedule) {
+		if step == 2*len(mixedSchedule) {
 			out.first = backend.DeviceStatsOf(prog)
 		}
 		ns := mixedSchedule[step%len(mixedSchedule)]
@@ -147,22 +147,22 @@ func TestCUDAMixedStepsReplayBucketGraphs(t *testing.T) {
 		require.Zero(t, e.PadTokens)
 	}
 	dec, mix, pre := gs.ByKind[backend.StepDecode], gs.ByKind[backend.StepMixed], gs.ByKind[backend.StepPrefill]
-	require.EqualValues(t, 8, dec.Steps)
-	require.EqualValues(t, 12, mix.Steps)
-	require.EqualValues(t, 3, pre.Steps, "the bystander's prefill and step 0 of each round")
+	require.EqualValues(t, 12, dec.Steps)
+	require.EqualValues(t, 18, mix.Steps)
+	require.EqualValues(t, 4, pre.Steps, "the bystander's prefill and step 0 of each round")
 	for _, k := range []backend.KindStats{dec, mix, pre} {
 		require.Equal(t, k.Steps, k.GraphReplays, "every step replays a graph")
 		require.Equal(t, k.Steps, k.Launches, "one launch (the replay) per step")
 	}
-	require.EqualValues(t, 5+2*(12+12+12+31+4), mix.PadTokens+pre.PadTokens, "the padding rows (the bystander's prefill, steps 0, 1, 2, 6 and 9)")
+	require.EqualValues(t, 5+3*(12+12+12+31+4), mix.PadTokens+pre.PadTokens, "the padding rows (the bystander's prefill, steps 0, 1, 2, 6 and 9)")
 	require.Zero(t, dec.PadTokens, "decode steps of ≤ 8 tokens replay exact graphs")
 	// the shapes (tokens × sequences): 16×2 (the bystander), 32×2, 32×4,
 	// 32×8, 4×4 (decode, exact), 16×4, 64×8, 16×8 (step 10, 32 tokens in 4
 	// sequences, replays 32×4); a larger shape's arena drops the graphs
-	// captured before it (their addresses move) in the first round, and the
-	// second round captures nothing
-	require.EqualValues(t, 7, gs.GraphsHeld, "one graph per bucket shape of the second round (the bystander's was dropped)")
-	require.Equal(t, first.GraphCaptures, gs.GraphCaptures, "the second round replays only")
+	// captured before it (their addresses move) in the first round, the
+	// second round captures those again, and the third captures nothing
+	require.EqualValues(t, 7, gs.GraphsHeld, "one graph per bucket shape of the later rounds (the bystander's was dropped)")
+	require.Equal(t, first.GraphCaptures, gs.GraphCaptures, "the third round replays only")
 	require.Zero(t, gs.GraphEvictions)
 	require.Less(t, gs.Launches, es.Launches/20)
 }
@@ -185,6 +185,6 @@ func TestCUDABucketGraphsBounded(t *testing.T) {
 	t.Logf("max_graphs 3: %d captures, %d evictions, %d held, %d replays in %d runs", gs.GraphCaptures, gs.GraphEvictions, gs.GraphsHeld, gs.GraphReplays, gs.Runs)
 	require.EqualValues(t, 3, gs.GraphsHeld)
 	require.Positive(t, gs.GraphEvictions)
-	require.Greater(t, gs.GraphCaptures-bounded.first.GraphCaptures, int64(3), "evicted shapes are captured again in the second round")
+	require.Greater(t, gs.GraphCaptures-bounded.first.GraphCaptures, int64(3), "evicted shapes are captured again in the third round")
 	require.Equal(t, gs.Runs, gs.GraphReplays, "every step still replays")
 }

@@ -55,7 +55,7 @@ type Options struct {
 	// DefaultGraphBuckets): a batch of more than GraphMaxTokens tokens up
 	// to the largest bucket is padded to a bucket (padBatch) and replays
 	// the bucket's graph; NoGraphBuckets turns them off (such batches
-	// launch eagerly). Ascending, each positive (config.checkGraphBuckets).
+	// launch eagerly). Ascending, each positive (config.CheckGraphBuckets).
 	GraphBuckets   []int
 	NoGraphBuckets bool
 	// MaxGraphs bounds the graphs a program keeps (0: DefaultMaxGraphs);
