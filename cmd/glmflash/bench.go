@@ -26,6 +26,7 @@ type benchFlags struct {
 	mf                                           modelFlags
 	profileOps, gemmReport, sampleMask           bool
 	prompt, decodeCtx, decodeSteps, reps, warmup int
+	mixedChunk                                   int
 	batches                                      []int
 	specAccept, specAcceptLen                    []float64
 	specDrafter                                  string
@@ -58,6 +59,7 @@ func newBenchCmd() *cobra.Command {
 	cmd.Flags().IntVar(&f.decodeCtx, "decode-context", 32, "tokens prefilled per sequence (untimed) before the decode series' steps: the context they attend (--prompt sizes the prefill series only)")
 	cmd.Flags().IntVar(&f.decodeSteps, "decode-steps", 16, "decode steps per measured run")
 	cmd.Flags().IntSliceVar(&f.batches, "batch", []int{1, 8}, "decode batch sizes")
+	cmd.Flags().IntVar(&f.mixedChunk, "mixed-chunk", 0, "also measure mixed steps at each batch size: the batch's decode tokens beside the next chunk of this many tokens of one more sequence's prompt (a long prompt arriving while others decode), launches reported by step kind (0: not measured)")
 	cmd.Flags().IntVar(&f.reps, "reps", 3, "measured repetitions")
 	cmd.Flags().IntVar(&f.warmup, "warmup", 1, "warm-up repetitions (not counted)")
 	cmd.Flags().StringVar(&f.jsonOut, "json", "", "also write the results as JSON to this file")
@@ -73,6 +75,9 @@ func newBenchCmd() *cobra.Command {
 
 // check refuses flags out of range, before anything is opened.
 func (f *benchFlags) check() error {
+	if f.mixedChunk < 0 {
+		return fmt.Errorf("--mixed-chunk must be ≥ 0 (0: no mixed series), got %d", f.mixedChunk)
+	}
 	if f.prompt < 1 || f.decodeCtx < 1 || f.decodeSteps < 1 || f.reps < 1 || f.warmup < 0 {
 		return fmt.Errorf("--prompt, --decode-context, --decode-steps and --reps must be ≥ 1, --warmup ≥ 0")
 	}
@@ -103,6 +108,9 @@ func (f *benchFlags) checkModel(ck *model.Checkpoint, s bench.Spec) error {
 		}
 	}
 	// every sequence must fit the model's positions
+	if limit := ck.Config().MaxPositionEmbeddings; f.mixedChunk*f.decodeSteps > limit {
+		return fmt.Errorf("--mixed-chunk × --decode-steps (%d) must fit max_position_embeddings (%d)", f.mixedChunk*f.decodeSteps, limit)
+	}
 	if limit := ck.Config().MaxPositionEmbeddings; f.prompt > limit || f.decodeCtx+f.decodeSteps > limit {
 		return fmt.Errorf("--prompt (%d) and --decode-context + --decode-steps (%d) must fit max_position_embeddings (%d)", f.prompt, f.decodeCtx+f.decodeSteps, limit)
 	}
@@ -197,7 +205,7 @@ func (f *benchFlags) run(cmd *cobra.Command) error {
 	}
 	s := bench.Spec{Prompt: f.prompt, DecodeContext: f.decodeCtx, DecodeSteps: f.decodeSteps, Batches: f.batches, Reps: f.reps, Warmup: f.warmup,
 		Speculative: ec.Speculative, SpecAccept: f.specAccept, SpecAcceptLen: f.specAcceptLen, SpecDrafter: f.specDrafter, PeakTFLOPs: f.peakTFLOPs, Bandwidth: f.bandwidth, BandwidthFrom: "--bandwidth-gbs",
-		LimitsPath: f.limitsPath, ProfileOps: f.profileOps, SampleMask: f.sampleMask,
+		LimitsPath: f.limitsPath, ProfileOps: f.profileOps, SampleMask: f.sampleMask, MixedChunk: f.mixedChunk,
 		Measured: func(series string, run, of int, warmup bool, tps float64) {
 			log.Info().Str("bench", series).Int("run", run).Int("of", of).Bool("warmup", warmup).Float64("tokens_per_s", tps).Msg("measured")
 		}}

@@ -210,3 +210,18 @@ func checkRoofline(t *testing.T, rep benchJSON, clock string) {
 	}
 	require.Equal(t, 2, n)
 }
+
+// On the CUDA emulator, --mixed-chunk adds a series of steps holding the
+// batch's decode tokens beside a prompt chunk; past graph_max_tokens they
+// replay a bucket graph (one launch a step), reported by step kind.
+func TestBenchMixedChunkCUDA(t *testing.T) {
+	if os.Getenv("GLMFLASH_CUDA_EMULATOR") == "" {
+		t.Skip("GLMFLASH_CUDA_EMULATOR is not set: `make cudaemu` and set it to bin/libglmflash-cudaemu.so to run bench on the CUDA emulator")
+	}
+	out, err := runCLI(t, "bench", "--device", "cuda", "--preset", "tiny", "--cache-dir", t.TempDir(), "--prompt", "4", "--decode-steps", "2", "--reps", "1", "--warmup", "0", "--batch", "2", "--mixed-chunk", "80")
+	require.NoError(t, err)
+	t.Log(out)
+	require.Regexp(t, `mixed batch 2 \+ chunk 80 .* by step kind: mixed 2 steps, 1\.0 launches \(1\.0 graph replays\), [0-9]+ kernels, 82 tokens \+ 46 padding`, out)
+	_, err = runCLI(t, "bench", "--device", "cuda", "--preset", "tiny", "--cache-dir", t.TempDir(), "--mixed-chunk", "-1")
+	require.ErrorContains(t, err, "--mixed-chunk must be ≥ 0")
+}

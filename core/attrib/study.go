@@ -324,6 +324,14 @@ func (s *Study) validate(known func(string) bool) error {
 	if s.CUDA != nil && s.CUDA.GraphMaxTokens < -1 {
 		return fmt.Errorf("cuda.graph_max_tokens: must be ≥ -1 (-1: no graphs), got %d", s.CUDA.GraphMaxTokens)
 	}
+	if s.CUDA != nil {
+		if err := config.CheckGraphBuckets(s.CUDA.GraphTokenBuckets); err != nil {
+			return fmt.Errorf("cuda.graph_token_buckets: %w", err)
+		}
+		if g := s.CUDA.MaxGraphs; g < 0 || g > 1<<16 {
+			return fmt.Errorf("cuda.max_graphs: must be 0 (the default, 256) or in [1, 65536], got %d", g)
+		}
+	}
 	if s.Level != LevelEngine && s.Level != LevelServing {
 		return fmt.Errorf("level: must be engine or serving, got %q", s.Level)
 	}

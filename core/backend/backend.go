@@ -87,8 +87,10 @@ type DeviceStats struct {
 	// Launches counts kernel launches.
 	Launches int64
 	// GraphReplays counts batches run by replaying a captured CUDA graph;
-	// GraphCaptures the graphs captured.
-	GraphReplays, GraphCaptures int64
+	// GraphCaptures the graphs captured, GraphEvictions those destroyed to
+	// keep the program's bound on graphs (the least recently replayed
+	// first), GraphsHeld those the program keeps now.
+	GraphReplays, GraphCaptures, GraphEvictions, GraphsHeld int64
 	// Kernels counts kernels executed: eager launches plus the kernels
 	// every graph replay runs; a cuBLAS or cuBLASLt call counts as one.
 	Kernels int64
@@ -100,6 +102,80 @@ type DeviceStats struct {
 	// first device work (metadata, the arena plan, a graph capture); it is
 	// not in DeviceNs.
 	PrepNs int64
+	// ByKind breaks the executed batches down by step kind (KindOf),
+	// indexed by StepKind.
+	ByKind [NumStepKinds]KindStats
+}
+
+// StepKind is what a batch holds (KindOf).
+type StepKind int
+
+// The step kinds.
+const (
+	// StepDecode: decode tokens only (one token a sequence, or verify
+	// spans whose every row gets logits).
+	StepDecode StepKind = iota
+	// StepMixed: prompt chunks beside decode tokens.
+	StepMixed
+	// StepPrefill: prompt chunks only.
+	StepPrefill
+	// NumStepKinds counts the kinds.
+	NumStepKinds
+)
+
+// String is the kind's name in reports: decode, mixed or prefill.
+func (k StepKind) String() string {
+	switch k {
+	case StepDecode:
+		return "decode"
+	case StepMixed:
+		return "mixed"
+	case StepPrefill:
+		return "prefill"
+	}
+	return fmt.Sprintf("StepKind(%d)", int(k))
+}
+
+// KindOf classifies a prepared batch: a span of one token, or one whose
+// every row gets logits (a speculative verify span), is a decode span, any
+// other a prompt chunk; a batch of decode spans only is StepDecode, of
+// prompt chunks only StepPrefill, of both StepMixed.
+func KindOf(pr *Prepared) StepKind {
+	dec, chunk := false, false
+	for _, s := range pr.Spans {
+		if s.N <= max(s.Rows, 1) {
+			dec = true
+		} else {
+			chunk = true
+		}
+	}
+	switch {
+	case dec && chunk:
+		return StepMixed
+	case chunk:
+		return StepPrefill
+	}
+	return StepDecode
+}
+
+// KindStats are a device program's counters over the batches of one step
+// kind: the batches, their kernel launches (a graph replay is one), graph
+// replays and kernels run, their tokens and the padding tokens that ran
+// beside them (a batch padded to a bucket graph), and their device time.
+type KindStats struct {
+	Steps, Launches, GraphReplays, Kernels, Tokens, PadTokens, DeviceNs int64
+}
+
+// Sub is s − o, counter by counter.
+func (s KindStats) Sub(o KindStats) KindStats {
+	return KindStats{Steps: s.Steps - o.Steps, Launches: s.Launches - o.Launches, GraphReplays: s.GraphReplays - o.GraphReplays, Kernels: s.Kernels - o.Kernels,
+		Tokens: s.Tokens - o.Tokens, PadTokens: s.PadTokens - o.PadTokens, DeviceNs: s.DeviceNs - o.DeviceNs}
+}
+
+// Add is s + o, counter by counter.
+func (s KindStats) Add(o KindStats) KindStats {
+	return KindStats{Steps: s.Steps + o.Steps, Launches: s.Launches + o.Launches, GraphReplays: s.GraphReplays + o.GraphReplays, Kernels: s.Kernels + o.Kernels,
+		Tokens: s.Tokens + o.Tokens, PadTokens: s.PadTokens + o.PadTokens, DeviceNs: s.DeviceNs + o.DeviceNs}
 }
 
 // DeviceCounter is a program that counts its device work (device

@@ -67,3 +67,13 @@ type deviceProg struct{ statsOnly }
 func (p deviceProg) DeviceStats() backend.DeviceStats {
 	return backend.DeviceStats{Stats: p.s, Launches: 7}
 }
+
+// KindOf: one-token spans and spans whose every row gets logits are
+// decode spans, others prompt chunks.
+func TestKindOf(t *testing.T) {
+	k := func(spans ...backend.Span) backend.StepKind { return backend.KindOf(&backend.Prepared{Spans: spans}) }
+	require.Equal(t, backend.StepDecode, k(backend.Span{N: 1, Rows: 1}, backend.Span{N: 4, Rows: 4}))
+	require.Equal(t, backend.StepMixed, k(backend.Span{N: 1, Rows: 1}, backend.Span{N: 30, Rows: 1}))
+	require.Equal(t, backend.StepPrefill, k(backend.Span{N: 30, Rows: 1}))
+	require.Equal(t, "mixed", backend.StepMixed.String())
+}

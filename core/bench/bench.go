@@ -41,6 +41,12 @@ type Spec struct {
 	// Reps are the measured runs of every series, after Warmup runs that
 	// are not counted.
 	Reps, Warmup int
+	// MixedChunk, when > 0, measures a mixed series at each batch size B
+	// ("mixed batch B + chunk C"): every step holds the B decoding
+	// sequences' tokens beside the next MixedChunk-token chunk of one more
+	// sequence's prompt (a long prompt arriving while others decode), its
+	// launches reported by step kind (Series.Kinds).
+	MixedChunk int
 	// Speculative is the drafter measured through the scheduler when on
 	// (the configuration's speculative section: mtp:N; with
 	// simulate_acceptance its series runs with simulated acceptance).
@@ -169,6 +175,8 @@ func (s Spec) Check(maxPositions int) error {
 		return fmt.Errorf("bench: Reps + Warmup must be at most %d, got %d", MaxRuns, s.Reps+s.Warmup)
 	case !(s.Bandwidth >= 0) || (s.GEMMReport && !(s.PeakTFLOPs > 0)):
 		return fmt.Errorf("bench: Bandwidth must be ≥ 0 and PeakTFLOPs > 0, got %v and %v", s.Bandwidth, s.PeakTFLOPs)
+	case s.MixedChunk < 0 || s.MixedChunk*s.DecodeSteps > maxPositions:
+		return fmt.Errorf("bench: MixedChunk must be ≥ 0 and MixedChunk × DecodeSteps (%d) fit the model's %d positions", s.MixedChunk*s.DecodeSteps, maxPositions)
 	case s.Prompt > maxPositions || s.DecodeContext+s.DecodeSteps > maxPositions:
 		return fmt.Errorf("bench: Prompt (%d) and DecodeContext + DecodeSteps (%d) must fit the model's %d positions", s.Prompt, s.DecodeContext+s.DecodeSteps, maxPositions)
 	}
@@ -314,6 +322,9 @@ type Series struct {
 	VerifySpans    int     `json:"verify_spans,omitempty"`
 	ChainRate      float64 `json:"per_draft_acceptance_rate,omitempty"`
 	ChainDecisions int     `json:"per_draft_decisions,omitempty"`
+	// Kinds break the measured steps' counters down by step kind (decode
+	// only, mixed, prefill only: backend.KindOf), the kinds that ran.
+	Kinds []KindFigures `json:"by_step_kind,omitempty"`
 	// KernelsPerStep counts the kernels a step ran (those inside a graph
 	// replay too); DeviceMsPerStep its device time from CUDA events.
 	KernelsPerStep  float64 `json:"kernels_per_step,omitempty"`
@@ -360,6 +371,37 @@ type Series struct {
 	// CPUMsPerStep is the process's CPU time (user + system, every
 	// thread) per decode step at the median run.
 	CPUMsPerStep float64 `json:"cpu_ms_per_step,omitempty"`
+}
+
+// KindFigures are one step kind's counters per step of that kind over a
+// series' measured steps (backend.KindStats): kernel launches (a graph
+// replay is one), graph replays, kernels run, tokens and the padding
+// tokens a bucket graph ran beside them, device time.
+type KindFigures struct {
+	Kind            string  `json:"kind"`
+	Steps           int64   `json:"steps"`
+	LaunchesPerStep float64 `json:"launches_per_step"`
+	ReplaysPerStep  float64 `json:"graph_replays_per_step"`
+	KernelsPerStep  float64 `json:"kernels_per_step"`
+	TokensPerStep   float64 `json:"tokens_per_step"`
+	PadPerStep      float64 `json:"padding_tokens_per_step,omitempty"`
+	DeviceMsPerStep float64 `json:"device_ms_per_step,omitempty"`
+}
+
+// kindFigures are the kinds that ran between two readings, per step of
+// each.
+func kindFigures(s0, s1 backend.DeviceStats) []KindFigures {
+	var out []KindFigures
+	for k := backend.StepKind(0); k < backend.NumStepKinds; k++ {
+		d := s1.ByKind[k].Sub(s0.ByKind[k])
+		if d.Steps <= 0 {
+			continue
+		}
+		n := float64(d.Steps)
+		out = append(out, KindFigures{Kind: k.String(), Steps: d.Steps, LaunchesPerStep: float64(d.Launches) / n, ReplaysPerStep: float64(d.GraphReplays) / n,
+			KernelsPerStep: float64(d.Kernels) / n, TokensPerStep: float64(d.Tokens) / n, PadPerStep: float64(d.PadTokens) / n, DeviceMsPerStep: float64(d.DeviceNs) / 1e6 / n})
+	}
+	return out
 }
 
 // Speculative reports whether the series is a speculative decoding
@@ -511,6 +553,14 @@ func (r *runner) measure(tuner ir.GEMMTuner) error {
 		plain := len(res.Series) - 2
 		r.decode[plain], r.decode[plain+1] = B, B
 		r.masked[plain+1] = plain
+	}
+	// mixed steps at each batch size: decode tokens beside a prompt chunk
+	if s.MixedChunk > 0 {
+		for _, B := range s.Batches {
+			if err := r.series(r.mixedSeries(B)); err != nil {
+				return err
+			}
+		}
 	}
 	// MTP draft steps at each batch size, when the checkpoint has the MTP
 	// layer: a 32-token trunk prefill (FinalHidden) and the MTP prefill
@@ -682,7 +732,7 @@ func (r *runner) interleaved(names []string, runs []runFunc) error {
 		s := Series{Name: name, TokensPerSec: sorted[len(sorted)/2], Runs: tps[k]}
 		if c := counters[k]; c != nil {
 			s.LaunchesPerStep, s.SyncsPerStep, s.LengthSyncs, s.ReplaysPerStep = c.launches, c.syncs, c.lengthSyncs, c.replays
-			s.KernelsPerStep, s.DeviceMsPerStep, s.PrepMsPerStep = c.kernels, c.deviceMs, c.prepMs
+			s.KernelsPerStep, s.DeviceMsPerStep, s.PrepMsPerStep, s.Kinds = c.kernels, c.deviceMs, c.prepMs, c.kinds
 			sort.Float64s(cpu[k])
 			s.CPUMsPerStep = cpu[k][len(cpu[k])/2]
 		}
@@ -695,6 +745,7 @@ func (r *runner) interleaved(names []string, runs []runFunc) error {
 type perStep struct {
 	launches, syncs, lengthSyncs, replays, kernels float64
 	deviceMs, prepMs, cpuMs                        float64
+	kinds                                          []KindFigures
 }
 
 // cpuTime is the process's CPU time so far (user + system, every thread).
@@ -711,7 +762,7 @@ func stepCounters(s0, s1 backend.DeviceStats, steps int) *perStep {
 	per := func(d int64) float64 { return float64(d) / n }
 	return &perStep{launches: per(s1.Launches - s0.Launches), syncs: per(s1.HostSyncs - s0.HostSyncs), lengthSyncs: per(s1.LengthSyncs - s0.LengthSyncs),
 		replays: per(s1.GraphReplays - s0.GraphReplays), kernels: per(s1.Kernels - s0.Kernels),
-		deviceMs: float64(s1.DeviceNs-s0.DeviceNs) / 1e6 / n, prepMs: float64(s1.PrepNs-s0.PrepNs) / 1e6 / n}
+		deviceMs: float64(s1.DeviceNs-s0.DeviceNs) / 1e6 / n, prepMs: float64(s1.PrepNs-s0.PrepNs) / 1e6 / n, kinds: kindFigures(s0, s1)}
 }
 
 func (r *runner) alloc(n int) ([]int, error) {
@@ -782,6 +833,51 @@ func (r *runner) decodeSeries(B int, processed bool) (string, runFunc) {
 		c := stepCounters(s0, backend.DeviceStatsOf(prog), steps)
 		c.cpuMs = float64(cpuTime()-c0) / 1e6 / float64(steps)
 		return B * steps, secs, c, nil
+	}
+}
+
+// mixedKey is the mixed series' program: the scheduler's generation steps.
+var mixedKey = engine.Key{Mode: graph.Mixed, Logits: graph.LastLogits}
+
+// mixedSeries is the mixed series of batch B, its name and run:
+// DecodeSteps steps, each the B sequences' decode tokens (after an untimed
+// DecodeContext-token prefill of each) beside the next MixedChunk tokens
+// of one more sequence's prompt, greedy on every row, only ids coming back
+// (the scheduler's plain steps). Its tokens are every token run (decode
+// and prompt).
+func (r *runner) mixedSeries(B int) (string, runFunc) {
+	steps, C, V := r.s.DecodeSteps, r.s.MixedChunk, r.cfg.VocabSize
+	return fmt.Sprintf("mixed batch %d + chunk %d", B, C), func() (int, float64, *perStep, error) {
+		slots, err := r.alloc(B + 1)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		defer r.free(slots)
+		if err := attrib.PrefillSlotsN(r.e, slots[:B], V, r.s.DecodeContext); err != nil {
+			return 0, 0, nil, err
+		}
+		prog, err := r.e.Program(mixedKey)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		prompt := attrib.BenchTokens(C*steps, 7, V)
+		specs := attrib.GreedySpecs(B + 1)
+		s0, c0 := backend.DeviceStatsOf(prog), cpuTime()
+		t0 := time.Now()
+		for st := 0; st < steps; st++ {
+			b := &backend.Batch{Sample: specs, SamplesOnly: true}
+			for i, s := range slots[:B] {
+				b.Seqs = append(b.Seqs, backend.Seq{Slot: s, Tokens: []int32{int32((st*31 + i) % V)}})
+			}
+			b.Seqs = append(b.Seqs, backend.Seq{Slot: slots[B], Tokens: prompt[st*C : (st+1)*C]})
+			if _, err := r.e.Run(mixedKey, b); err != nil {
+				return 0, 0, nil, err
+			}
+		}
+		secs := time.Since(t0).Seconds()
+		c := stepCounters(s0, backend.DeviceStatsOf(prog), steps)
+		c.cpuMs = float64(cpuTime()-c0) / 1e6 / float64(steps)
+		return (B + C) * steps, secs, c, nil
 	}
 }
 

@@ -357,3 +357,21 @@ func TestProcessedSpecs(t *testing.T) {
 		require.NotEqual(t, specs[0].Allow, specs[1].Allow, "each row its own mask")
 	}
 }
+
+// The by-kind counters between two readings become per-step figures of
+// the kinds that ran, in kind order, and the text report prints them.
+func TestKindFigures(t *testing.T) {
+	var s0, s1 backend.DeviceStats
+	s0.ByKind[backend.StepDecode] = backend.KindStats{Steps: 2, Launches: 2, GraphReplays: 2, Kernels: 200, Tokens: 16}
+	s1.ByKind[backend.StepDecode] = backend.KindStats{Steps: 6, Launches: 6, GraphReplays: 6, Kernels: 600, Tokens: 48, DeviceNs: 4e6}
+	s1.ByKind[backend.StepMixed] = backend.KindStats{Steps: 4, Launches: 4, GraphReplays: 4, Kernels: 800, Tokens: 4 * 520, PadTokens: 4 * 504, DeviceNs: 8e6}
+	got := kindFigures(s0, s1)
+	require.Equal(t, []KindFigures{
+		{Kind: "decode", Steps: 4, LaunchesPerStep: 1, ReplaysPerStep: 1, KernelsPerStep: 100, TokensPerStep: 8, DeviceMsPerStep: 1},
+		{Kind: "mixed", Steps: 4, LaunchesPerStep: 1, ReplaysPerStep: 1, KernelsPerStep: 200, TokensPerStep: 520, PadPerStep: 504, DeviceMsPerStep: 2},
+	}, got)
+	r := &Result{}
+	var b strings.Builder
+	r.writeSeries(&b, &Series{Name: "mixed batch 8 + chunk 512", TokensPerSec: 1, Runs: []float64{1}, LaunchesPerStep: 1, Kinds: got})
+	require.Contains(t, b.String(), "by step kind: decode 4 steps, 1.0 launches (1.0 graph replays), 100 kernels, 8 tokens; mixed 4 steps, 1.0 launches (1.0 graph replays), 200 kernels, 520 tokens + 504 padding")
+}

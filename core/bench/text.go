@@ -106,6 +106,17 @@ func (r *Result) writeSeries(w io.Writer, s *Series) {
 		fmt.Fprintf(w, "  per step: %.0f launches (%.1f graph replays) running %.0f kernels, %.1f host syncs (%.1f length read-backs), %.3f ms device time, %.3f ms host preparation",
 			s.LaunchesPerStep, s.ReplaysPerStep, s.KernelsPerStep, s.SyncsPerStep, s.LengthSyncs, s.DeviceMsPerStep, s.PrepMsPerStep)
 	}
+	for i, k := range s.Kinds {
+		if i == 0 {
+			fmt.Fprintf(w, "  by step kind:")
+		} else {
+			fmt.Fprintf(w, ";")
+		}
+		fmt.Fprintf(w, " %s %d steps, %.1f launches (%.1f graph replays), %.0f kernels, %.0f tokens", k.Kind, k.Steps, k.LaunchesPerStep, k.ReplaysPerStep, k.KernelsPerStep, k.TokensPerStep)
+		if k.PadPerStep > 0 {
+			fmt.Fprintf(w, " + %.0f padding", k.PadPerStep)
+		}
+	}
 	if s.spec {
 		fmt.Fprintf(w, "  acceptance length %.2f", s.AcceptanceLength)
 		if s.ExpectedLength > 0 {

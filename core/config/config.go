@@ -126,10 +126,46 @@ type CUDA struct {
 	// GraphMaxTokens bounds the batches captured into CUDA graphs and
 	// replayed (default 64; -1: no graphs, every kernel launched eagerly).
 	GraphMaxTokens int `koanf:"graph_max_tokens"`
+	// GraphTokenBuckets are the token counts of the bucket graphs: a batch
+	// of more tokens than graph_max_tokens (prompt chunks beside decode
+	// tokens, a long prefill) up to the largest bucket is padded to the
+	// smallest bucket that holds it and replays that bucket's graph. Unset:
+	// 64, 128, …, 4096; [0]: none (such batches launch eagerly); otherwise
+	// ascending, each in [1, 65536], at most MaxGraphTokenBuckets.
+	GraphTokenBuckets []int `koanf:"graph_token_buckets"`
+	// MaxGraphs bounds the CUDA graphs a program keeps (exact shapes and
+	// buckets together); past it the least recently replayed is destroyed.
+	// 0: 256; else in [1, 65536].
+	MaxGraphs int `koanf:"max_graphs"`
 	// GemvFP8Kernel is the kernel of the one-row fp8 GEMVs of many blocks
 	// (MoE expert tiles, fused gate/up): "" (glmf_gemv_f1_fp8p, persistent
 	// blocks), glmf_gemv_f1_fp8 or glmf_gemv_f1; all give the same bits.
 	GemvFP8Kernel string `koanf:"gemv_fp8_kernel"`
+}
+
+// MaxGraphTokenBuckets bounds the entries of cuda.graph_token_buckets.
+const MaxGraphTokenBuckets = 32
+
+// CheckGraphBuckets says what is wrong with a cuda.graph_token_buckets
+// list: unset (nil), [0] (none) or ascending token counts in [1, 65536].
+func CheckGraphBuckets(b []int) error {
+	switch {
+	case b == nil || len(b) == 1 && b[0] == 0:
+		return nil
+	case len(b) == 0:
+		return fmt.Errorf("must list token counts, or be [0] (no bucket graphs), got an empty list")
+	case len(b) > MaxGraphTokenBuckets:
+		return fmt.Errorf("at most %d buckets, got %d", MaxGraphTokenBuckets, len(b))
+	}
+	for i, n := range b {
+		if n < 1 || n > 1<<16 {
+			return fmt.Errorf("every bucket must be in [1, 65536] ([0] alone: none), got %d at index %d", n, i)
+		}
+		if i > 0 && n <= b[i-1] {
+			return fmt.Errorf("buckets must ascend, got %d after %d", n, b[i-1])
+		}
+	}
+	return nil
 }
 
 // GemvFP8Kernels are the values cuda.gemv_fp8_kernel takes besides ""
@@ -502,6 +538,12 @@ func (c *Config) validateEngine() error {
 	c.Precision = prec
 	if g := c.CUDA.GraphMaxTokens; g < -1 || g > 1<<16 {
 		return keyErr("cuda.graph_max_tokens", "must be -1 (no graphs), 0 (the default) or in [1, 65536], got %d", g)
+	}
+	if err := CheckGraphBuckets(c.CUDA.GraphTokenBuckets); err != nil {
+		return keyErr("cuda.graph_token_buckets", "%w", err)
+	}
+	if g := c.CUDA.MaxGraphs; g < 0 || g > 1<<16 {
+		return keyErr("cuda.max_graphs", "must be 0 (the default, 256) or in [1, 65536], got %d", g)
 	}
 	if k := c.CUDA.GemvFP8Kernel; k != "" && !slices.Contains(GemvFP8Kernels, k) {
 		return keyErr("cuda.gemv_fp8_kernel", "must be one of %v (or empty: the first), got %q", GemvFP8Kernels, k)

@@ -96,6 +96,13 @@ func TestStrictDecodingNamesTheKeyAndItsSource(t *testing.T) {
 		"cuda: {graph_max_tokens: -2}\n":                              `cuda.graph_max_tokens (`,
 		"cuda: {graph_max_tokens: 70000}\n":                           `cuda.graph_max_tokens (`,
 		"cuda: {gemv_fp8_kernel: glmf_gemv_f2}\n":                     `cuda.gemv_fp8_kernel (`,
+		"cuda: {graph_token_buckets: [128, 64]}\n":                    `cuda.graph_token_buckets (`,
+		"cuda: {graph_token_buckets: [64, 64]}\n":                     "buckets must ascend, got 64 after 64",
+		"cuda: {graph_token_buckets: [0, 64]}\n":                      `cuda.graph_token_buckets (`,
+		"cuda: {graph_token_buckets: [70000]}\n":                      "every bucket must be in [1, 65536]",
+		"cuda: {graph_token_buckets: []}\n":                           "got an empty list",
+		"cuda: {max_graphs: -1}\n":                                    `cuda.max_graphs (`,
+		"cuda: {max_graphs: 70000}\n":                                 `cuda.max_graphs (`,
 		"plugins: {timeout_ms: 2.5}\n":                                "timeout_ms",
 		"debug: {capture_hidden: [1.5]}\n":                            "capture_hidden",
 	} {
@@ -319,4 +326,21 @@ func TestChatParsers(t *testing.T) {
 	require.ErrorContains(t, err, `"hermes" is not a tool-call parser (have none, glm45, json)`)
 	_, err = Load(Options{Files: []string{writeYAML(t, "model: {reasoning_parser: \"\"}\n")}})
 	require.ErrorContains(t, err, `model.reasoning_parser`)
+}
+
+// cuda.graph_token_buckets is unset by default (the backend's buckets),
+// [0] turns bucket graphs off, an ascending list is taken as given;
+// cuda.max_graphs 0 is the default bound.
+func TestGraphBucketsKeys(t *testing.T) {
+	c, err := load(t, "")
+	require.NoError(t, err)
+	require.Nil(t, c.CUDA.GraphTokenBuckets)
+	require.Zero(t, c.CUDA.MaxGraphs)
+	c, err = load(t, "cuda: {graph_token_buckets: [0], max_graphs: 16}\n")
+	require.NoError(t, err)
+	require.Equal(t, []int{0}, c.CUDA.GraphTokenBuckets)
+	require.Equal(t, 16, c.CUDA.MaxGraphs)
+	c, err = load(t, "cuda: {graph_token_buckets: [96, 512, 2048]}\n")
+	require.NoError(t, err)
+	require.Equal(t, []int{96, 512, 2048}, c.CUDA.GraphTokenBuckets)
 }

@@ -39,7 +39,13 @@ func FromConfig(c *config.Config, s Setup) Options {
 		Device:  c.Device,
 		Backend: backend.Options{Precision: c.Precision},
 	}
-	if co := (cuda.Options{GraphMaxTokens: c.CUDA.GraphMaxTokens, ProfileOps: s.ProfileOps, GEMM: cuda.GEMMOptions{GemvFP8Kernel: c.CUDA.GemvFP8Kernel}}); co != (cuda.Options{}) {
+	co := cuda.Options{GraphMaxTokens: c.CUDA.GraphMaxTokens, MaxGraphs: c.CUDA.MaxGraphs, ProfileOps: s.ProfileOps, GEMM: cuda.GEMMOptions{GemvFP8Kernel: c.CUDA.GemvFP8Kernel}}
+	if b := c.CUDA.GraphTokenBuckets; len(b) == 1 && b[0] == 0 {
+		co.NoGraphBuckets = true
+	} else {
+		co.GraphBuckets = b
+	}
+	if !co.IsZero() {
 		o.Backend.Device = co
 	}
 	if s.Pipeline != nil {

@@ -45,6 +45,17 @@ func TestFromConfig(t *testing.T) {
 	require.Nil(t, o.BackendInstance)
 	require.Nil(t, o.Hook)
 
+	// the bucket graphs' keys: [0] turns them off, a list is given on
+	c.CUDA.GraphTokenBuckets, c.CUDA.MaxGraphs = []int{0}, 7
+	co := FromConfig(c, Setup{}).Backend.Device.(cuda.Options)
+	require.True(t, co.NoGraphBuckets)
+	require.Nil(t, co.GraphBuckets)
+	require.Equal(t, 7, co.MaxGraphs)
+	c.CUDA.GraphTokenBuckets = []int{128, 1024}
+	co = FromConfig(c, Setup{}).Backend.Device.(cuda.Options)
+	require.False(t, co.NoGraphBuckets)
+	require.Equal(t, []int{128, 1024}, co.GraphBuckets)
+
 	// without a pipeline: the graphs as built, no environment
 	o = FromConfig(config.Default(), Setup{})
 	require.Equal(t, "cpu", o.Device)

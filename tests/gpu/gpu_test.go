@@ -438,7 +438,8 @@ func TestCUDALengthSyncs(t *testing.T) {
 
 // Decode steps replayed from captured CUDA graphs give the same bits as
 // eager launches; the graph runs one launch per step and is captured once
-// per batch shape; batches past the token cap run eagerly.
+// per batch shape; a batch past the token cap replays a bucket graph
+// (TestCUDAMixedStepsReplayBucketGraphs).
 func TestCUDAGraphsMatchEager(t *testing.T) {
 	cudaOptions(t, engine.Options{})
 	ck, _ := openFixture(t, fixtures[0])
@@ -470,7 +471,7 @@ func graphsMatchEager(t *testing.T, ck *model.Checkpoint, precision backend.Prec
 				n := 1
 				switch step {
 				case 0:
-					n = 5 + 30*i // the first step prefills (90 tokens: past an 80-token cap)
+					n = 5 + 30*i // the first step prefills (105 tokens: past an 80-token cap)
 				case 3, 4:
 					n = 4 // 12-token extend steps: GEMMs of more than 8 rows (cuBLAS in bf16)
 				}
@@ -496,8 +497,9 @@ func graphsMatchEager(t *testing.T, ck *model.Checkpoint, precision backend.Prec
 	t.Logf("eager: %d launches in %d runs; graphs: %d launches, %d replays, %d captures in %d runs",
 		eager.stats.Launches, eager.stats.Runs, graphed.stats.Launches, graphed.stats.GraphReplays, graphed.stats.GraphCaptures, graphed.stats.Runs)
 	require.Zero(t, eager.stats.GraphReplays)
-	require.EqualValues(t, 5, graphed.stats.GraphReplays, "the decode and extend steps replay; the 90-token prefill runs eagerly")
-	require.EqualValues(t, 2, graphed.stats.GraphCaptures, "one graph per shape: 3 tokens, 12 tokens")
+	require.EqualValues(t, 6, graphed.stats.GraphReplays, "the decode and extend steps replay; the 105-token prefill, past the cap, replays the 128-token bucket graph")
+	require.EqualValues(t, 3, graphed.stats.GraphCaptures, "one graph per shape: 105 tokens padded to 128, 3 tokens, 12 tokens")
+	require.EqualValues(t, 128-105, graphed.stats.ByKind[backend.StepPrefill].PadTokens)
 	require.Less(t, graphed.stats.Launches, eager.stats.Launches/3)
 }
 

@@ -51,11 +51,26 @@ type Options struct {
 	// replayed (0: DefaultGraphMaxTokens; negative: no graphs, every
 	// launch eager).
 	GraphMaxTokens int
+	// GraphBuckets are the token counts of bucket graphs (nil:
+	// DefaultGraphBuckets): a batch of more than GraphMaxTokens tokens up
+	// to the largest bucket is padded to a bucket (padBatch) and replays
+	// the bucket's graph; NoGraphBuckets turns them off (such batches
+	// launch eagerly). Ascending, each positive (config.CheckGraphBuckets).
+	GraphBuckets   []int
+	NoGraphBuckets bool
+	// MaxGraphs bounds the graphs a program keeps (0: DefaultMaxGraphs);
+	// past it the least recently replayed is destroyed.
+	MaxGraphs int
 	// ProfileOps times every step on the device (events around each op's
 	// launches; graphs off) for a per-op breakdown (backend.OpProfiler).
 	ProfileOps bool
 	// GEMM builds the backend's GEMM policy (gemm_policy.go).
 	GEMM GEMMOptions
+}
+
+// IsZero reports whether o is the zero Options (every default).
+func (o Options) IsZero() bool {
+	return o.DeviceIndex == 0 && o.GraphMaxTokens == 0 && o.GraphBuckets == nil && !o.NoGraphBuckets && o.MaxGraphs == 0 && !o.ProfileOps && o.GEMM == (GEMMOptions{})
 }
 
 // Backend names the backend the options are for (backend.DeviceOptions).

@@ -57,6 +57,8 @@ type Program struct {
 	opTimes map[string]*backend.OpTime
 
 	runs, deviceReads, fusedMHC, launches, syncs, lengthSyncs, replays, captures, kernels, deviceNs, prepNs atomic.Int64
+	// dropped counts the graphs destroyed by dropGraphs (stale addresses)
+	dropped atomic.Int64
 
 	// kernelRuns counts the program's kernel executions by the device's
 	// kernel index (graph replays included); snap and now are scratch for
@@ -67,6 +69,21 @@ type Program struct {
 	// usesLt: some GEMM runs a tuned cuBLASLt algorithm (its workspace is
 	// allocated before any graph capture).
 	usesLt bool
+	// tick orders the graphs' replays (capturedGraph.used); evictions
+	// counts the graphs destroyed to keep at most maxGraphs.
+	tick      uint64
+	evictions atomic.Int64
+	// padPr, padCkpt and padShare are the storage of the last padded batch
+	// (padBatch).
+	padPr             backend.Prepared
+	padCkpt, padShare []int
+	// byKind counts the executed batches by step kind (backend.KindOf).
+	byKind [backend.NumStepKinds]kindCounters
+}
+
+// kindCounters are one step kind's counters (backend.KindStats).
+type kindCounters struct {
+	steps, launches, replays, kernels, tokens, padTokens, deviceNs atomic.Int64
 }
 
 // Facts of the program's steps, fixed at Compile (see shareReuse,
@@ -183,9 +200,17 @@ func (p *Program) Stats() backend.Stats {
 // DeviceStats implements backend.DeviceCounter: the program's counters
 // with its device work.
 func (p *Program) DeviceStats() backend.DeviceStats {
-	return backend.DeviceStats{Stats: p.Stats(),
+	d := backend.DeviceStats{Stats: p.Stats(),
 		Launches: p.launches.Load(), HostSyncs: p.syncs.Load(), LengthSyncs: p.lengthSyncs.Load(),
-		GraphReplays: p.replays.Load(), GraphCaptures: p.captures.Load(), Kernels: p.kernels.Load(), DeviceNs: p.deviceNs.Load(), PrepNs: p.prepNs.Load()}
+		GraphReplays: p.replays.Load(), GraphCaptures: p.captures.Load(), GraphEvictions: p.evictions.Load(),
+		Kernels: p.kernels.Load(), DeviceNs: p.deviceNs.Load(), PrepNs: p.prepNs.Load()}
+	d.GraphsHeld = d.GraphCaptures - d.GraphEvictions - p.dropped.Load()
+	for k := range d.ByKind {
+		c := &p.byKind[k]
+		d.ByKind[k] = backend.KindStats{Steps: c.steps.Load(), Launches: c.launches.Load(), GraphReplays: c.replays.Load(), Kernels: c.kernels.Load(),
+			Tokens: c.tokens.Load(), PadTokens: c.padTokens.Load(), DeviceNs: c.deviceNs.Load()}
+	}
+	return d
 }
 
 // KernelRuns implements backend.KernelCounter: how many times each kernel
@@ -246,6 +271,8 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 	}
 	var res *backend.Result
 	reserved := false
+	rc := &runCtx{store: store, storeID: store.id, maxPos: store.maxPos}
+	l0, r0, k0, d0 := p.launches.Load(), p.replays.Load(), p.kernels.Load(), p.deviceNs.Load()
 	err = p.b.dev.Do(func() error {
 		// the pages the run writes, all or none (backend.ErrNoPages), their
 		// table entries uploaded before the step's kernels
@@ -255,7 +282,7 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 		reserved = true
 		return p.counted(func() error {
 			var err error
-			res, err = p.execute(&runCtx{store: store, storeID: store.id, maxPos: store.maxPos}, pr, ckpt, share)
+			res, err = p.execute(rc, pr, ckpt, share)
 			return err
 		})
 	})
@@ -267,6 +294,16 @@ func (p *Program) Execute(pr *backend.Prepared) (*backend.Result, error) {
 	}
 	store.commit(pr, slots, p.shareSaves)
 	p.runs.Add(1)
+	c := &p.byKind[backend.KindOf(pr)]
+	c.steps.Add(1)
+	c.launches.Add(p.launches.Load() - l0)
+	c.replays.Add(p.replays.Load() - r0)
+	c.kernels.Add(p.kernels.Load() - k0)
+	c.deviceNs.Add(p.deviceNs.Load() - d0)
+	c.tokens.Add(int64(pr.T))
+	if rc.real != nil {
+		c.padTokens.Add(int64(rc.pr.T - pr.T))
+	}
 	return res, nil
 }
 
@@ -361,9 +398,12 @@ type runCtx struct {
 	toks                     kc.DevicePtr
 	// hidden is the batch's hidden rows (MTP graphs), 0 without them.
 	hidden kc.DevicePtr
-	addr   map[*ir.Value]kc.DevicePtr
-	temps  []kc.DevicePtr
-	host   map[*ir.Value]any
+	// real is the caller's batch where pr is it padded to a bucket graph
+	// (padBatch; nil: pr is the caller's): only its rows are read back.
+	real  *backend.Prepared
+	addr  map[*ir.Value]kc.DevicePtr
+	temps []kc.DevicePtr
+	host  map[*ir.Value]any
 	// visible[kpool] = the largest number of pools any row sees.
 	maxVisible map[int]int
 	// profile collects each step's device events when op timing is on.
@@ -380,6 +420,26 @@ func (rc *runCtx) rows(v *ir.Value) int {
 		return rc.R
 	case ir.DimC:
 		return rc.TC
+	}
+	return v.Shape[0]
+}
+
+// realRows is rows for the caller's batch: where the batch was padded to a
+// bucket (rc.real), the rows of its real tokens, sequences, logits rows and
+// context rows, which come first.
+func (rc *runCtx) realRows(v *ir.Value) int {
+	if rc.real == nil {
+		return rc.rows(v)
+	}
+	switch v.Shape[0] {
+	case ir.DimT:
+		return rc.real.T
+	case ir.DimS:
+		return len(rc.real.Spans)
+	case ir.DimR:
+		return rc.real.SpanRows()
+	case ir.DimC:
+		return rc.real.TC
 	}
 	return v.Shape[0]
 }
@@ -447,6 +507,9 @@ type stepPlan struct {
 // completed here.
 func (p *Program) execute(rc *runCtx, pr *backend.Prepared, ckpt, share []int) (*backend.Result, error) {
 	t0 := time.Now()
+	if q, ck, sh, ok := p.padBatch(rc, pr, ckpt, share); ok {
+		rc.real, pr, ckpt, share = pr, q, ck, sh
+	}
 	rc.p, rc.dev, rc.pr, rc.T, rc.S, rc.R, rc.TC = p, p.b.dev, pr, pr.T, len(pr.Spans), pr.SpanRows(), pr.TC
 	rc.host, rc.maxVisible = map[*ir.Value]any{}, map[int]int{}
 	if p.b.cuda.ProfileOps {
@@ -487,7 +550,7 @@ func (p *Program) planStep(rc *runCtx, ckpt, share []int) (*stepPlan, error) {
 		}
 	}
 	if graphed {
-		sp.graph = p.graphs[key]
+		sp.graph = p.lookup(key)
 	}
 	if sp.graph != nil {
 		rc.addr = sp.graph.addr
@@ -545,7 +608,10 @@ func (p *Program) launch(rc *runCtx, sp *stepPlan) error {
 // device time.
 func (p *Program) results(rc *runCtx, sp *stepPlan) (*backend.Result, error) {
 	dev, pr, lv := rc.dev, rc.pr, p.plan.Logits
-	res := &backend.Result{Vocab: p.plan.Vocab, Rows: rc.rows(lv)}
+	if rc.real != nil { // a padded batch: its real rows come first
+		pr = rc.real
+	}
+	res := &backend.Result{Vocab: p.plan.Vocab, Rows: rc.realRows(lv)}
 	logits := rc.addr[lv]
 	if sp.sample != nil {
 		outs, err := p.readSamples(rc, pr.Rows())
@@ -564,7 +630,7 @@ func (p *Program) results(rc *runCtx, sp *stepPlan) (*backend.Result, error) {
 		if res.Hidden == nil {
 			res.Hidden = map[string][]float32{}
 		}
-		h := make([]float32, rc.bytesOf(v)/4)
+		h := make([]float32, rc.bytesOf(v)/4/int64(max(rc.rows(v), 1))*int64(rc.realRows(v)))
 		if err := dev.Download(unsafe.Pointer(unsafe.SliceData(h)), rc.addr[v], 4*int64(len(h))); err != nil {
 			return nil, err
 		}

@@ -52,6 +52,13 @@ type Store struct {
 	pt          kc.DevicePtr
 	pageBytes   int64 // one page id over the DSA layers
 	kvBF16      bool  // the latents are bf16 (kv dtype)
+	// pad: the store keeps a padding slot for bucket graphs (Options
+	// GraphBuckets): state slot len(used), never allocated, whose KDA
+	// windows, states and pending indexer rows the padding rows of a
+	// bucketed step read and write, and whose page table row points every
+	// entry at one scratch page (id pages, past the pool). No sequence's
+	// state is ever in it; what it holds is garbage of finite values.
+	pad bool
 }
 
 type sized struct {
@@ -115,7 +122,12 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 	if int64(pages) > 1<<31-1 {
 		return nil, fmt.Errorf("cuda: a page pool of %d pages is more than %d", pages, 1<<31-1)
 	}
-	s := &Store{b: b, id: storeIDs.Add(1), cfg: cfg, maxPos: maxPositions, depth: o.Rollback, used: make([]bool, slots), lens: make([]int, slots),
+	pad := b.bucketsOn()
+	padN := 0 // the padding slot and scratch page
+	if pad {
+		padN = 1
+	}
+	s := &Store{b: b, id: storeIDs.Add(1), pad: pad, cfg: cfg, maxPos: maxPositions, depth: o.Rollback, used: make([]bool, slots), lens: make([]int, slots),
 		ckpt: make([]int, slots), share: make([]int, slots), layers: make([]layerState, cfg.NumHiddenLayers+cfg.NumNextNPredictLayers),
 		page: P, pages: pages, free: make([]int32, pages), tables: make([][]int32, slots), ptStride: ptStride,
 		kvBF16: kd == backend.KVBF16 || kd == backend.KVAuto && b.opts.Precision == backend.BF16}
@@ -136,28 +148,54 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 			b.sh.caches.Add(n)
 			return p, nil
 		}
+		// alloc: per slot (rollback records); stateAlloc: per state slot,
+		// the padding slot's included and zeroed (the slots' own are cleared
+		// by Alloc)
 		alloc := func(floatsPerSlot int64) (kc.DevicePtr, error) {
 			return allocBytes(4*floatsPerSlot*int64(slots), fmt.Sprintf("the cache (%d slots × %d positions)", slots, maxPositions))
 		}
+		stateAlloc := func(floatsPerSlot int64) (kc.DevicePtr, error) {
+			p, err := allocBytes(4*floatsPerSlot*int64(slots+padN), fmt.Sprintf("the cache (%d slots × %d positions)", slots, maxPositions))
+			if err == nil && pad {
+				err = b.dev.Zero(p+kc.DevicePtr(4*floatsPerSlot*int64(slots)), floatsPerSlot)
+			}
+			return p, err
+		}
 		pool := func(bytesPerPage int64) (kc.DevicePtr, error) {
-			return allocBytes(bytesPerPage*int64(pages), fmt.Sprintf("the KV page pool (%d pages of %d tokens)", pages, P))
+			p, err := allocBytes(bytesPerPage*int64(pages+padN), fmt.Sprintf("the KV page pool (%d pages of %d tokens)", pages, P))
+			if err == nil && pad { // the scratch page, finite from the start
+				err = b.dev.Zero(p+kc.DevicePtr(bytesPerPage*int64(pages)), bytesPerPage/4)
+			}
+			return p, err
 		}
 		var err error
-		if s.pt, err = alloc(int64(ptStride)); err != nil { // int32 ids
+		if s.pt, err = stateAlloc(int64(ptStride)); err != nil { // int32 ids
 			return err
 		}
 		if err := b.dev.Zero(s.pt, int64(slots*ptStride)); err != nil {
 			return err
+		}
+		if pad { // the padding slot's row: every entry the scratch page
+			row := make([]int32, ptStride)
+			for i := range row {
+				row[i] = int32(pages)
+			}
+			if err := b.dev.Upload(s.pt+kc.DevicePtr(4*int64(slots)*int64(ptStride)), unsafe.Pointer(unsafe.SliceData(row)), 4*int64(ptStride)); err != nil {
+				return err
+			}
+			if err := b.dev.Sync(); err != nil { // row may go once this returns
+				return err
+			}
 		}
 		for _, l := range layers {
 			ls := &s.layers[l]
 			if cfg.IsKDA(l) {
 				ls.convStride = int64(cfg.KDAConvLen())
 				ls.stateStride = int64(cfg.KDAStateLen())
-				if ls.conv, err = alloc(max(ls.convStride, 1)); err != nil {
+				if ls.conv, err = stateAlloc(max(ls.convStride, 1)); err != nil {
 					return err
 				}
-				if ls.state, err = alloc(ls.stateStride); err != nil {
+				if ls.state, err = stateAlloc(ls.stateStride); err != nil {
 					return err
 				}
 				if depth > 0 {
@@ -181,10 +219,10 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 					return err
 				}
 				s.pageBytes += 4 * int64(P) / kp * di
-				if ls.pendK, err = alloc(ls.pendStride); err != nil {
+				if ls.pendK, err = stateAlloc(ls.pendStride); err != nil {
 					return err
 				}
-				if ls.pendG, err = alloc(ls.pendStride); err != nil {
+				if ls.pendG, err = stateAlloc(ls.pendStride); err != nil {
 					return err
 				}
 				if depth > 0 {
@@ -198,7 +236,7 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 				}
 				if cfg.IsMTP(l) { // index sharing between draft steps
 					ls.savedStride = int64(cfg.IndexTopK + cfg.IndexKPool - 1)
-					if ls.saved, err = alloc(ls.savedStride); err != nil {
+					if ls.saved, err = stateAlloc(ls.savedStride); err != nil {
 						return err
 					}
 				}
