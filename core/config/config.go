@@ -129,9 +129,11 @@ type CUDA struct {
 	// GraphTokenBuckets are the token counts of the bucket graphs: a batch
 	// of more tokens than graph_max_tokens (prompt chunks beside decode
 	// tokens, a long prefill) up to the largest bucket is padded to the
-	// smallest bucket that holds it and replays that bucket's graph. Unset:
-	// 64, 128, …, 4096; [0]: none (such batches launch eagerly); otherwise
-	// ascending, each in [1, 65536], at most MaxGraphTokenBuckets.
+	// smallest bucket that holds it and replays that bucket's graph. Unset
+	// or [0]: none (such batches launch eagerly; off by default until
+	// make test-gpu proves them on an H200: the emulator has), e.g.
+	// [64, 128, 256, 512, 1024, 2048, 4096] turns them on; ascending, each
+	// in [1, 65536], at most MaxGraphTokenBuckets.
 	GraphTokenBuckets []int `koanf:"graph_token_buckets"`
 	// MaxGraphs bounds the CUDA graphs a program keeps (exact shapes and
 	// buckets together); past it the least recently replayed is destroyed.

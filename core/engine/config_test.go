@@ -32,7 +32,8 @@ func TestFromConfig(t *testing.T) {
 
 	o := FromConfig(c, Setup{Model: m, Weights: w, Pipeline: pl, Slots: 3, Rollback: 4, MaxPositions: 5, ProfileOps: true})
 	require.Equal(t, "cuda", o.Device)
-	require.Equal(t, backend.Options{Precision: "bf16", Device: cuda.Options{GraphMaxTokens: -1, ProfileOps: true, GEMM: cuda.GEMMOptions{GemvFP8Kernel: "glmf_gemv_f1"}}}, o.Backend)
+	// cuda.graph_token_buckets unset: bucket graphs off on the device
+	require.Equal(t, backend.Options{Precision: "bf16", Device: cuda.Options{GraphMaxTokens: -1, NoGraphBuckets: true, ProfileOps: true, GEMM: cuda.GEMMOptions{GemvFP8Kernel: "glmf_gemv_f1"}}}, o.Backend)
 	require.Equal(t, []int{3, 4, 5}, []int{o.Slots, o.Rollback, o.MaxPositions})
 	require.Same(t, pl, o.Passes)
 	require.NotNil(t, o.PassEnv)
