@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/glmflash/glmflash/core/backend"
+	"github.com/glmflash/glmflash/core/cache"
 	"github.com/glmflash/glmflash/core/engine"
 	"github.com/glmflash/glmflash/core/graph"
 	"github.com/glmflash/glmflash/core/sched"
@@ -117,8 +118,8 @@ func TestRunOutOfPagesChangesNothing(t *testing.T) {
 	require.Equal(t, 3, ps.PageStats().Used)
 }
 
-// The CPU store holds fp32 latents: kv dtype bf16 (and anything unknown)
-// is refused, auto and fp32 are the same store.
+// The CPU store holds fp32 or fp8 latents: kv dtype bf16 (and anything
+// unknown) is refused, auto and fp32 are the same store, fp8 holds fp8.
 func TestCPUStoreKVDType(t *testing.T) {
 	ck, _ := openFixture(t, fixtures[0])
 	be, err := backend.Open("cpu", backend.Options{})
@@ -127,10 +128,15 @@ func TestCPUStoreKVDType(t *testing.T) {
 	cfg := ck.Config()
 	_, err = be.NewStore(cfg, cfg.TrunkLayers(), backend.StoreOptions{Slots: 1, KVDType: backend.KVBF16})
 	require.ErrorContains(t, err, "cpu: kv dtype bf16 is not implemented on the cpu backend")
-	_, err = be.NewStore(cfg, cfg.TrunkLayers(), backend.StoreOptions{Slots: 1, KVDType: "fp8"})
+	_, err = be.NewStore(cfg, cfg.TrunkLayers(), backend.StoreOptions{Slots: 1, KVDType: "fp16"})
 	require.ErrorIs(t, err, backend.ErrKVDType)
-	for _, d := range []backend.KVDType{"", backend.KVAuto, backend.KVFP32} {
-		_, err = be.NewStore(cfg, cfg.TrunkLayers(), backend.StoreOptions{Slots: 1, KVDType: d})
+	for _, d := range []backend.KVDType{"", backend.KVAuto, backend.KVFP32, backend.KVFP8} {
+		st, err := be.NewStore(cfg, cfg.TrunkLayers(), backend.StoreOptions{Slots: 1, KVDType: d})
 		require.NoError(t, err, "kv dtype %q", d)
+		want := cache.KVF32
+		if d == backend.KVFP8 {
+			want = cache.KVFP8
+		}
+		require.Equal(t, want, st.(*cache.Store).KV(), "kv dtype %q", d)
 	}
 }

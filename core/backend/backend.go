@@ -248,10 +248,16 @@ const (
 	KVFP32 KVDType = "fp32"
 	// KVBF16 holds bf16 latents (rounded to nearest even as appended).
 	KVBF16 KVDType = "bf16"
+	// KVFP8 holds the latents and the indexer's pooled keys as e4m3 codes
+	// with a power-of-two fp32 scale per 128 values (paged.FP8Block),
+	// quantized as they are appended and dequantized as the kernels read
+	// them: lossy (logits within the quantization error of fp32's, not
+	// bit-identical).
+	KVFP8 KVDType = "fp8"
 )
 
-// ErrKVDType is the error of a kv dtype that is not auto, fp32 or bf16.
-var ErrKVDType = errors.New("must be auto, fp32 or bf16 (fp8 KV is not implemented)")
+// ErrKVDType is the error of a kv dtype that is not auto, fp32, bf16 or fp8.
+var ErrKVDType = errors.New("must be auto, fp32, bf16 or fp8")
 
 // ParseKVDType parses a kv dtype setting ("" is KVAuto). The error says what
 // was given; the caller names the setting.
@@ -259,7 +265,7 @@ func ParseKVDType(s string) (KVDType, error) {
 	switch d := KVDType(s); d {
 	case "":
 		return KVAuto, nil
-	case KVAuto, KVFP32, KVBF16:
+	case KVAuto, KVFP32, KVBF16, KVFP8:
 		return d, nil
 	}
 	return "", fmt.Errorf("%w, got %q", ErrKVDType, s)

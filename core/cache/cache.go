@@ -15,6 +15,12 @@
 // windows and recurrent states, the indexer's pending rows) is the slot
 // pool ("state slots"). Page buffers live on the Go heap, made when a page
 // id is first taken and kept for reuse.
+//
+// The latents and pooled keys are fp32, or fp8 (Options.KV = KVFP8,
+// runtime.kv_dtype fp8): e4m3 codes with a power-of-two fp32 scale per
+// block of 128 values (paged.FP8Block), quantized as the kernels write
+// them and dequantized as they read them. fp8 is lossy; the KDA state and
+// the pending indexer rows stay fp32 in either.
 package cache
 
 import (
@@ -36,6 +42,45 @@ var ErrNoPages = errors.New("no free KV cache pages")
 // (runtime.kv_page_tokens).
 const DefaultPageTokens = 64
 
+// KV is the dtype a store holds its latents and pooled keys in.
+type KV int
+
+const (
+	// KVF32 holds fp32 latents and pooled keys (the CPU's default, the
+	// parity mode).
+	KVF32 KV = iota
+	// KVBF16 holds bf16 latents and fp32 pooled keys (the CUDA store's
+	// kv dtype bf16; the CPU store does not hold it).
+	KVBF16
+	// KVFP8 holds latents and pooled keys as e4m3 codes with a
+	// power-of-two fp32 scale per 128 values (paged.FP8Block).
+	KVFP8
+)
+
+// String names the dtype as runtime.kv_dtype does.
+func (k KV) String() string {
+	switch k {
+	case KVBF16:
+		return "bf16"
+	case KVFP8:
+		return "fp8"
+	}
+	return "fp32"
+}
+
+// RowBytes is the bytes of one row of width values in the dtype (latents:
+// width kv_lora_rank; pooled keys: index_head_dim, where bf16 stores keep
+// them fp32).
+func (k KV) RowBytes(width int, key bool) int64 {
+	switch {
+	case k == KVFP8:
+		return int64(paged.FP8RowBytes(width))
+	case k == KVBF16 && !key:
+		return 2 * int64(width)
+	}
+	return 4 * int64(width)
+}
+
 // Options size a store.
 type Options struct {
 	// Slots is the number of sequence slots (the state pool).
@@ -48,6 +93,9 @@ type Options struct {
 	Pages int
 	// MaxPositions sizes the default pool (0: max_position_embeddings).
 	MaxPositions int
+	// KV is the latents' and pooled keys' dtype: KVF32 (the zero value) or
+	// KVFP8 (KVBF16 is refused: the CPU kernels do not read it).
+	KV KV
 }
 
 // PageStats are a paged store's page pool: its page size, the pages in
@@ -172,23 +220,31 @@ type Store struct {
 	used   []bool
 	depth  int // rollback depth (0: no checkpoints)
 	pool   pagePool
+	kv     KV
 }
 
 // pagePool is a store's pages: ids [0, total), the free ones on a stack
 // (the last freed is taken first), each id's buffers made on its first
 // take: per DSA layer a latent page and, for a layer with its own indexer,
-// a pooled-key page.
+// a pooled-key page. fp32 pages are floats of bufs; fp8 pages are codes
+// (bytes of cbufs) and their scales (floats of bufs).
 type pagePool struct {
 	tokens int // P
 	total  int
 	free   []int32
 	made   int         // ids whose buffers exist
-	bufs   [][]float32 // per id: its pages over the layers, one allocation (nil until first taken)
-	// per layer, the offsets of its latent page (P·R floats) and pooled-key
-	// page (P/kpool·D floats) in an id's buffer (−1: none)
-	ckvOff, keyOff []int
-	floats         int // floats of one id's buffer
+	bufs   [][]float32 // per id: its pages (fp8: their scales) over the layers, one allocation (nil until first taken)
+	cbufs  [][]byte    // per id: its fp8 pages' codes over the layers (fp8 only)
+	// per layer, the offsets of its latent page (P·R floats; fp8: P·R
+	// code bytes and P·⌈R/128⌉ scales) and pooled-key page (P/kpool·D
+	// floats; fp8 likewise) in an id's buffers (−1: none)
+	ckvOff, keyOff   []int
+	ckvCOff, keyCOff []int
+	floats, bytes    int // floats and code bytes of one id's buffers
 }
+
+// idBytes is one page id's bytes over the store's layers.
+func (pp *pagePool) idBytes() int64 { return 4*int64(pp.floats) + int64(pp.bytes) }
 
 // SetRollbackDepth lets slots be checkpointed with records of up to depth
 // positions (a verify span's drafts + 1, a drafter's steps); 0 disallows
@@ -223,6 +279,9 @@ func New(cfg *model.Config, layers []int, o Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.KV != KVF32 && o.KV != KVFP8 {
+		return nil, fmt.Errorf("cache: kv dtype %s is not held by the heap store (fp32 or fp8)", o.KV)
+	}
 	pages := o.Pages
 	switch {
 	case pages < 0:
@@ -237,19 +296,31 @@ func New(cfg *model.Config, layers []int, o Options) (*Store, error) {
 	if pages > 1<<31-1 {
 		return nil, fmt.Errorf("cache: a page pool of %d pages is more than %d", pages, 1<<31-1)
 	}
-	s := &Store{cfg: cfg, layers: append([]int(nil), layers...), slots: make([]*Seq, o.Slots), used: make([]bool, o.Slots)}
+	s := &Store{cfg: cfg, layers: append([]int(nil), layers...), slots: make([]*Seq, o.Slots), used: make([]bool, o.Slots), kv: o.KV}
 	L := cfg.NumHiddenLayers + max(cfg.NumNextNPredictLayers, 0)
-	s.pool = pagePool{tokens: P, total: pages, ckvOff: make([]int, L), keyOff: make([]int, L)}
+	pp := &s.pool
+	*pp = pagePool{tokens: P, total: pages, ckvOff: make([]int, L), keyOff: make([]int, L), ckvCOff: make([]int, L), keyCOff: make([]int, L)}
 	for l := range L {
-		s.pool.ckvOff[l], s.pool.keyOff[l] = -1, -1
+		pp.ckvOff[l], pp.keyOff[l], pp.ckvCOff[l], pp.keyCOff[l] = -1, -1, -1, -1
+	}
+	// page places rows of width values: floats (fp32), or code bytes and
+	// scale floats (fp8)
+	page := func(rows, width int) (floatOff, codeOff int) {
+		if o.KV == KVFP8 {
+			floatOff, codeOff = pp.floats, pp.bytes
+			pp.floats += rows * paged.FP8Blocks(width)
+			pp.bytes += rows * width
+			return floatOff, codeOff
+		}
+		floatOff = pp.floats
+		pp.floats += rows * width
+		return floatOff, -1
 	}
 	for _, l := range layers {
 		if cfg.IsDSA(l) {
-			s.pool.ckvOff[l] = s.pool.floats
-			s.pool.floats += P * cfg.KVLoraRank
+			pp.ckvOff[l], pp.ckvCOff[l] = page(P, cfg.KVLoraRank)
 			if cfg.HasOwnIndexer(l) {
-				s.pool.keyOff[l] = s.pool.floats
-				s.pool.floats += P / cfg.IndexKPool * cfg.IndexHeadDim
+				pp.keyOff[l], pp.keyCOff[l] = page(P/cfg.IndexKPool, cfg.IndexHeadDim)
 			}
 		}
 	}
@@ -295,6 +366,9 @@ func CheckLayers(cfg *model.Config, layers []int) error {
 	}
 	return nil
 }
+
+// KV is the dtype the store holds its latents and pooled keys in.
+func (s *Store) KV() KV { return s.kv }
 
 // Layers lists the layers whose state the store holds.
 func (s *Store) Layers() []int { return append([]int(nil), s.layers...) }
@@ -368,25 +442,14 @@ func (s *Store) releaseLocked(q *Seq, keep int) {
 		return
 	}
 	q.pages = q.pages[:keep]
-	kpp := s.poolsPerPage()
 	for l := range q.CKV {
 		if q.CKV[l].Paged() {
-			q.CKV[l].Pages = q.CKV[l].Pages[:keep]
-			q.CKV[l].Len = min(q.CKV[l].Len, keep*s.pool.tokens)
+			q.CKV[l].KeepPages(keep)
 		}
 		if ix := q.Index[l]; ix != nil && ix.Pools.Paged() {
-			ix.Pools.Pages = ix.Pools.Pages[:keep]
-			ix.Pools.Len = min(ix.Pools.Len, keep*kpp)
+			ix.Pools.KeepPages(keep)
 		}
 	}
-}
-
-// poolsPerPage is the indexer pools a page holds.
-func (s *Store) poolsPerPage() int {
-	if s.cfg.IndexKPool < 1 {
-		return 0
-	}
-	return s.pool.tokens / s.cfg.IndexKPool
 }
 
 // takeLocked gives q pages until it has n (the pool holds enough: checked
@@ -396,35 +459,54 @@ func (s *Store) takeLocked(q *Seq, n int) {
 	for len(q.pages) < n {
 		id := pp.free[len(pp.free)-1]
 		pp.free = pp.free[:len(pp.free)-1]
-		buf := s.pageLocked(id)
+		buf, cbuf := s.pageLocked(id)
 		q.pages = append(q.pages, id)
 		c := s.cfg
 		for l := range q.CKV {
 			if o := pp.ckvOff[l]; o >= 0 {
-				n := pp.tokens * c.KVLoraRank
-				q.CKV[l].Pages = append(q.CKV[l].Pages, buf[o:o+n:o+n])
+				addPage(&q.CKV[l], pp.tokens, buf, cbuf, o, pp.ckvCOff[l])
 			}
 			if o := pp.keyOff[l]; o >= 0 {
-				n := pp.tokens / c.IndexKPool * c.IndexHeadDim
-				ix := q.Index[l]
-				ix.Pools.Pages = append(ix.Pools.Pages, buf[o:o+n:o+n])
+				addPage(&q.Index[l].Pools, pp.tokens/c.IndexKPool, buf, cbuf, o, pp.keyCOff[l])
 			}
 		}
 	}
 }
 
-// pageLocked is page id's buffer, made (one allocation over the layers)
-// the first time the id is taken.
-func (s *Store) pageLocked(id int32) []float32 {
+// addPage appends to r the page of rows rows at float offset fo (fp32: the
+// rows; fp8: their scales) and code offset co (fp8) of an id's buffers.
+func addPage(r *paged.Rows, rows int, buf []float32, cbuf []byte, fo, co int) {
+	if !r.FP8 {
+		n := rows * r.Width
+		r.Pages = append(r.Pages, buf[fo:fo+n:fo+n])
+		return
+	}
+	n, ns := rows*r.Width, rows*paged.FP8Blocks(r.Width)
+	r.Codes = append(r.Codes, cbuf[co:co+n:co+n])
+	r.Scales = append(r.Scales, buf[fo:fo+ns:fo+ns])
+}
+
+// pageLocked is page id's buffers (floats; fp8 codes), made (one
+// allocation each over the layers) the first time the id is taken.
+func (s *Store) pageLocked(id int32) ([]float32, []byte) {
 	pp := &s.pool
 	if pp.bufs == nil {
 		pp.bufs = make([][]float32, pp.total)
+		if pp.bytes > 0 {
+			pp.cbufs = make([][]byte, pp.total)
+		}
 	}
 	if pp.bufs[id] == nil {
 		pp.bufs[id] = make([]float32, pp.floats)
+		if pp.bytes > 0 {
+			pp.cbufs[id] = make([]byte, pp.bytes)
+		}
 		pp.made++
 	}
-	return pp.bufs[id]
+	if pp.cbufs == nil {
+		return pp.bufs[id], nil
+	}
+	return pp.bufs[id], pp.cbufs[id]
 }
 
 // freeLocked lazily fills the free stack (ids are handed out from 0 up on
@@ -500,7 +582,7 @@ func (s *Store) PageStats() PageStats {
 		}
 	}
 	return PageStats{PageTokens: s.pool.tokens, Total: s.pool.total, Used: s.pool.total - free, Free: free,
-		PageBytes: 4 * int64(s.pool.floats), StateSlotBytes: StateSlotBytes(s.cfg, s.layers), StateSlots: len(s.slots), Held: held}
+		PageBytes: s.pool.idBytes(), StateSlotBytes: StateSlotBytes(s.cfg, s.layers), StateSlots: len(s.slots), Held: held}
 }
 
 // StateSlotBytes is one slot's fixed state for a store of the given
@@ -523,16 +605,21 @@ func StateSlotBytes(cfg *model.Config, layers []int) int64 {
 // indexer. Divided by P and the DSA layers it is the KV bytes per token
 // per DSA layer.
 func PageBytes(cfg *model.Config, layers []int, P int) int64 {
+	return PageBytesKV(cfg, layers, P, KVF32)
+}
+
+// PageBytesKV is PageBytes in the kv dtype kv (KV.RowBytes per row).
+func PageBytesKV(cfg *model.Config, layers []int, P int, kv KV) int64 {
 	var n int64
 	for _, l := range layers {
 		if cfg.IsDSA(l) {
-			n += int64(P * cfg.KVLoraRank)
+			n += int64(P) * kv.RowBytes(cfg.KVLoraRank, false)
 			if cfg.HasOwnIndexer(l) {
-				n += int64(P / cfg.IndexKPool * cfg.IndexHeadDim)
+				n += int64(P/cfg.IndexKPool) * kv.RowBytes(cfg.IndexHeadDim, true)
 			}
 		}
 	}
-	return 4 * n
+	return n
 }
 
 // Checkpoint opens a rollback record on an allocated slot at its current
@@ -666,20 +753,23 @@ func (s *Store) Copy(src, dst int) error {
 	s.takeLocked(b, np)
 	b.Len = a.Len
 	b.Rollback = nil
+	// a page id's buffers hold its pages of every DSA layer, in any dtype
+	pp := &s.pool
+	for i := 0; i < np; i++ {
+		from, to := a.pages[i], b.pages[i]
+		copy(pp.bufs[to], pp.bufs[from])
+		if pp.cbufs != nil {
+			copy(pp.cbufs[to], pp.cbufs[from])
+		}
+	}
 	for l := range a.Conv {
 		copy(b.Conv[l], a.Conv[l])
 		copy(b.State[l], a.State[l])
 		if a.CKV[l].Width > 0 {
-			for i := 0; i < np; i++ {
-				copy(b.CKV[l].Pages[i], a.CKV[l].Pages[i])
-			}
 			b.CKV[l].Len = a.CKV[l].Len
 		}
 		if x := a.Index[l]; x != nil {
 			y := b.Index[l]
-			for i := 0; i < np; i++ {
-				copy(y.Pools.Pages[i], x.Pools.Pages[i])
-			}
 			y.Pools.Len = x.Pools.Len
 			y.PendK = append(y.PendK[:0], x.PendK...)
 			y.PendG = append(y.PendG[:0], x.PendG...)
@@ -734,9 +824,10 @@ func (s *Store) newSeq() *Seq {
 			q.Conv[l] = make([]float32, c.KDAConvLen())
 			q.State[l] = make([]float32, c.KDAStateLen())
 		case c.IsDSA(l):
-			q.CKV[l] = paged.Rows{Width: c.KVLoraRank, PageRows: P}
+			fp8 := s.kv == KVFP8
+			q.CKV[l] = paged.Rows{Width: c.KVLoraRank, PageRows: P, FP8: fp8}
 			if c.HasOwnIndexer(l) {
-				q.Index[l] = &indexer.State{Pools: paged.Rows{Width: c.IndexHeadDim, PageRows: P / c.IndexKPool}}
+				q.Index[l] = &indexer.State{Pools: paged.Rows{Width: c.IndexHeadDim, PageRows: P / c.IndexKPool, FP8: fp8}}
 			}
 		}
 	}
@@ -758,20 +849,28 @@ func (q *Seq) reset() {
 }
 
 // Bytes estimates the memory the sequence holds: its slot's state and
-// pending rows, and the floats of the pages in its table.
+// pending rows, and the bytes of the pages in its table.
 func (q *Seq) Bytes() int {
 	n := 0
 	for l := range q.Conv {
 		n += 4 * (len(q.Conv[l]) + len(q.State[l]))
-		for _, pg := range q.CKV[l].Pages {
-			n += 4 * cap(pg)
-		}
+		n += rowsBytes(&q.CKV[l])
 		if ix := q.Index[l]; ix != nil {
 			n += 4 * (cap(ix.PendK) + cap(ix.PendG))
-			for _, pg := range ix.Pools.Pages {
-				n += 4 * cap(pg)
-			}
+			n += rowsBytes(&ix.Pools)
 		}
+	}
+	return n
+}
+
+// rowsBytes is the bytes of r's pages.
+func rowsBytes(r *paged.Rows) int {
+	n := 0
+	for _, pg := range r.Pages {
+		n += 4 * cap(pg)
+	}
+	for i, pg := range r.Codes {
+		n += cap(pg) + 4*cap(r.Scales[i])
 	}
 	return n
 }
@@ -782,7 +881,7 @@ func (q *Seq) Bytes() int {
 func (s *Store) Bytes() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 4 * int64(s.pool.made) * int64(s.pool.floats)
+	n := int64(s.pool.made) * s.pool.idBytes()
 	for _, q := range s.slots {
 		if q == nil {
 			continue
@@ -803,7 +902,7 @@ func (s *Store) Memory() map[string]int64 {
 	pages := func() int64 {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return 4 * int64(s.pool.made) * int64(s.pool.floats)
+		return int64(s.pool.made) * s.pool.idBytes()
 	}()
 	return map[string]int64{"kv_pages": pages, "state_slots": s.Bytes() - pages}
 }

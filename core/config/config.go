@@ -332,8 +332,12 @@ type Runtime struct {
 	// latents and indexer pooled keys), a multiple of the model's
 	// index_kpool; 0: 64 (cache.DefaultPageTokens).
 	KVPageTokens int `koanf:"kv_page_tokens"`
-	// KVDType is the MLA latents' dtype: auto (bf16 on CUDA under
-	// precision bf16, fp32 otherwise), fp32 or bf16 (CUDA only).
+	// KVDType is the paged KV caches' dtype: auto (bf16 latents on CUDA
+	// under precision bf16, fp32 otherwise), fp32, bf16 (the latents, CUDA
+	// only) or fp8 (the latents and the indexer's pooled keys as e4m3 with
+	// a power-of-two fp32 scale per 128 values, quantized as they are
+	// written: lossy, so logits differ from fp32's within the quantization
+	// error and greedy tokens may differ; about a quarter of fp32's bytes).
 	KVDType string `koanf:"kv_dtype"`
 	// MemoryFraction is the share of the memory free after the weights
 	// (device memory on CUDA, the host's available memory on the CPU) that
@@ -678,8 +682,8 @@ func (c *Config) validateServing() error {
 		return keyErr("runtime.max_choices", "must be ≥ 0, got %d", r.MaxChoices)
 	case r.KVPageTokens < 0 || r.KVPageTokens > MaxPageTokens:
 		return keyErr("runtime.kv_page_tokens", "must be in [0, %d] (0: 64), got %d", MaxPageTokens, r.KVPageTokens)
-	case r.KVDType != "" && r.KVDType != "auto" && r.KVDType != "fp32" && r.KVDType != "bf16":
-		return keyErr("runtime.kv_dtype", "must be auto, fp32 or bf16 (fp8 KV is not implemented), got %q", r.KVDType)
+	case r.KVDType != "" && r.KVDType != "auto" && r.KVDType != "fp32" && r.KVDType != "bf16" && r.KVDType != "fp8":
+		return keyErr("runtime.kv_dtype", "must be auto, fp32, bf16 or fp8, got %q", r.KVDType)
 	case r.KVDType == "bf16" && c.Device != "cuda":
 		return keyErr("runtime.kv_dtype", "bf16 latents are implemented on the cuda device only (device %q holds fp32: auto or fp32)", c.Device)
 	case r.MaxChoices > MaxSlots:

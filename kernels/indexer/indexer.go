@@ -36,6 +36,9 @@ type State struct {
 	// in the sequence's pages (a page of P tokens holds P/KPool pools), or
 	// unpaged (a zero State grows one page as pools complete).
 	Pools paged.Rows
+	// Pools.FP8 holds them as e4m3 with a scale per block (kv dtype fp8):
+	// a pooled key is quantized as its pool completes and dequantized as
+	// Select scores it; the pending rows stay fp32.
 	PendK []float32 // [nPend][Dim]
 	PendG []float32 // [nPend][Dim]
 	// Share is a saved selection row (positions, −1 padded) made for the
@@ -43,6 +46,7 @@ type State struct {
 	// layer's index_share_for_mtp_iteration); empty when none is saved.
 	Share    []int32
 	SharePos int
+	key      []float32 // an fp8 state's pooled key before it is quantized
 }
 
 // NumPools is the number of complete pools cached.
@@ -145,11 +149,21 @@ func (c *Config) Append(st *State, pos0 int, k, gate []float32, T int, visible [
 		st.PendG = append(st.PendG, gate[j*D:(j+1)*D]...)
 		if len(st.PendK) == c.KPool*D {
 			n := st.Pools.Len
-			dst, err := st.Pools.Slot(n)
-			if err != nil {
-				return fmt.Errorf("indexer: pool %d: %w", n, err)
+			if st.Pools.FP8 {
+				if cap(st.key) < D {
+					st.key = make([]float32, D)
+				}
+				c.PoolKey(st.key[:D], st.PendK, st.PendG)
+				if err := st.Pools.Write(n, st.key[:D]); err != nil {
+					return fmt.Errorf("indexer: pool %d: %w", n, err)
+				}
+			} else {
+				dst, err := st.Pools.Slot(n)
+				if err != nil {
+					return fmt.Errorf("indexer: pool %d: %w", n, err)
+				}
+				c.PoolKey(dst, st.PendK, st.PendG)
 			}
-			c.PoolKey(dst, st.PendK, st.PendG)
 			st.Pools.Len = n + 1
 			st.PendK, st.PendG = st.PendK[:0], st.PendG[:0]
 		}
@@ -205,6 +219,7 @@ var selectPool parallel.Pool[selectArgs]
 // selectScratch is a worker's scratch for Select's blocks.
 type selectScratch struct {
 	dots, scores []float32
+	keys         []float32 // fp8 pooled keys, dequantized
 	order        []int32
 }
 
@@ -244,7 +259,8 @@ func (a *selectArgs) block(sc *selectScratch, b int) {
 		// [p0, p0+kc) writes dots[p0·rows:] as [rows][kc]
 		x := q[j0*H*D : j1*H*D]
 		for p0 := 0; p0 < nMax; {
-			keys := st.Pools.Span(p0, nMax)
+			var keys []float32
+			keys, sc.keys = st.Pools.Read(sc.keys, p0, nMax)
 			kc := len(keys) / D
 			d := dots[p0*rows : (p0+kc)*rows]
 			if inner {

@@ -170,7 +170,9 @@ func (c *Config) AttendWith(ws *Workspace, o, q, ckv []float32, sel []int32, T, 
 
 // AttendPaged is AttendWith over latents held in pages (ckv.Len rows of
 // Rank floats, the whole cache including the new tokens): the same
-// arithmetic, each selected row read where its page holds it.
+// arithmetic, each selected row read where its page holds it. FP8 latents
+// (ckv.FP8) are dequantized as they are gathered; the arithmetic on them
+// is the same.
 func (c *Config) AttendPaged(ws *Workspace, o, q []float32, ckv *paged.Rows, sel []int32, T, width int) {
 	L := ckv.Len
 	if cap(ws.mark) < L {
@@ -234,7 +236,7 @@ func (c *Config) attendExpand(ws *Workspace, o, q []float32, ckv *paged.Rows, se
 	lat, kv := buf[:n*R], buf[n*R:]
 	for p, r := range rowOf {
 		if r >= 0 {
-			copy(lat[int(r)*R:int(r+1)*R], ckv.Row(p))
+			ckv.ReadRow(lat[int(r)*R:int(r+1)*R], p)
 		}
 	}
 	gemm.MatMulTWith(c.Params, kv, lat, n, R, c.KVBW, row)
@@ -557,14 +559,14 @@ func (c *Config) attendLatent(b *latentBuf, ol, qa []float32, ckv *paged.Rows, s
 		return
 	}
 	var lat []float32
-	if run && ckv.SpanRows(int(p0), int(p0)+n) == n {
+	if run && !ckv.FP8 && ckv.SpanRows(int(p0), int(p0)+n) == n {
 		lat = ckv.Span(int(p0), int(p0)+n)
 	} else {
 		lat = b.lat[:n*R]
 		i := 0
 		for _, p := range srow {
 			if p >= 0 {
-				copy(lat[i*R:(i+1)*R], ckv.Row(int(p)))
+				ckv.ReadRow(lat[i*R:(i+1)*R], int(p))
 				i++
 			}
 		}

@@ -92,16 +92,21 @@ func (b *Backend) Ops() []string { return boundOps() }
 
 // NewStore makes a heap-backed cache store of the given layers, its
 // latents and pooled keys in a pool of o.Pages pages of o.PageTokens tokens
-// (cache.Options' defaults), in fp32 (kv dtype auto or fp32).
+// (cache.Options' defaults), in fp32 (kv dtype auto or fp32) or fp8 (kv
+// dtype fp8: e4m3 with per-block scales, cache.KVFP8).
 func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptions) (backend.Store, error) {
 	kd, err := backend.ParseKVDType(string(o.KVDType))
 	if err != nil {
 		return nil, fmt.Errorf("cpu: kv dtype: %w", err)
 	}
 	if kd == backend.KVBF16 {
-		return nil, fmt.Errorf("cpu: kv dtype bf16 is not implemented on the cpu backend (its latents are fp32: auto or fp32)")
+		return nil, fmt.Errorf("cpu: kv dtype bf16 is not implemented on the cpu backend (its latents are fp32 or fp8: auto, fp32 or fp8)")
 	}
-	st, err := cache.New(cfg, layers, cache.Options{Slots: o.Slots, PageTokens: o.PageTokens, Pages: o.Pages, MaxPositions: o.MaxPositions})
+	kv := cache.KVF32
+	if kd == backend.KVFP8 {
+		kv = cache.KVFP8
+	}
+	st, err := cache.New(cfg, layers, cache.Options{Slots: o.Slots, PageTokens: o.PageTokens, Pages: o.Pages, MaxPositions: o.MaxPositions, KV: kv})
 	if err != nil {
 		return nil, err
 	}

@@ -111,6 +111,9 @@ func (b *Backend) NewStore(cfg *model.Config, layers []int, o backend.StoreOptio
 	if err != nil {
 		return nil, fmt.Errorf("cuda: kv dtype: %w", err)
 	}
+	if kd == backend.KVFP8 {
+		return nil, fmt.Errorf("cuda: kv dtype fp8 is not implemented on the cuda backend yet (its kernels read fp32 or bf16 latents: auto, fp32 or bf16)")
+	}
 	ptStride := (maxPositions + P - 1) / P
 	pages := o.Pages
 	switch {
