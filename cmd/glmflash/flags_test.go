@@ -227,6 +227,9 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 			return probe{args: args(bench, "--seed", "3"), want: "--seed applies to --preset only"}
 		},
 		"bench --warmup": func(string) probe { return probe{args: args(bench, "--warmup", "-1"), want: "--warmup"} },
+		"bench --mixed-chunk": func(string) probe {
+			return probe{args: args(bench, "--mixed-chunk", "-1"), want: "--mixed-chunk must be ≥ 0"}
+		},
 		"bench --spec-accept": func(string) probe {
 			return probe{args: args(bench, "--spec-accept", "1.5"), want: "--spec-accept values must be in [0, 1]"}
 		},

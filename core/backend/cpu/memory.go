@@ -62,7 +62,7 @@ func ParseMeminfo(text []byte) (avail, total int64, err error) {
 
 // StoreCost is what a heap store of the given layers holds at most, per
 // page id and per slot (backend.StoreSizer): a page's latent and
-// pooled-key rows in fp32 and its place in the pool's tables; a slot's KDA
+// pooled-key rows in fp32 (fp8 rows with kv dtype fp8) and its place in the pool's tables; a slot's KDA
 // and pending indexer state, its rollback record for o.Rollback positions
 // and its page table row. Pages and slots are made on first use, so a
 // pool larger than what runs costs nothing until it fills.
@@ -77,8 +77,12 @@ func (b *Backend) StoreCost(cfg *model.Config, layers []int, o backend.StoreOpti
 	if err != nil {
 		return backend.StoreCost{}, err
 	}
+	kv := cache.KVF32
+	if o.KVDType == backend.KVFP8 {
+		kv = cache.KVFP8
+	}
 	const pageTables = 4 + 24 // a free-stack id and a buffer slice header per page
-	c := backend.StoreCost{PageBytes: cache.PageBytes(cfg, layers, P) + pageTables,
+	c := backend.StoreCost{PageBytes: cache.PageBytesKV(cfg, layers, P, kv) + pageTables,
 		SlotBytes: cache.StateSlotBytes(cfg, layers) + 4*int64((max(o.MaxPositions, 1)+P-1)/P)}
 	if o.Rollback > 0 {
 		c.SlotBytes += cache.RollbackSlotBytes(cfg, layers, o.Rollback)

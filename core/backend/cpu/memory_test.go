@@ -61,4 +61,13 @@ func TestStoreCostOnTheCPU(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, c3.SlotBytes, c0.SlotBytes)
 	require.Equal(t, c0.PageBytes, c3.PageBytes)
+
+	// fp8 KV: the page's fp8 rows, as the store holds them
+	o8 := backend.StoreOptions{Slots: 1, PageTokens: 16, MaxPositions: 160, KVDType: backend.KVFP8}
+	c8, err := b.StoreCost(cfg, cfg.TrunkLayers(), o8)
+	require.NoError(t, err)
+	st8, err := b.NewStore(cfg, cfg.TrunkLayers(), o8)
+	require.NoError(t, err)
+	require.Equal(t, st8.(backend.PagedStore).PageStats().PageBytes+28, c8.PageBytes)
+	require.Less(t, c8.PageBytes, c0.PageBytes)
 }
