@@ -53,12 +53,13 @@ func (b *Backend) StoreCost(cfg *model.Config, layers []int, o backend.StoreOpti
 	}
 	depth := int64(o.Rollback)
 	c := backend.StoreCost{SlotBytes: 4 * int64((o.MaxPositions+P-1)/P)}
+	var roll int64 // a slot's rollback records (the padding slot has none)
 	for _, l := range layers {
 		if cfg.IsKDA(l) {
 			conv, state := int64(cfg.KDAConvLen()), int64(cfg.KDAStateLen())
 			c.SlotBytes += 4 * (max(conv, 1) + state)
 			if depth > 0 {
-				c.SlotBytes += 4 * (max(depth*conv, 1) + depth*state)
+				roll += 4 * (max(depth*conv, 1) + depth*state)
 			}
 			continue
 		}
@@ -68,12 +69,16 @@ func (b *Backend) StoreCost(cfg *model.Config, layers []int, o backend.StoreOpti
 			c.PageBytes += 4 * int64(P) / kp * di
 			c.SlotBytes += 2 * 4 * kp * di
 			if depth > 0 {
-				c.SlotBytes += 2 * 4 * (kp - 1 + depth) * di
+				roll += 2 * 4 * (kp - 1 + depth) * di
 			}
 			if cfg.IsMTP(l) {
 				c.SlotBytes += 4 * int64(cfg.IndexTopK+cfg.IndexKPool-1)
 			}
 		}
 	}
+	if b.bucketsOn() { // the padding slot (its state, no rollback records) and scratch page of bucket graphs
+		c.FixedBytes += c.SlotBytes + c.PageBytes
+	}
+	c.SlotBytes += roll
 	return c, nil
 }
