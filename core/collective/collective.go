@@ -246,8 +246,10 @@ func (l *Local) count(c *atomic.Int64, n int, t0 time.Time) {
 
 // Run runs fn(rank) on one goroutine per rank of g and waits for them all.
 // When a rank's fn fails the group is aborted (so no rank waits in a
-// collective for it); the first error is returned, after every goroutine
-// has ended.
+// collective for it); once every goroutine has ended the group is reset
+// (usable again) and the first rank's own error (not an abort it caused) is
+// returned. Run calls must not overlap, nor mix with collectives issued
+// outside Run.
 func (g *Group) Run(fn func(rank int) error) error {
 	errs := make([]error, len(g.ranks))
 	var wg sync.WaitGroup
@@ -260,6 +262,13 @@ func (g *Group) Run(fn func(rank int) error) error {
 		})
 	}
 	wg.Wait()
+	// No rank is inside a collective any more: the group is usable again
+	// (the failed step's error is returned; what the ranks' steps changed
+	// before it is theirs to undo).
+	g.mu.Lock()
+	g.err, g.arrived = nil, 0
+	clear(g.posted)
+	g.mu.Unlock()
 	for r, err := range errs {
 		if err != nil && !errors.Is(err, ErrAborted) {
 			return fmt.Errorf("rank %d: %w", r, err)
