@@ -38,6 +38,7 @@ func TestTensorParallelParity(t *testing.T) {
 		for _, arm := range []string{"off", "every"} {
 			t.Run(name+"/"+arm, func(t *testing.T) {
 				ck, ref := openFixture(t, name)
+				var fired1 map[string]map[string]int // TP 1's fired sites by program and pass
 				for _, tp := range []int{1, 2, 4} {
 					e := tpEngine(t, ck, arms[arm], tp)
 					res, err := eval.RunAll(e, ref)
@@ -48,6 +49,23 @@ func TestTensorParallelParity(t *testing.T) {
 						require.Less(t, r.MaxAbsDiff, 1e-4, "tp %d %s", tp, r.Name)
 						require.True(t, r.GreedyMatch, "tp %d %s: %d greedy mismatches", tp, r.Name, r.Mismatches)
 					}
+					// every pass fires at as many sites at each TP (the
+					// sharded graph keeps each pass's eligibility)
+					fired := map[string]map[string]int{}
+					for key, rep := range e.Reports() {
+						fired[key.String()] = map[string]int{}
+						for _, p := range rep.Passes {
+							n := len(p.Fired)
+							if p.Name == "prefill-autotune" && n > 0 {
+								n = 1 // its sites are the distinct GEMM shapes, which sharding changes
+							}
+							fired[key.String()][p.Name] = n
+						}
+					}
+					if fired1 == nil {
+						fired1 = fired
+					}
+					require.Equal(t, fired1, fired, "tp %d: the passes fired elsewhere than at TP 1", tp)
 					if tp == 1 {
 						_, ok := e.Collectives()
 						require.False(t, ok)

@@ -148,6 +148,8 @@ type builder struct {
 	// pending holds the post and comb values of the last mhc_pre, consumed
 	// by the matching mhc_post.
 	pending []*ir.Value
+	// shards counts the slice_dim nodes at the graph's head.
+	shards int
 }
 
 func (b *builder) w(name string, shape ...int) *ir.Value { return b.g.AddWeight(prefix+name, shape...) }
@@ -165,7 +167,16 @@ func (b *builder) shard(w *ir.Value, axis int) *ir.Value {
 	}
 	per := w.Shape[axis] / n
 	lo := b.opts.TP.Rank * per
-	return b.g.Op1(ir.OpSliceDim, -1, ir.NewAttrs(ir.AttrAxis.Is(axis), ir.AttrStart.Is(lo), ir.AttrEnd.Is(lo+per)), w).Named(fmt.Sprintf("%s.tp%d", w.Name, b.opts.TP.Rank))
+	// Shards lead the graph (they read weights only), so that a pass
+	// inserting a node before the first of the nodes it replaces (a fused
+	// GEMM over several shards) finds every shard defined.
+	nd, err := b.g.NewNode(ir.OpSliceDim, -1, ir.NewAttrs(ir.AttrAxis.Is(axis), ir.AttrStart.Is(lo), ir.AttrEnd.Is(lo+per)), w)
+	if err != nil {
+		panic(fmt.Sprintf("graph: shard of %s: %v (CheckTP should have refused the model)", w.Name, err))
+	}
+	b.g.InsertAt(b.shards, nd)
+	b.shards++
+	return nd.Outputs[0].Named(fmt.Sprintf("%s.tp%d", w.Name, b.opts.TP.Rank))
 }
 
 // reduce sums a rank's partial x over the ranks (x itself on one device).
