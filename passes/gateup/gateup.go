@@ -109,7 +109,9 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 
 // quant is how a projection's weight is stored (FP8 and BF16 weights go to
 // different kernels; a concatenation must not mix them).
-func quant(env *pass.Env, n *ir.Node) safetensors.DType { return env.WeightDType(n.Inputs[1].WeightRef()) }
+func quant(env *pass.Env, n *ir.Node) safetensors.DType {
+	return env.WeightDType(n.Inputs[1].WeightRef())
+}
 
 func hitsLoRA(env *pass.Env, l int, modules ...string) bool {
 	_, hit := env.LoRAHit(l, modules...)
