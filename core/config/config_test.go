@@ -73,7 +73,12 @@ func TestStrictDecodingNamesTheKeyAndItsSource(t *testing.T) {
 	for yaml, want := range map[string]string{
 		"passes:\n  - name: x\n    optoins: {}\n":                     "optoins",
 		"paralel:\n  attention_tp_size: 2\n":                          `unknown key "paralel.attention_tp_size" in `,
-		"parallel:\n  attention_tp_size: 2\n  attention_tp_rank: 2\n": "parallel.attention_tp_rank (",
+		"parallel:\n  tp_size: 2\n  attention_tp_rank: 1\n":    "parallel.attention_tp_rank (",
+		"parallel:\n  tp_size: 4\n  attention_tp_size: 2\n":    "must equal parallel.tp_size (4), got 2: attention data parallelism",
+		"parallel:\n  attention_tp_size: 2\n":                  "must equal parallel.tp_size (1), got 2",
+		"parallel:\n  ep_size: 8\n":                            "parallel.ep_size (",
+		"parallel:\n  tp_size: 0\n  attention_tp_size: 2000\n": "parallel.attention_tp_size (",
+		"parallel:\n  tp_size: -1\n":                           "parallel.tp_size (",
 		"passes:\n  - name: a\n  - name: a\n":                         "listed twice",
 		"passes: [\n":                                                 "invalid YAML",
 		"lora:\n  adapters:\n    - name: a\n":                         "targets must not be empty",
@@ -124,8 +129,8 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	env := []string{
 		"GLMFLASH_RUNTIME__MAX_RUNNING=6",            // overrides the file
 		"GLMFLASH_SERVER__METRICS_ADDR=",             // disables metrics
-		"GLMFLASH_PARALLEL__ATTENTION_TP_SIZE=4",     // an engine key, same convention
-		"GLMFLASH_PARALLEL__ATTENTION_TP_RANK=3",     //
+		"GLMFLASH_PARALLEL__TP_SIZE=4",               // an engine key, same convention
+		"GLMFLASH_PARALLEL__ATTENTION_TP_SIZE=4",     //
 		"GLMFLASH_DEVICE=cpu",                        // a top-level key
 		"GLMFLASH_PRECISION=bf16",                    //
 		"GLMFLASH_CUDA__GRAPH_MAX_TOKENS=-1",         // a CUDA key
@@ -143,8 +148,8 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	require.Equal(t, 6, c.Runtime.MaxRunning)
 	require.Equal(t, 16, c.Runtime.PrefillChunk)
 	require.Equal(t, 0, c.Runtime.Slots)
+	require.Equal(t, 4, c.Parallel.TPSize)
 	require.Equal(t, 4, c.Parallel.AttentionTPSize)
-	require.Equal(t, 3, c.Parallel.AttentionTPRank)
 	require.Equal(t, []int{1, 2}, c.Debug.CaptureHidden)
 	require.Equal(t, backend.BF16, c.Precision)
 	require.Equal(t, -1, c.CUDA.GraphMaxTokens)
