@@ -2,6 +2,7 @@ package tests
 
 import (
 	"fmt"
+	"path/filepath"
 	"testing"
 
 	"github.com/glmflash/glmflash/core/config"
@@ -93,4 +94,30 @@ func TestTensorParallelRefusals(t *testing.T) {
 	ck, _ = openFixture(t, "glm5next-tiny-a")
 	_, err := engine.New(ck.Config(), ck, engine.Options{Slots: 2, TP: 2, Device: "cuda"})
 	require.ErrorContains(t, err, "parallel.tp_size 2 is implemented on the cpu backend only")
+}
+
+// TestTensorParallelMTPParity: the MTP fixture (the tiny-a trunk and an MTP
+// layer) at TP 2 and 4 — trunk, MTP draft steps and their hidden rows —
+// matches transformers as TP 1 does, with the passes off and with every
+// pass.
+func TestTensorParallelMTPParity(t *testing.T) {
+	dir := fixtureDir(mtpFixture)
+	ck, err := model.Open(filepath.Join(dir, "checkpoint"))
+	require.NoError(t, err)
+	defer ck.Close()
+	ref, err := eval.LoadMTP(filepath.Join(dir, "reference.safetensors"))
+	require.NoError(t, err)
+	for _, arm := range []string{"off", "every"} {
+		reqs := map[string][]pass.Request{"off": nil, "every": everyPass(tuningDir(t))}[arm]
+		for _, tp := range []int{2, 4} {
+			e := tpEngine(t, ck, reqs, tp)
+			res, err := eval.RunMTP(e, ref)
+			require.NoError(t, err)
+			require.Len(t, res, len(ref.Cases))
+			for _, r := range res {
+				t.Logf("tp%d %s %s: trunk logits %.1e; mtp logits %.1e hidden %.1e; chain logits %.1e; mismatches %d", tp, arm, r.Name, r.TrunkLogits, r.MTPLogits, r.MTPHidden, r.ChainLogits, r.Mismatches)
+				require.True(t, r.Pass(1e-4), "tp %d passes %s %s: %+v", tp, arm, r.Name, r)
+			}
+		}
+	}
 }
