@@ -110,7 +110,6 @@ to gRPC and HTTP alike.`,
 	mf.addConfig(cmd)
 	mf.addDevice(cmd)
 	mf.addPrecision(cmd)
-	mf.addTP(cmd)
 	mf.addSpeculative(cmd)
 	mf.addLoad(cmd, true)
 	sf.register(cmd)
