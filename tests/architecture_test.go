@@ -19,7 +19,7 @@ var layers = []struct {
 	{"kernels/", 1},
 	{"model/safetensors", 2}, {"model/tokenizer", 2}, {"model/chat", 2},
 	{"model", 3}, {"model/randckpt", 4},
-	{"core/ir", 5}, {"core/sample", 5}, {"core/roofline", 5}, {"core/toolcall", 5}, {"core/reasoning", 5},
+	{"core/collective", 4}, {"core/ir", 5}, {"core/sample", 5}, {"core/roofline", 5}, {"core/toolcall", 5}, {"core/reasoning", 5},
 	{"core/loadgen", 5}, // an OpenAI HTTP client: it depends on nothing of the engine
 	{"core/graph", 6}, {"core/plan", 6}, {"core/grammar", 6}, {"core/pass", 6}, {"core/access", 6}, {"core/cache", 6},
 	{"core/backend", 7}, {"passes/", 7}, {"plugins/wire", 7}, {"plugins/protocol", 7}, {"plugins/examples/sharedexpert/fusion", 7},

@@ -86,9 +86,10 @@ func TestEveryConfigFileDecodesStrictly(t *testing.T) {
 	require.ErrorContains(t, err, "drain_timeout")
 	_, err = load("GLMFLASH_PARALLEL__ATTENTION_TP_SIZE=2.0")
 	require.ErrorContains(t, err, "attention_tp_size")
-	ec, err := load("GLMFLASH_PARALLEL__ATTENTION_TP_SIZE=2")
+	ec, err := load("GLMFLASH_PARALLEL__TP_SIZE=2")
 	require.NoError(t, err)
-	require.Equal(t, 2, ec.Parallel.AttentionTPSize)
+	require.Equal(t, 2, ec.Parallel.TPSize)
+	require.Equal(t, 2, ec.Parallel.AttentionTPSize, "attention TP defaults to TP")
 }
 
 // A configuration file that is not a regular file of bounded size (a link

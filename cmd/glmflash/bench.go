@@ -47,6 +47,7 @@ func newBenchCmd() *cobra.Command {
 	mf.addConfig(cmd)
 	mf.addDevice(cmd)
 	mf.addPrecision(cmd)
+	mf.addTP(cmd)
 	mf.addSpeculative(cmd)
 	cmd.Flags().Float64SliceVar(&f.specAccept, "spec-accept", nil, "also measure speculative decoding pinned at these per-draft acceptance rates, e.g. 0.6,0.8,1.0: the --spec-drafter drafter's drafts are replaced by the plain run's greedy tokens, each spoiled with probability 1−rate (num_steps from --speculative, else 5)")
 	cmd.Flags().Float64SliceVar(&f.specAcceptLen, "spec-accept-len", nil, "as --spec-accept, asked as acceptance lengths (mean tokens per verify step, accepted drafts + 1, in [1, num_steps+1]), e.g. 3,4,6: the per-draft rate r solves 1 + r + r² + … + r^num_steps = length")

@@ -110,6 +110,7 @@ func newEvalCmd() *cobra.Command {
 	mf.addConfig(cmd)
 	mf.addDevice(cmd)
 	mf.addPrecision(cmd)
+	mf.addTP(cmd)
 	mf.add(cmd, false)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&versus, "versus", "", "instead of --reference: compare with the same engine in this precision (fp32 or bf16) on deterministic prompts; figures are reported, not gated")

@@ -487,6 +487,18 @@ func TestEveryFlagIsHonouredOrRefused(t *testing.T) {
 		"eval --precision": func(string) probe {
 			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--precision", "fp16"}, want: `precision (flag --precision): must be fp32 or bf16, got "fp16"`}
 		},
+		"generate --tp": func(string) probe {
+			return probe{args: args(gen, "--tp", "3"), want: "parallel.tp_size 3 does not divide the model's linear_attn_config.num_heads (KDA heads), 4"}
+		},
+		"eval --tp": func(string) probe {
+			return probe{args: []string{"eval", "--model", m, "--reference", ref, "--tp", "-1"}, want: "parallel.tp_size (flag --tp): must be in [1, 1024], got -1"}
+		},
+		"bench --tp": func(string) probe {
+			return probe{args: args(bench, "--tp", "2"), check: func(t *testing.T, d, out string, err error) {
+				require.NoError(t, err)
+				require.Contains(t, out, "all-reduces")
+			}}
+		},
 		"generate --precision": func(string) probe {
 			return probe{args: args(gen, "--precision", "fp16"), want: `precision (flag --precision): must be fp32 or bf16, got "fp16"`}
 		},

@@ -186,6 +186,7 @@ func newGenerateCmd() *cobra.Command {
 	mf.addConfig(cmd)
 	mf.addDevice(cmd)
 	mf.addPrecision(cmd)
+	mf.addTP(cmd)
 	mf.add(cmd, true)
 	mf.addCheckTensors(cmd)
 	cmd.Flags().StringVar(&prompt, "prompt-ids", "", "comma-separated prompt token ids")

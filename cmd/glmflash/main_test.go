@@ -394,3 +394,35 @@ func absFixture(t *testing.T) string {
 	require.NoError(t, err)
 	return abs
 }
+
+// --tp N runs the engine on N tensor-parallel ranks through the scheduler:
+// greedy and seeded-sampling outputs equal one device's; a model the ranks
+// cannot split, and attention TP below TP, are refused with the key named.
+func TestGenerateTensorParallel(t *testing.T) {
+	line := func(s string) string {
+		for _, l := range strings.Split(s, "\n") {
+			if strings.HasPrefix(l, "output") {
+				return l
+			}
+		}
+		return ""
+	}
+	for _, extra := range [][]string{nil, {"--temperature", "0.8", "--sample-seed", "3"}} {
+		args := append([]string{"generate", "--model", fixture + "/checkpoint", "--prompt-ids", "5,6,7", "--max-tokens", "6"}, extra...)
+		one, err := runCLI(t, args...)
+		require.NoError(t, err)
+		require.NotEmpty(t, line(one))
+		for _, tp := range []string{"2", "4"} {
+			got, err := runCLI(t, append(args, "--tp", tp)...)
+			require.NoError(t, err)
+			require.Equal(t, line(one), line(got), "--tp %s %v", tp, extra)
+		}
+	}
+	_, err := runCLI(t, "generate", "--model", "../../testdata/glm5next-tiny-b/checkpoint", "--prompt-ids", "5,6", "--max-tokens", "2", "--tp", "2")
+	require.ErrorContains(t, err, "parallel.tp_size 2 does not divide the model's linear_attn_config.num_heads (KDA heads), 3")
+	cfg := filepath.Join(t.TempDir(), "dp.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("parallel: {attention_tp_size: 2}\n"), 0o644))
+	_, err = runCLI(t, "generate", "--config", cfg, "--model", fixture+"/checkpoint", "--prompt-ids", "5,6", "--max-tokens", "2", "--tp", "4")
+	require.ErrorContains(t, err, "parallel.attention_tp_size")
+	require.ErrorContains(t, err, "attention data parallelism")
+}

@@ -36,6 +36,7 @@ type modelFlags struct {
 	files     []string
 	device    string
 	precision string
+	tp        int
 	// speculative is --speculative (METHOD[:STEPS|:PRESET]); draftModel
 	// --draft-model (a DFlash drafter's directory).
 	speculative string
@@ -118,6 +119,13 @@ func (m *modelFlags) addPrecision(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&m.precision, "precision", "", "fp32 (the parity mode) or bf16 (GEMMs take bf16 activations, fp32 accumulation) (default: the configuration's precision, fp32)")
 }
 
+// addTP adds --tp (parallel.tp_size).
+func (m *modelFlags) addTP(cmd *cobra.Command) {
+	m.cmd = cmd
+	m.registered("tp")
+	cmd.Flags().IntVar(&m.tp, "tp", 0, "tensor-parallel ranks (parallel.tp_size): the model's heads, MLP/expert intermediate dimensions and vocabulary split over N ranks meeting at all-reduces; on the cpu backend the ranks are goroutines of this process (default: the configuration's, 1)")
+}
+
 // add adds --model and, with allowPreset, --preset, --seed, --cache-dir and
 // --fp8 (the model section).
 func (m *modelFlags) add(cmd *cobra.Command, allowPreset bool) {
@@ -193,6 +201,9 @@ func (m *modelFlags) config() (*config.Config, error) {
 	}
 	if m.changed("precision") {
 		flags = append(flags, config.Flag{Key: "precision", Value: m.precision, Name: "--precision"})
+	}
+	if m.changed("tp") {
+		flags = append(flags, config.Flag{Key: "parallel.tp_size", Value: m.tp, Name: "--tp"})
 	}
 	if m.changed("speculative") {
 		f, err := speculativeFlags(m.speculative)

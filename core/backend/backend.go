@@ -17,6 +17,7 @@ import (
 	"sync"
 
 	"github.com/glmflash/glmflash/core/cache"
+	"github.com/glmflash/glmflash/core/collective"
 	"github.com/glmflash/glmflash/core/plan"
 	"github.com/glmflash/glmflash/model"
 )
@@ -378,6 +379,11 @@ type Options struct {
 	// Device holds one device backend's own options (cuda.Options for the
 	// cuda backend); a backend ignores options of another.
 	Device DeviceOptions
+	// Comm is the rank's communicator when the backend runs one rank of a
+	// tensor-parallel group (its programs' ir.OpAllReduce and
+	// ir.OpAllGatherCols nodes run through it); nil: one device, and a
+	// program holding a collective is refused at compile.
+	Comm collective.Communicator
 }
 
 // DeviceOptions are the options of the device backend Backend names

@@ -274,6 +274,14 @@ type Series struct {
 	ReplaysPerStep  float64 `json:"graph_replays_per_step,omitempty"`
 	SyncsPerStep    float64 `json:"host_syncs_per_step,omitempty"`
 	LengthSyncs     float64 `json:"length_syncs_per_step,omitempty"`
+	// Tensor-parallel engines (parallel.tp_size > 1), per decode step on
+	// rank 0 (every rank issues the same): all-reduces and all-gathers,
+	// the bytes the rank contributed to them and the wall time spent in
+	// them (waiting for the other ranks included).
+	AllReducesPerStep      float64 `json:"all_reduces_per_step,omitempty"`
+	AllGathersPerStep      float64 `json:"all_gathers_per_step,omitempty"`
+	CollectiveBytesPerStep float64 `json:"collective_bytes_per_step,omitempty"`
+	CollectiveMsPerStep    float64 `json:"collective_ms_per_step,omitempty"`
 	// Speculative decoding series (through the scheduler): tokens per
 	// verify span (accepted drafts + 1), the expected value at a fixed
 	// acceptance rate, tokens per trunk pass per sequence in the decode
@@ -733,6 +741,7 @@ func (r *runner) interleaved(names []string, runs []runFunc) error {
 		if c := counters[k]; c != nil {
 			s.LaunchesPerStep, s.SyncsPerStep, s.LengthSyncs, s.ReplaysPerStep = c.launches, c.syncs, c.lengthSyncs, c.replays
 			s.KernelsPerStep, s.DeviceMsPerStep, s.PrepMsPerStep, s.Kinds = c.kernels, c.deviceMs, c.prepMs, c.kinds
+			s.AllReducesPerStep, s.AllGathersPerStep, s.CollectiveBytesPerStep, s.CollectiveMsPerStep = c.allReduces, c.allGathers, c.commBytes, c.commMs
 			sort.Float64s(cpu[k])
 			s.CPUMsPerStep = cpu[k][len(cpu[k])/2]
 		}
@@ -746,6 +755,7 @@ type perStep struct {
 	launches, syncs, lengthSyncs, replays, kernels float64
 	deviceMs, prepMs, cpuMs                        float64
 	kinds                                          []KindFigures
+	allReduces, allGathers, commBytes, commMs      float64
 }
 
 // cpuTime is the process's CPU time so far (user + system, every thread).
@@ -823,6 +833,7 @@ func (r *runner) decodeSeries(B int, processed bool) (string, runFunc) {
 			return 0, 0, nil, err
 		}
 		s0, c0 := backend.DeviceStatsOf(prog), cpuTime()
+		k0, _ := r.e.Collectives()
 		t0 := time.Now()
 		for st := 0; st < steps; st++ {
 			if err := attrib.DecodeStep(r.e, slots, specs, st, r.cfg.VocabSize); err != nil {
@@ -831,6 +842,10 @@ func (r *runner) decodeSeries(B int, processed bool) (string, runFunc) {
 		}
 		secs := time.Since(t0).Seconds()
 		c := stepCounters(s0, backend.DeviceStatsOf(prog), steps)
+		if k1, ok := r.e.Collectives(); ok {
+			d, n := k1.Sub(k0), float64(steps)
+			c.allReduces, c.allGathers, c.commBytes, c.commMs = float64(d.AllReduces)/n, float64(d.AllGathers)/n, float64(d.Bytes)/n, float64(d.Time)/1e6/n
+		}
 		c.cpuMs = float64(cpuTime()-c0) / 1e6 / float64(steps)
 		return B * steps, secs, c, nil
 	}

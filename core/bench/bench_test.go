@@ -375,3 +375,37 @@ func TestKindFigures(t *testing.T) {
 	r.writeSeries(&b, &Series{Name: "mixed batch 8 + chunk 512", TokensPerSec: 1, Runs: []float64{1}, LaunchesPerStep: 1, Kinds: got})
 	require.Contains(t, b.String(), "by step kind: decode 4 steps, 1.0 launches (1.0 graph replays), 100 kernels, 8 tokens; mixed 4 steps, 1.0 launches (1.0 graph replays), 200 kernels, 520 tokens + 504 padding")
 }
+
+// On a tensor-parallel engine the decode series carry rank 0's collectives
+// per step: one all-reduce for the embedding and two per layer (after the
+// attention output and after the MLP/MoE), one all-gather of the logits.
+func TestRunTensorParallel(t *testing.T) {
+	s := Spec{Prompt: 4, DecodeContext: 3, DecodeSteps: 2, Batches: []int{2}, Reps: 1, PeakTFLOPs: 1, LimitsPath: writeLimits(t, 100, 200, 49)}
+	ck, err := model.Open(fixture)
+	require.NoError(t, err)
+	t.Cleanup(func() { ck.Close() })
+	e, err := engine.New(ck.Config(), ck, engine.Options{Slots: s.Slots(), Rollback: s.Rollback(), TP: 2})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Close()) })
+	res, err := Run(e, ck, s)
+	require.NoError(t, err)
+	L := ck.Config().NumHiddenLayers
+	var decode *Series
+	for i := range res.Series {
+		if res.Series[i].Name == "decode batch 2" {
+			decode = &res.Series[i]
+		}
+	}
+	require.NotNil(t, decode)
+	require.Equal(t, float64(1+2*L), decode.AllReducesPerStep)
+	require.Equal(t, 1.0, decode.AllGathersPerStep)
+	cfg := ck.Config()
+	B, D, H := 2, cfg.HiddenSize, cfg.HCMult
+	// embedding streams, 2L hidden rows, the rank's half of each row's logits
+	want := 4 * (B*H*D + 2*L*B*D + B*cfg.VocabSize/2)
+	require.Equal(t, float64(want), decode.CollectiveBytesPerStep)
+	require.Positive(t, decode.CollectiveMsPerStep)
+	var text strings.Builder
+	require.NoError(t, res.WriteText(&text))
+	require.Contains(t, text.String(), fmt.Sprintf("%d all-reduces, 1 all-gathers", 1+2*L))
+}

@@ -117,6 +117,10 @@ func (r *Result) writeSeries(w io.Writer, s *Series) {
 			fmt.Fprintf(w, " + %.0f padding", k.PadPerStep)
 		}
 	}
+	if s.AllReducesPerStep > 0 {
+		fmt.Fprintf(w, "  per step: %.0f all-reduces, %.0f all-gathers, %.0f bytes, %.3f ms in collectives (rank 0)",
+			s.AllReducesPerStep, s.AllGathersPerStep, s.CollectiveBytesPerStep, s.CollectiveMsPerStep)
+	}
 	if s.spec {
 		fmt.Fprintf(w, "  acceptance length %.2f", s.AcceptanceLength)
 		if s.ExpectedLength > 0 {

@@ -66,12 +66,23 @@ type PassConfig struct {
 // On reports whether the pass is enabled.
 func (p PassConfig) On() bool { return p.Enabled == nil || *p.Enabled }
 
-// Parallel is the attention tensor-parallel topology that eligibility
-// predicates see. Execution is single-process; other values simulate the
-// topology a multi-rank deployment would have.
+// Parallel is the tensor-parallel topology (docs/tensor-parallel.md): the
+// engine runs TPSize ranks (all in this process: goroutines over an
+// in-process all-reduce on the cpu backend), each holding its shard of the
+// attention heads, the MLP and expert intermediate dimensions and the
+// vocabulary; the passes' eligibility sees each rank's real size and
+// rank. Attention data parallelism (attention TP below TP) and expert
+// parallelism (all-to-all) are refused: not implemented.
 type Parallel struct {
+	// TPSize is the tensor-parallel ranks (1: one device).
+	TPSize int `koanf:"tp_size"`
+	// AttentionTPSize must equal TPSize (0: TPSize).
 	AttentionTPSize int `koanf:"attention_tp_size"`
+	// AttentionTPRank must be 0: one process runs every rank.
 	AttentionTPRank int `koanf:"attention_tp_rank"`
+	// EPSize is the expert-parallel ranks: 1 (the experts are split along
+	// their intermediate dimension over the TP ranks, EP1).
+	EPSize int `koanf:"ep_size"`
 }
 
 // LoRAAdapter names modules an adapter targets (e.g. "k_proj"); applying
@@ -475,7 +486,7 @@ func (c *Config) Pipeline(extra pass.Resolver) (*pass.Pipeline, error) {
 // this configuration (topology, LoRA targets, hidden-state captures).
 func (c *Config) PassEnv(m *model.Config, w pass.WeightInfo) *pass.Env {
 	env := pass.NewEnv(m, w)
-	env.TP = pass.Topology{Size: c.Parallel.AttentionTPSize, Rank: c.Parallel.AttentionTPRank, Known: c.Parallel.AttentionTPSize > 0}
+	env.TP = pass.Topology{Size: c.Parallel.TPSize, Known: c.Parallel.TPSize > 0} // each rank's engine sets its rank
 	for _, a := range c.LoRA.Adapters {
 		for _, t := range a.Targets {
 			env.LoRA = append(env.LoRA, pass.LoRATarget{Adapter: a.Name, Module: t, Layers: a.Layers})
@@ -564,14 +575,8 @@ func (c *Config) validateEngine() error {
 		}
 		seen[p.Name] = true
 	}
-	if c.Parallel.AttentionTPSize == 0 {
-		c.Parallel.AttentionTPSize = 1 // unset
-	}
-	if c.Parallel.AttentionTPSize < 1 || c.Parallel.AttentionTPSize > MaxTPSize {
-		return keyErr("parallel.attention_tp_size", "must be in [1, %d], got %d", MaxTPSize, c.Parallel.AttentionTPSize)
-	}
-	if c.Parallel.AttentionTPRank < 0 || c.Parallel.AttentionTPRank >= c.Parallel.AttentionTPSize {
-		return keyErr("parallel.attention_tp_rank", "must be in [0, %d), got %d", c.Parallel.AttentionTPSize, c.Parallel.AttentionTPRank)
+	if err := c.Parallel.validate(); err != nil {
+		return err
 	}
 	for i, a := range c.LoRA.Adapters {
 		if len(a.Targets) == 0 {
@@ -712,7 +717,36 @@ func (c *Config) validateServing() error {
 	return c.Speculative.validate(c.Model.Preset)
 }
 
-// MaxTPSize bounds parallel.attention_tp_size (no model has more heads).
+func (p *Parallel) validate() error {
+	if p.TPSize == 0 {
+		p.TPSize = 1 // unset
+	}
+	if p.TPSize < 1 || p.TPSize > MaxTPSize {
+		return keyErr("parallel.tp_size", "must be in [1, %d], got %d", MaxTPSize, p.TPSize)
+	}
+	if p.AttentionTPSize == 0 {
+		p.AttentionTPSize = p.TPSize // unset: attention as wide as the rest
+	}
+	if p.AttentionTPSize < 1 || p.AttentionTPSize > MaxTPSize {
+		return keyErr("parallel.attention_tp_size", "must be in [1, %d], got %d", MaxTPSize, p.AttentionTPSize)
+	}
+	if p.AttentionTPSize != p.TPSize {
+		return keyErr("parallel.attention_tp_size", "must equal parallel.tp_size (%d), got %d: attention data parallelism (attention TP below TP) is not implemented", p.TPSize, p.AttentionTPSize)
+	}
+	if p.AttentionTPRank != 0 {
+		return keyErr("parallel.attention_tp_rank", "must be 0, got %d: one process runs every rank of parallel.tp_size", p.AttentionTPRank)
+	}
+	if p.EPSize == 0 {
+		p.EPSize = 1
+	}
+	if p.EPSize != 1 {
+		return keyErr("parallel.ep_size", "must be 1, got %d: expert parallelism (all-to-all) is not implemented; the experts are split along their intermediate dimension over parallel.tp_size", p.EPSize)
+	}
+	return nil
+}
+
+// MaxTPSize bounds parallel.tp_size and parallel.attention_tp_size (no
+// model has more heads).
 const MaxTPSize = 1024
 
 // MaxLayer bounds a layer index in the configuration (debug.capture_hidden,

@@ -71,40 +71,45 @@ func TestEveryShippedFileLoads(t *testing.T) {
 // from; nothing is reinterpreted.
 func TestStrictDecodingNamesTheKeyAndItsSource(t *testing.T) {
 	for yaml, want := range map[string]string{
-		"passes:\n  - name: x\n    optoins: {}\n":                     "optoins",
-		"paralel:\n  attention_tp_size: 2\n":                          `unknown key "paralel.attention_tp_size" in `,
-		"parallel:\n  attention_tp_size: 2\n  attention_tp_rank: 2\n": "parallel.attention_tp_rank (",
-		"passes:\n  - name: a\n  - name: a\n":                         "listed twice",
-		"passes: [\n":                                                 "invalid YAML",
-		"lora:\n  adapters:\n    - name: a\n":                         "targets must not be empty",
-		"runtime: {max_runing: 3}\n":                                  `unknown key "runtime.max_runing"`,
-		"logging: {level: debug}\n":                                   `unknown key "logging.level"`,
-		"model: small\n":                                              `"model" must be a section`,
-		"runtime: {slots: many}\n":                                    "runtime.slots (",
-		"runtime: {slots: 2.7}\n":                                     "2.7 is not an integer",
-		"runtime: {slots: true}\n":                                    "runtime.slots",
-		"server: {drain_timeout: soon}\n":                             "server.drain_timeout",
-		"server: {drain_timeout: 30}\n":                               "has no unit",
-		"model: {preset: small, dir: /x}\n":                           "model.dir and model.preset are mutually exclusive",
-		"runtime: {slots: -1}\n":                                      "runtime.slots (",
-		"runtime: {memory_fraction: 1.5}\n":                           "runtime.memory_fraction (",
-		"runtime: {memory_fraction: -0.1}\n":                          "runtime.memory_fraction (",
-		"runtime: {memory_fraction: .nan}\n":                          "runtime.memory_fraction (",
-		"server: {drain_timeout: -1s}\n":                              "server.drain_timeout (",
-		"device: tpu\n":                                               `device (`,
-		"precision: fp16\n":                                           `precision (`,
-		"cuda: {graph_max_tokens: -2}\n":                              `cuda.graph_max_tokens (`,
-		"cuda: {graph_max_tokens: 70000}\n":                           `cuda.graph_max_tokens (`,
-		"cuda: {gemv_fp8_kernel: glmf_gemv_f2}\n":                     `cuda.gemv_fp8_kernel (`,
-		"cuda: {graph_token_buckets: [128, 64]}\n":                    `cuda.graph_token_buckets (`,
-		"cuda: {graph_token_buckets: [64, 64]}\n":                     "buckets must ascend, got 64 after 64",
-		"cuda: {graph_token_buckets: [0, 64]}\n":                      `cuda.graph_token_buckets (`,
-		"cuda: {graph_token_buckets: [70000]}\n":                      "every bucket must be in [1, 65536]",
-		"cuda: {graph_token_buckets: []}\n":                           "got an empty list",
-		"cuda: {max_graphs: -1}\n":                                    `cuda.max_graphs (`,
-		"cuda: {max_graphs: 70000}\n":                                 `cuda.max_graphs (`,
-		"plugins: {timeout_ms: 2.5}\n":                                "timeout_ms",
-		"debug: {capture_hidden: [1.5]}\n":                            "capture_hidden",
+		"passes:\n  - name: x\n    optoins: {}\n":              "optoins",
+		"paralel:\n  attention_tp_size: 2\n":                   `unknown key "paralel.attention_tp_size" in `,
+		"parallel:\n  tp_size: 2\n  attention_tp_rank: 1\n":    "parallel.attention_tp_rank (",
+		"parallel:\n  tp_size: 4\n  attention_tp_size: 2\n":    "must equal parallel.tp_size (4), got 2: attention data parallelism",
+		"parallel:\n  attention_tp_size: 2\n":                  "must equal parallel.tp_size (1), got 2",
+		"parallel:\n  ep_size: 8\n":                            "parallel.ep_size (",
+		"parallel:\n  tp_size: 0\n  attention_tp_size: 2000\n": "parallel.attention_tp_size (",
+		"parallel:\n  tp_size: -1\n":                           "parallel.tp_size (",
+		"passes:\n  - name: a\n  - name: a\n":                  "listed twice",
+		"passes: [\n":                                          "invalid YAML",
+		"lora:\n  adapters:\n    - name: a\n":                  "targets must not be empty",
+		"runtime: {max_runing: 3}\n":                           `unknown key "runtime.max_runing"`,
+		"logging: {level: debug}\n":                            `unknown key "logging.level"`,
+		"model: small\n":                                       `"model" must be a section`,
+		"runtime: {slots: many}\n":                             "runtime.slots (",
+		"runtime: {slots: 2.7}\n":                              "2.7 is not an integer",
+		"runtime: {slots: true}\n":                             "runtime.slots",
+		"server: {drain_timeout: soon}\n":                      "server.drain_timeout",
+		"server: {drain_timeout: 30}\n":                        "has no unit",
+		"model: {preset: small, dir: /x}\n":                    "model.dir and model.preset are mutually exclusive",
+		"runtime: {slots: -1}\n":                               "runtime.slots (",
+		"runtime: {memory_fraction: 1.5}\n":                    "runtime.memory_fraction (",
+		"runtime: {memory_fraction: -0.1}\n":                   "runtime.memory_fraction (",
+		"runtime: {memory_fraction: .nan}\n":                   "runtime.memory_fraction (",
+		"server: {drain_timeout: -1s}\n":                       "server.drain_timeout (",
+		"device: tpu\n":                                        `device (`,
+		"precision: fp16\n":                                    `precision (`,
+		"cuda: {graph_max_tokens: -2}\n":                       `cuda.graph_max_tokens (`,
+		"cuda: {graph_max_tokens: 70000}\n":                    `cuda.graph_max_tokens (`,
+		"cuda: {gemv_fp8_kernel: glmf_gemv_f2}\n":              `cuda.gemv_fp8_kernel (`,
+		"cuda: {graph_token_buckets: [128, 64]}\n":             `cuda.graph_token_buckets (`,
+		"cuda: {graph_token_buckets: [64, 64]}\n":              "buckets must ascend, got 64 after 64",
+		"cuda: {graph_token_buckets: [0, 64]}\n":               `cuda.graph_token_buckets (`,
+		"cuda: {graph_token_buckets: [70000]}\n":               "every bucket must be in [1, 65536]",
+		"cuda: {graph_token_buckets: []}\n":                    "got an empty list",
+		"cuda: {max_graphs: -1}\n":                             `cuda.max_graphs (`,
+		"cuda: {max_graphs: 70000}\n":                          `cuda.max_graphs (`,
+		"plugins: {timeout_ms: 2.5}\n":                         "timeout_ms",
+		"debug: {capture_hidden: [1.5]}\n":                     "capture_hidden",
 	} {
 		_, err := load(t, yaml)
 		require.ErrorContains(t, err, want, yaml)
@@ -124,8 +129,8 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	env := []string{
 		"GLMFLASH_RUNTIME__MAX_RUNNING=6",            // overrides the file
 		"GLMFLASH_SERVER__METRICS_ADDR=",             // disables metrics
-		"GLMFLASH_PARALLEL__ATTENTION_TP_SIZE=4",     // an engine key, same convention
-		"GLMFLASH_PARALLEL__ATTENTION_TP_RANK=3",     //
+		"GLMFLASH_PARALLEL__TP_SIZE=4",               // an engine key, same convention
+		"GLMFLASH_PARALLEL__ATTENTION_TP_SIZE=4",     //
 		"GLMFLASH_DEVICE=cpu",                        // a top-level key
 		"GLMFLASH_PRECISION=bf16",                    //
 		"GLMFLASH_CUDA__GRAPH_MAX_TOKENS=-1",         // a CUDA key
@@ -143,8 +148,8 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	require.Equal(t, 6, c.Runtime.MaxRunning)
 	require.Equal(t, 16, c.Runtime.PrefillChunk)
 	require.Equal(t, 0, c.Runtime.Slots)
+	require.Equal(t, 4, c.Parallel.TPSize)
 	require.Equal(t, 4, c.Parallel.AttentionTPSize)
-	require.Equal(t, 3, c.Parallel.AttentionTPRank)
 	require.Equal(t, []int{1, 2}, c.Debug.CaptureHidden)
 	require.Equal(t, backend.BF16, c.Precision)
 	require.Equal(t, -1, c.CUDA.GraphMaxTokens)

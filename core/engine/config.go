@@ -37,6 +37,7 @@ func FromConfig(c *config.Config, s Setup) Options {
 	o := Options{
 		Slots: s.Slots, Rollback: s.Rollback, MaxPositions: s.MaxPositions, DFlash: s.DFlash, PageTokens: c.Runtime.KVPageTokens, KVDType: backend.KVDType(c.Runtime.KVDType),
 		Device:  c.Device,
+		TP:      c.Parallel.TPSize,
 		Backend: backend.Options{Precision: c.Precision},
 	}
 	co := cuda.Options{GraphMaxTokens: c.CUDA.GraphMaxTokens, MaxGraphs: c.CUDA.MaxGraphs, ProfileOps: s.ProfileOps, GEMM: cuda.GEMMOptions{GemvFP8Kernel: c.CUDA.GemvFP8Kernel}}

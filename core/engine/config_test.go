@@ -22,7 +22,7 @@ func (d dtypes) DType(name string) (safetensors.DType, bool) { t, ok := d[name];
 func TestFromConfig(t *testing.T) {
 	c := config.Default()
 	c.Device, c.Precision, c.CUDA.GraphMaxTokens, c.CUDA.GemvFP8Kernel = "cuda", "bf16", -1, "glmf_gemv_f1"
-	c.Parallel = config.Parallel{AttentionTPSize: 4, AttentionTPRank: 1}
+	c.Parallel = config.Parallel{TPSize: 4, AttentionTPSize: 4}
 	c.LoRA.Adapters = []config.LoRAAdapter{{Name: "a", Targets: []string{"k_proj"}, Layers: []int{2}}}
 	c.Debug.CaptureHidden = []int{3}
 	m := &model.Config{HiddenSize: 8}
@@ -39,7 +39,8 @@ func TestFromConfig(t *testing.T) {
 	require.NotNil(t, o.PassEnv)
 	require.Same(t, m, o.PassEnv.Model)
 	require.Equal(t, safetensors.F8E4M3, o.PassEnv.WeightDType("x"))
-	require.Equal(t, pass.Topology{Size: 4, Rank: 1, Known: true}, o.PassEnv.TP)
+	require.Equal(t, pass.Topology{Size: 4, Known: true}, o.PassEnv.TP) // each rank engine sets its rank
+	require.Equal(t, 4, o.TP)
 	require.Equal(t, []pass.LoRATarget{{Adapter: "a", Module: "k_proj", Layers: []int{2}}}, o.PassEnv.LoRA)
 	require.True(t, o.PassEnv.CaptureHidden[3])
 	require.Equal(t, "cuda", o.PassEnv.Device)

@@ -72,6 +72,13 @@ type Options struct {
 	// makes the stores (Store is nil until then; Slots and Pages are the
 	// plan's).
 	Planned bool
+	// TP is the number of tensor-parallel ranks (parallel.tp_size; 0 or
+	// 1: one device). Above 1 the engine runs one rank engine per rank,
+	// each on its own backend with its rank of an in-process
+	// collective.Group (ranks are goroutines: the cpu backend), each
+	// program the rank's shard of the graph (graph.Options.TP); its
+	// programs and stores fan out to the ranks (tp.go).
+	TP int
 }
 
 // Key identifies one program.
@@ -115,6 +122,10 @@ type Engine struct {
 	reports    map[Key]*pass.Report
 	closeErr   error
 	plan       *MemoryPlan // PlanMemory's (nil: none)
+	// shard is the rank a rank engine of a tensor-parallel group runs
+	// (Size 0: one device); tp holds a group leader's rank engines.
+	shard graph.Shard
+	tp    *tpRanks
 }
 
 // String names a program ("prefill/all", "mtp:decode/last").
@@ -145,6 +156,18 @@ func (k Key) String() string {
 // opts.Device. Engines given the same *plan.WeightCache share every loaded
 // host tensor.
 func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
+	if opts.TP > 1 {
+		return newTP(cfg, w, opts)
+	}
+	if opts.TP < 0 {
+		return nil, fmt.Errorf("engine: parallel.tp_size must be ≥ 1, got %d", opts.TP)
+	}
+	return newEngine(cfg, w, opts, graph.Shard{})
+}
+
+// newEngine is New for one device, or for one rank of a tensor-parallel
+// group (shard): its store is sized for the rank's heads.
+func newEngine(cfg *model.Config, w plan.Weights, opts Options, shard graph.Shard) (*Engine, error) {
 	if opts.Slots == 0 {
 		opts.Slots = 8
 	}
@@ -169,14 +192,14 @@ func New(cfg *model.Config, w plan.Weights, opts Options) (*Engine, error) {
 	var st backend.Store
 	if !opts.Planned {
 		var err error
-		if st, err = be.NewStore(cfg, cfg.TrunkLayers(), opts.storeOptions()); err != nil {
+		if st, err = be.NewStore(graph.ShardConfig(cfg, shard.Size), cfg.TrunkLayers(), opts.storeOptions()); err != nil {
 			if owns {
 				be.Close()
 			}
 			return nil, err
 		}
 	}
-	return &Engine{cfg: cfg, weights: plan.NewWeightCache(w), trunkSrc: trunkSrc, be: be, ownsBE: owns, store: st, opts: opts, progs: map[Key]backend.Program{}, reports: map[Key]*pass.Report{}}, nil
+	return &Engine{cfg: cfg, weights: plan.NewWeightCache(w), trunkSrc: trunkSrc, be: be, ownsBE: owns, store: st, opts: opts, progs: map[Key]backend.Program{}, reports: map[Key]*pass.Report{}, shard: shard}, nil
 }
 
 func (o Options) storeOptions() backend.StoreOptions {
@@ -202,6 +225,14 @@ func (e *Engine) Close() error {
 		return e.closeErr
 	}
 	var errs []error
+	if e.tp != nil {
+		for _, r := range e.tp.ranks {
+			errs = append(errs, r.Close())
+		}
+		e.progs, e.be = map[Key]backend.Program{}, nil
+		e.closeErr = errors.Join(errs...)
+		return e.closeErr
+	}
 	for _, p := range e.progs {
 		if c, ok := p.(io.Closer); ok {
 			errs = append(errs, c.Close())
@@ -251,7 +282,15 @@ func (e *Engine) mtpStoreLocked() (backend.Store, error) {
 	if e.opts.Planned && e.store == nil {
 		return nil, fmt.Errorf("engine: the MTP store is sized by the memory plan: PlanMemory first")
 	}
-	st, err := e.be.NewStore(e.cfg, e.cfg.MTPLayers(), e.opts.storeOptions())
+	if e.tp != nil {
+		st, err := e.tp.stores(func(r *Engine) (backend.Store, error) { return r.MTPStore() })
+		if err != nil {
+			return nil, err
+		}
+		e.mtpStore = st
+		return st, nil
+	}
+	st, err := e.be.NewStore(graph.ShardConfig(e.cfg, e.shard.Size), e.cfg.MTPLayers(), e.opts.storeOptions())
 	if err != nil {
 		return nil, fmt.Errorf("engine: MTP store: %w", err)
 	}
@@ -277,7 +316,16 @@ func (e *Engine) storeFor(key Key) (backend.Store, error) {
 func (e *Engine) Backend() backend.Backend { return e.be }
 
 // WeightBytes is the host memory held by loaded weights.
-func (e *Engine) WeightBytes() int64 { return e.weights.Bytes() }
+func (e *Engine) WeightBytes() int64 {
+	if e.tp != nil {
+		var n int64
+		for _, r := range e.tp.ranks {
+			n += r.WeightBytes()
+		}
+		return n
+	}
+	return e.weights.Bytes()
+}
 
 // Program returns the compiled program for key, building it on first use.
 //
@@ -314,6 +362,9 @@ func (e *Engine) Program(key Key) (prog backend.Program, err error) {
 }
 
 func (e *Engine) program(key Key) (backend.Program, error) {
+	if e.tp != nil {
+		return e.tpProgram(key)
+	}
 	g, err := e.build(key)
 	if err != nil {
 		return nil, err
@@ -329,6 +380,9 @@ func (e *Engine) program(key Key) (backend.Program, error) {
 		}
 		env.Program = key.String()
 		env.Device = e.be.Name()
+		if e.shard.Size > 1 { // the passes see the rank they run for
+			env.TP = pass.Topology{Size: e.shard.Size, Rank: e.shard.Rank, Known: true}
+		}
 		if t, ok := e.be.(ir.GEMMTuner); ok {
 			env.Tuner = t
 		}
@@ -372,7 +426,7 @@ func (e *Engine) program(key Key) (backend.Program, error) {
 // build builds the graph of a program: the trunk's, or the MTP layer's
 // after checking that the weights hold it (when the source can say).
 func (e *Engine) build(key Key) (*ir.Graph, error) {
-	opts := graph.Options{Mode: key.Mode, Logits: key.Logits, CaptureHidden: key.CaptureHidden, FinalHidden: key.FinalHidden, IndexShare: key.IndexShare}
+	opts := graph.Options{Mode: key.Mode, Logits: key.Logits, CaptureHidden: key.CaptureHidden, FinalHidden: key.FinalHidden, IndexShare: key.IndexShare, TP: e.shard}
 	if key.DFlash || key.TargetHidden {
 		d := e.DFlash()
 		switch {

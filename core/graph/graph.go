@@ -69,6 +69,70 @@ type Options struct {
 	// collapse the final hidden gets before the final norm (architecture
 	// §3.9), unnormalized as z-lab reads a Qwen3 target's hidden states.
 	TargetLayers []int
+	// TP, when its Size is above 1, builds rank TP.Rank's shard of a
+	// tensor-parallel graph (docs/tensor-parallel.md): KDA heads (with
+	// their conv channels and gates), MLA heads, the dense MLP, the shared
+	// expert and every routed expert (along the intermediate dimension),
+	// the embedding and lm_head (by vocabulary) are split over the ranks,
+	// an all_reduce follows every attention output, MLP/MoE output and the
+	// embedding, the logits are all-gathered; mHC, the router, the MLA
+	// latent projections and the indexer are replicated. CheckTP says
+	// whether a model can be split so.
+	TP Shard
+}
+
+// Shard is one rank of a tensor-parallel group of Size ranks (Size 0 or
+// 1: one device).
+type Shard struct{ Size, Rank int }
+
+// ranks is the group size (1 for one device).
+func (s Shard) ranks() int { return max(s.Size, 1) }
+
+// CheckTP reports why cfg cannot be split over n tensor-parallel ranks
+// (nil when it can): every sharded dimension must divide by n. Errors name
+// the model field and parallel.tp_size.
+func CheckTP(cfg *model.Config, n int) error {
+	if n <= 1 {
+		return nil
+	}
+	dims := []struct {
+		field string
+		v     int
+	}{
+		{"linear_attn_config.num_heads (KDA heads)", cfg.LinearNumHeads},
+		{"num_attention_heads (MLA heads)", cfg.NumAttentionHeads},
+		{"index_n_heads (indexer heads)", cfg.IndexNHeads},
+		{"intermediate_size (dense MLP)", cfg.IntermediateSize},
+		{"moe_intermediate_size (routed and shared experts)", cfg.MoEIntermediateSize},
+		{"vocab_size (embedding and lm_head)", cfg.VocabSize},
+	}
+	for _, d := range dims {
+		if d.v%n != 0 {
+			return fmt.Errorf("parallel.tp_size %d does not divide the model's %s, %d", n, d.field, d.v)
+		}
+	}
+	return nil
+}
+
+// ShardConfig is the configuration one rank's cache store is sized by: cfg
+// with the KDA and MLA heads divided by the ranks (their per-head state is
+// split; the MLA latent and the indexer's pooled keys are replicated).
+func ShardConfig(cfg *model.Config, n int) *model.Config {
+	if n <= 1 {
+		return cfg
+	}
+	c := *cfg
+	c.LinearNumHeads /= n
+	c.NumAttentionHeads /= n
+	c.NumKeyValueHeads /= n
+	return &c
+}
+
+func (o *Options) checkTP(cfg *model.Config) error {
+	if o.TP.Size < 0 || o.TP.Rank < 0 || o.TP.Rank >= o.TP.ranks() {
+		return fmt.Errorf("graph: tensor-parallel rank %d of %d is not a rank of the group", o.TP.Rank, o.TP.Size)
+	}
+	return CheckTP(cfg, o.TP.ranks())
 }
 
 const prefix = "model.language_model."
@@ -84,9 +148,61 @@ type builder struct {
 	// pending holds the post and comb values of the last mhc_pre, consumed
 	// by the matching mhc_post.
 	pending []*ir.Value
+	// shards counts the slice_dim nodes at the graph's head.
+	shards int
 }
 
 func (b *builder) w(name string, shape ...int) *ir.Value { return b.g.AddWeight(prefix+name, shape...) }
+
+// ws is weight name (of its full shape) cut to this rank's shard along
+// axis: the rank's 1/N of the axis, a derived weight folded at load.
+func (b *builder) ws(name string, axis int, shape ...int) *ir.Value {
+	return b.shard(b.w(name, shape...), axis)
+}
+
+func (b *builder) shard(w *ir.Value, axis int) *ir.Value {
+	n := b.opts.TP.ranks()
+	if n == 1 {
+		return w
+	}
+	per := w.Shape[axis] / n
+	lo := b.opts.TP.Rank * per
+	// Shards lead the graph (they read weights only), so that a pass
+	// inserting a node before the first of the nodes it replaces (a fused
+	// GEMM over several shards) finds every shard defined.
+	nd, err := b.g.NewNode(ir.OpSliceDim, -1, ir.NewAttrs(ir.AttrAxis.Is(axis), ir.AttrStart.Is(lo), ir.AttrEnd.Is(lo+per)), w)
+	if err != nil {
+		panic(fmt.Sprintf("graph: shard of %s: %v (CheckTP should have refused the model)", w.Name, err))
+	}
+	b.g.InsertAt(b.shards, nd)
+	b.shards++
+	return nd.Outputs[0].Named(fmt.Sprintf("%s.tp%d", w.Name, b.opts.TP.Rank))
+}
+
+// reduce sums a rank's partial x over the ranks (x itself on one device).
+func (b *builder) reduce(l int, x *ir.Value, name string) *ir.Value {
+	n := b.opts.TP.ranks()
+	if n == 1 {
+		return x
+	}
+	return b.g.Op1(ir.OpAllReduce, l, ir.NewAttrs(ir.AttrRanks.Is(n)), x).Named(name)
+}
+
+// embed is the token embedding (streams H, or plain rows when H is 0),
+// vocabulary-sharded and all-reduced under tensor parallelism.
+func (b *builder) embed(tokens *ir.Value, H int, name string) *ir.Value {
+	cfg := b.cfg
+	attrs := ir.NewAttrs()
+	if H > 0 {
+		attrs.Put(ir.AttrStreams.Is(H))
+	}
+	w := b.ws("embed_tokens.weight", 0, cfg.VocabSize, cfg.HiddenSize)
+	if n := b.opts.TP.ranks(); n > 1 {
+		attrs.Put(ir.AttrVocabStart.Is(b.opts.TP.Rank * cfg.VocabSize / n))
+	}
+	x := b.g.Op1(ir.OpEmbed, -1, attrs, tokens, w).Named(name)
+	return b.reduce(-1, x, name+".sum")
+}
 
 func layerName(l int, rest string) string { return fmt.Sprintf("layers.%d.%s", l, rest) }
 
@@ -117,6 +233,9 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
+	if err := opts.checkTP(cfg); err != nil {
+		return nil, err
+	}
 	if opts.IndexShare > 0 {
 		return nil, fmt.Errorf("graph: index sharing is an MTP graph option (the trunk's indexers run every step)")
 	}
@@ -135,7 +254,7 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	b.batch = g.AddInput(ir.InputBatch, ir.Host)
 	b.lens = g.Op1(ir.OpSeqLengths, -1, nil, b.batch).Named("seq_lengths")
 	D, H := cfg.HiddenSize, cfg.HCMult
-	X := g.Op1(ir.OpEmbed, -1, ir.NewAttrs(ir.AttrStreams.Is(H)), tokens, b.w("embed_tokens.weight", cfg.VocabSize, D)).Named("streams.embed")
+	X := b.embed(tokens, H, "streams.embed")
 	var lastSel *ir.Value
 	for l := 0; l < cfg.NumHiddenLayers; l++ {
 		R := X
@@ -147,7 +266,7 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 		} else {
 			a, lastSel = b.dsa(l, h, lastSel)
 		}
-		X = b.post(l, "attn", a, R)
+		X = b.post(l, "attn", b.reduce(l, a, fmt.Sprintf("l%d.attn.sum", l)), R)
 		R = X
 		h = b.pre(l, "hc_ffn", X)
 		h = g.Op1(ir.OpRMSNorm, l, ir.NewAttrs(ir.AttrEps.Is(cfg.RMSNormEps)), h, b.w(layerName(l, "post_attention_layernorm.weight"), D)).Named(fmt.Sprintf("l%d.ffn_in", l))
@@ -157,7 +276,7 @@ func Build(cfg *model.Config, opts Options) (*ir.Graph, error) {
 		} else {
 			f = b.mlp(l, "mlp", h, cfg.IntermediateSize)
 		}
-		X = b.post(l, "ffn", f, R)
+		X = b.post(l, "ffn", b.reduce(l, f, fmt.Sprintf("l%d.ffn.sum", l)), R)
 		if opts.CaptureHidden {
 			g.Outputs[ir.HiddenOutput(l)] = X
 		}
@@ -201,7 +320,12 @@ func (b *builder) lastRows(y *ir.Value) *ir.Value {
 // head adds the lm_head GEMM and the logits output.
 func (b *builder) head(y *ir.Value) {
 	cfg := b.cfg
-	logits := b.g.Op1(ir.OpLinear, -1, nil, y, b.g.AddWeight("lm_head.weight", cfg.VocabSize, cfg.HiddenSize)).Named("logits")
+	w := b.shard(b.g.AddWeight("lm_head.weight", cfg.VocabSize, cfg.HiddenSize), 0)
+	logits := b.g.Op1(ir.OpLinear, -1, nil, y, w).Named("logits")
+	if n := b.opts.TP.ranks(); n > 1 { // each rank's vocabulary block, side by side
+		logits.Named("logits.tp")
+		logits = b.g.Op1(ir.OpAllGatherCols, -1, ir.NewAttrs(ir.AttrRanks.Is(n)), logits).Named("logits")
+	}
 	b.g.Outputs[ir.OutputLogits] = logits
 }
 
@@ -237,6 +361,9 @@ func BuildMTP(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
+	if err := opts.checkTP(cfg); err != nil {
+		return nil, err
+	}
 	l, D := cfg.MTPLayer(0), cfg.HiddenSize
 	g := ir.New("glm5_next_mtp")
 	g.SetMode(opts.Mode)
@@ -250,7 +377,7 @@ func BuildMTP(cfg *model.Config, opts Options) (*ir.Graph, error) {
 	norm := func(x *ir.Value, weight, name string) *ir.Value {
 		return g.Op1(ir.OpRMSNorm, l, ir.NewAttrs(ir.AttrEps.Is(cfg.RMSNormEps)), x, b.w(layerName(l, weight), D)).Named(fmt.Sprintf("l%d.%s", l, name))
 	}
-	e := g.Op1(ir.OpEmbed, -1, nil, tokens, b.w("embed_tokens.weight", cfg.VocabSize, D)).Named("mtp.embed")
+	e := b.embed(tokens, 0, "mtp.embed")
 	en := norm(e, "enorm.weight", "enorm")
 	hn := norm(hidden, "hnorm.weight", "hnorm")
 	eh := b.w(layerName(l, "eh_proj.weight"), D, 2*D)
@@ -263,8 +390,8 @@ func BuildMTP(cfg *model.Config, opts Options) (*ir.Graph, error) {
 		g.Attrs.Put(ir.GraphAttrIndexShare.Is(opts.IndexShare))
 	}
 	a, _ := b.dsa(l, norm(z, "input_layernorm.weight", "attn_in"), nil)
-	z = g.Op1(ir.OpAdd, l, nil, z, a).Named(fmt.Sprintf("l%d.attn_res", l))
-	f := b.moe(l, norm(z, "post_attention_layernorm.weight", "ffn_in"))
+	z = g.Op1(ir.OpAdd, l, nil, z, b.reduce(l, a, fmt.Sprintf("l%d.attn.sum", l))).Named(fmt.Sprintf("l%d.attn_res", l))
+	f := b.reduce(l, b.moe(l, norm(z, "post_attention_layernorm.weight", "ffn_in")), fmt.Sprintf("l%d.ffn.sum", l))
 	z = g.Op1(ir.OpAdd, l, nil, z, f).Named(fmt.Sprintf("l%d.ffn_res", l))
 	hm := norm(z, "shared_head.norm.weight", "shared_head")
 	g.Outputs[ir.OutputFinalHidden] = hm
@@ -292,7 +419,18 @@ func (b *builder) post(l int, site string, o, R *ir.Value) *ir.Value {
 }
 
 func (b *builder) linear(l int, x *ir.Value, name string, out, in int) *ir.Value {
-	return b.g.Op1(ir.OpLinear, l, nil, x, b.w(layerName(l, name), out, in)).Named(fmt.Sprintf("l%d.%s", l, trimWeight(name)))
+	return b.linearW(l, x, name, b.w(layerName(l, name), out, in))
+}
+
+// linearS is linear with the weight (of its full shape out×in) sharded
+// along axis: 0 splits the outputs (column parallel), 1 the inputs (row
+// parallel: a partial sum, reduced later).
+func (b *builder) linearS(l int, x *ir.Value, name string, axis, out, in int) *ir.Value {
+	return b.linearW(l, x, name, b.ws(layerName(l, name), axis, out, in))
+}
+
+func (b *builder) linearW(l int, x *ir.Value, name string, w *ir.Value) *ir.Value {
+	return b.g.Op1(ir.OpLinear, l, nil, x, w).Named(fmt.Sprintf("l%d.%s", l, trimWeight(name)))
 }
 
 func trimWeight(n string) string {
@@ -305,27 +443,30 @@ func trimWeight(n string) string {
 
 func (b *builder) kda(l int, h *ir.Value) *ir.Value {
 	cfg, g := b.cfg, b.g
-	D, Hk, Dh := cfg.HiddenSize, cfg.LinearNumHeads, cfg.LinearHeadDim
-	P, K := Hk*Dh, cfg.LinearConvKernelDim
-	uq := b.linear(l, h, "self_attn.q_proj.weight", P, D)
-	uk := b.linear(l, h, "self_attn.k_proj.weight", P, D)
-	uv := b.linear(l, h, "self_attn.v_proj.weight", P, D)
+	// Under tensor parallelism Hk is this rank's heads; HkF and PF the
+	// model's heads and channels (the checkpoint tensors' shapes).
+	n := b.opts.TP.ranks()
+	D, HkF, Dh := cfg.HiddenSize, cfg.LinearNumHeads, cfg.LinearHeadDim
+	Hk, PF, K := HkF/n, HkF*Dh, cfg.LinearConvKernelDim
+	uq := b.linearS(l, h, "self_attn.q_proj.weight", 0, PF, D)
+	uk := b.linearS(l, h, "self_attn.k_proj.weight", 0, PF, D)
+	uv := b.linearS(l, h, "self_attn.v_proj.weight", 0, PF, D)
 	convW := g.Op1(ir.OpConcatRows, l, nil,
-		b.w(layerName(l, "self_attn.q_conv1d.weight"), P, 1, K),
-		b.w(layerName(l, "self_attn.k_conv1d.weight"), P, 1, K),
-		b.w(layerName(l, "self_attn.v_conv1d.weight"), P, 1, K)).Named(fmt.Sprintf("l%d.self_attn.qkv_conv1d", l))
+		b.ws(layerName(l, "self_attn.q_conv1d.weight"), 0, PF, 1, K),
+		b.ws(layerName(l, "self_attn.k_conv1d.weight"), 0, PF, 1, K),
+		b.ws(layerName(l, "self_attn.v_conv1d.weight"), 0, PF, 1, K)).Named(fmt.Sprintf("l%d.self_attn.qkv_conv1d", l))
 	qkv := g.Op(ir.OpKDAConv, l, ir.NewAttrs(ir.AttrKernel.Is(K)), b.lens, uq, uk, uv, convW)
 	for i, n := range []string{"q", "k", "v"} {
 		qkv[i].Named(fmt.Sprintf("l%d.kda.%s", l, n))
 	}
 	fa := b.linear(l, h, "self_attn.f_a_proj.weight", Dh, D)
-	z := b.linear(l, fa, "self_attn.f_b_proj.weight", P, Dh)
+	z := b.linearS(l, fa, "self_attn.f_b_proj.weight", 0, PF, Dh)
 	gateAttrs := ir.NewAttrs(ir.AttrHeads.Is(Hk))
 	if cfg.LinearLowerBound != nil {
 		gateAttrs.Put(ir.AttrLowerBound.Is(*cfg.LinearLowerBound))
 	}
-	gl := g.Op1(ir.OpKDAGate, l, gateAttrs, z, b.w(layerName(l, "self_attn.A_log"), Hk), b.w(layerName(l, "self_attn.dt_bias"), P)).Named(fmt.Sprintf("l%d.kda.g", l))
-	bl := b.linear(l, h, "self_attn.b_proj.weight", Hk, D)
+	gl := g.Op1(ir.OpKDAGate, l, gateAttrs, z, b.ws(layerName(l, "self_attn.A_log"), 0, HkF), b.ws(layerName(l, "self_attn.dt_bias"), 0, PF)).Named(fmt.Sprintf("l%d.kda.g", l))
+	bl := b.linearS(l, h, "self_attn.b_proj.weight", 0, HkF, D)
 	beta := g.Op1(ir.OpSigmoid, l, nil, bl).Named(fmt.Sprintf("l%d.kda.beta", l))
 	algo := ir.KDAAuto
 	switch b.opts.Mode {
@@ -336,18 +477,21 @@ func (b *builder) kda(l int, h *ir.Value) *ir.Value {
 	}
 	o := g.Op1(ir.OpKDAAttn, l, ir.NewAttrs(ir.AttrHeads.Is(Hk), ir.AttrHeadDim.Is(Dh), ir.AttrAlgo.Is(algo)), b.lens, qkv[0], qkv[1], qkv[2], gl, beta).Named(fmt.Sprintf("l%d.kda.o", l))
 	ga := b.linear(l, h, "self_attn.g_a_proj.weight", Dh, D)
-	gate := b.linear(l, ga, "self_attn.g_b_proj.weight", P, Dh)
+	gate := b.linearS(l, ga, "self_attn.g_b_proj.weight", 0, PF, Dh)
 	y := g.Op1(ir.OpGatedRMSNorm, l, ir.NewAttrs(ir.AttrHeads.Is(Hk), ir.AttrEps.Is(cfg.RMSNormEps)), o, gate, b.w(layerName(l, "self_attn.o_norm.weight"), Dh)).Named(fmt.Sprintf("l%d.kda.normed", l))
-	return b.linear(l, y, "self_attn.o_proj.weight", D, P)
+	return b.linearS(l, y, "self_attn.o_proj.weight", 1, D, PF)
 }
 
 func (b *builder) dsa(l int, h, prevSel *ir.Value) (*ir.Value, *ir.Value) {
 	cfg, g := b.cfg, b.g
-	D, nh := cfg.HiddenSize, cfg.NumAttentionHeads
+	// nh is this rank's MLA heads, nhF the model's; the latent (q_a,
+	// kv_a) and the indexer are replicated.
+	D, nhF := cfg.HiddenSize, cfg.NumAttentionHeads
+	nh := nhF / b.opts.TP.ranks()
 	dq, dv, R, QR := cfg.QKHeadDim(), cfg.VHeadDim, cfg.KVLoraRank, cfg.QLoraRank
 	qa := b.linear(l, h, "self_attn.q_a_proj.weight", QR, D)
 	qres := g.Op1(ir.OpRMSNorm, l, ir.NewAttrs(ir.AttrEps.Is(cfg.RMSNormEps)), qa, b.w(layerName(l, "self_attn.q_a_layernorm.weight"), QR)).Named(fmt.Sprintf("l%d.q_res", l))
-	q := b.linear(l, qres, "self_attn.q_b_proj.weight", nh*dq, QR)
+	q := b.linearS(l, qres, "self_attn.q_b_proj.weight", 0, nhF*dq, QR)
 	kva := b.linear(l, h, "self_attn.kv_a_proj_with_mqa.weight", R, D)
 	ckv := g.Op1(ir.OpRMSNorm, l, ir.NewAttrs(ir.AttrEps.Is(cfg.RMSNormEps)), kva, b.w(layerName(l, "self_attn.kv_a_layernorm.weight"), R)).Named(fmt.Sprintf("l%d.c_kv", l))
 	meta := g.Op1(ir.OpDSAMeta, l, ir.NewAttrs(ir.AttrKPool.Is(cfg.IndexKPool), ir.AttrTopK.Is(cfg.IndexTopK)), b.lens).Named(fmt.Sprintf("l%d.dsa_meta", l))
@@ -373,16 +517,16 @@ func (b *builder) dsa(l int, h, prevSel *ir.Value) (*ir.Value, *ir.Value) {
 		panic(fmt.Sprintf("layer %d: shared indexer with no previous full DSA layer (config validation should have caught this)", l))
 	}
 	o := g.Op1(ir.OpMLAAttn, l, ir.NewAttrs(ir.AttrHeads.Is(nh), ir.AttrQKDim.Is(dq), ir.AttrVDim.Is(dv), ir.AttrRank.Is(R), ir.AttrScale.Is(1/math.Sqrt(float64(dq)))),
-		meta, q, ckv, b.w(layerName(l, "self_attn.kv_b_proj.weight"), nh*(dq+dv), R), sel).Named(fmt.Sprintf("l%d.mla.o", l))
-	return b.linear(l, o, "self_attn.o_proj.weight", D, nh*dv), sel
+		meta, q, ckv, b.ws(layerName(l, "self_attn.kv_b_proj.weight"), 0, nhF*(dq+dv), R), sel).Named(fmt.Sprintf("l%d.mla.o", l))
+	return b.linearS(l, o, "self_attn.o_proj.weight", 1, D, nhF*dv), sel
 }
 
 func (b *builder) mlp(l int, name string, h *ir.Value, inter int) *ir.Value {
 	D := b.cfg.HiddenSize
-	gt := b.linear(l, h, name+".gate_proj.weight", inter, D)
-	up := b.linear(l, h, name+".up_proj.weight", inter, D)
+	gt := b.linearS(l, h, name+".gate_proj.weight", 0, inter, D)
+	up := b.linearS(l, h, name+".up_proj.weight", 0, inter, D)
 	act := b.g.Op1(ir.OpSwiGLU, l, ir.NewAttrs(ir.AttrLimit.Is(b.swigluLimit())), gt, up).Named(fmt.Sprintf("l%d.%s.act", l, name))
-	return b.linear(l, act, name+".down_proj.weight", D, inter)
+	return b.linearS(l, act, name+".down_proj.weight", 1, D, inter)
 }
 
 func (b *builder) swigluLimit() float64 {
@@ -400,11 +544,13 @@ func (b *builder) moe(l int, h *ir.Value) *ir.Value {
 		logits, b.w(layerName(l, "mlp.gate.e_score_correction_bias"), E))
 	route[0].Named(fmt.Sprintf("l%d.moe.idx", l))
 	route[1].Named(fmt.Sprintf("l%d.moe.w", l))
-	ex := func(proj string, shape ...int) *ir.Value {
-		return g.AddStackedWeight(prefix+layerName(l, "mlp.experts.{e}."+proj+".weight"), E, shape...)
+	// Every routed expert is split along its intermediate dimension
+	// (EP1): axis 1 of gate/up [E, I, D], axis 2 of down [E, D, I].
+	ex := func(proj string, axis int, shape ...int) *ir.Value {
+		return b.shard(g.AddStackedWeight(prefix+layerName(l, "mlp.experts.{e}."+proj+".weight"), E, shape...), axis)
 	}
 	routed := g.Op1(ir.OpMoEExperts, l, ir.NewAttrs(ir.AttrLimit.Is(b.swigluLimit())), h, route[0], route[1],
-		ex("gate_proj", I, D), ex("up_proj", I, D), ex("down_proj", D, I)).Named(fmt.Sprintf("l%d.moe.routed", l))
+		ex("gate_proj", 1, I, D), ex("up_proj", 1, I, D), ex("down_proj", 2, D, I)).Named(fmt.Sprintf("l%d.moe.routed", l))
 	if cfg.NSharedExperts == 0 {
 		return routed
 	}

@@ -51,6 +51,12 @@ var (
 	AttrStart   = Attr[int]{"start"}
 	AttrEnd     = Attr[int]{"end"}
 
+	// Tensor parallelism (opset_tp.go): a collective's group size, a
+	// derived weight slice's axis, an embedding shard's first row.
+	AttrRanks      = Attr[int]{"ranks"}
+	AttrAxis       = Attr[int]{"axis"}
+	AttrVocabStart = Attr[int]{"vocab_start"}
+
 	// KDA.
 	AttrKernel     = Attr[int]{"kernel"}
 	AttrHeads      = Attr[int]{"heads"}

@@ -94,7 +94,7 @@ func TestVerifierRejectsBadAttributes(t *testing.T) {
 		attrs Attrs
 		want  string
 	}{
-		{Attrs{"streams": 2, "epsilon": 1e-5}, `node 0 (embed, layer -1): attribute "epsilon" (1e-05) is not declared for op embed (declared: streams, stream)`},
+		{Attrs{"streams": 2, "epsilon": 1e-5}, `node 0 (embed, layer -1): attribute "epsilon" (1e-05) is not declared for op embed (declared: streams, vocab_start, stream)`},
 		{Attrs{"streams": 2.0}, `node 0 (embed, layer -1): attribute "streams" is float 2, op embed declares it int`},
 		{Attrs{"streams": "2"}, `attribute "streams" is string "2", op embed declares it int`},
 		{Attrs{"streams": 2, "stream": true}, `attribute "stream" is bool true, op embed declares it int`},

@@ -138,6 +138,17 @@ func (g *Graph) AddWeight(ref string, shape ...int) *Value {
 // ExpertPlaceholder stands for the expert index in a stacked weight's Ref.
 const ExpertPlaceholder = "{e}"
 
+// WeightRef is the checkpoint name of the tensor a weight operand reads:
+// its Ref, or, for a tensor-parallel shard (OpSliceDim of a weight), the
+// sliced weight's — a shard keeps its tensor's module and dtype for a
+// pass's eligibility. "" for other derived values.
+func (v *Value) WeightRef() string {
+	if n := v.Producer; v.Ref == "" && n != nil && n.Op == OpSliceDim && len(n.Inputs) == 1 {
+		return n.Inputs[0].Ref
+	}
+	return v.Ref
+}
+
 // LeafNames lists the checkpoint tensors a weight leaf stands for: its Ref,
 // or, for a stacked leaf, Ref with ExpertPlaceholder replaced by 0..Stack−1.
 func (v *Value) LeafNames() []string {

@@ -44,7 +44,10 @@ const (
 
 // The ops' attributes (see attrdefs.go for the names).
 var (
-	embedAttrs     = []AttrDef{AttrStreams.Optional("residual streams H: the output is f32[T,H,D]; absent: plain embedding rows f32[T,D]")}
+	embedAttrs = []AttrDef{
+		AttrStreams.Optional("residual streams H: the output is f32[T,H,D]; absent: plain embedding rows f32[T,D]"),
+		AttrVocabStart.Default(0, "the token id of the weight's row 0 (a vocabulary shard under tensor parallelism): a token outside [vocab_start, vocab_start+rows) embeds as zeros, and an all_reduce sums the shards"),
+	}
 	normEps        = AttrEps.Required("the variance epsilon (> 0)")
 	rmsNormAttrs   = []AttrDef{normEps}
 	layerNormAttrs = []AttrDef{normEps}

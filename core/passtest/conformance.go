@@ -91,7 +91,8 @@ func program(o graph.Options) string { return o.Mode.String() + "/" + string(o.L
 //   - no change when ineligible: under the subject's Ineligible settings no
 //     site is OK, Apply is not called and the graph is unchanged;
 //   - parity: on a transformers fixture, every case's logits within 1e-4 of
-//     the pass-off engine with identical greedy tokens, and the pass fired.
+//     the pass-off engine with identical greedy tokens, and the pass fired,
+//     at each of TPSizes (tensor-parallel ranks seeing their real topology).
 func Run(t *testing.T, f *Fixture, s Subject) {
 	t.Helper()
 	cfg := f.Checkpoint.Config()
@@ -186,30 +187,45 @@ func Run(t *testing.T, f *Fixture, s Subject) {
 	})
 	t.Run("parity", func(t *testing.T) {
 		base := RunCases(t, f, nil)
-		pl := s.pipeline(t, s.Options)
-		e, err := engine.New(cfg, f.Checkpoint, engine.Options{Slots: 2, Passes: pl, PassEnv: env(f, cfg, "")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := RunCases(t, f, e)
-		worst, err := Compare(base, got, cfg.VocabSize)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fired := false
-		for key, rep := range e.Reports() {
-			pr := rep.Find(s.Name)
-			if pr == nil || pr.Error != "" {
-				t.Fatalf("%s: pass failed: %+v", key, pr)
+		for _, tp := range TPSizes {
+			if err := graph.CheckTP(cfg, tp); err != nil {
+				t.Logf("TP %d skipped: %v", tp, err)
+				continue
 			}
-			fired = fired || len(pr.Fired) > 0
+			pl := s.pipeline(t, s.Options)
+			e, err := engine.New(cfg, f.Checkpoint, engine.Options{Slots: 2, Passes: pl, PassEnv: env(f, cfg, ""), TP: tp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := RunCases(t, f, e)
+			worst, err := Compare(base, got, cfg.VocabSize)
+			if err != nil {
+				t.Fatalf("TP %d: %v", tp, err)
+			}
+			fired := false
+			for key, rep := range e.Reports() {
+				pr := rep.Find(s.Name)
+				if pr == nil || pr.Error != "" {
+					t.Fatalf("TP %d %s: pass failed: %+v", tp, key, pr)
+				}
+				fired = fired || len(pr.Fired) > 0
+			}
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if !fired {
+				t.Fatalf("TP %d: the pass fired nowhere on the fixture: parity proves nothing", tp)
+			}
+			t.Logf("%s at TP %d: max|Δlogit| vs the pass-off TP 1 engine %.1e over %d runs", s.Name, tp, worst, len(base))
 		}
-		if !fired {
-			t.Fatalf("the pass fired nowhere on the fixture: parity proves nothing")
-		}
-		t.Logf("%s: max|Δlogit| vs pass-off %.1e over %d runs", s.Name, worst, len(base))
 	})
 }
+
+// TPSizes are the tensor-parallel sizes the parity part of the suite runs
+// the pass at (the ranks as goroutines on the cpu backend), each against
+// the pass-off engine on one device; a size the fixture's model cannot be
+// split over is skipped, saying why.
+var TPSizes = []int{1, 2, 4}
 
 // RunCases runs every case of the fixture on e (a pass-off engine when nil)
 // and returns each run's logits: prefill rows, decode steps fed with the

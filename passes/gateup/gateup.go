@@ -56,7 +56,7 @@ type site struct {
 // module is the checkpoint module a projection's weight belongs to
 // ("mlp" or "mlp.shared_experts"), and its projection ("gate_proj").
 func module(n *ir.Node) (mod, proj string) {
-	ref := strings.TrimSuffix(n.Inputs[1].Ref, ".weight")
+	ref := strings.TrimSuffix(n.Inputs[1].WeightRef(), ".weight")
 	i := strings.LastIndex(ref, ".")
 	if i < 0 {
 		return "", ""
@@ -109,7 +109,9 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 
 // quant is how a projection's weight is stored (FP8 and BF16 weights go to
 // different kernels; a concatenation must not mix them).
-func quant(env *pass.Env, n *ir.Node) safetensors.DType { return env.WeightDType(n.Inputs[1].Ref) }
+func quant(env *pass.Env, n *ir.Node) safetensors.DType {
+	return env.WeightDType(n.Inputs[1].WeightRef())
+}
 
 func hitsLoRA(env *pass.Env, l int, modules ...string) bool {
 	_, hit := env.LoRAHit(l, modules...)

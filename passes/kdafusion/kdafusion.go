@@ -60,7 +60,7 @@ func projections(g *ir.Graph, l int) map[string]*ir.Node {
 		if n.Layer != l || n.Op != ir.OpLinear || len(n.Inputs) != 2 {
 			continue
 		}
-		ref := n.Inputs[1].Ref
+		ref := n.Inputs[1].WeightRef()
 		for _, m := range modules {
 			if strings.HasSuffix(ref, ".self_attn."+m+".weight") {
 				out[m] = n
@@ -91,7 +91,13 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 			sites = append(sites, pass.Skip(where, l, "not all eight projections are separate linear nodes (already fused?)"))
 			continue
 		}
+		// The model's KDA heads: a tensor-parallel rank's graph holds
+		// heads/TP.Size of them (the rank's shard of q/k/v/b and f_b/g_b,
+		// f_a and g_a replicated), which the fused GEMM keeps.
 		heads := ir.AttrHeads.Get(n)
+		if env.Model != nil {
+			heads = env.Model.LinearNumHeads
+		}
 		if !env.TP.Known {
 			sites = append(sites, pass.Skip(where, l, "attention-TP rank/size metadata missing"))
 			continue
@@ -122,7 +128,7 @@ func (p *Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Sit
 		}
 		cls := map[string]string{}
 		for _, m := range modules {
-			cls[m] = quantClass(env.WeightDType(lin[m].Inputs[1].Ref))
+			cls[m] = quantClass(env.WeightDType(lin[m].Inputs[1].WeightRef()))
 		}
 		qkvSame := cls["q_proj"] == cls["k_proj"] && cls["k_proj"] == cls["v_proj"] && cls["v_proj"] == cls["b_proj"]
 		bfgSame := true

@@ -65,7 +65,7 @@ func (*Pass) Eligible(g *ir.Graph, a *pass.Analyses, env *pass.Env) []pass.Site 
 		var down *ir.Node
 		for _, u := range a.Users(ex.Outputs[0]) {
 			if u.Op == ir.OpAdd && len(u.Inputs) == 2 && u.Inputs[0] == ex.Outputs[0] {
-				if p := u.Inputs[1].Producer; p != nil && p.Op == ir.OpLinear && strings.Contains(p.Inputs[1].Ref, "shared_experts.down_proj") {
+				if p := u.Inputs[1].Producer; p != nil && p.Op == ir.OpLinear && strings.Contains(p.Inputs[1].WeightRef(), "shared_experts.down_proj") {
 					down = p
 				}
 			}

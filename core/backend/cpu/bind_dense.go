@@ -58,12 +58,18 @@ func bindEmbed(p *Program, n *ir.Node) (func(rc *runCtx) error, error) {
 	if len(outs[0].Shape) == 3 { // streams [T,H,D]
 		H, D = outs[0].Shape[1], outs[0].Shape[2]
 	}
+	// A vocabulary shard (tensor parallelism) holds rows [v0, v0+V) and
+	// embeds every other token as zeros (an all_reduce sums the shards).
+	v0, V := int32(ir.AttrVocabStart.Get(n)), int32(in[1].Shape[0])
 	return func(rc *runCtx) error {
 		ids := rc.i[in[0]]
 		x := rc.out(outs[0])
 		for t, id := range ids {
 			first := x[t*H*D : t*H*D+D]
-			if Wb != nil {
+			id -= v0
+			if id < 0 || id >= V {
+				clear(first)
+			} else if Wb != nil {
 				gemm.BF16ToFloat32s(first, Wb[int(id)*D:int(id)*D+D])
 			} else {
 				copy(first, W[int(id)*D:int(id)*D+D])

@@ -45,6 +45,9 @@ func sampleTop(id int64, lp float64) sample.TokenLogprob {
 
 func bindEmbed(p *Program, n *ir.Node) (*kstep, error) {
 	in, out := n.Inputs, n.Outputs[0]
+	if v0 := ir.AttrVocabStart.Get(n); v0 != 0 {
+		return nil, fmt.Errorf("embedding: a vocabulary shard (vocab_start %d) is not implemented on the cuda backend yet", v0)
+	}
 	W, err := p.w(in[1])
 	if err != nil {
 		return nil, err

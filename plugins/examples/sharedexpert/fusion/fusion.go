@@ -121,7 +121,7 @@ func match(a *pass.Analyses, ex *ir.Node) (*site, string) {
 }
 
 func isShared(n *ir.Node, proj string) bool {
-	return strings.HasSuffix(n.Inputs[1].Ref, ".mlp.shared_experts."+proj+".weight")
+	return strings.HasSuffix(n.Inputs[1].WeightRef(), ".mlp.shared_experts."+proj+".weight")
 }
 
 // quantClass groups dtypes the way kernels care about (FP8 vs the rest by name).
@@ -220,7 +220,7 @@ func quantMismatch(env *pass.Env, ex *ir.Node, s *site) string {
 		}
 	}
 	for _, pr := range projs {
-		if c := quantClass(env.WeightDType(s.shared[pr].Inputs[1].Ref)); c != routed {
+		if c := quantClass(env.WeightDType(s.shared[pr].Inputs[1].WeightRef())); c != routed {
 			return fmt.Sprintf("shared_experts.%s is %s but the routed experts are %s", pr, c, routed)
 		}
 	}
